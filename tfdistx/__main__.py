@@ -1,0 +1,3 @@
+from tfdistx.cli import main
+
+main()

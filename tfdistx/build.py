@@ -1,0 +1,49 @@
+"""Instantiate a user-replaceable `_target_` from its config group.
+
+Hydra's `instantiate` passes every key of the group to the target. Users swap
+just the target (`model._target_=mypkg.build`) and the group's other keys,
+written for the built-in target, would then break the call. So keys the
+target cannot take are dropped, with a warning that names them — the one
+thing Hydra does not do for us.
+"""
+
+import inspect
+import logging
+from typing import Any, Iterable
+
+from hydra.utils import get_method, instantiate
+from omegaconf import DictConfig, OmegaConf
+
+from tfdistx.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+
+def build(group: str, cfg: DictConfig, exclude: Iterable[str] = (), **runtime: Any) -> Any:
+    """Call `cfg._target_` with the group's keys (less `exclude`) and `runtime` kwargs."""
+    kwargs = {k: v for k, v in OmegaConf.to_container(cfg, resolve=True).items() if k not in set(exclude)}
+    target = kwargs.pop("_target_")
+    try:
+        fn = get_method(target)
+    except Exception as error:
+        raise ConfigError.one(f"{group}._target_", target, f"cannot be imported: {str(error).splitlines()[0]}") from None
+    kwargs.update(runtime)
+    accepted = _accepted(fn, kwargs)
+    dropped = sorted(set(kwargs) - set(accepted) - set(runtime))
+    if dropped:
+        log.warning("%s: %s does not take %s; ignoring them", group, target, ", ".join(dropped))
+    try:
+        return instantiate({"_target_": target, **accepted}, _convert_="all")
+    except Exception as error:
+        cause = error.__cause__ or error
+        if isinstance(cause, ConfigError):
+            raise cause from None
+        raise ConfigError.one(f"{group}._target_", target, f"failed: {type(cause).__name__}: {str(cause).splitlines()[0] if str(cause) else ''}") from error
+
+
+def _accepted(fn, kwargs: dict) -> dict:
+    params = inspect.signature(fn).parameters.values()
+    if any(p.kind is p.VAR_KEYWORD for p in params):
+        return kwargs
+    names = {p.name for p in params}
+    return {k: v for k, v in kwargs.items() if k in names}

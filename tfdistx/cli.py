@@ -1,0 +1,65 @@
+"""The entrypoint: `python -m tfdistx [overrides]` and the `tfdistx` script.
+
+Order matters here: check the config without TensorFlow (so bad input is
+refused in under a second with exit code 2), then let Hydra create the run
+directory and call `_run`, which imports the training code.
+"""
+
+import os
+import sys
+from typing import Optional, Sequence
+
+import hydra
+from hydra._internal.utils import get_args_parser
+from omegaconf import DictConfig
+
+from tfdistx.config import schema, topology
+from tfdistx.config.compose import compose_and_validate
+from tfdistx.config.paths import config_dir
+from tfdistx.config.validate import validate
+from tfdistx.errors import EXIT_INVALID_CONFIG, ConfigError
+
+
+def main(argv: Optional[Sequence[str]] = None):
+    argv = list(sys.argv[1:] if argv is None else argv)
+    # TensorFlow's C++ start-up chatter (CPU features, oneDNN) buries the
+    # progress display; users can still ask for it.
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    schema.register()
+    try:
+        args = get_args_parser().parse_args(argv)
+        topology.register(args.overrides)
+        if not _hydra_handles_it(args):
+            compose_and_validate(args.overrides)
+    except ConfigError as error:
+        _refuse(error)
+    except Exception as error:  # an override Hydra cannot even parse
+        _refuse(ConfigError.one("override", " ".join(argv), str(error).strip().splitlines()[0]))
+
+    sys.argv = [sys.argv[0]] + argv
+    hydra.main(config_path=str(config_dir()), config_name="config", version_base=None)(_run)()
+
+
+def _run(cfg: DictConfig):
+    """One Hydra job: validate (again, for multirun jobs), then train."""
+    from hydra.core.hydra_config import HydraConfig
+
+    run_dir = HydraConfig.get().runtime.output_dir
+    try:
+        validate(cfg)
+        from tfdistx.train import train  # imports TensorFlow
+
+        return train(cfg, run_dir)
+    except ConfigError as error:
+        _refuse(error)
+
+
+def _hydra_handles_it(args) -> bool:
+    """Invocations Hydra answers itself, or (multirun) composes per job."""
+    return bool(args.help or args.hydra_help or args.cfg or args.info or args.shell_completion or args.multirun)
+
+
+def _refuse(error: ConfigError):
+    for line in error.lines():
+        print(line, file=sys.stderr)
+    sys.exit(EXIT_INVALID_CONFIG)

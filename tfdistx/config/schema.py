@@ -1,0 +1,57 @@
+"""Structured config: the types Hydra checks while it composes.
+
+Groups whose keys vary by option or are passed to a user's `_target_`
+(strategy, model, data, optimizer, logger) stay free-form here and are checked
+in `validate.py`; the rest get dataclasses, so `trainer.steps=abc` is refused
+at compose time with the key named.
+"""
+
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from hydra.core.config_store import ConfigStore
+
+
+@dataclass
+class TrainerConfig:
+    steps: Optional[int] = 1000
+    epochs: Optional[int] = None
+    steps_per_loop: int = 100
+    log_every: int = 100
+    eval_every: int = 500
+    eval_steps: Optional[int] = None
+    seed: int = 0
+    deterministic: bool = False
+    objective: str = "eval/accuracy"
+
+
+@dataclass
+class CheckpointConfig:
+    every_steps: int = 500
+    max_to_keep: int = 3
+    dir: Optional[str] = None
+    restore: bool = True
+
+
+@dataclass
+class ClusterConfig:
+    name: str = "local"
+    workers: int = 1
+    devices_per_worker: Optional[int] = None
+    ps: int = 0
+
+
+@dataclass
+class Config:
+    strategy: Any = field(default_factory=dict)
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    model: Any = field(default_factory=dict)
+    data: Any = field(default_factory=dict)
+    optimizer: Any = field(default_factory=dict)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    logger: Any = field(default_factory=dict)
+
+
+def register() -> None:
+    ConfigStore.instance().store(name="tfdistx_schema", node=Config)

@@ -1,0 +1,140 @@
+"""Where metrics go: the terminal, metrics.jsonl, TensorBoard, Weights & Biases.
+
+Each logger is a callable `(step, metrics)`; the engine calls them all at
+every log or eval step and knows none of them.
+"""
+
+import json
+import netrc
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Optional
+
+
+class ConsoleProgress:
+    """One line per log step: step, loss, metrics, examples/s and ETA.
+
+    Plain lines (no carriage returns or colours), so the output reads the
+    same in a terminal, a CI log, a Slurm output file or `| tee`.
+    """
+
+    def __init__(self, total_steps: int, stream=None):
+        self.total_steps = total_steps
+        self.stream = stream or sys.stdout
+        self.width = len(str(total_steps))
+        self.last_time: Optional[float] = None
+        self.last_step: Optional[int] = None
+
+    def __call__(self, step: int, metrics: dict) -> None:
+        now = time.monotonic()
+        parts = [f"step {step:>{self.width}}/{self.total_steps}"]
+        parts += [f"{k} {v:.4g}" for k, v in metrics.items() if k not in ("examples_per_sec", "lr")]
+        if "examples_per_sec" in metrics:
+            parts.append(f"{metrics['examples_per_sec']:,.0f} ex/s")
+        if self.last_time is not None and step > self.last_step:
+            seconds_per_step = (now - self.last_time) / (step - self.last_step)
+            parts.append(f"ETA {_duration(seconds_per_step * (self.total_steps - step))}")
+        self.last_time, self.last_step = now, step
+        print("  ".join(parts), file=self.stream, flush=True)
+
+
+class JsonlLogger:
+    """metrics.jsonl: one JSON object per log step, flushed as it is written.
+
+    On resume, lines past the restored step are dropped first (they were
+    logged after the last checkpoint and will be trained and logged again),
+    so the file never holds a step twice.
+    """
+
+    def __init__(self, path: str, resume_step: int = 0):
+        self.path = Path(path)
+        if self.path.exists():
+            _truncate_after(self.path, resume_step)
+        self.file = open(self.path, "a", buffering=1)
+
+    def __call__(self, step: int, metrics: dict) -> None:
+        self.file.write(json.dumps({"step": step, **metrics}) + "\n")
+        self.file.flush()
+
+    def close(self) -> None:
+        self.file.close()
+
+
+class TensorBoardLogger:
+    def __init__(self, logdir: str):
+        import tensorflow as tf
+
+        self.tf = tf
+        self.writer = tf.summary.create_file_writer(logdir)
+
+    def __call__(self, step: int, metrics: dict) -> None:
+        with self.writer.as_default(step=step):
+            for key, value in metrics.items():
+                name = key if "/" in key else f"train/{key}"
+                self.tf.summary.scalar(name, value)
+        self.writer.flush()
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+class WandbLogger:
+    """Weights & Biases, offline unless an API key is configured.
+
+    Offline runs write under <run dir>/wandb and upload later with
+    `wandb sync`; tfdistx never needs the network.
+    """
+
+    def __init__(self, run_dir: str, config: dict, project: str = "tfdistx", entity: Optional[str] = None, mode: Optional[str] = None, tags=(), **_):
+        import wandb
+
+        self.wandb = wandb
+        self.run = wandb.init(
+            project=project,
+            entity=entity,
+            dir=run_dir,
+            config=config,
+            tags=list(tags),
+            mode=mode or ("online" if _wandb_key_configured() else "offline"),
+            reinit="finish_previous",
+        )
+
+    def __call__(self, step: int, metrics: dict) -> None:
+        self.run.log(metrics, step=step)
+
+    def close(self) -> None:
+        self.run.finish()
+
+
+def _wandb_key_configured() -> bool:
+    if os.environ.get("WANDB_API_KEY"):
+        return True
+    try:
+        return netrc.netrc().authenticators("api.wandb.ai") is not None
+    except (FileNotFoundError, netrc.NetrcParseError):
+        return False
+
+
+def _truncate_after(path: Path, step: int) -> None:
+    """Keep the lines whose step is at most `step`; replace the file atomically."""
+    kept = []
+    for line in path.read_text().splitlines():
+        try:
+            if json.loads(line)["step"] <= step:
+                kept.append(line)
+        except (ValueError, KeyError, TypeError):
+            continue  # a line cut short by a crash
+    tmp = path.with_suffix(".jsonl.tmp")
+    tmp.write_text("".join(line + "\n" for line in kept))
+    os.replace(tmp, path)
+
+
+def _duration(seconds: float) -> str:
+    seconds = int(seconds)
+    if seconds >= 3600:
+        return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+    if seconds >= 60:
+        return f"{seconds // 60}m{seconds % 60:02d}s"
+    return f"{seconds}s"

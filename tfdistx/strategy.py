@@ -1,0 +1,80 @@
+"""Turn a strategy name and a cluster into a tf.distribute.Strategy.
+
+Like TF Model Garden's distribute_utils: one function, one name in, one
+strategy out. `configure_devices` must run before TensorFlow initialises its
+devices, which is why the entrypoint calls it first.
+"""
+
+import os
+from typing import Optional
+
+import tensorflow as tf
+
+from tfdistx.errors import ConfigError
+
+
+def configure_devices(devices_per_worker: Optional[int]) -> None:
+    """Without GPUs, split the CPU into `devices_per_worker` logical devices,
+    so `strategy=mirrored cluster=1x4` has 4 real replicas on a laptop."""
+    if tf.config.list_physical_devices("GPU") or not devices_per_worker or devices_per_worker < 2:
+        return
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * devices_per_worker)
+
+
+def local_devices(devices_per_worker: Optional[int]) -> list:
+    """The devices one worker's replicas run on: GPUs if any, else CPUs."""
+    gpus = [d.name for d in tf.config.list_logical_devices("GPU")]
+    if gpus:
+        if devices_per_worker and devices_per_worker > len(gpus):
+            raise ConfigError.one("cluster.devices_per_worker", devices_per_worker, f"only {len(gpus)} GPU(s) are visible on this machine")
+        return gpus[: devices_per_worker or len(gpus)]
+    cpus = [d.name for d in tf.config.list_logical_devices("CPU")]
+    return cpus[: devices_per_worker or 1]
+
+
+def resolve(name: str, devices_per_worker: Optional[int] = None) -> str:
+    """`auto` becomes the strategy it stands for on this machine."""
+    if name != "auto":
+        return name
+    return "mirrored" if len(local_devices(devices_per_worker)) > 1 else "one_device"
+
+
+def get_strategy(name: str, devices_per_worker: Optional[int] = None, **options) -> tf.distribute.Strategy:
+    devices = local_devices(devices_per_worker)
+    name = resolve(name, devices_per_worker)
+    if name == "one_device":
+        return tf.distribute.OneDeviceStrategy(options.get("device") or devices[0])
+    if name == "mirrored":
+        return tf.distribute.MirroredStrategy(devices, cross_device_ops=_cross_device_ops(options.get("cross_device_ops")))
+    if name == "central_storage":
+        return tf.distribute.experimental.CentralStorageStrategy(compute_devices=devices, parameter_device="/cpu:0")
+    if name == "tpu":
+        return _tpu_strategy(options.get("tpu"))
+    raise ConfigError.one("strategy", name, "this version of tfdistx runs one_device, mirrored, central_storage and tpu")
+
+
+def _cross_device_ops(kind: Optional[str]):
+    return {
+        None: None,
+        "auto": None,  # TF picks: NCCL on GPUs, a reduction to one device otherwise
+        "nccl": tf.distribute.NcclAllReduce(),
+        "hierarchical_copy": tf.distribute.HierarchicalCopyAllReduce(),
+        "reduction_to_one": tf.distribute.ReductionToOneDevice(),
+    }[kind]
+
+
+def _tpu_strategy(tpu: Optional[str]) -> tf.distribute.Strategy:
+    # Without a name, an address or a TPU VM's accelerator devices there is
+    # nothing to connect to; asking the resolver anyway would query cloud
+    # metadata servers over the network.
+    tpu = tpu or os.environ.get("TPU_NAME")
+    if not tpu and not os.path.exists("/dev/accel0") and not os.path.exists("/dev/vfio/0"):
+        raise ConfigError.one("strategy.tpu", tpu, "no TPU is reachable: set strategy.tpu (a TPU name or grpc:// address) or $TPU_NAME, or run on a TPU VM")
+    try:
+        resolver = tf.distribute.cluster_resolver.TPUClusterResolver(tpu=tpu or "local")
+        tf.config.experimental_connect_to_cluster(resolver)
+        tf.tpu.experimental.initialize_tpu_system(resolver)
+    except (ValueError, tf.errors.OpError) as error:
+        raise ConfigError.one("strategy.tpu", tpu, f"could not reach the TPU: {str(error).splitlines()[0]}") from None
+    return tf.distribute.TPUStrategy(resolver)

@@ -1,0 +1,164 @@
+"""One run, start to end: build everything from the config, then train.
+
+Linear on purpose (cf. lightning-hydra-template's src/train.py): each line
+hands a config group to the module that owns it.
+"""
+
+import json
+import logging
+import os
+import socket
+import time
+import warnings
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf
+
+from tfdistx import loggers as loggers_lib
+
+log = logging.getLogger(__name__)
+
+# Keys of the data group that shape the input pipeline, not the source.
+PIPELINE_KEYS = ("batch_size", "cache", "shuffle_buffer")
+
+
+def train(cfg: DictConfig, run_dir: str) -> float:
+    """Train as `cfg` says, writing into `run_dir`; returns the objective."""
+    started = time.time()
+    from tfdistx.strategy import configure_devices, get_strategy, resolve
+
+    configure_devices(cfg.cluster.devices_per_worker)  # before TensorFlow starts its devices
+
+    import keras
+    import tensorflow as tf
+
+    from tfdistx import input as input_lib
+    from tfdistx.build import build
+    from tfdistx.checkpointing import Checkpointer
+    from tfdistx.engine import Schedule, Trainer
+    from tfdistx.errors import ConfigError
+    from tfdistx.optim import build_optimizer, effective_lr
+
+    _quiet_known_noise()
+    keras.utils.set_random_seed(cfg.trainer.seed)
+    if cfg.trainer.deterministic:
+        tf.config.experimental.enable_op_determinism()
+
+    strategy = get_strategy(devices_per_worker=cfg.cluster.devices_per_worker, **cfg.strategy)
+    replicas = strategy.num_replicas_in_sync
+    global_batch = cfg.data.batch_size
+    per_replica = input_lib.per_replica_batch(global_batch, replicas)
+
+    source = build("data", cfg.data, exclude=PIPELINE_KEYS)
+    total_steps = _total_steps(cfg.trainer, source.train_examples, global_batch)
+
+    with strategy.scope():
+        model = build("model", cfg.model, input_shape=source.input_shape, num_classes=source.num_classes)
+        try:
+            optimizer = build_optimizer(OmegaConf.to_container(cfg.optimizer), replicas, total_steps)
+        except (TypeError, ValueError) as error:  # Keras' answer to an unknown or bad keyword
+            raise ConfigError.one("optimizer", cfg.optimizer.name, f"bad option: {error}") from None
+        optimizer.build(model.trainable_variables)
+
+    run = Path(run_dir)
+    checkpointer = Checkpointer(
+        cfg.checkpoint.dir or str(run / "checkpoints"),
+        every_steps=cfg.checkpoint.every_steps,
+        max_to_keep=cfg.checkpoint.max_to_keep,
+        model=model,
+        optimizer=optimizer,
+    )
+    restored = checkpointer.restore_latest() if cfg.checkpoint.restore else None
+    start_step = int(optimizer.iterations.numpy())
+    if restored:
+        log.info("resuming from step %d (%s)", start_step, restored)
+
+    train_data = input_lib.train_dataset(
+        strategy, source, global_batch,
+        seed=cfg.trainer.seed,
+        shuffle_buffer=cfg.data.get("shuffle_buffer", 10_000),
+        cache=cfg.data.get("cache", False),
+        skip_steps=start_step,
+    )
+    eval_data = input_lib.eval_dataset(strategy, source.eval, global_batch, steps=cfg.trainer.eval_steps, cache=cfg.data.get("cache", False))
+
+    sinks = _loggers(cfg, run, total_steps, start_step)
+    trainer = Trainer(
+        strategy, model, optimizer, train_data, global_batch,
+        Schedule(total_steps, cfg.trainer.steps_per_loop, cfg.trainer.log_every, cfg.trainer.eval_every),
+        eval_data=eval_data,
+        checkpointer=checkpointer,
+        loggers=sinks,
+    )
+    log.info("%s: %d replica(s), global batch %d (%d per replica), %d steps", type(strategy).__name__, replicas, global_batch, per_replica, total_steps)
+    try:
+        result = trainer.fit()
+    finally:
+        for sink in sinks:
+            getattr(sink, "close", lambda: None)()
+
+    summary = {
+        "step": result.step,
+        "train": result.train,
+        "eval": result.eval,
+        "examples_per_sec": result.examples_per_sec,
+        "replicas": replicas,
+        "workers": cfg.cluster.workers,
+        "strategy": resolve(cfg.strategy.name, cfg.cluster.devices_per_worker),
+        "strategy_class": type(strategy).__name__,
+        "global_batch": global_batch,
+        "per_replica_batch": per_replica,
+        "learning_rate": effective_lr(cfg.optimizer, replicas),
+        "resumed": bool(restored),
+        "resumed_from_step": start_step if restored else None,
+        "train_wall_time_sec": result.wall_time_sec,
+        "wall_time_sec": time.time() - started,
+        "host": socket.gethostname(),
+    }
+    _write_json(run / "summary.json", summary)
+    return _objective(cfg.trainer.objective, summary)
+
+
+def _quiet_known_noise() -> None:
+    # tf.data warns whenever a distributed dataset is iterated inside a
+    # tf.function, and absl logs every input-sharding callback at INFO level;
+    # neither says anything a user can act on.
+    warnings.filterwarnings("ignore", message="To make it possible to preserve tf.data options")
+    logging.getLogger("absl").setLevel(logging.WARNING)
+
+
+def _total_steps(trainer: DictConfig, train_examples, global_batch: int) -> int:
+    from tfdistx.errors import ConfigError
+
+    if trainer.steps is not None:
+        return trainer.steps
+    if not train_examples:
+        raise ConfigError.one("trainer.epochs", trainer.epochs, "the dataset does not say how many examples it has: set trainer.steps")
+    return trainer.epochs * max(train_examples // global_batch, 1)
+
+
+def _loggers(cfg: DictConfig, run: Path, total_steps: int, start_step: int) -> list:
+    sinks = [loggers_lib.JsonlLogger(str(run / "metrics.jsonl"), resume_step=start_step)]
+    if cfg.logger.get("console", True):
+        sinks.append(loggers_lib.ConsoleProgress(total_steps))
+    if cfg.logger.get("tensorboard", True):
+        sinks.append(loggers_lib.TensorBoardLogger(str(run / "tensorboard")))
+    wandb_cfg = cfg.logger.get("wandb") or {}
+    if wandb_cfg.get("enabled"):
+        options = {k: v for k, v in OmegaConf.to_container(wandb_cfg).items() if k != "enabled"}
+        sinks.append(loggers_lib.WandbLogger(str(run), OmegaConf.to_container(cfg, resolve=True), **options))
+    return sinks
+
+
+def _objective(name: str, summary: dict) -> float:
+    """`eval/accuracy` -> summary['eval']['eval/accuracy']; `loss` -> summary['train']['loss']."""
+    for section in ("eval", "train"):
+        if name in summary[section]:
+            return float(summary[section][name])
+    return float("nan")
+
+
+def _write_json(path: Path, payload: dict) -> None:
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(payload, indent=2, default=float) + "\n")
+    os.replace(tmp, path)
