@@ -19,8 +19,9 @@ from tfdistx.errors import ConfigError
 log = logging.getLogger(__name__)
 
 
-def build(group: str, cfg: DictConfig, exclude: Iterable[str] = (), **runtime: Any) -> Any:
-    """Call `cfg._target_` with the group's keys (less `exclude`) and `runtime` kwargs."""
+def build(group: str, cfg: DictConfig, expect: type, exclude: Iterable[str] = (), **runtime: Any) -> Any:
+    """Call `cfg._target_` with the group's keys (less `exclude`) and `runtime`
+    kwargs; the result must be an `expect`."""
     kwargs = {k: v for k, v in OmegaConf.to_container(cfg, resolve=True).items() if k not in set(exclude)}
     target = kwargs.pop("_target_")
     try:
@@ -33,12 +34,15 @@ def build(group: str, cfg: DictConfig, exclude: Iterable[str] = (), **runtime: A
     if dropped:
         log.warning("%s: %s does not take %s; ignoring them", group, target, ", ".join(dropped))
     try:
-        return instantiate({"_target_": target, **accepted}, _convert_="all")
+        built = instantiate({"_target_": target, **accepted}, _convert_="all")
     except Exception as error:
         cause = error.__cause__ or error
         if isinstance(cause, ConfigError):
             raise cause from None
         raise ConfigError.one(f"{group}._target_", target, f"failed: {type(cause).__name__}: {str(cause).splitlines()[0] if str(cause) else ''}") from error
+    if not isinstance(built, expect):
+        raise ConfigError.one(f"{group}._target_", target, f"returned a {type(built).__name__}; it must return a {expect.__module__}.{expect.__name__}")
+    return built
 
 
 def _accepted(fn, kwargs: dict) -> dict:

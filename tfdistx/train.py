@@ -35,6 +35,7 @@ def train(cfg: DictConfig, run_dir: str) -> float:
     from tfdistx import input as input_lib
     from tfdistx.build import build
     from tfdistx.checkpointing import Checkpointer
+    from tfdistx.data import DataSource
     from tfdistx.engine import Schedule, Trainer
     from tfdistx.errors import ConfigError
     from tfdistx.optim import build_optimizer, effective_lr
@@ -49,11 +50,11 @@ def train(cfg: DictConfig, run_dir: str) -> float:
     global_batch = cfg.data.batch_size
     per_replica = input_lib.per_replica_batch(global_batch, replicas)
 
-    source = build("data", cfg.data, exclude=PIPELINE_KEYS)
+    source = build("data", cfg.data, expect=DataSource, exclude=PIPELINE_KEYS)
     total_steps = _total_steps(cfg.trainer, source.train_examples, global_batch)
 
     with strategy.scope():
-        model = build("model", cfg.model, input_shape=source.input_shape, num_classes=source.num_classes)
+        model = build("model", cfg.model, expect=keras.Model, input_shape=source.input_shape, num_classes=source.num_classes)
         try:
             optimizer = build_optimizer(OmegaConf.to_container(cfg.optimizer), replicas, total_steps)
         except (TypeError, ValueError) as error:  # Keras' answer to an unknown or bad keyword

@@ -1,0 +1,76 @@
+"""tfdistx against plain Keras 3 `model.fit`, side by side in one run.
+
+The seeds' 784-128-10 MLP on MNIST-shaped synthetic data (in memory), one
+device, Adam, the same global batch and the same input pipeline (shuffle,
+batch, prefetch). Every measurement runs in a fresh process; the contenders
+alternate, each is repeated, and the medians and their ratios are printed.
+Throughput is steady state: tracing/warm-up is excluded on both sides.
+
+    python benchmarks/bench_vs_keras_fit.py [--batch 128] [--steps 2000] [--repeats 3]
+"""
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+
+
+def tfdistx_run(batch: int, steps: int, steps_per_loop: int) -> float:
+    with tempfile.TemporaryDirectory() as run_dir:
+        cmd = [
+            sys.executable, "-m", "tfdistx", "strategy=one_device", "model=mlp", "data=synthetic",
+            f"data.batch_size={batch}", f"trainer.steps={steps}", f"trainer.steps_per_loop={steps_per_loop}",
+            f"trainer.log_every={steps}", "trainer.eval_every=0", "trainer.eval_steps=1",
+            "checkpoint.every_steps=0", "logger.console=false", "logger.tensorboard=false",
+            f"hydra.run.dir={run_dir}",
+        ]
+        subprocess.run(cmd, check=True, capture_output=True, env=_env())
+        return json.loads((Path(run_dir) / "summary.json").read_text())["examples_per_sec"]
+
+
+def keras_fit(batch: int, steps: int, steps_per_execution: int) -> float:
+    cmd = [sys.executable, str(HERE / "keras_fit_baseline.py"), f"--batch={batch}", f"--steps={steps}",
+           f"--steps-per-execution={steps_per_execution}"]
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True, env=_env())
+    return json.loads(out.stdout.strip().splitlines()[-1])["examples_per_sec"]
+
+
+def _env():
+    return {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--batch", type=int, default=128)
+    parser.add_argument("--steps", type=int, default=2000)
+    parser.add_argument("--steps-per-loop", type=int, default=100, help="tfdistx steps per tf.function call, and tuned fit's steps_per_execution")
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+
+    contenders = {
+        "tfdistx": lambda: tfdistx_run(args.batch, args.steps, args.steps_per_loop),
+        "keras fit (steps_per_execution=1)": lambda: keras_fit(args.batch, args.steps, 1),
+        f"keras fit (steps_per_execution={args.steps_per_loop})": lambda: keras_fit(args.batch, args.steps, args.steps_per_loop),
+    }
+    samples = {name: [] for name in contenders}
+    for repeat in range(args.repeats):
+        for name, run in contenders.items():
+            samples[name].append(run())
+            print(f"  repeat {repeat + 1}: {name}: {samples[name][-1]:,.0f} examples/s", file=sys.stderr, flush=True)
+
+    medians = {name: statistics.median(values) for name, values in samples.items()}
+    ours = medians["tfdistx"]
+    print(f"MLP 784-128-10, one device, global batch {args.batch}, {args.steps} steps, median of {args.repeats}")
+    print(f"{'contender':<42}{'examples/s':>12}{'tfdistx / it':>14}")
+    for name, value in medians.items():
+        print(f"{name:<42}{value:>12,.0f}{ours / value:>13.2f}x")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,55 @@
+"""Shared helpers: run tfdistx the way a user does, as a real process."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+TESTS = Path(__file__).resolve().parent
+
+
+class Run:
+    def __init__(self, proc: subprocess.CompletedProcess, run_dir: Path):
+        self.proc, self.dir = proc, run_dir
+        self.returncode, self.stdout, self.stderr = proc.returncode, proc.stdout, proc.stderr
+
+    @property
+    def summary(self) -> dict:
+        return json.loads((self.dir / "summary.json").read_text())
+
+    @property
+    def metrics(self) -> list:
+        return [json.loads(line) for line in (self.dir / "metrics.jsonl").read_text().splitlines()]
+
+    def __repr__(self):
+        return f"<Run rc={self.returncode}\nstdout:\n{self.stdout[-3000:]}\nstderr:\n{self.stderr[-3000:]}>"
+
+
+def tfdistx_env(**extra) -> dict:
+    env = dict(os.environ)
+    # tests/ on the path so runs can name the user plug-ins in tests/user_plugins.py
+    env["PYTHONPATH"] = os.pathsep.join([str(TESTS), env.get("PYTHONPATH", "")]).strip(os.pathsep)
+    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    env.update(extra)
+    return env
+
+
+@pytest.fixture
+def tfdistx(tmp_path):
+    """Run `python -m tfdistx ARGS` with its run dir in tmp_path; returns a Run."""
+
+    def run(*args, run_dir=None, env=None, timeout=600, cwd=None) -> Run:
+        run_dir = Path(run_dir or tmp_path / "run")
+        cmd = [sys.executable, "-m", "tfdistx", *args, f"hydra.run.dir={run_dir}"]
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=tfdistx_env(**(env or {})), cwd=cwd or tmp_path)
+        return Run(proc, run_dir)
+
+    return run
+
+
+# Short real runs: few steps, small batches, the built-in synthetic data.
+QUICK = ["trainer.steps=40", "trainer.steps_per_loop=10", "trainer.log_every=20", "trainer.eval_every=0",
+         "data.batch_size=32", "data.train_examples=512", "data.eval_examples=128", "logger.tensorboard=false"]

@@ -1,0 +1,64 @@
+"""Bad input: exit code 2, one line naming the key and what is allowed, no traceback."""
+
+import pytest
+
+
+def assert_refused(run, key, *phrases):
+    assert run.returncode == 2, run
+    assert "Traceback" not in run.stderr + run.stdout, run
+    lines = [line for line in run.stderr.splitlines() if line.startswith("tfdistx: invalid config:")]
+    assert lines and any(key in line for line in lines), run
+    for phrase in phrases:
+        assert phrase in run.stderr, run
+    assert not (run.dir / "summary.json").exists()
+
+
+@pytest.mark.parametrize("args, key, phrases", [
+    (["strategy=foo"], "strategy='foo'", ["mirrored", "one_device"]),
+    (["cluster=banana"], "cluster='banana'", ["WxD"]),
+    (["model=transformer"], "model='transformer'", ["mlp", "resnet"]),
+    (["data=imagenet"], "data='imagenet'", ["mnist", "synthetic"]),
+    (["trainer.steps=abc"], "trainer.steps", ["Integer"]),
+    (["data.batch_size=-5"], "data.batch_size=-5", ["positive"]),
+    (["data.batch_size=0"], "data.batch_size=0", ["positive"]),
+    (["strategy=mirrored", "cluster=1x3", "data.batch_size=128"], "data.batch_size=128", ["multiple of 3"]),
+    (["strategy=one_device", "cluster=1x4"], "strategy='one_device'", ["strategy=mirrored"]),
+    (["strategy=parameter_server", "cluster=2x1"], "strategy='parameter_server'", ["cluster=ps1w2"]),
+    (["optimizer.name=lamb"], "optimizer.name='lamb'", ["adam, sgd, adamw"]),
+    (["optimizer.schedule=linear"], "optimizer.schedule='linear'", ["warmup_cosine"]),
+    (["trainer.nonsense=1"], "trainer.nonsense", []),
+    (["model._target_=no_such_package.build"], "model._target_", ["no_such_package"]),
+    (["checkpoint.max_to_keep=0"], "checkpoint.max_to_keep=0", []),
+])
+def test_config_errors(tfdistx, args, key, phrases):
+    assert_refused(tfdistx(*args), key, *phrases)
+
+
+def test_unwritable_output_dir(tfdistx, tmp_path):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("not a directory")
+    run = tfdistx(run_dir=blocker / "run")
+    assert_refused(run, "hydra.run.dir", "not a directory")
+
+
+def test_unknown_tfds_dataset(tfdistx, tmp_path):
+    run = tfdistx("data=mnist", "data.name=not_a_dataset", f"data.data_dir={tmp_path / 'tfds'}")
+    assert_refused(run, "data.name='not_a_dataset'", "tensorflow-datasets")
+
+
+def test_dataset_that_cannot_be_downloaded_offline(tfdistx, tmp_path):
+    # Port 9 on loopback refuses at once: a machine with no route to the
+    # download site, without sending anything off this machine.
+    run = tfdistx("data=mnist", f"data.data_dir={tmp_path / 'tfds'}", "data.download_check_url=http://127.0.0.1:9")
+    assert_refused(run, "data.name='mnist'", "data=synthetic", "data.data_dir")
+
+
+def test_user_model_with_bad_signature(tfdistx):
+    run = tfdistx("model._target_=user_plugins.constant_data", "trainer.steps=2")
+    assert run.returncode == 2, run
+    assert "model._target_" in run.stderr and "Traceback" not in run.stderr, run
+
+
+def test_no_tpu_reachable(tfdistx):
+    run = tfdistx("strategy=tpu", env={"TPU_NAME": ""})
+    assert_refused(run, "strategy.tpu", "no TPU is reachable")

@@ -1,0 +1,164 @@
+"""Short real training runs: real TensorFlow, real strategies, files on disk."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import QUICK, tfdistx_env
+
+
+def test_default_run_learns_and_writes_its_run_dir(tfdistx):
+    run = tfdistx("trainer.steps=300", "trainer.log_every=100", "trainer.eval_every=100")
+    assert run.returncode == 0, run
+    summary = run.summary
+    assert summary["step"] == 300
+    assert (summary["strategy"], summary["replicas"], summary["workers"]) == ("one_device", 1, 1)
+    assert summary["resumed"] is False and summary["examples_per_sec"] > 0
+    # The synthetic task is learnable: well above the 10% of chance.
+    assert summary["eval"]["eval/accuracy"] > 0.25
+
+    metrics = run.metrics
+    assert [m["step"] for m in metrics] == [100, 200, 300]
+    assert metrics[-1]["loss"] < metrics[0]["loss"]
+    assert {"loss", "accuracy", "examples_per_sec", "lr", "eval/loss", "eval/accuracy"} <= set(metrics[-1])
+
+    assert (run.dir / ".hydra" / "config.yaml").exists()
+    assert list((run.dir / "checkpoints").glob("ckpt-300.index"))
+    events = list((run.dir / "tensorboard").glob("events.out.tfevents.*"))
+    assert events and events[0].stat().st_size > 0
+    # progress on the terminal, one plain line per log step
+    assert "step 300/300" in run.stdout and "ex/s" in run.stdout
+
+
+def test_tensorboard_holds_the_logged_scalars(tfdistx):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    run = tfdistx(*QUICK, "logger.tensorboard=true")
+    assert run.returncode == 0, run
+    events = EventAccumulator(str(run.dir / "tensorboard"), size_guidance={"tensors": 0})
+    events.Reload()
+    tags = set(events.Tags()["tensors"])
+    assert {"train/loss", "train/accuracy", "eval/accuracy"} <= tags
+    assert [e.step for e in events.Tensors("train/loss")] == [20, 40]
+
+
+def test_mirrored_on_four_logical_cpus_matches_one_device(tfdistx, tmp_path):
+    """Same seed, same global batch: 4 replicas of 8 follow one device of 32."""
+    mirrored = tfdistx(*QUICK, "strategy=mirrored", "cluster=1x4", run_dir=tmp_path / "mirrored")
+    single = tfdistx(*QUICK, "strategy=one_device", run_dir=tmp_path / "single")
+    assert mirrored.returncode == 0, mirrored
+    assert single.returncode == 0, single
+    assert (mirrored.summary["replicas"], mirrored.summary["per_replica_batch"]) == (4, 8)
+    assert mirrored.summary["strategy_class"] == "MirroredStrategy"
+    for m, s in zip(mirrored.metrics, single.metrics):
+        assert m["step"] == s["step"]
+        assert m["loss"] == pytest.approx(s["loss"], rel=1e-3)
+
+
+def test_central_storage(tfdistx):
+    run = tfdistx(*QUICK, "strategy=central_storage", "cluster=1x2")
+    assert run.returncode == 0, run
+    assert (run.summary["strategy_class"], run.summary["replicas"]) == ("CentralStorageStrategy", 2)
+
+
+def test_auto_picks_mirrored_for_several_devices(tfdistx):
+    run = tfdistx(*QUICK, "cluster=1x2")
+    assert run.returncode == 0, run
+    assert (run.summary["strategy"], run.summary["replicas"]) == ("mirrored", 2)
+
+
+@pytest.mark.parametrize("model, shape", [("cnn", "[28,28,1]"), ("resnet", "[32,32,3]")])
+def test_models(tfdistx, model, shape):
+    extra = ["model.depth=8", "model.width=8"] if model == "resnet" else ["model.filters=[8,16]", "model.dense_units=32"]
+    run = tfdistx(*QUICK, f"model={model}", f"data.image_shape={shape}", "trainer.steps=20", *extra)
+    assert run.returncode == 0, run
+    assert run.summary["step"] == 20
+
+
+@pytest.mark.parametrize("optimizer, schedule", [("sgd", "warmup_cosine"), ("adamw", "cosine"), ("adam", "constant")])
+def test_optimizers_and_schedules(tfdistx, optimizer, schedule):
+    run = tfdistx(*QUICK, f"optimizer={optimizer}", f"optimizer.schedule={schedule}", "optimizer.warmup_steps=10", "optimizer.lr=0.01")
+    assert run.returncode == 0, run
+    lrs = [m["lr"] for m in run.metrics if "lr" in m]
+    if schedule == "constant":
+        assert lrs == pytest.approx([0.01, 0.01])
+    else:  # cosine decays towards 0 at the last step
+        assert lrs[-1] < lrs[0] <= 0.01 + 1e-9
+
+
+def test_linear_lr_scaling_with_replicas(tfdistx):
+    run = tfdistx(*QUICK, "strategy=mirrored", "cluster=1x2", "optimizer.lr=0.001", "optimizer.scale_lr_with_replicas=true")
+    assert run.returncode == 0, run
+    assert run.summary["learning_rate"] == pytest.approx(0.002)
+    assert run.metrics[0]["lr"] == pytest.approx(0.002)
+
+
+def test_epochs_instead_of_steps(tfdistx):
+    # 512 examples / batch 32 = 16 steps an epoch
+    run = tfdistx(*QUICK, "trainer.steps=null", "trainer.epochs=2")
+    assert run.returncode == 0, run
+    assert run.summary["step"] == 32
+
+
+def test_user_model_and_data_targets(tfdistx):
+    run = tfdistx(*QUICK, "model._target_=user_plugins.tiny_model", "data._target_=user_plugins.constant_data", "optimizer.lr=0.05")
+    assert run.returncode == 0, run
+    assert run.summary["step"] == 40
+    assert run.summary["eval"]["eval/accuracy"] > 0.8
+    # the mlp's own keys cannot go to tiny_model: dropped, and said so
+    assert "does not take dropout, hidden_units" in run.stdout + run.stderr
+
+
+def test_rerun_resumes_from_the_saved_step(tfdistx):
+    first = tfdistx(*QUICK, "checkpoint.every_steps=20")
+    assert first.returncode == 0, first
+    second = tfdistx(*QUICK, "trainer.steps=80", "checkpoint.every_steps=20")
+    assert second.returncode == 0, second
+    assert (second.summary["resumed"], second.summary["resumed_from_step"], second.summary["step"]) == (True, 40, 80)
+    assert [m["step"] for m in second.metrics] == [20, 40, 60, 80]
+
+
+def test_killed_run_resumes_without_repeating_steps(tmp_path):
+    """SIGKILL mid-run, rerun the same command: it continues from the last checkpoint."""
+    run_dir = tmp_path / "run"
+    cmd = [sys.executable, "-m", "tfdistx", "trainer.steps=4000", "trainer.steps_per_loop=20", "trainer.log_every=20",
+           "trainer.eval_every=0", "checkpoint.every_steps=100", "logger.tensorboard=false", f"hydra.run.dir={run_dir}"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=tfdistx_env())
+    deadline = time.time() + 300
+    while not list((run_dir / "checkpoints").glob("ckpt-*.index")) and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.05)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    killed_lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    assert 0 < len(killed_lines) < 200, "the run ended before it could be killed"
+
+    rerun = subprocess.run(cmd, capture_output=True, text=True, env=tfdistx_env(), timeout=600)
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    import json
+
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["resumed"] and summary["resumed_from_step"] >= 100 and summary["step"] == 4000
+    steps = [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert steps == list(range(20, 4001, 20))
+
+
+def test_checkpoint_restores_the_weights(tfdistx, tmp_path):
+    """The restored model evaluates exactly as the saved one did."""
+    first = tfdistx(*QUICK)
+    again = tfdistx(*QUICK)  # steps already done: restores, evaluates, trains nothing
+    assert first.returncode == 0 and again.returncode == 0, again
+    assert again.summary["resumed_from_step"] == 40
+    assert again.summary["eval"] == first.summary["eval"]
+
+
+def test_wandb_offline_without_an_api_key(tfdistx, tmp_path):
+    env = {"HOME": str(tmp_path), "WANDB_API_KEY": "", "WANDB_MODE": "", "NETRC": str(tmp_path / "none")}
+    run = tfdistx(*QUICK, "logger=wandb", env=env)
+    assert run.returncode == 0, run
+    offline = list((run.dir / "wandb").glob("offline-run-*"))
+    assert offline, run
+    assert list(offline[0].glob("*.wandb"))

@@ -1,0 +1,25 @@
+"""A user's own model and data functions, plugged in with `_target_`."""
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from tfdistx.data import DataSource, shard
+
+
+def tiny_model(input_shape, num_classes):
+    return keras.Sequential([keras.Input(shape=tuple(input_shape)), keras.layers.Flatten(), keras.layers.Dense(num_classes)])
+
+
+def constant_data(features: int = 8, num_classes: int = 2, examples: int = 256):
+    """Label = whether the first feature is positive: trivially learnable."""
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((examples, features)).astype(np.float32)
+    y = (x[:, 0] > 0).astype(np.int64)
+    return DataSource(
+        train=lambda ctx: shard(tf.data.Dataset.from_tensor_slices((x, y)), ctx),
+        eval=lambda ctx: shard(tf.data.Dataset.from_tensor_slices((x, y)), ctx),
+        input_shape=(features,),
+        num_classes=num_classes,
+        train_examples=examples,
+    )
