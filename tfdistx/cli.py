@@ -5,6 +5,7 @@ refused in under a second with exit code 2), then let Hydra create the run
 directory and call `_run`, which imports the training code.
 """
 
+import importlib
 import os
 import sys
 from typing import Optional, Sequence
@@ -20,8 +21,19 @@ from tfdistx.config.validate import validate
 from tfdistx.errors import EXIT_INVALID_CONFIG, ConfigError
 
 
+# `tfdistx NAME ...` runs a tool instead of a training job. Imported only
+# when asked for, so a training run pays nothing for them.
+SUBCOMMANDS = {
+    "recipes": "tfdistx.recipes:main",  # list, show and copy out recipes
+    "report": "tfdistx.report:main",  # plots and a table for a run or sweep dir
+}
+
+
 def main(argv: Optional[Sequence[str]] = None):
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in SUBCOMMANDS:
+        module, function = SUBCOMMANDS[argv[0]].split(":")
+        sys.exit(getattr(importlib.import_module(module), function)(argv[1:]))
     # TensorFlow's C++ start-up chatter (CPU features, oneDNN) buries the
     # progress display; users can still ask for it.
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
