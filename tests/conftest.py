@@ -33,7 +33,11 @@ def tfdistx_env(**extra) -> dict:
     # tests/ on the path so runs can name the user plug-ins in tests/user_plugins.py
     env["PYTHONPATH"] = os.pathsep.join([str(TESTS), env.get("PYTHONPATH", "")]).strip(os.pathsep)
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    env.update(extra)
+    for key, value in extra.items():  # None removes a variable
+        if value is None:
+            env.pop(key, None)
+        else:
+            env[key] = value
     return env
 
 

@@ -156,7 +156,7 @@ def test_checkpoint_restores_the_weights(tfdistx, tmp_path):
 
 
 def test_wandb_offline_without_an_api_key(tfdistx, tmp_path):
-    env = {"HOME": str(tmp_path), "WANDB_API_KEY": "", "WANDB_MODE": "", "NETRC": str(tmp_path / "none")}
+    env = {"HOME": str(tmp_path), "WANDB_API_KEY": None, "WANDB_MODE": None, "NETRC": str(tmp_path / "none")}
     run = tfdistx(*QUICK, "logger=wandb", env=env)
     assert run.returncode == 0, run
     offline = list((run.dir / "wandb").glob("offline-run-*"))
