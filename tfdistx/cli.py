@@ -6,14 +6,17 @@ directory and call `_run`, which imports the training code.
 """
 
 import importlib
+import json
 import os
 import sys
+from pathlib import Path
 from typing import Optional, Sequence
 
 import hydra
 from hydra._internal.utils import get_args_parser
 from omegaconf import DictConfig
 
+from tfdistx import cluster
 from tfdistx.config import schema, topology
 from tfdistx.config.compose import compose_and_validate
 from tfdistx.config.paths import config_dir
@@ -53,17 +56,45 @@ def main(argv: Optional[Sequence[str]] = None):
 
 
 def _run(cfg: DictConfig):
-    """One Hydra job: validate (again, for multirun jobs), then train."""
+    """One Hydra job: validate (again, for multirun jobs), then train here,
+    or start a local cluster whose tasks each run this same job."""
     from hydra.core.hydra_config import HydraConfig
 
     run_dir = HydraConfig.get().runtime.output_dir
     try:
         validate(cfg)
+        placement = cluster.detect(cfg.strategy.name, cfg.cluster)
+        if placement.source == "local":
+            return _run_local_cluster(cfg, run_dir, list(HydraConfig.get().overrides.task))
         from tfdistx.train import train  # imports TensorFlow
 
-        return train(cfg, run_dir)
+        return train(cfg, run_dir, placement)
     except ConfigError as error:
         _refuse(error)
+
+
+def _run_local_cluster(cfg: DictConfig, run_dir: str, overrides: list):
+    """Every task reruns this job's overrides in the same run directory
+    (given explicitly: each process would otherwise stamp its own time)."""
+    from tfdistx.launch import run_local_cluster
+
+    strategy = cluster.multi_process_strategy(cfg.strategy.name, cfg.cluster)
+    command = [
+        sys.executable, "-m", "tfdistx", *overrides,
+        f"hydra.run.dir='{run_dir}'",
+        "hydra.output_subdir=null",  # this process already wrote .hydra/
+        "hydra/job_logging=stdout",  # the launcher prefixes and files each task's output
+        "cluster.launch=tf_config",
+    ]
+    counts = cluster.job_counts(strategy, cfg.cluster)
+    primary = ["chief"] if strategy == "parameter_server" else ["worker"]
+    code = run_local_cluster(counts, command, os.path.join(run_dir, "logs"), primary, isolate=cfg.cluster.isolate)
+    if code:
+        sys.exit(code)
+    from tfdistx.train import objective  # no TensorFlow at import
+
+    summary = json.loads(Path(run_dir, "summary.json").read_text())
+    return objective(cfg.trainer.objective, summary)
 
 
 def _hydra_handles_it(args) -> bool:

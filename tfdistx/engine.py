@@ -61,13 +61,19 @@ class Trainer:
         eval_data=None,
         checkpointer: Optional[Checkpointer] = None,
         loggers: List[Callable[[int, Metrics], None]] = (),
+        coordinator=None,
+        workers: int = 1,
     ):
+        """`coordinator`: a ClusterCoordinator for parameter-server training.
+        Then steps are scheduled on the workers asynchronously, and
+        `eval_data` is a plain dataset evaluated here, on the coordinator."""
         self.strategy, self.model, self.optimizer = strategy, model, optimizer
         self.train_data, self.eval_data = train_data, eval_data
         self.global_batch, self.schedule = global_batch, schedule
         self.checkpointer, self.loggers = checkpointer, list(loggers)
+        self.coordinator, self.workers = coordinator, workers
         self._train_loop = tf.function(self._train_loop_fn)
-        self._evaluate = tf.function(self._evaluate_fn)
+        self._evaluate = tf.function(self._evaluate_on_coordinator_fn if coordinator else self._evaluate_fn)
 
     @property
     def step(self) -> int:
@@ -111,6 +117,12 @@ class Trainer:
         per_example = keras.losses.sparse_categorical_crossentropy(labels, logits, from_logits=True)
         return self._replica_totals(logits, labels, per_example)
 
+    def _evaluate_on_coordinator_fn(self, dataset):
+        totals = tf.zeros([3])
+        for batch in dataset:
+            totals += self._eval_step(batch)
+        return totals
+
     def _evaluate_fn(self, dataset):
         totals = tf.zeros([3])
         for batch in dataset:
@@ -130,7 +142,10 @@ class Trainer:
         start = time.perf_counter()
         schedule, ckpt = self.schedule, self.checkpointer
         ckpt_every = ckpt.every_steps if ckpt else 0
-        iterator = iter(self.train_data)
+        if self.coordinator:
+            iterator = iter(self.coordinator.create_per_worker_dataset(self.train_data))
+        else:
+            iterator = iter(self.train_data)
         step = self.step
         window = tf.zeros([3]).numpy()
         window_time = 0.0
@@ -140,7 +155,7 @@ class Trainer:
         while step < schedule.steps:
             num_steps = schedule.next_stop(step, ckpt_every) - step
             t0 = time.perf_counter()
-            totals = self._train_loop(iterator, tf.constant(num_steps)).numpy()
+            totals = self._run_steps(iterator, num_steps)
             elapsed = time.perf_counter() - t0
             step += num_steps
             window += totals
@@ -180,6 +195,20 @@ class Trainer:
             result.examples_per_sec = result.train.get("examples_per_sec", 0.0)
         result.wall_time_sec = time.perf_counter() - start
         return result
+
+    def _run_steps(self, iterator, num_steps: int):
+        """Run `num_steps` steps; the summed [loss, correct, examples]."""
+        if self.coordinator is None:
+            return self._train_loop(iterator, tf.constant(num_steps)).numpy()
+        # Parameter servers: split the steps into one call per worker, which
+        # the coordinator schedules on whichever worker is free.
+        chunk = max(1, -(-num_steps // self.workers))
+        remote = []
+        for start in range(0, num_steps, chunk):
+            n = min(chunk, num_steps - start)
+            remote.append(self.coordinator.schedule(self._train_loop, args=(iterator, tf.constant(n))))
+        self.coordinator.join()
+        return sum(value.fetch() for value in remote)
 
     def _current_lr(self) -> float:
         lr = self.optimizer.learning_rate

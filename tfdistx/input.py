@@ -75,6 +75,17 @@ def eval_dataset(
     return strategy.distribute_datasets_from_function(dataset_fn)
 
 
+def local_eval_dataset(make: Optional[PipelineFn], global_batch: int, *, steps: Optional[int] = None, cache: bool = False):
+    """The eval split as a plain dataset, for evaluation on a coordinator."""
+    if make is None:
+        return None
+    ds = make(None)
+    if cache:
+        ds = ds.cache()
+    ds = ds.batch(global_batch)
+    return (ds.take(steps) if steps else ds).prefetch(tf.data.AUTOTUNE)
+
+
 def _without_autoshard(ds: tf.data.Dataset) -> tf.data.Dataset:
     options = tf.data.Options()
     # Sharding is done by the data source (by file or by element); stop

@@ -13,10 +13,14 @@ import tensorflow as tf
 from tfdistx.errors import ConfigError
 
 
-def configure_devices(devices_per_worker: Optional[int]) -> None:
+def configure_devices(devices_per_worker: Optional[int], multi_worker: bool = False) -> None:
     """Without GPUs, split the CPU into `devices_per_worker` logical devices,
-    so `strategy=mirrored cluster=1x4` has 4 real replicas on a laptop."""
-    if tf.config.list_physical_devices("GPU") or not devices_per_worker or devices_per_worker < 2:
+    so `strategy=mirrored cluster=1x4` has 4 real replicas on a laptop.
+
+    Not for multi-worker strategies: MultiWorkerMirroredStrategy uses one
+    replica per worker on CPUs whatever the logical devices (FACTS.md).
+    """
+    if multi_worker or tf.config.list_physical_devices("GPU") or not devices_per_worker or devices_per_worker < 2:
         return
     cpu = tf.config.list_physical_devices("CPU")[0]
     tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * devices_per_worker)
@@ -34,15 +38,19 @@ def local_devices(devices_per_worker: Optional[int]) -> list:
 
 
 def resolve(name: str, devices_per_worker: Optional[int] = None) -> str:
-    """`auto` becomes the strategy it stands for on this machine."""
+    """`auto` becomes the strategy it stands for here: multiworker in a cluster."""
     if name != "auto":
         return name
+    if os.environ.get("TF_CONFIG"):
+        return "multiworker"
     return "mirrored" if len(local_devices(devices_per_worker)) > 1 else "one_device"
 
 
 def get_strategy(name: str, devices_per_worker: Optional[int] = None, **options) -> tf.distribute.Strategy:
-    devices = local_devices(devices_per_worker)
     name = resolve(name, devices_per_worker)
+    # Listing logical devices starts TensorFlow's context, after which the
+    # multi-worker strategies can no longer configure it: only for local ones.
+    devices = local_devices(devices_per_worker) if name in ("mirrored", "central_storage") else None
     if name == "one_device":
         if options.get("device"):
             return tf.distribute.OneDeviceStrategy(options["device"])
@@ -56,7 +64,33 @@ def get_strategy(name: str, devices_per_worker: Optional[int] = None, **options)
         return tf.distribute.experimental.CentralStorageStrategy(compute_devices=devices, parameter_device="/cpu:0")
     if name == "tpu":
         return _tpu_strategy(options.get("tpu"))
-    raise ConfigError.one("strategy", name, "this version of tfdistx runs one_device, mirrored, central_storage and tpu")
+    if name == "multiworker":
+        # Reads TF_CONFIG, which the launcher, the scheduler or tfdistx's
+        # Slurm support has set. Without GPUs, one replica per worker.
+        implementation = {
+            "auto": tf.distribute.experimental.CommunicationImplementation.AUTO,
+            "ring": tf.distribute.experimental.CommunicationImplementation.RING,
+            "nccl": tf.distribute.experimental.CommunicationImplementation.NCCL,
+        }[options.get("communication") or "auto"]
+        return tf.distribute.MultiWorkerMirroredStrategy(
+            communication_options=tf.distribute.experimental.CommunicationOptions(implementation=implementation))
+    if name == "parameter_server":
+        resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
+        ps_tasks = resolver.cluster_spec().num_tasks("ps")
+        partitioner = tf.distribute.experimental.partitioners.MinSizePartitioner(
+            min_shard_bytes=options.get("min_shard_bytes") or 256 << 10, max_shards=options.get("max_shards") or ps_tasks)
+        return tf.distribute.experimental.ParameterServerStrategy(resolver, variable_partitioner=partitioner)
+    raise ConfigError.one("strategy", name, "unknown strategy")
+
+
+def serve_forever() -> None:
+    """A parameter-server cluster's ps and worker tasks: run TensorFlow's
+    server for the coordinator to use, until the launcher or scheduler stops it."""
+    resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
+    server = tf.distribute.Server(
+        resolver.cluster_spec(), job_name=resolver.task_type, task_index=resolver.task_id,
+        protocol=resolver.rpc_layer or "grpc", start=True)
+    server.join()
 
 
 def _cross_device_ops(kind: Optional[str]):

@@ -7,14 +7,18 @@ hands a config group to the module that owns it.
 import json
 import logging
 import os
+import shutil
 import socket
+import tempfile
 import time
 import warnings
 from pathlib import Path
+from typing import Optional
 
 from omegaconf import DictConfig, OmegaConf
 
 from tfdistx import loggers as loggers_lib
+from tfdistx.cluster import Placement
 
 log = logging.getLogger(__name__)
 
@@ -22,12 +26,24 @@ log = logging.getLogger(__name__)
 PIPELINE_KEYS = ("batch_size", "cache", "shuffle_buffer")
 
 
-def train(cfg: DictConfig, run_dir: str) -> float:
-    """Train as `cfg` says, writing into `run_dir`; returns the objective."""
-    started = time.time()
-    from tfdistx.strategy import configure_devices, get_strategy, resolve
+def train(cfg: DictConfig, run_dir: str, placement: Optional[Placement] = None) -> Optional[float]:
+    """Train as `cfg` says, writing into `run_dir`; returns the objective.
 
-    configure_devices(cfg.cluster.devices_per_worker)  # before TensorFlow starts its devices
+    `placement` is this process's task in a cluster (None: a single
+    process). Only the chief writes the run directory's files.
+    """
+    started = time.time()
+    placement = placement or Placement("single")
+    if placement.source != "single":
+        os.environ["TF_CONFIG"] = placement.tf_config()  # what TensorFlow's resolvers read
+    name = cfg.strategy.name
+    from tfdistx.strategy import configure_devices, get_strategy, resolve, serve_forever
+
+    configure_devices(cfg.cluster.devices_per_worker, multi_worker=placement.source != "single")
+
+    if name == "parameter_server" and placement.task_type in ("ps", "worker"):
+        serve_forever()  # the chief drives training; this task lends its devices
+        return None
 
     import keras
     import tensorflow as tf
@@ -46,6 +62,9 @@ def train(cfg: DictConfig, run_dir: str) -> float:
         tf.config.experimental.enable_op_determinism()
 
     strategy = get_strategy(devices_per_worker=cfg.cluster.devices_per_worker, **cfg.strategy)
+    coordinator = None
+    if name == "parameter_server":
+        coordinator = tf.distribute.experimental.coordinator.ClusterCoordinator(strategy)
     replicas = strategy.num_replicas_in_sync
     global_batch = cfg.data.batch_size
     per_replica = input_lib.per_replica_batch(global_batch, replicas)
@@ -62,50 +81,68 @@ def train(cfg: DictConfig, run_dir: str) -> float:
         optimizer.build(model.trainable_variables)
 
     run = Path(run_dir)
+    checkpoint_dir = cfg.checkpoint.dir or str(run / "checkpoints")
+    # Every worker of a synchronous cluster must save (saving is collective),
+    # but only the chief writes the run's checkpoints: the others save into
+    # a temporary directory that is removed at the end.
+    scratch = None if placement.is_chief else tempfile.mkdtemp(prefix=f"tfdistx-{placement.task_type}{placement.task_index}-")
     checkpointer = Checkpointer(
-        cfg.checkpoint.dir or str(run / "checkpoints"),
+        scratch or checkpoint_dir,
+        restore_from=checkpoint_dir,
         every_steps=cfg.checkpoint.every_steps,
         max_to_keep=cfg.checkpoint.max_to_keep,
         model=model,
         optimizer=optimizer,
     )
-    restored = checkpointer.restore_latest() if cfg.checkpoint.restore else None
-    start_step = int(optimizer.iterations.numpy())
-    if restored:
-        log.info("resuming from step %d (%s)", start_step, restored)
-
-    train_data = input_lib.train_dataset(
-        strategy, source, global_batch,
-        seed=cfg.trainer.seed,
-        shuffle_buffer=cfg.data.get("shuffle_buffer", 10_000),
-        cache=cfg.data.get("cache", False),
-        skip_steps=start_step,
-    )
-    eval_data = input_lib.eval_dataset(strategy, source.eval, global_batch, steps=cfg.trainer.eval_steps, cache=cfg.data.get("cache", False))
-
-    sinks = _loggers(cfg, run, total_steps, start_step)
-    trainer = Trainer(
-        strategy, model, optimizer, train_data, global_batch,
-        Schedule(total_steps, cfg.trainer.steps_per_loop, cfg.trainer.log_every, cfg.trainer.eval_every),
-        eval_data=eval_data,
-        checkpointer=checkpointer,
-        loggers=sinks,
-    )
-    log.info("%s: %d replica(s), global batch %d (%d per replica), %d steps", type(strategy).__name__, replicas, global_batch, per_replica, total_steps)
     try:
-        result = trainer.fit()
-    finally:
-        for sink in sinks:
-            getattr(sink, "close", lambda: None)()
+        restored = checkpointer.restore_latest() if cfg.checkpoint.restore else None
+        start_step = int(optimizer.iterations.numpy())
+        if restored:
+            log.info("resuming from step %d (%s)", start_step, restored)
 
+        train_data = input_lib.train_dataset(
+            strategy, source, global_batch,
+            seed=cfg.trainer.seed,
+            shuffle_buffer=cfg.data.get("shuffle_buffer", 10_000),
+            cache=cfg.data.get("cache", False),
+            skip_steps=start_step,
+        )
+        eval_steps, cache = cfg.trainer.eval_steps, cfg.data.get("cache", False)
+        if coordinator is None:
+            eval_data = input_lib.eval_dataset(strategy, source.eval, global_batch, steps=eval_steps, cache=cache)
+        else:  # evaluated inline on the coordinator, reading the variables from the ps tasks
+            eval_data = input_lib.local_eval_dataset(source.eval, global_batch, steps=eval_steps, cache=cache)
+
+        sinks = _loggers(cfg, run, total_steps, start_step) if placement.is_chief else []
+        trainer = Trainer(
+            strategy, model, optimizer, train_data, global_batch,
+            Schedule(total_steps, cfg.trainer.steps_per_loop, cfg.trainer.log_every, cfg.trainer.eval_every),
+            eval_data=eval_data,
+            checkpointer=checkpointer,
+            loggers=sinks,
+            coordinator=coordinator,
+            workers=cfg.cluster.workers,
+        )
+        log.info("%s: %d replica(s), global batch %d (%d per replica), %d steps", type(strategy).__name__, replicas, global_batch, per_replica, total_steps)
+        try:
+            result = trainer.fit()
+        finally:
+            for sink in sinks:
+                getattr(sink, "close", lambda: None)()
+    finally:
+        if scratch:
+            shutil.rmtree(scratch, ignore_errors=True)
+
+    workers = cfg.cluster.workers  # checked against TF_CONFIG / Slurm by cluster.detect
     summary = {
         "step": result.step,
         "train": result.train,
         "eval": result.eval,
         "examples_per_sec": result.examples_per_sec,
-        "replicas": replicas,
-        "workers": cfg.cluster.workers,
-        "strategy": resolve(cfg.strategy.name, cfg.cluster.devices_per_worker),
+        "replicas": replicas * (workers if coordinator else 1),
+        "workers": workers,
+        "ps": cfg.cluster.ps,
+        "strategy": resolve(name, cfg.cluster.devices_per_worker),
         "strategy_class": type(strategy).__name__,
         "global_batch": global_batch,
         "per_replica_batch": per_replica,
@@ -115,17 +152,20 @@ def train(cfg: DictConfig, run_dir: str) -> float:
         "train_wall_time_sec": result.wall_time_sec,
         "wall_time_sec": time.time() - started,
         "host": socket.gethostname(),
+        "task": placement.task_name,
     }
-    _write_json(run / "summary.json", summary)
-    return _objective(cfg.trainer.objective, summary)
+    if placement.is_chief:
+        _write_json(run / "summary.json", summary)
+    return objective(cfg.trainer.objective, summary)
 
 
 def _quiet_known_noise() -> None:
     # tf.data warns whenever a distributed dataset is iterated inside a
-    # tf.function, and absl logs every input-sharding callback at INFO level;
-    # neither says anything a user can act on.
+    # tf.function; absl logs every input-sharding callback, and tf.distribute
+    # every collective it traces, at INFO level: nothing a user can act on.
     warnings.filterwarnings("ignore", message="To make it possible to preserve tf.data options")
-    logging.getLogger("absl").setLevel(logging.WARNING)
+    for name in ("absl", "tensorflow"):
+        logging.getLogger(name).setLevel(logging.WARNING)
 
 
 def _total_steps(trainer: DictConfig, train_examples, global_batch: int) -> int:
@@ -151,7 +191,7 @@ def _loggers(cfg: DictConfig, run: Path, total_steps: int, start_step: int) -> l
     return sinks
 
 
-def _objective(name: str, summary: dict) -> float:
+def objective(name: str, summary: dict) -> float:
     """`eval/accuracy` -> summary['eval']['eval/accuracy']; `loss` -> summary['train']['loss']."""
     for section in ("eval", "train"):
         if name in summary[section]:

@@ -39,6 +39,9 @@ class ClusterConfig:
     workers: int = 1
     devices_per_worker: Optional[int] = None
     ps: int = 0
+    launch: str = "auto"
+    isolate: Optional[bool] = None
+    base_port: int = 29400
 
 
 @dataclass

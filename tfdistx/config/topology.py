@@ -17,6 +17,9 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 _GRID = re.compile(r"^(\d+)x(\d+)$")  # workers x devices per worker
 _PS = re.compile(r"^ps(\d+)w(\d+)$")  # parameter servers, workers
 
+# The same placement defaults as conf/cluster/local.yaml.
+_PLACEMENT = {"launch": "auto", "isolate": None, "base_port": 29400}
+
 FORMS = "local, WxD (W workers x D devices each, e.g. 1x4, 4x8) or psPwW (e.g. ps2w4)"
 
 
@@ -24,9 +27,9 @@ def parse(name: str) -> Optional[dict]:
     """The cluster config a topology name stands for, or None."""
     if m := _GRID.match(name):
         workers, devices = int(m[1]), int(m[2])
-        return {"name": name, "workers": workers, "devices_per_worker": devices, "ps": 0}
+        return {"name": name, "workers": workers, "devices_per_worker": devices, "ps": 0, **_PLACEMENT}
     if m := _PS.match(name):
-        return {"name": name, "workers": int(m[2]), "devices_per_worker": 1, "ps": int(m[1])}
+        return {"name": name, "workers": int(m[2]), "devices_per_worker": 1, "ps": int(m[1]), **_PLACEMENT}
     return None
 
 

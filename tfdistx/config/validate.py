@@ -14,10 +14,11 @@ from omegaconf import DictConfig
 from tfdistx.errors import ConfigError, Problem
 
 STRATEGIES = ("auto", "one_device", "mirrored", "central_storage", "multiworker", "parameter_server", "tpu")
-MULTI_PROCESS = ("multiworker", "parameter_server")
 OPTIMIZERS = ("adam", "sgd", "adamw")
 SCHEDULES = ("constant", "cosine", "warmup_cosine")
 CROSS_DEVICE_OPS = ("auto", "nccl", "hierarchical_copy", "reduction_to_one")
+COMMUNICATIONS = ("auto", "ring", "nccl")
+LAUNCH_MODES = ("auto", "local", "tf_config", "slurm")
 
 
 def validate(cfg: DictConfig, run_dir: Optional[str] = None) -> None:
@@ -49,6 +50,12 @@ def planned_replicas(cfg: DictConfig) -> Optional[int]:
         return 1
     if name in ("mirrored", "central_storage") or (name == "auto" and cluster.workers == 1):
         return devices
+    if name == "parameter_server":
+        return 1  # each worker takes whole global batches, one replica each
+    if name == "multiworker" or name == "auto":
+        # At least one replica per worker (exactly one without GPUs); the
+        # engine checks again once it knows each worker's GPUs.
+        return cluster.workers
     return None
 
 
@@ -77,8 +84,10 @@ def _strategy_and_cluster(strategy: DictConfig, cluster: DictConfig) -> list:
         problems.append(Problem("strategy", name, f"runs one replica but cluster={cluster.name} asks for {cluster.devices_per_worker} devices: use strategy=mirrored"))
     if name == "mirrored" and strategy.get("cross_device_ops", "auto") not in CROSS_DEVICE_OPS:
         problems.append(Problem("strategy.cross_device_ops", strategy.cross_device_ops, f"allowed: {', '.join(CROSS_DEVICE_OPS)}"))
-    if name in MULTI_PROCESS or (name == "auto" and cluster.workers > 1):
-        problems.append(Problem("strategy", name, "multi-process strategies need the cluster launcher, which this version of tfdistx does not have yet; use one_device, mirrored or central_storage"))
+    if cluster.launch not in LAUNCH_MODES:
+        problems.append(Problem("cluster.launch", cluster.launch, f"allowed: {', '.join(LAUNCH_MODES)}"))
+    if name == "multiworker" and strategy.get("communication", "auto") not in COMMUNICATIONS:
+        problems.append(Problem("strategy.communication", strategy.communication, f"allowed: {', '.join(COMMUNICATIONS)}"))
     return problems
 
 

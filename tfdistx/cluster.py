@@ -1,0 +1,157 @@
+"""Where this process stands in a cluster: TF_CONFIG, Slurm, or a local launch.
+
+No TensorFlow here: the plan view and the launcher use it before any
+TensorFlow work starts. The result is always expressed as a TF_CONFIG
+(cluster spec + this task), because that is what TensorFlow's own
+TFConfigClusterResolver reads, whoever placed the process.
+"""
+
+import json
+import os
+import re
+from dataclasses import dataclass, field
+from typing import Dict, List, Mapping, Optional
+
+from tfdistx.errors import ConfigError, Problem
+
+MULTI_PROCESS = ("multiworker", "parameter_server")
+LAUNCH_MODES = ("auto", "local", "tf_config", "slurm")
+
+
+@dataclass
+class Placement:
+    """A cluster spec and this process's task in it (None: not placed yet)."""
+
+    source: str  # "single" | "local" | "tf_config" | "slurm"
+    spec: Dict[str, List[str]] = field(default_factory=dict)
+    task_type: Optional[str] = None
+    task_index: int = 0
+
+    @property
+    def is_chief(self) -> bool:
+        if self.source == "single" or self.task_type is None:
+            return True
+        if "chief" in self.spec:
+            return self.task_type == "chief"
+        return self.task_type == "worker" and self.task_index == 0
+
+    @property
+    def task_name(self) -> str:
+        return f"{self.task_type}:{self.task_index}" if self.task_type else "main"
+
+    def tf_config(self) -> str:
+        return json.dumps({"cluster": self.spec, "task": {"type": self.task_type, "index": self.task_index}})
+
+
+def job_counts(strategy: str, cluster) -> Dict[str, int]:
+    """Tasks per job name that a strategy needs on this cluster."""
+    if strategy == "parameter_server":
+        return {"chief": 1, "ps": cluster.ps, "worker": cluster.workers}
+    return {"worker": cluster.workers}
+
+
+def needs_cluster(strategy: str, cluster) -> bool:
+    return strategy in MULTI_PROCESS or (strategy == "auto" and cluster.workers > 1)
+
+
+def multi_process_strategy(strategy: str, cluster) -> str:
+    return "multiworker" if strategy == "auto" else strategy
+
+
+def detect(strategy: str, cluster, env: Mapping[str, str] = os.environ) -> Placement:
+    """How this process learns its place; `cluster.launch` forces the choice."""
+    if not needs_cluster(strategy, cluster):
+        return Placement("single")
+    strategy = multi_process_strategy(strategy, cluster)
+    mode = cluster.get("launch", "auto")
+    if mode == "auto":
+        mode = "tf_config" if env.get("TF_CONFIG") else "slurm" if "SLURM_PROCID" in env else "local"
+    if mode == "local":
+        return Placement("local", spec={k: [""] * n for k, n in job_counts(strategy, cluster).items() if n})
+    if mode == "tf_config":
+        placement = from_tf_config(env.get("TF_CONFIG", ""))
+    else:
+        placement = from_slurm(env, job_counts(strategy, cluster), cluster.get("base_port", 29400))
+    check_topology(placement, job_counts(strategy, cluster))
+    return placement
+
+
+def from_tf_config(raw: str) -> Placement:
+    try:
+        config = json.loads(raw)
+        spec = {job: list(addresses) for job, addresses in config["cluster"].items() if addresses}
+        task = config["task"]
+        return Placement("tf_config", spec, task["type"], int(task.get("index", 0)))
+    except (ValueError, KeyError, TypeError) as error:
+        raise ConfigError.one("TF_CONFIG", raw[:80], f"is not a TF_CONFIG with 'cluster' and 'task' ({error})") from None
+
+
+def check_topology(placement: Placement, wanted: Dict[str, int]) -> None:
+    """The cluster a scheduler gave must be the one the config asks for."""
+    have = {job: len(addresses) for job, addresses in placement.spec.items()}
+    want = {job: n for job, n in wanted.items() if n}
+    if placement.source == "tf_config" and "chief" in have and "chief" not in want:
+        # A TFJob may run worker 0 as a separate `chief` task: it trains too.
+        have["worker"] = have.get("worker", 0) + have.pop("chief")
+    if have != want:
+        where = "TF_CONFIG" if placement.source == "tf_config" else "the Slurm step"
+        raise ConfigError([Problem("cluster", _describe(want), f"{where} has {_describe(have)}; the config asks for {_describe(want)}")])
+    if placement.task_type not in placement.spec or placement.task_index >= len(placement.spec[placement.task_type]):
+        raise ConfigError.one("TF_CONFIG", placement.task_name, "this task is not in the cluster spec")
+
+
+def from_slurm(env: Mapping[str, str], counts: Dict[str, int], base_port: int) -> Placement:
+    """Derive the cluster from a Slurm step (`srun -n N python -m tfdistx ...`).
+
+    Tasks are laid out in Slurm's block order: the first tasks-per-node ranks
+    on the first node, and so on; each gets base_port + its rank on the node.
+    Ranks map to jobs in order: chief, ps, worker.
+    """
+    try:
+        rank = int(env["SLURM_PROCID"])
+        total = int(env.get("SLURM_STEP_NUM_TASKS") or env["SLURM_NTASKS"])
+        nodes = expand_hostlist(env.get("SLURM_STEP_NODELIST") or env["SLURM_JOB_NODELIST"])
+        per_node = expand_tasks_per_node(env.get("SLURM_STEP_TASKS_PER_NODE") or env["SLURM_TASKS_PER_NODE"])
+    except (KeyError, ValueError) as error:
+        raise ConfigError.one("cluster.launch", "slurm", f"this is not a Slurm step with the usual variables ({error})") from None
+    wanted = sum(counts.values())
+    if total != wanted:
+        raise ConfigError.one("cluster", _describe(counts), f"the Slurm step has {total} task(s); the config needs {wanted}: srun -n {wanted}")
+    addresses = [f"{node}:{base_port + local}" for node, n in zip(nodes, per_node) for local in range(n)]
+    roles = [(job, index) for job, n in counts.items() for index in range(n)]
+    spec: Dict[str, List[str]] = {}
+    for (job, _), address in zip(roles, addresses):
+        spec.setdefault(job, []).append(address)
+    if not 0 <= rank < len(roles):
+        raise ConfigError.one("SLURM_PROCID", rank, f"outside the {total} tasks of the step")
+    job, index = roles[rank]
+    return Placement("slurm", spec, job, index)
+
+
+def expand_hostlist(hostlist: str) -> List[str]:
+    """Slurm's compact host list: 'node[01-03,7],gpu5' -> node01 node02 node03 node7 gpu5."""
+    hosts = []
+    for prefix, ranges, single in re.findall(r"([^,\[]+)\[([^\]]+)\]|([^,\[\]]+)", hostlist):
+        if single:
+            hosts.append(single)
+            continue
+        for part in ranges.split(","):
+            lo, _, hi = part.partition("-")
+            for i in range(int(lo), int(hi or lo) + 1):
+                hosts.append(f"{prefix}{i:0{len(lo)}d}")
+    return hosts
+
+
+def expand_tasks_per_node(value: str) -> List[int]:
+    """'2(x3),1' -> [2, 2, 2, 1]."""
+    counts = []
+    for part in value.split(","):
+        m = re.fullmatch(r"(\d+)(?:\(x(\d+)\))?", part.strip())
+        if not m:
+            raise ValueError(f"tasks per node {value!r}")
+        counts += [int(m[1])] * int(m[2] or 1)
+    return counts
+
+
+def _describe(counts: Mapping[str, int]) -> str:
+    return ", ".join(f"{n} {job}" for job, n in counts.items() if n) or "no tasks"

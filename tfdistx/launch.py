@@ -1,0 +1,211 @@
+"""Start the tasks of a local cluster as real processes, and watch them.
+
+It knows nothing of training: it is given how many tasks each job has, the
+command that starts one task (which learns its place from TF_CONFIG), the
+jobs whose exit ends the cluster, and a directory for the tasks' logs.
+
+TensorFlow's gRPC servers listen on every interface and have no
+authentication, so the tasks run, where the OS allows it, in a private
+network namespace that has nothing but loopback (`unshare --user --net`, no
+privileges needed); the process that supervises them runs inside it too.
+
+Hand-written because no maintained library does this for tf.distribute:
+torchrun is PyTorch's, and TensorFlow ships no local multi-process launcher.
+"""
+
+import ctypes
+import json
+import logging
+import os
+import shutil
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Dict, List, Optional
+
+log = logging.getLogger(__name__)
+
+GRACE_SECONDS = 20  # between SIGTERM and SIGKILL when tearing down
+
+
+def run_local_cluster(counts: Dict[str, int], command: List[str], log_dir: str, primary: List[str], isolate: Optional[bool] = None) -> int:
+    """Run the cluster to its end; the exit code of the first task that failed, else 0.
+
+    `isolate`: None isolates when possible (and says so when not), True
+    insists, False never isolates.
+    """
+    Path(log_dir).mkdir(parents=True, exist_ok=True)
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False, dir=log_dir, prefix=".cluster-") as f:
+        json.dump({"counts": counts, "command": command, "log_dir": log_dir, "primary": primary}, f)
+    supervisor = [sys.executable, "-m", "tfdistx.launch", f.name]
+    isolated = isolate is not False and _can_isolate()
+    if isolated:
+        supervisor = ["unshare", "--user", "--map-root-user", "--net", *supervisor, "--isolated"]
+        print(f"tfdistx: local cluster ({_describe(counts)}) in a private network namespace: loopback only", flush=True)
+    elif isolate:
+        os.unlink(f.name)
+        from tfdistx.errors import ConfigError
+
+        raise ConfigError.one("cluster.isolate", True, "this machine does not allow a private network namespace (unshare --user --net failed)")
+    else:
+        print(f"tfdistx: WARNING: local cluster ({_describe(counts)}) is NOT isolated: its TensorFlow gRPC servers listen on all "
+              "interfaces without authentication while it runs. Allow unprivileged user namespaces, or firewall the ports.", file=sys.stderr, flush=True)
+    proc = subprocess.Popen(supervisor, preexec_fn=_die_with_parent)
+    with _forwarding_signals([proc]):
+        code = proc.wait()
+    os.unlink(f.name)
+    return code
+
+
+def supervise(spec: dict, isolated: bool) -> int:
+    """Inside the namespace: start every task, stream its output, wait for the end."""
+    if isolated:
+        _loopback_up()
+    counts, log_dir = spec["counts"], Path(spec["log_dir"])
+    ports = _free_ports(sum(counts.values()))
+    cluster = {job: [f"127.0.0.1:{ports.pop()}" for _ in range(n)] for job, n in counts.items() if n}
+    tasks = []
+    for job, addresses in cluster.items():
+        for index in range(len(addresses)):
+            env = {**os.environ, "TF_CONFIG": json.dumps({"cluster": cluster, "task": {"type": job, "index": index}})}
+            name = f"{job}:{index}"
+            proc = subprocess.Popen(spec["command"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                    stdin=subprocess.DEVNULL, start_new_session=True, preexec_fn=_die_with_parent)
+            pump = threading.Thread(target=_pump, args=(proc, name, log_dir / f"{job}-{index}.log"), daemon=True)
+            pump.start()
+            tasks.append((name, job, proc, pump))
+
+    procs = [proc for _, _, proc, _ in tasks]
+    with _forwarding_signals(procs):
+        code = _wait(tasks, spec["primary"])
+    _teardown(procs)
+    for _, _, _, pump in tasks:
+        pump.join(timeout=5)
+    return code
+
+
+def _wait(tasks, primary: List[str]) -> int:
+    """Until a task fails (its code) or every primary task has exited 0 (0)."""
+    while True:
+        primaries_done = True
+        for name, job, proc, _ in tasks:
+            code = proc.poll()
+            if code not in (None, 0):
+                print(f"tfdistx: task {name} exited with code {code}; stopping the cluster", file=sys.stderr, flush=True)
+                return code
+            if job in primary and code is None:
+                primaries_done = False
+        if primaries_done:
+            return 0
+        time.sleep(0.2)
+
+
+def _teardown(procs) -> None:
+    """SIGTERM every task's process group, then SIGKILL what is left."""
+    for proc in procs:
+        if proc.poll() is None:
+            _signal_group(proc, signal.SIGTERM)
+    deadline = time.monotonic() + GRACE_SECONDS
+    for proc in procs:
+        try:
+            proc.wait(timeout=max(deadline - time.monotonic(), 0.1))
+        except subprocess.TimeoutExpired:
+            pass
+    for proc in procs:
+        _signal_group(proc, signal.SIGKILL)  # also reaps any grandchildren
+        proc.wait()
+
+
+class _forwarding_signals:
+    """While inside, SIGINT/SIGTERM/SIGHUP are passed on to the children as SIGTERM."""
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+    def __init__(self, procs):
+        self.procs, self.previous = procs, {}
+
+    def _forward(self, signum, frame):
+        for proc in self.procs:
+            if proc.poll() is None:
+                try:
+                    proc.send_signal(signal.SIGTERM)
+                except ProcessLookupError:
+                    pass
+
+    def __enter__(self):
+        for sig in self.SIGNALS:
+            self.previous[sig] = signal.signal(sig, self._forward)
+        return self
+
+    def __exit__(self, *exc):
+        for sig, handler in self.previous.items():
+            signal.signal(sig, handler)
+
+
+def _signal_group(proc, sig) -> None:
+    try:
+        os.killpg(proc.pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _pump(proc, name: str, log_path: Path) -> None:
+    """Copy a task's output to the terminal, prefixed by its name, and to its log file."""
+    with open(log_path, "ab") as logfile:
+        for line in iter(proc.stdout.readline, b""):
+            logfile.write(line)
+            logfile.flush()
+            sys.stdout.write(f"[{name}] {line.decode(errors='replace')}")
+            sys.stdout.flush()
+
+
+def _die_with_parent() -> None:
+    """In the child, before exec: get SIGKILL if the parent dies, so no task outlives its launcher."""
+    PR_SET_PDEATHSIG = 1
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def _can_isolate() -> bool:
+    if not shutil.which("unshare"):
+        return False
+    probe = subprocess.run(["unshare", "--user", "--map-root-user", "--net", "true"], capture_output=True)
+    return probe.returncode == 0
+
+
+def _loopback_up() -> None:
+    """`ip link set lo up`, without needing iproute2: a new namespace starts with lo down."""
+    SIOCGIFFLAGS, SIOCSIFFLAGS, IFF_UP = 0x8913, 0x8914, 0x1
+    import fcntl
+
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        request = struct.pack("16sH14x", b"lo", 0)
+        flags = struct.unpack("16sH14x", fcntl.ioctl(sock, SIOCGIFFLAGS, request))[1]
+        fcntl.ioctl(sock, SIOCSIFFLAGS, struct.pack("16sH14x", b"lo", flags | IFF_UP))
+
+
+def _free_ports(n: int) -> List[int]:
+    sockets = []
+    try:
+        for _ in range(n):
+            sock = socket.socket()
+            sock.bind(("127.0.0.1", 0))
+            sockets.append(sock)
+        return [sock.getsockname()[1] for sock in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
+def _describe(counts: Dict[str, int]) -> str:
+    return ", ".join(f"{n} {job}" for job, n in counts.items() if n)
+
+
+if __name__ == "__main__":
+    spec_path = sys.argv[1]
+    sys.exit(supervise(json.loads(Path(spec_path).read_text()), isolated="--isolated" in sys.argv[2:]))
