@@ -23,3 +23,16 @@ def constant_data(features: int = 8, num_classes: int = 2, examples: int = 256):
         num_classes=num_classes,
         train_examples=examples,
     )
+
+
+def broken_on_worker_1(**kwargs):
+    """Data that cannot be built on worker 1 of a cluster: the launcher must stop the others."""
+    import json
+    import os
+
+    task = json.loads(os.environ.get("TF_CONFIG", "{}")).get("task", {})
+    if task.get("index") == 1:
+        raise RuntimeError("worker 1 cannot read its data")
+    from tfdistx.data import synthetic
+
+    return synthetic(**kwargs)

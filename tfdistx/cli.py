@@ -41,9 +41,16 @@ def main(argv: Optional[Sequence[str]] = None):
     # progress display; users can still ask for it.
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     schema.register()
+    plan = "--plan" in argv
+    argv = [arg for arg in argv if arg != "--plan"]
     try:
         args = get_args_parser().parse_args(argv)
         topology.register(args.overrides)
+        if plan:
+            from tfdistx.plan import describe
+
+            print(describe(compose_and_validate(args.overrides)))
+            return
         if not _hydra_handles_it(args):
             compose_and_validate(args.overrides)
     except ConfigError as error:
@@ -52,7 +59,11 @@ def main(argv: Optional[Sequence[str]] = None):
         _refuse(ConfigError.one("override", " ".join(argv), str(error).strip().splitlines()[0]))
 
     sys.argv = [sys.argv[0]] + argv
-    hydra.main(config_path=str(config_dir()), config_name="config", version_base=None)(_run)()
+    try:
+        hydra.main(config_path=str(config_dir()), config_name="config", version_base=None)(_run)()
+    except KeyboardInterrupt:  # Ctrl-C: stop quietly, as shells expect
+        print("tfdistx: interrupted", file=sys.stderr)
+        sys.exit(130)
 
 
 def _run(cfg: DictConfig):

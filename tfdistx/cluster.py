@@ -95,7 +95,7 @@ def check_topology(placement: Placement, wanted: Dict[str, int]) -> None:
         have["worker"] = have.get("worker", 0) + have.pop("chief")
     if have != want:
         where = "TF_CONFIG" if placement.source == "tf_config" else "the Slurm step"
-        raise ConfigError([Problem("cluster", _describe(want), f"{where} has {_describe(have)}; the config asks for {_describe(want)}")])
+        raise ConfigError([Problem(where, _describe(have), f"the config's cluster asks for {_describe(want)}: make cluster= match it")])
     if placement.task_type not in placement.spec or placement.task_index >= len(placement.spec[placement.task_type]):
         raise ConfigError.one("TF_CONFIG", placement.task_name, "this task is not in the cluster spec")
 

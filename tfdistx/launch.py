@@ -32,6 +32,7 @@ from typing import Dict, List, Optional
 log = logging.getLogger(__name__)
 
 GRACE_SECONDS = 20  # between SIGTERM and SIGKILL when tearing down
+INTERRUPT_GRACE_SECONDS = 5  # the same after Ctrl-C
 
 
 def run_local_cluster(counts: Dict[str, int], command: List[str], log_dir: str, primary: List[str], isolate: Optional[bool] = None) -> int:
@@ -60,7 +61,7 @@ def run_local_cluster(counts: Dict[str, int], command: List[str], log_dir: str, 
     with _forwarding_signals([proc]):
         code = proc.wait()
     os.unlink(f.name)
-    return code
+    return _exit_code(code)
 
 
 def supervise(spec: dict, isolated: bool) -> int:
@@ -82,23 +83,31 @@ def supervise(spec: dict, isolated: bool) -> int:
             tasks.append((name, job, proc, pump))
 
     procs = [proc for _, _, proc, _ in tasks]
-    with _forwarding_signals(procs):
-        code = _wait(tasks, spec["primary"])
-    _teardown(procs)
+    with _forwarding_signals(procs) as signals:
+        code = _wait(tasks, spec["primary"], signals)
+        # Ctrl-C wants out now; a SIGTERM leaves time to checkpoint. A task
+        # blocked in a collective whose peer is gone only leaves by SIGKILL.
+        _teardown(procs, grace=INTERRUPT_GRACE_SECONDS if signal.SIGINT in signals.received else GRACE_SECONDS)
+    if signals.received:  # the tasks' own verdict if they gave one (42: checkpointed), else 128 + signal
+        own = [p.returncode for p in procs if p.returncode not in (0, -signal.SIGKILL)]
+        code = _exit_code(own[0] if own else -signals.received[0])
     for _, _, _, pump in tasks:
         pump.join(timeout=5)
     return code
 
 
-def _wait(tasks, primary: List[str]) -> int:
-    """Until a task fails (its code) or every primary task has exited 0 (0)."""
+def _wait(tasks, primary: List[str], signals: "_forwarding_signals") -> int:
+    """Until a task fails (its code), a signal came (already passed on to the
+    tasks), or every primary task has exited 0 (0)."""
     while True:
+        if signals.received:
+            return 0
         primaries_done = True
         for name, job, proc, _ in tasks:
             code = proc.poll()
             if code not in (None, 0):
-                print(f"tfdistx: task {name} exited with code {code}; stopping the cluster", file=sys.stderr, flush=True)
-                return code
+                print(f"tfdistx: task {name} exited with code {_exit_code(code)}; stopping the cluster", file=sys.stderr, flush=True)
+                return _exit_code(code)
             if job in primary and code is None:
                 primaries_done = False
         if primaries_done:
@@ -106,12 +115,12 @@ def _wait(tasks, primary: List[str]) -> int:
         time.sleep(0.2)
 
 
-def _teardown(procs) -> None:
+def _teardown(procs, grace: float = GRACE_SECONDS) -> None:
     """SIGTERM every task's process group, then SIGKILL what is left."""
     for proc in procs:
         if proc.poll() is None:
             _signal_group(proc, signal.SIGTERM)
-    deadline = time.monotonic() + GRACE_SECONDS
+    deadline = time.monotonic() + grace
     for proc in procs:
         try:
             proc.wait(timeout=max(deadline - time.monotonic(), 0.1))
@@ -122,19 +131,28 @@ def _teardown(procs) -> None:
         proc.wait()
 
 
+def _exit_code(code: int) -> int:
+    """A child killed by signal N reports -N; a shell would say 128 + N."""
+    return 128 - code if code < 0 else code
+
+
 class _forwarding_signals:
-    """While inside, SIGINT/SIGTERM/SIGHUP are passed on to the children as SIGTERM."""
+    """While inside, SIGINT, SIGTERM and SIGHUP are passed on to the children
+    (SIGINT stops a task at once; SIGTERM is a scheduler's preemption notice,
+    which TensorFlow's coordination service catches) and remembered."""
 
     SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
     def __init__(self, procs):
         self.procs, self.previous = procs, {}
+        self.received: List[int] = []
 
     def _forward(self, signum, frame):
+        self.received.append(signum)
         for proc in self.procs:
             if proc.poll() is None:
                 try:
-                    proc.send_signal(signal.SIGTERM)
+                    proc.send_signal(signal.SIGINT if signum == signal.SIGINT else signal.SIGTERM)
                 except ProcessLookupError:
                     pass
 

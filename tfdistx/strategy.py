@@ -37,17 +37,18 @@ def local_devices(devices_per_worker: Optional[int]) -> list:
     return cpus[: devices_per_worker or 1]
 
 
-def resolve(name: str, devices_per_worker: Optional[int] = None) -> str:
+def resolve(name: str, devices_per_worker: Optional[int] = None, in_cluster: bool = False) -> str:
     """`auto` becomes the strategy it stands for here: multiworker in a cluster."""
     if name != "auto":
         return name
-    if os.environ.get("TF_CONFIG"):
+    if in_cluster:
         return "multiworker"
     return "mirrored" if len(local_devices(devices_per_worker)) > 1 else "one_device"
 
 
-def get_strategy(name: str, devices_per_worker: Optional[int] = None, **options) -> tf.distribute.Strategy:
-    name = resolve(name, devices_per_worker)
+def get_strategy(name: str, devices_per_worker: Optional[int] = None, in_cluster: bool = False, **options) -> tf.distribute.Strategy:
+    """`in_cluster`: this process is one task of a cluster (TF_CONFIG is set)."""
+    name = resolve(name, devices_per_worker, in_cluster)
     # Listing logical devices starts TensorFlow's context, after which the
     # multi-worker strategies can no longer configure it: only for local ones.
     devices = local_devices(devices_per_worker) if name in ("mirrored", "central_storage") else None

@@ -4,6 +4,7 @@ Linear on purpose (cf. lightning-hydra-template's src/train.py): each line
 hands a config group to the module that owns it.
 """
 
+import hashlib
 import json
 import logging
 import os
@@ -39,7 +40,7 @@ def train(cfg: DictConfig, run_dir: str, placement: Optional[Placement] = None) 
     name = cfg.strategy.name
     from tfdistx.strategy import configure_devices, get_strategy, resolve, serve_forever
 
-    configure_devices(cfg.cluster.devices_per_worker, multi_worker=placement.source != "single")
+    configure_devices(cfg.cluster.devices_per_worker, multi_worker=placement.source != "single")  # before TF starts
 
     if name == "parameter_server" and placement.task_type in ("ps", "worker"):
         serve_forever()  # the chief drives training; this task lends its devices
@@ -61,7 +62,8 @@ def train(cfg: DictConfig, run_dir: str, placement: Optional[Placement] = None) 
     if cfg.trainer.deterministic:
         tf.config.experimental.enable_op_determinism()
 
-    strategy = get_strategy(devices_per_worker=cfg.cluster.devices_per_worker, **cfg.strategy)
+    in_cluster = placement.source != "single"
+    strategy = get_strategy(devices_per_worker=cfg.cluster.devices_per_worker, in_cluster=in_cluster, **cfg.strategy)
     coordinator = None
     if name == "parameter_server":
         coordinator = tf.distribute.experimental.coordinator.ClusterCoordinator(strategy)
@@ -133,6 +135,8 @@ def train(cfg: DictConfig, run_dir: str, placement: Optional[Placement] = None) 
         if scratch:
             shutil.rmtree(scratch, ignore_errors=True)
 
+    digest = weights_digest(model)
+    log.info("task %s: final weights sha256 %s", placement.task_name, digest)
     workers = cfg.cluster.workers  # checked against TF_CONFIG / Slurm by cluster.detect
     summary = {
         "step": result.step,
@@ -142,7 +146,7 @@ def train(cfg: DictConfig, run_dir: str, placement: Optional[Placement] = None) 
         "replicas": replicas * (workers if coordinator else 1),
         "workers": workers,
         "ps": cfg.cluster.ps,
-        "strategy": resolve(name, cfg.cluster.devices_per_worker),
+        "strategy": resolve(name, cfg.cluster.devices_per_worker, in_cluster),
         "strategy_class": type(strategy).__name__,
         "global_batch": global_batch,
         "per_replica_batch": per_replica,
@@ -153,10 +157,31 @@ def train(cfg: DictConfig, run_dir: str, placement: Optional[Placement] = None) 
         "wall_time_sec": time.time() - started,
         "host": socket.gethostname(),
         "task": placement.task_name,
+        "weights_sha256": digest,
+        "variable_devices": variable_devices(model),
     }
     if placement.is_chief:
         _write_json(run / "summary.json", summary)
     return objective(cfg.trainer.objective, summary)
+
+
+def weights_digest(model) -> str:
+    """A fingerprint of the weights: equal on every worker of a synchronous
+    cluster, and equal across runs that should end bitwise identical."""
+    digest = hashlib.sha256()
+    for variable in model.weights:
+        digest.update(variable.numpy().tobytes())
+    return digest.hexdigest()
+
+
+def variable_devices(model) -> list:
+    """Where the model's variables live (shards of partitioned ones included)."""
+    devices = set()
+    for variable in model.weights:
+        value = variable.value  # Keras 3: the TF variable behind a keras.Variable
+        for part in getattr(value, "variables", [value]):  # a ShardedVariable's shards
+            devices.add(part.device)
+    return sorted(devices)
 
 
 def _quiet_known_noise() -> None:

@@ -7,18 +7,23 @@ set -euo pipefail
 STATE=/var/lib/slurm-local          # state, spool, logs and pid files
 CONF=/etc/slurm                     # Debian's client tools (srun, sinfo, sbatch) read /etc/slurm/slurm.conf
 NODE=$(hostname -s)
-WAIT=${SLURM_LOCAL_WAIT:-60}        # seconds to wait for the node to become idle
+WAIT=${SLURM_LOCAL_WAIT:-60}        # seconds to wait, once the daemons are started, for the node to become idle
 
 die() {
   echo "start-local-slurm: ERROR: $*" >&2
   for f in "$STATE"/log/slurmctld.log "$STATE"/log/slurmd.log /var/log/munge/munged.log; do
-    [[ -s $f ]] && { echo "--- tail $f" >&2; tail -n 15 "$f" >&2; }
+    [[ -r $f && -s $f ]] && { echo "--- tail $f" >&2; tail -n 15 "$f" >&2; }
   done
   exit 1
 }
-# alive PIDFILE NAME: the pid in PIDFILE is a live process whose name is NAME
-alive() { local p; p=$(cat "$1" 2>/dev/null) && [[ $(cat "/proc/$p/comm" 2>/dev/null) == "$2" ]]; }
+# alive PIDFILE NAME: the pid in PIDFILE is a live (not zombie) process named NAME.
+# (Killed daemons can linger as zombies for a while here: PID 1 reaps them late.)
+alive() {
+  local p; p=$(cat "$1" 2>/dev/null) && [[ $(cat "/proc/$p/comm" 2>/dev/null) == "$2" ]] \
+    && ! grep -q '^State:.*zombie' "/proc/$p/status" 2>/dev/null
+}
 
+trap 'die "command failed (line $LINENO): $BASH_COMMAND"' ERR   # one clear line for unexpected failures
 [[ $EUID -eq 0 ]] || die "must run as root"
 
 # --- packages (only if missing) ---
@@ -34,7 +39,7 @@ install -d -o munge -g munge -m 0700 /etc/munge /var/lib/munge /var/log/munge
 install -d -o munge -g munge -m 0755 /run/munge
 install -d -m 0755 "$STATE" "$STATE/run" "$STATE/spool" "$CONF"
 install -d -o slurm -g slurm -m 0755 "$STATE/state" "$STATE/log"   # slurmctld runs as slurm and chdirs to its log dir
-if [[ ! -s /etc/munge/munge.key ]]; then
+if [[ ! -s /etc/munge/munge.key ]]; then   # Debian's munge postinst normally creates one
   dd if=/dev/urandom of=/etc/munge/munge.key bs=1024 count=1 status=none
 fi
 chown munge:munge /etc/munge/munge.key && chmod 0400 /etc/munge/munge.key
@@ -104,10 +109,12 @@ alive "$STATE/run/slurmctld.pid" slurmctld || { rm -f "$STATE/run/slurmctld.pid"
 alive "$STATE/run/slurmd.pid" slurmd || { rm -f "$STATE/run/slurmd.pid"; slurmd || die "slurmd failed to start"; }
 
 # --- wait until the node is usable (idle, or busy with jobs on a repeated run) ---
-for ((i = 0; i < WAIT; i++)); do
-  st=$(sinfo -h -n "$NODE" -o %T 2>/dev/null || true)
+# (timeout: client commands retry for ~10 s each when a daemon does not answer)
+end=$((SECONDS + WAIT))
+while (( SECONDS < end )); do
+  st=$(timeout 5 sinfo -h -n "$NODE" -o %T 2>/dev/null || true)
   # After a restart slurmctld reports the saved state (idle) at once, so also ask slurmd itself.
-  [[ $st =~ ^(idle|mixed|allocated)$ ]] && scontrol show slurmd >/dev/null 2>&1 && { echo "start-local-slurm: Slurm is up: node $NODE ($CPUS CPUs, ${MEM} MB) $st in partition debug"; exit 0; }
+  [[ $st =~ ^(idle|mixed|allocated)$ ]] && timeout 5 scontrol show slurmd >/dev/null 2>&1 && { echo "start-local-slurm: Slurm is up: node $NODE ($CPUS CPUs, ${MEM} MB) $st in partition debug"; exit 0; }
   sleep 1
 done
 die "node $NODE not idle after ${WAIT}s (sinfo state: '${st:-none}')"

@@ -1,0 +1,177 @@
+"""Multi-process training on real processes over loopback: local launcher,
+TF_CONFIG passthrough, teardown. No TensorFlow mocks; every cluster runs in a
+private network namespace (or on loopback when the OS does not allow one)."""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import QUICK, tfdistx_env
+from tfdistx import cluster
+from tfdistx.errors import ConfigError
+
+
+def digests(run_dir: Path) -> dict:
+    """Each task's final-weights fingerprint, from its own log file."""
+    found = {}
+    for log in (run_dir / "logs").glob("*.log"):
+        for line in log.read_text().splitlines():
+            if "final weights sha256" in line:
+                found[log.stem] = line.rsplit(" ", 1)[1]
+    return found
+
+
+def processes_mentioning(text: str) -> list:
+    """PIDs of live processes whose command line contains `text`."""
+    pids = []
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit() and proc.name != str(os.getpid()):
+            try:
+                cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+                state = (proc / "stat").read_text().split()[2]
+            except OSError:
+                continue
+            if text in cmdline and state != "Z":
+                pids.append(int(proc.name))
+    return pids
+
+
+def can_isolate() -> bool:
+    return shutil.which("unshare") is not None and subprocess.run(
+        ["unshare", "--user", "--map-root-user", "--net", "true"], capture_output=True).returncode == 0
+
+
+def test_two_workers_end_with_identical_weights(tfdistx, tmp_path):
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    run = tfdistx(*QUICK, "strategy=multiworker", "cluster=2x1", "checkpoint.every_steps=20", env={"TMPDIR": str(scratch)})
+    assert run.returncode == 0, run
+    summary = run.summary
+    assert (summary["strategy"], summary["workers"], summary["replicas"], summary["per_replica_batch"]) == ("multiworker", 2, 2, 16)
+    assert summary["step"] == 40 and summary["task"] == "worker:0"
+    found = digests(run.dir)
+    assert set(found) == {"worker-0", "worker-1"} and len(set(found.values())) == 1, found
+    assert found["worker-0"] == summary["weights_sha256"]
+    # the chief's checkpoints in the run dir; the other worker's scratch copies removed
+    assert (run.dir / "checkpoints" / "ckpt-40.index").exists()
+    assert list(scratch.iterdir()) == []
+    assert "[worker:1]" in run.stdout and "[worker:0] step 40/40" in run.stdout
+    if can_isolate():
+        assert "private network namespace" in run.stdout
+
+
+def test_auto_strategy_with_several_workers_is_multiworker(tfdistx):
+    run = tfdistx(*QUICK, "cluster=2x1")
+    assert run.returncode == 0, run
+    assert run.summary["strategy"] == "multiworker"
+
+
+def test_parameter_server_variables_live_on_the_ps(tfdistx):
+    run = tfdistx(*QUICK, "strategy=parameter_server", "cluster=ps1w2", "checkpoint.every_steps=20")
+    assert run.returncode == 0, run
+    summary = run.summary
+    assert summary["step"] == 40 and summary["task"] == "chief:0"
+    assert summary["variable_devices"] and all(d.startswith("/job:ps/") for d in summary["variable_devices"]), summary
+    assert summary["eval"]["eval/accuracy"] >= 0
+    assert [m["step"] for m in run.metrics] == [20, 40]
+    assert (run.dir / "checkpoints" / "ckpt-40.index").exists()
+
+
+def test_resumed_multiworker_run_continues_from_the_chiefs_checkpoint(tfdistx):
+    first = tfdistx(*QUICK, "strategy=multiworker", "cluster=2x1", "checkpoint.every_steps=20")
+    assert first.returncode == 0, first
+    second = tfdistx(*QUICK, "strategy=multiworker", "cluster=2x1", "trainer.steps=60", "checkpoint.every_steps=20")
+    assert second.returncode == 0, second
+    assert (second.summary["resumed_from_step"], second.summary["step"]) == (40, 60)
+    assert len(set(digests(second.dir).values())) == 1
+
+
+@pytest.mark.skipif(not can_isolate(), reason="needs unprivileged user and network namespaces")
+def test_tf_config_passthrough(tmp_path):
+    """Start the two tasks ourselves, as Kubeflow would, each with its TF_CONFIG."""
+    run_dir = tmp_path / "run"
+    spec = {"worker": ["127.0.0.1:23001", "127.0.0.1:23002"]}
+    args = " ".join(QUICK) + f" strategy=multiworker cluster=2x1 hydra.run.dir={run_dir}"
+    tasks = [
+        f"TF_CONFIG='{json.dumps({'cluster': spec, 'task': {'type': 'worker', 'index': i}})}' "
+        f"{sys.executable} -m tfdistx {args} > {tmp_path}/worker{i}.out 2>&1 & p{i}=$!;"
+        for i in range(2)
+    ]
+    script = (f"{sys.executable} -c 'from tfdistx.launch import _loopback_up; _loopback_up()' && "
+              + " ".join(tasks) + " wait $p0 && wait $p1")
+    proc = subprocess.run(["unshare", "--user", "--map-root-user", "--net", "bash", "-c", script],
+                          env=tfdistx_env(), timeout=600, capture_output=True, text=True)
+    outputs = {i: (tmp_path / f"worker{i}.out").read_text() for i in range(2)}
+    assert proc.returncode == 0, (proc.stderr, outputs)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert (summary["task"], summary["workers"], summary["step"]) == ("worker:0", 2, 40)
+    final = {i: [l for l in out.splitlines() if "final weights sha256" in l][0].rsplit(" ", 1)[1] for i, out in outputs.items()}
+    assert final[0] == final[1] == summary["weights_sha256"]
+
+
+def test_tf_config_that_disagrees_with_the_config_is_refused(tfdistx):
+    tf_config = json.dumps({"cluster": {"worker": ["127.0.0.1:1", "127.0.0.1:2"]}, "task": {"type": "worker", "index": 0}})
+    run = tfdistx("strategy=multiworker", "cluster=4x1", env={"TF_CONFIG": tf_config})
+    assert run.returncode == 2, run
+    assert "TF_CONFIG='2 worker'" in run.stderr and "4 worker" in run.stderr and "Traceback" not in run.stderr
+
+
+def test_a_failing_task_stops_the_cluster(tfdistx):
+    run = tfdistx(*QUICK, "strategy=multiworker", "cluster=2x1", "data._target_=user_plugins.broken_on_worker_1",
+                  "trainer.steps=100000", timeout=300)
+    assert run.returncode == 2, run
+    assert "worker 1 cannot read its data" in run.stdout and "task worker:1 exited with code 2" in run.stderr
+    assert processes_mentioning(str(run.dir)) == []
+
+
+def test_ctrl_c_stops_every_task(tmp_path):
+    run_dir = tmp_path / "run"
+    cmd = [sys.executable, "-m", "tfdistx", "strategy=multiworker", "cluster=2x1", "trainer.steps=1000000",
+           "trainer.steps_per_loop=10", "trainer.log_every=10", "logger.tensorboard=false", f"hydra.run.dir={run_dir}"]
+    proc = subprocess.Popen(cmd, env=tfdistx_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 300
+    while not (run_dir / "metrics.jsonl").exists() and time.time() < deadline:
+        time.sleep(0.2)
+    assert len(processes_mentioning(str(run_dir))) >= 3  # us, the supervisor, two workers
+    proc.send_signal(signal.SIGINT)
+    code = proc.wait(timeout=120)
+    assert code != 0
+    time.sleep(1)
+    assert processes_mentioning(str(run_dir)) == []
+
+
+def test_plan_shows_the_cluster_without_running_it(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "tfdistx", "strategy=multiworker", "cluster=4x8", "data.batch_size=256",
+                          "optimizer.scale_lr_with_replicas=true", f"hydra.run.dir={tmp_path / 'run'}", "--plan"],
+                         capture_output=True, text=True, env=tfdistx_env(), timeout=120)
+    assert out.returncode == 0, out.stderr
+    for text in ["worker:3", "replicas      4", "per replica 64", "lr 0.001 x replicas = 0.004", "every 500 steps"]:
+        assert text in out.stdout, out.stdout
+    assert not (tmp_path / "run").exists()
+
+
+# -- placement from a scheduler's environment (real parsing, no processes) --
+
+def test_slurm_hostlists():
+    assert cluster.expand_hostlist("node[01-03,7],gpu5") == ["node01", "node02", "node03", "node7", "gpu5"]
+    assert cluster.expand_tasks_per_node("2(x3),1") == [2, 2, 2, 1]
+
+
+def test_parameter_server_cluster_from_a_slurm_step():
+    env = {"SLURM_PROCID": "2", "SLURM_STEP_NUM_TASKS": "5", "SLURM_STEP_NODELIST": "n[1-2]", "SLURM_STEP_TASKS_PER_NODE": "3,2"}
+    placement = cluster.from_slurm(env, {"chief": 1, "ps": 2, "worker": 2}, 29400)
+    assert placement.spec == {"chief": ["n1:29400"], "ps": ["n1:29401", "n1:29402"], "worker": ["n2:29400", "n2:29401"]}
+    assert (placement.task_type, placement.task_index, placement.is_chief) == ("ps", 1, False)
+
+
+def test_slurm_step_of_the_wrong_size_is_refused():
+    env = {"SLURM_PROCID": "0", "SLURM_STEP_NUM_TASKS": "3", "SLURM_STEP_NODELIST": "n1", "SLURM_STEP_TASKS_PER_NODE": "3"}
+    with pytest.raises(ConfigError, match="srun -n 2"):
+        cluster.from_slurm(env, {"worker": 2}, 29400)

@@ -1,0 +1,60 @@
+"""`--plan`: what a run would do, printed without starting TensorFlow."""
+
+from omegaconf import DictConfig, OmegaConf
+
+from tfdistx import cluster as cluster_lib
+from tfdistx.config.validate import planned_replicas
+
+
+def describe(cfg: DictConfig) -> str:
+    strategy, topo = cfg.strategy.name, cfg.cluster
+    placement = cluster_lib.detect(strategy, topo)
+    lines = [f"strategy      {strategy}" + ("  (one_device, or mirrored over several devices/GPUs)" if strategy == "auto" and placement.source == "single" else "")]
+    lines.append(f"cluster       {topo.name}: {topo.workers} worker(s) x {topo.devices_per_worker or 'all GPUs or 1 CPU'} device(s), {topo.ps} ps")
+    lines += _tasks(strategy, topo, placement)
+
+    replicas = planned_replicas(cfg)
+    batch = cfg.data.batch_size
+    if strategy == "parameter_server":
+        lines.append(f"replicas      {topo.workers} workers, asynchronous: each step trains one worker on a whole batch")
+        lines.append(f"batch         {batch} per step")
+    elif replicas:
+        note = " (one replica per worker without GPUs; W x GPUs with them)" if placement.source != "single" and strategy != "parameter_server" else ""
+        lines.append(f"replicas      {replicas}{note}")
+        lines.append(f"batch         global {batch}, per replica {batch // replicas if batch % replicas == 0 else 'does not divide!'}")
+    else:
+        lines.append("replicas      decided by the GPUs visible at start (else 1 per worker)")
+        lines.append(f"batch         global {batch}, split evenly across the replicas")
+    scale = cfg.optimizer.get("scale_lr_with_replicas")
+    lr = cfg.optimizer.lr
+    lr_text = f"{lr} x replicas = {lr * replicas}" if scale and replicas else f"{lr}" + (" x replicas" if scale else "")
+    lines.append(f"optimizer     {cfg.optimizer.name}, lr {lr_text}, schedule {cfg.optimizer.get('schedule', 'constant')}")
+    steps = cfg.trainer.steps if cfg.trainer.steps is not None else f"{cfg.trainer.epochs} epoch(s)"
+    t = cfg.trainer
+    lines.append(f"steps         {steps}; {t.steps_per_loop} per tf.function call; log every {t.log_every}; eval every {t.eval_every or 'end only'}")
+    every = cfg.checkpoint.every_steps
+    lines.append(f"checkpoints   every {every or 'end only'} steps, keep {cfg.checkpoint.max_to_keep}, in {cfg.checkpoint.dir or '<run dir>/checkpoints'}")
+    run_dir = OmegaConf.select(cfg, "hydra.run.dir")
+    if run_dir:
+        lines.append(f"run dir       {run_dir}: .hydra/, metrics.jsonl, summary.json, checkpoints/, tensorboard/" + (", logs/<task>.log" if placement.source == "local" else ""))
+    return "\n".join(lines)
+
+
+def _tasks(strategy: str, topo, placement) -> list:
+    if placement.source == "single":
+        return ["placement     this process"]
+    if placement.source == "local":
+        counts = cluster_lib.job_counts(cluster_lib.multi_process_strategy(strategy, topo), topo)
+        lines = ["placement     local cluster launched by tfdistx: one process per task on free 127.0.0.1 ports,",
+                 "              in a private network namespace when the OS allows it (cluster.isolate)"]
+        for job, n in counts.items():
+            for index in range(n):
+                lines.append(f"  task        {job}:{index}  TF_CONFIG task {{'type': '{job}', 'index': {index}}}")
+        return lines
+    lines = [f"placement     {placement.source}; this process is {placement.task_name}{' (chief)' if placement.is_chief else ''}"]
+    for job, addresses in placement.spec.items():
+        for index, address in enumerate(addresses):
+            lines.append(f"  task        {job}:{index}  {address}")
+    lines.append(f"  TF_CONFIG   {placement.tf_config()}")
+    return lines
+
