@@ -104,8 +104,10 @@ def from_slurm(env: Mapping[str, str], counts: Dict[str, int], base_port: int) -
     """Derive the cluster from a Slurm step (`srun -n N python -m tfdistx ...`).
 
     Tasks are laid out in Slurm's block order: the first tasks-per-node ranks
-    on the first node, and so on; each gets base_port + its rank on the node.
-    Ranks map to jobs in order: chief, ps, worker.
+    on the first node, and so on; each listens on base_port + its rank on the
+    node, shifted by 64 ports per job id (modulo 500) so that jobs sharing a
+    node (a sweep's, say) do not collide. Ranks map to jobs in order: chief,
+    ps, worker.
     """
     try:
         rank = int(env["SLURM_PROCID"])
@@ -117,6 +119,7 @@ def from_slurm(env: Mapping[str, str], counts: Dict[str, int], base_port: int) -
     wanted = sum(counts.values())
     if total != wanted:
         raise ConfigError.one("cluster", _describe(counts), f"the Slurm step has {total} task(s); the config needs {wanted}: srun -n {wanted}")
+    base_port += 64 * (int(env.get("SLURM_JOB_ID", "0")) % 500)
     addresses = [f"{node}:{base_port + local}" for node, n in zip(nodes, per_node) for local in range(n)]
     roles = [(job, index) for job, n in counts.items() for index in range(n)]
     spec: Dict[str, List[str]] = {}

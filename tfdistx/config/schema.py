@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from hydra.core.config_store import ConfigStore
+from omegaconf import OmegaConf
 
 
 @dataclass
@@ -56,5 +57,13 @@ class Config:
     logger: Any = field(default_factory=dict)
 
 
+def tasks_per_job(strategy: str, workers: int, ps: int) -> int:
+    """Processes a run needs: for the Slurm launcher's tasks_per_node."""
+    if strategy == "parameter_server":
+        return 1 + int(ps) + int(workers)  # chief (coordinator), ps, workers
+    return int(workers)
+
+
 def register() -> None:
     ConfigStore.instance().store(name="tfdistx_schema", node=Config)
+    OmegaConf.register_new_resolver("tfdistx_tasks", tasks_per_job, replace=True)

@@ -1,0 +1,57 @@
+"""A real single-node Slurm (Debian's slurm-wlm and munge) running tfdistx:
+`srun -n 2` multi-worker training, and a sweep submitted through
+hydra-submitit-launcher. The fixture starts Slurm with the project's script."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import QUICK, tfdistx_env
+
+START = Path(__file__).resolve().parent.parent / "scripts" / "slurm" / "start-local-slurm.sh"
+
+
+@pytest.fixture(scope="module")
+def slurm():
+    if os.geteuid() != 0:
+        pytest.skip("starting a local Slurm needs root")
+    started = subprocess.run(["bash", str(START)], capture_output=True, text=True, timeout=900)
+    assert started.returncode == 0, started.stdout + started.stderr
+    assert shutil.which("srun")
+
+
+def test_srun_two_tasks_train_one_multiworker_cluster(slurm, tmp_path):
+    run_dir = tmp_path / "run"
+    cmd = ["srun", "-n", "2", "--overcommit", "--kill-on-bad-exit=1", sys.executable, "-m", "tfdistx", *QUICK,
+           "strategy=multiworker", "cluster=2x1", f"hydra.run.dir={run_dir}"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=tfdistx_env(), timeout=600, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert (summary["workers"], summary["replicas"], summary["step"], summary["task"]) == (2, 2, 40, "worker:0")
+    digests = {line.rsplit(" ", 1)[1] for line in (proc.stdout + proc.stderr).splitlines() if "final weights sha256" in line}
+    assert digests == {summary["weights_sha256"]}
+
+
+def test_srun_with_the_wrong_number_of_tasks_is_refused(slurm, tmp_path):
+    cmd = ["srun", "-n", "3", "--overcommit", sys.executable, "-m", "tfdistx", "strategy=multiworker", "cluster=2x1",
+           f"hydra.run.dir={tmp_path / 'run'}"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=tfdistx_env(), timeout=300, cwd=tmp_path)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "srun -n 2" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_submitit_sweep_runs_each_job_as_a_slurm_cluster(slurm, tmp_path):
+    sweep = tmp_path / "sweep"
+    cmd = [sys.executable, "-m", "tfdistx", "-m", "hydra/launcher=tfdistx_slurm", "hydra.launcher.partition=debug",
+           f"hydra.launcher.submitit_folder={tmp_path / 'submitit'}", "strategy=multiworker", "cluster=2x1", *QUICK,
+           "optimizer.lr=0.001,0.01", f"hydra.sweep.dir={sweep}"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=tfdistx_env(), timeout=900, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    summaries = [json.loads((sweep / str(job) / "summary.json").read_text()) for job in (0, 1)]
+    assert [s["learning_rate"] for s in summaries] == [0.001, 0.01]
+    assert all((s["workers"], s["step"]) == (2, 40) for s in summaries)
