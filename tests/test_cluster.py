@@ -136,15 +136,17 @@ def test_ctrl_c_stops_every_task(tmp_path):
     cmd = [sys.executable, "-m", "tfdistx", "strategy=multiworker", "cluster=2x1", "trainer.steps=1000000",
            "trainer.steps_per_loop=10", "trainer.log_every=10", "logger.tensorboard=false", f"hydra.run.dir={run_dir}"]
     proc = subprocess.Popen(cmd, env=tfdistx_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.time() + 300
-    while not (run_dir / "metrics.jsonl").exists() and time.time() < deadline:
-        time.sleep(0.2)
-    assert len(processes_mentioning(str(run_dir))) >= 3  # us, the supervisor, two workers
-    proc.send_signal(signal.SIGINT)
-    code = proc.wait(timeout=120)
-    assert code != 0
-    time.sleep(1)
-    assert processes_mentioning(str(run_dir)) == []
+    try:
+        deadline = time.time() + 300
+        while not (run_dir / "metrics.jsonl").exists() and time.time() < deadline:
+            time.sleep(0.2)
+        assert len(processes_mentioning(str(run_dir))) >= 3  # us, the supervisor, two workers
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=120) == 130
+        time.sleep(1)
+        assert processes_mentioning(str(run_dir)) == []
+    finally:
+        proc.kill()  # if the test failed: the launcher's tasks die with it (PR_SET_PDEATHSIG)
 
 
 def test_plan_shows_the_cluster_without_running_it(tmp_path):
@@ -175,3 +177,15 @@ def test_slurm_step_of_the_wrong_size_is_refused():
     env = {"SLURM_PROCID": "0", "SLURM_STEP_NUM_TASKS": "3", "SLURM_STEP_NODELIST": "n1", "SLURM_STEP_TASKS_PER_NODE": "3"}
     with pytest.raises(ConfigError, match="srun -n 2"):
         cluster.from_slurm(env, {"worker": 2}, 29400)
+
+
+def test_wide_deep_tables_are_sharded_across_parameter_servers(tfdistx):
+    run = tfdistx("recipe=wide_deep_ps", "trainer.steps=60", "trainer.steps_per_loop=20", "trainer.log_every=20",
+                  "trainer.eval_every=0", "data.batch_size=64", "data.train_examples=2048", "model.vocab_size=20000",
+                  "data.vocab_size=20000", "model.hidden_units=[32]", "logger.tensorboard=false")
+    assert run.returncode == 0, run
+    summary = run.summary
+    assert (summary["strategy"], summary["ps"], summary["workers"], summary["step"]) == ("parameter_server", 2, 2, 60)
+    assert summary["variable_devices"] == ["/job:ps/replica:0/task:0/device:CPU:0", "/job:ps/replica:0/task:1/device:CPU:0"]
+    losses = [m["loss"] for m in run.metrics]
+    assert losses[-1] < losses[0]

@@ -16,7 +16,7 @@ import hydra
 from hydra._internal.utils import get_args_parser
 from omegaconf import DictConfig
 
-from tfdistx import cluster
+from tfdistx import cluster, recipes
 from tfdistx.config import schema, topology
 from tfdistx.config.compose import compose_and_validate
 from tfdistx.config.paths import config_dir
@@ -46,6 +46,7 @@ def main(argv: Optional[Sequence[str]] = None):
     try:
         args = get_args_parser().parse_args(argv)
         topology.register(args.overrides)
+        recipes.register(args.overrides)  # TFDISTX_RECIPES dirs, and the clusters the chosen recipes name
         if plan:
             from tfdistx.plan import describe
 

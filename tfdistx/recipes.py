@@ -1,0 +1,333 @@
+"""Recipes: reusable experiment configs, selected with `recipe=NAME`.
+
+A recipe is a YAML file in recipes/ (shipped; the config group `recipe`,
+through the link conf/recipe) or in a directory of the user's own, named by
+the environment variable TFDISTX_RECIPES (several directories separated by
+`:`). A user's recipe shadows a shipped one of the same name, so a recipe
+copied out with `tfdistx recipes copy` and edited keeps its name.
+
+    tfdistx recipes [list]                  the recipes, one line each
+    tfdistx recipes show NAME [overrides]   the composed config of a run
+    tfdistx recipes copy NAME DEST          the file, copied out for editing
+
+`register(overrides)` runs before anything is composed (as
+`topology.register` does): it makes the user's directories part of Hydra's
+config search path, and registers the cluster topologies the selected
+recipes name in their defaults (`override /cluster: 1x4`), which, like the
+ones given on the command line, have no file. Nothing here imports
+TensorFlow.
+"""
+
+import argparse
+import os
+import re
+import shutil
+import sys
+from pathlib import Path
+from typing import Iterable, List, Optional, Sequence
+
+from hydra.core.object_type import ObjectType
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.core.plugins import Plugins
+from hydra.plugins.config_source import ConfigLoadError, ConfigResult, ConfigSource
+from hydra.plugins.search_path_plugin import SearchPathPlugin
+from omegaconf import OmegaConf
+
+from tfdistx.config import topology
+from tfdistx.config.paths import config_dir
+from tfdistx.errors import EXIT_INVALID_CONFIG, ConfigError
+
+ENV = "TFDISTX_RECIPES"
+GROUP = "recipe"
+
+
+# --- where recipes live -------------------------------------------------------
+
+
+def user_dirs() -> List[Path]:
+    """The directories named by TFDISTX_RECIPES, first one first."""
+    value = os.environ.get(ENV, "")
+    return [Path(part).expanduser().resolve() for part in value.split(os.pathsep) if part.strip()]
+
+
+def shipped_dir() -> Path:
+    return config_dir() / GROUP
+
+
+def search_dirs() -> List[Path]:
+    """Where `recipe=NAME` is looked up, in order: the user's, then the shipped."""
+    return [*user_dirs(), shipped_dir()]
+
+
+def find(name: str) -> Optional[Path]:
+    """The file `recipe=NAME` selects, or None."""
+    for directory in search_dirs():
+        path = directory / f"{name}.yaml"
+        if path.is_file():
+            return path
+    return None
+
+
+def available() -> List[dict]:
+    """Every recipe visible, shadowed ones included: name, path, description, shadowed_by."""
+    seen, found = {}, []
+    for directory in search_dirs():
+        for path in sorted(directory.glob("*.yaml")) if directory.is_dir() else []:
+            name = path.stem
+            found.append({"name": name, "path": path, "description": describe(path), "shadowed_by": seen.get(name)})
+            seen.setdefault(name, path)
+    return found
+
+
+def describe(path: Path) -> str:
+    """A recipe's first comment line that is not a Hydra directive (`# @package`)."""
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except OSError as error:
+        return f"(unreadable: {error.strerror})"
+    for line in lines:
+        text = line.strip()
+        if not text.startswith("#"):
+            if text:
+                break
+            continue
+        text = text.lstrip("#").strip()
+        if text and not text.startswith("@"):
+            return text
+    return "(no description: start the file with a comment line)"
+
+
+def _is_global(path: Path) -> bool:
+    try:
+        return ConfigSource._get_header_dict(path.read_text(encoding="utf-8")[:512]).get("package") == "_global_"
+    except (OSError, ValueError):
+        return False
+
+
+# --- Hydra: the user's directories as part of the `recipe` group ----------------
+
+
+class RecipeDirSource(ConfigSource):
+    """A directory of NAME.yaml files, seen by Hydra as the `recipe` group.
+
+    A plain file:// search path entry would need a `recipe/` folder inside the
+    user's directory; this source answers `recipe/NAME` from `DIR/NAME.yaml`
+    and nothing else. Files keep their header (`# @package _global_`) and
+    their defaults list (`override /strategy: mirrored`), as in recipes/.
+    """
+
+    @staticmethod
+    def scheme() -> str:
+        return "tfdistx-recipes"
+
+    def _file(self, config_path: str) -> Optional[Path]:
+        group, _, name = config_path.partition("/")
+        if group != GROUP or not name or "/" in name:
+            return None
+        return Path(self.path) / self._normalize_file_name(name)
+
+    def load_config(self, config_path: str) -> ConfigResult:
+        path = self._file(config_path)
+        if path is None or not path.is_file():
+            raise ConfigLoadError(f"Config not found: {config_path} in {self.path}")
+        text = path.read_text(encoding="utf-8")
+        return ConfigResult(
+            config=OmegaConf.load(path),
+            path=self.full_path(),
+            provider=self.provider,
+            header=ConfigSource._get_header_dict(text),
+        )
+
+    def available(self) -> bool:
+        return Path(self.path).is_dir()
+
+    def is_group(self, config_path: str) -> bool:
+        return config_path in ("", GROUP)
+
+    def is_config(self, config_path: str) -> bool:
+        path = self._file(config_path)
+        return path is not None and path.is_file()
+
+    def list(self, config_path: str, results_filter: Optional[ObjectType]) -> List[str]:
+        if config_path != GROUP or results_filter == ObjectType.GROUP or not self.available():
+            return []
+        return sorted(path.stem for path in Path(self.path).glob("*.yaml"))
+
+
+class UserRecipesSearchPath(SearchPathPlugin):
+    """Puts the TFDISTX_RECIPES directories before the shipped configs."""
+
+    def manipulate_search_path(self, search_path) -> None:
+        for directory in reversed(user_dirs()):  # prepending: the first named ends up first
+            search_path.prepend(provider="tfdistx-user-recipes", path=f"{RecipeDirSource.scheme()}://{directory}")
+
+
+def register(overrides: Iterable[str]) -> None:
+    """Call before composing: user recipe dirs, and the topologies the selected recipes name.
+
+    Raises ConfigError when TFDISTX_RECIPES names something that is not a directory.
+    """
+    for directory in user_dirs():
+        if not directory.is_dir():
+            raise ConfigError.one(ENV, os.environ.get(ENV), f"{directory} is not a directory of recipe files")
+    plugins = Plugins.instance()
+    plugins.register(RecipeDirSource)  # also registers the tfdistx-recipes:// scheme
+    plugins.register(UserRecipesSearchPath)
+    names = []
+    for recipe in requested(overrides):
+        path = find(recipe)
+        if path is None:  # refused here: `optional recipe` in config.yaml would skip it silently
+            raise _unknown(recipe)
+        names += _clusters_in(path)
+    topology.register([f"cluster={name}" for name in names])
+
+
+def requested(overrides: Iterable[str]) -> List[str]:
+    """Every value given to `recipe=` in these overrides, sweeps included."""
+    names = []
+    for override in OverridesParser.create().parse_overrides(list(overrides)):
+        if override.key_or_group != GROUP or override.value() is None:
+            continue
+        if override.is_sweep_override():
+            names += [str(v) for v in override.sweep_string_iterator()]
+        else:
+            names.append(str(override.value()))
+    return names
+
+
+def _clusters_in(path: Path) -> List[str]:
+    """`cluster` options named in a recipe's defaults list (`override /cluster: 1x4`)."""
+    try:
+        defaults = OmegaConf.to_container(OmegaConf.load(path)).get("defaults") or []
+    except Exception:  # Hydra reports a broken file properly when it composes it
+        return []
+    names = []
+    for entry in defaults if isinstance(defaults, list) else []:
+        if isinstance(entry, dict):
+            for key, value in entry.items():
+                group = re.sub(r"^override\s+", "", str(key)).lstrip("/").split("@")[0]
+                if group == "cluster" and isinstance(value, str):
+                    names.append(value)
+    return names
+
+
+# --- the `tfdistx recipes` command ----------------------------------------------
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = _parser().parse_args(list(sys.argv[1:] if argv is None else argv))
+    try:
+        register([])
+        if args.command == "show":
+            return _show(args.name, args.overrides, resolve=args.resolve)
+        if args.command == "copy":
+            return _copy(args.name, Path(args.dest), force=args.force)
+        return _list()
+    except ConfigError as error:
+        for line in error.lines():
+            print(line, file=sys.stderr)
+        return EXIT_INVALID_CONFIG
+    except CommandError as error:
+        print(f"tfdistx recipes: {error}", file=sys.stderr)
+        return EXIT_INVALID_CONFIG
+
+
+class CommandError(Exception):
+    """A bad argument to a `tfdistx recipes` command (not a config problem)."""
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="tfdistx recipes",
+        description=f"Reusable experiment configs: run one with `python -m tfdistx recipe=NAME [overrides]`. "
+        f"Your own recipes: a directory of NAME.yaml files named by ${ENV}.",
+    )
+    commands = parser.add_subparsers(dest="command", metavar="{list,show,copy}")
+    commands.add_parser("list", help="the recipes, with a one-line description (the default)")
+    show = commands.add_parser("show", help="print a recipe's composed config")
+    show.add_argument("name")
+    show.add_argument("overrides", nargs="*", help="further overrides, as on the tfdistx command line")
+    show.add_argument("--resolve", action="store_true", help="resolve ${...} interpolations")
+    copy = commands.add_parser("copy", help="copy a recipe's file out for editing")
+    copy.add_argument("name")
+    copy.add_argument("dest", help="a directory (the file keeps its name) or a file name ending in .yaml")
+    copy.add_argument("-f", "--force", action="store_true", help="overwrite an existing file")
+    return parser
+
+
+def _list() -> int:
+    recipes = available()
+    if not recipes:
+        print("no recipes found in " + ", ".join(map(str, search_dirs())))
+        return 0
+    width = max(len(r["name"]) for r in recipes)
+    for directory in search_dirs():
+        here = [r for r in recipes if r["path"].parent == directory]
+        if not here:
+            continue
+        where = f"{directory} (${ENV})" if directory != shipped_dir() else "shipped with tfdistx"
+        print(f"{where}:")
+        for r in here:
+            note = f"  [shadowed by {r['shadowed_by']}]" if r["shadowed_by"] else ""
+            if not _is_global(r["path"]):
+                note += "  [no '# @package _global_' first line: its keys would land under `recipe.`]"
+            print(f"  {r['name']:<{width}}  {r['description']}{note}")
+    print("\nrun one:  python -m tfdistx recipe=NAME [overrides]    see one:  tfdistx recipes show NAME")
+    return 0
+
+
+def _unknown(name: str) -> ConfigError:
+    names = sorted({r["name"] for r in available()})
+    return ConfigError.one(GROUP, name, "allowed: " + ", ".join(names))
+
+
+def _show(name: str, overrides: Sequence[str], resolve: bool) -> int:
+    from hydra import compose, initialize_config_dir
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    from tfdistx.config import schema
+    from tfdistx.config.compose import as_config_error
+    from tfdistx.config.validate import validate
+
+    if find(name) is None:
+        raise _unknown(name)
+    overrides = [f"{GROUP}={name}", *overrides]
+    schema.register()
+    topology.register(overrides)
+    register(overrides)
+    try:
+        with initialize_config_dir(config_dir=str(config_dir()), version_base=None):
+            cfg = compose("config", overrides=overrides)
+    except (HydraException, OmegaConfBaseException) as error:
+        raise as_config_error(error, overrides) from None
+    print(f"# python -m tfdistx {' '.join(overrides)}    ({find(name)})")
+    print(OmegaConf.to_yaml(cfg, resolve=resolve), end="")
+    try:
+        validate(cfg)
+    except ConfigError as error:  # still worth seeing, but say it would not run
+        print(f"note: python -m tfdistx {' '.join(overrides)} would refuse this config:", file=sys.stderr)
+        for line in error.lines():
+            print(f"  {line}", file=sys.stderr)
+    return 0
+
+
+def _copy(name: str, dest: Path, force: bool) -> int:
+    source = find(name)
+    if source is None:
+        raise _unknown(name)
+    target = dest / source.name if dest.is_dir() or dest.suffix != ".yaml" else dest
+    if target.exists() and not force:
+        raise CommandError(f"{target} exists already: pass --force to overwrite it")
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(source, target)
+    except OSError as error:
+        raise CommandError(f"cannot write {target}: {error.strerror or error}") from None
+    print(f"copied {source} to {target}")
+    directory = target.parent.resolve()
+    if directory not in user_dirs():
+        print(f"run it:  {ENV}={directory} python -m tfdistx {GROUP}={target.stem}")
+    else:
+        print(f"run it:  python -m tfdistx {GROUP}={target.stem}")
+    return 0

@@ -1,0 +1,490 @@
+"""`tfdistx report RUN_OR_SWEEP_DIR [--out DIR]`: plots and a table from run directories.
+
+One run (a directory with metrics.jsonl / summary.json):
+    curves.png   loss and accuracy against step, train and eval
+    report.md    the run's final numbers and the plot
+
+A sweep (a directory whose subdirectories are runs, e.g. multirun/DATE/TIME):
+    final_metric.png  the objective (trainer.objective, e.g. eval/accuracy) of
+                      every job, best on top and highlighted, labelled by the
+                      overrides that differ between jobs
+    curves.png        every job's curves overlaid, the best one drawn boldest
+    report.md         the best job, then a table of all jobs, best first
+
+Reads only files (no TensorFlow); draws with matplotlib's Agg backend.
+"""
+
+import argparse
+import json
+import math
+import os
+import re
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import List, Optional, Sequence
+
+EXIT_BAD_INPUT = 2
+DEFAULT_OBJECTIVE = "eval/accuracy"
+# Directories inside a run that never hold another run.
+_NOT_RUNS = {".hydra", "checkpoints", "tensorboard", "wandb", "__pycache__"}
+
+
+class ReportError(Exception):
+    """Bad input: printed as one line, exit code 2."""
+
+
+@dataclass
+class Job:
+    dir: Path
+    name: str  # relative to the report's root ("0", "1", ... in a sweep)
+    overrides: List[str]
+    summary: Optional[dict]
+    metrics: List[dict]
+    objective_name: str
+    label: str = ""  # the overrides that tell this job from the others
+    color: Optional[object] = None
+
+    @property
+    def finished(self) -> bool:
+        return self.summary is not None
+
+    @property
+    def objective(self) -> Optional[float]:
+        return self.value(self.objective_name)
+
+    def value(self, key: str) -> Optional[float]:
+        """A final metric: from summary.json (eval, then train), else the last logged value."""
+        if self.summary:
+            for section in ("eval", "train"):
+                if key in (self.summary.get(section) or {}):
+                    return _number(self.summary[section][key])
+        for record in reversed(self.metrics):
+            if key in record:
+                return _number(record[key])
+        return None
+
+    @property
+    def step(self) -> Optional[int]:
+        if self.summary and "step" in self.summary:
+            return self.summary["step"]
+        return self.metrics[-1].get("step") if self.metrics else None
+
+
+# --- finding and reading runs -------------------------------------------------------
+
+
+def is_run(directory: Path) -> bool:
+    return (directory / "summary.json").is_file() or (directory / "metrics.jsonl").is_file()
+
+
+def find_runs(root: Path) -> List[Path]:
+    """`root` itself when it is a run, else every run below it (not inside another run)."""
+    if is_run(root):
+        return [root]
+    found = []
+    for current, dirs, _ in os.walk(root):
+        here = Path(current)
+        if here != root and is_run(here):
+            found.append(here)
+            dirs[:] = []
+            continue
+        dirs[:] = [d for d in dirs if d not in _NOT_RUNS]
+    return sorted(found, key=lambda p: _natural(str(p.relative_to(root))))
+
+
+def load_job(directory: Path, root: Path, objective: Optional[str]) -> Job:
+    summary = None
+    if (directory / "summary.json").is_file():
+        try:
+            summary = json.loads((directory / "summary.json").read_text())
+        except (OSError, ValueError):
+            summary = None
+    return Job(
+        dir=directory,
+        name=str(directory.relative_to(root)) if directory != root else directory.name,
+        overrides=_overrides(directory),
+        summary=summary,
+        metrics=_metrics(directory / "metrics.jsonl"),
+        objective_name=objective or _configured_objective(directory),
+    )
+
+
+def _metrics(path: Path) -> List[dict]:
+    records = []
+    try:
+        lines = path.read_text().splitlines()
+    except OSError:
+        return records
+    for line in lines:
+        try:
+            record = json.loads(line)
+        except ValueError:  # a line cut short by a killed run
+            continue
+        if isinstance(record, dict) and "step" in record:
+            records.append(record)
+    return records
+
+
+def _overrides(directory: Path) -> List[str]:
+    path = directory / ".hydra" / "overrides.yaml"
+    if not path.is_file():
+        return []
+    from omegaconf import OmegaConf
+
+    try:
+        return [str(o) for o in OmegaConf.load(path)]
+    except Exception:
+        return []
+
+
+def _configured_objective(directory: Path) -> str:
+    path = directory / ".hydra" / "config.yaml"
+    if path.is_file():
+        from omegaconf import OmegaConf
+
+        try:
+            return str(OmegaConf.select(OmegaConf.load(path), "trainer.objective", default=DEFAULT_OBJECTIVE))
+        except Exception:
+            pass
+    return DEFAULT_OBJECTIVE
+
+
+# --- ranking and labels -------------------------------------------------------------
+
+
+def lower_is_better(metric: str) -> bool:
+    return any(word in metric.lower() for word in ("loss", "error", "perplexity"))
+
+
+def ranked(jobs: List[Job], lower: bool) -> List[Job]:
+    """Best first; unfinished jobs (no summary.json) and jobs without the objective last."""
+
+    def key(job):
+        value = job.objective
+        missing = value is None or math.isnan(value)
+        return (not job.finished, missing, 0.0 if missing else (value if lower else -value), _natural(job.name))
+
+    return sorted(jobs, key=key)
+
+
+def best_of(jobs: List[Job]) -> Optional[Job]:
+    """The first of the ranked jobs, when it finished and has the objective."""
+    first = jobs[0] if jobs else None
+    if first is None or not first.finished or first.objective is None or math.isnan(first.objective):
+        return None
+    return first
+
+
+def label_jobs(jobs: List[Job]) -> List[str]:
+    """Give each job the overrides not shared by all jobs; returns the shared ones."""
+    shared = set.intersection(*(set(j.overrides) for j in jobs)) if jobs else set()
+    for job in jobs:
+        own = [_short(o) for o in job.overrides if o not in shared]
+        job.label = " ".join(own) if own else f"job {job.name}"
+    return [o for o in jobs[0].overrides if o in shared] if jobs else []
+
+
+def _short(override: str) -> str:
+    """`optimizer.lr=0.0012345678` -> `optimizer.lr=0.001235`: sampled values stay readable."""
+    key, sep, value = override.partition("=")
+    try:
+        number = float(value)
+    except ValueError:
+        return override
+    if len(value) > 8 and not math.isnan(number):
+        return f"{key}{sep}{number:.4g}"
+    return override
+
+
+# --- drawing --------------------------------------------------------------------------
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _panels(objective: str) -> List[str]:
+    """Metric families to draw: loss, accuracy, and the objective's if it is another."""
+    base = objective.split("/", 1)[1] if objective.startswith("eval/") else objective
+    return ["loss", "accuracy"] + ([base] if base not in ("loss", "accuracy") else [])
+
+
+def _series(job: Job, key: str):
+    points = [(r["step"], r[key]) for r in job.metrics if key in r and _number(r[key]) is not None]
+    return [p[0] for p in points], [p[1] for p in points]
+
+
+def plot_run(job: Job, path: Path) -> None:
+    plt = _pyplot()
+    panels = _panels(job.objective_name)
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 4.2), squeeze=False)
+    for ax, family in zip(axes[0], panels):
+        for key, style, name in ((family, "-", "train"), (f"eval/{family}", "--o", "eval")):
+            steps, values = _series(job, key)
+            if steps:
+                ax.plot(steps, values, style, label=f"{name} {family}", markersize=4, linewidth=2)
+                ax.annotate(f"{values[-1]:.4g}", (steps[-1], values[-1]), textcoords="offset points", xytext=(4, 4), fontsize=9)
+        ax.set_title(family)
+        ax.set_xlabel("step")
+        ax.grid(alpha=0.3)
+        if ax.lines:
+            ax.legend()
+        else:
+            ax.text(0.5, 0.5, "not logged", ha="center", va="center", transform=ax.transAxes, color="grey")
+    fig.suptitle(f"{job.dir}  (step {job.step})", fontsize=11)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_final_metric(jobs: List[Job], objective: str, lower: bool, path: Path) -> None:
+    """Horizontal bars, best on top and green: the one picture to pick the best job from."""
+    plt = _pyplot()
+    best = best_of(jobs)
+    fig, ax = plt.subplots(figsize=(10, 1.6 + 0.45 * len(jobs)))
+    names = [f"job {j.name}: {j.label}" for j in jobs]
+    values = [j.objective if j.objective is not None and not math.isnan(j.objective) else 0.0 for j in jobs]
+    colors = [BEST_COLOUR if j is best else ("tab:blue" if j.finished else "lightgrey") for j in jobs]
+    positions = list(range(len(jobs)))[::-1]  # first (best) at the top
+    ax.barh(positions, values, color=colors, height=0.65)
+    ax.set_yticks(positions, [_ellipsize(n, 70) for n in names], fontsize=9)
+    top = max([abs(v) for v in values] + [1e-12])
+    for y, job, value in zip(positions, jobs, values):
+        text = "no result" if job.objective is None else _fmt(value)
+        text += "   ← best" if job is best else ("" if job.finished else "  (unfinished)")
+        ax.text(value + top * 0.01, y, text, va="center", fontsize=9, fontweight="bold" if job is best else None)
+    ax.set_xlim(min(0.0, min(values) * 1.1), top * 1.3)
+    ax.set_xlabel(f"final {objective} ({'lower' if lower else 'higher'} is better)")
+    ax.grid(axis="x", alpha=0.3)
+    verdict = f"best: job {best.name} ({_ellipsize(best.label, 60)})" if best else "no finished job"
+    ax.set_title(f"Final {objective} per job — {verdict}", fontsize=11)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_curves(jobs: List[Job], objective: str, path: Path) -> None:
+    """Every job's curves on shared axes: train solid, eval dashed; one colour per job."""
+    plt = _pyplot()
+    from matplotlib.lines import Line2D
+
+    panels = _panels(objective)
+    best = best_of(jobs)
+    _colour(jobs, plt, best)
+    fig, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels), 4.6), squeeze=False)
+    for ax, family in zip(axes[0], panels):
+        shown = []
+        for job in reversed(jobs):  # the best drawn last, on top
+            bold = job is best
+            for key, style in ((family, "-"), (f"eval/{family}", "--")):
+                steps, values = _series(job, key)
+                if steps:
+                    ax.plot(steps, values, style, color=job.color, linewidth=3 if bold else 1.4, alpha=1.0 if bold else 0.75,
+                            marker="o" if style == "--" else None, markersize=3)
+                    shown.append(values)
+        _focus(ax, shown)
+        ax.set_title(family)
+        ax.set_xlabel("step")
+        ax.grid(alpha=0.3)
+    handles = [Line2D([], [], color=j.color, linewidth=3 if j is best else 1.5,
+                      label=_ellipsize(f"job {j.name}: {j.label}" + ("  (best)" if j is best else ""), 60)) for j in jobs]
+    handles += [Line2D([], [], color="black", linestyle="-", label="train"), Line2D([], [], color="black", linestyle="--", marker="o", markersize=3, label="eval")]
+    columns = min(3, len(handles))
+    fig.legend(handles=handles, loc="lower center", ncol=columns, fontsize=9, frameon=False)
+    rows = math.ceil(len(handles) / columns)
+    fig.suptitle(f"Curves of {len(jobs)} jobs" + (f" (best: job {best.name}, bold green)" if best else ""), fontsize=11)
+    fig.tight_layout(rect=(0, min(0.6, 0.06 * rows + 0.02), 1, 1))
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+BEST_COLOUR = "tab:green"
+
+
+def _colour(jobs: List[Job], plt, best: Optional[Job]) -> None:
+    """The best job green (as its bar), the others distinct colours without green."""
+    palette = plt.get_cmap("tab10" if len(jobs) <= 10 else "tab20")
+    greens = {2} if palette.N == 10 else {4, 5}
+    others = iter([palette(i) for i in range(palette.N) if i not in greens] * (len(jobs) // 8 + 1))
+    for job in jobs:
+        job.color = BEST_COLOUR if job is best else next(others)
+
+
+def _focus(ax, series: List[list]) -> None:
+    """Y limits that one early spike (a curve's first point) cannot flatten the rest with."""
+    values = [v for s in series for v in s[1:] if math.isfinite(v)]
+    if not values:
+        return
+    low, high = min(values), max(values)
+    span = high - low
+    # a first point far outside the rest (an early spike) is left off the scale
+    values += [s[0] for s in series if s and math.isfinite(s[0]) and low - span <= s[0] <= high + span]
+    low, high = min(values), max(values)
+    pad = (high - low) * 0.08 or abs(high) * 0.05 or 0.05
+    ax.set_ylim(low - pad, high + pad)
+
+
+# --- Markdown -------------------------------------------------------------------------
+
+
+def run_markdown(job: Job) -> str:
+    s = job.summary or {}
+    rows = [
+        ("final step", _fmt(job.step, "d")),
+        ("train loss", _fmt(job.value("loss"))),
+        ("eval loss", _fmt(job.value("eval/loss"))),
+        ("eval accuracy", _fmt(job.value("eval/accuracy"))),
+        (f"objective ({job.objective_name})", _fmt(job.objective)),
+        ("examples/s", _fmt(s.get("examples_per_sec"), ",.0f")),
+        ("wall time", _duration(s.get("wall_time_sec"))),
+        ("strategy", f"{s.get('strategy', '—')} ({s.get('replicas', '?')} replica(s), {s.get('workers', '?')} worker(s))"),
+        ("global batch", _fmt(s.get("global_batch"), "d")),
+        ("resumed", str(s.get("resumed", "—"))),
+    ]
+    lines = [f"# tfdistx report: `{job.dir}`", ""]
+    if job.overrides:
+        lines += ["Overrides: " + " ".join(f"`{o}`" for o in job.overrides), ""]
+    if not job.finished:
+        lines += ["**Unfinished:** no summary.json (the run failed, was stopped, or is still running).", ""]
+    lines += ["| | |", "|---|---|"] + [f"| {k} | {v} |" for k, v in rows]
+    lines += ["", "![loss and accuracy curves](curves.png)", ""]
+    return "\n".join(lines)
+
+
+def sweep_markdown(root: Path, jobs: List[Job], shared: List[str], objective: str, lower: bool) -> str:
+    best = best_of(jobs)
+    direction = "lower" if lower else "higher"
+    lines = [f"# tfdistx report: `{root}`", ""]
+    lines += [f"{len(jobs)} jobs, ranked by final `{objective}` ({direction} is better)."]
+    if shared:
+        lines += ["", "Common to all jobs: " + " ".join(f"`{o}`" for o in shared)]
+    lines += [""]
+    if best is not None:
+        tied = [j.name for j in jobs[1:] if j.finished and j.objective == best.objective]
+        lines += [f"**Best: job {best.name}** — `{best.label}` — {objective} {_fmt(best.objective)} (run dir `{_rel(best.dir, root)}`)"
+                  + (f", tied with job {', '.join(tied)}" if tied else "")]
+    else:
+        lines += ["**No job has finished with a result for the objective.**"]
+    lines += ["", "![final metric per job](final_metric.png)", "", "![curves of all jobs](curves.png)", ""]
+    extra = objective not in ("eval/accuracy",)
+    header = ["rank", "job", "overrides", "final step", "final train loss", "eval accuracy"] + ([objective] if extra else []) + ["examples/s", "wall time"]
+    lines += ["| " + " | ".join(header) + " |", "|" + "|".join("---:" if h not in ("job", "overrides") else "---" for h in header) + "|"]
+    for rank, job in enumerate(jobs, 1):
+        s = job.summary or {}
+        cells = [str(rank), f"{job.name}" + ("" if job.finished else " (unfinished)"), f"`{job.label}`".replace("|", "\\|"),
+                 _fmt(job.step, "d"), _fmt(job.value("loss")), _fmt(job.value("eval/accuracy"))]
+        cells += [_fmt(job.objective)] if extra else []
+        cells += [_fmt(s.get("examples_per_sec"), ",.0f"), _duration(s.get("wall_time_sec"))]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+# --- the command -------------------------------------------------------------------------
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="tfdistx report",
+        description="Plots (PNG) and a Markdown table for a run directory or a sweep (multirun) directory.",
+    )
+    parser.add_argument("path", help="a run dir (outputs/DATE/TIME) or a sweep dir (multirun/DATE/TIME)")
+    parser.add_argument("--out", help="where to write the report (default: into PATH)")
+    parser.add_argument("--objective", help="metric to rank jobs by (default: the runs' trainer.objective, e.g. eval/accuracy)")
+    parser.add_argument("--lower-is-better", action="store_true", default=None,
+                        help="rank ascending (default: ascending for losses and errors, else descending)")
+    args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
+    try:
+        for path in report(Path(args.path), Path(args.out) if args.out else None, args.objective, args.lower_is_better):
+            print(path)
+    except ReportError as error:
+        print(f"tfdistx report: {error}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    return 0
+
+
+def report(root: Path, out: Optional[Path] = None, objective: Optional[str] = None, lower: Optional[bool] = None) -> List[Path]:
+    """Write the report for a run or sweep dir; returns the files written."""
+    if not root.exists():
+        raise ReportError(f"no such directory: {root}")
+    if not root.is_dir():
+        raise ReportError(f"not a directory: {root} (give a run or sweep directory)")
+    runs = find_runs(root)
+    jobs = [load_job(d, root, objective) for d in runs]
+    jobs = [j for j in jobs if j.metrics or j.summary]
+    if not jobs:
+        raise ReportError(f"no runs in {root}: no metrics.jsonl or summary.json in it or its subdirectories")
+    out = out or root
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        if not os.access(out, os.W_OK):
+            raise PermissionError(f"{out} is not writable")
+    except OSError as error:
+        raise ReportError(f"cannot write the report into {out}: {error}") from None
+
+    objective = objective or jobs[0].objective_name
+    lower = lower_is_better(objective) if lower is None else lower
+    written = []
+    if runs == [root]:
+        job = jobs[0]
+        plot_run(job, out / "curves.png")
+        (out / "report.md").write_text(run_markdown(job))
+        written += [out / "curves.png", out / "report.md"]
+    else:
+        for job in jobs:
+            job.objective_name = objective
+        shared = label_jobs(jobs)
+        jobs = ranked(jobs, lower)
+        plot_final_metric(jobs, objective, lower, out / "final_metric.png")
+        plot_curves(jobs, objective, out / "curves.png")
+        (out / "report.md").write_text(sweep_markdown(root, jobs, shared, objective, lower))
+        written += [out / "final_metric.png", out / "curves.png", out / "report.md"]
+    return written
+
+
+# --- small helpers ---------------------------------------------------------------------
+
+
+def _number(value) -> Optional[float]:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value)
+
+
+def _fmt(value, spec: str = ".4f") -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "—"
+    return format(int(value) if spec in ("d", ",d") else value, spec)
+
+
+def _duration(seconds) -> str:
+    if seconds is None:
+        return "—"
+    seconds = float(seconds)
+    if seconds < 60:
+        return f"{seconds:.1f} s"
+    minutes, secs = divmod(int(round(seconds)), 60)
+    if minutes < 60:
+        return f"{minutes} min {secs:02d} s"
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours} h {minutes:02d} min"
+
+
+def _ellipsize(text: str, width: int) -> str:
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def _natural(text: str):
+    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", text)]
+
+
+def _rel(path: Path, root: Path) -> str:
+    try:
+        return str(path.relative_to(root)) + "/"
+    except ValueError:
+        return str(path)
