@@ -66,6 +66,37 @@ def synthetic(
     )
 
 
+def synthetic_categorical(
+    num_fields: int = 8,
+    vocab_size: int = 100_000,
+    num_classes: int = 2,
+    train_examples: int = 8192,
+    eval_examples: int = 1024,
+    seed: int = 0,
+) -> DataSource:
+    """Rows of hashed categorical ids (click-log shaped) for wide & deep.
+
+    Ids are Zipf-distributed, as real categorical features are; the label is
+    a fixed random function of the ids, so the embeddings have something to learn.
+    """
+    rng = np.random.default_rng(seed)
+    weights = rng.standard_normal((vocab_size, num_classes)).astype(np.float32)
+
+    def make(n: int):
+        ids = (rng.zipf(1.3, size=(n, num_fields)) % vocab_size).astype(np.int64)
+        labels = np.argmax(weights[ids].sum(axis=1), axis=1).astype(np.int64)
+        return ids, labels
+
+    train, evaluation = make(train_examples), make(eval_examples)
+    return DataSource(
+        train=lambda ctx: shard(tf.data.Dataset.from_tensor_slices(train), ctx),
+        eval=lambda ctx: shard(tf.data.Dataset.from_tensor_slices(evaluation), ctx),
+        input_shape=(num_fields,),
+        num_classes=num_classes,
+        train_examples=train_examples,
+    )
+
+
 def tfds(
     name: str,
     train_split: str = "train",

@@ -20,10 +20,19 @@ def configure_devices(devices_per_worker: Optional[int], multi_worker: bool = Fa
     Not for multi-worker strategies: MultiWorkerMirroredStrategy uses one
     replica per worker on CPUs whatever the logical devices (FACTS.md).
     """
-    if multi_worker or tf.config.list_physical_devices("GPU") or not devices_per_worker or devices_per_worker < 2:
+    if multi_worker or tf.config.list_physical_devices("GPU"):
         return
+    wanted = devices_per_worker or 1
     cpu = tf.config.list_physical_devices("CPU")[0]
-    tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * devices_per_worker)
+    try:
+        if wanted > 1 or tf.config.get_logical_device_configuration(cpu):
+            tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * wanted)
+    except RuntimeError:  # TensorFlow already started in this process
+        have = len(tf.config.list_logical_devices("CPU"))
+        if have < wanted:
+            raise ConfigError.one("cluster.devices_per_worker", devices_per_worker,
+                                  f"TensorFlow already runs in this process with {have} CPU device(s) (an earlier job of a sweep); "
+                                  "sweeping over device counts needs a process per job: add hydra/launcher=joblib") from None
 
 
 def local_devices(devices_per_worker: Optional[int]) -> list:
@@ -76,11 +85,11 @@ def get_strategy(name: str, devices_per_worker: Optional[int] = None, in_cluster
         return tf.distribute.MultiWorkerMirroredStrategy(
             communication_options=tf.distribute.experimental.CommunicationOptions(implementation=implementation))
     if name == "parameter_server":
+        # Variables go round-robin to the ps tasks. No variable_partitioner:
+        # Keras 3 optimizers cannot update the ShardedVariables it makes; large
+        # tables are split by the model instead (models.ShardedEmbedding).
         resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
-        ps_tasks = resolver.cluster_spec().num_tasks("ps")
-        partitioner = tf.distribute.experimental.partitioners.MinSizePartitioner(
-            min_shard_bytes=options.get("min_shard_bytes") or 256 << 10, max_shards=options.get("max_shards") or ps_tasks)
-        return tf.distribute.experimental.ParameterServerStrategy(resolver, variable_partitioner=partitioner)
+        return tf.distribute.experimental.ParameterServerStrategy(resolver)
     raise ConfigError.one("strategy", name, "unknown strategy")
 
 
