@@ -27,7 +27,6 @@ from pathlib import Path
 from typing import Iterable, List, Optional, Sequence
 
 from hydra.core.object_type import ObjectType
-from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.plugins import Plugins
 from hydra.plugins.config_source import ConfigLoadError, ConfigResult, ConfigSource
 from hydra.plugins.search_path_plugin import SearchPathPlugin
@@ -184,15 +183,7 @@ def register(overrides: Iterable[str]) -> None:
 
 def requested(overrides: Iterable[str]) -> List[str]:
     """Every value given to `recipe=` in these overrides, sweeps included."""
-    names = []
-    for override in OverridesParser.create().parse_overrides(list(overrides)):
-        if override.key_or_group != GROUP or override.value() is None:
-            continue
-        if override.is_sweep_override():
-            names += [str(v) for v in override.sweep_string_iterator()]
-        else:
-            names.append(str(override.value()))
-    return names
+    return topology.requested_names(overrides, GROUP)
 
 
 def _clusters_in(path: Path) -> List[str]:

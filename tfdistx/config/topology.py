@@ -33,11 +33,11 @@ def parse(name: str) -> Optional[dict]:
     return None
 
 
-def requested_names(overrides: Iterable[str]) -> list:
-    """Every value given to `cluster=` in these overrides, sweeps included."""
+def requested_names(overrides: Iterable[str], group: str = "cluster") -> list:
+    """Every value given to `group=` in these overrides, sweeps included."""
     names = []
     for override in OverridesParser.create().parse_overrides(list(overrides)):
-        if override.key_or_group != "cluster" or override.value() is None:
+        if override.key_or_group != group or override.value() is None:
             continue
         if override.is_sweep_override():
             names += [str(v) for v in override.sweep_string_iterator()]
