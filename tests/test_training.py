@@ -129,7 +129,9 @@ def test_killed_run_resumes_without_repeating_steps(tmp_path):
            "trainer.eval_every=0", "checkpoint.every_steps=100", "logger.tensorboard=false", f"hydra.run.dir={run_dir}"]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=tfdistx_env())
     deadline = time.time() + 300
-    while not list((run_dir / "checkpoints").glob("ckpt-*.index")) and time.time() < deadline and proc.poll() is None:
+    # A checkpoint counts once CheckpointManager has recorded it in the
+    # `checkpoint` state file (the last thing a save writes).
+    while not (run_dir / "checkpoints" / "checkpoint").exists() and time.time() < deadline and proc.poll() is None:
         time.sleep(0.05)
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()

@@ -36,3 +36,15 @@ def broken_on_worker_1(**kwargs):
     from tfdistx.data import synthetic
 
     return synthetic(**kwargs)
+
+
+def crashing_on_worker_1(**kwargs):
+    """Worker 1 of a cluster dies hard (exit code 3) every time it starts."""
+    import json
+    import os
+
+    if json.loads(os.environ.get("TF_CONFIG", "{}")).get("task", {}).get("index") == 1:
+        os._exit(3)
+    from tfdistx.data import synthetic
+
+    return synthetic(**kwargs)

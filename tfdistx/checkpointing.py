@@ -26,12 +26,26 @@ class Checkpointer:
         self.last_saved: Optional[int] = None
 
     def restore_latest(self) -> Optional[str]:
-        """Restore the newest checkpoint; its path, or None."""
-        path = tf.train.latest_checkpoint(self.restore_from)
-        if path:
-            self.checkpoint.restore(path).assert_existing_objects_matched()
-            log.info("restored %s", path)
-        return path
+        """Restore the newest intact checkpoint; its path, or None.
+
+        A checkpoint cut short (a kill during save, a full disk) or damaged
+        later fails to restore: the next older one is tried, and the log says
+        which was skipped and which was used.
+        """
+        state = tf.train.get_checkpoint_state(self.restore_from)
+        candidates = list(reversed(state.all_model_checkpoint_paths)) if state else []
+        for path in candidates:
+            try:
+                self.checkpoint.restore(path).assert_existing_objects_matched()
+            except Exception as error:  # damage shows as DataLossError, IndexError, ValueError, ...
+                log.warning("checkpoint %s is damaged (%s); trying an older one", path, str(error).splitlines()[0][:200])
+                continue
+            if path != candidates[0]:
+                log.warning("restored %s, the newest intact checkpoint", path)
+            return path
+        if candidates:
+            log.warning("no intact checkpoint in %s: starting from scratch", self.restore_from)
+        return None
 
     def due(self, step: int) -> bool:
         return bool(self.every_steps) and step % self.every_steps == 0

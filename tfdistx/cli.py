@@ -100,7 +100,8 @@ def _run_local_cluster(cfg: DictConfig, run_dir: str, overrides: list):
     ]
     counts = cluster.job_counts(strategy, cfg.cluster)
     primary = ["chief"] if strategy == "parameter_server" else ["worker"]
-    code = run_local_cluster(counts, command, os.path.join(run_dir, "logs"), primary, isolate=cfg.cluster.isolate)
+    code = run_local_cluster(counts, command, os.path.join(run_dir, "logs"), primary,
+                             isolate=cfg.cluster.isolate, max_restarts=cfg.cluster.max_restarts)
     if code:
         sys.exit(code)
     from tfdistx.train import objective  # no TensorFlow at import

@@ -63,6 +63,7 @@ class Trainer:
         loggers: List[Callable[[int, Metrics], None]] = (),
         coordinator=None,
         workers: int = 1,
+        preemption=None,
     ):
         """`coordinator`: a ClusterCoordinator for parameter-server training.
         Then steps are scheduled on the workers asynchronously, and
@@ -72,6 +73,7 @@ class Trainer:
         self.global_batch, self.schedule = global_batch, schedule
         self.checkpointer, self.loggers = checkpointer, list(loggers)
         self.coordinator, self.workers = coordinator, workers
+        self.preemption = preemption  # a PreemptionWatcher: checked after every loop call
         self._train_loop = tf.function(self._train_loop_fn)
         self._evaluate = tf.function(self._evaluate_on_coordinator_fn if coordinator else self._evaluate_fn)
 
@@ -183,6 +185,8 @@ class Trainer:
                 self._log(step, record)
             if ckpt and (ckpt.due(step)):
                 ckpt.save(step)
+            if self.preemption:
+                self.preemption.check(step)
 
         result.step = step
         if not result.eval:  # resumed a run that had already finished

@@ -33,17 +33,21 @@ log = logging.getLogger(__name__)
 
 GRACE_SECONDS = 20  # between SIGTERM and SIGKILL when tearing down
 INTERRUPT_GRACE_SECONDS = 5  # the same after Ctrl-C
+MAX_BACKOFF_SECONDS = 30  # restarts wait 1, 2, 4, ... seconds, at most this
+NEVER_RESTART = (2, 130)  # invalid config, Ctrl-C: a restart would not help
 
 
-def run_local_cluster(counts: Dict[str, int], command: List[str], log_dir: str, primary: List[str], isolate: Optional[bool] = None) -> int:
+def run_local_cluster(counts: Dict[str, int], command: List[str], log_dir: str, primary: List[str],
+                      isolate: Optional[bool] = None, max_restarts: int = 0) -> int:
     """Run the cluster to its end; the exit code of the first task that failed, else 0.
 
     `isolate`: None isolates when possible (and says so when not), True
-    insists, False never isolates.
+    insists, False never isolates. A cluster whose task failed or was
+    preempted is restarted up to `max_restarts` times, with back-off.
     """
     Path(log_dir).mkdir(parents=True, exist_ok=True)
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False, dir=log_dir, prefix=".cluster-") as f:
-        json.dump({"counts": counts, "command": command, "log_dir": log_dir, "primary": primary}, f)
+        json.dump({"counts": counts, "command": command, "log_dir": log_dir, "primary": primary, "max_restarts": max_restarts}, f)
     supervisor = [sys.executable, "-m", "tfdistx.launch", f.name]
     isolated = isolate is not False and _can_isolate()
     if isolated:
@@ -65,9 +69,31 @@ def run_local_cluster(counts: Dict[str, int], command: List[str], log_dir: str, 
 
 
 def supervise(spec: dict, isolated: bool) -> int:
-    """Inside the namespace: start every task, stream its output, wait for the end."""
+    """Inside the namespace: run the cluster, restarting it up to
+    `max_restarts` times when its tasks fail or are preempted (exit 42)."""
     if isolated:
         _loopback_up()
+    max_restarts = spec.get("max_restarts", 0)
+    with _forwarding_signals([]) as signals:
+        for attempt in range(max_restarts + 1):
+            code = _run_cluster_once(spec, signals)
+            if code == 0 or signals.received or code in NEVER_RESTART:
+                return code
+            if attempt == max_restarts:
+                if max_restarts:
+                    print(f"tfdistx: giving up: the cluster stopped {attempt + 1} times (cluster.max_restarts={max_restarts}); "
+                          f"last exit code {code}", file=sys.stderr, flush=True)
+                return code
+            delay = min(2 ** attempt, MAX_BACKOFF_SECONDS)
+            print(f"tfdistx: the cluster stopped with exit code {code}; restart {attempt + 1} of {max_restarts} in {delay}s, "
+                  "resuming from the latest checkpoint", file=sys.stderr, flush=True)
+            if signals.wait(delay):  # a signal during the back-off ends it
+                return _exit_code(-signals.received[0])
+    return code
+
+
+def _run_cluster_once(spec: dict, signals: "_forwarding_signals") -> int:
+    """Start every task on fresh ports, stream their output, wait for the end."""
     counts, log_dir = spec["counts"], Path(spec["log_dir"])
     ports = _free_ports(sum(counts.values()))
     cluster = {job: [f"127.0.0.1:{ports.pop()}" for _ in range(n)] for job, n in counts.items() if n}
@@ -83,11 +109,11 @@ def supervise(spec: dict, isolated: bool) -> int:
             tasks.append((name, job, proc, pump))
 
     procs = [proc for _, _, proc, _ in tasks]
-    with _forwarding_signals(procs) as signals:
-        code = _wait(tasks, spec["primary"], signals)
-        # Ctrl-C wants out now; a SIGTERM leaves time to checkpoint. A task
-        # blocked in a collective whose peer is gone only leaves by SIGKILL.
-        _teardown(procs, grace=INTERRUPT_GRACE_SECONDS if signal.SIGINT in signals.received else GRACE_SECONDS)
+    signals.procs = procs
+    code = _wait(tasks, spec["primary"], signals)
+    # Ctrl-C wants out now; a SIGTERM leaves time to checkpoint. A task
+    # blocked in a collective whose peer is gone only leaves by SIGKILL.
+    _teardown(procs, grace=INTERRUPT_GRACE_SECONDS if signal.SIGINT in signals.received else GRACE_SECONDS)
     if signals.received:  # the tasks' own verdict if they gave one (42: checkpointed), else 128 + signal
         own = [p.returncode for p in procs if p.returncode not in (0, -signal.SIGKILL)]
         code = _exit_code(own[0] if own else -signals.received[0])
@@ -146,6 +172,13 @@ class _forwarding_signals:
     def __init__(self, procs):
         self.procs, self.previous = procs, {}
         self.received: List[int] = []
+
+    def wait(self, seconds: float) -> bool:
+        """Sleep up to `seconds`; True as soon as a signal has come."""
+        deadline = time.monotonic() + seconds
+        while not self.received and time.monotonic() < deadline:
+            time.sleep(0.1)
+        return bool(self.received)
 
     def _forward(self, signum, frame):
         self.received.append(signum)

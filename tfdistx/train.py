@@ -56,6 +56,7 @@ def train(cfg: DictConfig, run_dir: str, placement: Optional[Placement] = None) 
     from tfdistx.engine import Schedule, Trainer
     from tfdistx.errors import ConfigError
     from tfdistx.optim import build_optimizer, effective_lr
+    from tfdistx.preemption import PreemptionWatcher
 
     _quiet_known_noise()
     keras.utils.set_random_seed(cfg.trainer.seed)
@@ -95,6 +96,7 @@ def train(cfg: DictConfig, run_dir: str, placement: Optional[Placement] = None) 
         max_to_keep=cfg.checkpoint.max_to_keep,
         model=model,
         optimizer=optimizer,
+        rng=rng_states(model),
     )
     try:
         restored = checkpointer.restore_latest() if cfg.checkpoint.restore else None
@@ -115,6 +117,9 @@ def train(cfg: DictConfig, run_dir: str, placement: Optional[Placement] = None) 
         else:  # evaluated inline on the coordinator, reading the variables from the ps tasks
             eval_data = input_lib.local_eval_dataset(source.eval, global_batch, steps=eval_steps, cache=cache)
 
+        # A SIGTERM checkpoints and exits 42 (parameter servers: the coordinator
+        # saves alone; TF's handler refuses clusters with ps tasks).
+        preemption = PreemptionWatcher(strategy, checkpointer, synchronous_cluster=in_cluster and coordinator is None)
         sinks = _loggers(cfg, run, total_steps, start_step) if placement.is_chief else []
         trainer = Trainer(
             strategy, model, optimizer, train_data, global_batch,
@@ -124,6 +129,7 @@ def train(cfg: DictConfig, run_dir: str, placement: Optional[Placement] = None) 
             loggers=sinks,
             coordinator=coordinator,
             workers=cfg.cluster.workers,
+            preemption=preemption,
         )
         log.info("%s: %d replica(s), global batch %d (%d per replica), %d steps", type(strategy).__name__, replicas, global_batch, per_replica, total_steps)
         try:
@@ -163,6 +169,14 @@ def train(cfg: DictConfig, run_dir: str, placement: Optional[Placement] = None) 
     if placement.is_chief:
         _write_json(run / "summary.json", summary)
     return objective(cfg.trainer.objective, summary)
+
+
+def rng_states(model) -> list:
+    """The states of the model's Keras SeedGenerators (dropout masks and the
+    like). tf.train.Checkpoint cannot reach them through the layers (a
+    SeedGenerator is not a TF trackable), so a resumed run would replay the
+    first masks again: they are checkpointed explicitly, for exact resume."""
+    return [v for v in model.non_trainable_variables if v.path.endswith("seed_generator_state")]
 
 
 def weights_digest(model) -> str:

@@ -43,6 +43,7 @@ class ClusterConfig:
     launch: str = "auto"
     isolate: Optional[bool] = None
     base_port: int = 29400
+    max_restarts: int = 3
 
 
 @dataclass

@@ -68,6 +68,8 @@ def _strategy_and_cluster(strategy: DictConfig, cluster: DictConfig) -> list:
         problems.append(Problem("cluster.workers", cluster.workers, "must be at least 1"))
     if cluster.devices_per_worker is not None and cluster.devices_per_worker < 1:
         problems.append(Problem("cluster.devices_per_worker", cluster.devices_per_worker, "must be at least 1 (or null: all GPUs, else one CPU)"))
+    if cluster.max_restarts < 0:
+        problems.append(Problem("cluster.max_restarts", cluster.max_restarts, "must be 0 or more"))
     if cluster.ps < 0:
         problems.append(Problem("cluster.ps", cluster.ps, "must be 0 or more"))
     if problems:

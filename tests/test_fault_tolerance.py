@@ -1,0 +1,122 @@
+"""Preemption, restarts and exact resume, on real processes and real checkpoints."""
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import QUICK, tfdistx_env
+
+LONG = ["trainer.steps=1000000", "trainer.steps_per_loop=20", "trainer.log_every=20", "trainer.eval_every=0",
+        "checkpoint.every_steps=100000", "logger.tensorboard=false"]
+
+
+def steps_logged(run_dir: Path) -> list:
+    return [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def start(args, run_dir: Path) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", "tfdistx", *args, f"hydra.run.dir={run_dir}"]
+    return subprocess.Popen(cmd, env=tfdistx_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def wait_for_lines(run_dir: Path, n: int, proc, timeout=300):
+    deadline = time.time() + timeout
+    while time.time() < deadline and proc.poll() is None:
+        path = run_dir / "metrics.jsonl"
+        if path.exists() and len(path.read_text().splitlines()) >= n:
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"no {n} metric lines; process exit {proc.poll()}")
+
+
+def task_pid(run_dir: Path, index: int) -> int:
+    """The pid of worker `index` of the local cluster writing run_dir."""
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cmdline = (proc / "cmdline").read_bytes()
+            environ = (proc / "environ").read_bytes()
+        except OSError:
+            continue
+        if str(run_dir).encode() in cmdline and f'"index": {index}}}'.encode() in environ and b"tfdistx.launch" not in cmdline:
+            return int(proc.name)
+    raise AssertionError(f"no worker {index} found")
+
+
+def test_sigterm_checkpoints_exits_42_and_a_rerun_resumes(tmp_path):
+    run_dir = tmp_path / "run"
+    proc = start(LONG, run_dir)
+    try:
+        wait_for_lines(run_dir, 2, proc)
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 42, out[-3000:]
+    preempted_at = steps_logged(run_dir)[-1]
+    assert (run_dir / "checkpoints" / f"ckpt-{preempted_at}.index").exists()
+
+    rerun = subprocess.run([sys.executable, "-m", "tfdistx", *LONG, f"trainer.steps={preempted_at + 40}", f"hydra.run.dir={run_dir}"],
+                           env=tfdistx_env(), capture_output=True, text=True, timeout=600)
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert (summary["resumed_from_step"], summary["step"]) == (preempted_at, preempted_at + 40)
+    assert steps_logged(run_dir) == list(range(20, preempted_at + 41, 20))
+
+
+@pytest.mark.parametrize("strategy", [["strategy=one_device"], ["strategy=mirrored", "cluster=1x2"], ["strategy=multiworker", "cluster=2x1"]])
+def test_stopped_and_resumed_deterministic_run_ends_bitwise_equal(tfdistx, tmp_path, strategy):
+    args = [*QUICK, *strategy, "trainer.deterministic=true", "model.dropout=0.2", "trainer.steps_per_loop=10", "checkpoint.every_steps=10"]
+    whole = tfdistx(*args, "trainer.steps=60", run_dir=tmp_path / "whole")
+    first = tfdistx(*args, "trainer.steps=30", run_dir=tmp_path / "split")
+    second = tfdistx(*args, "trainer.steps=60", run_dir=tmp_path / "split")
+    for run in (whole, first, second):
+        assert run.returncode == 0, run
+    assert second.summary["resumed_from_step"] == 30
+    assert second.summary["weights_sha256"] == whole.summary["weights_sha256"]
+
+
+def test_preempted_worker_restarts_the_cluster_and_it_finishes(tmp_path):
+    run_dir = tmp_path / "run"
+    args = ["strategy=multiworker", "cluster=2x1", *LONG, "trainer.steps=600", "cluster.max_restarts=2"]
+    proc = start(args, run_dir)
+    try:
+        wait_for_lines(run_dir, 3, proc)
+        import os
+
+        os.kill(task_pid(run_dir, 1), signal.SIGTERM)  # the scheduler preempts worker 1 only
+        out, _ = proc.communicate(timeout=600)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, out[-4000:]
+    assert "[worker:0] preempted at step" in out and "[worker:1] preempted at step" in out
+    assert "restart 1 of 2" in out
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["step"] == 600 and summary["resumed"]
+    assert steps_logged(run_dir) == list(range(20, 601, 20))  # nothing lost, nothing twice
+
+
+def test_launcher_gives_up_after_max_restarts(tfdistx):
+    run = tfdistx(*QUICK, "strategy=multiworker", "cluster=2x1", "cluster.max_restarts=1",
+                  "data._target_=user_plugins.crashing_on_worker_1")
+    assert run.returncode == 3, run
+    assert "restart 1 of 1" in run.stderr
+    assert "giving up: the cluster stopped 2 times (cluster.max_restarts=1); last exit code 3" in run.stderr
+
+
+def test_a_damaged_checkpoint_falls_back_to_the_newest_intact_one(tfdistx):
+    first = tfdistx(*QUICK, "checkpoint.every_steps=20")
+    assert first.returncode == 0, first
+    data = first.dir / "checkpoints" / "ckpt-40.data-00000-of-00001"
+    data.write_bytes(data.read_bytes()[: data.stat().st_size // 3])  # as a kill mid-write would leave it
+    second = tfdistx(*QUICK, "checkpoint.every_steps=20", "trainer.steps=60")
+    assert second.returncode == 0, second
+    assert second.summary["resumed_from_step"] == 20
+    assert "ckpt-40 is damaged" in second.stdout + second.stderr
+    assert "restored" in second.stdout + second.stderr and "ckpt-20, the newest intact checkpoint" in second.stdout + second.stderr

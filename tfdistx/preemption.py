@@ -1,0 +1,64 @@
+"""Preemption: a SIGTERM becomes a checkpoint and exit code 42.
+
+Schedulers announce preemption with SIGTERM (Slurm, Kubernetes, spot VMs),
+often to one worker only. Every worker of a synchronous cluster must then
+save at the *same* step, because saving is collective. So after each loop
+call the workers sum their "signalled" flags with one tiny all-reduce: all of
+them see a SIGTERM at the same loop boundary, save, and exit 42. Rerunning
+the same command, or the local launcher restarting the cluster, resumes
+from that checkpoint.
+
+Why not tf.distribute's PreemptionCheckpointHandler: it counts its own run
+calls and restores that counter from the checkpoint directory it is given,
+so a non-chief worker (which must save elsewhere) starts with a different
+count than the chief; and it brings a second CheckpointManager with
+max_to_keep=1 into the run's checkpoint directory.
+"""
+
+import logging
+import signal
+import threading
+
+import tensorflow as tf
+
+from tfdistx.checkpointing import Checkpointer
+from tfdistx.errors import EXIT_PREEMPTED
+
+log = logging.getLogger(__name__)
+
+
+class Preempted(SystemExit):
+    """Raised after the preemption checkpoint is written: unwinds (closing
+    logs, removing scratch directories) and exits the process with 42."""
+
+    def __init__(self):
+        super().__init__(EXIT_PREEMPTED)
+
+
+class PreemptionWatcher:
+    def __init__(self, strategy: tf.distribute.Strategy, checkpointer: Checkpointer, synchronous_cluster: bool):
+        self.checkpointer = checkpointer
+        self.signalled = threading.Event()
+        signal.signal(signal.SIGTERM, self._on_sigterm)
+        self._anyone = None
+        if synchronous_cluster:
+            @tf.function
+            def anyone_signalled(flag):
+                per_replica = strategy.run(tf.identity, args=(flag,))
+                return strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None) > 0
+
+            self._anyone = anyone_signalled
+
+    def _on_sigterm(self, signum, frame):
+        log.warning("SIGTERM: checkpointing at the next loop boundary, then exiting with %d", EXIT_PREEMPTED)
+        self.signalled.set()
+
+    def check(self, step: int) -> None:
+        """Call after every loop call, on every worker: saves and exits if any worker was signalled."""
+        signalled = self.signalled.is_set()
+        if self._anyone is not None:
+            signalled = bool(self._anyone(tf.constant(float(signalled))).numpy())
+        if signalled:
+            self.checkpointer.save(step)
+            log.warning("preempted at step %d: checkpoint saved; exiting with %d", step, EXIT_PREEMPTED)
+            raise Preempted()
