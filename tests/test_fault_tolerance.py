@@ -120,3 +120,40 @@ def test_a_damaged_checkpoint_falls_back_to_the_newest_intact_one(tfdistx):
     assert second.summary["resumed_from_step"] == 20
     assert "ckpt-40 is damaged" in second.stdout + second.stderr
     assert "restored" in second.stdout + second.stderr and "ckpt-20, the newest intact checkpoint" in second.stdout + second.stderr
+
+
+def _random_kill_run(tmp_path, seed: int):
+    """A deterministic 2-worker run; a random worker is SIGKILLed at a random
+    moment; the launcher restarts the cluster from the last checkpoint."""
+    import os
+    import random
+
+    rng = random.Random(seed)
+    args = ["strategy=multiworker", "cluster=2x1", "trainer.steps=300", "trainer.steps_per_loop=10", "trainer.log_every=10",
+            "trainer.eval_every=0", "checkpoint.every_steps=50", "trainer.deterministic=true", "model.dropout=0.2",
+            "logger.tensorboard=false", "cluster.max_restarts=2"]
+    run_dir = tmp_path / f"killed{seed}"
+    proc = start(args, run_dir)
+    try:
+        wait_for_lines(run_dir, 1, proc)
+        time.sleep(rng.uniform(0.0, 2.0))
+        victim = rng.choice([0, 1])
+        os.kill(task_pid(run_dir, victim), signal.SIGKILL)
+        out, _ = proc.communicate(timeout=600)
+    finally:
+        proc.kill()
+    return args, run_dir, proc.returncode, out
+
+
+@pytest.mark.parametrize("seed", [1, pytest.param(2, marks=pytest.mark.slow), pytest.param(3, marks=pytest.mark.slow)])
+def test_worker_killed_at_a_random_moment_loses_nothing(tmp_path, seed):
+    args, run_dir, code, out = _random_kill_run(tmp_path, seed)
+    assert code == 0, out[-4000:]
+    assert "restart 1 of 2" in out
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["step"] == 300  # resumed from a checkpoint, or from scratch if killed before the first
+    assert steps_logged(run_dir) == list(range(10, 301, 10))
+    whole = subprocess.run([sys.executable, "-m", "tfdistx", *args, f"hydra.run.dir={tmp_path / 'whole'}"],
+                           env=tfdistx_env(), capture_output=True, text=True, timeout=600)
+    assert whole.returncode == 0, whole.stdout[-3000:]
+    assert json.loads((tmp_path / "whole" / "summary.json").read_text())["weights_sha256"] == summary["weights_sha256"]

@@ -32,7 +32,7 @@ from typing import Dict, List, Optional
 log = logging.getLogger(__name__)
 
 GRACE_SECONDS = 20  # between SIGTERM and SIGKILL when tearing down
-INTERRUPT_GRACE_SECONDS = 5  # the same after Ctrl-C
+QUICK_GRACE_SECONDS = 5  # the same after Ctrl-C, or when a task has died
 MAX_BACKOFF_SECONDS = 30  # restarts wait 1, 2, 4, ... seconds, at most this
 NEVER_RESTART = (2, 130)  # invalid config, Ctrl-C: a restart would not help
 
@@ -111,9 +111,11 @@ def _run_cluster_once(spec: dict, signals: "_forwarding_signals") -> int:
     procs = [proc for _, _, proc, _ in tasks]
     signals.procs = procs
     code = _wait(tasks, spec["primary"], signals)
-    # Ctrl-C wants out now; a SIGTERM leaves time to checkpoint. A task
-    # blocked in a collective whose peer is gone only leaves by SIGKILL.
-    _teardown(procs, grace=INTERRUPT_GRACE_SECONDS if signal.SIGINT in signals.received else GRACE_SECONDS)
+    # A SIGTERM from outside leaves the tasks time to checkpoint. After Ctrl-C,
+    # or once a task has died (its peers, blocked in a collective, can neither
+    # checkpoint nor leave but by SIGKILL), there is nothing to wait for.
+    preempted = signals.received and signal.SIGINT not in signals.received
+    _teardown(procs, grace=GRACE_SECONDS if preempted else QUICK_GRACE_SECONDS)
     if signals.received:  # the tasks' own verdict if they gave one (42: checkpointed), else 128 + signal
         own = [p.returncode for p in procs if p.returncode not in (0, -signal.SIGKILL)]
         code = _exit_code(own[0] if own else -signals.received[0])
