@@ -36,6 +36,7 @@ def wait_for_lines(run_dir: Path, n: int, proc, timeout=300):
 
 def task_pid(run_dir: Path, index: int) -> int:
     """The pid of worker `index` of the local cluster writing run_dir."""
+    # TF_CONFIG's task entry is {"type": "worker", "index": N}: matched on its end.
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit():
             continue
@@ -102,12 +103,32 @@ def test_preempted_worker_restarts_the_cluster_and_it_finishes(tmp_path):
     assert steps_logged(run_dir) == list(range(20, 601, 20))  # nothing lost, nothing twice
 
 
+def test_parameter_server_job_survives_a_killed_worker(tmp_path):
+    """The coordinator reschedules the lost worker's steps; the launcher restarts that worker alone."""
+    import os
+
+    run_dir = tmp_path / "run"
+    args = ["strategy=parameter_server", "cluster=ps1w2", *LONG, "trainer.steps=1500", "trainer.log_every=100"]
+    proc = start(args, run_dir)
+    try:
+        wait_for_lines(run_dir, 2, proc)
+        os.kill(task_pid(run_dir, 1), signal.SIGKILL)
+        out, _ = proc.communicate(timeout=600)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, out[-4000:]
+    assert "task worker:1 exited with code 137; restarting it alone" in out
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["step"] == 1500 and not summary["resumed"]  # the coordinator never stopped
+    assert steps_logged(run_dir) == list(range(100, 1501, 100))
+
+
 def test_launcher_gives_up_after_max_restarts(tfdistx):
     run = tfdistx(*QUICK, "strategy=multiworker", "cluster=2x1", "cluster.max_restarts=1",
                   "data._target_=user_plugins.crashing_on_worker_1")
     assert run.returncode == 3, run
     assert "restart 1 of 1" in run.stderr
-    assert "giving up: the cluster stopped 2 times (cluster.max_restarts=1); last exit code 3" in run.stderr
+    assert "giving up: the cluster stopped after 1 restart(s) (cluster.max_restarts=1); last exit code 3" in run.stderr
 
 
 def test_a_damaged_checkpoint_falls_back_to_the_newest_intact_one(tfdistx):

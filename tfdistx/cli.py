@@ -99,9 +99,13 @@ def _run_local_cluster(cfg: DictConfig, run_dir: str, overrides: list):
         "cluster.launch=tf_config",
     ]
     counts = cluster.job_counts(strategy, cfg.cluster)
-    primary = ["chief"] if strategy == "parameter_server" else ["worker"]
-    code = run_local_cluster(counts, command, os.path.join(run_dir, "logs"), primary,
-                             isolate=cfg.cluster.isolate, max_restarts=cfg.cluster.max_restarts)
+    parameter_servers = strategy == "parameter_server"
+    # With parameter servers the coordinator (chief) drives training and
+    # reschedules a lost worker's work, so a worker is restarted on its own.
+    code = run_local_cluster(counts, command, os.path.join(run_dir, "logs"),
+                             primary=["chief"] if parameter_servers else ["worker"],
+                             isolate=cfg.cluster.isolate, max_restarts=cfg.cluster.max_restarts,
+                             restart_alone=["worker"] if parameter_servers else [])
     if code:
         sys.exit(code)
     from tfdistx.train import objective  # no TensorFlow at import

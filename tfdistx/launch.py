@@ -38,16 +38,18 @@ NEVER_RESTART = (2, 130)  # invalid config, Ctrl-C: a restart would not help
 
 
 def run_local_cluster(counts: Dict[str, int], command: List[str], log_dir: str, primary: List[str],
-                      isolate: Optional[bool] = None, max_restarts: int = 0) -> int:
+                      isolate: Optional[bool] = None, max_restarts: int = 0, restart_alone: List[str] = ()) -> int:
     """Run the cluster to its end; the exit code of the first task that failed, else 0.
 
     `isolate`: None isolates when possible (and says so when not), True
     insists, False never isolates. A cluster whose task failed or was
-    preempted is restarted up to `max_restarts` times, with back-off.
+    preempted is restarted up to `max_restarts` times, with back-off; tasks
+    of the `restart_alone` jobs are restarted on their own.
     """
     Path(log_dir).mkdir(parents=True, exist_ok=True)
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False, dir=log_dir, prefix=".cluster-") as f:
-        json.dump({"counts": counts, "command": command, "log_dir": log_dir, "primary": primary, "max_restarts": max_restarts}, f)
+        json.dump({"counts": counts, "command": command, "log_dir": log_dir, "primary": primary, "max_restarts": max_restarts,
+                   "restart_alone": list(restart_alone)}, f)
     supervisor = [sys.executable, "-m", "tfdistx.launch", f.name]
     isolated = isolate is not False and _can_isolate()
     if isolated:
@@ -70,47 +72,72 @@ def run_local_cluster(counts: Dict[str, int], command: List[str], log_dir: str, 
 
 def supervise(spec: dict, isolated: bool) -> int:
     """Inside the namespace: run the cluster, restarting it up to
-    `max_restarts` times when its tasks fail or are preempted (exit 42)."""
+    `max_restarts` times when its tasks fail or are preempted (exit 42).
+
+    Tasks of the jobs in `restart_alone` (a parameter-server cluster's
+    workers, whose work the coordinator reschedules) are restarted on their
+    own instead, from the same budget.
+    """
     if isolated:
         _loopback_up()
-    max_restarts = spec.get("max_restarts", 0)
+    restarts = _Budget(spec.get("max_restarts", 0))
     with _forwarding_signals([]) as signals:
-        for attempt in range(max_restarts + 1):
-            code = _run_cluster_once(spec, signals)
+        while True:
+            code = _run_cluster_once(spec, signals, restarts)
             if code == 0 or signals.received or code in NEVER_RESTART:
                 return code
-            if attempt == max_restarts:
-                if max_restarts:
-                    print(f"tfdistx: giving up: the cluster stopped {attempt + 1} times (cluster.max_restarts={max_restarts}); "
-                          f"last exit code {code}", file=sys.stderr, flush=True)
+            if not restarts.take():
+                if restarts.total:
+                    print(f"tfdistx: giving up: the cluster stopped after {restarts.total} restart(s) "
+                          f"(cluster.max_restarts={restarts.total}); last exit code {code}", file=sys.stderr, flush=True)
                 return code
-            delay = min(2 ** attempt, MAX_BACKOFF_SECONDS)
-            print(f"tfdistx: the cluster stopped with exit code {code}; restart {attempt + 1} of {max_restarts} in {delay}s, "
+            delay = min(2 ** (restarts.used - 1), MAX_BACKOFF_SECONDS)
+            print(f"tfdistx: the cluster stopped with exit code {code}; restart {restarts.used} of {restarts.total} in {delay}s, "
                   "resuming from the latest checkpoint", file=sys.stderr, flush=True)
             if signals.wait(delay):  # a signal during the back-off ends it
                 return _exit_code(-signals.received[0])
-    return code
 
 
-def _run_cluster_once(spec: dict, signals: "_forwarding_signals") -> int:
+class _Budget:
+    def __init__(self, total: int):
+        self.total, self.used = total, 0
+
+    def take(self) -> bool:
+        if self.used >= self.total:
+            return False
+        self.used += 1
+        return True
+
+
+class _Task:
+    """One process of the cluster, which can be started again in its place."""
+
+    def __init__(self, job: str, index: int, cluster: dict, command: List[str], log_dir: Path):
+        self.job, self.name = job, f"{job}:{index}"
+        self.env = {**os.environ, "TF_CONFIG": json.dumps({"cluster": cluster, "task": {"type": job, "index": index}})}
+        self.command, self.log_path = command, log_dir / f"{job}-{index}.log"
+        self.proc, self.pumps = None, []
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen(self.command, env=self.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                     stdin=subprocess.DEVNULL, start_new_session=True, preexec_fn=_die_with_parent)
+        pump = threading.Thread(target=_pump, args=(self.proc, self.name, self.log_path), daemon=True)
+        pump.start()
+        self.pumps.append(pump)
+
+
+def _run_cluster_once(spec: dict, signals: "_forwarding_signals", restarts: _Budget) -> int:
     """Start every task on fresh ports, stream their output, wait for the end."""
     counts, log_dir = spec["counts"], Path(spec["log_dir"])
     ports = _free_ports(sum(counts.values()))
     cluster = {job: [f"127.0.0.1:{ports.pop()}" for _ in range(n)] for job, n in counts.items() if n}
-    tasks = []
-    for job, addresses in cluster.items():
-        for index in range(len(addresses)):
-            env = {**os.environ, "TF_CONFIG": json.dumps({"cluster": cluster, "task": {"type": job, "index": index}})}
-            name = f"{job}:{index}"
-            proc = subprocess.Popen(spec["command"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                    stdin=subprocess.DEVNULL, start_new_session=True, preexec_fn=_die_with_parent)
-            pump = threading.Thread(target=_pump, args=(proc, name, log_dir / f"{job}-{index}.log"), daemon=True)
-            pump.start()
-            tasks.append((name, job, proc, pump))
+    tasks = [_Task(job, index, cluster, spec["command"], log_dir) for job, addresses in cluster.items() for index in range(len(addresses))]
+    for task in tasks:
+        task.start()
 
-    procs = [proc for _, _, proc, _ in tasks]
-    signals.procs = procs
-    code = _wait(tasks, spec["primary"], signals)
+    signals.procs = [task.proc for task in tasks]
+    code = _wait(tasks, spec["primary"], spec.get("restart_alone", []), signals, restarts)
+    procs = [task.proc for task in tasks]
     # A SIGTERM from outside leaves the tasks time to checkpoint. After Ctrl-C,
     # or once a task has died (its peers, blocked in a collective, can neither
     # checkpoint nor leave but by SIGKILL), there is nothing to wait for.
@@ -119,24 +146,31 @@ def _run_cluster_once(spec: dict, signals: "_forwarding_signals") -> int:
     if signals.received:  # the tasks' own verdict if they gave one (42: checkpointed), else 128 + signal
         own = [p.returncode for p in procs if p.returncode not in (0, -signal.SIGKILL)]
         code = _exit_code(own[0] if own else -signals.received[0])
-    for _, _, _, pump in tasks:
-        pump.join(timeout=5)
+    for task in tasks:
+        for pump in task.pumps:
+            pump.join(timeout=5)
     return code
 
 
-def _wait(tasks, primary: List[str], signals: "_forwarding_signals") -> int:
+def _wait(tasks: List[_Task], primary: List[str], restart_alone: List[str], signals: "_forwarding_signals", restarts: _Budget) -> int:
     """Until a task fails (its code), a signal came (already passed on to the
     tasks), or every primary task has exited 0 (0)."""
     while True:
         if signals.received:
             return 0
         primaries_done = True
-        for name, job, proc, _ in tasks:
-            code = proc.poll()
-            if code not in (None, 0):
-                print(f"tfdistx: task {name} exited with code {_exit_code(code)}; stopping the cluster", file=sys.stderr, flush=True)
+        for task in tasks:
+            code = task.proc.poll()
+            if code not in (None, 0) and task.job in restart_alone and restarts.take():
+                print(f"tfdistx: task {task.name} exited with code {_exit_code(code)}; restarting it alone "
+                      f"(restart {restarts.used} of {restarts.total})", file=sys.stderr, flush=True)
+                task.start()
+                signals.procs = [t.proc for t in tasks]
+                code = None
+            elif code not in (None, 0):
+                print(f"tfdistx: task {task.name} exited with code {_exit_code(code)}; stopping the cluster", file=sys.stderr, flush=True)
                 return _exit_code(code)
-            if job in primary and code is None:
+            if task.job in primary and code is None:
                 primaries_done = False
         if primaries_done:
             return 0
