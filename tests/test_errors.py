@@ -62,3 +62,10 @@ def test_user_model_with_bad_signature(tfdistx):
 def test_no_tpu_reachable(tfdistx):
     run = tfdistx("strategy=tpu", env={"TPU_NAME": ""})
     assert_refused(run, "strategy.tpu", "no TPU is reachable")
+
+
+def test_model_that_does_not_fit_the_data(tfdistx):
+    run = tfdistx("model=wide_deep", "trainer.steps=2")  # ids model, image data
+    assert run.returncode == 2, run
+    assert "model='tfdistx.models.wide_deep': does not fit data=tfdistx.data.synthetic" in run.stderr
+    assert "Traceback" not in run.stderr

@@ -83,6 +83,7 @@ def train(cfg: DictConfig, run_dir: str, placement: Optional[Placement] = None) 
             raise ConfigError.one("optimizer", cfg.optimizer.name, f"bad option: {error}") from None
         optimizer.build(model.trainable_variables)
 
+    _check_model_takes_data(model, source, cfg)
     run = Path(run_dir)
     checkpoint_dir = cfg.checkpoint.dir or str(run / "checkpoints")
     # Every worker of a synchronous cluster must save (saving is collective),
@@ -169,6 +170,24 @@ def train(cfg: DictConfig, run_dir: str, placement: Optional[Placement] = None) 
     if placement.is_chief:
         _write_json(run / "summary.json", summary)
     return objective(cfg.trainer.objective, summary)
+
+
+def _check_model_takes_data(model, source, cfg: DictConfig) -> None:
+    """One forward pass on two examples, so that a model and data that do
+    not fit together (shapes, dtypes: model=wide_deep on images) are refused
+    as a config error, not as a traceback from deep inside the first step."""
+    from tfdistx.errors import ConfigError
+
+    features, _ = next(iter(source.train(None).batch(2)))
+    try:
+        logits = model(features, training=False)
+        if tuple(logits.shape[1:]) != (source.num_classes,):
+            raise ValueError(f"it outputs shape {tuple(logits.shape[1:])} per example, not {source.num_classes} class logits")
+    except Exception as error:
+        reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise ConfigError.one("model", cfg.model._target_,
+                              f"does not fit data={cfg.data._target_} (features {tuple(features.shape[1:])} "
+                              f"{features.dtype.name}): {reason[:300]}") from None
 
 
 def rng_states(model) -> list:
