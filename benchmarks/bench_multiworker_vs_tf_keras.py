@@ -1,0 +1,134 @@
+"""tfdistx multi-worker against legacy tf-keras `model.fit`, side by side in one run.
+
+Both train the seeds' 784-128-10 MLP with Adam 1e-3 on tfdistx's MNIST-shaped
+synthetic data (8192 examples in memory) under MultiWorkerMirroredStrategy:
+two worker processes on this machine, one replica each, talking over
+127.0.0.1 with TF_CONFIG, the same global batch (half per worker), each
+worker shuffling its own element shard, fed by
+`distribute_datasets_from_function`. The contenders:
+
+  tfdistx                          `python -m tfdistx strategy=multiworker cluster=2x1 ...`
+  tf-keras fit (steps_per_execution=1)     `model.fit`, TF_USE_LEGACY_KERAS=1
+  tf-keras fit (steps_per_execution=N)     the same, N = --steps-per-loop
+
+Keras 3 `fit` cannot be a contender: it fails under MultiWorkerMirroredStrategy
+(shared/FACTS.md). tf-keras needs the full `tensorflow` wheel, so its workers
+run in their own venv, made on first use at benchmarks/.venv-tf-keras.
+Both sides' workers are started by tfdistx.launch: in a private network
+namespace with only loopback when the OS allows it, else on the host's
+loopback with a warning. Every measurement is a fresh cluster; the contenders
+alternate, each is repeated, and the medians and their ratios are printed.
+Throughput is global examples/s in steady state, measured on worker 0:
+tfdistx leaves out its first (tracing) tf.function call, tf-keras a warm-up fit.
+
+    python benchmarks/bench_multiworker_vs_tf_keras.py [--batch 256] [--steps 2000] [--repeats 3]
+
+(with the python that has tfdistx installed).
+"""
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+VENV = HERE / ".venv-tf-keras"
+VENV_PYTHON = VENV / "bin" / "python"
+REQUIREMENTS = ["tensorflow==2.21.0", "tf-keras==2.21.0"]  # tf-keras 2.21 goes with TF 2.21
+WORKERS = 2
+
+
+def ensure_tf_keras_venv() -> None:
+    marker = VENV / ".installed"
+    if marker.exists() and marker.read_text() == " ".join(REQUIREMENTS):
+        return
+    shutil.rmtree(VENV, ignore_errors=True)  # a half-made one from an interrupted install
+    print(f"creating {VENV} with {' '.join(REQUIREMENTS)} (once; a few minutes)", file=sys.stderr, flush=True)
+    start = time.monotonic()
+    subprocess.run([sys.executable, "-m", "venv", str(VENV)], check=True)
+    subprocess.run([str(VENV_PYTHON), "-m", "pip", "install", "--quiet", *REQUIREMENTS], check=True)
+    marker.write_text(" ".join(REQUIREMENTS))
+    print(f"  installed in {time.monotonic() - start:.0f} s", file=sys.stderr, flush=True)
+
+
+def tfdistx_run(batch: int, steps: int, steps_per_loop: int) -> float:
+    with tempfile.TemporaryDirectory() as run_dir:
+        cmd = [
+            sys.executable, "-m", "tfdistx", "strategy=multiworker", f"cluster={WORKERS}x1", "model=mlp", "data=synthetic",
+            f"data.batch_size={batch}", f"trainer.steps={steps}", f"trainer.steps_per_loop={steps_per_loop}",
+            f"trainer.log_every={steps}", "trainer.eval_every=0", "trainer.eval_steps=1",
+            "checkpoint.every_steps=0", "logger.console=false", "logger.tensorboard=false",
+            f"hydra.run.dir={run_dir}",
+        ]
+        _run(cmd)
+        return json.loads((Path(run_dir) / "summary.json").read_text())["examples_per_sec"]
+
+
+def tf_keras_fit(batch: int, steps: int, steps_per_execution: int) -> float:
+    worker = [str(VENV_PYTHON), str(HERE / "tf_keras_multiworker_worker.py"), f"--batch={batch}", f"--steps={steps}",
+              f"--steps-per-execution={steps_per_execution}"]
+    with tempfile.TemporaryDirectory() as log_dir:
+        # The launcher tfdistx itself uses (isolation, TF_CONFIG, teardown), in
+        # a child process so that the tasks' output goes to their log files only.
+        launch = (f"import sys; from tfdistx.launch import run_local_cluster; "
+                  f"sys.exit(run_local_cluster({{'worker': {WORKERS}}}, {worker!r}, {log_dir!r}, ['worker']))")
+        _run([sys.executable, "-c", launch])
+        lines = (Path(log_dir) / "worker-0.log").read_text().splitlines()
+        result = json.loads([line for line in lines if line.startswith("{")][-1])
+    assert result["replicas"] == WORKERS, result
+    if result["retraced"]:
+        print("  WARNING: tf-keras retraced its train function during the timed fit", file=sys.stderr, flush=True)
+    return result["examples_per_sec"]
+
+
+def _run(cmd) -> None:
+    out = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
+    if "NOT isolated" in out.stderr:
+        print("  WARNING: no private network namespace here: the workers' gRPC servers were reachable from the network",
+              file=sys.stderr, flush=True)
+    if out.returncode:
+        sys.exit(f"failed ({out.returncode}): {' '.join(cmd)}\n{out.stdout[-3000:]}{out.stderr[-3000:]}")
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--batch", type=int, default=256, help="global batch, split across the 2 workers")
+    parser.add_argument("--steps", type=int, default=2000)
+    parser.add_argument("--steps-per-loop", type=int, default=100, help="tfdistx steps per tf.function call, and tuned fit's steps_per_execution")
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+    # SIGTERM unwinds like Ctrl-C: the running child is killed, and the
+    # launcher's tasks die with their parent (PR_SET_PDEATHSIG).
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    ensure_tf_keras_venv()
+
+    contenders = {
+        "tfdistx": lambda: tfdistx_run(args.batch, args.steps, args.steps_per_loop),
+        "tf-keras fit (steps_per_execution=1)": lambda: tf_keras_fit(args.batch, args.steps, 1),
+        f"tf-keras fit (steps_per_execution={args.steps_per_loop})": lambda: tf_keras_fit(args.batch, args.steps, args.steps_per_loop),
+    }
+    samples = {name: [] for name in contenders}
+    load_before = os.getloadavg()[0]
+    for repeat in range(args.repeats):
+        for name, run in contenders.items():
+            samples[name].append(run())
+            print(f"  repeat {repeat + 1}: {name}: {samples[name][-1]:,.0f} examples/s", file=sys.stderr, flush=True)
+
+    medians = {name: statistics.median(values) for name, values in samples.items()}
+    ours = medians["tfdistx"]
+    print(f"MLP 784-128-10, MultiWorkerMirroredStrategy, {WORKERS} workers x 1 CPU replica, global batch {args.batch}, "
+          f"{args.steps} steps, median of {args.repeats} (1-min load average {load_before:.1f} before, {os.getloadavg()[0]:.1f} after)")
+    print(f"{'contender':<42}{'examples/s':>12}{'tfdistx / it':>14}")
+    for name, value in medians.items():
+        print(f"{name:<42}{value:>12,.0f}{ours / value:>13.2f}x")
+
+
+if __name__ == "__main__":
+    main()
