@@ -31,12 +31,13 @@ import json
 import os
 import shutil
 import signal
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from side_by_side import compare
 
 HERE = Path(__file__).resolve().parent
 VENV = HERE / ".venv-tf-keras"
@@ -114,21 +115,8 @@ def main():
         "tf-keras fit (steps_per_execution=1)": lambda: tf_keras_fit(args.batch, args.steps, 1),
         f"tf-keras fit (steps_per_execution={args.steps_per_loop})": lambda: tf_keras_fit(args.batch, args.steps, args.steps_per_loop),
     }
-    samples = {name: [] for name in contenders}
-    load_before = os.getloadavg()[0]
-    for repeat in range(args.repeats):
-        for name, run in contenders.items():
-            samples[name].append(run())
-            print(f"  repeat {repeat + 1}: {name}: {samples[name][-1]:,.0f} examples/s", file=sys.stderr, flush=True)
-
-    medians = {name: statistics.median(values) for name, values in samples.items()}
-    ours = medians["tfdistx"]
-    print(f"MLP 784-128-10, MultiWorkerMirroredStrategy, {WORKERS} workers x 1 CPU replica, global batch {args.batch}, "
-          f"{args.steps} steps, median of {args.repeats} (1-min load average {load_before:.1f} before, {os.getloadavg()[0]:.1f} after)")
-    print(f"{'contender':<42}{'examples/s':>12}{'tfdistx / it':>14}")
-    for name, value in medians.items():
-        print(f"{name:<42}{value:>12,.0f}{ours / value:>13.2f}x")
-
+    compare(contenders, args.repeats, f"MLP 784-128-10, MultiWorkerMirroredStrategy, {WORKERS} workers x 1 CPU replica, "
+                                      f"global batch {args.batch}, {args.steps} steps")
 
 if __name__ == "__main__":
     main()

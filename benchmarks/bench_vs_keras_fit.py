@@ -12,11 +12,12 @@ Throughput is steady state: tracing/warm-up is excluded on both sides.
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
+
+from side_by_side import compare
 
 HERE = Path(__file__).resolve().parent
 
@@ -58,19 +59,7 @@ def main():
         "keras fit (steps_per_execution=1)": lambda: keras_fit(args.batch, args.steps, 1),
         f"keras fit (steps_per_execution={args.steps_per_loop})": lambda: keras_fit(args.batch, args.steps, args.steps_per_loop),
     }
-    samples = {name: [] for name in contenders}
-    for repeat in range(args.repeats):
-        for name, run in contenders.items():
-            samples[name].append(run())
-            print(f"  repeat {repeat + 1}: {name}: {samples[name][-1]:,.0f} examples/s", file=sys.stderr, flush=True)
-
-    medians = {name: statistics.median(values) for name, values in samples.items()}
-    ours = medians["tfdistx"]
-    print(f"MLP 784-128-10, one device, global batch {args.batch}, {args.steps} steps, median of {args.repeats}")
-    print(f"{'contender':<42}{'examples/s':>12}{'tfdistx / it':>14}")
-    for name, value in medians.items():
-        print(f"{name:<42}{value:>12,.0f}{ours / value:>13.2f}x")
-
+    compare(contenders, args.repeats, f"MLP 784-128-10, one device, global batch {args.batch}, {args.steps} steps")
 
 if __name__ == "__main__":
     main()
