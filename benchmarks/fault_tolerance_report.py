@@ -33,6 +33,8 @@ their own timestamps).
    first loop call: tracing, the input skip, and 100 steps). Tracing is
    estimated as the first call minus 100 steps at the run's steady
    examples/s; "TF start-up + tracing" is start-up to restored plus that.
+   These runs resume from about step 300. The input skip grows with the
+   step: a resumed pipeline reads and drops every batch already trained on.
 4. Throughput cost of the default checkpoint cadence
    (`checkpoint.every_steps=500`) against `checkpoint.every_steps=0` (only at
    the end), `trainer.eval_every=0` in both, runs alternating. summary.json's
@@ -391,6 +393,7 @@ def main():
             [100 * r["save seconds (in-run)"] / (r["save seconds (in-run)"] + EVERY * BATCH / r["summary examples/s"]) for r in ckpt], "{:.1f}"))
     for key, (a, b) in rows.items():
         print(f"{key:<{width}}{a:>28}{b:>28}   {'< 3' if '(%)' in key else ''}")
+
 
 if __name__ == "__main__":
     main()
