@@ -123,6 +123,35 @@ def test_parameter_server_job_survives_a_killed_worker(tmp_path):
     assert steps_logged(run_dir) == list(range(100, 1501, 100))
 
 
+def test_lost_parameter_server_restarts_the_cluster_from_the_checkpoint(tmp_path):
+    import os
+
+    run_dir = tmp_path / "run"
+    args = ["strategy=parameter_server", "cluster=ps1w2", *LONG, "trainer.steps=1200", "trainer.log_every=100",
+            "checkpoint.every_steps=200"]
+    proc = start(args, run_dir)
+    try:
+        wait_for_lines(run_dir, 3, proc)
+        ps = next(int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit() and _environ_has(p, str(run_dir), '"type": "ps"'))
+        os.kill(ps, signal.SIGKILL)
+        out, _ = proc.communicate(timeout=600)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, out[-4000:]
+    assert "task ps:0 exited with code 137; stopping the cluster" in out and "restart 1 of 3" in out
+    summary = json.loads((run_dir / "summary.json").read_text())
+    # resumed exactly at a checkpoint's step (the loop's own count, saved with it)
+    assert summary["step"] == 1200 and summary["resumed_from_step"] % 200 == 0 and summary["resumed_from_step"] >= 200
+    assert steps_logged(run_dir) == list(range(100, 1201, 100))
+
+
+def _environ_has(proc: Path, run_dir: str, text: str) -> bool:
+    try:
+        return run_dir.encode() in (proc / "cmdline").read_bytes() and text.encode() in (proc / "environ").read_bytes()
+    except OSError:
+        return False
+
+
 def test_launcher_gives_up_after_max_restarts(tfdistx):
     run = tfdistx(*QUICK, "strategy=multiworker", "cluster=2x1", "cluster.max_restarts=1",
                   "data._target_=user_plugins.crashing_on_worker_1")

@@ -82,6 +82,7 @@ def train(cfg: DictConfig, run_dir: str, placement: Optional[Placement] = None) 
         except (TypeError, ValueError) as error:  # Keras' answer to an unknown or bad keyword
             raise ConfigError.one("optimizer", cfg.optimizer.name, f"bad option: {error}") from None
         optimizer.build(model.trainable_variables)
+        step_counter = tf.Variable(0, dtype=tf.int64, trainable=False, name="step")
 
     _check_model_takes_data(model, source, cfg)
     run = Path(run_dir)
@@ -98,10 +99,11 @@ def train(cfg: DictConfig, run_dir: str, placement: Optional[Placement] = None) 
         model=model,
         optimizer=optimizer,
         rng=rng_states(model),
+        step=step_counter,
     )
     try:
         restored = checkpointer.restore_latest() if cfg.checkpoint.restore else None
-        start_step = int(optimizer.iterations.numpy())
+        start_step = int(step_counter.numpy())
         if restored:
             log.info("resuming from step %d (%s)", start_step, restored)
 
@@ -131,6 +133,7 @@ def train(cfg: DictConfig, run_dir: str, placement: Optional[Placement] = None) 
             coordinator=coordinator,
             workers=cfg.cluster.workers,
             preemption=preemption,
+            step_counter=step_counter,
         )
         log.info("%s: %d replica(s), global batch %d (%d per replica), %d steps", type(strategy).__name__, replicas, global_batch, per_replica, total_steps)
         try:
