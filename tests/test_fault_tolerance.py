@@ -103,6 +103,22 @@ def test_preempted_worker_restarts_the_cluster_and_it_finishes(tmp_path):
     assert steps_logged(run_dir) == list(range(20, 601, 20))  # nothing lost, nothing twice
 
 
+def test_sigterm_to_the_launcher_checkpoints_every_worker_and_exits_42(tmp_path):
+    """The whole job is preempted: no restart, the tasks save, the launcher says 42."""
+    run_dir = tmp_path / "run"
+    proc = start(["strategy=multiworker", "cluster=2x1", *LONG], run_dir)
+    try:
+        wait_for_lines(run_dir, 2, proc)
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=300)
+    finally:
+        proc.kill()
+    assert proc.returncode == 42, out[-4000:]
+    assert "[worker:0] preempted at step" in out and "[worker:1] preempted at step" in out and "restart" not in out
+    saved = int(out.split("[worker:0] preempted at step ")[1].split(":")[0])
+    assert (run_dir / "checkpoints" / f"ckpt-{saved}.index").exists()
+
+
 def test_parameter_server_job_survives_a_killed_worker(tmp_path):
     """The coordinator reschedules the lost worker's steps; the launcher restarts that worker alone."""
     import os

@@ -142,7 +142,7 @@ def _run_cluster_once(spec: dict, signals: "_forwarding_signals", restarts: _Bud
     # or once a task has died (its peers, blocked in a collective, can neither
     # checkpoint nor leave but by SIGKILL), there is nothing to wait for.
     preempted = signals.received and signal.SIGINT not in signals.received
-    _teardown(procs, grace=GRACE_SECONDS if preempted else QUICK_GRACE_SECONDS)
+    _teardown(procs, grace=GRACE_SECONDS if preempted else QUICK_GRACE_SECONDS, signalled=bool(signals.received))
     if signals.received:  # the tasks' own verdict if they gave one (42: checkpointed), else 128 + signal
         own = [p.returncode for p in procs if p.returncode not in (0, -signal.SIGKILL)]
         code = _exit_code(own[0] if own else -signals.received[0])
@@ -177,20 +177,32 @@ def _wait(tasks: List[_Task], primary: List[str], restart_alone: List[str], sign
         time.sleep(0.2)
 
 
-def _teardown(procs, grace: float = GRACE_SECONDS) -> None:
-    """SIGTERM every task's process group, then SIGKILL what is left."""
-    for proc in procs:
-        if proc.poll() is None:
-            _signal_group(proc, signal.SIGTERM)
+def _teardown(procs, grace: float, signalled: bool) -> None:
+    """Stop every task: SIGKILL whatever is left after `grace` seconds.
+
+    After a signal from outside, the tasks already have it (SIGINT: stop;
+    SIGTERM: checkpoint and stop) and are only waited for. Otherwise (a task
+    failed, or the primaries finished) the others get a moment to leave on
+    their own (a preempted peer's workers exit 42 together), then SIGTERM.
+    """
     deadline = time.monotonic() + grace
-    for proc in procs:
-        try:
-            proc.wait(timeout=max(deadline - time.monotonic(), 0.1))
-        except subprocess.TimeoutExpired:
-            pass
+    if not signalled:
+        _wait_all(procs, time.monotonic() + 1.0)
+        for proc in procs:
+            if proc.poll() is None:
+                _signal_group(proc, signal.SIGTERM)
+    _wait_all(procs, deadline)
     for proc in procs:
         _signal_group(proc, signal.SIGKILL)  # also reaps any grandchildren
         proc.wait()
+
+
+def _wait_all(procs, deadline: float) -> None:
+    for proc in procs:
+        try:
+            proc.wait(timeout=max(deadline - time.monotonic(), 0.01))
+        except subprocess.TimeoutExpired:
+            pass
 
 
 def _exit_code(code: int) -> int:
