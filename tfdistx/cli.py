@@ -36,7 +36,11 @@ def main(argv: Optional[Sequence[str]] = None):
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] in SUBCOMMANDS:
         module, function = SUBCOMMANDS[argv[0]].split(":")
-        sys.exit(getattr(importlib.import_module(module), function)(argv[1:]))
+        try:
+            sys.exit(getattr(importlib.import_module(module), function)(argv[1:]))
+        except BrokenPipeError:  # `tfdistx recipes | head`: the reader has what it wanted
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            sys.exit(0)
     # TensorFlow's C++ start-up chatter (CPU features, oneDNN) buries the
     # progress display; users can still ask for it.
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
