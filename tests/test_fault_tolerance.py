@@ -1,6 +1,7 @@
 """Preemption, restarts and exact resume, on real processes and real checkpoints."""
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -34,6 +35,19 @@ def wait_for_lines(run_dir: Path, n: int, proc, timeout=300):
     raise AssertionError(f"no {n} metric lines; process exit {proc.poll()}")
 
 
+def run_and_interrupt(args, run_dir: Path, after_lines: int, interrupt, timeout=600):
+    """Start tfdistx; once `after_lines` metric lines exist, call interrupt(proc);
+    return (exit code, output). Whatever happens, nothing is left running."""
+    proc = start(args, run_dir)
+    try:
+        wait_for_lines(run_dir, after_lines, proc)
+        interrupt(proc)
+        out, _ = proc.communicate(timeout=timeout)
+    finally:
+        proc.kill()
+    return proc.returncode, out
+
+
 def task_pid(run_dir: Path, index: int) -> int:
     """The pid of worker `index` of the local cluster writing run_dir."""
     # TF_CONFIG's task entry is {"type": "worker", "index": N}: matched on its end.
@@ -52,14 +66,8 @@ def task_pid(run_dir: Path, index: int) -> int:
 
 def test_sigterm_checkpoints_exits_42_and_a_rerun_resumes(tmp_path):
     run_dir = tmp_path / "run"
-    proc = start(LONG, run_dir)
-    try:
-        wait_for_lines(run_dir, 2, proc)
-        proc.send_signal(signal.SIGTERM)
-        out, _ = proc.communicate(timeout=120)
-    finally:
-        proc.kill()
-    assert proc.returncode == 42, out[-3000:]
+    code, out = run_and_interrupt(LONG, run_dir, 2, lambda proc: proc.send_signal(signal.SIGTERM))
+    assert code == 42, out[-3000:]
     preempted_at = steps_logged(run_dir)[-1]
     assert (run_dir / "checkpoints" / f"ckpt-{preempted_at}.index").exists()
 
@@ -86,16 +94,9 @@ def test_stopped_and_resumed_deterministic_run_ends_bitwise_equal(tfdistx, tmp_p
 def test_preempted_worker_restarts_the_cluster_and_it_finishes(tmp_path):
     run_dir = tmp_path / "run"
     args = ["strategy=multiworker", "cluster=2x1", *LONG, "trainer.steps=600", "cluster.max_restarts=2"]
-    proc = start(args, run_dir)
-    try:
-        wait_for_lines(run_dir, 3, proc)
-        import os
-
-        os.kill(task_pid(run_dir, 1), signal.SIGTERM)  # the scheduler preempts worker 1 only
-        out, _ = proc.communicate(timeout=600)
-    finally:
-        proc.kill()
-    assert proc.returncode == 0, out[-4000:]
+    # the scheduler preempts worker 1 only
+    code, out = run_and_interrupt(args, run_dir, 3, lambda proc: os.kill(task_pid(run_dir, 1), signal.SIGTERM))
+    assert code == 0, out[-4000:]
     assert "[worker:0] preempted at step" in out and "[worker:1] preempted at step" in out
     assert "restart 1 of 2" in out
     summary = json.loads((run_dir / "summary.json").read_text())
@@ -106,14 +107,8 @@ def test_preempted_worker_restarts_the_cluster_and_it_finishes(tmp_path):
 def test_sigterm_to_the_launcher_checkpoints_every_worker_and_exits_42(tmp_path):
     """The whole job is preempted: no restart, the tasks save, the launcher says 42."""
     run_dir = tmp_path / "run"
-    proc = start(["strategy=multiworker", "cluster=2x1", *LONG], run_dir)
-    try:
-        wait_for_lines(run_dir, 2, proc)
-        proc.send_signal(signal.SIGTERM)
-        out, _ = proc.communicate(timeout=300)
-    finally:
-        proc.kill()
-    assert proc.returncode == 42, out[-4000:]
+    code, out = run_and_interrupt(["strategy=multiworker", "cluster=2x1", *LONG], run_dir, 2, lambda proc: proc.send_signal(signal.SIGTERM))
+    assert code == 42, out[-4000:]
     assert "[worker:0] preempted at step" in out and "[worker:1] preempted at step" in out and "restart" not in out
     saved = int(out.split("[worker:0] preempted at step ")[1].split(":")[0])
     assert (run_dir / "checkpoints" / f"ckpt-{saved}.index").exists()
@@ -121,18 +116,10 @@ def test_sigterm_to_the_launcher_checkpoints_every_worker_and_exits_42(tmp_path)
 
 def test_parameter_server_job_survives_a_killed_worker(tmp_path):
     """The coordinator reschedules the lost worker's steps; the launcher restarts that worker alone."""
-    import os
-
     run_dir = tmp_path / "run"
     args = ["strategy=parameter_server", "cluster=ps1w2", *LONG, "trainer.steps=1500", "trainer.log_every=100"]
-    proc = start(args, run_dir)
-    try:
-        wait_for_lines(run_dir, 2, proc)
-        os.kill(task_pid(run_dir, 1), signal.SIGKILL)
-        out, _ = proc.communicate(timeout=600)
-    finally:
-        proc.kill()
-    assert proc.returncode == 0, out[-4000:]
+    code, out = run_and_interrupt(args, run_dir, 2, lambda proc: os.kill(task_pid(run_dir, 1), signal.SIGKILL))
+    assert code == 0, out[-4000:]
     assert "task worker:1 exited with code 137; restarting it alone" in out
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["step"] == 1500 and not summary["resumed"]  # the coordinator never stopped
@@ -140,20 +127,15 @@ def test_parameter_server_job_survives_a_killed_worker(tmp_path):
 
 
 def test_lost_parameter_server_restarts_the_cluster_from_the_checkpoint(tmp_path):
-    import os
-
     run_dir = tmp_path / "run"
     args = ["strategy=parameter_server", "cluster=ps1w2", *LONG, "trainer.steps=1200", "trainer.log_every=100",
             "checkpoint.every_steps=200"]
-    proc = start(args, run_dir)
-    try:
-        wait_for_lines(run_dir, 3, proc)
+    def kill_the_ps(proc):
         ps = next(int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit() and _environ_has(p, str(run_dir), '"type": "ps"'))
         os.kill(ps, signal.SIGKILL)
-        out, _ = proc.communicate(timeout=600)
-    finally:
-        proc.kill()
-    assert proc.returncode == 0, out[-4000:]
+
+    code, out = run_and_interrupt(args, run_dir, 3, kill_the_ps)
+    assert code == 0, out[-4000:]
     assert "task ps:0 exited with code 137; stopping the cluster" in out and "restart 1 of 3" in out
     summary = json.loads((run_dir / "summary.json").read_text())
     # resumed exactly at a checkpoint's step (the loop's own count, saved with it)
@@ -191,7 +173,6 @@ def test_a_damaged_checkpoint_falls_back_to_the_newest_intact_one(tfdistx):
 def _random_kill_run(tmp_path, seed: int):
     """A deterministic 2-worker run; a random worker is SIGKILLed at a random
     moment; the launcher restarts the cluster from the last checkpoint."""
-    import os
     import random
 
     rng = random.Random(seed)
@@ -199,16 +180,12 @@ def _random_kill_run(tmp_path, seed: int):
             "trainer.eval_every=0", "checkpoint.every_steps=50", "trainer.deterministic=true", "model.dropout=0.2",
             "logger.tensorboard=false", "cluster.max_restarts=2"]
     run_dir = tmp_path / f"killed{seed}"
-    proc = start(args, run_dir)
-    try:
-        wait_for_lines(run_dir, 1, proc)
+    def kill_a_random_worker_at_a_random_moment(proc):
         time.sleep(rng.uniform(0.0, 2.0))
-        victim = rng.choice([0, 1])
-        os.kill(task_pid(run_dir, victim), signal.SIGKILL)
-        out, _ = proc.communicate(timeout=600)
-    finally:
-        proc.kill()
-    return args, run_dir, proc.returncode, out
+        os.kill(task_pid(run_dir, rng.choice([0, 1])), signal.SIGKILL)
+
+    code, out = run_and_interrupt(args, run_dir, 1, kill_a_random_worker_at_a_random_moment)
+    return args, run_dir, code, out
 
 
 @pytest.mark.parametrize("seed", [1, pytest.param(2, marks=pytest.mark.slow), pytest.param(3, marks=pytest.mark.slow)])
