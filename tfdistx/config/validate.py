@@ -11,6 +11,7 @@ from typing import Optional
 
 from omegaconf import DictConfig
 
+from tfdistx.cluster import LAUNCH_MODES
 from tfdistx.errors import ConfigError, Problem
 
 STRATEGIES = ("auto", "one_device", "mirrored", "central_storage", "multiworker", "parameter_server", "tpu")
@@ -18,7 +19,6 @@ OPTIMIZERS = ("adam", "sgd", "adamw")
 SCHEDULES = ("constant", "cosine", "warmup_cosine")
 CROSS_DEVICE_OPS = ("auto", "nccl", "hierarchical_copy", "reduction_to_one")
 COMMUNICATIONS = ("auto", "ring", "nccl")
-LAUNCH_MODES = ("auto", "local", "tf_config", "slurm")
 
 
 def validate(cfg: DictConfig, run_dir: Optional[str] = None) -> None:
