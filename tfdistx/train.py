@@ -35,12 +35,13 @@ def train(cfg: DictConfig, run_dir: str, placement: Optional[Placement] = None) 
     """
     started = time.time()
     placement = placement or Placement("single")
-    if placement.source != "single":
+    in_cluster = placement.source != "single"
+    if in_cluster:
         os.environ["TF_CONFIG"] = placement.tf_config()  # what TensorFlow's resolvers read
     name = cfg.strategy.name
     from tfdistx.strategy import configure_devices, get_strategy, resolve, serve_forever
 
-    configure_devices(cfg.cluster.devices_per_worker, multi_worker=placement.source != "single")  # before TF starts
+    configure_devices(cfg.cluster.devices_per_worker, multi_worker=in_cluster)  # before TF starts
 
     if name == "parameter_server" and placement.task_type in ("ps", "worker"):
         serve_forever()  # the chief drives training; this task lends its devices
@@ -63,8 +64,9 @@ def train(cfg: DictConfig, run_dir: str, placement: Optional[Placement] = None) 
     if cfg.trainer.deterministic:
         tf.config.experimental.enable_op_determinism()
 
-    in_cluster = placement.source != "single"
-    strategy = get_strategy(devices_per_worker=cfg.cluster.devices_per_worker, in_cluster=in_cluster, **cfg.strategy)
+    strategy_name = resolve(name, cfg.cluster.devices_per_worker, in_cluster)  # `auto` made concrete
+    options = {k: v for k, v in cfg.strategy.items() if k != "name"}
+    strategy = get_strategy(strategy_name, devices_per_worker=cfg.cluster.devices_per_worker, in_cluster=in_cluster, **options)
     coordinator = None
     if name == "parameter_server":
         coordinator = tf.distribute.experimental.coordinator.ClusterCoordinator(strategy)
@@ -156,7 +158,7 @@ def train(cfg: DictConfig, run_dir: str, placement: Optional[Placement] = None) 
         "replicas": replicas * (workers if coordinator else 1),
         "workers": workers,
         "ps": cfg.cluster.ps,
-        "strategy": resolve(name, cfg.cluster.devices_per_worker, in_cluster),
+        "strategy": strategy_name,
         "strategy_class": type(strategy).__name__,
         "global_batch": global_batch,
         "per_replica_batch": per_replica,
