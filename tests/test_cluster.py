@@ -15,7 +15,7 @@ import pytest
 
 from conftest import QUICK, tfdistx_env
 from tfdistx import cluster
-from tfdistx.errors import ConfigError
+from tfdistx.config.errors import ConfigError
 
 
 def digests(run_dir: Path) -> dict:
@@ -55,7 +55,7 @@ def test_two_workers_end_with_identical_weights(tfdistx, tmp_path):
     assert run.returncode == 0, run
     summary = run.summary
     assert (summary["strategy"], summary["workers"], summary["replicas"], summary["per_replica_batch"]) == ("multiworker", 2, 2, 16)
-    assert summary["step"] == 40 and summary["task"] == "worker:0"
+    assert summary["step"] == 40 and summary["process"] == "worker:0"
     found = digests(run.dir)
     assert set(found) == {"worker-0", "worker-1"} and len(set(found.values())) == 1, found
     assert found["worker-0"] == summary["weights_sha256"]
@@ -77,7 +77,7 @@ def test_parameter_server_variables_live_on_the_ps(tfdistx):
     run = tfdistx(*QUICK, "strategy=parameter_server", "cluster=ps1w2", "checkpoint.every_steps=20")
     assert run.returncode == 0, run
     summary = run.summary
-    assert summary["step"] == 40 and summary["task"] == "chief:0"
+    assert summary["step"] == 40 and summary["process"] == "chief:0"
     assert summary["variable_devices"] and all(d.startswith("/job:ps/") for d in summary["variable_devices"]), summary
     assert summary["eval"]["eval/accuracy"] >= 0
     assert [m["step"] for m in run.metrics] == [20, 40]
@@ -111,7 +111,7 @@ def test_tf_config_passthrough(tmp_path):
     outputs = {i: (tmp_path / f"worker{i}.out").read_text() for i in range(2)}
     assert proc.returncode == 0, (proc.stderr, outputs)
     summary = json.loads((run_dir / "summary.json").read_text())
-    assert (summary["task"], summary["workers"], summary["step"]) == ("worker:0", 2, 40)
+    assert (summary["process"], summary["workers"], summary["step"]) == ("worker:0", 2, 40)
     final = {i: [l for l in out.splitlines() if "final weights sha256" in l][0].rsplit(" ", 1)[1] for i, out in outputs.items()}
     assert final[0] == final[1] == summary["weights_sha256"]
 

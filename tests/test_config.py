@@ -9,7 +9,7 @@ from tfdistx import recipes
 from tfdistx.config import schema, topology
 from tfdistx.config.compose import compose_and_validate
 from tfdistx.config.paths import config_dir
-from tfdistx.errors import ConfigError
+from tfdistx.config.errors import ConfigError
 
 schema.register()
 

@@ -10,7 +10,7 @@ from conftest import QUICK, tfdistx_env
 from tfdistx import recipes
 from tfdistx.config import schema, topology
 from tfdistx.config.compose import compose_and_validate
-from tfdistx.errors import ConfigError
+from tfdistx.config.errors import ConfigError
 
 schema.register()
 

@@ -32,7 +32,7 @@ def test_srun_two_tasks_train_one_multiworker_cluster(slurm, tmp_path):
     proc = subprocess.run(cmd, capture_output=True, text=True, env=tfdistx_env(), timeout=600, cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     summary = json.loads((run_dir / "summary.json").read_text())
-    assert (summary["workers"], summary["replicas"], summary["step"], summary["task"]) == (2, 2, 40, "worker:0")
+    assert (summary["workers"], summary["replicas"], summary["step"], summary["process"]) == (2, 2, 40, "worker:0")
     digests = {line.rsplit(" ", 1)[1] for line in (proc.stdout + proc.stderr).splitlines() if "final weights sha256" in line}
     assert digests == {summary["weights_sha256"]}
 

@@ -11,6 +11,11 @@ def tiny_model(input_shape, num_classes):
     return keras.Sequential([keras.Input(shape=tuple(input_shape)), keras.layers.Flatten(), keras.layers.Dense(num_classes)])
 
 
+def ten_logits(input_shape):
+    """A model that ignores the width the task asks for."""
+    return keras.Sequential([keras.Input(shape=tuple(input_shape)), keras.layers.Flatten(), keras.layers.Dense(10)])
+
+
 def constant_data(features: int = 8, num_classes: int = 2, examples: int = 256):
     """Label = whether the first feature is positive: trivially learnable."""
     rng = np.random.default_rng(1)
@@ -48,3 +53,99 @@ def crashing_on_worker_1(**kwargs):
     from tfdistx.data import synthetic
 
     return synthetic(**kwargs)
+
+
+# -- a probe of which examples were trained on (the data split across workers) --
+
+
+def indexed_data(examples: int = 512, features: int = 4):
+    """Each example carries its own index as a feature."""
+    rng = np.random.default_rng(0)
+    x = {"x": rng.standard_normal((examples, features)).astype(np.float32), "index": np.arange(examples, dtype=np.int64)}
+    y = (x["x"][:, 0] > 0).astype(np.int64)
+    return DataSource(
+        train=lambda ctx: shard(tf.data.Dataset.from_tensor_slices((x, y)), ctx),
+        eval=lambda ctx: shard(tf.data.Dataset.from_tensor_slices((x, y)), ctx),
+        num_classes=2,
+        train_examples=examples,
+    )
+
+
+class CountExamples(keras.layers.Layer):
+    """Counts, in a weight called `seen`, how often each example index is
+    trained on: summed over replicas, workers and steps."""
+
+    def __init__(self, examples, **kwargs):
+        super().__init__(**kwargs)
+        self.examples = examples
+
+    def build(self, input_shape):
+        self.seen = self.add_weight(shape=(self.examples,), initializer="zeros", trainable=False, aggregation="sum", name="seen")
+
+    def call(self, index, training=False):
+        if training:
+            counts = tf.math.bincount(tf.cast(tf.reshape(index, [-1]), tf.int32), minlength=self.examples, maxlength=self.examples, dtype=tf.float32)
+            # The TF variable's own assign_add: one atomic op, also on a parameter server.
+            self.seen.value.assign_add(counts)
+        return tf.zeros_like(tf.cast(index, tf.float32))
+
+
+def counting_model(feature_spec, num_outputs, examples: int = 512):
+    inputs = {name: keras.Input(shape=tuple(spec.shape), dtype=spec.dtype.name, name=name) for name, spec in feature_spec.items()}
+    logits = keras.layers.Dense(num_outputs)(inputs["x"])
+    marker = CountExamples(examples, name="count_examples")(inputs["index"])
+    return keras.Model(inputs, keras.layers.Add()([logits, keras.layers.Reshape((1,))(marker)]))
+
+
+# -- a probe of the learning rate each step used --
+
+
+def far_targets(examples: int = 256):
+    """Targets so large that an MAE gradient on the prediction is always -1."""
+    x = np.zeros((examples, 2), np.float32)
+    y = np.full((examples,), 1e6, np.float32)
+    return DataSource(
+        train=lambda ctx: shard(tf.data.Dataset.from_tensor_slices((x, y)), ctx),
+        eval=lambda ctx: shard(tf.data.Dataset.from_tensor_slices((x[:16], y[:16])), ctx),
+        train_examples=examples,
+    )
+
+
+class Bias(keras.layers.Layer):
+    def build(self, input_shape):
+        self.bias = self.add_weight(shape=(1,), initializer="zeros", name="bias")
+
+    def call(self, x):
+        return tf.zeros_like(x[:, :1]) + self.bias
+
+
+def bias_only(input_shape, num_outputs):
+    """Predicts one learned number, whatever the input."""
+    inputs = keras.Input(shape=tuple(input_shape))
+    return keras.Model(inputs, Bias()(inputs))
+
+
+# -- a task of a user's own: the contract in tfdistx/tasks/__init__.py --
+
+from tfdistx.tasks import Task, column  # noqa: E402
+
+
+class SquaredHinge(Task):
+    """A yes/no task with a max-margin loss on one output, and a metric of its own."""
+
+    name = "squared_hinge"
+
+    def num_outputs(self, label_spec, num_classes):
+        return 1
+
+    def loss(self, labels, outputs):
+        return keras.losses.squared_hinge(2.0 * column(labels) - 1.0, outputs)  # labels 0/1 -> -1/+1
+
+    def metrics(self):
+        return {"margin_accuracy": keras.metrics.BinaryAccuracy(threshold=0.0)}
+
+    def metric_inputs(self, labels, outputs):
+        return column(labels), outputs
+
+    def serving_outputs(self, outputs):
+        return {"score": outputs, "label": tf.cast(outputs > 0, tf.int64)}

@@ -14,7 +14,7 @@ from typing import Any, Iterable
 from hydra.utils import get_method, instantiate
 from omegaconf import DictConfig, OmegaConf
 
-from tfdistx.errors import ConfigError
+from tfdistx.config.errors import ConfigError
 
 log = logging.getLogger(__name__)
 

@@ -1,10 +1,14 @@
 """Checkpoints with tf.train.Checkpoint and CheckpointManager.
 
-The step is the optimizer's own iteration counter, so model, optimizer
-slots, step and learning-rate schedule are saved and restored as one.
+Model, optimizer slots, the loop's step counter and the RNG states are saved
+and restored as one. Every worker of a synchronous cluster must save (saving
+is collective), but only the chief writes the run's checkpoints: the others
+save into a scratch directory of their own, removed when the run ends.
 """
 
 import logging
+import shutil
+import tempfile
 from typing import Optional
 
 import tensorflow as tf
@@ -13,16 +17,12 @@ log = logging.getLogger(__name__)
 
 
 class Checkpointer:
-    def __init__(self, directory: str, *, every_steps: int, max_to_keep: int, restore_from: Optional[str] = None, **trackables):
-        """Saves into `directory`; restores from `restore_from` (default: the same).
-
-        They differ on a non-chief worker, which saves into a scratch
-        directory but restores what the chief saved.
-        """
-        self.every_steps = every_steps
-        self.restore_from = restore_from or directory
+    def __init__(self, directory: str, *, max_to_keep: int, is_chief: bool = True, task_name: str = "main", **trackables):
+        """Restores from `directory`; saves there on the chief, elsewhere on the others."""
+        self.directory = directory
+        self.scratch = None if is_chief else tempfile.mkdtemp(prefix=f"tfdistx-{task_name.replace(':', '')}-")
         self.checkpoint = tf.train.Checkpoint(**trackables)
-        self.manager = tf.train.CheckpointManager(self.checkpoint, directory, max_to_keep=max_to_keep, checkpoint_name="ckpt")
+        self.manager = tf.train.CheckpointManager(self.checkpoint, self.scratch or directory, max_to_keep=max_to_keep, checkpoint_name="ckpt")
         self.last_saved: Optional[int] = None
 
     def restore_latest(self) -> Optional[str]:
@@ -32,7 +32,7 @@ class Checkpointer:
         later fails to restore: the next older one is tried, and the log says
         which was skipped and which was used.
         """
-        state = tf.train.get_checkpoint_state(self.restore_from)
+        state = tf.train.get_checkpoint_state(self.directory)
         candidates = list(reversed(state.all_model_checkpoint_paths)) if state else []
         for path in candidates:
             try:
@@ -44,13 +44,28 @@ class Checkpointer:
                 log.warning("restored %s, the newest intact checkpoint", path)
             return path
         if candidates:
-            log.warning("no intact checkpoint in %s: starting from scratch", self.restore_from)
+            log.warning("no intact checkpoint in %s: starting from scratch", self.directory)
         return None
-
-    def due(self, step: int) -> bool:
-        return bool(self.every_steps) and step % self.every_steps == 0
 
     def save(self, step: int) -> None:
         if step != self.last_saved:
             self.manager.save(checkpoint_number=step)
             self.last_saved = step
+
+    @property
+    def latest(self) -> Optional[str]:
+        """The newest checkpoint this process saved."""
+        return self.manager.latest_checkpoint
+
+    def close(self) -> None:
+        if self.scratch:
+            shutil.rmtree(self.scratch, ignore_errors=True)
+
+
+def find(directory: str, step: Optional[int] = None) -> Optional[str]:
+    """The newest checkpoint in `directory`, or the one saved at `step`."""
+    state = tf.train.get_checkpoint_state(directory)
+    paths = list(state.all_model_checkpoint_paths) if state else []
+    if step is None:
+        return paths[-1] if paths else None
+    return next((p for p in paths if p.endswith(f"ckpt-{step}")), None)

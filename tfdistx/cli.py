@@ -1,12 +1,17 @@
 """The entrypoint: `python -m tfdistx [overrides]` and the `tfdistx` script.
 
-Order matters here: check the config without TensorFlow (so bad input is
-refused in under a second with exit code 2), then let Hydra create the run
-directory and call `_run`, which imports the training code.
+Order matters here: compose and check the config without TensorFlow (so bad
+input is refused in under a second with exit code 2), then let Hydra create
+the run directory and call `_run`, which imports the training code. A single
+run is composed once (config/compose.py) and run with Hydra's `run_job`;
+what Hydra answers itself (--help, --cfg, multirun sweeps) goes to
+`hydra.main`. The tasks of a local cluster do not compose at all: they read
+the parent's resolved config (`tfdistx _task`).
 """
 
 import importlib
 import json
+import logging
 import os
 import sys
 from pathlib import Path
@@ -14,26 +19,31 @@ from typing import Optional, Sequence
 
 import hydra
 from hydra._internal.utils import get_args_parser
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from tfdistx import cluster, recipes
-from tfdistx.config import schema, topology
-from tfdistx.config.compose import compose_and_validate
+from tfdistx.config import schema, strategies, topology
+from tfdistx.config.compose import compose_and_validate, composed, saved_overrides
+from tfdistx.config.errors import EXIT_INVALID_CONFIG, ConfigError
 from tfdistx.config.paths import config_dir
 from tfdistx.config.validate import validate
-from tfdistx.errors import EXIT_INVALID_CONFIG, ConfigError
-
 
 # `tfdistx NAME ...` runs a tool instead of a training job. Imported only
 # when asked for, so a training run pays nothing for them.
 SUBCOMMANDS = {
     "recipes": "tfdistx.recipes:main",  # list, show and copy out recipes
     "report": "tfdistx.report:main",  # plots and a table for a run or sweep dir
+    "export": "tfdistx.export:main",  # a SavedModel from a run's checkpoint
+    "evaluate": "tfdistx.cli:evaluate_main",  # metrics of a run's checkpoint on the eval data
+    "_task": "tfdistx.cli:task_main",  # one task of a local cluster (started by the launcher)
 }
 
 
 def main(argv: Optional[Sequence[str]] = None):
     argv = list(sys.argv[1:] if argv is None else argv)
+    # TensorFlow's C++ start-up chatter (CPU features, oneDNN) buries the
+    # progress display; users can still ask for it.
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     if argv and argv[0] in SUBCOMMANDS:
         module, function = SUBCOMMANDS[argv[0]].split(":")
         try:
@@ -41,27 +51,23 @@ def main(argv: Optional[Sequence[str]] = None):
         except BrokenPipeError:  # `tfdistx recipes | head`: the reader has what it wanted
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
             sys.exit(0)
-    # TensorFlow's C++ start-up chatter (CPU features, oneDNN) buries the
-    # progress display; users can still ask for it.
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     schema.register()
     plan = "--plan" in argv
     argv = [arg for arg in argv if arg != "--plan"]
     try:
         args = get_args_parser().parse_args(argv)
-        topology.register(args.overrides)
-        recipes.register(args.overrides)  # TFDISTX_RECIPES dirs, and the clusters the chosen recipes name
+        _register(args.overrides)
         if plan:
             from tfdistx.plan import describe
 
             print(describe(compose_and_validate(args.overrides)))
             return
         if not _hydra_handles_it(args):
-            compose_and_validate(args.overrides)
+            return _run_once(args.overrides)
     except ConfigError as error:
-        _refuse(error)
+        refuse(error)
     except Exception as error:  # an override Hydra cannot even parse
-        _refuse(ConfigError.one("override", " ".join(argv), str(error).strip().splitlines()[0]))
+        refuse(ConfigError.one("override", " ".join(argv), str(error).strip().splitlines()[0]))
 
     sys.argv = [sys.argv[0]] + argv
     try:
@@ -71,51 +77,124 @@ def main(argv: Optional[Sequence[str]] = None):
         sys.exit(130)
 
 
+def _register(overrides) -> None:
+    topology.register(overrides)  # cluster=WxD / psPwW names
+    recipes.register(overrides)  # TFDISTX_RECIPES dirs, and the clusters the chosen recipes name
+
+
+def _run_once(overrides) -> None:
+    """A single run: composed once, then run as Hydra's own `run` would."""
+    from hydra._internal.callbacks import Callbacks  # what Hydra.run builds for run_job
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.utils import run_job
+    from hydra.types import HydraContext
+
+    with composed(overrides) as cfg:
+        context = HydraContext(config_loader=GlobalHydra.instance().config_loader(), callbacks=Callbacks(cfg))
+        try:
+            result = run_job(task_function=_run, config=cfg, job_dir_key="hydra.run.dir", job_subdir_key=None, hydra_context=context)
+        except KeyboardInterrupt:
+            print("tfdistx: interrupted", file=sys.stderr)
+            sys.exit(130)
+        _ = result.return_value  # re-raises what the job raised
+
+
 def _run(cfg: DictConfig):
-    """One Hydra job: validate (again, for multirun jobs), then train here,
-    or start a local cluster whose tasks each run this same job."""
+    """One Hydra job: train here, or start a local cluster whose tasks each
+    run this job. Multirun jobs are composed by the sweeper, so checked here."""
     from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
 
-    run_dir = HydraConfig.get().runtime.output_dir
+    hydra_cfg = HydraConfig.get()
     try:
-        validate(cfg)
-        placement = cluster.detect(cfg.strategy.name, cfg.cluster)
-        if placement.source == "local":
-            return _run_local_cluster(cfg, run_dir, list(HydraConfig.get().overrides.task))
-        from tfdistx.train import train  # imports TensorFlow
-
-        return train(cfg, run_dir, placement)
+        if hydra_cfg.mode == RunMode.MULTIRUN:
+            validate(cfg)
+        return execute(cfg, hydra_cfg.runtime.output_dir, "train")
     except ConfigError as error:
-        _refuse(error)
+        refuse(error)
 
 
-def _run_local_cluster(cfg: DictConfig, run_dir: str, overrides: list):
-    """Every task reruns this job's overrides in the same run directory
-    (given explicitly: each process would otherwise stamp its own time)."""
+def execute(cfg: DictConfig, run_dir: str, mode: str, step: Optional[int] = None):
+    """Train (or evaluate) in this process, or as a local cluster of processes."""
+    facts = strategies.get(cfg.strategy.name, cfg.cluster.workers, cfg.cluster.devices_per_worker)
+    placement = cluster.detect(facts, cfg.cluster)
+    if placement.source == "local":
+        return _run_local_cluster(cfg, run_dir, facts, mode, step)
+    from tfdistx import train  # imports TensorFlow
+
+    if mode == "evaluate":
+        return train.evaluate(cfg, run_dir, placement, step)
+    return train.train(cfg, run_dir, placement)
+
+
+def _run_local_cluster(cfg: DictConfig, run_dir: str, facts: strategies.Strategy, mode: str, step: Optional[int]):
+    """Every task runs this job from the resolved config written here, in
+    the same run directory; only the chief writes the run's files."""
     from tfdistx.launch import run_local_cluster
 
-    strategy = cluster.multi_process_strategy(cfg.strategy.name, cfg.cluster)
-    command = [
-        sys.executable, "-m", "tfdistx", *overrides,
-        f"hydra.run.dir='{run_dir}'",
-        "hydra.output_subdir=null",  # this process already wrote .hydra/
-        "hydra/job_logging=stdout",  # the launcher prefixes and files each task's output
-        "cluster.launch=tf_config",
-    ]
-    counts = cluster.job_counts(strategy, cfg.cluster)
-    parameter_servers = strategy == "parameter_server"
-    # With parameter servers the coordinator (chief) drives training and
-    # reschedules a lost worker's work, so a worker is restarted on its own.
-    code = run_local_cluster(counts, command, os.path.join(run_dir, "logs"),
-                             primary=["chief"] if parameter_servers else ["worker"],
-                             isolate=cfg.cluster.isolate, max_restarts=cfg.cluster.max_restarts,
-                             restart_alone=["worker"] if parameter_servers else [])
+    logs = Path(run_dir, "logs")
+    logs.mkdir(parents=True, exist_ok=True)
+    task_config = logs / f"{mode}-config.yaml"
+    resolved = OmegaConf.to_container(cfg, resolve=True)
+    resolved["cluster"]["launch"] = "tf_config"  # each task is placed by the TF_CONFIG the launcher gives it
+    task_config.write_text(OmegaConf.to_yaml(resolved))
+    command = [sys.executable, "-m", "tfdistx", "_task", mode, str(run_dir), str(task_config), *([str(step)] if step is not None else [])]
+    code = run_local_cluster(facts.job_counts(cfg.cluster.workers, cfg.cluster.ps), command, str(logs),
+                             primary=list(facts.primary_jobs), isolate=cfg.cluster.isolate,
+                             max_restarts=cfg.cluster.max_restarts, restart_alone=list(facts.restartable_alone))
     if code:
         sys.exit(code)
     from tfdistx.train import objective  # no TensorFlow at import
 
-    summary = json.loads(Path(run_dir, "summary.json").read_text())
-    return objective(cfg.trainer.objective, summary)
+    if mode == "evaluate":
+        return json.loads(Path(run_dir, "evaluations.jsonl").read_text().splitlines()[-1])
+    return objective(cfg.trainer.objective, json.loads(Path(run_dir, "summary.json").read_text()))
+
+
+def task_main(argv) -> int:
+    """`tfdistx _task MODE RUN_DIR CONFIG [STEP]`: one task of a local cluster."""
+    mode, run_dir, config_path, *rest = argv
+    # Plain messages: the launcher prefixes each line with the task's name
+    # and files it in logs/<task>.log (as Hydra's job_logging=stdout did).
+    logging.basicConfig(stream=sys.stdout, level=logging.INFO, format="%(message)s")
+    cfg = OmegaConf.load(config_path)
+    facts = strategies.get(cfg.strategy.name, cfg.cluster.workers, cfg.cluster.devices_per_worker)
+    try:
+        placement = cluster.detect(facts, cfg.cluster)
+        from tfdistx import train
+
+        if mode == "evaluate":
+            train.evaluate(cfg, run_dir, placement, int(rest[0]) if rest else None)
+        else:
+            train.train(cfg, run_dir, placement)
+    except ConfigError as error:
+        refuse(error)
+    return 0
+
+
+def evaluate_main(argv) -> int:
+    """`tfdistx evaluate RUN_DIR [--step N] [overrides]`: the run's config,
+    with the overrides on top (e.g. strategy=one_device cluster=local)."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="tfdistx evaluate", description="Evaluate a run's checkpoint on the configured eval data.")
+    parser.add_argument("run_dir")
+    parser.add_argument("--step", type=int, default=None, help="the checkpoint saved at this step (default: the newest)")
+    parser.add_argument("overrides", nargs="*", help="config overrides on top of the run's own, e.g. strategy=one_device")
+    args = parser.parse_args(argv)
+    schema.register()
+    try:
+        overrides = [*saved_overrides(args.run_dir), *args.overrides]
+        _register(overrides)
+        cfg = compose_and_validate(overrides)
+        with_hydra = OmegaConf.to_container(cfg)
+        with_hydra.pop("hydra", None)
+        logging.basicConfig(stream=sys.stderr, level=logging.INFO, format="[%(name)s][%(levelname)s] - %(message)s")
+        record = execute(OmegaConf.create(with_hydra), os.path.abspath(args.run_dir), "evaluate", args.step)
+    except ConfigError as error:
+        refuse(error)
+    print(json.dumps(record, indent=2, default=float))
+    return 0
 
 
 def _hydra_handles_it(args) -> bool:
@@ -123,7 +202,7 @@ def _hydra_handles_it(args) -> bool:
     return bool(args.help or args.hydra_help or args.cfg or args.info or args.shell_completion or args.multirun)
 
 
-def _refuse(error: ConfigError):
+def refuse(error: ConfigError):
     for line in error.lines():
         print(line, file=sys.stderr)
     sys.exit(EXIT_INVALID_CONFIG)

@@ -12,10 +12,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Dict, List, Mapping, Optional
 
-from tfdistx.errors import ConfigError, Problem
-
-MULTI_PROCESS = ("multiworker", "parameter_server")
-LAUNCH_MODES = ("auto", "local", "tf_config", "slurm")
+from tfdistx.config.errors import ConfigError, Problem
+from tfdistx.config.strategies import Strategy
 
 
 @dataclass
@@ -43,36 +41,21 @@ class Placement:
         return json.dumps({"cluster": self.spec, "task": {"type": self.task_type, "index": self.task_index}})
 
 
-def job_counts(strategy: str, cluster) -> Dict[str, int]:
-    """Tasks per job name that a strategy needs on this cluster."""
-    if strategy == "parameter_server":
-        return {"chief": 1, "ps": cluster.ps, "worker": cluster.workers}
-    return {"worker": cluster.workers}
-
-
-def needs_cluster(strategy: str, cluster) -> bool:
-    return strategy in MULTI_PROCESS or (strategy == "auto" and cluster.workers > 1)
-
-
-def multi_process_strategy(strategy: str, cluster) -> str:
-    return "multiworker" if strategy == "auto" else strategy
-
-
-def detect(strategy: str, cluster, env: Mapping[str, str] = os.environ) -> Placement:
+def detect(strategy: Strategy, cluster, env: Mapping[str, str] = os.environ) -> Placement:
     """How this process learns its place; `cluster.launch` forces the choice."""
-    if not needs_cluster(strategy, cluster):
+    if not strategy.multi_process:
         return Placement("single")
-    strategy = multi_process_strategy(strategy, cluster)
+    counts = strategy.job_counts(cluster.workers, cluster.ps)
     mode = cluster.get("launch", "auto")
     if mode == "auto":
         mode = "tf_config" if env.get("TF_CONFIG") else "slurm" if "SLURM_PROCID" in env else "local"
     if mode == "local":
-        return Placement("local", spec={k: [""] * n for k, n in job_counts(strategy, cluster).items() if n})
+        return Placement("local", spec={k: [""] * n for k, n in counts.items() if n})
     if mode == "tf_config":
         placement = from_tf_config(env.get("TF_CONFIG", ""))
     else:
-        placement = from_slurm(env, job_counts(strategy, cluster), cluster.get("base_port", 29400))
-    check_topology(placement, job_counts(strategy, cluster))
+        placement = from_slurm(env, counts, cluster.get("base_port", 29400))
+    check_topology(placement, counts)
     return placement
 
 

@@ -2,7 +2,8 @@
 
 A data `_target_` returns a DataSource: functions that build the *unbatched*
 (features, label) pipelines for one input pipeline (an InputContext, or None
-for a single pipeline), plus the shapes a model needs. Batching, shuffling,
+for a single pipeline). Features are one tensor or a dict of named tensors;
+labels any shape. The shapes a model needs are read from the pipeline itself. Batching, shuffling,
 prefetching and how the pipelines meet replicas is `input.py`'s job, so a
 user's own data function (`data._target_=mypkg.make_data`) only has to say
 where the examples come from.
@@ -14,7 +15,7 @@ from typing import Callable, Optional, Sequence
 import numpy as np
 import tensorflow as tf
 
-from tfdistx.errors import ConfigError
+from tfdistx.config.errors import ConfigError
 
 PipelineFn = Callable[[Optional[tf.distribute.InputContext]], tf.data.Dataset]
 
@@ -23,16 +24,34 @@ PipelineFn = Callable[[Optional[tf.distribute.InputContext]], tf.data.Dataset]
 class DataSource:
     train: PipelineFn
     eval: Optional[PipelineFn]
-    input_shape: tuple
-    num_classes: int
+    input_shape: Optional[tuple] = None  # not needed: the features' specs come from `train`
+    num_classes: Optional[int] = None  # classification: how many classes the labels count
     train_examples: Optional[int] = None
+
+    @property
+    def element_spec(self):
+        """(features spec, label spec) of one unbatched example."""
+        return self.train(None).element_spec
 
 
 def shard(dataset: tf.data.Dataset, context: Optional[tf.distribute.InputContext]) -> tf.data.Dataset:
-    """Give each input pipeline its own slice of an in-memory dataset."""
+    """Give each input pipeline its own slice of an in-memory dataset.
+
+    The pipeline id may be a tensor: a parameter-server worker's index is
+    only known on the worker (input.py).
+    """
     if context is None or context.num_input_pipelines == 1:
         return dataset
     return dataset.shard(context.num_input_pipelines, context.input_pipeline_id)
+
+
+def in_memory(train, evaluation, **info) -> DataSource:
+    """A DataSource over (features, labels) arrays held in memory."""
+    return DataSource(
+        train=lambda ctx: shard(tf.data.Dataset.from_tensor_slices(train), ctx),
+        eval=lambda ctx: shard(tf.data.Dataset.from_tensor_slices(evaluation), ctx),
+        **info,
+    )
 
 
 def synthetic(
@@ -56,45 +75,82 @@ def synthetic(
         labels = np.argmax((images.reshape(n, -1) - 0.5) @ rule, axis=1).astype(np.int64)
         return images, labels
 
-    train, evaluation = make(train_examples), make(eval_examples)
-    return DataSource(
-        train=lambda ctx: shard(tf.data.Dataset.from_tensor_slices(train), ctx),
-        eval=lambda ctx: shard(tf.data.Dataset.from_tensor_slices(evaluation), ctx),
-        input_shape=shape,
-        num_classes=num_classes,
-        train_examples=train_examples,
-    )
+    return in_memory(make(train_examples), make(eval_examples), num_classes=num_classes, train_examples=train_examples)
 
 
 def synthetic_categorical(
     num_fields: int = 8,
     vocab_size: int = 100_000,
-    num_classes: int = 2,
+    dense_features: int = 4,
     train_examples: int = 8192,
     eval_examples: int = 1024,
     seed: int = 0,
 ) -> DataSource:
-    """Rows of hashed categorical ids (click-log shaped) for wide & deep.
+    """Click-log shaped rows for wide & deep and the binary task.
 
-    Ids are Zipf-distributed, as real categorical features are; the label is
-    a fixed random function of the ids, so the embeddings have something to learn.
+    Features are a dict: `categorical`, hashed ids in [0, vocab_size),
+    Zipf-distributed as real categorical features are, and `dense`, a few
+    normal floats. The label (click: 1.0, none: 0.0) is drawn from a fixed
+    random logistic function of both, so AUC well above 0.5 is learnable but
+    not 1.0.
     """
     rng = np.random.default_rng(seed)
-    weights = rng.standard_normal((vocab_size, num_classes)).astype(np.float32)
+    id_weights = rng.standard_normal(vocab_size).astype(np.float32)
+    dense_weights = rng.standard_normal(dense_features).astype(np.float32)
 
     def make(n: int):
         ids = (rng.zipf(1.3, size=(n, num_fields)) % vocab_size).astype(np.int64)
-        labels = np.argmax(weights[ids].sum(axis=1), axis=1).astype(np.int64)
-        return ids, labels
+        dense = rng.standard_normal((n, dense_features)).astype(np.float32)
+        logit = id_weights[ids].sum(axis=1) / np.sqrt(num_fields) + dense @ dense_weights / np.sqrt(max(dense_features, 1))
+        clicks = (rng.random(n) < 1.0 / (1.0 + np.exp(-2.0 * logit))).astype(np.float32)
+        return {"categorical": ids, "dense": dense}, clicks
 
-    train, evaluation = make(train_examples), make(eval_examples)
-    return DataSource(
-        train=lambda ctx: shard(tf.data.Dataset.from_tensor_slices(train), ctx),
-        eval=lambda ctx: shard(tf.data.Dataset.from_tensor_slices(evaluation), ctx),
-        input_shape=(num_fields,),
-        num_classes=num_classes,
-        train_examples=train_examples,
-    )
+    return in_memory(make(train_examples), make(eval_examples), train_examples=train_examples)
+
+
+def synthetic_multilabel(
+    num_features: int = 32,
+    num_labels: int = 8,
+    train_examples: int = 8192,
+    eval_examples: int = 1024,
+    seed: int = 0,
+) -> DataSource:
+    """Feature vectors tagged with any subset of `num_labels` labels (multi-hot).
+
+    Label j is on where a fixed random projection of the features exceeds a
+    per-label threshold, so labels are correlated and unevenly frequent.
+    """
+    rng = np.random.default_rng(seed)
+    projection = rng.standard_normal((num_features, num_labels)).astype(np.float32) / np.sqrt(num_features)
+    thresholds = rng.uniform(-0.5, 1.0, num_labels).astype(np.float32)
+
+    def make(n: int):
+        x = rng.standard_normal((n, num_features)).astype(np.float32)
+        return x, (x @ projection > thresholds).astype(np.float32)
+
+    return in_memory(make(train_examples), make(eval_examples), train_examples=train_examples)
+
+
+def synthetic_regression(
+    num_features: int = 16,
+    num_targets: int = 1,
+    noise: float = 0.1,
+    train_examples: int = 8192,
+    eval_examples: int = 1024,
+    seed: int = 0,
+) -> DataSource:
+    """Feature vectors and real targets: a fixed random smooth function plus
+    Gaussian noise. One target is a scalar label; several, a vector."""
+    rng = np.random.default_rng(seed)
+    w1 = rng.standard_normal((num_features, 32)).astype(np.float32) / np.sqrt(num_features)
+    w2 = rng.standard_normal((32, num_targets)).astype(np.float32) / np.sqrt(32)
+
+    def make(n: int):
+        x = rng.standard_normal((n, num_features)).astype(np.float32)
+        y = np.tanh(x @ w1) @ w2 + noise * rng.standard_normal((n, num_targets)).astype(np.float32)
+        return x, (y[:, 0] if num_targets == 1 else y)
+
+    return in_memory(make(train_examples), make(eval_examples), train_examples=train_examples)
 
 
 def tfds(
@@ -118,15 +174,19 @@ def tfds(
         builder.download_and_prepare()
 
     features = builder.info.features
-    image_key = "image" if "image" in features else next(iter(features))
 
     def pipeline(split: str) -> PipelineFn:
         def make(ctx):
-            read_config = tensorflow_datasets.ReadConfig(input_context=ctx, shuffle_seed=seed)
+            # tfds shards by file for an input pipeline known in Python; a
+            # parameter-server worker's index is a tensor: shard by element.
+            by_file = ctx if ctx is None or isinstance(ctx.input_pipeline_id, int) else None
+            read_config = tensorflow_datasets.ReadConfig(input_context=by_file, shuffle_seed=seed)
             try:
                 ds = builder.as_dataset(split=split, as_supervised=True, shuffle_files=True, read_config=read_config)
             except AssertionError as error:  # tfds' way of saying "not prepared"
                 raise ConfigError.one("data.download", download, f"{name} is not prepared in {builder.data_dir} ({error}); set data.download=true or data.data_dir") from None
+            if by_file is None:
+                ds = shard(ds, ctx)
             return ds.map(lambda x, y: (tf.cast(x, tf.float32) / 255.0, y), num_parallel_calls=tf.data.AUTOTUNE)
 
         return make
@@ -136,7 +196,6 @@ def tfds(
     return DataSource(
         train=pipeline(train_split),
         eval=pipeline(eval_split) if eval_split else None,
-        input_shape=tuple(features[image_key].shape),
         num_classes=features["label"].num_classes,
         train_examples=train_examples or None,
     )

@@ -3,6 +3,15 @@
 Each input pipeline (one per worker) builds its own shard and batches it at
 the per-replica size: `distribute_datasets_from_function` with an
 InputContext, so a global batch of 256 on 4 replicas feeds 64 to each.
+
+Parameter servers are different: the coordinator traces the dataset function
+once and every worker runs the same graph, so the InputContext cannot tell
+workers apart. There, the worker's index is read on the worker
+(`experimental_get_current_worker_index`) and each worker reads its own
+shard: across the cluster every example is seen once per epoch in
+expectation. (The shuffle seed stays the run's: a seed that depends on a
+tensor cannot be used once a global seed is set, and disjoint shards
+already give each worker its own order.)
 """
 
 from typing import Optional
@@ -10,7 +19,7 @@ from typing import Optional
 import tensorflow as tf
 
 from tfdistx.data import DataSource, PipelineFn
-from tfdistx.errors import ConfigError
+from tfdistx.config.errors import ConfigError
 
 
 def per_replica_batch(global_batch: int, replicas: int) -> int:
@@ -28,27 +37,42 @@ def train_dataset(
     shuffle_buffer: int = 10_000,
     cache: bool = False,
     skip_steps: int = 0,
+    ps_workers: int = 0,
 ):
     """An endless, shuffled, per-replica-batched distributed dataset.
 
     The order is a function of `seed` alone, so a resumed run skips the
     `skip_steps` steps it already trained on and sees the batches an
-    uninterrupted run would have seen next.
+    uninterrupted run would have seen next. `ps_workers`: the number of
+    parameter-server workers (0: not parameter servers).
     """
     per_replica_batch(global_batch, strategy.num_replicas_in_sync)
 
     def dataset_fn(ctx: tf.distribute.InputContext) -> tf.data.Dataset:
+        if ps_workers:
+            worker = tf.distribute.coordinator.experimental_get_current_worker_index()
+            # Each step is one worker's whole batch: one "replica" per step.
+            ctx = tf.distribute.InputContext(num_input_pipelines=ps_workers, input_pipeline_id=worker, num_replicas_in_sync=1)
         ds = _without_autoshard(source.train(ctx))
         if cache:
             ds = ds.cache()
         ds = ds.shuffle(shuffle_buffer, seed=seed, reshuffle_each_iteration=True).repeat()
         ds = ds.batch(ctx.get_per_replica_batch_size(global_batch), drop_remainder=True)
-        if skip_steps:
-            # Each step takes one batch per replica this pipeline feeds.
-            ds = ds.skip(skip_steps * ctx.num_replicas_in_sync // ctx.num_input_pipelines)
+        skip = batches_to_skip(skip_steps, ctx.num_replicas_in_sync, ctx.num_input_pipelines)
+        if skip:
+            ds = ds.skip(skip)
         return ds.prefetch(tf.data.AUTOTUNE)
 
     return strategy.distribute_datasets_from_function(dataset_fn)
+
+
+def batches_to_skip(steps_done: int, replicas: int, input_pipelines: int) -> int:
+    """Batches one input pipeline has fed after `steps_done` steps: each
+    step takes one batch per replica, spread evenly over the pipelines.
+    (Parameter servers: each step is one worker's batch, so a worker has
+    fed steps / workers of them — in expectation, as steps go to whichever
+    worker is free.)"""
+    return steps_done * replicas // input_pipelines
 
 
 def eval_dataset(

@@ -57,7 +57,7 @@ def run_local_cluster(counts: Dict[str, int], command: List[str], log_dir: str, 
         print(f"tfdistx: local cluster ({_describe(counts)}) in a private network namespace: loopback only", flush=True)
     elif isolate:
         os.unlink(f.name)
-        from tfdistx.errors import ConfigError
+        from tfdistx.config.errors import ConfigError
 
         raise ConfigError.one("cluster.isolate", True, "this machine does not allow a private network namespace (unshare --user --net failed)")
     else:

@@ -1,16 +1,52 @@
 """Where metrics go: the terminal, metrics.jsonl, TensorBoard, Weights & Biases.
 
-Each logger is a callable `(step, metrics)`; the engine calls them all at
-every log or eval step and knows none of them.
+Each logger is a callable `(step, metrics)`; the training loop calls them
+all at every log or eval step and knows none of them. `for_run` opens the
+ones a run's `logger` config asks for; the run directory's other files
+(summary.json, evaluations.jsonl) are written here too.
 """
 
+import contextlib
 import json
 import netrc
 import os
 import sys
 import time
 from pathlib import Path
-from typing import Optional
+from typing import Mapping, Optional
+
+
+@contextlib.contextmanager
+def for_run(run_dir: Path, cfg: Mapping, total_steps: int, start_step: int, enabled: bool = True, config: Optional[dict] = None):
+    """The loggers `cfg` (the logger group) asks for, closed on exit; none
+    unless `enabled` (only the chief writes the run directory)."""
+    sinks = []
+    try:
+        if enabled:
+            sinks.append(JsonlLogger(str(run_dir / "metrics.jsonl"), resume_step=start_step))
+            if cfg.get("console", True):
+                sinks.append(ConsoleProgress(total_steps))
+            if cfg.get("tensorboard", True):
+                sinks.append(TensorBoardLogger(str(run_dir / "tensorboard")))
+            wandb_cfg = dict(cfg.get("wandb") or {})
+            if wandb_cfg.pop("enabled", False):
+                sinks.append(WandbLogger(str(run_dir), config or {}, **wandb_cfg))
+        yield sinks
+    finally:
+        for sink in sinks:
+            getattr(sink, "close", lambda: None)()
+
+
+def write_json(path: Path, payload: dict) -> None:
+    """Written whole or not at all (a reader never sees half a file)."""
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(payload, indent=2, default=float) + "\n")
+    os.replace(tmp, path)
+
+
+def append_jsonl(path: Path, record: dict) -> None:
+    with open(path, "a") as f:
+        f.write(json.dumps(record, default=float) + "\n")
 
 
 class ConsoleProgress:

@@ -1,29 +1,34 @@
-"""Built-in models. Each returns a built Keras 3 model that outputs logits.
+"""Built-in models. Each returns a built Keras 3 model with `num_outputs`
+raw outputs per example (logits, or values for regression).
 
-Every builder takes `input_shape` and `num_classes` (from the DataSource) plus
-its own hyperparameters from `conf/model/<name>.yaml`.
+tfdistx passes what a builder asks for by name: `input_shape` (the features'
+shape, when they are one tensor), `feature_spec` (the features' tf.TensorSpec,
+or a dict of them), `num_outputs` (how wide the task needs the output:
+classes, 1 for binary, labels, targets) and `num_classes` (the same number,
+under the name older model functions use), plus the hyperparameters in
+`conf/model/<name>.yaml`. Models never know the cluster.
 """
 
-from typing import Sequence
+from typing import Mapping, Sequence
 
 import keras
 from keras import layers
 
-from tfdistx.errors import ConfigError
+from tfdistx.config.errors import ConfigError
 
 
-def mlp(input_shape: Sequence[int], num_classes: int, hidden_units: Sequence[int] = (128,), dropout: float = 0.0) -> keras.Model:
+def mlp(input_shape: Sequence[int], num_outputs: int, hidden_units: Sequence[int] = (128,), dropout: float = 0.0) -> keras.Model:
     """The seeds' network: 784-128-10 for MNIST."""
     model = keras.Sequential([keras.Input(shape=tuple(input_shape)), layers.Flatten()], name="mlp")
     for units in hidden_units:
         model.add(layers.Dense(units, activation="relu"))
         if dropout:
             model.add(layers.Dropout(dropout))
-    model.add(layers.Dense(num_classes))
+    model.add(layers.Dense(num_outputs))
     return model
 
 
-def cnn(input_shape: Sequence[int], num_classes: int, filters: Sequence[int] = (32, 64), dense_units: int = 128, dropout: float = 0.25) -> keras.Model:
+def cnn(input_shape: Sequence[int], num_outputs: int, filters: Sequence[int] = (32, 64), dense_units: int = 128, dropout: float = 0.25) -> keras.Model:
     model = keras.Sequential([keras.Input(shape=tuple(input_shape))], name="cnn")
     for width in filters:
         model.add(layers.Conv2D(width, 3, padding="same", activation="relu"))
@@ -32,11 +37,11 @@ def cnn(input_shape: Sequence[int], num_classes: int, filters: Sequence[int] = (
     model.add(layers.Dense(dense_units, activation="relu"))
     if dropout:
         model.add(layers.Dropout(dropout))
-    model.add(layers.Dense(num_classes))
+    model.add(layers.Dense(num_outputs))
     return model
 
 
-def resnet(input_shape: Sequence[int], num_classes: int, depth: int = 20, width: int = 16, weight_decay: float = 1e-4) -> keras.Model:
+def resnet(input_shape: Sequence[int], num_outputs: int, depth: int = 20, width: int = 16, weight_decay: float = 1e-4) -> keras.Model:
     """CIFAR ResNet (He et al. 2016, section 4.2): 3 stages of (depth-2)/6 basic blocks."""
     if (depth - 2) % 6:
         raise ConfigError.one("model.depth", depth, "a CIFAR ResNet has depth 6n+2: 20, 32, 44, 56, 110")
@@ -59,7 +64,7 @@ def resnet(input_shape: Sequence[int], num_classes: int, depth: int = 20, width:
                 shortcut = layers.BatchNormalization()(conv(shortcut, filters, stride, kernel=1))
             x = layers.ReLU()(layers.Add()([y, shortcut]))
     x = layers.GlobalAveragePooling2D()(x)
-    outputs = layers.Dense(num_classes, kernel_regularizer=reg)(x)
+    outputs = layers.Dense(num_outputs, kernel_regularizer=reg)(x)
     return keras.Model(inputs, outputs, name=f"resnet{depth}")
 
 
@@ -94,20 +99,46 @@ class ShardedEmbedding(layers.Layer):
         return tf.nn.embedding_lookup([table.value for table in self.tables], ids)
 
 
-def wide_deep(input_shape: Sequence[int], num_classes: int, vocab_size: int = 100_000, embedding_dim: int = 16,
+def wide_deep(feature_spec, num_outputs: int, vocab_size: int = 100_000, embedding_dim: int = 16,
               hidden_units: Sequence[int] = (256, 128), shards: int = 1) -> keras.Model:
-    """Wide & deep (Cheng et al. 2016) over hashed categorical ids.
+    """Wide & deep (Cheng et al. 2016) over named inputs.
 
-    Inputs are `input_shape[0]` integer fields in [0, vocab_size). The deep
-    part embeds each field (the large table: vocab_size x embedding_dim, the
-    parameter-server use case, in `shards` pieces: one per ps task); the wide
-    part is a linear model on the same ids (a vocab_size x num_classes table).
+    Integer features are hashed categorical ids in [0, vocab_size): the deep
+    part embeds them (the large table, vocab_size x embedding_dim: the
+    parameter-server use case, in `shards` pieces, one per ps task) and the
+    wide part is a linear model on the same ids (a vocab_size x num_outputs
+    table). Float features go into the deep tower and the wide part as they
+    are. A single integer tensor of features counts as one categorical input.
     """
-    ids = keras.Input(shape=tuple(input_shape), dtype="int64")
-    deep = layers.Flatten()(ShardedEmbedding(vocab_size, embedding_dim, shards, name="deep_embedding")(ids))
-    for units in hidden_units:
-        deep = layers.Dense(units, activation="relu")(deep)
-    deep = layers.Dense(num_classes)(deep)
-    wide = ShardedEmbedding(vocab_size, num_classes, shards, embeddings_initializer="zeros", name="wide_weights")(ids)
-    wide = layers.Lambda(lambda t: keras.ops.sum(t, axis=1))(wide)
-    return keras.Model(ids, layers.Add()([deep, wide]), name="wide_deep")
+    single = not isinstance(feature_spec, Mapping)
+    specs = {"categorical": feature_spec} if single else feature_spec
+    inputs = {name: keras.Input(shape=tuple(spec.shape), dtype=spec.dtype.name, name=name) for name, spec in specs.items()}
+    ids = [x for x in inputs.values() if "int" in x.dtype]
+    dense = [x for x in inputs.values() if "int" not in x.dtype]
+    if not ids:
+        have = ", ".join(f"{k}: {v.dtype.name} {tuple(v.shape)}" for k, v in specs.items()) if single else f"{feature_spec.dtype.name} {tuple(feature_spec.shape)}"
+        raise ConfigError.one("model", "wide_deep", f"needs integer (categorical id) features; the data's features are {have}: use data=synthetic_categorical or ids of your own")
+    deep_table = ShardedEmbedding(vocab_size, embedding_dim, shards, name="deep_embedding")
+    wide_table = ShardedEmbedding(vocab_size, num_outputs, shards, embeddings_initializer="zeros", name="wide_weights")
+    ids = ids[0] if len(ids) == 1 else layers.Concatenate()(ids)
+    # Layers are named: Keras' default names ("dense", ...) would clash with the inputs'.
+    flat_dense = [layers.Flatten(name=f"flat_{x.name}")(x) for x in dense]
+    deep = layers.Flatten(name="deep_embedded")(deep_table(ids))
+    if flat_dense:
+        deep = layers.Concatenate(name="deep_inputs")([deep, *flat_dense])
+    for i, units in enumerate(hidden_units):
+        deep = layers.Dense(units, activation="relu", name=f"deep_{i}")(deep)
+    deep = layers.Dense(num_outputs, name="deep_out")(deep)
+    wide = SumOverFields(name="wide_ids")(wide_table(ids))
+    if flat_dense:
+        numbers = layers.Concatenate(name="wide_inputs")(flat_dense) if len(flat_dense) > 1 else flat_dense[0]
+        wide = layers.Add(name="wide")([wide, layers.Dense(num_outputs, use_bias=False, name="wide_dense")(numbers)])
+    return keras.Model(inputs["categorical"] if single else inputs, layers.Add(name="logits")([deep, wide]), name="wide_deep")
+
+
+class SumOverFields(layers.Layer):
+    """[batch, fields, n] -> [batch, n]: the wide part's sum over the id fields.
+    A layer (not a Lambda) so that the exported model needs no Python code."""
+
+    def call(self, x):
+        return keras.ops.sum(x, axis=1)

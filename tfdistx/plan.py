@@ -3,23 +3,33 @@
 from omegaconf import DictConfig, OmegaConf
 
 from tfdistx import cluster as cluster_lib
+from tfdistx.config import strategies
 from tfdistx.config.validate import planned_replicas
 
 
 def describe(cfg: DictConfig) -> str:
     strategy, topo = cfg.strategy.name, cfg.cluster
-    placement = cluster_lib.detect(strategy, topo)
-    lines = [f"strategy      {strategy}" + ("  (one_device, or mirrored over several devices/GPUs)" if strategy == "auto" and placement.source == "single" else "")]
+    facts = strategies.get(strategy, topo.workers, topo.devices_per_worker)
+    placement = cluster_lib.detect(facts, topo)
+    chosen = f"  -> {facts.name}" if strategy == strategies.AUTO else ""
+    if strategy == strategies.AUTO and placement.source == "single":
+        chosen += " (mirrored instead when several GPUs are visible)"
+    lines = [f"strategy      {strategy}{chosen}: {facts.description}"]
     lines.append(f"cluster       {topo.name}: {topo.workers} worker(s) x {topo.devices_per_worker or 'all GPUs or 1 CPU'} device(s), {topo.ps} ps")
-    lines += _tasks(strategy, topo, placement)
+    lines += _tasks(facts, topo, placement)
+    task = cfg.task
+    lines.append(f"task          {task.get('name', task._target_)}: metrics {', '.join(task.get('metrics') or ['(the task reports them)'])}; "
+                 f"objective {cfg.trainer.objective}")
 
     replicas = planned_replicas(cfg)
     batch = cfg.data.batch_size
-    if strategy == "parameter_server":
+    if facts.asynchronous:
         lines.append(f"replicas      {topo.workers} workers, asynchronous: each step trains one worker on a whole batch")
         lines.append(f"batch         {batch} per step")
+        lines.append(f"data          each worker reads its own 1/{topo.workers} of the examples (sharded by worker index); "
+                     "a resumed worker skips its expected share of the steps done")
     elif replicas:
-        note = " (one replica per worker without GPUs; W x GPUs with them)" if placement.source != "single" and strategy != "parameter_server" else ""
+        note = " (one replica per worker without GPUs; W x GPUs with them)" if placement.source != "single" else ""
         lines.append(f"replicas      {replicas}{note}")
         lines.append(f"batch         global {batch}, per replica {batch // replicas if batch % replicas == 0 else 'does not divide!'}")
     else:
@@ -40,11 +50,11 @@ def describe(cfg: DictConfig) -> str:
     return "\n".join(lines)
 
 
-def _tasks(strategy: str, topo, placement) -> list:
+def _tasks(facts: strategies.Strategy, topo, placement) -> list:
     if placement.source == "single":
         return ["placement     this process"]
     if placement.source == "local":
-        counts = cluster_lib.job_counts(cluster_lib.multi_process_strategy(strategy, topo), topo)
+        counts = facts.job_counts(topo.workers, topo.ps)
         lines = ["placement     local cluster launched by tfdistx: one process per task on free 127.0.0.1 ports,",
                  "              in a private network namespace when the OS allows it (cluster.isolate)"]
         for job, n in counts.items():

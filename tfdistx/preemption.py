@@ -22,7 +22,7 @@ import threading
 import tensorflow as tf
 
 from tfdistx.checkpointing import Checkpointer
-from tfdistx.errors import EXIT_PREEMPTED
+from tfdistx.config.errors import EXIT_PREEMPTED
 
 log = logging.getLogger(__name__)
 
@@ -36,10 +36,14 @@ class Preempted(SystemExit):
 
 
 class PreemptionWatcher:
+    """While open (a context manager), a SIGTERM sets a flag instead of
+    killing the process; the previous handler comes back on exit, so a later
+    job of a multirun in the same process is not left with this one's."""
+
     def __init__(self, strategy: tf.distribute.Strategy, checkpointer: Checkpointer, synchronous_cluster: bool):
         self.checkpointer = checkpointer
         self.signalled = threading.Event()
-        signal.signal(signal.SIGTERM, self._on_sigterm)
+        self._previous = signal.signal(signal.SIGTERM, self._on_sigterm)
         self._anyone = None
         if synchronous_cluster:
             @tf.function
@@ -48,6 +52,12 @@ class PreemptionWatcher:
                 return strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None) > 0
 
             self._anyone = anyone_signalled
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        signal.signal(signal.SIGTERM, self._previous)
 
     def _on_sigterm(self, signum, frame):
         log.warning("SIGTERM: checkpointing at the next loop boundary, then exiting with %d", EXIT_PREEMPTED)

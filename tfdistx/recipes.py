@@ -34,7 +34,7 @@ from omegaconf import OmegaConf
 
 from tfdistx.config import topology
 from tfdistx.config.paths import config_dir
-from tfdistx.errors import EXIT_INVALID_CONFIG, ConfigError
+from tfdistx.config.errors import EXIT_INVALID_CONFIG, ConfigError
 
 ENV = "TFDISTX_RECIPES"
 GROUP = "recipe"

@@ -1,16 +1,18 @@
 """Turn a strategy name and a cluster into a tf.distribute.Strategy.
 
 Like TF Model Garden's distribute_utils: one function, one name in, one
-strategy out. `configure_devices` must run before TensorFlow initialises its
+strategy out. What each name means (processes, options, replicas) is in the
+TensorFlow-free table tfdistx/config/strategies.py; only the builders are here. `configure_devices` must run before TensorFlow initialises its
 devices, which is why the entrypoint calls it first.
 """
 
 import os
-from typing import Optional
+from typing import Mapping, Optional
 
 import tensorflow as tf
 
-from tfdistx.errors import ConfigError
+from tfdistx.config import strategies
+from tfdistx.config.errors import ConfigError
 
 
 def configure_devices(devices_per_worker: Optional[int], multi_worker: bool = False) -> None:
@@ -46,51 +48,85 @@ def local_devices(devices_per_worker: Optional[int]) -> list:
     return cpus[: devices_per_worker or 1]
 
 
-def resolve(name: str, devices_per_worker: Optional[int] = None, in_cluster: bool = False) -> str:
-    """`auto` becomes the strategy it stands for here: multiworker in a cluster."""
-    if name != "auto":
-        return name
-    if in_cluster:
-        return "multiworker"
-    return "mirrored" if len(local_devices(devices_per_worker)) > 1 else "one_device"
+def concrete_name(name: str, workers: int, devices_per_worker: Optional[int]) -> str:
+    """`auto` made concrete here: the table decides, given the devices found."""
+    if name != strategies.AUTO or workers > 1:
+        return strategies.resolve(name, workers, devices_per_worker)
+    return strategies.resolve(name, workers, len(local_devices(devices_per_worker)))
 
 
-def get_strategy(name: str, devices_per_worker: Optional[int] = None, in_cluster: bool = False, **options) -> tf.distribute.Strategy:
-    """`in_cluster`: this process is one task of a cluster (TF_CONFIG is set)."""
-    name = resolve(name, devices_per_worker, in_cluster)
-    # Listing logical devices starts TensorFlow's context, after which the
-    # multi-worker strategies can no longer configure it: only for local ones.
-    devices = local_devices(devices_per_worker) if name in ("mirrored", "central_storage") else None
-    if name == "one_device":
-        if options.get("device"):
-            return tf.distribute.OneDeviceStrategy(options["device"])
-        # TF's default strategy is one replica on the default device (the
-        # first GPU, else the CPU) without OneDeviceStrategy's per-step
-        # wrapping of inputs: about 12% more examples/s on the seeds' MLP.
-        return tf.distribute.get_strategy()
-    if name == "mirrored":
-        return tf.distribute.MirroredStrategy(devices, cross_device_ops=_cross_device_ops(options.get("cross_device_ops")))
-    if name == "central_storage":
-        return tf.distribute.experimental.CentralStorageStrategy(compute_devices=devices, parameter_device="/cpu:0")
-    if name == "tpu":
-        return _tpu_strategy(options.get("tpu"))
-    if name == "multiworker":
-        # Reads TF_CONFIG, which the launcher, the scheduler or tfdistx's
-        # Slurm support has set. Without GPUs, one replica per worker.
-        implementation = {
-            "auto": tf.distribute.experimental.CommunicationImplementation.AUTO,
-            "ring": tf.distribute.experimental.CommunicationImplementation.RING,
-            "nccl": tf.distribute.experimental.CommunicationImplementation.NCCL,
-        }[options.get("communication") or "auto"]
-        return tf.distribute.MultiWorkerMirroredStrategy(
-            communication_options=tf.distribute.experimental.CommunicationOptions(implementation=implementation))
-    if name == "parameter_server":
-        # Variables go round-robin to the ps tasks. No variable_partitioner:
-        # Keras 3 optimizers cannot update the ShardedVariables it makes; large
-        # tables are split by the model instead (models.ShardedEmbedding).
-        resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
-        return tf.distribute.experimental.ParameterServerStrategy(resolver)
-    raise ConfigError.one("strategy", name, "unknown strategy")
+def build(name: str, options: Mapping, devices_per_worker: Optional[int] = None) -> tf.distribute.Strategy:
+    """A concrete strategy name (see `concrete_name`) and its options -> the strategy.
+
+    Multi-process strategies read TF_CONFIG, which the launcher, the
+    scheduler or tfdistx's Slurm support has set.
+    """
+    return _BUILDERS[name](options, devices_per_worker)
+
+
+def _one_device(options, devices_per_worker):
+    if options.get("device"):
+        return tf.distribute.OneDeviceStrategy(options["device"])
+    # TF's default strategy is one replica on the default device (the
+    # first GPU, else the CPU) without OneDeviceStrategy's per-step
+    # wrapping of inputs: about 12% more examples/s on the seeds' MLP.
+    return tf.distribute.get_strategy()
+
+
+def _mirrored(options, devices_per_worker):
+    return tf.distribute.MirroredStrategy(local_devices(devices_per_worker), cross_device_ops=_cross_device_ops(options.get("cross_device_ops")))
+
+
+def _central_storage(options, devices_per_worker):
+    return tf.distribute.experimental.CentralStorageStrategy(compute_devices=local_devices(devices_per_worker), parameter_device="/cpu:0")
+
+
+def _multiworker(options, devices_per_worker):
+    # Without GPUs, one replica per worker (FACTS.md). Listing devices here
+    # would start TensorFlow's context too early for the collectives.
+    implementation = {
+        "auto": tf.distribute.experimental.CommunicationImplementation.AUTO,
+        "ring": tf.distribute.experimental.CommunicationImplementation.RING,
+        "nccl": tf.distribute.experimental.CommunicationImplementation.NCCL,
+    }[options.get("communication") or "auto"]
+    return tf.distribute.MultiWorkerMirroredStrategy(
+        communication_options=tf.distribute.experimental.CommunicationOptions(implementation=implementation))
+
+
+def _parameter_server(options, devices_per_worker):
+    # Variables go round-robin to the ps tasks. No variable_partitioner:
+    # Keras 3 optimizers cannot update the ShardedVariables it makes; large
+    # tables are split by the model instead (models.ShardedEmbedding).
+    resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
+    return tf.distribute.experimental.ParameterServerStrategy(resolver)
+
+
+def _tpu(options, devices_per_worker) -> tf.distribute.Strategy:
+    # Without a name, an address or a TPU VM's accelerator devices there is
+    # nothing to connect to; asking the resolver anyway would query cloud
+    # metadata servers over the network.
+    tpu = options.get("tpu") or os.environ.get("TPU_NAME")
+    if not tpu and not os.path.exists("/dev/accel0") and not os.path.exists("/dev/vfio/0"):
+        raise ConfigError.one("strategy.tpu", tpu, "no TPU is reachable: set strategy.tpu (a TPU name or grpc:// address) or $TPU_NAME, or run on a TPU VM")
+    try:
+        resolver = tf.distribute.cluster_resolver.TPUClusterResolver(tpu=tpu or "local")
+        tf.config.experimental_connect_to_cluster(resolver)
+        tf.tpu.experimental.initialize_tpu_system(resolver)
+    except (ValueError, tf.errors.OpError) as error:
+        raise ConfigError.one("strategy.tpu", tpu, f"could not reach the TPU: {str(error).splitlines()[0]}") from None
+    return tf.distribute.TPUStrategy(resolver)
+
+
+# One builder per row of tfdistx/config/strategies.py.
+_BUILDERS = {
+    "one_device": _one_device,
+    "mirrored": _mirrored,
+    "central_storage": _central_storage,
+    "tpu": _tpu,
+    "multiworker": _multiworker,
+    "parameter_server": _parameter_server,
+}
+assert set(_BUILDERS) == set(strategies.STRATEGIES), "a strategy row without a builder"
 
 
 def serve_forever() -> None:
@@ -111,19 +147,3 @@ def _cross_device_ops(kind: Optional[str]):
         "hierarchical_copy": tf.distribute.HierarchicalCopyAllReduce(),
         "reduction_to_one": tf.distribute.ReductionToOneDevice(),
     }[kind]
-
-
-def _tpu_strategy(tpu: Optional[str]) -> tf.distribute.Strategy:
-    # Without a name, an address or a TPU VM's accelerator devices there is
-    # nothing to connect to; asking the resolver anyway would query cloud
-    # metadata servers over the network.
-    tpu = tpu or os.environ.get("TPU_NAME")
-    if not tpu and not os.path.exists("/dev/accel0") and not os.path.exists("/dev/vfio/0"):
-        raise ConfigError.one("strategy.tpu", tpu, "no TPU is reachable: set strategy.tpu (a TPU name or grpc:// address) or $TPU_NAME, or run on a TPU VM")
-    try:
-        resolver = tf.distribute.cluster_resolver.TPUClusterResolver(tpu=tpu or "local")
-        tf.config.experimental_connect_to_cluster(resolver)
-        tf.tpu.experimental.initialize_tpu_system(resolver)
-    except (ValueError, tf.errors.OpError) as error:
-        raise ConfigError.one("strategy.tpu", tpu, f"could not reach the TPU: {str(error).splitlines()[0]}") from None
-    return tf.distribute.TPUStrategy(resolver)

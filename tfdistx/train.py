@@ -1,30 +1,30 @@
 """One run, start to end: build everything from the config, then train.
 
-Linear on purpose (cf. lightning-hydra-template's src/train.py): each line
-hands a config group to the module that owns it.
+Linear on purpose (cf. lightning-hydra-template's src/train.py): `train`
+reads top to bottom; each helper below hands one config group to the module
+that owns it. This is the only module that knows every other one.
 """
 
-import hashlib
-import json
+import contextlib
 import logging
 import os
-import shutil
-import socket
-import tempfile
 import time
-import warnings
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 from omegaconf import DictConfig, OmegaConf
 
-from tfdistx import loggers as loggers_lib
 from tfdistx.cluster import Placement
+from tfdistx.config import strategies
+from tfdistx.config.validate import objective_problems
 
 log = logging.getLogger(__name__)
 
 # Keys of the data group that shape the input pipeline, not the source.
 PIPELINE_KEYS = ("batch_size", "cache", "shuffle_buffer")
+# Keys of the task group that are tfdistx's, not the task class's.
+TASK_KEYS = ("name", "objective")
 
 
 def train(cfg: DictConfig, run_dir: str, placement: Optional[Placement] = None) -> Optional[float]:
@@ -34,165 +34,296 @@ def train(cfg: DictConfig, run_dir: str, placement: Optional[Placement] = None) 
     process). Only the chief writes the run directory's files.
     """
     started = time.time()
-    placement = placement or Placement("single")
+    run = build_run(cfg, run_dir, placement or Placement("single"))
+    if run is None:
+        return None  # a parameter-server cluster's ps or worker task: served until stopped
+    from tfdistx import loggers
+    from tfdistx.loop import Loop, Schedule
+    from tfdistx.preemption import PreemptionWatcher
+
+    with reproducible(cfg.trainer), contextlib.closing(run.checkpointer):
+        restored = run.checkpointer.restore_latest() if cfg.checkpoint.restore else None
+        start_step = int(run.step_counter.numpy())
+        if restored:
+            log.info("resuming from step %d (%s)", start_step, restored)
+        runner = make_runner(run, cfg, skip_steps=start_step)
+        schedule = Schedule(run.total_steps, cfg.trainer.steps_per_loop, cfg.trainer.log_every, cfg.trainer.eval_every,
+                            checkpoint_every=cfg.checkpoint.every_steps)
+        log.info("%s: %s, global batch %d, %d steps, task %s", run.strategy_name, run.replicas_text, run.global_batch,
+                 run.total_steps, run.task.name)
+        # A SIGTERM checkpoints and exits 42 (parameter servers: the coordinator
+        # saves alone; TF's handler refuses clusters with ps tasks).
+        synchronous_cluster = run.placement.source != "single" and not run.facts.asynchronous
+        with PreemptionWatcher(run.strategy, run.checkpointer, synchronous_cluster) as preemption, \
+                loggers.for_run(run.dir, cfg.logger, run.total_steps, start_step, enabled=run.placement.is_chief,
+                                config=OmegaConf.to_container(cfg, resolve=True)) as sinks:
+            result = Loop(runner, schedule, run.step_counter, learning_rate_at=run.learning_rate.at,
+                          checkpointer=run.checkpointer, preemption=preemption, loggers=sinks).run()
+        final_checkpoint = run.checkpointer.latest
+
+    digest = weights_digest(run.model)
+    log.info("task %s: final weights sha256 %s", run.placement.task_name, digest)
+    summary = {
+        "step": result.step, "train": result.train, "eval": result.eval, "examples_per_sec": result.examples_per_sec,
+        "task": run.task.name, "replicas": run.replicas, "workers": cfg.cluster.workers, "ps": cfg.cluster.ps,
+        "strategy": run.strategy_name, "strategy_class": type(run.strategy).__name__,
+        "global_batch": run.global_batch, "per_replica_batch": run.per_replica_batch,
+        "learning_rate": run.peak_lr, "resumed": bool(restored), "resumed_from_step": start_step if restored else None,
+        "train_wall_time_sec": result.wall_time_sec, "wall_time_sec": time.time() - started,
+        "process": run.placement.task_name, "weights_sha256": digest, "variable_devices": variable_devices(run.model),
+    }
+    if run.placement.is_chief:
+        loggers.write_json(run.dir / "summary.json", summary)
+        if cfg.checkpoint.export and final_checkpoint:
+            export_checkpoint(cfg, run.task, run.source, final_checkpoint, str(run.dir / "export"))
+    return objective(cfg.trainer.objective, summary)
+
+
+def evaluate(cfg: DictConfig, run_dir: str, placement: Optional[Placement] = None, step: Optional[int] = None) -> Optional[dict]:
+    """Evaluate a kept checkpoint (the newest, or the one at `step`) on the
+    configured eval data; the chief appends the metrics to evaluations.jsonl."""
+    from tfdistx import checkpointing, loggers
+    from tfdistx.config.errors import ConfigError
+
+    run = build_run(cfg, run_dir, placement or Placement("single"))
+    if run is None:
+        return None
+    directory = cfg.checkpoint.dir or str(run.dir / "checkpoints")
+    path = checkpointing.find(directory, step)
+    if path is None:
+        raise ConfigError.one("--step" if step is not None else "RUN_DIR", step if step is not None else str(run.dir),
+                              f"no checkpoint{' at that step' if step is not None else ''} in {directory}")
+    with contextlib.closing(run.checkpointer):
+        run.checkpointer.checkpoint.restore(path).expect_partial()
+        metrics = make_runner(run, cfg, train=False).evaluate()
+    record = {"checkpoint": os.path.basename(path), "step": int(run.step_counter.numpy()), "strategy": run.strategy_name,
+              "replicas": run.replicas, **metrics}
+    if run.placement.is_chief:
+        loggers.append_jsonl(run.dir / "evaluations.jsonl", record)
+    return record
+
+
+# -- building the parts ------------------------------------------------------
+
+
+@dataclass
+class Run:
+    """Everything a run builds before its first step."""
+
+    dir: Path
+    placement: Placement
+    facts: strategies.Strategy
+    strategy_name: str
+    strategy: Any
+    coordinator: Any
+    task: Any
+    source: Any
+    model: Any
+    optimizer: Any
+    learning_rate: Any
+    step_counter: Any
+    checkpointer: Any
+    global_batch: int
+    per_replica_batch: int
+    total_steps: int
+    peak_lr: float
+
+    @property
+    def replicas(self) -> int:
+        """Replicas training at once: asynchronous workers count one each."""
+        return self.workers if self.facts.asynchronous else self.strategy.num_replicas_in_sync
+
+    @property
+    def workers(self) -> int:
+        return len(self.placement.spec.get("worker", [])) or 1
+
+    @property
+    def replicas_text(self) -> str:
+        if self.facts.asynchronous:
+            return f"{self.replicas} asynchronous worker{'s' if self.replicas != 1 else ''}, one whole batch a step"
+        return f"{self.replicas} replica{'s' if self.replicas != 1 else ''} ({self.per_replica_batch} examples each)"
+
+
+def build_run(cfg: DictConfig, run_dir: str, placement: Placement) -> Optional[Run]:
+    """Strategy, task, data, model, optimizer and checkpointer, in that order."""
     in_cluster = placement.source != "single"
     if in_cluster:
         os.environ["TF_CONFIG"] = placement.tf_config()  # what TensorFlow's resolvers read
-    name = cfg.strategy.name
-    from tfdistx.strategy import configure_devices, get_strategy, resolve, serve_forever
+    from tfdistx import strategy as strategy_lib
 
-    configure_devices(cfg.cluster.devices_per_worker, multi_worker=in_cluster)  # before TF starts
-
-    if name == "parameter_server" and placement.task_type in ("ps", "worker"):
-        serve_forever()  # the chief drives training; this task lends its devices
+    strategy_lib.configure_devices(cfg.cluster.devices_per_worker, multi_worker=in_cluster)  # before TF starts
+    facts = strategies.get(cfg.strategy.name, cfg.cluster.workers, cfg.cluster.devices_per_worker)
+    if placement.task_type in facts.serving_jobs:
+        strategy_lib.serve_forever()  # the coordinator drives training; this task lends its devices
         return None
 
     import keras
     import tensorflow as tf
 
     from tfdistx import input as input_lib
-    from tfdistx.build import build
     from tfdistx.checkpointing import Checkpointer
-    from tfdistx.data import DataSource
-    from tfdistx.engine import Schedule, Trainer
-    from tfdistx.errors import ConfigError
-    from tfdistx.optim import build_optimizer, effective_lr
-    from tfdistx.preemption import PreemptionWatcher
+    from tfdistx.config.errors import ConfigError
+    from tfdistx.optim import LearningRateAtStep, build_optimizer, effective_lr, schedule
 
     _quiet_known_noise()
     keras.utils.set_random_seed(cfg.trainer.seed)
-    if cfg.trainer.deterministic:
-        tf.config.experimental.enable_op_determinism()
-
-    strategy_name = resolve(name, cfg.cluster.devices_per_worker, in_cluster)  # `auto` made concrete
+    name = strategy_lib.concrete_name(cfg.strategy.name, cfg.cluster.workers, cfg.cluster.devices_per_worker)
+    facts = strategies.STRATEGIES[name]
     options = {k: v for k, v in cfg.strategy.items() if k != "name"}
-    strategy = get_strategy(strategy_name, devices_per_worker=cfg.cluster.devices_per_worker, in_cluster=in_cluster, **options)
-    coordinator = None
-    if name == "parameter_server":
-        coordinator = tf.distribute.experimental.coordinator.ClusterCoordinator(strategy)
+    strategy = strategy_lib.build(name, options, cfg.cluster.devices_per_worker)
+    coordinator = tf.distribute.experimental.coordinator.ClusterCoordinator(strategy) if facts.asynchronous else None
     replicas = strategy.num_replicas_in_sync
     global_batch = cfg.data.batch_size
     per_replica = input_lib.per_replica_batch(global_batch, replicas)
 
-    source = build("data", cfg.data, expect=DataSource, exclude=PIPELINE_KEYS)
+    task, source = build_task_and_data(cfg)
+    problems = objective_problems(cfg.trainer.objective, task.name, task.metrics())
+    if problems:
+        raise ConfigError(problems)
     total_steps = _total_steps(cfg.trainer, source.train_examples, global_batch)
-
+    feature_spec, label_spec = source.element_spec
+    num_outputs = task.num_outputs(label_spec, source.num_classes)
+    learning_rate = LearningRateAtStep(schedule(cfg.optimizer, replicas, total_steps))
     with strategy.scope():
-        model = build("model", cfg.model, expect=keras.Model, input_shape=source.input_shape, num_classes=source.num_classes)
+        model = build_model(cfg, feature_spec, num_outputs)
         try:
-            optimizer = build_optimizer(OmegaConf.to_container(cfg.optimizer), replicas, total_steps)
+            optimizer = build_optimizer(OmegaConf.to_container(cfg.optimizer), learning_rate)
         except (TypeError, ValueError) as error:  # Keras' answer to an unknown or bad keyword
             raise ConfigError.one("optimizer", cfg.optimizer.name, f"bad option: {error}") from None
         optimizer.build(model.trainable_variables)
+        # Steps completed, as the loop counts them, saved with the checkpoint.
+        # Not optimizer.iterations: parameter-server workers increment that
+        # concurrently and lose increments (measured: 319 after 400 steps).
         step_counter = tf.Variable(0, dtype=tf.int64, trainable=False, name="step")
+    _check_model_takes_data(model, task, source, cfg, num_outputs)
 
-    _check_model_takes_data(model, source, cfg)
-    run = Path(run_dir)
-    checkpoint_dir = cfg.checkpoint.dir or str(run / "checkpoints")
-    # Every worker of a synchronous cluster must save (saving is collective),
-    # but only the chief writes the run's checkpoints: the others save into
-    # a temporary directory that is removed at the end.
-    scratch = None if placement.is_chief else tempfile.mkdtemp(prefix=f"tfdistx-{placement.task_type}{placement.task_index}-")
     checkpointer = Checkpointer(
-        scratch or checkpoint_dir,
-        restore_from=checkpoint_dir,
-        every_steps=cfg.checkpoint.every_steps,
-        max_to_keep=cfg.checkpoint.max_to_keep,
-        model=model,
-        optimizer=optimizer,
-        rng=rng_states(model),
-        step=step_counter,
-    )
+        cfg.checkpoint.dir or str(Path(run_dir) / "checkpoints"), max_to_keep=cfg.checkpoint.max_to_keep,
+        is_chief=placement.is_chief, task_name=placement.task_name,
+        model=model, optimizer=optimizer, rng=rng_states(model), step=step_counter)
+    return Run(Path(run_dir), placement, facts, name, strategy, coordinator, task, source, model, optimizer, learning_rate,
+               step_counter, checkpointer, global_batch, per_replica, total_steps, effective_lr(cfg.optimizer, replicas))
+
+
+def build_task_and_data(cfg: DictConfig):
+    from tfdistx.build import build
+    from tfdistx.data import DataSource
+    from tfdistx.tasks import Task
+
+    task = build("task", cfg.task, expect=Task, exclude=TASK_KEYS)
+    source = build("data", cfg.data, expect=DataSource, exclude=PIPELINE_KEYS)
+    return task, source
+
+
+def build_model(cfg: DictConfig, feature_spec, num_outputs: int):
+    import keras
+    import tensorflow as tf
+
+    from tfdistx.build import build
+
+    shape = tuple(feature_spec.shape) if isinstance(feature_spec, tf.TensorSpec) else None
+    return build("model", cfg.model, expect=keras.Model, input_shape=shape, feature_spec=feature_spec,
+                 num_outputs=num_outputs, num_classes=num_outputs)
+
+
+def make_runner(run: Run, cfg: DictConfig, skip_steps: int = 0, train: bool = True):
+    """The step runner for the run's strategy, with its datasets and metrics."""
+    from tfdistx import input as input_lib
+    from tfdistx.metrics import MetricSet
+    from tfdistx.runner import CoordinatorRunner, SyncRunner
+
+    metrics = MetricSet(run.task.metrics())
+    sample_labels, sample_outputs = _sample(run)
+    metrics.build(*run.task.metric_inputs(sample_labels, sample_outputs))
+    workers = run.workers
+    train_data = input_lib.train_dataset(
+        run.strategy, run.source, run.global_batch, seed=cfg.trainer.seed,
+        shuffle_buffer=cfg.data.get("shuffle_buffer", 10_000), cache=cfg.data.get("cache", False),
+        skip_steps=skip_steps, ps_workers=workers if run.facts.asynchronous else 0) if train else None
+    eval_steps, cache = cfg.trainer.eval_steps, cfg.data.get("cache", False)
+    common = dict(global_batch=run.global_batch, learning_rate=run.learning_rate)
+    parts = (run.strategy, run.task, run.model, run.optimizer, metrics)
+    if run.coordinator is None:
+        eval_data = input_lib.eval_dataset(run.strategy, run.source.eval, run.global_batch, steps=eval_steps, cache=cache)
+        return SyncRunner(*parts, train_data=train_data, eval_data=eval_data, **common)
+    # evaluated inline on the coordinator, reading the variables from the ps tasks
+    eval_data = input_lib.local_eval_dataset(run.source.eval, run.global_batch, steps=eval_steps, cache=cache)
+    return CoordinatorRunner(*parts, coordinator=run.coordinator, workers=workers, train_data=train_data, eval_data=eval_data, **common)
+
+
+def export_checkpoint(cfg: DictConfig, task, source, checkpoint_path: str, directory: str) -> str:
+    """Rebuild the model outside any strategy, load a checkpoint into it and
+    write the SavedModel (export.py): the same for a model whose variables
+    lived on parameter servers or were mirrored across workers."""
+    import tensorflow as tf
+
+    from tfdistx.export import export_saved_model
+    from tfdistx.optim import LearningRateAtStep, build_optimizer
+
+    feature_spec, label_spec = source.element_spec
+    model = build_model(cfg, feature_spec, task.num_outputs(label_spec, source.num_classes))
+    # Restored with the optimizer too, as training saved it: a weight that a
+    # layer keeps in a plain list (wide_deep's table shards) is reachable in
+    # the checkpoint only through the optimizer's variables, and a restore of
+    # the model alone would silently leave it at its initial value.
+    optimizer = build_optimizer(OmegaConf.to_container(cfg.optimizer, resolve=True), LearningRateAtStep(0.0))
+    optimizer.build(model.trainable_variables)
+    tf.train.Checkpoint(model=model, optimizer=optimizer).restore(checkpoint_path).expect_partial()
+    export_saved_model(model, task, feature_spec, directory)
+    log.info("exported %s to %s", os.path.basename(checkpoint_path), directory)
+    return directory
+
+
+# -- small pieces ------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def reproducible(trainer: DictConfig):
+    """Op determinism for this run only: a later job of a multirun in the
+    same process starts without it unless it asks."""
+    import tensorflow as tf
+    from tensorflow.python.framework import config as tf_config  # disable_op_determinism is not exported
+
+    was = tf_config.is_op_determinism_enabled()
+    if trainer.deterministic:
+        tf.config.experimental.enable_op_determinism()
     try:
-        restored = checkpointer.restore_latest() if cfg.checkpoint.restore else None
-        start_step = int(step_counter.numpy())
-        if restored:
-            log.info("resuming from step %d (%s)", start_step, restored)
-
-        train_data = input_lib.train_dataset(
-            strategy, source, global_batch,
-            seed=cfg.trainer.seed,
-            shuffle_buffer=cfg.data.get("shuffle_buffer", 10_000),
-            cache=cfg.data.get("cache", False),
-            skip_steps=start_step,
-        )
-        eval_steps, cache = cfg.trainer.eval_steps, cfg.data.get("cache", False)
-        if coordinator is None:
-            eval_data = input_lib.eval_dataset(strategy, source.eval, global_batch, steps=eval_steps, cache=cache)
-        else:  # evaluated inline on the coordinator, reading the variables from the ps tasks
-            eval_data = input_lib.local_eval_dataset(source.eval, global_batch, steps=eval_steps, cache=cache)
-
-        # A SIGTERM checkpoints and exits 42 (parameter servers: the coordinator
-        # saves alone; TF's handler refuses clusters with ps tasks).
-        preemption = PreemptionWatcher(strategy, checkpointer, synchronous_cluster=in_cluster and coordinator is None)
-        sinks = _loggers(cfg, run, total_steps, start_step) if placement.is_chief else []
-        trainer = Trainer(
-            strategy, model, optimizer, train_data, global_batch,
-            Schedule(total_steps, cfg.trainer.steps_per_loop, cfg.trainer.log_every, cfg.trainer.eval_every),
-            eval_data=eval_data,
-            checkpointer=checkpointer,
-            loggers=sinks,
-            coordinator=coordinator,
-            workers=cfg.cluster.workers,
-            preemption=preemption,
-            step_counter=step_counter,
-        )
-        log.info("%s: %d replica(s), global batch %d (%d per replica), %d steps", type(strategy).__name__, replicas, global_batch, per_replica, total_steps)
-        try:
-            result = trainer.fit()
-        finally:
-            for sink in sinks:
-                getattr(sink, "close", lambda: None)()
+        yield
     finally:
-        if scratch:
-            shutil.rmtree(scratch, ignore_errors=True)
-
-    digest = weights_digest(model)
-    log.info("task %s: final weights sha256 %s", placement.task_name, digest)
-    workers = cfg.cluster.workers  # checked against TF_CONFIG / Slurm by cluster.detect
-    summary = {
-        "step": result.step,
-        "train": result.train,
-        "eval": result.eval,
-        "examples_per_sec": result.examples_per_sec,
-        "replicas": replicas * (workers if coordinator else 1),
-        "workers": workers,
-        "ps": cfg.cluster.ps,
-        "strategy": strategy_name,
-        "strategy_class": type(strategy).__name__,
-        "global_batch": global_batch,
-        "per_replica_batch": per_replica,
-        "learning_rate": effective_lr(cfg.optimizer, replicas),
-        "resumed": bool(restored),
-        "resumed_from_step": start_step if restored else None,
-        "train_wall_time_sec": result.wall_time_sec,
-        "wall_time_sec": time.time() - started,
-        "host": socket.gethostname(),
-        "task": placement.task_name,
-        "weights_sha256": digest,
-        "variable_devices": variable_devices(model),
-    }
-    if placement.is_chief:
-        _write_json(run / "summary.json", summary)
-    return objective(cfg.trainer.objective, summary)
+        if not was:
+            tf_config.disable_op_determinism()
 
 
-def _check_model_takes_data(model, source, cfg: DictConfig) -> None:
+def _sample(run: Run):
+    """Labels and model outputs for two training examples (eager)."""
+    features, labels = next(iter(run.source.train(None).batch(2)))
+    return labels, run.model(features, training=False)
+
+
+def _check_model_takes_data(model, task, source, cfg: DictConfig, num_outputs: int) -> None:
     """One forward pass on two examples, so that a model and data that do
-    not fit together (shapes, dtypes: model=wide_deep on images) are refused
-    as a config error, not as a traceback from deep inside the first step."""
-    from tfdistx.errors import ConfigError
+    not fit together (shapes, dtypes: model=wide_deep on images), or a model
+    whose output the task cannot use, are refused as a config error, not as
+    a traceback from deep inside the first step."""
+    from tfdistx.config.errors import ConfigError
 
-    features, _ = next(iter(source.train(None).batch(2)))
+    features, labels = next(iter(source.train(None).batch(2)))
     try:
-        logits = model(features, training=False)
-        if tuple(logits.shape[1:]) != (source.num_classes,):
-            raise ValueError(f"it outputs shape {tuple(logits.shape[1:])} per example, not {source.num_classes} class logits")
+        outputs = model(features, training=False)
+        if tuple(outputs.shape[1:]) != (num_outputs,):
+            raise ValueError(f"it outputs shape {tuple(outputs.shape[1:])} per example; task={task.name} needs {num_outputs}")
+        task.loss(labels, outputs)
     except Exception as error:
         reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         raise ConfigError.one("model", cfg.model._target_,
-                              f"does not fit data={cfg.data._target_} (features {tuple(features.shape[1:])} "
-                              f"{features.dtype.name}): {reason[:300]}") from None
+                              f"does not fit data={cfg.data._target_} (features {_describe_features(features)}, "
+                              f"labels {tuple(labels.shape[1:])} {labels.dtype.name}): {reason[:300]}") from None
+
+
+def _describe_features(features) -> str:
+    if isinstance(features, dict):
+        return "{" + ", ".join(f"{k}: {tuple(v.shape[1:])} {v.dtype.name}" for k, v in features.items()) + "}"
+    return f"{tuple(features.shape[1:])} {features.dtype.name}"
 
 
 def rng_states(model) -> list:
@@ -206,6 +337,8 @@ def rng_states(model) -> list:
 def weights_digest(model) -> str:
     """A fingerprint of the weights: equal on every worker of a synchronous
     cluster, and equal across runs that should end bitwise identical."""
+    import hashlib
+
     digest = hashlib.sha256()
     for variable in model.weights:
         digest.update(variable.numpy().tobytes())
@@ -223,6 +356,8 @@ def variable_devices(model) -> list:
 
 
 def _quiet_known_noise() -> None:
+    import warnings
+
     # tf.data warns whenever a distributed dataset is iterated inside a
     # tf.function; absl logs every input-sharding callback, and tf.distribute
     # every collective it traces, at INFO level: nothing a user can act on.
@@ -232,7 +367,7 @@ def _quiet_known_noise() -> None:
 
 
 def _total_steps(trainer: DictConfig, train_examples, global_batch: int) -> int:
-    from tfdistx.errors import ConfigError
+    from tfdistx.config.errors import ConfigError
 
     if trainer.steps is not None:
         return trainer.steps
@@ -241,28 +376,9 @@ def _total_steps(trainer: DictConfig, train_examples, global_batch: int) -> int:
     return trainer.epochs * max(train_examples // global_batch, 1)
 
 
-def _loggers(cfg: DictConfig, run: Path, total_steps: int, start_step: int) -> list:
-    sinks = [loggers_lib.JsonlLogger(str(run / "metrics.jsonl"), resume_step=start_step)]
-    if cfg.logger.get("console", True):
-        sinks.append(loggers_lib.ConsoleProgress(total_steps))
-    if cfg.logger.get("tensorboard", True):
-        sinks.append(loggers_lib.TensorBoardLogger(str(run / "tensorboard")))
-    wandb_cfg = cfg.logger.get("wandb") or {}
-    if wandb_cfg.get("enabled"):
-        options = {k: v for k, v in OmegaConf.to_container(wandb_cfg).items() if k != "enabled"}
-        sinks.append(loggers_lib.WandbLogger(str(run), OmegaConf.to_container(cfg, resolve=True), **options))
-    return sinks
-
-
 def objective(name: str, summary: dict) -> float:
     """`eval/accuracy` -> summary['eval']['eval/accuracy']; `loss` -> summary['train']['loss']."""
     for section in ("eval", "train"):
         if name in summary[section]:
             return float(summary[section][name])
     return float("nan")
-
-
-def _write_json(path: Path, payload: dict) -> None:
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(payload, indent=2, default=float) + "\n")
-    os.replace(tmp, path)

@@ -1,33 +1,63 @@
 """Compose and check a run's config before Hydra starts the job.
 
 Hydra answers a bad override with exit code 1 and several lines; the tfdistx
-contract is exit code 2 and one line naming the key. So a single run is first
-composed here with Hydra's compose API (cheap: no TensorFlow), and any
-composition error is reworded as a ConfigError.
+contract is exit code 2 and one line naming the key. So a single run is
+composed here, once, with Hydra's own config loader (cheap: no TensorFlow),
+any composition error is reworded as a ConfigError, and the CLI runs the
+composed config with Hydra's `run_job` inside `composed(...)` — as Hydra's
+own `run` does, without composing a second time.
 """
 
-from typing import Sequence
+import contextlib
+from pathlib import Path
+from typing import Iterator, Sequence
 
-from hydra import compose, initialize_config_dir
+from hydra import initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
 from hydra.errors import HydraException, MissingConfigException
-from omegaconf import OmegaConf
+from hydra.types import RunMode
+from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from tfdistx.config import topology
 from tfdistx.config.paths import config_dir
 from tfdistx.config.validate import validate
-from tfdistx.errors import ConfigError, Problem
+from tfdistx.config.errors import ConfigError, Problem
 
 
-def compose_and_validate(overrides: Sequence[str]):
-    """The composed config (with its `hydra` node); raises ConfigError."""
-    try:
-        with initialize_config_dir(config_dir=str(config_dir()), version_base=None):
-            cfg = compose("config", overrides=list(overrides), return_hydra_config=True)
-    except (HydraException, OmegaConfBaseException) as error:
-        raise as_config_error(error, overrides) from None
-    validate(cfg, run_dir=OmegaConf.select(cfg, "hydra.run.dir"))
-    return cfg
+@contextlib.contextmanager
+def composed(overrides: Sequence[str]) -> Iterator[DictConfig]:
+    """The composed, validated config (with its `hydra` node); Hydra stays
+    initialised inside, for `run_job`. Raises ConfigError."""
+    with initialize_config_dir(config_dir=str(config_dir()), version_base=None, job_name="tfdistx"):
+        try:
+            cfg = GlobalHydra.instance().hydra.compose_config(
+                "config", overrides=list(overrides), run_mode=RunMode.RUN, with_log_configuration=False)
+        except (HydraException, OmegaConfBaseException) as error:
+            raise as_config_error(error, overrides) from None
+        validate(cfg, run_dir=OmegaConf.select(cfg, "hydra.run.dir"))
+        yield cfg
+
+
+def compose_and_validate(overrides: Sequence[str]) -> DictConfig:
+    with composed(overrides) as cfg:
+        return cfg
+
+
+def saved_config(run_dir: str) -> DictConfig:
+    """The config a run composed (its .hydra/config.yaml), for `tfdistx export`."""
+    path = Path(run_dir) / ".hydra" / "config.yaml"
+    if not path.is_file():
+        raise ConfigError.one("run_dir", str(run_dir), "is not a tfdistx run directory (no .hydra/config.yaml)")
+    return OmegaConf.load(path)
+
+
+def saved_overrides(run_dir: str) -> list:
+    """The overrides a run was started with (its .hydra/overrides.yaml)."""
+    path = Path(run_dir) / ".hydra" / "overrides.yaml"
+    if not path.is_file():
+        raise ConfigError.one("run_dir", str(run_dir), "is not a tfdistx run directory (no .hydra/overrides.yaml)")
+    return [str(o) for o in OmegaConf.load(path)]
 
 
 def as_config_error(error: Exception, overrides: Sequence[str]) -> ConfigError:

@@ -1,7 +1,7 @@
 """Structured config: the types Hydra checks while it composes.
 
 Groups whose keys vary by option or are passed to a user's `_target_`
-(strategy, model, data, optimizer, logger) stay free-form here and are checked
+(strategy, task, model, data, optimizer, logger) stay free-form here and are checked
 in `validate.py`; the rest get dataclasses, so `trainer.steps=abc` is refused
 at compose time with the key named.
 """
@@ -11,6 +11,11 @@ from typing import Any, Optional
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import OmegaConf
+
+from tfdistx.config import strategies
+
+# How a process of a multi-process strategy learns its place (cluster.launch).
+LAUNCH_MODES = ("auto", "local", "tf_config", "slurm")
 
 
 @dataclass
@@ -23,7 +28,7 @@ class TrainerConfig:
     eval_steps: Optional[int] = None
     seed: int = 0
     deterministic: bool = False
-    objective: str = "eval/accuracy"
+    objective: str = "${task.objective}"  # a metric the task reports: loss, eval/loss, eval/<metric>, <metric>
 
 
 @dataclass
@@ -32,6 +37,7 @@ class CheckpointConfig:
     max_to_keep: int = 3
     dir: Optional[str] = None
     restore: bool = True
+    export: bool = True
 
 
 @dataclass
@@ -49,6 +55,7 @@ class ClusterConfig:
 @dataclass
 class Config:
     strategy: Any = field(default_factory=dict)
+    task: Any = field(default_factory=dict)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     model: Any = field(default_factory=dict)
     data: Any = field(default_factory=dict)
@@ -60,9 +67,7 @@ class Config:
 
 def tasks_per_job(strategy: str, workers: int, ps: int) -> int:
     """Processes a run needs: for the Slurm launcher's tasks_per_node."""
-    if strategy == "parameter_server":
-        return 1 + int(ps) + int(workers)  # chief (coordinator), ps, workers
-    return int(workers)
+    return max(sum(strategies.get(strategy, int(workers)).job_counts(int(workers), int(ps)).values()), 1)
 
 
 def register() -> None:

@@ -11,14 +11,12 @@ from typing import Optional
 
 from omegaconf import DictConfig
 
-from tfdistx.cluster import LAUNCH_MODES
-from tfdistx.errors import ConfigError, Problem
+from tfdistx.config import strategies
+from tfdistx.config.errors import ConfigError, Problem
+from tfdistx.config.schema import LAUNCH_MODES
 
-STRATEGIES = ("auto", "one_device", "mirrored", "central_storage", "multiworker", "parameter_server", "tpu")
 OPTIMIZERS = ("adam", "sgd", "adamw")
 SCHEDULES = ("constant", "cosine", "warmup_cosine")
-CROSS_DEVICE_OPS = ("auto", "nccl", "hierarchical_copy", "reduction_to_one")
-COMMUNICATIONS = ("auto", "ring", "nccl")
 
 
 def validate(cfg: DictConfig, run_dir: Optional[str] = None) -> None:
@@ -28,6 +26,7 @@ def validate(cfg: DictConfig, run_dir: Optional[str] = None) -> None:
     problems += _data(cfg.data, planned_replicas(cfg))
     problems += _optimizer(cfg.optimizer)
     problems += _trainer(cfg.trainer)
+    problems += _objective(cfg.trainer.objective, cfg.task)
     problems += _checkpoint(cfg.checkpoint)
     problems += _targets(cfg)
     if run_dir is not None:
@@ -45,25 +44,17 @@ def planned_replicas(cfg: DictConfig) -> Optional[int]:
     engine checks again once the strategy exists.
     """
     name, cluster = cfg.strategy.get("name"), cfg.cluster
-    devices = cluster.devices_per_worker
-    if name == "one_device":
-        return 1
-    if name in ("mirrored", "central_storage") or (name == "auto" and cluster.workers == 1):
-        return devices
-    if name == "parameter_server":
-        return 1  # each worker takes whole global batches, one replica each
-    if name == "multiworker" or name == "auto":
-        # At least one replica per worker (exactly one without GPUs); the
-        # engine checks again once it knows each worker's GPUs.
-        return cluster.workers
-    return None
+    if name not in strategies.NAMES:
+        return None
+    strategy = strategies.get(name, cluster.workers, cluster.devices_per_worker)
+    return strategy.planned_replicas(cluster.workers, cluster.devices_per_worker)
 
 
 def _strategy_and_cluster(strategy: DictConfig, cluster: DictConfig) -> list:
     problems = []
     name = strategy.get("name")
-    if name not in STRATEGIES:
-        return [Problem("strategy", name, f"allowed: {', '.join(STRATEGIES)}")]
+    if name not in strategies.NAMES:
+        return [Problem("strategy", name, f"allowed: {', '.join(strategies.NAMES)}")]
     if cluster.workers < 1:
         problems.append(Problem("cluster.workers", cluster.workers, "must be at least 1"))
     if cluster.devices_per_worker is not None and cluster.devices_per_worker < 1:
@@ -72,24 +63,21 @@ def _strategy_and_cluster(strategy: DictConfig, cluster: DictConfig) -> list:
         problems.append(Problem("cluster.max_restarts", cluster.max_restarts, "must be 0 or more"))
     if cluster.ps < 0:
         problems.append(Problem("cluster.ps", cluster.ps, "must be 0 or more"))
+    if cluster.launch not in LAUNCH_MODES:
+        problems.append(Problem("cluster.launch", cluster.launch, f"allowed: {', '.join(LAUNCH_MODES)}"))
     if problems:
         return problems
 
-    topology = f"cluster={cluster.name} ({cluster.workers} worker(s), {cluster.ps} ps)"
-    if name == "parameter_server" and cluster.ps < 1:
-        problems.append(Problem("strategy", name, f"needs parameter servers; {topology} has none: use e.g. cluster=ps1w2"))
-    if name != "parameter_server" and cluster.ps > 0:
-        problems.append(Problem("strategy", name, f"{topology} has parameter servers: use strategy=parameter_server"))
-    if name in ("one_device", "mirrored", "central_storage", "tpu") and cluster.workers > 1:
-        problems.append(Problem("strategy", name, f"runs on one machine but {topology} has several workers: use strategy=multiworker"))
-    if name == "one_device" and (cluster.devices_per_worker or 1) > 1:
-        problems.append(Problem("strategy", name, f"runs one replica but cluster={cluster.name} asks for {cluster.devices_per_worker} devices: use strategy=mirrored"))
-    if name == "mirrored" and strategy.get("cross_device_ops", "auto") not in CROSS_DEVICE_OPS:
-        problems.append(Problem("strategy.cross_device_ops", strategy.cross_device_ops, f"allowed: {', '.join(CROSS_DEVICE_OPS)}"))
-    if cluster.launch not in LAUNCH_MODES:
-        problems.append(Problem("cluster.launch", cluster.launch, f"allowed: {', '.join(LAUNCH_MODES)}"))
-    if name == "multiworker" and strategy.get("communication", "auto") not in COMMUNICATIONS:
-        problems.append(Problem("strategy.communication", strategy.communication, f"allowed: {', '.join(COMMUNICATIONS)}"))
+    chosen = strategies.get(name, cluster.workers, cluster.devices_per_worker)
+    problems += chosen.topology_problems(name, cluster.workers, cluster.devices_per_worker, cluster.ps, cluster.name)
+    for key, value in strategy.items():
+        if key == "name":
+            continue
+        if key not in chosen.options:
+            takes = ", ".join(f"strategy.{k}" for k in chosen.options) or "no options"
+            problems.append(Problem(f"strategy.{key}", value, f"strategy={chosen.name} takes {takes}"))
+        elif chosen.options[key] is not None and value not in chosen.options[key] and value is not None:
+            problems.append(Problem(f"strategy.{key}", value, f"allowed: {', '.join(chosen.options[key])}"))
     return problems
 
 
@@ -134,6 +122,24 @@ def _trainer(trainer: DictConfig) -> list:
     return problems
 
 
+def objective_problems(objective, task_name: str, metric_names) -> list:
+    """`trainer.objective` must be a value the run reports: the loss or a
+    metric of the task, evaluated (`eval/...`) or on training batches."""
+    names = ["loss", *metric_names]
+    allowed = [*(f"eval/{n}" for n in names), *names]
+    if objective in allowed:
+        return []
+    return [Problem("trainer.objective", objective, f"task={task_name} reports {', '.join(allowed)}")]
+
+
+def _objective(objective, task: DictConfig) -> list:
+    # A built-in task's metrics are in its yaml; a user's task is checked
+    # once it is built (train.py).
+    if not str(task.get("_target_", "")).startswith("tfdistx.tasks.") or task.get("metrics") is None:
+        return []
+    return objective_problems(objective, task.get("name", task.get("_target_")), task.metrics)
+
+
 def _checkpoint(ckpt: DictConfig) -> list:
     problems = []
     if ckpt.every_steps < 0:
@@ -150,7 +156,7 @@ def _targets(cfg: DictConfig) -> list:
     import TensorFlow, which must wait until the config is known to be good.
     """
     problems = []
-    for group in ("model", "data"):
+    for group in ("task", "model", "data"):
         target = cfg[group].get("_target_")
         if not isinstance(target, str) or "." not in target:
             problems.append(Problem(f"{group}._target_", target, "must be a dotted path to a function, e.g. mypkg.models.build"))

@@ -1,0 +1,92 @@
+"""A run leaves a servable SavedModel: loaded in a fresh process with plain
+TensorFlow and Keras (no tfdistx), it reproduces the run's eval metrics.
+Also `tfdistx export RUN_DIR --step N` for any kept checkpoint."""
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from conftest import QUICK, tfdistx_env
+from tfdistx import data as data_lib
+
+# Runs in a fresh interpreter: plain TensorFlow + Keras, nothing of tfdistx.
+REPRODUCE = r"""
+import json, sys
+import numpy as np, tensorflow as tf, keras
+export, arrays, task = sys.argv[1:4]
+serve = tf.saved_model.load(export).signatures["serving_default"]
+npz = np.load(arrays)
+names = serve.structured_input_signature[1]
+out = serve(**{name: tf.constant(npz[name]) for name in names})
+labels = npz["labels"]
+if task == "classification":
+    logits = out["logits"].numpy()
+    result = {"eval/accuracy": float(np.mean(np.argmax(logits, -1) == labels)),
+              "eval/loss": float(np.mean(keras.losses.sparse_categorical_crossentropy(labels, logits, from_logits=True)))}
+else:
+    p = out["probabilities"].numpy()
+    auc = keras.metrics.AUC(num_thresholds=200); auc.update_state(labels.reshape(-1, 1), p)
+    result = {"eval/auc": float(auc.result()), "eval/accuracy": float(np.mean((p[:, 0] > 0.5) == (labels > 0.5)))}
+print(json.dumps({"metrics": result, "tfdistx_loaded": "tfdistx" in sys.modules}))
+"""
+
+
+def reproduce(export_dir, source, task, tmp_path):
+    features, labels = next(iter(source.eval(None).batch(1_000_000)))
+    arrays = {k: v.numpy() for k, v in features.items()} if isinstance(features, dict) else {"features": features.numpy()}
+    np.savez(tmp_path / "eval.npz", labels=labels.numpy(), **arrays)
+    env = {k: v for k, v in tfdistx_env().items() if k != "PYTHONPATH"}
+    proc = subprocess.run([sys.executable, "-c", REPRODUCE, str(export_dir), str(tmp_path / "eval.npz"), task],
+                          capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    found = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert found["tfdistx_loaded"] is False
+    return found["metrics"]
+
+
+def test_multiworker_export_reproduces_the_eval_metrics(tfdistx, tmp_path):
+    run = tfdistx(*QUICK, "strategy=multiworker", "cluster=2x1")
+    assert run.returncode == 0, run
+    source = data_lib.synthetic(train_examples=512, eval_examples=128)
+    found = reproduce(run.dir / "export", source, "classification", tmp_path)
+    assert found["eval/accuracy"] == pytest.approx(run.summary["eval"]["eval/accuracy"], abs=1e-6)
+    assert found["eval/loss"] == pytest.approx(run.summary["eval"]["eval/loss"], rel=1e-4)
+
+
+def test_parameter_server_export_reproduces_the_eval_metrics(tfdistx, tmp_path):
+    run = tfdistx(*QUICK, "strategy=parameter_server", "cluster=ps1w2", "data=synthetic_categorical", "model=wide_deep",
+                  "model.vocab_size=1000", "data.vocab_size=1000", "model.hidden_units=[16]")
+    assert run.returncode == 0, run
+    source = data_lib.synthetic_categorical(vocab_size=1000, train_examples=512, eval_examples=128)
+    found = reproduce(run.dir / "export", source, "binary", tmp_path)
+    assert found["eval/auc"] == pytest.approx(run.summary["eval"]["eval/auc"], abs=1e-5)
+    assert found["eval/accuracy"] == pytest.approx(run.summary["eval"]["eval/accuracy"], abs=1e-6)
+
+
+def test_export_any_kept_checkpoint_afterwards(tfdistx, tmp_path):
+    run = tfdistx(*QUICK, "checkpoint.every_steps=20", "checkpoint.export=false")
+    assert run.returncode == 0, run
+    assert not (run.dir / "export").exists()
+    proc = subprocess.run([sys.executable, "-m", "tfdistx", "export", str(run.dir), "--step", "20", "--out", str(tmp_path / "at20")],
+                          capture_output=True, text=True, env=tfdistx_env(), timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert (tmp_path / "at20" / "saved_model.pb").exists()
+    missing = subprocess.run([sys.executable, "-m", "tfdistx", "export", str(run.dir), "--step", "7"],
+                             capture_output=True, text=True, env=tfdistx_env(), timeout=300)
+    assert missing.returncode == 2 and "--step=7" in missing.stderr and "Traceback" not in missing.stderr
+
+
+def test_evaluate_a_kept_checkpoint(tfdistx, tmp_path):
+    run = tfdistx(*QUICK, "checkpoint.every_steps=20")
+    assert run.returncode == 0, run
+    proc = subprocess.run([sys.executable, "-m", "tfdistx", "evaluate", str(run.dir), "--step", "40"],
+                          capture_output=True, text=True, env=tfdistx_env(), timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    record = json.loads(proc.stdout[proc.stdout.index("{"):])
+    assert record["step"] == 40 and record["checkpoint"] == "ckpt-40"
+    assert record["eval/accuracy"] == pytest.approx(run.summary["eval"]["eval/accuracy"], abs=1e-6)
+    written = [json.loads(l) for l in (run.dir / "evaluations.jsonl").read_text().splitlines()]
+    assert written[-1]["eval/loss"] == pytest.approx(record["eval/loss"])

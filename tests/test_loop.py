@@ -1,0 +1,78 @@
+"""The engine's parts driven directly, in this process: Schedule, the outer
+loop over a real step runner (real TensorFlow, one device), and the
+input-skip arithmetic. No subprocesses."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tfdistx import data as data_lib
+from tfdistx import input as input_lib
+from tfdistx.loop import Loop, Schedule
+from tfdistx.metrics import MetricSet
+from tfdistx.models import mlp
+from tfdistx.optim import LearningRateAtStep
+from tfdistx.runner import SyncRunner
+from tfdistx.tasks.classification import Classification
+
+
+def test_schedule_stops_at_every_due_action():
+    schedule = Schedule(steps=250, steps_per_loop=100, log_every=30, eval_every=100, checkpoint_every=120)
+    stops, step = [], 0
+    while step < schedule.steps:
+        step = schedule.next_stop(step)
+        stops.append(step)
+    assert stops == [30, 60, 90, 100, 120, 150, 180, 200, 210, 240, 250]
+    assert schedule.logs_at(250) and schedule.evaluates_at(250) and not schedule.checkpoints_at(250)
+    assert schedule.checkpoints_at(240) and not schedule.evaluates_at(240)
+
+
+@pytest.mark.parametrize("steps_done, replicas, pipelines, skipped", [
+    (0, 1, 1, 0), (100, 1, 1, 100),  # one device: a batch a step
+    (100, 4, 1, 400),  # mirrored over 4: one pipeline feeds 4 replica batches a step
+    (100, 2, 2, 100),  # 2 workers: each pipeline feeds its own replica
+    (100, 1, 2, 50),  # 2 parameter-server workers: each has done half the steps
+])
+def test_batches_skipped_on_resume(steps_done, replicas, pipelines, skipped):
+    assert input_lib.batches_to_skip(steps_done, replicas, pipelines) == skipped
+
+
+class Recorder:
+    def __init__(self):
+        self.records, self.saved = [], []
+
+    def __call__(self, step, metrics):
+        self.records.append((step, metrics))
+
+    def save(self, step):
+        self.saved.append(step)
+
+
+def test_loop_runs_steps_logs_evaluates_and_saves():
+    tf.keras.utils.set_random_seed(0)
+    strategy = tf.distribute.get_strategy()
+    source = data_lib.synthetic(image_shape=(4, 4, 1), num_classes=3, train_examples=256, eval_examples=64)
+    task = Classification(metrics=("accuracy",))
+    model = mlp((4, 4, 1), 3, hidden_units=(8,))
+    learning_rate = LearningRateAtStep(0.01)
+    optimizer = tf.keras.optimizers.SGD(learning_rate=learning_rate)
+    metrics = MetricSet(task.metrics())
+    features, labels = next(iter(source.train(None).batch(2)))
+    metrics.build(*task.metric_inputs(labels, model(features)))
+    runner = SyncRunner(strategy, task, model, optimizer, metrics, global_batch=32, learning_rate=learning_rate,
+                        train_data=input_lib.train_dataset(strategy, source, 32, seed=0),
+                        eval_data=input_lib.eval_dataset(strategy, source.eval, 32))
+    counter, recorder = tf.Variable(0, dtype=tf.int64), Recorder()
+    result = Loop(runner, Schedule(steps=50, steps_per_loop=20, log_every=20, eval_every=25, checkpoint_every=40),
+                  counter, learning_rate_at=learning_rate.at, checkpointer=recorder, loggers=[recorder]).run()
+
+    assert result.step == 50 and int(counter.numpy()) == 50
+    assert [step for step, _ in recorder.records] == [20, 25, 40, 50]
+    assert recorder.saved == [40, 50]
+    by_step = dict(recorder.records)
+    assert set(by_step[20]) == {"loss", "accuracy", "lr", "examples_per_sec"}
+    assert set(by_step[25]) == {"eval/loss", "eval/accuracy"}
+    assert by_step[40]["lr"] == pytest.approx(0.01)
+    # eval over the whole split: 64 examples, counted exactly once
+    assert result.eval["eval/accuracy"] * 64 == pytest.approx(round(result.eval["eval/accuracy"] * 64))
+    assert np.isfinite(result.train["loss"])

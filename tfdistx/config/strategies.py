@@ -1,0 +1,119 @@
+"""The strategies tfdistx runs, as facts that need no TensorFlow.
+
+One table: for each `strategy=` name, the processes it needs, the options it
+takes, how many replicas it plans and which topologies it can run on.
+Validation, cluster placement, `--plan` and the CLI read it;
+`tfdistx/strategy.py` holds only the TensorFlow builder for each name.
+Adding a strategy: a row here, a builder there, a yaml in conf/strategy/.
+"""
+
+from dataclasses import dataclass, field
+from typing import Dict, List, Mapping, Optional, Tuple
+
+from tfdistx.config.errors import Problem
+
+# How a strategy's processes are laid out.
+ONE_PROCESS = "one process"
+ONE_PER_WORKER = "one process per worker"  # synchronous: every worker trains every step
+COORDINATOR = "a coordinator, parameter servers and workers"  # asynchronous steps scheduled on free workers
+
+
+@dataclass(frozen=True)
+class Strategy:
+    name: str
+    description: str
+    processes: str
+    # strategy.KEY -> the values it allows (None: any value)
+    options: Mapping[str, Optional[Tuple[str, ...]]] = field(default_factory=dict)
+    one_replica: bool = False  # one_device: never more than one replica
+
+    @property
+    def multi_process(self) -> bool:
+        return self.processes != ONE_PROCESS
+
+    @property
+    def asynchronous(self) -> bool:
+        """Steps are scheduled by a coordinator on whichever worker is free."""
+        return self.processes == COORDINATOR
+
+    def job_counts(self, workers: int, ps: int) -> Dict[str, int]:
+        """Tasks per TF_CONFIG job name (in rank order: chief, ps, worker)."""
+        if self.processes == COORDINATOR:
+            return {"chief": 1, "ps": ps, "worker": workers}
+        if self.processes == ONE_PER_WORKER:
+            return {"worker": workers}
+        return {}
+
+    @property
+    def primary_jobs(self) -> Tuple[str, ...]:
+        """The jobs whose end is the run's end (the others only serve them)."""
+        return ("chief",) if self.asynchronous else ("worker",)
+
+    @property
+    def serving_jobs(self) -> Tuple[str, ...]:
+        """Jobs whose tasks run a TensorFlow server for the coordinator and train nothing themselves."""
+        return ("ps", "worker") if self.asynchronous else ()
+
+    @property
+    def restartable_alone(self) -> Tuple[str, ...]:
+        """Jobs whose lost task can be restarted on its own (the coordinator reschedules its steps)."""
+        return ("worker",) if self.asynchronous else ()
+
+    def planned_replicas(self, workers: int, devices: Optional[int]) -> Optional[int]:
+        """Replicas a step runs on, when that is known without TensorFlow (None: the GPUs found decide)."""
+        if self.one_replica or self.asynchronous:
+            return 1  # parameter servers: each step is one worker's whole batch
+        if self.processes == ONE_PER_WORKER:
+            return workers  # one per worker without GPUs; at least that with them
+        return devices
+
+    def topology_problems(self, given: str, workers: int, devices: Optional[int], ps: int, cluster_name: str) -> List[Problem]:
+        """Why this strategy (asked for as `given`, maybe `auto`) cannot run on the cluster."""
+        topology = f"cluster={cluster_name} ({workers} worker(s), {ps} ps)"
+        problems = []
+        if self.asynchronous and ps < 1:
+            problems.append(Problem("strategy", given, f"needs parameter servers; {topology} has none: use e.g. cluster=ps1w2"))
+        if not self.asynchronous and ps > 0:
+            problems.append(Problem("strategy", given, f"{topology} has parameter servers: use strategy=parameter_server"))
+        if not self.multi_process and workers > 1:
+            problems.append(Problem("strategy", given, f"runs on one machine but {topology} has several workers: use strategy=multiworker"))
+        if self.one_replica and (devices or 1) > 1:
+            problems.append(Problem("strategy", given, f"runs one replica but cluster={cluster_name} asks for {devices} devices: use strategy=mirrored"))
+        return problems
+
+
+CROSS_DEVICE_OPS = ("auto", "nccl", "hierarchical_copy", "reduction_to_one")
+COMMUNICATIONS = ("auto", "ring", "nccl")
+
+STRATEGIES: Dict[str, Strategy] = {s.name: s for s in [
+    Strategy("one_device", "one replica on one device (TF's default strategy, or OneDeviceStrategy on strategy.device)",
+             ONE_PROCESS, {"device": None}, one_replica=True),
+    Strategy("mirrored", "MirroredStrategy: synchronous replicas on this machine's GPUs or logical CPU devices",
+             ONE_PROCESS, {"cross_device_ops": CROSS_DEVICE_OPS}),
+    Strategy("central_storage", "CentralStorageStrategy: variables on the CPU, compute replicated on this machine's devices",
+             ONE_PROCESS),
+    Strategy("tpu", "TPUStrategy through TPUClusterResolver", ONE_PROCESS, {"tpu": None}),
+    Strategy("multiworker", "MultiWorkerMirroredStrategy: synchronous all-reduce across worker processes",
+             ONE_PER_WORKER, {"communication": COMMUNICATIONS}),
+    Strategy("parameter_server", "ParameterServerStrategy + ClusterCoordinator: asynchronous steps on free workers, variables on ps tasks",
+             COORDINATOR),
+]}
+
+AUTO = "auto"
+NAMES = (AUTO, *STRATEGIES)
+
+
+def resolve(name: str, workers: int, local_devices: Optional[int]) -> str:
+    """`auto` made concrete: multiworker for several workers, else mirrored
+    over several local devices, else one_device. `local_devices`: devices
+    per worker as configured or found (None: not known yet, counts as one)."""
+    if name != AUTO:
+        return name
+    if workers > 1:
+        return "multiworker"
+    return "mirrored" if (local_devices or 1) > 1 else "one_device"
+
+
+def get(name: str, workers: int = 1, local_devices: Optional[int] = None) -> Strategy:
+    """The table row for a (possibly `auto`) strategy name."""
+    return STRATEGIES[resolve(name, workers, local_devices)]

@@ -1,0 +1,69 @@
+"""A servable model: a TensorFlow SavedModel in <run dir>/export/.
+
+Why a SavedModel and not a `.keras` file: plain TensorFlow
+(`tf.saved_model.load`) and TF Serving load it with none of the model's
+Python code — no custom layers to register, no tfdistx, no Keras version to
+match — and its `serving_default` signature returns what the task calls a
+prediction (probabilities, classes, values), not only raw logits. Written
+with Keras' own ExportArchive.
+
+    tfdistx export RUN_DIR [--step N] [--out DIR]   # any kept checkpoint, afterwards
+"""
+
+import argparse
+import os
+import shutil
+import sys
+from pathlib import Path
+from typing import List, Optional
+
+import keras
+import tensorflow as tf
+
+
+def export_saved_model(model, task, feature_spec, directory: str) -> None:
+    """Write `model` (variables local to this process) with the task's
+    serving outputs; replaces `directory` whole, never half."""
+    signature = tf.nest.map_structure(_batched, feature_spec)
+    if isinstance(feature_spec, dict):  # inputs named after the features
+        signature = {name: tf.TensorSpec(spec.shape, spec.dtype, name=name) for name, spec in signature.items()}
+    archive = keras.export.ExportArchive()
+    archive.track(model)
+    archive.add_endpoint("serve", lambda features: task.serving_outputs(model(features, training=False)), input_signature=[signature])
+    tmp = f"{directory}.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    archive.write_out(tmp, verbose=False)
+    shutil.rmtree(directory, ignore_errors=True)
+    os.replace(tmp, directory)
+
+
+def _batched(spec: tf.TensorSpec) -> tf.TensorSpec:
+    return tf.TensorSpec([None, *spec.shape], spec.dtype, name="features")
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    parser = argparse.ArgumentParser(prog="tfdistx export", description="Write a SavedModel from a run's checkpoint.")
+    parser.add_argument("run_dir", help="a run directory (with .hydra/config.yaml and checkpoints/)")
+    parser.add_argument("--step", type=int, default=None, help="the checkpoint saved at this step (default: the newest)")
+    parser.add_argument("--out", default=None, help="where to write the SavedModel (default: RUN_DIR/export)")
+    args = parser.parse_args(argv)
+
+    from tfdistx import checkpointing
+    from tfdistx.cli import refuse
+    from tfdistx.config.compose import saved_config
+    from tfdistx.config.errors import ConfigError
+    from tfdistx.train import build_task_and_data, export_checkpoint
+
+    try:
+        cfg = saved_config(args.run_dir)
+        directory = cfg.checkpoint.dir or str(Path(args.run_dir) / "checkpoints")
+        path = checkpointing.find(directory, args.step)
+        if path is None:
+            raise ConfigError.one("--step" if args.step is not None else "run_dir", args.step if args.step is not None else args.run_dir,
+                                  f"no such checkpoint in {directory}")
+        task, source = build_task_and_data(cfg)
+        target = export_checkpoint(cfg, task, source, path, args.out or str(Path(args.run_dir) / "export"))
+    except ConfigError as error:
+        refuse(error)
+    print(f"tfdistx: exported {os.path.basename(path)} to {target}", file=sys.stderr)
+    return 0

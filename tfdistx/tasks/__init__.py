@@ -1,0 +1,101 @@
+"""Tasks: what a batch means — the loss, the metrics, and what a prediction is.
+
+A task sits between a model's outputs and the labels, as TF Model Garden's
+`Task` and Keras' `compile(loss, metrics)` do. The built-in tasks are
+`classification`, `binary`, `multilabel` and `regression` (one module each);
+`task._target_=mypkg.MyTask` plugs in your own.
+
+The contract for your own task — subclass `Task` and define:
+
+    loss(labels, outputs)        -> the per-example loss, shape [batch]
+    num_outputs(label_spec, num_classes) -> how wide the model's output must be
+
+and, if the defaults do not fit:
+
+    metrics()                    -> {name: keras.metrics.Metric}; each is updated with
+                                    metric_inputs(labels, outputs) = (labels, predictions(outputs))
+    predictions(outputs)         -> what the metrics see (e.g. probabilities)
+    serving_outputs(outputs)     -> {name: tensor}: what the exported model returns
+    train_step(model, optimizer, batch, global_batch) -> (labels, outputs, per-example loss)
+
+Metrics must have additive state (sums and counts, as every Keras mean,
+accuracy, confusion-matrix, AUC and F1 metric has): tfdistx sums their state
+over replicas, workers and batches and computes the result once, so a metric
+is exact over the whole cluster and the same under every strategy.
+`tests/user_plugins.py` holds a complete example.
+"""
+
+from typing import Dict, Sequence, Tuple
+
+import keras
+import tensorflow as tf
+
+from tfdistx.config.errors import ConfigError
+
+
+class Task:
+    """Base class: the shared training step, and metrics chosen by name."""
+
+    name = "task"
+    # name -> a function of the task that makes the Keras metric; a
+    # subclass lists what `task.metrics=[...]` may name.
+    AVAILABLE: Dict[str, callable] = {}
+    metric_names: Sequence[str] = ()
+
+    def choose_metrics(self, names: Sequence[str]) -> None:
+        """The metrics `metrics()` makes, by name (config: task.metrics)."""
+        unknown = [m for m in names if m not in self.AVAILABLE]
+        if unknown:
+            raise ConfigError.one("task.metrics", list(names), f"task={self.name} offers {', '.join(self.AVAILABLE)}")
+        self.metric_names = list(names)
+
+    # -- what a subclass defines ---------------------------------------------
+
+    def loss(self, labels, outputs) -> tf.Tensor:
+        raise NotImplementedError
+
+    def num_outputs(self, label_spec: tf.TensorSpec, num_classes) -> int:
+        raise NotImplementedError
+
+    # -- defaults --------------------------------------------------------------
+
+    def metrics(self) -> Dict[str, keras.metrics.Metric]:
+        return {name: self.AVAILABLE[name](self) for name in self.metric_names}
+
+    def predictions(self, outputs):
+        return outputs
+
+    def metric_inputs(self, labels, outputs) -> Tuple:
+        return labels, self.predictions(outputs)
+
+    def serving_outputs(self, outputs) -> Dict[str, tf.Tensor]:
+        return {"outputs": outputs}
+
+    def train_step(self, model, optimizer, batch, global_batch: int):
+        """Forward, loss, gradients, update: on one replica, for one batch."""
+        features, labels = batch
+        with tf.GradientTape() as tape:
+            outputs = model(features, training=True)
+            per_example = self.loss(labels, outputs)
+            # Scaled by the global batch: the optimizer sums gradients over replicas.
+            loss = tf.nn.compute_average_loss(per_example, global_batch_size=global_batch)
+            if model.losses:
+                loss += tf.nn.scale_regularization_loss(tf.add_n(model.losses))
+        variables = model.trainable_variables
+        optimizer.apply_gradients(zip(tape.gradient(loss, variables), variables))
+        return labels, outputs, per_example
+
+    def eval_step(self, model, batch):
+        features, labels = batch
+        outputs = model(features, training=False)
+        return labels, outputs, self.loss(labels, outputs)
+
+
+def column(labels, dtype=tf.float32) -> tf.Tensor:
+    """Labels of shape [batch] (or [batch, 1]) as a [batch, 1] column."""
+    return tf.reshape(tf.cast(labels, dtype), [-1, 1])
+
+
+def label_width(label_spec: tf.TensorSpec) -> int:
+    """The size of one (unbatched) example's label vector: 1 for a scalar label."""
+    return int(label_spec.shape[-1]) if label_spec.shape.rank else 1
