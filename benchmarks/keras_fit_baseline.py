@@ -26,7 +26,7 @@ def main():
     source = synthetic(image_shape=(28, 28, 1), num_classes=10, train_examples=8192)
     ds = (source.train(None).shuffle(8192, seed=0).repeat()
           .batch(args.batch, drop_remainder=True).prefetch(tf.data.AUTOTUNE))
-    model = mlp(source.input_shape, source.num_classes)
+    model = mlp((28, 28, 1), source.num_classes)
     model.compile(
         optimizer=keras.optimizers.Adam(1e-3),
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
