@@ -9,6 +9,7 @@ what Hydra answers itself (--help, --cfg, multirun sweeps) goes to
 the parent's resolved config (`tfdistx _task`).
 """
 
+import contextlib
 import importlib
 import json
 import logging
@@ -21,7 +22,7 @@ import hydra
 from hydra._internal.utils import get_args_parser
 from omegaconf import DictConfig, OmegaConf
 
-from tfdistx import cluster, recipes
+from tfdistx import cluster, recipes, rundir
 from tfdistx.config import schema, strategies, topology
 from tfdistx.config.compose import compose_and_validate, composed, saved_overrides
 from tfdistx.config.errors import EXIT_INVALID_CONFIG, ConfigError
@@ -91,12 +92,15 @@ def _run_once(overrides) -> None:
 
     with composed(overrides) as cfg:
         context = HydraContext(config_loader=GlobalHydra.instance().config_loader(), callbacks=Callbacks(cfg))
-        try:
-            result = run_job(task_function=_run, config=cfg, job_dir_key="hydra.run.dir", job_subdir_key=None, hydra_context=context)
-        except KeyboardInterrupt:
-            print("tfdistx: interrupted", file=sys.stderr)
-            sys.exit(130)
-        _ = result.return_value  # re-raises what the job raised
+        # Locked before run_job writes .hydra/ into the directory (rundir.py).
+        owner = rundir.owned(cfg.hydra.run.dir) if _owns_run_dir(cfg) else contextlib.nullcontext()
+        with owner:
+            try:
+                result = run_job(task_function=_run, config=cfg, job_dir_key="hydra.run.dir", job_subdir_key=None, hydra_context=context)
+            except KeyboardInterrupt:
+                print("tfdistx: interrupted", file=sys.stderr)
+                sys.exit(130)
+            _ = result.return_value  # re-raises what the job raised
 
 
 def _run(cfg: DictConfig):
@@ -107,9 +111,11 @@ def _run(cfg: DictConfig):
 
     hydra_cfg = HydraConfig.get()
     try:
-        if hydra_cfg.mode == RunMode.MULTIRUN:
-            validate(cfg)
-        return execute(cfg, hydra_cfg.runtime.output_dir, "train")
+        if hydra_cfg.mode != RunMode.MULTIRUN:  # composed, checked and locked by _run_once
+            return execute(cfg, hydra_cfg.runtime.output_dir, "train")
+        validate(cfg)
+        with rundir.owned(hydra_cfg.runtime.output_dir) if _owns_run_dir(cfg) else contextlib.nullcontext():
+            return execute(cfg, hydra_cfg.runtime.output_dir, "train")
     except ConfigError as error:
         refuse(error)
 
@@ -125,6 +131,13 @@ def execute(cfg: DictConfig, run_dir: str, mode: str, step: Optional[int] = None
     if mode == "evaluate":
         return train.evaluate(cfg, run_dir, placement, step)
     return train.train(cfg, run_dir, placement)
+
+
+def _owns_run_dir(cfg: DictConfig) -> bool:
+    """The process that writes a run directory: a single run, a local
+    cluster's launcher, or the chief of a scheduler's cluster."""
+    facts = strategies.get(cfg.strategy.name, cfg.cluster.workers, cfg.cluster.devices_per_worker)
+    return cluster.detect(facts, cfg.cluster).is_chief
 
 
 def _run_local_cluster(cfg: DictConfig, run_dir: str, facts: strategies.Strategy, mode: str, step: Optional[int]):

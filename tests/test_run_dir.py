@@ -1,0 +1,80 @@
+"""A run never loses the run that is already in its directory: a checkpoint
+of another model or optimizer is refused (not taken as damage and trained
+over), and two runs cannot share a directory. Real runs, real files."""
+
+import json
+import signal
+import subprocess
+import sys
+import time
+
+from conftest import QUICK, tfdistx_env
+from test_fault_tolerance import LONG, start, wait_for_lines
+
+SMALL_CNN = ["model=cnn", "model.filters=[4]", "model.dense_units=8"]
+
+
+def files(run_dir):
+    """Every file of a run but its log (which each attempt appends to)."""
+    return {p.relative_to(run_dir): p.read_bytes() for p in run_dir.rglob("*") if p.is_file() and p.name not in ("tfdistx.log", ".lock")}
+
+
+def test_resuming_with_another_model_or_optimizer_is_refused_and_the_run_is_kept(tfdistx):
+    first = tfdistx(*QUICK, *SMALL_CNN, "checkpoint.every_steps=20")
+    assert first.returncode == 0, first
+    before = files(first.dir)
+    for change, what in [
+        (["model=mlp"], "the model's weights differ"),
+        ([*SMALL_CNN, "model.dense_units=16"], "#2: (784, 8) there, (784, 16) here"),
+        ([*SMALL_CNN, "optimizer=sgd"], "the optimizer differs"),
+    ]:
+        again = tfdistx(*QUICK, *change, "trainer.steps=80")
+        assert again.returncode == 2, again
+        assert "Traceback" not in again.stderr and "another model or optimizer" in again.stderr and what in again.stderr, again
+        assert "use another hydra.run.dir" in again.stderr
+        assert files(first.dir) == before, f"{change} changed the first run's files"
+
+
+def test_a_second_run_in_the_same_directory_is_refused_and_the_first_is_unharmed(tmp_path):
+    run_dir = tmp_path / "run"
+    first = start(LONG, run_dir)
+    try:
+        wait_for_lines(run_dir, 2, first)
+        overrides = (run_dir / ".hydra" / "overrides.yaml").read_text()
+        second = subprocess.run([sys.executable, "-m", "tfdistx", *QUICK, "optimizer=sgd", f"hydra.run.dir={run_dir}"],
+                                capture_output=True, text=True, env=tfdistx_env(), timeout=300)
+        assert second.returncode == 2, second.stderr
+        assert f"another run is using this directory (pid {first.pid}" in second.stderr and "Traceback" not in second.stderr
+        assert (run_dir / ".hydra" / "overrides.yaml").read_text() == overrides
+        first.send_signal(signal.SIGTERM)
+        out, _ = first.communicate(timeout=300)
+        assert first.returncode == 42, out[-3000:]
+    finally:
+        first.kill()
+    steps = [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert steps == list(range(20, steps[-1] + 1, 20))  # the first run's lines, all of them, once
+
+
+def test_a_killed_run_leaves_no_lock_behind(tmp_path):
+    run_dir = tmp_path / "run"
+    proc = start([*LONG, "checkpoint.every_steps=20"], run_dir)
+    try:
+        wait_for_lines(run_dir, 2, proc)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=60)
+    finally:
+        proc.kill()
+    rerun = subprocess.run([sys.executable, "-m", "tfdistx", *LONG, "checkpoint.every_steps=20", "trainer.steps=80",
+                            f"hydra.run.dir={run_dir}"], capture_output=True, text=True, env=tfdistx_env(), timeout=300)
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    assert json.loads((run_dir / "summary.json").read_text())["resumed"]
+
+
+def test_runs_started_together_get_their_own_directories(tmp_path):
+    cmd = [sys.executable, "-m", "tfdistx", *QUICK, "trainer.steps=10", "checkpoint.export=false"]
+    procs = [subprocess.Popen(cmd, cwd=tmp_path, env=tfdistx_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+             for _ in range(2)]
+    for proc in procs:
+        assert proc.wait(timeout=300) == 0, proc.stderr.read()[-2000:]
+    runs = sorted(p.parent for p in (tmp_path / "outputs").glob("*/*/summary.json"))
+    assert len(runs) == 2 and runs[0] != runs[1]

@@ -1,0 +1,70 @@
+"""One run per run directory, enforced with a lock.
+
+Two runs writing one directory mix their checkpoints and overrides and lose
+metrics; it happens by accident when two runs start in the same second. The
+process that owns a run directory (a single run, a local cluster's launcher,
+or the chief of a scheduler's cluster) holds an exclusive `flock` on
+RUN_DIR/.lock for the whole run. The kernel releases it on every exit,
+SIGKILL included, so a crashed run never leaves a stale lock; the file
+keeps the holder's pid, host and command for the refusal message. No
+TensorFlow here.
+"""
+
+import contextlib
+import fcntl
+import json
+import os
+import socket
+import sys
+import time
+from pathlib import Path
+
+from tfdistx.config.errors import EXIT_INVALID_CONFIG, ConfigError
+
+LOCK_NAME = ".lock"
+
+
+@contextlib.contextmanager
+def exclusive(run_dir: str):
+    """Hold RUN_DIR's lock while inside; ConfigError if another run holds it."""
+    path = Path(run_dir) / LOCK_NAME
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.read(fd, 4096).decode(errors="replace").strip() or "unknown"
+            raise ConfigError.one("hydra.run.dir", str(run_dir), f"another run is using this directory ({_describe(holder)}): "
+                                  "wait for it to end, or pick another hydra.run.dir") from None
+        os.ftruncate(fd, 0)
+        os.write(fd, json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "started": time.strftime("%Y-%m-%d %H:%M:%S"),
+                                 "command": " ".join(sys.argv)}).encode())
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+@contextlib.contextmanager
+def owned(run_dir: str):
+    """The run directory's lock, and if the run is refused as a bad config
+    (exit 2: a checkpoint of another model, say), the .hydra/ files it
+    replaced are put back, so the run that is there keeps its own config."""
+    with exclusive(run_dir):
+        hydra_dir = Path(run_dir) / ".hydra"
+        before = {p: p.read_bytes() for p in hydra_dir.glob("*.yaml")} if hydra_dir.is_dir() else {}
+        try:
+            yield
+        except SystemExit as exit:
+            if exit.code == EXIT_INVALID_CONFIG and before:
+                for path, content in before.items():
+                    path.write_bytes(content)
+            raise
+
+
+def _describe(holder: str) -> str:
+    try:
+        info = json.loads(holder)
+        return f"pid {info['pid']} on {info['host']}, started {info['started']}: {info['command'][:200]}"
+    except (ValueError, KeyError, TypeError):
+        return holder[:200]
