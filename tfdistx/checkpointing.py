@@ -13,6 +13,8 @@ from typing import Optional
 
 import tensorflow as tf
 
+from tfdistx.config.errors import ConfigError
+
 log = logging.getLogger(__name__)
 
 
@@ -30,14 +32,21 @@ class Checkpointer:
 
         A checkpoint cut short (a kill during save, a full disk) or damaged
         later fails to restore: the next older one is tried, and the log says
-        which was skipped and which was used.
+        which was skipped and which was used. A checkpoint that reads whole
+        but does not fit this run (another model or optimizer) is not
+        damaged: the run is refused (ConfigError), so that it cannot train
+        from scratch and overwrite the run that is there.
         """
         state = tf.train.get_checkpoint_state(self.directory)
         candidates = list(reversed(state.all_model_checkpoint_paths)) if state else []
         for path in candidates:
             try:
-                self.checkpoint.restore(path).assert_existing_objects_matched()
+                status = self.checkpoint.restore(path)
+                status.assert_existing_objects_matched()
+                status.assert_consumed()  # adam's slots left over in an sgd run, say
             except Exception as error:  # damage shows as DataLossError, IndexError, ValueError, ...
+                if _readable(path):
+                    raise ConfigError.one("checkpoint", path, _mismatch(path, self.checkpoint, error)) from None
                 log.warning("checkpoint %s is damaged (%s); trying an older one", path, str(error).splitlines()[0][:200])
                 continue
             if path != candidates[0]:
@@ -60,6 +69,36 @@ class Checkpointer:
     def close(self) -> None:
         if self.scratch:
             shutil.rmtree(self.scratch, ignore_errors=True)
+
+
+def _readable(path: str) -> bool:
+    """Whether every value of the checkpoint reads back."""
+    try:
+        reader = tf.train.load_checkpoint(path)
+        for name in reader.get_variable_to_shape_map():
+            reader.get_tensor(name)
+        return True
+    except Exception:
+        return False
+
+
+def _mismatch(path: str, checkpoint: tf.train.Checkpoint, error: Exception) -> str:
+    """What differs between a readable checkpoint and this run, and what to do."""
+    saved = tf.train.load_checkpoint(path).get_variable_to_shape_map()
+    trainable = sorted((int(k.split("/")[2]), tuple(v)) for k, v in saved.items() if k.startswith("optimizer/_trainable_variables/"))
+    here = [tuple(v.shape) for v in checkpoint.model.trainable_variables] if hasattr(checkpoint, "model") else []
+    there = [shape for _, shape in trainable]
+    if there != here:
+        differ = [f"#{i}: {a} there, {b} here" for i, (a, b) in enumerate(zip(there, here)) if a != b][:3]
+        what = (f"the model's weights differ: {len(there)} trainable variables there, {len(here)} here"
+                + (f"; {'; '.join(differ)}" if differ else ""))
+    else:
+        slots = sum(1 for k in saved if k.startswith("optimizer/_variables/"))
+        mine = len(checkpoint.optimizer.variables) - 1 if hasattr(checkpoint, "optimizer") else 0  # less `iterations`
+        what = (f"the optimizer differs: {slots} optimizer values there, {mine} here (another optimizer, e.g. adam and sgd)"
+                if slots != mine else str(error).strip().splitlines()[0][:200])
+    return (f"was saved by another model or optimizer than this run's ({what}). Refusing to train over it: "
+            "use another hydra.run.dir for this config, or delete that checkpoints/ directory to start over there")
 
 
 def find(directory: str, step: Optional[int] = None) -> Optional[str]:
