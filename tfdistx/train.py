@@ -55,7 +55,7 @@ def train(cfg: DictConfig, run_dir: str, placement: Optional[Placement] = None) 
         # saves alone; TF's handler refuses clusters with ps tasks).
         synchronous_cluster = run.placement.source != "single" and not run.facts.asynchronous
         with PreemptionWatcher(run.strategy, run.checkpointer, synchronous_cluster) as preemption, \
-                loggers.for_run(run.dir, cfg.logger, run.total_steps, start_step, enabled=run.placement.is_chief,
+                loggers.for_run(run.dir, OmegaConf.to_container(cfg.logger), run.total_steps, start_step, enabled=run.placement.is_chief,
                                 config=OmegaConf.to_container(cfg, resolve=True)) as sinks:
             result = Loop(runner, schedule, run.step_counter, learning_rate_at=run.learning_rate.at,
                           checkpointer=run.checkpointer, preemption=preemption, loggers=sinks).run()
