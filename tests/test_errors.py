@@ -29,6 +29,9 @@ def assert_refused(run, key, *phrases):
     (["trainer.nonsense=1"], "trainer.nonsense", []),
     (["model._target_=no_such_package.build"], "model._target_", ["no_such_package"]),
     (["checkpoint.max_to_keep=0"], "checkpoint.max_to_keep=0", []),
+    (["optimizer.lr=nan"], "optimizer.lr=nan", ["finite"]),
+    (["optimizer.lr=inf"], "optimizer.lr=inf", ["finite"]),
+    (["cluster=ps0w2"], "cluster='ps0w2'", ["at least one parameter server", "cluster=2x1"]),
 ])
 def test_config_errors(tfdistx, args, key, phrases):
     assert_refused(tfdistx(*args), key, *phrases)

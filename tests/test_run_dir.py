@@ -78,3 +78,27 @@ def test_runs_started_together_get_their_own_directories(tmp_path):
         assert proc.wait(timeout=300) == 0, proc.stderr.read()[-2000:]
     runs = sorted(p.parent for p in (tmp_path / "outputs").glob("*/*/summary.json"))
     assert len(runs) == 2 and runs[0] != runs[1]
+
+
+def test_fewer_steps_than_the_run_has_done_is_refused(tfdistx):
+    first = tfdistx(*QUICK)
+    assert first.returncode == 0, first
+    before = files(first.dir)
+    again = tfdistx(*QUICK, "trainer.steps=20")
+    assert again.returncode == 2, again
+    assert "trainer.steps=20: the run in this directory is already at step 40 (ckpt-40)" in again.stderr
+    assert files(first.dir) == before  # summary.json, metrics.jsonl and checkpoints as they were
+
+
+def test_restore_false_keeps_the_previous_run_aside(tfdistx):
+    first = tfdistx(*QUICK, "checkpoint.every_steps=20")
+    assert first.returncode == 0, first
+    old_metrics = (first.dir / "metrics.jsonl").read_text()
+    fresh = tfdistx(*QUICK, "trainer.steps=20", "checkpoint.restore=false")
+    assert fresh.returncode == 0, fresh
+    assert fresh.summary["step"] == 20 and not fresh.summary["resumed"]
+    assert [m["step"] for m in fresh.metrics] == [20]
+    assert sorted(p.name for p in (fresh.dir / "checkpoints").glob("*.index")) == ["ckpt-20.index"]  # no old ones mixed in
+    kept = list(fresh.dir.glob("metrics.replaced-*.jsonl"))
+    assert len(kept) == 1 and kept[0].read_text() == old_metrics
+    assert sorted(p.name for p in next(fresh.dir.glob("checkpoints.replaced-*")).glob("*.index")) == ["ckpt-20.index", "ckpt-40.index"]

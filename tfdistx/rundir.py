@@ -62,6 +62,22 @@ def owned(run_dir: str):
             raise
 
 
+def set_aside_previous_run(run_dir: str, checkpoint_dir: str) -> list:
+    """`checkpoint.restore=false` in a directory that holds a run: its
+    checkpoints, metrics, summary and export are renamed *.replaced-STAMP,
+    kept, instead of being truncated or mixed with the new run's. Returns
+    what was moved."""
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    run = Path(run_dir)
+    moved = []
+    for path in [Path(checkpoint_dir), run / "metrics.jsonl", run / "summary.json", run / "export"]:
+        if path.exists() and (path.is_file() or any(path.iterdir())):
+            target = path.with_name(f"{path.stem}.replaced-{stamp}{path.suffix}")
+            path.rename(target)
+            moved.append(str(target))
+    return moved
+
+
 def _describe(holder: str) -> str:
     try:
         info = json.loads(holder)

@@ -34,16 +34,26 @@ def train(cfg: DictConfig, run_dir: str, placement: Optional[Placement] = None) 
     process). Only the chief writes the run directory's files.
     """
     started = time.time()
-    run = build_run(cfg, run_dir, placement or Placement("single"))
+    placement = placement or Placement("single")
+    if not cfg.checkpoint.restore and placement.is_chief:
+        from tfdistx.rundir import set_aside_previous_run
+
+        for kept in set_aside_previous_run(run_dir, cfg.checkpoint.dir or str(Path(run_dir) / "checkpoints")):
+            log.warning("checkpoint.restore=false: the previous run's files are kept as %s", kept)
+    run = build_run(cfg, run_dir, placement)
     if run is None:
         return None  # a parameter-server cluster's ps or worker task: served until stopped
     from tfdistx import loggers
+    from tfdistx.config.errors import ConfigError
     from tfdistx.loop import Loop, Schedule
     from tfdistx.preemption import PreemptionWatcher
 
     with reproducible(cfg.trainer), contextlib.closing(run.checkpointer):
         restored = run.checkpointer.restore_latest() if cfg.checkpoint.restore else None
         start_step = int(run.step_counter.numpy())
+        if start_step > run.total_steps:  # nothing to train, and a summary of nothing would replace the run's
+            raise ConfigError.one("trainer.steps", run.total_steps, f"the run in this directory is already at step {start_step} "
+                                  f"({os.path.basename(restored)}): ask for {start_step} steps or more, or use another hydra.run.dir")
         if restored:
             log.info("resuming from step %d (%s)", start_step, restored)
         runner = make_runner(run, cfg, skip_steps=start_step)

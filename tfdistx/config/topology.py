@@ -33,6 +33,10 @@ def parse(name: str) -> Optional[dict]:
     return None
 
 
+def is_parameter_server_name(name: str) -> bool:
+    return bool(_PS.match(str(name)))
+
+
 def requested_names(overrides: Iterable[str], group: str = "cluster") -> list:
     """Every value given to `group=` in these overrides, sweeps included."""
     names = []

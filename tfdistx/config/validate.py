@@ -6,12 +6,13 @@ imports TensorFlow: a bad run is refused in well under a second.
 """
 
 import importlib.util
+import math
 import os
 from typing import Optional
 
 from omegaconf import DictConfig
 
-from tfdistx.config import strategies
+from tfdistx.config import strategies, topology
 from tfdistx.config.errors import ConfigError, Problem
 from tfdistx.config.schema import LAUNCH_MODES
 
@@ -63,6 +64,9 @@ def _strategy_and_cluster(strategy: DictConfig, cluster: DictConfig) -> list:
         problems.append(Problem("cluster.max_restarts", cluster.max_restarts, "must be 0 or more"))
     if cluster.ps < 0:
         problems.append(Problem("cluster.ps", cluster.ps, "must be 0 or more"))
+    if topology.is_parameter_server_name(cluster.name) and cluster.ps < 1:
+        problems.append(Problem("cluster", cluster.name, "a psPwW cluster needs at least one parameter server (P >= 1): "
+                                "use e.g. ps1w2, or cluster=2x1 for workers only"))
     if cluster.launch not in LAUNCH_MODES:
         problems.append(Problem("cluster.launch", cluster.launch, f"allowed: {', '.join(LAUNCH_MODES)}"))
     if problems:
@@ -96,8 +100,8 @@ def _optimizer(opt: DictConfig) -> list:
     if name not in OPTIMIZERS:
         problems.append(Problem("optimizer.name", name, f"allowed: {', '.join(OPTIMIZERS)}"))
     lr = opt.get("lr")
-    if not isinstance(lr, (int, float)) or isinstance(lr, bool) or lr <= 0:
-        problems.append(Problem("optimizer.lr", lr, "must be a positive number"))
+    if not isinstance(lr, (int, float)) or isinstance(lr, bool) or not math.isfinite(lr) or lr <= 0:
+        problems.append(Problem("optimizer.lr", lr, "must be a positive, finite number"))
     if opt.get("schedule", "constant") not in SCHEDULES:
         problems.append(Problem("optimizer.schedule", opt.schedule, f"allowed: {', '.join(SCHEDULES)}"))
     warmup = opt.get("warmup_steps", 0)
