@@ -116,3 +116,17 @@ def test_user_task_objective_is_checked_once_the_task_is_built(tfdistx):
     run = tfdistx(*task_args("binary"), "task._target_=user_plugins.SquaredHinge", "trainer.objective=eval/auc")
     assert run.returncode == 2, run
     assert "trainer.objective='eval/auc'" in run.stderr and "eval/margin_accuracy" in run.stderr
+
+
+@pytest.mark.parametrize("task", ["binary", "regression", "multilabel"])
+def test_stopped_and_resumed_run_ends_bitwise_equal(tfdistx, tmp_path, task):
+    args = [*task_args(task), "trainer.deterministic=true", "trainer.steps_per_loop=10", "trainer.log_every=10",
+            "checkpoint.every_steps=10"]
+    whole = tfdistx(*args, "trainer.steps=60", run_dir=tmp_path / "whole")
+    first = tfdistx(*args, "trainer.steps=30", run_dir=tmp_path / "split")
+    second = tfdistx(*args, "trainer.steps=60", run_dir=tmp_path / "split")
+    for run in (whole, first, second):
+        assert run.returncode == 0, run
+    assert second.summary["resumed_from_step"] == 30
+    assert second.summary["weights_sha256"] == whole.summary["weights_sha256"]
+    assert second.summary["eval"] == whole.summary["eval"]
