@@ -58,7 +58,12 @@ def expected_bias(steps: int, lr: float) -> float:
     return float(np.sum(lr * 0.5 * (1 + np.cos(np.pi * t / steps))))
 
 
-@pytest.mark.parametrize("strategy", [["strategy=one_device"], ["strategy=parameter_server", "cluster=ps1w2"]])
+@pytest.mark.parametrize("strategy", [
+    ["strategy=one_device"],
+    ["strategy=mirrored", "cluster=1x2"],
+    ["strategy=multiworker", "cluster=2x1"],
+    ["strategy=parameter_server", "cluster=ps1w2"],
+])
 def test_cosine_schedule_follows_the_true_step(tfdistx, tmp_path, strategy):
     steps, lr = 300, 0.01
     run = tfdistx("data._target_=user_plugins.far_targets", "model._target_=user_plugins.bias_only", "task=regression",
