@@ -3,10 +3,13 @@ of another model or optimizer is refused (not taken as damage and trained
 over), and two runs cannot share a directory. Real runs, real files."""
 
 import json
+import os
 import signal
 import subprocess
 import sys
 import time
+
+import pytest
 
 from conftest import QUICK, tfdistx_env
 from test_fault_tolerance import LONG, start, wait_for_lines
@@ -102,3 +105,44 @@ def test_restore_false_keeps_the_previous_run_aside(tfdistx):
     kept = list(fresh.dir.glob("metrics.replaced-*.jsonl"))
     assert len(kept) == 1 and kept[0].read_text() == old_metrics
     assert sorted(p.name for p in next(fresh.dir.glob("checkpoints.replaced-*")).glob("*.index")) == ["ckpt-20.index", "ckpt-40.index"]
+
+
+@pytest.mark.parametrize("state", ["random bytes", "names a checkpoint that is gone"])
+def test_a_bad_checkpoint_state_file_does_not_hide_the_checkpoints(tfdistx, state):
+    first = tfdistx(*QUICK, "checkpoint.every_steps=20")
+    assert first.returncode == 0, first
+    state_file = first.dir / "checkpoints" / "checkpoint"
+    if state == "random bytes":
+        state_file.write_bytes(os.urandom(256))
+    else:  # only a checkpoint that is not on disk: the intact ckpt-20 and ckpt-40 must still be found
+        state_file.write_text('model_checkpoint_path: "ckpt-90"\nall_model_checkpoint_paths: "ckpt-90"\n')
+    second = tfdistx(*QUICK, "checkpoint.every_steps=20", "trainer.steps=60")
+    assert second.returncode == 0, second
+    assert (second.summary["resumed_from_step"], second.summary["step"]) == (40, 60)
+    assert "the checkpoints on disk are used" in second.stdout + second.stderr
+    assert list((first.dir / "checkpoints").glob("checkpoint.replaced-*"))
+
+
+def test_a_killed_cluster_leaves_nothing_behind_once_it_runs_again(tmp_path):
+    """SIGKILL to the launcher: its tasks die with it (PR_SET_PDEATHSIG), and
+    worker 1's scratch checkpoints and the launcher's spec file stay behind
+    until the same run starts again, which removes them."""
+    scratch, run_dir = tmp_path / "tmp", tmp_path / "run"
+    scratch.mkdir()
+    args = [sys.executable, "-m", "tfdistx", "strategy=multiworker", "cluster=2x1", *LONG, "checkpoint.every_steps=20",
+            f"hydra.run.dir={run_dir}"]
+    env = tfdistx_env(TMPDIR=str(scratch))
+    proc = subprocess.Popen(args, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_for_lines(run_dir, 2, proc)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=60)
+    finally:
+        proc.kill()
+    time.sleep(2)  # the tasks' own SIGKILL
+    assert list(scratch.glob("tfdistx-*")) and (run_dir / "logs" / ".cluster.json").exists()
+    rerun = subprocess.run([*args, "trainer.steps=80"], env=env, capture_output=True, text=True, timeout=600)
+    assert rerun.returncode == 0, rerun.stdout[-3000:]
+    assert json.loads((run_dir / "summary.json").read_text())["resumed"]
+    # (TensorFlow's own __autograph_generated_file*.py of the killed tasks are not ours to remove)
+    assert list(scratch.glob("tfdistx-*")) == [] and not (run_dir / "logs" / ".cluster.json").exists()

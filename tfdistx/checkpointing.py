@@ -6,10 +6,14 @@ is collective), but only the chief writes the run's checkpoints: the others
 save into a scratch directory of their own, removed when the run ends.
 """
 
+import hashlib
 import logging
+import os
 import shutil
 import tempfile
-from typing import Optional
+import time
+from pathlib import Path
+from typing import List, Optional
 
 import tensorflow as tf
 
@@ -22,7 +26,9 @@ class Checkpointer:
     def __init__(self, directory: str, *, max_to_keep: int, is_chief: bool = True, task_name: str = "main", **trackables):
         """Restores from `directory`; saves there on the chief, elsewhere on the others."""
         self.directory = directory
-        self.scratch = None if is_chief else tempfile.mkdtemp(prefix=f"tfdistx-{task_name.replace(':', '')}-")
+        self.scratch = None if is_chief else _scratch_dir(directory, task_name)
+        if is_chief:
+            _set_aside_bad_state_file(directory)  # CheckpointManager would fail on it, or manage ghosts
         self.checkpoint = tf.train.Checkpoint(**trackables)
         self.manager = tf.train.CheckpointManager(self.checkpoint, self.scratch or directory, max_to_keep=max_to_keep, checkpoint_name="ckpt")
         self.last_saved: Optional[int] = None
@@ -37,8 +43,7 @@ class Checkpointer:
         damaged: the run is refused (ConfigError), so that it cannot train
         from scratch and overwrite the run that is there.
         """
-        state = tf.train.get_checkpoint_state(self.directory)
-        candidates = list(reversed(state.all_model_checkpoint_paths)) if state else []
+        candidates = list(reversed(on_disk(self.directory)))
         for path in candidates:
             try:
                 status = self.checkpoint.restore(path)
@@ -101,10 +106,52 @@ def _mismatch(path: str, checkpoint: tf.train.Checkpoint, error: Exception) -> s
             "use another hydra.run.dir for this config, or delete that checkpoints/ directory to start over there")
 
 
+def _scratch_dir(directory: str, task_name: str) -> str:
+    """A non-chief task's own checkpoint directory, on local disk. Named
+    after the run's checkpoints and the task, so that one a SIGKILL left
+    behind is removed when the task starts again."""
+    key = hashlib.sha1(os.path.abspath(directory).encode()).hexdigest()[:12]
+    path = os.path.join(tempfile.gettempdir(), f"tfdistx-{key}-{task_name.replace(':', '')}")
+    shutil.rmtree(path, ignore_errors=True)
+    os.makedirs(path)
+    return path
+
+
+def on_disk(directory: str) -> List[str]:
+    """The checkpoints in `directory`, oldest first, found by their files.
+
+    Not from CheckpointManager's `checkpoint` state file: a state file that
+    is damaged, or names a checkpoint that is gone, must not hide the intact
+    checkpoints beside it (they would be trained over from scratch).
+    """
+    steps = []
+    for index in Path(directory).glob("ckpt-*.index"):
+        number = index.name[len("ckpt-"):-len(".index")]
+        if number.isdigit():
+            steps.append(int(number))
+    return [os.path.join(directory, f"ckpt-{step}") for step in sorted(steps)]
+
+
+def _set_aside_bad_state_file(directory: str) -> None:
+    state_file = Path(directory) / "checkpoint"
+    if not state_file.exists():
+        return
+    try:
+        state = tf.train.get_checkpoint_state(directory)
+        paths = list(state.all_model_checkpoint_paths) if state else []
+        bad = [p for p in paths if not tf.io.gfile.exists(p + ".index")]
+        reason = f"it names missing checkpoints ({', '.join(os.path.basename(p) for p in bad[:3])})" if bad else None
+    except Exception as error:  # random bytes: a parse or decode error
+        reason = f"it cannot be read ({type(error).__name__})"
+    if reason:
+        kept = state_file.with_name(f"checkpoint.replaced-{time.strftime('%Y%m%d-%H%M%S')}")
+        state_file.rename(kept)
+        log.warning("%s: %s; kept as %s, the checkpoints on disk are used", state_file, reason, kept.name)
+
+
 def find(directory: str, step: Optional[int] = None) -> Optional[str]:
     """The newest checkpoint in `directory`, or the one saved at `step`."""
-    state = tf.train.get_checkpoint_state(directory)
-    paths = list(state.all_model_checkpoint_paths) if state else []
+    paths = on_disk(directory)
     if step is None:
         return paths[-1] if paths else None
     return next((p for p in paths if p.endswith(f"ckpt-{step}")), None)

@@ -23,7 +23,6 @@ import socket
 import struct
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -47,16 +46,19 @@ def run_local_cluster(counts: Dict[str, int], command: List[str], log_dir: str, 
     of the `restart_alone` jobs are restarted on their own.
     """
     Path(log_dir).mkdir(parents=True, exist_ok=True)
-    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False, dir=log_dir, prefix=".cluster-") as f:
+    # One fixed name, overwritten by each launch: one a SIGKILL left behind
+    # does not pile up (one launcher per run directory: rundir.py).
+    spec_path = os.path.join(log_dir, ".cluster.json")
+    with open(spec_path, "w") as f:
         json.dump({"counts": counts, "command": command, "log_dir": log_dir, "primary": primary, "max_restarts": max_restarts,
                    "restart_alone": list(restart_alone)}, f)
-    supervisor = [sys.executable, "-m", "tfdistx.launch", f.name]
+    supervisor = [sys.executable, "-m", "tfdistx.launch", spec_path]
     isolated = isolate is not False and _can_isolate()
     if isolated:
         supervisor = ["unshare", "--user", "--map-root-user", "--net", *supervisor, "--isolated"]
         print(f"tfdistx: local cluster ({_describe(counts)}) in a private network namespace: loopback only", flush=True)
     elif isolate:
-        os.unlink(f.name)
+        os.unlink(spec_path)
         from tfdistx.config.errors import ConfigError
 
         raise ConfigError.one("cluster.isolate", True, "this machine does not allow a private network namespace (unshare --user --net failed)")
@@ -66,7 +68,7 @@ def run_local_cluster(counts: Dict[str, int], command: List[str], log_dir: str, 
     proc = subprocess.Popen(supervisor, preexec_fn=_die_with_parent)
     with _forwarding_signals([proc]):
         code = proc.wait()
-    os.unlink(f.name)
+    os.unlink(spec_path)
     return _exit_code(code)
 
 
