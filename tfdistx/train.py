@@ -137,6 +137,7 @@ class Run:
     per_replica_batch: int
     total_steps: int
     peak_lr: float
+    sample: tuple  # (labels, model outputs) of two training examples, to build the metrics with
 
     @property
     def replicas(self) -> int:
@@ -205,14 +206,14 @@ def build_run(cfg: DictConfig, run_dir: str, placement: Placement) -> Optional[R
         # Not optimizer.iterations: parameter-server workers increment that
         # concurrently and lose increments (measured: 319 after 400 steps).
         step_counter = tf.Variable(0, dtype=tf.int64, trainable=False, name="step")
-    _check_model_takes_data(model, task, source, cfg, num_outputs)
+    sample = _check_model_takes_data(model, task, source, cfg, num_outputs)
 
     checkpointer = Checkpointer(
         cfg.checkpoint.dir or str(Path(run_dir) / "checkpoints"), max_to_keep=cfg.checkpoint.max_to_keep,
         is_chief=placement.is_chief, task_name=placement.task_name,
         model=model, optimizer=optimizer, rng=rng_states(model), step=step_counter)
     return Run(Path(run_dir), placement, facts, name, strategy, coordinator, task, source, model, optimizer, learning_rate,
-               step_counter, checkpointer, global_batch, per_replica, total_steps, effective_lr(cfg.optimizer, replicas))
+               step_counter, checkpointer, global_batch, per_replica, total_steps, effective_lr(cfg.optimizer, replicas), sample)
 
 
 def build_task_and_data(cfg: DictConfig):
@@ -243,8 +244,7 @@ def make_runner(run: Run, cfg: DictConfig, skip_steps: int = 0, train: bool = Tr
     from tfdistx.runner import CoordinatorRunner, SyncRunner
 
     metrics = MetricSet(run.task.metrics())
-    sample_labels, sample_outputs = _sample(run)
-    metrics.build(*run.task.metric_inputs(sample_labels, sample_outputs))
+    metrics.build(*run.task.metric_inputs(*run.sample))
     workers = run.workers
     train_data = input_lib.train_dataset(
         run.strategy, run.source, run.global_batch, seed=cfg.trainer.seed,
@@ -304,17 +304,11 @@ def reproducible(trainer: DictConfig):
             tf_config.disable_op_determinism()
 
 
-def _sample(run: Run):
-    """Labels and model outputs for two training examples (eager)."""
-    features, labels = next(iter(run.source.train(None).batch(2)))
-    return labels, run.model(features, training=False)
-
-
-def _check_model_takes_data(model, task, source, cfg: DictConfig, num_outputs: int) -> None:
+def _check_model_takes_data(model, task, source, cfg: DictConfig, num_outputs: int) -> tuple:
     """One forward pass on two examples, so that a model and data that do
     not fit together (shapes, dtypes: model=wide_deep on images), or a model
     whose output the task cannot use, are refused as a config error, not as
-    a traceback from deep inside the first step."""
+    a traceback from deep inside the first step. Returns (labels, outputs)."""
     from tfdistx.config.errors import ConfigError
 
     features, labels = next(iter(source.train(None).batch(2)))
@@ -323,6 +317,7 @@ def _check_model_takes_data(model, task, source, cfg: DictConfig, num_outputs: i
         if tuple(outputs.shape[1:]) != (num_outputs,):
             raise ValueError(f"it outputs shape {tuple(outputs.shape[1:])} per example; task={task.name} needs {num_outputs}")
         task.loss(labels, outputs)
+        return labels, outputs
     except Exception as error:
         reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         raise ConfigError.one("model", cfg.model._target_,
