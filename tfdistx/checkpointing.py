@@ -149,9 +149,15 @@ def _set_aside_bad_state_file(directory: str) -> None:
         log.warning("%s: %s; kept as %s, the checkpoints on disk are used", state_file, reason, kept.name)
 
 
-def find(directory: str, step: Optional[int] = None) -> Optional[str]:
-    """The newest checkpoint in `directory`, or the one saved at `step`."""
+def find(directory: str, step: Optional[int] = None) -> str:
+    """The newest checkpoint in `directory`, or the one saved at `step` (the
+    user's `--step`); ConfigError when there is none."""
     paths = on_disk(directory)
-    if step is None:
-        return paths[-1] if paths else None
-    return next((p for p in paths if p.endswith(f"ckpt-{step}")), None)
+    if step is None and paths:
+        return paths[-1]
+    found = next((p for p in paths if p.endswith(f"ckpt-{step}")), None)
+    if found is None:
+        kept = ", ".join(p.rsplit("-", 1)[1] for p in paths) or "none"
+        raise ConfigError.one("--step" if step is not None else "checkpoint.dir", step if step is not None else directory,
+                              f"no such checkpoint in {directory} (steps kept: {kept})")
+    return found

@@ -58,9 +58,6 @@ def main(argv: Optional[List[str]] = None) -> int:
         cfg = saved_config(args.run_dir)
         directory = cfg.checkpoint.dir or str(Path(args.run_dir) / "checkpoints")
         path = checkpointing.find(directory, args.step)
-        if path is None:
-            raise ConfigError.one("--step" if args.step is not None else "run_dir", args.step if args.step is not None else args.run_dir,
-                                  f"no such checkpoint in {directory}")
         task, source = build_task_and_data(cfg)
         target = export_checkpoint(cfg, task, source, path, args.out or str(Path(args.run_dir) / "export"))
     except ConfigError as error:

@@ -93,16 +93,11 @@ def evaluate(cfg: DictConfig, run_dir: str, placement: Optional[Placement] = Non
     """Evaluate a kept checkpoint (the newest, or the one at `step`) on the
     configured eval data; the chief appends the metrics to evaluations.jsonl."""
     from tfdistx import checkpointing, loggers
-    from tfdistx.config.errors import ConfigError
 
+    path = checkpointing.find(cfg.checkpoint.dir or str(Path(run_dir) / "checkpoints"), step)  # before building anything
     run = build_run(cfg, run_dir, placement or Placement("single"))
     if run is None:
         return None
-    directory = cfg.checkpoint.dir or str(run.dir / "checkpoints")
-    path = checkpointing.find(directory, step)
-    if path is None:
-        raise ConfigError.one("--step" if step is not None else "RUN_DIR", step if step is not None else str(run.dir),
-                              f"no checkpoint{' at that step' if step is not None else ''} in {directory}")
     with contextlib.closing(run.checkpointer):
         run.checkpointer.checkpoint.restore(path).expect_partial()
         metrics = make_runner(run, cfg, train=False).evaluate()
