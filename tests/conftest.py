@@ -57,3 +57,15 @@ def tfdistx(tmp_path):
 # Short real runs: few steps, small batches, the built-in synthetic data.
 QUICK = ["trainer.steps=40", "trainer.steps_per_loop=10", "trainer.log_every=20", "trainer.eval_every=0",
          "data.batch_size=32", "data.train_examples=512", "data.eval_examples=128", "logger.tensorboard=false"]
+
+
+def whole_and_resumed(tfdistx, tmp_path, args, stop_at=30, steps=60):
+    """The same run twice: whole, and stopped at `stop_at` then resumed to
+    `steps` in one run dir; both must succeed. Returns (whole, resumed)."""
+    whole = tfdistx(*args, f"trainer.steps={steps}", run_dir=tmp_path / "whole")
+    first = tfdistx(*args, f"trainer.steps={stop_at}", run_dir=tmp_path / "split")
+    resumed = tfdistx(*args, f"trainer.steps={steps}", run_dir=tmp_path / "split")
+    for run in (whole, first, resumed):
+        assert run.returncode == 0, run
+    assert resumed.summary["resumed_from_step"] == stop_at
+    return whole, resumed

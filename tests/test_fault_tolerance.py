@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import QUICK, tfdistx_env
+from conftest import QUICK, tfdistx_env, whole_and_resumed
 
 LONG = ["trainer.steps=1000000", "trainer.steps_per_loop=20", "trainer.log_every=20", "trainer.eval_every=0",
         "checkpoint.every_steps=100000", "logger.tensorboard=false"]
@@ -20,9 +20,9 @@ def steps_logged(run_dir: Path) -> list:
     return [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
-def start(args, run_dir: Path) -> subprocess.Popen:
+def start(args, run_dir: Path, env=None) -> subprocess.Popen:
     cmd = [sys.executable, "-m", "tfdistx", *args, f"hydra.run.dir={run_dir}"]
-    return subprocess.Popen(cmd, env=tfdistx_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return subprocess.Popen(cmd, env=tfdistx_env(**(env or {})), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
 def wait_for_lines(run_dir: Path, n: int, proc, timeout=300):
@@ -35,10 +35,10 @@ def wait_for_lines(run_dir: Path, n: int, proc, timeout=300):
     raise AssertionError(f"no {n} metric lines; process exit {proc.poll()}")
 
 
-def run_and_interrupt(args, run_dir: Path, after_lines: int, interrupt, timeout=600):
+def run_and_interrupt(args, run_dir: Path, after_lines: int, interrupt, timeout=600, env=None):
     """Start tfdistx; once `after_lines` metric lines exist, call interrupt(proc);
     return (exit code, output). Whatever happens, nothing is left running."""
-    proc = start(args, run_dir)
+    proc = start(args, run_dir, env)
     try:
         wait_for_lines(run_dir, after_lines, proc)
         interrupt(proc)
@@ -82,13 +82,8 @@ def test_sigterm_checkpoints_exits_42_and_a_rerun_resumes(tmp_path):
 @pytest.mark.parametrize("strategy", [["strategy=one_device"], ["strategy=mirrored", "cluster=1x2"], ["strategy=multiworker", "cluster=2x1"]])
 def test_stopped_and_resumed_deterministic_run_ends_bitwise_equal(tfdistx, tmp_path, strategy):
     args = [*QUICK, *strategy, "trainer.deterministic=true", "model.dropout=0.2", "trainer.steps_per_loop=10", "checkpoint.every_steps=10"]
-    whole = tfdistx(*args, "trainer.steps=60", run_dir=tmp_path / "whole")
-    first = tfdistx(*args, "trainer.steps=30", run_dir=tmp_path / "split")
-    second = tfdistx(*args, "trainer.steps=60", run_dir=tmp_path / "split")
-    for run in (whole, first, second):
-        assert run.returncode == 0, run
-    assert second.summary["resumed_from_step"] == 30
-    assert second.summary["weights_sha256"] == whole.summary["weights_sha256"]
+    whole, resumed = whole_and_resumed(tfdistx, tmp_path, args)
+    assert resumed.summary["weights_sha256"] == whole.summary["weights_sha256"]
 
 
 def test_preempted_worker_restarts_the_cluster_and_it_finishes(tmp_path):

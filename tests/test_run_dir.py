@@ -12,7 +12,7 @@ import time
 import pytest
 
 from conftest import QUICK, tfdistx_env
-from test_fault_tolerance import LONG, start, wait_for_lines
+from test_fault_tolerance import LONG, run_and_interrupt, start, wait_for_lines
 
 SMALL_CNN = ["model=cnn", "model.filters=[4]", "model.dense_units=8"]
 
@@ -60,13 +60,7 @@ def test_a_second_run_in_the_same_directory_is_refused_and_the_first_is_unharmed
 
 def test_a_killed_run_leaves_no_lock_behind(tmp_path):
     run_dir = tmp_path / "run"
-    proc = start([*LONG, "checkpoint.every_steps=20"], run_dir)
-    try:
-        wait_for_lines(run_dir, 2, proc)
-        proc.send_signal(signal.SIGKILL)
-        proc.wait(timeout=60)
-    finally:
-        proc.kill()
+    run_and_interrupt([*LONG, "checkpoint.every_steps=20"], run_dir, 2, lambda proc: proc.send_signal(signal.SIGKILL))
     rerun = subprocess.run([sys.executable, "-m", "tfdistx", *LONG, "checkpoint.every_steps=20", "trainer.steps=80",
                             f"hydra.run.dir={run_dir}"], capture_output=True, text=True, env=tfdistx_env(), timeout=300)
     assert rerun.returncode == 0, rerun.stderr[-3000:]
@@ -129,19 +123,12 @@ def test_a_killed_cluster_leaves_nothing_behind_once_it_runs_again(tmp_path):
     until the same run starts again, which removes them."""
     scratch, run_dir = tmp_path / "tmp", tmp_path / "run"
     scratch.mkdir()
-    args = [sys.executable, "-m", "tfdistx", "strategy=multiworker", "cluster=2x1", *LONG, "checkpoint.every_steps=20",
-            f"hydra.run.dir={run_dir}"]
-    env = tfdistx_env(TMPDIR=str(scratch))
-    proc = subprocess.Popen(args, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        wait_for_lines(run_dir, 2, proc)
-        proc.send_signal(signal.SIGKILL)
-        proc.wait(timeout=60)
-    finally:
-        proc.kill()
+    args = ["strategy=multiworker", "cluster=2x1", *LONG, "checkpoint.every_steps=20"]
+    run_and_interrupt(args, run_dir, 2, lambda proc: proc.send_signal(signal.SIGKILL), env={"TMPDIR": str(scratch)})
     time.sleep(2)  # the tasks' own SIGKILL
     assert list(scratch.glob("tfdistx-*")) and (run_dir / "logs" / ".cluster.json").exists()
-    rerun = subprocess.run([*args, "trainer.steps=80"], env=env, capture_output=True, text=True, timeout=600)
+    rerun = subprocess.run([sys.executable, "-m", "tfdistx", *args, "trainer.steps=80", f"hydra.run.dir={run_dir}"],
+                           env=tfdistx_env(TMPDIR=str(scratch)), capture_output=True, text=True, timeout=600)
     assert rerun.returncode == 0, rerun.stdout[-3000:]
     assert json.loads((run_dir / "summary.json").read_text())["resumed"]
     # (TensorFlow's own __autograph_generated_file*.py of the killed tasks are not ours to remove)

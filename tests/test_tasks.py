@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from conftest import tfdistx_env
+from conftest import tfdistx_env, whole_and_resumed
 
 SHORT = ["trainer.steps=120", "trainer.steps_per_loop=40", "trainer.log_every=40", "trainer.eval_every=0",
          "logger.tensorboard=false", "checkpoint.export=false", "cluster.max_restarts=0"]
@@ -122,11 +122,6 @@ def test_user_task_objective_is_checked_once_the_task_is_built(tfdistx):
 def test_stopped_and_resumed_run_ends_bitwise_equal(tfdistx, tmp_path, task):
     args = [*task_args(task), "trainer.deterministic=true", "trainer.steps_per_loop=10", "trainer.log_every=10",
             "checkpoint.every_steps=10"]
-    whole = tfdistx(*args, "trainer.steps=60", run_dir=tmp_path / "whole")
-    first = tfdistx(*args, "trainer.steps=30", run_dir=tmp_path / "split")
-    second = tfdistx(*args, "trainer.steps=60", run_dir=tmp_path / "split")
-    for run in (whole, first, second):
-        assert run.returncode == 0, run
-    assert second.summary["resumed_from_step"] == 30
-    assert second.summary["weights_sha256"] == whole.summary["weights_sha256"]
-    assert second.summary["eval"] == whole.summary["eval"]
+    whole, resumed = whole_and_resumed(tfdistx, tmp_path, args)
+    assert resumed.summary["weights_sha256"] == whole.summary["weights_sha256"]
+    assert resumed.summary["eval"] == whole.summary["eval"]
