@@ -6,6 +6,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -177,6 +178,63 @@ def test_slurm_step_of_the_wrong_size_is_refused():
     env = {"SLURM_PROCID": "0", "SLURM_STEP_NUM_TASKS": "3", "SLURM_STEP_NODELIST": "n1", "SLURM_STEP_TASKS_PER_NODE": "3"}
     with pytest.raises(ConfigError, match="srun -n 2"):
         cluster.from_slurm(env, {"worker": 2}, 29400)
+
+
+# -- a scheduler's bad environment: exit 2 and one line; a missing peer: exit 4 in time --
+
+def _refused(run, *phrases):
+    assert run.returncode == 2 and "Traceback" not in run.stderr, run
+    line = [line for line in run.stderr.splitlines() if line.startswith("tfdistx: invalid config:")]
+    assert len(line) == 1 and all(p in line[0] for p in phrases), run
+
+
+SLURM_STEP = {"SLURM_JOB_ID": "12", "SLURM_PROCID": "0", "SLURM_STEP_NUM_TASKS": "2", "SLURM_STEP_NODELIST": "localhost",
+              "SLURM_STEP_TASKS_PER_NODE": "2", "TF_CONFIG": None}
+
+
+@pytest.mark.parametrize("env, phrases", [
+    ({"SLURM_STEP_NODELIST": "node[1-"}, ["SLURM_STEP_NODELIST='node[1-'", "not a Slurm host list"]),
+    ({"SLURM_JOB_ID": "abc"}, ["SLURM_JOB_ID='abc'", "must be a number"]),
+    ({"SLURM_STEP_NODELIST": "n[1-3]"}, ["SLURM_STEP_NODELIST='n[1-3]'", "disagree"]),
+    ({"TF_CONFIG": json.dumps({"cluster": {"worker": ["localhost:1", "localhost:2"]}, "task": {"type": "worker", "index": -1}})},
+     ["TF_CONFIG task='worker:-1'", "not in the cluster spec (worker:0..1)"]),
+    ({"TF_CONFIG": json.dumps({"cluster": {"worker": ["localhost", "localhost:2"]}, "task": {"type": "worker", "index": 0}})},
+     ["TF_CONFIG cluster.worker='localhost'", "host:port"]),
+])
+def test_a_bad_scheduler_environment_is_refused(tfdistx, env, phrases):
+    _refused(tfdistx("strategy=multiworker", "cluster=2x1", *QUICK, env={**SLURM_STEP, **env}), *phrases)
+
+
+def _tf_config(ports, index):
+    return json.dumps({"cluster": {"worker": [f"127.0.0.1:{p}" for p in ports]}, "task": {"type": "worker", "index": index}})
+
+
+def test_a_peer_that_never_starts_ends_the_task_in_time_naming_it(tfdistx):
+    ports = _free_ports(2)
+    run = tfdistx("strategy=multiworker", "cluster=2x1", "cluster.startup_timeout=3", *QUICK, env={"TF_CONFIG": _tf_config(ports, 0)})
+    assert run.returncode == 4 and "Traceback" not in run.stderr, run
+    assert (f"tfdistx: the cluster did not form within cluster.startup_timeout=3s: no answer from worker:1 at 127.0.0.1:{ports[1]}"
+            in run.stderr), run
+    assert "listens on port" in run.stderr and "ALL of this host's interfaces" in run.stderr  # the exposure warning
+
+
+def test_a_port_in_use_is_named_with_its_task(tfdistx):
+    ports = _free_ports(2)
+    with socket.socket() as taken:
+        taken.bind(("", ports[0]))
+        taken.listen()
+        run = tfdistx("strategy=multiworker", "cluster=2x1", *QUICK, env={"TF_CONFIG": _tf_config(ports, 0)})
+    _refused(run, f"TF_CONFIG='127.0.0.1:{ports[0]}'", f"task worker:0 cannot listen on port {ports[0]}: it is already in use")
+
+
+def _free_ports(n):
+    sockets = [socket.socket() for _ in range(n)]
+    for sock in sockets:
+        sock.bind(("127.0.0.1", 0))
+    ports = [sock.getsockname()[1] for sock in sockets]
+    for sock in sockets:
+        sock.close()
+    return ports
 
 
 def test_wide_deep_tables_are_sharded_across_parameter_servers(tfdistx):

@@ -25,7 +25,7 @@ from omegaconf import DictConfig, OmegaConf
 from tfdistx import cluster, recipes, rundir
 from tfdistx.config import schema, strategies, topology
 from tfdistx.config.compose import compose_and_validate, composed, saved_overrides
-from tfdistx.config.errors import EXIT_INVALID_CONFIG, ConfigError
+from tfdistx.config.errors import EXIT_INVALID_CONFIG, ConfigError, RunFault
 from tfdistx.config.paths import config_dir
 from tfdistx.config.validate import validate
 
@@ -116,7 +116,7 @@ def _run(cfg: DictConfig):
         validate(cfg)
         with rundir.owned(hydra_cfg.runtime.output_dir) if _owns_run_dir(cfg) else contextlib.nullcontext():
             return execute(cfg, hydra_cfg.runtime.output_dir, "train")
-    except ConfigError as error:
+    except (ConfigError, RunFault) as error:
         refuse(error)
 
 
@@ -154,7 +154,8 @@ def _run_local_cluster(cfg: DictConfig, run_dir: str, facts: strategies.Strategy
     command = [sys.executable, "-m", "tfdistx", "_task", mode, str(run_dir), str(task_config), *([str(step)] if step is not None else [])]
     code = run_local_cluster(facts.job_counts(cfg.cluster.workers, cfg.cluster.ps), command, str(logs),
                              primary=list(facts.primary_jobs), isolate=cfg.cluster.isolate,
-                             max_restarts=cfg.cluster.max_restarts, restart_alone=list(facts.restartable_alone))
+                             max_restarts=cfg.cluster.max_restarts, restart_alone=list(facts.restartable_alone),
+                             stopped_task_timeout=cfg.cluster.stopped_task_timeout)
     if code:
         sys.exit(code)
     from tfdistx.train import objective  # no TensorFlow at import
@@ -180,7 +181,7 @@ def task_main(argv) -> int:
             train.evaluate(cfg, run_dir, placement, int(rest[0]) if rest else None)
         else:
             train.train(cfg, run_dir, placement)
-    except ConfigError as error:
+    except (ConfigError, RunFault) as error:
         refuse(error)
     return 0
 
@@ -204,7 +205,7 @@ def evaluate_main(argv) -> int:
         with_hydra.pop("hydra", None)
         logging.basicConfig(stream=sys.stderr, level=logging.INFO, format="[%(name)s][%(levelname)s] - %(message)s")
         record = execute(OmegaConf.create(with_hydra), os.path.abspath(args.run_dir), "evaluate", args.step)
-    except ConfigError as error:
+    except (ConfigError, RunFault) as error:
         refuse(error)
     print(json.dumps(record, indent=2, default=float))
     return 0
@@ -215,7 +216,8 @@ def _hydra_handles_it(args) -> bool:
     return bool(args.help or args.hydra_help or args.cfg or args.info or args.shell_completion or args.multirun)
 
 
-def refuse(error: ConfigError):
+def refuse(error):
+    """One line per problem, no traceback; exit 2 for a bad config, the fault's own code otherwise."""
     for line in error.lines():
         print(line, file=sys.stderr)
-    sys.exit(EXIT_INVALID_CONFIG)
+    sys.exit(error.code if isinstance(error, RunFault) else EXIT_INVALID_CONFIG)

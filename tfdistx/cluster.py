@@ -79,8 +79,13 @@ def check_topology(placement: Placement, wanted: Dict[str, int]) -> None:
     if have != want:
         where = "TF_CONFIG" if placement.source == "tf_config" else "the Slurm step"
         raise ConfigError([Problem(where, _describe(have), f"the config's cluster asks for {_describe(want)}: make cluster= match it")])
-    if placement.task_type not in placement.spec or placement.task_index >= len(placement.spec[placement.task_type]):
-        raise ConfigError.one("TF_CONFIG", placement.task_name, "this task is not in the cluster spec")
+    if placement.task_type not in placement.spec or not 0 <= placement.task_index < len(placement.spec[placement.task_type]):
+        jobs = ", ".join(f"{job}:0..{len(addresses) - 1}" for job, addresses in placement.spec.items())
+        raise ConfigError.one("TF_CONFIG task", placement.task_name, f"this task is not in the cluster spec ({jobs})")
+    for job, addresses in placement.spec.items():
+        for address in addresses:
+            if not re.fullmatch(r"[^\s:]+:\d{1,5}|\[[0-9a-fA-F:.]+\]:\d{1,5}", address) or not 0 < int(address.rpartition(":")[2]) < 65536:
+                raise ConfigError.one(f"TF_CONFIG cluster.{job}", address, "every address must be host:port, with a port from 1 to 65535")
 
 
 def from_slurm(env: Mapping[str, str], counts: Dict[str, int], base_port: int) -> Placement:
@@ -95,14 +100,25 @@ def from_slurm(env: Mapping[str, str], counts: Dict[str, int], base_port: int) -
     try:
         rank = int(env["SLURM_PROCID"])
         total = int(env.get("SLURM_STEP_NUM_TASKS") or env["SLURM_NTASKS"])
-        nodes = expand_hostlist(env.get("SLURM_STEP_NODELIST") or env["SLURM_JOB_NODELIST"])
         per_node = expand_tasks_per_node(env.get("SLURM_STEP_TASKS_PER_NODE") or env["SLURM_TASKS_PER_NODE"])
+        nodelist_key = "SLURM_STEP_NODELIST" if env.get("SLURM_STEP_NODELIST") else "SLURM_JOB_NODELIST"
+        nodelist = env[nodelist_key]
     except (KeyError, ValueError) as error:
         raise ConfigError.one("cluster.launch", "slurm", f"this is not a Slurm step with the usual variables ({error})") from None
+    try:
+        nodes = expand_hostlist(nodelist)
+    except ValueError:
+        raise ConfigError.one(nodelist_key, nodelist, "is not a Slurm host list (e.g. node[01-03,7],gpu5)") from None
+    if len(nodes) != len(per_node) or sum(per_node) != total:
+        raise ConfigError.one(nodelist_key, nodelist, f"{len(nodes)} node(s) for tasks per node {per_node} and {total} task(s): "
+                              "the Slurm variables disagree")
+    job_id = env.get("SLURM_JOB_ID", "0")
+    if not job_id.isdigit():
+        raise ConfigError.one("SLURM_JOB_ID", job_id, "must be a number (Slurm's job id)")
     wanted = sum(counts.values())
     if total != wanted:
         raise ConfigError.one("cluster", _describe(counts), f"the Slurm step has {total} task(s); the config needs {wanted}: srun -n {wanted}")
-    base_port += 64 * (int(env.get("SLURM_JOB_ID", "0")) % 500)
+    base_port += 64 * (int(job_id) % 500)
     addresses = [f"{node}:{base_port + local}" for node, n in zip(nodes, per_node) for local in range(n)]
     roles = [(job, index) for job, n in counts.items() for index in range(n)]
     spec: Dict[str, List[str]] = {}
@@ -117,7 +133,14 @@ def from_slurm(env: Mapping[str, str], counts: Dict[str, int], base_port: int) -
 def expand_hostlist(hostlist: str) -> List[str]:
     """Slurm's compact host list: 'node[01-03,7],gpu5' -> node01 node02 node03 node7 gpu5."""
     hosts = []
-    for prefix, ranges, single in re.findall(r"([^,\[]+)\[([^\]]+)\]|([^,\[\]]+)", hostlist):
+    token = re.compile(r"([^,\[\]]+)\[(\d+(?:-\d+)?(?:,\d+(?:-\d+)?)*)\]|([^,\[\]]+)")
+    position = 0
+    while position < len(hostlist):
+        m = token.match(hostlist, position)
+        if not m or (m.end() < len(hostlist) and hostlist[m.end()] != ","):
+            raise ValueError(f"host list {hostlist!r}")
+        prefix, ranges, single = m.groups()
+        position = m.end() + 1
         if single:
             hosts.append(single)
             continue
@@ -125,6 +148,8 @@ def expand_hostlist(hostlist: str) -> List[str]:
             lo, _, hi = part.partition("-")
             for i in range(int(lo), int(hi or lo) + 1):
                 hosts.append(f"{prefix}{i:0{len(lo)}d}")
+    if not hosts or hostlist.endswith(","):
+        raise ValueError(f"host list {hostlist!r}")
     return hosts
 
 

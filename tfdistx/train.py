@@ -159,6 +159,10 @@ def build_run(cfg: DictConfig, run_dir: str, placement: Placement) -> Optional[R
 
     strategy_lib.configure_devices(cfg.cluster.devices_per_worker, multi_worker=in_cluster)  # before TF starts
     facts = strategies.get(cfg.strategy.name, cfg.cluster.workers, cfg.cluster.devices_per_worker)
+    if in_cluster:  # TensorFlow would wait for a missing task forever (rendezvous.py)
+        from tfdistx.rendezvous import meet_peers
+
+        meet_peers(placement, cfg.cluster.startup_timeout, wait=placement.task_type not in facts.serving_jobs)
     if placement.task_type in facts.serving_jobs:
         strategy_lib.serve_forever()  # the coordinator drives training; this task lends its devices
         return None

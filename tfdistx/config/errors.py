@@ -3,12 +3,16 @@
 Anything that is the user's input being wrong (config, dataset name, missing
 data offline, a batch that does not divide across the replicas TensorFlow
 found) is raised as a ConfigError; the entrypoint prints its lines and exits 2.
+A fault of the machine or the cluster that a user must act on (a full disk,
+a cluster that did not form) is a RunFault: one line, and its own exit code.
 """
 
 from dataclasses import dataclass
 from typing import Any
 
 EXIT_INVALID_CONFIG = 2
+EXIT_NOT_RETRYABLE = 3  # a full or read-only disk: a restart would fail the same way
+EXIT_CLUSTER_DID_NOT_FORM = 4  # a task did not answer within cluster.startup_timeout
 EXIT_PREEMPTED = 42
 
 
@@ -33,3 +37,14 @@ class ConfigError(Exception):
 
     def lines(self) -> list:
         return [f"tfdistx: invalid config: {p}" for p in self.problems]
+
+
+class RunFault(Exception):
+    """A run stopped by its environment, not its config: one line, and `code`."""
+
+    def __init__(self, message: str, code: int):
+        super().__init__(message)
+        self.code = code
+
+    def lines(self) -> list:
+        return [f"tfdistx: {self}"]

@@ -50,6 +50,8 @@ class ClusterConfig:
     isolate: Optional[bool] = None
     base_port: int = 29400
     max_restarts: int = 3
+    startup_timeout: float = 300.0
+    stopped_task_timeout: float = 60.0
 
 
 @dataclass

@@ -18,7 +18,7 @@ _GRID = re.compile(r"^(\d+)x(\d+)$")  # workers x devices per worker
 _PS = re.compile(r"^ps(\d+)w(\d+)$")  # parameter servers, workers
 
 # The same placement defaults as conf/cluster/local.yaml.
-_PLACEMENT = {"launch": "auto", "isolate": None, "base_port": 29400, "max_restarts": 3}
+_PLACEMENT = {"launch": "auto", "isolate": None, "base_port": 29400, "max_restarts": 3, "startup_timeout": 300.0, "stopped_task_timeout": 60.0}
 
 FORMS = "local, WxD (W workers x D devices each, e.g. 1x4, 4x8) or psPwW (e.g. ps2w4)"
 

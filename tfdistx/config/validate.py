@@ -62,6 +62,9 @@ def _strategy_and_cluster(strategy: DictConfig, cluster: DictConfig) -> list:
         problems.append(Problem("cluster.devices_per_worker", cluster.devices_per_worker, "must be at least 1 (or null: all GPUs, else one CPU)"))
     if cluster.max_restarts < 0:
         problems.append(Problem("cluster.max_restarts", cluster.max_restarts, "must be 0 or more"))
+    for key in ("startup_timeout", "stopped_task_timeout"):
+        if not 0 < cluster[key] < math.inf:
+            problems.append(Problem(f"cluster.{key}", cluster[key], "seconds, more than 0"))
     if cluster.ps < 0:
         problems.append(Problem("cluster.ps", cluster.ps, "must be 0 or more"))
     if topology.is_parameter_server_name(cluster.name) and cluster.ps < 1:
