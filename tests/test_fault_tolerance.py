@@ -121,6 +121,20 @@ def test_parameter_server_job_survives_a_killed_worker(tmp_path):
     assert steps_logged(run_dir) == list(range(100, 1501, 100))
 
 
+def test_a_stopped_parameter_server_worker_is_treated_as_lost(tmp_path):
+    """TensorFlow notices a dead worker, not a frozen one: the launcher kills
+    a task stopped past cluster.stopped_task_timeout, and the run goes on."""
+    run_dir = tmp_path / "run"
+    args = ["strategy=parameter_server", "cluster=ps1w2", *LONG, "trainer.steps=1500", "trainer.log_every=100",
+            "cluster.stopped_task_timeout=3"]
+    code, out = run_and_interrupt(args, run_dir, 2, lambda proc: os.kill(task_pid(run_dir, 1), signal.SIGSTOP))
+    assert code == 0, out[-4000:]
+    assert "task worker:1 has been stopped for more than 3s (cluster.stopped_task_timeout): treating it as lost" in out
+    assert "task worker:1 exited with code 137; restarting it alone" in out
+    assert json.loads((run_dir / "summary.json").read_text())["step"] == 1500
+    assert steps_logged(run_dir) == list(range(100, 1501, 100))
+
+
 def test_lost_parameter_server_restarts_the_cluster_from_the_checkpoint(tmp_path):
     run_dir = tmp_path / "run"
     args = ["strategy=parameter_server", "cluster=ps1w2", *LONG, "trainer.steps=1200", "trainer.log_every=100",
@@ -148,9 +162,9 @@ def _environ_has(proc: Path, run_dir: str, text: str) -> bool:
 def test_launcher_gives_up_after_max_restarts(tfdistx):
     run = tfdistx(*QUICK, "strategy=multiworker", "cluster=2x1", "cluster.max_restarts=1",
                   "data._target_=user_plugins.crashing_on_worker_1")
-    assert run.returncode == 3, run
+    assert run.returncode == 5, run
     assert "restart 1 of 1" in run.stderr
-    assert "giving up: the cluster stopped after 1 restart(s) (cluster.max_restarts=1); last exit code 3" in run.stderr
+    assert "giving up: the cluster stopped after 1 restart(s) (cluster.max_restarts=1); last exit code 5" in run.stderr
 
 
 def test_a_damaged_checkpoint_falls_back_to_the_newest_intact_one(tfdistx):

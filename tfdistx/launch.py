@@ -33,17 +33,22 @@ log = logging.getLogger(__name__)
 GRACE_SECONDS = 20  # between SIGTERM and SIGKILL when tearing down
 QUICK_GRACE_SECONDS = 5  # the same after Ctrl-C, or when a task has died
 MAX_BACKOFF_SECONDS = 30  # restarts wait 1, 2, 4, ... seconds, at most this
-NEVER_RESTART = (2, 130)  # invalid config, Ctrl-C: a restart would not help
+# Invalid config, a full or read-only disk (config/errors.py), Ctrl-C: a
+# restart would fail the same way. A lost task, a preemption (42) or a
+# cluster that did not form in time (4) is worth another try.
+NEVER_RESTART = (2, 3, 130)
 
 
 def run_local_cluster(counts: Dict[str, int], command: List[str], log_dir: str, primary: List[str],
-                      isolate: Optional[bool] = None, max_restarts: int = 0, restart_alone: List[str] = ()) -> int:
+                      isolate: Optional[bool] = None, max_restarts: int = 0, restart_alone: List[str] = (),
+                      stopped_task_timeout: float = 60) -> int:
     """Run the cluster to its end; the exit code of the first task that failed, else 0.
 
     `isolate`: None isolates when possible (and says so when not), True
     insists, False never isolates. A cluster whose task failed or was
     preempted is restarted up to `max_restarts` times, with back-off; tasks
-    of the `restart_alone` jobs are restarted on their own.
+    of the `restart_alone` jobs are restarted on their own. A task stopped for
+    `stopped_task_timeout` seconds is killed, as lost.
     """
     Path(log_dir).mkdir(parents=True, exist_ok=True)
     # One fixed name, overwritten by each launch: one a SIGKILL left behind
@@ -51,7 +56,7 @@ def run_local_cluster(counts: Dict[str, int], command: List[str], log_dir: str, 
     spec_path = os.path.join(log_dir, ".cluster.json")
     with open(spec_path, "w") as f:
         json.dump({"counts": counts, "command": command, "log_dir": log_dir, "primary": primary, "max_restarts": max_restarts,
-                   "restart_alone": list(restart_alone)}, f)
+                   "restart_alone": list(restart_alone), "stopped_task_timeout": stopped_task_timeout}, f)
     supervisor = [sys.executable, "-m", "tfdistx.launch", spec_path]
     isolated = isolate is not False and _can_isolate()
     if isolated:
@@ -116,7 +121,8 @@ class _Task:
 
     def __init__(self, job: str, index: int, cluster: dict, command: List[str], log_dir: Path):
         self.job, self.name = job, f"{job}:{index}"
-        self.env = {**os.environ, "TF_CONFIG": json.dumps({"cluster": cluster, "task": {"type": job, "index": index}})}
+        self.env = {**os.environ, "TF_CONFIG": json.dumps({"cluster": cluster, "task": {"type": job, "index": index}}),
+                    "TFDISTX_LOCAL_TASK": "1"}  # rendezvous.py: no exposure warning, the launcher gave its own
         self.command, self.log_path = command, log_dir / f"{job}-{index}.log"
         self.proc, self.pumps = None, []
 
@@ -126,6 +132,19 @@ class _Task:
         pump = threading.Thread(target=_pump, args=(self.proc, self.name, self.log_path), daemon=True)
         pump.start()
         self.pumps.append(pump)
+        self.stopped_since = None
+
+    def stopped_for(self) -> float:
+        """Seconds this task has been seen stopped (state T in /proc), else 0."""
+        try:
+            state = Path(f"/proc/{self.proc.pid}/stat").read_text().rpartition(")")[2].split()[0]
+        except (OSError, IndexError):
+            state = ""
+        if state not in ("T", "t"):
+            self.stopped_since = None
+            return 0.0
+        self.stopped_since = self.stopped_since or time.monotonic()
+        return time.monotonic() - self.stopped_since
 
 
 def _run_cluster_once(spec: dict, signals: "_forwarding_signals", restarts: _Budget) -> int:
@@ -138,7 +157,7 @@ def _run_cluster_once(spec: dict, signals: "_forwarding_signals", restarts: _Bud
         task.start()
 
     signals.procs = [task.proc for task in tasks]
-    code = _wait(tasks, spec["primary"], spec.get("restart_alone", []), signals, restarts)
+    code = _wait(tasks, spec["primary"], spec.get("restart_alone", []), signals, restarts, spec.get("stopped_task_timeout", 60))
     procs = [task.proc for task in tasks]
     # A SIGTERM from outside leaves the tasks time to checkpoint. After Ctrl-C,
     # or once a task has died (its peers, blocked in a collective, can neither
@@ -154,16 +173,28 @@ def _run_cluster_once(spec: dict, signals: "_forwarding_signals", restarts: _Bud
     return code
 
 
-def _wait(tasks: List[_Task], primary: List[str], restart_alone: List[str], signals: "_forwarding_signals", restarts: _Budget) -> int:
+def _wait(tasks: List[_Task], primary: List[str], restart_alone: List[str], signals: "_forwarding_signals", restarts: _Budget,
+          stopped_limit: float = 60) -> int:
     """Until a task fails (its code), a signal came (already passed on to the
-    tasks), or every primary task has exited 0 (0)."""
+    tasks), or every primary task has exited 0 (0).
+
+    A task that stays stopped (SIGSTOP, a debugger) `stopped_limit` seconds is
+    killed, so that it counts as lost: a parameter-server coordinator would
+    otherwise wait on its step forever (TensorFlow notices a dead worker, not
+    a frozen one), and a synchronous cluster is restarted without waiting on it.
+    """
     while True:
         if signals.received:
             return 0
         primaries_done = True
         for task in tasks:
+            if task.stopped_for() > stopped_limit:
+                print(f"tfdistx: task {task.name} has been stopped for more than {stopped_limit:g}s "
+                      "(cluster.stopped_task_timeout): treating it as lost", file=sys.stderr, flush=True)
+                _signal_group(task.proc, signal.SIGKILL)
+                task.proc.wait()
             code = task.proc.poll()
-            if code not in (None, 0) and task.job in restart_alone and restarts.take():
+            if code not in (None, 0, *NEVER_RESTART) and task.job in restart_alone and restarts.take():
                 print(f"tfdistx: task {task.name} exited with code {_exit_code(code)}; restarting it alone "
                       f"(restart {restarts.used} of {restarts.total})", file=sys.stderr, flush=True)
                 task.start()
