@@ -209,3 +209,41 @@ def test_worker_killed_at_a_random_moment_loses_nothing(tmp_path, seed):
                            env=tfdistx_env(), capture_output=True, text=True, timeout=600)
     assert whole.returncode == 0, whole.stdout[-3000:]
     assert json.loads((tmp_path / "whole" / "summary.json").read_text())["weights_sha256"] == summary["weights_sha256"]
+
+
+FULL_DISK = """
+mount -t tmpfs -o size=3m tmpfs "$DISK" || exit 97
+"$@" > "$OUT/first.txt" 2>&1; echo $? > "$OUT/first.rc"
+ls "$DISK/run/checkpoints" > "$OUT/left.txt"
+mount -o remount,size=64m "$DISK"   # space freed: the same command resumes
+"$@" > "$OUT/second.txt" 2>&1; echo $? > "$OUT/second.rc"
+cp -a "$DISK/run" "$OUT/run"
+"""
+
+
+def test_a_full_disk_stops_the_run_cleanly_and_the_same_command_resumes(tmp_path):
+    """A real full file system: a 3 MB tmpfs, mounted in a user namespace of
+    its own (no privileges needed, nothing left mounted)."""
+    disk, out = tmp_path / "disk", tmp_path / "out"
+    disk.mkdir(), out.mkdir()
+    command = [sys.executable, "-m", "tfdistx", "trainer.steps=100", "trainer.steps_per_loop=10", "trainer.log_every=10",
+               "trainer.eval_every=0", "checkpoint.every_steps=10", "checkpoint.max_to_keep=100", "logger.tensorboard=false",
+               f"hydra.run.dir={disk / 'run'}"]
+    probe = subprocess.run(["unshare", "--user", "--map-root-user", "--mount", "true"], capture_output=True)
+    if probe.returncode:
+        pytest.skip(f"cannot make a small file system here (unshare --user --mount: {probe.stderr.decode().strip()})")
+    subprocess.run(["unshare", "--user", "--map-root-user", "--mount", "sh", "-c", FULL_DISK, "sh", *command],
+                   env=tfdistx_env(DISK=str(disk), OUT=str(out)), timeout=600, check=True)
+    first = (out / "first.txt").read_text()
+    assert (out / "first.rc").read_text().strip() == "3", first[-3000:]
+    assert "Traceback" not in first
+    line = next(line for line in first.splitlines() if line.startswith("tfdistx: cannot write the run (No space left on device)"))
+    newest = line.split("the newest checkpoint is ")[1].split()[0]
+    assert not [name for name in (out / "left.txt").read_text().split() if "_temp" in name]  # no partial checkpoint
+    assert "cannot write the run" in (out / "run" / "tfdistx.log").read_text()
+
+    second = (out / "second.txt").read_text()
+    assert (out / "second.rc").read_text().strip() == "0", second[-3000:]
+    summary = json.loads((out / "run" / "summary.json").read_text())
+    assert summary["step"] == 100 and summary["resumed_from_step"] == int(newest.split("-")[1])
+    assert steps_logged(out / "run") == list(range(10, 101, 10))

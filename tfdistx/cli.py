@@ -63,12 +63,15 @@ def main(argv: Optional[Sequence[str]] = None):
 
             print(describe(compose_and_validate(args.overrides)))
             return
-        if not _hydra_handles_it(args):
-            return _run_once(args.overrides)
     except ConfigError as error:
         refuse(error)
     except Exception as error:  # an override Hydra cannot even parse
         refuse(ConfigError.one("override", " ".join(argv), str(error).strip().splitlines()[0]))
+    if not _hydra_handles_it(args):
+        try:
+            return _run_once(args.overrides)
+        except ConfigError as error:  # composition; what the run itself refuses, _run reports
+            refuse(error)
 
     sys.argv = [sys.argv[0]] + argv
     try:
@@ -128,9 +131,10 @@ def execute(cfg: DictConfig, run_dir: str, mode: str, step: Optional[int] = None
         return _run_local_cluster(cfg, run_dir, facts, mode, step)
     from tfdistx import train  # imports TensorFlow
 
-    if mode == "evaluate":
-        return train.evaluate(cfg, run_dir, placement, step)
-    return train.train(cfg, run_dir, placement)
+    with rundir.stops_cleanly_when_unwritable(cfg.checkpoint.dir or str(Path(run_dir) / "checkpoints")):
+        if mode == "evaluate":
+            return train.evaluate(cfg, run_dir, placement, step)
+        return train.train(cfg, run_dir, placement)
 
 
 def _owns_run_dir(cfg: DictConfig) -> bool:
@@ -171,16 +175,9 @@ def task_main(argv) -> int:
     # Plain messages: the launcher prefixes each line with the task's name
     # and files it in logs/<task>.log (as Hydra's job_logging=stdout did).
     logging.basicConfig(stream=sys.stdout, level=logging.INFO, format="%(message)s")
-    cfg = OmegaConf.load(config_path)
-    facts = strategies.get(cfg.strategy.name, cfg.cluster.workers, cfg.cluster.devices_per_worker)
+    cfg = OmegaConf.load(config_path)  # cluster.launch=tf_config: placed by the launcher's TF_CONFIG
     try:
-        placement = cluster.detect(facts, cfg.cluster)
-        from tfdistx import train
-
-        if mode == "evaluate":
-            train.evaluate(cfg, run_dir, placement, int(rest[0]) if rest else None)
-        else:
-            train.train(cfg, run_dir, placement)
+        execute(cfg, run_dir, mode, int(rest[0]) if rest else None)
     except (ConfigError, RunFault) as error:
         refuse(error)
     return 0
@@ -220,4 +217,12 @@ def refuse(error):
     """One line per problem, no traceback; exit 2 for a bad config, the fault's own code otherwise."""
     for line in error.lines():
         print(line, file=sys.stderr)
+        _into_run_log(line)
     sys.exit(error.code if isinstance(error, RunFault) else EXIT_INVALID_CONFIG)
+
+
+def _into_run_log(line: str) -> None:
+    """The refusal goes into the run's log file too (Hydra's tfdistx.log), not twice on the terminal."""
+    for handler in logging.getLogger().handlers:
+        if isinstance(handler, logging.FileHandler):
+            handler.emit(logging.LogRecord("tfdistx", logging.ERROR, __file__, 0, line, None, None))
