@@ -164,3 +164,13 @@ def test_wandb_offline_without_an_api_key(tfdistx, tmp_path):
     offline = list((run.dir / "wandb").glob("offline-run-*"))
     assert offline, run
     assert list(offline[0].glob("*.wandb"))
+
+
+def test_wandb_with_a_key_but_no_network_falls_back_to_offline(tfdistx, tmp_path):
+    # Port 9 on loopback refuses at once: W&B unreachable, nothing leaves the machine.
+    env = {"HOME": str(tmp_path), "WANDB_API_KEY": "0" * 40, "WANDB_BASE_URL": "http://127.0.0.1:9", "WANDB_MODE": None}
+    run = tfdistx(*QUICK, "logger=wandb", "logger.wandb.init_timeout=3", env=env)
+    assert run.returncode == 0 and run.summary["step"] == 40, run
+    warnings = [line for line in (run.stdout + run.stderr).splitlines() if "W&B is unreachable" in line]
+    assert len(warnings) == 1 and "logging offline" in warnings[0] and "Traceback" not in run.stderr, run
+    assert list((run.dir / "wandb").glob("offline-run-*/*.wandb"))

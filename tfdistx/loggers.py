@@ -8,12 +8,15 @@ ones a run's `logger` config asks for; the run directory's other files
 
 import contextlib
 import json
+import logging
 import netrc
 import os
 import sys
 import time
 from pathlib import Path
 from typing import Mapping, Optional
+
+log = logging.getLogger(__name__)
 
 
 @contextlib.contextmanager
@@ -120,22 +123,28 @@ class WandbLogger:
     """Weights & Biases, offline unless an API key is configured.
 
     Offline runs write under <run dir>/wandb and upload later with
-    `wandb sync`; tfdistx never needs the network.
+    `wandb sync`; tfdistx never needs the network. An online run that cannot
+    reach W&B within `init_timeout` seconds (a key but no network) falls
+    back to offline with one warning line: training never waits on it.
     """
 
-    def __init__(self, run_dir: str, config: dict, project: str = "tfdistx", entity: Optional[str] = None, mode: Optional[str] = None, tags=(), **_):
+    def __init__(self, run_dir: str, config: dict, project: str = "tfdistx", entity: Optional[str] = None, mode: Optional[str] = None, tags=(),
+                 init_timeout: float = 30, **_):
         import wandb
 
         self.wandb = wandb
-        self.run = wandb.init(
-            project=project,
-            entity=entity,
-            dir=run_dir,
-            config=config,
-            tags=list(tags),
-            mode=mode or ("online" if _wandb_key_configured() else "offline"),
-            reinit="finish_previous",
-        )
+        mode = mode or ("online" if _wandb_key_configured() else "offline")
+        init = dict(project=project, entity=entity, dir=run_dir, config=config, tags=list(tags), reinit="finish_previous")
+        if mode != "online":
+            self.run = wandb.init(mode=mode, **init)
+            return
+        try:  # quiet: its retries would print a screenful; the outcome is said below
+            self.run = wandb.init(mode="online", settings=wandb.Settings(init_timeout=init_timeout, silent=True), **init)
+            log.info("W&B run: %s", self.run.url)
+        except Exception as error:  # wandb's CommError, UsageError, a timeout: all mean "not now"
+            log.warning("W&B is unreachable (%s): logging offline to %s/wandb instead; `wandb sync` uploads it later",
+                        str(error).strip().splitlines()[0][:160], run_dir)
+            self.run = wandb.init(mode="offline", settings=wandb.Settings(silent=True), **init)
 
     def __call__(self, step: int, metrics: dict) -> None:
         self.run.log(metrics, step=step)
