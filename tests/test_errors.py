@@ -1,6 +1,11 @@
 """Bad input: exit code 2, one line naming the key and what is allowed, no traceback."""
 
+import subprocess
+import sys
+
 import pytest
+
+from conftest import QUICK, tfdistx_env
 
 
 def assert_refused(run, key, *phrases):
@@ -32,6 +37,12 @@ def assert_refused(run, key, *phrases):
     (["optimizer.lr=nan"], "optimizer.lr=nan", ["finite"]),
     (["optimizer.lr=inf"], "optimizer.lr=inf", ["finite"]),
     (["cluster=ps0w2"], "cluster='ps0w2'", ["at least one parameter server", "cluster=2x1"]),
+    (["+foo=1"], "foo=1", ["not a tfdistx key", "trainer"]),
+    (["model.nonsense=3"], "model.nonsense", ["model has no key 'nonsense'; its keys: _target_, hidden_units, dropout"]),
+    (["data.train_examples=0"], "data.train_examples=0", ["at least 1"]),
+    (["data.num_classes=1"], "data.num_classes=1", ["at least 2"]),
+    (["model._target_=tfdistx.models.nothere"], "model._target_", ["has no attribute 'nothere'", "mlp"]),
+    (["cluster.startup_timeout=0"], "cluster.startup_timeout=0", ["more than 0"]),
 ])
 def test_config_errors(tfdistx, args, key, phrases):
     assert_refused(tfdistx(*args), key, *phrases)
@@ -42,6 +53,10 @@ def test_unwritable_output_dir(tfdistx, tmp_path):
     blocker.write_text("not a directory")
     run = tfdistx(run_dir=blocker / "run")
     assert_refused(run, "hydra.run.dir", "not a directory")
+
+
+def test_an_output_dir_even_root_cannot_write(tfdistx):
+    assert_refused(tfdistx(run_dir="/proc/tfdistx-run"), "hydra.run.dir", "not writable")
 
 
 def test_unknown_tfds_dataset(tfdistx, tmp_path):
@@ -76,3 +91,16 @@ def test_model_whose_output_the_task_cannot_use(tfdistx):
     # a model that always makes 10 logits; the binary task needs 1
     run = tfdistx("task=binary", "model._target_=user_plugins.ten_logits", "trainer.steps=2")
     assert_refused(run, "model='user_plugins.ten_logits'", "does not fit data=tfdistx.data.synthetic", "task=binary needs 1")
+
+
+@pytest.mark.parametrize("args, key", [
+    (["trainer.steps=5,abc"], "trainer.steps='abc'"),  # the second value of a list: refused before the first job
+    (["trainer.steps=5,6", "hydra.sweep.dir=/proc/tfdistx-sweep"], "hydra.sweep.dir"),
+    (["cluster=1x2,banana"], "cluster='banana'"),
+])
+def test_a_bad_sweep_is_refused_before_any_job(tmp_path, args, key):
+    run = subprocess.run([sys.executable, "-m", "tfdistx", "-m", *QUICK, *args], capture_output=True, text=True,
+                         env=tfdistx_env(), cwd=tmp_path, timeout=120)
+    assert run.returncode == 2 and "Traceback" not in run.stderr, run.stderr
+    assert [line for line in run.stderr.splitlines() if line.startswith("tfdistx: invalid config:") and key in line], run.stderr
+    assert not list(tmp_path.rglob("summary.json"))  # no job ran

@@ -113,3 +113,22 @@ def test_report_refuses_bad_input_in_one_line(tmp_path):
         assert proc.returncode == 2, proc
         assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
         assert str(target) in proc.stderr
+
+
+def test_report_reads_past_binary_and_wrongly_typed_files(tfdistx, tmp_path):
+    good = tfdistx(*QUICK)
+    assert good.returncode == 0, good
+    sweep = tmp_path / "sweep"
+    shutil.copytree(good.dir, sweep / "0")
+    (sweep / "1").mkdir()
+    (sweep / "1" / "metrics.jsonl").write_bytes(bytes(range(256)) * 4)  # binary
+    (sweep / "2").mkdir()
+    (sweep / "2" / "summary.json").write_text('{"step": "x", "eval": [1]}')
+    (sweep / "2" / "metrics.jsonl").write_text('{"step": 5, "loss": "abc", "accuracy": 0.5}\n')
+    proc = report(sweep)
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+    assert "2/summary.json: skipped: not a tfdistx summary" in proc.stderr
+    assert "1/metrics.jsonl: left out" in proc.stderr
+    assert (sweep / "final_metric.png").is_file()
+    only_bad = report(sweep / "1")
+    assert only_bad.returncode == 2 and "no runs in" in only_bad.stderr and "Traceback" not in only_bad.stderr, only_bad.stderr

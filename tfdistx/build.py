@@ -7,6 +7,7 @@ target cannot take are dropped, with a warning that names them — the one
 thing Hydra does not do for us.
 """
 
+import importlib
 import inspect
 import logging
 from typing import Any, Iterable
@@ -27,7 +28,7 @@ def build(group: str, cfg: DictConfig, expect: type, exclude: Iterable[str] = ()
     try:
         fn = get_method(target)
     except Exception as error:
-        raise ConfigError.one(f"{group}._target_", target, f"cannot be imported: {str(error).splitlines()[0]}") from None
+        raise ConfigError.one(f"{group}._target_", target, _why_not_found(target, error)) from None
     kwargs.update(runtime)
     accepted = _accepted(fn, kwargs)
     dropped = sorted(set(kwargs) - set(accepted) - set(runtime))
@@ -51,3 +52,18 @@ def _accepted(fn, kwargs: dict) -> dict:
         return kwargs
     names = {p.name for p in params}
     return {k: v for k, v in kwargs.items() if k in names}
+
+
+def _why_not_found(target: str, error: Exception) -> str:
+    """A missing attribute of a module that imports is named, with what the
+    module does offer; Hydra's own message is several lines about both."""
+    module_name, _, attribute = target.rpartition(".")
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as import_error:
+        return f"cannot be imported: {type(import_error).__name__}: {str(import_error).splitlines()[0]}"
+    if not hasattr(module, attribute):
+        offered = sorted(name for name, value in vars(module).items()
+                         if callable(value) and not name.startswith("_") and getattr(value, "__module__", None) == module.__name__)
+        return f"module {module_name!r} has no attribute {attribute!r}" + (f" (it has: {', '.join(offered)})" if offered else "")
+    return f"cannot be imported: {str(error).strip().splitlines()[0]}"

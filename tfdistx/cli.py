@@ -27,7 +27,7 @@ from tfdistx.config import schema, strategies, topology
 from tfdistx.config.compose import compose_and_validate, composed, saved_overrides
 from tfdistx.config.errors import EXIT_INVALID_CONFIG, ConfigError, RunFault
 from tfdistx.config.paths import config_dir
-from tfdistx.config.validate import validate
+from tfdistx.config.validate import validate, writable
 
 # `tfdistx NAME ...` runs a tool instead of a training job. Imported only
 # when asked for, so a training run pays nothing for them.
@@ -63,6 +63,8 @@ def main(argv: Optional[Sequence[str]] = None):
 
             print(describe(compose_and_validate(args.overrides)))
             return
+        if args.multirun:
+            _check_sweep(args.overrides)
     except ConfigError as error:
         refuse(error)
     except Exception as error:  # an override Hydra cannot even parse
@@ -84,6 +86,33 @@ def main(argv: Optional[Sequence[str]] = None):
 def _register(overrides) -> None:
     topology.register(overrides)  # cluster=WxD / psPwW names
     recipes.register(overrides)  # TFDISTX_RECIPES dirs, and the clusters the chosen recipes name
+
+
+def _check_sweep(overrides) -> None:
+    """Before a sweep's first job: every value its lists and ranges name is
+    composed and validated (one key varied at a time, the others at their
+    first value), and the sweep dir must be writable. Hydra would otherwise
+    fail mid-sweep with its own multi-line message and exit 1. Values an
+    optimizer draws (interval) or a glob expands are left to the jobs."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
+    fixed, swept = [], []
+    for override in OverridesParser.create().parse_overrides(overrides):
+        if not override.is_sweep_override():
+            fixed.append(override.input_line)
+        elif override.is_choice_sweep() or override.is_range_sweep():
+            try:
+                swept.append((override.get_key_element(), list(override.sweep_string_iterator())))
+            except HydraException:  # glob(): needs Hydra's config loader; the jobs check it
+                continue
+    firsts = {key: values[0] for key, values in swept}
+    variants = [firsts] + [{**firsts, key: value} for key, values in swept for value in values[1:]]
+    for variant in variants:
+        cfg = compose_and_validate(fixed + [f"{key}={value}" for key, value in variant.items()])
+    problems = writable("hydra.sweep.dir", OmegaConf.select(cfg, "hydra.sweep.dir"))
+    if problems:
+        raise ConfigError(problems)
 
 
 def _run_once(overrides) -> None:

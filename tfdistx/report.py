@@ -94,36 +94,59 @@ def find_runs(root: Path) -> List[Path]:
 
 
 def load_job(directory: Path, root: Path, objective: Optional[str]) -> Job:
-    summary = None
-    if (directory / "summary.json").is_file():
-        try:
-            summary = json.loads((directory / "summary.json").read_text())
-        except (OSError, ValueError):
-            summary = None
     return Job(
         dir=directory,
         name=str(directory.relative_to(root)) if directory != root else directory.name,
         overrides=_overrides(directory),
-        summary=summary,
+        summary=_summary(directory / "summary.json"),
         metrics=_metrics(directory / "metrics.jsonl"),
         objective_name=objective or _configured_objective(directory),
     )
 
 
-def _metrics(path: Path) -> List[dict]:
-    records = []
+def _summary(path: Path) -> Optional[dict]:
+    """summary.json, or None (said once) when it is not a tfdistx summary."""
+    if not path.is_file():
+        return None
     try:
-        lines = path.read_text().splitlines()
+        summary = json.loads(path.read_text())
+    except (OSError, ValueError) as error:  # UnicodeDecodeError is a ValueError: a binary file
+        return _skipped(path, str(error).splitlines()[0][:100])
+    if not isinstance(summary, dict) or not _is_step(summary.get("step", 0)) or not all(
+            isinstance(summary.get(section) or {}, dict) for section in ("train", "eval")):
+        return _skipped(path, "not a tfdistx summary (a JSON object with a whole-number step and train/eval metrics)")
+    return summary
+
+
+def _metrics(path: Path) -> List[dict]:
+    """metrics.jsonl's records; lines cut short by a kill, or of the wrong type, are left out."""
+    records, bad = [], 0
+    try:
+        lines = path.read_text(errors="replace").splitlines()
     except OSError:
         return records
     for line in lines:
         try:
             record = json.loads(line)
-        except ValueError:  # a line cut short by a killed run
+        except ValueError:
+            bad += 1
             continue
-        if isinstance(record, dict) and "step" in record:
-            records.append(record)
+        if isinstance(record, dict) and _is_step(record.get("step")):
+            records.append({key: value for key, value in record.items() if key == "step" or _number(value) is not None})
+        else:
+            bad += 1
+    if bad > 1 or (bad and not records):  # one cut line is a killed run's, not worth a word
+        print(f"tfdistx report: {path}: left out {bad} line(s) that are not metric records", file=sys.stderr)
     return records
+
+
+def _is_step(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _skipped(path: Path, reason: str) -> None:
+    print(f"tfdistx report: {path}: skipped: {reason}", file=sys.stderr)
+    return None
 
 
 def _overrides(directory: Path) -> List[str]:
@@ -418,7 +441,7 @@ def report(root: Path, out: Optional[Path] = None, objective: Optional[str] = No
     jobs = [load_job(d, root, objective) for d in runs]
     jobs = [j for j in jobs if j.metrics or j.summary]
     if not jobs:
-        raise ReportError(f"no runs in {root}: no metrics.jsonl or summary.json in it or its subdirectories")
+        raise ReportError(f"no runs in {root}: no readable metrics.jsonl or summary.json in it or its subdirectories")
     out = out or root
     try:
         out.mkdir(parents=True, exist_ok=True)

@@ -107,7 +107,9 @@ def stops_cleanly_when_unwritable(checkpoint_dir: str):
 
 
 def _cannot_write(error: BaseException):
-    while error is not None:
+    seen = set()
+    while error is not None and id(error) not in seen:  # a chain of causes can loop back
+        seen.add(id(error))
         if isinstance(error, OSError) and error.errno in _CANNOT_WRITE:
             return _CANNOT_WRITE[error.errno]
         for text in _CANNOT_WRITE.values():

@@ -34,7 +34,7 @@ def composed(overrides: Sequence[str]) -> Iterator[DictConfig]:
             cfg = GlobalHydra.instance().hydra.compose_config(
                 "config", overrides=list(overrides), run_mode=RunMode.RUN, with_log_configuration=False)
         except (HydraException, OmegaConfBaseException) as error:
-            raise as_config_error(error, overrides) from None
+            raise _with_valid_keys(as_config_error(error, overrides), overrides) from None
         validate(cfg, run_dir=OmegaConf.select(cfg, "hydra.run.dir"))
         yield cfg
 
@@ -74,8 +74,27 @@ def as_config_error(error: Exception, overrides: Sequence[str]) -> ConfigError:
     return ConfigError([Problem(key or "override", _given(key, overrides) if key else None, first_line)])
 
 
+def _with_valid_keys(error: ConfigError, overrides: Sequence[str]) -> ConfigError:
+    """`model.nonsense=3` is told the keys `model` does have: composed again
+    without that override, which is cheap (no TensorFlow)."""
+    problem = error.problems[0]
+    if len(error.problems) != 1 or "not in" not in problem.allowed or "." not in problem.key:
+        return error
+    parent = problem.key.rpartition(".")[0]
+    rest = [o for o in overrides if o.lstrip("+~").partition("=")[0] != problem.key]
+    try:
+        node = OmegaConf.select(GlobalHydra.instance().hydra.compose_config("config", overrides=rest, run_mode=RunMode.RUN,
+                                                                             with_log_configuration=False), parent)
+    except Exception:  # another bad override: the first answer stands
+        return error
+    if not OmegaConf.is_dict(node):
+        return error
+    keys = ", ".join(str(k) for k in node.keys())
+    return ConfigError([Problem(problem.key, problem.value, f"{parent} has no key {problem.key.rpartition('.')[2]!r}; its keys: {keys}")])
+
+
 def _given(key: str, overrides: Sequence[str]):
-    for override in overrides:
+    for override in reversed(overrides):  # the last one given is the one composed
         name, _, value = override.lstrip("+~").partition("=")
         if name == key:
             return value

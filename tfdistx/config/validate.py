@@ -5,16 +5,18 @@ config/_validate.py), so a user fixes a command line in one go. Nothing here
 imports TensorFlow: a bad run is refused in well under a second.
 """
 
+import dataclasses
 import importlib.util
 import math
 import os
+import tempfile
 from typing import Optional
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from tfdistx.config import strategies, topology
 from tfdistx.config.errors import ConfigError, Problem
-from tfdistx.config.schema import LAUNCH_MODES
+from tfdistx.config.schema import LAUNCH_MODES, Config
 
 OPTIMIZERS = ("adam", "sgd", "adamw")
 SCHEDULES = ("constant", "cosine", "warmup_cosine")
@@ -22,7 +24,7 @@ SCHEDULES = ("constant", "cosine", "warmup_cosine")
 
 def validate(cfg: DictConfig, run_dir: Optional[str] = None) -> None:
     """Raise ConfigError listing every problem found in `cfg`."""
-    problems = []
+    problems = _top_level(cfg)
     problems += _strategy_and_cluster(cfg.strategy, cfg.cluster)
     problems += _data(cfg.data, planned_replicas(cfg))
     problems += _optimizer(cfg.optimizer)
@@ -31,9 +33,9 @@ def validate(cfg: DictConfig, run_dir: Optional[str] = None) -> None:
     problems += _checkpoint(cfg.checkpoint)
     problems += _targets(cfg)
     if run_dir is not None:
-        problems += _writable("hydra.run.dir", run_dir)
+        problems += writable("hydra.run.dir", run_dir)
     if cfg.checkpoint.dir:
-        problems += _writable("checkpoint.dir", cfg.checkpoint.dir)
+        problems += writable("checkpoint.dir", cfg.checkpoint.dir)
     if problems:
         raise ConfigError(problems)
 
@@ -88,13 +90,36 @@ def _strategy_and_cluster(strategy: DictConfig, cluster: DictConfig) -> list:
     return problems
 
 
+# Sizes the built-in sources take, and their least sensible value: checked
+# here so that a 0 is named, not answered by numpy from deep inside.
+DATA_SIZES = {"train_examples": 1, "eval_examples": 1, "num_classes": 2, "num_labels": 1, "num_targets": 1, "num_features": 1,
+              "num_fields": 1, "dense_features": 0, "vocab_size": 2, "shuffle_buffer": 0}
+
+
 def _data(data: DictConfig, replicas: Optional[int]) -> list:
+    problems = []
+    if str(data.get("_target_", "")).startswith("tfdistx.data."):
+        for key, least in DATA_SIZES.items():
+            value = data.get(key)
+            if value is not None and (not _is_int(value) or value < least):
+                problems.append(Problem(f"data.{key}", value, f"must be a whole number, at least {least}"))
+        shape = data.get("image_shape")
+        if shape is not None and (not OmegaConf.is_list(shape) or not shape or not all(_is_int(d) and d >= 1 for d in shape)):
+            problems.append(Problem("data.image_shape", shape, "must be a list of positive sizes, e.g. [28, 28, 1]"))
     batch = data.get("batch_size")
     if not _is_int(batch) or batch < 1:
-        return [Problem("data.batch_size", batch, "must be a positive integer (the global batch, split across replicas)")]
+        return problems + [Problem("data.batch_size", batch, "must be a positive integer (the global batch, split across replicas)")]
     if replicas and batch % replicas:
-        return [Problem("data.batch_size", batch, f"the global batch must divide across {replicas} replicas: use a multiple of {replicas}")]
-    return []
+        problems.append(Problem("data.batch_size", batch, f"the global batch must divide across {replicas} replicas: use a multiple of {replicas}"))
+    return problems
+
+
+def _top_level(cfg: DictConfig) -> list:
+    """`+foo=1` would be composed and then ignored: refused, with the keys there are."""
+    known = {f.name for f in dataclasses.fields(Config)} | {"hydra"}
+    return [Problem(key, cfg[key] if not OmegaConf.is_config(cfg[key]) else "{...}",
+                    f"not a tfdistx key: the config has {', '.join(f.name for f in dataclasses.fields(Config))}")
+            for key in cfg.keys() if key not in known]
 
 
 def _optimizer(opt: DictConfig) -> list:
@@ -172,14 +197,17 @@ def _targets(cfg: DictConfig) -> list:
     return problems
 
 
-def _writable(key: str, path: str) -> list:
+def writable(key: str, path: str) -> list:
     """The nearest existing ancestor of `path` must be a writable directory."""
     probe = os.path.abspath(path)
     while not os.path.exists(probe):
         probe = os.path.dirname(probe)
-    if not os.path.isdir(probe) or not os.access(probe, os.W_OK):
-        reason = "is not a directory" if not os.path.isdir(probe) else "is not writable"
-        return [Problem(key, path, f"cannot create the directory here: {probe} {reason}")]
+    if not os.path.isdir(probe):
+        return [Problem(key, path, f"cannot create the directory here: {probe} is not a directory")]
+    try:  # tried, not os.access: root passes that on a read-only mount or /proc
+        tempfile.TemporaryFile(dir=probe).close()
+    except OSError as error:
+        return [Problem(key, path, f"cannot create the directory here: {probe} is not writable ({error.strerror})")]
     return []
 
 
