@@ -135,6 +135,19 @@ def test_a_stopped_parameter_server_worker_is_treated_as_lost(tmp_path):
     assert steps_logged(run_dir) == list(range(100, 1501, 100))
 
 
+@pytest.mark.slow
+def test_a_stopped_multiworker_peer_is_named_in_one_line_and_the_cluster_restarts(tmp_path):
+    """TensorFlow's heartbeat notices the frozen peer (~1 min); the survivor
+    says so in one line and the launcher restarts the cluster, which finishes."""
+    run_dir = tmp_path / "run"
+    args = ["strategy=multiworker", "cluster=2x1", *LONG, "trainer.steps=3000", "trainer.log_every=100", "checkpoint.every_steps=500"]
+    code, out = run_and_interrupt(args, run_dir, 2, lambda proc: os.kill(task_pid(run_dir, 1), signal.SIGSTOP))
+    assert code == 0, out[-4000:]
+    assert "[worker:0] tfdistx: lost contact with worker:1 of the cluster, stopping" in out
+    assert "Traceback" not in out and "exited with code 5; stopping the cluster" in out
+    assert json.loads((run_dir / "summary.json").read_text())["step"] == 3000
+
+
 def test_lost_parameter_server_restarts_the_cluster_from_the_checkpoint(tmp_path):
     run_dir = tmp_path / "run"
     args = ["strategy=parameter_server", "cluster=ps1w2", *LONG, "trainer.steps=1200", "trainer.log_every=100",
@@ -162,9 +175,9 @@ def _environ_has(proc: Path, run_dir: str, text: str) -> bool:
 def test_launcher_gives_up_after_max_restarts(tfdistx):
     run = tfdistx(*QUICK, "strategy=multiworker", "cluster=2x1", "cluster.max_restarts=1",
                   "data._target_=user_plugins.crashing_on_worker_1")
-    assert run.returncode == 5, run
+    assert run.returncode == 7, run
     assert "restart 1 of 1" in run.stderr
-    assert "giving up: the cluster stopped after 1 restart(s) (cluster.max_restarts=1); last exit code 5" in run.stderr
+    assert "giving up: the cluster stopped after 1 restart(s) (cluster.max_restarts=1); last exit code 7" in run.stderr
 
 
 def test_a_damaged_checkpoint_falls_back_to_the_newest_intact_one(tfdistx):

@@ -44,12 +44,12 @@ def broken_on_worker_1(**kwargs):
 
 
 def crashing_on_worker_1(**kwargs):
-    """Worker 1 of a cluster dies hard (exit code 5) every time it starts."""
+    """Worker 1 of a cluster dies hard (exit code 7) every time it starts."""
     import json
     import os
 
     if json.loads(os.environ.get("TF_CONFIG", "{}")).get("task", {}).get("index") == 1:
-        os._exit(5)
+        os._exit(7)
     from tfdistx.data import synthetic
 
     return synthetic(**kwargs)

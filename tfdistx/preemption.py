@@ -15,14 +15,16 @@ count than the chief; and it brings a second CheckpointManager with
 max_to_keep=1 into the run's checkpoint directory.
 """
 
+import contextlib
 import logging
+import re
 import signal
 import threading
 
 import tensorflow as tf
 
 from tfdistx.checkpointing import Checkpointer
-from tfdistx.config.errors import EXIT_PREEMPTED
+from tfdistx.config.errors import EXIT_LOST_PEER, EXIT_PREEMPTED, RunFault
 
 log = logging.getLogger(__name__)
 
@@ -72,3 +74,23 @@ class PreemptionWatcher:
             self.checkpointer.save(step)
             log.warning("preempted at step %d: checkpoint saved; exiting with %d", step, EXIT_PREEMPTED)
             raise Preempted()
+
+
+@contextlib.contextmanager
+def lost_peer_in_one_line(synchronous_cluster: bool):
+    """A peer of a synchronous cluster that dies or freezes aborts the
+    collectives of the others (TensorFlow's heartbeat notices within about a
+    minute): the task then stops with one line naming the peer, instead of a
+    page of traceback, and a code the launcher or scheduler restarts on."""
+    try:
+        yield
+    except (tf.errors.UnavailableError, tf.errors.AbortedError, tf.errors.CancelledError, tf.errors.InternalError,
+            tf.errors.UnknownError, tf.errors.DeadlineExceededError) as error:
+        text = str(error)
+        if not synchronous_cluster or not re.search(r"unhealthy|heartbeat|[Cc]ollective ops is aborted|Socket closed|failed to connect", text):
+            raise
+        peers = sorted(set(re.findall(r"/job:(\w+)/replica:\d+/task:(\d+)", text.split("unhealthy", 1)[-1])))
+        who = ", ".join(f"{job}:{index}" for job, index in peers) or "a peer"
+        first = next((line.strip() for line in text.splitlines() if re.search(r"unhealthy|abort|heartbeat|connect", line)), "")[:200]
+        raise RunFault(f"lost contact with {who} of the cluster, stopping so that it restarts from the newest checkpoint "
+                       f"(TensorFlow: {first})", EXIT_LOST_PEER) from None

@@ -46,7 +46,7 @@ def train(cfg: DictConfig, run_dir: str, placement: Optional[Placement] = None) 
     from tfdistx import loggers
     from tfdistx.config.errors import ConfigError
     from tfdistx.loop import Loop, Schedule
-    from tfdistx.preemption import PreemptionWatcher
+    from tfdistx.preemption import PreemptionWatcher, lost_peer_in_one_line
 
     with reproducible(cfg.trainer), contextlib.closing(run.checkpointer):
         restored = run.checkpointer.restore_latest() if cfg.checkpoint.restore else None
@@ -64,7 +64,8 @@ def train(cfg: DictConfig, run_dir: str, placement: Optional[Placement] = None) 
         # A SIGTERM checkpoints and exits 42 (parameter servers: the coordinator
         # saves alone; TF's handler refuses clusters with ps tasks).
         synchronous_cluster = run.placement.source != "single" and not run.facts.asynchronous
-        with PreemptionWatcher(run.strategy, run.checkpointer, synchronous_cluster) as preemption, \
+        with lost_peer_in_one_line(synchronous_cluster), \
+                PreemptionWatcher(run.strategy, run.checkpointer, synchronous_cluster) as preemption, \
                 loggers.for_run(run.dir, OmegaConf.to_container(cfg.logger), run.total_steps, start_step, enabled=run.placement.is_chief,
                                 config=OmegaConf.to_container(cfg, resolve=True)) as sinks:
             result = Loop(runner, schedule, run.step_counter, learning_rate_at=run.learning_rate.at,

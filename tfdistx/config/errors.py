@@ -13,6 +13,7 @@ from typing import Any
 EXIT_INVALID_CONFIG = 2
 EXIT_NOT_RETRYABLE = 3  # a full or read-only disk: a restart would fail the same way
 EXIT_CLUSTER_DID_NOT_FORM = 4  # a task did not answer within cluster.startup_timeout
+EXIT_LOST_PEER = 5  # a synchronous cluster lost a task mid-run: restarted, resuming
 EXIT_PREEMPTED = 42
 
 
