@@ -42,22 +42,29 @@ def test_multirun_runs_every_combination_in_its_own_dir(tmp_path):
     assert (sweep / "multirun.yaml").is_file()
 
 
-def test_optuna_sweep_maximizes_the_objective(tmp_path):
+@pytest.mark.parametrize("objective, best", [("eval/accuracy", max), pytest.param("eval/loss", min, marks=pytest.mark.slow)])
+def test_optuna_sweep_optimizes_the_objective_the_right_way(tmp_path, objective, best):
+    """No hydra.sweeper.direction given: accuracy is maximized, a loss minimized,
+    and `tfdistx report` names the same best job as Optuna."""
     pytest.importorskip("hydra_plugins.hydra_optuna_sweeper", reason="pip install '.[test]' (hydra-optuna-sweeper)")
     sweep = tmp_path / "optuna"
-    proc = multirun(sweep, "hydra/sweeper=optuna", "hydra.sweeper.n_trials=2", "hydra.sweeper.direction=maximize",
-                    "hydra.sweeper.sampler.seed=0", "optimizer.lr=interval(0.0005,0.05)", *QUICK)
+    proc = multirun(sweep, "hydra/sweeper=optuna", "hydra.sweeper.n_trials=3", "hydra.sweeper.sampler.seed=0",
+                    "optimizer.lr=interval(0.0005,0.05)", f"trainer.objective={objective}", *QUICK)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    assert f"Directions: ['{'maximize' if best is max else 'minimize'}']" in proc.stdout + proc.stderr
     found = jobs(sweep)
-    assert sorted(found) == ["0", "1"]
-    # the entrypoint returned trainer.objective (eval/accuracy) and optuna kept the best
+    assert sorted(found) == ["0", "1", "2"]
+    # the entrypoint returned trainer.objective and optuna kept the best
     results = yaml.safe_load((sweep / "optimization_results.yaml").read_text())
-    accuracy = {name: summary["eval"]["eval/accuracy"] for name, (summary, _, _) in found.items()}
-    assert results["best_value"] == pytest.approx(max(accuracy.values()))
-    best = max(accuracy, key=accuracy.get)
-    assert results["best_params"]["optimizer.lr"] == pytest.approx(found[best][2]["optimizer"]["lr"])
+    values = {name: summary["eval"][objective] for name, (summary, _, _) in found.items()}
+    winner = best(values, key=values.get)
+    assert results["best_value"] == pytest.approx(values[winner])
+    assert results["best_params"]["optimizer.lr"] == pytest.approx(found[winner][2]["optimizer"]["lr"])
     lrs = [cfg["optimizer"]["lr"] for _, _, cfg in found.values()]
-    assert all(0.0005 <= lr <= 0.05 for lr in lrs) and lrs[0] != lrs[1]
+    assert all(0.0005 <= lr <= 0.05 for lr in lrs) and len(set(lrs)) == 3
+    report = subprocess.run([sys.executable, "-m", "tfdistx", "report", str(sweep)], capture_output=True, text=True, env=tfdistx_env())
+    assert report.returncode == 0, report.stderr
+    assert f"**Best: job {winner}**" in (sweep / "report.md").read_text()
 
 
 def test_joblib_launcher_runs_recipe_jobs_in_parallel_processes(tmp_path):

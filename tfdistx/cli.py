@@ -26,6 +26,7 @@ from tfdistx import cluster, recipes, rundir
 from tfdistx.config import schema, strategies, topology
 from tfdistx.config.compose import compose_and_validate, composed, saved_overrides
 from tfdistx.config.errors import EXIT_INVALID_CONFIG, ConfigError, RunFault
+from tfdistx.config.objective import direction
 from tfdistx.config.paths import config_dir
 from tfdistx.config.validate import validate, writable
 
@@ -64,7 +65,8 @@ def main(argv: Optional[Sequence[str]] = None):
             print(describe(compose_and_validate(args.overrides)))
             return
         if args.multirun:
-            _check_sweep(args.overrides)
+            first_job = _check_sweep(args.overrides)
+            argv += _sweeper_direction(args.overrides, first_job)
     except ConfigError as error:
         refuse(error)
     except Exception as error:  # an override Hydra cannot even parse
@@ -113,6 +115,18 @@ def _check_sweep(overrides) -> None:
     problems = writable("hydra.sweep.dir", OmegaConf.select(cfg, "hydra.sweep.dir"))
     if problems:
         raise ConfigError(problems)
+    return cfg
+
+
+def _sweeper_direction(overrides, cfg: DictConfig) -> list:
+    """An optimizing sweeper (Optuna) is told which way trainer.objective is
+    better (accuracy up, loss down), unless the command line says so itself:
+    its own default, minimize, found the worst learning rate for accuracy."""
+    if not any(o.startswith("hydra/sweeper=") and "optuna" in o for o in overrides):
+        return []
+    if any(o.lstrip("+").startswith("hydra.sweeper.direction=") for o in overrides):
+        return []
+    return [f"hydra.sweeper.direction={direction(str(cfg.trainer.objective))}"]
 
 
 def _run_once(overrides) -> None:

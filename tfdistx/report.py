@@ -24,6 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import List, Optional, Sequence
 
+from tfdistx.config.objective import lower_is_better
+
 EXIT_BAD_INPUT = 2
 DEFAULT_OBJECTIVE = "eval/accuracy"
 # Directories inside a run that never hold another run.
@@ -174,10 +176,6 @@ def _configured_objective(directory: Path) -> str:
 
 
 # --- ranking and labels -------------------------------------------------------------
-
-
-def lower_is_better(metric: str) -> bool:
-    return any(word in metric.lower() for word in ("loss", "error", "perplexity"))
 
 
 def ranked(jobs: List[Job], lower: bool) -> List[Job]:
