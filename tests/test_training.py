@@ -1,10 +1,12 @@
 """Short real training runs: real TensorFlow, real strategies, files on disk."""
 
+import json
 import os
 import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -174,3 +176,15 @@ def test_wandb_with_a_key_but_no_network_falls_back_to_offline(tfdistx, tmp_path
     warnings = [line for line in (run.stdout + run.stderr).splitlines() if "W&B is unreachable" in line]
     assert len(warnings) == 1 and "logging offline" in warnings[0] and "Traceback" not in run.stderr, run
     assert list((run.dir / "wandb").glob("offline-run-*/*.wandb"))
+
+
+def test_the_tfdistx_script_imports_a_users_target_from_the_current_directory(tmp_path):
+    """As `python -m tfdistx` does: the README says the two are the same."""
+    script = Path(sys.executable).with_name("tfdistx")
+    if not script.exists():
+        pytest.skip("the tfdistx console script is not installed beside this python")
+    (tmp_path / "my_data.py").write_text("from tfdistx.data import synthetic\n\ndef load(**kwargs):\n    return synthetic(**kwargs)\n")
+    run = subprocess.run([str(script), *QUICK, "data._target_=my_data.load", f"hydra.run.dir={tmp_path / 'run'}"],
+                         capture_output=True, text=True, cwd=tmp_path, env=tfdistx_env(), timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["step"] == 40

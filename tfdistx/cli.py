@@ -46,6 +46,11 @@ def main(argv: Optional[Sequence[str]] = None):
     # TensorFlow's C++ start-up chatter (CPU features, oneDNN) buries the
     # progress display; users can still ask for it.
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    # `python -m tfdistx` imports a user's `_target_=digits.load` from the
+    # current directory; the `tfdistx` script must too (its sys.path[0] is
+    # the script's own directory).
+    if "" not in sys.path and os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
     if argv and argv[0] in SUBCOMMANDS:
         module, function = SUBCOMMANDS[argv[0]].split(":")
         try:
