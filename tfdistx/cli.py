@@ -152,6 +152,17 @@ def _run_once(overrides) -> None:
                 print("tfdistx: interrupted", file=sys.stderr)
                 sys.exit(130)
             _ = result.return_value  # re-raises what the job raised
+    _end_process_now()
+
+
+def _end_process_now() -> None:
+    """Every file of the run is written and closed: end without Python's
+    teardown, which destroys the input pipelines and can wait minutes on
+    tf.data's autotune thread (train.py keeps them for this)."""
+    logging.shutdown()  # flushes and closes tfdistx.log
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def _run(cfg: DictConfig):
@@ -162,8 +173,8 @@ def _run(cfg: DictConfig):
 
     hydra_cfg = HydraConfig.get()
     try:
-        if hydra_cfg.mode != RunMode.MULTIRUN:  # composed, checked and locked by _run_once
-            return execute(cfg, hydra_cfg.runtime.output_dir, "train")
+        if hydra_cfg.mode != RunMode.MULTIRUN:  # composed, checked and locked by _run_once, which then ends the process
+            return execute(cfg, hydra_cfg.runtime.output_dir, "train", process_ends_after=True)
         validate(cfg)
         with rundir.owned(hydra_cfg.runtime.output_dir) if _owns_run_dir(cfg) else contextlib.nullcontext():
             return execute(cfg, hydra_cfg.runtime.output_dir, "train")
@@ -171,7 +182,7 @@ def _run(cfg: DictConfig):
         refuse(error)
 
 
-def execute(cfg: DictConfig, run_dir: str, mode: str, step: Optional[int] = None):
+def execute(cfg: DictConfig, run_dir: str, mode: str, step: Optional[int] = None, process_ends_after: bool = False):
     """Train (or evaluate) in this process, or as a local cluster of processes."""
     facts = strategies.get(cfg.strategy.name, cfg.cluster.workers, cfg.cluster.devices_per_worker)
     placement = cluster.detect(facts, cfg.cluster)
@@ -182,7 +193,7 @@ def execute(cfg: DictConfig, run_dir: str, mode: str, step: Optional[int] = None
     with rundir.stops_cleanly_when_unwritable(cfg.checkpoint.dir or str(Path(run_dir) / "checkpoints")):
         if mode == "evaluate":
             return train.evaluate(cfg, run_dir, placement, step)
-        return train.train(cfg, run_dir, placement)
+        return train.train(cfg, run_dir, placement, process_ends_after=process_ends_after)
 
 
 def _owns_run_dir(cfg: DictConfig) -> bool:
