@@ -9,6 +9,7 @@ own `run` does, without composing a second time.
 """
 
 import contextlib
+import re
 from pathlib import Path
 from typing import Iterator, Sequence
 
@@ -60,12 +61,28 @@ def saved_overrides(run_dir: str) -> list:
     return [str(o) for o in OmegaConf.load(path)]
 
 
+# What `pip install 'tfdistx[sweep]'` adds (pyproject.toml), by the option names users give.
+SWEEP_EXTRA_PLUGINS = ("optuna", "joblib", "submitit_slurm", "submitit_local", "tfdistx_slurm")
+
+
 def as_config_error(error: Exception, overrides: Sequence[str]) -> ConfigError:
     if isinstance(error, MissingConfigException) and error.options is not None:
         group = error.missing_cfg_file.split("/")[0] if error.missing_cfg_file else "?"
         value = _given(group, overrides)
         allowed = topology.FORMS if group == "cluster" else "allowed: " + ", ".join(sorted(error.options))
+        if group == "hydra":  # hydra/sweeper=..., hydra/launcher=...
+            group = "/".join(error.missing_cfg_file.split("/")[:2])
+            value = _given(group, overrides) or error.missing_cfg_file.split("/")[-1]
+            # tfdistx_slurm (conf/hydra/launcher) stands on submitit's plugin: not offered without it
+            options = sorted(o for o in error.options if o != "tfdistx_slurm" or "submitit_slurm" in error.options)
+            allowed = "allowed: " + ", ".join(options)
+            if value in SWEEP_EXTRA_PLUGINS:
+                allowed = f"its Hydra plugin is not installed: pip install 'tfdistx[sweep]'; installed now: {', '.join(options)}"
         return ConfigError([Problem(group, value, allowed)])
+    missing_plugin = re.search(r"Could not load 'hydra/(sweeper|launcher)/(\w+)'", str(error))
+    if missing_plugin and missing_plugin[2] in SWEEP_EXTRA_PLUGINS:  # e.g. tfdistx_slurm's own default, submitit_slurm
+        group = f"hydra/{missing_plugin[1]}"
+        return ConfigError([Problem(group, _given(group, overrides), "its Hydra plugin is not installed: pip install 'tfdistx[sweep]'")])
     # Type errors come wrapped: Hydra's "Error merging override k=v" caused by
     # OmegaConf's "Value 'abc' ... could not be converted to Integer".
     cause = error.__cause__ or error
