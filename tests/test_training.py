@@ -197,12 +197,15 @@ def test_a_finished_run_exits_promptly_after_its_last_line(tmp_path):
     proc = subprocess.Popen([sys.executable, "-m", "tfdistx", "trainer.steps=300", "trainer.log_every=100", "trainer.eval_every=0",
                              "logger.tensorboard=false", "strategy=mirrored", "cluster=1x4", f"hydra.run.dir={tmp_path / 'run'}"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, env=tfdistx_env())
-    last = None
+    last, lines = None, []
     for line in proc.stdout:
         last = time.monotonic()
+        lines.append(line)
     proc.wait(timeout=600)
     waited = time.monotonic() - last
     assert proc.returncode == 0
     assert waited < 10, f"exited {waited:.1f}s after its last line"
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["step"] == 300
     assert "exported ckpt-300" in (tmp_path / "run" / "tfdistx.log").read_text()  # the log is whole
+    out = "".join(lines)  # where the run is, said at its start and its end
+    assert f"run dir: {tmp_path / 'run'}" in out and f"done at step 300: {tmp_path / 'run'}" in out

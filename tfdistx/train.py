@@ -69,6 +69,8 @@ def train(cfg: DictConfig, run_dir: str, placement: Optional[Placement] = None, 
                             checkpoint_every=cfg.checkpoint.every_steps)
         log.info("%s: %s, global batch %d, %d steps, task %s", run.strategy_name, run.replicas_text, run.global_batch,
                  run.total_steps, run.task.name)
+        if run.placement.is_chief:
+            log.info("run dir: %s", run.dir.resolve())
         # A SIGTERM checkpoints and exits 42 (parameter servers: the coordinator
         # saves alone; TF's handler refuses clusters with ps tasks).
         synchronous_cluster = run.placement.source != "single" and not run.facts.asynchronous
@@ -95,6 +97,7 @@ def train(cfg: DictConfig, run_dir: str, placement: Optional[Placement] = None, 
         loggers.write_json(run.dir / "summary.json", summary)
         if cfg.checkpoint.export and final_checkpoint:
             export_checkpoint(cfg, run.task, run.source, final_checkpoint, str(run.dir / "export"))
+        log.info("done at step %d: %s", result.step, run.dir.resolve())
     if process_ends_after:
         _KEPT_UNTIL_EXIT.append(runner)
     return objective(cfg.trainer.objective, summary)
