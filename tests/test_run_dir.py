@@ -133,3 +133,19 @@ def test_a_killed_cluster_leaves_nothing_behind_once_it_runs_again(tmp_path):
     assert json.loads((run_dir / "summary.json").read_text())["resumed"]
     # (TensorFlow's own __autograph_generated_file*.py of the killed tasks are not ours to remove)
     assert list(scratch.glob("tfdistx-*")) == [] and not (run_dir / "logs" / ".cluster.json").exists()
+
+
+def test_a_run_that_fails_before_writing_anything_leaves_no_stub(tfdistx):
+    run = tfdistx("model=wide_deep", "trainer.steps=2")  # refused once TensorFlow has started
+    assert run.returncode == 2, run
+    assert not run.dir.exists()
+
+
+def test_a_failed_cluster_run_is_marked_failed_and_reported_so(tfdistx):
+    run = tfdistx("strategy=multiworker", "cluster=2x1", "cluster.max_restarts=0", "model=wide_deep", "trainer.steps=2")
+    assert run.returncode == 2, run
+    assert (run.dir / "FAILED").read_text().strip() == "exit code 2"
+    assert "needs integer (categorical id) features" in (run.dir / "logs" / "worker-0.log").read_text()  # the error is kept
+    report = subprocess.run([sys.executable, "-m", "tfdistx", "report", str(run.dir)], capture_output=True, text=True, env=tfdistx_env())
+    assert report.returncode == 0, report.stderr
+    assert "**Failed:** exit code 2" in (run.dir / "report.md").read_text()

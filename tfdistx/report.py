@@ -52,6 +52,14 @@ class Job:
         return self.summary is not None
 
     @property
+    def unfinished_text(self) -> str:
+        """'' for a finished job, else how it ended: failed (rundir.py's FAILED file) or not (yet)."""
+        if self.finished:
+            return ""
+        failed = self.dir / "FAILED"
+        return f" (failed: {failed.read_text().strip()})" if failed.is_file() else " (unfinished)"
+
+    @property
     def objective(self) -> Optional[float]:
         return self.value(self.objective_name)
 
@@ -77,7 +85,7 @@ class Job:
 
 
 def is_run(directory: Path) -> bool:
-    return (directory / "summary.json").is_file() or (directory / "metrics.jsonl").is_file()
+    return any((directory / name).is_file() for name in ("summary.json", "metrics.jsonl", "FAILED"))
 
 
 def find_runs(root: Path) -> List[Path]:
@@ -278,7 +286,7 @@ def plot_final_metric(jobs: List[Job], objective: str, lower: bool, path: Path) 
     top = max([abs(v) for v in values] + [1e-12])
     for y, job, value in zip(positions, jobs, values):
         text = "no result" if job.objective is None else _fmt(value)
-        text += "   ← best" if job is best else ("" if job.finished else "  (unfinished)")
+        text += "   ← best" if job is best else (" " + job.unfinished_text if job.unfinished_text else "")
         ax.text(value + top * 0.01, y, text, va="center", fontsize=9, fontweight="bold" if job is best else None)
     ax.set_xlim(min(0.0, min(values) * 1.1), top * 1.3)
     ax.set_xlabel(f"final {objective} ({'lower' if lower else 'higher'} is better)")
@@ -372,7 +380,10 @@ def run_markdown(job: Job) -> str:
     if job.overrides:
         lines += ["Overrides: " + " ".join(f"`{o}`" for o in job.overrides), ""]
     if not job.finished:
-        lines += ["**Unfinished:** no summary.json (the run failed, was stopped, or is still running).", ""]
+        if (job.dir / "FAILED").is_file():
+            lines += [f"**Failed:** {(job.dir / 'FAILED').read_text().strip()}; the error is at the end of tfdistx.log (and logs/).", ""]
+        else:
+            lines += ["**Unfinished:** no summary.json (the run was stopped, or is still running).", ""]
     lines += ["| | |", "|---|---|"] + [f"| {k} | {v} |" for k, v in rows]
     lines += ["", "![loss and accuracy curves](curves.png)", ""]
     return "\n".join(lines)
@@ -398,7 +409,7 @@ def sweep_markdown(root: Path, jobs: List[Job], shared: List[str], objective: st
     lines += ["| " + " | ".join(header) + " |", "|" + "|".join("---:" if h not in ("job", "overrides") else "---" for h in header) + "|"]
     for rank, job in enumerate(jobs, 1):
         s = job.summary or {}
-        cells = [str(rank), f"{job.name}" + ("" if job.finished else " (unfinished)"), f"`{job.label}`".replace("|", "\\|"),
+        cells = [str(rank), f"{job.name}" + job.unfinished_text, f"`{job.label}`".replace("|", "\\|"),
                  _fmt(job.step, "d"), _fmt(job.value("loss")), _fmt(job.value("eval/accuracy"))]
         cells += [_fmt(job.objective)] if extra else []
         cells += [_fmt(s.get("examples_per_sec"), ",.0f"), _duration(s.get("wall_time_sec"))]
@@ -437,7 +448,7 @@ def report(root: Path, out: Optional[Path] = None, objective: Optional[str] = No
         raise ReportError(f"not a directory: {root} (give a run or sweep directory)")
     runs = find_runs(root)
     jobs = [load_job(d, root, objective) for d in runs]
-    jobs = [j for j in jobs if j.metrics or j.summary]
+    jobs = [j for j in jobs if j.metrics or j.summary or (j.dir / "FAILED").is_file()]
     if not jobs:
         raise ReportError(f"no runs in {root}: no readable metrics.jsonl or summary.json in it or its subdirectories")
     out = out or root

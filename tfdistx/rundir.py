@@ -24,6 +24,7 @@ from pathlib import Path
 from tfdistx.config.errors import EXIT_INVALID_CONFIG, EXIT_NOT_RETRYABLE, ConfigError, RunFault
 
 LOCK_NAME = ".lock"
+FAILED_NAME = "FAILED"  # in a run dir whose run failed; read by `tfdistx report`
 
 
 @contextlib.contextmanager
@@ -52,7 +53,10 @@ def owned(run_dir: str):
     """The run directory's lock, and if the run is refused as a bad config
     (exit 2: a checkpoint of another model, say), the .hydra/ files it
     replaced are put back, so the run that is there keeps its own config."""
+    # Nothing of a run there yet (Hydra writes .hydra/ first for a sweep's job; a failed attempt left FAILED).
+    new = not Path(run_dir).exists() or {p.name for p in Path(run_dir).iterdir()} <= _STUB | {FAILED_NAME}
     with exclusive(run_dir):
+        (Path(run_dir) / FAILED_NAME).unlink(missing_ok=True)  # this attempt decides
         hydra_dir = Path(run_dir) / ".hydra"
         before = {p: p.read_bytes() for p in hydra_dir.glob("*.yaml")} if hydra_dir.is_dir() else {}
         try:
@@ -61,7 +65,30 @@ def owned(run_dir: str):
             if exit.code == EXIT_INVALID_CONFIG and before:
                 for path, content in before.items():
                     path.write_bytes(content)
+            if exit.code not in (0, None):
+                _leave_no_stub(Path(run_dir), new, exit.code)
             raise
+        except BaseException:
+            _leave_no_stub(Path(run_dir), new, 1)
+            raise
+
+
+# What a run that failed before training wrote anything leaves: nothing worth keeping.
+_STUB = {".hydra", "tfdistx.log", LOCK_NAME}
+
+
+def _leave_no_stub(run_dir: Path, created: bool, code) -> None:
+    """A failed run is not left looking like a run: a directory it created
+    and wrote nothing of its own into is removed (the error was on the
+    terminal); one with more in it (a cluster's task logs, checkpoints)
+    gets a FAILED file with the exit code, which `tfdistx report` shows.
+    A run dir that was there before is left as it was."""
+    if not created:  # a run that was there before keeps its own state
+        return
+    if {p.name for p in run_dir.iterdir()} <= _STUB:
+        shutil.rmtree(run_dir, ignore_errors=True)
+    elif not (run_dir / "summary.json").exists():
+        (run_dir / FAILED_NAME).write_text(f"exit code {code}\n")
 
 
 def set_aside_previous_run(run_dir: str, checkpoint_dir: str) -> list:
