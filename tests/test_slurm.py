@@ -1,6 +1,7 @@
 """A real single-node Slurm (Debian's slurm-wlm and munge) running tfdistx:
 `srun -n 2` multi-worker training, and a sweep submitted through
-hydra-submitit-launcher. The fixture starts Slurm with the project's script."""
+hydra-submitit-launcher. The fixture starts Slurm with the project's script
+(installing slurm-wlm and munge with apt if missing) and stops it at the end."""
 
 import json
 import os
@@ -14,15 +15,21 @@ import pytest
 from conftest import QUICK, tfdistx_env
 
 START = Path(__file__).resolve().parent.parent / "scripts" / "slurm" / "start-local-slurm.sh"
+STOP = START.with_name("stop-local-slurm.sh")
 
 
 @pytest.fixture(scope="module")
 def slurm():
+    """A running Slurm; stopped again at the end unless it was running before."""
     if os.geteuid() != 0:
         pytest.skip("starting a local Slurm needs root")
+    was_running = subprocess.run(["pgrep", "-x", "slurmctld"], capture_output=True).returncode == 0
     started = subprocess.run(["bash", str(START)], capture_output=True, text=True, timeout=900)
     assert started.returncode == 0, started.stdout + started.stderr
     assert shutil.which("srun")
+    yield
+    if not was_running:
+        subprocess.run(["bash", str(STOP)], capture_output=True, timeout=120)
 
 
 def test_srun_two_tasks_train_one_multiworker_cluster(slurm, tmp_path):
