@@ -209,3 +209,13 @@ def test_a_finished_run_exits_promptly_after_its_last_line(tmp_path):
     assert "exported ckpt-300" in (tmp_path / "run" / "tfdistx.log").read_text()  # the log is whole
     out = "".join(lines)  # where the run is, said at its start and its end
     assert f"run dir: {tmp_path / 'run'}" in out and f"done at step 300: {tmp_path / 'run'}" in out
+
+
+def test_a_users_data_target_gets_only_the_keys_given(tfdistx):
+    """data=synthetic's num_classes: 10 must not override the function's own default of 2."""
+    run = tfdistx(*QUICK, "data._target_=user_plugins.two_classes_by_default")
+    assert run.returncode == 0, run
+    assert "data._target_=user_plugins.two_classes_by_default gets only the data keys you give" in run.stderr
+    assert "num_classes" in run.stderr and run.summary["step"] == 40
+    given = tfdistx(*QUICK, "data._target_=user_plugins.two_classes_by_default", "data.num_classes=3")
+    assert given.returncode == 2 and "got num_classes=3" in given.stderr, given  # what the user sets does reach it

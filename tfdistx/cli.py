@@ -24,7 +24,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from tfdistx import cluster, recipes, rundir
 from tfdistx.config import schema, strategies, topology
-from tfdistx.config.compose import compose_and_validate, composed, saved_overrides
+from tfdistx.config.compose import compose_and_validate, composed, only_given_keys_for_user_targets, saved_overrides
 from tfdistx.config.errors import EXIT_INVALID_CONFIG, ConfigError, RunFault
 from tfdistx.config.objective import direction
 from tfdistx.config.paths import config_dir
@@ -116,7 +116,7 @@ def _check_sweep(overrides) -> None:
     firsts = {key: values[0] for key, values in swept}
     variants = [firsts] + [{**firsts, key: value} for key, values in swept for value in values[1:]]
     for variant in variants:
-        cfg = compose_and_validate(fixed + [f"{key}={value}" for key, value in variant.items()])
+        cfg = compose_and_validate(fixed + [f"{key}={value}" for key, value in variant.items()], notes=False)
     problems = writable("hydra.sweep.dir", OmegaConf.select(cfg, "hydra.sweep.dir"))
     if problems:
         raise ConfigError(problems)
@@ -175,6 +175,7 @@ def _run(cfg: DictConfig):
     try:
         if hydra_cfg.mode != RunMode.MULTIRUN:  # composed, checked and locked by _run_once, which then ends the process
             return execute(cfg, hydra_cfg.runtime.output_dir, "train", process_ends_after=True)
+        only_given_keys_for_user_targets(cfg, hydra_cfg.overrides.task)
         validate(cfg)
         with rundir.owned(hydra_cfg.runtime.output_dir) if _owns_run_dir(cfg) else contextlib.nullcontext():
             return execute(cfg, hydra_cfg.runtime.output_dir, "train")

@@ -17,12 +17,11 @@ from omegaconf import DictConfig, OmegaConf
 
 from tfdistx.cluster import Placement
 from tfdistx.config import strategies
+from tfdistx.config.schema import PIPELINE_KEYS
 from tfdistx.config.validate import objective_problems
 
 log = logging.getLogger(__name__)
 
-# Keys of the data group that shape the input pipeline, not the source.
-PIPELINE_KEYS = ("batch_size", "cache", "shuffle_buffer")
 # Keys of the task group that are tfdistx's, not the task class's.
 TASK_KEYS = ("name", "objective")
 

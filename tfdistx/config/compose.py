@@ -10,6 +10,7 @@ own `run` does, without composing a second time.
 
 import contextlib
 import re
+import sys
 from pathlib import Path
 from typing import Iterator, Sequence
 
@@ -17,17 +18,18 @@ from hydra import initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from hydra.errors import HydraException, MissingConfigException
 from hydra.types import RunMode
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
 from tfdistx.config import topology
 from tfdistx.config.paths import config_dir
+from tfdistx.config.schema import PIPELINE_KEYS
 from tfdistx.config.validate import validate
 from tfdistx.config.errors import ConfigError, Problem
 
 
 @contextlib.contextmanager
-def composed(overrides: Sequence[str]) -> Iterator[DictConfig]:
+def composed(overrides: Sequence[str], notes: bool = True) -> Iterator[DictConfig]:
     """The composed, validated config (with its `hydra` node); Hydra stays
     initialised inside, for `run_job`. Raises ConfigError."""
     with initialize_config_dir(config_dir=str(config_dir()), version_base=None, job_name="tfdistx"):
@@ -36,12 +38,32 @@ def composed(overrides: Sequence[str]) -> Iterator[DictConfig]:
                 "config", overrides=list(overrides), run_mode=RunMode.RUN, with_log_configuration=False)
         except (HydraException, OmegaConfBaseException) as error:
             raise _with_valid_keys(as_config_error(error, overrides), overrides) from None
+        only_given_keys_for_user_targets(cfg, overrides, notes)
         validate(cfg, run_dir=OmegaConf.select(cfg, "hydra.run.dir"))
         yield cfg
 
 
-def compose_and_validate(overrides: Sequence[str]) -> DictConfig:
-    with composed(overrides) as cfg:
+def only_given_keys_for_user_targets(cfg: DictConfig, overrides: Sequence[str], notes: bool = True) -> None:
+    """`data._target_=mine.load` on the command line keeps the default
+    group's keys (data=synthetic's num_classes: 10...), which would override
+    the user function's own defaults. Such a target gets only the keys the
+    command line gives, plus the pipeline's (batch size, cache, shuffle); a
+    user's own group file (conf/data/mine.yaml, data=mine) is used as written."""
+    for group, kept in (("data", PIPELINE_KEYS), ("model", ())):
+        given = {o.lstrip("+~").partition("=")[0] for o in overrides}
+        if f"{group}._target_" not in given:
+            continue
+        dropped = [key for key in cfg[group] if key != "_target_" and key not in kept and f"{group}.{key}" not in given]
+        with open_dict(cfg):
+            for key in dropped:
+                del cfg[group][key]
+        if dropped and notes:
+            print(f"tfdistx: note: {group}._target_={cfg[group]._target_} gets only the {group} keys you give "
+                  f"(not the default group's {', '.join(dropped)}): set them with {group}.KEY=VALUE", file=sys.stderr)
+
+
+def compose_and_validate(overrides: Sequence[str], notes: bool = True) -> DictConfig:
+    with composed(overrides, notes) as cfg:
         return cfg
 
 

@@ -17,6 +17,11 @@ from tfdistx.config import strategies
 # How a process of a multi-process strategy learns its place (cluster.launch).
 LAUNCH_MODES = ("auto", "local", "tf_config", "slurm")
 
+# Keys of the data group that shape the input pipeline, not the source: the
+# engine keeps them from the source's `_target_` (train.py), and a user's
+# `data._target_` is given them (compose.py).
+PIPELINE_KEYS = ("batch_size", "cache", "shuffle_buffer")
+
 
 @dataclass
 class TrainerConfig:
