@@ -132,3 +132,15 @@ def test_report_reads_past_binary_and_wrongly_typed_files(tfdistx, tmp_path):
     assert (sweep / "final_metric.png").is_file()
     only_bad = report(sweep / "1")
     assert only_bad.returncode == 2 and "no runs in" in only_bad.stderr and "Traceback" not in only_bad.stderr, only_bad.stderr
+
+
+def test_runs_without_overrides_are_labelled_so_not_by_their_run_dir(tfdistx, tmp_path):
+    outputs = tmp_path / "outputs"
+    plain = tfdistx("trainer.steps=20", "trainer.log_every=20", "logger.tensorboard=false", run_dir=outputs / "12-00-00-000001")
+    other = tfdistx(*QUICK, run_dir=outputs / "12-00-01-000002")
+    assert plain.returncode == 0 and other.returncode == 0, plain
+    proc = report(outputs)
+    assert proc.returncode == 0, proc.stderr
+    rows = {row["job"]: row for row in table((outputs / "report.md").read_text())}
+    assert rows["12-00-00-000001"]["overrides"] == "`(no overrides)`", rows
+    assert "12-00-00" not in rows["12-00-01-000002"]["overrides"]

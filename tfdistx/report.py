@@ -166,7 +166,8 @@ def _overrides(directory: Path) -> List[str]:
     from omegaconf import OmegaConf
 
     try:
-        return [str(o) for o in OmegaConf.load(path)]
+        # hydra.run.dir / hydra.sweep.dir say where, not what: not an override worth showing
+        return [str(o) for o in OmegaConf.load(path) if not str(o).startswith(("hydra.run.", "hydra.sweep."))]
     except Exception:
         return []
 
@@ -210,7 +211,7 @@ def label_jobs(jobs: List[Job]) -> List[str]:
     shared = set.intersection(*(set(j.overrides) for j in jobs)) if jobs else set()
     for job in jobs:
         own = [_short(o) for o in job.overrides if o not in shared]
-        job.label = " ".join(own) if own else f"job {job.name}"
+        job.label = " ".join(own) if own else "(no overrides)"  # the job's name is shown beside it
     return [o for o in jobs[0].overrides if o in shared] if jobs else []
 
 
@@ -256,6 +257,8 @@ def plot_run(job: Job, path: Path) -> None:
     for ax, family in zip(axes[0], panels):
         for key, style, name in ((family, "-", "train"), (f"eval/{family}", "--o", "eval")):
             steps, values = _series(job, key)
+            if len(steps) == 1:  # a line of one point is invisible: draw the point
+                style = style.replace("--o", "o").replace("-", "o")
             if steps:
                 ax.plot(steps, values, style, label=f"{name} {family}", markersize=4, linewidth=2)
                 ax.annotate(f"{values[-1]:.4g}", (steps[-1], values[-1]), textcoords="offset points", xytext=(4, 4), fontsize=9)
@@ -315,7 +318,7 @@ def plot_curves(jobs: List[Job], objective: str, path: Path) -> None:
                 steps, values = _series(job, key)
                 if steps:
                     ax.plot(steps, values, style, color=job.color, linewidth=3 if bold else 1.4, alpha=1.0 if bold else 0.75,
-                            marker="o" if style == "--" else None, markersize=3)
+                            marker="o" if style == "--" or len(steps) == 1 else None, markersize=3 if len(steps) > 1 else 6)
                     shown.append(values)
         _focus(ax, shown)
         ax.set_title(family)
