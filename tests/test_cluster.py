@@ -64,6 +64,8 @@ def test_two_workers_end_with_identical_weights(tfdistx, tmp_path):
     assert (run.dir / "checkpoints" / "ckpt-40.index").exists()
     assert list(scratch.iterdir()) == []
     assert "[worker:1]" in run.stdout and "[worker:0] step 40/40" in run.stdout
+    run_log = (run.dir / "tfdistx.log").read_text()  # the whole run in one file
+    assert "[worker:0] step 40/40" in run_log and "[worker:1] task worker:1: final weights" in run_log
     if can_isolate():
         assert "private network namespace" in run.stdout
 

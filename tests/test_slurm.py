@@ -44,6 +44,17 @@ def test_srun_two_tasks_train_one_multiworker_cluster(slurm, tmp_path):
     assert digests == {summary["weights_sha256"]}
 
 
+def test_the_tasks_of_a_step_share_one_default_run_dir(slurm, tmp_path):
+    """No hydra.run.dir: the run dir comes from the job and step ids, not each task's clock."""
+    cmd = ["srun", "-n", "2", "--overcommit", "--kill-on-bad-exit=1", sys.executable, "-m", "tfdistx", *QUICK,
+           "strategy=multiworker", "cluster=2x1"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=tfdistx_env(), timeout=600, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    runs = [p for p in (tmp_path / "outputs").rglob(".hydra")]
+    assert len(runs) == 1 and runs[0].parent.parent.name == "slurm", runs
+    assert json.loads((runs[0].parent / "summary.json").read_text())["step"] == 40
+
+
 def test_srun_with_the_wrong_number_of_tasks_is_refused(slurm, tmp_path):
     cmd = ["srun", "-n", "3", "--overcommit", sys.executable, "-m", "tfdistx", "strategy=multiworker", "cluster=2x1",
            f"hydra.run.dir={tmp_path / 'run'}"]

@@ -219,7 +219,7 @@ def _run_local_cluster(cfg: DictConfig, run_dir: str, facts: strategies.Strategy
     code = run_local_cluster(facts.job_counts(cfg.cluster.workers, cfg.cluster.ps), command, str(logs),
                              primary=list(facts.primary_jobs), isolate=cfg.cluster.isolate,
                              max_restarts=cfg.cluster.max_restarts, restart_alone=list(facts.restartable_alone),
-                             stopped_task_timeout=cfg.cluster.stopped_task_timeout)
+                             stopped_task_timeout=cfg.cluster.stopped_task_timeout, run_log=str(Path(run_dir) / "tfdistx.log"))
     if code:
         sys.exit(code)
     from tfdistx.train import objective  # no TensorFlow at import

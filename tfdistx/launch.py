@@ -41,14 +41,15 @@ NEVER_RESTART = (2, 3, 130)
 
 def run_local_cluster(counts: Dict[str, int], command: List[str], log_dir: str, primary: List[str],
                       isolate: Optional[bool] = None, max_restarts: int = 0, restart_alone: List[str] = (),
-                      stopped_task_timeout: float = 60) -> int:
+                      stopped_task_timeout: float = 60, run_log: Optional[str] = None) -> int:
     """Run the cluster to its end; the exit code of the first task that failed, else 0.
 
     `isolate`: None isolates when possible (and says so when not), True
     insists, False never isolates. A cluster whose task failed or was
     preempted is restarted up to `max_restarts` times, with back-off; tasks
     of the `restart_alone` jobs are restarted on their own. A task stopped for
-    `stopped_task_timeout` seconds is killed, as lost.
+    `stopped_task_timeout` seconds is killed, as lost. Every task's output
+    also goes, prefixed, to `run_log` (the run's one log file).
     """
     Path(log_dir).mkdir(parents=True, exist_ok=True)
     # One fixed name, overwritten by each launch: one a SIGKILL left behind
@@ -56,7 +57,8 @@ def run_local_cluster(counts: Dict[str, int], command: List[str], log_dir: str, 
     spec_path = os.path.join(log_dir, ".cluster.json")
     with open(spec_path, "w") as f:
         json.dump({"counts": counts, "command": command, "log_dir": log_dir, "primary": primary, "max_restarts": max_restarts,
-                   "restart_alone": list(restart_alone), "stopped_task_timeout": stopped_task_timeout}, f)
+                   "restart_alone": list(restart_alone), "stopped_task_timeout": stopped_task_timeout,
+                   "run_log": run_log}, f)
     supervisor = [sys.executable, "-m", "tfdistx.launch", spec_path]
     isolated = isolate is not False and _can_isolate()
     if isolated:
@@ -119,17 +121,17 @@ class _Budget:
 class _Task:
     """One process of the cluster, which can be started again in its place."""
 
-    def __init__(self, job: str, index: int, cluster: dict, command: List[str], log_dir: Path):
+    def __init__(self, job: str, index: int, cluster: dict, command: List[str], log_dir: Path, run_log: Optional[str] = None):
         self.job, self.name = job, f"{job}:{index}"
         self.env = {**os.environ, "TF_CONFIG": json.dumps({"cluster": cluster, "task": {"type": job, "index": index}}),
                     "TFDISTX_LOCAL_TASK": "1"}  # rendezvous.py: no exposure warning, the launcher gave its own
-        self.command, self.log_path = command, log_dir / f"{job}-{index}.log"
+        self.command, self.log_path, self.run_log = command, log_dir / f"{job}-{index}.log", run_log
         self.proc, self.pumps = None, []
 
     def start(self) -> None:
         self.proc = subprocess.Popen(self.command, env=self.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                      stdin=subprocess.DEVNULL, start_new_session=True, preexec_fn=_die_with_parent)
-        pump = threading.Thread(target=_pump, args=(self.proc, self.name, self.log_path), daemon=True)
+        pump = threading.Thread(target=_pump, args=(self.proc, self.name, self.log_path, self.run_log), daemon=True)
         pump.start()
         self.pumps.append(pump)
         self.stopped_since = None
@@ -152,7 +154,8 @@ def _run_cluster_once(spec: dict, signals: "_forwarding_signals", restarts: _Bud
     counts, log_dir = spec["counts"], Path(spec["log_dir"])
     ports = _free_ports(sum(counts.values()))
     cluster = {job: [f"127.0.0.1:{ports.pop()}" for _ in range(n)] for job, n in counts.items() if n}
-    tasks = [_Task(job, index, cluster, spec["command"], log_dir) for job, addresses in cluster.items() for index in range(len(addresses))]
+    tasks = [_Task(job, index, cluster, spec["command"], log_dir, spec.get("run_log")) for job, addresses in cluster.items()
+             for index in range(len(addresses))]
     for task in tasks:
         task.start()
 
@@ -287,13 +290,18 @@ def _signal_group(proc, sig) -> None:
         pass
 
 
-def _pump(proc, name: str, log_path: Path) -> None:
-    """Copy a task's output to the terminal, prefixed by its name, and to its log file."""
-    with open(log_path, "ab") as logfile:
+def _pump(proc, name: str, log_path: Path, run_log_path: Optional[str]) -> None:
+    """Copy a task's output to its log file, and prefixed by its name to the
+    terminal and to the run's log (the whole run in one file, as the terminal
+    shows it; appends of whole lines do not interleave)."""
+    with open(log_path, "ab") as logfile, open(run_log_path or os.devnull, "ab") as run_log:
         for line in iter(proc.stdout.readline, b""):
             logfile.write(line)
             logfile.flush()
-            sys.stdout.write(f"[{name}] {line.decode(errors='replace')}")
+            prefixed = f"[{name}] {line.decode(errors='replace')}"
+            run_log.write(prefixed.encode())
+            run_log.flush()
+            sys.stdout.write(prefixed)
             sys.stdout.flush()
 
 

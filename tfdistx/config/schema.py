@@ -6,6 +6,8 @@ in `validate.py`; the rest get dataclasses, so `trainer.steps=abc` is refused
 at compose time with the key named.
 """
 
+import datetime
+import os
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -77,6 +79,24 @@ def tasks_per_job(strategy: str, workers: int, ps: int) -> int:
     return max(sum(strategies.get(strategy, int(workers)).job_counts(int(workers), int(ps)).values()), 1)
 
 
+def run_name(env=os.environ) -> str:
+    """The default run directory's name, under outputs/.
+
+    Every task of a multi-task Slurm step must write one run directory, and
+    each stamping its own start time made one each: inside such a step the
+    name comes from the job and step ids (a requeued job resumes there).
+    Elsewhere, the start time to the microsecond (runs started together get
+    their own)."""
+    tasks = env.get("SLURM_STEP_NUM_TASKS") or env.get("SLURM_NTASKS") or "1"
+    if "SLURM_PROCID" in env and env.get("SLURM_JOB_ID") and tasks.isdigit() and int(tasks) > 1:
+        return f"slurm/{env['SLURM_JOB_ID']}.{env.get('SLURM_STEP_ID', '0')}"
+    return _STARTED.strftime("%Y-%m-%d/%H-%M-%S-%f")
+
+
+_STARTED = datetime.datetime.now()
+
+
 def register() -> None:
     ConfigStore.instance().store(name="tfdistx_schema", node=Config)
     OmegaConf.register_new_resolver("tfdistx_tasks", tasks_per_job, replace=True)
+    OmegaConf.register_new_resolver("tfdistx_run_name", run_name, replace=True, use_cache=True)
