@@ -96,3 +96,34 @@ def test_help_is_tfdistx_own_and_orients():
                  "WxD", "psPwW", "tfdistx recipes", "tfdistx report", "--plan", "outputs/DATE/TIME", "== Examples =="):
         assert must in run.stdout, must
     assert "powered by Hydra" not in run.stdout
+
+
+def test_the_config_reference_is_generated_and_lists_every_key():
+    """docs/config.md is what `python -m tfdistx.config.reference` writes, and
+    every key of every composed group option is in it (regenerate with that
+    command after changing conf/)."""
+    from omegaconf import OmegaConf
+
+    from tfdistx.config import reference
+
+    committed = (config_dir().parent / "docs" / "config.md")
+    if not committed.is_file():
+        pytest.skip("docs/ is not shipped in the wheel")
+    text = committed.read_text()
+    assert text == reference.render(), "docs/config.md is stale: python -m tfdistx.config.reference > docs/config.md"
+    # a cluster each strategy can run on (the multi-process ones are placed, not launched, by --plan's rules)
+    fits = {"multiworker": ["cluster=2x1"], "parameter_server": ["cluster=ps1w2"]}
+    for group in ("checkpoint", "cluster", "data", "logger", "model", "optimizer", "strategy", "task", "trainer"):
+        for option in options(group):
+            cfg = compose(f"{group}={option}", *fits.get(option if group == "strategy" else "", []))
+            flat = OmegaConf.to_container(cfg[group])
+            for key in _leaf_keys(flat):
+                assert f"| `{group}.{key}` |" in text, f"{group}.{key} (option {option}) is not in docs/config.md"
+
+
+def _leaf_keys(node, prefix=""):
+    for key, value in node.items():
+        if isinstance(value, dict) and value:
+            yield from _leaf_keys(value, f"{prefix}{key}.")
+        else:
+            yield f"{prefix}{key}"

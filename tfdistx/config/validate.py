@@ -93,7 +93,7 @@ def _strategy_and_cluster(strategy: DictConfig, cluster: DictConfig) -> list:
 # Sizes the built-in sources take, and their least sensible value: checked
 # here so that a 0 is named, not answered by numpy from deep inside.
 DATA_SIZES = {"train_examples": 1, "eval_examples": 1, "num_classes": 2, "num_labels": 1, "num_targets": 1, "num_features": 1,
-              "num_fields": 1, "dense_features": 0, "vocab_size": 2, "shuffle_buffer": 0}
+              "num_fields": 1, "dense_features": 0, "vocab_size": 2, "shuffle_buffer": 1}
 
 
 def _data(data: DictConfig, replicas: Optional[int]) -> list:
