@@ -162,6 +162,16 @@ def test_plan_shows_the_cluster_without_running_it(tmp_path):
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.parametrize("steps, warned", [(1000, True), (4000, False)])
+def test_plan_warns_of_too_few_steps_for_asynchronous_workers(steps, warned):
+    out = subprocess.run([sys.executable, "-m", "tfdistx", "strategy=parameter_server", "cluster=ps2w4", f"trainer.steps={steps}",
+                          "--plan"], capture_output=True, text=True, env=tfdistx_env(), timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert ("WARNING       4 asynchronous workers apply stale gradients" in out.stdout) == warned, out.stdout
+    if warned:
+        assert "trainer.steps=4000" in out.stdout
+
+
 # -- placement from a scheduler's environment (real parsing, no processes) --
 
 def test_slurm_hostlists():
