@@ -85,6 +85,8 @@ def test_parameter_server_variables_live_on_the_ps(tfdistx):
     assert summary["eval"]["eval/accuracy"] >= 0
     assert [m["step"] for m in run.metrics] == [20, 40]
     assert (run.dir / "checkpoints" / "ckpt-40.index").exists()
+    # TF's harmless "Failed to clear function handle cache: UNIMPLEMENTED" at each evaluation: in the task's log only
+    assert "E0000" not in run.stdout + run.stderr, run
 
 
 def test_resumed_multiworker_run_continues_from_the_chiefs_checkpoint(tfdistx):
