@@ -125,7 +125,7 @@ def test_tf_config_that_disagrees_with_the_config_is_refused(tfdistx):
     tf_config = json.dumps({"cluster": {"worker": ["127.0.0.1:1", "127.0.0.1:2"]}, "task": {"type": "worker", "index": 0}})
     run = tfdistx("strategy=multiworker", "cluster=4x1", env={"TF_CONFIG": tf_config})
     assert run.returncode == 2, run
-    assert "TF_CONFIG='2 worker'" in run.stderr and "4 worker" in run.stderr and "Traceback" not in run.stderr
+    assert "TF_CONFIG='2 workers'" in run.stderr and "4 workers" in run.stderr and "Traceback" not in run.stderr
 
 
 def test_a_failing_task_stops_the_cluster(tfdistx):

@@ -165,4 +165,4 @@ def expand_tasks_per_node(value: str) -> List[int]:
 
 
 def _describe(counts: Mapping[str, int]) -> str:
-    return ", ".join(f"{n} {job}" for job, n in counts.items() if n) or "no tasks"
+    return ", ".join(f"{n} {job}{'s' if n != 1 and job != 'ps' else ''}" for job, n in counts.items() if n) or "no tasks"

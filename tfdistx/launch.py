@@ -360,7 +360,8 @@ def _free_ports(n: int) -> List[int]:
 
 
 def _describe(counts: Dict[str, int]) -> str:
-    return ", ".join(f"{n} {job}" for job, n in counts.items() if n)
+    """{'chief': 1, 'ps': 1, 'worker': 2} -> '1 chief, 1 ps, 2 workers'."""
+    return ", ".join(f"{n} {job}{'s' if n != 1 and job != 'ps' else ''}" for job, n in counts.items() if n)
 
 
 if __name__ == "__main__":
