@@ -136,7 +136,7 @@ def test_report_reads_past_binary_and_wrongly_typed_files(tfdistx, tmp_path):
 
 def test_runs_without_overrides_are_labelled_so_not_by_their_run_dir(tfdistx, tmp_path):
     outputs = tmp_path / "outputs"
-    plain = tfdistx("trainer.steps=20", "trainer.log_every=20", "logger.tensorboard=false", run_dir=outputs / "12-00-00-000001")
+    plain = tfdistx(run_dir=outputs / "12-00-00-000001")  # the default job: no overrides at all
     other = tfdistx(*QUICK, run_dir=outputs / "12-00-01-000002")
     assert plain.returncode == 0 and other.returncode == 0, plain
     proc = report(outputs)

@@ -252,7 +252,7 @@ def evaluate_main(argv) -> int:
     parser.add_argument("run_dir")
     parser.add_argument("--step", type=int, default=None, help="the checkpoint saved at this step (default: the newest)")
     parser.add_argument("overrides", nargs="*", help="config overrides on top of the run's own, e.g. strategy=one_device")
-    args = parser.parse_args(argv)
+    args = parser.parse_intermixed_args(argv)  # overrides may follow --step N
     schema.register()
     try:
         overrides = [*saved_overrides(args.run_dir), *args.overrides]
