@@ -52,6 +52,7 @@ def test_optuna_sweep_optimizes_the_objective_the_right_way(tmp_path, objective,
                     "optimizer.lr=interval(0.0005,0.05)", f"trainer.objective={objective}", *QUICK)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert f"Directions: ['{'maximize' if best is max else 'minimize'}']" in proc.stdout + proc.stderr
+    assert "setup plugin alembic" not in proc.stdout + proc.stderr and "\x1b[" not in proc.stdout + proc.stderr  # plain, quiet logs
     found = jobs(sweep)
     assert sorted(found) == ["0", "1", "2"]
     # the entrypoint returned trainer.objective and optuna kept the best

@@ -82,6 +82,7 @@ def main(argv: Optional[Sequence[str]] = None):
         except ConfigError as error:  # composition; what the run itself refuses, _run reports
             refuse(error)
 
+    _quiet_sweep_plugins(argv)
     sys.argv = [sys.argv[0]] + argv
     try:
         hydra.main(config_path=str(config_dir()), config_name="config", version_base=None)(_run)()
@@ -121,6 +122,20 @@ def _check_sweep(overrides) -> None:
     if problems:
         raise ConfigError(problems)
     return cfg
+
+
+def _quiet_sweep_plugins(argv) -> None:
+    """Optuna's import of alembic logs seven "setup plugin" lines through
+    Hydra's logging, and Optuna colours its own lines even into a file:
+    alembic is kept to warnings, and Optuna logs plain, through Hydra's handlers."""
+    logging.getLogger("alembic").setLevel(logging.WARNING)
+    if any(arg.startswith("hydra/sweeper=") and "optuna" in arg for arg in argv):
+        try:
+            import optuna
+        except ImportError:  # refused with the extra to install, by _check_sweep
+            return
+        optuna.logging.disable_default_handler()
+        optuna.logging.enable_propagation()
 
 
 def _sweeper_direction(overrides, cfg: DictConfig) -> list:
