@@ -42,6 +42,10 @@ SUBCOMMANDS = {
 
 
 def main(argv: Optional[Sequence[str]] = None):
+    """`argv` None: the process's own command line (python -m tfdistx, the
+    tfdistx script), and a finished run ends the process; given a list
+    (a notebook, a test), main returns."""
+    is_entrypoint = argv is None
     argv = list(sys.argv[1:] if argv is None else argv)
     # TensorFlow's C++ start-up chatter (CPU features, oneDNN) buries the
     # progress display; users can still ask for it.
@@ -78,7 +82,7 @@ def main(argv: Optional[Sequence[str]] = None):
         refuse(ConfigError.one("override", " ".join(argv), str(error).strip().splitlines()[0]))
     if not _hydra_handles_it(args):
         try:
-            return _run_once(args.overrides)
+            return _run_once(args.overrides, end_process=is_entrypoint)
         except ConfigError as error:  # composition; what the run itself refuses, _run reports
             refuse(error)
 
@@ -149,8 +153,13 @@ def _sweeper_direction(overrides, cfg: DictConfig) -> list:
     return [f"hydra.sweeper.direction={direction(str(cfg.trainer.objective))}"]
 
 
-def _run_once(overrides) -> None:
+_ends_process = False  # set by _run_once for _run: the process ends when the run does
+
+
+def _run_once(overrides, end_process: bool = False) -> None:
     """A single run: composed once, then run as Hydra's own `run` would."""
+    global _ends_process
+    _ends_process = end_process
     from hydra._internal.callbacks import Callbacks  # what Hydra.run builds for run_job
     from hydra.core.global_hydra import GlobalHydra
     from hydra.core.utils import run_job
@@ -167,7 +176,8 @@ def _run_once(overrides) -> None:
                 print("tfdistx: interrupted", file=sys.stderr)
                 sys.exit(130)
             _ = result.return_value  # re-raises what the job raised
-    _end_process_now()
+    if end_process:
+        _end_process_now()
 
 
 def _end_process_now() -> None:
@@ -189,7 +199,7 @@ def _run(cfg: DictConfig):
     hydra_cfg = HydraConfig.get()
     try:
         if hydra_cfg.mode != RunMode.MULTIRUN:  # composed, checked and locked by _run_once, which then ends the process
-            return execute(cfg, hydra_cfg.runtime.output_dir, "train", process_ends_after=True)
+            return execute(cfg, hydra_cfg.runtime.output_dir, "train", process_ends_after=_ends_process)
         only_given_keys_for_user_targets(cfg, hydra_cfg.overrides.task)
         validate(cfg)
         with rundir.owned(hydra_cfg.runtime.output_dir) if _owns_run_dir(cfg) else contextlib.nullcontext():
