@@ -194,9 +194,11 @@ def test_a_finished_run_exits_promptly_after_its_last_line(tmp_path):
     """Tearing down the input pipelines waited 77 s after a mirrored 1x4 run
     (tf.data's autotune thread); the run now ends once its files are written.
     Asserted loosely (a shared machine); the closing note has the figures."""
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
     proc = subprocess.Popen([sys.executable, "-m", "tfdistx", "trainer.steps=300", "trainer.log_every=100", "trainer.eval_every=0",
-                             "logger.tensorboard=false", "strategy=mirrored", "cluster=1x4", f"hydra.run.dir={tmp_path / 'run'}"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, env=tfdistx_env())
+                             "logger.tensorboard=false", "strategy=mirrored", "cluster=1x4", f"hydra.run.dir={tmp_path / 'run'}"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=tfdistx_env(TMPDIR=str(scratch)))
     last, lines = None, []
     for line in proc.stdout:
         last = time.monotonic()
@@ -209,6 +211,7 @@ def test_a_finished_run_exits_promptly_after_its_last_line(tmp_path):
     assert "exported ckpt-300" in (tmp_path / "run" / "tfdistx.log").read_text()  # the log is whole
     out = "".join(lines)  # where the run is, said at its start and its end
     assert f"run dir: {tmp_path / 'run'}" in out and f"done at step 300: {tmp_path / 'run'}" in out
+    assert list(scratch.iterdir()) == []  # what exit handlers remove (TensorFlow's autograph files) is removed
 
 
 def test_a_users_data_target_gets_only_the_keys_given(tfdistx):

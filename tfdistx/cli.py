@@ -184,6 +184,9 @@ def _end_process_now() -> None:
     """Every file of the run is written and closed: end without Python's
     teardown, which destroys the input pipelines and can wait minutes on
     tf.data's autotune thread (train.py keeps them for this)."""
+    import atexit
+
+    atexit._run_exitfuncs()  # what must still run: TensorFlow's removal of its autograph temp files, say
     logging.shutdown()  # flushes and closes tfdistx.log
     sys.stdout.flush()
     sys.stderr.flush()
