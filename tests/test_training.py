@@ -111,8 +111,11 @@ def test_user_model_and_data_targets(tfdistx):
     assert run.returncode == 0, run
     assert run.summary["step"] == 40
     assert run.summary["eval"]["eval/accuracy"] > 0.8
-    # the mlp's own keys cannot go to tiny_model: dropped, and said so
-    assert "does not take dropout, hidden_units" in run.stdout + run.stderr
+    # a command-line target gets only the keys given: the mlp's own are left out, and said so
+    assert "model._target_=user_plugins.tiny_model gets only the model keys you give (not the default group's hidden_units, dropout)" \
+        in run.stderr
+    # keys given that the target cannot take are dropped, and said so
+    assert "user_plugins.constant_data does not take eval_examples, train_examples" in run.stdout + run.stderr
 
 
 def test_rerun_resumes_from_the_saved_step(tfdistx):
