@@ -6,6 +6,8 @@ is collective), but only the chief writes the run's checkpoints: the others
 save into a scratch directory of their own, removed when the run ends.
 """
 
+import contextlib
+import errno
 import hashlib
 import logging
 import os
@@ -17,7 +19,7 @@ from typing import List, Optional
 
 import tensorflow as tf
 
-from tfdistx.config.errors import ConfigError
+from tfdistx.config.errors import EXIT_NOT_RETRYABLE, ConfigError, RunFault
 
 log = logging.getLogger(__name__)
 
@@ -130,6 +132,45 @@ def on_disk(directory: str) -> List[str]:
         if number.isdigit():
             steps.append(int(number))
     return [os.path.join(directory, f"ckpt-{step}") for step in sorted(steps)]
+
+
+# The OS's word for a disk a run cannot write to, as Python and TensorFlow report it.
+_CANNOT_WRITE = {errno.ENOSPC: "No space left on device", errno.EDQUOT: "Disk quota exceeded", errno.EROFS: "Read-only file system"}
+
+
+@contextlib.contextmanager
+def stops_cleanly_when_unwritable(checkpoint_dir: str):
+    """A full, over-quota or read-only disk ends the run with one line (exit
+    3: a restart would fail the same way) instead of a traceback and
+    restarts. The partial checkpoint it left (CheckpointManager's
+    `ckpt-N_temp/`, temp files) is removed; the checkpoints before it stay,
+    and the line names the newest, from which a rerun resumes."""
+    try:
+        yield
+    except Exception as error:
+        cause = _cannot_write(error)
+        if cause is None:
+            raise
+        directory = Path(checkpoint_dir)
+        for partial in [*directory.glob("*_temp"), *directory.glob("*.tempstate*"), *directory.glob("checkpoint.tmp*")]:
+            shutil.rmtree(partial, ignore_errors=True) if partial.is_dir() else partial.unlink(missing_ok=True)
+        kept = on_disk(checkpoint_dir)
+        kept = f"the newest checkpoint is {os.path.basename(kept[-1])} in {directory}" if kept else "no checkpoint was written"
+        raise RunFault(f"cannot write the run ({cause}): training stopped; {kept}. "
+                       "Free some space and rerun the same command to resume.", EXIT_NOT_RETRYABLE) from None
+
+
+def _cannot_write(error: BaseException):
+    seen = set()
+    while error is not None and id(error) not in seen:  # a chain of causes can loop back
+        seen.add(id(error))
+        if isinstance(error, OSError) and error.errno in _CANNOT_WRITE:
+            return _CANNOT_WRITE[error.errno]
+        for text in _CANNOT_WRITE.values():
+            if text in str(error):  # TensorFlow's errors carry the OS's text, not its errno
+                return text
+        error = error.__cause__ or error.__context__
+    return None
 
 
 def _set_aside_bad_state_file(directory: str) -> None:

@@ -100,12 +100,13 @@ def _register(overrides) -> None:
     recipes.register(overrides)  # TFDISTX_RECIPES dirs, and the clusters the chosen recipes name
 
 
-def _check_sweep(overrides) -> None:
+def _check_sweep(overrides) -> DictConfig:
     """Before a sweep's first job: every value its lists and ranges name is
     composed and validated (one key varied at a time, the others at their
     first value), and the sweep dir must be writable. Hydra would otherwise
     fail mid-sweep with its own multi-line message and exit 1. Values an
-    optimizer draws (interval) or a glob expands are left to the jobs."""
+    optimizer draws (interval) or a glob expands are left to the jobs.
+    Returns the first job's config."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import HydraException
 
@@ -133,7 +134,7 @@ def _quiet_sweep_plugins(argv) -> None:
     Hydra's logging, and Optuna colours its own lines even into a file:
     alembic is kept to warnings, and Optuna logs plain, through Hydra's handlers."""
     logging.getLogger("alembic").setLevel(logging.WARNING)
-    if any(arg.startswith("hydra/sweeper=") and "optuna" in arg for arg in argv):
+    if _uses_optuna(argv):
         try:
             import optuna
         except ImportError:  # refused with the extra to install, by _check_sweep
@@ -142,11 +143,15 @@ def _quiet_sweep_plugins(argv) -> None:
         optuna.logging.enable_propagation()
 
 
+def _uses_optuna(args) -> bool:
+    return any(arg.startswith("hydra/sweeper=") and "optuna" in arg for arg in args)
+
+
 def _sweeper_direction(overrides, cfg: DictConfig) -> list:
     """An optimizing sweeper (Optuna) is told which way trainer.objective is
     better (accuracy up, loss down), unless the command line says so itself:
     its own default, minimize, found the worst learning rate for accuracy."""
-    if not any(o.startswith("hydra/sweeper=") and "optuna" in o for o in overrides):
+    if not _uses_optuna(overrides):
         return []
     if any(o.lstrip("+").startswith("hydra.sweeper.direction=") for o in overrides):
         return []
@@ -217,9 +222,9 @@ def execute(cfg: DictConfig, run_dir: str, mode: str, step: Optional[int] = None
     placement = cluster.detect(facts, cfg.cluster)
     if placement.source == "local":
         return _run_local_cluster(cfg, run_dir, facts, mode, step)
-    from tfdistx import train  # imports TensorFlow
+    from tfdistx import checkpointing, train  # imports TensorFlow
 
-    with rundir.stops_cleanly_when_unwritable(cfg.checkpoint.dir or str(Path(run_dir) / "checkpoints")):
+    with checkpointing.stops_cleanly_when_unwritable(cfg.checkpoint.dir or str(Path(run_dir) / "checkpoints")):
         if mode == "evaluate":
             return train.evaluate(cfg, run_dir, placement, step)
         return train.train(cfg, run_dir, placement, process_ends_after=process_ends_after)

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Mapping, Optional
 
 from tfdistx.config.errors import ConfigError, Problem
-from tfdistx.config.strategies import Strategy
+from tfdistx.config.strategies import Strategy, describe_jobs
 
 
 @dataclass
@@ -165,4 +165,4 @@ def expand_tasks_per_node(value: str) -> List[int]:
 
 
 def _describe(counts: Mapping[str, int]) -> str:
-    return ", ".join(f"{n} {job}{'s' if n != 1 and job != 'ps' else ''}" for job, n in counts.items() if n) or "no tasks"
+    return describe_jobs(counts) or "no tasks"

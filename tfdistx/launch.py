@@ -29,6 +29,8 @@ import time
 from pathlib import Path
 from typing import Dict, List, Optional
 
+from tfdistx.config.strategies import describe_jobs  # no training code: the job table's words
+
 log = logging.getLogger(__name__)
 
 GRACE_SECONDS = 20  # between SIGTERM and SIGKILL when tearing down
@@ -64,14 +66,14 @@ def run_local_cluster(counts: Dict[str, int], command: List[str], log_dir: str, 
     isolated = isolate is not False and _can_isolate()
     if isolated:
         supervisor = ["unshare", "--user", "--map-root-user", "--net", *supervisor, "--isolated"]
-        print(f"tfdistx: local cluster ({_describe(counts)}) in a private network namespace: loopback only", flush=True)
+        print(f"tfdistx: local cluster ({describe_jobs(counts)}) in a private network namespace: loopback only", flush=True)
     elif isolate:
         os.unlink(spec_path)
         from tfdistx.config.errors import ConfigError
 
         raise ConfigError.one("cluster.isolate", True, "this machine does not allow a private network namespace (unshare --user --net failed)")
     else:
-        print(f"tfdistx: WARNING: local cluster ({_describe(counts)}) is NOT isolated: its TensorFlow gRPC servers listen on all "
+        print(f"tfdistx: WARNING: local cluster ({describe_jobs(counts)}) is NOT isolated: its TensorFlow gRPC servers listen on all "
               "interfaces without authentication while it runs. Allow unprivileged user namespaces, or firewall the ports.", file=sys.stderr, flush=True)
     proc = subprocess.Popen(supervisor, preexec_fn=_die_with_parent)
     with _forwarding_signals([proc]):
@@ -357,11 +359,6 @@ def _free_ports(n: int) -> List[int]:
     finally:
         for sock in sockets:
             sock.close()
-
-
-def _describe(counts: Dict[str, int]) -> str:
-    """{'chief': 1, 'ps': 1, 'worker': 2} -> '1 chief, 1 ps, 2 workers'."""
-    return ", ".join(f"{n} {job}{'s' if n != 1 and job != 'ps' else ''}" for job, n in counts.items() if n)
 
 
 if __name__ == "__main__":

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import List, Optional, Sequence
 
 from tfdistx.config.objective import lower_is_better
+from tfdistx.rundir import FAILED_NAME
 
 EXIT_BAD_INPUT = 2
 DEFAULT_OBJECTIVE = "eval/accuracy"
@@ -52,12 +53,17 @@ class Job:
         return self.summary is not None
 
     @property
+    def failure(self) -> Optional[str]:
+        """How the run failed ('exit code 4'), from the FAILED file rundir.py leaves; None if it did not."""
+        path = self.dir / FAILED_NAME
+        return path.read_text().strip() if path.is_file() else None
+
+    @property
     def unfinished_text(self) -> str:
-        """'' for a finished job, else how it ended: failed (rundir.py's FAILED file) or not (yet)."""
+        """'' for a finished job, else how it ended: failed, or not (yet)."""
         if self.finished:
             return ""
-        failed = self.dir / "FAILED"
-        return f" (failed: {failed.read_text().strip()})" if failed.is_file() else " (unfinished)"
+        return f" (failed: {self.failure})" if self.failure else " (unfinished)"
 
     @property
     def objective(self) -> Optional[float]:
@@ -85,7 +91,7 @@ class Job:
 
 
 def is_run(directory: Path) -> bool:
-    return any((directory / name).is_file() for name in ("summary.json", "metrics.jsonl", "FAILED"))
+    return any((directory / name).is_file() for name in ("summary.json", "metrics.jsonl", FAILED_NAME))
 
 
 def find_runs(root: Path) -> List[Path]:
@@ -383,8 +389,8 @@ def run_markdown(job: Job) -> str:
     if job.overrides:
         lines += ["Overrides: " + " ".join(f"`{o}`" for o in job.overrides), ""]
     if not job.finished:
-        if (job.dir / "FAILED").is_file():
-            lines += [f"**Failed:** {(job.dir / 'FAILED').read_text().strip()}; the error is at the end of tfdistx.log (and logs/).", ""]
+        if job.failure:
+            lines += [f"**Failed:** {job.failure}; the error is at the end of tfdistx.log (and logs/).", ""]
         else:
             lines += ["**Unfinished:** no summary.json (the run was stopped, or is still running).", ""]
     lines += ["| | |", "|---|---|"] + [f"| {k} | {v} |" for k, v in rows]
@@ -451,7 +457,7 @@ def report(root: Path, out: Optional[Path] = None, objective: Optional[str] = No
         raise ReportError(f"not a directory: {root} (give a run or sweep directory)")
     runs = find_runs(root)
     jobs = [load_job(d, root, objective) for d in runs]
-    jobs = [j for j in jobs if j.metrics or j.summary or (j.dir / "FAILED").is_file()]
+    jobs = [j for j in jobs if j.metrics or j.summary or j.failure]
     if not jobs:
         raise ReportError(f"no runs in {root}: no readable metrics.jsonl or summary.json in it or its subdirectories")
     out = out or root

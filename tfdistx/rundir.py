@@ -11,7 +11,6 @@ TensorFlow here.
 """
 
 import contextlib
-import errno
 import fcntl
 import json
 import os
@@ -21,7 +20,7 @@ import sys
 import time
 from pathlib import Path
 
-from tfdistx.config.errors import EXIT_INVALID_CONFIG, EXIT_NOT_RETRYABLE, ConfigError, RunFault
+from tfdistx.config.errors import EXIT_INVALID_CONFIG, ConfigError
 
 LOCK_NAME = ".lock"
 FAILED_NAME = "FAILED"  # in a run dir whose run failed; read by `tfdistx report`
@@ -105,45 +104,6 @@ def set_aside_previous_run(run_dir: str, checkpoint_dir: str) -> list:
             path.rename(target)
             moved.append(str(target))
     return moved
-
-
-# The OS's word for a disk a run cannot write to, as Python and TensorFlow report it.
-_CANNOT_WRITE = {errno.ENOSPC: "No space left on device", errno.EDQUOT: "Disk quota exceeded", errno.EROFS: "Read-only file system"}
-
-
-@contextlib.contextmanager
-def stops_cleanly_when_unwritable(checkpoint_dir: str):
-    """A full, over-quota or read-only disk ends the run with one line (exit
-    3: a restart would fail the same way) instead of a traceback and
-    restarts. The partial checkpoint it left (CheckpointManager's
-    `ckpt-N_temp/`, temp files) is removed; the checkpoints before it stay,
-    and the line names the newest, from which a rerun resumes."""
-    try:
-        yield
-    except Exception as error:
-        cause = _cannot_write(error)
-        if cause is None:
-            raise
-        directory = Path(checkpoint_dir)
-        for partial in [*directory.glob("*_temp"), *directory.glob("*.tempstate*"), *directory.glob("checkpoint.tmp*")]:
-            shutil.rmtree(partial, ignore_errors=True) if partial.is_dir() else partial.unlink(missing_ok=True)
-        steps = sorted(int(p.name[5:-6]) for p in directory.glob("ckpt-*.index") if p.name[5:-6].isdigit())
-        kept = f"the newest checkpoint is ckpt-{steps[-1]} in {directory}" if steps else "no checkpoint was written"
-        raise RunFault(f"cannot write the run ({cause}): training stopped; {kept}. "
-                       "Free some space and rerun the same command to resume.", EXIT_NOT_RETRYABLE) from None
-
-
-def _cannot_write(error: BaseException):
-    seen = set()
-    while error is not None and id(error) not in seen:  # a chain of causes can loop back
-        seen.add(id(error))
-        if isinstance(error, OSError) and error.errno in _CANNOT_WRITE:
-            return _CANNOT_WRITE[error.errno]
-        for text in _CANNOT_WRITE.values():
-            if text in str(error):  # TensorFlow's errors carry the OS's text, not its errno
-                return text
-        error = error.__cause__ or error.__context__
-    return None
 
 
 def _describe(holder: str) -> str:

@@ -49,8 +49,8 @@ def only_given_keys_for_user_targets(cfg: DictConfig, overrides: Sequence[str], 
     the user function's own defaults. Such a target gets only the keys the
     command line gives, plus the pipeline's (batch size, cache, shuffle); a
     user's own group file (conf/data/mine.yaml, data=mine) is used as written."""
+    given = {o.lstrip("+~").partition("=")[0] for o in overrides}
     for group, kept in (("data", PIPELINE_KEYS), ("model", ())):
-        given = {o.lstrip("+~").partition("=")[0] for o in overrides}
         if f"{group}._target_" not in given:
             continue
         dropped = [key for key in cfg[group] if key != "_target_" and key not in kept and f"{group}.{key}" not in given]

@@ -117,3 +117,8 @@ def resolve(name: str, workers: int, local_devices: Optional[int]) -> str:
 def get(name: str, workers: int = 1, local_devices: Optional[int] = None) -> Strategy:
     """The table row for a (possibly `auto`) strategy name."""
     return STRATEGIES[resolve(name, workers, local_devices)]
+
+
+def describe_jobs(counts: Mapping[str, int]) -> str:
+    """{'chief': 1, 'ps': 1, 'worker': 2} -> '1 chief, 1 ps, 2 workers' (for messages)."""
+    return ", ".join(f"{n} {job}{'s' if n != 1 and job != 'ps' else ''}" for job, n in counts.items() if n)

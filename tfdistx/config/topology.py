@@ -8,17 +8,22 @@ malformed name still gets Hydra's own "could not find" answer, which
 validation rewords.
 """
 
+import dataclasses
 import re
 from typing import Iterable, Optional
 
 from hydra.core.config_store import ConfigStore
 from hydra.core.override_parser.overrides_parser import OverridesParser
 
+from tfdistx.config.schema import ClusterConfig
+
 _GRID = re.compile(r"^(\d+)x(\d+)$")  # workers x devices per worker
 _PS = re.compile(r"^ps(\d+)w(\d+)$")  # parameter servers, workers
 
-# The same placement defaults as conf/cluster/local.yaml.
-_PLACEMENT = {"launch": "auto", "isolate": None, "base_port": 29400, "max_restarts": 3, "startup_timeout": 300.0, "stopped_task_timeout": 60.0}
+# The cluster keys a topology name does not set keep the schema's defaults
+# (those of conf/cluster/local.yaml).
+_PLACEMENT = {key: value for key, value in dataclasses.asdict(ClusterConfig()).items()
+              if key not in ("name", "workers", "devices_per_worker", "ps")}
 
 FORMS = "local, WxD (W workers x D devices each, e.g. 1x4, 4x8) or psPwW (e.g. ps2w4)"
 
