@@ -77,19 +77,26 @@ class PreemptionWatcher:
 
 
 @contextlib.contextmanager
-def lost_peer_in_one_line(synchronous_cluster: bool):
+def lost_peer_in_one_line(synchronous_cluster: bool, parameter_servers: bool = False):
     """A peer of a synchronous cluster that dies or freezes aborts the
     collectives of the others (TensorFlow's heartbeat notices within about a
     minute): the task then stops with one line naming the peer, instead of a
-    page of traceback, and a code the launcher or scheduler restarts on."""
+    page of traceback, and a code the launcher or scheduler restarts on.
+    With parameter servers, a lost worker is the coordinator's to schedule
+    around, but a lost ps task takes its variables with it: the coordinator
+    stops the same way, to be restarted from the newest checkpoint (under
+    Kubernetes' restartPolicy ExitCode a traceback's exit 1 would end the job)."""
     try:
         yield
     except (tf.errors.UnavailableError, tf.errors.AbortedError, tf.errors.CancelledError, tf.errors.InternalError,
             tf.errors.UnknownError, tf.errors.DeadlineExceededError) as error:
         text = str(error)
-        if not synchronous_cluster or not re.search(r"unhealthy|heartbeat|[Cc]ollective ops is aborted|Socket closed|failed to connect", text):
+        if synchronous_cluster and re.search(r"unhealthy|heartbeat|[Cc]ollective ops is aborted|Socket closed|failed to connect", text):
+            peers = sorted(set(re.findall(r"/job:(\w+)/replica:\d+/task:(\d+)", text.split("unhealthy", 1)[-1])))
+        elif parameter_servers and "/job:ps/" in text:
+            peers = sorted(set(re.findall(r"/job:(ps)/replica:\d+/task:(\d+)", text)))
+        else:
             raise
-        peers = sorted(set(re.findall(r"/job:(\w+)/replica:\d+/task:(\d+)", text.split("unhealthy", 1)[-1])))
         who = ", ".join(f"{job}:{index}" for job, index in peers) or "a peer"
         first = next((line.strip() for line in text.splitlines() if re.search(r"unhealthy|abort|heartbeat|connect", line)), "")[:200]
         raise RunFault(f"lost contact with {who} of the cluster, stopping so that it restarts from the newest checkpoint "

@@ -73,7 +73,7 @@ def train(cfg: DictConfig, run_dir: str, placement: Optional[Placement] = None, 
         # A SIGTERM checkpoints and exits 42 (parameter servers: the coordinator
         # saves alone; TF's handler refuses clusters with ps tasks).
         synchronous_cluster = run.placement.source != "single" and not run.facts.asynchronous
-        with lost_peer_in_one_line(synchronous_cluster), \
+        with lost_peer_in_one_line(synchronous_cluster, parameter_servers=run.placement.source != "single" and run.facts.asynchronous), \
                 PreemptionWatcher(run.strategy, run.checkpointer, synchronous_cluster) as preemption, \
                 loggers.for_run(run.dir, OmegaConf.to_container(cfg.logger), run.total_steps, start_step, enabled=run.placement.is_chief,
                                 config=OmegaConf.to_container(cfg, resolve=True)) as sinks:
