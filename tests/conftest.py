@@ -1,9 +1,11 @@
 """Shared helpers: run tfdistx the way a user does, as a real process."""
 
+import getpass
 import json
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -26,6 +28,10 @@ class Run:
 
     def __repr__(self):
         return f"<Run rc={self.returncode}\nstdout:\n{self.stdout[-3000:]}\nstderr:\n{self.stderr[-3000:]}>"
+
+
+def steps_logged(run_dir: Path) -> list:
+    return [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
 def tfdistx_env(**extra) -> dict:
@@ -69,3 +75,22 @@ def whole_and_resumed(tfdistx, tmp_path, args, stop_at=30, steps=60):
         assert run.returncode == 0, run
     assert resumed.summary["resumed_from_step"] == stop_at
     return whole, resumed
+
+
+# pytest removes the tmp_path dirs of passing tests (tmp_path_retention_policy)
+# but leaves their parent, /tmp/pytest-of-USER: removed too when this session
+# made it and nothing (a failed test's dir) is left in it.
+_PYTEST_TMP_ROOT = Path(tempfile.gettempdir()) / f"pytest-of-{getpass.getuser()}"
+_PYTEST_TMP_ROOT_WAS_THERE = _PYTEST_TMP_ROOT.exists()
+
+
+def pytest_unconfigure(config):
+    if _PYTEST_TMP_ROOT_WAS_THERE:
+        return
+    for leftover in (_PYTEST_TMP_ROOT / "pytest-current",):  # pytest's symlink to the last basetemp
+        if leftover.is_symlink() and not leftover.exists():
+            leftover.unlink()
+    try:
+        _PYTEST_TMP_ROOT.rmdir()
+    except OSError:
+        pass  # a failed test's files are kept to look at

@@ -10,14 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from conftest import QUICK, tfdistx_env, whole_and_resumed
+from conftest import QUICK, steps_logged, tfdistx_env, whole_and_resumed
 
 LONG = ["trainer.steps=1000000", "trainer.steps_per_loop=20", "trainer.log_every=20", "trainer.eval_every=0",
         "checkpoint.every_steps=100000", "logger.tensorboard=false"]
-
-
-def steps_logged(run_dir: Path) -> list:
-    return [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
 def start(args, run_dir: Path, env=None) -> subprocess.Popen:

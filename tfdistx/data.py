@@ -9,6 +9,8 @@ user's own data function (`data._target_=mypkg.make_data`) only has to say
 where the examples come from.
 """
 
+import contextlib
+import tempfile
 from dataclasses import dataclass
 from typing import Callable, Optional, Sequence
 
@@ -166,7 +168,8 @@ def tfds(
     import tensorflow_datasets as tensorflow_datasets
 
     try:
-        builder = tensorflow_datasets.builder(name, data_dir=data_dir)
+        with _scratch_tempdir():
+            builder = tensorflow_datasets.builder(name, data_dir=data_dir)
     except tensorflow_datasets.core.registered.DatasetNotFoundError:
         raise ConfigError.one("data.name", name, "not a tensorflow-datasets dataset (see `tfds.list_builders()`); tfdistx ships mnist, fashion_mnist, cifar10") from None
     if download and not builder.is_prepared():
@@ -199,6 +202,19 @@ def tfds(
         num_classes=features["label"].num_classes,
         train_examples=train_examples or None,
     )
+
+
+@contextlib.contextmanager
+def _scratch_tempdir():
+    """tensorflow-datasets makes a temp dir (`/tmp/tmpXXXXtfds`) for an
+    unprepared builder's info and never removes it: one per run. Its temp
+    dirs go into one of ours for the call, removed after."""
+    with tempfile.TemporaryDirectory(prefix="tfdistx-tfds-") as scratch:
+        saved, tempfile.tempdir = tempfile.tempdir, scratch
+        try:
+            yield
+        finally:
+            tempfile.tempdir = saved
 
 
 def _ensure_reachable(name: str, data_dir: str, url: str) -> None:
