@@ -25,7 +25,7 @@ from omegaconf import DictConfig, OmegaConf
 from tfdistx import cluster, recipes, rundir
 from tfdistx.config import schema, strategies, topology
 from tfdistx.config.compose import compose_and_validate, composed, only_given_keys_for_user_targets, saved_overrides
-from tfdistx.config.errors import EXIT_INVALID_CONFIG, ConfigError, RunFault
+from tfdistx.config.errors import EXIT_INVALID_CONFIG, ConfigError, RunFault, retryable_exits_offset_by
 from tfdistx.config.objective import direction
 from tfdistx.config.paths import config_dir
 from tfdistx.config.validate import validate, writable
@@ -36,6 +36,7 @@ SUBCOMMANDS = {
     "recipes": "tfdistx.recipes:main",  # list, show and copy out recipes
     "report": "tfdistx.report:main",  # plots and a table for a run or sweep dir
     "export": "tfdistx.export:main",  # a SavedModel from a run's checkpoint
+    "export tfjob": "tfdistx.kubernetes:main",  # a Kubeflow TFJob for the composed config
     "evaluate": "tfdistx.cli:evaluate_main",  # metrics of a run's checkpoint on the eval data
     "_task": "tfdistx.cli:task_main",  # one task of a local cluster (started by the launcher)
 }
@@ -55,10 +56,11 @@ def main(argv: Optional[Sequence[str]] = None):
     # the script's own directory).
     if "" not in sys.path and os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
-    if argv and argv[0] in SUBCOMMANDS:
-        module, function = SUBCOMMANDS[argv[0]].split(":")
+    words = 2 if " ".join(argv[:2]) in SUBCOMMANDS else 1
+    if argv and " ".join(argv[:words]) in SUBCOMMANDS:
+        module, function = SUBCOMMANDS[" ".join(argv[:words])].split(":")
         try:
-            sys.exit(getattr(importlib.import_module(module), function)(argv[1:]))
+            sys.exit(getattr(importlib.import_module(module), function)(argv[words:]))
         except BrokenPipeError:  # `tfdistx recipes | head`: the reader has what it wanted
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
             sys.exit(0)
@@ -67,7 +69,7 @@ def main(argv: Optional[Sequence[str]] = None):
     argv = [arg for arg in argv if arg != "--plan"]
     try:
         args = get_args_parser().parse_args(argv)
-        _register(args.overrides)
+        register_config_names(args.overrides)
         if plan:
             from tfdistx.plan import describe
 
@@ -95,7 +97,7 @@ def main(argv: Optional[Sequence[str]] = None):
         sys.exit(130)
 
 
-def _register(overrides) -> None:
+def register_config_names(overrides) -> None:
     topology.register(overrides)  # cluster=WxD / psPwW names
     recipes.register(overrides)  # TFDISTX_RECIPES dirs, and the clusters the chosen recipes name
 
@@ -220,14 +222,15 @@ def execute(cfg: DictConfig, run_dir: str, mode: str, step: Optional[int] = None
     """Train (or evaluate) in this process, or as a local cluster of processes."""
     facts = strategies.get(cfg.strategy.name, cfg.cluster.workers, cfg.cluster.devices_per_worker)
     placement = cluster.detect(facts, cfg.cluster)
-    if placement.source == "local":
-        return _run_local_cluster(cfg, run_dir, facts, mode, step)
-    from tfdistx import checkpointing, train  # imports TensorFlow
+    with retryable_exits_offset_by(cfg.cluster.retryable_exit_offset):
+        if placement.source == "local":
+            return _run_local_cluster(cfg, run_dir, facts, mode, step)
+        from tfdistx import checkpointing, train  # imports TensorFlow
 
-    with checkpointing.stops_cleanly_when_unwritable(cfg.checkpoint.dir or str(Path(run_dir) / "checkpoints")):
-        if mode == "evaluate":
-            return train.evaluate(cfg, run_dir, placement, step)
-        return train.train(cfg, run_dir, placement, process_ends_after=process_ends_after)
+        with checkpointing.stops_cleanly_when_unwritable(cfg.checkpoint.dir or str(Path(run_dir) / "checkpoints")):
+            if mode == "evaluate":
+                return train.evaluate(cfg, run_dir, placement, step)
+            return train.train(cfg, run_dir, placement, process_ends_after=process_ends_after)
 
 
 def _owns_run_dir(cfg: DictConfig) -> bool:
@@ -289,7 +292,7 @@ def evaluate_main(argv) -> int:
     schema.register()
     try:
         overrides = [*saved_overrides(args.run_dir), *args.overrides]
-        _register(overrides)
+        register_config_names(overrides)
         cfg = compose_and_validate(overrides)
         with_hydra = OmegaConf.to_container(cfg)
         with_hydra.pop("hydra", None)

@@ -7,6 +7,7 @@ A fault of the machine or the cluster that a user must act on (a full disk,
 a cluster that did not form) is a RunFault: one line, and its own exit code.
 """
 
+import contextlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -15,6 +16,12 @@ EXIT_NOT_RETRYABLE = 3  # a full or read-only disk: a restart would fail the sam
 EXIT_CLUSTER_DID_NOT_FORM = 4  # a task did not answer within cluster.startup_timeout
 EXIT_LOST_PEER = 5  # a synchronous cluster lost a task mid-run: restarted, resuming
 EXIT_PREEMPTED = 42
+# The codes a restart can cure. `cluster.retryable_exit_offset` is added to
+# them, for a scheduler that retries only some codes: Kubernetes' restartPolicy
+# ExitCode retries 128-255 and treats 1-127 as permanent (kubernetes.py).
+RETRYABLE = (EXIT_CLUSTER_DID_NOT_FORM, EXIT_LOST_PEER, EXIT_PREEMPTED)
+RETRYABLE_EXIT_OFFSET_FOR_KUBERNETES = 128  # 42 -> 170, 4 -> 132, 5 -> 133
+MAX_RETRYABLE_EXIT_OFFSET = 255 - max(RETRYABLE)
 
 
 @dataclass(frozen=True)
@@ -49,3 +56,19 @@ class RunFault(Exception):
 
     def lines(self) -> list:
         return [f"tfdistx: {self}"]
+
+
+@contextlib.contextmanager
+def retryable_exits_offset_by(offset: int):
+    """The process's retryable exit codes (RETRYABLE) moved up by `offset`,
+    whether they leave as a RunFault or as a SystemExit (preemption)."""
+    try:
+        yield
+    except RunFault as fault:
+        if offset and fault.code in RETRYABLE:
+            fault.code += offset
+        raise
+    except SystemExit as leaving:
+        if offset and leaving.code in RETRYABLE:
+            raise SystemExit(leaving.code + offset) from None
+        raise

@@ -59,6 +59,7 @@ class ClusterConfig:
     max_restarts: int = 3
     startup_timeout: float = 300.0
     stopped_task_timeout: float = 60.0
+    retryable_exit_offset: int = 0  # added to exit codes 4, 5 and 42: 128 for Kubernetes' restartPolicy ExitCode
 
 
 @dataclass

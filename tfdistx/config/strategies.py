@@ -26,6 +26,7 @@ class Strategy:
     # strategy.KEY -> the values it allows (None: any value)
     options: Mapping[str, Optional[Tuple[str, ...]]] = field(default_factory=dict)
     one_replica: bool = False  # one_device: never more than one replica
+    not_in_tfjob: Optional[str] = None  # why `tfdistx export tfjob` cannot place it (None: it can)
 
     @property
     def multi_process(self) -> bool:
@@ -92,7 +93,8 @@ STRATEGIES: Dict[str, Strategy] = {s.name: s for s in [
              ONE_PROCESS, {"cross_device_ops": CROSS_DEVICE_OPS}),
     Strategy("central_storage", "CentralStorageStrategy: variables on the CPU, compute replicated on this machine's devices",
              ONE_PROCESS),
-    Strategy("tpu", "TPUStrategy through TPUClusterResolver", ONE_PROCESS, {"tpu": None}),
+    Strategy("tpu", "TPUStrategy through TPUClusterResolver", ONE_PROCESS, {"tpu": None},
+             not_in_tfjob="a TPU is reached through its own resolver (strategy.tpu), not a TFJob's TF_CONFIG: run it on a TPU VM"),
     Strategy("multiworker", "MultiWorkerMirroredStrategy: synchronous all-reduce across worker processes",
              ONE_PER_WORKER, {"communication": COMMUNICATIONS}),
     Strategy("parameter_server", "ParameterServerStrategy + ClusterCoordinator: asynchronous steps on free workers, variables on ps tasks",

@@ -15,7 +15,7 @@ from typing import Optional
 from omegaconf import DictConfig, OmegaConf
 
 from tfdistx.config import strategies, topology
-from tfdistx.config.errors import ConfigError, Problem
+from tfdistx.config.errors import MAX_RETRYABLE_EXIT_OFFSET, ConfigError, Problem
 from tfdistx.config.schema import LAUNCH_MODES, Config
 
 OPTIMIZERS = ("adam", "sgd", "adamw")
@@ -69,6 +69,9 @@ def _strategy_and_cluster(strategy: DictConfig, cluster: DictConfig) -> list:
             problems.append(Problem(f"cluster.{key}", cluster[key], "seconds, more than 0"))
     if cluster.ps < 0:
         problems.append(Problem("cluster.ps", cluster.ps, "must be 0 or more"))
+    if not 0 <= cluster.retryable_exit_offset <= MAX_RETRYABLE_EXIT_OFFSET:
+        problems.append(Problem("cluster.retryable_exit_offset", cluster.retryable_exit_offset,
+                                f"from 0 to {MAX_RETRYABLE_EXIT_OFFSET} (exit codes stop at 255); 128 for Kubernetes' restartPolicy ExitCode"))
     if topology.is_parameter_server_name(cluster.name) and cluster.ps < 1:
         problems.append(Problem("cluster", cluster.name, "a psPwW cluster needs at least one parameter server (P >= 1): "
                                 "use e.g. ps1w2, or cluster=2x1 for workers only"))

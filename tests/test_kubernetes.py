@@ -1,0 +1,228 @@
+"""`tfdistx export tfjob`: the manifest against the training operator's own
+CRD schema, and its pods run on this machine as the operator would run them
+(tests/simulated_pods.py: a network namespace, an address and a service name
+per pod, port 2222, TF_CONFIG in the operator's format, restartPolicy
+ExitCode)."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import jsonschema
+import pytest
+import yaml
+
+from conftest import steps_logged
+
+CRD = Path(__file__).resolve().parents[2] / "shared" / "k8s" / "kubeflow.org_tfjobs.yaml"
+SIMULATOR = Path(__file__).with_name("simulated_pods.py")
+
+
+def export(*args, cwd=None):
+    return subprocess.run([sys.executable, "-m", "tfdistx", "export", "tfjob", *args], capture_output=True, text=True, cwd=cwd, timeout=60)
+
+
+@pytest.fixture(scope="module")
+def tfjob_schema():
+    if not CRD.is_file():
+        pytest.skip(f"the training operator's CRD is not beside the checkout ({CRD})")
+    return yaml.safe_load(CRD.read_text())["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+
+
+def unknown_fields(value, schema, path="") -> list:
+    """Fields the API server would silently drop (a structural schema prunes
+    what it does not list): a typo there is never an error, so look for it."""
+    if schema.get("x-kubernetes-preserve-unknown-fields"):
+        return []
+    if isinstance(value, dict) and "properties" in schema:
+        found = [f"{path}.{key}" for key in value if key not in schema["properties"]]
+        return found + [f for key, item in value.items() if key in schema["properties"]
+                        for f in unknown_fields(item, schema["properties"][key], f"{path}.{key}")]
+    if isinstance(value, dict) and isinstance(schema.get("additionalProperties"), dict):
+        return [f for key, item in value.items() for f in unknown_fields(item, schema["additionalProperties"], f"{path}.{key}")]
+    if isinstance(value, list) and "items" in schema:
+        return [f for i, item in enumerate(value) for f in unknown_fields(item, schema["items"], f"{path}[{i}]")]
+    return []
+
+
+@pytest.mark.parametrize("args, replicas, gpus", [
+    (["strategy=multiworker", "cluster=2x1"], {"Worker": 2}, None),
+    (["strategy=multiworker", "cluster=4x8", "--gpus"], {"Worker": 4}, 8),
+    (["strategy=parameter_server", "cluster=ps2w4", "trainer.steps=4000"], {"Chief": 1, "PS": 2, "Worker": 4}, None),
+    (["strategy=mirrored", "cluster=1x4", "--gpus"], {"Worker": 1}, 4),
+])
+def test_exported_tfjob_is_valid_for_the_operator_and_composes_the_same_config(tfjob_schema, args, replicas, gpus):
+    from tfdistx.config import schema as config_schema
+    from tfdistx.config.compose import compose_and_validate
+    from tfdistx.config.topology import register
+
+    out = export(*args, "--image", "registry.example/tfdistx:0.1", "--volume", "pvc:runs", "--name", "mnist", "--namespace", "ml")
+    assert out.returncode == 0, out.stderr
+    manifest = yaml.safe_load(out.stdout)
+    jsonschema.Draft7Validator(tfjob_schema).validate(manifest)
+    assert unknown_fields(manifest, tfjob_schema) == []
+
+    assert (manifest["apiVersion"], manifest["kind"]) == ("kubeflow.org/v1", "TFJob")
+    assert manifest["metadata"]["name"] == "mnist" and manifest["metadata"]["namespace"] == "ml"
+    assert manifest["spec"]["runPolicy"] == {"backoffLimit": 3, "cleanPodPolicy": "Running"}  # cluster.max_restarts
+    specs = manifest["spec"]["tfReplicaSpecs"]
+    assert {rtype: spec["replicas"] for rtype, spec in specs.items()} == replicas
+    for rtype, spec in specs.items():
+        assert spec["restartPolicy"] == "ExitCode"
+        pod = spec["template"]["spec"]
+        container, = pod["containers"]
+        assert container["name"] == "tensorflow" and container["ports"] == [{"name": "tfjob-port", "containerPort": 2222}]
+        assert container["command"] == ["python", "-m", "tfdistx"]
+        assert container["volumeMounts"] == [{"name": "tfdistx-runs", "mountPath": "/mnt/tfdistx"}]
+        assert pod["volumes"] == [{"name": "tfdistx-runs", "persistentVolumeClaim": {"claimName": "runs"}}]
+        wants_gpus = gpus if rtype == "Worker" else None  # a coordinator and ps tasks compute nothing
+        assert container.get("resources", {}).get("limits", {}).get("nvidia.com/gpu") == wants_gpus
+        pod_args = container["args"]
+        assert pod_args[-1] == "hydra.run.dir=/mnt/tfdistx/mnist" and "cluster.retryable_exit_offset=128" in pod_args
+
+    # What a pod composes is what the export composed (placement and exit codes aside).
+    overrides = [a for a in args if a != "--gpus"]
+    config_schema.register()
+    register(overrides)
+    here = compose_and_validate(overrides, notes=False)
+    in_pod = compose_and_validate([a for a in pod_args if not a.startswith("hydra.run.dir=")], notes=False)
+    for group in ("strategy", "model", "data", "optimizer", "task", "trainer", "checkpoint"):
+        assert in_pod[group] == here[group], group
+    assert in_pod.cluster.retryable_exit_offset == 128 and here.cluster.retryable_exit_offset == 0
+    assert (in_pod.cluster.workers, in_pod.cluster.ps) == (here.cluster.workers, here.cluster.ps)
+
+
+@pytest.mark.parametrize("args, says", [
+    (["strategy=tpu"], "strategy='tpu': cannot be exported as a TFJob"),
+    (["--name", "My_Job"], "--name='My_Job': must be a DNS label"),
+    (["--volume", "nfs:/exports/runs"], "--volume='nfs:/exports/runs': allowed: pvc:CLAIM_NAME"),
+    (["--mount-path", "runs"], "--mount-path='runs': must be an absolute path"),
+    (["cluster=ps2w4"], "has parameter servers: use strategy=parameter_server"),
+    (["trainer.steps=abc"], "trainer.steps"),
+])
+def test_bad_export_input_is_one_line_and_exit_2(args, says):
+    out = export("--image", "img", *args)
+    assert out.returncode == 2 and out.stdout == ""
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and says in lines[0] and "Traceback" not in out.stderr, out.stderr
+
+
+def test_export_without_a_volume_warns_that_checkpoints_die_with_the_pod():
+    out = export("cluster=2x1", "--image", "img")
+    assert out.returncode == 0
+    assert "no --volume" in out.stderr
+    pod_args = yaml.safe_load(out.stdout)["spec"]["tfReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]["args"]
+    assert not any(a.startswith("hydra.run.dir=") for a in pod_args)
+
+
+def test_retryable_exit_codes_move_up_by_the_offset(tmp_path):
+    """A cluster that does not form exits 4, or 132 for Kubernetes' ExitCode
+    policy (which retries only 128-255); a bad config stays 2 either way."""
+    lonely = json.dumps({"cluster": {"worker": ["127.0.0.1:1", f"127.0.0.1:{_free_port()}"]}, "task": {"type": "worker", "index": 1}})
+    env = {**os.environ, "TF_CONFIG": lonely}
+    codes = {}
+    for offset in (0, 128):
+        run = subprocess.run([sys.executable, "-m", "tfdistx", "strategy=multiworker", "cluster=2x1", "data=synthetic",
+                              "cluster.startup_timeout=2", f"cluster.retryable_exit_offset={offset}", f"hydra.run.dir={tmp_path / str(offset)}"],
+                             capture_output=True, text=True, env=env, timeout=120)
+        assert "the cluster did not form within cluster.startup_timeout=2s" in run.stderr, run.stderr[-2000:]
+        codes[offset] = run.returncode
+    assert codes == {0: 4, 128: 132}
+    bad = subprocess.run([sys.executable, "-m", "tfdistx", "trainer.steps=0", "cluster.retryable_exit_offset=128"],
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# --- the pods, simulated -----------------------------------------------------
+
+def _can_simulate() -> str:
+    if not shutil.which("ip") or not shutil.which("unshare"):
+        return "needs iproute2's ip and util-linux's unshare"
+    probe = subprocess.run(["unshare", "--user", "--map-root-user", "--net", "--mount", "ip", "link", "add", "br0", "type", "bridge"],
+                           capture_output=True, text=True)
+    return "" if probe.returncode == 0 else f"this machine allows no user and network namespaces with a bridge: {probe.stderr.strip()}"
+
+
+@pytest.fixture(scope="module")
+def simulator():
+    why = _can_simulate()
+    if why:
+        pytest.skip(why)
+
+
+def run_tfjob(tmp_path, name, overrides, kill, at_checkpoint):
+    """Export the TFJob (hostPath volume under tmp_path), run its pods, and
+    SIGKILL pod `kill` once the run has written checkpoint `at_checkpoint`."""
+    volume = tmp_path / "volume"
+    out = export(*overrides, "--image", "tfdistx:test", "--name", name, "--volume", f"hostPath:{volume}")
+    assert out.returncode == 0, out.stderr
+    manifest = tmp_path / "tfjob.json"
+    manifest.write_text(json.dumps(yaml.safe_load(out.stdout)))
+    pods = tmp_path / "pods"
+    run = subprocess.run(["unshare", "--user", "--map-root-user", "--net", "--mount", "--fork", "--kill-child",
+                          sys.executable, str(SIMULATOR), str(manifest), str(pods), "--timeout", "300",
+                          "--kill", kill, "--when-exists", f"/mnt/tfdistx/{name}/checkpoints/ckpt-{at_checkpoint}.index"],
+                         capture_output=True, text=True, timeout=420)
+    events = [json.loads(line) for line in run.stdout.splitlines() if line.startswith("{")]
+    logs = {p.stem: p.read_text(errors="replace") for p in (pods / "logs").glob("*.log")}
+    assert run.returncode == 0, (run.stderr[-2000:], events, {k: v[-3000:] for k, v in logs.items()})
+    return volume, events, logs
+
+
+def exits(events, pod):
+    return [e["code"] for e in events if e["event"] == "exited" and e["pod"] == pod]
+
+
+def test_multiworker_tfjob_pods_train_and_a_killed_worker_pod_resumes_the_run(tmp_path, simulator):
+    volume, events, logs = run_tfjob(tmp_path, "mw", ["strategy=multiworker", "cluster=2x1", "data=synthetic", "trainer.steps=1500",
+                                                      "checkpoint.every_steps=200"], kill="mw-worker-1", at_checkpoint=400)
+    # worker 1 was killed (137) and recreated at a new address; worker 0 lost its
+    # peer and left with 5 + 128, which the ExitCode policy retries; both finished.
+    assert exits(events, "mw-worker-1") == [137, 0]
+    assert exits(events, "mw-worker-0") == [133, 0]
+    assert "lost contact with worker:1 of the cluster" in logs["mw-worker-0"]
+    assert len({e["address"] for e in events if e["event"] == "started"}) == 4
+    assert events[-1] == {**events[-1], "event": "job", "status": "Succeeded"}
+    # one run dir on the shared volume, resumed from a checkpoint, with every step logged once
+    assert [p.name for p in volume.iterdir()] == ["mw"]
+    summary = json.loads((volume / "mw" / "summary.json").read_text())
+    assert summary["step"] == 1500 and summary["workers"] == 2 and summary["resumed"]
+    assert summary["resumed_from_step"] >= 400 and summary["resumed_from_step"] % 200 == 0
+    assert steps_logged(volume / "mw") == list(range(100, 1501, 100))
+    assert "listens on port 2222" in logs["mw-worker-1"]
+
+
+def test_parameter_server_tfjob_pods_train_and_a_killed_ps_pod_resumes_the_run(tmp_path, simulator):
+    """A lost ps task takes its variables with it: the coordinator stops with
+    one line and 5 + 128, is recreated, and resumes from the checkpoint."""
+    volume, events, logs = run_tfjob(tmp_path, "ps", ["strategy=parameter_server", "cluster=ps1w2", "data=synthetic", "trainer.steps=1500",
+                                                      "checkpoint.every_steps=200"], kill="ps-ps-0", at_checkpoint=400)
+    assert exits(events, "ps-ps-0") == [137]  # recreated, and deleted at the end (cleanPodPolicy Running)
+    assert exits(events, "ps-chief-0") == [133, 0]
+    assert "lost contact with ps:0 of the cluster" in logs["ps-chief-0"]
+    assert [p.name for p in volume.iterdir()] == ["ps"]
+    summary = json.loads((volume / "ps" / "summary.json").read_text())
+    assert summary["step"] == 1500 and summary["ps"] == 1 and summary["resumed"]
+    assert summary["resumed_from_step"] >= 400 and summary["resumed_from_step"] % 200 == 0
+
+
+@pytest.mark.slow
+def test_parameter_server_tfjob_carries_on_while_a_killed_worker_pod_is_recreated(tmp_path, simulator):
+    """The coordinator schedules around a lost worker: no restart of the run."""
+    volume, events, logs = run_tfjob(tmp_path, "psw", ["strategy=parameter_server", "cluster=ps1w2", "data=synthetic", "trainer.steps=1500",
+                                                       "checkpoint.every_steps=200"], kill="psw-worker-0", at_checkpoint=400)
+    assert exits(events, "psw-worker-0") == [137]
+    assert exits(events, "psw-chief-0") == [0]
+    summary = json.loads((volume / "psw" / "summary.json").read_text())
+    assert summary["step"] == 1500 and not summary["resumed"]

@@ -1,0 +1,137 @@
+"""`tfdistx export tfjob [overrides]`: a Kubeflow TFJob for the composed config.
+
+Every pod runs `python -m tfdistx` with the same overrides, so it composes
+the config this command composed and checked; Kubeflow's training operator
+gives each pod its TF_CONFIG, which places it (`cluster.launch=tf_config`).
+The replica types and counts come from the strategy table, like a local
+cluster's tasks. No TensorFlow here.
+
+Restarts: the operator's `restartPolicy: ExitCode` retries exit codes
+128-255 and treats 1-127 as permanent. tfdistx's codes that a restart can
+cure (42 preempted, 4 cluster did not form, 5 lost a peer) are below 128,
+so the pods run with `cluster.retryable_exit_offset=128` (170, 132, 133);
+a bad config (2) or a full disk (3) stays permanent. OnFailure would also
+retry a bad config, forever.
+"""
+
+import argparse
+import re
+import sys
+from typing import Dict, List, Optional
+
+from tfdistx.config import schema, strategies
+from tfdistx.config.errors import RETRYABLE_EXIT_OFFSET_FOR_KUBERNETES, ConfigError
+
+API_VERSION = "kubeflow.org/v1"
+PORT = 2222  # the operator's default, taken from the container port named tfjob-port
+CONTAINER = "tensorflow"  # the operator's default container name
+REPLICA_TYPES = {"chief": "Chief", "ps": "PS", "worker": "Worker"}  # TF_CONFIG job -> TFJob replica type
+VOLUME_NAME = "tfdistx-runs"
+DEFAULT_MOUNT_PATH = "/mnt/tfdistx"
+_DNS_LABEL = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
+# The operator names services <job>-<replica type>-<index>: the longest, "-worker-NNN", must stay a DNS label.
+_MAX_NAME = 63 - len("-worker-999")
+
+
+def tfjob(cfg, overrides: List[str], name: str, image: str, namespace: str = "default", volume: Optional[str] = None,
+          mount_path: str = DEFAULT_MOUNT_PATH, gpus: bool = False) -> Dict:
+    """The TFJob (as a dict) whose pods run `cfg`, composed from `overrides`."""
+    topo = cfg.cluster
+    facts = strategies.get(cfg.strategy.name, topo.workers, topo.devices_per_worker)
+    if facts.not_in_tfjob:
+        raise ConfigError.one("strategy", cfg.strategy.name, f"cannot be exported as a TFJob: {facts.not_in_tfjob}")
+    counts = facts.job_counts(topo.workers, topo.ps) or {"worker": 1}  # a one-process strategy: one pod
+    args = pod_args(overrides, facts.multi_process, f"{mount_path}/{name}" if volume else None)
+    replica_specs = {}
+    for job, replicas in counts.items():
+        container = {
+            "name": CONTAINER,
+            "image": image,
+            "command": ["python", "-m", "tfdistx"],
+            "args": list(args),  # a list of its own per container: YAML would print shared ones as anchors
+            "env": [{"name": "PYTHONUNBUFFERED", "value": "1"}],  # kubectl logs shows each line as it is written
+            "ports": [{"name": "tfjob-port", "containerPort": PORT}],
+        }
+        if gpus and job == "worker":  # a parameter-server cluster's coordinator and ps tasks run no steps
+            container["resources"] = {"limits": {"nvidia.com/gpu": int(topo.devices_per_worker or 1)}}
+        pod = {"containers": [container]}
+        if volume:
+            container["volumeMounts"] = [{"name": VOLUME_NAME, "mountPath": mount_path}]
+            pod["volumes"] = [{"name": VOLUME_NAME, **volume_source(volume)}]
+        replica_specs[REPLICA_TYPES[job]] = {"replicas": replicas, "restartPolicy": "ExitCode", "template": {"spec": pod}}
+    return {
+        "apiVersion": API_VERSION,
+        "kind": "TFJob",
+        "metadata": {"name": name, "namespace": namespace, "labels": {"app.kubernetes.io/created-by": "tfdistx"}},
+        "spec": {
+            # backoffLimit: pod restarts before the job is failed, as cluster.max_restarts bounds the local launcher's.
+            # cleanPodPolicy Running: the ps tasks and workers a coordinator used are deleted when it is done.
+            "runPolicy": {"backoffLimit": int(topo.max_restarts), "cleanPodPolicy": "Running"},
+            "tfReplicaSpecs": replica_specs,
+        },
+    }
+
+
+def pod_args(overrides: List[str], multi_process: bool, run_dir: Optional[str]) -> List[str]:
+    """The pod's overrides: the user's, then what placing it in a TFJob needs."""
+    args = list(overrides)
+    if multi_process:
+        args.append("cluster.launch=tf_config")  # a pod without TF_CONFIG says so, instead of launching a local cluster
+    args.append(f"cluster.retryable_exit_offset={RETRYABLE_EXIT_OFFSET_FOR_KUBERNETES}")
+    if run_dir and not any(o.startswith("hydra.run.dir=") for o in overrides):
+        args.append(f"hydra.run.dir={run_dir}")  # one run dir on the shared volume: a restarted pod resumes from it
+    return args
+
+
+def volume_source(spec: str) -> Dict:
+    """`pvc:CLAIM` (or just CLAIM) or `hostPath:/PATH` -> the pod volume's source."""
+    kind, _, value = spec.partition(":") if ":" in spec else ("pvc", "", spec)
+    if kind == "pvc" and value:
+        return {"persistentVolumeClaim": {"claimName": value}}
+    if kind == "hostPath" and value.startswith("/"):
+        return {"hostPath": {"path": value, "type": "DirectoryOrCreate"}}
+    raise ConfigError.one("--volume", spec, "allowed: pvc:CLAIM_NAME (or CLAIM_NAME) or hostPath:/ABSOLUTE/PATH")
+
+
+def _check_name(key: str, value: str, longest: int) -> None:
+    if not _DNS_LABEL.fullmatch(value) or len(value) > longest:
+        raise ConfigError.one(key, value, f"must be a DNS label: lowercase letters, digits and '-', starting with a letter, "
+                                          f"at most {longest} characters")
+
+
+def main(argv) -> int:
+    import yaml  # PyYAML, which omegaconf depends on
+
+    from tfdistx.cli import refuse, register_config_names
+    from tfdistx.config.compose import compose_and_validate
+
+    parser = argparse.ArgumentParser(
+        prog="tfdistx export tfjob",
+        description="Print a Kubeflow TFJob (kubeflow.org/v1) whose pods run `python -m tfdistx OVERRIDES`: "
+                    "kubectl apply -f it. See the README's Kubernetes section.")
+    parser.add_argument("overrides", nargs="*", help="config overrides, as for a run: strategy=multiworker cluster=4x8")
+    parser.add_argument("--image", required=True, help="a container image with tfdistx installed (README: Kubernetes)")
+    parser.add_argument("--name", default="tfdistx", help="the TFJob's name (default: tfdistx); also the run dir's on the volume")
+    parser.add_argument("--namespace", default="default")
+    parser.add_argument("--volume", help="where the run dir lives, shared by the pods: pvc:CLAIM or hostPath:/PATH. "
+                                         "Without it each pod writes its own, lost with the pod")
+    parser.add_argument("--mount-path", default=DEFAULT_MOUNT_PATH, help=f"where the volume is mounted (default: {DEFAULT_MOUNT_PATH})")
+    parser.add_argument("--gpus", action="store_true", help="each training pod asks for cluster.devices_per_worker GPUs (nvidia.com/gpu)")
+    args = parser.parse_intermixed_args(argv)
+    schema.register()
+    try:
+        _check_name("--name", args.name, _MAX_NAME)
+        _check_name("--namespace", args.namespace, 63)
+        if not args.mount_path.startswith("/"):
+            raise ConfigError.one("--mount-path", args.mount_path, "must be an absolute path")
+        register_config_names(args.overrides)
+        cfg = compose_and_validate(args.overrides)
+        manifest = tfjob(cfg, args.overrides, args.name, args.image, args.namespace, args.volume, args.mount_path.rstrip("/") or "/", args.gpus)
+    except ConfigError as error:
+        refuse(error)
+    if not args.volume:
+        print("tfdistx: WARNING: no --volume: each pod writes its run dir inside itself, and a restarted pod loses "
+              "its checkpoints: give --volume pvc:CLAIM", file=sys.stderr)
+    print(f"# tfdistx export tfjob {' '.join(argv)}")
+    print(yaml.safe_dump(manifest, sort_keys=False), end="")
+    return 0
