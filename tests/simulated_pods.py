@@ -1,7 +1,7 @@
 """Run a TFJob's pods on this machine the way Kubeflow's training operator would.
 
     unshare --user --map-root-user --net --mount --fork --kill-child \
-        python tests/simulated_pods.py TFJOB.json WORKDIR [--kill POD --when-exists PATH] [--timeout S]
+        python tests/simulated_pods.py TFJOB.json WORKDIR [--kill POD [--signal TERM] --when-exists PATH] [--timeout S]
 
 Started inside a fresh user, network and mount namespace (so it needs no
 privileges and touches nothing outside), it:
@@ -111,7 +111,8 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("manifest")
     parser.add_argument("workdir")
-    parser.add_argument("--kill", help="pod name to SIGKILL once, when --when-exists appears")
+    parser.add_argument("--kill", help="pod name to signal once, when --when-exists appears")
+    parser.add_argument("--signal", default="KILL", help="KILL (a lost pod) or TERM (a pod evicted: preemption)")
     parser.add_argument("--when-exists")
     parser.add_argument("--timeout", type=float, default=600)
     args = parser.parse_args()
@@ -150,9 +151,9 @@ def main() -> int:
         time.sleep(0.2)
         if args.kill and not killed and args.when_exists and Path(args.when_exists).exists():
             victim = next(p for p in pods if p.name == args.kill)
-            victim.signal(signal.SIGKILL)
+            victim.signal(getattr(signal, f"SIG{args.signal}"))
             killed = True
-            emit(event="killed", pod=victim.name)
+            emit(event="killed", pod=victim.name, signal=args.signal)
         for pod in pods:
             if pod.done is not None or pod.proc.poll() is None:
                 continue

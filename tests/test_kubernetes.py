@@ -6,6 +6,7 @@ ExitCode)."""
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -161,9 +162,9 @@ def simulator():
         pytest.skip(why)
 
 
-def run_tfjob(tmp_path, name, overrides, kill, at_checkpoint):
+def run_tfjob(tmp_path, name, overrides, kill, when="checkpoints/ckpt-400.index", signal="KILL"):
     """Export the TFJob (hostPath volume under tmp_path), run its pods, and
-    SIGKILL pod `kill` once the run has written checkpoint `at_checkpoint`."""
+    send `signal` to pod `kill` once the run dir has the file `when`."""
     volume = tmp_path / "volume"
     out = export(*overrides, "--image", "tfdistx:test", "--name", name, "--volume", f"hostPath:{volume}")
     assert out.returncode == 0, out.stderr
@@ -172,7 +173,7 @@ def run_tfjob(tmp_path, name, overrides, kill, at_checkpoint):
     pods = tmp_path / "pods"
     run = subprocess.run(["unshare", "--user", "--map-root-user", "--net", "--mount", "--fork", "--kill-child",
                           sys.executable, str(SIMULATOR), str(manifest), str(pods), "--timeout", "300",
-                          "--kill", kill, "--when-exists", f"/mnt/tfdistx/{name}/checkpoints/ckpt-{at_checkpoint}.index"],
+                          "--kill", kill, "--signal", signal, "--when-exists", f"/mnt/tfdistx/{name}/{when}"],
                          capture_output=True, text=True, timeout=420)
     events = [json.loads(line) for line in run.stdout.splitlines() if line.startswith("{")]
     logs = {p.stem: p.read_text(errors="replace") for p in (pods / "logs").glob("*.log")}
@@ -186,7 +187,7 @@ def exits(events, pod):
 
 def test_multiworker_tfjob_pods_train_and_a_killed_worker_pod_resumes_the_run(tmp_path, simulator):
     volume, events, logs = run_tfjob(tmp_path, "mw", ["strategy=multiworker", "cluster=2x1", "data=synthetic", "trainer.steps=1500",
-                                                      "checkpoint.every_steps=200"], kill="mw-worker-1", at_checkpoint=400)
+                                                      "checkpoint.every_steps=200"], kill="mw-worker-1")
     # worker 1 was killed (137) and recreated at a new address; worker 0 lost its
     # peer and left with 5 + 128, which the ExitCode policy retries; both finished.
     assert exits(events, "mw-worker-1") == [137, 0]
@@ -203,11 +204,23 @@ def test_multiworker_tfjob_pods_train_and_a_killed_worker_pod_resumes_the_run(tm
     assert "listens on port 2222" in logs["mw-worker-1"]
 
 
+def test_an_evicted_worker_pod_checkpoints_the_tfjob_and_it_resumes_from_that_step(tmp_path, simulator):
+    """Eviction is SIGTERM to one pod: every worker saves at one step and
+    leaves with 42 + 128, which the ExitCode policy retries; no step is lost."""
+    volume, events, logs = run_tfjob(tmp_path, "ev", ["strategy=multiworker", "cluster=2x1", "data=synthetic", "trainer.steps=1500",
+                                                      "checkpoint.every_steps=1000"], kill="ev-worker-1", when="metrics.jsonl", signal="TERM")
+    assert exits(events, "ev-worker-1") == [170, 0] and exits(events, "ev-worker-0") == [170, 0]
+    preempted_at = int(re.search(r"preempted at step (\d+)", logs["ev-worker-0"]).group(1))
+    assert 0 < preempted_at < 1500
+    summary = json.loads((volume / "ev" / "summary.json").read_text())
+    assert summary["step"] == 1500 and summary["resumed_from_step"] == preempted_at
+
+
 def test_parameter_server_tfjob_pods_train_and_a_killed_ps_pod_resumes_the_run(tmp_path, simulator):
     """A lost ps task takes its variables with it: the coordinator stops with
     one line and 5 + 128, is recreated, and resumes from the checkpoint."""
     volume, events, logs = run_tfjob(tmp_path, "ps", ["strategy=parameter_server", "cluster=ps1w2", "data=synthetic", "trainer.steps=1500",
-                                                      "checkpoint.every_steps=200"], kill="ps-ps-0", at_checkpoint=400)
+                                                      "checkpoint.every_steps=200"], kill="ps-ps-0")
     assert exits(events, "ps-ps-0") == [137]  # recreated, and deleted at the end (cleanPodPolicy Running)
     assert exits(events, "ps-chief-0") == [133, 0]
     assert "lost contact with ps:0 of the cluster" in logs["ps-chief-0"]
@@ -221,7 +234,7 @@ def test_parameter_server_tfjob_pods_train_and_a_killed_ps_pod_resumes_the_run(t
 def test_parameter_server_tfjob_carries_on_while_a_killed_worker_pod_is_recreated(tmp_path, simulator):
     """The coordinator schedules around a lost worker: no restart of the run."""
     volume, events, logs = run_tfjob(tmp_path, "psw", ["strategy=parameter_server", "cluster=ps1w2", "data=synthetic", "trainer.steps=1500",
-                                                       "checkpoint.every_steps=200"], kill="psw-worker-0", at_checkpoint=400)
+                                                       "checkpoint.every_steps=200"], kill="psw-worker-0")
     assert exits(events, "psw-worker-0") == [137]
     assert exits(events, "psw-chief-0") == [0]
     summary = json.loads((volume / "psw" / "summary.json").read_text())
