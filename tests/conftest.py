@@ -3,6 +3,7 @@
 import getpass
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -80,11 +81,22 @@ def whole_and_resumed(tfdistx, tmp_path, args, stop_at=30, steps=60):
 # pytest removes the tmp_path dirs of passing tests (tmp_path_retention_policy)
 # but leaves their parent, /tmp/pytest-of-USER: removed too when this session
 # made it and nothing (a failed test's dir) is left in it.
-_PYTEST_TMP_ROOT = Path(tempfile.gettempdir()) / f"pytest-of-{getpass.getuser()}"
+_SYSTEM_TMP = tempfile.gettempdir()
+_PYTEST_TMP_ROOT = Path(_SYSTEM_TMP) / f"pytest-of-{getpass.getuser()}"
 _PYTEST_TMP_ROOT_WAS_THERE = _PYTEST_TMP_ROOT.exists()
+
+# TensorFlow writes its autograph files (and Python their __pycache__) into the
+# temp dir and removes only the files, at exit; a task a test kills removes
+# nothing. So this process and every one the tests start use a temp dir of
+# this session's, removed at its end. tmp_path stays in the system's (a failed
+# test's is kept to look at).
+os.environ.setdefault("PYTEST_DEBUG_TEMPROOT", _SYSTEM_TMP)
+_SCRATCH = tempfile.mkdtemp(prefix="tfdistx-tests-")
+os.environ["TMPDIR"] = tempfile.tempdir = _SCRATCH
 
 
 def pytest_unconfigure(config):
+    shutil.rmtree(_SCRATCH, ignore_errors=True)
     if _PYTEST_TMP_ROOT_WAS_THERE:
         return
     for leftover in (_PYTEST_TMP_ROOT / "pytest-current",):  # pytest's symlink to the last basetemp

@@ -8,6 +8,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -29,7 +30,24 @@ def slurm():
     assert shutil.which("srun")
     yield
     if not was_running:
+        _end_our_jobs()
         subprocess.run(["bash", str(STOP)], capture_output=True, timeout=120)
+        # A job step whose daemons are gone waits for them forever: none may be left.
+        subprocess.run(["pkill", "-KILL", "-x", "slurmstepd"], capture_output=True)
+
+
+def _end_our_jobs(timeout: float = 60) -> None:
+    """The jobs the tests submitted (all of them: this fixture started Slurm)
+    end before the daemons stop. A sweep's result is in before its job has
+    finished exiting, so wait for the queue to empty, cancelling what remains."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        queue = subprocess.run(["squeue", "-h", "-o", "%i"], capture_output=True, text=True, timeout=30)
+        if queue.returncode != 0 or not queue.stdout.strip():
+            return
+        if time.monotonic() > deadline - timeout / 2:
+            subprocess.run(["scancel", "--full", *queue.stdout.split()], capture_output=True, timeout=30)
+        time.sleep(1)
 
 
 def test_srun_two_tasks_train_one_multiworker_cluster(slurm, tmp_path):
