@@ -4,6 +4,7 @@ import getpass
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -59,6 +60,22 @@ def tfdistx(tmp_path):
         return Run(proc, run_dir)
 
     return run
+
+
+def free_ports(n: int) -> list:
+    """n loopback ports free right now (held together, so they differ)."""
+    sockets = [socket.socket() for _ in range(n)]
+    for sock in sockets:
+        sock.bind(("127.0.0.1", 0))
+    ports = [sock.getsockname()[1] for sock in sockets]
+    for sock in sockets:
+        sock.close()
+    return ports
+
+
+def workers_tf_config(ports, index: int) -> str:
+    """A TF_CONFIG for a cluster of workers on these loopback ports, as worker `index`."""
+    return json.dumps({"cluster": {"worker": [f"127.0.0.1:{p}" for p in ports]}, "task": {"type": "worker", "index": index}})
 
 
 # Short real runs: few steps, small batches, the built-in synthetic data.

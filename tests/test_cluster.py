@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import QUICK, tfdistx_env
+from conftest import QUICK, free_ports, tfdistx_env, workers_tf_config
 from tfdistx import cluster
 from tfdistx.config.errors import ConfigError
 
@@ -219,13 +219,9 @@ def test_a_bad_scheduler_environment_is_refused(tfdistx, env, phrases):
     _refused(tfdistx("strategy=multiworker", "cluster=2x1", *QUICK, env={**SLURM_STEP, **env}), *phrases)
 
 
-def _tf_config(ports, index):
-    return json.dumps({"cluster": {"worker": [f"127.0.0.1:{p}" for p in ports]}, "task": {"type": "worker", "index": index}})
-
-
 def test_a_peer_that_never_starts_ends_the_task_in_time_naming_it(tfdistx):
-    ports = _free_ports(2)
-    run = tfdistx("strategy=multiworker", "cluster=2x1", "cluster.startup_timeout=3", *QUICK, env={"TF_CONFIG": _tf_config(ports, 0)})
+    ports = free_ports(2)
+    run = tfdistx("strategy=multiworker", "cluster=2x1", "cluster.startup_timeout=3", *QUICK, env={"TF_CONFIG": workers_tf_config(ports, 0)})
     assert run.returncode == 4 and "Traceback" not in run.stderr, run
     assert (f"tfdistx: the cluster did not form within cluster.startup_timeout=3s: no answer from worker:1 at 127.0.0.1:{ports[1]}"
             in run.stderr), run
@@ -233,22 +229,12 @@ def test_a_peer_that_never_starts_ends_the_task_in_time_naming_it(tfdistx):
 
 
 def test_a_port_in_use_is_named_with_its_task(tfdistx):
-    ports = _free_ports(2)
+    ports = free_ports(2)
     with socket.socket() as taken:
         taken.bind(("", ports[0]))
         taken.listen()
-        run = tfdistx("strategy=multiworker", "cluster=2x1", *QUICK, env={"TF_CONFIG": _tf_config(ports, 0)})
+        run = tfdistx("strategy=multiworker", "cluster=2x1", *QUICK, env={"TF_CONFIG": workers_tf_config(ports, 0)})
     _refused(run, f"TF_CONFIG='127.0.0.1:{ports[0]}'", f"task worker:0 cannot listen on port {ports[0]}: it is already in use")
-
-
-def _free_ports(n):
-    sockets = [socket.socket() for _ in range(n)]
-    for sock in sockets:
-        sock.bind(("127.0.0.1", 0))
-    ports = [sock.getsockname()[1] for sock in sockets]
-    for sock in sockets:
-        sock.close()
-    return ports
 
 
 def test_wide_deep_tables_are_sharded_across_parameter_servers(tfdistx):

@@ -5,7 +5,6 @@ per pod, port 2222, TF_CONFIG in the operator's format, restartPolicy
 ExitCode)."""
 
 import json
-import os
 import re
 import shutil
 import subprocess
@@ -16,7 +15,7 @@ import jsonschema
 import pytest
 import yaml
 
-from conftest import steps_logged
+from conftest import free_ports, steps_logged, workers_tf_config
 
 CRD = Path(__file__).resolve().parents[2] / "shared" / "k8s" / "kubeflow.org_tfjobs.yaml"
 SIMULATOR = Path(__file__).with_name("simulated_pods.py")
@@ -119,30 +118,18 @@ def test_export_without_a_volume_warns_that_checkpoints_die_with_the_pod():
     assert not any(a.startswith("hydra.run.dir=") for a in pod_args)
 
 
-def test_retryable_exit_codes_move_up_by_the_offset(tmp_path):
+def test_retryable_exit_codes_move_up_by_the_offset(tfdistx, tmp_path):
     """A cluster that does not form exits 4, or 132 for Kubernetes' ExitCode
     policy (which retries only 128-255); a bad config stays 2 either way."""
-    lonely = json.dumps({"cluster": {"worker": ["127.0.0.1:1", f"127.0.0.1:{_free_port()}"]}, "task": {"type": "worker", "index": 1}})
-    env = {**os.environ, "TF_CONFIG": lonely}
+    lonely = {"TF_CONFIG": workers_tf_config(free_ports(2), 1)}
     codes = {}
     for offset in (0, 128):
-        run = subprocess.run([sys.executable, "-m", "tfdistx", "strategy=multiworker", "cluster=2x1", "data=synthetic",
-                              "cluster.startup_timeout=2", f"cluster.retryable_exit_offset={offset}", f"hydra.run.dir={tmp_path / str(offset)}"],
-                             capture_output=True, text=True, env=env, timeout=120)
-        assert "the cluster did not form within cluster.startup_timeout=2s" in run.stderr, run.stderr[-2000:]
+        run = tfdistx("strategy=multiworker", "cluster=2x1", "data=synthetic", "cluster.startup_timeout=2",
+                      f"cluster.retryable_exit_offset={offset}", run_dir=tmp_path / str(offset), env=lonely)
+        assert "the cluster did not form within cluster.startup_timeout=2s" in run.stderr, run
         codes[offset] = run.returncode
     assert codes == {0: 4, 128: 132}
-    bad = subprocess.run([sys.executable, "-m", "tfdistx", "trainer.steps=0", "cluster.retryable_exit_offset=128"],
-                         capture_output=True, text=True, timeout=60)
-    assert bad.returncode == 2
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    assert tfdistx("trainer.steps=0", "cluster.retryable_exit_offset=128").returncode == 2
 
 
 # --- the pods, simulated -----------------------------------------------------

@@ -3,7 +3,6 @@ cannot drift: every one composes and validates (--plan, fast), and (slow)
 every training command runs as written with a small step count, or fails
 with the message the README documents for it (offline datasets)."""
 
-import os
 import re
 import shlex
 import subprocess
