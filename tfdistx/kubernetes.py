@@ -20,6 +20,7 @@ import sys
 from typing import Dict, List, Optional
 
 from tfdistx.config import schema, strategies
+from tfdistx.config.compose import compose_and_validate, given_value
 from tfdistx.config.errors import RETRYABLE_EXIT_OFFSET_FOR_KUBERNETES, ConfigError
 
 API_VERSION = "kubeflow.org/v1"
@@ -78,7 +79,7 @@ def pod_args(overrides: List[str], multi_process: bool, run_dir: Optional[str]) 
     if multi_process:
         args.append("cluster.launch=tf_config")  # a pod without TF_CONFIG says so, instead of launching a local cluster
     args.append(f"cluster.retryable_exit_offset={RETRYABLE_EXIT_OFFSET_FOR_KUBERNETES}")
-    if run_dir and not any(o.startswith("hydra.run.dir=") for o in overrides):
+    if run_dir and given_value("hydra.run.dir", overrides) is None:
         args.append(f"hydra.run.dir={run_dir}")  # one run dir on the shared volume: a restarted pod resumes from it
     return args
 
@@ -103,7 +104,6 @@ def main(argv) -> int:
     import yaml  # PyYAML, which omegaconf depends on
 
     from tfdistx.cli import refuse, register_config_names
-    from tfdistx.config.compose import compose_and_validate
 
     parser = argparse.ArgumentParser(
         prog="tfdistx export tfjob",

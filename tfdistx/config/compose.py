@@ -90,11 +90,11 @@ SWEEP_EXTRA_PLUGINS = ("optuna", "joblib", "submitit_slurm", "submitit_local", "
 def as_config_error(error: Exception, overrides: Sequence[str]) -> ConfigError:
     if isinstance(error, MissingConfigException) and error.options is not None:
         group = error.missing_cfg_file.split("/")[0] if error.missing_cfg_file else "?"
-        value = _given(group, overrides)
+        value = given_value(group, overrides)
         allowed = topology.FORMS if group == "cluster" else "allowed: " + ", ".join(sorted(error.options))
         if group == "hydra":  # hydra/sweeper=..., hydra/launcher=...
             group = "/".join(error.missing_cfg_file.split("/")[:2])
-            value = _given(group, overrides) or error.missing_cfg_file.split("/")[-1]
+            value = given_value(group, overrides) or error.missing_cfg_file.split("/")[-1]
             # tfdistx_slurm (conf/hydra/launcher) stands on submitit's plugin: not offered without it
             options = sorted(o for o in error.options if o != "tfdistx_slurm" or "submitit_slurm" in error.options)
             allowed = "allowed: " + ", ".join(options)
@@ -104,13 +104,13 @@ def as_config_error(error: Exception, overrides: Sequence[str]) -> ConfigError:
     missing_plugin = re.search(r"Could not load 'hydra/(sweeper|launcher)/(\w+)'", str(error))
     if missing_plugin and missing_plugin[2] in SWEEP_EXTRA_PLUGINS:  # e.g. tfdistx_slurm's own default, submitit_slurm
         group = f"hydra/{missing_plugin[1]}"
-        return ConfigError([Problem(group, _given(group, overrides), "its Hydra plugin is not installed: pip install 'tfdistx[sweep]'")])
+        return ConfigError([Problem(group, given_value(group, overrides), "its Hydra plugin is not installed: pip install 'tfdistx[sweep]'")])
     # Type errors come wrapped: Hydra's "Error merging override k=v" caused by
     # OmegaConf's "Value 'abc' ... could not be converted to Integer".
     cause = error.__cause__ or error
     first_line = str(cause).strip().splitlines()[0] if str(cause).strip() else type(cause).__name__
     key = getattr(cause, "full_key", None) or _override_key(str(error))
-    return ConfigError([Problem(key or "override", _given(key, overrides) if key else None, first_line)])
+    return ConfigError([Problem(key or "override", given_value(key, overrides) if key else None, first_line)])
 
 
 def _with_valid_keys(error: ConfigError, overrides: Sequence[str]) -> ConfigError:
@@ -132,7 +132,8 @@ def _with_valid_keys(error: ConfigError, overrides: Sequence[str]) -> ConfigErro
     return ConfigError([Problem(problem.key, problem.value, f"{parent} has no key {problem.key.rpartition('.')[2]!r}; its keys: {keys}")])
 
 
-def _given(key: str, overrides: Sequence[str]):
+def given_value(key: str, overrides: Sequence[str]):
+    """The value the command line gives `key` (as `key=`, `+key=`, `++key=`), or None."""
     for override in reversed(overrides):  # the last one given is the one composed
         name, _, value = override.lstrip("+~").partition("=")
         if name == key:
