@@ -72,8 +72,9 @@ def train(cfg: DictConfig, run_dir: str, placement: Optional[Placement] = None, 
             log.info("run dir: %s", run.dir.resolve())
         # A SIGTERM checkpoints and exits 42 (parameter servers: the coordinator
         # saves alone; TF's handler refuses clusters with ps tasks).
-        synchronous_cluster = run.placement.source != "single" and not run.facts.asynchronous
-        with lost_peer_in_one_line(synchronous_cluster, parameter_servers=run.placement.source != "single" and run.facts.asynchronous), \
+        in_cluster = run.placement.source != "single"
+        synchronous_cluster = in_cluster and not run.facts.asynchronous
+        with lost_peer_in_one_line(synchronous_cluster, parameter_servers=in_cluster and run.facts.asynchronous), \
                 PreemptionWatcher(run.strategy, run.checkpointer, synchronous_cluster) as preemption, \
                 loggers.for_run(run.dir, OmegaConf.to_container(cfg.logger), run.total_steps, start_step, enabled=run.placement.is_chief,
                                 config=OmegaConf.to_container(cfg, resolve=True)) as sinks:
