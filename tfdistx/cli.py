@@ -56,8 +56,8 @@ def main(argv: Optional[Sequence[str]] = None):
     # the script's own directory).
     if "" not in sys.path and os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
-    words = 2 if " ".join(argv[:2]) in SUBCOMMANDS else 1
-    if argv and " ".join(argv[:words]) in SUBCOMMANDS:
+    words = next((n for n in (2, 1) if " ".join(argv[:n]) in SUBCOMMANDS), 0)  # `export tfjob` before `export`
+    if words:
         module, function = SUBCOMMANDS[" ".join(argv[:words])].split(":")
         try:
             sys.exit(getattr(importlib.import_module(module), function)(argv[words:]))
