@@ -61,8 +61,9 @@ class Pod:
         self.restarts = 0
         self.done = None  # exit code once it has ended for good
 
-    def start(self, address: str) -> None:
-        self.address = address
+    def start(self) -> None:
+        """Create the pod at self.address (already in /etc/hosts) and start its container."""
+        address = self.address
         netns = self.name
         subprocess.run(["ip", "netns", "delete", netns], stderr=subprocess.DEVNULL)
         sh("ip", "netns", "add", netns)
@@ -101,9 +102,9 @@ def exit_code(returncode: int) -> int:
     return 128 - returncode if returncode < 0 else returncode  # killed by signal N: 128 + N, as the kubelet reports
 
 
-def write_hosts(pods) -> None:
+def write_hosts(hosts: Path, pods) -> None:
     lines = ["127.0.0.1 localhost"] + [f"{p.address} {p.host} {p.name}" for p in pods if p.address]
-    with open(HOSTS, "w") as f:  # the same inode: /etc/hosts is bound to it
+    with open(hosts, "w") as f:  # the same inode: /etc/hosts is bound to it
         f.write("\n".join(lines) + "\n")
 
 
@@ -128,10 +129,9 @@ def main() -> int:
     sh("ip", "link", "add", "br0", "type", "bridge")
     sh("ip", "link", "set", "br0", "up")
     sh("mount", "-t", "tmpfs", "tmpfs", "/run")  # for `ip netns` (/run/netns), private to this namespace
-    global HOSTS
-    HOSTS = workdir / "hosts"
-    HOSTS.write_text("")
-    sh("mount", "--bind", str(HOSTS), "/etc/hosts")
+    hosts = workdir / "hosts"
+    hosts.write_text("")
+    sh("mount", "--bind", str(hosts), "/etc/hosts")
     _mount_volumes(next(iter(specs.values()))["template"]["spec"])
 
     cluster = {rtype.lower(): [f"{name}-{rtype.lower()}-{i}.{namespace}.svc:{PORT}" for i in range(spec["replicas"])]
@@ -141,9 +141,9 @@ def main() -> int:
     addresses = (f"{SUBNET}.{n // 250}.{n % 250 + 2}" for n in range(10**4))
     for pod in pods:
         pod.address = next(addresses)
-    write_hosts(pods)
+    write_hosts(hosts, pods)
     for pod in pods:
-        pod.start(pod.address)
+        pod.start()
 
     restarts, killed, status = 0, False, None
     deadline = time.monotonic() + args.timeout
@@ -168,8 +168,8 @@ def main() -> int:
                 pod.restarts += 1
                 time.sleep(1)  # the operator deletes the pod and creates a new one
                 pod.address = next(addresses)
-                write_hosts(pods)
-                pod.start(pod.address)
+                write_hosts(hosts, pods)
+                pod.start()
             else:
                 pod.done = code
                 status = f"Failed: {pod.name} exited {code}" + (" (past backoffLimit)" if code >= 128 else " (permanent)")
@@ -205,7 +205,6 @@ def _mount_volumes(pod_spec: dict) -> None:
 
 
 STARTED = time.monotonic()
-HOSTS = None
 
 if __name__ == "__main__":
     sys.exit(main())
