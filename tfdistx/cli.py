@@ -37,6 +37,7 @@ SUBCOMMANDS = {
     "report": "tfdistx.report:main",  # plots and a table for a run or sweep dir
     "export": "tfdistx.export:main",  # a SavedModel from a run's checkpoint
     "export tfjob": "tfdistx.kubernetes:main",  # a Kubeflow TFJob for the composed config
+    "data write": "tfdistx.records:main",  # any data source as sharded TFRecord/CSV files + a manifest
     "evaluate": "tfdistx.cli:evaluate_main",  # metrics of a run's checkpoint on the eval data
     "_task": "tfdistx.cli:task_main",  # one task of a local cluster (started by the launcher)
 }

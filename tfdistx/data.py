@@ -7,6 +7,12 @@ labels any shape. The shapes a model needs are read from the pipeline itself. Ba
 prefetching and how the pipelines meet replicas is `input.py`'s job, so a
 user's own data function (`data._target_=mypkg.make_data`) only has to say
 where the examples come from.
+
+The built-in sources hand over more than a pipeline function: `train` is
+an `order.ArrayExamples` or `order.FileExamples`, which can also start
+an endless shuffled stream at any example (`batches`), so a resumed run
+need not read and drop what it already trained on. A plain function is
+resumed with `Dataset.skip`.
 """
 
 import contextlib
@@ -18,6 +24,7 @@ import numpy as np
 import tensorflow as tf
 
 from tfdistx.config.errors import ConfigError
+from tfdistx.order import ArrayExamples
 
 PipelineFn = Callable[[Optional[tf.distribute.InputContext]], tf.data.Dataset]
 
@@ -48,12 +55,9 @@ def shard(dataset: tf.data.Dataset, context: Optional[tf.distribute.InputContext
 
 
 def in_memory(train, evaluation, **info) -> DataSource:
-    """A DataSource over (features, labels) arrays held in memory."""
-    return DataSource(
-        train=lambda ctx: shard(tf.data.Dataset.from_tensor_slices(train), ctx),
-        eval=lambda ctx: shard(tf.data.Dataset.from_tensor_slices(evaluation), ctx),
-        **info,
-    )
+    """A DataSource over (features, labels) arrays held in memory: a resumed
+    run starts at its step without reading the examples before (order.py)."""
+    return DataSource(train=ArrayExamples(train), eval=ArrayExamples(evaluation), **info)
 
 
 def synthetic(

@@ -41,9 +41,11 @@ def train_dataset(
 ):
     """An endless, shuffled, per-replica-batched distributed dataset.
 
-    The order is a function of `seed` alone, so a resumed run skips the
-    `skip_steps` steps it already trained on and sees the batches an
-    uninterrupted run would have seen next. `ps_workers`: the number of
+    The order is a function of `seed` alone, so a resumed run starts after
+    the `skip_steps` steps it already trained on and sees the batches an
+    uninterrupted run would have seen next: at once for the built-in
+    sources (order.py), by reading and dropping batches for a user's
+    pipeline function. `ps_workers`: the number of
     parameter-server workers (0: not parameter servers).
     """
     per_replica_batch(global_batch, strategy.num_replicas_in_sync)
@@ -53,6 +55,11 @@ def train_dataset(
             worker = tf.distribute.coordinator.experimental_get_current_worker_index()
             # Each step is one worker's whole batch: one "replica" per step.
             ctx = tf.distribute.InputContext(num_input_pipelines=ps_workers, input_pipeline_id=worker, num_replicas_in_sync=1)
+        if hasattr(source.train, "batches"):  # it can start at any example (order.py)
+            done = batches_to_skip(skip_steps, ctx.num_replicas_in_sync, ctx.num_input_pipelines)
+            batch = ctx.get_per_replica_batch_size(global_batch)
+            ds = source.train.batches(ctx, batch, seed=seed, window=shuffle_buffer, start=done * batch)
+            return _without_autoshard(ds).prefetch(tf.data.AUTOTUNE)
         ds = _without_autoshard(source.train(ctx))
         if cache:
             ds = ds.cache()

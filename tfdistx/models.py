@@ -17,9 +17,17 @@ from keras import layers
 from tfdistx.config.errors import ConfigError
 
 
+def _one_tensor(input_shape, model: str) -> tuple:
+    """The shape of the one feature tensor these models take (None: the data's features are a dict)."""
+    if input_shape is None:
+        raise ConfigError.one("model", model, "takes one feature tensor, but the data's features are a dict of several: "
+                              "use model=wide_deep, a model._target_ that takes feature_spec, or data with one feature besides the label")
+    return tuple(input_shape)
+
+
 def mlp(input_shape: Sequence[int], num_outputs: int, hidden_units: Sequence[int] = (128,), dropout: float = 0.0) -> keras.Model:
     """The seeds' network: 784-128-10 for MNIST."""
-    model = keras.Sequential([keras.Input(shape=tuple(input_shape)), layers.Flatten()], name="mlp")
+    model = keras.Sequential([keras.Input(shape=_one_tensor(input_shape, "mlp")), layers.Flatten()], name="mlp")
     for units in hidden_units:
         model.add(layers.Dense(units, activation="relu"))
         if dropout:
@@ -29,7 +37,7 @@ def mlp(input_shape: Sequence[int], num_outputs: int, hidden_units: Sequence[int
 
 
 def cnn(input_shape: Sequence[int], num_outputs: int, filters: Sequence[int] = (32, 64), dense_units: int = 128, dropout: float = 0.25) -> keras.Model:
-    model = keras.Sequential([keras.Input(shape=tuple(input_shape))], name="cnn")
+    model = keras.Sequential([keras.Input(shape=_one_tensor(input_shape, "cnn"))], name="cnn")
     for width in filters:
         model.add(layers.Conv2D(width, 3, padding="same", activation="relu"))
         model.add(layers.MaxPooling2D())
@@ -51,7 +59,7 @@ def resnet(input_shape: Sequence[int], num_outputs: int, depth: int = 20, width:
     def conv(x, filters, stride=1, kernel=3):
         return layers.Conv2D(filters, kernel, strides=stride, padding="same", use_bias=False, kernel_regularizer=reg)(x)
 
-    inputs = keras.Input(shape=tuple(input_shape))
+    inputs = keras.Input(shape=_one_tensor(input_shape, "resnet"))
     x = layers.ReLU()(layers.BatchNormalization()(conv(inputs, width)))
     for stage in range(3):
         filters = width * 2**stage

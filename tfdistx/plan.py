@@ -3,7 +3,7 @@
 from omegaconf import DictConfig, OmegaConf
 
 from tfdistx import cluster as cluster_lib
-from tfdistx.config import strategies
+from tfdistx.config import datafiles, strategies
 from tfdistx.config.validate import planned_replicas
 
 
@@ -42,6 +42,9 @@ def describe(cfg: DictConfig) -> str:
     else:
         lines.append("replicas      decided by the GPUs visible at start (else 1 per worker)")
         lines.append(f"batch         global {batch}, split evenly across the replicas")
+    files = _file_data(cfg.data, topo.workers if facts.multi_process else 1)
+    if files:
+        lines = [line for line in lines if not line.startswith("data ")] + [files]
     scale = cfg.optimizer.get("scale_lr_with_replicas")
     lr = cfg.optimizer.lr
     lr_text = f"{lr} x replicas = {lr * replicas}" if scale and replicas else f"{lr}" + (" x replicas" if scale else "")
@@ -55,6 +58,18 @@ def describe(cfg: DictConfig) -> str:
     if run_dir:
         lines.append(f"run dir       {run_dir}: .hydra/, metrics.jsonl, summary.json, checkpoints/, tensorboard/" + (", logs/<task>.log" if placement.source == "local" else ""))
     return "\n".join(lines)
+
+
+def _file_data(data, pipelines: int) -> str:
+    """data=tfrecord / data=csv: how the train files split across the input pipelines (one per worker)."""
+    if not str(data.get("_target_", "")).startswith("tfdistx.records."):
+        return ""
+    found = datafiles.local_matches(data.train_files)
+    if found is None:
+        return f"data          {data.train_files}: listed at start (tf.io.gfile), split by file across {pipelines} worker(s) when there are enough"
+    counts = datafiles.manifest_counts(datafiles.read_manifest(found), found)
+    size = f"{sum(counts):,} records; " if counts else "no manifest: records counted when a run resumes; "
+    return f"data          {size}{datafiles.sharding_text(len(found), pipelines, 'worker' if pipelines > 1 else 'input pipeline')}"
 
 
 def _tasks(facts: strategies.Strategy, topo, placement) -> list:

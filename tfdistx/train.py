@@ -54,6 +54,7 @@ def train(cfg: DictConfig, run_dir: str, placement: Optional[Placement] = None, 
     from tfdistx.config.errors import ConfigError
     from tfdistx.loop import Loop, Schedule
     from tfdistx.preemption import PreemptionWatcher, lost_peer_in_one_line
+    from tfdistx.records import input_errors_in_one_line
 
     with reproducible(cfg.trainer), contextlib.closing(run.checkpointer):
         restored = run.checkpointer.restore_latest() if cfg.checkpoint.restore else None
@@ -75,6 +76,7 @@ def train(cfg: DictConfig, run_dir: str, placement: Optional[Placement] = None, 
         in_cluster = run.placement.source != "single"
         synchronous_cluster = in_cluster and not run.facts.asynchronous
         with lost_peer_in_one_line(synchronous_cluster, parameter_servers=in_cluster and run.facts.asynchronous), \
+                input_errors_in_one_line(run.source), \
                 PreemptionWatcher(run.strategy, run.checkpointer, synchronous_cluster) as preemption, \
                 loggers.for_run(run.dir, OmegaConf.to_container(cfg.logger), run.total_steps, start_step, enabled=run.placement.is_chief,
                                 config=OmegaConf.to_container(cfg, resolve=True)) as sinks:

@@ -14,7 +14,7 @@ from typing import Optional
 
 from omegaconf import DictConfig, OmegaConf
 
-from tfdistx.config import strategies, topology
+from tfdistx.config import datafiles, strategies, topology
 from tfdistx.config.errors import MAX_RETRYABLE_EXIT_OFFSET, ConfigError, Problem
 from tfdistx.config.schema import LAUNCH_MODES, Config
 
@@ -109,6 +109,10 @@ def _data(data: DictConfig, replicas: Optional[int]) -> list:
         shape = data.get("image_shape")
         if shape is not None and (not OmegaConf.is_list(shape) or not shape or not all(_is_int(d) and d >= 1 for d in shape)):
             problems.append(Problem("data.image_shape", shape, "must be a list of positive sizes, e.g. [28, 28, 1]"))
+    if str(data.get("_target_", "")).startswith("tfdistx.records."):
+        problems += datafiles.file_problems(data)
+        if "features" in data:
+            problems += datafiles.feature_problems(data.features, data.get("label"))
     batch = data.get("batch_size")
     if not _is_int(batch) or batch < 1:
         return problems + [Problem("data.batch_size", batch, "must be a positive integer (the global batch, split across replicas)")]
