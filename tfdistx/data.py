@@ -181,6 +181,12 @@ def tfds(
         builder.download_and_prepare()
 
     features = builder.info.features
+    # (image, label): the dataset's supervised pair, or features by those names
+    # (a dataset built without supervised_keys, like tfds.testing's DummyMnist).
+    supervised = builder.info.supervised_keys is not None
+    if not supervised and not {"image", "label"} <= set(features.keys()):
+        raise ConfigError.one("data.name", name, f"has no (features, label) pair (supervised_keys) and no image and label features "
+                              f"(it has {', '.join(features.keys())}): use a data._target_ of your own for it")
 
     def pipeline(split: str) -> PipelineFn:
         def make(ctx):
@@ -189,7 +195,9 @@ def tfds(
             by_file = ctx if ctx is None or isinstance(ctx.input_pipeline_id, int) else None
             read_config = tensorflow_datasets.ReadConfig(input_context=by_file, shuffle_seed=seed)
             try:
-                ds = builder.as_dataset(split=split, as_supervised=True, shuffle_files=True, read_config=read_config)
+                ds = builder.as_dataset(split=split, as_supervised=supervised, shuffle_files=True, read_config=read_config)
+                if not supervised:
+                    ds = ds.map(lambda example: (example["image"], example["label"]))
             except AssertionError as error:  # tfds' way of saying "not prepared"
                 raise ConfigError.one("data.download", download, f"{name} is not prepared in {builder.data_dir} ({error}); set data.download=true or data.data_dir") from None
             if by_file is None:

@@ -66,11 +66,13 @@ def tfrecord(train_files, eval_files=None, features: Optional[dict] = None, labe
 
 
 def csv(train_files, eval_files=None, columns: Optional[dict] = None, label: str = "label", header: bool = True,
-        label_dtype: str = "int64", compression: Optional[str] = None, num_classes: Optional[int] = None) -> DataSource:
+        label_dtype: str = "int64", feature_shape: Optional[List[int]] = None, compression: Optional[str] = None,
+        num_classes: Optional[int] = None) -> DataSource:
     """Comma-separated rows. `columns`: name -> dtype in file order (None:
     the names from the header, every one float32 but the label, which is
     `label_dtype`). The other columns are the model's input: one float32
-    vector when all are numbers, else a dict by name."""
+    vector when all are numbers (reshaped to `feature_shape` if given: an
+    image for a CNN), else a dict by name."""
     train = _find("data.train_files", train_files)
     manifest = datafiles.read_manifest(train)
     if manifest and manifest.get("format") == "csv":  # written by tfdistx data write
@@ -87,13 +89,17 @@ def csv(train_files, eval_files=None, columns: Optional[dict] = None, label: str
         raise ConfigError([type(p)(p.key.replace("data.features", "data.columns").replace(".dtype", ""), p.value, p.allowed) for p in problems])
     names, dtypes = list(columns), [tf.as_dtype(d) for d in columns.values()]
     numeric = all(d != tf.string for n, d in zip(names, dtypes) if n != label)
+    if feature_shape and (not numeric or int(np.prod(feature_shape)) != len(names) - 1):
+        raise ConfigError.one("data.feature_shape", list(feature_shape), f"must hold the {len(names) - 1} feature columns "
+                              f"({'all numbers' if numeric else 'some are strings: no shape applies'})")
 
     def decode(lines):
         values = tf.io.decode_csv(lines, record_defaults=[tf.constant([], d) for d in dtypes])  # every column required
         by_name = dict(zip(names, values))
         target = by_name.pop(label)
         if numeric:
-            return tf.stack([tf.cast(v, tf.float32) for v in by_name.values()], axis=1), target
+            vector = tf.stack([tf.cast(v, tf.float32) for v in by_name.values()], axis=1)
+            return (tf.reshape(vector, [-1, *feature_shape]) if feature_shape else vector), target
         return by_name, target
 
     def read(files):
@@ -346,7 +352,7 @@ def main(argv) -> int:
         refuse(error)
     for split, info in manifest["splits"].items():
         print(f"{split}: {sum(info['files'].values())} examples in {len(info['files'])} file(s)")
-    pattern = os.path.join(args.out, f"train-*")
+    pattern = os.path.join(args.out, "train-*")
     print(f"wrote {args.out}; train on it with: python -m tfdistx data={args.format} data.train_files='{pattern}'"
           + (f" data.eval_files='{os.path.join(args.out, 'eval-*')}'" if "eval" in manifest["splits"] else ""), file=sys.stderr)
     return 0

@@ -1,0 +1,100 @@
+"""Is the input what limits training? The same examples from in-memory
+tensors, TFRecord files and CSV files, side by side in one run.
+
+The seeds' MLP (784-128-10) and the CNN on MNIST-shaped synthetic data
+(8192 examples), one device, global batch 128. The files are written once by
+`tfdistx data write` (8 shards, with a manifest). Two tables:
+
+1. training: steady examples/s of a whole tfdistx run on each source, and
+   its ratio to the in-memory run (the target: file data >= 0.9x for the MLP);
+2. input alone: examples/s of each source's input pipeline with no model
+   (what the input could feed, on the same cores the model uses).
+
+Every measurement runs in a fresh process; the contenders alternate.
+
+    python benchmarks/bench_input.py [--steps 3000] [--repeats 3] [--models mlp,cnn]
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from side_by_side import table
+
+IMAGE = [28, 28, 1]
+
+
+def env():
+    return {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
+
+
+def training(data: list, model: str, steps: int) -> float:
+    with tempfile.TemporaryDirectory() as run_dir:
+        cmd = [sys.executable, "-m", "tfdistx", "strategy=one_device", f"model={model}", *data, "data.batch_size=128",
+               f"trainer.steps={steps}", "trainer.steps_per_loop=100", f"trainer.log_every={steps}", "trainer.eval_every=0",
+               "trainer.eval_steps=1", "checkpoint.every_steps=0", "checkpoint.export=false", "logger.console=false",
+               "logger.tensorboard=false", f"hydra.run.dir={run_dir}"]
+        subprocess.run(cmd, check=True, capture_output=True, env=env())
+        return json.loads((Path(run_dir) / "summary.json").read_text())["examples_per_sec"]
+
+
+def input_alone(data: list, batches: int) -> float:
+    out = subprocess.run([sys.executable, __file__, "--input-alone", str(batches), "--", *data], check=True, capture_output=True,
+                         text=True, env=env())
+    return float(out.stdout.strip().splitlines()[-1])
+
+
+def _measure_input_alone(batches: int, overrides: list) -> None:
+    """In this process: build the source as a run would and time `batches` batches after a warm-up."""
+    from tfdistx.config import schema
+    from tfdistx.config.compose import compose_and_validate
+    from tfdistx.train import build_task_and_data
+
+    schema.register()
+    cfg = compose_and_validate([*overrides, "data.batch_size=128"])
+    _, source = build_task_and_data(cfg)
+    import tensorflow as tf
+
+    ds = source.train.batches(None, 128, seed=0, window=cfg.data.shuffle_buffer).prefetch(tf.data.AUTOTUNE)
+    iterator = iter(ds)
+    for _ in range(50):
+        next(iterator)
+    started = time.perf_counter()
+    for _ in range(batches):
+        next(iterator)
+    print(batches * 128 / (time.perf_counter() - started))
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=3000)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--models", default="mlp,cnn")
+    parser.add_argument("--input-alone", type=int, default=None, help=argparse.SUPPRESS)
+    args, rest = parser.parse_known_args()
+    if args.input_alone:
+        return _measure_input_alone(args.input_alone, [a for a in rest if a != "--"])
+
+    with tempfile.TemporaryDirectory(prefix="bench-input-") as scratch:
+        sources = {"in memory": ["data=synthetic"]}
+        for fmt, name in (("tfrecord", "TFRecord files"), ("csv", "CSV files")):
+            out = Path(scratch) / fmt
+            subprocess.run([sys.executable, "-m", "tfdistx", "data", "write", "data=synthetic", "--out", str(out), "--shards", "8",
+                            "--format", fmt], check=True, capture_output=True, env=env())
+            sources[name] = [f"data={fmt}", f"data.train_files={out}/train-*"] + (["data.feature_shape=[28,28,1]"] if fmt == "csv" else [])
+        relative = lambda medians, name: medians[name] / medians["in memory"]  # noqa: E731
+        for model in args.models.split(","):
+            table({name: (lambda d=data: training(d, model, args.steps)) for name, data in sources.items()}, args.repeats,
+                  f"Training, model={model}, one device, batch 128, {args.steps} steps ({os.cpu_count()} cores)", "vs in memory", relative)
+            print()
+        table({name: (lambda d=data: input_alone(d, 500)) for name, data in sources.items()}, args.repeats,
+              "Input alone (no model): 500 batches of 128 after 50 of warm-up", "vs in memory", relative)
+
+
+if __name__ == "__main__":
+    main()
