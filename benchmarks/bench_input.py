@@ -2,8 +2,9 @@
 tensors, TFRecord files and CSV files, side by side in one run.
 
 The seeds' MLP (784-128-10) and the CNN on MNIST-shaped synthetic data
-(8192 examples), one device, global batch 128. The files are written once by
-`tfdistx data write` (8 shards, with a manifest). Two tables:
+(8192 examples), and the MLP on tabular rows (16 floats, regression); one
+device, global batch 128. The files are written once by `tfdistx data
+write` (8 shards, with a manifest). Tables:
 
 1. training: steady examples/s of a whole tfdistx run on each source, and
    its ratio to the in-memory run (the target: file data >= 0.9x for the MLP);
@@ -81,19 +82,30 @@ def main():
         return _measure_input_alone(args.input_alone, [a for a in rest if a != "--"])
 
     with tempfile.TemporaryDirectory(prefix="bench-input-") as scratch:
-        sources = {"in memory": ["data=synthetic"]}
-        for fmt, name in (("tfrecord", "TFRecord files"), ("csv", "CSV files")):
-            out = Path(scratch) / fmt
-            subprocess.run([sys.executable, "-m", "tfdistx", "data", "write", "data=synthetic", "--out", str(out), "--shards", "8",
-                            "--format", fmt], check=True, capture_output=True, env=env())
-            sources[name] = [f"data={fmt}", f"data.train_files={out}/train-*"] + (["data.feature_shape=[28,28,1]"] if fmt == "csv" else [])
+        images = sources(Path(scratch) / "images", "data=synthetic", csv_extra=["data.feature_shape=[28,28,1]"])
+        rows = sources(Path(scratch) / "rows", "data=synthetic_regression", extra=["task=regression"])
         relative = lambda medians, name: medians[name] / medians["in memory"]  # noqa: E731
         for model in args.models.split(","):
-            table({name: (lambda d=data: training(d, model, args.steps)) for name, data in sources.items()}, args.repeats,
-                  f"Training, model={model}, one device, batch 128, {args.steps} steps ({os.cpu_count()} cores)", "vs in memory", relative)
+            table({name: (lambda d=data: training(d, model, args.steps)) for name, data in images.items()}, args.repeats,
+                  f"Training, model={model}, MNIST-shaped rows (784 floats), one device, batch 128, {args.steps} steps "
+                  f"({os.cpu_count()} cores)", "vs in memory", relative)
             print()
-        table({name: (lambda d=data: input_alone(d, 500)) for name, data in sources.items()}, args.repeats,
-              "Input alone (no model): 500 batches of 128 after 50 of warm-up", "vs in memory", relative)
+        table({name: (lambda d=data: training(d, "mlp", args.steps)) for name, data in rows.items()}, args.repeats,
+              f"Training, model=mlp, tabular rows (16 floats, regression), one device, batch 128, {args.steps} steps",
+              "vs in memory", relative)
+        print()
+        table({name: (lambda d=data: input_alone(d, 500)) for name, data in {**images, **{f"{k}, tabular": v for k, v in rows.items()}}.items()},
+              args.repeats, "Input alone (no model): 500 batches of 128 after 50 of warm-up", "vs in memory", relative)
+
+
+def sources(out: Path, data: str, extra=(), csv_extra=()) -> dict:
+    """The in-memory source and the same examples written as TFRecord and CSV files."""
+    found = {"in memory": [data, *extra]}
+    for fmt, name in (("tfrecord", "TFRecord files"), ("csv", "CSV files")):
+        subprocess.run([sys.executable, "-m", "tfdistx", "data", "write", data, "--out", str(out / fmt), "--shards", "8",
+                        "--format", fmt], check=True, capture_output=True, env=env())
+        found[name] = [f"data={fmt}", f"data.train_files={out / fmt}/train-*", *extra, *(csv_extra if fmt == "csv" else [])]
+    return found
 
 
 if __name__ == "__main__":

@@ -151,12 +151,13 @@ class FileExamples:
         if start:
             self.counts  # noqa: B018 (counted once, before the files are split)
         files, counts, stride, phase = self._share(ctx)
+        window = max(int(window), 1)
         shuffle = window > 1
         if counts is None:  # a fresh run without counts: no position to find
             def epoch(e):
                 ds = self.read(tf.gather(files, _permutation(tf.size(files), seed, e, shuffle)))
-                return _windows_shuffled(ds.shard(stride, phase) if stride > 1 else ds, window, seed, e, 0)
-            records = tf.data.Dataset.range(0, _ENDLESS).flat_map(epoch)
+                return _chunks(ds.shard(stride, phase) if stride > 1 else ds, self.decode, window, seed, e)
+            chunks = tf.data.Dataset.range(0, _ENDLESS).flat_map(epoch)
         else:
             per_epoch = (tf.reduce_sum(counts) - phase + stride - 1) // stride  # this pipeline's records
             first_epoch, offset = start // per_epoch, start % per_epoch
@@ -174,21 +175,28 @@ class FileExamples:
                 ds = self.read(tf.gather(files, order)[first_file:]).skip(into_file)
                 if stride > 1:
                     ds = ds.shard(stride, 0)  # `begin` is one of this pipeline's records
-                return _windows_shuffled(ds, window, seed, e, window_index).skip(at - window_index * window)
+                return _chunks(ds, self.decode, window, seed, e, window_index, at - window_index * window)
 
-            records = tf.data.Dataset.range(first_epoch, _ENDLESS).flat_map(epoch)
-        return records.batch(batch, drop_remainder=True).map(self.decode, num_parallel_calls=tf.data.AUTOTUNE)
+            chunks = tf.data.Dataset.range(first_epoch, _ENDLESS).flat_map(epoch)
+        # rebatch: the decoded chunks cut into batches, not handled row by row.
+        return chunks.rebatch(batch, drop_remainder=True)
 
 
-def _windows_shuffled(records: tf.data.Dataset, window: int, seed: int, epoch, first_window) -> tf.data.Dataset:
-    """Each run of `window` records shuffled by a seed of its own (epoch,
-    window): the same windows, in the same order, whichever window a
-    resumed run starts from."""
+def _chunks(records: tf.data.Dataset, decode: Callable, window: int, seed: int, epoch, first_window=0, skip=0) -> tf.data.Dataset:
+    """The records decoded in chunks: each run of `window` records decoded
+    at once and its rows shuffled by a seed of its own (epoch, window), so
+    that a resumed run sees the same windows in the same order whichever it
+    starts from; the first chunk less its first `skip` rows. `window` 1:
+    the records' own order. (Decoded, then shuffled: the rows are moved
+    once, as numbers, not as serialized records.)"""
     if window <= 1:
-        return records
+        return records.skip(skip).batch(1024).map(decode, num_parallel_calls=tf.data.AUTOTUNE)
 
     def shuffled(k, chunk):
+        rows = decode(chunk)
         key = tf.cast(epoch, tf.int64) * (1 << 32) + k
-        return tf.random.experimental.stateless_shuffle(chunk, seed=tf.stack([tf.constant(seed, tf.int64), key]))
+        order = tf.random.experimental.stateless_shuffle(tf.range(tf.size(chunk)), seed=tf.stack([tf.constant(seed, tf.int64), key]))
+        order = order[tf.where(k == first_window, skip, 0):]
+        return tf.nest.map_structure(lambda column: tf.gather(column, order), rows)
 
-    return records.batch(window).enumerate(start=first_window).map(shuffled).unbatch()
+    return records.batch(window).enumerate(start=first_window).map(shuffled, num_parallel_calls=tf.data.AUTOTUNE)
