@@ -83,7 +83,9 @@ def test_plan_says_how_the_files_split(tfdistx, tmp_path, indexed_files):
     assert f"{EXAMPLES:,} records" in plan()
 
 
-@pytest.mark.parametrize("strategy", [["strategy=one_device"], ["strategy=multiworker", "cluster=2x1"]])
+# Two workers (each its own files) are slow: test_fault_tolerance resumes a
+# multiworker run bitwise already, through the same input code.
+@pytest.mark.parametrize("strategy", [["strategy=one_device"], pytest.param(["strategy=multiworker", "cluster=2x1"], marks=pytest.mark.slow)])
 def test_resumed_at_a_random_step_on_file_data_ends_bitwise_equal(tfdistx, tmp_path, strategy):
     """Windows of 48 records over 4 files of 128, 60 steps of 32 (3.75
     epochs): a random stop lands inside a window, a file and an epoch."""

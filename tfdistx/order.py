@@ -19,7 +19,7 @@ Both shard per input pipeline with a Python or a tensor pipeline id (a
 parameter-server worker's index is a tensor: input.py). Files are split by
 file when there are at least as many files as pipelines, else by element
 (`config/datafiles.py` says which, for `--plan` too). Records are decoded
-after batching, a whole batch in one op.
+a window at a time, one op for the whole window.
 """
 
 import logging
@@ -85,7 +85,7 @@ class ArrayExamples:
 
 
 class FileExamples:
-    """Records in files, decoded a batch at a time.
+    """Records in files, decoded a window at a time.
 
     `read(filenames)`: the records of a 1-D string tensor of files, in that
     order, undecoded. `decode(records)`: a batch of them to (features,

@@ -4,9 +4,9 @@
 `data=tfrecord` and `data=csv` are DataSources (data.py) whose examples are
 `order.FileExamples`: files found by glob (local, or any tf.io.gfile path
 such as gs://), split across input pipelines by file, shuffled in windows,
-decoded a batch at a time (`tf.io.parse_example` / `decode_csv` on the
-whole batch, not per record), and resumable at any step without reading
-what came before. Record counts come from the manifest the writer leaves
+decoded a window at a time (one `tf.io.parse_example` / `decode_csv` for
+the whole window, not per record), and resumable at any step without
+reading what came before. Record counts come from the manifest the writer leaves
 beside the files (`manifest.json`); so does the feature spec when the
 config gives none.
 
