@@ -86,11 +86,11 @@ def main():
     medians = {key: statistics.median(values) for key, values in samples.items()}
     print(f"Resume to first step (s in the training loop), median of {args.repeats} "
           f"(1-min load average {load_before:.1f} before, {os.getloadavg()[0]:.1f} after; {os.cpu_count()} cores)")
-    print(f"{'data':<16}{'step':>8}{'before (skip)':>15}{'after':>9}{'before / after':>16}{'after / after@' + str(targets[0]):>18}")
+    print(f"{'data':<16}{'step':>8}{'before (skip)':>15}{'after':>9}{'before / after':>16}{'after / after@' + str(targets[0]):>20}")
     for kind in kinds:
         for target in targets:
             before, after = medians[kind, "before", target], medians[kind, "after", target]
-            print(f"{kind:<16}{target:>8,}{before:>15.2f}{after:>9.2f}{before / after:>15.1f}x{after / medians[kind, 'after', targets[0]]:>17.2f}x")
+            print(f"{kind:<16}{target:>8,}{before:>15.2f}{after:>9.2f}{before / after:>15.1f}x{after / medians[kind, 'after', targets[0]]:>19.2f}x")
 
 
 if __name__ == "__main__":
