@@ -62,6 +62,15 @@ def tfdistx(tmp_path):
     return run
 
 
+def refused_in_one_line(run, *phrases) -> str:
+    """Exit 2, no traceback, and one `invalid config` line holding every
+    phrase (TensorFlow's own start-up chatter aside); returns that line."""
+    assert run.returncode == 2 and "Traceback" not in run.stderr, run
+    lines = [line for line in run.stderr.splitlines() if line.startswith("tfdistx: invalid config:")]
+    assert len(lines) == 1 and all(p in lines[0] for p in phrases), run
+    return lines[0]
+
+
 def free_ports(n: int) -> list:
     """n loopback ports free right now (held together, so they differ)."""
     sockets = [socket.socket() for _ in range(n)]

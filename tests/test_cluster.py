@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import QUICK, free_ports, tfdistx_env, workers_tf_config
+from conftest import QUICK, free_ports, refused_in_one_line, tfdistx_env, workers_tf_config
 from tfdistx import cluster
 from tfdistx.config.errors import ConfigError
 
@@ -196,12 +196,6 @@ def test_slurm_step_of_the_wrong_size_is_refused():
 
 # -- a scheduler's bad environment: exit 2 and one line; a missing peer: exit 4 in time --
 
-def _refused(run, *phrases):
-    assert run.returncode == 2 and "Traceback" not in run.stderr, run
-    line = [line for line in run.stderr.splitlines() if line.startswith("tfdistx: invalid config:")]
-    assert len(line) == 1 and all(p in line[0] for p in phrases), run
-
-
 SLURM_STEP = {"SLURM_JOB_ID": "12", "SLURM_PROCID": "0", "SLURM_STEP_NUM_TASKS": "2", "SLURM_STEP_NODELIST": "localhost",
               "SLURM_STEP_TASKS_PER_NODE": "2", "TF_CONFIG": None}
 
@@ -216,7 +210,7 @@ SLURM_STEP = {"SLURM_JOB_ID": "12", "SLURM_PROCID": "0", "SLURM_STEP_NUM_TASKS":
      ["TF_CONFIG cluster.worker='localhost'", "host:port"]),
 ])
 def test_a_bad_scheduler_environment_is_refused(tfdistx, env, phrases):
-    _refused(tfdistx("strategy=multiworker", "cluster=2x1", *QUICK, env={**SLURM_STEP, **env}), *phrases)
+    refused_in_one_line(tfdistx("strategy=multiworker", "cluster=2x1", *QUICK, env={**SLURM_STEP, **env}), *phrases)
 
 
 def test_a_peer_that_never_starts_ends_the_task_in_time_naming_it(tfdistx):
@@ -234,7 +228,7 @@ def test_a_port_in_use_is_named_with_its_task(tfdistx):
         taken.bind(("", ports[0]))
         taken.listen()
         run = tfdistx("strategy=multiworker", "cluster=2x1", *QUICK, env={"TF_CONFIG": workers_tf_config(ports, 0)})
-    _refused(run, f"TF_CONFIG='127.0.0.1:{ports[0]}'", f"task worker:0 cannot listen on port {ports[0]}: it is already in use")
+    refused_in_one_line(run, f"TF_CONFIG='127.0.0.1:{ports[0]}'", f"task worker:0 cannot listen on port {ports[0]}: it is already in use")
 
 
 def test_wide_deep_tables_are_sharded_across_parameter_servers(tfdistx):

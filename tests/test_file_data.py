@@ -10,7 +10,7 @@ import sys
 import numpy as np
 import pytest
 
-from conftest import tfdistx_env, whole_and_resumed
+from conftest import refused_in_one_line, tfdistx_env, whole_and_resumed
 from test_data_split import BATCH, EXAMPLES, STEPS, seen_counts
 
 
@@ -116,30 +116,20 @@ def test_csv_and_compressed_tfrecord_train_as_the_records_do(tfdistx, tmp_path):
 # -- bad input: exit 2, one line that names the file -----------------------
 
 
-def one_line(run) -> str:
-    """The one line of the refusal (TensorFlow's own start-up chatter aside)."""
-    assert run.returncode == 2 and "Traceback" not in run.stderr, run
-    lines = [line for line in run.stderr.splitlines() if line.startswith("tfdistx: invalid config:")]
-    assert len(lines) == 1, run.stderr[-3000:]
-    return lines[0]
-
-
 def test_a_model_for_one_tensor_on_dict_features(tfdistx, indexed_files):
-    line = one_line(tfdistx("data=tfrecord", f"data.train_files={indexed_files}/train-*", "model=mlp"))
-    assert "model='mlp'" in line and "dict" in line, line
+    refused_in_one_line(tfdistx("data=tfrecord", f"data.train_files={indexed_files}/train-*", "model=mlp"), "model='mlp'", "dict")
 
 
 def test_no_file_matches(tfdistx, tmp_path):
-    line = one_line(tfdistx("data=tfrecord", f"data.train_files={tmp_path}/nothing-*.tfrecord"))
-    assert "data.train_files" in line and "no file matches" in line
+    refused_in_one_line(tfdistx("data=tfrecord", f"data.train_files={tmp_path}/nothing-*.tfrecord"), "data.train_files", "no file matches")
 
 
 def test_a_file_that_is_not_tfrecord(tfdistx, tmp_path, indexed_files):
     bad = tmp_path / "train-0.tfrecord"
     bad.write_text("id,label\n1,0\n" * 100)
     (tmp_path / "manifest.json").write_text((indexed_files / "manifest.json").read_text())
-    line = one_line(tfdistx("data=tfrecord", f"data.train_files={bad}"))
-    assert str(bad) in line and "not TFRecord, or not compressed as data.compression=null says" in line
+    refused_in_one_line(tfdistx("data=tfrecord", f"data.train_files={bad}"), str(bad),
+                        "not TFRecord, or not compressed as data.compression=null says")
 
 
 @pytest.mark.parametrize("features, named", [
@@ -149,8 +139,8 @@ def test_a_file_that_is_not_tfrecord(tfdistx, tmp_path, indexed_files):
 ])
 def test_features_the_records_do_not_hold(tfdistx, indexed_files, features, named):
     """A feature missing from the records, of another dtype, or of another size."""
-    line = one_line(tfdistx("data=tfrecord", f"data.train_files={indexed_files}/train-*", f"data.features={features}"))
-    assert named in line and "train-00000-of-00004.tfrecord" in line, line
+    refused_in_one_line(tfdistx("data=tfrecord", f"data.train_files={indexed_files}/train-*", f"data.features={features}"),
+                        named, "train-00000-of-00004.tfrecord")
 
 
 def test_a_corrupt_record_mid_file_stops_the_run_naming_the_file(tfdistx, tmp_path, indexed_files):
@@ -162,7 +152,7 @@ def test_a_corrupt_record_mid_file_stops_the_run_naming_the_file(tfdistx, tmp_pa
     raw = bytearray(damaged.read_bytes())
     raw[len(raw) // 2] ^= 0xFF  # one flipped byte: its record's checksum fails
     damaged.write_bytes(bytes(raw))
-    line = one_line(tfdistx("data=tfrecord", f"data.train_files={data}/train-*", "model._target_=user_plugins.counting_model",
-                            f"+model.examples={EXAMPLES}", "trainer.steps=40", "data.batch_size=32",
-                            "checkpoint.export=false", "logger.tensorboard=false"))
-    assert str(damaged) in line and "corrupt" in line, line
+    run = tfdistx("data=tfrecord", f"data.train_files={data}/train-*", "model._target_=user_plugins.counting_model",
+                  f"+model.examples={EXAMPLES}", "trainer.steps=40", "data.batch_size=32",
+                  "checkpoint.export=false", "logger.tensorboard=false")
+    refused_in_one_line(run, str(damaged), "corrupt")
