@@ -94,6 +94,14 @@ class Pod:
                 pass
 
 
+def _has_content(path: Path) -> bool:
+    """A file written, not only opened (metrics.jsonl is opened before the first step)."""
+    try:
+        return path.stat().st_size > 0
+    except OSError:
+        return False
+
+
 def _die_with_parent():
     ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
@@ -112,7 +120,7 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("manifest")
     parser.add_argument("workdir")
-    parser.add_argument("--kill", help="pod name to signal once, when --when-exists appears")
+    parser.add_argument("--kill", help="pod name to signal once, when --when-exists appears with content")
     parser.add_argument("--signal", default="KILL", help="KILL (a lost pod) or TERM (a pod evicted: preemption)")
     parser.add_argument("--when-exists")
     parser.add_argument("--timeout", type=float, default=600)
@@ -149,7 +157,7 @@ def main() -> int:
     deadline = time.monotonic() + args.timeout
     while status is None:
         time.sleep(0.2)
-        if args.kill and not killed and args.when_exists and Path(args.when_exists).exists():
+        if args.kill and not killed and args.when_exists and _has_content(Path(args.when_exists)):
             victim = next(p for p in pods if p.name == args.kill)
             victim.signal(getattr(signal, f"SIG{args.signal}"))
             killed = True

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import QUICK, steps_logged, tfdistx_env, whole_and_resumed
+from conftest import QUICK, free_ports, steps_logged, tfdistx_env, whole_and_resumed, workers_tf_config
 
 LONG = ["trainer.steps=1000000", "trainer.steps_per_loop=20", "trainer.log_every=20", "trainer.eval_every=0",
         "checkpoint.every_steps=100000", "logger.tensorboard=false"]
@@ -73,6 +73,20 @@ def test_sigterm_checkpoints_exits_42_and_a_rerun_resumes(tmp_path):
     summary = json.loads((run_dir / "summary.json").read_text())
     assert (summary["resumed_from_step"], summary["step"]) == (preempted_at, preempted_at + 40)
     assert steps_logged(run_dir) == list(range(20, preempted_at + 41, 20))
+
+
+def test_a_sigterm_after_the_cluster_forms_and_before_training_still_ends_the_task():
+    """TensorFlow's coordination service swaps in a SIGTERM handler that only
+    logs when a multi-worker strategy starts; an evicted task must not train on."""
+    script = ("import os, signal, time\n"
+              "from tfdistx import strategy\n"
+              "strategy.build('multiworker', {}, None)\n"
+              "os.kill(os.getpid(), signal.SIGTERM)\n"
+              "time.sleep(10)\n"
+              "print('trained on')\n")
+    env = tfdistx_env(TF_CONFIG=workers_tf_config(free_ports(1), 0))
+    run = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
+    assert run.returncode == -signal.SIGTERM and "trained on" not in run.stdout, run.stderr[-2000:]
 
 
 @pytest.mark.parametrize("strategy", [["strategy=one_device"], ["strategy=mirrored", "cluster=1x2"], ["strategy=multiworker", "cluster=2x1"]])

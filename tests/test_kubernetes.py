@@ -151,7 +151,7 @@ def simulator():
 
 def run_tfjob(tmp_path, name, overrides, kill, when="checkpoints/ckpt-400.index", signal="KILL"):
     """Export the TFJob (hostPath volume under tmp_path), run its pods, and
-    send `signal` to pod `kill` once the run dir has the file `when`."""
+    send `signal` to pod `kill` once the run dir's file `when` has content."""
     volume = tmp_path / "volume"
     out = export(*overrides, "--image", "tfdistx:test", "--name", name, "--volume", f"hostPath:{volume}")
     assert out.returncode == 0, out.stderr
@@ -193,7 +193,8 @@ def test_multiworker_tfjob_pods_train_and_a_killed_worker_pod_resumes_the_run(tm
 
 def test_an_evicted_worker_pod_checkpoints_the_tfjob_and_it_resumes_from_that_step(tmp_path, simulator):
     """Eviction is SIGTERM to one pod: every worker saves at one step and
-    leaves with 42 + 128, which the ExitCode policy retries; no step is lost."""
+    leaves with 42 + 128, which the ExitCode policy retries; no step is lost.
+    (The signal comes once step 100 is logged, so every pod is training.)"""
     volume, events, logs = run_tfjob(tmp_path, "ev", ["strategy=multiworker", "cluster=2x1", "data=synthetic", "trainer.steps=1500",
                                                       "checkpoint.every_steps=1000"], kill="ev-worker-1", when="metrics.jsonl", signal="TERM")
     assert exits(events, "ev-worker-1") == [170, 0] and exits(events, "ev-worker-0") == [170, 0]

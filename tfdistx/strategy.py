@@ -7,6 +7,8 @@ devices, which is why the entrypoint calls it first.
 """
 
 import os
+import signal
+import threading
 from typing import Mapping, Optional
 
 import tensorflow as tf
@@ -61,7 +63,21 @@ def build(name: str, options: Mapping, devices_per_worker: Optional[int] = None)
     Multi-process strategies read TF_CONFIG, which the launcher, the
     scheduler or tfdistx's Slurm support has set.
     """
-    return _BUILDERS[name](options, devices_per_worker)
+    strategy = _BUILDERS[name](options, devices_per_worker)
+    _take_back_sigterm()
+    return strategy
+
+
+def _take_back_sigterm() -> None:
+    """A multi-worker strategy starts TensorFlow's coordination service,
+    whose preemption notifier (tsl's SigtermNotifier) replaces the process's
+    SIGTERM handler with one that only logs "SIGTERM caught". Until training's
+    PreemptionWatcher took over, a scheduler's SIGTERM was then ignored
+    (found in CI: an evicted pod trained on to the end and exited 0). Put
+    back the handler Python had, by default "end the process": nothing has
+    been trained yet that a checkpoint would keep."""
+    if threading.current_thread() is threading.main_thread():  # signal.signal works only there
+        signal.signal(signal.SIGTERM, signal.getsignal(signal.SIGTERM))
 
 
 def _one_device(options, devices_per_worker):
