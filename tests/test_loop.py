@@ -11,9 +11,10 @@ from tfdistx import input as input_lib
 from tfdistx.loop import Loop, Schedule
 from tfdistx.metrics import MetricSet
 from tfdistx.models import mlp
-from tfdistx.optim import LearningRateAtStep
+from tfdistx.optim import LearningRateAtStep, build_optimizer
 from tfdistx.runner import SyncRunner
 from tfdistx.tasks.classification import Classification
+from tfdistx.update import Update
 
 
 def test_schedule_stops_at_every_due_action():
@@ -55,11 +56,11 @@ def test_loop_runs_steps_logs_evaluates_and_saves():
     task = Classification(metrics=("accuracy",))
     model = mlp((4, 4, 1), 3, hidden_units=(8,))
     learning_rate = LearningRateAtStep(0.01)
-    optimizer = tf.keras.optimizers.SGD(learning_rate=learning_rate)
+    optimizer = build_optimizer({"name": "sgd"}, learning_rate)
     metrics = MetricSet(task.metrics())
     features, labels = next(iter(source.train(None).batch(2)))
     metrics.build(*task.metric_inputs(labels, model(features)))
-    runner = SyncRunner(strategy, task, model, optimizer, metrics, global_batch=32, learning_rate=learning_rate,
+    runner = SyncRunner(strategy, task, model, Update(task, model, optimizer, global_batch=32), metrics, learning_rate=learning_rate,
                         train_data=input_lib.train_dataset(strategy, source, 32, seed=0),
                         eval_data=input_lib.eval_dataset(strategy, source.eval, 32))
     counter, recorder = tf.Variable(0, dtype=tf.int64), Recorder()

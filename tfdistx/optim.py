@@ -15,8 +15,27 @@ from typing import Any, Mapping
 
 import keras
 
-_CLASSES = {"adam": keras.optimizers.Adam, "sgd": keras.optimizers.SGD, "adamw": keras.optimizers.AdamW}
-_TFDISTX_KEYS = ("name", "lr", "schedule", "warmup_steps", "min_lr_ratio", "scale_lr_with_replicas")
+
+class _GradientsArriveSummed:
+    """Keras' TensorFlow optimizer sums gradients over replicas inside its
+    update, after clipping them; tfdistx sums them before (update.py says
+    why), so the optimizer must not sum them again."""
+
+    def _all_reduce_sum_gradients(self, grads_and_vars):
+        return list(grads_and_vars)
+
+
+def _summed(cls):
+    # A private method of Keras' TensorFlow backend (keras/src/backend/tensorflow/optimizer.py):
+    # refuse to run, rather than sum twice, if a Keras release renames it.
+    if not hasattr(cls, "_all_reduce_sum_gradients"):
+        raise RuntimeError(f"this Keras ({keras.__version__}) no longer sums gradients in _all_reduce_sum_gradients; "
+                           "tfdistx's update (update.py) needs a Keras 3 release that does")
+    return type(cls.__name__, (_GradientsArriveSummed, cls), {})
+
+
+_CLASSES = {"adam": _summed(keras.optimizers.Adam), "sgd": _summed(keras.optimizers.SGD), "adamw": _summed(keras.optimizers.AdamW)}
+_TFDISTX_KEYS = ("name", "lr", "schedule", "warmup_steps", "min_lr_ratio", "scale_lr_with_replicas", "clip_norm", "global_clip_norm")
 
 
 def effective_lr(cfg: Mapping[str, Any], replicas: int) -> float:
@@ -56,7 +75,11 @@ class LearningRateAtStep:
         return float(self.rate(step)) if callable(self.rate) else float(self.rate)
 
 
-def build_optimizer(cfg: Mapping[str, Any], learning_rate: LearningRateAtStep) -> keras.optimizers.Optimizer:
-    """Everything in the config that is not a tfdistx key goes to the Keras class."""
+def build_optimizer(cfg: Mapping[str, Any], learning_rate: LearningRateAtStep, loss_scaling: bool = False) -> keras.optimizers.Optimizer:
+    """Everything in the config that is not a tfdistx key goes to the Keras
+    class. Clipping is Keras' own, on gradients already summed over replicas.
+    `loss_scaling` (mixed_float16): wrapped in Keras' dynamic loss scaling."""
     kwargs = {k: v for k, v in cfg.items() if k not in _TFDISTX_KEYS}
-    return _CLASSES[cfg["name"]](learning_rate=learning_rate, **kwargs)
+    optimizer = _CLASSES[cfg["name"]](learning_rate=learning_rate, clipnorm=cfg.get("clip_norm"),
+                                      global_clipnorm=cfg.get("global_clip_norm"), **kwargs)
+    return keras.optimizers.LossScaleOptimizer(optimizer) if loss_scaling else optimizer

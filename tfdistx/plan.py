@@ -3,7 +3,7 @@
 from omegaconf import DictConfig, OmegaConf
 
 from tfdistx import cluster as cluster_lib
-from tfdistx.config import datafiles, strategies
+from tfdistx.config import compute, datafiles, strategies
 from tfdistx.config.validate import planned_replicas
 
 
@@ -42,13 +42,20 @@ def describe(cfg: DictConfig) -> str:
     else:
         lines.append("replicas      decided by the GPUs visible at start (else 1 per worker)")
         lines.append(f"batch         global {batch}, split evenly across the replicas")
+    accumulate = cfg.trainer.accumulate_steps
+    if accumulate > 1:
+        lines.append(f"accumulate    {accumulate} batches of {batch} per step: the gradients of {batch * accumulate} examples, "
+                     f"the activations of {batch} in memory")
+    lines.append(f"compute       {cfg.trainer.precision}; XLA {compute.jit_compile(cfg)[1]}")
     files = _file_data(cfg.data, topo.workers if facts.multi_process else 1)
     if files:
         lines = [line for line in lines if not line.startswith("data ")] + [files]
     scale = cfg.optimizer.get("scale_lr_with_replicas")
     lr = cfg.optimizer.lr
     lr_text = f"{lr} x replicas = {lr * replicas}" if scale and replicas else f"{lr}" + (" x replicas" if scale else "")
-    lines.append(f"optimizer     {cfg.optimizer.name}, lr {lr_text}, schedule {cfg.optimizer.get('schedule', 'constant')}")
+    clip = next((f"; clip {key} {cfg.optimizer[key]} after the sum over replicas" for key in ("clip_norm", "global_clip_norm")
+                 if cfg.optimizer.get(key) is not None), "")
+    lines.append(f"optimizer     {cfg.optimizer.name}, lr {lr_text}, schedule {cfg.optimizer.get('schedule', 'constant')}{clip}")
     steps = cfg.trainer.steps if cfg.trainer.steps is not None else f"{cfg.trainer.epochs} epoch(s)"
     t = cfg.trainer
     lines.append(f"steps         {steps}; {t.steps_per_loop} per tf.function call; log every {t.log_every}; eval every {t.eval_every or 'end only'}")

@@ -22,13 +22,14 @@ import tensorflow as tf
 from tfdistx.metrics import MetricSet
 from tfdistx.optim import LearningRateAtStep
 from tfdistx.tasks import Task
+from tfdistx.update import Update
 
 
 class StepRunner:
-    def __init__(self, strategy: tf.distribute.Strategy, task: Task, model, optimizer, metrics: MetricSet,
-                 global_batch: int, learning_rate: Optional[LearningRateAtStep] = None):
-        self.strategy, self.task, self.model, self.optimizer = strategy, task, model, optimizer
-        self.metrics, self.global_batch, self.learning_rate = metrics, global_batch, learning_rate
+    def __init__(self, strategy: tf.distribute.Strategy, task: Task, model, update: Update, metrics: MetricSet,
+                 learning_rate: Optional[LearningRateAtStep] = None):
+        self.strategy, self.task, self.model, self.update = strategy, task, model, update
+        self.metrics, self.learning_rate = metrics, learning_rate
         self._train_loop = tf.function(self._train_loop_fn)
 
     # -- traced code -----------------------------------------------------------
@@ -38,12 +39,13 @@ class StepRunner:
             # The schedule follows the loop's own step, not optimizer.iterations,
             # which concurrent parameter-server workers undercount.
             self.learning_rate.step = step
-        labels, outputs, per_example = self.task.train_step(self.model, self.optimizer, batch, self.global_batch)
+        return self.update(batch, self._metric_state)
+
+    def _metric_state(self, labels, outputs, per_example):
         return self.metrics.batch_state(*self.task.metric_inputs(labels, outputs), per_example)
 
     def _eval_step(self, batch):
-        labels, outputs, per_example = self.task.eval_step(self.model, batch)
-        return self.metrics.batch_state(*self.task.metric_inputs(labels, outputs), per_example)
+        return self._metric_state(*self.task.eval_step(self.model, batch))
 
     def _train_loop_fn(self, iterator, first_step, num_steps):
         """Steps first_step .. first_step + num_steps - 1; their summed state."""

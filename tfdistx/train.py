@@ -16,7 +16,7 @@ from typing import Any, Optional
 from omegaconf import DictConfig, OmegaConf
 
 from tfdistx.cluster import Placement
-from tfdistx.config import strategies
+from tfdistx.config import compute, strategies
 from tfdistx.config.schema import PIPELINE_KEYS
 from tfdistx.config.validate import objective_problems
 
@@ -91,6 +91,7 @@ def train(cfg: DictConfig, run_dir: str, placement: Optional[Placement] = None, 
         "task": run.task.name, "replicas": run.replicas, "workers": cfg.cluster.workers, "ps": cfg.cluster.ps,
         "strategy": run.strategy_name, "strategy_class": type(run.strategy).__name__,
         "global_batch": run.global_batch, "per_replica_batch": run.per_replica_batch,
+        "accumulate_steps": cfg.trainer.accumulate_steps, "precision": cfg.trainer.precision, "jit_compile": run.jit_compile,
         "learning_rate": run.peak_lr, "resumed": bool(restored), "resumed_from_step": start_step if restored else None,
         "train_wall_time_sec": result.wall_time_sec, "wall_time_sec": time.time() - started,
         "process": run.placement.task_name, "weights_sha256": digest, "variable_devices": variable_devices(run.model),
@@ -148,6 +149,7 @@ class Run:
     per_replica_batch: int
     total_steps: int
     peak_lr: float
+    jit_compile: bool
     sample: tuple  # (labels, model outputs) of two training examples, to build the metrics with
 
     @property
@@ -199,7 +201,8 @@ def build_run(cfg: DictConfig, run_dir: str, placement: Placement) -> Optional[R
     strategy = strategy_lib.build(name, options, cfg.cluster.devices_per_worker)
     coordinator = tf.distribute.experimental.coordinator.ClusterCoordinator(strategy) if facts.asynchronous else None
     replicas = strategy.num_replicas_in_sync
-    global_batch = cfg.data.batch_size
+    # A step trains on accumulate_steps batches of data.batch_size (update.py).
+    global_batch = cfg.data.batch_size * cfg.trainer.accumulate_steps
     per_replica = input_lib.per_replica_batch(global_batch, replicas)
 
     task, source = build_task_and_data(cfg)
@@ -210,10 +213,17 @@ def build_run(cfg: DictConfig, run_dir: str, placement: Placement) -> Optional[R
     feature_spec, label_spec = source.element_spec
     num_outputs = task.num_outputs(label_spec, source.num_classes)
     learning_rate = LearningRateAtStep(schedule(cfg.optimizer, replicas, total_steps))
+    gpus = bool(tf.config.list_logical_devices("GPU"))
+    jit, why = compute.jit_compile(cfg, gpus=gpus)
+    log.info("precision %s; XLA %s", cfg.trainer.precision, why)
+    if compute.precision_warning(cfg.trainer.precision, gpus):
+        log.warning(compute.precision_warning(cfg.trainer.precision, gpus))
+    keras.mixed_precision.set_global_policy(cfg.trainer.precision)  # every run sets it: a sweep's earlier job may have changed it
     with strategy.scope():
         model = build_model(cfg, feature_spec, num_outputs)
         try:
-            optimizer = build_optimizer(OmegaConf.to_container(cfg.optimizer), learning_rate)
+            optimizer = build_optimizer(OmegaConf.to_container(cfg.optimizer), learning_rate,
+                                        loss_scaling=cfg.trainer.precision == "mixed_float16")
         except (TypeError, ValueError) as error:  # Keras' answer to an unknown or bad keyword
             raise ConfigError.one("optimizer", cfg.optimizer.name, f"bad option: {error}") from None
         optimizer.build(model.trainable_variables)
@@ -228,7 +238,8 @@ def build_run(cfg: DictConfig, run_dir: str, placement: Placement) -> Optional[R
         is_chief=placement.is_chief, task_name=placement.task_name,
         model=model, optimizer=optimizer, rng=rng_states(model), step=step_counter)
     return Run(Path(run_dir), placement, facts, name, strategy, coordinator, task, source, model, optimizer, learning_rate,
-               step_counter, checkpointer, global_batch, per_replica, total_steps, effective_lr(cfg.optimizer, replicas), sample)
+               step_counter, checkpointer, global_batch, per_replica, total_steps, effective_lr(cfg.optimizer, replicas),
+               jit, sample)
 
 
 def build_task_and_data(cfg: DictConfig):
@@ -257,6 +268,7 @@ def make_runner(run: Run, cfg: DictConfig, skip_steps: int = 0, train: bool = Tr
     from tfdistx import input as input_lib
     from tfdistx.metrics import MetricSet
     from tfdistx.runner import CoordinatorRunner, SyncRunner
+    from tfdistx.update import Update
 
     metrics = MetricSet(run.task.metrics())
     metrics.build(*run.task.metric_inputs(*run.sample))
@@ -266,13 +278,15 @@ def make_runner(run: Run, cfg: DictConfig, skip_steps: int = 0, train: bool = Tr
         shuffle_buffer=cfg.data.get("shuffle_buffer", 10_000), cache=cfg.data.get("cache", False),
         skip_steps=skip_steps, ps_workers=workers if run.facts.asynchronous else 0) if train else None
     eval_steps, cache = cfg.trainer.eval_steps, cfg.data.get("cache", False)
-    common = dict(global_batch=run.global_batch, learning_rate=run.learning_rate)
-    parts = (run.strategy, run.task, run.model, run.optimizer, metrics)
+    update = Update(run.task, run.model, run.optimizer, run.global_batch, cfg.trainer.accumulate_steps, jit_compile=run.jit_compile)
+    common = dict(learning_rate=run.learning_rate)
+    parts = (run.strategy, run.task, run.model, update, metrics)
+    eval_batch = cfg.data.batch_size  # not the accumulated batch: what fits in memory
     if run.coordinator is None:
-        eval_data = input_lib.eval_dataset(run.strategy, run.source.eval, run.global_batch, steps=eval_steps, cache=cache)
+        eval_data = input_lib.eval_dataset(run.strategy, run.source.eval, eval_batch, steps=eval_steps, cache=cache)
         return SyncRunner(*parts, train_data=train_data, eval_data=eval_data, **common)
     # evaluated inline on the coordinator, reading the variables from the ps tasks
-    eval_data = input_lib.local_eval_dataset(run.source.eval, run.global_batch, steps=eval_steps, cache=cache)
+    eval_data = input_lib.local_eval_dataset(run.source.eval, eval_batch, steps=eval_steps, cache=cache)
     return CoordinatorRunner(*parts, coordinator=run.coordinator, workers=workers, train_data=train_data, eval_data=eval_data, **common)
 
 
@@ -285,13 +299,19 @@ def export_checkpoint(cfg: DictConfig, task, source, checkpoint_path: str, direc
     from tfdistx.export import export_saved_model
     from tfdistx.optim import LearningRateAtStep, build_optimizer
 
+    import keras
+
     feature_spec, label_spec = source.element_spec
+    # The weights are float32 under every precision (Keras keeps float32 master
+    # weights): the exported model serves in float32, whatever training computed in.
+    keras.mixed_precision.set_global_policy("float32")
     model = build_model(cfg, feature_spec, task.num_outputs(label_spec, source.num_classes))
     # Restored with the optimizer too, as training saved it: a weight that a
     # layer keeps in a plain list (wide_deep's table shards) is reachable in
     # the checkpoint only through the optimizer's variables, and a restore of
     # the model alone would silently leave it at its initial value.
-    optimizer = build_optimizer(OmegaConf.to_container(cfg.optimizer, resolve=True), LearningRateAtStep(0.0))
+    optimizer = build_optimizer(OmegaConf.to_container(cfg.optimizer, resolve=True), LearningRateAtStep(0.0),
+                                loss_scaling=cfg.trainer.precision == "mixed_float16")  # the checkpoint's structure
     optimizer.build(model.trainable_variables)
     tf.train.Checkpoint(model=model, optimizer=optimizer).restore(checkpoint_path).expect_partial()
     export_saved_model(model, task, feature_spec, directory)
@@ -325,10 +345,11 @@ def _check_model_takes_data(model, task, source, cfg: DictConfig, num_outputs: i
     whose output the task cannot use, are refused as a config error, not as
     a traceback from deep inside the first step. Returns (labels, outputs)."""
     from tfdistx.config.errors import ConfigError
+    from tfdistx.tasks import float32
 
     features, labels = next(iter(source.train(None).batch(2)))
     try:
-        outputs = model(features, training=False)
+        outputs = float32(model(features, training=False))
         if tuple(outputs.shape[1:]) != (num_outputs,):
             raise ValueError(f"it outputs shape {tuple(outputs.shape[1:])} per example; task={task.name} needs {num_outputs}")
         task.loss(labels, outputs)

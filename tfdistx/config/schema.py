@@ -36,6 +36,9 @@ class TrainerConfig:
     seed: int = 0
     deterministic: bool = False
     objective: str = "${task.objective}"  # a metric the task reports: loss, eval/loss, eval/<metric>, <metric>
+    jit_compile: Any = "auto"  # true, false or auto (validate.py)
+    precision: str = "float32"
+    accumulate_steps: int = 1
 
 
 @dataclass

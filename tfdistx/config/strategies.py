@@ -27,6 +27,8 @@ class Strategy:
     options: Mapping[str, Optional[Tuple[str, ...]]] = field(default_factory=dict)
     one_replica: bool = False  # one_device: never more than one replica
     not_in_tfjob: Optional[str] = None  # why `tfdistx export tfjob` cannot place it (None: it can)
+    no_xla: Optional[str] = None  # why trainer.jit_compile cannot be on (None: it can)
+    precisions: Tuple[str, ...] = ("float32", "mixed_bfloat16", "mixed_float16")  # trainer.precision values it runs
 
     @property
     def multi_process(self) -> bool:
@@ -83,6 +85,9 @@ class Strategy:
         return problems
 
 
+# Measured (TF 2.21): "Trying to access resource ... located in device ... Cf.
+# https://www.tensorflow.org/xla/known_issues#tfvariable_on_a_different_device".
+_VARIABLES_ELSEWHERE = "its variables live {where}, away from the device that computes, and XLA compiles only steps whose variables are on their own device"
 CROSS_DEVICE_OPS = ("auto", "nccl", "hierarchical_copy", "reduction_to_one")
 COMMUNICATIONS = ("auto", "ring", "nccl")
 
@@ -92,13 +97,14 @@ STRATEGIES: Dict[str, Strategy] = {s.name: s for s in [
     Strategy("mirrored", "MirroredStrategy: synchronous replicas on this machine's GPUs or logical CPU devices",
              ONE_PROCESS, {"cross_device_ops": CROSS_DEVICE_OPS}),
     Strategy("central_storage", "CentralStorageStrategy: variables on the CPU, compute replicated on this machine's devices",
-             ONE_PROCESS),
+             ONE_PROCESS, no_xla=_VARIABLES_ELSEWHERE.format(where="on the CPU")),
     Strategy("tpu", "TPUStrategy through TPUClusterResolver", ONE_PROCESS, {"tpu": None},
-             not_in_tfjob="a TPU is reached through its own resolver (strategy.tpu), not a TFJob's TF_CONFIG: run it on a TPU VM"),
+             not_in_tfjob="a TPU is reached through its own resolver (strategy.tpu), not a TFJob's TF_CONFIG: run it on a TPU VM",
+             precisions=("float32", "mixed_bfloat16")),
     Strategy("multiworker", "MultiWorkerMirroredStrategy: synchronous all-reduce across worker processes",
              ONE_PER_WORKER, {"communication": COMMUNICATIONS}),
     Strategy("parameter_server", "ParameterServerStrategy + ClusterCoordinator: asynchronous steps on free workers, variables on ps tasks",
-             COORDINATOR),
+             COORDINATOR, no_xla=_VARIABLES_ELSEWHERE.format(where="on the ps tasks")),
 ]}
 
 AUTO = "auto"

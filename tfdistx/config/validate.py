@@ -14,7 +14,7 @@ from typing import Optional
 
 from omegaconf import DictConfig, OmegaConf
 
-from tfdistx.config import datafiles, strategies, topology
+from tfdistx.config import compute, datafiles, strategies, topology
 from tfdistx.config.errors import MAX_RETRYABLE_EXIT_OFFSET, ConfigError, Problem
 from tfdistx.config.schema import LAUNCH_MODES, Config
 
@@ -29,6 +29,7 @@ def validate(cfg: DictConfig, run_dir: Optional[str] = None) -> None:
     problems += _data(cfg.data, planned_replicas(cfg))
     problems += _optimizer(cfg.optimizer)
     problems += _trainer(cfg.trainer)
+    problems += compute.problems(cfg)
     problems += _objective(cfg.trainer.objective, cfg.task)
     problems += _checkpoint(cfg.checkpoint)
     problems += _targets(cfg)
@@ -142,6 +143,13 @@ def _optimizer(opt: DictConfig) -> list:
     warmup = opt.get("warmup_steps", 0)
     if not _is_int(warmup) or warmup < 0:
         problems.append(Problem("optimizer.warmup_steps", warmup, "must be a whole number, 0 or more"))
+    for key in ("clip_norm", "global_clip_norm"):
+        value = opt.get(key)
+        if value is not None and (not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 < value < math.inf):
+            problems.append(Problem(f"optimizer.{key}", value, "must be a positive, finite number (or null: no clipping)"))
+    if opt.get("clip_norm") is not None and opt.get("global_clip_norm") is not None:
+        problems.append(Problem("optimizer.global_clip_norm", opt.global_clip_norm,
+                                f"set with optimizer.clip_norm={opt.clip_norm}: clip each gradient or all together, not both"))
     return problems
 
 
@@ -158,6 +166,12 @@ def _trainer(trainer: DictConfig) -> list:
             problems.append(Problem(f"trainer.{key}", trainer[key], "must be at least 1"))
     if trainer.eval_every < 0:
         problems.append(Problem("trainer.eval_every", trainer.eval_every, "must be 0 (only at the end) or more"))
+    if trainer.jit_compile not in compute.JIT_COMPILE or isinstance(trainer.jit_compile, int) and not isinstance(trainer.jit_compile, bool):
+        problems.append(Problem("trainer.jit_compile", trainer.jit_compile, "allowed: true, false, auto"))
+    if trainer.precision not in compute.PRECISIONS:
+        problems.append(Problem("trainer.precision", trainer.precision, f"allowed: {', '.join(compute.PRECISIONS)}"))
+    if trainer.accumulate_steps < 1:
+        problems.append(Problem("trainer.accumulate_steps", trainer.accumulate_steps, "must be at least 1 (1: no accumulation)"))
     return problems
 
 

@@ -16,7 +16,11 @@ and, if the defaults do not fit:
                                     metric_inputs(labels, outputs) = (labels, predictions(outputs))
     predictions(outputs)         -> what the metrics see (e.g. probabilities)
     serving_outputs(outputs)     -> {name: tensor}: what the exported model returns
-    train_step(model, optimizer, batch, global_batch) -> (labels, outputs, per-example loss)
+    forward(model, batch, training) -> (labels, outputs): for batches that are
+                                    not (features, labels) pairs
+
+The gradients and the update (loss scaling, the sum over replicas, clipping,
+accumulation) are tfdistx's, the same for every task: see update.py.
 
 Metrics must have additive state (sums and counts, as every Keras mean,
 accuracy, confusion-matrix, AUC and F1 metric has): tfdistx sums their state
@@ -71,24 +75,20 @@ class Task:
     def serving_outputs(self, outputs) -> Dict[str, tf.Tensor]:
         return {"outputs": outputs}
 
-    def train_step(self, model, optimizer, batch, global_batch: int):
-        """Forward, loss, gradients, update: on one replica, for one batch."""
+    def forward(self, model, batch, training: bool):
+        """(labels, outputs) of one batch; outputs in float32 whatever the
+        model computes in (mixed precision), so losses and metrics are exact."""
         features, labels = batch
-        with tf.GradientTape() as tape:
-            outputs = model(features, training=True)
-            per_example = self.loss(labels, outputs)
-            # Scaled by the global batch: the optimizer sums gradients over replicas.
-            loss = tf.nn.compute_average_loss(per_example, global_batch_size=global_batch)
-            if model.losses:
-                loss += tf.nn.scale_regularization_loss(tf.add_n(model.losses))
-        variables = model.trainable_variables
-        optimizer.apply_gradients(zip(tape.gradient(loss, variables), variables))
-        return labels, outputs, per_example
+        return labels, float32(model(features, training=training))
 
     def eval_step(self, model, batch):
-        features, labels = batch
-        outputs = model(features, training=False)
+        labels, outputs = self.forward(model, batch, training=False)
         return labels, outputs, self.loss(labels, outputs)
+
+
+def float32(outputs):
+    """Floating outputs (a tensor or a dict of them) cast to float32."""
+    return tf.nest.map_structure(lambda t: tf.cast(t, tf.float32) if t.dtype.is_floating else t, outputs)
 
 
 def column(labels, dtype=tf.float32) -> tf.Tensor:

@@ -1,0 +1,128 @@
+"""How a step computes: gradient accumulation, clipping, XLA, mixed precision.
+
+Equivalences are checked on the trained weights, read back from the final
+checkpoint on disk.
+"""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from conftest import QUICK, refused_in_one_line, whole_and_resumed
+from test_config import compose
+from tfdistx.config import compute
+
+# SGD rather than Adam: Adam divides by the gradients' running scale, so
+# rounding differences between two equal computations grow where a
+# gradient is near zero; SGD keeps them at rounding size.
+EXACT = [*QUICK, "data=synthetic", "optimizer=sgd", "optimizer.lr=0.05", "checkpoint.export=false"]
+
+
+def weights(run) -> dict:
+    """The model's trainable variables in the run's newest checkpoint (the
+    object graph reaches them first through the optimizer)."""
+    reader = tf.train.load_checkpoint(str(run.dir / "checkpoints"))
+    return {name: reader.get_tensor(name) for name in reader.get_variable_to_shape_map() if "/_trainable_variables/" in name}
+
+
+def assert_same_weights(a, b, tolerance=1e-5):
+    wa, wb = weights(a), weights(b)
+    assert wa.keys() == wb.keys() and wa
+    worst = max(float(np.max(np.abs(wa[k] - wb[k]))) for k in wa)
+    assert worst < tolerance, worst
+
+
+def assert_different_weights(a, b):
+    wa, wb = weights(a), weights(b)
+    assert max(float(np.max(np.abs(wa[k] - wb[k]))) for k in wa) > 1e-3
+
+
+@pytest.mark.parametrize("strategy", [["strategy=one_device"], ["strategy=mirrored", "cluster=1x2"]])
+def test_accumulating_4_batches_trains_the_same_weights_as_one_4x_batch(tfdistx, tmp_path, strategy):
+    accumulated = tfdistx(*EXACT, *strategy, "data.batch_size=32", "trainer.accumulate_steps=4", run_dir=tmp_path / "acc")
+    large = tfdistx(*EXACT, *strategy, "data.batch_size=128", run_dir=tmp_path / "large")
+    small = tfdistx(*EXACT, *strategy, "data.batch_size=32", run_dir=tmp_path / "small")
+    for run in (accumulated, large, small):
+        assert run.returncode == 0, run
+    assert accumulated.summary["global_batch"] == 128 and accumulated.summary["accumulate_steps"] == 4
+    assert_same_weights(accumulated, large)
+    assert_different_weights(accumulated, small)  # the comparison can tell
+
+
+def test_accumulated_embedding_gradients_stay_sparse_and_train_the_same_weights(tfdistx, tmp_path):
+    wide_deep = [*EXACT, "data=synthetic_categorical", "model=wide_deep", "model.vocab_size=1000", "data.vocab_size=1000"]
+    accumulated = tfdistx(*wide_deep, "data.batch_size=32", "trainer.accumulate_steps=4", run_dir=tmp_path / "acc")
+    large = tfdistx(*wide_deep, "data.batch_size=128", run_dir=tmp_path / "large")
+    for run in (accumulated, large):
+        assert run.returncode == 0, run
+    assert_same_weights(accumulated, large)
+
+
+def test_global_clipping_clips_the_gradient_summed_over_replicas(tfdistx, tmp_path):
+    """Keras clips before it sums over replicas: given global_clipnorm, two
+    replicas would each clip half a gradient. tfdistx clips the sum, so one
+    and two replicas train the same weights."""
+    clipped = [*EXACT, "optimizer.global_clip_norm=0.05"]
+    one = tfdistx(*clipped, "strategy=one_device", run_dir=tmp_path / "one")
+    two = tfdistx(*clipped, "strategy=mirrored", "cluster=1x2", run_dir=tmp_path / "two")
+    unclipped = tfdistx(*EXACT, "strategy=one_device", run_dir=tmp_path / "unclipped")
+    for run in (one, two, unclipped):
+        assert run.returncode == 0, run
+    assert_same_weights(one, two)
+    assert_different_weights(one, unclipped)
+
+
+@pytest.mark.parametrize("compute", [["trainer.jit_compile=true"], ["trainer.precision=mixed_float16"]])
+def test_stopped_and_resumed_run_ends_bitwise_equal_with_xla_and_with_loss_scaling(tfdistx, tmp_path, compute):
+    """float32 under XLA; and mixed_float16, whose loss scale is checkpointed with the optimizer."""
+    whole, resumed = whole_and_resumed(tfdistx, tmp_path, [*QUICK, "data=synthetic", *compute, "trainer.deterministic=true"],
+                                       stop_at=20, steps=40)
+    assert whole.summary["weights_sha256"] == resumed.summary["weights_sha256"]
+
+
+def test_mixed_precision_trains_like_float32_under_mirrored_replicas(tfdistx, tmp_path):
+    runs = {precision: tfdistx(*QUICK, "data=synthetic", "strategy=mirrored", "cluster=1x2", f"trainer.precision={precision}",
+                               "trainer.steps=80", run_dir=tmp_path / precision)
+            for precision in ("float32", "mixed_bfloat16", "mixed_float16")}
+    for precision, run in runs.items():
+        assert run.returncode == 0, run
+        assert run.summary["precision"] == precision
+        assert (run.dir / "export" / "saved_model.pb").exists()
+    reference = runs["float32"].summary["train"]["loss"]
+    assert reference < 2.1  # it learned: 10 classes start at ln 10 = 2.30
+    for precision in ("mixed_bfloat16", "mixed_float16"):
+        assert abs(runs[precision].summary["train"]["loss"] - reference) < 0.05, precision
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("extra", [["trainer.precision=mixed_float16"], ["trainer.jit_compile=true", "trainer.accumulate_steps=2",
+                                                                          "optimizer.global_clip_norm=1.0"]])
+def test_multiworker_runs_mixed_float16_and_xla_with_accumulation(tfdistx, extra):
+    run = tfdistx(*QUICK, "data=synthetic", "strategy=multiworker", "cluster=2x1", *extra, "trainer.steps=80", "trainer.eval_every=80",
+                  timeout=300)
+    assert run.returncode == 0, run
+    assert run.summary["step"] == 80 and run.summary["train"]["loss"] < 2.1
+
+
+def test_combinations_that_cannot_work_are_refused_in_one_line_each(tfdistx):
+    refused_in_one_line(tfdistx("strategy=parameter_server", "cluster=ps1w2", "trainer.jit_compile=true"),
+                        "trainer.jit_compile=True", "strategy=parameter_server cannot use XLA")
+    refused_in_one_line(tfdistx("strategy=tpu", "trainer.precision=mixed_float16"), "trainer.precision='mixed_float16'", "bfloat16")
+    refused_in_one_line(tfdistx("optimizer.clip_norm=1", "optimizer.global_clip_norm=1"), "optimizer.global_clip_norm=1", "not both")
+    refused_in_one_line(tfdistx("trainer.accumulate_steps=0"), "trainer.accumulate_steps=0", "at least 1")
+
+
+def test_plan_says_what_auto_xla_chooses(tfdistx):
+    wide = tfdistx("--plan", "data=synthetic", "model.hidden_units=[1024,1024]", "data.batch_size=1024")
+    assert "compute       float32; XLA on (auto): a wide dense network at a large batch" in wide.stdout, wide
+    ps = tfdistx("--plan", "data=synthetic", "strategy=parameter_server", "cluster=ps1w2")
+    assert "XLA off (auto): strategy=parameter_server" in ps.stdout, ps
+
+
+def test_auto_xla_follows_the_devices_and_the_strategy_table():
+    """The GPU branch of the choice, exercised on a machine without GPUs."""
+    default = compose("data=synthetic")
+    assert compute.jit_compile(default, gpus=True)[0] is True
+    assert compute.jit_compile(default, gpus=False)[0] is False
+    assert compute.jit_compile(compose("data=synthetic", "strategy=central_storage"), gpus=True)[0] is False
+    assert compute.jit_compile(compose("data=synthetic", "trainer.jit_compile=false"), gpus=True)[0] is False

@@ -1,0 +1,92 @@
+"""One optimizer step on one replica: gradients, their sum over replicas, the update.
+
+tfdistx sums the gradients over replicas itself (one all-reduce, as Keras
+would) and then hands them to the optimizer, built to expect them summed
+(optim.py). Keras 3 sums them only inside its update, after two decisions
+that must see the sum:
+- it clips (`clipnorm`, `global_clipnorm`) before it sums, so it would clip
+  each replica's share and train differently on 1 and on 2 replicas;
+- its LossScaleOptimizer asks "are the gradients finite?" of one replica's
+  unsummed share, so replicas can disagree about skipping a step, and a
+  synchronous cluster then waits forever in the sum the skipping one never
+  joins.
+Summed first, every replica holds the same gradients: clipping is the global
+batch's, and every replica takes the same branch.
+
+Accumulation (`trainer.accumulate_steps=N`): a step's batch is N
+micro-batches; their gradients are added up before the one sum over replicas
+and the one update. That is one batch N times larger, with the activations of
+one micro-batch in memory.
+
+XLA (`trainer.jit_compile`): the forward and backward pass of a micro-batch
+is compiled. The sum over replicas and the update stay outside it, where the
+collectives and variable placement of every strategy work unchanged.
+"""
+
+from typing import Callable
+
+import tensorflow as tf
+
+
+class Update:
+    def __init__(self, task, model, optimizer, global_batch: int, accumulate_steps: int = 1, jit_compile: bool = False):
+        """`global_batch`: examples per step over all replicas (all micro-batches)."""
+        self.task, self.model, self.optimizer = task, model, optimizer
+        self.global_batch, self.accumulate_steps = global_batch, accumulate_steps
+        self._gradients = tf.function(self._gradients_fn, jit_compile=True) if jit_compile else self._gradients_fn
+
+    def __call__(self, batch, metric_state: Callable) -> tf.Tensor:
+        """Train on this replica's `batch`; returns the sum over its
+        micro-batches of `metric_state(labels, outputs, per_example_loss)`."""
+        variables = self.model.trainable_variables
+        micro_batches = _split(batch, self.accumulate_steps)
+        # The first micro-batch outside the loop: which gradients are None
+        # (variables the loss does not reach) is known once it is traced.
+        grads, labels, outputs, per_example = self._gradients(micro_batches(0))
+        state = metric_state(labels, outputs, per_example)
+        if self.accumulate_steps > 1:
+            present = [i for i, g in enumerate(grads) if g is not None]
+            sums = [grads[i] for i in present]
+            # Sparse gradients (embedding rows) are added by listing their rows
+            # together, so they stay sparse; they grow with every micro-batch,
+            # which only an unrolled loop allows.
+            sparse = any(isinstance(g, tf.IndexedSlices) for g in sums)
+            for k in range(1, self.accumulate_steps) if sparse else tf.range(1, self.accumulate_steps):
+                more, labels, outputs, per_example = self._gradients(micro_batches(k))
+                sums = [_add(total, more[i]) for total, i in zip(sums, present)]
+                state += metric_state(labels, outputs, per_example)
+            grads = [None] * len(grads)
+            for i, total in zip(present, sums):
+                grads[i] = total
+        pairs = [(g, v) for g, v in zip(grads, variables) if g is not None]
+        summed = tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM, [g for g, _ in pairs])
+        self.optimizer.apply_gradients(zip(summed, [v for _, v in pairs]))
+        return state
+
+    def _gradients_fn(self, batch):
+        """Gradients of one micro-batch's share of the global mean loss."""
+        variables = self.model.trainable_variables
+        with tf.GradientTape() as tape:
+            labels, outputs = self.task.forward(self.model, batch, training=True)
+            per_example = self.task.loss(labels, outputs)
+            # Scaled by the whole step's global batch: the micro-batches and replicas are summed.
+            loss = tf.nn.compute_average_loss(per_example, global_batch_size=self.global_batch)
+            if self.model.losses:  # once per step, shared by the replicas and micro-batches
+                loss += tf.nn.scale_regularization_loss(tf.add_n(self.model.losses)) / self.accumulate_steps
+            scaled = self.optimizer.scale_loss(loss)  # mixed_float16: times the loss scale; else the loss
+        return tape.gradient(scaled, variables), labels, outputs, per_example
+
+
+def _add(total, more):
+    if isinstance(total, tf.IndexedSlices):  # rows listed twice add up when applied (scatter-add)
+        return tf.IndexedSlices(tf.concat([total.values, more.values], 0), tf.concat([total.indices, more.indices], 0), total.dense_shape)
+    return total + more
+
+
+def _split(batch, parts: int) -> Callable:
+    """micro_batch(k): the k-th of `parts` equal slices of every tensor in `batch`."""
+    if parts == 1:
+        return lambda k: batch
+    first = tf.nest.flatten(batch)[0]
+    size = (first.shape[0] or tf.shape(first)[0]) // parts  # static where batches are cut with drop_remainder
+    return lambda k: tf.nest.map_structure(lambda t: t[k * size:(k + 1) * size], batch)
