@@ -96,7 +96,7 @@ def test_mixed_precision_trains_like_float32_under_mirrored_replicas(tfdistx, tm
 
 @pytest.mark.slow
 @pytest.mark.parametrize("extra", [["trainer.precision=mixed_float16"], ["trainer.jit_compile=true", "trainer.accumulate_steps=2",
-                                                                          "optimizer.global_clip_norm=1.0"]])
+                                                                          "optimizer.global_clip_norm=1.0", "strategy.bytes_per_pack=65536"]])
 def test_multiworker_runs_mixed_float16_and_xla_with_accumulation(tfdistx, extra):
     run = tfdistx(*QUICK, "data=synthetic", "strategy=multiworker", "cluster=2x1", *extra, "trainer.steps=80", "trainer.eval_every=80",
                   timeout=300)
@@ -110,6 +110,7 @@ def test_combinations_that_cannot_work_are_refused_in_one_line_each(tfdistx):
     refused_in_one_line(tfdistx("strategy=tpu", "trainer.precision=mixed_float16"), "trainer.precision='mixed_float16'", "bfloat16")
     refused_in_one_line(tfdistx("optimizer.clip_norm=1", "optimizer.global_clip_norm=1"), "optimizer.global_clip_norm=1", "not both")
     refused_in_one_line(tfdistx("trainer.accumulate_steps=0"), "trainer.accumulate_steps=0", "at least 1")
+    refused_in_one_line(tfdistx("strategy=multiworker", "cluster=2x1", "strategy.bytes_per_pack=-1"), "strategy.bytes_per_pack=-1", "0 or more")
 
 
 def test_plan_says_what_auto_xla_chooses(tfdistx):

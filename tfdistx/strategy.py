@@ -109,6 +109,16 @@ def _multiworker(options, devices_per_worker):
         communication_options=tf.distribute.experimental.CommunicationOptions(implementation=implementation))
 
 
+def all_reduce_options(name: str, options: Mapping) -> Optional[tf.distribute.experimental.CommunicationOptions]:
+    """Options for the gradients' all-reduce in a replica context. The
+    strategy's own communication options do not reach it: TF packs a
+    replica-context all-reduce by the options of the call alone
+    (CollectiveAllReduce._all_reduce), so `bytes_per_pack` must come here."""
+    if name != "multiworker" or not options.get("bytes_per_pack"):
+        return None
+    return tf.distribute.experimental.CommunicationOptions(bytes_per_pack=int(options["bytes_per_pack"]))
+
+
 def _parameter_server(options, devices_per_worker):
     # Variables go round-robin to the ps tasks. No variable_partitioner:
     # Keras 3 optimizers cannot update the ShardedVariables it makes; large

@@ -267,6 +267,7 @@ def make_runner(run: Run, cfg: DictConfig, skip_steps: int = 0, train: bool = Tr
     """The step runner for the run's strategy, with its datasets and metrics."""
     from tfdistx import input as input_lib
     from tfdistx.metrics import MetricSet
+    from tfdistx import strategy as strategy_lib
     from tfdistx.runner import CoordinatorRunner, SyncRunner
     from tfdistx.update import Update
 
@@ -278,7 +279,8 @@ def make_runner(run: Run, cfg: DictConfig, skip_steps: int = 0, train: bool = Tr
         shuffle_buffer=cfg.data.get("shuffle_buffer", 10_000), cache=cfg.data.get("cache", False),
         skip_steps=skip_steps, ps_workers=workers if run.facts.asynchronous else 0) if train else None
     eval_steps, cache = cfg.trainer.eval_steps, cfg.data.get("cache", False)
-    update = Update(run.task, run.model, run.optimizer, run.global_batch, cfg.trainer.accumulate_steps, jit_compile=run.jit_compile)
+    update = Update(run.task, run.model, run.optimizer, run.global_batch, cfg.trainer.accumulate_steps, jit_compile=run.jit_compile,
+                    all_reduce_options=strategy_lib.all_reduce_options(run.strategy_name, cfg.strategy))
     common = dict(learning_rate=run.learning_rate)
     parts = (run.strategy, run.task, run.model, update, metrics)
     eval_batch = cfg.data.batch_size  # not the accumulated batch: what fits in memory

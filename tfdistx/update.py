@@ -29,10 +29,13 @@ import tensorflow as tf
 
 
 class Update:
-    def __init__(self, task, model, optimizer, global_batch: int, accumulate_steps: int = 1, jit_compile: bool = False):
-        """`global_batch`: examples per step over all replicas (all micro-batches)."""
+    def __init__(self, task, model, optimizer, global_batch: int, accumulate_steps: int = 1, jit_compile: bool = False,
+                 all_reduce_options=None):
+        """`global_batch`: examples per step over all replicas (all micro-batches);
+        `all_reduce_options`: tf.distribute CommunicationOptions for the sum (strategy.py)."""
         self.task, self.model, self.optimizer = task, model, optimizer
         self.global_batch, self.accumulate_steps = global_batch, accumulate_steps
+        self.all_reduce_options = all_reduce_options
         self._gradients = tf.function(self._gradients_fn, jit_compile=True) if jit_compile else self._gradients_fn
 
     def __call__(self, batch, metric_state: Callable) -> tf.Tensor:
@@ -59,7 +62,8 @@ class Update:
             for i, total in zip(present, sums):
                 grads[i] = total
         pairs = [(g, v) for g, v in zip(grads, variables) if g is not None]
-        summed = tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM, [g for g, _ in pairs])
+        summed = tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM, [g for g, _ in pairs],
+                                                               options=self.all_reduce_options)
         self.optimizer.apply_gradients(zip(summed, [v for _, v in pairs]))
         return state
 

@@ -102,7 +102,7 @@ STRATEGIES: Dict[str, Strategy] = {s.name: s for s in [
              not_in_tfjob="a TPU is reached through its own resolver (strategy.tpu), not a TFJob's TF_CONFIG: run it on a TPU VM",
              precisions=("float32", "mixed_bfloat16")),
     Strategy("multiworker", "MultiWorkerMirroredStrategy: synchronous all-reduce across worker processes",
-             ONE_PER_WORKER, {"communication": COMMUNICATIONS}),
+             ONE_PER_WORKER, {"communication": COMMUNICATIONS, "bytes_per_pack": None}),
     Strategy("parameter_server", "ParameterServerStrategy + ClusterCoordinator: asynchronous steps on free workers, variables on ps tasks",
              COORDINATOR, no_xla=_VARIABLES_ELSEWHERE.format(where="on the ps tasks")),
 ]}

@@ -91,6 +91,9 @@ def _strategy_and_cluster(strategy: DictConfig, cluster: DictConfig) -> list:
             problems.append(Problem(f"strategy.{key}", value, f"strategy={chosen.name} takes {takes}"))
         elif chosen.options[key] is not None and value not in chosen.options[key] and value is not None:
             problems.append(Problem(f"strategy.{key}", value, f"allowed: {', '.join(chosen.options[key])}"))
+    pack = strategy.get("bytes_per_pack")
+    if pack is not None and (not _is_int(pack) or pack < 0):
+        problems.append(Problem("strategy.bytes_per_pack", pack, "must be a whole number of bytes, 0 or more (0: one pack)"))
     return problems
 
 
