@@ -114,8 +114,8 @@ def test_combinations_that_cannot_work_are_refused_in_one_line_each(tfdistx):
 
 
 def test_plan_says_what_auto_xla_chooses(tfdistx):
-    wide = tfdistx("--plan", "data=synthetic", "model.hidden_units=[1024,1024]", "data.batch_size=1024")
-    assert "compute       float32; XLA on (auto): a wide dense network at a large batch" in wide.stdout, wide
+    default = tfdistx("--plan", "data=synthetic", "trainer.precision=mixed_bfloat16")
+    assert "compute       mixed_bfloat16; XLA auto: on if TensorFlow finds GPUs, else off" in default.stdout, default
     ps = tfdistx("--plan", "data=synthetic", "strategy=parameter_server", "cluster=ps1w2")
     assert "XLA off (auto): strategy=parameter_server" in ps.stdout, ps
 

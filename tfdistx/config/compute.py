@@ -4,13 +4,13 @@ Validation refuses what cannot work before TensorFlow starts, `--plan` says
 what `trainer.jit_compile=auto` will choose, and the engine asks the same
 function once it knows whether there are GPUs (train.py).
 
-What `auto` chooses is measured, not hoped (TF 2.21 on a 2-core Xeon with
-avx512_bf16; README, Performance). On CPUs, XLA made the 784-1024-1024-10 MLP
-at batch 1024 1.2x faster in float32 and 1.6x in mixed_bfloat16, but the
-seeds' 784-128-10 MLP at batch 128 0.8x as fast, the CNN 0.13x and ResNet-20
-0.7x: XLA's CPU convolutions do not use oneDNN, and a small step cannot repay
-a compiled call. So on CPUs `auto` compiles only wide dense networks at large
-batches; with GPUs it compiles (what XLA is built for).
+What `auto` chooses is measured, not hoped (TF 2.21, one device of a 2-core
+Xeon with avx512_bf16; README, Performance). On CPUs XLA made every model
+slower: the 784-1024-1024-10 MLP at batch 1024 0.91x (0.92x in
+mixed_bfloat16), ResNet-20 0.66x, and, measured under load, the CNN 0.13x and
+the seeds' 784-128-10 MLP 0.8x. XLA's CPU convolutions do not use oneDNN, and
+its dense kernels are no faster than oneDNN's. So `auto` compiles with GPUs
+(what XLA is built for) and not on CPUs.
 """
 
 from typing import List, Optional, Tuple
@@ -23,10 +23,6 @@ from tfdistx.config.errors import Problem
 PRECISIONS = ("float32", "mixed_bfloat16", "mixed_float16")
 JIT_COMPILE = (True, False, "auto")
 
-# On CPUs, `auto` compiles model=mlp when it is at least this wide and this batch (per replica) large.
-CPU_XLA_MIN_WIDTH = 512
-CPU_XLA_MIN_BATCH = 512
-
 
 def jit_compile(cfg: DictConfig, gpus: Optional[bool] = None) -> Tuple[Optional[bool], str]:
     """(compile with XLA?, why) for `trainer.jit_compile`; `gpus`: whether
@@ -38,11 +34,9 @@ def jit_compile(cfg: DictConfig, gpus: Optional[bool] = None) -> Tuple[Optional[
         return False, f"off (auto): strategy={facts.name}: {facts.no_xla}"
     if asked is True:
         return True, "on (trainer.jit_compile=true)"
-    if _wide_dense(cfg, facts):
-        return True, "on (auto): a wide dense network at a large batch"
     if gpus is None:
-        return None, "auto: on if TensorFlow finds GPUs, else off (on CPUs XLA is slower for convolutions and small layers)"
-    return (True, "on (auto): GPUs") if gpus else (False, "off (auto): on CPUs XLA is slower for convolutions and small layers")
+        return None, "auto: on if TensorFlow finds GPUs, else off (on CPUs XLA was measured slower for every shipped model)"
+    return (True, "on (auto): GPUs") if gpus else (False, "off (auto): on CPUs XLA was measured slower for every shipped model")
 
 
 def precision_warning(precision: str, gpus: bool) -> Optional[str]:
@@ -68,12 +62,3 @@ def problems(cfg: DictConfig) -> List[Problem]:
 
 def _facts(cfg: DictConfig) -> strategies.Strategy:
     return strategies.get(cfg.strategy.name, cfg.cluster.workers, cfg.cluster.devices_per_worker)
-
-
-def _wide_dense(cfg: DictConfig, facts: strategies.Strategy) -> bool:
-    if cfg.model.get("_target_") != "tfdistx.models.mlp":
-        return False
-    widths = list(cfg.model.get("hidden_units") or [0])
-    replicas = facts.planned_replicas(cfg.cluster.workers, cfg.cluster.devices_per_worker) or 1
-    batch = cfg.data.get("batch_size") or 0
-    return max(widths) >= CPU_XLA_MIN_WIDTH and batch // replicas >= CPU_XLA_MIN_BATCH
