@@ -78,7 +78,7 @@ TOPOLOGIES = {"one process": ["strategy=one_device"], "2-worker cluster": ["stra
 CHIEF = r"^(?!\[worker:[1-9])(?:\[worker:0\] )?"  # a line of the single process, or of worker 0
 STEP = re.compile(CHIEF + r"step\s+(\d+)/\d+")
 RESUMING = re.compile(CHIEF + r".*resuming from step (\d+)")
-READY = re.compile(CHIEF + r".*replica\(s\), global batch")
+READY = re.compile(CHIEF + r".*replicas?\b.*, global batch")  # "1 replica (128 examples each), global batch 128"
 PREEMPTED = re.compile(r"^(?:\[(worker:\d+)\] )?.*preempted at step (\d+): checkpoint saved")
 NOTICED = re.compile(r"^tfdistx: task worker:\d+ exited with code")
 RESTART = re.compile(r"^tfdistx: .*restart 1 of \d+ in (\d+)s")
