@@ -7,7 +7,7 @@ function once it knows whether there are GPUs (train.py).
 What `auto` chooses is measured, not hoped (TF 2.21, one device of a 2-core
 Xeon with avx512_bf16; README, Performance). On CPUs XLA made every model
 slower: the 784-1024-1024-10 MLP at batch 1024 0.91x (0.92x in
-mixed_bfloat16), ResNet-20 0.66x, and, measured under load, the CNN 0.13x and
+mixed_bfloat16), ResNet-20 0.70x, and, measured under load, the CNN 0.13x and
 the seeds' 784-128-10 MLP 0.8x. XLA's CPU convolutions do not use oneDNN, and
 its dense kernels are no faster than oneDNN's. So `auto` compiles with GPUs
 (what XLA is built for) and not on CPUs.
