@@ -54,8 +54,9 @@ def tfdistx(tmp_path):
     """Run `python -m tfdistx ARGS` with its run dir in tmp_path; returns a Run."""
 
     def run(*args, run_dir=None, env=None, timeout=600, cwd=None) -> Run:
-        run_dir = Path(run_dir or tmp_path / "run")
+        run_dir = tmp_path / "run" if run_dir is None else run_dir  # "": hydra.run.dir= given empty
         cmd = [sys.executable, "-m", "tfdistx", *args, f"hydra.run.dir={run_dir}"]
+        run_dir = Path(run_dir)
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=tfdistx_env(**(env or {})), cwd=cwd or tmp_path)
         return Run(proc, run_dir)
 

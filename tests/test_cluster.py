@@ -2,6 +2,7 @@
 TF_CONFIG passthrough, teardown. No TensorFlow mocks; every cluster runs in a
 private network namespace (or on loopback when the OS does not allow one)."""
 
+import hashlib
 import json
 import os
 import shutil
@@ -52,8 +53,19 @@ def can_isolate() -> bool:
 def test_two_workers_end_with_identical_weights(tfdistx, tmp_path):
     scratch = tmp_path / "tmp"
     scratch.mkdir()
+    # Another local user's links at the names worker 1's scratch dir had, or could have: not followed, not removed.
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (victim / "precious").write_text("mine")
+    key = hashlib.sha1(str(tmp_path / "run" / "checkpoints").encode()).hexdigest()[:12]
+    planted = [scratch / f"tfdistx-{key}-worker1", scratch / f"tfdistx-{key}-worker1-planted"]
+    for link in planted:
+        link.symlink_to(victim)
     run = tfdistx(*QUICK, "strategy=multiworker", "cluster=2x1", "checkpoint.every_steps=20", env={"TMPDIR": str(scratch)})
     assert run.returncode == 0, run
+    assert (victim / "precious").read_text() == "mine" and sorted(scratch.iterdir()) == planted
+    for link in planted:
+        link.unlink()
     summary = run.summary
     assert (summary["strategy"], summary["workers"], summary["replicas"], summary["per_replica_batch"]) == ("multiworker", 2, 2, 16)
     assert summary["step"] == 40 and summary["process"] == "worker:0"

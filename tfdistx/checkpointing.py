@@ -12,6 +12,7 @@ import hashlib
 import logging
 import os
 import shutil
+import stat
 import tempfile
 import time
 from pathlib import Path
@@ -20,6 +21,7 @@ from typing import List, Optional
 import tensorflow as tf
 
 from tfdistx.config.errors import EXIT_NOT_RETRYABLE, ConfigError, RunFault
+from tfdistx.rundir import keep_aside
 
 log = logging.getLogger(__name__)
 
@@ -32,7 +34,16 @@ class Checkpointer:
         if is_chief:
             _set_aside_bad_state_file(directory)  # CheckpointManager would fail on it, or manage ghosts
         self.checkpoint = tf.train.Checkpoint(**trackables)
-        self.manager = tf.train.CheckpointManager(self.checkpoint, self.scratch or directory, max_to_keep=max_to_keep, checkpoint_name="ckpt")
+        self.max_to_keep = max_to_keep
+        self.start_over()
+        self.only_damaged = False  # set by restore_latest: checkpoints were there, none could be read
+
+    def start_over(self) -> None:
+        """A manager that knows no earlier checkpoint (CheckpointManager
+        deletes those it knows of to keep max_to_keep): for a directory
+        whose damaged checkpoints were moved aside."""
+        self.manager = tf.train.CheckpointManager(self.checkpoint, self.scratch or self.directory, max_to_keep=self.max_to_keep,
+                                                  checkpoint_name="ckpt")
         self.last_saved: Optional[int] = None
 
     def restore_latest(self) -> Optional[str]:
@@ -59,8 +70,7 @@ class Checkpointer:
             if path != candidates[0]:
                 log.warning("restored %s, the newest intact checkpoint", path)
             return path
-        if candidates:
-            log.warning("no intact checkpoint in %s: starting from scratch", self.directory)
+        self.only_damaged = bool(candidates)
         return None
 
     def save(self, step: int) -> None:
@@ -109,14 +119,20 @@ def _mismatch(path: str, checkpoint: tf.train.Checkpoint, error: Exception) -> s
 
 
 def _scratch_dir(directory: str, task_name: str) -> str:
-    """A non-chief task's own checkpoint directory, on local disk. Named
-    after the run's checkpoints and the task, so that one a SIGKILL left
-    behind is removed when the task starts again."""
+    """A non-chief task's own checkpoint directory, on local disk.
+
+    Made by mkdtemp (mode 0700, a random name, never an existing path), so
+    that nothing another local user plants at a guessable name (a symlink)
+    can take it over. Named after the run's checkpoints and the task, so
+    that one a SIGKILL left behind is found and removed when the task
+    starts again: only real directories of ours, never a link."""
     key = hashlib.sha1(os.path.abspath(directory).encode()).hexdigest()[:12]
-    path = os.path.join(tempfile.gettempdir(), f"tfdistx-{key}-{task_name.replace(':', '')}")
-    shutil.rmtree(path, ignore_errors=True)
-    os.makedirs(path)
-    return path
+    prefix = f"tfdistx-{key}-{task_name.replace(':', '')}-"
+    for left in Path(tempfile.gettempdir()).glob(prefix + "*"):
+        info = left.lstat()
+        if stat.S_ISDIR(info.st_mode) and info.st_uid == os.getuid():
+            shutil.rmtree(left, ignore_errors=True)
+    return tempfile.mkdtemp(prefix=prefix)
 
 
 def on_disk(directory: str) -> List[str]:
@@ -185,9 +201,8 @@ def _set_aside_bad_state_file(directory: str) -> None:
     except Exception as error:  # random bytes: a parse or decode error
         reason = f"it cannot be read ({type(error).__name__})"
     if reason:
-        kept = state_file.with_name(f"checkpoint.replaced-{time.strftime('%Y%m%d-%H%M%S')}")
-        state_file.rename(kept)
-        log.warning("%s: %s; kept as %s, the checkpoints on disk are used", state_file, reason, kept.name)
+        kept = keep_aside(state_file)
+        log.warning("%s: %s; kept as %s, the checkpoints on disk are used", state_file, reason, os.path.basename(kept))
 
 
 def find(directory: str, step: Optional[int] = None) -> str:

@@ -11,30 +11,53 @@ with Keras' own ExportArchive.
 """
 
 import argparse
+import logging
 import os
 import shutil
 import sys
+import tempfile
 from pathlib import Path
 from typing import List, Optional
 
 import keras
 import tensorflow as tf
 
+from tfdistx.config.errors import ConfigError
+from tfdistx.rundir import keep_aside, output_problems
 
-def export_saved_model(model, task, feature_spec, directory: str) -> None:
+log = logging.getLogger(__name__)
+
+
+def export_saved_model(model, task, feature_spec, directory: str, protected=()) -> None:
     """Write `model` (variables local to this process) with the task's
-    serving outputs; replaces `directory` whole, never half."""
+    serving outputs. `directory` must be new, empty or an earlier export,
+    which is kept aside (rundir.keep_aside) once the new one is whole;
+    anything else there, or a path in or over `protected`, is refused
+    (ConfigError) before anything is written."""
+    problems = output_problems("--out", directory, protected)
+    if problems:
+        raise ConfigError(problems)
     signature = tf.nest.map_structure(_batched, feature_spec)
     if isinstance(feature_spec, dict):  # inputs named after the features
         signature = {name: tf.TensorSpec(spec.shape, spec.dtype, name=name) for name, spec in signature.items()}
     archive = keras.export.ExportArchive()
     archive.track(model)
     archive.add_endpoint("serve", lambda features: task.serving_outputs(model(features, training=False)), input_signature=[signature])
-    tmp = f"{directory}.tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
-    archive.write_out(tmp, verbose=False)
-    shutil.rmtree(directory, ignore_errors=True)
-    os.replace(tmp, directory)
+    parent, name = os.path.split(os.path.abspath(directory))
+    os.makedirs(parent, exist_ok=True)
+    # A name of its own beside the target, so a crash leaves at most this and nothing is removed that we did not make.
+    tmp = tempfile.mkdtemp(prefix=f".{name}.tmp-", dir=parent)
+    try:
+        os.chmod(tmp, 0o755)  # mkdtemp's 0700 would hide the export from a server running as another user
+        archive.write_out(tmp, verbose=False)
+        if os.path.exists(directory):
+            if any(Path(directory).iterdir()):
+                log.warning("%s held an earlier export: kept as %s", directory, keep_aside(Path(directory)))
+            else:
+                os.rmdir(directory)
+        os.replace(tmp, directory)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _batched(spec: tf.TensorSpec) -> tf.TensorSpec:
@@ -45,7 +68,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="tfdistx export", description="Write a SavedModel from a run's checkpoint.")
     parser.add_argument("run_dir", help="a run directory (with .hydra/config.yaml and checkpoints/)")
     parser.add_argument("--step", type=int, default=None, help="the checkpoint saved at this step (default: the newest)")
-    parser.add_argument("--out", default=None, help="where to write the SavedModel (default: RUN_DIR/export)")
+    parser.add_argument("--out", default=None, help="where to write the SavedModel: a new directory, or an earlier export, "
+                        "which is kept aside (default: RUN_DIR/export, or RUN_DIR/export-step-N with --step)")
     args = parser.parse_args(argv)
 
     from tfdistx import checkpointing
@@ -59,7 +83,9 @@ def main(argv: Optional[List[str]] = None) -> int:
         directory = cfg.checkpoint.dir or str(Path(args.run_dir) / "checkpoints")
         path = checkpointing.find(directory, args.step)
         task, source = build_task_and_data(cfg)
-        target = export_checkpoint(cfg, task, source, path, args.out or str(Path(args.run_dir) / "export"))
+        default = "export" if args.step is None else f"export-step-{args.step}"  # the run's own export stays the final step's
+        target = export_checkpoint(cfg, task, source, path, args.out or str(Path(args.run_dir) / default),
+                                   protected=[args.run_dir, directory])
     except ConfigError as error:
         refuse(error)
     print(f"tfdistx: exported {os.path.basename(path)} to {target}", file=sys.stderr)

@@ -20,7 +20,7 @@ import sys
 import time
 from pathlib import Path
 
-from tfdistx.config.errors import EXIT_INVALID_CONFIG, ConfigError
+from tfdistx.config.errors import EXIT_INVALID_CONFIG, ConfigError, Problem
 
 LOCK_NAME = ".lock"
 FAILED_NAME = "FAILED"  # in a run dir whose run failed; read by `tfdistx report`
@@ -91,19 +91,46 @@ def _leave_no_stub(run_dir: Path, created: bool, code) -> None:
 
 
 def set_aside_previous_run(run_dir: str, checkpoint_dir: str) -> list:
-    """`checkpoint.restore=false` in a directory that holds a run: its
-    checkpoints, metrics, summary and export are renamed *.replaced-STAMP,
-    kept, instead of being truncated or mixed with the new run's. Returns
-    what was moved."""
-    stamp = time.strftime("%Y%m%d-%H%M%S")
+    """A run directory whose run is not continued (`checkpoint.restore=false`,
+    or no checkpoint there can be read): its checkpoints, metrics, summary
+    and export are renamed *.replaced-STAMP, kept, instead of being
+    truncated or mixed with the new run's. Returns what was moved."""
     run = Path(run_dir)
     moved = []
     for path in [Path(checkpoint_dir), run / "metrics.jsonl", run / "summary.json", run / "export"]:
         if path.exists() and (path.is_file() or any(path.iterdir())):
-            target = path.with_name(f"{path.stem}.replaced-{stamp}{path.suffix}")
-            path.rename(target)
-            moved.append(str(target))
+            moved.append(keep_aside(path))
     return moved
+
+
+def keep_aside(path: Path) -> str:
+    """Rename `path` to NAME.replaced-STAMP[.SUFFIX] beside it, never over
+    another: the one way tfdistx makes room for what it writes."""
+    path = Path(path)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    for n in range(1000):
+        target = path.with_name(f"{path.stem}.replaced-{stamp}{f'-{n}' if n else ''}{path.suffix}")
+        if not os.path.lexists(target):
+            path.rename(target)
+            return str(target)
+    raise FileExistsError(f"{path}: too many kept copies named {path.stem}.replaced-{stamp}*")
+
+
+def output_problems(key: str, directory: str, protected=()) -> list:
+    """Whether a command may write a whole directory (a SavedModel, say) at
+    `directory`: a new path, an empty directory, or a SavedModel that is
+    then kept aside (keep_aside). Anything else there is refused (nothing
+    is changed), and so is a directory in `protected` (a run dir, its
+    checkpoints) or one that holds one of them."""
+    target = Path(directory).resolve()
+    for kept in map(lambda p: Path(p).resolve(), protected):
+        if target == kept or target in kept.parents:
+            return [Problem(key, str(directory), f"would replace {kept}, which holds the run's files: name a new directory")]
+    if not target.exists() or (target.is_dir() and not any(target.iterdir())):
+        return []
+    if target.is_dir() and (target / "saved_model.pb").is_file():
+        return []  # an earlier export: kept aside when the new one is in place
+    return [Problem(key, str(directory), "exists and is not a SavedModel: name a new directory (nothing was changed)")]
 
 
 def _describe(holder: str) -> str:

@@ -58,10 +58,14 @@ def train(cfg: DictConfig, run_dir: str, placement: Optional[Placement] = None, 
 
     with reproducible(cfg.trainer), contextlib.closing(run.checkpointer):
         restored = run.checkpointer.restore_latest() if cfg.checkpoint.restore else None
+        if run.checkpointer.only_damaged:
+            start_over_beside_damaged_run(run, cfg)
         start_step = int(run.step_counter.numpy())
         if start_step > run.total_steps:  # nothing to train, and a summary of nothing would replace the run's
             raise ConfigError.one("trainer.steps", run.total_steps, f"the run in this directory is already at step {start_step} "
                                   f"({os.path.basename(restored)}): ask for {start_step} steps or more, or use another hydra.run.dir")
+        if restored and start_step == run.total_steps:
+            return already_finished(run, cfg, restored)
         if restored:
             log.info("resuming from step %d (%s)", start_step, restored)
         runner = make_runner(run, cfg, skip_steps=start_step)
@@ -104,6 +108,44 @@ def train(cfg: DictConfig, run_dir: str, placement: Optional[Placement] = None, 
     if process_ends_after:
         _KEPT_UNTIL_EXIT.append(runner)
     return objective(cfg.trainer.objective, summary)
+
+
+def start_over_beside_damaged_run(run: "Run", cfg: DictConfig) -> None:
+    """No checkpoint in the run dir can be read: the run starts at step 0,
+    and the chief first keeps the old run's files aside (as
+    checkpoint.restore=false does) instead of writing over them."""
+    from tfdistx.rundir import set_aside_previous_run
+
+    log.warning("no checkpoint in %s can be read: starting from scratch", run.checkpointer.directory)
+    if run.placement.is_chief:
+        for kept in set_aside_previous_run(str(run.dir), run.checkpointer.directory):
+            log.warning("the previous run's files are kept as %s", kept)
+    run.checkpointer.start_over()
+
+
+def already_finished(run: "Run", cfg: DictConfig, restored: str) -> Optional[float]:
+    """A rerun of a run that reached trainer.steps trains nothing and keeps
+    what the run wrote: its summary, metrics and export stay as they are.
+    Every task evaluates the final checkpoint (the same collective steps
+    on each, so none waits for another), and that is the answer: logged,
+    appended to evaluations.jsonl, and the objective returned (a sweep's
+    rerun reports the same value)."""
+    from tfdistx import loggers
+
+    log.info("the run in this directory finished at step %d (%s): nothing to train; its summary, checkpoints and export "
+             "are kept. Ask for more trainer.steps to train on.", run.total_steps, os.path.basename(restored))
+    metrics = make_runner(run, cfg, train=False).evaluate()
+    log.info("evaluated the final checkpoint: %s", ", ".join(f"{k} {v:.6g}" for k, v in metrics.items()))
+    if not run.placement.is_chief:
+        return None
+    loggers.append_jsonl(run.dir / "evaluations.jsonl", {"checkpoint": os.path.basename(restored), "step": run.total_steps,
+                                                         "strategy": run.strategy_name, "replicas": run.replicas, **metrics})
+    summary_path = run.dir / "summary.json"
+    if summary_path.is_file():
+        import json
+
+        return objective(cfg.trainer.objective, json.loads(summary_path.read_text()))
+    return objective(cfg.trainer.objective, {"eval": metrics, "train": {}})
 
 
 def evaluate(cfg: DictConfig, run_dir: str, placement: Optional[Placement] = None, step: Optional[int] = None) -> Optional[dict]:
@@ -292,7 +334,7 @@ def make_runner(run: Run, cfg: DictConfig, skip_steps: int = 0, train: bool = Tr
     return CoordinatorRunner(*parts, coordinator=run.coordinator, workers=workers, train_data=train_data, eval_data=eval_data, **common)
 
 
-def export_checkpoint(cfg: DictConfig, task, source, checkpoint_path: str, directory: str) -> str:
+def export_checkpoint(cfg: DictConfig, task, source, checkpoint_path: str, directory: str, protected=()) -> str:
     """Rebuild the model outside any strategy, load a checkpoint into it and
     write the SavedModel (export.py): the same for a model whose variables
     lived on parameter servers or were mirrored across workers."""
@@ -316,7 +358,7 @@ def export_checkpoint(cfg: DictConfig, task, source, checkpoint_path: str, direc
                                 loss_scaling=cfg.trainer.precision == "mixed_float16")  # the checkpoint's structure
     optimizer.build(model.trainable_variables)
     tf.train.Checkpoint(model=model, optimizer=optimizer).restore(checkpoint_path).expect_partial()
-    export_saved_model(model, task, feature_spec, directory)
+    export_saved_model(model, task, feature_spec, directory, protected)
     log.info("exported %s to %s", os.path.basename(checkpoint_path), directory)
     return directory
 

@@ -222,7 +222,9 @@ def _targets(cfg: DictConfig) -> list:
 
 
 def writable(key: str, path: str) -> list:
-    """The nearest existing ancestor of `path` must be a writable directory."""
+    """`path` must be given, and its nearest existing ancestor a writable directory."""
+    if path is None or not str(path).strip():  # os.path.abspath("") is the current directory
+        return [Problem(key, path, "must name a directory: an empty one would write the run into the current directory")]
     probe = os.path.abspath(path)
     while not os.path.exists(probe):
         probe = os.path.dirname(probe)

@@ -1,0 +1,75 @@
+"""Nothing a user made is lost by a command, a rerun or a damaged file: a
+command writes new paths, or replaces only what it made itself and keeps the
+rest aside (*.replaced-STAMP). Real runs, real files on disk."""
+
+import subprocess
+import sys
+
+from conftest import QUICK, refused_in_one_line, tfdistx_env
+from test_run_dir import files
+
+
+def export(*args):
+    return subprocess.run([sys.executable, "-m", "tfdistx", "export", *map(str, args)], capture_output=True, text=True,
+                          env=tfdistx_env(), timeout=300)
+
+
+def test_export_never_replaces_a_run_or_its_checkpoints_and_keeps_earlier_exports(tfdistx, tmp_path):
+    run = tfdistx(*QUICK, "checkpoint.every_steps=20")
+    assert run.returncode == 0, run
+    before = files(run.dir)
+    for out in (run.dir, run.dir / "checkpoints", run.dir / ".hydra", tmp_path):
+        refused = export(run.dir, "--out", out)
+        assert refused.returncode == 2 and "Traceback" not in refused.stderr, refused.stderr[-2000:]
+        assert f"--out='{out}'" in refused.stderr, refused.stderr[-2000:]
+        assert files(run.dir) == before, f"--out {out} changed the run"
+
+    # --step N writes beside the run's own export, which stays the final step's
+    at20 = export(run.dir, "--step", 20)
+    assert at20.returncode == 0, at20.stderr[-2000:]
+    assert (run.dir / "export-step-20" / "saved_model.pb").is_file()
+    assert files(run.dir / "export") == {k.relative_to("export"): v for k, v in before.items() if k.parts[0] == "export"}
+
+    # writing over an earlier export keeps it aside, whole
+    again = export(run.dir, "--step", 40, "--out", run.dir / "export-step-20")
+    assert again.returncode == 0, again.stderr[-2000:]
+    kept = list(run.dir.glob("export-step-20.replaced-*"))
+    assert len(kept) == 1 and (kept[0] / "saved_model.pb").is_file()
+    assert not list(run.dir.glob(".export*tmp*"))  # no temporary left beside
+
+
+def test_rerunning_a_finished_run_keeps_its_summary_and_export(tfdistx):
+    first = tfdistx(*QUICK)
+    assert first.returncode == 0, first
+    before = files(first.dir)
+    again = tfdistx(*QUICK)
+    assert again.returncode == 0, again
+    assert "finished at step 40" in again.stdout + again.stderr
+    after = files(first.dir)
+    evaluations = after.pop(next(k for k in after if k.name == "evaluations.jsonl"))
+    assert after == before  # summary.json, metrics.jsonl, checkpoints and export byte for byte
+    assert b'"step": 40' in evaluations
+
+
+def test_a_run_whose_checkpoints_cannot_be_read_starts_over_beside_them(tfdistx):
+    first = tfdistx(*QUICK, "checkpoint.every_steps=20")
+    assert first.returncode == 0, first
+    for data in (first.dir / "checkpoints").glob("ckpt-*.data-*"):
+        data.write_bytes(b"\0" * 16)
+    old_summary, old_metrics = (first.dir / "summary.json").read_bytes(), (first.dir / "metrics.jsonl").read_bytes()
+    second = tfdistx(*QUICK, "trainer.steps=20")
+    assert second.returncode == 0, second
+    assert second.summary["step"] == 20 and not second.summary["resumed"]
+    assert next(first.dir.glob("summary.replaced-*.json")).read_bytes() == old_summary
+    assert next(first.dir.glob("metrics.replaced-*.jsonl")).read_bytes() == old_metrics
+    kept = next(first.dir.glob("checkpoints.replaced-*"))
+    assert sorted(p.name for p in kept.glob("*.index")) == ["ckpt-20.index", "ckpt-40.index"]
+    assert sorted(p.name for p in (first.dir / "checkpoints").glob("*.index")) == ["ckpt-20.index"]
+
+
+def test_an_empty_run_dir_is_refused_and_nothing_is_written_here(tfdistx, tmp_path):
+    here = tmp_path / "cwd"
+    here.mkdir()
+    run = tfdistx(*QUICK, run_dir="", cwd=here)
+    refused_in_one_line(run, "hydra.run.dir=''", "must name a directory")
+    assert list(here.iterdir()) == []
