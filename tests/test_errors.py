@@ -89,7 +89,7 @@ def test_model_that_does_not_fit_the_data(tfdistx):
 
 def test_model_whose_output_the_task_cannot_use(tfdistx):
     # a model that always makes 10 logits; the binary task needs 1
-    run = tfdistx("task=binary", "model._target_=user_plugins.ten_logits", "trainer.steps=2")
+    run = tfdistx("task=binary", "data.num_classes=2", "model._target_=user_plugins.ten_logits", "trainer.steps=2")
     assert_refused(run, "model='user_plugins.ten_logits'", "does not fit data=tfdistx.data.synthetic", "task=binary needs 1")
 
 

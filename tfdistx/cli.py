@@ -246,6 +246,11 @@ def _run_local_cluster(cfg: DictConfig, run_dir: str, facts: strategies.Strategy
     the same run directory; only the chief writes the run's files."""
     from tfdistx.launch import run_local_cluster
 
+    counts = facts.job_counts(cfg.cluster.workers, cfg.cluster.ps)
+    most = max(8, 4 * (os.cpu_count() or 1))
+    if sum(counts.values()) > most:  # each task is a TensorFlow process of ~0.7 GB (FACTS.md)
+        raise ConfigError.one("cluster", cfg.cluster.name, f"a local cluster of {sum(counts.values())} processes on this machine's "
+                              f"{os.cpu_count()} cores: at most {most} here; a larger cluster runs under Slurm or Kubernetes")
     logs = Path(run_dir, "logs")
     logs.mkdir(parents=True, exist_ok=True)
     task_config = logs / f"{mode}-config.yaml"
@@ -253,7 +258,7 @@ def _run_local_cluster(cfg: DictConfig, run_dir: str, facts: strategies.Strategy
     resolved["cluster"]["launch"] = "tf_config"  # each task is placed by the TF_CONFIG the launcher gives it
     task_config.write_text(OmegaConf.to_yaml(resolved))
     command = [sys.executable, "-m", "tfdistx", "_task", mode, str(run_dir), str(task_config), *([str(step)] if step is not None else [])]
-    code = run_local_cluster(facts.job_counts(cfg.cluster.workers, cfg.cluster.ps), command, str(logs),
+    code = run_local_cluster(counts, command, str(logs),
                              primary=list(facts.primary_jobs), isolate=cfg.cluster.isolate,
                              max_restarts=cfg.cluster.max_restarts, restart_alone=list(facts.restartable_alone),
                              stopped_task_timeout=cfg.cluster.stopped_task_timeout, run_log=str(Path(run_dir) / "tfdistx.log"))

@@ -248,6 +248,9 @@ def build_run(cfg: DictConfig, run_dir: str, placement: Placement) -> Optional[R
     per_replica = input_lib.per_replica_batch(global_batch, replicas)
 
     task, source = build_task_and_data(cfg)
+    if source.train_examples and global_batch > source.train_examples:  # a step could never fill its batch
+        raise ConfigError.one("data.batch_size", cfg.data.batch_size, f"a step's {global_batch} examples are more than the "
+                              f"{source.train_examples} training examples of data={cfg.data._target_}")
     problems = objective_problems(cfg.trainer.objective, task.name, task.metrics())
     if problems:
         raise ConfigError(problems)
@@ -274,6 +277,7 @@ def build_run(cfg: DictConfig, run_dir: str, placement: Placement) -> Optional[R
         # concurrently and lose increments (measured: 319 after 400 steps).
         step_counter = tf.Variable(0, dtype=tf.int64, trainable=False, name="step")
     sample = _check_model_takes_data(model, task, source, cfg, num_outputs)
+    task.check_labels(source.num_classes)
 
     checkpointer = Checkpointer(
         cfg.checkpoint.dir or str(Path(run_dir) / "checkpoints"), max_to_keep=cfg.checkpoint.max_to_keep,

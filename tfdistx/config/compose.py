@@ -38,8 +38,11 @@ def composed(overrides: Sequence[str], notes: bool = True) -> Iterator[DictConfi
                 "config", overrides=list(overrides), run_mode=RunMode.RUN, with_log_configuration=False)
         except (HydraException, OmegaConfBaseException) as error:
             raise _with_valid_keys(as_config_error(error, overrides), overrides) from None
-        only_given_keys_for_user_targets(cfg, overrides, notes)
-        validate(cfg, run_dir=OmegaConf.select(cfg, "hydra.run.dir"))
+        try:  # an interpolation is resolved where it is read: ${nope.nope}, ${oc.env:UNSET}
+            only_given_keys_for_user_targets(cfg, overrides, notes)
+            validate(cfg, run_dir=OmegaConf.select(cfg, "hydra.run.dir"))
+        except OmegaConfBaseException as error:
+            raise as_config_error(error, overrides) from None
         yield cfg
 
 

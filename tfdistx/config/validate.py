@@ -14,11 +14,13 @@ from typing import Optional
 
 from omegaconf import DictConfig, OmegaConf
 
-from tfdistx.config import compute, datafiles, strategies, topology
+from tfdistx.config import compute, datafiles, strategies, tasks, topology
 from tfdistx.config.errors import MAX_RETRYABLE_EXIT_OFFSET, ConfigError, Problem
 from tfdistx.config.schema import LAUNCH_MODES, Config
 
 OPTIMIZERS = ("adam", "sgd", "adamw")
+FLOAT32_MAX = 3.4028234663852886e38  # the learning rate lives in a float32 variable
+MAX_STEPS = 2**62  # the step counter is an int64; a count past this cannot be saved with the checkpoint
 SCHEDULES = ("constant", "cosine", "warmup_cosine")
 
 
@@ -30,9 +32,11 @@ def validate(cfg: DictConfig, run_dir: Optional[str] = None) -> None:
     problems += _optimizer(cfg.optimizer)
     problems += _trainer(cfg.trainer)
     problems += compute.problems(cfg)
-    problems += _objective(cfg.trainer.objective, cfg.task)
+    task_problems = tasks.problems(cfg.task)
+    problems += task_problems or _objective(cfg.trainer.objective, cfg.task)  # the objective is checked against known metrics
     problems += _checkpoint(cfg.checkpoint)
     problems += _targets(cfg)
+    problems += _logger(cfg.logger)
     if run_dir is not None:
         problems += writable("hydra.run.dir", run_dir)
     if cfg.checkpoint.dir:
@@ -68,6 +72,8 @@ def _strategy_and_cluster(strategy: DictConfig, cluster: DictConfig) -> list:
     for key in ("startup_timeout", "stopped_task_timeout"):
         if not 0 < cluster[key] < math.inf:
             problems.append(Problem(f"cluster.{key}", cluster[key], "seconds, more than 0"))
+    if not 1024 <= cluster.base_port <= 65535 - 64 * 500:  # Slurm jobs add up to 64 x 499 (cluster.py)
+        problems.append(Problem("cluster.base_port", cluster.base_port, f"a TCP port from 1024 to {65535 - 64 * 500}"))
     if cluster.ps < 0:
         problems.append(Problem("cluster.ps", cluster.ps, "must be 0 or more"))
     if not 0 <= cluster.retryable_exit_offset <= MAX_RETRYABLE_EXIT_OFFSET:
@@ -120,17 +126,39 @@ def _data(data: DictConfig, replicas: Optional[int]) -> list:
     batch = data.get("batch_size")
     if not _is_int(batch) or batch < 1:
         return problems + [Problem("data.batch_size", batch, "must be a positive integer (the global batch, split across replicas)")]
+    examples = data.get("train_examples")
+    if _is_int(examples) and batch > examples:  # a built-in source's size; others are checked once built (input.py)
+        problems.append(Problem("data.batch_size", batch, f"larger than the {examples} training examples (data.train_examples): "
+                                "a step would never fill a batch"))
     if replicas and batch % replicas:
         problems.append(Problem("data.batch_size", batch, f"the global batch must divide across {replicas} replicas: use a multiple of {replicas}"))
     return problems
 
 
 def _top_level(cfg: DictConfig) -> list:
-    """`+foo=1` would be composed and then ignored: refused, with the keys there are."""
+    """`+foo=1` or `+trainer.foo=1` would be composed and then ignored:
+    refused, with the keys there are."""
     known = {f.name for f in dataclasses.fields(Config)} | {"hydra"}
-    return [Problem(key, cfg[key] if not OmegaConf.is_config(cfg[key]) else "{...}",
-                    f"not a tfdistx key: the config has {', '.join(f.name for f in dataclasses.fields(Config))}")
-            for key in cfg.keys() if key not in known]
+    problems = [Problem(key, _shown(cfg[key]), f"not a tfdistx key: the config has {', '.join(f.name for f in dataclasses.fields(Config))}")
+                for key in cfg.keys() if key not in known]
+    for group in dataclasses.fields(Config):
+        if dataclasses.is_dataclass(group.default_factory) and OmegaConf.is_dict(cfg.get(group.name)):
+            keys = [f.name for f in dataclasses.fields(group.default_factory)]
+            problems += [Problem(f"{group.name}.{key}", _shown(cfg[group.name][key]), f"{group.name} has no such key; its keys: {', '.join(keys)}")
+                         for key in cfg[group.name].keys() if key not in keys]
+    return problems
+
+
+def _shown(value):
+    return "{...}" if OmegaConf.is_config(value) else value
+
+
+def _logger(logger: DictConfig) -> list:
+    wandb = logger.get("wandb")
+    timeout = wandb.get("init_timeout") if OmegaConf.is_dict(wandb) else None
+    if timeout is not None and not (_is_number(timeout) and timeout > 0):
+        return [Problem("logger.wandb.init_timeout", timeout, "seconds, more than 0")]
+    return []
 
 
 def _optimizer(opt: DictConfig) -> list:
@@ -139,13 +167,23 @@ def _optimizer(opt: DictConfig) -> list:
     if name not in OPTIMIZERS:
         problems.append(Problem("optimizer.name", name, f"allowed: {', '.join(OPTIMIZERS)}"))
     lr = opt.get("lr")
-    if not isinstance(lr, (int, float)) or isinstance(lr, bool) or not math.isfinite(lr) or lr <= 0:
-        problems.append(Problem("optimizer.lr", lr, "must be a positive, finite number"))
+    if not _is_number(lr) or not 0 < lr <= FLOAT32_MAX:
+        problems.append(Problem("optimizer.lr", lr, "must be a positive, finite number (a float32: at most 3.4e38)"))
     if opt.get("schedule", "constant") not in SCHEDULES:
         problems.append(Problem("optimizer.schedule", opt.schedule, f"allowed: {', '.join(SCHEDULES)}"))
     warmup = opt.get("warmup_steps", 0)
     if not _is_int(warmup) or warmup < 0:
         problems.append(Problem("optimizer.warmup_steps", warmup, "must be a whole number, 0 or more"))
+    problems += [Problem(f"optimizer.{key}", opt[key], allowed) for key, allowed, ok in (
+        ("beta_1", "a decay rate: at least 0, below 1", lambda v: _is_number(v) and 0 <= v < 1),
+        ("beta_2", "a decay rate: at least 0, below 1", lambda v: _is_number(v) and 0 <= v < 1),
+        ("epsilon", "must be a positive, finite number", lambda v: _is_number(v) and 0 < v < math.inf),
+        ("weight_decay", "must be a finite number, 0 or more", lambda v: _is_number(v) and 0 <= v < math.inf),
+        ("momentum", "at least 0, below 1", lambda v: _is_number(v) and 0 <= v < 1),
+        ("min_lr_ratio", "a fraction of optimizer.lr: from 0 to 1", lambda v: _is_number(v) and 0 <= v <= 1),
+        ("nesterov", "allowed: true, false", lambda v: isinstance(v, bool)),
+        ("scale_lr_with_replicas", "allowed: true, false", lambda v: isinstance(v, bool)),
+    ) if key in opt and not ok(opt[key])]
     for key in ("clip_norm", "global_clip_norm"):
         value = opt.get(key)
         if value is not None and (not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 < value < math.inf):
@@ -162,8 +200,10 @@ def _trainer(trainer: DictConfig) -> list:
         problems.append(Problem("trainer.steps", None, "set trainer.steps or trainer.epochs"))
     for key in ("steps", "epochs", "eval_steps"):
         value = trainer[key]
-        if value is not None and value < 1:
-            problems.append(Problem(f"trainer.{key}", value, "must be at least 1 (or null)"))
+        if value is not None and not 1 <= value <= MAX_STEPS:
+            problems.append(Problem(f"trainer.{key}", value, f"must be at least 1 and at most {MAX_STEPS} (or null)"))
+    if not 0 <= trainer.seed < 2**32:
+        problems.append(Problem("trainer.seed", trainer.seed, "must be a whole number from 0 to 4294967295"))
     for key in ("steps_per_loop", "log_every"):
         if trainer[key] < 1:
             problems.append(Problem(f"trainer.{key}", trainer[key], "must be at least 1"))
@@ -235,6 +275,10 @@ def writable(key: str, path: str) -> list:
     except OSError as error:
         return [Problem(key, path, f"cannot create the directory here: {probe} is not writable ({error.strerror})")]
     return []
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def _is_int(value) -> bool:

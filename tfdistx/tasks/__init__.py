@@ -15,6 +15,7 @@ and, if the defaults do not fit:
     metrics()                    -> {name: keras.metrics.Metric}; each is updated with
                                     metric_inputs(labels, outputs) = (labels, predictions(outputs))
     predictions(outputs)         -> what the metrics see (e.g. probabilities)
+    check_labels(num_classes)    -> raise ConfigError for data the task cannot learn from
     serving_outputs(outputs)     -> {name: tensor}: what the exported model returns
     forward(model, batch, training) -> (labels, outputs): for batches that are
                                     not (features, labels) pairs
@@ -68,6 +69,11 @@ class Task:
 
     def predictions(self, outputs):
         return outputs
+
+    def check_labels(self, num_classes) -> None:
+        """Raise ConfigError when data with `num_classes` (None: not
+        classes) is not data this task can learn from; checked after the
+        model has been tried on the data."""
 
     def metric_inputs(self, labels, outputs) -> Tuple:
         return labels, self.predictions(outputs)

@@ -7,6 +7,7 @@ Labels are 0/1 (ints or floats). Metrics see probabilities, so AUC, accuracy
 import keras
 import tensorflow as tf
 
+from tfdistx.config.errors import ConfigError
 from tfdistx.tasks import Task, column
 
 
@@ -24,6 +25,10 @@ class Binary(Task):
 
     def num_outputs(self, label_spec, num_classes) -> int:
         return 1
+
+    def check_labels(self, num_classes) -> None:
+        if num_classes and num_classes > 2:  # labels 2..9 would be taken as "yes" by the loss, silently
+            raise ConfigError.one("task", self.name, f"the data has {num_classes} classes; binary takes labels 0 and 1: use task=classification")
 
     def loss(self, labels, outputs):
         return keras.losses.binary_crossentropy(column(labels), outputs, from_logits=True)

@@ -26,6 +26,10 @@ class Regression(Task):
     def num_outputs(self, label_spec, num_classes) -> int:
         return label_width(label_spec)
 
+    def check_labels(self, num_classes) -> None:
+        if num_classes:  # class ids as numbers: a model would learn their order, which they do not have
+            raise ConfigError.one("task", self.name, f"the data's labels are {num_classes} classes, not values: use task=classification")
+
     def loss(self, labels, outputs):
         targets = self._targets(labels, outputs)
         if self.loss_name == "mae":
