@@ -27,9 +27,10 @@ if task == "classification":
     result = {"eval/accuracy": float(np.mean(np.argmax(logits, -1) == labels)),
               "eval/loss": float(np.mean(keras.losses.sparse_categorical_crossentropy(labels, logits, from_logits=True)))}
 else:
-    p = out["probabilities"].numpy()
-    auc = keras.metrics.AUC(num_thresholds=200); auc.update_state(labels.reshape(-1, 1), p)
-    result = {"eval/auc": float(auc.result()), "eval/accuracy": float(np.mean((p[:, 0] > 0.5) == (labels > 0.5)))}
+    p = out["probabilities"].numpy()[:, 0]
+    pos, neg = p[labels > 0.5], p[labels <= 0.5]  # every positive against every negative, ties half
+    auc = (np.sum(pos[:, None] > neg[None, :]) + 0.5 * np.sum(pos[:, None] == neg[None, :])) / (len(pos) * len(neg))
+    result = {"eval/auc": float(auc), "eval/accuracy": float(np.mean((p > 0.5) == (labels > 0.5)))}
 print(json.dumps({"metrics": result, "tfdistx_loaded": "tfdistx" in sys.modules}))
 """
 
@@ -56,13 +57,18 @@ def test_multiworker_export_reproduces_the_eval_metrics(tfdistx, tmp_path):
     assert found["eval/loss"] == pytest.approx(run.summary["eval"]["eval/loss"], rel=1e-4)
 
 
-def test_parameter_server_export_reproduces_the_eval_metrics(tfdistx, tmp_path):
-    run = tfdistx(*QUICK, "strategy=parameter_server", "cluster=ps1w2", "data=synthetic_categorical", "model=wide_deep",
+@pytest.mark.parametrize("strategy", [["strategy=parameter_server", "cluster=ps1w2"], ["strategy=multiworker", "cluster=2x1"],
+                                      ["strategy=mirrored", "cluster=1x2"]])
+def test_binary_export_reproduces_the_exact_auc(tfdistx, tmp_path, strategy):
+    # 300 eval examples: the last batches are uneven across replicas
+    run = tfdistx(*QUICK, *strategy, "data=synthetic_categorical", "model=wide_deep", "data.eval_examples=300",
                   "model.vocab_size=1000", "data.vocab_size=1000", "model.hidden_units=[16]")
     assert run.returncode == 0, run
-    source = data_lib.synthetic_categorical(vocab_size=1000, train_examples=512, eval_examples=128)
+    source = data_lib.synthetic_categorical(vocab_size=1000, train_examples=512, eval_examples=300)
     found = reproduce(run.dir / "export", source, "binary", tmp_path)
-    assert found["eval/auc"] == pytest.approx(run.summary["eval"]["eval/auc"], abs=1e-5)
+    # exact: the AUC of every example, not of 200 thresholds (which differ by up to auc_error)
+    assert found["eval/auc"] == pytest.approx(run.summary["eval"]["eval/auc"], abs=1e-6)
+    assert 0 <= run.summary["train"]["auc_error"] < 0.05 and "eval/auc_error" not in run.summary["eval"]
     assert found["eval/accuracy"] == pytest.approx(run.summary["eval"]["eval/accuracy"], abs=1e-6)
 
 

@@ -45,7 +45,20 @@ class StepRunner:
         return self.metrics.batch_state(*self.task.metric_inputs(labels, outputs), per_example)
 
     def _eval_step(self, batch):
-        return self._metric_state(*self.task.eval_step(self.model, batch))
+        """(summed state, rows of batch_examples) of one replica's batch."""
+        labels, outputs, per_example = self.task.eval_step(self.model, batch)
+        labels, predictions = self.task.metric_inputs(labels, outputs)
+        return self.metrics.batch_state(labels, predictions, per_example), self.metrics.batch_examples(labels, predictions)
+
+    def _examples_array(self):
+        """Every eval batch's rows (batch_examples, and a last column of 1
+        for a real example, 0 for padding), added in order."""
+        return tf.TensorArray(tf.float32, size=0, dynamic_size=True, infer_shape=False,
+                              element_shape=tf.TensorShape([None, self.metrics.example_width + 1]))
+
+    @staticmethod
+    def _real(rows: tf.Tensor) -> tf.Tensor:
+        return tf.concat([rows, tf.ones([tf.shape(rows)[0], 1], rows.dtype)], axis=1)
 
     def _train_loop_fn(self, iterator, first_step, num_steps):
         """Steps first_step .. first_step + num_steps - 1; their summed state."""
@@ -65,10 +78,17 @@ class StepRunner:
         """Loss and metrics over the whole eval data (or `trainer.eval_steps` batches), prefixed `eval/`."""
         if self.eval_data is None:
             return {}
-        return self.results(self._evaluate(self.eval_data).numpy(), prefix="eval/")
+        totals, rows = self._evaluate(self.eval_data)
+        if not self.metrics.ranked:
+            return self.results(totals.numpy(), prefix="eval/")
+        rows = self._rows_of_every_worker(rows).numpy()  # a last column of 1 for a real example, 0 for padding (_real)
+        return self.results(totals.numpy(), prefix="eval/", rows=rows[rows[:, -1] > 0, :-1])
 
-    def results(self, totals: np.ndarray, prefix: str = "") -> Dict[str, float]:
-        return self.metrics.results(totals, prefix)
+    def _rows_of_every_worker(self, rows: tf.Tensor) -> tf.Tensor:
+        return rows  # evaluated in one process
+
+    def results(self, totals: np.ndarray, prefix: str = "", rows: Optional[np.ndarray] = None) -> Dict[str, float]:
+        return self.metrics.results(totals, prefix, rows)
 
     def examples(self, totals: np.ndarray) -> float:
         return self.metrics.examples(totals)
@@ -83,11 +103,41 @@ class SyncRunner(StepRunner):
         self._evaluate = tf.function(self._evaluate_fn)
 
     def _evaluate_fn(self, dataset):
-        totals = self.metrics.zeros()
+        totals, examples, i = self.metrics.zeros(), self._examples_array(), tf.constant(0)
         for batch in dataset:
-            per_replica = self.strategy.run(self._eval_step, args=(batch,))
-            totals += tf.cast(self.strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None), tf.float64)
-        return totals
+            state, rows = self.strategy.run(self._eval_step, args=(batch,))
+            totals += tf.cast(self.strategy.reduce(tf.distribute.ReduceOp.SUM, state, axis=None), tf.float64)
+            if self.metrics.ranked:  # this worker's replicas' rows; other workers' are gathered once, at the end
+                examples = examples.write(i, self._real(tf.concat(self.strategy.experimental_local_results(rows), axis=0)))
+                i += 1
+        return totals, examples.concat()
+
+    def _rows_of_every_worker(self, rows: tf.Tensor) -> tf.Tensor:
+        """One all-gather of each worker's rows after the evaluation, not
+        one per batch: a gather inside the loop over a distributed dataset
+        fails on its uneven last batches (measured: shape mismatch in the
+        collective). Each worker's first replica gives its rows, the
+        others none; all are padded to the longest (the gather needs one
+        shape), and the padding is marked 0 in the last column."""
+        # Of the synchronous strategies tfdistx runs, only multi-worker has replicas in other processes.
+        if not isinstance(self.strategy, tf.distribute.MultiWorkerMirroredStrategy):
+            return rows
+        local = len(self.strategy.extended.worker_devices)
+        if self.strategy.num_replicas_in_sync == local:  # a cluster of one
+            return rows
+        given = self.strategy.experimental_distribute_values_from_function(
+            lambda ctx: rows if ctx.replica_id_in_sync_group % local == 0 else rows[:0])
+        return self.strategy.experimental_local_results(self._gather_rows(given))[0]
+
+    @tf.function(reduce_retracing=True)
+    def _gather_rows(self, given):
+        def padded_gather(rows):
+            context = tf.distribute.get_replica_context()
+            size = tf.shape(rows)[0]
+            longest = tf.reduce_max(context.all_gather(tf.reshape(size, [1]), axis=0))
+            return context.all_gather(tf.pad(rows, [[0, longest - size], [0, 0]]), axis=0)
+
+        return self.strategy.run(padded_gather, args=(given,))
 
     def train(self, first_step: int, num_steps: int) -> np.ndarray:
         return self._train_loop(self.iterator, tf.constant(first_step, tf.int64), tf.constant(num_steps)).numpy()
@@ -105,10 +155,13 @@ class CoordinatorRunner(StepRunner):
         self._evaluate = tf.function(self._evaluate_fn)
 
     def _evaluate_fn(self, dataset):
-        totals = self.metrics.zeros()
+        totals, examples, i = self.metrics.zeros(), self._examples_array(), tf.constant(0)
         for batch in dataset:
-            totals += tf.cast(self._eval_step(batch), tf.float64)
-        return totals
+            state, rows = self._eval_step(batch)
+            totals += tf.cast(state, tf.float64)
+            examples = examples.write(i, self._real(rows))
+            i += 1
+        return totals, examples.concat()
 
     def train(self, first_step: int, num_steps: int) -> np.ndarray:
         # One call per worker, each a contiguous range of the true steps (so

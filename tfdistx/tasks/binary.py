@@ -8,13 +8,14 @@ import keras
 import tensorflow as tf
 
 from tfdistx.config.errors import ConfigError
+from tfdistx.metrics import ExactAUC
 from tfdistx.tasks import Task, column
 
 
 class Binary(Task):
     name = "binary"
     AVAILABLE = {
-        "auc": lambda task: keras.metrics.AUC(num_thresholds=task.auc_thresholds, name="auc"),
+        "auc": lambda task: ExactAUC(num_thresholds=task.auc_thresholds, name="auc"),
         "accuracy": lambda task: keras.metrics.BinaryAccuracy(threshold=0.5),
         "log_loss": lambda task: keras.metrics.BinaryCrossentropy(),
     }
