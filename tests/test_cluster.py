@@ -152,7 +152,9 @@ def test_ctrl_c_stops_every_task(tmp_path):
     run_dir = tmp_path / "run"
     cmd = [sys.executable, "-m", "tfdistx", "strategy=multiworker", "cluster=2x1", "trainer.steps=1000000",
            "trainer.steps_per_loop=10", "trainer.log_every=10", "logger.tensorboard=false", f"hydra.run.dir={run_dir}"]
-    proc = subprocess.Popen(cmd, env=tfdistx_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    output = tmp_path / "output.txt"
+    with open(output, "w") as out:
+        proc = subprocess.Popen(cmd, env=tfdistx_env(), stdout=out, stderr=subprocess.STDOUT)
     try:
         deadline = time.time() + 300
         while not (run_dir / "metrics.jsonl").exists() and time.time() < deadline:
@@ -162,6 +164,9 @@ def test_ctrl_c_stops_every_task(tmp_path):
         assert proc.wait(timeout=120) == 130
         time.sleep(1)
         assert processes_mentioning(str(run_dir)) == []
+        said = output.read_text()
+        assert "Traceback" not in said and "KeyboardInterrupt" not in said, said[-3000:]
+        assert "tfdistx: interrupted" in said
     finally:
         proc.kill()  # if the test failed: the launcher's tasks die with it (PR_SET_PDEATHSIG)
 

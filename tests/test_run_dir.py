@@ -35,6 +35,7 @@ def test_resuming_with_another_model_or_optimizer_is_refused_and_the_run_is_kept
         assert again.returncode == 2, again
         assert "Traceback" not in again.stderr and "another model or optimizer" in again.stderr and what in again.stderr, again
         assert "use another hydra.run.dir" in again.stderr
+        assert "could not be found" not in again.stdout + again.stderr  # TensorFlow's list of values it did not restore
         assert files(first.dir) == before, f"{change} changed the first run's files"
 
 

@@ -208,15 +208,13 @@ def _run(cfg: DictConfig):
     from hydra.types import RunMode
 
     hydra_cfg = HydraConfig.get()
-    try:
+    with one_line_errors():
         if hydra_cfg.mode != RunMode.MULTIRUN:  # composed, checked and locked by _run_once, which then ends the process
             return execute(cfg, hydra_cfg.runtime.output_dir, "train", process_ends_after=_ends_process)
         only_given_keys_for_user_targets(cfg, hydra_cfg.overrides.task)
         validate(cfg)
         with rundir.owned(hydra_cfg.runtime.output_dir) if _owns_run_dir(cfg) else contextlib.nullcontext():
             return execute(cfg, hydra_cfg.runtime.output_dir, "train")
-    except (ConfigError, RunFault) as error:
-        refuse(error)
 
 
 def execute(cfg: DictConfig, run_dir: str, mode: str, step: Optional[int] = None, process_ends_after: bool = False):
@@ -226,7 +224,10 @@ def execute(cfg: DictConfig, run_dir: str, mode: str, step: Optional[int] = None
     with retryable_exits_offset_by(cfg.cluster.retryable_exit_offset):
         if placement.source == "local":
             return _run_local_cluster(cfg, run_dir, facts, mode, step)
-        from tfdistx import checkpointing, train  # imports TensorFlow
+        from tfdistx.quiet_import import import_tensorflow
+
+        import_tensorflow()  # here, where TensorFlow starts: without its start-up banner
+        from tfdistx import checkpointing, train
 
         with checkpointing.stops_cleanly_when_unwritable(cfg.checkpoint.dir or str(Path(run_dir) / "checkpoints")):
             if mode == "evaluate":
@@ -262,6 +263,8 @@ def _run_local_cluster(cfg: DictConfig, run_dir: str, facts: strategies.Strategy
                              primary=list(facts.primary_jobs), isolate=cfg.cluster.isolate,
                              max_restarts=cfg.cluster.max_restarts, restart_alone=list(facts.restartable_alone),
                              stopped_task_timeout=cfg.cluster.stopped_task_timeout, run_log=str(Path(run_dir) / "tfdistx.log"))
+    if code == 130:  # Ctrl-C: the tasks stopped quietly (task_main)
+        print("tfdistx: interrupted", file=sys.stderr)
     if code:
         sys.exit(code)
     from tfdistx.train import objective  # no TensorFlow at import
@@ -279,9 +282,10 @@ def task_main(argv) -> int:
     logging.basicConfig(stream=sys.stdout, level=logging.INFO, format="%(message)s")
     cfg = OmegaConf.load(config_path)  # cluster.launch=tf_config: placed by the launcher's TF_CONFIG
     try:
-        execute(cfg, run_dir, mode, int(rest[0]) if rest else None)
-    except (ConfigError, RunFault) as error:
-        refuse(error)
+        with one_line_errors():
+            execute(cfg, run_dir, mode, int(rest[0]) if rest else None)
+    except KeyboardInterrupt:  # Ctrl-C reaches every task (launch.py): the launcher says "interrupted", once
+        sys.exit(130)
     return 0
 
 
@@ -296,7 +300,7 @@ def evaluate_main(argv) -> int:
     parser.add_argument("overrides", nargs="*", help="config overrides on top of the run's own, e.g. strategy=one_device")
     args = parser.parse_intermixed_args(argv)  # overrides may follow --step N
     schema.register()
-    try:
+    with one_line_errors():
         overrides = [*saved_overrides(args.run_dir), *args.overrides]
         register_config_names(overrides)
         cfg = compose_and_validate(overrides)
@@ -304,8 +308,6 @@ def evaluate_main(argv) -> int:
         with_hydra.pop("hydra", None)
         logging.basicConfig(stream=sys.stderr, level=logging.INFO, format="[%(name)s][%(levelname)s] - %(message)s")
         record = execute(OmegaConf.create(with_hydra), os.path.abspath(args.run_dir), "evaluate", args.step)
-    except (ConfigError, RunFault) as error:
-        refuse(error)
     print(json.dumps(record, indent=2, default=float))
     return 0
 
@@ -315,12 +317,51 @@ def _hydra_handles_it(args) -> bool:
     return bool(args.help or args.hydra_help or args.cfg or args.info or args.shell_completion or args.multirun)
 
 
+@contextlib.contextmanager
+def one_line_errors():
+    """The one guard every error passes once TensorFlow may have started: a
+    bad config or a fault of the machine is refused in its own lines and
+    code (refuse); anything else is a bug or a fault no check foresaw, and
+    is one line with exit 1. TFDISTX_TRACEBACK=1 shows the traceback behind
+    any of them, for a bug report."""
+    try:
+        yield
+    except (ConfigError, RunFault) as error:
+        refuse(error)
+    except Exception as error:
+        if _wants_traceback():
+            raise
+        text = str(error).strip()
+        first = text.splitlines()[0][:400] if text else ""
+        line = f"tfdistx: error: {type(error).__name__}{': ' + first if first else ''} (TFDISTX_TRACEBACK=1 shows the traceback)"
+        print(line, file=sys.stderr)
+        _into_run_log(line)
+        _nothing_more_from_tensorflow()
+        sys.exit(1)
+
+
+def _wants_traceback() -> bool:
+    return os.environ.get("TFDISTX_TRACEBACK", "") not in ("", "0")
+
+
 def refuse(error):
     """One line per problem, no traceback; exit 2 for a bad config, the fault's own code otherwise."""
+    if _wants_traceback():
+        import traceback
+
+        traceback.print_exc()
     for line in error.lines():
         print(line, file=sys.stderr)
         _into_run_log(line)
+    _nothing_more_from_tensorflow()
     sys.exit(error.code if isinstance(error, RunFault) else EXIT_INVALID_CONFIG)
+
+
+def _nothing_more_from_tensorflow() -> None:
+    """After the one line, TensorFlow's own warnings are noise: a refused
+    resume's restore, say, lists every value it did not restore when the
+    process exits (its restore coordinator's deleter)."""
+    logging.getLogger("tensorflow").setLevel(logging.ERROR)
 
 
 def _into_run_log(line: str) -> None:

@@ -1,0 +1,40 @@
+"""TensorFlow imported without its start-up banner.
+
+`import tensorflow` writes "All log messages before absl::InitializeLog()"
+and oneDNN / CPU-feature notes straight to file descriptor 2 from C++, before
+any Python logging or TF_CPP_MIN_LOG_LEVEL applies (measured with TF 2.21:
+the level hides none of them). They bury a run's one-line errors and print
+once per task. So the import's stderr is caught in a file and passed on with
+those known lines left out; anything else it printed (a real warning, an
+import error's own text) still reaches the terminal. With
+TF_CPP_MIN_LOG_LEVEL=0 (the user asked for TensorFlow's chatter) nothing is
+filtered. No Hydra here.
+"""
+
+import os
+import re
+import sys
+import tempfile
+
+_BANNER = re.compile(r"All log messages before absl::InitializeLog|oneDNN custom operations are on|cpu_feature_guard"
+                     r"|To enable the following instructions|rebuild TensorFlow with the appropriate compiler flags")
+
+
+def import_tensorflow() -> None:
+    if "tensorflow" in sys.modules or os.environ.get("TF_CPP_MIN_LOG_LEVEL", "0") == "0":
+        import tensorflow  # noqa: F401
+        return
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as caught:
+        os.dup2(caught.fileno(), 2)
+        try:
+            import tensorflow  # noqa: F401
+            import keras  # noqa: F401
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            caught.seek(0)
+            for line in caught.read().decode(errors="replace").splitlines():
+                if line.strip() and not _BANNER.search(line):
+                    print(line, file=sys.stderr)
