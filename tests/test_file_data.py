@@ -156,3 +156,35 @@ def test_a_corrupt_record_mid_file_stops_the_run_naming_the_file(tfdistx, tmp_pa
                   f"+model.examples={EXAMPLES}", "trainer.steps=40", "data.batch_size=32",
                   "checkpoint.export=false", "logger.tensorboard=false")
     refused_in_one_line(run, str(damaged), "corrupt")
+
+
+def test_a_truncated_first_file_stops_a_cluster_once_in_one_line(tfdistx, tmp_path, indexed_files):
+    """Cut mid-record, inside the shuffle window the start-up check reads:
+    refused as a config error (exit 2), so the launcher does not restart."""
+    data = tmp_path / "data"
+    data.mkdir()
+    for path in indexed_files.iterdir():
+        (data / path.name).write_bytes(path.read_bytes())
+    first = data / "train-00000-of-00004.tfrecord"
+    first.write_bytes(first.read_bytes()[: first.stat().st_size // 2 + 7])
+    run = tfdistx("data=tfrecord", f"data.train_files={data}/train-*", "strategy=multiworker", "cluster=2x1",
+                  "model._target_=user_plugins.counting_model", f"+model.examples={EXAMPLES}", "trainer.steps=40", "data.batch_size=32", "checkpoint.export=false", "logger.tensorboard=false")
+    assert run.returncode == 2 and "Traceback" not in run.stdout + run.stderr, run
+    assert f"data file='{first}': a corrupt record" in run.stdout and "restart" not in run.stderr, run
+
+
+@pytest.mark.parametrize("change, said", [
+    (lambda cells: cells[:-1], "Expect 17 fields but have 16"),  # a ragged row
+    (lambda cells: ["abc", *cells[1:]], "not a valid float: abc"),
+    (lambda cells: [*cells[:-1], "12"], "label: a class id of 10 or more (data.num_classes=10)"),
+])
+def test_a_bad_csv_row_is_refused_naming_the_file(tfdistx, tmp_path, change, said):
+    data = write_data(tmp_path / "csv", "data=synthetic", "data.image_shape=[4,4,1]", "data.train_examples=256",
+                      "data.eval_examples=64", shards=1, fmt="csv")
+    train = next(data.glob("train-*"))
+    lines = train.read_text().splitlines()
+    lines[150] = ",".join(change(lines[150].split(",")))
+    train.write_text("\n".join(lines) + "\n")
+    run = tfdistx("data=csv", f"data.train_files={train}", "trainer.steps=40", "data.batch_size=32", "checkpoint.export=false",
+                  "logger.tensorboard=false")
+    refused_in_one_line(run, str(train), said)

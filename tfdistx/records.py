@@ -133,6 +133,8 @@ def _example_decoder(features: dict, label: str):
 
 def _source(train: List[str], eval_files, read, decode, manifest, num_classes, compression) -> DataSource:
     evaluation = _find("data.eval_files", eval_files) if eval_files else None
+    if num_classes:
+        decode = _labels_checked(decode, int(num_classes))
     train_counts = datafiles.manifest_counts(manifest, train)
     for files in filter(None, (train, evaluation)):
         _check_first_record(files[0], read, decode, compression)
@@ -177,9 +179,26 @@ def _check_first_record(path: str, read, decode, compression) -> None:
         raise _bad_file(path, error, compression) from None
 
 
+def _labels_checked(decode, num_classes: int):
+    """Class ids outside [0, num_classes) are refused where they are read,
+    naming the file (input_errors_in_one_line), not deep in the loss: the
+    loss on CPU fails with no file named, and on a GPU it silently trains
+    on garbage."""
+    def checked(records):
+        features, labels = decode(records)
+        if labels.dtype.is_integer:
+            tf.debugging.assert_non_negative(labels, message="label: a class id below 0")
+            tf.debugging.assert_less(labels, tf.cast(num_classes, labels.dtype),
+                                     message=f"label: a class id of {num_classes} or more (data.num_classes={num_classes})")
+        return features, labels
+    return checked
+
+
 def _bad_file(path: str, error: Exception, compression) -> ConfigError:
     reason = (getattr(error, "message", None) or str(error)).strip().splitlines()[0]
     reason = re.sub(r"\{\{function_node [^}]*\}\}|\[Op:\w+\]( name:)?", "", reason).strip()  # TensorFlow's op names
+    reason = re.sub(r"^Error in user-defined function passed to \w+:\d+ transformation with iterator: [\w:]+: ", "", reason)
+    reason = re.sub(r"assertion failed: \[([^\]]*)\].*", r"\1", reason)  # _labels_checked's message, not the tensors
     if isinstance(error, tf.errors.DataLossError) or "corrupted record" in reason:
         if "corrupted record at 0" in reason:
             return ConfigError.one("data file", path, f"not readable as TFRecord from its first byte ({reason}): "

@@ -276,7 +276,10 @@ def build_run(cfg: DictConfig, run_dir: str, placement: Placement) -> Optional[R
         # Not optimizer.iterations: parameter-server workers increment that
         # concurrently and lose increments (measured: 319 after 400 steps).
         step_counter = tf.Variable(0, dtype=tf.int64, trainable=False, name="step")
-    sample = _check_model_takes_data(model, task, source, cfg, num_outputs)
+    from tfdistx.records import input_errors_in_one_line
+
+    with input_errors_in_one_line(source):  # its first examples come through a shuffle window: a bad record may be in it
+        sample = _check_model_takes_data(model, task, source, cfg, num_outputs)
     task.check_labels(source.num_classes)
 
     checkpointer = Checkpointer(
