@@ -258,3 +258,9 @@ def test_wide_deep_tables_are_sharded_across_parameter_servers(tfdistx):
     assert summary["variable_devices"] == ["/job:ps/replica:0/task:0/device:CPU:0", "/job:ps/replica:0/task:1/device:CPU:0"]
     losses = [m["loss"] for m in run.metrics]
     assert losses[-1] < losses[0]
+
+
+def test_a_local_cluster_larger_than_the_machine_is_refused_before_any_process_starts(tfdistx):
+    run = tfdistx("strategy=multiworker", "cluster=999x1", "data.batch_size=999")
+    line = refused_in_one_line(run, "cluster='999x1'", "a local cluster of 999 processes", "Slurm or Kubernetes")
+    assert "at most" in line and not (run.dir / "logs").exists()
