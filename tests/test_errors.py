@@ -43,6 +43,8 @@ def assert_refused(run, key, *phrases):
     (["data.num_classes=1"], "data.num_classes=1", ["at least 2"]),
     (["model._target_=tfdistx.models.nothere"], "model._target_", ["has no attribute 'nothere'", "mlp"]),
     (["cluster.startup_timeout=0"], "cluster.startup_timeout=0", ["more than 0"]),
+    (["task._target_=builtins.int", "trainer.steps=2"], "task._target_='builtins.int'", ["has no signature"]),
+    (["+hydra.callbacks.x._target_=nope.Nope"], "hydra.callbacks=", ["Error locating target 'nope.Nope'"]),
 ])
 def test_config_errors(tfdistx, args, key, phrases):
     assert_refused(tfdistx(*args), key, *phrases)
@@ -104,3 +106,28 @@ def test_a_bad_sweep_is_refused_before_any_job(tmp_path, args, key):
     assert run.returncode == 2 and "Traceback" not in run.stderr, run.stderr
     assert [line for line in run.stderr.splitlines() if line.startswith("tfdistx: invalid config:") and key in line], run.stderr
     assert not list(tmp_path.rglob("summary.json"))  # no job ran
+
+
+def test_a_user_recipe_that_is_not_yaml(tfdistx, tmp_path):
+    recipes = tmp_path / "recipes"
+    recipes.mkdir()
+    (recipes / "broken.yaml").write_text("trainer:\n  steps: [1\n")
+    run = tfdistx("recipe=broken", env={"TFDISTX_RECIPES": str(recipes)})
+    assert_refused(run, f"config file='{recipes / 'broken.yaml'}, line 3'", "is not valid YAML")
+
+
+def test_evaluate_refuses_a_model_that_does_not_fit_and_unreadable_run_files(tfdistx):
+    run = tfdistx(*QUICK)
+    assert run.returncode == 0, run
+
+    def evaluate(*args):
+        return subprocess.run([sys.executable, "-m", "tfdistx", "evaluate", str(run.dir), *args], capture_output=True, text=True,
+                              env=tfdistx_env(), timeout=300)
+
+    other = evaluate("model=cnn")  # never evaluated with weights left at their initial values
+    assert other.returncode == 2 and "Traceback" not in other.stderr, other.stderr[-2000:]
+    assert "was saved by another model or optimizer" in other.stderr and not (run.dir / "evaluations.jsonl").exists()
+    (run.dir / ".hydra" / "overrides.yaml").write_bytes(b"\xff\xfe[[[")
+    unreadable = evaluate()
+    assert unreadable.returncode == 2 and "Traceback" not in unreadable.stderr, unreadable.stderr[-2000:]
+    assert "its .hydra/overrides.yaml cannot be read" in unreadable.stderr

@@ -30,7 +30,11 @@ def build(group: str, cfg: DictConfig, expect: type, exclude: Iterable[str] = ()
     except Exception as error:
         raise ConfigError.one(f"{group}._target_", target, _why_not_found(target, error)) from None
     kwargs.update(runtime)
-    accepted = _accepted(fn, kwargs)
+    try:
+        accepted = _accepted(fn, kwargs)
+    except (TypeError, ValueError):  # a builtin (builtins.int) or a non-callable: no signature to read
+        raise ConfigError.one(f"{group}._target_", target, f"has no signature to call with the {group} keys: "
+                              f"name a function or class (see the README's 'Your own model, data or task')") from None
     dropped = sorted(set(kwargs) - set(accepted) - set(runtime))
     if dropped:
         log.warning("%s: %s does not take %s; ignoring them", group, target, ", ".join(dropped))

@@ -59,19 +59,29 @@ class Checkpointer:
         candidates = list(reversed(on_disk(self.directory)))
         for path in candidates:
             try:
-                status = self.checkpoint.restore(path)
-                status.assert_existing_objects_matched()
-                status.assert_consumed()  # adam's slots left over in an sgd run, say
-            except Exception as error:  # damage shows as DataLossError, IndexError, ValueError, ...
-                if _readable(path):
-                    raise ConfigError.one("checkpoint", path, _mismatch(path, self.checkpoint, error)) from None
-                log.warning("checkpoint %s is damaged (%s); trying an older one", path, str(error).splitlines()[0][:200])
+                self.restore(path)
+            except Damaged as damage:
+                log.warning("checkpoint %s is damaged (%s); trying an older one", path, damage)
                 continue
             if path != candidates[0]:
                 log.warning("restored %s, the newest intact checkpoint", path)
             return path
         self.only_damaged = bool(candidates)
         return None
+
+    def restore(self, path: str) -> None:
+        """Restore `path` whole. A checkpoint of another model or optimizer
+        is a ConfigError (never half-restored: a model left partly at its
+        initial values would train or evaluate as if nothing were wrong);
+        one that cannot be read is Damaged."""
+        try:
+            status = self.checkpoint.restore(path)
+            status.assert_existing_objects_matched()
+            status.assert_consumed()  # adam's slots left over in an sgd run, say
+        except Exception as error:  # damage shows as DataLossError, IndexError, ValueError, ...
+            if _readable(path):
+                raise ConfigError.one("checkpoint", path, _mismatch(path, self.checkpoint, error)) from None
+            raise Damaged(str(error).splitlines()[0][:200] if str(error) else type(error).__name__) from None
 
     def save(self, step: int) -> None:
         if step != self.last_saved:
@@ -86,6 +96,10 @@ class Checkpointer:
     def close(self) -> None:
         if self.scratch:
             shutil.rmtree(self.scratch, ignore_errors=True)
+
+
+class Damaged(Exception):
+    """A checkpoint whose values cannot all be read."""
 
 
 def _readable(path: str) -> bool:
@@ -151,7 +165,8 @@ def on_disk(directory: str) -> List[str]:
 
 
 # The OS's word for a disk a run cannot write to, as Python and TensorFlow report it.
-_CANNOT_WRITE = {errno.ENOSPC: "No space left on device", errno.EDQUOT: "Disk quota exceeded", errno.EROFS: "Read-only file system"}
+_CANNOT_WRITE = {errno.ENOSPC: "No space left on device", errno.EDQUOT: "Disk quota exceeded", errno.EROFS: "Read-only file system",
+                 errno.EFBIG: "File too large"}
 
 
 @contextlib.contextmanager

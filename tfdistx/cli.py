@@ -174,7 +174,12 @@ def _run_once(overrides, end_process: bool = False) -> None:
     from hydra.types import HydraContext
 
     with composed(overrides) as cfg:
-        context = HydraContext(config_loader=GlobalHydra.instance().config_loader(), callbacks=Callbacks(cfg))
+        try:  # hydra.callbacks are instantiated here
+            callbacks = Callbacks(cfg)
+        except Exception as error:
+            raise ConfigError.one("hydra.callbacks", OmegaConf.to_container(cfg.hydra.callbacks),
+                                  str(error).strip().splitlines()[0]) from None
+        context = HydraContext(config_loader=GlobalHydra.instance().config_loader(), callbacks=callbacks)
         # Locked before run_job writes .hydra/ into the directory (rundir.py).
         owner = rundir.owned(cfg.hydra.run.dir) if _owns_run_dir(cfg) else contextlib.nullcontext()
         with owner:

@@ -152,13 +152,17 @@ def evaluate(cfg: DictConfig, run_dir: str, placement: Optional[Placement] = Non
     """Evaluate a kept checkpoint (the newest, or the one at `step`) on the
     configured eval data; the chief appends the metrics to evaluations.jsonl."""
     from tfdistx import checkpointing, loggers
+    from tfdistx.config.errors import ConfigError
 
     path = checkpointing.find(cfg.checkpoint.dir or str(Path(run_dir) / "checkpoints"), step)  # before building anything
     run = build_run(cfg, run_dir, placement or Placement("single"))
     if run is None:
         return None
     with contextlib.closing(run.checkpointer):
-        run.checkpointer.checkpoint.restore(path).expect_partial()
+        try:
+            run.checkpointer.restore(path)  # whole, or refused: never a model left partly at its initial weights
+        except checkpointing.Damaged as damage:
+            raise ConfigError.one("checkpoint", path, f"cannot be read: {damage}") from None
         metrics = make_runner(run, cfg, train=False).evaluate()
     record = {"checkpoint": os.path.basename(path), "step": int(run.step_counter.numpy()), "strategy": run.strategy_name,
               "replicas": run.replicas, **metrics}

@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 from typing import Iterator, Sequence
 
+import yaml
 from hydra import initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from hydra.errors import HydraException, MissingConfigException
@@ -38,6 +39,10 @@ def composed(overrides: Sequence[str], notes: bool = True) -> Iterator[DictConfi
                 "config", overrides=list(overrides), run_mode=RunMode.RUN, with_log_configuration=False)
         except (HydraException, OmegaConfBaseException) as error:
             raise _with_valid_keys(as_config_error(error, overrides), overrides) from None
+        except yaml.YAMLError as error:  # a user's recipe or config file that is not YAML
+            where = getattr(error, "problem_mark", None)
+            place = f"{where.name}, line {where.line + 1}" if where else "a config file"
+            raise ConfigError.one("config file", place, f"is not valid YAML: {getattr(error, 'problem', None) or error}") from None
         try:  # an interpolation is resolved where it is read: ${nope.nope}, ${oc.env:UNSET}
             only_given_keys_for_user_targets(cfg, overrides, notes)
             validate(cfg, run_dir=OmegaConf.select(cfg, "hydra.run.dir"))
@@ -75,7 +80,7 @@ def saved_config(run_dir: str) -> DictConfig:
     path = Path(run_dir) / ".hydra" / "config.yaml"
     if not path.is_file():
         raise ConfigError.one("run_dir", str(run_dir), "is not a tfdistx run directory (no .hydra/config.yaml)")
-    return OmegaConf.load(path)
+    return _load_run_file(run_dir, path)
 
 
 def saved_overrides(run_dir: str) -> list:
@@ -83,7 +88,18 @@ def saved_overrides(run_dir: str) -> list:
     path = Path(run_dir) / ".hydra" / "overrides.yaml"
     if not path.is_file():
         raise ConfigError.one("run_dir", str(run_dir), "is not a tfdistx run directory (no .hydra/overrides.yaml)")
-    return [str(o) for o in OmegaConf.load(path)]
+    overrides = _load_run_file(run_dir, path)
+    if not OmegaConf.is_list(overrides):
+        raise ConfigError.one("run_dir", str(run_dir), f"its {path.name} is not a list of overrides")
+    return [str(o) for o in overrides]
+
+
+def _load_run_file(run_dir: str, path: Path):
+    try:
+        return OmegaConf.load(path)
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as error:
+        reason = getattr(error, "strerror", None) or getattr(error, "problem", None) or type(error).__name__
+        raise ConfigError.one("run_dir", str(run_dir), f"its .hydra/{path.name} cannot be read ({reason})") from None
 
 
 # What `pip install 'tfdistx[sweep]'` adds (pyproject.toml), by the option names users give.
