@@ -99,5 +99,7 @@ def lost_peer_in_one_line(synchronous_cluster: bool, parameter_servers: bool = F
             raise
         who = ", ".join(f"{job}:{index}" for job, index in peers) or "a peer"
         first = next((line.strip() for line in text.splitlines() if re.search(r"unhealthy|abort|heartbeat|connect", line)), "")[:200]
-        raise RunFault(f"lost contact with {who} of the cluster, stopping so that it restarts from the newest checkpoint "
-                       f"(TensorFlow: {first})", EXIT_LOST_PEER) from None
+        # Whether the cluster restarts is the launcher's or scheduler's call (not when the peer failed on bad input):
+        # this task only says it can resume.
+        raise RunFault(f"lost contact with {who} of the cluster, stopping (exit {EXIT_LOST_PEER}: a restart resumes from the "
+                       f"newest checkpoint) (TensorFlow: {first})", EXIT_LOST_PEER) from None
