@@ -311,17 +311,30 @@ def _pump(proc, name: str, log_path: Path, run_log_path: Optional[str], succeede
     terminal and to the run's log (the whole run in one file, as the terminal
     shows it; appends of whole lines do not interleave), less known noise."""
     with open(log_path, "ab") as logfile, open(run_log_path or os.devnull, "ab") as run_log:
+        def show(text: str) -> None:
+            prefixed = f"[{name}] {text}"
+            run_log.write(prefixed.encode())
+            run_log.flush()
+            sys.stdout.write(prefixed)
+            sys.stdout.flush()
+
+        # A peer's last lines as the chief leaves (worker:1 seeing the coordination
+        # service's leader go) come before anyone knows whether the run succeeded:
+        # held until this task ends, and shown only if it failed.
+        held = []
         for line in iter(proc.stdout.readline, b""):
             logfile.write(line)
             logfile.flush()
             text = line.decode(errors="replace")
             if _ALWAYS_HARMLESS.search(text) or (succeeded.is_set() and _HARMLESS_ONCE_DONE.search(text)):
                 continue
-            prefixed = f"[{name}] {text}"
-            run_log.write(prefixed.encode())
-            run_log.flush()
-            sys.stdout.write(prefixed)
-            sys.stdout.flush()
+            if _HARMLESS_ONCE_DONE.search(text) and not text.startswith("tfdistx:"):  # tfdistx's own lines are news
+                held.append(text)
+                continue
+            show(text)
+        if held and proc.wait() != 0:
+            for text in held:
+                show(text)
 
 
 def _die_with_parent() -> None:
