@@ -35,7 +35,6 @@ def refusal(*overrides) -> str:
     (["task.top_k=0"], "task.top_k=0: must be a whole number, at least 1"),
     (["logger=wandb", "logger.wandb.init_timeout=-1"], "logger.wandb.init_timeout=-1: seconds, more than 0"),
     (["data.batch_size=1e9"], "data.batch_size=1000000000.0: must be a positive integer"),
-    (["data.batch_size=1024", "data.train_examples=512"], "data.batch_size=1024: larger than the 512 training examples"),
     (["trainer.steps=1e20"], "trainer.steps='1e20'"),
     (["trainer.steps=4611686018427387905"], "at most 4611686018427387904"),
     (["trainer.seed=-1"], "trainer.seed=-1: must be a whole number from 0 to 4294967295"),

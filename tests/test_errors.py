@@ -44,6 +44,8 @@ def assert_refused(run, key, *phrases):
     (["model._target_=tfdistx.models.nothere"], "model._target_", ["has no attribute 'nothere'", "mlp"]),
     (["cluster.startup_timeout=0"], "cluster.startup_timeout=0", ["more than 0"]),
     (["task._target_=builtins.int", "trainer.steps=2"], "task._target_='builtins.int'", ["has no signature"]),
+    # checked once the source is built (`data write` of 512 examples is fine whatever data.batch_size says)
+    (["data.batch_size=1024", "data.train_examples=512"], "data.batch_size=1024", ["more than the 512 training examples"]),
     (["+hydra.callbacks.x._target_=nope.Nope"], "hydra.callbacks=", ["Error locating target 'nope.Nope'"]),
 ])
 def test_config_errors(tfdistx, args, key, phrases):

@@ -73,3 +73,24 @@ def test_an_empty_run_dir_is_refused_and_nothing_is_written_here(tfdistx, tmp_pa
     run = tfdistx(*QUICK, run_dir="", cwd=here)
     refused_in_one_line(run, "hydra.run.dir=''", "must name a directory")
     assert list(here.iterdir()) == []
+
+
+def test_data_write_keeps_an_earlier_write_aside_and_refuses_other_directories(tmp_path):
+    def write(out, shards):
+        return subprocess.run([sys.executable, "-m", "tfdistx", "data", "write", "data=synthetic", "data.train_examples=64",
+                               "data.eval_examples=16", "--out", str(out), "--shards", str(shards)],
+                              capture_output=True, text=True, env=tfdistx_env(), timeout=300)
+
+    out = tmp_path / "data"
+    assert write(out, 4).returncode == 0
+    assert write(out, 2).returncode == 0
+    assert sorted(p.name for p in out.glob("train-*")) == ["train-00000-of-00002.tfrecord", "train-00001-of-00002.tfrecord"]
+    kept = list(tmp_path.glob("data.replaced-*"))
+    assert len(kept) == 1 and len(list(kept[0].glob("train-*"))) == 4  # the first write, whole, not mixed in
+
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("mine")
+    refused = write(mine, 2)
+    assert refused.returncode == 2 and "is not data written by tfdistx data write" in refused.stderr, refused.stderr[-2000:]
+    assert [p.name for p in mine.iterdir()] == ["notes.txt"]

@@ -11,53 +11,31 @@ with Keras' own ExportArchive.
 """
 
 import argparse
-import logging
 import os
-import shutil
 import sys
-import tempfile
 from pathlib import Path
 from typing import List, Optional
 
 import keras
 import tensorflow as tf
 
-from tfdistx.config.errors import ConfigError
-from tfdistx.rundir import keep_aside, output_problems
-
-log = logging.getLogger(__name__)
+from tfdistx.rundir import new_directory
 
 
 def export_saved_model(model, task, feature_spec, directory: str, protected=()) -> None:
     """Write `model` (variables local to this process) with the task's
     serving outputs. `directory` must be new, empty or an earlier export,
-    which is kept aside (rundir.keep_aside) once the new one is whole;
-    anything else there, or a path in or over `protected`, is refused
-    (ConfigError) before anything is written."""
-    problems = output_problems("--out", directory, protected)
-    if problems:
-        raise ConfigError(problems)
-    signature = tf.nest.map_structure(_batched, feature_spec)
-    if isinstance(feature_spec, dict):  # inputs named after the features
-        signature = {name: tf.TensorSpec(spec.shape, spec.dtype, name=name) for name, spec in signature.items()}
-    archive = keras.export.ExportArchive()
-    archive.track(model)
-    archive.add_endpoint("serve", lambda features: task.serving_outputs(model(features, training=False)), input_signature=[signature])
-    parent, name = os.path.split(os.path.abspath(directory))
-    os.makedirs(parent, exist_ok=True)
-    # A name of its own beside the target, so a crash leaves at most this and nothing is removed that we did not make.
-    tmp = tempfile.mkdtemp(prefix=f".{name}.tmp-", dir=parent)
-    try:
-        os.chmod(tmp, 0o755)  # mkdtemp's 0700 would hide the export from a server running as another user
+    which is kept aside once the new one is whole; anything else there, or
+    a path in or over `protected`, is refused (rundir.new_directory)."""
+    with new_directory("--out", directory, protected) as tmp:
+        signature = tf.nest.map_structure(_batched, feature_spec)
+        if isinstance(feature_spec, dict):  # inputs named after the features
+            signature = {name: tf.TensorSpec(spec.shape, spec.dtype, name=name) for name, spec in signature.items()}
+        archive = keras.export.ExportArchive()
+        archive.track(model)
+        archive.add_endpoint("serve", lambda features: task.serving_outputs(model(features, training=False)),
+                             input_signature=[signature])
         archive.write_out(tmp, verbose=False)
-        if os.path.exists(directory):
-            if any(Path(directory).iterdir()):
-                log.warning("%s held an earlier export: kept as %s", directory, keep_aside(Path(directory)))
-            else:
-                os.rmdir(directory)
-        os.replace(tmp, directory)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _batched(spec: tf.TensorSpec) -> tf.TensorSpec:

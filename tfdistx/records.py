@@ -29,6 +29,7 @@ import numpy as np
 import tensorflow as tf
 
 from tfdistx.config import datafiles
+from tfdistx.rundir import new_directory
 from tfdistx.config.errors import ConfigError
 from tfdistx.data import DataSource
 from tfdistx.order import FileExamples
@@ -231,24 +232,26 @@ def write(source: DataSource, out: str, shards: int, eval_shards: int = 1, fmt: 
           compression: Optional[str] = None) -> dict:
     """Write `source`'s train (and eval) examples into `shards` files each
     (round robin, so shard sizes differ by at most one), plus a manifest.
-    Returns the manifest."""
-    os.makedirs(out, exist_ok=True)
-    feature_spec, label_spec = source.element_spec
-    names = _feature_names(feature_spec)
-    features = {name: _spec_entry(spec) for name, spec in zip(names, tf.nest.flatten(feature_spec))}
-    features["label"] = _spec_entry(label_spec)
-    manifest = {"format": fmt, "compression": compression, "features": features, "label": "label",
-                "num_classes": source.num_classes, "splits": {}}
-    suffix = {"tfrecord": ".tfrecord", "csv": ".csv"}[fmt] + {None: "", "GZIP": ".gz", "ZLIB": ".zz"}[compression]
-    for split, make, n in (("train", source.train, shards), ("eval", source.eval, eval_shards)):
-        if make is None:
-            continue
-        paths = [os.path.join(out, f"{split}-{k:05d}-of-{n:05d}{suffix}") for k in range(n)]
-        counts = _write_split(make(None), paths, names, fmt, compression, features)
-        manifest["splits"][split] = {"files": {os.path.basename(p): c for p, c in zip(paths, counts)}}
-        log.info("%s: %d examples in %d file(s)", split, sum(counts), n)
-    with open(os.path.join(out, datafiles.MANIFEST), "w") as f:
-        json.dump(manifest, f, indent=1)
+    Returns the manifest. `out` must be new, empty or an earlier `data
+    write`'s (kept aside whole once the new files are complete: shards of
+    two writes never mix under one glob)."""
+    with new_directory("--out", out, made_by=(datafiles.MANIFEST, "data written by tfdistx data write")) as tmp:
+        feature_spec, label_spec = source.element_spec
+        names = _feature_names(feature_spec)
+        features = {name: _spec_entry(spec) for name, spec in zip(names, tf.nest.flatten(feature_spec))}
+        features["label"] = _spec_entry(label_spec)
+        manifest = {"format": fmt, "compression": compression, "features": features, "label": "label",
+                    "num_classes": source.num_classes, "splits": {}}
+        suffix = {"tfrecord": ".tfrecord", "csv": ".csv"}[fmt] + {None: "", "GZIP": ".gz", "ZLIB": ".zz"}[compression]
+        for split, make, n in (("train", source.train, shards), ("eval", source.eval, eval_shards)):
+            if make is None:
+                continue
+            paths = [os.path.join(tmp, f"{split}-{k:05d}-of-{n:05d}{suffix}") for k in range(n)]
+            counts = _write_split(make(None), paths, names, fmt, compression, features)
+            manifest["splits"][split] = {"files": {os.path.basename(p): c for p, c in zip(paths, counts)}}
+            log.info("%s: %d examples in %d file(s)", split, sum(counts), n)
+        with open(os.path.join(tmp, datafiles.MANIFEST), "w") as f:
+            json.dump(manifest, f, indent=1)
     return manifest
 
 

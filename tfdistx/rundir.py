@@ -13,10 +13,12 @@ TensorFlow here.
 import contextlib
 import fcntl
 import json
+import logging
 import os
 import shutil
 import socket
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -116,21 +118,48 @@ def keep_aside(path: Path) -> str:
     raise FileExistsError(f"{path}: too many kept copies named {path.stem}.replaced-{stamp}*")
 
 
-def output_problems(key: str, directory: str, protected=()) -> list:
-    """Whether a command may write a whole directory (a SavedModel, say) at
-    `directory`: a new path, an empty directory, or a SavedModel that is
-    then kept aside (keep_aside). Anything else there is refused (nothing
-    is changed), and so is a directory in `protected` (a run dir, its
-    checkpoints) or one that holds one of them."""
+def output_problems(key: str, directory: str, protected=(), made_by=("saved_model.pb", "a SavedModel")) -> list:
+    """Whether a command may write a whole directory at `directory`: a new
+    path, an empty directory, or one the same command wrote before (it
+    holds the file `made_by[0]`), which is then kept aside (keep_aside).
+    Anything else there is refused (nothing is changed), and so is a
+    directory in `protected` (a run dir, its checkpoints) or one that
+    holds one of them."""
     target = Path(directory).resolve()
     for kept in map(lambda p: Path(p).resolve(), protected):
         if target == kept or target in kept.parents:
             return [Problem(key, str(directory), f"would replace {kept}, which holds the run's files: name a new directory")]
     if not target.exists() or (target.is_dir() and not any(target.iterdir())):
         return []
-    if target.is_dir() and (target / "saved_model.pb").is_file():
-        return []  # an earlier export: kept aside when the new one is in place
-    return [Problem(key, str(directory), "exists and is not a SavedModel: name a new directory (nothing was changed)")]
+    if target.is_dir() and (target / made_by[0]).is_file():
+        return []  # an earlier one of ours: kept aside when the new one is in place
+    return [Problem(key, str(directory), f"exists and is not {made_by[1]}: name a new directory (nothing was changed)")]
+
+
+@contextlib.contextmanager
+def new_directory(key: str, directory: str, protected=(), made_by=("saved_model.pb", "a SavedModel")):
+    """Yields an empty directory beside `directory` to write into; once the
+    block has succeeded it becomes `directory` (whatever was there kept
+    aside), so `directory` is never half-written and a failure leaves
+    nothing. Refused (ConfigError) as output_problems says, before anything
+    is written."""
+    problems = output_problems(key, directory, protected, made_by)
+    if problems:
+        raise ConfigError(problems)
+    parent, name = os.path.split(os.path.abspath(directory))
+    os.makedirs(parent, exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix=f".{name}.tmp-", dir=parent)  # a name of its own: nothing of anyone else's is touched
+    try:
+        os.chmod(tmp, 0o755)  # mkdtemp's 0700 would hide it from a server or reader running as another user
+        yield tmp
+        if os.path.exists(directory):
+            if any(Path(directory).iterdir()):
+                logging.getLogger(__name__).warning("%s held an earlier one: kept as %s", directory, keep_aside(Path(directory)))
+            else:
+                os.rmdir(directory)
+        os.replace(tmp, directory)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _describe(holder: str) -> str:

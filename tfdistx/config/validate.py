@@ -126,10 +126,6 @@ def _data(data: DictConfig, replicas: Optional[int]) -> list:
     batch = data.get("batch_size")
     if not _is_int(batch) or batch < 1:
         return problems + [Problem("data.batch_size", batch, "must be a positive integer (the global batch, split across replicas)")]
-    examples = data.get("train_examples")
-    if _is_int(examples) and batch > examples:  # a built-in source's size; others are checked once built (input.py)
-        problems.append(Problem("data.batch_size", batch, f"larger than the {examples} training examples (data.train_examples): "
-                                "a step would never fill a batch"))
     if replicas and batch % replicas:
         problems.append(Problem("data.batch_size", batch, f"the global batch must divide across {replicas} replicas: use a multiple of {replicas}"))
     return problems
