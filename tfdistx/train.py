@@ -6,6 +6,7 @@ that owns it. This is the only module that knows every other one.
 """
 
 import contextlib
+import json
 import logging
 import os
 import time
@@ -59,7 +60,7 @@ def train(cfg: DictConfig, run_dir: str, placement: Optional[Placement] = None, 
     with reproducible(cfg.trainer), contextlib.closing(run.checkpointer):
         restored = run.checkpointer.restore_latest() if cfg.checkpoint.restore else None
         if run.checkpointer.only_damaged:
-            start_over_beside_damaged_run(run, cfg)
+            start_over_beside_damaged_run(run)
         start_step = int(run.step_counter.numpy())
         if start_step > run.total_steps:  # nothing to train, and a summary of nothing would replace the run's
             raise ConfigError.one("trainer.steps", run.total_steps, f"the run in this directory is already at step {start_step} "
@@ -110,7 +111,7 @@ def train(cfg: DictConfig, run_dir: str, placement: Optional[Placement] = None, 
     return objective(cfg.trainer.objective, summary)
 
 
-def start_over_beside_damaged_run(run: "Run", cfg: DictConfig) -> None:
+def start_over_beside_damaged_run(run: "Run") -> None:
     """No checkpoint in the run dir can be read: the run starts at step 0,
     and the chief first keeps the old run's files aside (as
     checkpoint.restore=false does) instead of writing over them."""
@@ -142,8 +143,6 @@ def already_finished(run: "Run", cfg: DictConfig, restored: str) -> Optional[flo
                                                          "strategy": run.strategy_name, "replicas": run.replicas, **metrics})
     summary_path = run.dir / "summary.json"
     if summary_path.is_file():
-        import json
-
         return objective(cfg.trainer.objective, json.loads(summary_path.read_text()))
     return objective(cfg.trainer.objective, {"eval": metrics, "train": {}})
 
