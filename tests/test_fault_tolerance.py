@@ -270,3 +270,24 @@ def test_a_full_disk_stops_the_run_cleanly_and_the_same_command_resumes(tmp_path
     summary = json.loads((out / "run" / "summary.json").read_text())
     assert summary["step"] == 100 and summary["resumed_from_step"] == int(newest.split("-")[1])
     assert steps_logged(out / "run") == list(range(10, 101, 10))
+
+
+def test_a_file_size_limit_stops_the_run_in_one_line_and_leaves_no_partial_checkpoint(tmp_path):
+    """EFBIG (RLIMIT_FSIZE, as a batch system sets it): like a full disk,
+    one line and exit 3, no `ckpt-N_temp/` left. Python ignores SIGXFSZ, so
+    the write fails instead of killing the process."""
+    import resource
+
+    run_dir = tmp_path / "run"
+    limit = 600_000  # above the logs and config, below one checkpoint of adam's slots for the 784-128-10 MLP
+
+    def limited():
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+    proc = subprocess.run([sys.executable, "-m", "tfdistx", "trainer.steps=20", "trainer.steps_per_loop=10", "trainer.log_every=10",
+                           "trainer.eval_every=0", "checkpoint.every_steps=10", "logger.tensorboard=false",
+                           f"hydra.run.dir={run_dir}"], preexec_fn=limited, capture_output=True, text=True, env=tfdistx_env(),
+                          timeout=600)
+    assert proc.returncode == 3 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert "tfdistx: cannot write the run (File too large)" in proc.stderr
+    assert not list((run_dir / "checkpoints").glob("*_temp*"))

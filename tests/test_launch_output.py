@@ -1,0 +1,29 @@
+"""What the launcher shows of a task's output: a peer's "the cluster is
+going away" lines are held until that task ends, shown if it failed and
+dropped if it succeeded; the task's log keeps every line. Real child
+processes, the launcher's own pump."""
+
+import subprocess
+import sys
+import threading
+
+import pytest
+
+from tfdistx.launch import _pump
+
+pytestmark = pytest.mark.unit
+
+LINES = ("step 10/10\\n"
+         "E0000 coordination_service_agent.cc] StartAbort UNAVAILABLE: the leader task was preempted/died\\n"
+         "tfdistx: lost contact with worker:0 of the cluster, heartbeat\\n")
+
+
+@pytest.mark.parametrize("code, shown", [(0, False), (1, True)])
+def test_a_peers_going_away_lines_are_shown_only_if_it_failed(tmp_path, capsys, code, shown):
+    proc = subprocess.Popen([sys.executable, "-c", f"import sys; sys.stdout.write('{LINES}'); sys.exit({code})"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    _pump(proc, "worker:1", tmp_path / "worker-1.log", str(tmp_path / "run.log"), threading.Event())
+    out = capsys.readouterr().out
+    assert "[worker:1] step 10/10" in out and "[worker:1] tfdistx: lost contact" in out  # tfdistx's own lines always
+    assert ("StartAbort" in out) == shown and ("StartAbort" in (tmp_path / "run.log").read_text()) == shown
+    assert "StartAbort" in (tmp_path / "worker-1.log").read_text()
