@@ -156,10 +156,12 @@ def test_killed_run_resumes_without_repeating_steps(tmp_path):
 def test_checkpoint_restores_the_weights(tfdistx, tmp_path):
     """The restored model evaluates exactly as the saved one did."""
     first = tfdistx(*QUICK)
-    again = tfdistx(*QUICK)  # steps already done: restores, evaluates, trains nothing
+    summary = (first.dir / "summary.json").read_text()
+    again = tfdistx(*QUICK)  # steps already done: restores, evaluates, trains nothing, keeps the summary
     assert first.returncode == 0 and again.returncode == 0, again
-    assert again.summary["resumed_from_step"] == 40
-    assert again.summary["eval"] == first.summary["eval"]
+    assert (again.dir / "summary.json").read_text() == summary
+    restored = json.loads((again.dir / "evaluations.jsonl").read_text().splitlines()[-1])
+    assert restored["step"] == 40 and {k: restored[k] for k in first.summary["eval"]} == first.summary["eval"]
 
 
 def test_wandb_offline_without_an_api_key(tfdistx, tmp_path):
