@@ -113,6 +113,9 @@ class MetricSet:
         metrics exact from `rows` (batch_examples of every batch), or
         without them, thresholded with `NAME_error` beside them."""
         totals = np.asarray(totals, dtype=np.float64)
+        if rows is not None:  # [examples, scores | labels]
+            width = self.example_width // 2
+            scores, labels = np.asarray(rows)[:, :width], np.asarray(rows)[:, width:]
         examples = totals[EXAMPLES]
         values = {f"{prefix}loss": float(totals[LOSS_SUM] / max(examples, 1))}
         offset = FIRST_METRIC
@@ -125,8 +128,6 @@ class MetricSet:
             if name not in self.ranked:
                 values[f"{prefix}{name}"] = float(metric.stateless_result(state))
             elif rows is not None:
-                width = self.example_width // 2
-                scores, labels = np.asarray(rows)[:, :width], np.asarray(rows)[:, width:]
                 values[f"{prefix}{name}"] = float(np.mean([exact_auc(scores[:, i], labels[:, i]) for i in range(width)]))
             else:
                 values[f"{prefix}{name}"] = float(metric.stateless_result(state))

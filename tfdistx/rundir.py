@@ -118,7 +118,7 @@ def keep_aside(path: Path) -> str:
     raise FileExistsError(f"{path}: too many kept copies named {path.stem}.replaced-{stamp}*")
 
 
-def output_problems(key: str, directory: str, protected=(), made_by=("saved_model.pb", "a SavedModel")) -> list:
+def _output_problems(key: str, directory: str, protected, made_by) -> list:
     """Whether a command may write a whole directory at `directory`: a new
     path, an empty directory, or one the same command wrote before (it
     holds the file `made_by[0]`), which is then kept aside (keep_aside).
@@ -141,9 +141,9 @@ def new_directory(key: str, directory: str, protected=(), made_by=("saved_model.
     """Yields an empty directory beside `directory` to write into; once the
     block has succeeded it becomes `directory` (whatever was there kept
     aside), so `directory` is never half-written and a failure leaves
-    nothing. Refused (ConfigError) as output_problems says, before anything
+    nothing. Refused (ConfigError) as _output_problems says, before anything
     is written."""
-    problems = output_problems(key, directory, protected, made_by)
+    problems = _output_problems(key, directory, protected, made_by)
     if problems:
         raise ConfigError(problems)
     parent, name = os.path.split(os.path.abspath(directory))
