@@ -54,7 +54,7 @@ def _measure_input_alone(batches: int, overrides: list) -> None:
     """In this process: build the source as a run would and time `batches` batches after a warm-up."""
     from tfdistx.config import schema
     from tfdistx.config.compose import compose_and_validate
-    from tfdistx.train import build_task_and_data
+    from tfdistx.engine.fit import build_task_and_data
 
     schema.register()
     cfg = compose_and_validate([*overrides, "data.batch_size=128"])

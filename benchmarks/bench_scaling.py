@@ -39,7 +39,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from tfdistx.report import _pyplot  # matplotlib with the Agg backend, as `tfdistx report` draws
+from tfdistx.commands.report import _pyplot  # matplotlib with the Agg backend, as `tfdistx report` draws
 
 HERE = Path(__file__).resolve().parent
 PER_REPLICA, STEPS_PER_LOOP, MB_PER_WORKER = 128, 100, 800

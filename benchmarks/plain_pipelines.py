@@ -4,7 +4,7 @@ and dropping batches (`Dataset.skip`). The "before" of bench_resume.py."""
 
 from tfdistx.data import DataSource
 from tfdistx.data import synthetic as _synthetic
-from tfdistx.records import tfrecord as _tfrecord
+from tfdistx.data.files import tfrecord as _tfrecord
 
 
 def _plain(source: DataSource) -> DataSource:

@@ -5,7 +5,7 @@ states beside the value. Checked against brute force on the same scores."""
 import numpy as np
 import pytest
 
-from tfdistx.metrics import ExactAUC, MetricSet, auc_error_bound, exact_auc
+from tfdistx.engine.metrics import ExactAUC, MetricSet, auc_error_bound, exact_auc
 
 pytestmark = pytest.mark.unit
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from conftest import QUICK, free_ports, refused_in_one_line, tfdistx_env, workers_tf_config
-from tfdistx import cluster
+from tfdistx.cluster import placement as cluster
 from tfdistx.config.errors import ConfigError
 
 
@@ -121,7 +121,7 @@ def test_tf_config_passthrough(tmp_path):
         f"{sys.executable} -m tfdistx {args} > {tmp_path}/worker{i}.out 2>&1 & p{i}=$!;"
         for i in range(2)
     ]
-    script = (f"{sys.executable} -c 'from tfdistx.launch import _loopback_up; _loopback_up()' && "
+    script = (f"{sys.executable} -c 'from tfdistx.cluster.launch import _loopback_up; _loopback_up()' && "
               + " ".join(tasks) + " wait $p0 && wait $p1")
     proc = subprocess.run(["unshare", "--user", "--map-root-user", "--net", "bash", "-c", script],
                           env=tfdistx_env(), timeout=600, capture_output=True, text=True)

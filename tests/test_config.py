@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from tfdistx import recipes
+from tfdistx.config import recipes
 from tfdistx.config import schema, topology
 from tfdistx.config.compose import compose_and_validate
 from tfdistx.config.paths import config_dir

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from conftest import QUICK, tfdistx_env
-from tfdistx import data as data_lib
+from tfdistx.data import sources as data_lib
 
 # Runs in a fresh interpreter: plain TensorFlow + Keras, nothing of tfdistx.
 REPRODUCE = r"""

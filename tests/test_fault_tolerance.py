@@ -55,7 +55,7 @@ def task_pid(run_dir: Path, index: int) -> int:
             environ = (proc / "environ").read_bytes()
         except OSError:
             continue
-        if str(run_dir).encode() in cmdline and f'"index": {index}}}'.encode() in environ and b"tfdistx.launch" not in cmdline:
+        if str(run_dir).encode() in cmdline and f'"index": {index}}}'.encode() in environ and b"tfdistx.cluster.launch" not in cmdline:
             return int(proc.name)
     raise AssertionError(f"no worker {index} found")
 

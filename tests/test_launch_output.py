@@ -9,7 +9,7 @@ import threading
 
 import pytest
 
-from tfdistx.launch import _pump
+from tfdistx.cluster.launch import _pump
 
 pytestmark = pytest.mark.unit
 

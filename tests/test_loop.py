@@ -6,15 +6,15 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tfdistx import data as data_lib
-from tfdistx import input as input_lib
-from tfdistx.loop import Loop, Schedule
-from tfdistx.metrics import MetricSet
+from tfdistx.data import sources as data_lib
+from tfdistx.data import input as input_lib
+from tfdistx.engine.loop import Loop, Schedule
+from tfdistx.engine.metrics import MetricSet
 from tfdistx.models import mlp
-from tfdistx.optim import LearningRateAtStep, build_optimizer
-from tfdistx.runner import SyncRunner
+from tfdistx.engine.optim import LearningRateAtStep, build_optimizer
+from tfdistx.engine.runner import SyncRunner
 from tfdistx.tasks.classification import Classification
-from tfdistx.update import Update
+from tfdistx.engine.update import Update
 
 
 def test_schedule_stops_at_every_due_action():

@@ -7,7 +7,7 @@ import pytest
 import yaml
 
 from conftest import QUICK, tfdistx_env
-from tfdistx import recipes
+from tfdistx.config import recipes
 from tfdistx.config import schema, topology
 from tfdistx.config.compose import compose_and_validate
 from tfdistx.config.errors import ConfigError

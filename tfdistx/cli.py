@@ -22,7 +22,9 @@ import hydra
 from hydra._internal.utils import get_args_parser
 from omegaconf import DictConfig, OmegaConf
 
-from tfdistx import cluster, recipes, rundir
+from tfdistx.cluster import placement as cluster
+from tfdistx.config import recipes
+from tfdistx import rundir
 from tfdistx.config import schema, strategies, topology
 from tfdistx.config.compose import compose_and_validate, composed, only_given_keys_for_user_targets, saved_overrides
 from tfdistx.config.errors import EXIT_INVALID_CONFIG, ConfigError, RunFault, retryable_exits_offset_by
@@ -33,11 +35,11 @@ from tfdistx.config.validate import validate, writable
 # `tfdistx NAME ...` runs a tool instead of a training job. Imported only
 # when asked for, so a training run pays nothing for them.
 SUBCOMMANDS = {
-    "recipes": "tfdistx.recipes:main",  # list, show and copy out recipes
-    "report": "tfdistx.report:main",  # plots and a table for a run or sweep dir
-    "export": "tfdistx.export:main",  # a SavedModel from a run's checkpoint
-    "export tfjob": "tfdistx.kubernetes:main",  # a Kubeflow TFJob for the composed config
-    "data write": "tfdistx.records:main",  # any data source as sharded TFRecord/CSV files + a manifest
+    "recipes": "tfdistx.config.recipes:main",  # list, show and copy out recipes
+    "report": "tfdistx.commands.report:main",  # plots and a table for a run or sweep dir
+    "export": "tfdistx.engine.export:main",  # a SavedModel from a run's checkpoint
+    "export tfjob": "tfdistx.cluster.kubernetes:main",  # a Kubeflow TFJob for the composed config
+    "data write": "tfdistx.data.files:main",  # any data source as sharded TFRecord/CSV files + a manifest
     "evaluate": "tfdistx.cli:evaluate_main",  # metrics of a run's checkpoint on the eval data
     "_task": "tfdistx.cli:task_main",  # one task of a local cluster (started by the launcher)
 }
@@ -72,7 +74,7 @@ def main(argv: Optional[Sequence[str]] = None):
         args = get_args_parser().parse_args(argv)
         register_config_names(args.overrides)
         if plan:
-            from tfdistx.plan import describe
+            from tfdistx.commands.plan import describe
 
             print(describe(compose_and_validate(args.overrides)))
             return
@@ -229,10 +231,10 @@ def execute(cfg: DictConfig, run_dir: str, mode: str, step: Optional[int] = None
     with retryable_exits_offset_by(cfg.cluster.retryable_exit_offset):
         if placement.source == "local":
             return _run_local_cluster(cfg, run_dir, facts, mode, step)
-        from tfdistx.quiet_import import import_tensorflow
+        from tfdistx.engine.quiet_import import import_tensorflow
 
         import_tensorflow()  # here, where TensorFlow starts: without its start-up banner
-        from tfdistx import checkpointing, train
+        from tfdistx.engine import checkpointing, fit as train
 
         with checkpointing.stops_cleanly_when_unwritable(cfg.checkpoint.dir or str(Path(run_dir) / "checkpoints")):
             if mode == "evaluate":
@@ -250,7 +252,7 @@ def _owns_run_dir(cfg: DictConfig) -> bool:
 def _run_local_cluster(cfg: DictConfig, run_dir: str, facts: strategies.Strategy, mode: str, step: Optional[int]):
     """Every task runs this job from the resolved config written here, in
     the same run directory; only the chief writes the run's files."""
-    from tfdistx.launch import run_local_cluster
+    from tfdistx.cluster.launch import run_local_cluster
 
     counts = facts.job_counts(cfg.cluster.workers, cfg.cluster.ps)
     most = max(8, 4 * (os.cpu_count() or 1))
@@ -272,7 +274,7 @@ def _run_local_cluster(cfg: DictConfig, run_dir: str, facts: strategies.Strategy
         print("tfdistx: interrupted", file=sys.stderr)
     if code:
         sys.exit(code)
-    from tfdistx.train import objective  # no TensorFlow at import
+    from tfdistx.engine.fit import objective  # no TensorFlow at import
 
     if mode == "evaluate":
         return json.loads(Path(run_dir, "evaluations.jsonl").read_text().splitlines()[-1])

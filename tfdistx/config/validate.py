@@ -14,7 +14,7 @@ from typing import Optional
 
 from omegaconf import DictConfig, OmegaConf
 
-from tfdistx.config import compute, datafiles, strategies, tasks, topology
+from tfdistx.config import compute, sources, strategies, tasks, topology
 from tfdistx.config.errors import MAX_RETRYABLE_EXIT_OFFSET, ConfigError, Problem
 from tfdistx.config.schema import LAUNCH_MODES, Config
 
@@ -103,26 +103,8 @@ def _strategy_and_cluster(strategy: DictConfig, cluster: DictConfig) -> list:
     return problems
 
 
-# Sizes the built-in sources take, and their least sensible value: checked
-# here so that a 0 is named, not answered by numpy from deep inside.
-DATA_SIZES = {"train_examples": 1, "eval_examples": 1, "num_classes": 2, "num_labels": 1, "num_targets": 1, "num_features": 1,
-              "num_fields": 1, "dense_features": 0, "vocab_size": 2, "shuffle_buffer": 1}
-
-
 def _data(data: DictConfig, replicas: Optional[int]) -> list:
-    problems = []
-    if str(data.get("_target_", "")).startswith("tfdistx.data."):
-        for key, least in DATA_SIZES.items():
-            value = data.get(key)
-            if value is not None and (not _is_int(value) or value < least):
-                problems.append(Problem(f"data.{key}", value, f"must be a whole number, at least {least}"))
-        shape = data.get("image_shape")
-        if shape is not None and (not OmegaConf.is_list(shape) or not shape or not all(_is_int(d) and d >= 1 for d in shape)):
-            problems.append(Problem("data.image_shape", shape, "must be a list of positive sizes, e.g. [28, 28, 1]"))
-    if str(data.get("_target_", "")).startswith("tfdistx.records."):
-        problems += datafiles.file_problems(data)
-        if "features" in data:
-            problems += datafiles.feature_problems(data.features, data.get("label"))
+    problems = sources.of(data).checks(data)  # the source's own keys
     batch = data.get("batch_size")
     if not _is_int(batch) or batch < 1:
         return problems + [Problem("data.batch_size", batch, "must be a positive integer (the global batch, split across replicas)")]

@@ -8,7 +8,7 @@ import keras
 import tensorflow as tf
 
 from tfdistx.config.errors import ConfigError
-from tfdistx.metrics import ExactAUC
+from tfdistx.engine.metrics import ExactAUC
 from tfdistx.tasks import Task, column
 
 

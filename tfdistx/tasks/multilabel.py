@@ -3,7 +3,7 @@
 import keras
 import tensorflow as tf
 
-from tfdistx.metrics import ExactAUC
+from tfdistx.engine.metrics import ExactAUC
 from tfdistx.tasks import Task, label_width
 
 

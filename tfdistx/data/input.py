@@ -18,7 +18,7 @@ from typing import Optional
 
 import tensorflow as tf
 
-from tfdistx.data import DataSource, PipelineFn
+from tfdistx.data.sources import DataSource, PipelineFn
 from tfdistx.config.errors import ConfigError
 
 

@@ -23,7 +23,7 @@ import threading
 
 import tensorflow as tf
 
-from tfdistx.checkpointing import Checkpointer
+from tfdistx.engine.checkpointing import Checkpointer
 from tfdistx.config.errors import EXIT_LOST_PEER, EXIT_PREEMPTED, RunFault
 
 log = logging.getLogger(__name__)

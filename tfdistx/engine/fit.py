@@ -16,7 +16,7 @@ from typing import Any, Optional
 
 from omegaconf import DictConfig, OmegaConf
 
-from tfdistx.cluster import Placement
+from tfdistx.cluster.placement import Placement
 from tfdistx.config import compute, strategies
 from tfdistx.config.schema import PIPELINE_KEYS
 from tfdistx.config.validate import objective_problems
@@ -51,11 +51,11 @@ def train(cfg: DictConfig, run_dir: str, placement: Optional[Placement] = None, 
     run = build_run(cfg, run_dir, placement)
     if run is None:
         return None  # a parameter-server cluster's ps or worker task: served until stopped
-    from tfdistx import loggers
+    from tfdistx.engine import loggers
     from tfdistx.config.errors import ConfigError
-    from tfdistx.loop import Loop, Schedule
-    from tfdistx.preemption import PreemptionWatcher, lost_peer_in_one_line
-    from tfdistx.records import input_errors_in_one_line
+    from tfdistx.engine.loop import Loop, Schedule
+    from tfdistx.engine.preemption import PreemptionWatcher, lost_peer_in_one_line
+    from tfdistx.data.files import input_errors_in_one_line
 
     with reproducible(cfg.trainer), contextlib.closing(run.checkpointer):
         restored = run.checkpointer.restore_latest() if cfg.checkpoint.restore else None
@@ -131,7 +131,7 @@ def already_finished(run: "Run", cfg: DictConfig, restored: str) -> Optional[flo
     on each, so none waits for another), and that is the answer: logged,
     appended to evaluations.jsonl, and the objective returned (a sweep's
     rerun reports the same value)."""
-    from tfdistx import loggers
+    from tfdistx.engine import loggers
 
     log.info("the run in this directory finished at step %d (%s): nothing to train; its summary, checkpoints and export "
              "are kept. Ask for more trainer.steps to train on.", run.total_steps, os.path.basename(restored))
@@ -150,7 +150,7 @@ def already_finished(run: "Run", cfg: DictConfig, restored: str) -> Optional[flo
 def evaluate(cfg: DictConfig, run_dir: str, placement: Optional[Placement] = None, step: Optional[int] = None) -> Optional[dict]:
     """Evaluate a kept checkpoint (the newest, or the one at `step`) on the
     configured eval data; the chief appends the metrics to evaluations.jsonl."""
-    from tfdistx import checkpointing, loggers
+    from tfdistx.engine import checkpointing, loggers
     from tfdistx.config.errors import ConfigError
 
     path = checkpointing.find(cfg.checkpoint.dir or str(Path(run_dir) / "checkpoints"), step)  # before building anything
@@ -218,12 +218,12 @@ def build_run(cfg: DictConfig, run_dir: str, placement: Placement) -> Optional[R
     in_cluster = placement.source != "single"
     if in_cluster:
         os.environ["TF_CONFIG"] = placement.tf_config()  # what TensorFlow's resolvers read
-    from tfdistx import strategy as strategy_lib
+    from tfdistx.engine import strategy as strategy_lib
 
     strategy_lib.configure_devices(cfg.cluster.devices_per_worker, multi_worker=in_cluster)  # before TF starts
     facts = strategies.get(cfg.strategy.name, cfg.cluster.workers, cfg.cluster.devices_per_worker)
     if in_cluster:  # TensorFlow would wait for a missing task forever (rendezvous.py)
-        from tfdistx.rendezvous import meet_peers
+        from tfdistx.cluster.rendezvous import meet_peers
 
         meet_peers(placement, cfg.cluster.startup_timeout, wait=placement.task_type not in facts.serving_jobs)
     if placement.task_type in facts.serving_jobs:
@@ -233,10 +233,10 @@ def build_run(cfg: DictConfig, run_dir: str, placement: Placement) -> Optional[R
     import keras
     import tensorflow as tf
 
-    from tfdistx import input as input_lib
-    from tfdistx.checkpointing import Checkpointer
+    from tfdistx.data import input as input_lib
+    from tfdistx.engine.checkpointing import Checkpointer
     from tfdistx.config.errors import ConfigError
-    from tfdistx.optim import LearningRateAtStep, build_optimizer, effective_lr, schedule
+    from tfdistx.engine.optim import LearningRateAtStep, build_optimizer, effective_lr, schedule
 
     _quiet_known_noise()
     keras.utils.set_random_seed(cfg.trainer.seed)
@@ -279,7 +279,7 @@ def build_run(cfg: DictConfig, run_dir: str, placement: Placement) -> Optional[R
         # Not optimizer.iterations: parameter-server workers increment that
         # concurrently and lose increments (measured: 319 after 400 steps).
         step_counter = tf.Variable(0, dtype=tf.int64, trainable=False, name="step")
-    from tfdistx.records import input_errors_in_one_line
+    from tfdistx.data.files import input_errors_in_one_line
 
     with input_errors_in_one_line(source):  # its first examples come through a shuffle window: a bad record may be in it
         sample = _check_model_takes_data(model, task, source, cfg, num_outputs)
@@ -295,8 +295,8 @@ def build_run(cfg: DictConfig, run_dir: str, placement: Placement) -> Optional[R
 
 
 def build_task_and_data(cfg: DictConfig):
-    from tfdistx.build import build
-    from tfdistx.data import DataSource
+    from tfdistx.config.targets import build
+    from tfdistx.data.sources import DataSource
     from tfdistx.tasks import Task
 
     task = build("task", cfg.task, expect=Task, exclude=TASK_KEYS)
@@ -308,7 +308,7 @@ def build_model(cfg: DictConfig, feature_spec, num_outputs: int):
     import keras
     import tensorflow as tf
 
-    from tfdistx.build import build
+    from tfdistx.config.targets import build
 
     shape = tuple(feature_spec.shape) if isinstance(feature_spec, tf.TensorSpec) else None
     return build("model", cfg.model, expect=keras.Model, input_shape=shape, feature_spec=feature_spec,
@@ -317,11 +317,11 @@ def build_model(cfg: DictConfig, feature_spec, num_outputs: int):
 
 def make_runner(run: Run, cfg: DictConfig, skip_steps: int = 0, train: bool = True):
     """The step runner for the run's strategy, with its datasets and metrics."""
-    from tfdistx import input as input_lib
-    from tfdistx.metrics import MetricSet
-    from tfdistx import strategy as strategy_lib
-    from tfdistx.runner import CoordinatorRunner, SyncRunner
-    from tfdistx.update import Update
+    from tfdistx.data import input as input_lib
+    from tfdistx.engine.metrics import MetricSet
+    from tfdistx.engine import strategy as strategy_lib
+    from tfdistx.engine.runner import CoordinatorRunner, SyncRunner
+    from tfdistx.engine.update import Update
 
     metrics = MetricSet(run.task.metrics())
     metrics.build(*run.task.metric_inputs(*run.sample))
@@ -350,8 +350,8 @@ def export_checkpoint(cfg: DictConfig, task, source, checkpoint_path: str, direc
     lived on parameter servers or were mirrored across workers."""
     import tensorflow as tf
 
-    from tfdistx.export import export_saved_model
-    from tfdistx.optim import LearningRateAtStep, build_optimizer
+    from tfdistx.engine.export import export_saved_model
+    from tfdistx.engine.optim import LearningRateAtStep, build_optimizer
 
     import keras
 

@@ -31,8 +31,8 @@ import tensorflow as tf
 from tfdistx.config import datafiles
 from tfdistx.rundir import new_directory
 from tfdistx.config.errors import ConfigError
-from tfdistx.data import DataSource
-from tfdistx.order import FileExamples
+from tfdistx.data.sources import DataSource
+from tfdistx.data.order import FileExamples
 
 log = logging.getLogger(__name__)
 
@@ -366,7 +366,7 @@ def main(argv) -> int:
                 raise ConfigError.one(flag, value, "at least 1")
         register_config_names(args.overrides)
         cfg = compose_and_validate(args.overrides)
-        from tfdistx.train import build_task_and_data
+        from tfdistx.engine.fit import build_task_and_data
 
         _, source = build_task_and_data(cfg)
         manifest = write(source, args.out, args.shards, args.eval_shards, args.format, args.compression)

@@ -62,7 +62,7 @@ def run_local_cluster(counts: Dict[str, int], command: List[str], log_dir: str, 
         json.dump({"counts": counts, "command": command, "log_dir": log_dir, "primary": primary, "max_restarts": max_restarts,
                    "restart_alone": list(restart_alone), "stopped_task_timeout": stopped_task_timeout,
                    "run_log": run_log}, f)
-    supervisor = [sys.executable, "-m", "tfdistx.launch", spec_path]
+    supervisor = [sys.executable, "-m", "tfdistx.cluster.launch", spec_path]
     isolated = isolate is not False and _can_isolate()
     if isolated:
         supervisor = ["unshare", "--user", "--map-root-user", "--net", *supervisor, "--isolated"]

@@ -2,8 +2,8 @@
 
 from omegaconf import DictConfig, OmegaConf
 
-from tfdistx import cluster as cluster_lib
-from tfdistx.config import compute, datafiles, strategies
+from tfdistx.cluster import placement as cluster_lib
+from tfdistx.config import compute, sources, strategies
 from tfdistx.config.validate import planned_replicas
 
 
@@ -47,9 +47,9 @@ def describe(cfg: DictConfig) -> str:
         lines.append(f"accumulate    {accumulate} batches of {batch} per step: the gradients of {batch * accumulate} examples, "
                      f"the activations of {batch} in memory")
     lines.append(f"compute       {cfg.trainer.precision}; XLA {compute.jit_compile(cfg)[1]}")
-    files = _file_data(cfg.data, topo.workers if facts.multi_process else 1)
-    if files:
-        lines = [line for line in lines if not line.startswith("data ")] + [files]
+    plan_line = sources.of(cfg.data).plan_line
+    if plan_line:
+        lines = [line for line in lines if not line.startswith("data ")] + [plan_line(cfg.data, topo.workers if facts.multi_process else 1)]
     scale = cfg.optimizer.get("scale_lr_with_replicas")
     lr = cfg.optimizer.lr
     lr_text = f"{lr} x replicas = {lr * replicas}" if scale and replicas else f"{lr}" + (" x replicas" if scale else "")
@@ -65,18 +65,6 @@ def describe(cfg: DictConfig) -> str:
     if run_dir:
         lines.append(f"run dir       {run_dir}: .hydra/, metrics.jsonl, summary.json, checkpoints/, tensorboard/" + (", logs/<task>.log" if placement.source == "local" else ""))
     return "\n".join(lines)
-
-
-def _file_data(data, pipelines: int) -> str:
-    """data=tfrecord / data=csv: how the train files split across the input pipelines (one per worker)."""
-    if not str(data.get("_target_", "")).startswith("tfdistx.records."):
-        return ""
-    found = datafiles.local_matches(data.train_files)
-    if found is None:
-        return f"data          {data.train_files}: listed at start (tf.io.gfile), split by file across {pipelines} worker(s) when there are enough"
-    counts = datafiles.manifest_counts(datafiles.read_manifest(found), found)
-    size = f"{sum(counts):,} records; " if counts else "no manifest: records counted when a run resumes; "
-    return f"data          {size}{datafiles.sharding_text(len(found), pipelines, 'worker' if pipelines > 1 else 'input pipeline')}"
 
 
 def _tasks(facts: strategies.Strategy, topo, placement) -> list:

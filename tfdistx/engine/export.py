@@ -52,11 +52,11 @@ def main(argv: Optional[List[str]] = None) -> int:
                         "which is kept aside (default: RUN_DIR/export, or RUN_DIR/export-step-N with --step)")
     args = parser.parse_args(argv)
 
-    from tfdistx import checkpointing
+    from tfdistx.engine import checkpointing
     from tfdistx.cli import refuse
     from tfdistx.config.compose import saved_config
     from tfdistx.config.errors import ConfigError
-    from tfdistx.train import build_task_and_data, export_checkpoint
+    from tfdistx.engine.fit import build_task_and_data, export_checkpoint
 
     try:
         cfg = saved_config(args.run_dir)

@@ -23,7 +23,7 @@ import sys
 import time
 from typing import Dict, Tuple
 
-from tfdistx.cluster import Placement
+from tfdistx.cluster.placement import Placement
 from tfdistx.config.errors import EXIT_CLUSTER_DID_NOT_FORM, ConfigError, RunFault
 
 POLL_SECONDS = 0.5

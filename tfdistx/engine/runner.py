@@ -19,10 +19,10 @@ from typing import Dict, Optional
 import numpy as np
 import tensorflow as tf
 
-from tfdistx.metrics import MetricSet
-from tfdistx.optim import LearningRateAtStep
+from tfdistx.engine.metrics import MetricSet
+from tfdistx.engine.optim import LearningRateAtStep
 from tfdistx.tasks import Task
-from tfdistx.update import Update
+from tfdistx.engine.update import Update
 
 
 class StepRunner:

@@ -15,6 +15,7 @@ from typing import Any, Iterable
 from hydra.utils import get_method, instantiate
 from omegaconf import DictConfig, OmegaConf
 
+from tfdistx.config import sources
 from tfdistx.config.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -24,7 +25,7 @@ def build(group: str, cfg: DictConfig, expect: type, exclude: Iterable[str] = ()
     """Call `cfg._target_` with the group's keys (less `exclude`) and `runtime`
     kwargs; the result must be an `expect`."""
     kwargs = {k: v for k, v in OmegaConf.to_container(cfg, resolve=True).items() if k not in set(exclude)}
-    target = kwargs.pop("_target_")
+    target = sources.current(kwargs.pop("_target_"))
     try:
         fn = get_method(target)
     except Exception as error:

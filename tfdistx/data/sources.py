@@ -24,7 +24,7 @@ import numpy as np
 import tensorflow as tf
 
 from tfdistx.config.errors import ConfigError
-from tfdistx.order import ArrayExamples
+from tfdistx.data.order import ArrayExamples
 
 PipelineFn = Callable[[Optional[tf.distribute.InputContext]], tf.data.Dataset]
 
