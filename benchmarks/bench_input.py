@@ -52,13 +52,12 @@ def input_alone(data: list, batches: int) -> float:
 
 def _measure_input_alone(batches: int, overrides: list) -> None:
     """In this process: build the source as a run would and time `batches` batches after a warm-up."""
-    from tfdistx.config import schema
-    from tfdistx.config.compose import compose_and_validate
-    from tfdistx.engine.fit import build_task_and_data
+    from tfdistx.commands.common import compose
+    from tfdistx.config.spec import resolve
+    from tfdistx.engine.build import build_source
 
-    schema.register()
-    cfg = compose_and_validate([*overrides, "data.batch_size=128"])
-    _, source = build_task_and_data(cfg)
+    cfg = compose([*overrides, "data.batch_size=128"])
+    source = build_source(resolve(cfg, "unused"))
     import tensorflow as tf
 
     ds = source.train.batches(None, 128, seed=0, window=cfg.data.shuffle_buffer).prefetch(tf.data.AUTOTUNE)

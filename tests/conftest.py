@@ -122,6 +122,19 @@ _SCRATCH = tempfile.mkdtemp(prefix="tfdistx-tests-")
 os.environ["TMPDIR"] = tempfile.tempdir = _SCRATCH
 
 
+def pytest_collection_modifyitems(config, items):
+    """`system` tests change the machine (Slurm's packages, /etc, daemons) or
+    read files outside the checkout: they run only when asked for with
+    `-m system`, and otherwise show as skipped, with the reason."""
+    if "system" in (config.getoption("markexpr") or ""):
+        return
+    skip = pytest.mark.skip(reason="a system test (installs or starts system services, or needs files outside the checkout): "
+                                   "run with pytest -m system")
+    for item in items:
+        if "system" in item.keywords:
+            item.add_marker(skip)
+
+
 def pytest_unconfigure(config):
     shutil.rmtree(_SCRATCH, ignore_errors=True)
     if _PYTEST_TMP_ROOT_WAS_THERE:

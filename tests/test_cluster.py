@@ -245,7 +245,9 @@ def test_a_port_in_use_is_named_with_its_task(tfdistx):
         taken.bind(("", ports[0]))
         taken.listen()
         run = tfdistx("strategy=multiworker", "cluster=2x1", *QUICK, env={"TF_CONFIG": workers_tf_config(ports, 0)})
-    refused_in_one_line(run, f"TF_CONFIG='127.0.0.1:{ports[0]}'", f"task worker:0 cannot listen on port {ports[0]}: it is already in use")
+    assert run.returncode == 6, run.stderr[-2000:]  # a fault of the machine, which a retry may cure: not a bad config
+    assert f"tfdistx: TF_CONFIG='127.0.0.1:{ports[0]}': task worker:0 cannot listen on port {ports[0]}: it is already in use" in run.stderr
+    assert "Traceback" not in run.stderr
 
 
 def test_wide_deep_tables_are_sharded_across_parameter_servers(tfdistx):

@@ -79,7 +79,7 @@ def test_a_sigterm_after_the_cluster_forms_and_before_training_still_ends_the_ta
     """TensorFlow's coordination service swaps in a SIGTERM handler that only
     logs when a multi-worker strategy starts; an evicted task must not train on."""
     script = ("import os, signal, time\n"
-              "from tfdistx import strategy\n"
+              "from tfdistx.engine import strategy\n"
               "strategy.build('multiworker', {}, None)\n"
               "os.kill(os.getpid(), signal.SIGTERM)\n"
               "time.sleep(10)\n"

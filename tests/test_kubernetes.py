@@ -48,6 +48,7 @@ def unknown_fields(value, schema, path="") -> list:
     return []
 
 
+@pytest.mark.system  # reads the operator's CRD beside the checkout (../shared/k8s)
 @pytest.mark.parametrize("args, replicas, gpus", [
     (["strategy=multiworker", "cluster=2x1"], {"Worker": 2}, None),
     (["strategy=multiworker", "cluster=4x8", "--gpus"], {"Worker": 4}, 8),

@@ -8,7 +8,7 @@ import tensorflow as tf
 
 from tfdistx.data import sources as data_lib
 from tfdistx.data import input as input_lib
-from tfdistx.engine.loop import Loop, Schedule
+from tfdistx.engine.loop import Log, Loop, SaveCheckpoints, Schedule
 from tfdistx.engine.metrics import MetricSet
 from tfdistx.models import mlp
 from tfdistx.engine.optim import LearningRateAtStep, build_optimizer
@@ -17,15 +17,15 @@ from tfdistx.tasks.classification import Classification
 from tfdistx.engine.update import Update
 
 
-def test_schedule_stops_at_every_due_action():
-    schedule = Schedule(steps=250, steps_per_loop=100, log_every=30, eval_every=100, checkpoint_every=120)
+def test_the_loop_stops_at_every_due_action():
+    schedule = Schedule(steps=250, steps_per_loop=100, log_every=30, eval_every=100)
+    loop = Loop(None, schedule, None, [SaveCheckpoints(Recorder(), every=120)])
     stops, step = [], 0
     while step < schedule.steps:
-        step = schedule.next_stop(step)
+        step = loop.next_stop(step)
         stops.append(step)
     assert stops == [30, 60, 90, 100, 120, 150, 180, 200, 210, 240, 250]
-    assert schedule.logs_at(250) and schedule.evaluates_at(250) and not schedule.checkpoints_at(250)
-    assert schedule.checkpoints_at(240) and not schedule.evaluates_at(240)
+    assert schedule.logs_at(250) and schedule.evaluates_at(250) and not schedule.evaluates_at(240)
 
 
 @pytest.mark.parametrize("steps_done, replicas, pipelines, skipped", [
@@ -64,8 +64,8 @@ def test_loop_runs_steps_logs_evaluates_and_saves():
                         train_data=input_lib.train_dataset(strategy, source, 32, seed=0),
                         eval_data=input_lib.eval_dataset(strategy, source.eval, 32))
     counter, recorder = tf.Variable(0, dtype=tf.int64), Recorder()
-    result = Loop(runner, Schedule(steps=50, steps_per_loop=20, log_every=20, eval_every=25, checkpoint_every=40),
-                  counter, learning_rate_at=learning_rate.at, checkpointer=recorder, loggers=[recorder]).run()
+    result = Loop(runner, Schedule(steps=50, steps_per_loop=20, log_every=20, eval_every=25), counter,
+                  [Log([recorder]), SaveCheckpoints(recorder, every=40)], learning_rate_at=learning_rate.at).run()
 
     assert result.step == 50 and int(counter.numpy()) == 50
     assert [step for step, _ in recorder.records] == [20, 25, 40, 50]

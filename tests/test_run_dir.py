@@ -47,7 +47,7 @@ def test_a_second_run_in_the_same_directory_is_refused_and_the_first_is_unharmed
         overrides = (run_dir / ".hydra" / "overrides.yaml").read_text()
         second = subprocess.run([sys.executable, "-m", "tfdistx", *QUICK, "optimizer=sgd", f"hydra.run.dir={run_dir}"],
                                 capture_output=True, text=True, env=tfdistx_env(), timeout=300)
-        assert second.returncode == 2, second.stderr
+        assert second.returncode == 7, second.stderr  # the directory is busy, not the config bad: a later try can succeed
         assert f"another run is using this directory (pid {first.pid}" in second.stderr and "Traceback" not in second.stderr
         assert (run_dir / ".hydra" / "overrides.yaml").read_text() == overrides
         first.send_signal(signal.SIGTERM)

@@ -15,6 +15,9 @@ import pytest
 
 from conftest import QUICK, tfdistx_env
 
+# Installs packages, writes /etc and starts daemons: only with `pytest -m system`.
+pytestmark = pytest.mark.system
+
 START = Path(__file__).resolve().parent.parent / "scripts" / "slurm" / "start-local-slurm.sh"
 STOP = START.with_name("stop-local-slurm.sh")
 

@@ -22,7 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from tfdistx.config.errors import EXIT_INVALID_CONFIG, ConfigError, Problem
+from tfdistx.config.errors import EXIT_INVALID_CONFIG, EXIT_RUN_DIR_LOCKED, ConfigError, Problem, RunFault
 
 LOCK_NAME = ".lock"
 FAILED_NAME = "FAILED"  # in a run dir whose run failed; read by `tfdistx report`
@@ -30,7 +30,7 @@ FAILED_NAME = "FAILED"  # in a run dir whose run failed; read by `tfdistx report
 
 @contextlib.contextmanager
 def exclusive(run_dir: str):
-    """Hold RUN_DIR's lock while inside; ConfigError if another run holds it."""
+    """Hold RUN_DIR's lock while inside; a RunFault (exit 7) if another run holds it."""
     path = Path(run_dir) / LOCK_NAME
     path.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
@@ -39,8 +39,8 @@ def exclusive(run_dir: str):
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             holder = os.read(fd, 4096).decode(errors="replace").strip() or "unknown"
-            raise ConfigError.one("hydra.run.dir", str(run_dir), f"another run is using this directory ({_describe(holder)}): "
-                                  "wait for it to end, or pick another hydra.run.dir") from None
+            raise RunFault(f"hydra.run.dir={str(run_dir)!r}: another run is using this directory ({_describe(holder)}): "
+                           f"wait for it to end, or pick another hydra.run.dir (exit {EXIT_RUN_DIR_LOCKED})", EXIT_RUN_DIR_LOCKED) from None
         os.ftruncate(fd, 0)
         os.write(fd, json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "started": time.strftime("%Y-%m-%d %H:%M:%S"),
                                  "command": " ".join(sys.argv)}).encode())

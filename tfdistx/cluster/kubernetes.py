@@ -14,13 +14,11 @@ a bad config (2) or a full disk (3) stays permanent. OnFailure would also
 retry a bad config, forever.
 """
 
-import argparse
 import re
-import sys
 from typing import Dict, List, Optional
 
-from tfdistx.config import schema, strategies
-from tfdistx.config.compose import compose_and_validate, given_value
+from tfdistx.config import strategies
+from tfdistx.config.compose import given_value
 from tfdistx.config.errors import RETRYABLE_EXIT_OFFSET_FOR_KUBERNETES, ConfigError
 
 API_VERSION = "kubeflow.org/v1"
@@ -94,44 +92,7 @@ def volume_source(spec: str) -> Dict:
     raise ConfigError.one("--volume", spec, "allowed: pvc:CLAIM_NAME (or CLAIM_NAME) or hostPath:/ABSOLUTE/PATH")
 
 
-def _check_name(key: str, value: str, longest: int) -> None:
+def check_name(key: str, value: str, longest: int) -> None:
     if not _DNS_LABEL.fullmatch(value) or len(value) > longest:
         raise ConfigError.one(key, value, f"must be a DNS label: lowercase letters, digits and '-', starting with a letter, "
                                           f"at most {longest} characters")
-
-
-def main(argv) -> int:
-    import yaml  # PyYAML, which omegaconf depends on
-
-    from tfdistx.cli import refuse, register_config_names
-
-    parser = argparse.ArgumentParser(
-        prog="tfdistx export tfjob",
-        description="Print a Kubeflow TFJob (kubeflow.org/v1) whose pods run `python -m tfdistx OVERRIDES`: "
-                    "kubectl apply -f it. See the README's Kubernetes section.")
-    parser.add_argument("overrides", nargs="*", help="config overrides, as for a run: strategy=multiworker cluster=4x8")
-    parser.add_argument("--image", required=True, help="a container image with tfdistx installed (README: Kubernetes)")
-    parser.add_argument("--name", default="tfdistx", help="the TFJob's name (default: tfdistx); also the run dir's on the volume")
-    parser.add_argument("--namespace", default="default")
-    parser.add_argument("--volume", help="where the run dir lives, shared by the pods: pvc:CLAIM or hostPath:/PATH. "
-                                         "Without it each pod writes its own, lost with the pod")
-    parser.add_argument("--mount-path", default=DEFAULT_MOUNT_PATH, help=f"where the volume is mounted (default: {DEFAULT_MOUNT_PATH})")
-    parser.add_argument("--gpus", action="store_true", help="each training pod asks for cluster.devices_per_worker GPUs (nvidia.com/gpu)")
-    args = parser.parse_intermixed_args(argv)
-    schema.register()
-    try:
-        _check_name("--name", args.name, _MAX_NAME)
-        _check_name("--namespace", args.namespace, 63)
-        if not args.mount_path.startswith("/"):
-            raise ConfigError.one("--mount-path", args.mount_path, "must be an absolute path")
-        register_config_names(args.overrides)
-        cfg = compose_and_validate(args.overrides)
-        manifest = tfjob(cfg, args.overrides, args.name, args.image, args.namespace, args.volume, args.mount_path.rstrip("/") or "/", args.gpus)
-    except ConfigError as error:
-        refuse(error)
-    if not args.volume:
-        print("tfdistx: WARNING: no --volume: each pod writes its run dir inside itself, and a restarted pod loses "
-              "its checkpoints: give --volume pvc:CLAIM", file=sys.stderr)
-    print(f"# tfdistx export tfjob {' '.join(argv)}")
-    print(yaml.safe_dump(manifest, sort_keys=False), end="")
-    return 0

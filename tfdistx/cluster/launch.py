@@ -37,8 +37,9 @@ GRACE_SECONDS = 20  # between SIGTERM and SIGKILL when tearing down
 QUICK_GRACE_SECONDS = 5  # the same after Ctrl-C, or when a task has died
 MAX_BACKOFF_SECONDS = 30  # restarts wait 1, 2, 4, ... seconds, at most this
 # Invalid config, a full or read-only disk (config/errors.py), Ctrl-C: a
-# restart would fail the same way. A lost task, a preemption (42) or a
-# cluster that did not form in time (4) is worth another try.
+# restart would fail the same way. A lost task (5), a preemption (42), a
+# cluster that did not form in time (4) or a port taken by another process
+# (6: a restart picks fresh ports) is worth another try.
 NEVER_RESTART = (2, 3, 130)
 
 

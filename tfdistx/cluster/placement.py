@@ -10,24 +10,42 @@ import json
 import os
 import re
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import Dict, List, Mapping, Optional
 
 from tfdistx.config.errors import ConfigError, Problem
 from tfdistx.config.strategies import Strategy, describe_jobs
 
 
+class Source(str, Enum):
+    """Who placed this process (`cluster.launch` names the last three)."""
+
+    SINGLE = "single"  # a one-process strategy: no cluster
+    LOCAL = "local"  # tfdistx launches the cluster's processes on this machine
+    TF_CONFIG = "tf_config"  # one task of a cluster a scheduler placed (Kubernetes, by hand)
+    SLURM = "slurm"  # one task of a Slurm step
+
+
 @dataclass
 class Placement:
     """A cluster spec and this process's task in it (None: not placed yet)."""
 
-    source: str  # "single" | "local" | "tf_config" | "slurm"
+    source: Source
     spec: Dict[str, List[str]] = field(default_factory=dict)
     task_type: Optional[str] = None
     task_index: int = 0
 
+    def __post_init__(self):
+        self.source = Source(self.source)
+
+    @property
+    def in_cluster(self) -> bool:
+        """One task of a multi-process cluster (placed, not launching one)."""
+        return self.source in (Source.TF_CONFIG, Source.SLURM)
+
     @property
     def is_chief(self) -> bool:
-        if self.source == "single" or self.task_type is None:
+        if self.source is Source.SINGLE or self.task_type is None:
             return True
         if "chief" in self.spec:
             return self.task_type == "chief"
@@ -44,13 +62,13 @@ class Placement:
 def detect(strategy: Strategy, cluster, env: Mapping[str, str] = os.environ) -> Placement:
     """How this process learns its place; `cluster.launch` forces the choice."""
     if not strategy.multi_process:
-        return Placement("single")
+        return Placement(Source.SINGLE)
     counts = strategy.job_counts(cluster.workers, cluster.ps)
     mode = cluster.get("launch", "auto")
     if mode == "auto":
         mode = "tf_config" if env.get("TF_CONFIG") else "slurm" if "SLURM_PROCID" in env else "local"
     if mode == "local":
-        return Placement("local", spec={k: [""] * n for k, n in counts.items() if n})
+        return Placement(Source.LOCAL, spec={k: [""] * n for k, n in counts.items() if n})
     if mode == "tf_config":
         placement = from_tf_config(env.get("TF_CONFIG", ""))
     else:
@@ -64,7 +82,7 @@ def from_tf_config(raw: str) -> Placement:
         config = json.loads(raw)
         spec = {job: list(addresses) for job, addresses in config["cluster"].items() if addresses}
         task = config["task"]
-        return Placement("tf_config", spec, task["type"], int(task.get("index", 0)))
+        return Placement(Source.TF_CONFIG, spec, task["type"], int(task.get("index", 0)))
     except (ValueError, KeyError, TypeError) as error:
         raise ConfigError.one("TF_CONFIG", raw[:80], f"is not a TF_CONFIG with 'cluster' and 'task' ({error})") from None
 
@@ -73,11 +91,11 @@ def check_topology(placement: Placement, wanted: Dict[str, int]) -> None:
     """The cluster a scheduler gave must be the one the config asks for."""
     have = {job: len(addresses) for job, addresses in placement.spec.items()}
     want = {job: n for job, n in wanted.items() if n}
-    if placement.source == "tf_config" and "chief" in have and "chief" not in want:
+    if placement.source is Source.TF_CONFIG and "chief" in have and "chief" not in want:
         # A TFJob may run worker 0 as a separate `chief` task: it trains too.
         have["worker"] = have.get("worker", 0) + have.pop("chief")
     if have != want:
-        where = "TF_CONFIG" if placement.source == "tf_config" else "the Slurm step"
+        where = "TF_CONFIG" if placement.source is Source.TF_CONFIG else "the Slurm step"
         raise ConfigError([Problem(where, _describe(have), f"the config's cluster asks for {_describe(want)}: make cluster= match it")])
     if placement.task_type not in placement.spec or not 0 <= placement.task_index < len(placement.spec[placement.task_type]):
         jobs = ", ".join(f"{job}:0..{len(addresses) - 1}" for job, addresses in placement.spec.items())
@@ -127,7 +145,7 @@ def from_slurm(env: Mapping[str, str], counts: Dict[str, int], base_port: int) -
     if not 0 <= rank < len(roles):
         raise ConfigError.one("SLURM_PROCID", rank, f"outside the {total} tasks of the step")
     job, index = roles[rank]
-    return Placement("slurm", spec, job, index)
+    return Placement(Source.SLURM, spec, job, index)
 
 
 def expand_hostlist(hostlist: str) -> List[str]:

@@ -23,8 +23,8 @@ import sys
 import time
 from typing import Dict, Tuple
 
-from tfdistx.cluster.placement import Placement
-from tfdistx.config.errors import EXIT_CLUSTER_DID_NOT_FORM, ConfigError, RunFault
+from tfdistx.cluster.placement import Placement, Source
+from tfdistx.config.errors import EXIT_CLUSTER_DID_NOT_FORM, EXIT_PORT_IN_USE, RunFault
 
 POLL_SECONDS = 0.5
 LOCAL_CLUSTER_ENV = "TFDISTX_LOCAL_TASK"  # set by launch.py for the tasks it starts
@@ -74,9 +74,10 @@ def _listen(port: int, placement: Placement) -> socket.socket:
         sock.close()
         if error.errno != errno.EADDRINUSE:
             raise
-        key = "cluster.base_port" if placement.source == "slurm" else "TF_CONFIG"
-        raise ConfigError.one(key, placement.spec[placement.task_type][placement.task_index],
-                              f"task {placement.task_name} cannot listen on port {port}: it is already in use on this host") from None
+        key = "cluster.base_port" if placement.source is Source.SLURM else "TF_CONFIG"
+        address = placement.spec[placement.task_type][placement.task_index]
+        raise RunFault(f"{key}={address!r}: task {placement.task_name} cannot listen on port {port}: it is already in use on this host "
+                       f"(exit {EXIT_PORT_IN_USE}: a restart may find it free)", EXIT_PORT_IN_USE) from None
     return sock
 
 

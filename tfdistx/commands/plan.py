@@ -3,6 +3,7 @@
 from omegaconf import DictConfig, OmegaConf
 
 from tfdistx.cluster import placement as cluster_lib
+from tfdistx.cluster.placement import Source
 from tfdistx.config import compute, sources, strategies
 from tfdistx.config.validate import planned_replicas
 
@@ -12,7 +13,7 @@ def describe(cfg: DictConfig) -> str:
     facts = strategies.get(strategy, topo.workers, topo.devices_per_worker)
     placement = cluster_lib.detect(facts, topo)
     chosen = f"  -> {facts.name}" if strategy == strategies.AUTO else ""
-    if strategy == strategies.AUTO and placement.source == "single":
+    if strategy == strategies.AUTO and placement.source is Source.SINGLE:
         chosen += " (mirrored instead when several GPUs are visible)"
     lines = [f"strategy      {strategy}{chosen}: {facts.description}"]
     lines.append(f"cluster       {topo.name}: {topo.workers} worker(s) x {topo.devices_per_worker or 'all GPUs or 1 CPU'} device(s), {topo.ps} ps")
@@ -36,7 +37,7 @@ def describe(cfg: DictConfig) -> str:
                          f"than on one device (default job: 0.30 vs 0.61 eval accuracy with 4 workers at 1,000 steps); "
                          f"give it more steps (trainer.steps={1000 * topo.workers}) — see the README on asynchronous training")
     elif replicas:
-        note = " (one replica per worker without GPUs; W x GPUs with them)" if placement.source != "single" else ""
+        note = " (one replica per worker without GPUs; W x GPUs with them)" if placement.source is not Source.SINGLE else ""
         lines.append(f"replicas      {replicas}{note}")
         lines.append(f"batch         global {batch}, per replica {batch // replicas if batch % replicas == 0 else 'does not divide!'}")
     else:
@@ -63,14 +64,14 @@ def describe(cfg: DictConfig) -> str:
     lines.append(f"checkpoints   every {every or 'end only'} steps, keep {cfg.checkpoint.max_to_keep}, in {cfg.checkpoint.dir or '<run dir>/checkpoints'}")
     run_dir = OmegaConf.select(cfg, "hydra.run.dir")
     if run_dir:
-        lines.append(f"run dir       {run_dir}: .hydra/, metrics.jsonl, summary.json, checkpoints/, tensorboard/" + (", logs/<task>.log" if placement.source == "local" else ""))
+        lines.append(f"run dir       {run_dir}: .hydra/, metrics.jsonl, summary.json, checkpoints/, tensorboard/" + (", logs/<task>.log" if placement.source is Source.LOCAL else ""))
     return "\n".join(lines)
 
 
 def _tasks(facts: strategies.Strategy, topo, placement) -> list:
-    if placement.source == "single":
+    if placement.source is Source.SINGLE:
         return ["placement     this process"]
-    if placement.source == "local":
+    if placement.source is Source.LOCAL:
         counts = facts.job_counts(topo.workers, topo.ps)
         lines = ["placement     local cluster launched by tfdistx: one process per task on free 127.0.0.1 ports,",
                  "              in a private network namespace when the OS allows it (cluster.isolate)"]

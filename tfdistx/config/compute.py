@@ -15,8 +15,6 @@ its dense kernels are no faster than oneDNN's. So `auto` compiles with GPUs
 
 from typing import List, Optional, Tuple
 
-from omegaconf import DictConfig
-
 from tfdistx.config import strategies
 from tfdistx.config.errors import Problem
 
@@ -24,10 +22,14 @@ PRECISIONS = ("float32", "mixed_bfloat16", "mixed_float16")
 JIT_COMPILE = (True, False, "auto")
 
 
-def jit_compile(cfg: DictConfig, gpus: Optional[bool] = None) -> Tuple[Optional[bool], str]:
-    """(compile with XLA?, why) for `trainer.jit_compile`; `gpus`: whether
-    TensorFlow found GPUs (None: not known yet, and the answer may be None)."""
-    asked, facts = cfg.trainer.jit_compile, _facts(cfg)
+def jit_compile(cfg, gpus: Optional[bool] = None) -> Tuple[Optional[bool], str]:
+    """(compile with XLA?, why) for the config's `trainer.jit_compile`."""
+    return decide_jit(cfg.trainer.jit_compile, _facts(cfg), gpus)
+
+
+def decide_jit(asked, facts: strategies.Strategy, gpus: Optional[bool] = None) -> Tuple[Optional[bool], str]:
+    """(compile with XLA?, why) for `trainer.jit_compile` = `asked`; `gpus`:
+    whether TensorFlow found GPUs (None: not known yet, and the answer may be None)."""
     if asked is False:
         return False, "off (trainer.jit_compile=false)"
     if facts.no_xla:  # only `auto` gets here: `true` is refused by problems()
@@ -47,7 +49,7 @@ def precision_warning(precision: str, gpus: bool) -> Optional[str]:
     return None
 
 
-def problems(cfg: DictConfig) -> List[Problem]:
+def problems(cfg) -> List[Problem]:
     """Combinations of strategy, precision and XLA that cannot work."""
     if cfg.strategy.get("name") not in strategies.NAMES:
         return []  # named by the strategy check
@@ -60,5 +62,5 @@ def problems(cfg: DictConfig) -> List[Problem]:
     return found
 
 
-def _facts(cfg: DictConfig) -> strategies.Strategy:
+def _facts(cfg) -> strategies.Strategy:
     return strategies.get(cfg.strategy.name, cfg.cluster.workers, cfg.cluster.devices_per_worker)

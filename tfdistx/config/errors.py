@@ -3,8 +3,10 @@
 Anything that is the user's input being wrong (config, dataset name, missing
 data offline, a batch that does not divide across the replicas TensorFlow
 found) is raised as a ConfigError; the entrypoint prints its lines and exits 2.
-A fault of the machine or the cluster that a user must act on (a full disk,
-a cluster that did not form) is a RunFault: one line, and its own exit code.
+A fault of the machine or the cluster (a full disk, a port in use, a run
+directory another run holds, a cluster that did not form) is a RunFault:
+one line, and its own exit code, so that launchers and schedulers can tell
+what a retry can cure (RETRYABLE) from what it cannot.
 """
 
 import contextlib
@@ -15,12 +17,14 @@ EXIT_INVALID_CONFIG = 2
 EXIT_NOT_RETRYABLE = 3  # a full or read-only disk: a restart would fail the same way
 EXIT_CLUSTER_DID_NOT_FORM = 4  # a task did not answer within cluster.startup_timeout
 EXIT_LOST_PEER = 5  # a synchronous cluster lost a task mid-run: restarted, resuming
+EXIT_PORT_IN_USE = 6  # a task's port is taken on its host: a restart on other (or freed) ports can succeed
+EXIT_RUN_DIR_LOCKED = 7  # another run holds the run directory: a later try can succeed, once it ends
 EXIT_PREEMPTED = 42
 # The codes a restart can cure. `cluster.retryable_exit_offset` is added to
 # them, for a scheduler that retries only some codes: Kubernetes' restartPolicy
 # ExitCode retries 128-255 and treats 1-127 as permanent (kubernetes.py).
-RETRYABLE = (EXIT_CLUSTER_DID_NOT_FORM, EXIT_LOST_PEER, EXIT_PREEMPTED)
-RETRYABLE_EXIT_OFFSET_FOR_KUBERNETES = 128  # 42 -> 170, 4 -> 132, 5 -> 133
+RETRYABLE = (EXIT_CLUSTER_DID_NOT_FORM, EXIT_LOST_PEER, EXIT_PORT_IN_USE, EXIT_RUN_DIR_LOCKED, EXIT_PREEMPTED)
+RETRYABLE_EXIT_OFFSET_FOR_KUBERNETES = 128  # 42 -> 170, 4 -> 132, 5 -> 133, 6 -> 134, 7 -> 135
 MAX_RETRYABLE_EXIT_OFFSET = 255 - max(RETRYABLE)
 
 

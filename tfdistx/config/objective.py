@@ -1,9 +1,13 @@
 """Which way an objective is better: the one rule the sweeper and the report share.
 
+Also what `trainer.objective` may name, and its value in a run's summary.
+
 Losses and errors (loss, log_loss, mse, mae, rmse, error rates) are
 minimized; everything else a task reports (accuracy, AUC, F1) is maximized.
 No TensorFlow here: the sweep is set up before any job starts.
 """
+
+from tfdistx.config.errors import Problem
 
 _LOWER_IS_BETTER = ("loss", "error", "perplexity", "mse", "mae", "rmse")
 
@@ -16,3 +20,21 @@ def lower_is_better(metric: str) -> bool:
 def direction(metric: str) -> str:
     """Optuna's word for it: 'minimize' or 'maximize'."""
     return "minimize" if lower_is_better(metric) else "maximize"
+
+
+def objective_problems(objective, task_name: str, metric_names) -> list:
+    """`trainer.objective` must be a value the run reports: the loss or a
+    metric of the task, evaluated (`eval/...`) or on training batches."""
+    names = ["loss", *metric_names]
+    allowed = [*(f"eval/{n}" for n in names), *names]
+    if objective in allowed:
+        return []
+    return [Problem("trainer.objective", objective, f"task={task_name} reports {', '.join(allowed)}")]
+
+
+def value(name: str, summary: dict) -> float:
+    """`eval/accuracy` -> summary['eval']['eval/accuracy']; `loss` -> summary['train']['loss']."""
+    for section in ("eval", "train"):
+        if name in summary[section]:
+            return float(summary[section][name])
+    return float("nan")

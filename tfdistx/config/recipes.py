@@ -18,13 +18,10 @@ ones given on the command line, have no file. Nothing here imports
 TensorFlow.
 """
 
-import argparse
 import os
 import re
-import shutil
-import sys
 from pathlib import Path
-from typing import Iterable, List, Optional, Sequence
+from typing import Iterable, List, Optional
 
 from hydra.core.object_type import ObjectType
 from hydra.core.plugins import Plugins
@@ -34,7 +31,7 @@ from omegaconf import OmegaConf
 
 from tfdistx.config import topology
 from tfdistx.config.paths import config_dir
-from tfdistx.config.errors import EXIT_INVALID_CONFIG, ConfigError
+from tfdistx.config.errors import ConfigError
 
 ENV = "TFDISTX_RECIPES"
 GROUP = "recipe"
@@ -96,7 +93,7 @@ def describe(path: Path) -> str:
     return "(no description: start the file with a comment line)"
 
 
-def _is_global(path: Path) -> bool:
+def is_global(path: Path) -> bool:
     try:
         return ConfigSource._get_header_dict(path.read_text(encoding="utf-8")[:512]).get("package") == "_global_"
     except (OSError, ValueError):
@@ -176,9 +173,14 @@ def register(overrides: Iterable[str]) -> None:
     for recipe in requested(overrides):
         path = find(recipe)
         if path is None:  # refused here: `optional recipe` in config.yaml would skip it silently
-            raise _unknown(recipe)
+            raise unknown(recipe)
         names += _clusters_in(path)
     topology.register([f"cluster={name}" for name in names])
+
+
+def unknown(name: str) -> ConfigError:
+    names = sorted({r["name"] for r in available()})
+    return ConfigError.one(GROUP, name, "allowed: " + ", ".join(names))
 
 
 def requested(overrides: Iterable[str]) -> List[str]:
@@ -200,125 +202,3 @@ def _clusters_in(path: Path) -> List[str]:
                 if group == "cluster" and isinstance(value, str):
                     names.append(value)
     return names
-
-
-# --- the `tfdistx recipes` command ----------------------------------------------
-
-
-def main(argv: Optional[Sequence[str]] = None) -> int:
-    args = _parser().parse_args(list(sys.argv[1:] if argv is None else argv))
-    try:
-        register([])
-        if args.command == "show":
-            return _show(args.name, args.overrides, resolve=args.resolve)
-        if args.command == "copy":
-            return _copy(args.name, Path(args.dest), force=args.force)
-        return _list()
-    except ConfigError as error:
-        for line in error.lines():
-            print(line, file=sys.stderr)
-        return EXIT_INVALID_CONFIG
-    except CommandError as error:
-        print(f"tfdistx recipes: {error}", file=sys.stderr)
-        return EXIT_INVALID_CONFIG
-
-
-class CommandError(Exception):
-    """A bad argument to a `tfdistx recipes` command (not a config problem)."""
-
-
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="tfdistx recipes",
-        description=f"Reusable experiment configs: run one with `python -m tfdistx recipe=NAME [overrides]`. "
-        f"Your own recipes: a directory of NAME.yaml files named by ${ENV}.",
-    )
-    commands = parser.add_subparsers(dest="command", metavar="{list,show,copy}")
-    commands.add_parser("list", help="the recipes, with a one-line description (the default)")
-    show = commands.add_parser("show", help="print a recipe's composed config")
-    show.add_argument("name")
-    show.add_argument("overrides", nargs="*", help="further overrides, as on the tfdistx command line")
-    show.add_argument("--resolve", action="store_true", help="resolve ${...} interpolations")
-    copy = commands.add_parser("copy", help="copy a recipe's file out for editing")
-    copy.add_argument("name")
-    copy.add_argument("dest", help="a directory (the file keeps its name) or a file name ending in .yaml")
-    copy.add_argument("-f", "--force", action="store_true", help="overwrite an existing file")
-    return parser
-
-
-def _list() -> int:
-    recipes = available()
-    if not recipes:
-        print("no recipes found in " + ", ".join(map(str, search_dirs())))
-        return 0
-    width = max(len(r["name"]) for r in recipes)
-    for directory in search_dirs():
-        here = [r for r in recipes if r["path"].parent == directory]
-        if not here:
-            continue
-        where = f"{directory} (${ENV})" if directory != shipped_dir() else "shipped with tfdistx"
-        print(f"{where}:")
-        for r in here:
-            note = f"  [shadowed by {r['shadowed_by']}]" if r["shadowed_by"] else ""
-            if not _is_global(r["path"]):
-                note += "  [no '# @package _global_' first line: its keys would land under `recipe.`]"
-            print(f"  {r['name']:<{width}}  {r['description']}{note}")
-    print("\nrun one:  python -m tfdistx recipe=NAME [overrides]    see one:  tfdistx recipes show NAME")
-    return 0
-
-
-def _unknown(name: str) -> ConfigError:
-    names = sorted({r["name"] for r in available()})
-    return ConfigError.one(GROUP, name, "allowed: " + ", ".join(names))
-
-
-def _show(name: str, overrides: Sequence[str], resolve: bool) -> int:
-    from hydra import compose, initialize_config_dir
-    from hydra.errors import HydraException
-    from omegaconf.errors import OmegaConfBaseException
-
-    from tfdistx.config import schema
-    from tfdistx.config.compose import as_config_error
-    from tfdistx.config.validate import validate
-
-    if find(name) is None:
-        raise _unknown(name)
-    overrides = [f"{GROUP}={name}", *overrides]
-    schema.register()
-    topology.register(overrides)
-    register(overrides)
-    try:
-        with initialize_config_dir(config_dir=str(config_dir()), version_base=None):
-            cfg = compose("config", overrides=overrides)
-    except (HydraException, OmegaConfBaseException) as error:
-        raise as_config_error(error, overrides) from None
-    print(f"# python -m tfdistx {' '.join(overrides)}    ({find(name)})")
-    print(OmegaConf.to_yaml(cfg, resolve=resolve), end="")
-    try:
-        validate(cfg)
-    except ConfigError as error:  # still worth seeing, but say it would not run
-        print(f"note: python -m tfdistx {' '.join(overrides)} would refuse this config:", file=sys.stderr)
-        for line in error.lines():
-            print(f"  {line}", file=sys.stderr)
-    return 0
-
-
-def _copy(name: str, dest: Path, force: bool) -> int:
-    source = find(name)
-    if source is None:
-        raise _unknown(name)
-    target = dest / source.name if dest.is_dir() or dest.suffix != ".yaml" else dest
-    if target.exists() and not force:
-        raise CommandError(f"{target} exists already: pass --force to overwrite it")
-    try:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(source, target)
-    except OSError as error:
-        raise CommandError(f"cannot write {target}: {error.strerror or error}") from None
-    print(f"copied {source} to {target}")
-    directory = target.parent.resolve()
-    if directory not in user_dirs():
-        print(f"run it:  {ENV}={directory} python -m tfdistx {GROUP}={target.stem}")
-    else:
-        print(f"run it:  python -m tfdistx {GROUP}={target.stem}")
-    return 0

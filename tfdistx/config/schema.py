@@ -19,10 +19,15 @@ from tfdistx.config import strategies
 # How a process of a multi-process strategy learns its place (cluster.launch).
 LAUNCH_MODES = ("auto", "local", "tf_config", "slurm")
 
-# Keys of the data group that shape the input pipeline, not the source: the
-# engine keeps them from the source's `_target_` (train.py), and a user's
-# `data._target_` is given them (compose.py).
-PIPELINE_KEYS = ("batch_size", "cache", "shuffle_buffer")
+# Keys of the data group that shape the input pipeline, not the source, with
+# their defaults for a data option that does not set them: the run spec keeps
+# them from the source's `_target_` (spec.py), and a user's `data._target_`
+# is given them (compose.py).
+PIPELINE_DEFAULTS = {"batch_size": 128, "cache": False, "shuffle_buffer": 10_000}
+PIPELINE_KEYS = tuple(PIPELINE_DEFAULTS)
+
+# Keys of the task group that are tfdistx's, not the task class's.
+TASK_KEYS = ("name", "objective")
 
 
 @dataclass

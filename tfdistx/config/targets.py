@@ -10,10 +10,11 @@ thing Hydra does not do for us.
 import importlib
 import inspect
 import logging
-from typing import Any, Iterable
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any, Iterable, Mapping
 
 from hydra.utils import get_method, instantiate
-from omegaconf import DictConfig, OmegaConf
 
 from tfdistx.config import sources
 from tfdistx.config.errors import ConfigError
@@ -21,16 +22,33 @@ from tfdistx.config.errors import ConfigError
 log = logging.getLogger(__name__)
 
 
-def build(group: str, cfg: DictConfig, expect: type, exclude: Iterable[str] = (), **runtime: Any) -> Any:
-    """Call `cfg._target_` with the group's keys (less `exclude`) and `runtime`
-    kwargs; the result must be an `expect`."""
-    kwargs = {k: v for k, v in OmegaConf.to_container(cfg, resolve=True).items() if k not in set(exclude)}
-    target = sources.current(kwargs.pop("_target_"))
+@dataclass(frozen=True)
+class Target:
+    """A user-replaceable `_target_` of one config group, with its keys."""
+
+    group: str
+    path: str
+    kwargs: Mapping[str, Any]
+
+    @classmethod
+    def of(cls, group: str, keys: Mapping[str, Any], exclude: Iterable[str] = ()) -> "Target":
+        """The group's resolved keys, less `exclude` (tfdistx's own keys of the group)."""
+        kwargs = {k: v for k, v in keys.items() if k not in set(exclude) and k != "_target_"}
+        return cls(group, sources.current(keys["_target_"]), MappingProxyType(kwargs))
+
+    def build(self, expect: type, **runtime: Any) -> Any:
+        """Call the target with the group's keys and `runtime` kwargs; the
+        result must be an `expect`."""
+        return build(self.group, self.path, dict(self.kwargs), expect, **runtime)
+
+
+def build(group: str, target: str, kwargs: dict, expect: type, **runtime: Any) -> Any:
+    """Call `target` with `kwargs` and `runtime`; the result must be an `expect`."""
     try:
         fn = get_method(target)
     except Exception as error:
         raise ConfigError.one(f"{group}._target_", target, _why_not_found(target, error)) from None
-    kwargs.update(runtime)
+    kwargs = {**kwargs, **runtime}
     try:
         accepted = _accepted(fn, kwargs)
     except (TypeError, ValueError):  # a builtin (builtins.int) or a non-callable: no signature to read

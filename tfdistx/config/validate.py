@@ -16,6 +16,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from tfdistx.config import compute, sources, strategies, tasks, topology
 from tfdistx.config.errors import MAX_RETRYABLE_EXIT_OFFSET, ConfigError, Problem
+from tfdistx.config.objective import objective_problems
 from tfdistx.config.schema import LAUNCH_MODES, Config
 
 OPTIMIZERS = ("adam", "sgd", "adamw")
@@ -194,16 +195,6 @@ def _trainer(trainer: DictConfig) -> list:
     if trainer.accumulate_steps < 1:
         problems.append(Problem("trainer.accumulate_steps", trainer.accumulate_steps, "must be at least 1 (1: no accumulation)"))
     return problems
-
-
-def objective_problems(objective, task_name: str, metric_names) -> list:
-    """`trainer.objective` must be a value the run reports: the loss or a
-    metric of the task, evaluated (`eval/...`) or on training batches."""
-    names = ["loss", *metric_names]
-    allowed = [*(f"eval/{n}" for n in names), *names]
-    if objective in allowed:
-        return []
-    return [Problem("trainer.objective", objective, f"task={task_name} reports {', '.join(allowed)}")]
 
 
 def _objective(objective, task: DictConfig) -> list:

@@ -16,13 +16,11 @@ another dtype or size. A corrupt record found later stops the run the same
 way (`input_errors_in_one_line`).
 """
 
-import argparse
 import contextlib
 import json
 import logging
 import os
 import re
-import sys
 from typing import List, Optional
 
 import numpy as np
@@ -340,41 +338,3 @@ def _csv_cell(v) -> str:
     if isinstance(v, bytes):
         return v.decode()
     return repr(float(v)) if isinstance(v, (np.floating, float)) else str(v)
-
-
-def main(argv) -> int:
-    """tfdistx data write [overrides] --out DIR [--shards N] ..."""
-    from tfdistx.cli import refuse, register_config_names
-    from tfdistx.config import schema
-    from tfdistx.config.compose import compose_and_validate
-
-    parser = argparse.ArgumentParser(
-        prog="tfdistx data write",
-        description="Write the composed data source (data=synthetic, data=mnist, a data._target_ ...) as sharded "
-                    "TFRecord or CSV files plus a manifest.json, for data=tfrecord / data=csv.")
-    parser.add_argument("overrides", nargs="*", help="config overrides choosing the data: data=mnist data.data_dir=...")
-    parser.add_argument("--out", required=True, help="directory to write into")
-    parser.add_argument("--shards", type=int, default=8, help="train files (default 8: at least as many as input pipelines)")
-    parser.add_argument("--eval-shards", type=int, default=1, help="eval files (default 1)")
-    parser.add_argument("--format", choices=datafiles.FORMATS, default="tfrecord")
-    parser.add_argument("--compression", choices=[c for c in datafiles.COMPRESSIONS if c], default=None)
-    args = parser.parse_intermixed_args(argv)
-    schema.register()
-    try:
-        for flag, value in (("--shards", args.shards), ("--eval-shards", args.eval_shards)):
-            if value < 1:
-                raise ConfigError.one(flag, value, "at least 1")
-        register_config_names(args.overrides)
-        cfg = compose_and_validate(args.overrides)
-        from tfdistx.engine.fit import build_task_and_data
-
-        _, source = build_task_and_data(cfg)
-        manifest = write(source, args.out, args.shards, args.eval_shards, args.format, args.compression)
-    except ConfigError as error:
-        refuse(error)
-    for split, info in manifest["splits"].items():
-        print(f"{split}: {sum(info['files'].values())} examples in {len(info['files'])} file(s)")
-    pattern = os.path.join(args.out, "train-*")
-    print(f"wrote {args.out}; train on it with: python -m tfdistx data={args.format} data.train_files='{pattern}'"
-          + (f" data.eval_files='{os.path.join(args.out, 'eval-*')}'" if "eval" in manifest["splits"] else ""), file=sys.stderr)
-    return 0

@@ -14,7 +14,6 @@ import os
 import shutil
 import stat
 import tempfile
-import time
 from pathlib import Path
 from typing import List, Optional
 

@@ -10,16 +10,39 @@ with Keras' own ExportArchive.
     tfdistx export RUN_DIR [--step N] [--out DIR]   # any kept checkpoint, afterwards
 """
 
-import argparse
+import logging
 import os
-import sys
-from pathlib import Path
-from typing import List, Optional
 
 import keras
 import tensorflow as tf
 
+from tfdistx.config.spec import RunSpec
+from tfdistx.engine.build import build_model, build_optimizer_for, build_source, build_task
+from tfdistx.engine.optim import LearningRateAtStep
 from tfdistx.rundir import new_directory
+
+log = logging.getLogger(__name__)
+
+
+def export_checkpoint(spec: RunSpec, checkpoint_path: str, directory: str, protected=()) -> str:
+    """Rebuild the model outside any strategy, load a checkpoint into it and
+    write the SavedModel: the same for a model whose variables lived on
+    parameter servers or were mirrored across workers."""
+    task, source = build_task(spec), build_source(spec)
+    feature_spec, label_spec = source.element_spec
+    # The weights are float32 under every precision (Keras keeps float32 master
+    # weights): the exported model serves in float32, whatever training computed in.
+    keras.mixed_precision.set_global_policy("float32")
+    model = build_model(spec, feature_spec, task.num_outputs(label_spec, source.num_classes))
+    # Restored with the optimizer too, as training saved it: a weight that a
+    # layer keeps in a plain list (wide_deep's table shards) is reachable in
+    # the checkpoint only through the optimizer's variables, and a restore of
+    # the model alone would silently leave it at its initial value.
+    optimizer = build_optimizer_for(spec, model, LearningRateAtStep(0.0))  # the checkpoint's structure
+    tf.train.Checkpoint(model=model, optimizer=optimizer).restore(checkpoint_path).expect_partial()
+    export_saved_model(model, task, feature_spec, directory, protected)
+    log.info("exported %s to %s", os.path.basename(checkpoint_path), directory)
+    return directory
 
 
 def export_saved_model(model, task, feature_spec, directory: str, protected=()) -> None:
@@ -42,31 +65,3 @@ def _batched(spec: tf.TensorSpec) -> tf.TensorSpec:
     # One-tensor features carry no name of their own (a source's pipeline yields (tensor, label)):
     # the serving input is called `features`, as the README says.
     return tf.TensorSpec([None, *spec.shape], spec.dtype, name="features")
-
-
-def main(argv: Optional[List[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="tfdistx export", description="Write a SavedModel from a run's checkpoint.")
-    parser.add_argument("run_dir", help="a run directory (with .hydra/config.yaml and checkpoints/)")
-    parser.add_argument("--step", type=int, default=None, help="the checkpoint saved at this step (default: the newest)")
-    parser.add_argument("--out", default=None, help="where to write the SavedModel: a new directory, or an earlier export, "
-                        "which is kept aside (default: RUN_DIR/export, or RUN_DIR/export-step-N with --step)")
-    args = parser.parse_args(argv)
-
-    from tfdistx.engine import checkpointing
-    from tfdistx.cli import refuse
-    from tfdistx.config.compose import saved_config
-    from tfdistx.config.errors import ConfigError
-    from tfdistx.engine.fit import build_task_and_data, export_checkpoint
-
-    try:
-        cfg = saved_config(args.run_dir)
-        directory = cfg.checkpoint.dir or str(Path(args.run_dir) / "checkpoints")
-        path = checkpointing.find(directory, args.step)
-        task, source = build_task_and_data(cfg)
-        default = "export" if args.step is None else f"export-step-{args.step}"  # the run's own export stays the final step's
-        target = export_checkpoint(cfg, task, source, path, args.out or str(Path(args.run_dir) / default),
-                                   protected=[args.run_dir, directory])
-    except ConfigError as error:
-        refuse(error)
-    print(f"tfdistx: exported {os.path.basename(path)} to {target}", file=sys.stderr)
-    return 0

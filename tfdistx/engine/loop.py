@@ -1,18 +1,74 @@
 """The outer training loop (cf. Orbit's Controller): run steps, then act.
 
 The loop asks a step runner (runner.py) for as many steps as it can run
-before the next action is due, then takes the actions that `Schedule` says
-are due at that step: log, evaluate, checkpoint, and check for preemption.
+before the next stop, makes the step's record (training metrics when
+`Schedule` says to log, eval metrics when it says to evaluate), and hands
+it to its actions in order. An action is what a run does between steps:
+write the record to the loggers, save a checkpoint, stop for preemption.
+A new per-loop behaviour is one more action (cf. Orbit's train_actions),
+not a new keyword of the loop.
+
 It knows no TensorFlow and no Hydra: a runner, a step counter with
-`assign`, and callables are all it takes, so a notebook or a unit test can
+`assign`, and actions are all it takes, so a notebook or a unit test can
 drive it.
 """
 
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Optional
+from typing import Callable, Dict, Iterable, List, Optional, Protocol
 
 Metrics = Dict[str, float]
+
+
+class Action(Protocol):
+    """Something done after the runner returns: `__call__(step, record)`,
+    with `record` the step's metrics (empty when nothing was logged or
+    evaluated). Optional: `next_stop(step)`, the next step at which the
+    action must be called (the loop stops there), and `finish(step)`,
+    called once when the loop ends."""
+
+    def __call__(self, step: int, record: Metrics) -> None: ...
+
+
+class Log:
+    """Each logger(step, record) gets every non-empty record."""
+
+    def __init__(self, loggers: Iterable[Callable[[int, Metrics], None]]):
+        self.loggers = list(loggers)
+
+    def __call__(self, step: int, record: Metrics) -> None:
+        if record:
+            record = {k: float(v) for k, v in record.items()}
+            for logger in self.loggers:
+                logger(step, record)
+
+
+class SaveCheckpoints:
+    """`checkpointer.save(step)` every `every` steps (0: only at the end) and at the end."""
+
+    def __init__(self, checkpointer, every: int):
+        self.checkpointer, self.every = checkpointer, every
+
+    def next_stop(self, step: int) -> Optional[int]:
+        return _next_multiple(step, self.every) if self.every else None
+
+    def __call__(self, step: int, record: Metrics) -> None:
+        if self.every and step % self.every == 0:
+            self.checkpointer.save(step)
+
+    def finish(self, step: int) -> None:
+        self.checkpointer.save(step)
+
+
+class CheckPreemption:
+    """`preemption.check(step)` after every call of the runner: it saves and
+    exits when the cluster is being preempted (preemption.py)."""
+
+    def __init__(self, preemption):
+        self.preemption = preemption
+
+    def __call__(self, step: int, record: Metrics) -> None:
+        self.preemption.check(step)
 
 
 @dataclass
@@ -20,17 +76,15 @@ class Schedule:
     """When things happen, in optimizer steps."""
 
     steps: int
-    steps_per_loop: int = 100
-    log_every: int = 100
-    eval_every: int = 0  # 0: only at the end
-    checkpoint_every: int = 0  # 0: only at the end
+    steps_per_loop: int
+    log_every: int
+    eval_every: int  # 0: only at the end
 
     def next_stop(self, step: int) -> int:
-        """The next step at which the loop must come back to Python."""
+        """The next step at which the loop must come back to Python to log or evaluate."""
         stops = [self.steps, step + self.steps_per_loop, _next_multiple(step, self.log_every)]
-        for every in (self.eval_every, self.checkpoint_every):
-            if every:
-                stops.append(_next_multiple(step, every))
+        if self.eval_every:
+            stops.append(_next_multiple(step, self.eval_every))
         return min(stops)
 
     def logs_at(self, step: int) -> bool:
@@ -38,9 +92,6 @@ class Schedule:
 
     def evaluates_at(self, step: int) -> bool:
         return bool(self.eval_every and step % self.eval_every == 0) or step == self.steps
-
-    def checkpoints_at(self, step: int) -> bool:
-        return bool(self.checkpoint_every and step % self.checkpoint_every == 0)
 
 
 @dataclass
@@ -53,15 +104,21 @@ class Result:
 
 
 class Loop:
-    def __init__(self, runner, schedule: Schedule, step_counter, *,
-                 learning_rate_at: Optional[Callable[[int], float]] = None,
-                 checkpointer=None, preemption=None, loggers: List[Callable[[int, Metrics], None]] = ()):
-        """`step_counter`: steps completed, saved with the checkpoint (a tf.Variable).
-        `checkpointer.save(step)`, `preemption.check(step)` and each
-        `logger(step, metrics)` are the actions."""
+    def __init__(self, runner, schedule: Schedule, step_counter, actions: Iterable[Action] = (), *,
+                 learning_rate_at: Optional[Callable[[int], float]] = None):
+        """`step_counter`: steps completed, saved with the checkpoint (a
+        tf.Variable). `actions` are called in order after each call of the runner."""
         self.runner, self.schedule, self.step_counter = runner, schedule, step_counter
+        self.actions: List[Action] = list(actions)
         self.learning_rate_at = learning_rate_at
-        self.checkpointer, self.preemption, self.loggers = checkpointer, preemption, list(loggers)
+
+    def next_stop(self, step: int) -> int:
+        stops = [self.schedule.next_stop(step)]
+        for action in self.actions:
+            stop = getattr(action, "next_stop", lambda _: None)(step)
+            if stop is not None:
+                stops.append(stop)
+        return min(stops)
 
     def run(self) -> Result:
         start = time.perf_counter()
@@ -72,7 +129,7 @@ class Loop:
         steady_examples, steady_time, first_call = 0.0, 0.0, True
 
         while step < schedule.steps:
-            num_steps = schedule.next_stop(step) - step
+            num_steps = self.next_stop(step) - step
             t0 = time.perf_counter()
             totals = runner.train(step, num_steps)
             elapsed = time.perf_counter() - t0
@@ -96,26 +153,18 @@ class Loop:
             if schedule.evaluates_at(step):
                 result.eval = runner.evaluate()
                 record.update(result.eval)
-            if record:
-                self._log(step, record)
-            if self.checkpointer and schedule.checkpoints_at(step):
-                self.checkpointer.save(step)
-            if self.preemption:
-                self.preemption.check(step)
+            for action in self.actions:
+                action(step, record)
 
         result.step = step
         if not result.eval:  # resumed a run that had already finished
             result.eval = runner.evaluate()
-        if self.checkpointer:
-            self.checkpointer.save(step)
+        for action in self.actions:
+            if hasattr(action, "finish"):
+                action.finish(step)
         result.examples_per_sec = steady_examples / steady_time if steady_time > 0 else result.train.get("examples_per_sec", 0.0)
         result.wall_time_sec = time.perf_counter() - start
         return result
-
-    def _log(self, step: int, record: Metrics) -> None:
-        record = {k: float(v) for k, v in record.items()}
-        for logger in self.loggers:
-            logger(step, record)
 
 
 def _next_multiple(step: int, every: int) -> int:

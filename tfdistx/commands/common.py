@@ -1,0 +1,84 @@
+"""What every command shares: composing the config (with tfdistx's own
+config names registered) and refusing bad input in one line.
+
+Errors pass one guard, `one_line_errors`, once TensorFlow may have started:
+a bad config (ConfigError) or a fault of the machine (RunFault) is refused
+in its own lines and exit code; anything else is a bug or a fault no check
+foresaw, and is one line with exit 1. TFDISTX_TRACEBACK=1 shows the
+traceback behind any of them, for a bug report.
+"""
+
+import contextlib
+import logging
+import os
+import sys
+from typing import Sequence
+
+from omegaconf import DictConfig
+
+from tfdistx.config import recipes, schema, topology
+from tfdistx.config.compose import compose_and_validate
+from tfdistx.config.errors import EXIT_INVALID_CONFIG, ConfigError, RunFault
+
+
+def register_config_names(overrides) -> None:
+    topology.register(overrides)  # cluster=WxD / psPwW names
+    recipes.register(overrides)  # TFDISTX_RECIPES dirs, and the clusters the chosen recipes name
+
+
+def compose(overrides: Sequence[str], notes: bool = True) -> DictConfig:
+    """The composed and validated config for these overrides, as every
+    command sees it (raises ConfigError)."""
+    schema.register()
+    register_config_names(overrides)
+    return compose_and_validate(overrides, notes=notes)
+
+
+@contextlib.contextmanager
+def one_line_errors():
+    """The one guard every error passes (see the module's docstring)."""
+    try:
+        yield
+    except (ConfigError, RunFault) as error:
+        refuse(error)
+    except Exception as error:
+        if wants_traceback():
+            raise
+        text = str(error).strip()
+        first = text.splitlines()[0][:400] if text else ""
+        line = f"tfdistx: error: {type(error).__name__}{': ' + first if first else ''} (TFDISTX_TRACEBACK=1 shows the traceback)"
+        print(line, file=sys.stderr)
+        _into_run_log(line)
+        _nothing_more_from_tensorflow()
+        sys.exit(1)
+
+
+def wants_traceback() -> bool:
+    return os.environ.get("TFDISTX_TRACEBACK", "") not in ("", "0")
+
+
+def refuse(error):
+    """One line per problem, no traceback; exit 2 for a bad config, the fault's own code otherwise."""
+    if wants_traceback():
+        import traceback
+
+        traceback.print_exc()
+    for line in error.lines():
+        print(line, file=sys.stderr)
+        _into_run_log(line)
+    _nothing_more_from_tensorflow()
+    sys.exit(error.code if isinstance(error, RunFault) else EXIT_INVALID_CONFIG)
+
+
+def _nothing_more_from_tensorflow() -> None:
+    """After the one line, TensorFlow's own warnings are noise: a refused
+    resume's restore, say, lists every value it did not restore when the
+    process exits (its restore coordinator's deleter)."""
+    logging.getLogger("tensorflow").setLevel(logging.ERROR)
+
+
+def _into_run_log(line: str) -> None:
+    """The refusal goes into the run's log file too (Hydra's tfdistx.log), not twice on the terminal."""
+    for handler in logging.getLogger().handlers:
+        if isinstance(handler, logging.FileHandler):
+            handler.emit(logging.LogRecord("tfdistx", logging.ERROR, __file__, 0, line, None, None))

@@ -1,0 +1,31 @@
+"""`tfdistx evaluate RUN_DIR [--step N] [overrides]`: metrics of a run's
+checkpoint on the configured eval data, with the run's own config and the
+overrides on top (e.g. strategy=one_device cluster=local)."""
+
+import argparse
+import json
+import logging
+import os
+import sys
+
+from omegaconf import OmegaConf
+
+from tfdistx.commands.common import compose, one_line_errors
+from tfdistx.commands.execute import execute
+from tfdistx.config.compose import saved_overrides
+
+
+def main(argv) -> int:
+    parser = argparse.ArgumentParser(prog="tfdistx evaluate", description="Evaluate a run's checkpoint on the configured eval data.")
+    parser.add_argument("run_dir")
+    parser.add_argument("--step", type=int, default=None, help="the checkpoint saved at this step (default: the newest)")
+    parser.add_argument("overrides", nargs="*", help="config overrides on top of the run's own, e.g. strategy=one_device")
+    args = parser.parse_intermixed_args(argv)  # overrides may follow --step N
+    with one_line_errors():
+        cfg = compose([*saved_overrides(args.run_dir), *args.overrides])
+        with_hydra = OmegaConf.to_container(cfg)
+        with_hydra.pop("hydra", None)
+        logging.basicConfig(stream=sys.stderr, level=logging.INFO, format="[%(name)s][%(levelname)s] - %(message)s")
+        record = execute(OmegaConf.create(with_hydra), os.path.abspath(args.run_dir), "evaluate", args.step)
+    print(json.dumps(record, indent=2, default=float))
+    return 0

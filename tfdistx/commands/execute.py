@@ -1,0 +1,77 @@
+"""Where a command meets the engine: train or evaluate in this process, or
+as a local cluster of processes that each do it (cluster/launch.py).
+
+The composed config is resolved into a RunSpec here, the one hand-over
+from the config side to the engine. TensorFlow is imported only on the
+in-process path: a local cluster's launcher never starts it.
+"""
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Optional
+
+from omegaconf import DictConfig, OmegaConf
+
+from tfdistx.cluster import placement as cluster
+from tfdistx.cluster.launch import run_local_cluster
+from tfdistx.cluster.placement import Source
+from tfdistx.config import strategies
+from tfdistx.config.errors import ConfigError, retryable_exits_offset_by
+from tfdistx.config.objective import value as objective_value
+from tfdistx.config.spec import resolve
+
+
+def execute(cfg: DictConfig, run_dir: str, mode: str, step: Optional[int] = None, process_ends_after: bool = False):
+    """Train (mode "train") or evaluate (mode "evaluate") as `cfg` says, in `run_dir`."""
+    facts = strategies.get(cfg.strategy.name, cfg.cluster.workers, cfg.cluster.devices_per_worker)
+    placement = cluster.detect(facts, cfg.cluster)
+    with retryable_exits_offset_by(cfg.cluster.retryable_exit_offset):
+        if placement.source is Source.LOCAL:
+            return _run_local_cluster(cfg, run_dir, facts, mode, step)
+        spec = resolve(cfg, run_dir)
+        from tfdistx.engine.quiet_import import import_tensorflow  # deferred: TensorFlow starts here, and only here
+
+        import_tensorflow()  # without its start-up banner
+        from tfdistx.engine import checkpointing, fit  # deferred: they import TensorFlow
+
+        with checkpointing.stops_cleanly_when_unwritable(spec.checkpoint.dir):
+            if mode == "evaluate":
+                return fit.evaluate(spec, placement, step)
+            return fit.train(spec, placement, process_ends_after=process_ends_after)
+
+
+def owns_run_dir(cfg: DictConfig) -> bool:
+    """The process that writes a run directory: a single run, a local
+    cluster's launcher, or the chief of a scheduler's cluster."""
+    facts = strategies.get(cfg.strategy.name, cfg.cluster.workers, cfg.cluster.devices_per_worker)
+    return cluster.detect(facts, cfg.cluster).is_chief
+
+
+def _run_local_cluster(cfg: DictConfig, run_dir: str, facts: strategies.Strategy, mode: str, step: Optional[int]):
+    """Every task runs this job from the resolved config written here, in
+    the same run directory; only the chief writes the run's files."""
+    counts = facts.job_counts(cfg.cluster.workers, cfg.cluster.ps)
+    most = max(8, 4 * (os.cpu_count() or 1))
+    if sum(counts.values()) > most:  # each task is a TensorFlow process of ~0.7 GB (FACTS.md)
+        raise ConfigError.one("cluster", cfg.cluster.name, f"a local cluster of {sum(counts.values())} processes on this machine's "
+                              f"{os.cpu_count()} cores: at most {most} here; a larger cluster runs under Slurm or Kubernetes")
+    logs = Path(run_dir, "logs")
+    logs.mkdir(parents=True, exist_ok=True)
+    task_config = logs / f"{mode}-config.yaml"
+    resolved = OmegaConf.to_container(cfg, resolve=True)
+    resolved["cluster"]["launch"] = "tf_config"  # each task is placed by the TF_CONFIG the launcher gives it
+    task_config.write_text(OmegaConf.to_yaml(resolved))
+    command = [sys.executable, "-m", "tfdistx", "_task", mode, str(run_dir), str(task_config), *([str(step)] if step is not None else [])]
+    code = run_local_cluster(counts, command, str(logs),
+                             primary=list(facts.primary_jobs), isolate=cfg.cluster.isolate,
+                             max_restarts=cfg.cluster.max_restarts, restart_alone=list(facts.restartable_alone),
+                             stopped_task_timeout=cfg.cluster.stopped_task_timeout, run_log=str(Path(run_dir) / "tfdistx.log"))
+    if code == 130:  # Ctrl-C: the tasks stopped quietly (commands/task.py)
+        print("tfdistx: interrupted", file=sys.stderr)
+    if code:
+        sys.exit(code)
+    if mode == "evaluate":
+        return json.loads(Path(run_dir, "evaluations.jsonl").read_text().splitlines()[-1])
+    return objective_value(cfg.trainer.objective, json.loads(Path(run_dir, "summary.json").read_text()))

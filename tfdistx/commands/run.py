@@ -1,0 +1,187 @@
+"""`python -m tfdistx [overrides]`: a training run, its `--plan`, or a sweep.
+
+Order matters here: compose and check the config without TensorFlow (so bad
+input is refused in under a second with exit code 2), then let Hydra create
+the run directory and call `_run`, which hands the job to execute.py. A
+single run is composed once (config/compose.py) and run with Hydra's
+`run_job`; what Hydra answers itself (--help, --cfg, multirun sweeps) goes
+to `hydra.main`.
+"""
+
+import contextlib
+import functools
+import logging
+import os
+import sys
+from typing import Sequence
+
+import hydra
+from hydra._internal.utils import get_args_parser
+from omegaconf import DictConfig, OmegaConf
+
+from tfdistx import rundir
+from tfdistx.commands.common import one_line_errors, refuse, register_config_names
+from tfdistx.commands.execute import execute, owns_run_dir
+from tfdistx.commands.plan import describe
+from tfdistx.config import schema
+from tfdistx.config.compose import compose_and_validate, composed, only_given_keys_for_user_targets
+from tfdistx.config.errors import ConfigError, RunFault
+from tfdistx.config.objective import direction
+from tfdistx.config.paths import config_dir
+from tfdistx.config.validate import validate, writable
+
+
+def main(argv: Sequence[str], end_process: bool = False):
+    """A training run (`--plan`: its plan; `-m`: a sweep of runs) for these
+    overrides. `end_process`: the process ends when the run does."""
+    schema.register()
+    plan, text = "--plan" in argv, ""
+    argv = [arg for arg in argv if arg != "--plan"]
+    try:
+        args = get_args_parser().parse_args(argv)
+        register_config_names(args.overrides)
+        if plan:
+            text = describe(compose_and_validate(args.overrides))
+        elif args.multirun:
+            first_job = _check_sweep(args.overrides)
+            argv += _sweeper_direction(args.overrides, first_job)
+    except ConfigError as error:
+        refuse(error)
+    except Exception as error:  # an override Hydra cannot even parse
+        refuse(ConfigError.one("override", " ".join(argv), str(error).strip().splitlines()[0]))
+    if plan:
+        print(text)
+        return
+    if not _hydra_handles_it(args):
+        try:
+            return _run_once(args.overrides, end_process=end_process)
+        except (ConfigError, RunFault) as error:  # composition, the run dir's lock; what the run itself refuses, _run reports
+            refuse(error)
+
+    _quiet_sweep_plugins(argv)
+    sys.argv = [sys.argv[0]] + argv  # hydra.main reads its command line from sys.argv, and only there
+    try:
+        hydra.main(config_path=str(config_dir()), config_name="config", version_base=None)(_run)()
+    except KeyboardInterrupt:  # Ctrl-C: stop quietly, as shells expect
+        print("tfdistx: interrupted", file=sys.stderr)
+        sys.exit(130)
+
+
+def _hydra_handles_it(args) -> bool:
+    """Invocations Hydra answers itself, or (multirun) composes per job."""
+    return bool(args.help or args.hydra_help or args.cfg or args.info or args.shell_completion or args.multirun)
+
+
+def _check_sweep(overrides) -> DictConfig:
+    """Before a sweep's first job: every value its lists and ranges name is
+    composed and validated (one key varied at a time, the others at their
+    first value), and the sweep dir must be writable. Hydra would otherwise
+    fail mid-sweep with its own multi-line message and exit 1. Values an
+    optimizer draws (interval) or a glob expands are left to the jobs.
+    Returns the first job's config."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
+    fixed, swept = [], []
+    for override in OverridesParser.create().parse_overrides(overrides):
+        if not override.is_sweep_override():
+            fixed.append(override.input_line)
+        elif override.is_choice_sweep() or override.is_range_sweep():
+            try:
+                swept.append((override.get_key_element(), list(override.sweep_string_iterator())))
+            except HydraException:  # glob(): needs Hydra's config loader; the jobs check it
+                continue
+    firsts = {key: values[0] for key, values in swept}
+    variants = [firsts] + [{**firsts, key: value} for key, values in swept for value in values[1:]]
+    for variant in variants:
+        cfg = compose_and_validate(fixed + [f"{key}={value}" for key, value in variant.items()], notes=False)
+    problems = writable("hydra.sweep.dir", OmegaConf.select(cfg, "hydra.sweep.dir"))
+    if problems:
+        raise ConfigError(problems)
+    return cfg
+
+
+def _quiet_sweep_plugins(argv) -> None:
+    """Optuna's import of alembic logs seven "setup plugin" lines through
+    Hydra's logging, and Optuna colours its own lines even into a file:
+    alembic is kept to warnings, and Optuna logs plain, through Hydra's handlers."""
+    logging.getLogger("alembic").setLevel(logging.WARNING)
+    if _uses_optuna(argv):
+        try:
+            import optuna
+        except ImportError:  # refused with the extra to install, by _check_sweep
+            return
+        optuna.logging.disable_default_handler()
+        optuna.logging.enable_propagation()
+
+
+def _uses_optuna(args) -> bool:
+    return any(arg.startswith("hydra/sweeper=") and "optuna" in arg for arg in args)
+
+
+def _sweeper_direction(overrides, cfg: DictConfig) -> list:
+    """An optimizing sweeper (Optuna) is told which way trainer.objective is
+    better (accuracy up, loss down), unless the command line says so itself:
+    its own default, minimize, found the worst learning rate for accuracy."""
+    if not _uses_optuna(overrides):
+        return []
+    if any(o.lstrip("+").startswith("hydra.sweeper.direction=") for o in overrides):
+        return []
+    return [f"hydra.sweeper.direction={direction(str(cfg.trainer.objective))}"]
+
+
+def _run_once(overrides, end_process: bool = False) -> None:
+    """A single run: composed once, then run as Hydra's own `run` would."""
+    from hydra._internal.callbacks import Callbacks  # what Hydra.run builds for run_job
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.utils import run_job
+    from hydra.types import HydraContext
+
+    with composed(overrides) as cfg:
+        try:  # hydra.callbacks are instantiated here
+            callbacks = Callbacks(cfg)
+        except Exception as error:
+            raise ConfigError.one("hydra.callbacks", OmegaConf.to_container(cfg.hydra.callbacks),
+                                  str(error).strip().splitlines()[0]) from None
+        context = HydraContext(config_loader=GlobalHydra.instance().config_loader(), callbacks=callbacks)
+        # Locked before run_job writes .hydra/ into the directory (rundir.py).
+        owner = rundir.owned(cfg.hydra.run.dir) if owns_run_dir(cfg) else contextlib.nullcontext()
+        with owner:
+            try:
+                result = run_job(task_function=functools.partial(_run, end_process=end_process), config=cfg, job_dir_key="hydra.run.dir", job_subdir_key=None, hydra_context=context)
+            except KeyboardInterrupt:
+                print("tfdistx: interrupted", file=sys.stderr)
+                sys.exit(130)
+            _ = result.return_value  # re-raises what the job raised
+    if end_process:
+        _end_process_now()
+
+
+def _end_process_now() -> None:
+    """Every file of the run is written and closed: end without Python's
+    teardown, which destroys the input pipelines and can wait minutes on
+    tf.data's autotune thread (engine/fit.py keeps them for this)."""
+    import atexit
+
+    atexit._run_exitfuncs()  # what must still run: TensorFlow's removal of its autograph temp files, say
+    logging.shutdown()  # flushes and closes tfdistx.log
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
+def _run(cfg: DictConfig, end_process: bool = False):
+    """One Hydra job: train here, or start a local cluster whose tasks each
+    run this job. Multirun jobs are composed by the sweeper, so checked here.
+    `end_process`: the process ends when the run does (_run_once)."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    hydra_cfg = HydraConfig.get()
+    with one_line_errors():
+        if hydra_cfg.mode != RunMode.MULTIRUN:  # composed, checked and locked by _run_once, which then ends the process
+            return execute(cfg, hydra_cfg.runtime.output_dir, "train", process_ends_after=end_process)
+        only_given_keys_for_user_targets(cfg, hydra_cfg.overrides.task)
+        validate(cfg)
+        with rundir.owned(hydra_cfg.runtime.output_dir) if owns_run_dir(cfg) else contextlib.nullcontext():
+            return execute(cfg, hydra_cfg.runtime.output_dir, "train")

@@ -1,0 +1,25 @@
+"""`tfdistx _task MODE RUN_DIR CONFIG [STEP]`: one task of a local cluster,
+started by the launcher with its TF_CONFIG. It does not compose: it reads
+the launcher's resolved config."""
+
+import logging
+import sys
+
+from omegaconf import OmegaConf
+
+from tfdistx.commands.common import one_line_errors
+from tfdistx.commands.execute import execute
+
+
+def main(argv) -> int:
+    mode, run_dir, config_path, *rest = argv
+    # Plain messages: the launcher prefixes each line with the task's name
+    # and files it in logs/<task>.log (as Hydra's job_logging=stdout did).
+    logging.basicConfig(stream=sys.stdout, level=logging.INFO, format="%(message)s")
+    cfg = OmegaConf.load(config_path)  # cluster.launch=tf_config: placed by the launcher's TF_CONFIG
+    try:
+        with one_line_errors():
+            execute(cfg, run_dir, mode, int(rest[0]) if rest else None)
+    except KeyboardInterrupt:  # Ctrl-C reaches every task (launch.py): the launcher says "interrupted", once
+        sys.exit(130)
+    return 0

@@ -1,0 +1,40 @@
+"""`tfdistx export tfjob [overrides] --image IMAGE`: a Kubeflow TFJob for the
+composed config (cluster/kubernetes.py builds it), printed as YAML."""
+
+import argparse
+import sys
+
+import yaml  # PyYAML, which omegaconf depends on
+
+from tfdistx.cluster.kubernetes import _MAX_NAME, DEFAULT_MOUNT_PATH, check_name, tfjob
+from tfdistx.commands.common import compose, one_line_errors
+from tfdistx.config.errors import ConfigError
+
+
+def main(argv) -> int:
+    parser = argparse.ArgumentParser(
+        prog="tfdistx export tfjob",
+        description="Print a Kubeflow TFJob (kubeflow.org/v1) whose pods run `python -m tfdistx OVERRIDES`: "
+                    "kubectl apply -f it. See the README's Kubernetes section.")
+    parser.add_argument("overrides", nargs="*", help="config overrides, as for a run: strategy=multiworker cluster=4x8")
+    parser.add_argument("--image", required=True, help="a container image with tfdistx installed (README: Kubernetes)")
+    parser.add_argument("--name", default="tfdistx", help="the TFJob's name (default: tfdistx); also the run dir's on the volume")
+    parser.add_argument("--namespace", default="default")
+    parser.add_argument("--volume", help="where the run dir lives, shared by the pods: pvc:CLAIM or hostPath:/PATH. "
+                                         "Without it each pod writes its own, lost with the pod")
+    parser.add_argument("--mount-path", default=DEFAULT_MOUNT_PATH, help=f"where the volume is mounted (default: {DEFAULT_MOUNT_PATH})")
+    parser.add_argument("--gpus", action="store_true", help="each training pod asks for cluster.devices_per_worker GPUs (nvidia.com/gpu)")
+    args = parser.parse_intermixed_args(argv)
+    with one_line_errors():
+        check_name("--name", args.name, _MAX_NAME)
+        check_name("--namespace", args.namespace, 63)
+        if not args.mount_path.startswith("/"):
+            raise ConfigError.one("--mount-path", args.mount_path, "must be an absolute path")
+        cfg = compose(args.overrides)
+        manifest = tfjob(cfg, args.overrides, args.name, args.image, args.namespace, args.volume, args.mount_path.rstrip("/") or "/", args.gpus)
+    if not args.volume:
+        print("tfdistx: WARNING: no --volume: each pod writes its run dir inside itself, and a restarted pod loses "
+              "its checkpoints: give --volume pvc:CLAIM", file=sys.stderr)
+    print(f"# tfdistx export tfjob {' '.join(argv)}")
+    print(yaml.safe_dump(manifest, sort_keys=False), end="")
+    return 0

@@ -1,0 +1,221 @@
+"""Build the parts of a run from its spec: strategy, task, data, model,
+optimizer and checkpointer, in that order (cf. Model Garden's
+train_lib/base_task: build first, then fit).
+
+Bad input met while building (a model that does not take the data, labels
+outside the task's range, a batch larger than the data) is refused here as
+a ConfigError, before the first step.
+"""
+
+import logging
+import os
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import keras
+import tensorflow as tf
+
+from tfdistx.cluster.placement import Placement
+from tfdistx.config import compute, strategies
+from tfdistx.config.errors import ConfigError
+from tfdistx.config.objective import objective_problems
+from tfdistx.config.spec import RunSpec
+from tfdistx.config.strategies import Strategy
+from tfdistx.data import input as input_lib
+from tfdistx.data.files import input_errors_in_one_line
+from tfdistx.data.sources import DataSource
+from tfdistx.engine import strategy as strategy_lib
+from tfdistx.engine.checkpointing import Checkpointer
+from tfdistx.engine.optim import LearningRateAtStep, build_optimizer, effective_lr, schedule
+from tfdistx.tasks import Task, float32
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Run:
+    """Everything a run builds before its first step."""
+
+    spec: RunSpec
+    placement: Placement
+    facts: Strategy  # the concrete strategy's row
+    strategy_name: str
+    strategy: Any
+    coordinator: Any
+    task: Any
+    source: Any
+    model: Any
+    optimizer: Any
+    learning_rate: Any
+    step_counter: Any
+    checkpointer: Any
+    global_batch: int
+    per_replica_batch: int
+    total_steps: int
+    peak_lr: float
+    jit_compile: bool
+    sample: tuple  # (labels, model outputs) of two training examples, to build the metrics with
+
+    @property
+    def dir(self):
+        return self.spec.run_dir
+
+    @property
+    def replicas(self) -> int:
+        """Replicas training at once: asynchronous workers count one each."""
+        return self.workers if self.facts.asynchronous else self.strategy.num_replicas_in_sync
+
+    @property
+    def workers(self) -> int:
+        return len(self.placement.spec.get("worker", [])) or 1
+
+    @property
+    def replicas_text(self) -> str:
+        if self.facts.asynchronous:
+            return f"{self.replicas} asynchronous worker{'s' if self.replicas != 1 else ''}, one whole batch a step"
+        return f"{self.replicas} replica{'s' if self.replicas != 1 else ''} ({self.per_replica_batch} examples each)"
+
+
+def build_run(spec: RunSpec, placement: Placement) -> Optional[Run]:
+    """The run's parts; None for a parameter-server cluster's ps or worker
+    task, which serves the coordinator until it is stopped."""
+    in_cluster = placement.in_cluster
+    if in_cluster:
+        # What TensorFlow's cluster resolvers (and its preemption handler) read.
+        os.environ["TF_CONFIG"] = placement.tf_config()
+    strategy_lib.configure_devices(spec.cluster.devices_per_worker, multi_worker=in_cluster)  # before TF starts
+    facts = spec.strategy.facts
+    if in_cluster:  # TensorFlow would wait for a missing task forever (rendezvous.py)
+        from tfdistx.cluster.rendezvous import meet_peers  # sockets only: a single process never needs it
+
+        meet_peers(placement, spec.cluster.startup_timeout, wait=placement.task_type not in facts.serving_jobs)
+    if placement.task_type in facts.serving_jobs:
+        strategy_lib.serve_forever()  # the coordinator drives training; this task lends its devices
+        return None
+
+    trainer, cluster = spec.trainer, spec.cluster
+    _quiet_known_noise()
+    keras.utils.set_random_seed(trainer.seed)
+    name = strategy_lib.concrete_name(spec.strategy.name, cluster.workers, cluster.devices_per_worker)
+    facts = strategies.STRATEGIES[name]
+    strategy = strategy_lib.build(name, spec.strategy.options, cluster.devices_per_worker)
+    coordinator = tf.distribute.experimental.coordinator.ClusterCoordinator(strategy) if facts.asynchronous else None
+    replicas = strategy.num_replicas_in_sync
+    # A step trains on accumulate_steps batches of data.batch_size (update.py).
+    global_batch = spec.pipeline.batch_size * trainer.accumulate_steps
+    per_replica = input_lib.per_replica_batch(global_batch, replicas)
+
+    task, source = build_task(spec), build_source(spec)
+    if source.train_examples and global_batch > source.train_examples:  # a step could never fill its batch
+        raise ConfigError.one("data.batch_size", spec.pipeline.batch_size, f"a step's {global_batch} examples are more than the "
+                              f"{source.train_examples} training examples of data={spec.data.path}")
+    problems = objective_problems(trainer.objective, task.name, task.metrics())
+    if problems:
+        raise ConfigError(problems)
+    total_steps = _total_steps(spec, source.train_examples, global_batch)
+    feature_spec, label_spec = source.element_spec
+    num_outputs = task.num_outputs(label_spec, source.num_classes)
+    learning_rate = LearningRateAtStep(schedule(spec.optimizer, replicas, total_steps))
+    gpus = bool(tf.config.list_logical_devices("GPU"))
+    jit, why = compute.decide_jit(trainer.jit_compile, facts, gpus=gpus)
+    log.info("precision %s; XLA %s", trainer.precision, why)
+    if compute.precision_warning(trainer.precision, gpus):
+        log.warning(compute.precision_warning(trainer.precision, gpus))
+    keras.mixed_precision.set_global_policy(trainer.precision)  # every run sets it: a sweep's earlier job may have changed it
+    with strategy.scope():
+        model = build_model(spec, feature_spec, num_outputs)
+        optimizer = _optimizer(spec, model, learning_rate)
+        # Steps completed, as the loop counts them, saved with the checkpoint.
+        # Not optimizer.iterations: parameter-server workers increment that
+        # concurrently and lose increments (measured: 319 after 400 steps).
+        step_counter = tf.Variable(0, dtype=tf.int64, trainable=False, name="step")
+    with input_errors_in_one_line(source):  # its first examples come through a shuffle window: a bad record may be in it
+        sample = _check_model_takes_data(model, task, source, spec, num_outputs)
+    task.check_labels(source.num_classes)
+
+    checkpointer = Checkpointer(
+        spec.checkpoint.dir, max_to_keep=spec.checkpoint.max_to_keep, is_chief=placement.is_chief, task_name=placement.task_name,
+        model=model, optimizer=optimizer, rng=rng_states(model), step=step_counter)
+    return Run(spec, placement, facts, name, strategy, coordinator, task, source, model, optimizer, learning_rate,
+               step_counter, checkpointer, global_batch, per_replica, total_steps, effective_lr(spec.optimizer, replicas),
+               jit, sample)
+
+
+def build_task(spec: RunSpec) -> Task:
+    return spec.task.build(expect=Task)
+
+
+def build_source(spec: RunSpec) -> DataSource:
+    return spec.data.build(expect=DataSource)
+
+
+def build_model(spec: RunSpec, feature_spec, num_outputs: int) -> keras.Model:
+    shape = tuple(feature_spec.shape) if isinstance(feature_spec, tf.TensorSpec) else None
+    return spec.model.build(expect=keras.Model, input_shape=shape, feature_spec=feature_spec,
+                            num_outputs=num_outputs, num_classes=num_outputs)
+
+
+def build_optimizer_for(spec: RunSpec, model, learning_rate: LearningRateAtStep):
+    """The configured optimizer, built for the model's trainable variables."""
+    return _optimizer(spec, model, learning_rate)
+
+
+def _optimizer(spec: RunSpec, model, learning_rate):
+    try:
+        optimizer = build_optimizer(dict(spec.optimizer), learning_rate, loss_scaling=spec.trainer.precision == "mixed_float16")
+    except (TypeError, ValueError) as error:  # Keras' answer to an unknown or bad keyword
+        raise ConfigError.one("optimizer", spec.optimizer.get("name"), f"bad option: {error}") from None
+    optimizer.build(model.trainable_variables)
+    return optimizer
+
+
+def _check_model_takes_data(model, task, source, spec: RunSpec, num_outputs: int) -> tuple:
+    """One forward pass on two examples, so that a model and data that do
+    not fit together (shapes, dtypes: model=wide_deep on images), or a model
+    whose output the task cannot use, are refused as a config error, not as
+    a traceback from deep inside the first step. Returns (labels, outputs)."""
+    features, labels = next(iter(source.train(None).batch(2)))
+    try:
+        outputs = float32(model(features, training=False))
+        if tuple(outputs.shape[1:]) != (num_outputs,):
+            raise ValueError(f"it outputs shape {tuple(outputs.shape[1:])} per example; task={task.name} needs {num_outputs}")
+        task.loss(labels, outputs)
+        return labels, outputs
+    except Exception as error:
+        reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise ConfigError.one("model", spec.model.path,
+                              f"does not fit data={spec.data.path} (features {_describe_features(features)}, "
+                              f"labels {tuple(labels.shape[1:])} {labels.dtype.name}): {reason[:300]}") from None
+
+
+def _describe_features(features) -> str:
+    if isinstance(features, dict):
+        return "{" + ", ".join(f"{k}: {tuple(v.shape[1:])} {v.dtype.name}" for k, v in features.items()) + "}"
+    return f"{tuple(features.shape[1:])} {features.dtype.name}"
+
+
+def rng_states(model) -> list:
+    """The states of the model's Keras SeedGenerators (dropout masks and the
+    like). tf.train.Checkpoint cannot reach them through the layers (a
+    SeedGenerator is not a TF trackable), so a resumed run would replay the
+    first masks again: they are checkpointed explicitly, for exact resume."""
+    return [v for v in model.non_trainable_variables if v.path.endswith("seed_generator_state")]
+
+
+def _quiet_known_noise() -> None:
+    import warnings
+
+    # tf.data warns whenever a distributed dataset is iterated inside a
+    # tf.function; absl logs every input-sharding callback, and tf.distribute
+    # every collective it traces, at INFO level: nothing a user can act on.
+    warnings.filterwarnings("ignore", message="To make it possible to preserve tf.data options")
+    for name in ("absl", "tensorflow"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+
+
+def _total_steps(spec: RunSpec, train_examples, global_batch: int) -> int:
+    if spec.trainer.steps is not None:
+        return spec.trainer.steps
+    if not train_examples:
+        raise ConfigError.one("trainer.epochs", spec.trainer.epochs, "the dataset does not say how many examples it has: set trainer.steps")
+    return spec.trainer.epochs * max(train_examples // global_batch, 1)
