@@ -142,6 +142,11 @@ def test_recipes_copy_writes_the_file_for_editing(tmp_path):
     again = tfdistx_cli("recipes", "copy", "cifar10_resnet", str(tmp_path / "mine"))
     assert_one_clean_line(again)
     assert "--force" in again.stderr
+    copied.write_text(copied.read_text() + "# my edit\n")
+    forced = tfdistx_cli("recipes", "copy", "cifar10_resnet", str(tmp_path / "mine"), "--force")
+    assert forced.returncode == 0 and copied.read_text() == recipes.find("cifar10_resnet").read_text()
+    kept = list((tmp_path / "mine").glob("cifar10_resnet.yaml.replaced-*"))  # not a *.yaml: not listed as a recipe
+    assert len(kept) == 1 and kept[0].read_text().endswith("# my edit\n")  # --force replaced the file, and kept the edits
     renamed = tfdistx_cli("recipes", "copy", "cifar10_resnet", str(tmp_path / "mine" / "resnet56.yaml"))
     assert renamed.returncode == 0 and (tmp_path / "mine" / "resnet56.yaml").is_file()
 

@@ -105,17 +105,20 @@ def set_aside_previous_run(run_dir: str, checkpoint_dir: str) -> list:
     return moved
 
 
-def keep_aside(path: Path) -> str:
+def keep_aside(path: Path, keep_suffix: bool = True) -> str:
     """Rename `path` to NAME.replaced-STAMP[.SUFFIX] beside it, never over
-    another: the one way tfdistx makes room for what it writes."""
+    another: the one way tfdistx makes room for what it writes.
+    `keep_suffix=False`: NAME.SUFFIX.replaced-STAMP, where a kept file must
+    not look like a live one (a recipe directory reads every *.yaml)."""
     path = Path(path)
     stamp = time.strftime("%Y%m%d-%H%M%S")
+    stem, suffix = (path.stem, path.suffix) if keep_suffix else (path.name, "")
     for n in range(1000):
-        target = path.with_name(f"{path.stem}.replaced-{stamp}{f'-{n}' if n else ''}{path.suffix}")
+        target = path.with_name(f"{stem}.replaced-{stamp}{f'-{n}' if n else ''}{suffix}")
         if not os.path.lexists(target):
             path.rename(target)
             return str(target)
-    raise FileExistsError(f"{path}: too many kept copies named {path.stem}.replaced-{stamp}*")
+    raise FileExistsError(f"{path}: too many kept copies named {stem}.replaced-{stamp}*")
 
 
 def _output_problems(key: str, directory: str, protected, made_by) -> list:

@@ -18,6 +18,7 @@ from tfdistx.config.errors import EXIT_INVALID_CONFIG, ConfigError
 from tfdistx.config.paths import config_dir
 from tfdistx.config.recipes import ENV, GROUP, available, find, is_global, register, search_dirs, shipped_dir, unknown, user_dirs
 from tfdistx.config.validate import validate
+from tfdistx.rundir import keep_aside
 
 
 
@@ -58,7 +59,7 @@ def _parser() -> argparse.ArgumentParser:
     copy = commands.add_parser("copy", help="copy a recipe's file out for editing")
     copy.add_argument("name")
     copy.add_argument("dest", help="a directory (the file keeps its name) or a file name ending in .yaml")
-    copy.add_argument("-f", "--force", action="store_true", help="overwrite an existing file")
+    copy.add_argument("-f", "--force", action="store_true", help="replace an existing file, keeping it aside as NAME.yaml.replaced-STAMP")
     return parser
 
 
@@ -112,13 +113,16 @@ def _copy(name: str, dest: Path, force: bool) -> int:
         raise unknown(name)
     target = dest / source.name if dest.is_dir() or dest.suffix != ".yaml" else dest
     if target.exists() and not force:
-        raise CommandError(f"{target} exists already: pass --force to overwrite it")
+        raise CommandError(f"{target} exists already: pass --force to replace it (the old file is kept aside)")
+    kept = None
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
+        if target.exists():  # --force: replaced, and the user's edits kept beside it
+            kept = keep_aside(target, keep_suffix=False)  # not a *.yaml: it is no recipe
         shutil.copyfile(source, target)
     except OSError as error:
         raise CommandError(f"cannot write {target}: {error.strerror or error}") from None
-    print(f"copied {source} to {target}")
+    print(f"copied {source} to {target}" + (f" (the file that was there is kept as {kept})" if kept else ""))
     directory = target.parent.resolve()
     if directory not in user_dirs():
         print(f"run it:  {ENV}={directory} python -m tfdistx {GROUP}={target.stem}")

@@ -2,7 +2,7 @@
 
 Validation refuses what cannot work before TensorFlow starts, `--plan` says
 what `trainer.jit_compile=auto` will choose, and the engine asks the same
-function once it knows whether there are GPUs (train.py).
+function once it knows whether there are GPUs (engine/build.py).
 
 What `auto` chooses is measured, not hoped (TF 2.21, one device of a 2-core
 Xeon with avx512_bf16; README, Performance). On CPUs XLA made every model

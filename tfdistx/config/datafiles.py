@@ -1,7 +1,7 @@
 """Facts about file data that need no TensorFlow: which files a pattern
 names, the manifest `tfdistx data write` leaves beside them, and how files
 are split across input pipelines. Validation, `--plan` and the engine
-(`order.py`, `records.py`) all ask here, so each answer is given once.
+(`data/order.py`, `data/files.py`) all ask here, so each answer is given once.
 """
 
 import glob

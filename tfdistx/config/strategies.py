@@ -3,7 +3,7 @@
 One table: for each `strategy=` name, the processes it needs, the options it
 takes, how many replicas it plans and which topologies it can run on.
 Validation, cluster placement, `--plan` and the CLI read it;
-`tfdistx/strategy.py` holds only the TensorFlow builder for each name.
+`tfdistx/engine/strategy.py` holds only the TensorFlow builder for each name.
 Adding a strategy: a row here, a builder there, a yaml in conf/strategy/.
 """
 

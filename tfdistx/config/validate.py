@@ -199,8 +199,8 @@ def _trainer(trainer: DictConfig) -> list:
 
 def _objective(objective, task: DictConfig) -> list:
     # A built-in task's metrics are in its yaml; a user's task is checked
-    # once it is built (train.py).
-    if not str(task.get("_target_", "")).startswith("tfdistx.tasks.") or task.get("metrics") is None:
+    # once it is built (engine/build.py).
+    if str(task.get("_target_", "")) not in tasks.METRICS or task.get("metrics") is None:
         return []
     return objective_problems(objective, task.get("name", task.get("_target_")), task.metrics)
 

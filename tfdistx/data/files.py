@@ -1,7 +1,7 @@
 """A user's own data in files: TFRecord or CSV, read where it lies, and
 `tfdistx data write`, which turns any data source into such files.
 
-`data=tfrecord` and `data=csv` are DataSources (data.py) whose examples are
+`data=tfrecord` and `data=csv` are DataSources (data/sources.py) whose examples are
 `order.FileExamples`: files found by glob (local, or any tf.io.gfile path
 such as gs://), split across input pipelines by file, shuffled in windows,
 decoded a window at a time (one `tf.io.parse_example` / `decode_csv` for
