@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from conftest import QUICK, refused_in_one_line, whole_and_resumed
+from conftest import QUICK, whole_and_resumed
 from test_config import compose
 from tfdistx.config import compute
 
@@ -105,22 +105,7 @@ def test_multiworker_runs_mixed_float16_and_xla_with_accumulation(tfdistx, extra
     assert run.summary["step"] == 80 and run.summary["train"]["loss"] < 2.1
 
 
-def test_combinations_that_cannot_work_are_refused_in_one_line_each(tfdistx):
-    refused_in_one_line(tfdistx("strategy=parameter_server", "cluster=ps1w2", "trainer.jit_compile=true"),
-                        "trainer.jit_compile=True", "strategy=parameter_server cannot use XLA")
-    refused_in_one_line(tfdistx("strategy=tpu", "trainer.precision=mixed_float16"), "trainer.precision='mixed_float16'", "bfloat16")
-    refused_in_one_line(tfdistx("optimizer.clip_norm=1", "optimizer.global_clip_norm=1"), "optimizer.global_clip_norm=1", "not both")
-    refused_in_one_line(tfdistx("trainer.accumulate_steps=0"), "trainer.accumulate_steps=0", "at least 1")
-    refused_in_one_line(tfdistx("strategy=multiworker", "cluster=2x1", "strategy.bytes_per_pack=-1"), "strategy.bytes_per_pack=-1", "0 or more")
-
-
-def test_plan_says_what_auto_xla_chooses(tfdistx):
-    default = tfdistx("--plan", "data=synthetic", "trainer.precision=mixed_bfloat16")
-    assert "compute       mixed_bfloat16; XLA auto: on if TensorFlow finds GPUs, else off" in default.stdout, default
-    ps = tfdistx("--plan", "data=synthetic", "strategy=parameter_server", "cluster=ps1w2")
-    assert "XLA off (auto): strategy=parameter_server" in ps.stdout, ps
-
-
+@pytest.mark.unit
 def test_auto_xla_follows_the_devices_and_the_strategy_table():
     """The GPU branch of the choice, exercised on a machine without GPUs."""
     default = compose("data=synthetic")

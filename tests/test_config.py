@@ -26,6 +26,7 @@ def compose(*overrides):
     return compose_and_validate(list(overrides))
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("group", ["model", "data", "optimizer", "trainer", "checkpoint", "logger", "cluster"])
 def test_every_option_of_every_group_composes(group):
     found = options(group)
@@ -39,22 +40,26 @@ def test_every_option_of_every_group_composes(group):
 REQUIRED = {"data=tfrecord": [f"data.train_files={__file__}"], "data=csv": [f"data.train_files={__file__}"]}
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("strategy", SINGLE_PROCESS_STRATEGIES)
 def test_single_process_strategies_compose(strategy):
     assert compose(f"strategy={strategy}").strategy.name == strategy
 
 
+@pytest.mark.unit
 def test_every_recipe_composes():
     for recipe in options("recipe"):
         compose(f"recipe={recipe}")
 
 
+@pytest.mark.unit
 def test_defaults_are_the_documented_ones():
     cfg = compose()
     assert (cfg.strategy.name, cfg.cluster.name, cfg.model._target_, cfg.data._target_, cfg.optimizer.name) == (
         "auto", "local", "tfdistx.models.mlp", "tfdistx.data.synthetic", "adam")
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("name, expected", [
     ("1x4", {"workers": 1, "devices_per_worker": 4, "ps": 0}),
     ("4x8", {"workers": 4, "devices_per_worker": 8, "ps": 0}),
@@ -64,6 +69,7 @@ def test_topology_names(name, expected):
     assert {k: v for k, v in topology.parse(name).items() if k in expected} == expected
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("name", ["4x", "x8", "ps2", "w4", "2*4", "local2"])
 def test_malformed_topology_names_are_refused(name):
     assert topology.parse(name) is None
@@ -71,10 +77,12 @@ def test_malformed_topology_names_are_refused(name):
         compose(f"cluster={name}")
 
 
+@pytest.mark.unit
 def test_cluster_sweep_registers_every_name():
     assert topology.requested_names(["cluster=1x2,2x1", "model=mlp"]) == ["1x2", "2x1"]
 
 
+@pytest.mark.unit
 def test_all_problems_are_reported_together():
     with pytest.raises(ConfigError) as caught:
         compose("data.batch_size=0", "optimizer.lr=-1", "trainer.log_every=0")
@@ -102,6 +110,7 @@ def test_help_is_tfdistx_own_and_orients():
     assert "powered by Hydra" not in run.stdout
 
 
+@pytest.mark.unit
 def test_the_config_reference_is_generated_and_lists_every_key():
     """docs/config.md is what `python -m tfdistx.config.reference` writes, and
     every key of every composed group option is in it (regenerate with that

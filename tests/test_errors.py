@@ -18,31 +18,15 @@ def assert_refused(run, key, *phrases):
     assert not (run.dir / "summary.json").exists()
 
 
+# End to end, as a user meets them: exit 2, one line, no traceback, no
+# summary. Each check of the config itself is tested in-process, once, in
+# test_config_checks.py; here are a few of those, and the refusals that come
+# only once TensorFlow has started or Hydra runs the job.
 @pytest.mark.parametrize("args, key, phrases", [
     (["strategy=foo"], "strategy='foo'", ["mirrored", "one_device"]),
-    (["cluster=banana"], "cluster='banana'", ["WxD"]),
-    (["model=transformer"], "model='transformer'", ["mlp", "resnet"]),
-    (["data=imagenet"], "data='imagenet'", ["mnist", "synthetic"]),
     (["trainer.steps=abc"], "trainer.steps", ["Integer"]),
-    (["data.batch_size=-5"], "data.batch_size=-5", ["positive"]),
-    (["data.batch_size=0"], "data.batch_size=0", ["positive"]),
-    (["strategy=mirrored", "cluster=1x3", "data.batch_size=128"], "data.batch_size=128", ["multiple of 3"]),
-    (["strategy=one_device", "cluster=1x4"], "strategy='one_device'", ["strategy=mirrored"]),
-    (["strategy=parameter_server", "cluster=2x1"], "strategy='parameter_server'", ["cluster=ps1w2"]),
-    (["optimizer.name=lamb"], "optimizer.name='lamb'", ["adam, sgd, adamw"]),
-    (["optimizer.schedule=linear"], "optimizer.schedule='linear'", ["warmup_cosine"]),
-    (["trainer.nonsense=1"], "trainer.nonsense", []),
-    (["model._target_=no_such_package.build"], "model._target_", ["no_such_package"]),
-    (["checkpoint.max_to_keep=0"], "checkpoint.max_to_keep=0", []),
-    (["optimizer.lr=nan"], "optimizer.lr=nan", ["finite"]),
-    (["optimizer.lr=inf"], "optimizer.lr=inf", ["finite"]),
-    (["cluster=ps0w2"], "cluster='ps0w2'", ["at least one parameter server", "cluster=2x1"]),
     (["+foo=1"], "foo=1", ["not a tfdistx key", "trainer"]),
-    (["model.nonsense=3"], "model.nonsense", ["model has no key 'nonsense'; its keys: _target_, hidden_units, dropout"]),
-    (["data.train_examples=0"], "data.train_examples=0", ["at least 1"]),
-    (["data.num_classes=1"], "data.num_classes=1", ["at least 2"]),
     (["model._target_=tfdistx.models.nothere"], "model._target_", ["has no attribute 'nothere'", "mlp"]),
-    (["cluster.startup_timeout=0"], "cluster.startup_timeout=0", ["more than 0"]),
     (["task._target_=builtins.int", "trainer.steps=2"], "task._target_='builtins.int'", ["has no signature"]),
     # checked once the source is built (`data write` of 512 examples is fine whatever data.batch_size says)
     (["data.batch_size=1024", "data.train_examples=512"], "data.batch_size=1024", ["more than the 512 training examples"]),
@@ -50,17 +34,6 @@ def assert_refused(run, key, *phrases):
 ])
 def test_config_errors(tfdistx, args, key, phrases):
     assert_refused(tfdistx(*args), key, *phrases)
-
-
-def test_unwritable_output_dir(tfdistx, tmp_path):
-    blocker = tmp_path / "a_file"
-    blocker.write_text("not a directory")
-    run = tfdistx(run_dir=blocker / "run")
-    assert_refused(run, "hydra.run.dir", "not a directory")
-
-
-def test_an_output_dir_even_root_cannot_write(tfdistx):
-    assert_refused(tfdistx(run_dir="/proc/tfdistx-run"), "hydra.run.dir", "not writable")
 
 
 def test_unknown_tfds_dataset(tfdistx, tmp_path):
@@ -99,8 +72,6 @@ def test_model_whose_output_the_task_cannot_use(tfdistx):
 
 @pytest.mark.parametrize("args, key", [
     (["trainer.steps=5,abc"], "trainer.steps='abc'"),  # the second value of a list: refused before the first job
-    (["trainer.steps=5,6", "hydra.sweep.dir=/proc/tfdistx-sweep"], "hydra.sweep.dir"),
-    (["cluster=1x2,banana"], "cluster='banana'"),
 ])
 def test_a_bad_sweep_is_refused_before_any_job(tmp_path, args, key):
     run = subprocess.run([sys.executable, "-m", "tfdistx", "-m", *QUICK, *args], capture_output=True, text=True,

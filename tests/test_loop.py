@@ -17,6 +17,7 @@ from tfdistx.tasks.classification import Classification
 from tfdistx.engine.update import Update
 
 
+@pytest.mark.unit
 def test_the_loop_stops_at_every_due_action():
     schedule = Schedule(steps=250, steps_per_loop=100, log_every=30, eval_every=100)
     loop = Loop(None, schedule, None, [SaveCheckpoints(Recorder(), every=120)])
@@ -28,6 +29,7 @@ def test_the_loop_stops_at_every_due_action():
     assert schedule.logs_at(250) and schedule.evaluates_at(250) and not schedule.evaluates_at(240)
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("steps_done, replicas, pipelines, skipped", [
     (0, 1, 1, 0), (100, 1, 1, 100),  # one device: a batch a step
     (100, 4, 1, 400),  # mirrored over 4: one pipeline feeds 4 replica batches a step
@@ -49,6 +51,7 @@ class Recorder:
         self.saved.append(step)
 
 
+@pytest.mark.unit
 def test_loop_runs_steps_logs_evaluates_and_saves():
     tf.keras.utils.set_random_seed(0)
     strategy = tf.distribute.get_strategy()

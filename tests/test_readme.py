@@ -62,6 +62,7 @@ def run(words, env, cwd, timeout=600):
 EXAMPLES = commands()
 
 
+@pytest.mark.unit
 def test_the_readme_has_examples():
     assert len(EXAMPLES) > 25, EXAMPLES
 

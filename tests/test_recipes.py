@@ -46,10 +46,12 @@ def assert_one_clean_line(proc):
 # --- the shipped recipes -------------------------------------------------------
 
 
+@pytest.mark.unit
 def test_the_seeds_examples_are_shipped():
     assert set(EXPECTED) <= set(SHIPPED)
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("name", SHIPPED)
 def test_every_recipe_composes_validates_and_describes_itself(name):
     cfg = compose(f"recipe={name}")
@@ -63,6 +65,7 @@ def test_every_recipe_composes_validates_and_describes_itself(name):
         assert (cfg.data.name, cfg.data.batch_size) == (want["data"], want["batch"])
 
 
+@pytest.mark.unit
 def test_recipes_scale_the_batch_and_lr_with_replicas():
     mirrored = compose("recipe=mnist_mirrored")
     assert mirrored.data.batch_size == 128 * mirrored.cluster.devices_per_worker
@@ -71,6 +74,7 @@ def test_recipes_scale_the_batch_and_lr_with_replicas():
     assert (resnet.optimizer.schedule, resnet.optimizer.momentum, resnet.model.depth) == ("warmup_cosine", 0.9, 20)
 
 
+@pytest.mark.unit
 def test_the_command_line_beats_the_recipe():
     cfg = compose("recipe=mnist_mirrored", "cluster=1x2", "data.batch_size=256", "optimizer=sgd")
     assert (cfg.strategy.name, cfg.cluster.devices_per_worker, cfg.data.batch_size, cfg.optimizer.name) == ("mirrored", 2, 256, "sgd")
