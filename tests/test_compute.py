@@ -73,7 +73,7 @@ def test_global_clipping_clips_the_gradient_summed_over_replicas(tfdistx, tmp_pa
     assert_different_weights(one, unclipped)
 
 
-@pytest.mark.parametrize("compute", [["trainer.jit_compile=true"], ["trainer.precision=mixed_float16"]])
+@pytest.mark.parametrize("compute", [["trainer.jit_compile=true"], pytest.param(["trainer.precision=mixed_float16"], marks=pytest.mark.slow)])
 def test_stopped_and_resumed_run_ends_bitwise_equal_with_xla_and_with_loss_scaling(tfdistx, tmp_path, compute):
     """float32 under XLA; and mixed_float16, whose loss scale is checkpointed with the optimizer."""
     whole, resumed = whole_and_resumed(tfdistx, tmp_path, [*QUICK, "data=synthetic", *compute, "trainer.deterministic=true"],

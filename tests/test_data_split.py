@@ -39,7 +39,7 @@ def test_synchronous_strategies_see_each_example_once_per_epoch(tfdistx, tmp_pat
     assert (seen == 1).all(), f"{(seen == 0).sum()} never seen, {(seen > 1).sum()} seen twice"
 
 
-@pytest.mark.parametrize("workers", [2, 3])
+@pytest.mark.parametrize("workers", [pytest.param(2, marks=pytest.mark.slow), 3])  # 3: the uneven split
 def test_parameter_server_workers_read_disjoint_shards(tfdistx, tmp_path, workers):
     """Each worker's shard holds STEPS batches, so however the coordinator
     spreads the steps, no worker wraps around: any example seen twice would
@@ -59,10 +59,10 @@ def expected_bias(steps: int, lr: float) -> float:
 
 
 @pytest.mark.parametrize("strategy", [
-    ["strategy=one_device"],
-    ["strategy=mirrored", "cluster=1x2"],
+    pytest.param(["strategy=one_device"], marks=pytest.mark.slow),
+    pytest.param(["strategy=mirrored", "cluster=1x2"], marks=pytest.mark.slow),
     ["strategy=multiworker", "cluster=2x1"],
-    ["strategy=parameter_server", "cluster=ps1w2"],
+    ["strategy=parameter_server", "cluster=ps1w2"],  # its workers count the true step apart from optimizer.iterations
 ])
 def test_cosine_schedule_follows_the_true_step(tfdistx, tmp_path, strategy):
     steps, lr = 300, 0.01

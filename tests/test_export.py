@@ -57,8 +57,9 @@ def test_multiworker_export_reproduces_the_eval_metrics(tfdistx, tmp_path):
     assert found["eval/loss"] == pytest.approx(run.summary["eval"]["eval/loss"], rel=1e-4)
 
 
-@pytest.mark.parametrize("strategy", [["strategy=parameter_server", "cluster=ps1w2"], ["strategy=multiworker", "cluster=2x1"],
-                                      ["strategy=mirrored", "cluster=1x2"]])
+@pytest.mark.parametrize("strategy", [["strategy=parameter_server", "cluster=ps1w2"],
+                                      pytest.param(["strategy=multiworker", "cluster=2x1"], marks=pytest.mark.slow),
+                                      pytest.param(["strategy=mirrored", "cluster=1x2"], marks=pytest.mark.slow)])
 def test_binary_export_reproduces_the_exact_auc(tfdistx, tmp_path, strategy):
     # 300 eval examples: the last batches are uneven across replicas
     run = tfdistx(*QUICK, *strategy, "data=synthetic_categorical", "model=wide_deep", "data.eval_examples=300",

@@ -29,6 +29,7 @@ import time
 from pathlib import Path
 from typing import Dict, List, Optional
 
+from tfdistx.config.errors import ConfigError
 from tfdistx.config.strategies import describe_jobs  # no training code: the job table's words
 
 log = logging.getLogger(__name__)
@@ -70,8 +71,6 @@ def run_local_cluster(counts: Dict[str, int], command: List[str], log_dir: str, 
         print(f"tfdistx: local cluster ({describe_jobs(counts)}) in a private network namespace: loopback only", flush=True)
     elif isolate:
         os.unlink(spec_path)
-        from tfdistx.config.errors import ConfigError
-
         raise ConfigError.one("cluster.isolate", True, "this machine does not allow a private network namespace (unshare --user --net failed)")
     else:
         print(f"tfdistx: WARNING: local cluster ({describe_jobs(counts)}) is NOT isolated: its TensorFlow gRPC servers listen on all "

@@ -34,7 +34,7 @@ def train_dataset(
     global_batch: int,
     *,
     seed: int,
-    shuffle_buffer: int = 10_000,
+    shuffle_buffer: int,  # its default is the config's (schema.PIPELINE_DEFAULTS), not repeated here
     cache: bool = False,
     skip_steps: int = 0,
     ps_workers: int = 0,

@@ -16,6 +16,7 @@ import keras
 import tensorflow as tf
 
 from tfdistx.cluster.placement import Placement
+from tfdistx.cluster.rendezvous import meet_peers
 from tfdistx.config import compute, strategies
 from tfdistx.config.errors import ConfigError
 from tfdistx.config.objective import objective_problems
@@ -86,8 +87,6 @@ def build_run(spec: RunSpec, placement: Placement) -> Optional[Run]:
     strategy_lib.configure_devices(spec.cluster.devices_per_worker, multi_worker=in_cluster)  # before TF starts
     facts = spec.strategy.facts
     if in_cluster:  # TensorFlow would wait for a missing task forever (rendezvous.py)
-        from tfdistx.cluster.rendezvous import meet_peers  # sockets only: a single process never needs it
-
         meet_peers(placement, spec.cluster.startup_timeout, wait=placement.task_type not in facts.serving_jobs)
     if placement.task_type in facts.serving_jobs:
         strategy_lib.serve_forever()  # the coordinator drives training; this task lends its devices
@@ -124,7 +123,7 @@ def build_run(spec: RunSpec, placement: Placement) -> Optional[Run]:
     keras.mixed_precision.set_global_policy(trainer.precision)  # every run sets it: a sweep's earlier job may have changed it
     with strategy.scope():
         model = build_model(spec, feature_spec, num_outputs)
-        optimizer = _optimizer(spec, model, learning_rate)
+        optimizer = build_optimizer_for(spec, model, learning_rate)
         # Steps completed, as the loop counts them, saved with the checkpoint.
         # Not optimizer.iterations: parameter-server workers increment that
         # concurrently and lose increments (measured: 319 after 400 steps).
@@ -157,10 +156,6 @@ def build_model(spec: RunSpec, feature_spec, num_outputs: int) -> keras.Model:
 
 def build_optimizer_for(spec: RunSpec, model, learning_rate: LearningRateAtStep):
     """The configured optimizer, built for the model's trainable variables."""
-    return _optimizer(spec, model, learning_rate)
-
-
-def _optimizer(spec: RunSpec, model, learning_rate):
     try:
         optimizer = build_optimizer(dict(spec.optimizer), learning_rate, loss_scaling=spec.trainer.precision == "mixed_float16")
     except (TypeError, ValueError) as error:  # Keras' answer to an unknown or bad keyword
