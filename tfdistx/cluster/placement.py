@@ -25,6 +25,9 @@ class Source(str, Enum):
     TF_CONFIG = "tf_config"  # one task of a cluster a scheduler placed (Kubernetes, by hand)
     SLURM = "slurm"  # one task of a Slurm step
 
+    def __str__(self) -> str:  # the cluster.launch word in messages and --plan, not "Source.SLURM"
+        return self.value
+
 
 @dataclass
 class Placement:

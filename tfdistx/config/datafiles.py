@@ -4,6 +4,7 @@ are split across input pipelines. Validation, `--plan` and the engine
 (`data/order.py`, `data/files.py`) all ask here, so each answer is given once.
 """
 
+import collections.abc
 import glob
 import json
 import os
@@ -26,6 +27,13 @@ def patterns(files: Union[str, Sequence[str], None]) -> List[str]:
     if files is None:
         return []
     return [files] if isinstance(files, str) else [str(f) for f in files]
+
+
+def is_patterns(files) -> bool:
+    """A glob pattern, or a non-empty list of them (a ListConfig is a Sequence too)."""
+    if isinstance(files, str):
+        return bool(files)
+    return isinstance(files, collections.abc.Sequence) and bool(files) and all(isinstance(f, str) and f for f in files)
 
 
 def local_matches(files) -> Optional[List[str]]:
@@ -96,7 +104,7 @@ def feature_problems(features, label) -> List[Problem]:
         if spec.get("dtype") not in DTYPES:
             problems.append(Problem(f"{key}.dtype", spec.get("dtype"), f"allowed: {', '.join(DTYPES)}"))
         shape = spec.get("shape", [])
-        if shape is None or isinstance(shape, str) or not all(isinstance(d, int) and d >= 1 for d in shape):
+        if not isinstance(shape, collections.abc.Sequence) or isinstance(shape, str) or not all(isinstance(d, int) and d >= 1 for d in shape):
             problems.append(Problem(f"{key}.shape", shape, "a list of positive sizes ([] for a scalar)"))
         elif spec.get("var_len") and len(shape) != 1:
             problems.append(Problem(f"{key}.shape", shape, "a var_len feature is padded or cut to one length: give [N]"))
@@ -114,9 +122,10 @@ def file_problems(data) -> List[Problem]:
         problems.append(Problem("data.compression", data.get("compression"), "allowed: null, GZIP, ZLIB"))
     for key in ("train_files", "eval_files"):
         value = data.get(key)
-        if value is None:
-            if key == "train_files":
-                problems.append(Problem("data.train_files", None, "give a glob pattern or a list of files, e.g. data.train_files='/data/train-*.tfrecord'"))
+        if value is None and key == "eval_files":
+            continue
+        if not is_patterns(value):
+            problems.append(Problem(f"data.{key}", value, f"give a glob pattern or a list of files, e.g. data.{key}='/data/{key[:-6]}-*.tfrecord'"))
             continue
         matches = local_matches(value)
         if matches is not None and not matches:
