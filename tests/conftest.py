@@ -63,6 +63,15 @@ def tfdistx(tmp_path):
     return run
 
 
+@pytest.fixture(scope="module")
+def configs(tmp_path_factory):
+    """In-process (the unit config tests): configs(*overrides) is a fresh copy
+    of the config the command line composes for them, composed once per module."""
+    from config_helpers import config_factory  # deferred: only the tests that ask compose configs
+
+    return config_factory(tmp_path_factory.mktemp("unit-config") / "run")
+
+
 def refused_in_one_line(run, *phrases) -> str:
     """Exit 2, no traceback, and one `invalid config` line holding every
     phrase (TensorFlow's own start-up chatter aside); returns that line."""

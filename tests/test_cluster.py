@@ -133,13 +133,6 @@ def test_tf_config_passthrough(tmp_path):
     assert final[0] == final[1] == summary["weights_sha256"]
 
 
-def test_tf_config_that_disagrees_with_the_config_is_refused(tfdistx):
-    tf_config = json.dumps({"cluster": {"worker": ["127.0.0.1:1", "127.0.0.1:2"]}, "task": {"type": "worker", "index": 0}})
-    run = tfdistx("strategy=multiworker", "cluster=4x1", env={"TF_CONFIG": tf_config})
-    assert run.returncode == 2, run
-    assert "TF_CONFIG='2 workers'" in run.stderr and "4 workers" in run.stderr and "Traceback" not in run.stderr
-
-
 def test_a_failing_task_stops_the_cluster(tfdistx):
     run = tfdistx(*QUICK, "strategy=multiworker", "cluster=2x1", "data._target_=user_plugins.broken_on_worker_1",
                   "trainer.steps=100000", timeout=300)
@@ -194,23 +187,7 @@ def test_slurm_step_of_the_wrong_size_is_refused():
         cluster.from_slurm(env, {"worker": 2}, 29400)
 
 
-# -- a scheduler's bad environment: exit 2 and one line; a missing peer: exit 4 in time --
-
-SLURM_STEP = {"SLURM_JOB_ID": "12", "SLURM_PROCID": "0", "SLURM_STEP_NUM_TASKS": "2", "SLURM_STEP_NODELIST": "localhost",
-              "SLURM_STEP_TASKS_PER_NODE": "2", "TF_CONFIG": None}
-
-
-@pytest.mark.parametrize("env, phrases", [
-    ({"SLURM_STEP_NODELIST": "node[1-"}, ["SLURM_STEP_NODELIST='node[1-'", "not a Slurm host list"]),
-    ({"SLURM_JOB_ID": "abc"}, ["SLURM_JOB_ID='abc'", "must be a number"]),
-    ({"SLURM_STEP_NODELIST": "n[1-3]"}, ["SLURM_STEP_NODELIST='n[1-3]'", "disagree"]),
-    ({"TF_CONFIG": json.dumps({"cluster": {"worker": ["localhost:1", "localhost:2"]}, "task": {"type": "worker", "index": -1}})},
-     ["TF_CONFIG task='worker:-1'", "not in the cluster spec (worker:0..1)"]),
-    ({"TF_CONFIG": json.dumps({"cluster": {"worker": ["localhost", "localhost:2"]}, "task": {"type": "worker", "index": 0}})},
-     ["TF_CONFIG cluster.worker='localhost'", "host:port"]),
-])
-def test_a_bad_scheduler_environment_is_refused(tfdistx, env, phrases):
-    refused_in_one_line(tfdistx("strategy=multiworker", "cluster=2x1", *QUICK, env={**SLURM_STEP, **env}), *phrases)
+# -- a missing peer: exit 4 in time (a scheduler's bad environment is refused in test_unit_config_cluster.py) --
 
 
 def test_a_peer_that_never_starts_ends_the_task_in_time_naming_it(tfdistx):

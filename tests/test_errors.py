@@ -20,12 +20,11 @@ def assert_refused(run, key, *phrases):
 
 # End to end, as a user meets them: exit 2, one line, no traceback, no
 # summary. Each check of the config itself is tested in-process, once, in
-# test_config_checks.py; here are a few of those, and the refusals that come
-# only once TensorFlow has started or Hydra runs the job.
+# test_config_checks.py and test_unit_config_*.py (-m unit); here are one of
+# those (a bad group option, reworded from Hydra's answer), and the refusals
+# that come only once TensorFlow has started or Hydra runs the job.
 @pytest.mark.parametrize("args, key, phrases", [
     (["strategy=foo"], "strategy='foo'", ["mirrored", "one_device"]),
-    (["trainer.steps=abc"], "trainer.steps", ["Integer"]),
-    (["+foo=1"], "foo=1", ["not a tfdistx key", "trainer"]),
     (["model._target_=tfdistx.models.nothere"], "model._target_", ["has no attribute 'nothere'", "mlp"]),
     (["task._target_=builtins.int", "trainer.steps=2"], "task._target_='builtins.int'", ["has no signature"]),
     # checked once the source is built (`data write` of 512 examples is fine whatever data.batch_size says)
@@ -34,6 +33,17 @@ def assert_refused(run, key, *phrases):
 ])
 def test_config_errors(tfdistx, args, key, phrases):
     assert_refused(tfdistx(*args), key, *phrases)
+
+
+def test_each_problem_is_one_line_on_stderr_and_nothing_else(tfdistx):
+    """The end-to-end path of validation: every problem at once, one line
+    each, exit 2, before a run dir is made or TensorFlow says anything."""
+    run = tfdistx("trainer.steps=0", "optimizer.lr=-1")
+    assert run.returncode == 2 and run.stdout == "", run
+    assert run.stderr.splitlines() == [
+        "tfdistx: invalid config: optimizer.lr=-1: must be a positive, finite number (a float32: at most 3.4e38)",
+        "tfdistx: invalid config: trainer.steps=0: must be at least 1 and at most 4611686018427387904 (or null)"], run
+    assert not run.dir.exists()
 
 
 def test_unknown_tfds_dataset(tfdistx, tmp_path):
@@ -79,14 +89,6 @@ def test_a_bad_sweep_is_refused_before_any_job(tmp_path, args, key):
     assert run.returncode == 2 and "Traceback" not in run.stderr, run.stderr
     assert [line for line in run.stderr.splitlines() if line.startswith("tfdistx: invalid config:") and key in line], run.stderr
     assert not list(tmp_path.rglob("summary.json"))  # no job ran
-
-
-def test_a_user_recipe_that_is_not_yaml(tfdistx, tmp_path):
-    recipes = tmp_path / "recipes"
-    recipes.mkdir()
-    (recipes / "broken.yaml").write_text("trainer:\n  steps: [1\n")
-    run = tfdistx("recipe=broken", env={"TFDISTX_RECIPES": str(recipes)})
-    assert_refused(run, f"config file='{recipes / 'broken.yaml'}, line 3'", "is not valid YAML")
 
 
 def test_evaluate_refuses_a_model_that_does_not_fit_and_unreadable_run_files(tfdistx):

@@ -72,17 +72,6 @@ def test_parameter_server_workers_read_their_own_files(tfdistx, tmp_path, ps_fil
     assert (seen <= 1).all(), f"{(seen > 1).sum()} records trained on twice"
 
 
-def test_plan_says_how_the_files_split(tfdistx, tmp_path, indexed_files):
-    def plan(*args):
-        run = tfdistx("data=tfrecord", f"data.train_files={indexed_files}/train-*", *args, "--plan")
-        assert run.returncode == 0, run
-        return next(line for line in run.stdout.splitlines() if line.startswith("data "))
-
-    assert plan("strategy=multiworker", "cluster=2x1").endswith("4 files split by file: each of 2 workers reads 2 of them")
-    assert "split by element" in plan("strategy=multiworker", "cluster=8x1")
-    assert f"{EXAMPLES:,} records" in plan()
-
-
 # Two workers (each its own files) are slow: test_fault_tolerance resumes a
 # multiworker run bitwise already, through the same input code.
 @pytest.mark.parametrize("strategy", [["strategy=one_device"], pytest.param(["strategy=multiworker", "cluster=2x1"], marks=pytest.mark.slow)])
@@ -118,10 +107,6 @@ def test_csv_and_compressed_tfrecord_train_as_the_records_do(tfdistx, tmp_path):
 
 def test_a_model_for_one_tensor_on_dict_features(tfdistx, indexed_files):
     refused_in_one_line(tfdistx("data=tfrecord", f"data.train_files={indexed_files}/train-*", "model=mlp"), "model='mlp'", "dict")
-
-
-def test_no_file_matches(tfdistx, tmp_path):
-    refused_in_one_line(tfdistx("data=tfrecord", f"data.train_files={tmp_path}/nothing-*.tfrecord"), "data.train_files", "no file matches")
 
 
 def test_a_file_that_is_not_tfrecord(tfdistx, tmp_path, indexed_files):

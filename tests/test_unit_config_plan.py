@@ -1,0 +1,182 @@
+"""`--plan`, in-process (-m unit): commands/plan.describe on the config the
+command line composes, line by line; and the decisions it reports that are
+made before TensorFlow starts (XLA, precision, which way an objective is
+better)."""
+
+import json
+
+import pytest
+
+from config_helpers import compose_ok
+from tfdistx.commands.plan import describe
+from tfdistx.config import compute, datafiles, strategies
+from tfdistx.config.objective import direction, value
+
+
+@pytest.fixture(autouse=True)
+def no_scheduler(monkeypatch):
+    """--plan reads this process's environment: no TF_CONFIG or Slurm step here unless a test sets one."""
+    for name in ("TF_CONFIG", "SLURM_PROCID"):
+        monkeypatch.delenv(name, raising=False)
+
+
+def plan(configs, *overrides) -> list:
+    return describe(configs(*overrides)).splitlines()
+
+
+def data_line(text_lines) -> str:
+    return next(line for line in text_lines if line.startswith("data "))
+
+
+# -- moved from tests/test_file_data.py (it ran `python -m tfdistx ... --plan`) --
+
+
+def write_files(where, files=4, records=128, manifest=True):
+    where.mkdir()
+    names = [f"train-{k:05d}-of-{files:05d}.tfrecord" for k in range(files)]
+    for name in names:
+        (where / name).write_bytes(b"")  # --plan never opens them
+    if manifest:  # as `tfdistx data write` leaves it
+        (where / "manifest.json").write_text(json.dumps({"splits": {"train": {"files": {n: records for n in names}}}}))
+    return where
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("overrides, says", [
+    (["strategy=multiworker", "cluster=2x1"], "data          512 records; 4 files split by file: each of 2 workers reads 2 of them"),
+    (["strategy=multiworker", "cluster=8x1"], "data          512 records; 4 file(s) for 8 workers: split by element (each reads every file "
+                                              "and keeps every 8-th record); write at least 8 files to split them by file"),
+    ([], "data          512 records; 4 file(s), read by one input pipeline"),
+])
+def test_plan_says_how_the_files_split(tmp_path, overrides, says):
+    files = write_files(tmp_path / "data")
+    cfg = compose_ok(tmp_path / "run", "data=tfrecord", f"data.train_files={files}/train-*", *overrides)
+    assert data_line(describe(cfg).splitlines()) == says
+
+
+# -- more of --plan --------------------------------------------------------------
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("files, manifest, overrides, says", [
+    (5, True, ["strategy=multiworker", "cluster=2x1"], "data          640 records; 5 files split by file: each of 2 workers reads 2-3 of them"),
+    (2, False, [], "data          no manifest: records counted when a run resumes; 2 file(s), read by one input pipeline"),
+])
+def test_plan_counts_the_records_the_manifest_lists(tmp_path, files, manifest, overrides, says):
+    where = write_files(tmp_path / "data", files=files, manifest=manifest)
+    cfg = compose_ok(tmp_path / "run", "data=tfrecord", f"data.train_files={where}/train-*", *overrides)
+    assert data_line(describe(cfg).splitlines()) == says
+
+
+@pytest.mark.unit
+def test_plan_leaves_remote_files_to_tensorflow(tmp_path):
+    cfg = compose_ok(tmp_path / "run", "data=tfrecord", "data.train_files=gs://bucket/train-*")  # never listed here: no network
+    assert data_line(describe(cfg).splitlines()) == (
+        "data          gs://bucket/train-*: listed at start (tf.io.gfile), split by file across 1 worker(s) when there are enough")
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("overrides, line", [
+    ([], "strategy      auto  -> one_device (mirrored instead when several GPUs are visible): one replica on one device "
+         "(TF's default strategy, or OneDeviceStrategy on strategy.device)"),
+    (["cluster=2x1"], "strategy      auto  -> multiworker: MultiWorkerMirroredStrategy: synchronous all-reduce across worker processes"),
+    (["strategy=parameter_server", "cluster=ps1w2"], "cluster       ps1w2: 2 worker(s) x 1 device(s), 1 ps"),
+    (["strategy=mirrored"], "replicas      decided by the GPUs visible at start (else 1 per worker)"),
+    (["strategy=parameter_server", "cluster=ps1w2"],
+     "replicas      2 workers, asynchronous: each step trains one worker on a whole batch"),
+    (["task=binary", "data.num_classes=2"], "task          binary: metrics auc, accuracy, log_loss; objective eval/auc"),
+    (["trainer.accumulate_steps=4", "data.batch_size=32"],
+     "accumulate    4 batches of 32 per step: the gradients of 128 examples, the activations of 32 in memory"),
+    (["trainer.jit_compile=false"], "compute       float32; XLA off (trainer.jit_compile=false)"),
+    (["optimizer.clip_norm=0.5"], "optimizer     adam, lr 0.001, schedule constant; clip clip_norm 0.5 after the sum over replicas"),
+    (["strategy=mirrored", "optimizer.scale_lr_with_replicas=true"], "optimizer     adam, lr 0.001 x replicas, schedule constant"),
+    (["trainer.steps=null", "trainer.epochs=3"], "steps         3 epoch(s); 100 per tf.function call; log every 100; eval every 500"),
+])
+def test_plan_line(configs, overrides, line):
+    assert line in plan(configs, *overrides)
+
+
+@pytest.mark.unit
+def test_plan_names_the_run_dir_and_a_local_clusters_logs(tmp_path):
+    single = describe(compose_ok(tmp_path / "one")).splitlines()
+    assert f"run dir       {tmp_path / 'one'}: .hydra/, metrics.jsonl, summary.json, checkpoints/, tensorboard/" in single
+    cluster = describe(compose_ok(tmp_path / "two", "cluster=2x1")).splitlines()
+    assert f"run dir       {tmp_path / 'two'}: .hydra/, metrics.jsonl, summary.json, checkpoints/, tensorboard/, logs/<task>.log" in cluster
+
+
+@pytest.mark.unit
+def test_plan_names_a_checkpoint_dir_of_its_own(tmp_path):
+    cfg = compose_ok(tmp_path / "run", f"checkpoint.dir={tmp_path / 'ckpt'}")
+    assert f"checkpoints   every 500 steps, keep 3, in {tmp_path / 'ckpt'}" in describe(cfg).splitlines()
+
+
+TWO_WORKERS = {"cluster": {"worker": ["a:2222", "b:2222"]}, "task": {"type": "worker", "index": 1}}
+
+
+@pytest.mark.unit
+def test_plan_shows_the_tasks_a_tf_config_gives(configs, monkeypatch):
+    monkeypatch.setenv("TF_CONFIG", json.dumps(TWO_WORKERS))
+    lines = plan(configs, "strategy=multiworker", "cluster=2x1")
+    at = next(i for i, line in enumerate(lines) if line.startswith("placement "))
+    assert lines[at].endswith("; this process is worker:1")
+    assert lines[at + 1:at + 4] == ["  task        worker:0  a:2222", "  task        worker:1  b:2222", f"  TF_CONFIG   {json.dumps(TWO_WORKERS)}"]
+
+
+@pytest.mark.unit
+def test_plan_names_who_placed_the_process_in_cluster_launch_words(configs, monkeypatch):
+    monkeypatch.setenv("TF_CONFIG", json.dumps(TWO_WORKERS))
+    assert "placement     tf_config; this process is worker:1" in plan(configs, "strategy=multiworker", "cluster=2x1")
+
+
+@pytest.mark.unit
+def test_plan_does_not_warn_a_single_asynchronous_worker(configs):
+    assert not any(line.startswith("WARNING") for line in plan(configs, "strategy=parameter_server", "cluster=ps1w1", "trainer.steps=10"))
+
+
+# -- decisions --plan reports, made without TensorFlow ----------------------------
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("asked, strategy, gpus, decided", [
+    ("auto", "one_device", None, (None, "auto: on if TensorFlow finds GPUs, else off (on CPUs XLA was measured slower for every shipped model)")),
+    ("auto", "mirrored", True, (True, "on (auto): GPUs")),
+    ("auto", "multiworker", False, (False, "off (auto): on CPUs XLA was measured slower for every shipped model")),
+    ("auto", "parameter_server", True, (False, "off (auto): strategy=parameter_server: its variables live on the ps tasks, away from the "
+                                               "device that computes, and XLA compiles only steps whose variables are on their own device")),
+])
+def test_what_xla_setting_is_chosen(asked, strategy, gpus, decided):
+    assert compute.decide_jit(asked, strategies.get(strategy), gpus) == decided
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("precision, gpus, warned", [
+    ("mixed_float16", False, True),
+    ("mixed_bfloat16", False, False),
+])
+def test_half_precision_on_cpus_is_warned_about(precision, gpus, warned):
+    warning = compute.precision_warning(precision, gpus)
+    assert (warning is not None) == warned
+    if warned:
+        assert warning.startswith("trainer.precision=mixed_float16 without GPUs") and "mixed_bfloat16" in warning
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("metric, way", [
+    ("eval/loss", "minimize"), ("eval/log_loss", "minimize"), ("eval/rmse", "minimize"), ("mae", "minimize"),
+    ("eval/accuracy", "maximize"), ("eval/auc", "maximize"), ("eval/micro_f1", "maximize"), ("top_k_accuracy", "maximize"),
+])
+def test_which_way_an_objective_is_better(metric, way):
+    assert direction(metric) == way
+
+
+@pytest.mark.unit
+def test_an_objectives_value_is_read_from_the_summary():
+    summary = {"eval": {"eval/accuracy": 0.75}, "train": {"loss": 0.5, "accuracy": 0.7}}
+    assert (value("eval/accuracy", summary), value("loss", summary), value("accuracy", summary)) == (0.75, 0.5, 0.7)
+    assert value("eval/auc", summary) != value("eval/auc", summary)  # nan: the run did not report it
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("files, pipelines, split", [(4, 4, True), (3, 4, False), (1, 1, True)])
+def test_files_are_split_by_file_when_each_pipeline_gets_one(files, pipelines, split):
+    assert datafiles.shards_by_file(files, pipelines) is split
