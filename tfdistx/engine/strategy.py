@@ -6,6 +6,7 @@ TensorFlow-free table tfdistx/config/strategies.py; only the builders are here. 
 devices, which is why the entrypoint calls it first.
 """
 
+import itertools
 import os
 import signal
 import threading
@@ -89,7 +90,18 @@ def _one_device(options, devices_per_worker):
     return tf.distribute.get_strategy()
 
 
+_mirrored_built = itertools.count()
+
+
 def _mirrored(options, devices_per_worker):
+    # TF numbers a MirroredStrategy's collective groups from 1, and its runtime
+    # remembers each group's size for the life of the process. A second one of
+    # another size in the same process (the next job of a sweep, or of the
+    # unit tests) then fails: "joining a group with size 2, but that group has
+    # size 4". A fresh key range per strategy built keeps them apart; TF's own
+    # tests set the same class attribute for the same reason. The first
+    # strategy of a process keeps TF's numbering.
+    tf.distribute.MirroredStrategy._collective_key_base = 1000 * next(_mirrored_built)
     return tf.distribute.MirroredStrategy(local_devices(devices_per_worker), cross_device_ops=_cross_device_ops(options.get("cross_device_ops")))
 
 
