@@ -48,62 +48,8 @@ def test_tensorboard_holds_the_logged_scalars(tfdistx):
     assert [e.step for e in events.Tensors("train/loss")] == [20, 40]
 
 
-def test_mirrored_on_four_logical_cpus_matches_one_device(tfdistx, tmp_path):
-    """Same seed, same global batch: 4 replicas of 8 follow one device of 32."""
-    mirrored = tfdistx(*QUICK, "strategy=mirrored", "cluster=1x4", run_dir=tmp_path / "mirrored")
-    single = tfdistx(*QUICK, "strategy=one_device", run_dir=tmp_path / "single")
-    assert mirrored.returncode == 0, mirrored
-    assert single.returncode == 0, single
-    assert (mirrored.summary["replicas"], mirrored.summary["per_replica_batch"]) == (4, 8)
-    assert mirrored.summary["strategy_class"] == "MirroredStrategy"
-    for m, s in zip(mirrored.metrics, single.metrics):
-        assert m["step"] == s["step"]
-        assert m["loss"] == pytest.approx(s["loss"], rel=1e-3)
-
-
-def test_central_storage(tfdistx):
-    run = tfdistx(*QUICK, "strategy=central_storage", "cluster=1x2")
-    assert run.returncode == 0, run
-    assert (run.summary["strategy_class"], run.summary["replicas"]) == ("CentralStorageStrategy", 2)
-
-
-def test_auto_picks_mirrored_for_several_devices(tfdistx):
-    run = tfdistx(*QUICK, "cluster=1x2")
-    assert run.returncode == 0, run
-    assert (run.summary["strategy"], run.summary["replicas"]) == ("mirrored", 2)
-
-
-@pytest.mark.parametrize("model, shape", [("cnn", "[28,28,1]"), ("resnet", "[32,32,3]")])
-def test_models(tfdistx, model, shape):
-    extra = ["model.depth=8", "model.width=8"] if model == "resnet" else ["model.filters=[8,16]", "model.dense_units=32"]
-    run = tfdistx(*QUICK, f"model={model}", f"data.image_shape={shape}", "trainer.steps=20", *extra)
-    assert run.returncode == 0, run
-    assert run.summary["step"] == 20
-
-
-@pytest.mark.parametrize("optimizer, schedule", [("sgd", "warmup_cosine"), ("adamw", "cosine"), ("adam", "constant")])
-def test_optimizers_and_schedules(tfdistx, optimizer, schedule):
-    run = tfdistx(*QUICK, f"optimizer={optimizer}", f"optimizer.schedule={schedule}", "optimizer.warmup_steps=10", "optimizer.lr=0.01")
-    assert run.returncode == 0, run
-    lrs = [m["lr"] for m in run.metrics if "lr" in m]
-    if schedule == "constant":
-        assert lrs == pytest.approx([0.01, 0.01])
-    else:  # cosine decays towards 0 at the last step
-        assert lrs[-1] < lrs[0] <= 0.01 + 1e-9
-
-
-def test_linear_lr_scaling_with_replicas(tfdistx):
-    run = tfdistx(*QUICK, "strategy=mirrored", "cluster=1x2", "optimizer.lr=0.001", "optimizer.scale_lr_with_replicas=true")
-    assert run.returncode == 0, run
-    assert run.summary["learning_rate"] == pytest.approx(0.002)
-    assert run.metrics[0]["lr"] == pytest.approx(0.002)
-
-
-def test_epochs_instead_of_steps(tfdistx):
-    # 512 examples / batch 32 = 16 steps an epoch
-    run = tfdistx(*QUICK, "trainer.steps=null", "trainer.epochs=2")
-    assert run.returncode == 0, run
-    assert run.summary["step"] == 32
+# Strategies, models, optimizers, schedules and epochs run in this process
+# in test_unit_engine.py (-m unit): the same engine call a run makes.
 
 
 def test_user_model_and_data_targets(tfdistx):

@@ -1,0 +1,185 @@
+"""The engine in this process (-m unit): real TensorFlow, real strategies on
+four logical CPU devices, real checkpoints in tmp_path, no tfdistx process.
+Each run is composed as the command line composes it, resolved into a
+RunSpec and handed to `engine/fit.train`, the call a single-process run
+makes (commands/execute.py): the runner, the update, checkpointing, the
+example order and the tasks, in seconds rather than a process each.
+Processes and clusters are tested in test_training.py and beyond."""
+
+import json
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from config_helpers import compose_ok
+from tfdistx.config.spec import resolve
+from tfdistx.data.order import ArrayExamples
+from tfdistx.engine import fit
+from tfdistx.engine.strategy import configure_devices
+
+pytestmark = pytest.mark.unit
+
+# Before any test starts TensorFlow's runtime (collection imports every
+# module first): `cluster=1xN` then has N real replicas in this process.
+configure_devices(4)
+
+QUICK = ["trainer.steps=40", "trainer.steps_per_loop=10", "trainer.log_every=20", "trainer.eval_every=0",
+         "data.batch_size=32", "data.train_examples=512", "data.eval_examples=128", "logger.tensorboard=false",
+         "checkpoint.export=false"]
+
+
+class Trained:
+    """A run trained in this process: its objective and run-directory files."""
+
+    def __init__(self, run_dir, spec, objective):
+        self.dir, self.spec, self.objective = run_dir, spec, objective
+        self.summary = json.loads((run_dir / "summary.json").read_text())
+        self.metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+    def weights(self) -> dict:
+        """The model's variables in the newest checkpoint, by name."""
+        path = tf.train.latest_checkpoint(str(self.dir / "checkpoints"))
+        reader = tf.train.load_checkpoint(path)
+        return {name: reader.get_tensor(name) for name, _ in tf.train.list_variables(path)
+                if name.startswith("optimizer/_trainable_variables/")}  # the model's, as the optimizer tracks them
+
+
+def train(run_dir, *overrides) -> Trained:
+    spec = resolve(compose_ok(run_dir, *QUICK, *overrides), str(run_dir))
+    run_dir.mkdir(parents=True, exist_ok=True)  # as Hydra makes it for a job
+    return Trained(run_dir, spec, fit.train(spec))
+
+
+# -- strategies: the same run on one device and on several replicas --------------
+
+
+def test_mirrored_on_four_logical_cpus_follows_one_device(tmp_path):
+    """Same seed, same global batch: 4 replicas of 8 follow one device of 32."""
+    mirrored = train(tmp_path / "mirrored", "strategy=mirrored", "cluster=1x4")
+    single = train(tmp_path / "single", "strategy=one_device")
+    assert (mirrored.summary["strategy_class"], mirrored.summary["replicas"], mirrored.summary["per_replica_batch"]) == (
+        "MirroredStrategy", 4, 8)
+    assert [m["step"] for m in mirrored.metrics] == [m["step"] for m in single.metrics] == [20, 40]
+    for m, s in zip(mirrored.metrics, single.metrics):
+        assert m["loss"] == pytest.approx(s["loss"], rel=1e-3)
+    weights, reference = mirrored.weights(), single.weights()
+    assert weights.keys() == reference.keys() and weights
+    for name in weights:
+        np.testing.assert_allclose(weights[name], reference[name], rtol=1e-3, atol=1e-5, err_msg=name)
+
+
+def test_mirrored_runs_of_two_sizes_in_one_process(tmp_path):
+    """A sweep's jobs under the basic launcher share a process: TF's
+    collective groups of the first strategy must not catch the second's."""
+    four = train(tmp_path / "four", "strategy=mirrored", "cluster=1x4", "trainer.steps=10")
+    two = train(tmp_path / "two", "strategy=mirrored", "cluster=1x2", "trainer.steps=10")
+    assert (four.summary["replicas"], two.summary["replicas"], two.summary["step"]) == (4, 2, 10)
+
+
+@pytest.mark.parametrize("overrides, strategy_class, replicas", [
+    (["strategy=central_storage", "cluster=1x2"], "CentralStorageStrategy", 2),
+    (["cluster=1x2"], "MirroredStrategy", 2),  # auto: several devices on one worker
+])
+def test_a_strategy_runs_its_replicas(tmp_path, overrides, strategy_class, replicas):
+    run = train(tmp_path / "run", *overrides)
+    assert (run.summary["strategy_class"], run.summary["replicas"], run.summary["step"]) == (strategy_class, replicas, 40)
+
+
+# -- the update: accumulation, optimizers, schedules -----------------------------
+
+
+def test_accumulated_batches_make_the_step_of_one_large_batch(tmp_path):
+    """4 micro-batches of 8 summed into one update: the step of a batch of 32."""
+    accumulated = train(tmp_path / "accumulated", "strategy=mirrored", "cluster=1x2", "trainer.accumulate_steps=4",
+                        "data.batch_size=8", "trainer.steps=20")
+    whole = train(tmp_path / "whole", "strategy=mirrored", "cluster=1x2", "data.batch_size=32", "trainer.steps=20")
+    weights, reference = accumulated.weights(), whole.weights()
+    for name in reference:
+        np.testing.assert_allclose(weights[name], reference[name], rtol=1e-3, atol=1e-5, err_msg=name)
+
+
+@pytest.mark.parametrize("optimizer, schedule", [("sgd", "warmup_cosine"), ("adamw", "cosine"), ("adam", "constant")])
+def test_optimizers_and_schedules(tmp_path, optimizer, schedule):
+    run = train(tmp_path / "run", f"optimizer={optimizer}", f"optimizer.schedule={schedule}", "optimizer.warmup_steps=10",
+                "optimizer.lr=0.01")
+    lrs = [m["lr"] for m in run.metrics]
+    if schedule == "constant":
+        assert lrs == pytest.approx([0.01, 0.01])
+    else:  # cosine decays towards 0 at the last step
+        assert lrs[-1] < lrs[0] <= 0.01 + 1e-9
+
+
+def test_linear_lr_scaling_with_replicas(tmp_path):
+    run = train(tmp_path / "run", "strategy=mirrored", "cluster=1x2", "optimizer.lr=0.001", "optimizer.scale_lr_with_replicas=true")
+    assert run.summary["learning_rate"] == pytest.approx(0.002)
+    assert run.metrics[0]["lr"] == pytest.approx(0.002)
+
+
+def test_epochs_instead_of_steps(tmp_path):
+    run = train(tmp_path / "run", "trainer.steps=null", "trainer.epochs=2")  # 512 examples / 32 = 16 steps an epoch
+    assert run.summary["step"] == 32
+
+
+@pytest.mark.parametrize("model, overrides", [
+    ("cnn", ["data.image_shape=[28,28,1]", "model.filters=[8,16]", "model.dense_units=32"]),
+    ("resnet", ["data.image_shape=[32,32,3]", "model.depth=8", "model.width=8"]),
+])
+def test_models(tmp_path, model, overrides):
+    run = train(tmp_path / "run", f"model={model}", *overrides, "trainer.steps=20")
+    assert run.summary["step"] == 20 and np.isfinite(run.summary["eval"]["eval/loss"])
+
+
+# -- tasks: each trains on two replicas, and reports what it offers ----------------
+
+TASKS = {
+    "binary": (["data=synthetic_categorical", "model=wide_deep", "model.vocab_size=2000", "data.vocab_size=2000", "model.hidden_units=[32]"],
+               {"eval/auc": 0.7, "eval/accuracy": 0.6}),
+    "regression": (["data=synthetic_regression", "model.hidden_units=[32]"], {"eval/rmse": -0.6}),  # negative: lower is better
+    "multilabel": (["data=synthetic_multilabel", "model.hidden_units=[32]"], {"eval/micro_f1": 0.7, "eval/auc": 0.8}),
+    "classification": ([], {"eval/accuracy": 0.15}),  # 10 classes: chance is 0.1
+}
+
+
+@pytest.mark.parametrize("task", list(TASKS))
+def test_each_task_trains_on_two_replicas(tmp_path, task):
+    overrides, bounds = TASKS[task]
+    run = train(tmp_path / "run", f"task={task}", *overrides, "strategy=mirrored", "cluster=1x2", "data.batch_size=128",
+                "trainer.steps=160", "trainer.steps_per_loop=40", "trainer.log_every=40")
+    assert (run.summary["task"], run.summary["replicas"], run.summary["step"]) == (task, 2, 160)
+    for name, bound in bounds.items():
+        value = run.summary["eval"][name]
+        assert (value < -bound) if bound < 0 else (value > bound), (name, run.summary["eval"])
+    assert run.objective == run.summary["eval"][run.spec.trainer.objective]  # what a sweep is told
+
+
+# -- checkpoints and the example order: a resumed run is the run that never stopped --
+
+
+def test_a_resumed_run_ends_bitwise_equal_to_one_that_never_stopped(tmp_path):
+    args = ["strategy=mirrored", "cluster=1x2", "trainer.deterministic=true", "model.dropout=0.2", "checkpoint.every_steps=10"]
+    whole = train(tmp_path / "whole", *args)
+    stopped = train(tmp_path / "resumed", *args, "trainer.steps=20")
+    assert stopped.summary["step"] == 20
+    resumed = train(tmp_path / "resumed", *args)
+    assert (resumed.summary["step"], resumed.summary["resumed"]) == (40, True)
+    assert resumed.summary["weights_sha256"] == whole.summary["weights_sha256"]
+    assert [m["loss"] for m in resumed.metrics] == [m["loss"] for m in whole.metrics]
+
+
+@pytest.mark.parametrize("pipelines, index", [(1, 0), (3, 2)])
+def test_an_example_order_starts_at_any_position_without_reading_the_ones_before(pipelines, index):
+    """Position 10 of a 24-example pipeline, across the epoch boundary: the
+    same examples as reading from 0 and dropping 10."""
+    arrays = np.arange(24 * pipelines, dtype=np.int64)
+    examples = ArrayExamples(arrays)
+    context = tf.distribute.InputContext(num_input_pipelines=pipelines, input_pipeline_id=index)
+
+    def stream(start, count):
+        batches = examples.batches(context, 4, seed=7, window=16, start=start).take(count // 4)
+        return np.concatenate(list(batches.as_numpy_iterator()))
+
+    from_zero, from_ten = stream(0, 48), stream(10, 36)
+    np.testing.assert_array_equal(from_ten, from_zero[10:46])
+    assert set(from_zero[:24]) == set(range(index, 24 * pipelines, pipelines))  # an epoch is every row of the pipeline once
+    assert list(from_zero[:24]) != list(from_zero[24:48])  # and each epoch has its own order
