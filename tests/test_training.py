@@ -173,3 +173,19 @@ def test_a_users_data_target_gets_only_the_keys_given(tfdistx):
     assert "num_classes" in run.stderr and run.summary["step"] == 40
     given = tfdistx(*QUICK, "data._target_=user_plugins.two_classes_by_default", "data.num_classes=3")
     assert given.returncode == 2 and "got num_classes=3" in given.stderr, given  # what the user sets does reach it
+
+
+def test_a_second_tensorflow_installed_is_one_warning_line(tfdistx, tmp_path):
+    """An older tfdistx installed tensorflow-cpu beside tensorflow: the run says
+    so before TensorFlow starts, with the fix, and trains; --plan says it too."""
+    site = tmp_path / "site" / "tensorflow_cpu-2.21.0.dist-info"
+    site.mkdir(parents=True)
+    (site / "METADATA").write_text("Metadata-Version: 2.1\nName: tensorflow-cpu\nVersion: 2.21.0\n")
+    env = {"PYTHONPATH": str(tmp_path / "site")}
+    run = tfdistx(*QUICK, "trainer.steps=2", env=env)
+    assert run.returncode == 0, run
+    warned = [line for line in run.stderr.splitlines() if "installed together" in line]
+    assert len(warned) == 1 and warned[0].startswith("tfdistx: warning: tensorflow 2.21.0, tensorflow-cpu 2.21.0 are installed together"), run
+    assert "pip uninstall -y tensorflow tensorflow-cpu" in warned[0]
+    plan = tfdistx("--plan", env=env)
+    assert "WARNING       tensorflow 2.21.0, tensorflow-cpu 2.21.0 are installed together" in plan.stdout, plan

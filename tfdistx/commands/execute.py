@@ -14,6 +14,7 @@ from typing import Optional
 
 from omegaconf import DictConfig, OmegaConf
 
+from tfdistx import machine
 from tfdistx.cluster import placement as cluster
 from tfdistx.cluster.launch import run_local_cluster
 from tfdistx.cluster.placement import Source
@@ -31,6 +32,9 @@ def execute(cfg: DictConfig, run_dir: str, mode: str, step: Optional[int] = None
         if placement.source is Source.LOCAL:
             return _run_local_cluster(cfg, run_dir, facts, mode, step)
         spec = resolve(cfg, run_dir)
+        conflict = machine.conflict()
+        if conflict:
+            print(f"tfdistx: warning: {conflict}", file=sys.stderr, flush=True)
         from tfdistx.engine.quiet_import import import_tensorflow  # deferred: TensorFlow starts here, and only here
 
         import_tensorflow()  # without its start-up banner

@@ -2,6 +2,7 @@
 
 from omegaconf import DictConfig, OmegaConf
 
+from tfdistx import machine
 from tfdistx.cluster import placement as cluster_lib
 from tfdistx.cluster.placement import Source
 from tfdistx.config import compute, sources, strategies
@@ -17,6 +18,9 @@ def describe(cfg: DictConfig) -> str:
         chosen += " (mirrored instead when several GPUs are visible)"
     lines = [f"strategy      {strategy}{chosen}: {facts.description}"]
     lines.append(f"cluster       {topo.name}: {topo.workers} worker(s) x {topo.devices_per_worker or 'all GPUs or 1 CPU'} device(s), {topo.ps} ps")
+    lines.append(f"devices       {machine.describe()}")  # this machine's: each of a scheduler's hosts has its own
+    if machine.conflict():
+        lines.append(f"WARNING       {machine.conflict()}")
     lines += _tasks(facts, topo, placement)
     task = cfg.task
     lines.append(f"task          {task.get('name', task._target_)}: metrics {', '.join(task.get('metrics') or ['(the task reports them)'])}; "

@@ -15,6 +15,7 @@ from typing import Any, Optional
 import keras
 import tensorflow as tf
 
+from tfdistx import machine
 from tfdistx.cluster.placement import Placement
 from tfdistx.cluster.rendezvous import meet_peers
 from tfdistx.config import compute, strategies
@@ -116,6 +117,9 @@ def build_run(spec: RunSpec, placement: Placement) -> Optional[Run]:
     num_outputs = task.num_outputs(label_spec, source.num_classes)
     learning_rate = LearningRateAtStep(schedule(spec.optimizer, replicas, total_steps))
     gpus = bool(tf.config.list_logical_devices("GPU"))
+    unseen = machine.unseen_gpus(gpus, tf.test.is_built_with_cuda())
+    if unseen and placement.is_chief:
+        log.warning(unseen)
     jit, why = compute.decide_jit(trainer.jit_compile, facts, gpus=gpus)
     log.info("precision %s; XLA %s", trainer.precision, why)
     if compute.precision_warning(trainer.precision, gpus):
