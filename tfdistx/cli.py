@@ -19,6 +19,8 @@ SUBCOMMANDS = {
     "evaluate": "tfdistx.commands.evaluate",  # metrics of a run's checkpoint on the eval data
     "_task": "tfdistx.commands.task",  # one task of a local cluster (started by the launcher)
 }
+# Subcommands whose modules import TensorFlow: it is imported first without its start-up chatter.
+IMPORTS_TENSORFLOW = {"export", "data write"}
 
 
 def main(argv: Optional[Sequence[str]] = None):
@@ -41,7 +43,12 @@ def main(argv: Optional[Sequence[str]] = None):
             from tfdistx.commands import run  # deferred like the others: `tfdistx recipes` needs none of it
 
             return run.main(argv, end_process=is_entrypoint)
-        sys.exit(importlib.import_module(SUBCOMMANDS[" ".join(argv[:words])]).main(argv[words:]))
+        command = " ".join(argv[:words])
+        if command in IMPORTS_TENSORFLOW:
+            from tfdistx.engine.quiet_import import import_tensorflow  # deferred: only these commands start TensorFlow
+
+            import_tensorflow()
+        sys.exit(importlib.import_module(SUBCOMMANDS[command]).main(argv[words:]))
     except BrokenPipeError:  # `tfdistx recipes | head`, `--plan | head`: the reader has what it wanted
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         sys.exit(0)

@@ -9,6 +9,13 @@ those known lines left out; anything else it printed (a real warning, an
 import error's own text) still reaches the terminal. With
 TF_CPP_MIN_LOG_LEVEL=0 (the user asked for TensorFlow's chatter) nothing is
 filtered. No Hydra here.
+
+The `tensorflow` wheel (with CUDA kernels, the one tfdistx installs) also
+says on a machine without NVIDIA GPUs "Could not find cuda drivers" at import
+and an E-level "failed call to cuInit" the first time it lists GPUs (measured
+with TF 2.21, whatever TF_CPP_MIN_LOG_LEVEL). The GPUs are listed here, inside
+the catch, and both lines are dropped there; on a machine with NVIDIA GPUs
+they are kept: they say why TensorFlow cannot use them.
 """
 
 import os
@@ -16,8 +23,11 @@ import re
 import sys
 import tempfile
 
+from tfdistx import machine
+
 _BANNER = re.compile(r"All log messages before absl::InitializeLog|oneDNN custom operations are on|cpu_feature_guard"
                      r"|To enable the following instructions|rebuild TensorFlow with the appropriate compiler flags")
+_NO_GPU_HERE = re.compile(r"Could not find cuda drivers on your machine|failed call to cuInit")
 
 
 def import_tensorflow() -> None:
@@ -29,12 +39,15 @@ def import_tensorflow() -> None:
     with tempfile.TemporaryFile() as caught:
         os.dup2(caught.fileno(), 2)
         try:
-            import tensorflow  # noqa: F401
-            import keras  # noqa: F401
+            import keras  # noqa: F401  (imported here so its own start-up lines are caught too)
+            import tensorflow
+
+            tensorflow.config.list_physical_devices("GPU")  # CUDA's first look, caught here; the runtime is not started yet
         finally:
             os.dup2(saved, 2)
             os.close(saved)
             caught.seek(0)
+            no_gpu_here = machine.nvidia_gpus() == 0
             for line in caught.read().decode(errors="replace").splitlines():
-                if line.strip() and not _BANNER.search(line):
+                if line.strip() and not _BANNER.search(line) and not (no_gpu_here and _NO_GPU_HERE.search(line)):
                     print(line, file=sys.stderr)
