@@ -1,92 +1,82 @@
 """How a step computes: gradient accumulation, clipping, XLA, mixed precision.
 
 Equivalences are checked on the trained weights, read back from the final
-checkpoint on disk.
+checkpoint on disk. The single-process runs train in this process
+(engine_helpers: -m unit); the multi-worker one is a real cluster.
 """
 
 import numpy as np
 import pytest
-import tensorflow as tf
 
-from conftest import QUICK, whole_and_resumed
+from conftest import QUICK
+from engine_helpers import train, whole_and_resumed
 from test_config import compose
 from tfdistx.config import compute
 
 # SGD rather than Adam: Adam divides by the gradients' running scale, so
 # rounding differences between two equal computations grow where a
 # gradient is near zero; SGD keeps them at rounding size.
-EXACT = [*QUICK, "data=synthetic", "optimizer=sgd", "optimizer.lr=0.05", "checkpoint.export=false"]
-
-
-def weights(run) -> dict:
-    """The model's trainable variables in the run's newest checkpoint (the
-    object graph reaches them first through the optimizer)."""
-    reader = tf.train.load_checkpoint(str(run.dir / "checkpoints"))
-    return {name: reader.get_tensor(name) for name in reader.get_variable_to_shape_map() if "/_trainable_variables/" in name}
+EXACT = ["data=synthetic", "optimizer=sgd", "optimizer.lr=0.05"]
 
 
 def assert_same_weights(a, b, tolerance=1e-5):
-    wa, wb = weights(a), weights(b)
+    wa, wb = a.weights(), b.weights()
     assert wa.keys() == wb.keys() and wa
     worst = max(float(np.max(np.abs(wa[k] - wb[k]))) for k in wa)
     assert worst < tolerance, worst
 
 
 def assert_different_weights(a, b):
-    wa, wb = weights(a), weights(b)
+    wa, wb = a.weights(), b.weights()
     assert max(float(np.max(np.abs(wa[k] - wb[k]))) for k in wa) > 1e-3
 
 
-@pytest.mark.parametrize("strategy", [["strategy=one_device"],
-                                      pytest.param(["strategy=mirrored", "cluster=1x2"], marks=pytest.mark.slow)])  # the clipping test sums over 2 replicas too
-def test_accumulating_4_batches_trains_the_same_weights_as_one_4x_batch(tfdistx, tmp_path, strategy):
-    accumulated = tfdistx(*EXACT, *strategy, "data.batch_size=32", "trainer.accumulate_steps=4", run_dir=tmp_path / "acc")
-    large = tfdistx(*EXACT, *strategy, "data.batch_size=128", run_dir=tmp_path / "large")
-    small = tfdistx(*EXACT, *strategy, "data.batch_size=32", run_dir=tmp_path / "small")
-    for run in (accumulated, large, small):
-        assert run.returncode == 0, run
+@pytest.mark.unit
+@pytest.mark.parametrize("strategy", [["strategy=one_device"], ["strategy=mirrored", "cluster=1x2"]])
+def test_accumulating_4_batches_trains_the_same_weights_as_one_4x_batch(tmp_path, strategy):
+    accumulated = train(tmp_path / "acc", *EXACT, *strategy, "data.batch_size=32", "trainer.accumulate_steps=4")
+    large = train(tmp_path / "large", *EXACT, *strategy, "data.batch_size=128")
+    small = train(tmp_path / "small", *EXACT, *strategy, "data.batch_size=32")
     assert accumulated.summary["global_batch"] == 128 and accumulated.summary["accumulate_steps"] == 4
     assert_same_weights(accumulated, large)
     assert_different_weights(accumulated, small)  # the comparison can tell
 
 
-def test_accumulated_embedding_gradients_stay_sparse_and_train_the_same_weights(tfdistx, tmp_path):
+@pytest.mark.unit
+def test_accumulated_embedding_gradients_stay_sparse_and_train_the_same_weights(tmp_path):
     wide_deep = [*EXACT, "data=synthetic_categorical", "model=wide_deep", "model.vocab_size=1000", "data.vocab_size=1000"]
-    accumulated = tfdistx(*wide_deep, "data.batch_size=32", "trainer.accumulate_steps=4", run_dir=tmp_path / "acc")
-    large = tfdistx(*wide_deep, "data.batch_size=128", run_dir=tmp_path / "large")
-    for run in (accumulated, large):
-        assert run.returncode == 0, run
+    accumulated = train(tmp_path / "acc", *wide_deep, "data.batch_size=32", "trainer.accumulate_steps=4")
+    large = train(tmp_path / "large", *wide_deep, "data.batch_size=128")
     assert_same_weights(accumulated, large)
 
 
-def test_global_clipping_clips_the_gradient_summed_over_replicas(tfdistx, tmp_path):
+@pytest.mark.unit
+def test_global_clipping_clips_the_gradient_summed_over_replicas(tmp_path):
     """Keras clips before it sums over replicas: given global_clipnorm, two
     replicas would each clip half a gradient. tfdistx clips the sum, so one
     and two replicas train the same weights."""
     clipped = [*EXACT, "optimizer.global_clip_norm=0.05"]
-    one = tfdistx(*clipped, "strategy=one_device", run_dir=tmp_path / "one")
-    two = tfdistx(*clipped, "strategy=mirrored", "cluster=1x2", run_dir=tmp_path / "two")
-    unclipped = tfdistx(*EXACT, "strategy=one_device", run_dir=tmp_path / "unclipped")
-    for run in (one, two, unclipped):
-        assert run.returncode == 0, run
+    one = train(tmp_path / "one", *clipped, "strategy=one_device")
+    two = train(tmp_path / "two", *clipped, "strategy=mirrored", "cluster=1x2")
+    unclipped = train(tmp_path / "unclipped", *EXACT, "strategy=one_device")
     assert_same_weights(one, two)
     assert_different_weights(one, unclipped)
 
 
-@pytest.mark.parametrize("compute", [["trainer.jit_compile=true"], pytest.param(["trainer.precision=mixed_float16"], marks=pytest.mark.slow)])
-def test_stopped_and_resumed_run_ends_bitwise_equal_with_xla_and_with_loss_scaling(tfdistx, tmp_path, compute):
+@pytest.mark.unit
+@pytest.mark.parametrize("compute", [["trainer.jit_compile=true"], ["trainer.precision=mixed_float16"]])
+def test_stopped_and_resumed_run_ends_bitwise_equal_with_xla_and_with_loss_scaling(tmp_path, compute):
     """float32 under XLA; and mixed_float16, whose loss scale is checkpointed with the optimizer."""
-    whole, resumed = whole_and_resumed(tfdistx, tmp_path, [*QUICK, "data=synthetic", *compute, "trainer.deterministic=true"],
-                                       stop_at=20, steps=40)
+    whole, resumed = whole_and_resumed(tmp_path, ["data=synthetic", *compute, "trainer.deterministic=true"], stop_at=20, steps=40)
     assert whole.summary["weights_sha256"] == resumed.summary["weights_sha256"]
 
 
-def test_mixed_precision_trains_like_float32_under_mirrored_replicas(tfdistx, tmp_path):
-    runs = {precision: tfdistx(*QUICK, "data=synthetic", "strategy=mirrored", "cluster=1x2", f"trainer.precision={precision}",
-                               "trainer.steps=80", run_dir=tmp_path / precision)
+@pytest.mark.unit
+def test_mixed_precision_trains_like_float32_under_mirrored_replicas(tmp_path):
+    runs = {precision: train(tmp_path / precision, "data=synthetic", "strategy=mirrored", "cluster=1x2", f"trainer.precision={precision}",
+                             "trainer.steps=80", "checkpoint.export=true")
             for precision in ("float32", "mixed_bfloat16", "mixed_float16")}
     for precision, run in runs.items():
-        assert run.returncode == 0, run
         assert run.summary["precision"] == precision
         assert (run.dir / "export" / "saved_model.pb").exists()
     reference = runs["float32"].summary["train"]["loss"]

@@ -204,6 +204,7 @@ def test_an_evicted_worker_pod_checkpoints_the_tfjob_and_it_resumes_from_that_st
     assert summary["step"] == 1500 and summary["resumed_from_step"] == preempted_at
 
 
+@pytest.mark.slow  # a lost ps restarting the cluster from its checkpoint runs by default in test_fault_tolerance
 def test_parameter_server_tfjob_pods_train_and_a_killed_ps_pod_resumes_the_run(tmp_path, simulator):
     """A lost ps task takes its variables with it: the coordinator stops with
     one line and 5 + 128, is recreated, and resumes from the checkpoint."""

@@ -68,8 +68,11 @@ def test_task_trains_and_its_metrics_are_the_same_under_every_strategy(tfdistx, 
             assert record[metric] == pytest.approx(value, rel=1e-4, abs=1e-6), (name, metric)
 
 
+# Every case is slow: the default run trains binary on parameter servers in
+# test_wide_deep_on_parameter_servers..., and every task on two replicas in test_unit_engine.
 @pytest.mark.parametrize("strategy", [pytest.param("mirrored", marks=pytest.mark.slow),
-                                      pytest.param("multiworker", marks=pytest.mark.slow), "parameter_server"])
+                                      pytest.param("multiworker", marks=pytest.mark.slow),
+                                      pytest.param("parameter_server", marks=pytest.mark.slow)])
 @pytest.mark.parametrize("task", [
     "binary",
     pytest.param("regression", marks=pytest.mark.slow),
@@ -124,7 +127,10 @@ def test_user_task_objective_is_checked_once_the_task_is_built(tfdistx):
 
 # One task in the default suite: exact resume is the loop's, whatever the loss
 # (test_fault_tolerance checks it under every strategy); the others are slow.
-@pytest.mark.parametrize("task", ["binary", pytest.param("regression", marks=pytest.mark.slow), pytest.param("multilabel", marks=pytest.mark.slow)])
+# Slow: a resumed run ends bitwise equal by default in test_unit_engine (mirrored),
+# test_compute (XLA, loss scaling), test_file_data and test_fault_tolerance (multiworker).
+@pytest.mark.slow
+@pytest.mark.parametrize("task", ["binary", "regression", "multilabel"])
 def test_stopped_and_resumed_run_ends_bitwise_equal(tfdistx, tmp_path, task):
     args = [*task_args(task), "trainer.deterministic=true", "trainer.steps_per_loop=10", "trainer.log_every=10",
             "checkpoint.every_steps=10"]

@@ -6,49 +6,14 @@ makes (commands/execute.py): the runner, the update, checkpointing, the
 example order and the tasks, in seconds rather than a process each.
 Processes and clusters are tested in test_training.py and beyond."""
 
-import json
-
 import numpy as np
 import pytest
 import tensorflow as tf
 
-from config_helpers import compose_ok
-from tfdistx.config.spec import resolve
+from engine_helpers import train, whole_and_resumed
 from tfdistx.data.order import ArrayExamples
-from tfdistx.engine import fit
-from tfdistx.engine.strategy import configure_devices
 
 pytestmark = pytest.mark.unit
-
-# Before any test starts TensorFlow's runtime (collection imports every
-# module first): `cluster=1xN` then has N real replicas in this process.
-configure_devices(4)
-
-QUICK = ["trainer.steps=40", "trainer.steps_per_loop=10", "trainer.log_every=20", "trainer.eval_every=0",
-         "data.batch_size=32", "data.train_examples=512", "data.eval_examples=128", "logger.tensorboard=false",
-         "checkpoint.export=false"]
-
-
-class Trained:
-    """A run trained in this process: its objective and run-directory files."""
-
-    def __init__(self, run_dir, spec, objective):
-        self.dir, self.spec, self.objective = run_dir, spec, objective
-        self.summary = json.loads((run_dir / "summary.json").read_text())
-        self.metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-
-    def weights(self) -> dict:
-        """The model's variables in the newest checkpoint, by name."""
-        path = tf.train.latest_checkpoint(str(self.dir / "checkpoints"))
-        reader = tf.train.load_checkpoint(path)
-        return {name: reader.get_tensor(name) for name, _ in tf.train.list_variables(path)
-                if name.startswith("optimizer/_trainable_variables/")}  # the model's, as the optimizer tracks them
-
-
-def train(run_dir, *overrides) -> Trained:
-    spec = resolve(compose_ok(run_dir, *QUICK, *overrides), str(run_dir))
-    run_dir.mkdir(parents=True, exist_ok=True)  # as Hydra makes it for a job
-    return Trained(run_dir, spec, fit.train(spec))
 
 
 # -- strategies: the same run on one device and on several replicas --------------
@@ -86,17 +51,7 @@ def test_a_strategy_runs_its_replicas(tmp_path, overrides, strategy_class, repli
     assert (run.summary["strategy_class"], run.summary["replicas"], run.summary["step"]) == (strategy_class, replicas, 40)
 
 
-# -- the update: accumulation, optimizers, schedules -----------------------------
-
-
-def test_accumulated_batches_make_the_step_of_one_large_batch(tmp_path):
-    """4 micro-batches of 8 summed into one update: the step of a batch of 32."""
-    accumulated = train(tmp_path / "accumulated", "strategy=mirrored", "cluster=1x2", "trainer.accumulate_steps=4",
-                        "data.batch_size=8", "trainer.steps=20")
-    whole = train(tmp_path / "whole", "strategy=mirrored", "cluster=1x2", "data.batch_size=32", "trainer.steps=20")
-    weights, reference = accumulated.weights(), whole.weights()
-    for name in reference:
-        np.testing.assert_allclose(weights[name], reference[name], rtol=1e-3, atol=1e-5, err_msg=name)
+# -- optimizers and schedules (accumulation, clipping, precision: test_compute.py) --
 
 
 @pytest.mark.parametrize("optimizer, schedule", [("sgd", "warmup_cosine"), ("adamw", "cosine"), ("adam", "constant")])
@@ -158,10 +113,7 @@ def test_each_task_trains_on_two_replicas(tmp_path, task):
 
 def test_a_resumed_run_ends_bitwise_equal_to_one_that_never_stopped(tmp_path):
     args = ["strategy=mirrored", "cluster=1x2", "trainer.deterministic=true", "model.dropout=0.2", "checkpoint.every_steps=10"]
-    whole = train(tmp_path / "whole", *args)
-    stopped = train(tmp_path / "resumed", *args, "trainer.steps=20")
-    assert stopped.summary["step"] == 20
-    resumed = train(tmp_path / "resumed", *args)
+    whole, resumed = whole_and_resumed(tmp_path, args, stop_at=20, steps=40)
     assert (resumed.summary["step"], resumed.summary["resumed"]) == (40, True)
     assert resumed.summary["weights_sha256"] == whole.summary["weights_sha256"]
     assert [m["loss"] for m in resumed.metrics] == [m["loss"] for m in whole.metrics]

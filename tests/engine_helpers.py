@@ -1,0 +1,56 @@
+"""In-process helpers for the engine's unit tests (test_unit_engine.py,
+test_compute.py): a run composed as the command line composes it, resolved
+into a RunSpec and handed to `engine/fit.train`, the call a single-process
+run makes (commands/execute.py). Real TensorFlow, real strategies on four
+logical CPU devices, real checkpoints in tmp_path; no tfdistx process."""
+
+import json
+
+import tensorflow as tf
+
+from config_helpers import compose_ok
+from tfdistx.config.spec import resolve
+from tfdistx.engine import fit
+from tfdistx.engine.strategy import configure_devices
+
+# Imported while pytest collects, before any test starts TensorFlow's
+# runtime: `cluster=1xN` then has N real replicas in this process. Started
+# here, so that an in-process run of another module (a sweep's job with the
+# default cluster) cannot set the CPU back to one device first.
+configure_devices(4)
+assert len(tf.config.list_logical_devices("CPU")) == 4
+
+QUICK = ["trainer.steps=40", "trainer.steps_per_loop=10", "trainer.log_every=20", "trainer.eval_every=0",
+         "data.batch_size=32", "logger.tensorboard=false", "checkpoint.export=false"]
+SMALL = ["data.train_examples=512", "data.eval_examples=128"]  # a synthetic source's sizes (file sources have none)
+
+
+class Trained:
+    """A run trained in this process: its objective and run-directory files."""
+
+    def __init__(self, run_dir, spec, objective):
+        self.dir, self.spec, self.objective = run_dir, spec, objective
+        self.summary = json.loads((run_dir / "summary.json").read_text())
+        self.metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+    def weights(self) -> dict:
+        """The model's variables in the newest checkpoint, by name (the
+        checkpoint's object graph reaches them first through the optimizer)."""
+        reader = tf.train.load_checkpoint(tf.train.latest_checkpoint(str(self.dir / "checkpoints")))
+        return {name: reader.get_tensor(name) for name in reader.get_variable_to_shape_map() if "/_trainable_variables/" in name}
+
+
+def train(run_dir, *overrides, sizes=SMALL) -> Trained:
+    spec = resolve(compose_ok(run_dir, *QUICK, *sizes, *overrides), str(run_dir))
+    run_dir.mkdir(parents=True, exist_ok=True)  # as Hydra makes it for a job
+    return Trained(run_dir, spec, fit.train(spec))
+
+
+def whole_and_resumed(tmp_path, args, stop_at=20, steps=40):
+    """The same run twice: whole, and stopped at `stop_at` then resumed to
+    `steps` in one run dir. Returns (whole, resumed)."""
+    whole = train(tmp_path / "whole", *args, f"trainer.steps={steps}")
+    train(tmp_path / "split", *args, f"trainer.steps={stop_at}")
+    resumed = train(tmp_path / "split", *args, f"trainer.steps={steps}")
+    assert resumed.summary["resumed_from_step"] == stop_at
+    return whole, resumed
