@@ -101,6 +101,7 @@ def test_parameter_server_variables_live_on_the_ps(tfdistx):
     assert "E0000" not in run.stdout + run.stderr, run
 
 
+@pytest.mark.slow  # the default run resumes a multiworker run bitwise in test_fault_tolerance
 def test_resumed_multiworker_run_continues_from_the_chiefs_checkpoint(tfdistx):
     first = tfdistx(*QUICK, "strategy=multiworker", "cluster=2x1", "checkpoint.every_steps=20")
     assert first.returncode == 0, first
@@ -210,6 +211,7 @@ def test_a_port_in_use_is_named_with_its_task(tfdistx):
     assert "Traceback" not in run.stderr
 
 
+@pytest.mark.slow  # the default run checks both ps tasks hold variables in test_tasks' wide_deep_ps run
 def test_wide_deep_tables_are_sharded_across_parameter_servers(tfdistx):
     run = tfdistx("recipe=wide_deep_ps", "trainer.steps=60", "trainer.steps_per_loop=20", "trainer.log_every=20",
                   "trainer.eval_every=0", "data.batch_size=64", "data.train_examples=2048", "model.vocab_size=20000",

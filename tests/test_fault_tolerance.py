@@ -122,6 +122,7 @@ def test_sigterm_to_the_launcher_checkpoints_every_worker_and_exits_42(tmp_path)
     assert (run_dir / "checkpoints" / f"ckpt-{saved}.index").exists()
 
 
+@pytest.mark.slow  # by default a stopped ps worker (the harder case: no exit to see) is treated as lost, below
 def test_parameter_server_job_survives_a_killed_worker(tmp_path):
     """The coordinator reschedules the lost worker's steps; the launcher restarts that worker alone."""
     run_dir = tmp_path / "run"

@@ -12,7 +12,9 @@ import time
 import pytest
 
 from conftest import QUICK, tfdistx_env
+from engine_helpers import train
 from test_fault_tolerance import LONG, run_and_interrupt, start, wait_for_lines
+from tfdistx.config.errors import ConfigError
 
 SMALL_CNN = ["model=cnn", "model.filters=[4]", "model.dense_units=8"]
 
@@ -78,22 +80,26 @@ def test_runs_started_together_get_their_own_directories(tmp_path):
     assert len(runs) == 2 and runs[0] != runs[1]
 
 
-def test_fewer_steps_than_the_run_has_done_is_refused(tfdistx):
-    first = tfdistx(*QUICK)
-    assert first.returncode == 0, first
+# The next three train in this process (engine_helpers: -m unit): what they
+# check is fit.train's, and a refusal's exit 2 is the same for every ConfigError.
+
+
+@pytest.mark.unit
+def test_fewer_steps_than_the_run_has_done_is_refused(tmp_path):
+    first = train(tmp_path / "run")
     before = files(first.dir)
-    again = tfdistx(*QUICK, "trainer.steps=20")
-    assert again.returncode == 2, again
-    assert "trainer.steps=20: the run in this directory is already at step 40 (ckpt-40)" in again.stderr
+    with pytest.raises(ConfigError) as refused:
+        train(tmp_path / "run", "trainer.steps=20")
+    assert refused.value.lines() == ["tfdistx: invalid config: trainer.steps=20: the run in this directory is already at step 40 "
+                                     "(ckpt-40): ask for 40 steps or more, or use another hydra.run.dir"]
     assert files(first.dir) == before  # summary.json, metrics.jsonl and checkpoints as they were
 
 
-def test_restore_false_keeps_the_previous_run_aside(tfdistx):
-    first = tfdistx(*QUICK, "checkpoint.every_steps=20")
-    assert first.returncode == 0, first
+@pytest.mark.unit
+def test_restore_false_keeps_the_previous_run_aside(tmp_path):
+    first = train(tmp_path / "run", "checkpoint.every_steps=20")
     old_metrics = (first.dir / "metrics.jsonl").read_text()
-    fresh = tfdistx(*QUICK, "trainer.steps=20", "checkpoint.restore=false")
-    assert fresh.returncode == 0, fresh
+    fresh = train(tmp_path / "run", "trainer.steps=20", "checkpoint.restore=false", "checkpoint.every_steps=20")
     assert fresh.summary["step"] == 20 and not fresh.summary["resumed"]
     assert [m["step"] for m in fresh.metrics] == [20]
     assert sorted(p.name for p in (fresh.dir / "checkpoints").glob("*.index")) == ["ckpt-20.index"]  # no old ones mixed in
@@ -102,19 +108,19 @@ def test_restore_false_keeps_the_previous_run_aside(tfdistx):
     assert sorted(p.name for p in next(fresh.dir.glob("checkpoints.replaced-*")).glob("*.index")) == ["ckpt-20.index", "ckpt-40.index"]
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("state", ["random bytes", "names a checkpoint that is gone"])
-def test_a_bad_checkpoint_state_file_does_not_hide_the_checkpoints(tfdistx, state):
-    first = tfdistx(*QUICK, "checkpoint.every_steps=20")
-    assert first.returncode == 0, first
+def test_a_bad_checkpoint_state_file_does_not_hide_the_checkpoints(tmp_path, state, caplog):
+    first = train(tmp_path / "run", "checkpoint.every_steps=20")
     state_file = first.dir / "checkpoints" / "checkpoint"
     if state == "random bytes":
         state_file.write_bytes(os.urandom(256))
     else:  # only a checkpoint that is not on disk: the intact ckpt-20 and ckpt-40 must still be found
         state_file.write_text('model_checkpoint_path: "ckpt-90"\nall_model_checkpoint_paths: "ckpt-90"\n')
-    second = tfdistx(*QUICK, "checkpoint.every_steps=20", "trainer.steps=60")
-    assert second.returncode == 0, second
+    with caplog.at_level("WARNING"):
+        second = train(tmp_path / "run", "checkpoint.every_steps=20", "trainer.steps=60")
     assert (second.summary["resumed_from_step"], second.summary["step"]) == (40, 60)
-    assert "the checkpoints on disk are used" in second.stdout + second.stderr
+    assert "the checkpoints on disk are used" in caplog.text
     assert list((first.dir / "checkpoints").glob("checkpoint.replaced-*"))
 
 

@@ -94,6 +94,7 @@ def test_wide_deep_on_parameter_servers_is_a_binary_task_with_auc(tfdistx):
     assert run.returncode == 0, run
     summary = run.summary
     assert (summary["task"], summary["strategy"], summary["workers"], summary["ps"]) == ("binary", "parameter_server", 2, 2)
+    assert summary["variable_devices"] == ["/job:ps/replica:0/task:0/device:CPU:0", "/job:ps/replica:0/task:1/device:CPU:0"]
     assert summary["eval"]["eval/auc"] > 0.7
     assert {"auc", "accuracy", "log_loss", "loss"} <= set(run.metrics[-1])
 
