@@ -126,7 +126,8 @@ def test_writable_accepts_a_new_directory_below_a_writable_one(tmp_path):
 @pytest.mark.unit
 @pytest.mark.parametrize("overrides, line", [
     (["hydra/launcher=nope"], "hydra/launcher='nope': allowed: basic, joblib, submitit_local, submitit_slurm, tfdistx_slurm"),
-    (["task=ranking"], "task='ranking': allowed: binary, classification, multilabel, regression"),
+    (["task=ranking"], "task='ranking': allowed: binary, classification, multilabel, regression; "
+                       "or your own: --config-dir DIR with DIR/task/ranking.yaml"),
 ])
 def test_an_unknown_group_option_names_the_options(tmp_path, overrides, line):
     assert refused(tmp_path / "run", *overrides) == [PREFIX + line]

@@ -16,12 +16,14 @@ from typing import Sequence
 
 from omegaconf import DictConfig
 
-from tfdistx.config import recipes, schema, topology
+from tfdistx.config import recipes, schema, topology, userconf
 from tfdistx.config.compose import compose_and_validate
 from tfdistx.config.errors import EXIT_INVALID_CONFIG, ConfigError, RunFault
+from tfdistx.engine.loggers import into_log_files  # no TensorFlow there
 
 
 def register_config_names(overrides) -> None:
+    userconf.register(overrides)  # --config-dir / TFDISTX_CONFIG_PATH: the user's own groups and experiments
     topology.register(overrides)  # cluster=WxD / psPwW names
     recipes.register(overrides)  # TFDISTX_RECIPES dirs, and the clusters the chosen recipes name
 
@@ -48,7 +50,7 @@ def one_line_errors():
         first = text.splitlines()[0][:400] if text else ""
         line = f"tfdistx: error: {type(error).__name__}{': ' + first if first else ''} (TFDISTX_TRACEBACK=1 shows the traceback)"
         print(line, file=sys.stderr)
-        _into_run_log(line)
+        into_log_files(line, logging.ERROR)
         _nothing_more_from_tensorflow()
         sys.exit(1)
 
@@ -65,7 +67,7 @@ def refuse(error):
         traceback.print_exc()
     for line in error.lines():
         print(line, file=sys.stderr)
-        _into_run_log(line)
+        into_log_files(line, logging.ERROR)
     _nothing_more_from_tensorflow()
     sys.exit(error.code if isinstance(error, RunFault) else EXIT_INVALID_CONFIG)
 
@@ -77,8 +79,3 @@ def _nothing_more_from_tensorflow() -> None:
     logging.getLogger("tensorflow").setLevel(logging.ERROR)
 
 
-def _into_run_log(line: str) -> None:
-    """The refusal goes into the run's log file too (Hydra's tfdistx.log), not twice on the terminal."""
-    for handler in logging.getLogger().handlers:
-        if isinstance(handler, logging.FileHandler):
-            handler.emit(logging.LogRecord("tfdistx", logging.ERROR, __file__, 0, line, None, None))

@@ -7,6 +7,7 @@ in-process path: a local cluster's launcher never starts it.
 """
 
 import json
+import logging
 import os
 import sys
 from pathlib import Path
@@ -22,19 +23,23 @@ from tfdistx.config import strategies
 from tfdistx.config.errors import ConfigError, retryable_exits_offset_by
 from tfdistx.config.objective import value as objective_value
 from tfdistx.config.spec import resolve
+from tfdistx.engine.loggers import into_log_files  # no TensorFlow there
 
 
 def execute(cfg: DictConfig, run_dir: str, mode: str, step: Optional[int] = None, process_ends_after: bool = False):
     """Train (mode "train") or evaluate (mode "evaluate") as `cfg` says, in `run_dir`."""
     facts = strategies.get(cfg.strategy.name, cfg.cluster.workers, cfg.cluster.devices_per_worker)
     placement = cluster.detect(facts, cfg.cluster)
+    stale = facts.stale_gradients_warning(cfg.cluster.workers, cfg.trainer.steps) if mode == "train" else None
+    if stale and placement.is_chief:  # not only in --plan: a run that learns little says why where it runs
+        warn(stale)
     with retryable_exits_offset_by(cfg.cluster.retryable_exit_offset):
         if placement.source is Source.LOCAL:
             return _run_local_cluster(cfg, run_dir, facts, mode, step)
         spec = resolve(cfg, run_dir)
         conflict = machine.conflict()
         if conflict:
-            print(f"tfdistx: warning: {conflict}", file=sys.stderr, flush=True)
+            warn(conflict)
         from tfdistx.engine.quiet_import import import_tensorflow  # deferred: TensorFlow starts here, and only here
 
         import_tensorflow()  # without its start-up banner
@@ -44,6 +49,13 @@ def execute(cfg: DictConfig, run_dir: str, mode: str, step: Optional[int] = None
             if mode == "evaluate":
                 return fit.evaluate(spec, placement, step)
             return fit.train(spec, placement, process_ends_after=process_ends_after)
+
+
+def warn(text: str) -> None:
+    """On the terminal, and in the run's log (tfdistx.log) with the rest of the run."""
+    line = f"tfdistx: warning: {text}"
+    print(line, file=sys.stderr, flush=True)
+    into_log_files(line, logging.WARNING)
 
 
 def owns_run_dir(cfg: DictConfig) -> bool:

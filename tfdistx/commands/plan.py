@@ -33,13 +33,9 @@ def describe(cfg: DictConfig) -> str:
         lines.append(f"batch         {batch} per step")
         lines.append(f"data          each worker reads its own 1/{topo.workers} of the examples (sharded by worker index); "
                      "a resumed worker skips its expected share of the steps done")
-        steps = cfg.trainer.steps
-        if topo.workers > 1 and steps is not None and steps < 1000 * topo.workers:
-            # Measured on the default job (README): eval accuracy 0.61 one_device, 0.36 ps1w2, 0.30 ps2w4 at
-            # 1,000 steps; ps2w4 reached 0.42 at 3,000.
-            lines.append(f"WARNING       {topo.workers} asynchronous workers apply stale gradients: {steps} steps learn much less "
-                         f"than on one device (default job: 0.30 vs 0.61 eval accuracy with 4 workers at 1,000 steps); "
-                         f"give it more steps (trainer.steps={1000 * topo.workers}) — see the README on asynchronous training")
+        stale = facts.stale_gradients_warning(topo.workers, cfg.trainer.steps)
+        if stale:
+            lines.append(f"WARNING       {stale}")
     elif replicas:
         note = " (one replica per worker without GPUs; W x GPUs with them)" if placement.source is not Source.SINGLE else ""
         lines.append(f"replicas      {replicas}{note}")

@@ -12,19 +12,20 @@ from hydra.errors import HydraException
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from tfdistx.config import schema, topology
+from tfdistx.config import schema, topology, userconf
 from tfdistx.config.compose import as_config_error
 from tfdistx.config.errors import EXIT_INVALID_CONFIG, ConfigError
 from tfdistx.config.paths import config_dir
-from tfdistx.config.recipes import ENV, GROUP, available, find, is_global, register, search_dirs, shipped_dir, unknown, user_dirs
+from tfdistx.config.recipes import ENV, GROUP, available, describe, downloads, find, is_global, register, search_dirs, shipped_dir, unknown, user_dirs
 from tfdistx.config.validate import validate
 from tfdistx.rundir import keep_aside
 
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    args = _parser().parse_args(list(sys.argv[1:] if argv is None else argv))
     try:
+        args = _parser().parse_args(userconf.take_flags(list(sys.argv[1:] if argv is None else argv)))
+        userconf.register()
         register([])
         if args.command == "show":
             return _show(args.name, args.overrides, resolve=args.resolve)
@@ -46,9 +47,10 @@ class CommandError(Exception):
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="tfdistx recipes",
+        prog="tfdistx recipes [--config-dir DIR]",
         description=f"Reusable experiment configs: run one with `python -m tfdistx recipe=NAME [overrides]`. "
-        f"Your own recipes: a directory of NAME.yaml files named by ${ENV}.",
+        f"Your own recipes: a directory of NAME.yaml files named by ${ENV}; your own config tree (groups, experiment/): "
+        f"--config-dir DIR or ${userconf.ENV}.",
     )
     commands = parser.add_subparsers(dest="command", metavar="{list,show,copy}")
     commands.add_parser("list", help="the recipes, with a one-line description (the default)")
@@ -79,9 +81,29 @@ def _list() -> int:
             note = f"  [shadowed by {r['shadowed_by']}]" if r["shadowed_by"] else ""
             if not is_global(r["path"]):
                 note += "  [no '# @package _global_' first line: its keys would land under `recipe.`]"
+            dataset = downloads(r["path"])
+            if dataset:
+                note += f"  [downloads {dataset} once: tensorflow-datasets]"
             print(f"  {r['name']:<{width}}  {r['description']}{note}")
     print("\nrun one:  python -m tfdistx recipe=NAME [overrides]    see one:  tfdistx recipes show NAME")
+    _list_user_configs()
     return 0
+
+
+def _list_user_configs() -> None:
+    """The user's own config dirs: their experiments and options, by group."""
+    options = userconf.options()
+    if not userconf.dirs():
+        print(f"your own groups and experiments: --config-dir DIR or {userconf.ENV}=DIR (DIR/data/NAME.yaml, DIR/experiment/NAME.yaml)")
+        return
+    print(f"\nyour config dirs ({userconf.ENV}, --config-dir): {', '.join(map(str, userconf.dirs()))}")
+    if not options:
+        print("  (no GROUP/NAME.yaml files in them)")
+    width = max((len(f"{group}={o['name']}") for group, found in options.items() for o in found), default=0)
+    for group in sorted(options, key=lambda g: (g != userconf.EXPERIMENT, g)):
+        for option in options[group]:
+            note = f"  [shadowed by the shipped {option['shadowed_by']}]" if option["shadowed_by"] else ""
+            print(f"  {group + '=' + option['name']:<{width}}  {describe(option['path'])}{note}")
 
 
 def _show(name: str, overrides: Sequence[str], resolve: bool) -> int:

@@ -23,8 +23,8 @@ from tfdistx import rundir
 from tfdistx.commands.common import one_line_errors, refuse, register_config_names
 from tfdistx.commands.execute import execute, owns_run_dir
 from tfdistx.commands.plan import describe
-from tfdistx.config import schema
-from tfdistx.config.compose import compose_and_validate, composed, only_given_keys_for_user_targets
+from tfdistx.config import schema, userconf
+from tfdistx.config.compose import compose_and_validate, composed, keys_for_own_targets, only_given_keys_for_user_targets
 from tfdistx.config.errors import ConfigError, RunFault
 from tfdistx.config.objective import direction
 from tfdistx.config.paths import config_dir
@@ -38,6 +38,8 @@ def main(argv: Sequence[str], end_process: bool = False):
     plan, text = "--plan" in argv, ""
     argv = [arg for arg in argv if arg != "--plan"]
     try:
+        argv = userconf.take_flags(argv)  # --config-dir DIR: the user's groups, for compose and for Hydra alike
+        argv = keys_for_own_targets(argv)  # model._target_=mine model.filters=32, for a sweep's jobs too
         args = get_args_parser().parse_args(argv)
         register_config_names(args.overrides)
         if plan:

@@ -22,7 +22,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
-from tfdistx.config import topology
+from tfdistx.config import topology, userconf
 from tfdistx.config.paths import config_dir
 from tfdistx.config.schema import PIPELINE_KEYS
 from tfdistx.config.validate import validate
@@ -33,6 +33,7 @@ from tfdistx.config.errors import ConfigError, Problem
 def composed(overrides: Sequence[str], notes: bool = True) -> Iterator[DictConfig]:
     """The composed, validated config (with its `hydra` node); Hydra stays
     initialised inside, for `run_job`. Raises ConfigError."""
+    overrides = keys_for_own_targets(overrides)
     with initialize_config_dir(config_dir=str(config_dir()), version_base=None, job_name="tfdistx"):
         try:
             cfg = GlobalHydra.instance().hydra.compose_config(
@@ -49,6 +50,32 @@ def composed(overrides: Sequence[str], notes: bool = True) -> Iterator[DictConfi
         except OmegaConfBaseException as error:
             raise as_config_error(error, overrides) from None
         yield cfg
+
+
+# Groups whose `_target_` a user may replace with their own function.
+USER_TARGET_GROUPS = ("data", "model", "task")
+
+
+def keys_for_own_targets(overrides: Sequence[str]) -> list:
+    """`model._target_=mypkg.build model.filters=32`: the group's file is the
+    default option's (mlp: no `filters`), and Hydra refuses a key a file does
+    not have unless it is written `+model.filters`. A group whose target the
+    command line names, or whose option is the user's own file (not one
+    shipped in conf/), takes its keys as given: `GROUP.KEY=V` is composed as
+    `++GROUP.KEY=V` (set, or add). The target's signature checks them when it
+    is built (targets.py), so a misspelt key is still refused, with the keys
+    the target takes."""
+    given = [o.lstrip("+~").partition("=")[0] for o in overrides]
+    own = set()
+    for group in USER_TARGET_GROUPS:
+        option = given_value(group, overrides)
+        if f"{group}._target_" in given or (option and not (config_dir() / group / f"{option}.yaml").is_file()):
+            own.add(group)
+    def own_key(override: str) -> bool:
+        group, _, rest = override.partition(".")
+        return not override.startswith(("+", "~")) and group in own and "=" in rest and not rest.startswith("_target_=")
+
+    return [f"++{o}" if own_key(o) else o for o in overrides]
 
 
 def only_given_keys_for_user_targets(cfg: DictConfig, overrides: Sequence[str], notes: bool = True) -> None:
@@ -91,6 +118,9 @@ def saved_overrides(run_dir: str) -> list:
     overrides = _load_run_file(run_dir, path)
     if not OmegaConf.is_list(overrides):
         raise ConfigError.one("run_dir", str(run_dir), f"its {path.name} is not a list of overrides")
+    hydra_yaml = Path(run_dir) / ".hydra" / "hydra.yaml"
+    if hydra_yaml.is_file():  # the user config dirs it was composed with (`data=digits` of --config-dir conf)
+        userconf.add(userconf.recorded(OmegaConf.to_container(_load_run_file(run_dir, hydra_yaml))))
     return [str(o) for o in overrides]
 
 
@@ -110,7 +140,7 @@ def as_config_error(error: Exception, overrides: Sequence[str]) -> ConfigError:
     if isinstance(error, MissingConfigException) and error.options is not None:
         group = error.missing_cfg_file.split("/")[0] if error.missing_cfg_file else "?"
         value = given_value(group, overrides)
-        allowed = topology.FORMS if group == "cluster" else "allowed: " + ", ".join(sorted(error.options))
+        allowed = topology.FORMS if group == "cluster" else "allowed: " + ", ".join(sorted(error.options)) + userconf.hint(group, value)
         if group == "hydra":  # hydra/sweeper=..., hydra/launcher=...
             group = "/".join(error.missing_cfg_file.split("/")[:2])
             value = given_value(group, overrides) or error.missing_cfg_file.split("/")[-1]

@@ -190,6 +190,11 @@ def requested(overrides: Iterable[str]) -> List[str]:
 
 def _clusters_in(path: Path) -> List[str]:
     """`cluster` options named in a recipe's defaults list (`override /cluster: 1x4`)."""
+    return _options_in(path, "cluster")
+
+
+def _options_in(path: Path, wanted: str) -> List[str]:
+    """Options of group `wanted` named in a recipe's defaults list."""
     try:
         defaults = OmegaConf.to_container(OmegaConf.load(path)).get("defaults") or []
     except Exception:  # Hydra reports a broken file properly when it composes it
@@ -199,6 +204,24 @@ def _clusters_in(path: Path) -> List[str]:
         if isinstance(entry, dict):
             for key, value in entry.items():
                 group = re.sub(r"^override\s+", "", str(key)).lstrip("/").split("@")[0]
-                if group == "cluster" and isinstance(value, str):
+                if group == wanted and isinstance(value, str):
                     names.append(value)
     return names
+
+
+# The data source that downloads (tensorflow-datasets); the others read what is on this machine.
+DOWNLOADING_SOURCE = "tfdistx.data.tfds"
+
+
+def downloads(path: Path) -> Optional[str]:
+    """The dataset a recipe downloads on its first run (a tensorflow-datasets
+    data option in its defaults), or None: `tfdistx recipes` says which
+    recipes need the network once."""
+    for option in _options_in(path, "data"):
+        try:
+            data = OmegaConf.load(config_dir() / "data" / f"{option}.yaml")
+        except Exception:  # not a shipped option: the user's own, which we cannot judge here
+            continue
+        if data.get("_target_") == DOWNLOADING_SOURCE:
+            return str(data.get("name", option))
+    return None

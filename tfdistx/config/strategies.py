@@ -39,6 +39,18 @@ class Strategy:
         """Steps are scheduled by a coordinator on whichever worker is free."""
         return self.processes == COORDINATOR
 
+    def stale_gradients_warning(self, workers: int, steps: Optional[int]) -> Optional[str]:
+        """Asynchronous workers apply gradients computed on weights others
+        have since changed: in as many steps they learn much less than one
+        device. Said by --plan and at the start of the run itself."""
+        if not self.asynchronous or workers < 2 or steps is None or steps >= 1000 * workers:
+            return None
+        # Measured on the default job (README): eval accuracy 0.61 one_device, 0.36 ps1w2, 0.30 ps2w4 at
+        # 1,000 steps; ps2w4 reached 0.42 at 3,000.
+        return (f"{workers} asynchronous workers apply stale gradients: {steps} steps learn much less than on one device "
+                f"(default job: 0.30 vs 0.61 eval accuracy with 4 workers at 1,000 steps); give it more steps "
+                f"(trainer.steps={1000 * workers}) — see the README on asynchronous training")
+
     def job_counts(self, workers: int, ps: int) -> Dict[str, int]:
         """Tasks per TF_CONFIG job name (in rank order: chief, ps, worker)."""
         if self.processes == COORDINATOR:

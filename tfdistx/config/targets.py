@@ -1,15 +1,17 @@
 """Instantiate a user-replaceable `_target_` from its config group.
 
-Hydra's `instantiate` passes every key of the group to the target. Users swap
-just the target (`model._target_=mypkg.build`) and the group's other keys,
-written for the built-in target, would then break the call. So keys the
-target cannot take are dropped, with a warning that names them — the one
-thing Hydra does not do for us.
+Hydra's `instantiate` passes every key of the group to the target. A key
+the target cannot take is refused here with the target's own parameters
+(a misspelt `model.hiden_units` would otherwise fail deep inside the call,
+or, with a default, train silently without it) — the one thing Hydra does
+not do for us. The default group's keys do not reach a user's target that
+the command line names (compose.only_given_keys_for_user_targets); the
+runtime arguments tfdistx passes (input_shape, num_outputs, ...) are given
+only where the target takes them.
 """
 
 import importlib
 import inspect
-import logging
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, Iterable, Mapping
@@ -17,9 +19,7 @@ from typing import Any, Iterable, Mapping
 from hydra.utils import get_method, instantiate
 
 from tfdistx.config import sources
-from tfdistx.config.errors import ConfigError
-
-log = logging.getLogger(__name__)
+from tfdistx.config.errors import ConfigError, Problem
 
 
 @dataclass(frozen=True)
@@ -54,9 +54,12 @@ def build(group: str, target: str, kwargs: dict, expect: type, **runtime: Any) -
     except (TypeError, ValueError):  # a builtin (builtins.int) or a non-callable: no signature to read
         raise ConfigError.one(f"{group}._target_", target, f"has no signature to call with the {group} keys: "
                               f"name a function or class (see the README's 'Your own model, data or task')") from None
-    dropped = sorted(set(kwargs) - set(accepted) - set(runtime))
-    if dropped:
-        log.warning("%s: %s does not take %s; ignoring them", group, target, ", ".join(dropped))
+    unknown = sorted(set(kwargs) - set(accepted) - set(runtime))
+    if unknown:  # a misspelt key would otherwise train with the target's default in its place
+        takes = [name for name in _parameters(fn) if name not in runtime]
+        raise ConfigError([Problem(f"{group}.{key}", kwargs[key], f"{target} takes no such argument; it takes: "
+                                   f"{', '.join(takes) or 'none'} (tfdistx passes {', '.join(sorted(runtime)) or 'nothing'} itself)")
+                           for key in unknown])
     try:
         built = instantiate({"_target_": target, **accepted}, _convert_="all")
     except Exception as error:
@@ -67,6 +70,10 @@ def build(group: str, target: str, kwargs: dict, expect: type, **runtime: Any) -
     if not isinstance(built, expect):
         raise ConfigError.one(f"{group}._target_", target, f"returned a {type(built).__name__}; it must return a {expect.__module__}.{expect.__name__}")
     return built
+
+
+def _parameters(fn) -> list:
+    return [p.name for p in inspect.signature(fn).parameters.values() if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
 
 
 def _accepted(fn, kwargs: dict) -> dict:

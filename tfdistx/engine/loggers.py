@@ -76,7 +76,21 @@ class ConsoleProgress:
             seconds_per_step = (now - self.last_time) / (step - self.last_step)
             parts.append(f"ETA {_duration(seconds_per_step * (self.total_steps - step))}")
         self.last_time, self.last_step = now, step
-        print("  ".join(parts), file=self.stream, flush=True)
+        line = "  ".join(parts)
+        print(line, file=self.stream, flush=True)
+        into_log_files(line, name="tfdistx.progress")
+
+
+def into_log_files(line: str, level: int = logging.INFO, name: str = "tfdistx") -> None:
+    """A line printed on the terminal goes into the run's log file as well
+    (a single run's tfdistx.log, which Hydra's file handler writes), so that
+    the file holds the run as the terminal showed it: step lines, warnings,
+    refusals. Not through `log.info`: the console handler would print it a
+    second time. A local cluster's tasks have no file handler: the launcher
+    files their output. Imports no TensorFlow (commands use it too)."""
+    for handler in logging.getLogger().handlers:
+        if isinstance(handler, logging.FileHandler):
+            handler.emit(logging.LogRecord(name, level, __file__, 0, line, None, None))
 
 
 class JsonlLogger:
