@@ -80,3 +80,24 @@ def test_loop_runs_steps_logs_evaluates_and_saves():
     # eval over the whole split: 64 examples, counted exactly once
     assert result.eval["eval/accuracy"] * 64 == pytest.approx(round(result.eval["eval/accuracy"] * 64))
     assert np.isfinite(result.train["loss"])
+
+
+@pytest.mark.unit
+def test_step_lines_reach_the_runs_log_file_once(tmp_path, capsys):
+    """A single run's tfdistx.log (Hydra's file handler) holds the step lines the terminal shows."""
+    import logging
+
+    from tfdistx.engine.loggers import ConsoleProgress
+
+    handler = logging.FileHandler(tmp_path / "tfdistx.log")
+    logging.getLogger().addHandler(handler)
+    try:
+        progress = ConsoleProgress(total_steps=20)
+        progress(10, {"loss": 1.5})
+        progress(20, {"loss": 1.25})
+    finally:
+        logging.getLogger().removeHandler(handler)
+        handler.close()
+    shown = capsys.readouterr().out.splitlines()
+    assert shown[0] == "step 10/20  loss 1.5" and shown[1].startswith("step 20/20  loss 1.25")
+    assert (tmp_path / "tfdistx.log").read_text().splitlines() == shown
