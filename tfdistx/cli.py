@@ -17,10 +17,11 @@ SUBCOMMANDS = {
     "export tfjob": "tfdistx.commands.tfjob",  # a Kubeflow TFJob for the composed config
     "data write": "tfdistx.commands.data_write",  # any data source as sharded TFRecord/CSV files + a manifest
     "evaluate": "tfdistx.commands.evaluate",  # metrics of a run's checkpoint on the eval data
+    "predict": "tfdistx.commands.predict",  # a run's export applied to files (or its eval data): sharded predictions
     "_task": "tfdistx.commands.task",  # one task of a local cluster (started by the launcher)
 }
 # Subcommands whose modules import TensorFlow: it is imported first without its start-up chatter.
-IMPORTS_TENSORFLOW = {"export", "data write"}
+IMPORTS_TENSORFLOW = {"export", "data write", "predict"}
 
 
 def main(argv: Optional[Sequence[str]] = None):
@@ -39,6 +40,8 @@ def main(argv: Optional[Sequence[str]] = None):
         sys.path.insert(0, os.getcwd())
     words = next((n for n in (2, 1) if " ".join(argv[:n]) in SUBCOMMANDS), 0)  # `export tfjob` before `export`
     try:
+        if any(arg.partition("=")[0] in ("--config-dir", "-cd") for arg in argv):
+            argv = _user_config_dirs(argv)
         if not words:
             from tfdistx.commands import run  # deferred like the others: `tfdistx recipes` needs none of it
 
@@ -52,3 +55,17 @@ def main(argv: Optional[Sequence[str]] = None):
     except BrokenPipeError:  # `tfdistx recipes | head`, `--plan | head`: the reader has what it wanted
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         sys.exit(0)
+
+
+def _user_config_dirs(argv: list) -> list:
+    """`--config-dir DIR` for every command (a run, `data write`, `recipes`,
+    `export tfjob`): taken out of the command line and into
+    TFDISTX_CONFIG_PATH, where every command's composition looks."""
+    from tfdistx.commands.common import refuse  # deferred: only when the flag is given
+    from tfdistx.config import userconf
+    from tfdistx.config.errors import ConfigError
+
+    try:
+        return userconf.take_flags(argv)
+    except ConfigError as error:
+        refuse(error)

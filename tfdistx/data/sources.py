@@ -31,6 +31,62 @@ PipelineFn = Callable[[Optional[tf.distribute.InputContext]], tf.data.Dataset]
 
 @dataclass
 class DataSource:
+    """What a data `_target_` returns: where the examples come from. tfdistx
+    does the rest.
+
+    Fields:
+        train: the pipeline function (below) of the training examples.
+        eval: the pipeline function of the evaluation examples, or None (the
+            run is not evaluated).
+        input_shape: not used: the features' shapes and dtypes are read
+            from `train(None).element_spec`.
+        num_classes: classification: how many classes the labels count (the
+            model's output width); None for the other tasks.
+        train_examples: how many training examples there are, or None. Only
+            `trainer.epochs` needs it (steps = epochs * train_examples // the
+            global batch); with it, a global batch larger than the data is
+            refused before training.
+
+    A pipeline function is
+
+        fn(input_context: Optional[tf.distribute.InputContext]) -> tf.data.Dataset
+
+    and returns single, unbatched `(features, label)` examples: features one
+    tensor or a dict of named tensors, labels of any shape the task accepts;
+    one pass over the data (a finite dataset). tfdistx calls it
+
+    - once per input pipeline (one per worker), with that pipeline's
+      InputContext: return that pipeline's share only, e.g. with
+      `tfdistx.data.shard(dataset, input_context)` or by file. tfdistx turns
+      tf.data's auto-sharding off, so a pipeline that is not sharded feeds
+      every worker every example. Under parameter servers the context's
+      `input_pipeline_id` is a tensor (the worker's index is known only on
+      the worker): `Dataset.shard` takes it, a Python `if` on it cannot.
+    - with None, for one pipeline of all the examples: to read the element
+      spec the model is built for, for evaluation on a parameter-server
+      coordinator, and for `tfdistx data write` and `tfdistx predict`. Build
+      it cheaply: often only its element_spec is read.
+
+    What tfdistx does with the dataset (data/input.py), so the function must
+    not: for `train`, `cache()` (with `data.cache=true`), `shuffle` with a
+    buffer of `data.shuffle_buffer` examples (seeded by `trainer.seed`,
+    reshuffled every epoch), `repeat()` forever, `batch` at the per-replica
+    batch size (the global batch / replicas, `drop_remainder=True`),
+    `skip` of the batches already trained on when a run resumes, and
+    `prefetch(AUTOTUNE)`; then `distribute_datasets_from_function` (or
+    `ClusterCoordinator.create_per_worker_dataset` under parameter
+    servers). For `eval`: `cache()` (with `data.cache=true`), `batch` at the
+    per-replica batch size keeping the last, smaller batch, one pass (or
+    `trainer.eval_steps` batches), `prefetch`; never shuffled.
+
+    So: do not `.batch()` (every element is one example), do not
+    `.repeat()` (training repeats it; an evaluation must end), and shard by
+    the context. Shuffling and prefetching are not needed; a function may
+    still shuffle its files (seeded), but must give the same order every
+    time it is built, or a resumed run (which reads and drops the batches
+    already trained on) does not continue where it stopped.
+    """
+
     train: PipelineFn
     eval: Optional[PipelineFn]
     input_shape: Optional[tuple] = None  # not needed: the features' specs come from `train`
