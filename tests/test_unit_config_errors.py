@@ -68,7 +68,8 @@ BIG = MAX_STEPS  # 2**62: the most steps a checkpoint's int64 counter can carry
     (("logger=wandb",), {"logger.wandb.init_timeout": 0}, "logger.wandb.init_timeout=0: seconds, more than 0"),
     # a key no group has
     ((), {"checkpoint.keep": 2},
-     "checkpoint.keep=2: checkpoint has no such key; its keys: every_steps, max_to_keep, dir, restore, export"),
+     "checkpoint.keep=2: checkpoint has no such key; its keys: every_steps, max_to_keep, dir, restore, export, keep_best, "
+     "init_from, init_skip"),
 ])
 def test_one_bad_value_is_one_line(configs, base, change, line):
     assert problems(changed(configs(*base), change)) == [PREFIX + line]

@@ -32,7 +32,7 @@ def mlp(input_shape: Sequence[int], num_outputs: int, hidden_units: Sequence[int
         model.add(layers.Dense(units, activation="relu"))
         if dropout:
             model.add(layers.Dropout(dropout))
-    model.add(layers.Dense(num_outputs))
+    model.add(layers.Dense(num_outputs, name="head"))  # named: checkpoint.init_skip=['head/'] leaves it fresh for a new task
     return model
 
 
@@ -45,7 +45,7 @@ def cnn(input_shape: Sequence[int], num_outputs: int, filters: Sequence[int] = (
     model.add(layers.Dense(dense_units, activation="relu"))
     if dropout:
         model.add(layers.Dropout(dropout))
-    model.add(layers.Dense(num_outputs))
+    model.add(layers.Dense(num_outputs, name="head"))
     return model
 
 
@@ -72,7 +72,7 @@ def resnet(input_shape: Sequence[int], num_outputs: int, depth: int = 20, width:
                 shortcut = layers.BatchNormalization()(conv(shortcut, filters, stride, kernel=1))
             x = layers.ReLU()(layers.Add()([y, shortcut]))
     x = layers.GlobalAveragePooling2D()(x)
-    outputs = layers.Dense(num_outputs, kernel_regularizer=reg)(x)
+    outputs = layers.Dense(num_outputs, kernel_regularizer=reg, name="head")(x)
     return keras.Model(inputs, outputs, name=f"resnet{depth}")
 
 

@@ -33,7 +33,12 @@ def objective_problems(objective, task_name: str, metric_names) -> list:
 
 
 def value(name: str, summary: dict) -> float:
-    """`eval/accuracy` -> summary['eval']['eval/accuracy']; `loss` -> summary['train']['loss']."""
+    """`eval/accuracy` -> summary['eval']['eval/accuracy']; `loss` -> summary['train']['loss'].
+    A run that kept its best checkpoint (checkpoint.keep_best) answers with
+    the best value: that is the model it keeps and exports."""
+    best = summary.get("best") or {}
+    if best.get("checkpoint") and best.get("objective") == name and best.get("value") is not None:
+        return float(best["value"])
     for section in ("eval", "train"):
         if name in summary[section]:
             return float(summary[section][name])

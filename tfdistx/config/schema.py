@@ -9,7 +9,7 @@ at compose time with the key named.
 import datetime
 import os
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, List, Optional
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import OmegaConf
@@ -31,6 +31,12 @@ TASK_KEYS = ("name", "objective")
 
 
 @dataclass
+class EarlyStoppingConfig:
+    patience: Optional[int] = None  # evaluations without an improvement before the run stops; None: never
+    min_delta: float = 0.0  # an improvement must beat the best by more than this
+
+
+@dataclass
 class TrainerConfig:
     steps: Optional[int] = 1000
     epochs: Optional[int] = None
@@ -44,6 +50,7 @@ class TrainerConfig:
     jit_compile: Any = "auto"  # true, false or auto (validate.py)
     precision: str = "float32"
     accumulate_steps: int = 1
+    early_stopping: EarlyStoppingConfig = field(default_factory=EarlyStoppingConfig)
 
 
 @dataclass
@@ -53,6 +60,9 @@ class CheckpointConfig:
     dir: Optional[str] = None
     restore: bool = True
     export: bool = True
+    keep_best: bool = False  # also keep the checkpoint best by trainer.objective, in <dir>/best; the export is of it
+    init_from: Optional[str] = None  # warm start: a run dir, a checkpoint prefix, a .weights.h5 or a .keras file
+    init_skip: List[str] = field(default_factory=list)  # regexes of variable paths left freshly initialised
 
 
 @dataclass

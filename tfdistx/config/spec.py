@@ -9,16 +9,24 @@ data source, task) is a Target: its `_target_` and keys, built by Hydra's
 `instantiate` when the engine asks (config/targets.py).
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, Mapping, Optional, Union
+from typing import Any, Mapping, Optional, Tuple, Union
 
 from omegaconf import DictConfig, OmegaConf
 
-from tfdistx.config import strategies
+from tfdistx.config import strategies, warm_start
+from tfdistx.config.compose import saved_config
+from tfdistx.config.errors import ConfigError
 from tfdistx.config.schema import PIPELINE_DEFAULTS, TASK_KEYS
 from tfdistx.config.targets import Target
+
+
+@dataclass(frozen=True)
+class EarlyStopping:
+    patience: Optional[int] = None  # evaluations (of a train objective: logged steps) without an improvement; None: off
+    min_delta: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -35,6 +43,7 @@ class Trainer:
     jit_compile: Union[bool, str]  # True, False or "auto" (config/compute.py decides)
     precision: str
     accumulate_steps: int
+    early_stopping: EarlyStopping = field(default_factory=EarlyStopping)
 
 
 @dataclass(frozen=True)
@@ -44,6 +53,20 @@ class Checkpoint:
     max_to_keep: int
     restore: bool
     export: bool
+    keep_best: bool = False
+    init_from: Optional["InitFrom"] = None
+    init_skip: Tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class InitFrom:
+    """A warm start's source (config/warm_start.py)."""
+
+    path: str  # as given (summary.json says it)
+    kind: Optional[str]  # warm_start.RUN, CHECKPOINT, KERAS or WEIGHTS; None: not looked at (the run resumes)
+    # The source run's own resolved spec, when the path is a run or a checkpoint inside one: its model is
+    # rebuilt as that run built it. None: a bare checkpoint or a Keras file, read with this run's spec.
+    spec: Optional["RunSpec"] = None
 
 
 @dataclass(frozen=True)
@@ -87,21 +110,30 @@ class RunSpec:
     config: Mapping[str, Any]  # the whole resolved config, as the loggers record it
 
 
-def resolve(cfg: DictConfig, run_dir: str = ".") -> RunSpec:
+def resolve(cfg: DictConfig, run_dir: str = ".", follow_init_from: bool = True) -> RunSpec:
     """The run spec of a composed, validated config, for a run in `run_dir`
-    (a command that writes no run, such as `data write`, leaves it out)."""
+    (a command that writes no run, such as `data write`, leaves it out).
+    `follow_init_from=False`: checkpoint.init_from is left unresolved (a
+    warm start's source run is not asked where its own weights came from)."""
     # Each group resolved in place (interpolations see the whole config), the hydra node left out:
     # outside a Hydra job its runtime keys (hydra.job.num) have no value.
     plain = {key: OmegaConf.to_container(cfg[key], resolve=True) if OmegaConf.is_config(cfg[key]) else cfg[key]
              for key in cfg if key != "hydra"}
-    trainer, ckpt, cluster, data = plain["trainer"], plain["checkpoint"], plain["cluster"], plain["data"]
+    trainer, ckpt, cluster, data = dict(plain["trainer"]), plain["checkpoint"], plain["cluster"], plain["data"]
+    checkpoint_dir = ckpt["dir"] or str(Path(run_dir) / "checkpoints")
+    # .get: the saved config of a run from before these keys (a warm start's source, `tfdistx export`) lacks them
+    stopping = EarlyStopping(**(trainer.pop("early_stopping", None) or {}))
     strategy = dict(plain["strategy"])
     name = strategy.pop("name")
     return RunSpec(
         run_dir=Path(run_dir),
-        trainer=Trainer(**trainer),
-        checkpoint=Checkpoint(dir=ckpt["dir"] or str(Path(run_dir) / "checkpoints"), every_steps=ckpt["every_steps"],
-                              max_to_keep=ckpt["max_to_keep"], restore=ckpt["restore"], export=ckpt["export"]),
+        trainer=Trainer(**trainer, early_stopping=stopping),
+        checkpoint=Checkpoint(dir=checkpoint_dir, every_steps=ckpt["every_steps"],
+                              max_to_keep=ckpt["max_to_keep"], restore=ckpt["restore"], export=ckpt["export"],
+                              keep_best=bool(ckpt.get("keep_best", False)),
+                              init_from=_init_from(ckpt.get("init_from"), warm_start.resumes(checkpoint_dir, ckpt["restore"]))
+                              if follow_init_from else None,
+                              init_skip=tuple(ckpt.get("init_skip") or ())),
         cluster=Cluster(name=cluster["name"], workers=cluster["workers"], ps=cluster["ps"],
                         devices_per_worker=cluster["devices_per_worker"], startup_timeout=cluster["startup_timeout"]),
         strategy=Strategy(name, _frozen(strategy), strategies.get(name, cluster["workers"], cluster["devices_per_worker"])),
@@ -113,6 +145,27 @@ def resolve(cfg: DictConfig, run_dir: str = ".") -> RunSpec:
         logger=_frozen(plain["logger"]),
         config=_frozen(plain),
     )
+
+
+def _init_from(path: Optional[str], resumes: bool) -> Optional[InitFrom]:
+    """The warm start's source, its run's spec resolved from that run's saved
+    config (validate.py has checked the path; it is looked at again here,
+    where a config that was composed earlier is resolved). A run that
+    resumes does not apply it: a source deleted or changed since is left
+    unresolved rather than stopping the resume."""
+    if path is None:
+        return None
+    try:
+        kind, why = warm_start.kind(path)
+        if why:
+            raise ConfigError.one("checkpoint.init_from", path, why)
+        source_run = warm_start.run_dir_of(path, kind)
+        source = resolve(saved_config(str(source_run)), str(source_run), follow_init_from=False) if source_run else None
+    except ConfigError:
+        if resumes:
+            return InitFrom(path=str(path), kind=None)
+        raise
+    return InitFrom(path=str(path), kind=kind, spec=source)
 
 
 def _frozen(mapping: dict) -> Mapping[str, Any]:

@@ -14,7 +14,7 @@ from typing import Optional
 
 from omegaconf import DictConfig, OmegaConf
 
-from tfdistx.config import compute, sources, strategies, tasks, topology
+from tfdistx.config import compute, sources, strategies, tasks, topology, warm_start
 from tfdistx.config.errors import MAX_RETRYABLE_EXIT_OFFSET, ConfigError, Problem
 from tfdistx.config.objective import objective_problems
 from tfdistx.config.schema import LAUNCH_MODES, Config
@@ -35,7 +35,7 @@ def validate(cfg: DictConfig, run_dir: Optional[str] = None) -> None:
     problems += compute.problems(cfg)
     task_problems = tasks.problems(cfg.task)
     problems += task_problems or _objective(cfg.trainer.objective, cfg.task)  # the objective is checked against known metrics
-    problems += _checkpoint(cfg.checkpoint)
+    problems += _checkpoint(cfg.checkpoint, run_dir)
     problems += _targets(cfg)
     problems += _logger(cfg.logger)
     if run_dir is not None:
@@ -194,7 +194,21 @@ def _trainer(trainer: DictConfig) -> list:
         problems.append(Problem("trainer.precision", trainer.precision, f"allowed: {', '.join(compute.PRECISIONS)}"))
     if trainer.accumulate_steps < 1:
         problems.append(Problem("trainer.accumulate_steps", trainer.accumulate_steps, "must be at least 1 (1: no accumulation)"))
-    return problems
+    return problems + _early_stopping(trainer)
+
+
+def _early_stopping(trainer: DictConfig) -> list:
+    stopping = trainer.early_stopping
+    if stopping.patience is not None and stopping.patience < 1:
+        return [Problem("trainer.early_stopping.patience", stopping.patience, "evaluations without an improvement: at least 1 (or null: never stop early)")]
+    if not _is_number(stopping.min_delta) or stopping.min_delta < 0:
+        return [Problem("trainer.early_stopping.min_delta", stopping.min_delta, "must be a finite number, 0 or more")]
+    # eval_every=0 evaluates once, at the end: patience would count nothing (keep_best only warns: its best is the last)
+    if stopping.patience is not None and trainer.eval_every == 0 and str(trainer.objective).startswith("eval/"):
+        return [Problem("trainer.early_stopping.patience", stopping.patience,
+                        f"counts evaluations of trainer.objective={trainer.objective}, and trainer.eval_every=0 evaluates only at "
+                        "the end: set trainer.eval_every, or a training metric as the objective (e.g. trainer.objective=loss)")]
+    return []
 
 
 def _objective(objective, task: DictConfig) -> list:
@@ -205,13 +219,14 @@ def _objective(objective, task: DictConfig) -> list:
     return objective_problems(objective, task.get("name", task.get("_target_")), task.metrics)
 
 
-def _checkpoint(ckpt: DictConfig) -> list:
+def _checkpoint(ckpt: DictConfig, run_dir: Optional[str] = None) -> list:
     problems = []
     if ckpt.every_steps < 0:
         problems.append(Problem("checkpoint.every_steps", ckpt.every_steps, "must be 0 (only at the end) or more"))
     if ckpt.max_to_keep < 1:
         problems.append(Problem("checkpoint.max_to_keep", ckpt.max_to_keep, "must be at least 1"))
-    return problems
+    checkpoint_dir = ckpt.dir or (os.path.join(run_dir, "checkpoints") if run_dir else None)
+    return problems + warm_start.problems(ckpt.init_from, ckpt.init_skip, warm_start.resumes(checkpoint_dir, ckpt.restore))
 
 
 def _targets(cfg: DictConfig) -> list:

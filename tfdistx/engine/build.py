@@ -27,7 +27,7 @@ from tfdistx.data import input as input_lib
 from tfdistx.data.files import input_errors_in_one_line
 from tfdistx.data.sources import DataSource
 from tfdistx.engine import strategy as strategy_lib
-from tfdistx.engine.checkpointing import Checkpointer
+from tfdistx.engine.checkpointing import Checkpointer, ObjectiveState
 from tfdistx.engine.optim import LearningRateAtStep, build_optimizer, effective_lr, schedule
 from tfdistx.tasks import Task, float32
 
@@ -57,6 +57,7 @@ class Run:
     peak_lr: float
     jit_compile: bool
     sample: tuple  # (labels, model outputs) of two training examples, to build the metrics with
+    objective_state: Any = None  # checkpointing.ObjectiveState: the objective's best so far and early stopping's count
 
     @property
     def dir(self):
@@ -132,16 +133,18 @@ def build_run(spec: RunSpec, placement: Placement) -> Optional[Run]:
         # Not optimizer.iterations: parameter-server workers increment that
         # concurrently and lose increments (measured: 319 after 400 steps).
         step_counter = tf.Variable(0, dtype=tf.int64, trainable=False, name="step")
+        objective_state = ObjectiveState()  # beside the step: a variable of every worker, restored with it
     with input_errors_in_one_line(source):  # its first examples come through a shuffle window: a bad record may be in it
         sample = _check_model_takes_data(model, task, source, spec, num_outputs)
     task.check_labels(source.num_classes)
 
     checkpointer = Checkpointer(
         spec.checkpoint.dir, max_to_keep=spec.checkpoint.max_to_keep, is_chief=placement.is_chief, task_name=placement.task_name,
-        model=model, optimizer=optimizer, rng=rng_states(model), step=step_counter)
+        model=model, optimizer=optimizer, rng=rng_states(model), step=step_counter, objective=objective_state,
+        optional=["objective"])  # checkpoints written before it was saved restore without it
     return Run(spec, placement, facts, name, strategy, coordinator, task, source, model, optimizer, learning_rate,
                step_counter, checkpointer, global_batch, per_replica, total_steps, effective_lr(spec.optimizer, replicas),
-               jit, sample)
+               jit, sample, objective_state)
 
 
 def build_task(spec: RunSpec) -> Task:
@@ -156,6 +159,26 @@ def build_model(spec: RunSpec, feature_spec, num_outputs: int) -> keras.Model:
     shape = tuple(feature_spec.shape) if isinstance(feature_spec, tf.TensorSpec) else None
     return spec.model.build(expect=keras.Model, input_shape=shape, feature_spec=feature_spec,
                             num_outputs=num_outputs, num_classes=num_outputs)
+
+
+def model_from_checkpoint(spec: RunSpec, checkpoint_path: str):
+    """The spec's model, rebuilt outside any strategy and with a checkpoint of
+    its run restored into it: (model, task, feature_spec, restore status).
+    The same for a model whose variables lived on parameter servers or were
+    mirrored across workers. Used by the export and by a warm start."""
+    task, source = build_task(spec), build_source(spec)
+    feature_spec, label_spec = source.element_spec
+    # The weights are float32 under every precision (Keras keeps float32 master
+    # weights): the rebuilt model is float32, whatever training computed in.
+    keras.mixed_precision.set_global_policy("float32")
+    model = build_model(spec, feature_spec, task.num_outputs(label_spec, source.num_classes))
+    # Restored with the optimizer too, as training saved it: a weight that a
+    # layer keeps in a plain list (wide_deep's table shards) is reachable in
+    # the checkpoint only through the optimizer's variables, and a restore of
+    # the model alone would silently leave it at its initial value.
+    optimizer = build_optimizer_for(spec, model, LearningRateAtStep(0.0))  # the checkpoint's structure
+    status = tf.train.Checkpoint(model=model, optimizer=optimizer).restore(checkpoint_path)
+    return model, task, feature_spec, status
 
 
 def build_optimizer_for(spec: RunSpec, model, learning_rate: LearningRateAtStep):

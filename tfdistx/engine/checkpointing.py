@@ -1,21 +1,25 @@
 """Checkpoints with tf.train.Checkpoint and CheckpointManager.
 
-Model, optimizer slots, the loop's step counter and the RNG states are saved
-and restored as one. Every worker of a synchronous cluster must save (saving
-is collective), but only the chief writes the run's checkpoints: the others
-save into a scratch directory of their own, removed when the run ends.
+Model, optimizer slots, the loop's step counter, the RNG states and the
+objective's best value so far are saved and restored as one. Every worker
+of a synchronous cluster must save (saving is collective), but only the
+chief writes the run's checkpoints: the others save into a scratch
+directory of their own, removed when the run ends. With
+`checkpoint.keep_best`, the best checkpoint is also kept in `<dir>/best/`,
+by a manager of its own (the latest ones' max_to_keep never rotates it away).
 """
 
 import contextlib
 import errno
 import hashlib
 import logging
+import math
 import os
 import shutil
 import stat
 import tempfile
 from pathlib import Path
-from typing import List, Optional
+from typing import List, Optional, Sequence
 
 import tensorflow as tf
 
@@ -25,13 +29,21 @@ from tfdistx.rundir import keep_aside
 log = logging.getLogger(__name__)
 
 
+BEST = "best"  # the best checkpoint's directory, inside the checkpoint directory
+
+
 class Checkpointer:
-    def __init__(self, directory: str, *, max_to_keep: int, is_chief: bool = True, task_name: str = "main", **trackables):
-        """Restores from `directory`; saves there on the chief, elsewhere on the others."""
+    def __init__(self, directory: str, *, max_to_keep: int, is_chief: bool = True, task_name: str = "main",
+                 optional: Sequence[str] = (), **trackables):
+        """Restores from `directory`; saves there on the chief, elsewhere on the
+        others. `optional`: names among `trackables` that a checkpoint written
+        before tfdistx saved them lacks (restored without them: they keep their
+        initial values)."""
         self.directory = directory
         self.scratch = None if is_chief else _scratch_dir(directory, task_name)
         if is_chief:
             _set_aside_bad_state_file(directory)  # CheckpointManager would fail on it, or manage ghosts
+        self.trackables, self.optional = trackables, tuple(optional)
         self.checkpoint = tf.train.Checkpoint(**trackables)
         self.max_to_keep = max_to_keep
         self.start_over()
@@ -44,6 +56,7 @@ class Checkpointer:
         self.manager = tf.train.CheckpointManager(self.checkpoint, self.scratch or self.directory, max_to_keep=self.max_to_keep,
                                                   checkpoint_name="ckpt")
         self.last_saved: Optional[int] = None
+        self.best_manager = None  # made at the first save_best: it deletes the best/ checkpoint it finds when it saves a better one
 
     def restore_latest(self) -> Optional[str]:
         """Restore the newest intact checkpoint; its path, or None.
@@ -73,19 +86,47 @@ class Checkpointer:
         is a ConfigError (never half-restored: a model left partly at its
         initial values would train or evaluate as if nothing were wrong);
         one that cannot be read is Damaged."""
+        checkpoint = self.checkpoint
+        lacking = self._optional_lacking_in(path)
+        if lacking:  # written before tfdistx saved these: restored whole without them
+            checkpoint = tf.train.Checkpoint(**{k: v for k, v in self.trackables.items() if k not in lacking})
         try:
-            status = self.checkpoint.restore(path)
+            status = checkpoint.restore(path)
             status.assert_existing_objects_matched()
             status.assert_consumed()  # adam's slots left over in an sgd run, say
         except Exception as error:  # damage shows as DataLossError, IndexError, ValueError, ...
             if _readable(path):
-                raise ConfigError.one("checkpoint", path, _mismatch(path, self.checkpoint, error)) from None
+                raise ConfigError.one("checkpoint", path, _mismatch(path, checkpoint, error)) from None
             raise Damaged(str(error).splitlines()[0][:200] if str(error) else type(error).__name__) from None
+
+    def _optional_lacking_in(self, path: str) -> list:
+        if not self.optional:
+            return []
+        try:
+            saved = tf.train.load_checkpoint(path).get_variable_to_shape_map()
+        except Exception:  # unreadable: the restore says so (Damaged)
+            return []
+        return [name for name in self.optional if not any(key.startswith(f"{name}/") for key in saved)]
 
     def save(self, step: int) -> None:
         if step != self.last_saved:
             self.manager.save(checkpoint_number=step)
             self.last_saved = step
+
+    def save_best(self, step: int) -> str:
+        """Save the checkpoint at `step` into best/ as the one best checkpoint,
+        replacing the earlier best (every worker of a synchronous cluster calls
+        it at the same step: non-chiefs save into their scratch directory)."""
+        if self.best_manager is None:
+            self.best_manager = tf.train.CheckpointManager(self.checkpoint, os.path.join(self.scratch or self.directory, BEST),
+                                                           max_to_keep=1, checkpoint_name="ckpt")
+        return self.best_manager.save(checkpoint_number=step)
+
+    @property
+    def best(self) -> Optional[str]:
+        """The best checkpoint in the run's best/ (saved by this run or, resumed, an earlier part of it)."""
+        kept = on_disk(os.path.join(self.directory, BEST))
+        return kept[-1] if kept else None
 
     @property
     def latest(self) -> Optional[str]:
@@ -95,6 +136,33 @@ class Checkpointer:
     def close(self) -> None:
         if self.scratch:
             shutil.rmtree(self.scratch, ignore_errors=True)
+
+
+class ObjectiveState(tf.Module):
+    """What TrackObjective (loop.py) knows of trainer.objective, saved with
+    every checkpoint, so that a resumed run neither takes its first
+    evaluation for the best (and overwrites a better best/ checkpoint) nor
+    forgets how long it has waited for an improvement (a rerun of an
+    early-stopped run sees its patience spent). NaN and -1: nothing yet."""
+
+    def __init__(self):
+        super().__init__(name="objective")
+        self.best = tf.Variable(float("nan"), dtype=tf.float64, trainable=False, name="best")
+        self.best_step = tf.Variable(-1, dtype=tf.int64, trainable=False, name="best_step")
+        self.reference = tf.Variable(float("nan"), dtype=tf.float64, trainable=False, name="reference")  # early stopping's best
+        self.waited = tf.Variable(0, dtype=tf.int64, trainable=False, name="waited")  # evaluations since it improved
+
+    def read(self) -> dict:
+        best, reference, best_step = float(self.best.numpy()), float(self.reference.numpy()), int(self.best_step.numpy())
+        return {"best": None if math.isnan(best) else best, "best_step": None if best_step < 0 else best_step,
+                "reference": None if math.isnan(reference) else reference, "waited": int(self.waited.numpy())}
+
+    def write(self, state: dict) -> None:
+        nan = float("nan")
+        self.best.assign(nan if state["best"] is None else state["best"])
+        self.best_step.assign(-1 if state["best_step"] is None else state["best_step"])
+        self.reference.assign(nan if state["reference"] is None else state["reference"])
+        self.waited.assign(state["waited"])
 
 
 class Damaged(Exception):
@@ -182,8 +250,9 @@ def stops_cleanly_when_unwritable(checkpoint_dir: str):
         if cause is None:
             raise
         directory = Path(checkpoint_dir)
-        for partial in [*directory.glob("*_temp"), *directory.glob("*.tempstate*"), *directory.glob("checkpoint.tmp*")]:
-            shutil.rmtree(partial, ignore_errors=True) if partial.is_dir() else partial.unlink(missing_ok=True)
+        for place in (directory, directory / BEST):
+            for partial in [*place.glob("*_temp"), *place.glob("*.tempstate*"), *place.glob("checkpoint.tmp*")]:
+                shutil.rmtree(partial, ignore_errors=True) if partial.is_dir() else partial.unlink(missing_ok=True)
         kept = on_disk(checkpoint_dir)
         kept = f"the newest checkpoint is {os.path.basename(kept[-1])} in {directory}" if kept else "no checkpoint was written"
         raise RunFault(f"cannot write the run ({cause}): training stopped; {kept}. "
@@ -221,13 +290,16 @@ def _set_aside_bad_state_file(directory: str) -> None:
 
 def find(directory: str, step: Optional[int] = None) -> str:
     """The newest checkpoint in `directory`, or the one saved at `step` (the
-    user's `--step`); ConfigError when there is none."""
+    user's `--step`, which may also name the one in best/); ConfigError when
+    there is none."""
     paths = on_disk(directory)
     if step is None and paths:
         return paths[-1]
-    found = next((p for p in paths if p.endswith(f"ckpt-{step}")), None)
+    best = on_disk(os.path.join(directory, BEST))  # the best checkpoint (keep_best), which max_to_keep may have rotated out of paths
+    found = next((p for p in paths + best if p.endswith(f"ckpt-{step}")), None)
     if found is None:
         kept = ", ".join(p.rsplit("-", 1)[1] for p in paths) or "none"
+        kept += f"; the best: {best[-1].rsplit('-', 1)[1]}" if best else ""
         raise ConfigError.one("--step" if step is not None else "checkpoint.dir", step if step is not None else directory,
                               f"no such checkpoint in {directory} (steps kept: {kept})")
     return found

@@ -17,8 +17,7 @@ import keras
 import tensorflow as tf
 
 from tfdistx.config.spec import RunSpec
-from tfdistx.engine.build import build_model, build_optimizer_for, build_source, build_task
-from tfdistx.engine.optim import LearningRateAtStep
+from tfdistx.engine.build import model_from_checkpoint
 from tfdistx.rundir import new_directory
 
 log = logging.getLogger(__name__)
@@ -28,18 +27,9 @@ def export_checkpoint(spec: RunSpec, checkpoint_path: str, directory: str, prote
     """Rebuild the model outside any strategy, load a checkpoint into it and
     write the SavedModel: the same for a model whose variables lived on
     parameter servers or were mirrored across workers."""
-    task, source = build_task(spec), build_source(spec)
-    feature_spec, label_spec = source.element_spec
-    # The weights are float32 under every precision (Keras keeps float32 master
-    # weights): the exported model serves in float32, whatever training computed in.
-    keras.mixed_precision.set_global_policy("float32")
-    model = build_model(spec, feature_spec, task.num_outputs(label_spec, source.num_classes))
-    # Restored with the optimizer too, as training saved it: a weight that a
-    # layer keeps in a plain list (wide_deep's table shards) is reachable in
-    # the checkpoint only through the optimizer's variables, and a restore of
-    # the model alone would silently leave it at its initial value.
-    optimizer = build_optimizer_for(spec, model, LearningRateAtStep(0.0))  # the checkpoint's structure
-    tf.train.Checkpoint(model=model, optimizer=optimizer).restore(checkpoint_path).expect_partial()
+    # float32, and restored with the optimizer's structure (build.model_from_checkpoint says why)
+    model, task, feature_spec, status = model_from_checkpoint(spec, checkpoint_path)
+    status.expect_partial()  # the step counter, RNG states and objective state are the run's, not the model's
     export_saved_model(model, task, feature_spec, directory, protected)
     log.info("exported %s to %s", os.path.basename(checkpoint_path), directory)
     return directory

@@ -20,6 +20,7 @@ from tensorflow.python.framework import config as tf_config  # disable_op_determ
 
 from tfdistx.cluster.placement import Placement, Source
 from tfdistx.config.errors import ConfigError
+from tfdistx.config.objective import lower_is_better
 from tfdistx.config.objective import value as objective_value
 from tfdistx.config.spec import RunSpec
 from tfdistx.data import input as input_lib
@@ -28,11 +29,12 @@ from tfdistx.engine import checkpointing, loggers
 from tfdistx.engine import strategy as strategy_lib
 from tfdistx.engine.build import Run, build_run
 from tfdistx.engine.export import export_checkpoint
-from tfdistx.engine.loop import CheckPreemption, Log, Loop, SaveCheckpoints, Schedule
+from tfdistx.engine.loop import CheckPreemption, Log, Loop, SaveCheckpoints, Schedule, TrackObjective
 from tfdistx.engine.metrics import MetricSet
 from tfdistx.engine.preemption import PreemptionWatcher, lost_peer_in_one_line
 from tfdistx.engine.runner import CoordinatorRunner, SyncRunner
 from tfdistx.engine.update import Update
+from tfdistx.engine.warm_start import warm_start
 from tfdistx.rundir import set_aside_previous_run
 
 log = logging.getLogger(__name__)
@@ -69,15 +71,27 @@ def train(spec: RunSpec, placement: Optional[Placement] = None, process_ends_aft
                                   f"({os.path.basename(restored)}): ask for {start_step} steps or more, or use another hydra.run.dir")
         if restored and start_step == run.total_steps:
             return already_finished(run, restored)
+        tracker = objective_tracker(run)
+        if restored and tracker and tracker.exhausted():  # stopped early: as finished, never trained on
+            return already_finished(run, restored, stopped_early=True)
         if restored:
             log.info("resuming from step %d (%s)", start_step, restored)
+            if spec.checkpoint.init_from:  # a rerun of a warm-started run resumes, never re-initialises
+                log.info("checkpoint.init_from=%s is not applied: it initialises a new run, and this one resumes from its own "
+                         "checkpoint", spec.checkpoint.init_from.path)
+        elif spec.checkpoint.init_from:
+            warm_start(run)
         runner = make_runner(run, skip_steps=start_step)
         log.info("%s: %s, global batch %d, %d steps, task %s", run.strategy_name, run.replicas_text, run.global_batch,
                  run.total_steps, run.task.name)
         if placement.is_chief:
             log.info("run dir: %s", run.dir.resolve())
-        result = _fit(run, runner, start_step)
+        result = _fit(run, runner, start_step, tracker)
+        if result.stopped_early:
+            log.info("stopped early at step %d: %s", result.step, result.stopped_early["reason"])
         final_checkpoint = run.checkpointer.latest
+        if spec.checkpoint.keep_best and run.checkpointer.best:
+            final_checkpoint = run.checkpointer.best  # the model the run keeps: exported instead of the last
 
     summary = _summary(run, result, restored, start_step, time.time() - started)
     if placement.is_chief:
@@ -90,9 +104,10 @@ def train(spec: RunSpec, placement: Optional[Placement] = None, process_ends_aft
     return objective_value(spec.trainer.objective, summary)
 
 
-def _fit(run: Run, runner, start_step: int):
-    """The loop, with its actions: log, checkpoint, and (in a cluster) stop
-    cleanly when preempted or when a peer is lost."""
+def _fit(run: Run, runner, start_step: int, tracker: Optional[TrackObjective] = None):
+    """The loop, with its actions: log, track the objective (the best
+    checkpoint, early stopping), checkpoint, and (in a cluster) stop cleanly
+    when preempted or when a peer is lost."""
     spec = run.spec
     schedule = Schedule(run.total_steps, spec.trainer.steps_per_loop, spec.trainer.log_every, spec.trainer.eval_every)
     # A SIGTERM checkpoints and exits 42 (parameter servers: the coordinator
@@ -104,8 +119,33 @@ def _fit(run: Run, runner, start_step: int):
             PreemptionWatcher(run.strategy, run.checkpointer, synchronous_cluster) as preemption, \
             loggers.for_run(run.dir, dict(spec.logger), run.total_steps, start_step, enabled=run.placement.is_chief,
                             config=_plain(spec.config)) as sinks:
-        actions = [Log(sinks), SaveCheckpoints(run.checkpointer, spec.checkpoint.every_steps), CheckPreemption(preemption)]
+        actions = [Log(sinks), *([tracker] if tracker else []),  # the tracker before the saves: they carry its state
+                   SaveCheckpoints(run.checkpointer, spec.checkpoint.every_steps), CheckPreemption(preemption)]
         return Loop(runner, schedule, run.step_counter, actions, learning_rate_at=run.learning_rate.at).run()
+
+
+def objective_tracker(run: Run) -> Optional[TrackObjective]:
+    """The action that keeps the best checkpoint and stops early, when asked for."""
+    spec = run.spec
+    objective, patience = spec.trainer.objective, spec.trainer.early_stopping.patience
+    if not spec.checkpoint.keep_best and patience is None:
+        return None
+    if spec.checkpoint.keep_best and objective.startswith("eval/") and not spec.trainer.eval_every and run.placement.is_chief:
+        log.warning("checkpoint.keep_best: %s is evaluated only at the end (trainer.eval_every=0), so the best checkpoint is "
+                    "the last one; set trainer.eval_every to choose among several", objective)
+    return TrackObjective(objective, lower_is_better(objective), run.objective_state,
+                          save_best=run.checkpointer.save_best if spec.checkpoint.keep_best else None,
+                          patience=patience, min_delta=spec.trainer.early_stopping.min_delta)
+
+
+def _best(run: Run) -> Optional[dict]:
+    """The best value of the objective so far, and (checkpoint.keep_best) its checkpoint."""
+    spec = run.spec
+    state = run.objective_state.read()
+    if (not spec.checkpoint.keep_best and spec.trainer.early_stopping.patience is None) or state["best_step"] is None:
+        return None
+    return {"step": state["best_step"], "value": state["best"], "objective": spec.trainer.objective,
+            "checkpoint": run.checkpointer.best if spec.checkpoint.keep_best else None}
 
 
 def _summary(run: Run, result, restored, start_step: int, wall_time: float) -> dict:
@@ -121,6 +161,8 @@ def _summary(run: Run, result, restored, start_step: int, wall_time: float) -> d
         "learning_rate": run.peak_lr, "resumed": bool(restored), "resumed_from_step": start_step if restored else None,
         "train_wall_time_sec": result.wall_time_sec, "wall_time_sec": wall_time,
         "process": run.placement.task_name, "weights_sha256": digest, "variable_devices": variable_devices(run.model),
+        "init_from": spec.checkpoint.init_from.path if spec.checkpoint.init_from else None,
+        "best": _best(run), "stopped_early": result.stopped_early,
     }
 
 
@@ -135,20 +177,28 @@ def start_over_beside_damaged_run(run: Run) -> None:
     run.checkpointer.start_over()
 
 
-def already_finished(run: Run, restored: str) -> Optional[float]:
-    """A rerun of a run that reached trainer.steps trains nothing and keeps
+def already_finished(run: Run, restored: str, stopped_early: bool = False) -> Optional[float]:
+    """A rerun of a run that reached trainer.steps (or stopped early: its
+    restored objective state says patience was spent) trains nothing and keeps
     what the run wrote: its summary, metrics and export stay as they are.
     Every task evaluates the final checkpoint (the same collective steps
     on each, so none waits for another), and that is the answer: logged,
     appended to evaluations.jsonl, and the objective returned (a sweep's
     rerun reports the same value)."""
-    log.info("the run in this directory finished at step %d (%s): nothing to train; its summary, checkpoints and export "
-             "are kept. Ask for more trainer.steps to train on.", run.total_steps, os.path.basename(restored))
+    step = int(run.step_counter.numpy())
+    if stopped_early:
+        log.info("the run in this directory stopped early at step %d (%s): trainer.early_stopping.patience=%d evaluations without "
+                 "an improvement were spent; nothing to train; its summary, checkpoints and export are kept. To train on, start "
+                 "a new run from it (checkpoint.init_from=%s).", step, os.path.basename(restored),
+                 run.spec.trainer.early_stopping.patience, run.dir)
+    else:
+        log.info("the run in this directory finished at step %d (%s): nothing to train; its summary, checkpoints and export "
+                 "are kept. Ask for more trainer.steps to train on.", run.total_steps, os.path.basename(restored))
     metrics = make_runner(run, train=False).evaluate()
     log.info("evaluated the final checkpoint: %s", ", ".join(f"{k} {v:.6g}" for k, v in metrics.items()))
     if not run.placement.is_chief:
         return None
-    loggers.append_jsonl(run.dir / "evaluations.jsonl", {"checkpoint": os.path.basename(restored), "step": run.total_steps,
+    loggers.append_jsonl(run.dir / "evaluations.jsonl", {"checkpoint": os.path.basename(restored), "step": step,
                                                          "strategy": run.strategy_name, "replicas": run.replicas, **metrics})
     objective = run.spec.trainer.objective
     summary_path = run.dir / "summary.json"

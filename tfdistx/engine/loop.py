@@ -6,7 +6,9 @@ before the next stop, makes the step's record (training metrics when
 it to its actions in order. An action is what a run does between steps:
 write the record to the loggers, save a checkpoint, stop for preemption.
 A new per-loop behaviour is one more action (cf. Orbit's train_actions),
-not a new keyword of the loop.
+not a new keyword of the loop. An action may ask the loop to stop early
+(its `stop_requested` holds the reason): the loop ends at that step, as at
+its last one.
 
 It knows no TensorFlow and no Hydra: a runner, a step counter with
 `assign`, and actions are all it takes, so a notebook or a unit test can
@@ -24,8 +26,10 @@ class Action(Protocol):
     """Something done after the runner returns: `__call__(step, record)`,
     with `record` the step's metrics (empty when nothing was logged or
     evaluated). Optional: `next_stop(step)`, the next step at which the
-    action must be called (the loop stops there), and `finish(step)`,
-    called once when the loop ends."""
+    action must be called (the loop stops there), `finish(step)`, called
+    once when the loop ends, and `stop_requested`: a reason (a str) when the
+    action wants the run to end at this step, checked after every action
+    has been called."""
 
     def __call__(self, step: int, record: Metrics) -> None: ...
 
@@ -71,6 +75,57 @@ class CheckPreemption:
         self.preemption.check(step)
 
 
+class TrackObjective:
+    """The objective's best value (with `save_best`, its checkpoint) and early
+    stopping, from the records that hold `objective`: eval metrics at
+    evaluations, training metrics at log steps.
+
+    `state` keeps what is known across a resume (read() -> dict, write(dict);
+    checkpointing.ObjectiveState saves it with every checkpoint), so this
+    action must come before the actions that save. Every worker of a
+    synchronous cluster sees the same record (metrics are reduced over all
+    replicas), so all of them save a best checkpoint, and stop, at the same
+    step. Early stopping follows Keras' EarlyStopping: the run stops once
+    `patience` records in a row have not beaten the best by more than
+    `min_delta`; the best checkpoint is the strictly best value.
+    """
+
+    def __init__(self, objective: str, lower_is_better: bool, state, *, save_best: Optional[Callable[[int], object]] = None,
+                 patience: Optional[int] = None, min_delta: float = 0.0):
+        self.objective, self.lower_is_better, self.state = objective, lower_is_better, state
+        self.save_best, self.patience, self.min_delta = save_best, patience, min_delta
+        self.stop_requested: Optional[str] = None
+
+    def better(self, value: float, than: Optional[float], by: float = 0.0) -> bool:
+        if than is None:
+            return value == value  # NaN is never an improvement
+        return value < than - by if self.lower_is_better else value > than + by
+
+    def exhausted(self) -> bool:
+        """Whether the state (of a restored checkpoint) says patience ran out."""
+        return self.patience is not None and self.state.read()["waited"] >= self.patience
+
+    def __call__(self, step: int, record: Metrics) -> None:
+        if self.objective not in record:
+            return
+        value, state = float(record[self.objective]), self.state.read()
+        new_best = self.better(value, state["best"])
+        if new_best:
+            state.update(best=value, best_step=step)
+        if self.patience is not None:
+            if self.better(value, state["reference"], self.min_delta):
+                state.update(reference=value, waited=0)
+            else:
+                state["waited"] += 1
+        self.state.write(state)  # before any save of this step: the checkpoints carry it
+        if new_best and self.save_best:
+            self.save_best(step)
+        if self.patience is not None and state["waited"] >= self.patience:
+            best = f"best {state['best']:.6g} at step {state['best_step']}" if state["best"] is not None else "never a number"
+            self.stop_requested = (f"{self.objective} has not improved by more than {self.min_delta:g} for {self.patience} "
+                                   f"evaluation{'s' if self.patience != 1 else ''} ({best})")
+
+
 @dataclass
 class Schedule:
     """When things happen, in optimizer steps."""
@@ -101,6 +156,7 @@ class Result:
     eval: Metrics = field(default_factory=dict)
     examples_per_sec: float = 0.0
     wall_time_sec: float = 0.0
+    stopped_early: Optional[dict] = None  # {"step", "reason"}: an action asked the loop to stop
 
 
 class Loop:
@@ -125,7 +181,7 @@ class Loop:
         schedule, runner = self.schedule, self.runner
         step = int(self.step_counter.numpy())
         result = Result(step=step)
-        window, window_time = None, 0.0
+        window, window_time, evaluated_at = None, 0.0, None
         steady_examples, steady_time, first_call = 0.0, 0.0, True
 
         while step < schedule.steps:
@@ -151,13 +207,17 @@ class Loop:
                 result.train = dict(record)
                 window, window_time = None, 0.0
             if schedule.evaluates_at(step):
-                result.eval = runner.evaluate()
+                result.eval, evaluated_at = runner.evaluate(), step
                 record.update(result.eval)
             for action in self.actions:
                 action(step, record)
+            reasons = [reason for reason in (getattr(action, "stop_requested", None) for action in self.actions) if reason]
+            if reasons:
+                result.stopped_early = {"step": step, "reason": reasons[0]}
+                break
 
         result.step = step
-        if not result.eval:  # resumed a run that had already finished
+        if not result.eval or (result.stopped_early and evaluated_at != step):  # resumed a finished run; stopped between evaluations
             result.eval = runner.evaluate()
         for action in self.actions:
             if hasattr(action, "finish"):

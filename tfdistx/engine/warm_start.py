@@ -1,0 +1,119 @@
+"""A warm start (`checkpoint.init_from`): a new run begins at step 0 with
+another model's weights and fresh optimizer slots (cf. Model Garden's
+init_checkpoint).
+
+The source model is rebuilt outside any strategy (from the source run's own
+spec, which config/spec.py resolved, or from a Keras file), and its weights
+are assigned into this run's strategy-created variables from the
+cross-replica context: mirrored and multi-worker replicas each take the
+value (every worker loads the same source), and under parameter servers the
+coordinator's assignment lands on the ps task that holds the variable.
+Variables whose path matches `checkpoint.init_skip` keep their fresh values.
+"""
+
+import logging
+import os
+import re
+from typing import List, Tuple
+
+import keras
+
+from tfdistx.config import warm_start as kinds
+from tfdistx.config.errors import ConfigError, Problem
+from tfdistx.engine import checkpointing
+from tfdistx.engine.build import Run, build_model, model_from_checkpoint
+
+log = logging.getLogger(__name__)
+
+KEY = "checkpoint.init_from"
+
+
+def warm_start(run: Run) -> dict:
+    """Load the source's weights into the run's model; what was done, for the log and tests."""
+    init, skip = run.spec.checkpoint.init_from, run.spec.checkpoint.init_skip
+    if init.kind is None:  # left unresolved because the run was to resume (spec.py), but its checkpoints could not be read
+        raise ConfigError.one(KEY, init.path, f"cannot be read ({kinds.kind(init.path)[1] or 'its run config cannot be resolved'}), "
+                              "and this run starts afresh: its own checkpoints could not be read (they are kept aside)")
+    try:
+        source, described = _source_weights(run)
+    finally:
+        keras.mixed_precision.set_global_policy(run.spec.trainer.precision)  # the source was built in float32
+    targets = _weights(run.model)
+    patterns = [re.compile(pattern) for pattern in skip]
+    if len(source) != len(targets):
+        raise ConfigError.one(KEY, init.path, f"{described} has {len(source)} variables, this run's model {len(targets)}: a warm start "
+                              "copies them in order, so the models must have the same layers (a layer of another size is fine: "
+                              "leave it freshly initialised with checkpoint.init_skip=['REGEX'])")
+    skipped, differ, used = [], [], set()
+    for target, (source_path, value) in zip(targets, source):
+        hits = [pattern for pattern in patterns if pattern.search(target.path)]
+        if hits:
+            skipped.append(target.path)
+            used.update(pattern.pattern for pattern in hits)
+        elif tuple(target.shape) != tuple(value.shape):
+            differ.append(f"{target.path} {tuple(target.shape)} here, {source_path} {tuple(value.shape)} there")
+    problems = [Problem("checkpoint.init_skip", pattern.pattern, "matches no variable of this run's model; its variables: "
+                        + ", ".join(v.path for v in targets[:8]) + (", ..." if len(targets) > 8 else ""))
+                for pattern in patterns if pattern.pattern not in used]
+    if differ:
+        layer = differ[0].split(" ", 1)[0].rsplit("/", 1)[0].rsplit("/", 1)[-1]
+        problems.append(Problem(KEY, init.path, f"{len(differ)} variable{'s' if len(differ) != 1 else ''} of {described} differ in "
+                                f"shape from this run's: {'; '.join(differ[:3])}{'; ...' if len(differ) > 3 else ''}. Leave them "
+                                f"freshly initialised with checkpoint.init_skip=['REGEX'] (e.g. checkpoint.init_skip=['{layer}/'])"))
+    if problems:
+        raise ConfigError(problems)
+    with run.strategy.scope():  # the cross-replica context: each assignment reaches every replica's (or the ps') copy
+        for target, (_, value) in zip(targets, source):
+            if target.path not in skipped:
+                target.assign(value)
+    loaded = len(targets) - len(skipped)
+    log.info("warm start from %s: %d variable%s loaded, %d left freshly initialised%s", described, loaded, "s" if loaded != 1 else "",
+             len(skipped), f" (checkpoint.init_skip: {', '.join(skipped)})" if skipped else "")
+    return {"path": init.path, "source": described, "loaded": loaded, "skipped": skipped}
+
+
+def _source_weights(run: Run) -> Tuple[List[Tuple[str, object]], str]:
+    """[(path, value)] of the source model's weights, in order, and what the source is."""
+    init = run.spec.checkpoint.init_from
+    if init.kind in (kinds.RUN, kinds.CHECKPOINT):
+        spec = init.spec or run.spec  # a bare checkpoint is read as this run's model
+        path = checkpointing.find(spec.checkpoint.dir) if init.kind == kinds.RUN else os.path.expanduser(init.path)
+        described = f"{os.path.basename(path)} of {init.spec.run_dir if init.spec else 'a checkpoint read as this run'}'s model"
+        try:
+            model, _, _, status = model_from_checkpoint(spec, path)
+            # Every variable of the rebuilt model must get a value (never a silently random one); the
+            # checkpoint's step, RNG states and optimizer slots are its run's, not the warm start's.
+            status.assert_existing_objects_matched()
+            status.expect_partial()
+        except ConfigError:
+            raise
+        except Exception as error:
+            raise ConfigError.one(KEY, init.path, f"{os.path.basename(path)} cannot be restored into "
+                                  f"{'its run' if init.spec else 'this run'}'s model: {_first_line(error)}") from None
+    else:
+        described = f"{os.path.basename(init.path)}"
+        try:
+            if init.kind == kinds.KERAS:
+                model = keras.saving.load_model(os.path.expanduser(init.path), compile=False)
+            else:  # .weights.h5: weights of a model built as this run's is (built afresh, outside the strategy)
+                keras.mixed_precision.set_global_policy("float32")
+                feature_spec, label_spec = run.source.element_spec
+                model = build_model(run.spec, feature_spec, run.task.num_outputs(label_spec, run.source.num_classes))
+                model.load_weights(os.path.expanduser(init.path))
+        except Exception as error:
+            into = "" if init.kind == kinds.KERAS else " into this run's model"
+            raise ConfigError.one(KEY, init.path, f"cannot be loaded{into}: {_first_line(error)}") from None
+    return [(variable.path, variable.numpy()) for variable in _weights(model)], described
+
+
+def _weights(model) -> list:
+    """The model's weights in order; the dropout RNG states are not weights:
+    they stay as this run's trainer.seed made them. Matched by position, not
+    by path: Keras numbers layer names per process (dense, dense_1, ...), so
+    the same builder gives other paths each time it runs in one process."""
+    return [v for v in model.weights if not v.path.endswith("seed_generator_state")]
+
+
+def _first_line(error: Exception) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0][:300] if text else type(error).__name__
