@@ -288,14 +288,17 @@ def _set_aside_bad_state_file(directory: str) -> None:
         log.warning("%s: %s; kept as %s, the checkpoints on disk are used", state_file, reason, os.path.basename(kept))
 
 
-def find(directory: str, step: Optional[int] = None) -> str:
-    """The newest checkpoint in `directory`, or the one saved at `step` (the
-    user's `--step`, which may also name the one in best/); ConfigError when
-    there is none."""
+def find(directory: str, step: Optional[int] = None, prefer_best: bool = False) -> str:
+    """The newest checkpoint in `directory` (`prefer_best`: the one in best/,
+    when there is one, as a keep_best run exports), or the one saved at
+    `step` (the user's `--step`, which may also name the one in best/);
+    ConfigError when there is none."""
     paths = on_disk(directory)
+    best = on_disk(os.path.join(directory, BEST))  # the best checkpoint (keep_best), which max_to_keep may have rotated out of paths
+    if step is None and prefer_best and best:
+        return best[-1]
     if step is None and paths:
         return paths[-1]
-    best = on_disk(os.path.join(directory, BEST))  # the best checkpoint (keep_best), which max_to_keep may have rotated out of paths
     found = next((p for p in paths + best if p.endswith(f"ckpt-{step}")), None)
     if found is None:
         kept = ", ".join(p.rsplit("-", 1)[1] for p in paths) or "none"
