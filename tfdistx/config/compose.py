@@ -24,7 +24,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from tfdistx.config import topology, userconf
 from tfdistx.config.paths import config_dir
-from tfdistx.config.schema import PIPELINE_KEYS
+from tfdistx.config.schema import PIPELINE_KEYS, TASK_KEYS
 from tfdistx.config.validate import validate
 from tfdistx.config.errors import ConfigError, Problem
 
@@ -82,10 +82,11 @@ def only_given_keys_for_user_targets(cfg: DictConfig, overrides: Sequence[str], 
     """`data._target_=mine.load` on the command line keeps the default
     group's keys (data=synthetic's num_classes: 10...), which would override
     the user function's own defaults. Such a target gets only the keys the
-    command line gives, plus the pipeline's (batch size, cache, shuffle); a
+    command line gives, plus tfdistx's own keys of the group (data: the
+    pipeline's batch size, cache, shuffle; task: its name and objective); a
     user's own group file (conf/data/mine.yaml, data=mine) is used as written."""
     given = {o.lstrip("+~").partition("=")[0] for o in overrides}
-    for group, kept in (("data", PIPELINE_KEYS), ("model", ())):
+    for group, kept in (("data", PIPELINE_KEYS), ("model", ()), ("task", TASK_KEYS)):
         if f"{group}._target_" not in given:
             continue
         dropped = [key for key in cfg[group] if key != "_target_" and key not in kept and f"{group}.{key}" not in given]
