@@ -21,23 +21,22 @@ alternate, each is repeated, and the medians and their ratios are printed.
 Throughput is global examples/s in steady state, measured on worker 0:
 tfdistx leaves out its first (tracing) tf.function call, tf-keras a warm-up fit.
 
-    python benchmarks/bench_multiworker_vs_tf_keras.py [--batch 256] [--steps 2000] [--repeats 3]
+    python benchmarks/bench_multiworker_vs_tf_keras.py [--batch 256] [--steps 2000] [--repeats 3] [--quick]
 
-(with the python that has tfdistx installed).
+(with the python that has tfdistx installed). `--quick`: 300 steps, one
+repeat: rough numbers (the venv, when it must be made first, is not counted).
 """
 
 import argparse
 import json
 import os
 import shutil
-import signal
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from side_by_side import compare
+from side_by_side import compare, interruptible, run, say_estimate
 
 HERE = Path(__file__).resolve().parent
 VENV = HERE / ".venv-tf-keras"
@@ -53,8 +52,8 @@ def ensure_tf_keras_venv() -> None:
     shutil.rmtree(VENV, ignore_errors=True)  # a half-made one from an interrupted install
     print(f"creating {VENV} with {' '.join(REQUIREMENTS)} (once; a few minutes)", file=sys.stderr, flush=True)
     start = time.monotonic()
-    subprocess.run([sys.executable, "-m", "venv", str(VENV)], check=True)
-    subprocess.run([str(VENV_PYTHON), "-m", "pip", "install", "--quiet", *REQUIREMENTS], check=True)
+    run([sys.executable, "-m", "venv", str(VENV)])
+    run([str(VENV_PYTHON), "-m", "pip", "install", "--quiet", *REQUIREMENTS])
     marker.write_text(" ".join(REQUIREMENTS))
     print(f"  installed in {time.monotonic() - start:.0f} s", file=sys.stderr, flush=True)
 
@@ -90,7 +89,7 @@ def tf_keras_fit(batch: int, steps: int, steps_per_execution: int) -> float:
 
 
 def _run(cmd) -> None:
-    out = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
+    out = run(cmd, check=False, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
     if "NOT isolated" in out.stderr:
         print("  WARNING: no private network namespace here: the workers' gRPC servers were reachable from the network",
               file=sys.stderr, flush=True)
@@ -104,10 +103,18 @@ def main():
     parser.add_argument("--steps", type=int, default=2000)
     parser.add_argument("--steps-per-loop", type=int, default=100, help="tfdistx steps per tf.function call, and tuned fit's steps_per_execution")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--quick", action="store_true", help="300 steps, one repeat: rough numbers")
     args = parser.parse_args()
-    # SIGTERM unwinds like Ctrl-C: the running child is killed, and the
-    # launcher's tasks die with their parent (PR_SET_PDEATHSIG).
-    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    if args.quick:
+        args.steps, args.repeats = 300, 1
+    # Measured on this project's 2-core machine: a 2-worker cluster takes ~6 s to start and finish; tfdistx trains
+    # ~29k examples/s, tf-keras 12-30k (after a warm-up fit of 50 or 2 x steps_per_execution steps). The venv: 25 s here,
+    # with a fast network to PyPI.
+    examples = args.steps * args.batch
+    say_estimate([(0 if (VENV / ".installed").exists() else 1, 60, f"making {VENV.name}, once"),
+                  (args.repeats, 6 + examples / 29_000, "tfdistx, 2 workers"),
+                  *[(args.repeats, 6 + (examples + max(2 * spe, 50) * args.batch) / 20_000, f"tf-keras fit, spe={spe}")
+                    for spe in (1, args.steps_per_loop)]], args.quick)
     ensure_tf_keras_venv()
 
     contenders = {
@@ -119,4 +126,4 @@ def main():
                                       f"global batch {args.batch}, {args.steps} steps")
 
 if __name__ == "__main__":
-    main()
+    interruptible(main)

@@ -25,13 +25,15 @@ Written to --out: results.json (every run), table.md (the table printed), scalin
 
     python benchmarks/bench_scaling.py [--quick] [--repeats 1] [--families mirrored,multiworker,parameter_server]
                                        [--max-workers 8] [--steps 600] [--out benchmarks/results/scaling] [--keep DIR]
+
+`--quick`: 200 steps, N = 1 and 2 of each family: rough numbers, printed and
+not written unless --out is given (the committed results stay the full run's).
 """
 
 import argparse
+import contextlib
 import json
 import os
-import shutil
-import signal
 import statistics
 import subprocess
 import sys
@@ -39,6 +41,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from side_by_side import descendants, interruptible, kill_tree, say_estimate
 from tfdistx.commands.report import _pyplot  # matplotlib with the Agg backend, as `tfdistx report` draws
 
 HERE = Path(__file__).resolve().parent
@@ -51,20 +54,6 @@ FAMILIES = {  # family -> [(N, replicas, overrides)]
 COMMON = ["model=mlp", "data=synthetic", f"trainer.steps_per_loop={STEPS_PER_LOOP}", f"trainer.log_every={STEPS_PER_LOOP}",
           "trainer.eval_every=0", "trainer.eval_steps=1", "checkpoint.every_steps=0", "checkpoint.export=false",
           "logger.console=false", "logger.tensorboard=false", "cluster.max_restarts=0"]
-
-
-def descendants(root: int) -> set:
-    parents = {}
-    for entry in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            parents[int(entry)] = int(Path(f"/proc/{entry}/stat").read_text().rpartition(")")[2].split()[1])
-        except (OSError, IndexError):
-            pass
-    tree, added = {root}, {root}
-    while added:
-        added = {pid for pid, ppid in parents.items() if ppid in tree} - tree
-        tree |= added
-    return tree
 
 
 def task_name(pid: int):
@@ -96,7 +85,7 @@ def watch(proc, metrics: Path, timeout: float):
                 except OSError:
                     pass
         if time.time() - launched > timeout:
-            os.killpg(proc.pid, signal.SIGKILL)
+            kill_tree(proc.pid)
         time.sleep(0.02)
     return first_line, peaks
 
@@ -112,8 +101,8 @@ def run_one(overrides, run_dir: Path, steps: int, batch: int, timeout: float = 1
         try:
             first_line, peaks = watch(proc, run_dir / "metrics.jsonl", timeout)
         finally:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)  # the launcher's tasks die with it (PR_SET_PDEATHSIG)
+            if proc.poll() is None:  # interrupted, or a timeout: the launcher and every task it started
+                kill_tree(proc.pid)
                 proc.wait()
     if proc.returncode or first_line is None or not (run_dir / "summary.json").is_file():
         print(f"  FAILED (exit {proc.returncode}): {' '.join(overrides)}\n{log.read_text()[-1500:]}", file=sys.stderr, flush=True)
@@ -127,6 +116,15 @@ def run_one(overrides, run_dir: Path, steps: int, batch: int, timeout: float = 1
             "rss_by_process_mb": peaks, "replicas": summary["replicas"], "strategy_class": summary["strategy_class"]}
 
 
+def expected_seconds(family: str, n: int, replicas: int, steps: int) -> float:
+    """A config's run, for the estimate: start-up and end as measured on this project's 2-core machine (more
+    processes importing TensorFlow on the same cores start slower: ~2.5 s more a worker), the steps at the
+    README table's examples/s."""
+    start = {"mirrored": 5, "multiworker": 5, "parameter_server": 9}[family] + 2.5 * (n - 1)
+    rate = {"mirrored": 65_000, "multiworker": 30_000, "parameter_server": 24_000}[family]
+    return start + steps * PER_REPLICA * replicas / rate
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="200 steps, only N = 1, 2 per family: a smoke test")
@@ -134,7 +132,8 @@ def main():
     parser.add_argument("--steps", type=int, default=600)
     parser.add_argument("--families", default="mirrored,multiworker,parameter_server")
     parser.add_argument("--max-workers", type=int, default=8)
-    parser.add_argument("--out", type=Path, default=HERE / "results" / "scaling")
+    parser.add_argument("--out", type=Path, help="where results.json, table.md and scaling.png go (default: benchmarks/results/scaling; "
+                                                 "with --quick: nowhere, the table is printed)")
     parser.add_argument("--keep", type=Path, help="keep the run dirs in DIR (new or empty; default: a temp dir, deleted)")
     args = parser.parse_args()
     if args.keep and args.keep.is_dir() and any(args.keep.iterdir()):
@@ -150,12 +149,15 @@ def main():
                 configs.append((family, n, replicas, overrides))
     if notes:
         print(*notes, sep="\n", flush=True)
+    out = args.out or (None if args.quick else HERE / "results" / "scaling")
+    say_estimate([(args.repeats, expected_seconds(family, n, replicas, steps), " ".join(overrides))
+                  for family, n, replicas, overrides in configs], args.quick)
 
-    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))  # unwinds: the running child is killed
-    scratch = args.keep or Path(tempfile.mkdtemp(prefix="bench-scaling-"))
-    scratch.mkdir(parents=True, exist_ok=True)
     load_before, samples = os.getloadavg()[0], [[] for _ in configs]
-    try:
+    # --keep: the run dirs stay there; else a temporary directory, deleted however the benchmark ends
+    with contextlib.nullcontext(args.keep) if args.keep else tempfile.TemporaryDirectory(prefix="bench-scaling-") as scratch:
+        scratch = Path(scratch)
+        scratch.mkdir(parents=True, exist_ok=True)
         for repeat in range(args.repeats):  # the configs alternate, as in side_by_side.py
             for (family, n, replicas, overrides), runs in zip(configs, samples):
                 result = run_one(overrides, scratch / f"{family}-{overrides[1][8:]}-r{repeat}", steps, PER_REPLICA * replicas)
@@ -163,9 +165,6 @@ def main():
                     runs.append(result)
                     print(f"  repeat {repeat + 1}: {' '.join(overrides)}: start-up {result['startup_s']:.1f} s, {result['examples_per_sec']:,.0f} ex/s, "
                           f"RSS max {result['rss_max_mb']:.0f} MB", file=sys.stderr, flush=True)
-    finally:
-        if not args.keep:
-            shutil.rmtree(scratch, ignore_errors=True)
 
     rows = []
     for (family, n, replicas, overrides), runs in zip(configs, samples):
@@ -186,7 +185,10 @@ def main():
     table += [f"| `{r['config']}` | {r['n']} | {r['global_batch']} | {fmt(r['startup_s'], '.1f')} | {fmt(r['examples_per_sec'], ',.0f')} "
               f"| {fmt(r['relative'], '.2f', 'x')} | {fmt(r['rss_max_mb'], ',.0f')} / {fmt(r['rss_mean_mb'], ',.0f')} |" for r in rows]
     print("\n".join(table + notes))
-
+    if out is None:
+        print("--quick: results.json, table.md and scaling.png not written (--out DIR writes them)")
+        return
+    args.out = out
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "results.json").write_text(json.dumps({
         "cores": cores, "load_before": load_before, "load_after": load_after, "steps": steps, "quick": args.quick, "repeats": args.repeats,
@@ -216,4 +218,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    interruptible(main)

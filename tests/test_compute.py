@@ -100,6 +100,6 @@ def test_auto_xla_follows_the_devices_and_the_strategy_table():
     """The GPU branch of the choice, exercised on a machine without GPUs."""
     default = compose("data=synthetic")
     assert compute.jit_compile(default, gpus=True)[0] is True
-    assert compute.jit_compile(default, gpus=False)[0] is False
+    assert compute.jit_compile(default, gpus=False)[0] is None  # on CPUs: decided by the model's layers, once it is built
     assert compute.jit_compile(compose("data=synthetic", "strategy=central_storage"), gpus=True)[0] is False
     assert compute.jit_compile(compose("data=synthetic", "trainer.jit_compile=false"), gpus=True)[0] is False

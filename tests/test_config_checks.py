@@ -226,7 +226,7 @@ def test_plan_warns_of_too_few_steps_for_asynchronous_workers(steps, warned):
 
 
 def test_plan_says_what_auto_xla_chooses():
-    assert "compute       mixed_bfloat16; XLA auto: on if TensorFlow finds GPUs, else off" in plan("trainer.precision=mixed_bfloat16")
+    assert "compute       mixed_bfloat16; XLA auto: on with GPUs; on CPUs on for a model of Dense layers only" in plan("trainer.precision=mixed_bfloat16")
     assert "XLA off (auto): strategy=parameter_server" in plan("strategy=parameter_server", "cluster=ps1w2")
 
 

@@ -171,6 +171,7 @@ def exits(events, pod):
     return [e["code"] for e in events if e["event"] == "exited" and e["pod"] == pod]
 
 
+@pytest.mark.slow  # 57 s: a killed worker's restart and resume is in the default run as test_fault_tolerance's random kill
 def test_multiworker_tfjob_pods_train_and_a_killed_worker_pod_resumes_the_run(tmp_path, simulator):
     volume, events, logs = run_tfjob(tmp_path, "mw", ["strategy=multiworker", "cluster=2x1", "data=synthetic", "trainer.steps=1500",
                                                       "checkpoint.every_steps=200"], kill="mw-worker-1")

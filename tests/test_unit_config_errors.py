@@ -27,6 +27,10 @@ BIG = MAX_STEPS  # 2**62: the most steps a checkpoint's int64 counter can carry
     (("strategy=central_storage",), {"strategy.device": "/gpu:0"}, "strategy.device='/gpu:0': strategy=central_storage takes no options"),
     (("strategy=multiworker", "cluster=2x1"), {"strategy.bytes_per_pack": 1.5},
      "strategy.bytes_per_pack=1.5: must be a whole number of bytes, 0 or more (0: one pack)"),
+    (("strategy=one_device",), {"strategy.all_reduce_dtype": "bfloat16"},
+     "strategy.all_reduce_dtype='bfloat16': strategy=one_device takes strategy.device"),
+    (("strategy=mirrored",), {"strategy.all_reduce_dtype": "int8"},
+     "strategy.all_reduce_dtype='int8': allowed: float32, bfloat16, float16"),
     # auto picks a strategy from the cluster, and the cluster must suit the strategy it picked
     ((), {"cluster.ps": 1, "cluster.workers": 2},
      "strategy='auto': cluster=local (2 worker(s), 1 ps) has parameter servers: use strategy=parameter_server"),
@@ -53,6 +57,8 @@ BIG = MAX_STEPS  # 2**62: the most steps a checkpoint's int64 counter can carry
     ((), {"trainer.seed": 2**32}, "trainer.seed=4294967296: must be a whole number from 0 to 4294967295"),
     ((), {"trainer.jit_compile": 1}, "trainer.jit_compile=1: allowed: true, false, auto"),
     ((), {"trainer.precision": "bfloat16"}, "trainer.precision='bfloat16': allowed: float32, mixed_bfloat16, mixed_float16"),
+    ((), {"trainer.profile_steps": [10, 5]}, "trainer.profile_steps=[10, 5]: [START, END]: two whole steps, 0 <= START < "
+     "END <= trainer.steps=1000 (the trace covers the steps between), or null: no trace"),
     # task and objective
     ((), {"task.metrics": "accuracy"}, "task.metrics='accuracy': task=classification offers accuracy, top_k_accuracy"),
     ((), {"task.top_k": 1.5}, "task.top_k=1.5: must be a whole number, at least 1 (and below the number of classes)"),

@@ -2,18 +2,26 @@
 
 Validation refuses what cannot work before TensorFlow starts, `--plan` says
 what `trainer.jit_compile=auto` will choose, and the engine asks the same
-function once it knows whether there are GPUs (engine/build.py).
+function once it knows whether there are GPUs and what layers the model has
+(engine/build.py).
 
-What `auto` chooses is measured, not hoped (TF 2.21, one device of a 2-core
-Xeon with avx512_bf16; README, Performance). On CPUs XLA made every model
-slower: the 784-1024-1024-10 MLP at batch 1024 0.91x (0.92x in
-mixed_bfloat16), ResNet-20 0.70x, and, measured under load, the CNN 0.13x and
-the seeds' 784-128-10 MLP 0.8x. XLA's CPU convolutions do not use oneDNN, and
-its dense kernels are no faster than oneDNN's. So `auto` compiles with GPUs
-(what XLA is built for) and not on CPUs.
+What `auto` chooses is measured, not hoped (TF 2.21, a 2-core Xeon with
+avx512_bf16; README, Performance; 2026-11-25, in-process, 3 alternating
+rounds, medians, examples/s with XLA off / the whole step compiled):
+- the seeds' 784-128-10 MLP at batch 128: 141k / 196k (1.39x);
+- the 784-1024-1024-10 MLP at batch 1024: 15.8k / 18.5k (1.17x);
+- ResNet-20 at batch 128: 479 / 169 (0.35x); the CNN: 4.6k / 1.7k (0.37x);
+- wide_deep (embedding tables, sparse updates): 38k / 21k (0.54x);
+- with the gradients alone compiled (mirrored, multiworker: the update runs
+  outside XLA), the seeds' MLP 111k, slower than off.
+XLA's CPU convolutions do not use oneDNN, and its sparse updates are
+dense scatters; what it wins is fusing a dense model's many small kernels,
+the optimizer's update most of all. So on CPUs `auto` compiles the whole
+step (one_device) of a model whose weighted layers are all Dense, and
+nothing else; with GPUs (what XLA is built for) it compiles.
 """
 
-from typing import List, Optional, Tuple
+from typing import Iterable, List, Optional, Tuple
 
 from tfdistx.config import strategies
 from tfdistx.config.errors import Problem
@@ -22,23 +30,38 @@ PRECISIONS = ("float32", "mixed_bfloat16", "mixed_float16")
 JIT_COMPILE = (True, False, "auto")
 
 
+# Layers (by class name) whose models XLA was measured to train faster on CPUs, compiled whole.
+FASTER_UNDER_XLA_ON_CPU = frozenset({"Dense"})
+_CPU_RULE = "on CPUs XLA pays only for a dense model's whole step: measured 1.39x on the seeds' MLP, 0.35x on ResNet-20"
+
+
 def jit_compile(cfg, gpus: Optional[bool] = None) -> Tuple[Optional[bool], str]:
     """(compile with XLA?, why) for the config's `trainer.jit_compile`."""
     return decide_jit(cfg.trainer.jit_compile, _facts(cfg), gpus)
 
 
-def decide_jit(asked, facts: strategies.Strategy, gpus: Optional[bool] = None) -> Tuple[Optional[bool], str]:
+def decide_jit(asked, facts: strategies.Strategy, gpus: Optional[bool] = None,
+               layers: Optional[Iterable[str]] = None) -> Tuple[Optional[bool], str]:
     """(compile with XLA?, why) for `trainer.jit_compile` = `asked`; `gpus`:
-    whether TensorFlow found GPUs (None: not known yet, and the answer may be None)."""
+    whether TensorFlow found GPUs, `layers`: the class names of the model's
+    layers that hold weights (None: not known yet, and the answer may be None)."""
     if asked is False:
         return False, "off (trainer.jit_compile=false)"
     if facts.no_xla:  # only `auto` gets here: `true` is refused by problems()
         return False, f"off (auto): strategy={facts.name}: {facts.no_xla}"
     if asked is True:
-        return True, "on (trainer.jit_compile=true)"
-    if gpus is None:
-        return None, "auto: on if TensorFlow finds GPUs, else off (on CPUs XLA was measured slower for every shipped model)"
-    return (True, "on (auto): GPUs") if gpus else (False, "off (auto): on CPUs XLA was measured slower for every shipped model")
+        return True, "on (trainer.jit_compile=true)" + ("" if facts.xla_whole_step else ": the gradients; the sum and update outside")
+    if gpus:
+        return True, "on (auto): GPUs"
+    if not facts.xla_whole_step:
+        return False, f"off (auto): {_CPU_RULE}, and strategy={facts.name} compiles only the gradients"
+    if gpus is None or layers is None:
+        return None, (f"auto: on with GPUs; on CPUs on for a model of Dense layers only, else off ({_CPU_RULE}, "
+                      "and 0.54x on wide_deep's embeddings)")
+    others = sorted(set(layers) - FASTER_UNDER_XLA_ON_CPU)
+    if others:
+        return False, f"off (auto): {_CPU_RULE}; this model has {', '.join(others)} layers"
+    return True, f"on (auto): the whole step of a model of Dense layers ({_CPU_RULE})"
 
 
 def precision_warning(precision: str, gpus: bool) -> Optional[str]:

@@ -51,6 +51,7 @@ class TrainerConfig:
     precision: str = "float32"
     accumulate_steps: int = 1
     early_stopping: EarlyStoppingConfig = field(default_factory=EarlyStoppingConfig)
+    profile_steps: Any = None  # [START, END]: a profiler trace of those steps (validate.py); null: none
 
 
 @dataclass

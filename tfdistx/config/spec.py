@@ -44,6 +44,7 @@ class Trainer:
     precision: str
     accumulate_steps: int
     early_stopping: EarlyStopping = field(default_factory=EarlyStopping)
+    profile_steps: Optional[Tuple[int, int]] = None  # (START, END): the profiler traces the steps between; None: no trace
 
 
 @dataclass(frozen=True)
@@ -123,11 +124,12 @@ def resolve(cfg: DictConfig, run_dir: str = ".", follow_init_from: bool = True) 
     checkpoint_dir = ckpt["dir"] or str(Path(run_dir) / "checkpoints")
     # .get: the saved config of a run from before these keys (a warm start's source, `tfdistx export`) lacks them
     stopping = EarlyStopping(**(trainer.pop("early_stopping", None) or {}))
+    profile = trainer.pop("profile_steps", None)
     strategy = dict(plain["strategy"])
     name = strategy.pop("name")
     return RunSpec(
         run_dir=Path(run_dir),
-        trainer=Trainer(**trainer, early_stopping=stopping),
+        trainer=Trainer(**trainer, early_stopping=stopping, profile_steps=tuple(profile) if profile is not None else None),
         checkpoint=Checkpoint(dir=checkpoint_dir, every_steps=ckpt["every_steps"],
                               max_to_keep=ckpt["max_to_keep"], restore=ckpt["restore"], export=ckpt["export"],
                               keep_best=bool(ckpt.get("keep_best", False)),

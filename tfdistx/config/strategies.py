@@ -28,6 +28,10 @@ class Strategy:
     one_replica: bool = False  # one_device: never more than one replica
     not_in_tfjob: Optional[str] = None  # why `tfdistx export tfjob` cannot place it (None: it can)
     no_xla: Optional[str] = None  # why trainer.jit_compile cannot be on (None: it can)
+    # XLA compiles the whole step (gradients, the sum over replicas, the optimizer's update) when the one
+    # replica's variables are on the device that computes; otherwise the gradients only, and the sum and
+    # the update run where the strategy's collectives and variable placement work (engine/update.py).
+    xla_whole_step: bool = False
     precisions: Tuple[str, ...] = ("float32", "mixed_bfloat16", "mixed_float16")  # trainer.precision values it runs
 
     @property
@@ -102,19 +106,24 @@ class Strategy:
 _VARIABLES_ELSEWHERE = "its variables live {where}, away from the device that computes, and XLA compiles only steps whose variables are on their own device"
 CROSS_DEVICE_OPS = ("auto", "nccl", "hierarchical_copy", "reduction_to_one")
 COMMUNICATIONS = ("auto", "ring", "nccl")
+# The dtype tfdistx's one gradient all-reduce sums in (engine/update.py); the
+# synchronous strategies whose replicas all-reduce take it. The 16-bit ones
+# halve the bytes on the wire and round each gradient to 8 (bfloat16) or 11
+# (float16) significant bits; docs/scaling.md has what that saves and costs.
+ALL_REDUCE_DTYPES = ("float32", "bfloat16", "float16")
 
 STRATEGIES: Dict[str, Strategy] = {s.name: s for s in [
     Strategy("one_device", "one replica on one device (TF's default strategy, or OneDeviceStrategy on strategy.device)",
-             ONE_PROCESS, {"device": None}, one_replica=True),
+             ONE_PROCESS, {"device": None}, one_replica=True, xla_whole_step=True),
     Strategy("mirrored", "MirroredStrategy: synchronous replicas on this machine's GPUs or logical CPU devices",
-             ONE_PROCESS, {"cross_device_ops": CROSS_DEVICE_OPS}),
+             ONE_PROCESS, {"cross_device_ops": CROSS_DEVICE_OPS, "all_reduce_dtype": ALL_REDUCE_DTYPES}),
     Strategy("central_storage", "CentralStorageStrategy: variables on the CPU, compute replicated on this machine's devices",
              ONE_PROCESS, no_xla=_VARIABLES_ELSEWHERE.format(where="on the CPU")),
     Strategy("tpu", "TPUStrategy through TPUClusterResolver", ONE_PROCESS, {"tpu": None},
              not_in_tfjob="a TPU is reached through its own resolver (strategy.tpu), not a TFJob's TF_CONFIG: run it on a TPU VM",
              precisions=("float32", "mixed_bfloat16")),
     Strategy("multiworker", "MultiWorkerMirroredStrategy: synchronous all-reduce across worker processes",
-             ONE_PER_WORKER, {"communication": COMMUNICATIONS, "bytes_per_pack": None}),
+             ONE_PER_WORKER, {"communication": COMMUNICATIONS, "bytes_per_pack": None, "all_reduce_dtype": ALL_REDUCE_DTYPES}),
     Strategy("parameter_server", "ParameterServerStrategy + ClusterCoordinator: asynchronous steps on free workers, variables on ps tasks",
              COORDINATOR, no_xla=_VARIABLES_ELSEWHERE.format(where="on the ps tasks")),
 ]}

@@ -194,7 +194,27 @@ def _trainer(trainer: DictConfig) -> list:
         problems.append(Problem("trainer.precision", trainer.precision, f"allowed: {', '.join(compute.PRECISIONS)}"))
     if trainer.accumulate_steps < 1:
         problems.append(Problem("trainer.accumulate_steps", trainer.accumulate_steps, "must be at least 1 (1: no accumulation)"))
-    return problems + _early_stopping(trainer)
+    return problems + _early_stopping(trainer) + _profile_steps(trainer)
+
+
+def _profile_steps(trainer: DictConfig) -> list:
+    """[START, END] in the loop's steps (steps done, as the step lines count
+    them). END is checked against trainer.steps when that is set; a run of
+    epochs learns its steps from the data, and the engine says so if it ends
+    before END (the trace then stops with the run)."""
+    value = trainer.get("profile_steps")
+    if value is None:
+        return []
+    shown = OmegaConf.to_container(value) if OmegaConf.is_config(value) else value
+    steps = trainer.steps if _is_int(trainer.steps) else None
+    end = f"END <= trainer.steps={steps}" if steps is not None else "END"
+    allowed = f"[START, END]: two whole steps, 0 <= START < {end} (the trace covers the steps between), or null: no trace"
+    if not OmegaConf.is_list(value) or len(value) != 2 or not all(_is_int(v) for v in value):
+        return [Problem("trainer.profile_steps", shown, allowed)]
+    start, stop = value
+    if not 0 <= start < stop or (steps is not None and stop > steps):
+        return [Problem("trainer.profile_steps", shown, allowed)]
+    return []
 
 
 def _early_stopping(trainer: DictConfig) -> list:

@@ -121,8 +121,6 @@ def build_run(spec: RunSpec, placement: Placement) -> Optional[Run]:
     unseen = machine.unseen_gpus(gpus, tf.test.is_built_with_cuda())
     if unseen and placement.is_chief:
         log.warning(unseen)
-    jit, why = compute.decide_jit(trainer.jit_compile, facts, gpus=gpus)
-    log.info("precision %s; XLA %s", trainer.precision, why)
     if compute.precision_warning(trainer.precision, gpus):
         log.warning(compute.precision_warning(trainer.precision, gpus))
     keras.mixed_precision.set_global_policy(trainer.precision)  # every run sets it: a sweep's earlier job may have changed it
@@ -137,6 +135,8 @@ def build_run(spec: RunSpec, placement: Placement) -> Optional[Run]:
     with input_errors_in_one_line(source):  # its first examples come through a shuffle window: a bad record may be in it
         sample = _check_model_takes_data(model, task, source, spec, num_outputs)
     task.check_labels(source.num_classes)
+    jit, why = compute.decide_jit(trainer.jit_compile, facts, gpus=gpus, layers=weighted_layer_kinds(model))
+    log.info("precision %s; XLA %s", trainer.precision, why)
 
     checkpointer = Checkpointer(
         spec.checkpoint.dir, max_to_keep=spec.checkpoint.max_to_keep, is_chief=placement.is_chief, task_name=placement.task_name,
@@ -145,6 +145,21 @@ def build_run(spec: RunSpec, placement: Placement) -> Optional[Run]:
     return Run(spec, placement, facts, name, strategy, coordinator, task, source, model, optimizer, learning_rate,
                step_counter, checkpointer, global_batch, per_replica, total_steps, effective_lr(spec.optimizer, replicas),
                jit, sample, objective_state)
+
+
+def weighted_layer_kinds(model) -> set:
+    """Class names of the model's innermost layers that hold weights (what
+    `trainer.jit_compile=auto` decides by): a layer with `.layers` is looked
+    into, any other layer counts as itself (a custom layer is its own kind)."""
+    kinds, layers = set(), list(model.layers)
+    while layers:
+        layer = layers.pop()
+        inner = getattr(layer, "layers", None)
+        if inner:
+            layers.extend(inner)
+        elif layer.weights:
+            kinds.add(type(layer).__name__)
+    return kinds
 
 
 def build_task(spec: RunSpec) -> Task:

@@ -32,6 +32,7 @@ from tfdistx.engine.export import export_checkpoint
 from tfdistx.engine.loop import CheckPreemption, Log, Loop, SaveCheckpoints, Schedule, TrackObjective
 from tfdistx.engine.metrics import MetricSet
 from tfdistx.engine.preemption import PreemptionWatcher, lost_peer_in_one_line
+from tfdistx.engine.profiling import ProfileSteps
 from tfdistx.engine.runner import CoordinatorRunner, SyncRunner
 from tfdistx.engine.update import Update
 from tfdistx.engine.warm_start import warm_start
@@ -121,7 +122,25 @@ def _fit(run: Run, runner, start_step: int, tracker: Optional[TrackObjective] = 
                             config=_plain(spec.config)) as sinks:
         actions = [Log(sinks), *([tracker] if tracker else []),  # the tracker before the saves: they carry its state
                    SaveCheckpoints(run.checkpointer, spec.checkpoint.every_steps), CheckPreemption(preemption)]
-        return Loop(runner, schedule, run.step_counter, actions, learning_rate_at=run.learning_rate.at).run()
+        profile = profile_steps(run)
+        with contextlib.closing(profile) if profile else contextlib.nullcontext():  # a failed run's trace is kept too
+            return Loop(runner, schedule, run.step_counter, actions + ([profile] if profile else []),
+                        learning_rate_at=run.learning_rate.at).run()
+
+
+def profile_steps(run: Run) -> Optional[ProfileSteps]:
+    """The action that traces trainer.profile_steps, into the run's TensorBoard
+    directory (whether or not the TensorBoard logger is on: TensorBoard's
+    Profile tab reads it there). Only the chief writes; every task stops
+    where it does."""
+    spec = run.spec
+    if spec.trainer.profile_steps is None:
+        return None
+    start, end = spec.trainer.profile_steps
+    if end > run.total_steps and run.placement.is_chief:  # trainer.epochs: validation could not know the steps
+        log.warning("trainer.profile_steps=[%d, %d]: the run has %d steps; the trace ends with it", start, end, run.total_steps)
+    note = "" if spec.logger.get("tensorboard", True) else " (logger.tensorboard=false: the directory holds only the trace)"
+    return ProfileSteps(start, end, (run.dir / "tensorboard").resolve(), writes=run.placement.is_chief, note=note)
 
 
 def objective_tracker(run: Run) -> Optional[TrackObjective]:
@@ -237,7 +256,9 @@ def make_runner(run: Run, skip_steps: int = 0, train: bool = True):
         cache=pipeline.cache, skip_steps=skip_steps, ps_workers=run.workers if run.facts.asynchronous else 0) if train else None
     eval_steps = spec.trainer.eval_steps
     update = Update(run.task, run.model, run.optimizer, run.global_batch, spec.trainer.accumulate_steps, jit_compile=run.jit_compile,
-                    all_reduce_options=strategy_lib.all_reduce_options(run.strategy_name, spec.strategy.options))
+                    all_reduce_options=strategy_lib.all_reduce_options(run.strategy_name, spec.strategy.options),
+                    whole_step=run.facts.xla_whole_step,
+                    all_reduce_dtype=strategy_lib.all_reduce_dtype(run.strategy_name, spec.strategy.options))
     parts = (run.strategy, run.task, run.model, update, metrics)
     eval_batch = pipeline.batch_size  # not the accumulated batch: what fits in memory
     if run.coordinator is None:

@@ -26,10 +26,13 @@ class Action(Protocol):
     """Something done after the runner returns: `__call__(step, record)`,
     with `record` the step's metrics (empty when nothing was logged or
     evaluated). Optional: `next_stop(step)`, the next step at which the
-    action must be called (the loop stops there), `finish(step)`, called
-    once when the loop ends, and `stop_requested`: a reason (a str) when the
-    action wants the run to end at this step, checked after every action
-    has been called."""
+    action must be called (the loop stops there), `before_steps(step)` and
+    `after_steps(step)`, called right before and right after each call of
+    the runner, with the step counter then (what brackets the steps
+    themselves, and not the evaluation, logging or saving between them),
+    `finish(step)`, called once when the loop ends, and `stop_requested`: a
+    reason (a str) when the action wants the run to end at this step,
+    checked after every action has been called."""
 
     def __call__(self, step: int, record: Metrics) -> None: ...
 
@@ -186,11 +189,13 @@ class Loop:
 
         while step < schedule.steps:
             num_steps = self.next_stop(step) - step
+            self._each("before_steps", step)
             t0 = time.perf_counter()
             totals = runner.train(step, num_steps)
             elapsed = time.perf_counter() - t0
             step += num_steps
             self.step_counter.assign(step)
+            self._each("after_steps", step)
             window = totals if window is None else window + totals
             window_time += elapsed
             if not first_call:  # the first call includes tracing
@@ -225,6 +230,11 @@ class Loop:
         result.examples_per_sec = steady_examples / steady_time if steady_time > 0 else result.train.get("examples_per_sec", 0.0)
         result.wall_time_sec = time.perf_counter() - start
         return result
+
+    def _each(self, hook: str, step: int) -> None:
+        for action in self.actions:
+            if hasattr(action, hook):
+                getattr(action, hook)(step)
 
 
 def _next_multiple(step: int, every: int) -> int:

@@ -131,6 +131,18 @@ def all_reduce_options(name: str, options: Mapping) -> Optional[tf.distribute.ex
     return tf.distribute.experimental.CommunicationOptions(bytes_per_pack=int(options["bytes_per_pack"]))
 
 
+def all_reduce_dtype(name: str, options: Mapping) -> Optional[tf.DType]:
+    """The dtype the gradients are summed in (`strategy.all_reduce_dtype`),
+    None for the variables' own: float32, or a strategy without the option
+    (the table lists which take it; validation refused it elsewhere). None
+    rather than tf.float32, so that the float32 step has no cast at all and
+    stays the step it was."""
+    dtype = options.get("all_reduce_dtype") if "all_reduce_dtype" in strategies.STRATEGIES[name].options else None
+    if dtype in (None, "float32"):
+        return None
+    return tf.as_dtype(dtype)
+
+
 def _parameter_server(options, devices_per_worker):
     # Variables go round-robin to the ps tasks. No variable_partitioner:
     # Keras 3 optimizers cannot update the ShardedVariables it makes; large

@@ -18,29 +18,46 @@ micro-batches; their gradients are added up before the one sum over replicas
 and the one update. That is one batch N times larger, with the activations of
 one micro-batch in memory.
 
-XLA (`trainer.jit_compile`): the forward and backward pass of a micro-batch
-is compiled. The sum over replicas and the update stay outside it, where the
-collectives and variable placement of every strategy work unchanged.
+XLA (`trainer.jit_compile`): with one replica whose variables live on the
+device that computes (one_device: the strategy table's `xla_whole_step`),
+the whole step is one XLA computation — every micro-batch's forward and
+backward pass, the sum, the optimizer's update and the metrics' state — as
+Keras `fit` compiles its train step: on small models the update's many
+small kernels (one per variable and slot) are most of the step, and XLA
+fuses them. Elsewhere the forward and backward pass of a micro-batch is
+compiled, and the sum over replicas and the update stay outside it, where
+the collectives and variable placement of every strategy work unchanged.
 """
 
 from typing import Callable
 
 import tensorflow as tf
 
+from tfdistx.engine.all_reduce_dtype import cast_back, cast_down
+
 
 class Update:
     def __init__(self, task, model, optimizer, global_batch: int, accumulate_steps: int = 1, jit_compile: bool = False,
-                 all_reduce_options=None):
+                 all_reduce_options=None, whole_step: bool = False, all_reduce_dtype=None):
         """`global_batch`: examples per step over all replicas (all micro-batches);
-        `all_reduce_options`: tf.distribute CommunicationOptions for the sum (strategy.py)."""
+        `all_reduce_options`: tf.distribute CommunicationOptions for the sum (strategy.py);
+        `whole_step`: with `jit_compile`, XLA compiles the whole step, update included
+        (only where the strategy's one replica computes beside its variables)."""
         self.task, self.model, self.optimizer = task, model, optimizer
         self.global_batch, self.accumulate_steps = global_batch, accumulate_steps
         self.all_reduce_options = all_reduce_options
-        self._gradients = tf.function(self._gradients_fn, jit_compile=True) if jit_compile else self._gradients_fn
+        self.all_reduce_dtype = all_reduce_dtype  # strategy.all_reduce_dtype (strategy.py); None: the variables' dtype
+        self.whole_step = bool(jit_compile and whole_step)
+        partly = jit_compile and not self.whole_step
+        self._gradients = tf.function(self._gradients_fn, jit_compile=True) if partly else self._gradients_fn
+        self._step = tf.function(self._step_fn, jit_compile=True) if self.whole_step else self._step_fn
 
     def __call__(self, batch, metric_state: Callable) -> tf.Tensor:
         """Train on this replica's `batch`; returns the sum over its
         micro-batches of `metric_state(labels, outputs, per_example_loss)`."""
+        return self._step(batch, metric_state)
+
+    def _step_fn(self, batch, metric_state: Callable) -> tf.Tensor:
         variables = self.model.trainable_variables
         micro_batches = _split(batch, self.accumulate_steps)
         # The first micro-batch outside the loop: which gradients are None
@@ -62,8 +79,11 @@ class Update:
             for i, total in zip(present, sums):
                 grads[i] = total
         pairs = [(g, v) for g, v in zip(grads, variables) if g is not None]
-        summed = tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM, [g for g, _ in pairs],
-                                                               options=self.all_reduce_options)
+        # strategy.all_reduce_dtype: summed in 16 bits (half the bytes to move), back in the variables' dtype for the optimizer
+        sent = [cast_down(g, self.all_reduce_dtype) for g, _ in pairs] if self.all_reduce_dtype else [g for g, _ in pairs]
+        summed = tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM, sent, options=self.all_reduce_options)
+        if self.all_reduce_dtype:
+            summed = [cast_back(s, g, v) for s, (g, v) in zip(summed, pairs)]
         self.optimizer.apply_gradients(zip(summed, [v for _, v in pairs]))
         return state
 

@@ -1,0 +1,126 @@
+"""Looking at and shrinking the step (issue 20), in this process (-m unit):
+a profiler trace of chosen steps (`trainer.profile_steps`) and the gradients'
+all-reduce in 16 bits (`strategy.all_reduce_dtype`). Real TensorFlow, real
+mirrored replicas on logical CPU devices (engine_helpers)."""
+
+import numpy as np
+import pytest
+
+from engine_helpers import train
+from tfdistx.engine.loop import Loop, Schedule
+from tfdistx.engine.profiling import ProfileSteps
+
+pytestmark = pytest.mark.unit
+
+TIMES = ("examples_per_sec", "train_wall_time_sec", "wall_time_sec")  # what a profiler may change: how long it took
+
+
+def _without_times(summary: dict) -> dict:
+    return {k: ({m: v for m, v in s.items() if m not in TIMES} if isinstance(s, dict) else s) for k, s in summary.items() if k not in TIMES}
+
+
+# -- trainer.profile_steps ---------------------------------------------------
+
+
+def test_a_profile_of_chosen_steps_is_in_the_runs_tensorboard_dir_and_changes_nothing(tmp_path):
+    """logger.tensorboard=false (engine_helpers.QUICK): the trace goes to
+    <run dir>/tensorboard all the same. [5, 15] moves the loop's calls off
+    its own stops (every 10 steps), and the run still ends bitwise equal."""
+    args = ["strategy=mirrored", "cluster=1x2", "trainer.deterministic=true"]
+    plain = train(tmp_path / "plain", *args)
+    traced = train(tmp_path / "traced", *args, "trainer.profile_steps=[5,15]")
+    traces = list((traced.dir / "tensorboard" / "plugins" / "profile").glob("*/*.xplane.pb"))
+    assert len(traces) == 1 and traces[0].stat().st_size > 0, traces
+    assert not (plain.dir / "tensorboard").exists()
+    assert traced.summary["weights_sha256"] == plain.summary["weights_sha256"]
+    assert _without_times(traced.summary) == _without_times(plain.summary)
+    assert [{k: v for k, v in m.items() if k not in TIMES} for m in traced.metrics] == [
+        {k: v for k, v in m.items() if k not in TIMES} for m in plain.metrics]
+
+
+class _Runner:
+    """The loop's side of a runner, recording each call and whether the profiler ran during it."""
+
+    def __init__(self, action):
+        self.action, self.calls = action, []
+
+    def train(self, first_step, num_steps):
+        self.calls.append((first_step, num_steps, self.action.tracing_from is not None))
+        return np.zeros(1)
+
+    def results(self, totals):
+        return {}
+
+    def examples(self, totals):
+        return 0.0
+
+    def evaluate(self):
+        return {}
+
+
+class _Counter:
+    def __init__(self, step):
+        self.step = step
+
+    def numpy(self):
+        return self.step
+
+    def assign(self, step):
+        self.step = step
+
+
+@pytest.mark.parametrize("first_step, calls", [
+    (0, [(0, 5, False), (5, 10, True), (15, 5, False), (20, 10, False), (30, 10, False)]),
+    (10, [(10, 5, True), (15, 5, False), (20, 10, False), (30, 10, False)]),  # resumed inside the span: traced from there
+])
+def test_the_trace_brackets_exactly_the_steps_asked_for(tmp_path, first_step, calls):
+    action = ProfileSteps(5, 15, tmp_path / "tensorboard")
+    runner = _Runner(action)
+    Loop(runner, Schedule(steps=40, steps_per_loop=10, log_every=20, eval_every=0), _Counter(first_step), [action]).run()
+    assert runner.calls == calls
+    assert len(list((tmp_path / "tensorboard" / "plugins" / "profile").glob("*/*.xplane.pb"))) == 1
+
+
+# -- strategy.all_reduce_dtype -----------------------------------------------
+
+# Measured here (2026-11-25, this 2-core Xeon, TF 2.21), mirrored 1x2, 40 steps of 32 (engine_helpers.QUICK), deterministic:
+# the largest difference of any weight from the float32 run's, and the difference's norm over the weights' norm.
+#   the seeds' MLP, Adam 1e-3:       bfloat16 8.43e-3 (rel. 9.85e-3), float16 3.3e-4 (rel. 6.47e-5)
+#   wide_deep (sparse tables), Adam:  bfloat16 8.34e-3 (rel. 3.64e-3), float16 1.55e-3 (rel. 8.6e-4)
+# bfloat16 keeps 8 significant bits and float16 11: after one step the difference is the rounding of one update
+# (SGD: at most 5e-5 here); over 40 steps the runs' paths part further. The tolerances are ~20% above what was measured.
+MLP = []
+WIDE_DEEP = ["data=synthetic_categorical", "model=wide_deep", "model.vocab_size=1000", "data.vocab_size=1000", "task=binary"]
+TOLERANCES = {  # (model, dtype): (max abs difference, relative difference)
+    ("mlp", "bfloat16"): (0.01, 0.012), ("mlp", "float16"): (4e-4, 8e-5),
+    ("wide_deep", "bfloat16"): (0.01, 0.0045),
+}
+
+
+def _difference(a, b):
+    """(the largest absolute difference of any weight, ||a - b|| / ||b|| over all weights)."""
+    wa, wb = a.weights(), b.weights()
+    assert wa.keys() == wb.keys() and wa
+    worst = max(float(np.max(np.abs(wa[k] - wb[k]))) for k in wa)
+    relative = float(np.sqrt(sum(np.sum((wa[k] - wb[k]) ** 2) for k in wa) / sum(np.sum(wb[k] ** 2) for k in wa)))
+    return worst, relative
+
+
+@pytest.mark.parametrize("model, overrides, dtypes", [("mlp", MLP, ["bfloat16", "float16"]),
+                                                      ("wide_deep", WIDE_DEEP, ["bfloat16"])])  # sparse: packed for the gather
+def test_gradients_all_reduced_in_16_bits_train_weights_close_to_float32(tmp_path, model, overrides, dtypes):
+    args = ["strategy=mirrored", "cluster=1x2", "trainer.deterministic=true", *overrides]
+    float32 = train(tmp_path / "float32", *args, "strategy.all_reduce_dtype=float32")
+    for dtype in dtypes:
+        run = train(tmp_path / dtype, *args, f"strategy.all_reduce_dtype={dtype}")
+        worst, relative = _difference(run, float32)
+        tolerance, relative_tolerance = TOLERANCES[model, dtype]
+        assert 0 < worst < tolerance and relative < relative_tolerance, (dtype, worst, relative)  # 0 <: it was not float32
+
+
+def test_float32_all_reduce_is_the_step_without_the_key(tmp_path):
+    args = ["strategy=mirrored", "cluster=1x2", "trainer.deterministic=true"]
+    float32 = train(tmp_path / "float32", *args, "strategy.all_reduce_dtype=float32")
+    without = train(tmp_path / "without", *args, "~strategy.all_reduce_dtype")
+    assert "all_reduce_dtype" not in without.spec.strategy.options
+    assert float32.summary["weights_sha256"] == without.summary["weights_sha256"]
