@@ -149,15 +149,20 @@ def _find(key: str, files) -> List[str]:
     """Every file the patterns name (tf.io.gfile: local paths and gs:// alike), sorted."""
     found = []
     for pattern in datafiles.patterns(files):
-        local = not datafiles.is_remote(pattern)
-        pattern = os.path.abspath(os.path.expanduser(pattern)) if local else pattern
-        try:
-            found += sorted(tf.io.gfile.glob(pattern))
-        except tf.errors.OpError as error:
-            raise ConfigError.one(key, pattern, f"cannot be listed: {error.message.splitlines()[0]}") from None
+        found += glob_sorted(key, pattern)
     if not found:
         raise ConfigError.one(key, files, "no file matches")
     return sorted(dict.fromkeys(found))
+
+
+def glob_sorted(key: str, pattern: str) -> List[str]:
+    """What one glob matches (tf.io.gfile: local paths, ~ and gs:// alike), sorted; a
+    pattern that cannot be listed is refused as `key`'s."""
+    pattern = pattern if datafiles.is_remote(pattern) else os.path.abspath(os.path.expanduser(pattern))
+    try:
+        return sorted(tf.io.gfile.glob(pattern))
+    except tf.errors.OpError as error:
+        raise ConfigError.one(key, pattern, f"cannot be listed: {error.message.splitlines()[0]}") from None
 
 
 def _header(path: str, compression: Optional[str]) -> List[str]:

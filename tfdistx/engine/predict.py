@@ -25,8 +25,8 @@ from typing import Callable, Dict, List, Mapping, Optional, Sequence
 import numpy as np
 import tensorflow as tf
 
-from tfdistx.config import datafiles
 from tfdistx.config.errors import ConfigError
+from tfdistx.data.files import glob_sorted
 from tfdistx.data.sources import DataSource
 from tfdistx.rundir import new_directory
 
@@ -83,11 +83,7 @@ def find_files(patterns: Sequence[str]) -> List[str]:
     glob's matches sorted, the globs in the order given, each file once."""
     found = []
     for pattern in patterns:
-        pattern = pattern if datafiles.is_remote(pattern) else os.path.abspath(os.path.expanduser(pattern))
-        try:
-            matches = sorted(name for name in tf.io.gfile.glob(pattern) if not tf.io.gfile.isdir(name))
-        except tf.errors.OpError as error:
-            raise ConfigError.one(FILES_KEY, pattern, f"cannot be listed: {error.message.splitlines()[0]}") from None
+        matches = [name for name in glob_sorted(FILES_KEY, pattern) if not tf.io.gfile.isdir(name)]
         if not matches:
             raise ConfigError.one(FILES_KEY, pattern, "no file matches")
         found += matches
