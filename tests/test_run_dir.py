@@ -4,6 +4,7 @@ over), and two runs cannot share a directory. Real runs, real files."""
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -61,11 +62,20 @@ def test_a_second_run_in_the_same_directory_is_refused_and_the_first_is_unharmed
     assert steps == list(range(20, steps[-1] + 1, 20))  # the first run's lines, all of them, once
 
 
+def steps_past_the_last_checkpoint(run_dir, more=20) -> str:
+    """trainer.steps for a rerun that trains on: a killed run may have got
+    anywhere past the lines the test waited for (the seeds' MLP makes ~100
+    steps in the 0.1 s between two looks)."""
+    last = max(int(p.name[len("ckpt-"):-len(".index")]) for p in (run_dir / "checkpoints").glob("ckpt-*.index"))
+    return f"trainer.steps={last + more}"
+
+
 def test_a_killed_run_leaves_no_lock_behind(tmp_path):
     run_dir = tmp_path / "run"
     run_and_interrupt([*LONG, "checkpoint.every_steps=20"], run_dir, 2, lambda proc: proc.send_signal(signal.SIGKILL))
-    rerun = subprocess.run([sys.executable, "-m", "tfdistx", *LONG, "checkpoint.every_steps=20", "trainer.steps=80",
-                            f"hydra.run.dir={run_dir}"], capture_output=True, text=True, env=tfdistx_env(), timeout=300)
+    rerun = subprocess.run([sys.executable, "-m", "tfdistx", *LONG, "checkpoint.every_steps=20",
+                            steps_past_the_last_checkpoint(run_dir), f"hydra.run.dir={run_dir}"],
+                           capture_output=True, text=True, env=tfdistx_env(), timeout=300)
     assert rerun.returncode == 0, rerun.stderr[-3000:]
     assert json.loads((run_dir / "summary.json").read_text())["resumed"]
 
@@ -93,6 +103,28 @@ def test_fewer_steps_than_the_run_has_done_is_refused(tmp_path):
     assert refused.value.lines() == ["tfdistx: invalid config: trainer.steps=20: the run in this directory is already at step 40 "
                                      "(ckpt-40): ask for 40 steps or more, or use another hydra.run.dir"]
     assert files(first.dir) == before  # summary.json, metrics.jsonl and checkpoints as they were
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("missing", [("summary.json", "export"), ("export",)])
+def test_a_run_killed_after_its_last_checkpoint_is_finished_by_its_rerun(tmp_path, missing):
+    """Killed between the last checkpoint and the summary or export (the files
+    such a kill leaves are made by removing them): the rerun trains nothing
+    and writes what is missing, the same as the whole run wrote it."""
+    whole = train(tmp_path / "run", "checkpoint.every_steps=20", "checkpoint.export=true")
+    before = whole.summary
+    kept = {name: (whole.dir / name).read_bytes() for name in ("summary.json", "metrics.jsonl") if name not in missing}
+    for name in missing:
+        shutil.rmtree(whole.dir / name) if (whole.dir / name).is_dir() else (whole.dir / name).unlink()
+    rerun = train(tmp_path / "run", "checkpoint.every_steps=20", "checkpoint.export=true")
+    assert rerun.objective == whole.objective
+    for key in ("step", "train", "eval", "weights_sha256", "global_batch"):
+        assert rerun.summary[key] == before[key], key
+    if "summary.json" in missing:
+        assert (rerun.summary["resumed"], rerun.summary["resumed_from_step"]) == (True, 40)
+    assert (rerun.dir / "export" / "saved_model.pb").is_file()
+    assert all((rerun.dir / name).read_bytes() == data for name, data in kept.items())  # what it had is untouched
+    assert [m["step"] for m in rerun.metrics] == [20, 40]
 
 
 @pytest.mark.unit
@@ -134,7 +166,7 @@ def test_a_killed_cluster_leaves_nothing_behind_once_it_runs_again(tmp_path):
     run_and_interrupt(args, run_dir, 2, lambda proc: proc.send_signal(signal.SIGKILL), env={"TMPDIR": str(scratch)})
     time.sleep(2)  # the tasks' own SIGKILL
     assert list(scratch.glob("tfdistx-*")) and (run_dir / "logs" / ".cluster.json").exists()
-    rerun = subprocess.run([sys.executable, "-m", "tfdistx", *args, "trainer.steps=80", f"hydra.run.dir={run_dir}"],
+    rerun = subprocess.run([sys.executable, "-m", "tfdistx", *args, steps_past_the_last_checkpoint(run_dir), f"hydra.run.dir={run_dir}"],
                            env=tfdistx_env(TMPDIR=str(scratch)), capture_output=True, text=True, timeout=600)
     assert rerun.returncode == 0, rerun.stdout[-3000:]
     assert json.loads((run_dir / "summary.json").read_text())["resumed"]

@@ -29,7 +29,7 @@ from tfdistx.engine import checkpointing, loggers
 from tfdistx.engine import strategy as strategy_lib
 from tfdistx.engine.build import Run, build_run
 from tfdistx.engine.export import export_checkpoint
-from tfdistx.engine.loop import CheckPreemption, Log, Loop, SaveCheckpoints, Schedule, TrackObjective
+from tfdistx.engine.loop import CheckPreemption, Log, Loop, Result, SaveCheckpoints, Schedule, TrackObjective
 from tfdistx.engine.metrics import MetricSet
 from tfdistx.engine.preemption import PreemptionWatcher, lost_peer_in_one_line
 from tfdistx.engine.profiling import ProfileSteps
@@ -70,11 +70,11 @@ def train(spec: RunSpec, placement: Optional[Placement] = None, process_ends_aft
         if start_step > run.total_steps:  # nothing to train, and a summary of nothing would replace the run's
             raise ConfigError.one("trainer.steps", run.total_steps, f"the run in this directory is already at step {start_step} "
                                   f"({os.path.basename(restored)}): ask for {start_step} steps or more, or use another hydra.run.dir")
-        if restored and start_step == run.total_steps:
-            return already_finished(run, restored)
         tracker = objective_tracker(run)
+        if restored and start_step == run.total_steps:
+            return already_finished(run, restored, tracker, started)
         if restored and tracker and tracker.exhausted():  # stopped early: as finished, never trained on
-            return already_finished(run, restored, stopped_early=True)
+            return already_finished(run, restored, tracker, started, stopped_early=True)
         if restored:
             log.info("resuming from step %d (%s)", start_step, restored)
             if spec.checkpoint.init_from:  # a rerun of a warm-started run resumes, never re-initialises
@@ -196,14 +196,17 @@ def start_over_beside_damaged_run(run: Run) -> None:
     run.checkpointer.start_over()
 
 
-def already_finished(run: Run, restored: str, stopped_early: bool = False) -> Optional[float]:
+def already_finished(run: Run, restored: str, tracker: Optional[TrackObjective], started: float,
+                     stopped_early: bool = False) -> Optional[float]:
     """A rerun of a run that reached trainer.steps (or stopped early: its
     restored objective state says patience was spent) trains nothing and keeps
     what the run wrote: its summary, metrics and export stay as they are.
     Every task evaluates the final checkpoint (the same collective steps
     on each, so none waits for another), and that is the answer: logged,
     appended to evaluations.jsonl, and the objective returned (a sweep's
-    rerun reports the same value)."""
+    rerun reports the same value). A run killed after its last checkpoint
+    but before its summary or export is finished here: the chief writes
+    what is missing, and only that."""
     step = int(run.step_counter.numpy())
     if stopped_early:
         log.info("the run in this directory stopped early at step %d (%s): trainer.early_stopping.patience=%d evaluations without "
@@ -219,11 +222,29 @@ def already_finished(run: Run, restored: str, stopped_early: bool = False) -> Op
         return None
     loggers.append_jsonl(run.dir / "evaluations.jsonl", {"checkpoint": os.path.basename(restored), "step": step,
                                                          "strategy": run.strategy_name, "replicas": run.replicas, **metrics})
-    objective = run.spec.trainer.objective
     summary_path = run.dir / "summary.json"
-    if summary_path.is_file():
-        return objective_value(objective, json.loads(summary_path.read_text()))
-    return objective_value(objective, {"eval": metrics, "train": {}})
+    if not summary_path.is_file():
+        reason = tracker.reason(run.objective_state.read()) if stopped_early else None
+        result = Result(step=step, train=last_logged_train(run.dir, step), eval=metrics,
+                        stopped_early={"step": step, "reason": reason} if reason else None)
+        loggers.write_json(summary_path, _summary(run, result, restored, step, time.time() - started))
+        log.info("the run had stopped after its last checkpoint, before its summary: written now (%s)", summary_path)
+    final_checkpoint = run.checkpointer.best if run.spec.checkpoint.keep_best and run.checkpointer.best else restored
+    if run.spec.checkpoint.export and not (run.dir / "export").exists():
+        export_checkpoint(run.spec, final_checkpoint, str(run.dir / "export"))
+    return objective_value(run.spec.trainer.objective, json.loads(summary_path.read_text()))
+
+
+def last_logged_train(run_dir, step: int) -> dict:
+    """The train metrics metrics.jsonl holds for `step` (the loop logs the
+    last step always), without the evaluation's; {} when it has none."""
+    path = run_dir / "metrics.jsonl"
+    lines = path.read_text().splitlines() if path.is_file() else []
+    for line in reversed(lines):
+        record = json.loads(line)
+        if record.get("step") == step:
+            return {k: v for k, v in record.items() if k != "step" and not k.startswith("eval/")}
+    return {}
 
 
 def evaluate(spec: RunSpec, placement: Optional[Placement] = None, step: Optional[int] = None) -> Optional[dict]:

@@ -124,9 +124,13 @@ class TrackObjective:
         if new_best and self.save_best:
             self.save_best(step)
         if self.patience is not None and state["waited"] >= self.patience:
-            best = f"best {state['best']:.6g} at step {state['best_step']}" if state["best"] is not None else "never a number"
-            self.stop_requested = (f"{self.objective} has not improved by more than {self.min_delta:g} for {self.patience} "
-                                   f"evaluation{'s' if self.patience != 1 else ''} ({best})")
+            self.stop_requested = self.reason(state)
+
+    def reason(self, state: dict) -> str:
+        """Why the run stopped early, as its summary says it."""
+        best = f"best {state['best']:.6g} at step {state['best_step']}" if state["best"] is not None else "never a number"
+        return (f"{self.objective} has not improved by more than {self.min_delta:g} for {self.patience} "
+                f"evaluation{'s' if self.patience != 1 else ''} ({best})")
 
 
 @dataclass
