@@ -2,37 +2,45 @@
 command writes new paths, or replaces only what it made itself and keeps the
 rest aside (*.replaced-STAMP). Real runs, real files on disk."""
 
+import json
+import logging
 import subprocess
 import sys
 
 from conftest import QUICK, refused_in_one_line, tfdistx_env
 from test_run_dir import files
+from tfdistx.commands import export as export_command
 
 
-def export(*args):
-    return subprocess.run([sys.executable, "-m", "tfdistx", "export", *map(str, args)], capture_output=True, text=True,
-                          env=tfdistx_env(), timeout=300)
+def export(*args) -> int:
+    """`tfdistx export ARGS` in this process (commands/export.main, as the CLI
+    calls it): its exit code; a refusal's one line is on stderr."""
+    level = logging.getLogger("tensorflow").level
+    try:
+        return export_command.main([str(arg) for arg in args])
+    except SystemExit as refused:
+        return refused.code
+    finally:
+        logging.getLogger("tensorflow").setLevel(level)  # a refusal quietens TensorFlow's logger for the rest of its process
 
 
-def test_export_never_replaces_a_run_or_its_checkpoints_and_keeps_earlier_exports(tfdistx, tmp_path):
+def test_export_never_replaces_a_run_or_its_checkpoints_and_keeps_earlier_exports(tfdistx, tmp_path, capsys):
     run = tfdistx(*QUICK, "checkpoint.every_steps=20")
     assert run.returncode == 0, run
     before = files(run.dir)
     for out in (run.dir, run.dir / "checkpoints", run.dir / ".hydra", tmp_path):
-        refused = export(run.dir, "--out", out)
-        assert refused.returncode == 2 and "Traceback" not in refused.stderr, refused.stderr[-2000:]
-        assert f"--out='{out}'" in refused.stderr, refused.stderr[-2000:]
+        assert export(run.dir, "--out", out) == 2, f"--out {out} was not refused"
+        refused = capsys.readouterr().err
+        assert f"--out='{out}'" in refused and "Traceback" not in refused, refused
         assert files(run.dir) == before, f"--out {out} changed the run"
 
     # --step N writes beside the run's own export, which stays the final step's
-    at20 = export(run.dir, "--step", 20)
-    assert at20.returncode == 0, at20.stderr[-2000:]
+    assert export(run.dir, "--step", 20) == 0, capsys.readouterr().err[-2000:]
     assert (run.dir / "export-step-20" / "saved_model.pb").is_file()
     assert files(run.dir / "export") == {k.relative_to("export"): v for k, v in before.items() if k.parts[0] == "export"}
 
     # writing over an earlier export keeps it aside, whole
-    again = export(run.dir, "--step", 40, "--out", run.dir / "export-step-20")
-    assert again.returncode == 0, again.stderr[-2000:]
+    assert export(run.dir, "--step", 40, "--out", run.dir / "export-step-20") == 0, capsys.readouterr().err[-2000:]
     kept = list(run.dir.glob("export-step-20.replaced-*"))
     assert len(kept) == 1 and (kept[0] / "saved_model.pb").is_file()
     assert not list(run.dir.glob(".export*tmp*"))  # no temporary left beside
@@ -48,7 +56,8 @@ def test_rerunning_a_finished_run_keeps_its_summary_and_export(tfdistx):
     after = files(first.dir)
     evaluations = after.pop(next(k for k in after if k.name == "evaluations.jsonl"))
     assert after == before  # summary.json, metrics.jsonl, checkpoints and export byte for byte
-    assert b'"step": 40' in evaluations
+    restored = json.loads(evaluations.decode().splitlines()[-1])  # the final checkpoint restored evaluates as the run did
+    assert restored["step"] == 40 and {k: restored[k] for k in first.summary["eval"]} == first.summary["eval"]
 
 
 def test_a_run_whose_checkpoints_cannot_be_read_starts_over_beside_them(tfdistx):
