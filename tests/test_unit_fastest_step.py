@@ -10,7 +10,7 @@ from engine_helpers import train
 from tfdistx.engine.loop import Loop, Schedule
 from tfdistx.engine.profiling import ProfileSteps
 
-pytestmark = pytest.mark.unit
+unit = pytest.mark.unit  # each test but wide_deep's all-reduce case below (in-process, but ~23 s: the default run)
 
 TIMES = ("examples_per_sec", "train_wall_time_sec", "wall_time_sec")  # what a profiler may change: how long it took
 
@@ -22,6 +22,7 @@ def _without_times(summary: dict) -> dict:
 # -- trainer.profile_steps ---------------------------------------------------
 
 
+@unit
 def test_a_profile_of_chosen_steps_is_in_the_runs_tensorboard_dir_and_changes_nothing(tmp_path):
     """logger.tensorboard=false (engine_helpers.QUICK): the trace goes to
     <run dir>/tensorboard all the same. [5, 15] moves the loop's calls off
@@ -69,6 +70,7 @@ class _Counter:
         self.step = step
 
 
+@unit
 @pytest.mark.parametrize("first_step, calls", [
     (0, [(0, 5, False), (5, 10, True), (15, 5, False), (20, 10, False), (30, 10, False)]),
     (10, [(10, 5, True), (15, 5, False), (20, 10, False), (30, 10, False)]),  # resumed inside the span: traced from there
@@ -106,7 +108,7 @@ def _difference(a, b):
     return worst, relative
 
 
-@pytest.mark.parametrize("model, overrides, dtypes", [("mlp", MLP, ["bfloat16", "float16"]),
+@pytest.mark.parametrize("model, overrides, dtypes", [pytest.param("mlp", MLP, ["bfloat16", "float16"], marks=unit),
                                                       ("wide_deep", WIDE_DEEP, ["bfloat16"])])  # sparse: packed for the gather
 def test_gradients_all_reduced_in_16_bits_train_weights_close_to_float32(tmp_path, model, overrides, dtypes):
     args = ["strategy=mirrored", "cluster=1x2", "trainer.deterministic=true", *overrides]
@@ -118,6 +120,7 @@ def test_gradients_all_reduced_in_16_bits_train_weights_close_to_float32(tmp_pat
         assert 0 < worst < tolerance and relative < relative_tolerance, (dtype, worst, relative)  # 0 <: it was not float32
 
 
+@unit
 def test_float32_all_reduce_is_the_step_without_the_key(tmp_path):
     args = ["strategy=mirrored", "cluster=1x2", "trainer.deterministic=true"]
     float32 = train(tmp_path / "float32", *args, "strategy.all_reduce_dtype=float32")
