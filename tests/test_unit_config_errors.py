@@ -24,11 +24,11 @@ BIG = MAX_STEPS  # 2**62: the most steps a checkpoint's int64 counter can carry
     ((), {"cluster.retryable_exit_offset": 214},
      "cluster.retryable_exit_offset=214: from 0 to 213 (exit codes stop at 255); 128 for Kubernetes' restartPolicy ExitCode"),
     # strategy options
-    (("strategy=central_storage",), {"strategy.device": "/gpu:0"}, "strategy.device='/gpu:0': strategy=central_storage takes no options"),
+    (("strategy=central_storage",), {"strategy.device": "/gpu:0"}, "strategy.device='/gpu:0': strategy=central_storage takes no options (strategy.device is for strategy=one_device)"),
     (("strategy=multiworker", "cluster=2x1"), {"strategy.bytes_per_pack": 1.5},
      "strategy.bytes_per_pack=1.5: must be a whole number of bytes, 0 or more (0: one pack)"),
     (("strategy=one_device",), {"strategy.all_reduce_dtype": "bfloat16"},
-     "strategy.all_reduce_dtype='bfloat16': strategy=one_device takes strategy.device"),
+     "strategy.all_reduce_dtype='bfloat16': strategy=one_device takes strategy.device (strategy.all_reduce_dtype is for strategy=mirrored, multiworker)"),
     (("strategy=mirrored",), {"strategy.all_reduce_dtype": "int8"},
      "strategy.all_reduce_dtype='int8': allowed: float32, bfloat16, float16"),
     # auto picks a strategy from the cluster, and the cluster must suit the strategy it picked

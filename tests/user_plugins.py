@@ -158,3 +158,33 @@ def two_classes_by_default(num_classes=2, **kwargs):
     from tfdistx.data import synthetic
 
     return synthetic(num_classes=num_classes, image_shape=[4, 4, 1], train_examples=256, eval_examples=64, seed=0)
+
+
+# -- a probe for resuming on another topology (test_topology_resume.py) --
+
+
+def indexed_clicks(examples: int = 256, eval_examples: int = 64, vocab_size: int = 1000):
+    """synthetic_categorical's rows, in memory (order.ArrayExamples: one example
+    order on every topology), each carrying its own index as a feature."""
+    from tfdistx.data import in_memory, synthetic_categorical
+
+    source = synthetic_categorical(vocab_size=vocab_size, train_examples=examples, eval_examples=eval_examples)
+
+    def indexed(arrays):
+        features, labels = arrays
+        return {**features, "index": np.arange(len(labels), dtype=np.int64)}, labels
+
+    return in_memory(indexed(source.train.arrays), indexed(source.eval.arrays), train_examples=examples)
+
+
+def counting_wide_deep(feature_spec, num_outputs, examples: int = 256, vocab_size: int = 1000, shards: int = 1):
+    """tfdistx's wide_deep (its tables in `shards` row shards) beside a
+    CountExamples probe of which examples each step trained on."""
+    from tfdistx.models import wide_deep
+
+    inner_spec = {name: spec for name, spec in feature_spec.items() if name != "index"}
+    inner = wide_deep(inner_spec, num_outputs, vocab_size=vocab_size, embedding_dim=4, hidden_units=(8,), shards=shards)
+    inputs = {name: keras.Input(shape=tuple(spec.shape), dtype=spec.dtype.name, name=name) for name, spec in feature_spec.items()}
+    logits = inner({name: inputs[name] for name in inner_spec})
+    marker = CountExamples(examples, name="count_examples")(inputs["index"])
+    return keras.Model(inputs, keras.layers.Add()([logits, keras.layers.Reshape((num_outputs,))(marker)]))

@@ -82,10 +82,10 @@ class ShardedEmbedding(layers.Layer):
     ParameterServerStrategy places variables round-robin on the ps tasks, so
     with one shard per ps the table (and its optimizer slots, and the lookup
     traffic) spreads across all of them; a worker fetches only the rows it
-    looks up. Written by hand because TensorFlow's own answer, a
-    `variable_partitioner`, makes ShardedVariables, which Keras 3 optimizers
-    cannot update ("'ShardedVariable' object has no attribute 'handle'",
-    measured with TF 2.21 / Keras 3.15).
+    looks up. Written by hand before tfdistx trained Keras 3 models on
+    TensorFlow's own answer, a `variable_partitioner` (`strategy.partitioner`,
+    engine/sharding.py), whose lookups of a Keras Embedding read the whole
+    table to the worker.
     """
 
     def __init__(self, vocab_size: int, dim: int, shards: int = 1, embeddings_initializer="uniform", **kwargs):
@@ -101,10 +101,33 @@ class ShardedEmbedding(layers.Layer):
     def call(self, ids):
         import tensorflow as tf
 
+        parts = [part for table in self.tables for part in getattr(table.value, "variables", [table.value])]
+        if len(parts) > len(self.tables):  # strategy.partitioner split the shards themselves
+            return _lookup_in_parts(parts, ids)
         if self.shards == 1:
             return keras.ops.take(self.tables[0], ids, axis=0)
         # With equal-sized shards, TF's "div" strategy puts id i in shard i // rows.
         return tf.nn.embedding_lookup([table.value for table in self.tables], ids)
+
+
+def _lookup_in_parts(parts, ids):
+    """Rows of the table that is `parts` (row ranges, of any sizes) put end to
+    end: each id looked up in its part alone, on the part's own device, so
+    only the rows looked up move. TF's "div" lookup would assume its own
+    split of the rows, which two levels of splitting do not keep."""
+    import tensorflow as tf
+
+    flat = tf.reshape(ids, [-1])
+    starts = [0]
+    for part in parts[:-1]:
+        starts.append(starts[-1] + part.shape[0])
+    which = tf.searchsorted(tf.constant(starts[1:], flat.dtype), flat, side="right")
+    which = tf.cast(which, tf.int32)
+    local = flat - tf.gather(tf.constant(starts, flat.dtype), which)
+    positions = tf.dynamic_partition(tf.range(tf.size(flat)), which, len(parts))
+    rows = [tf.gather(part, piece) for part, piece in zip(parts, tf.dynamic_partition(local, which, len(parts)))]
+    found = tf.dynamic_stitch(positions, rows)
+    return tf.reshape(found, tf.concat([tf.shape(ids), tf.shape(found)[1:]], 0))
 
 
 def wide_deep(feature_spec, num_outputs: int, vocab_size: int = 100_000, embedding_dim: int = 16,

@@ -17,14 +17,17 @@ retry a bad config, forever.
 import re
 from typing import Dict, List, Optional
 
-from tfdistx.config import strategies
+from tfdistx.cluster.evaluator import EVALUATOR
+from tfdistx.config import data_service, strategies
 from tfdistx.config.compose import given_value
 from tfdistx.config.errors import RETRYABLE_EXIT_OFFSET_FOR_KUBERNETES, ConfigError
 
 API_VERSION = "kubeflow.org/v1"
 PORT = 2222  # the operator's default, taken from the container port named tfjob-port
 CONTAINER = "tensorflow"  # the operator's default container name
-REPLICA_TYPES = {"chief": "Chief", "ps": "PS", "worker": "Worker"}  # TF_CONFIG job -> TFJob replica type
+REPLICA_TYPES = {"chief": "Chief", "ps": "PS", "worker": "Worker", EVALUATOR: "Evaluator"}  # TF_CONFIG job -> TFJob replica type
+# data.service's tasks: the operator puts them in TF_CONFIG as `dispatcher` and `dataworker` (cluster/data_service.py takes them out)
+REPLICA_TYPES.update({data_service.DISPATCHER: "Dispatcher", data_service.WORKER: "DataWorker"})
 VOLUME_NAME = "tfdistx-runs"
 DEFAULT_MOUNT_PATH = "/mnt/tfdistx"
 _DNS_LABEL = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
@@ -40,7 +43,11 @@ def tfjob(cfg, overrides: List[str], name: str, image: str, namespace: str = "de
     if facts.not_in_tfjob:
         raise ConfigError.one("strategy", cfg.strategy.name, f"cannot be exported as a TFJob: {facts.not_in_tfjob}")
     counts = facts.job_counts(topo.workers, topo.ps) or {"worker": 1}  # a one-process strategy: one pod
-    args = pod_args(overrides, facts.multi_process, f"{mount_path}/{name}" if volume else None)
+    if topo.get("evaluator"):  # the sidecar evaluator's pod: the operator gives it TF_CONFIG task type "evaluator"
+        counts = {**counts, EVALUATOR: 1}
+    service = data_service.job_counts(cfg.data)
+    counts = {**counts, **service}
+    args = pod_args(overrides, facts.multi_process or bool(service), f"{mount_path}/{name}" if volume else None)
     replica_specs = {}
     for job, replicas in counts.items():
         container = {

@@ -29,6 +29,7 @@ import time
 from pathlib import Path
 from typing import Dict, List, Optional
 
+from tfdistx.cluster import evaluator as sidecars  # the sidecar evaluator's task
 from tfdistx.config.errors import ConfigError
 from tfdistx.config.strategies import describe_jobs  # no training code: the job table's words
 
@@ -46,7 +47,7 @@ NEVER_RESTART = (2, 3, 130)
 
 def run_local_cluster(counts: Dict[str, int], command: List[str], log_dir: str, primary: List[str],
                       isolate: Optional[bool] = None, max_restarts: int = 0, restart_alone: List[str] = (),
-                      stopped_task_timeout: float = 60, run_log: Optional[str] = None) -> int:
+                      stopped_task_timeout: float = 60, run_log: Optional[str] = None, evaluator: bool = False) -> int:
     """Run the cluster to its end; the exit code of the first task that failed, else 0.
 
     `isolate`: None isolates when possible (and says so when not), True
@@ -54,7 +55,8 @@ def run_local_cluster(counts: Dict[str, int], command: List[str], log_dir: str, 
     preempted is restarted up to `max_restarts` times, with back-off; tasks
     of the `restart_alone` jobs are restarted on their own. A task stopped for
     `stopped_task_timeout` seconds is killed, as lost. Every task's output
-    also goes, prefixed, to `run_log` (the run's one log file).
+    also goes, prefixed, to `run_log` (the run's one log file). `evaluator`:
+    a sidecar evaluator task runs beside the cluster (cluster/evaluator.py).
     """
     Path(log_dir).mkdir(parents=True, exist_ok=True)
     # One fixed name, overwritten by each launch: one a SIGKILL left behind
@@ -63,7 +65,7 @@ def run_local_cluster(counts: Dict[str, int], command: List[str], log_dir: str, 
     with open(spec_path, "w") as f:
         json.dump({"counts": counts, "command": command, "log_dir": log_dir, "primary": primary, "max_restarts": max_restarts,
                    "restart_alone": list(restart_alone), "stopped_task_timeout": stopped_task_timeout,
-                   "run_log": run_log}, f)
+                   "run_log": run_log, "evaluator": evaluator}, f)
     supervisor = [sys.executable, "-m", "tfdistx.cluster.launch", spec_path]
     isolated = isolate is not False and _can_isolate()
     if isolated:
@@ -160,11 +162,16 @@ def _run_cluster_once(spec: dict, signals: "_forwarding_signals", restarts: _Bud
     cluster = {job: [f"127.0.0.1:{ports.pop()}" for _ in range(n)] for job, n in counts.items() if n}
     tasks = [_Task(job, index, cluster, spec["command"], log_dir, spec.get("run_log")) for job, addresses in cluster.items()
              for index in range(len(addresses))]
+    # Sidecars (the evaluator) get the cluster's TF_CONFIG with their own task type, and no address in it.
+    tasks += [_Task(job, index, cluster, spec["command"], log_dir, spec.get("run_log"))
+              for job, n in sidecars.sidecar_jobs(spec).items() for index in range(n)]
     for task in tasks:
         task.start()
 
     signals.procs = [task.proc for task in tasks]
     code = _wait(tasks, spec["primary"], spec.get("restart_alone", []), signals, restarts, spec.get("stopped_task_timeout", 60))
+    if code == 0 and not signals.received:  # training is done: the evaluator evaluates its final checkpoint
+        sidecars.let_finish([t.proc for t in tasks if sidecars.is_sidecar(t.job)], lambda: bool(signals.received))
     if code == 0 and not signals.received:
         for task in tasks:
             task.succeeded.set()
@@ -175,7 +182,7 @@ def _run_cluster_once(spec: dict, signals: "_forwarding_signals", restarts: _Bud
     preempted = signals.received and signal.SIGINT not in signals.received
     _teardown(procs, grace=GRACE_SECONDS if preempted else QUICK_GRACE_SECONDS, signalled=bool(signals.received))
     if signals.received:  # the tasks' own verdict if they gave one (42: checkpointed), else 128 + signal
-        own = [p.returncode for p in procs if p.returncode not in (0, -signal.SIGKILL)]
+        own = [t.proc.returncode for t in tasks if t.proc.returncode not in (0, -signal.SIGKILL) and not sidecars.is_sidecar(t.job)]
         code = _exit_code(own[0] if own else -signals.received[0])
     for task in tasks:
         for pump in task.pumps:
@@ -193,6 +200,7 @@ def _wait(tasks: List[_Task], primary: List[str], restart_alone: List[str], sign
     otherwise wait on its step forever (TensorFlow notices a dead worker, not
     a frozen one), and a synchronous cluster is restarted without waiting on it.
     """
+    sidecars_ended = set()
     while True:
         if signals.received:
             return 0
@@ -204,6 +212,12 @@ def _wait(tasks: List[_Task], primary: List[str], restart_alone: List[str], sign
                 _signal_group(task.proc, signal.SIGKILL)
                 task.proc.wait()
             code = task.proc.poll()
+            if sidecars.is_sidecar(task.job):  # never restarted, never stops the cluster: said once if it failed
+                if code not in (None, 0) and task.name not in sidecars_ended:
+                    sidecars.report_exit(task.name, _exit_code(code))
+                if code is not None:
+                    sidecars_ended.add(task.name)
+                continue
             if code not in (None, 0, *NEVER_RESTART) and task.job in restart_alone and restarts.take():
                 print(f"tfdistx: task {task.name} exited with code {_exit_code(code)}; restarting it alone "
                       f"(restart {restarts.used} of {restarts.total})", file=sys.stderr, flush=True)

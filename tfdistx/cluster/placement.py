@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Dict, List, Mapping, Optional
 
+from tfdistx.cluster import data_service
+from tfdistx.cluster.evaluator import EVALUATOR
 from tfdistx.config.errors import ConfigError, Problem
 from tfdistx.config.strategies import Strategy, describe_jobs
 
@@ -37,6 +39,8 @@ class Placement:
     spec: Dict[str, List[str]] = field(default_factory=dict)
     task_type: Optional[str] = None
     task_index: int = 0
+    # data.service's dispatcher and data workers (cluster/data_service.py): not in `spec`, which TensorFlow sees
+    service: Dict[str, List[str]] = field(default_factory=dict)
 
     def __post_init__(self):
         self.source = Source(self.source)
@@ -48,6 +52,8 @@ class Placement:
 
     @property
     def is_chief(self) -> bool:
+        if self.task_type == EVALUATOR:  # the sidecar evaluator writes none of the chief's files
+            return False
         if self.source is Source.SINGLE or self.task_type is None:
             return True
         if "chief" in self.spec:
@@ -62,11 +68,14 @@ class Placement:
         return json.dumps({"cluster": self.spec, "task": {"type": self.task_type, "index": self.task_index}})
 
 
-def detect(strategy: Strategy, cluster, env: Mapping[str, str] = os.environ) -> Placement:
-    """How this process learns its place; `cluster.launch` forces the choice."""
-    if not strategy.multi_process:
+def detect(strategy: Strategy, cluster, env: Mapping[str, str] = os.environ, service_jobs: Optional[Mapping[str, int]] = None) -> Placement:
+    """How this process learns its place; `cluster.launch` forces the choice.
+    `service_jobs`: data.service's tasks (config/data_service.job_counts);
+    with them a one-process strategy's trainer is the one `worker` task of
+    a cluster that holds the service too."""
+    if not strategy.multi_process and not service_jobs:
         return Placement(Source.SINGLE)
-    counts = strategy.job_counts(cluster.workers, cluster.ps)
+    counts = {**(strategy.job_counts(cluster.workers, cluster.ps) or {"worker": 1}), **(service_jobs or {})}
     mode = cluster.get("launch", "auto")
     if mode == "auto":
         mode = "tf_config" if env.get("TF_CONFIG") else "slurm" if "SLURM_PROCID" in env else "local"
@@ -75,24 +84,29 @@ def detect(strategy: Strategy, cluster, env: Mapping[str, str] = os.environ) -> 
     if mode == "tf_config":
         placement = from_tf_config(env.get("TF_CONFIG", ""))
     else:
-        placement = from_slurm(env, counts, cluster.get("base_port", 29400))
+        evaluator = {EVALUATOR: 1} if cluster.get("evaluator") else {}  # the step's last rank (cluster/evaluator.py)
+        placement = from_slurm(env, {**counts, **evaluator}, cluster.get("base_port", 29400))
     check_topology(placement, counts)
+    if not strategy.multi_process and placement.task_type not in placement.service:
+        return Placement(Source.SINGLE, service=placement.service)  # the trainer: one process, fed by the service
     return placement
 
 
 def from_tf_config(raw: str) -> Placement:
     try:
         config = json.loads(raw)
-        spec = {job: list(addresses) for job, addresses in config["cluster"].items() if addresses}
+        spec, service = data_service.split({job: list(addresses) for job, addresses in config["cluster"].items()
+                                             if addresses and job != EVALUATOR})  # not part of the cluster (cluster/evaluator.py)
         task = config["task"]
-        return Placement(Source.TF_CONFIG, spec, task["type"], int(task.get("index", 0)))
+        return Placement(Source.TF_CONFIG, spec, task["type"], int(task.get("index", 0)), service)
     except (ValueError, KeyError, TypeError) as error:
         raise ConfigError.one("TF_CONFIG", raw[:80], f"is not a TF_CONFIG with 'cluster' and 'task' ({error})") from None
 
 
 def check_topology(placement: Placement, wanted: Dict[str, int]) -> None:
     """The cluster a scheduler gave must be the one the config asks for."""
-    have = {job: len(addresses) for job, addresses in placement.spec.items()}
+    jobs = {**placement.spec, **placement.service}  # the service's tasks are placed alike
+    have = {job: len(addresses) for job, addresses in jobs.items()}
     want = {job: n for job, n in wanted.items() if n}
     if placement.source is Source.TF_CONFIG and "chief" in have and "chief" not in want:
         # A TFJob may run worker 0 as a separate `chief` task: it trains too.
@@ -100,10 +114,13 @@ def check_topology(placement: Placement, wanted: Dict[str, int]) -> None:
     if have != want:
         where = "TF_CONFIG" if placement.source is Source.TF_CONFIG else "the Slurm step"
         raise ConfigError([Problem(where, _describe(have), f"the config's cluster asks for {_describe(want)}: make cluster= match it")])
-    if placement.task_type not in placement.spec or not 0 <= placement.task_index < len(placement.spec[placement.task_type]):
-        jobs = ", ".join(f"{job}:0..{len(addresses) - 1}" for job, addresses in placement.spec.items())
-        raise ConfigError.one("TF_CONFIG task", placement.task_name, f"this task is not in the cluster spec ({jobs})")
-    for job, addresses in placement.spec.items():
+    if placement.task_type == EVALUATOR:  # beside the cluster, not in its spec (cluster/evaluator.py)
+        if placement.task_index != 0:
+            raise ConfigError.one("TF_CONFIG task", placement.task_name, "a cluster has at most one evaluator: evaluator:0")
+    elif placement.task_type not in jobs or not 0 <= placement.task_index < len(jobs[placement.task_type]):
+        listed = ", ".join(f"{job}:0..{len(addresses) - 1}" for job, addresses in jobs.items())
+        raise ConfigError.one("TF_CONFIG task", placement.task_name, f"this task is not in the cluster spec ({listed})")
+    for job, addresses in jobs.items():
         for address in addresses:
             if not re.fullmatch(r"[^\s:]+:\d{1,5}|\[[0-9a-fA-F:.]+\]:\d{1,5}", address) or not 0 < int(address.rpartition(":")[2]) < 65536:
                 raise ConfigError.one(f"TF_CONFIG cluster.{job}", address, "every address must be host:port, with a port from 1 to 65535")
@@ -148,7 +165,9 @@ def from_slurm(env: Mapping[str, str], counts: Dict[str, int], base_port: int) -
     if not 0 <= rank < len(roles):
         raise ConfigError.one("SLURM_PROCID", rank, f"outside the {total} tasks of the step")
     job, index = roles[rank]
-    return Placement(Source.SLURM, spec, job, index)
+    spec.pop(EVALUATOR, None)  # its rank has an address it never listens on: no task of the cluster waits for it
+    spec, service = data_service.split(spec)  # the service's ranks come last (config/data_service.job_counts)
+    return Placement(Source.SLURM, spec, job, index, service)
 
 
 def expand_hostlist(hostlist: str) -> List[str]:

@@ -22,7 +22,8 @@ def main(argv) -> int:
     parser.add_argument("overrides", nargs="*", help="config overrides on top of the run's own, e.g. strategy=one_device")
     args = parser.parse_intermixed_args(argv)  # overrides may follow --step N
     with one_line_errors():
-        cfg = compose([*saved_overrides(args.run_dir), *args.overrides])
+        # An evaluation has no sidecar evaluator: the run's cluster.evaluator=true must not refuse strategy=one_device here.
+        cfg = compose([*saved_overrides(args.run_dir), "cluster.evaluator=false", *args.overrides])
         with_hydra = OmegaConf.to_container(cfg)
         with_hydra.pop("hydra", None)
         logging.basicConfig(stream=sys.stderr, level=logging.INFO, format="[%(name)s][%(levelname)s] - %(message)s")

@@ -17,9 +17,10 @@ from omegaconf import DictConfig, OmegaConf
 
 from tfdistx import machine
 from tfdistx.cluster import placement as cluster
+from tfdistx.cluster.evaluator import EVALUATOR
 from tfdistx.cluster.launch import run_local_cluster
 from tfdistx.cluster.placement import Source
-from tfdistx.config import strategies
+from tfdistx.config import data_service, strategies
 from tfdistx.config.errors import ConfigError, retryable_exits_offset_by
 from tfdistx.config.objective import value as objective_value
 from tfdistx.config.spec import resolve
@@ -29,10 +30,15 @@ from tfdistx.engine.loggers import into_log_files  # no TensorFlow there
 def execute(cfg: DictConfig, run_dir: str, mode: str, step: Optional[int] = None, process_ends_after: bool = False):
     """Train (mode "train") or evaluate (mode "evaluate") as `cfg` says, in `run_dir`."""
     facts = strategies.get(cfg.strategy.name, cfg.cluster.workers, cfg.cluster.devices_per_worker)
-    placement = cluster.detect(facts, cfg.cluster)
+    # data.service feeds training only: an evaluation reads its data in the process that evaluates
+    service_jobs = data_service.job_counts(cfg.data) if mode == "train" else {}
+    placement = cluster.detect(facts, cfg.cluster, service_jobs=service_jobs)
     stale = facts.stale_gradients_warning(cfg.cluster.workers, cfg.trainer.steps) if mode == "train" else None
     if stale and placement.is_chief:  # not only in --plan: a run that learns little says why where it runs
         warn(stale)
+    not_exact = data_service.resume_warning(cfg.data, cfg.trainer.deterministic) if mode == "train" else None
+    if not_exact and placement.is_chief and placement.source is not Source.LOCAL:  # once: by the trainer that writes the run
+        warn(not_exact)
     with retryable_exits_offset_by(cfg.cluster.retryable_exit_offset):
         if placement.source is Source.LOCAL:
             return _run_local_cluster(cfg, run_dir, facts, mode, step)
@@ -43,6 +49,14 @@ def execute(cfg: DictConfig, run_dir: str, mode: str, step: Optional[int] = None
         from tfdistx.engine.quiet_import import import_tensorflow  # deferred: TensorFlow starts here, and only here
 
         import_tensorflow()  # without its start-up banner
+        if placement.task_type in data_service.JOBS:  # a tf.data service task: serves the trainers until stopped
+            from tfdistx.engine.data_service import serve  # deferred: it imports TensorFlow
+
+            return serve(placement)
+        if placement.task_type == EVALUATOR:  # the sidecar evaluator (cluster.evaluator): beside the training, never failing it
+            from tfdistx.engine import sidecar  # deferred: it imports TensorFlow
+
+            return sidecar.run(spec) if mode == "train" else None
         from tfdistx.engine import checkpointing, fit  # deferred: they import TensorFlow
 
         with checkpointing.stops_cleanly_when_unwritable(spec.checkpoint.dir):
@@ -62,13 +76,15 @@ def owns_run_dir(cfg: DictConfig) -> bool:
     """The process that writes a run directory: a single run, a local
     cluster's launcher, or the chief of a scheduler's cluster."""
     facts = strategies.get(cfg.strategy.name, cfg.cluster.workers, cfg.cluster.devices_per_worker)
-    return cluster.detect(facts, cfg.cluster).is_chief
+    return cluster.detect(facts, cfg.cluster, service_jobs=data_service.job_counts(cfg.data)).is_chief
 
 
 def _run_local_cluster(cfg: DictConfig, run_dir: str, facts: strategies.Strategy, mode: str, step: Optional[int]):
     """Every task runs this job from the resolved config written here, in
     the same run directory; only the chief writes the run's files."""
-    counts = facts.job_counts(cfg.cluster.workers, cfg.cluster.ps)
+    # A one-process strategy launches here only to run beside its tf.data service: its trainer is the one worker.
+    counts = {**(facts.job_counts(cfg.cluster.workers, cfg.cluster.ps) or {"worker": 1}),
+              **(data_service.job_counts(cfg.data) if mode == "train" else {})}
     most = max(8, 4 * (os.cpu_count() or 1))
     if sum(counts.values()) > most:  # each task is a TensorFlow process of ~0.7 GB (FACTS.md)
         raise ConfigError.one("cluster", cfg.cluster.name, f"a local cluster of {sum(counts.values())} processes on this machine's "
@@ -83,7 +99,8 @@ def _run_local_cluster(cfg: DictConfig, run_dir: str, facts: strategies.Strategy
     code = run_local_cluster(counts, command, str(logs),
                              primary=list(facts.primary_jobs), isolate=cfg.cluster.isolate,
                              max_restarts=cfg.cluster.max_restarts, restart_alone=list(facts.restartable_alone),
-                             stopped_task_timeout=cfg.cluster.stopped_task_timeout, run_log=str(Path(run_dir) / "tfdistx.log"))
+                             stopped_task_timeout=cfg.cluster.stopped_task_timeout, run_log=str(Path(run_dir) / "tfdistx.log"),
+                             evaluator=mode == "train" and bool(cfg.cluster.get("evaluator")))  # `tfdistx evaluate` needs no sidecar
     if code == 130:  # Ctrl-C: the tasks stopped quietly (commands/task.py)
         print("tfdistx: interrupted", file=sys.stderr)
     if code:

@@ -5,14 +5,14 @@ from omegaconf import DictConfig, OmegaConf
 from tfdistx import machine
 from tfdistx.cluster import placement as cluster_lib
 from tfdistx.cluster.placement import Source
-from tfdistx.config import compute, sources, strategies
+from tfdistx.config import compute, data_service, sources, strategies
 from tfdistx.config.validate import planned_replicas
 
 
 def describe(cfg: DictConfig) -> str:
     strategy, topo = cfg.strategy.name, cfg.cluster
     facts = strategies.get(strategy, topo.workers, topo.devices_per_worker)
-    placement = cluster_lib.detect(facts, topo)
+    placement = cluster_lib.detect(facts, topo, service_jobs=data_service.job_counts(cfg.data))
     chosen = f"  -> {facts.name}" if strategy == strategies.AUTO else ""
     if strategy == strategies.AUTO and placement.source is Source.SINGLE:
         chosen += " (mirrored instead when several GPUs are visible)"
@@ -33,6 +33,7 @@ def describe(cfg: DictConfig) -> str:
         lines.append(f"batch         {batch} per step")
         lines.append(f"data          each worker reads its own 1/{topo.workers} of the examples (sharded by worker index); "
                      "a resumed worker skips its expected share of the steps done")
+        lines += _ps_variables(cfg, topo.ps)
         stale = facts.stale_gradients_warning(topo.workers, cfg.trainer.steps)
         if stale:
             lines.append(f"WARNING       {stale}")
@@ -51,6 +52,10 @@ def describe(cfg: DictConfig) -> str:
     plan_line = sources.of(cfg.data).plan_line
     if plan_line:
         lines = [line for line in lines if not line.startswith("data ")] + [plan_line(cfg.data, topo.workers if facts.multi_process else 1)]
+    service = data_service.settings(cfg.data)
+    if service:
+        lines.append(f"data service  a tf.data service: 1 dispatcher, {service['workers']} worker(s), {service['mode']} "
+                     f"(tasks dispatcher:0 and dataworker:0..{service['workers'] - 1}; README: data.service)")
     scale = cfg.optimizer.get("scale_lr_with_replicas")
     lr = cfg.optimizer.lr
     lr_text = f"{lr} x replicas = {lr * replicas}" if scale and replicas else f"{lr}" + (" x replicas" if scale else "")
@@ -68,6 +73,45 @@ def describe(cfg: DictConfig) -> str:
     return "\n".join(lines)
 
 
+def _ps_variables(cfg: DictConfig, ps: int) -> list:
+    """Where the variables go on the ps tasks (strategy.partitioner), and for
+    the seeds' MLP on images of a known shape, the bytes on each ps task."""
+    settings = strategies.partitioner_settings(cfg.strategy.get("partitioner"), ps)
+    if settings:
+        line = (f"variables     strategy.partitioner: a variable of more than {settings['min_shard_bytes']:,} bytes in "
+                f"ceil(bytes / {settings['min_shard_bytes']:,}) shards, at most {settings['max_shards']}; variables and shards "
+                f"round-robin over {ps} ps")
+    else:
+        line = f"variables     whole, round-robin over {ps} ps (strategy.partitioner splits large ones)"
+    shapes = _mlp_shapes(cfg)
+    if shapes is None:
+        return [line]
+    total = sum(strategies.ps_bytes(shapes, 1, None))
+
+    def shares(held):
+        return " / ".join(f"{b:,}" for b in held) + f" (largest {max(held) / total:.1%})"
+
+    detail = f"              model=mlp, {total:,} bytes of weights; per ps: {shares(strategies.ps_bytes(shapes, ps, settings))}"
+    if settings:
+        detail += f"; unsplit: {shares(strategies.ps_bytes(shapes, ps, None))}"
+    return [line, detail]
+
+
+def _mlp_shapes(cfg: DictConfig):
+    """The weights' shapes of model=mlp, in creation order, when the data's
+    image shape and classes are in the config (the synthetic images'); else None."""
+    model, data = cfg.model, cfg.data
+    if model.get("_target_") != "tfdistx.models.mlp" or not data.get("image_shape") or not data.get("num_classes"):
+        return None
+    width, shapes = 1, []
+    for size in data.image_shape:
+        width *= int(size)
+    for units in [*model.get("hidden_units", []), data.num_classes]:
+        shapes += [(width, int(units)), (int(units),)]
+        width = int(units)
+    return shapes
+
+
 def _tasks(facts: strategies.Strategy, topo, placement) -> list:
     if placement.source is Source.SINGLE:
         return ["placement     this process"]
@@ -78,6 +122,9 @@ def _tasks(facts: strategies.Strategy, topo, placement) -> list:
         for job, n in counts.items():
             for index in range(n):
                 lines.append(f"  task        {job}:{index}  TF_CONFIG task {{'type': '{job}', 'index': {index}}}")
+        if topo.get("evaluator"):  # beside the cluster (cluster/evaluator.py)
+            lines.append("  task        evaluator:0  the sidecar evaluator: TF_CONFIG task {'type': 'evaluator', 'index': 0}, "
+                         "in no cluster spec; evaluates each checkpoint")
         return lines
     lines = [f"placement     {placement.source}; this process is {placement.task_name}{' (chief)' if placement.is_chief else ''}"]
     for job, addresses in placement.spec.items():

@@ -22,7 +22,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
-from tfdistx.config import topology, userconf
+from tfdistx.config import strategies, topology, userconf
 from tfdistx.config.paths import config_dir
 from tfdistx.config.schema import PIPELINE_KEYS, TASK_KEYS
 from tfdistx.config.validate import validate
@@ -170,16 +170,28 @@ def _with_valid_keys(error: ConfigError, overrides: Sequence[str]) -> ConfigErro
     if len(error.problems) != 1 or "not in" not in problem.allowed or "." not in problem.key:
         return error
     parent = problem.key.rpartition(".")[0]
-    rest = [o for o in overrides if o.lstrip("+~").partition("=")[0] != problem.key]
+    # A key under a missing one (strategy.partitioner.max_shards) names the missing one: that override goes too.
+    under = lambda o: o.lstrip("+~").partition("=")[0] == problem.key or o.lstrip("+~").startswith(problem.key + ".")
+    rest = [o for o in overrides if not under(o)]
     try:
         node = OmegaConf.select(GlobalHydra.instance().hydra.compose_config("config", overrides=rest, run_mode=RunMode.RUN,
                                                                              with_log_configuration=False), parent)
     except Exception:  # another bad override: the first answer stands
         return error
+    if node is not None and not OmegaConf.is_config(node) and any(under(o) for o in overrides):
+        # strategy.partitioner=true strategy.partitioner.max_shards=3: the first made it a value, not a mapping
+        shown = str(node).lower() if isinstance(node, bool) else node  # as written on a command line
+        return ConfigError([Problem(problem.key, problem.value, f"{parent} is {shown} here, not a mapping of keys: "
+                                    f"set {parent}.KEY=VALUE without {parent}={shown}")])
     if not OmegaConf.is_dict(node):
         return error
     keys = ", ".join(str(k) for k in node.keys())
-    return ConfigError([Problem(problem.key, problem.value, f"{parent} has no key {problem.key.rpartition('.')[2]!r}; its keys: {keys}")])
+    given = next((o.lstrip("+~").partition("=") for o in overrides if under(o)), None)
+    key, value = (given[0], given[2]) if given else (problem.key, problem.value)
+    name = problem.key.rpartition(".")[2]
+    # An option of another strategy: which strategies take it is a fact of the strategy table.
+    elsewhere = f" (strategy.{name} is for strategy={', '.join(strategies.taking(name))})" if parent == "strategy" and strategies.taking(name) else ""
+    return ConfigError([Problem(key, value, f"{parent} has no key {name!r}; its keys: {keys}{elsewhere}")])
 
 
 def given_value(key: str, overrides: Sequence[str]):

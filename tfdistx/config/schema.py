@@ -23,7 +23,8 @@ LAUNCH_MODES = ("auto", "local", "tf_config", "slurm")
 # their defaults for a data option that does not set them: the run spec keeps
 # them from the source's `_target_` (spec.py), and a user's `data._target_`
 # is given them (compose.py).
-PIPELINE_DEFAULTS = {"batch_size": 128, "cache": False, "shuffle_buffer": 10_000}
+# `service`: the tf.data service (config/data_service.py; None: off).
+PIPELINE_DEFAULTS = {"batch_size": 128, "cache": False, "shuffle_buffer": 10_000, "service": None}
 PIPELINE_KEYS = tuple(PIPELINE_DEFAULTS)
 
 # Keys of the task group that are tfdistx's, not the task class's.
@@ -79,6 +80,7 @@ class ClusterConfig:
     startup_timeout: float = 300.0
     stopped_task_timeout: float = 60.0
     retryable_exit_offset: int = 0  # added to exit codes 4, 5 and 42: 128 for Kubernetes' restartPolicy ExitCode
+    evaluator: bool = False  # a sidecar evaluator task beside the cluster (multi-process strategies; cluster/evaluator.py)
 
 
 @dataclass
@@ -94,9 +96,12 @@ class Config:
     logger: Any = field(default_factory=dict)
 
 
-def tasks_per_job(strategy: str, workers: int, ps: int) -> int:
-    """Processes a run needs: for the Slurm launcher's tasks_per_node."""
-    return max(sum(strategies.get(strategy, int(workers)).job_counts(int(workers), int(ps)).values()), 1)
+def tasks_per_job(strategy: str, workers: int, ps: int, evaluator: bool = False, service_workers: int = 0) -> int:
+    """Processes a run needs: for the Slurm launcher's tasks_per_node (a
+    sidecar evaluator is one more task, the step's last; data.service adds
+    a dispatcher and its workers)."""
+    service = 1 + int(service_workers) if int(service_workers or 0) > 0 else 0
+    return max(sum(strategies.get(strategy, int(workers)).job_counts(int(workers), int(ps)).values()), 1) + bool(evaluator) + service
 
 
 def run_name(env=os.environ) -> str:

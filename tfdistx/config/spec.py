@@ -93,6 +93,7 @@ class Pipeline:
     batch_size: int  # the global batch of one micro-step
     cache: bool
     shuffle_buffer: int
+    service: Optional[Mapping[str, Any]] = None  # data.service: {workers, mode} (config/data_service.py)
 
 
 @dataclass(frozen=True)

@@ -7,8 +7,9 @@ Validation, cluster placement, `--plan` and the CLI read it;
 Adding a strategy: a row here, a builder there, a yaml in conf/strategy/.
 """
 
+import math
 from dataclasses import dataclass, field
-from typing import Dict, List, Mapping, Optional, Tuple
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 from tfdistx.config.errors import Problem
 
@@ -125,11 +126,80 @@ STRATEGIES: Dict[str, Strategy] = {s.name: s for s in [
     Strategy("multiworker", "MultiWorkerMirroredStrategy: synchronous all-reduce across worker processes",
              ONE_PER_WORKER, {"communication": COMMUNICATIONS, "bytes_per_pack": None, "all_reduce_dtype": ALL_REDUCE_DTYPES}),
     Strategy("parameter_server", "ParameterServerStrategy + ClusterCoordinator: asynchronous steps on free workers, variables on ps tasks",
-             COORDINATOR, no_xla=_VARIABLES_ELSEWHERE.format(where="on the ps tasks")),
+             COORDINATOR, {"partitioner": None}, no_xla=_VARIABLES_ELSEWHERE.format(where="on the ps tasks")),
 ]}
 
 AUTO = "auto"
 NAMES = (AUTO, *STRATEGIES)
+
+# strategy.partitioner (parameter_server): TF's MinSizePartitioner splits a
+# variable of more than min_shard_bytes by rows into ceil(bytes /
+# min_shard_bytes) shards, at most max_shards (and rows); the shards go
+# round-robin to the ps tasks like whole variables. 256 KiB is TF's default.
+PARTITIONER_KEYS = ("min_shard_bytes", "max_shards")
+DEFAULT_MIN_SHARD_BYTES = 256 << 10
+_PARTITIONER_ALLOWED = ("true (256 KiB shards, one per ps), false/null (off), or {min_shard_bytes: BYTES >= 1, "
+                        "max_shards: N >= 1} (either may be null: 256 KiB; cluster.ps)")
+
+
+def partitioner_settings(value, ps: int) -> Optional[Dict[str, int]]:
+    """strategy.partitioner made concrete: {'min_shard_bytes', 'max_shards'},
+    or None when it is off (false, null, or a mapping whose keys are all null)."""
+    if value is None or value is False:
+        return None
+    given = {} if value is True else {k: value.get(k) for k in PARTITIONER_KEYS}
+    if value is not True and all(v is None for v in given.values()):
+        return None
+    return {"min_shard_bytes": int(given.get("min_shard_bytes") or DEFAULT_MIN_SHARD_BYTES),
+            "max_shards": int(given.get("max_shards") or max(ps, 1))}
+
+
+def partitioner_problems(value) -> List[Problem]:
+    """A bad strategy.partitioner, in one line per problem (the value is a
+    bool, null or a mapping: `value` may be an OmegaConf node or a dict)."""
+    if value is None or isinstance(value, bool):
+        return []
+    if not hasattr(value, "keys"):
+        return [Problem("strategy.partitioner", value, _PARTITIONER_ALLOWED)]
+    problems = [Problem(f"strategy.partitioner.{key}", value[key], f"strategy.partitioner takes {', '.join(PARTITIONER_KEYS)}")
+                for key in value.keys() if key not in PARTITIONER_KEYS]
+    for key in PARTITIONER_KEYS:
+        number = value.get(key)
+        if number is not None and (isinstance(number, bool) or not isinstance(number, int) or number < 1):
+            what = "bytes" if key == "min_shard_bytes" else "shards"
+            problems.append(Problem(f"strategy.partitioner.{key}", number, f"a whole number of {what}, at least 1 (or null: "
+                                    f"{'256 KiB' if key == 'min_shard_bytes' else 'cluster.ps'})"))
+    return problems
+
+
+def shards_of(shape: Sequence[int], settings: Optional[Mapping[str, int]], bytes_per_value: int = 4) -> int:
+    """How many shards TF's MinSizePartitioner cuts a variable into
+    (partitioned_variables.min_max_variable_partitioner, TF 2.21)."""
+    if not settings or not shape:
+        return 1
+    size = math.prod(shape) * bytes_per_value
+    return max(1, min(shape[0], settings["max_shards"], math.ceil(size / settings["min_shard_bytes"])))
+
+
+def ps_bytes(shapes: Sequence[Sequence[int]], ps: int, settings: Optional[Mapping[str, int]]) -> List[int]:
+    """Bytes of float32 variables of these shapes (in creation order) on each
+    ps task, placed as ParameterServerStrategy places them: each variable,
+    or each of its shards (rows split as evenly as TF splits them), on the
+    next ps in turn."""
+    held, turn = [0] * max(ps, 1), 0
+    for shape in shapes:
+        n = shards_of(shape, settings)
+        rows, rest = divmod(shape[0], n) if shape else (1, 0)
+        for i in range(n):
+            part_rows = (rows + (i < rest)) if shape else 1
+            held[turn % len(held)] += part_rows * math.prod(shape[1:]) * 4
+            turn += 1
+    return held
+
+
+def taking(key: str) -> Tuple[str, ...]:
+    """The strategies that take strategy.KEY (for a refusal elsewhere)."""
+    return tuple(name for name, row in STRATEGIES.items() if key in row.options)
 
 
 def resolve(name: str, workers: int, local_devices: Optional[int]) -> str:

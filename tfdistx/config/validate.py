@@ -14,7 +14,7 @@ from typing import Optional
 
 from omegaconf import DictConfig, OmegaConf
 
-from tfdistx.config import compute, sources, strategies, tasks, topology, warm_start
+from tfdistx.config import compute, data_service, sources, strategies, tasks, topology, warm_start
 from tfdistx.config.errors import MAX_RETRYABLE_EXIT_OFFSET, ConfigError, Problem
 from tfdistx.config.objective import objective_problems
 from tfdistx.config.schema import LAUNCH_MODES, Config
@@ -90,14 +90,23 @@ def _strategy_and_cluster(strategy: DictConfig, cluster: DictConfig) -> list:
 
     chosen = strategies.get(name, cluster.workers, cluster.devices_per_worker)
     problems += chosen.topology_problems(name, cluster.workers, cluster.devices_per_worker, cluster.ps, cluster.name)
+    if cluster.get("evaluator") and not chosen.multi_process:  # a sidecar of one process would only evaluate what it evaluates itself
+        shown = name if name == chosen.name else f"{name} (here {chosen.name})"
+        problems.append(Problem("cluster.evaluator", True, f"a sidecar evaluator is a task beside a multi-process cluster, and "
+                                f"strategy={shown} trains in one process, which evaluates itself (trainer.eval_every): "
+                                "use strategy=multiworker or strategy=parameter_server, or leave cluster.evaluator=false"))
     for key, value in strategy.items():
         if key == "name":
             continue
         if key not in chosen.options:
             takes = ", ".join(f"strategy.{k}" for k in chosen.options) or "no options"
-            problems.append(Problem(f"strategy.{key}", value, f"strategy={chosen.name} takes {takes}"))
+            others = strategies.taking(key)
+            elsewhere = f" (strategy.{key} is for strategy={', '.join(others)})" if others else ""
+            problems.append(Problem(f"strategy.{key}", _shown(value), f"strategy={chosen.name} takes {takes}{elsewhere}"))
         elif chosen.options[key] is not None and value not in chosen.options[key] and value is not None:
             problems.append(Problem(f"strategy.{key}", value, f"allowed: {', '.join(chosen.options[key])}"))
+    if "partitioner" in chosen.options:
+        problems += strategies.partitioner_problems(strategy.get("partitioner"))
     pack = strategy.get("bytes_per_pack")
     if pack is not None and (not _is_int(pack) or pack < 0):
         problems.append(Problem("strategy.bytes_per_pack", pack, "must be a whole number of bytes, 0 or more (0: one pack)"))
@@ -106,6 +115,7 @@ def _strategy_and_cluster(strategy: DictConfig, cluster: DictConfig) -> list:
 
 def _data(data: DictConfig, replicas: Optional[int]) -> list:
     problems = sources.of(data).checks(data)  # the source's own keys
+    problems += data_service.problems(data)
     batch = data.get("batch_size")
     if not _is_int(batch) or batch < 1:
         return problems + [Problem("data.batch_size", batch, "must be a positive integer (the global batch, split across replicas)")]

@@ -18,6 +18,7 @@ from typing import Optional
 
 import tensorflow as tf
 
+from tfdistx.data import service as service_lib
 from tfdistx.data.sources import DataSource, PipelineFn
 from tfdistx.config.errors import ConfigError
 
@@ -38,6 +39,7 @@ def train_dataset(
     cache: bool = False,
     skip_steps: int = 0,
     ps_workers: int = 0,
+    service: Optional[service_lib.Service] = None,
 ):
     """An endless, shuffled, per-replica-batched distributed dataset.
 
@@ -46,7 +48,8 @@ def train_dataset(
     uninterrupted run would have seen next: at once for the built-in
     sources (order.py), by reading and dropping batches for a user's
     pipeline function. `ps_workers`: the number of
-    parameter-server workers (0: not parameter servers).
+    parameter-server workers (0: not parameter servers). `service`: read
+    the batches from a tf.data service (data/service.py; None: built here).
     """
     per_replica_batch(global_batch, strategy.num_replicas_in_sync)
 
@@ -55,6 +58,12 @@ def train_dataset(
             worker = tf.distribute.coordinator.experimental_get_current_worker_index()
             # Each step is one worker's whole batch: one "replica" per step.
             ctx = tf.distribute.InputContext(num_input_pipelines=ps_workers, input_pipeline_id=worker, num_replicas_in_sync=1)
+        if service is not None:  # every step takes one batch per replica from the run's one stream
+            ds = service_lib.train_batches(
+                service, source.train, ctx, ctx.get_per_replica_batch_size(global_batch), seed=seed, window=shuffle_buffer, cache=cache,
+                start_batch=skip_steps * ctx.num_replicas_in_sync,
+                skip_batches=batches_to_skip(skip_steps, ctx.num_replicas_in_sync, ctx.num_input_pipelines))
+            return _without_autoshard(ds).prefetch(tf.data.AUTOTUNE)
         if hasattr(source.train, "batches"):  # it can start at any example (order.py)
             done = batches_to_skip(skip_steps, ctx.num_replicas_in_sync, ctx.num_input_pipelines)
             batch = ctx.get_per_replica_batch_size(global_batch)

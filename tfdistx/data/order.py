@@ -6,16 +6,20 @@ trained on (0.2 ms a step measured on in-memory data: 20 s at step 100k,
 hours on a real file pipeline). Here a pipeline's order is a pure function
 of (seed, epoch, position), so a resumed run starts where it stopped:
 
-- `ArrayExamples` (in memory): each epoch is a stateless permutation of the
-  pipeline's rows; position n is arithmetic, and the rows of a batch are
-  gathered at once.
+- `ArrayExamples` (in memory): each epoch is a stateless permutation of all
+  the rows, one order whatever the topology: the input pipelines deal its
+  batches out in turn (pipeline i of P takes batches i, i+P, ...), so a step
+  trains on the same examples under one device, mirrored replicas or
+  several workers, and a run resumed on another topology goes on with the
+  examples it would have trained. Position n is arithmetic, and the rows of
+  a batch are gathered at once.
 - `FileExamples` (TFRecord, CSV): each epoch reads the pipeline's files in a
   stateless permuted order and shuffles each window of `window` consecutive
   records with its own stateless seed. Position n skips whole epochs and
   files by their record counts, then reads at most one file's records and
   one window: bounded by the data's layout, never by the step.
 
-Both shard per input pipeline with a Python or a tensor pipeline id (a
+Both split the data per input pipeline with a Python or a tensor pipeline id (a
 parameter-server worker's index is a tensor: input.py). Files are split by
 file when there are at least as many files as pipelines, else by element
 (`config/datafiles.py` says which, for `--plan` too). Records are decoded
@@ -50,8 +54,11 @@ def _permutation(n, seed: int, epoch, shuffle: bool):
 
 
 class ArrayExamples:
-    """(features, labels) arrays held in memory; a pipeline's rows are every
-    P-th row from its id."""
+    """(features, labels) arrays held in memory. Unbatched (`__call__`), a
+    pipeline's rows are every P-th row from its id; batched for training
+    (`batches`), the pipelines share one order of all the rows."""
+
+    same_order_on_any_topology = True  # a resumed run trains what a whole run would, whatever the pipelines (input.py)
 
     def __init__(self, arrays):
         self.arrays = arrays
@@ -65,23 +72,32 @@ class ArrayExamples:
 
     def batches(self, ctx, batch: int, *, seed: int, window: int, start: int = 0) -> tf.data.Dataset:
         """Endless batches from this pipeline's example `start`; each epoch a
-        fresh permutation of all its rows (`window` 1: their own order)."""
+        fresh permutation of all the rows (`window` 1: their own order),
+        whose consecutive batches of `batch` go to the pipelines in turn.
+
+        Dealt out batch by batch rather than split row by row, because a
+        step's examples are then positions [k G, (k+1) G) of the one order
+        (G the global batch) under every topology: a synchronous step takes
+        one batch per replica, and each pipeline feeds replicas/pipelines of
+        them. With one pipeline this is the order itself.
+        """
         shuffle = window > 1
         pipelines, index = _pipeline(ctx)
-        rows = (self.count - index + pipelines - 1) // pipelines  # this pipeline's rows
-        rows = tf.cast(rows, tf.int64)
-        first_epoch, offset = start // rows, start % rows
+        count = tf.constant(self.count, tf.int64)
+        chunk, stride, phase = tf.constant(batch, tf.int64), tf.constant(pipelines, tf.int64), tf.cast(index, tf.int64)
+        # This pipeline's example `start` in the one order: its own batches are every `stride`-th.
+        first = (start // batch * pipelines + phase) * chunk + start % batch
+        first_epoch = first // count
 
         def epoch(e):
-            order = _permutation(rows, seed, e, shuffle)
-            return tf.data.Dataset.from_tensor_slices(order[tf.where(e == first_epoch, offset, 0):])
+            positions = e * count + tf.range(count, dtype=tf.int64)
+            mine = tf.logical_and(positions // chunk % stride == phase, positions >= first)
+            return tf.data.Dataset.from_tensor_slices(tf.boolean_mask(_permutation(count, seed, e, shuffle), mine))
 
         tensors = tf.nest.map_structure(tf.constant, self.arrays)
-        positions = tf.data.Dataset.range(first_epoch, _ENDLESS).flat_map(epoch)
-        stride, phase = tf.cast(pipelines, tf.int64), tf.cast(index, tf.int64)
-        return positions.batch(batch, drop_remainder=True).map(
-            lambda local: tf.nest.map_structure(lambda a: tf.gather(a, local * stride + phase), tensors),
-            num_parallel_calls=tf.data.AUTOTUNE)
+        rows = tf.data.Dataset.range(first_epoch, _ENDLESS).flat_map(epoch)
+        return rows.batch(batch, drop_remainder=True).map(
+            lambda picked: tf.nest.map_structure(lambda a: tf.gather(a, picked), tensors), num_parallel_calls=tf.data.AUTOTUNE)
 
 
 class FileExamples:

@@ -26,6 +26,7 @@ from tfdistx.config.strategies import Strategy
 from tfdistx.data import input as input_lib
 from tfdistx.data.files import input_errors_in_one_line
 from tfdistx.data.sources import DataSource
+from tfdistx.engine import resplit, sharding, topology
 from tfdistx.engine import strategy as strategy_lib
 from tfdistx.engine.checkpointing import Checkpointer, ObjectiveState
 from tfdistx.engine.optim import LearningRateAtStep, build_optimizer, effective_lr, schedule
@@ -58,6 +59,9 @@ class Run:
     jit_compile: bool
     sample: tuple  # (labels, model outputs) of two training examples, to build the metrics with
     objective_state: Any = None  # checkpointing.ObjectiveState: the objective's best so far and early stopping's count
+    train_variables: Any = None  # what the optimizer updates, when not the model's trainable variables (sharding.py)
+    topology: Optional[dict] = None  # what it runs on (engine/topology.py), recorded with each checkpoint
+    resumed_from_topology: Optional[dict] = None  # set by fit: the restored checkpoint's, when another
 
     @property
     def dir(self):
@@ -126,7 +130,10 @@ def build_run(spec: RunSpec, placement: Placement) -> Optional[Run]:
     keras.mixed_precision.set_global_policy(trainer.precision)  # every run sets it: a sweep's earlier job may have changed it
     with strategy.scope():
         model = build_model(spec, feature_spec, num_outputs)
-        optimizer = build_optimizer_for(spec, model, learning_rate)
+        # Variables split across the ps tasks (strategy.partitioner): the optimizer
+        # updates each shard, and the checkpoint holds the optimizer as an unsplit run's, which restores
+        # onto any number of ps tasks (sharding.py).
+        optimizer, saved_optimizer, train_variables = optimizer_for_checkpoint(spec, model, learning_rate)
         # Steps completed, as the loop counts them, saved with the checkpoint.
         # Not optimizer.iterations: parameter-server workers increment that
         # concurrently and lose increments (measured: 319 after 400 steps).
@@ -138,13 +145,20 @@ def build_run(spec: RunSpec, placement: Placement) -> Optional[Run]:
     jit, why = compute.decide_jit(trainer.jit_compile, facts, gpus=gpus, layers=weighted_layer_kinds(model))
     log.info("precision %s; XLA %s", trainer.precision, why)
 
+    workers = len(placement.spec.get("worker", [])) or 1
+    run_topology = topology.describe(  # recorded with each checkpoint; a resume on another topology is checked against it
+        strategy=name, cluster=cluster.name, workers=workers, ps=cluster.ps, replicas=workers if facts.asynchronous else replicas,
+        input_pipelines=workers, global_batch=global_batch, per_replica_batch=per_replica,
+        learning_rate=effective_lr(spec.optimizer, replicas))
+
     checkpointer = Checkpointer(
         spec.checkpoint.dir, max_to_keep=spec.checkpoint.max_to_keep, is_chief=placement.is_chief, task_name=placement.task_name,
-        model=model, optimizer=optimizer, rng=rng_states(model), step=step_counter, objective=objective_state,
-        optional=["objective"])  # checkpoints written before it was saved restore without it
+        model=model, optimizer=saved_optimizer, rng=rng_states(model), step=step_counter, objective=objective_state,
+        optional=["objective"],  # checkpoints written before it was saved restore without it
+        topology=run_topology, resplit=_resplit(spec, model, feature_spec, num_outputs))
     return Run(spec, placement, facts, name, strategy, coordinator, task, source, model, optimizer, learning_rate,
                step_counter, checkpointer, global_batch, per_replica, total_steps, effective_lr(spec.optimizer, replicas),
-               jit, sample, objective_state)
+               jit, sample, objective_state, train_variables, topology=run_topology)
 
 
 def weighted_layer_kinds(model) -> set:
@@ -170,10 +184,11 @@ def build_source(spec: RunSpec) -> DataSource:
     return spec.data.build(expect=DataSource)
 
 
-def build_model(spec: RunSpec, feature_spec, num_outputs: int) -> keras.Model:
+def build_model(spec: RunSpec, feature_spec, num_outputs: int, **given) -> keras.Model:
+    """`given`: arguments in place of the config's (resplit's `shards`)."""
     shape = tuple(feature_spec.shape) if isinstance(feature_spec, tf.TensorSpec) else None
     return spec.model.build(expect=keras.Model, input_shape=shape, feature_spec=feature_spec,
-                            num_outputs=num_outputs, num_classes=num_outputs)
+                            num_outputs=num_outputs, num_classes=num_outputs, **given)
 
 
 def model_from_checkpoint(spec: RunSpec, checkpoint_path: str):
@@ -186,23 +201,51 @@ def model_from_checkpoint(spec: RunSpec, checkpoint_path: str):
     # The weights are float32 under every precision (Keras keeps float32 master
     # weights): the rebuilt model is float32, whatever training computed in.
     keras.mixed_precision.set_global_policy("float32")
-    model = build_model(spec, feature_spec, task.num_outputs(label_spec, source.num_classes))
+    num_outputs = task.num_outputs(label_spec, source.num_classes)
+    model = build_model(spec, feature_spec, num_outputs)
     # Restored with the optimizer too, as training saved it: a weight that a
     # layer keeps in a plain list (wide_deep's table shards) is reachable in
     # the checkpoint only through the optimizer's variables, and a restore of
     # the model alone would silently leave it at its initial value.
-    optimizer = build_optimizer_for(spec, model, LearningRateAtStep(0.0))  # the checkpoint's structure
-    status = tf.train.Checkpoint(model=model, optimizer=optimizer).restore(checkpoint_path)
+    _, saved_optimizer, _ = optimizer_for_checkpoint(spec, model, LearningRateAtStep(0.0))  # the checkpoint's structure
+    status = resplit.restore({"model": model, "optimizer": saved_optimizer}, checkpoint_path,
+                             _resplit(spec, model, feature_spec, num_outputs))  # a checkpoint of another number of ps
     return model, task, feature_spec, status
 
 
-def build_optimizer_for(spec: RunSpec, model, learning_rate: LearningRateAtStep):
-    """The configured optimizer, built for the model's trainable variables."""
+def _resplit(spec: RunSpec, model, feature_spec, num_outputs: int) -> Optional[resplit.Resplit]:
+    """What re-splits the model's tables from a checkpoint of another number
+    of shards (resplit.py); None for a model without such tables."""
+    def rebuild(shards):  # the model and optimizer outside any strategy, its tables in `shards` pieces
+        plain = build_model(spec, feature_spec, num_outputs, **({} if shards is None else {"shards": shards}))
+        return plain, build_optimizer_for(spec, plain, LearningRateAtStep(0.0))
+
+    return resplit.Resplit(model, rebuild) if resplit.tables(model) else None
+
+
+def optimizer_for_checkpoint(spec: RunSpec, model, learning_rate: LearningRateAtStep):
+    """(optimizer, what the checkpoint holds for it, the variables it updates
+    or None: the model's trainable ones)."""
+    sharding.own_shards(model)
+    if not sharding.split(model):
+        optimizer = build_optimizer_for(spec, model, learning_rate)
+        return optimizer, optimizer, None
+    model_groups = sharding.groups(model)
+    variables = sharding.train_variables(model_groups)
+    optimizer = build_optimizer_for(spec, model, learning_rate, variables)
+    try:
+        return optimizer, sharding.OptimizerState(optimizer, model_groups), variables
+    except ValueError as error:  # a loss-scaled (mixed_float16) optimizer keeps its slots in an inner one
+        raise ConfigError.one("trainer.precision", spec.trainer.precision, f"not with variables split across ps tasks: {error}") from None
+
+
+def build_optimizer_for(spec: RunSpec, model, learning_rate: LearningRateAtStep, variables=None):
+    """The configured optimizer, built for the model's trainable variables (or `variables`)."""
     try:
         optimizer = build_optimizer(dict(spec.optimizer), learning_rate, loss_scaling=spec.trainer.precision == "mixed_float16")
     except (TypeError, ValueError) as error:  # Keras' answer to an unknown or bad keyword
         raise ConfigError.one("optimizer", spec.optimizer.get("name"), f"bad option: {error}") from None
-    optimizer.build(model.trainable_variables)
+    optimizer.build(model.trainable_variables if variables is None else variables)
     return optimizer
 
 

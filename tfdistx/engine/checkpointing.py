@@ -24,6 +24,8 @@ from typing import List, Optional, Sequence
 import tensorflow as tf
 
 from tfdistx.config.errors import EXIT_NOT_RETRYABLE, ConfigError, RunFault
+from tfdistx.engine import resplit as resplit_lib
+from tfdistx.engine import topology as topology_lib
 from tfdistx.rundir import keep_aside
 
 log = logging.getLogger(__name__)
@@ -34,12 +36,16 @@ BEST = "best"  # the best checkpoint's directory, inside the checkpoint director
 
 class Checkpointer:
     def __init__(self, directory: str, *, max_to_keep: int, is_chief: bool = True, task_name: str = "main",
-                 optional: Sequence[str] = (), **trackables):
+                 optional: Sequence[str] = (), topology: Optional[dict] = None, resplit=None, **trackables):
         """Restores from `directory`; saves there on the chief, elsewhere on the
         others. `optional`: names among `trackables` that a checkpoint written
         before tfdistx saved them lacks (restored without them: they keep their
-        initial values)."""
+        initial values). `topology`: recorded beside each checkpoint the chief
+        saves (engine/topology.py). `resplit`: a resplit.Resplit, for a model
+        whose tables a checkpoint may hold in another number of shards."""
         self.directory = directory
+        self.topology, self.resplit = topology, resplit
+        self.resplit_from: Optional[int] = None  # the restored checkpoint's shards, when they were re-split
         self.scratch = None if is_chief else _scratch_dir(directory, task_name)
         if is_chief:
             _set_aside_bad_state_file(directory)  # CheckpointManager would fail on it, or manage ghosts
@@ -85,7 +91,8 @@ class Checkpointer:
         """Restore `path` whole. A checkpoint of another model or optimizer
         is a ConfigError (never half-restored: a model left partly at its
         initial values would train or evaluate as if nothing were wrong);
-        one that cannot be read is Damaged."""
+        one that cannot be read is Damaged. One whose tables are in another
+        number of shards (another number of ps) is re-split (resplit.py)."""
         checkpoint = self.checkpoint
         lacking = self._optional_lacking_in(path)
         if lacking:  # written before tfdistx saved these: restored whole without them
@@ -96,8 +103,34 @@ class Checkpointer:
             status.assert_consumed()  # adam's slots left over in an sgd run, say
         except Exception as error:  # damage shows as DataLossError, IndexError, ValueError, ...
             if _readable(path):
+                saved_shards = self.resplit.saved_shards(path) if self.resplit else None
+                if saved_shards:  # its tables are in another number of shards (another number of ps): re-split them
+                    return self._restore_resplit(path, saved_shards, lacking)
                 raise ConfigError.one("checkpoint", path, _mismatch(path, checkpoint, error)) from None
             raise Damaged(str(error).splitlines()[0][:200] if str(error) else type(error).__name__) from None
+
+    def _restore_resplit(self, path: str, saved_shards: int, lacking: list) -> None:
+        """Restore `path` with its tables re-split into this model's shards
+        (resplit.py); the rest of it (step, objective, random states) as it is."""
+        shards = resplit_lib.tables(self.trackables["model"])[0].shards
+        parts = {k: v for k, v in self.trackables.items() if k in ("model", "optimizer")}
+        rest = {k: v for k, v in self.trackables.items() if k not in parts and k not in lacking}
+        with tempfile.TemporaryDirectory(prefix="tfdistx-resplit-") as scratch:
+            try:
+                converted = self.resplit.convert(path, saved_shards, scratch)
+                status = tf.train.Checkpoint(**parts).read(converted)
+                status.assert_existing_objects_matched()
+                status.assert_consumed()
+                status = tf.train.Checkpoint(**rest).read(path)
+                status.assert_existing_objects_matched()
+                status.expect_partial()  # the model and optimizer, restored above
+            except Exception as error:
+                if _readable(path):
+                    raise ConfigError.one("checkpoint", path, _mismatch(path, self.checkpoint, error)) from None
+                raise Damaged(str(error).splitlines()[0][:200] if str(error) else type(error).__name__) from None
+        log.info("%s: its embedding tables were saved in %d shard(s) and are re-split into %d (model.shards)",
+                 os.path.basename(path), saved_shards, shards)
+        self.resplit_from = saved_shards
 
     def _optional_lacking_in(self, path: str) -> list:
         if not self.optional:
@@ -112,6 +145,8 @@ class Checkpointer:
         if step != self.last_saved:
             self.manager.save(checkpoint_number=step)
             self.last_saved = step
+            if self.topology and not self.scratch:  # what a resume on another topology checks against (topology.py)
+                topology_lib.record(self.directory, step, self.topology)
 
     def save_best(self, step: int) -> str:
         """Save the checkpoint at `step` into best/ as the one best checkpoint,

@@ -25,9 +25,10 @@ from tfdistx.config.objective import value as objective_value
 from tfdistx.config.spec import RunSpec
 from tfdistx.data import input as input_lib
 from tfdistx.data.files import input_errors_in_one_line
-from tfdistx.engine import checkpointing, loggers
+from tfdistx.engine import checkpointing, loggers, topology
 from tfdistx.engine import strategy as strategy_lib
 from tfdistx.engine.build import Run, build_run
+from tfdistx.engine.data_service import train_service
 from tfdistx.engine.export import export_checkpoint
 from tfdistx.engine.loop import CheckPreemption, Log, Loop, Result, SaveCheckpoints, Schedule, TrackObjective
 from tfdistx.engine.metrics import MetricSet
@@ -77,6 +78,7 @@ def train(spec: RunSpec, placement: Optional[Placement] = None, process_ends_aft
             return already_finished(run, restored, tracker, started, stopped_early=True)
         if restored:
             log.info("resuming from step %d (%s)", start_step, restored)
+            run.resumed_from_topology = resumed_from_topology(run, restored, start_step)
             if spec.checkpoint.init_from:  # a rerun of a warm-started run resumes, never re-initialises
                 log.info("checkpoint.init_from=%s is not applied: it initialises a new run, and this one resumes from its own "
                          "checkpoint", spec.checkpoint.init_from.path)
@@ -180,9 +182,24 @@ def _summary(run: Run, result, restored, start_step: int, wall_time: float) -> d
         "learning_rate": run.peak_lr, "resumed": bool(restored), "resumed_from_step": start_step if restored else None,
         "train_wall_time_sec": result.wall_time_sec, "wall_time_sec": wall_time,
         "process": run.placement.task_name, "weights_sha256": digest, "variable_devices": variable_devices(run.model),
+        "variable_bytes": variable_bytes(run.model),
         "init_from": spec.checkpoint.init_from.path if spec.checkpoint.init_from else None,
         "best": _best(run), "stopped_early": result.stopped_early,
+        "resumed_from_topology": run.resumed_from_topology,
     }
+
+
+def resumed_from_topology(run: Run, restored: str, start_step: int) -> Optional[dict]:
+    """The topology the restored checkpoint was written under, when it is
+    another than this run's (said in the log); a changed global batch is
+    refused (engine/topology.py)."""
+    spec = run.spec
+    return topology.on_resume(
+        topology.written_under(restored), run.topology, batch_size=spec.pipeline.batch_size,
+        accumulate_steps=spec.trainer.accumulate_steps, scale_lr_with_replicas=bool(spec.optimizer.get("scale_lr_with_replicas")),
+        checkpoint=restored, run_dir=run.dir, start_step=start_step, log_it=run.placement.is_chief,
+        in_memory=bool(getattr(run.source.train, "same_order_on_any_topology", False))
+        and not (getattr(spec.pipeline, "service", None) or {}).get("workers"))  # the tf.data service shares it out its own way
 
 
 def start_over_beside_damaged_run(run: Run) -> None:
@@ -274,12 +291,14 @@ def make_runner(run: Run, skip_steps: int = 0, train: bool = True):
     metrics.build(*run.task.metric_inputs(*run.sample))
     train_data = input_lib.train_dataset(
         run.strategy, run.source, run.global_batch, seed=spec.trainer.seed, shuffle_buffer=pipeline.shuffle_buffer,
-        cache=pipeline.cache, skip_steps=skip_steps, ps_workers=run.workers if run.facts.asynchronous else 0) if train else None
+        cache=pipeline.cache, skip_steps=skip_steps, ps_workers=run.workers if run.facts.asynchronous else 0,
+        service=train_service(pipeline.service, run.placement, skip_steps)) if train else None
     eval_steps = spec.trainer.eval_steps
     update = Update(run.task, run.model, run.optimizer, run.global_batch, spec.trainer.accumulate_steps, jit_compile=run.jit_compile,
                     all_reduce_options=strategy_lib.all_reduce_options(run.strategy_name, spec.strategy.options),
                     whole_step=run.facts.xla_whole_step,
-                    all_reduce_dtype=strategy_lib.all_reduce_dtype(run.strategy_name, spec.strategy.options))
+                    all_reduce_dtype=strategy_lib.all_reduce_dtype(run.strategy_name, spec.strategy.options),
+                    variables=run.train_variables)
     parts = (run.strategy, run.task, run.model, update, metrics)
     eval_batch = pipeline.batch_size  # not the accumulated batch: what fits in memory
     if run.coordinator is None:
@@ -322,6 +341,16 @@ def variable_devices(model) -> list:
         for part in getattr(value, "variables", [value]):  # a ShardedVariable's shards
             devices.add(part.device)
     return sorted(devices)
+
+
+def variable_bytes(model) -> dict:
+    """Bytes of the model's variables on each device (each shard where it lives)."""
+    held = {}
+    for variable in model.weights:
+        value = variable.value
+        for part in getattr(value, "variables", [value]):
+            held[part.device] = held.get(part.device, 0) + part.shape.num_elements() * part.dtype.size
+    return dict(sorted(held.items()))
 
 
 def _plain(mapping):

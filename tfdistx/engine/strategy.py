@@ -144,11 +144,14 @@ def all_reduce_dtype(name: str, options: Mapping) -> Optional[tf.DType]:
 
 
 def _parameter_server(options, devices_per_worker):
-    # Variables go round-robin to the ps tasks. No variable_partitioner:
-    # Keras 3 optimizers cannot update the ShardedVariables it makes; large
-    # tables are split by the model instead (models.ShardedEmbedding).
+    # Variables go round-robin to the ps tasks; with strategy.partitioner,
+    # TF's MinSizePartitioner first splits each large one into shards (a
+    # ShardedVariable), which engine/sharding.py makes Keras 3 train and save.
     resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
-    return tf.distribute.experimental.ParameterServerStrategy(resolver)
+    ps = len(resolver.cluster_spec().as_dict().get("ps", []))
+    settings = strategies.partitioner_settings(options.get("partitioner"), ps)
+    partitioner = tf.distribute.experimental.partitioners.MinSizePartitioner(**settings) if settings else None
+    return tf.distribute.experimental.ParameterServerStrategy(resolver, variable_partitioner=partitioner)
 
 
 def _tpu(options, devices_per_worker) -> tf.distribute.Strategy:

@@ -38,12 +38,15 @@ from tfdistx.engine.all_reduce_dtype import cast_back, cast_down
 
 class Update:
     def __init__(self, task, model, optimizer, global_batch: int, accumulate_steps: int = 1, jit_compile: bool = False,
-                 all_reduce_options=None, whole_step: bool = False, all_reduce_dtype=None):
+                 all_reduce_options=None, whole_step: bool = False, all_reduce_dtype=None, variables=None):
         """`global_batch`: examples per step over all replicas (all micro-batches);
         `all_reduce_options`: tf.distribute CommunicationOptions for the sum (strategy.py);
         `whole_step`: with `jit_compile`, XLA compiles the whole step, update included
-        (only where the strategy's one replica computes beside its variables)."""
+        (only where the strategy's one replica computes beside its variables);
+        `variables`: what the gradients are taken by and the optimizer updates, when not the
+        model's trainable variables (the shards of partitioned ones: sharding.py)."""
         self.task, self.model, self.optimizer = task, model, optimizer
+        self.variables = variables
         self.global_batch, self.accumulate_steps = global_batch, accumulate_steps
         self.all_reduce_options = all_reduce_options
         self.all_reduce_dtype = all_reduce_dtype  # strategy.all_reduce_dtype (strategy.py); None: the variables' dtype
@@ -58,7 +61,7 @@ class Update:
         return self._step(batch, metric_state)
 
     def _step_fn(self, batch, metric_state: Callable) -> tf.Tensor:
-        variables = self.model.trainable_variables
+        variables = self.model.trainable_variables if self.variables is None else self.variables
         micro_batches = _split(batch, self.accumulate_steps)
         # The first micro-batch outside the loop: which gradients are None
         # (variables the loss does not reach) is known once it is traced.
@@ -89,7 +92,7 @@ class Update:
 
     def _gradients_fn(self, batch):
         """Gradients of one micro-batch's share of the global mean loss."""
-        variables = self.model.trainable_variables
+        variables = self.model.trainable_variables if self.variables is None else self.variables
         with tf.GradientTape() as tape:
             labels, outputs = self.task.forward(self.model, batch, training=True)
             per_example = self.task.loss(labels, outputs)

@@ -1,0 +1,282 @@
+"""data.service: the input pipeline on a tf.data service (a dispatcher and
+N data workers, started, watched and stopped with the run's tasks).
+
+What is claimed, and tested here: under distributed_epoch every example is
+trained at most once per epoch, whichever worker (of training or of the
+service) is slow; a straggler is made by stopping a real task's process on
+purpose, part of the time (SIGSTOP/SIGCONT). The trainers count what they
+train on (user_plugins.counting_model). Config checks, placement from
+TF_CONFIG and Slurm, and the TFJob run in-process (-m unit).
+"""
+
+import json
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from config_helpers import PREFIX, refused
+from test_data_split import seen_counts
+from test_kubernetes import exits, run_tfjob, simulator  # noqa: F401 (simulator: a fixture)
+from tfdistx.cluster import kubernetes, placement
+from tfdistx.cluster.placement import Source
+from tfdistx.commands.common import compose
+from tfdistx.commands.plan import describe
+from tfdistx.config import data_service, strategies
+from tfdistx.config.schema import tasks_per_job
+
+EXAMPLES, BATCH = 2048, 16  # 128 batches an epoch
+# Well inside the first epoch: no example may be trained twice. (A slow worker's batches come later than the
+# others', so near an epoch's end the next epoch's first batches, handed to the fast workers, can be trained
+# before the last of this one: each example is trained at most once per epoch of the order, not per window
+# of steps as long as an epoch. Measured: with 512 examples, 24 steps trained 42 examples of epoch 1 early.)
+STEPS = 24
+
+
+def probe_args(steps=STEPS, loop=4):
+    return ["data._target_=service_plugins.indexed_arrays", f"data.examples={EXAMPLES}", "model._target_=user_plugins.counting_model",
+            f"model.examples={EXAMPLES}", f"data.batch_size={BATCH}", f"trainer.steps={steps}", f"trainer.steps_per_loop={loop}",
+            f"trainer.log_every={loop}", "trainer.eval_every=0", "logger.tensorboard=false", "checkpoint.export=false",
+            "cluster.max_restarts=0"]
+
+
+def task_pids(run_dir: Path, task_type: str, index: int) -> list:
+    """The processes of a local cluster's task (its TF_CONFIG names it), found by the run dir on their command line."""
+    wanted = f'"task": {{"type": "{task_type}", "index": {index}}}'
+    pids = []
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and str(run_dir) in (proc / "cmdline").read_bytes().decode(errors="replace") \
+                    and wanted in (proc / "environ").read_bytes().decode(errors="replace"):
+                pids.append(int(proc.name))
+        except OSError:  # gone, or not ours
+            continue
+    return pids
+
+
+def leftovers(run_dir: Path) -> list:
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and str(run_dir) in (proc / "cmdline").read_bytes().decode(errors="replace"):
+                found.append(proc.name)
+        except OSError:
+            continue
+    return found
+
+
+class Straggler:
+    """Slows a task on purpose: once training has started (the run's log
+    names its run dir), its process is stopped `stopped` seconds of every
+    `period` (a real slow machine, with no hook in tfdistx), until closed;
+    then it is let go. (Slowed from the start, its TensorFlow import alone
+    would take half a minute.)"""
+
+    def __init__(self, run_dir: Path, task_type: str, index: int, stopped=0.12, period=0.15):
+        self.where, self.stopped, self.period = (run_dir, task_type, index), stopped, period
+        self.pauses, self.done = 0, threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self):
+        pids, log = [], self.where[0] / "tfdistx.log"
+        while not pids and not self.done.wait(0.05):
+            if log.is_file() and "run dir:" in log.read_text(errors="replace"):
+                pids = task_pids(*self.where)
+        while not self.done.is_set():
+            try:
+                for pid in pids:
+                    os.kill(pid, signal.SIGSTOP)
+                self.pauses += 1
+                time.sleep(self.stopped)
+            except ProcessLookupError:
+                return
+            finally:
+                for pid in pids:
+                    try:
+                        os.kill(pid, signal.SIGCONT)
+                    except ProcessLookupError:
+                        pass
+            time.sleep(self.period - self.stopped)
+
+    def close(self):
+        self.done.set()
+        self.thread.join(timeout=5)
+
+
+def run_with_stragglers(tfdistx, run_dir, args, stragglers):
+    slow = [Straggler(run_dir, job, index) for job, index in stragglers]
+    try:
+        run = tfdistx(*args, run_dir=run_dir)
+    finally:
+        for s in slow:
+            s.close()
+    assert run.returncode == 0, run
+    assert all(s.pauses > 5 for s in slow), [s.pauses for s in slow]  # it did straggle
+    assert not leftovers(run_dir)  # the dispatcher and data workers died with the launcher
+    return run
+
+
+# -- the done-when: a straggling worker, each example at most once per epoch --
+
+
+def test_parameter_servers_with_a_straggling_worker_train_each_example_at_most_once(tfdistx, tmp_path):
+    """ps1w2 on a service of two data workers; training worker 1 and data
+    worker 1 are each stopped 80% of the time. The dispatcher hands each
+    batch of the run's order to one trainer only, so within the epoch no
+    example is trained twice, however the workers share the batches."""
+    run_dir = tmp_path / "ps"
+    run = run_with_stragglers(tfdistx, run_dir, ["strategy=parameter_server", "cluster=ps1w2", "data.service.workers=2", *probe_args()],
+                              [("worker", 1), ("dataworker", 1)])
+    seen = seen_counts(run.dir)
+    assert seen.sum() == STEPS * BATCH
+    assert seen.max() <= 1, f"{(seen > 1).sum()} examples trained twice"
+    assert "1 dispatcher, 2 dataworkers" in run.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy", [["strategy=one_device"], ["strategy=multiworker", "cluster=2x1"]])
+def test_synchronous_strategies_on_the_service_train_each_example_at_most_once(tfdistx, tmp_path, strategy):
+    run = run_with_stragglers(tfdistx, tmp_path / "run", [*strategy, "data.service.workers=2", *probe_args()], [("dataworker", 1)])
+    seen = seen_counts(run.dir)
+    assert seen.sum() == STEPS * BATCH and seen.max() <= 1
+
+
+@pytest.mark.slow
+def test_parallel_epochs_samples_the_data_on_every_worker(tfdistx, tmp_path):
+    """Each data worker runs the whole pipeline in an order of its own
+    (what parallel_epochs is: sampling; how many examples repeat depends on
+    when the second worker joins, so only the steps are counted here)."""
+    run = tfdistx("data.service.workers=2", "data.service.mode=parallel_epochs", *probe_args(steps=32, loop=8), run_dir=tmp_path / "run")
+    assert run.returncode == 0, run
+    assert seen_counts(run.dir).sum() == 32 * BATCH
+    assert not leftovers(run.dir)
+
+
+@pytest.mark.slow
+def test_one_worker_resumes_at_the_batch_where_the_run_stopped(tfdistx, tmp_path):
+    """One trainer on one data worker reads the batches in order, so a
+    resumed run trains exactly the batches an uninterrupted one would have
+    trained next: none twice, none lost (with several data workers or
+    trainers, the batches in flight when a run stops are not: README)."""
+    run_dir = tmp_path / "run"
+    first = tfdistx("data.service.workers=1", *probe_args(steps=12), run_dir=run_dir)
+    assert first.returncode == 0, first
+    again = tfdistx("data.service.workers=1", *probe_args(steps=STEPS), run_dir=run_dir)
+    assert again.returncode == 0, again
+    assert again.summary["resumed_from_step"] == 12
+    seen = seen_counts(run_dir)
+    assert seen.sum() == STEPS * BATCH and seen.max() <= 1
+
+
+@pytest.mark.slow
+def test_deterministic_with_the_service_warns_once_that_resume_is_not_exact(tfdistx, tmp_path):
+    run = tfdistx("data.service.workers=1", "trainer.deterministic=true", *probe_args(steps=4))
+    assert run.returncode == 0, run
+    warnings = [line for line in (run.stdout + run.stderr).splitlines() if "is not bitwise equal" in line]
+    assert len(warnings) == 1, warnings
+
+
+# -- config, placement and the TFJob, in-process --
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("override, says", [
+    ("data.service.workers=-1", "data.service.workers=-1: tf.data service workers: a whole number from 0"),
+    ("data.service.workers=two", "data.service.workers='two': tf.data service workers"),
+    ("data.service.workers=65", "data.service.workers=65: tf.data service workers: a whole number from 0 (off"),
+    ("data.service.mode=epochs", "data.service.mode='epochs': allowed: parallel_epochs, distributed_epoch (null: distributed_epoch)"),
+    ("+data.service.port=5000", "data.service.port=5000: data.service has no such key; its keys: workers, mode"),
+])
+def test_bad_service_values_are_refused_in_one_line(tmp_path, override, says):
+    lines = refused(tmp_path, override)
+    assert len(lines) == 1 and lines[0].startswith(PREFIX + says), lines
+
+
+@pytest.mark.unit
+def test_the_service_is_off_by_default_and_distributed_epoch_when_on(tmp_path):
+    cfg = compose([f"hydra.run.dir={tmp_path}"], notes=False)
+    assert data_service.settings(cfg.data) is None and data_service.job_counts(cfg.data) == {}
+    cfg = compose(["strategy=parameter_server", "cluster=ps1w2", "data.service.workers=3", f"hydra.run.dir={tmp_path}"], notes=False)
+    assert data_service.settings(cfg.data) == {"workers": 3, "mode": "distributed_epoch"}
+    assert "data service  a tf.data service: 1 dispatcher, 3 worker(s), distributed_epoch" in describe(cfg)
+    # a user's own data target keeps the pipeline's keys, the service among them
+    cfg = compose(["data._target_=service_plugins.indexed_arrays", "data.service.workers=1", f"hydra.run.dir={tmp_path}"], notes=False)
+    assert data_service.workers(cfg.data) == 1
+
+
+def _placed(tmp_path, overrides, env):
+    cfg = compose([*overrides, f"hydra.run.dir={tmp_path}"], notes=False)
+    facts = strategies.get(cfg.strategy.name, cfg.cluster.workers, cfg.cluster.devices_per_worker)
+    return placement.detect(facts, cfg.cluster, env, service_jobs=data_service.job_counts(cfg.data))
+
+
+PS_SERVICE = {"chief": ["c:1"], "ps": ["p:1"], "worker": ["w:1", "w:2"], "dispatcher": ["d:1"], "dataworker": ["dw:1", "dw:2"]}
+
+
+@pytest.mark.unit
+def test_tf_config_service_tasks_are_placed_but_hidden_from_tensorflow(tmp_path):
+    ps = ["strategy=parameter_server", "cluster=ps1w2", "data.service.workers=2"]
+    chief = _placed(tmp_path, ps, {"TF_CONFIG": json.dumps({"cluster": PS_SERVICE, "task": {"type": "chief", "index": 0}})})
+    assert chief.is_chief and set(chief.spec) == {"chief", "ps", "worker"}
+    assert chief.service == {"dispatcher": ["d:1"], "dataworker": ["dw:1", "dw:2"]}
+    assert "dispatcher" not in chief.tf_config()  # what TensorFlow's resolvers read
+    worker = _placed(tmp_path, ps, {"TF_CONFIG": json.dumps({"cluster": PS_SERVICE, "task": {"type": "dataworker", "index": 1}})})
+    assert worker.task_type == "dataworker" and worker.task_index == 1 and not worker.is_chief
+    # a one-process strategy's trainer is the one worker; it stays a single process, fed by the service
+    one = {"worker": ["w:1"], "dispatcher": ["d:1"], "dataworker": ["dw:1"]}
+    trainer = _placed(tmp_path, ["data.service.workers=1"], {"TF_CONFIG": json.dumps({"cluster": one, "task": {"type": "worker", "index": 0}})})
+    assert trainer.source is Source.SINGLE and trainer.service["dispatcher"] == ["d:1"]
+    assert _placed(tmp_path, ["data.service.workers=1"], {}).source is Source.LOCAL  # launched beside its service
+    # a cluster spec without the service the config asks for is refused in one line
+    with pytest.raises(Exception) as caught:
+        _placed(tmp_path, ps, {"TF_CONFIG": json.dumps({"cluster": {k: v for k, v in PS_SERVICE.items() if k != "dataworker"},
+                                                        "task": {"type": "chief", "index": 0}})})
+    assert "2 dataworkers" in str(caught.value)
+
+
+@pytest.mark.unit
+def test_slurm_ranks_after_the_training_tasks_run_the_service(tmp_path):
+    ps = ["strategy=parameter_server", "cluster=ps1w2", "data.service.workers=2"]
+    step = {"SLURM_JOB_ID": "0", "SLURM_STEP_NUM_TASKS": "7", "SLURM_STEP_NODELIST": "n1", "SLURM_STEP_TASKS_PER_NODE": "7"}
+    roles = [_placed(tmp_path, ps, {**step, "SLURM_PROCID": str(rank)}) for rank in range(7)]
+    assert [r.task_name for r in roles] == ["chief:0", "ps:0", "worker:0", "worker:1", "dispatcher:0", "dataworker:0", "dataworker:1"]
+    assert roles[0].service == {"dispatcher": ["n1:29404"], "dataworker": ["n1:29405", "n1:29406"]}
+    assert tasks_per_job("parameter_server", 2, 1, False, 2) == 7 and tasks_per_job("one_device", 1, 0, False, 1) == 3
+
+
+@pytest.mark.unit
+def test_tfjob_gets_dispatcher_and_data_worker_replicas(tmp_path):
+    overrides = ["strategy=one_device", "data.service.workers=2"]
+    cfg = compose([*overrides, f"hydra.run.dir={tmp_path}"], notes=False)
+    job = kubernetes.tfjob(cfg, overrides, "svc", "img:1")
+    specs = job["spec"]["tfReplicaSpecs"]
+    assert {k: v["replicas"] for k, v in specs.items()} == {"Worker": 1, "Dispatcher": 1, "DataWorker": 2}
+    args = specs["Dispatcher"]["template"]["spec"]["containers"][0]["args"]
+    assert "cluster.launch=tf_config" in args and "data.service.workers=2" in args  # every pod composes the same config
+
+
+@pytest.mark.unit
+def test_deterministic_runs_are_told_resume_is_not_exact(tmp_path):
+    cfg = compose(["data.service.workers=2", "trainer.deterministic=true", f"hydra.run.dir={tmp_path}"], notes=False)
+    assert "is not bitwise equal" in data_service.resume_warning(cfg.data, True)
+    assert data_service.resume_warning(cfg.data, False) is None
+    cfg = compose(["data.service.workers=2", "data.service.mode=parallel_epochs", f"hydra.run.dir={tmp_path}"], notes=False)
+    assert "neither a run nor its resume is reproducible" in data_service.resume_warning(cfg.data, True)
+
+
+@pytest.mark.slow
+def test_tfjob_pods_run_the_service_and_training_outlives_a_killed_data_worker(tmp_path, simulator):
+    """The exported TFJob's pods, as the operator runs them (tests/simulated_pods.py): the Dispatcher and
+    DataWorker pods serve, the trainer finds them in its TF_CONFIG; a data worker pod killed mid-run is
+    recreated at a new address, and training, fed by the other one meanwhile, finishes."""
+    volume, events, logs = run_tfjob(tmp_path, "ds", ["strategy=one_device", "data=synthetic", "data.service.workers=2",
+                                                      "trainer.steps=600", "checkpoint.every_steps=200"],
+                                     kill="ds-dataworker-0", when="checkpoints/ckpt-200.index")
+    assert exits(events, "ds-dataworker-0")[0] == 137
+    assert events[-1] == {**events[-1], "event": "job", "status": "Succeeded"}
+    assert json.loads((volume / "ds" / "summary.json").read_text())["step"] == 600
+    assert "tf.data service dispatcher on ds-dispatcher-0" in logs["ds-dispatcher-0"]

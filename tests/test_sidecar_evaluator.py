@@ -1,0 +1,274 @@
+"""cluster.evaluator=true: a sidecar evaluator task beside a multi-process
+cluster (tfdistx/engine/sidecar.py; its place: tfdistx/cluster/evaluator.py).
+
+Real processes and real checkpoints. The default run holds one real run (a
+multiworker 2x1 cluster with its evaluator: every checkpoint is evaluated,
+with the numbers `tfdistx evaluate` gives, and the evaluator is gone at the
+end); where it is placed under TF_CONFIG, Slurm and a TFJob is checked
+in-process (-m unit); an evaluator killed mid-run, one over a finished run
+placed by TF_CONFIG, and a TFJob's pods with their Evaluator are slow.
+"""
+
+import json
+import os
+import signal
+import struct
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from config_helpers import compose_ok, refused
+from conftest import tfdistx_env
+from tfdistx.cluster import placement
+from tfdistx.cluster.kubernetes import tfjob
+from tfdistx.config import schema, strategies
+
+QUICK = ["trainer.steps=40", "trainer.steps_per_loop=10", "trainer.log_every=20", "trainer.eval_every=0",
+         "data.batch_size=32", "data.train_examples=512", "data.eval_examples=128"]
+# A checkpoint every 10 steps, all kept: every one is still there for the evaluator, which starts TensorFlow
+# more slowly than this short run trains.
+EVERY_CHECKPOINT = ["cluster.evaluator=true", "checkpoint.every_steps=10", "checkpoint.max_to_keep=10"]
+
+
+def sidecar_lines(run_dir: Path) -> list:
+    lines = [json.loads(line) for line in (run_dir / "evaluations.jsonl").read_text().splitlines()]
+    return [line for line in lines if line.get("sidecar")]
+
+
+def checkpoint_steps(run_dir: Path) -> list:
+    return sorted(int(p.name[len("ckpt-"):-len(".index")]) for p in (run_dir / "checkpoints").glob("ckpt-*.index"))
+
+
+def processes_naming(text: str) -> list:
+    """Pids of live processes whose command line holds `text` (the run dir: every task of its cluster)."""
+    pids = []
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and text in (proc / "cmdline").read_bytes().decode(errors="replace"):
+                pids.append(int(proc.name))
+        except OSError:
+            continue
+    return pids
+
+
+def evaluator_pid(run_dir: Path):
+    """The local cluster's evaluator task: its TF_CONFIG names the task type "evaluator"."""
+    for pid in processes_naming(str(run_dir)):
+        try:
+            environ = Path(f"/proc/{pid}/environ").read_bytes()
+        except OSError:
+            continue
+        if b'"type": "evaluator"' in environ and b"_task" in Path(f"/proc/{pid}/cmdline").read_bytes():
+            return pid
+    return None
+
+
+def scalars(event_dir: Path) -> dict:
+    """tag -> {step: value} of the TensorBoard event files in `event_dir`, read
+    with TensorBoard's own protos (no TensorFlow in the test process)."""
+    from tensorboard.compat.proto import event_pb2
+    from tensorboard.util import tensor_util
+
+    found = {}
+    for path in event_dir.glob("events.out.tfevents.*"):
+        data, at = path.read_bytes(), 0
+        while at + 12 <= len(data):  # TFRecord framing: length, its crc, the record, its crc
+            (length,) = struct.unpack("<Q", data[at:at + 8])
+            event = event_pb2.Event.FromString(data[at + 12:at + 12 + length])
+            at += 12 + length + 4
+            for value in event.summary.value:
+                found.setdefault(value.tag, {})[event.step] = float(tensor_util.make_ndarray(value.tensor))
+    return found
+
+
+def test_the_sidecar_evaluator_evaluates_each_checkpoint_as_tfdistx_evaluate_does_and_ends_with_the_run(tfdistx, tmp_path):
+    """Multiworker 2x1 and its evaluator (measured ~25 s for the run and ~9 s for
+    the one `tfdistx evaluate` here): one evaluations.jsonl line per checkpoint,
+    marked as the sidecar's, with exactly the metrics `tfdistx evaluate --step N`
+    gives (the same one-device evaluation of the same checkpoint); eval/ scalars
+    in tensorboard/eval; and no process of the run left at the end."""
+    run = tfdistx("strategy=multiworker", "cluster=2x1", *QUICK, *EVERY_CHECKPOINT)
+    assert run.returncode == 0, run
+    lines = sidecar_lines(run.dir)
+    assert [line["step"] for line in lines] == checkpoint_steps(run.dir) == [10, 20, 30, 40], lines
+    assert all(line["checkpoint"] == f"ckpt-{line['step']}" for line in lines)
+    assert processes_naming(str(run.dir)) == []  # the evaluator stopped by itself, and the launcher left nothing behind
+    assert "training goes on without it" not in run.stderr and "did not finish" not in run.stderr, run
+    assert "training is done; 4 checkpoint(s) evaluated" in (run.dir / "logs" / "evaluator-0.log").read_text()
+
+    board = scalars(run.dir / "tensorboard" / "eval")
+    assert sorted(board["eval/loss"]) == [10, 20, 30, 40]
+    assert board["eval/accuracy"][40] == pytest.approx(lines[-1]["eval/accuracy"])
+
+    evaluated = subprocess.run([sys.executable, "-m", "tfdistx", "evaluate", str(run.dir), "--step", "20",
+                                "strategy=one_device", "cluster=local"], capture_output=True, text=True, env=tfdistx_env(), timeout=300)
+    assert evaluated.returncode == 0, evaluated.stderr
+    record = json.loads(evaluated.stdout)
+    sidecar = next(line for line in lines if line["step"] == 20)
+    assert {k: v for k, v in record.items()} == {k: v for k, v in sidecar.items() if k not in ("sidecar", "evaluated_at")}
+
+
+# -- where it is placed: in-process, no TensorFlow --
+
+@pytest.mark.unit
+def test_a_one_process_strategy_refuses_a_sidecar_evaluator_in_one_line(tmp_path):
+    for overrides in (["cluster.evaluator=true"], ["strategy=mirrored", "cluster=1x2", "cluster.evaluator=true"]):
+        lines = refused(tmp_path / "run", *overrides)
+        assert len(lines) == 1 and "cluster.evaluator=True" in lines[0] and "one process" in lines[0], lines
+        assert "strategy=multiworker or strategy=parameter_server" in lines[0]
+    for overrides in (["strategy=multiworker", "cluster=2x1"], ["strategy=parameter_server", "cluster=ps1w2"]):
+        assert compose_ok(tmp_path / "run", *overrides, "cluster.evaluator=true").cluster.evaluator is True
+
+
+def _placed(cfg, env):
+    facts = strategies.get(cfg.strategy.name, cfg.cluster.workers, cfg.cluster.devices_per_worker)
+    return placement.detect(facts, cfg.cluster, env)
+
+
+@pytest.mark.unit
+def test_under_tf_config_the_evaluator_is_outside_the_cluster_spec_every_task_sees(tmp_path):
+    """As Kubeflow's operator writes it, every pod's TF_CONFIG lists the
+    evaluator too: no training task keeps it in its spec (nobody waits for
+    it), and the evaluator's own task is placed outside the cluster, writing
+    none of the chief's files."""
+    cfg = compose_ok(tmp_path / "run", "strategy=parameter_server", "cluster=ps1w2", "cluster.evaluator=true")
+    cluster = {"chief": ["j-chief-0:2222"], "ps": ["j-ps-0:2222"], "worker": ["j-worker-0:2222", "j-worker-1:2222"],
+               "evaluator": ["j-evaluator-0:2222"]}
+    for task_type, index in (("chief", 0), ("worker", 1), ("evaluator", 0)):
+        env = {"TF_CONFIG": json.dumps({"cluster": cluster, "task": {"type": task_type, "index": index}, "environment": "cloud"})}
+        placed = _placed(cfg, env)
+        assert "evaluator" not in placed.spec and "evaluator" not in json.loads(placed.tf_config())["cluster"]
+        assert (placed.task_type, placed.is_chief) == (task_type, task_type == "chief")
+    # TensorFlow's own form (the evaluator not in the cluster at all) places it the same way
+    env = {"TF_CONFIG": json.dumps({"cluster": {k: v for k, v in cluster.items() if k != "evaluator"}, "task": {"type": "evaluator"}})}
+    assert _placed(cfg, env).task_name == "evaluator:0"
+    with pytest.raises(Exception, match="at most one evaluator"):
+        _placed(cfg, {"TF_CONFIG": json.dumps({"cluster": cluster, "task": {"type": "evaluator", "index": 1}})})
+
+
+@pytest.mark.unit
+def test_under_slurm_the_evaluator_is_the_steps_last_task(tmp_path):
+    cfg = compose_ok(tmp_path / "run", "strategy=multiworker", "cluster=2x1", "cluster.evaluator=true")
+    step = {"SLURM_JOB_ID": "0", "SLURM_STEP_NUM_TASKS": "3", "SLURM_STEP_NODELIST": "n1", "SLURM_STEP_TASKS_PER_NODE": "3"}
+    worker = _placed(cfg, {**step, "SLURM_PROCID": "1"})
+    assert worker.spec == {"worker": ["n1:29400", "n1:29401"]} and worker.task_name == "worker:1"
+    evaluator = _placed(cfg, {**step, "SLURM_PROCID": "2"})
+    assert evaluator.task_name == "evaluator:0" and evaluator.spec == worker.spec and not evaluator.is_chief
+    with pytest.raises(Exception, match="srun -n 3"):  # a step without its task
+        _placed(cfg, {**step, "SLURM_PROCID": "0", "SLURM_STEP_NUM_TASKS": "2", "SLURM_STEP_TASKS_PER_NODE": "2"})
+    # the Slurm sweep launcher's tasks_per_node counts it (conf/hydra/launcher/tfdistx_slurm.yaml)
+    assert schema.tasks_per_job("parameter_server", 2, 1, True) == 5 and schema.tasks_per_job("parameter_server", 2, 1) == 4
+
+
+@pytest.mark.unit
+def test_the_tfjob_has_an_evaluator_replica_only_when_asked(tmp_path):
+    overrides = ["strategy=parameter_server", "cluster=ps1w2", "cluster.evaluator=true"]
+    manifest = tfjob(compose_ok(tmp_path / "run", *overrides), overrides, "job", "tfdistx:test", volume="pvc:runs", gpus=True)
+    replicas = manifest["spec"]["tfReplicaSpecs"]
+    assert list(replicas) == ["Chief", "PS", "Worker", "Evaluator"]
+    evaluator = replicas["Evaluator"]
+    assert evaluator["replicas"] == 1 and evaluator["restartPolicy"] == "ExitCode"
+    container = evaluator["template"]["spec"]["containers"][0]
+    assert "cluster.evaluator=true" in container["args"] and "cluster.launch=tf_config" in container["args"]
+    assert "hydra.run.dir=/mnt/tfdistx/job" in container["args"]  # the run dir the chief writes its checkpoints to
+    assert "resources" not in container  # --gpus: the training workers' GPUs; the evaluator asks for none
+    plain = tfjob(compose_ok(tmp_path / "run", *overrides[:2]), overrides[:2], "job", "tfdistx:test")
+    assert "Evaluator" not in plain["spec"]["tfReplicaSpecs"]
+
+
+@pytest.mark.system
+def test_the_tfjob_with_an_evaluator_is_valid_for_the_operator(tmp_path):
+    from test_kubernetes import CRD, unknown_fields  # the operator's CRD beside the checkout
+    import jsonschema
+    import yaml
+
+    if not CRD.is_file():
+        pytest.skip(f"the training operator's CRD is not beside the checkout ({CRD})")
+    crd = yaml.safe_load(CRD.read_text())["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    overrides = ["strategy=multiworker", "cluster=2x1", "cluster.evaluator=true"]
+    manifest = tfjob(compose_ok(tmp_path / "run", *overrides), overrides, "job", "tfdistx:test", volume="pvc:runs")
+    jsonschema.validate(manifest, crd)
+    assert unknown_fields(manifest, crd) == []
+
+
+# -- slow: the evaluator's failure, TF_CONFIG's evaluator over a finished run, a TFJob's pods --
+
+@pytest.mark.slow
+def test_a_killed_evaluator_neither_stops_nor_fails_the_run(tmp_path):
+    """SIGKILL to the evaluator of a ps1w2 run while it trains: one line says
+    so, nothing is restarted, and the run finishes with exit 0."""
+    run_dir = tmp_path / "run"
+    command = [sys.executable, "-m", "tfdistx", "strategy=parameter_server", "cluster=ps1w2", "cluster.evaluator=true",
+               "trainer.steps=3000", "trainer.steps_per_loop=10", "trainer.log_every=100", "trainer.eval_every=0",
+               "data.batch_size=32", "data.train_examples=512", "data.eval_examples=128", "checkpoint.every_steps=100",
+               f"hydra.run.dir={run_dir}"]
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=tfdistx_env(), cwd=tmp_path)
+    try:
+        log = run_dir / "logs" / "evaluator-0.log"
+        deadline = time.monotonic() + 180
+        while not (log.is_file() and "sidecar evaluator: evaluating" in log.read_text()):
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.2)
+        pid = evaluator_pid(run_dir)
+        assert pid is not None
+        assert not (run_dir / "summary.json").exists()  # killed while the run trains
+        os.kill(pid, signal.SIGKILL)
+        stdout, stderr = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0, stderr[-3000:]
+    assert json.loads((run_dir / "summary.json").read_text())["step"] == 3000
+    said = [line for line in stderr.splitlines() if "sidecar evaluator" in line and "exited" in line]
+    assert said == ["tfdistx: the sidecar evaluator (evaluator:0) exited with code 137; training goes on without it "
+                    "(its log: logs/evaluator-0.log)"], stderr[-3000:]
+    assert "restart" not in stderr
+    assert processes_naming(str(run_dir)) == []
+
+
+@pytest.mark.slow
+def test_an_evaluator_placed_by_tf_config_evaluates_a_finished_runs_checkpoints_and_skips_a_damaged_one(tfdistx, tmp_path):
+    """The process a scheduler starts with TF_CONFIG task type "evaluator"
+    (the operator's format: the cluster's addresses, which nobody answers
+    here) talks to no task: it evaluates the run's checkpoints, skips one it
+    cannot read with a line, stops after the final one and exits 0."""
+    args = ["strategy=multiworker", "cluster=2x1", *QUICK, "checkpoint.every_steps=10", "checkpoint.max_to_keep=10"]
+    trained = tfdistx(*args)
+    assert trained.returncode == 0, trained
+    data = next((trained.dir / "checkpoints").glob("ckpt-20.data-*"))
+    data.write_bytes(data.read_bytes()[:16])  # cut short, as a full disk leaves a file
+    tf_config = {"cluster": {"worker": ["127.0.0.1:1", "127.0.0.1:2"], "evaluator": ["127.0.0.1:3"]},
+                 "task": {"type": "evaluator", "index": 0}, "environment": "cloud"}
+    started = time.monotonic()
+    evaluator = tfdistx(*args, "cluster.evaluator=true", env={"TF_CONFIG": json.dumps(tf_config)})
+    assert evaluator.returncode == 0, evaluator
+    assert time.monotonic() - started < 120
+    assert [line["step"] for line in sidecar_lines(trained.dir)] == [10, 30, 40]
+    assert "ckpt-20 cannot be read" in evaluator.stdout + evaluator.stderr
+    assert json.loads((trained.dir / "summary.json").read_text())["process"] == "worker:0"  # the chief's summary, untouched
+
+
+@pytest.mark.slow
+def test_a_tfjob_with_an_evaluator_pod_succeeds_and_its_evaluations_are_on_the_volume(tmp_path):
+    """The exported TFJob's pods, run as the operator would (tests/simulated_pods.py,
+    every pod's TF_CONFIG listing the evaluator): the job succeeds when the
+    chief does, and the Evaluator pod has written its lines into the run dir,
+    the final checkpoint's last: cleanPodPolicy Running deletes it (SIGTERM)
+    once the chief is done, and it evaluates the newest checkpoint first."""
+    from test_kubernetes import _can_simulate, run_tfjob
+
+    why = _can_simulate()
+    if why:
+        pytest.skip(why)
+    volume, events, logs = run_tfjob(tmp_path, "ev", ["strategy=parameter_server", "cluster=ps1w2", *QUICK, "trainer.steps=400",
+                                                      "checkpoint.every_steps=50", "checkpoint.max_to_keep=10", "cluster.evaluator=true"],
+                                     kill="none", when="never")
+    assert events[-1]["status"] == "Succeeded"
+    assert "sidecar evaluator: evaluating" in logs["ev-evaluator-0"]
+    lines = sidecar_lines(volume / "ev")
+    assert lines and all(line["checkpoint"] == f"ckpt-{line['step']}" for line in lines)
+    assert lines[-1]["step"] == 400, [line["step"] for line in lines]

@@ -1,0 +1,63 @@
+"""The sidecar evaluator's task (`cluster.evaluator=true`), as the launcher,
+placement and the TFJob see it. What it does is engine/sidecar.py's.
+
+TensorFlow defines the evaluator as a TF_CONFIG task of type "evaluator"
+that is not part of the cluster spec: no worker, ps or coordinator waits
+for it or talks to it. It only reads the run's checkpoints. So here:
+
+- placement drops an `evaluator` job from any cluster spec (Kubeflow's
+  operator lists it in every pod's TF_CONFIG), and places a process whose
+  task is the evaluator outside the cluster;
+- under Slurm it is one more task of the step, the last rank;
+- the local launcher starts it beside the cluster's tasks with the same
+  kind of TF_CONFIG, and watches it, but never restarts the cluster for it,
+  never takes its exit code for the run's, and after the training tasks
+  are done gives it time to evaluate the final checkpoint, then stops it.
+
+No training code here.
+"""
+
+import sys
+import time
+from typing import Callable, Dict, List
+
+EVALUATOR = "evaluator"  # TF_CONFIG's task type, and the TFJob's replica type in lower case
+# After training has ended, how long the launcher waits for the evaluator to
+# evaluate the final checkpoint before stopping it: it stops by itself as soon
+# as it has, so this bounds only an evaluator that is stuck or very slow.
+FINAL_EVALUATION_SECONDS = 300
+
+
+def sidecar_jobs(launch_spec: dict) -> Dict[str, int]:
+    """Tasks the launcher starts beside the cluster (not in its spec)."""
+    return {EVALUATOR: 1} if launch_spec.get("evaluator") else {}
+
+
+def is_sidecar(job: str) -> bool:
+    return job == EVALUATOR
+
+
+def report_exit(task_name: str, code: int) -> None:
+    """The one line a failed evaluator gets: the run carries on without it."""
+    print(f"tfdistx: the sidecar evaluator ({task_name}) exited with code {code}; training goes on without it "
+          f"(its log: logs/{task_name.replace(':', '-')}.log)", file=sys.stderr, flush=True)
+
+
+def let_finish(procs: List, interrupted: Callable[[], bool], seconds: float = FINAL_EVALUATION_SECONDS) -> None:
+    """Training has ended: give the evaluators `seconds` to evaluate the final
+    checkpoint and exit by themselves (a signal from outside ends the wait)."""
+    running = [p for p in procs if p.poll() is None]
+    quiet_until = time.monotonic() + 2  # it usually has the final checkpoint already: nothing to say
+    while any(p.poll() is None for p in running) and time.monotonic() < quiet_until and not interrupted():
+        time.sleep(0.1)
+    if not any(p.poll() is None for p in running) or interrupted():
+        return
+    print(f"tfdistx: training is done; waiting for the sidecar evaluator to evaluate the final checkpoint (at most {seconds:g}s)",
+          file=sys.stderr, flush=True)
+    deadline = time.monotonic() + seconds
+    while any(p.poll() is None for p in running) and not interrupted():
+        if time.monotonic() >= deadline:
+            print(f"tfdistx: the sidecar evaluator did not finish within {seconds:g}s of the end of training: stopping it",
+                  file=sys.stderr, flush=True)
+            return
+        time.sleep(0.2)

@@ -1,0 +1,229 @@
+"""The sidecar evaluator (`cluster.evaluator=true`): a process beside the
+training cluster that evaluates each checkpoint the run saves, as
+tf.keras.utils.SidecarEvaluator does for Keras, but with tfdistx's own
+checkpoints and its own evaluation: the checkpoint is restored and evaluated
+exactly as `tfdistx evaluate RUN_DIR --step N strategy=one_device` does
+(build_run, Checkpointer.restore, the runner's evaluate), so the metrics are
+the same numbers.
+
+For each checkpoint it appends a line to the run's evaluations.jsonl (with
+`"sidecar": true`; `tfdistx evaluate`'s lines have no such key) and writes
+the `eval/` scalars into `tensorboard/eval/`: a run of its own beside the
+training's, with the same tags as the training's own evaluations, so
+TensorBoard draws both on one chart.
+
+It never slows or blocks training: it is in no cluster spec (nobody waits for
+it), it only reads the checkpoint directory, and only checkpoints whose save
+has finished (CheckpointManager names a checkpoint in its state file once it
+is written whole); one that `checkpoint.max_to_keep` deletes before it is read
+is skipped. It stops once it has evaluated the final checkpoint (the one at
+the run's last step, or the last before the chief wrote summary.json: an
+early stop), or once told to stop by SIGTERM (Kubeflow's cleanPodPolicy deletes
+its pod when the chief is done): then it evaluates the newest checkpoint not
+yet evaluated, within the pod's grace period, and exits. It never fails the run: whatever stops it is said in one line,
+and the process exits 0 (a scheduler such as Kubeflow's fails the whole job
+when any replica fails).
+
+Where it stands in a cluster is cluster/evaluator.py's.
+"""
+
+import contextlib
+import json
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+from dataclasses import replace
+from pathlib import Path
+from types import MappingProxyType
+from typing import Dict, List, Optional
+
+import tensorflow as tf
+
+from tfdistx.cluster.evaluator import EVALUATOR
+from tfdistx.cluster.placement import Placement, Source
+from tfdistx.config import strategies
+from tfdistx.config.errors import ConfigError
+from tfdistx.config.spec import RunSpec, Strategy
+from tfdistx.engine import checkpointing, loggers
+from tfdistx.engine.build import Run, build_run
+from tfdistx.engine.fit import make_runner
+
+log = logging.getLogger(__name__)
+
+POLL_SECONDS = 1.0  # between looks at the checkpoint directory: a stat or two, nothing the training notices
+TENSORBOARD_DIR = "eval"  # inside the run's tensorboard/: TensorBoard shows it as a run named "eval"
+
+
+def run(spec: RunSpec) -> None:
+    """Evaluate the run's checkpoints until training is done. Returns
+    normally whatever happens (the process exits 0); a failure is one line."""
+    started = time.time()
+    try:
+        Sidecar(spec, started).run()
+    except Exception as error:  # KeyboardInterrupt and SystemExit pass: Ctrl-C and the launcher's stop
+        if os.environ.get("TFDISTX_TRACEBACK", "") not in ("", "0"):
+            import traceback
+
+            traceback.print_exc()
+        text = str(error).strip()
+        reason = f"{type(error).__name__}: {text.splitlines()[0][:300]}" if text else type(error).__name__
+        print(f"tfdistx: the sidecar evaluator stopped ({reason}); training goes on without it", file=sys.stderr, flush=True)
+
+
+class Sidecar:
+    def __init__(self, spec: RunSpec, started: float):
+        self.spec, self.started = spec, started
+        self.directory = spec.checkpoint.dir
+        # checkpoint.restore=false: the chief sets the old run's checkpoints aside when it starts, which may be
+        # after this process first looks; theirs are older than this process.
+        self.not_before = 0.0 if spec.checkpoint.restore else started
+        self.handled: Dict[int, str] = {}  # step -> "evaluated" or why it was skipped
+        self.last_waiting_note = 0.0
+        self.stopping = False  # SIGTERM: evaluate the newest checkpoint, then stop
+
+    def run(self) -> None:
+        # It evaluates alone, in one process: TensorFlow must not take the TF_CONFIG its scheduler gave it
+        # (task type "evaluator") for a place in the training cluster.
+        os.environ.pop("TF_CONFIG", None)
+        built = build_run(alone(self.spec), Placement(Source.SINGLE, task_type=EVALUATOR))
+        history = evaluated_before(built.dir / "evaluations.jsonl")
+        board = None
+        if self.spec.logger.get("tensorboard", True):
+            board = loggers.TensorBoardLogger(str(built.dir / "tensorboard" / TENSORBOARD_DIR))
+        with contextlib.closing(built.checkpointer), contextlib.closing(board) if board else contextlib.nullcontext(), \
+                self.stopped_by_sigterm():
+            runner = make_runner(built, train=False)
+            log.info("sidecar evaluator: evaluating each checkpoint in %s as it is saved, to step %d", self.directory, built.total_steps)
+            while True:
+                ended = self.training_ended(built)  # looked at before the last scan: the final checkpoint precedes the summary
+                todo = []
+                for path in complete_checkpoints(self.directory):
+                    step = step_of(path)
+                    if step in self.handled or _mtime(path) < self.not_before:
+                        continue
+                    if history.get(step, -1.0) >= _mtime(path):  # a restarted evaluator: this one is in evaluations.jsonl
+                        self.handled[step] = "evaluated before"
+                        continue
+                    todo.append((path, step))
+                for i, (path, step) in enumerate(todo):
+                    if self.stopping and i < len(todo) - 1:
+                        continue  # told to stop: only the newest is worth the time left
+                    self.evaluate(built, runner, path, step, board)
+                if ended or self.stopping or any(step >= built.total_steps for step in self.handled):
+                    break
+                self.note_waiting()
+                time.sleep(POLL_SECONDS)
+            if self.stopping:
+                log.info("sidecar evaluator: stopped by SIGTERM after evaluating the newest checkpoint")
+        evaluated = sum(1 for why in self.handled.values() if why == "evaluated")
+        log.info("sidecar evaluator: training is done; %d checkpoint(s) evaluated into %s", evaluated, built.dir / "evaluations.jsonl")
+
+    def evaluate(self, built: Run, runner, path: str, step: int, board) -> None:
+        name = os.path.basename(path)
+        try:
+            built.checkpointer.restore(path)  # whole, or refused, as `tfdistx evaluate` restores
+        except (checkpointing.Damaged, ConfigError) as error:
+            if not os.path.exists(path + ".index"):  # deleted while it was read: checkpoint.max_to_keep rotated it out
+                log.warning("sidecar evaluator: %s was deleted (checkpoint.max_to_keep) before it could be read: skipped", name)
+                self.handled[step] = "deleted"
+                return
+            if isinstance(error, ConfigError):  # another model's checkpoint: training refuses it as well
+                raise
+            log.warning("sidecar evaluator: %s cannot be read (%s): skipped", name, error)
+            self.handled[step] = "damaged"
+            return
+        metrics = runner.evaluate()
+        record = {"checkpoint": name, "step": int(built.step_counter.numpy()), "strategy": built.strategy_name,
+                  "replicas": built.replicas, **metrics, "sidecar": True, "evaluated_at": round(time.time(), 3)}
+        loggers.append_jsonl(built.dir / "evaluations.jsonl", record)
+        if board:
+            board(record["step"], metrics)
+        self.handled[step] = "evaluated"
+        log.info("sidecar evaluator: %s (step %d): %s", name, record["step"], ", ".join(f"{k} {v:.6g}" for k, v in metrics.items()))
+
+    @contextlib.contextmanager
+    def stopped_by_sigterm(self):
+        """While inside, SIGTERM asks for one last evaluation instead of ending the process at once."""
+        if threading.current_thread() is not threading.main_thread():  # signal handlers can be set only there
+            yield
+            return
+
+        def stop(signum, frame):
+            self.stopping = True
+
+        previous = signal.signal(signal.SIGTERM, stop)
+        try:
+            yield
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+
+    def training_ended(self, built: Run) -> bool:
+        """The chief has written summary.json since this process started, or
+        it stopped early at a checkpoint already evaluated (a rerun)."""
+        path = built.dir / "summary.json"
+        try:
+            if path.stat().st_mtime >= self.started:
+                return True
+            summary = json.loads(path.read_text())
+        except (OSError, ValueError):
+            return False
+        return bool(summary.get("stopped_early")) and summary.get("step") in self.handled
+
+    def note_waiting(self) -> None:
+        """Now and then, that it waits (a pod without a shared volume sees no checkpoint, ever)."""
+        if time.monotonic() - self.last_waiting_note >= 300:
+            if self.last_waiting_note:
+                log.info("sidecar evaluator: waiting for the next checkpoint in %s", self.directory)
+            self.last_waiting_note = time.monotonic()
+
+
+def alone(spec: RunSpec) -> RunSpec:
+    """The run's spec for one process on one device: the model, data, task and
+    checkpoints are the run's; the strategy is one_device, whatever trained."""
+    return replace(spec, strategy=Strategy("one_device", MappingProxyType({}), strategies.STRATEGIES["one_device"]),
+                   cluster=replace(spec.cluster, workers=1, ps=0, devices_per_worker=None))
+
+
+def complete_checkpoints(directory: str) -> List[str]:
+    """The checkpoints on disk whose save has finished, oldest first: those
+    the state file names (CheckpointManager writes it after a save), and any
+    older than another on disk (saves come one after another)."""
+    paths = checkpointing.on_disk(directory)
+    try:
+        state = tf.train.get_checkpoint_state(directory)
+        named = {os.path.basename(p) for p in state.all_model_checkpoint_paths} if state else set()
+    except Exception:  # a damaged state file: the order of the files still tells
+        named = set()
+    return [path for i, path in enumerate(paths) if i < len(paths) - 1 or os.path.basename(path) in named]
+
+
+def evaluated_before(path: Path) -> Dict[int, float]:
+    """step -> when the sidecar evaluated it, from evaluations.jsonl (a restarted
+    cluster's evaluator goes on where the last one stopped)."""
+    done = {}
+    try:
+        lines = path.read_text().splitlines()
+    except OSError:
+        return done
+    for line in lines:
+        try:
+            record = json.loads(line)
+            if record.get("sidecar"):
+                done[int(record["step"])] = float(record.get("evaluated_at", 0.0))
+        except (ValueError, KeyError, TypeError, AttributeError):
+            continue  # a line cut short
+    return done
+
+
+def step_of(path: str) -> int:
+    return int(path.rsplit("-", 1)[1])
+
+
+def _mtime(path: str) -> float:
+    try:
+        return os.stat(path + ".index").st_mtime
+    except OSError:
+        return 0.0
