@@ -16,7 +16,7 @@ import pytest
 from conftest import QUICK, tfdistx_env
 
 # Installs packages, writes /etc and starts daemons: only with `pytest -m system`.
-pytestmark = pytest.mark.system
+pytestmark = [pytest.mark.system, pytest.mark.xdist_group("slurm")]  # one real Slurm: its tests in one test process
 
 START = Path(__file__).resolve().parent.parent / "scripts" / "slurm" / "start-local-slurm.sh"
 STOP = START.with_name("stop-local-slurm.sh")
