@@ -1,5 +1,6 @@
 """Shared helpers: run tfdistx the way a user does, as a real process."""
 
+import atexit
 import getpass
 import json
 import os
@@ -129,6 +130,7 @@ _PYTEST_TMP_ROOT_WAS_THERE = _PYTEST_TMP_ROOT.exists()
 os.environ.setdefault("PYTEST_DEBUG_TEMPROOT", _SYSTEM_TMP)
 _SCRATCH = tempfile.mkdtemp(prefix="tfdistx-tests-")
 os.environ["TMPDIR"] = tempfile.tempdir = _SCRATCH
+atexit.register(shutil.rmtree, _SCRATCH, True)  # also when pytest stops before pytest_unconfigure (a usage error)
 
 
 def pytest_collection_modifyitems(config, items):
