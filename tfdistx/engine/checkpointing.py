@@ -102,12 +102,11 @@ class Checkpointer:
             status.assert_existing_objects_matched()
             status.assert_consumed()  # adam's slots left over in an sgd run, say
         except Exception as error:  # damage shows as DataLossError, IndexError, ValueError, ...
-            if _readable(path):
-                saved_shards = self.resplit.saved_shards(path) if self.resplit else None
-                if saved_shards:  # its tables are in another number of shards (another number of ps): re-split them
-                    return self._restore_resplit(path, saved_shards, lacking)
-                raise ConfigError.one("checkpoint", path, _mismatch(path, checkpoint, error)) from None
-            raise Damaged(str(error).splitlines()[0][:200] if str(error) else type(error).__name__) from None
+            readable = _readable(path)
+            saved_shards = self.resplit.saved_shards(path) if readable and self.resplit else None
+            if saved_shards:  # its tables are in another number of shards (another number of ps): re-split them
+                return self._restore_resplit(path, saved_shards, lacking)
+            raise _refusal(path, checkpoint, error, readable) from None
 
     def _restore_resplit(self, path: str, saved_shards: int, lacking: list) -> None:
         """Restore `path` with its tables re-split into this model's shards
@@ -125,9 +124,7 @@ class Checkpointer:
                 status.assert_existing_objects_matched()
                 status.expect_partial()  # the model and optimizer, restored above
             except Exception as error:
-                if _readable(path):
-                    raise ConfigError.one("checkpoint", path, _mismatch(path, self.checkpoint, error)) from None
-                raise Damaged(str(error).splitlines()[0][:200] if str(error) else type(error).__name__) from None
+                raise _refusal(path, self.checkpoint, error, _readable(path)) from None
         log.info("%s: its embedding tables were saved in %d shard(s) and are re-split into %d (model.shards)",
                  os.path.basename(path), saved_shards, shards)
         self.resplit_from = saved_shards
@@ -202,6 +199,14 @@ class ObjectiveState(tf.Module):
 
 class Damaged(Exception):
     """A checkpoint whose values cannot all be read."""
+
+
+def _refusal(path: str, checkpoint: tf.train.Checkpoint, error: Exception, readable: bool) -> Exception:
+    """Why `path` was not restored: another model or optimizer's (a
+    ConfigError) when it reads whole, else Damaged."""
+    if readable:
+        return ConfigError.one("checkpoint", path, _mismatch(path, checkpoint, error))
+    return Damaged(str(error).splitlines()[0][:200] if str(error) else type(error).__name__)
 
 
 def _readable(path: str) -> bool:

@@ -255,10 +255,7 @@ def already_finished(run: Run, restored: str, tracker: Optional[TrackObjective],
 def last_logged_train(run_dir, step: int) -> dict:
     """The train metrics metrics.jsonl holds for `step` (the loop logs the
     last step always), without the evaluation's; {} when it has none."""
-    path = run_dir / "metrics.jsonl"
-    lines = path.read_text().splitlines() if path.is_file() else []
-    for line in reversed(lines):
-        record = json.loads(line)
+    for _, record in reversed(loggers.read_jsonl(run_dir / "metrics.jsonl")):  # the kill may have cut its last line short
         if record.get("step") == step:
             return {k: v for k, v in record.items() if k != "step" and not k.startswith("eval/")}
     return {}

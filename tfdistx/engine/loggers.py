@@ -14,7 +14,7 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Mapping, Optional
+from typing import List, Mapping, Optional, Tuple
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +50,24 @@ def write_json(path: Path, payload: dict) -> None:
 def append_jsonl(path: Path, record: dict) -> None:
     with open(path, "a") as f:
         f.write(json.dumps(record, default=float) + "\n")
+
+
+def read_jsonl(path: Path) -> List[Tuple[str, dict]]:
+    """A JSON-lines file's (line, record) pairs, in order; a line cut short by
+    a kill (or not an object) is left out. [] when there is no file."""
+    try:
+        lines = path.read_text().splitlines()
+    except FileNotFoundError:
+        return []
+    pairs = []
+    for line in lines:
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(record, dict):
+            pairs.append((line, record))
+    return pairs
 
 
 class ConsoleProgress:
@@ -179,12 +197,12 @@ def _wandb_key_configured() -> bool:
 def _truncate_after(path: Path, step: int) -> None:
     """Keep the lines whose step is at most `step`; replace the file atomically."""
     kept = []
-    for line in path.read_text().splitlines():
+    for line, record in read_jsonl(path):  # without the lines cut short by a crash
         try:
-            if json.loads(line)["step"] <= step:
+            if record["step"] <= step:
                 kept.append(line)
-        except (ValueError, KeyError, TypeError):
-            continue  # a line cut short by a crash
+        except (KeyError, TypeError):
+            continue
     tmp = path.with_suffix(".jsonl.tmp")
     tmp.write_text("".join(line + "\n" for line in kept))
     os.replace(tmp, path)

@@ -205,16 +205,15 @@ def evaluated_before(path: Path) -> Dict[int, float]:
     cluster's evaluator goes on where the last one stopped)."""
     done = {}
     try:
-        lines = path.read_text().splitlines()
+        records = loggers.read_jsonl(path)  # without the lines cut short
     except OSError:
         return done
-    for line in lines:
+    for _, record in records:
         try:
-            record = json.loads(line)
             if record.get("sidecar"):
                 done[int(record["step"])] = float(record.get("evaluated_at", 0.0))
-        except (ValueError, KeyError, TypeError, AttributeError):
-            continue  # a line cut short
+        except (ValueError, KeyError, TypeError):
+            continue  # a field of another type
     return done
 
 

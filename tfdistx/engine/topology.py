@@ -23,11 +23,11 @@ resumes as before, unchecked. Knows nothing of TensorFlow.
 import json
 import logging
 import os
-import tempfile
 from pathlib import Path
 from typing import Optional
 
 from tfdistx.config.errors import ConfigError
+from tfdistx.engine import loggers
 from tfdistx.rundir import keep_aside
 
 log = logging.getLogger(__name__)
@@ -65,14 +65,7 @@ def record(checkpoint_dir: str, step: int, topology: dict) -> None:
     entries = {name: entry for name, entry in _read(directory, keep_damaged_aside=True).items()
                if (directory / f"{name}.index").exists()}
     entries[f"ckpt-{step}"] = topology
-    handle, temporary = tempfile.mkstemp(dir=directory, prefix=f".{FILE}.", suffix=".tmp")
-    try:
-        with os.fdopen(handle, "w") as out:
-            json.dump(entries, out, indent=1, sort_keys=True)
-        os.replace(temporary, directory / FILE)  # whole or not at all
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
+    loggers.write_json(directory / FILE, entries)  # whole or not at all
 
 
 def written_under(checkpoint_path: str) -> Optional[dict]:
