@@ -63,7 +63,7 @@ def test_loop_runs_steps_logs_evaluates_and_saves():
     metrics = MetricSet(task.metrics())
     features, labels = next(iter(source.train(None).batch(2)))
     metrics.build(*task.metric_inputs(labels, model(features)))
-    runner = SyncRunner(strategy, task, model, Update(task, model, optimizer, global_batch=32), metrics, learning_rate=learning_rate,
+    runner = SyncRunner(strategy, task, model, Update(task, model, optimizer, global_batch=32, learning_rate=learning_rate), metrics,
                         train_data=input_lib.train_dataset(strategy, source, 32, seed=0, shuffle_buffer=256),
                         eval_data=input_lib.eval_dataset(strategy, source.eval, 32))
     counter, recorder = tf.Variable(0, dtype=tf.int64), Recorder()

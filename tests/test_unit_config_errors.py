@@ -57,6 +57,12 @@ BIG = MAX_STEPS  # 2**62: the most steps a checkpoint's int64 counter can carry
     ((), {"trainer.seed": 2**32}, "trainer.seed=4294967296: must be a whole number from 0 to 4294967295"),
     ((), {"trainer.jit_compile": 1}, "trainer.jit_compile=1: allowed: true, false, auto"),
     ((), {"trainer.precision": "bfloat16"}, "trainer.precision='bfloat16': allowed: float32, mixed_bfloat16, mixed_float16"),
+    ((), {"trainer.steps_per_xla_call": 0}, "trainer.steps_per_xla_call=0: allowed: auto, or a whole number of steps, at least 1"),
+    ((), {"trainer.steps_per_xla_call": True}, "trainer.steps_per_xla_call=True: allowed: auto, or a whole number of steps, at least 1"),
+    (("strategy=mirrored",), {"trainer.steps_per_xla_call": 4}, "trainer.steps_per_xla_call=4: more than 1 only where XLA compiles "
+     "the whole step: strategy=one_device, trainer.jit_compile true or auto"),
+    ((), {"trainer.jit_compile": False, "trainer.steps_per_xla_call": 2}, "trainer.steps_per_xla_call=2: more than 1 only where XLA "
+     "compiles the whole step: strategy=one_device, trainer.jit_compile true or auto"),
     ((), {"trainer.profile_steps": [10, 5]}, "trainer.profile_steps=[10, 5]: [START, END]: two whole steps, 0 <= START < "
      "END <= trainer.steps=1000 (the trace covers the steps between), or null: no trace"),
     # task and objective

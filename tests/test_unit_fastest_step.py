@@ -1,5 +1,6 @@
 """Looking at and shrinking the step (issue 20), in this process (-m unit):
-a profiler trace of chosen steps (`trainer.profile_steps`) and the gradients'
+several steps in one XLA computation (`trainer.steps_per_xla_call`), a
+profiler trace of chosen steps (`trainer.profile_steps`) and the gradients'
 all-reduce in 16 bits (`strategy.all_reduce_dtype`). Real TensorFlow, real
 mirrored replicas on logical CPU devices (engine_helpers)."""
 
@@ -17,6 +18,39 @@ TIMES = ("examples_per_sec", "train_wall_time_sec", "wall_time_sec")  # what a p
 
 def _without_times(summary: dict) -> dict:
     return {k: ({m: v for m, v in s.items() if m not in TIMES} if isinstance(s, dict) else s) for k, s in summary.items() if k not in TIMES}
+
+
+# -- trainer.steps_per_xla_call ----------------------------------------------
+
+
+@unit
+def test_steps_in_one_xla_call_train_bitwise_what_one_step_a_call_trains(tmp_path):
+    """8 steps a call: 45 steps in loops of 10 (each loop 1 call of 8 and 2
+    single steps, the last loop 5 single steps), a warm-up schedule that
+    changes the rate every step, and 2 micro-batches a step. The weights,
+    every logged metric and the evaluation equal one step a call's; so does
+    a run stopped at step 21 and resumed (its calls fall on other steps)."""
+    args = ["strategy=one_device", "trainer.jit_compile=true", "trainer.steps=45", "optimizer.schedule=warmup_cosine",
+            "optimizer.warmup_steps=30", "trainer.accumulate_steps=2", "trainer.log_every=15"]
+    one = train(tmp_path / "one", *args, "trainer.steps_per_xla_call=1")
+    eight = train(tmp_path / "eight", *args, "trainer.steps_per_xla_call=8")
+    assert (one.summary["steps_per_xla_call"], eight.summary["steps_per_xla_call"]) == (1, 8)
+    assert eight.summary["weights_sha256"] == one.summary["weights_sha256"]
+    drop = {"examples_per_sec"}
+    assert [{k: v for k, v in m.items() if k not in drop} for m in eight.metrics] == [
+        {k: v for k, v in m.items() if k not in drop} for m in one.metrics]
+    assert [m["step"] for m in one.metrics] == [15, 30, 45]
+    assert eight.summary["eval"] == one.summary["eval"]
+    train(tmp_path / "split", *args, "trainer.steps_per_xla_call=8", "trainer.steps=21")
+    resumed = train(tmp_path / "split", *args, "trainer.steps_per_xla_call=8")
+    assert resumed.summary["resumed_from_step"] == 21 and resumed.summary["weights_sha256"] == one.summary["weights_sha256"]
+
+
+@unit
+def test_auto_takes_several_steps_a_call_for_a_dense_models_whole_step_and_1_elsewhere(tmp_path):
+    """engine_helpers.QUICK: 10 steps a loop, a log every 20, checkpoints every 500: 10 steps a call."""
+    assert train(tmp_path / "mlp", "strategy=one_device").summary["steps_per_xla_call"] == 10
+    assert train(tmp_path / "mirrored", "strategy=mirrored", "cluster=1x2").summary["steps_per_xla_call"] == 1
 
 
 # -- trainer.profile_steps ---------------------------------------------------

@@ -48,7 +48,8 @@ def describe(cfg: DictConfig) -> str:
     if accumulate > 1:
         lines.append(f"accumulate    {accumulate} batches of {batch} per step: the gradients of {batch * accumulate} examples, "
                      f"the activations of {batch} in memory")
-    lines.append(f"compute       {cfg.trainer.precision}; XLA {compute.jit_compile(cfg)[1]}")
+    lines.append(f"compute       {cfg.trainer.precision}; XLA {compute.jit_compile(cfg)[1]}; "
+                 f"steps per XLA call {compute.steps_per_xla_call(cfg)[1]}")
     plan_line = sources.of(cfg.data).plan_line
     if plan_line:
         lines = [line for line in lines if not line.startswith("data ")] + [plan_line(cfg.data, topo.workers if facts.multi_process else 1)]

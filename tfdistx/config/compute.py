@@ -19,6 +19,17 @@ dense scatters; what it wins is fusing a dense model's many small kernels,
 the optimizer's update most of all. So on CPUs `auto` compiles the whole
 step (one_device) of a model whose weighted layers are all Dense, and
 nothing else; with GPUs (what XLA is built for) it compiles.
+
+`trainer.steps_per_xla_call`: compiled whole, K consecutive steps can be one
+XLA computation (engine/update.py). A call costs ~100-150 us beyond its
+arithmetic on these CPUs. Measured (2026-11-25, same machine, the CLI, 6000
+steps, two rounds, examples/s): the seeds' MLP at K=1 268k; K=4 345k; K=5
+340k; K=8 345k; K=10 367k (1.37x); K=16 no faster than 8 (in-process). The
+1024-1024 MLP at batch 1024: 39.1k at K=1, 39.6k at K=8 (its compile 1.5 s
+longer). The weights are bitwise the same. So `auto` takes up to 10 steps a
+call for the whole step of a model of Dense layers on CPUs, and 1
+elsewhere: unrolled, a convolutional model's compile grows K-fold for
+nothing, and with GPUs it is not measured.
 """
 
 from typing import Iterable, List, Optional, Tuple
@@ -64,6 +75,43 @@ def decide_jit(asked, facts: strategies.Strategy, gpus: Optional[bool] = None,
     return True, f"on (auto): the whole step of a model of Dense layers ({_CPU_RULE})"
 
 
+MOST_STEPS_PER_XLA_CALL = 10  # what `auto` unrolls at most (measured: 10 about as fast as 8 and 16; more compiles longer)
+_PER_CALL_RULE = "measured 1.37x on the seeds' MLP"
+
+
+def steps_per_xla_call(cfg, gpus: Optional[bool] = None) -> Tuple[Optional[int], str]:
+    """(steps per XLA call, why) for the config (what --plan says)."""
+    trainer = cfg.trainer
+    return decide_steps_per_xla_call(trainer.get("steps_per_xla_call", "auto"), jit_compile(cfg, gpus)[0], _facts(cfg),
+                                     trainer.steps_per_loop, (trainer.log_every, trainer.eval_every, cfg.checkpoint.every_steps), gpus)
+
+
+def decide_steps_per_xla_call(asked, jit: Optional[bool], facts: strategies.Strategy, steps_per_loop: int, every: Iterable[int] = (),
+                              gpus: Optional[bool] = None, layers: Optional[Iterable[str]] = None) -> Tuple[Optional[int], str]:
+    """(consecutive steps in one XLA computation, why) for `trainer.steps_per_xla_call` = `asked`,
+    once `decide_jit` has said `jit`. `every`: the loop's other periods (logging, evaluation,
+    checkpoints; 0: none). At most `steps_per_loop`. `auto` takes the most steps, up to
+    MOST_STEPS_PER_XLA_CALL, that divide all of them: every call of the loop is then whole calls
+    of K steps, and the computation of a single step, for the steps left over, is never compiled."""
+    if jit is False or not facts.xla_whole_step:
+        return 1, "1 (XLA does not compile the whole step here)"
+    if asked != "auto":
+        steps = min(int(asked), steps_per_loop)
+        capped = f", capped by trainer.steps_per_loop={steps_per_loop}" if steps < int(asked) else ""
+        return (steps if jit else None), f"{steps} (trainer.steps_per_xla_call={asked}{capped})"
+    if gpus:
+        return 1, "1 (auto): not measured with GPUs"
+    periods = [steps_per_loop, *(n for n in every if n)]
+    steps = max(k for k in range(1, MOST_STEPS_PER_XLA_CALL + 1) if all(n % k == 0 for n in periods))
+    if gpus is None or layers is None:
+        return None, (f"auto: {steps} for the whole step of a model of Dense layers on CPUs ({_PER_CALL_RULE}; the most, up to "
+                      f"{MOST_STEPS_PER_XLA_CALL}, that divide the steps per loop, log, eval and checkpoint), else 1")
+    if set(layers) - FASTER_UNDER_XLA_ON_CPU:
+        return 1, "1 (auto): a model beyond Dense layers compiles once per step (unrolled, its compile grows K-fold)"
+    return steps, (f"{steps} (auto): a dense model's whole step on CPUs ({_PER_CALL_RULE}; the most, up to {MOST_STEPS_PER_XLA_CALL}, "
+                   "that divide the steps per loop, log, eval and checkpoint)")
+
+
 def precision_warning(precision: str, gpus: bool) -> Optional[str]:
     if precision == "mixed_float16" and not gpus:
         # Measured: the seeds' MLP on mirrored 1x2, 530 examples/s against 9,400 in float32.
@@ -79,6 +127,10 @@ def problems(cfg) -> List[Problem]:
     facts, trainer, found = _facts(cfg), cfg.trainer, []
     if trainer.jit_compile is True and facts.no_xla:
         found.append(Problem("trainer.jit_compile", True, f"strategy={facts.name} cannot use XLA: {facts.no_xla}; use false or auto"))
+    per_call = trainer.get("steps_per_xla_call", "auto")
+    if isinstance(per_call, int) and per_call > 1 and (trainer.jit_compile is False or not facts.xla_whole_step):
+        found.append(Problem("trainer.steps_per_xla_call", per_call,
+                             "more than 1 only where XLA compiles the whole step: strategy=one_device, trainer.jit_compile true or auto"))
     if trainer.precision in PRECISIONS and trainer.precision not in facts.precisions:
         found.append(Problem("trainer.precision", trainer.precision,
                              f"strategy={facts.name} runs {', '.join(facts.precisions)} (TPUs compute in bfloat16)"))

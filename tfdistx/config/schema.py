@@ -49,6 +49,7 @@ class TrainerConfig:
     deterministic: bool = False
     objective: str = "${task.objective}"  # a metric the task reports: loss, eval/loss, eval/<metric>, <metric>
     jit_compile: Any = "auto"  # true, false or auto (validate.py)
+    steps_per_xla_call: Any = "auto"  # N consecutive steps in one XLA computation, or auto (config/compute.py)
     precision: str = "float32"
     accumulate_steps: int = 1
     early_stopping: EarlyStoppingConfig = field(default_factory=EarlyStoppingConfig)

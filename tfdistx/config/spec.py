@@ -45,6 +45,7 @@ class Trainer:
     accumulate_steps: int
     early_stopping: EarlyStopping = field(default_factory=EarlyStopping)
     profile_steps: Optional[Tuple[int, int]] = None  # (START, END): the profiler traces the steps between; None: no trace
+    steps_per_xla_call: Union[int, str] = "auto"  # N or "auto" (config/compute.py decides)
 
 
 @dataclass(frozen=True)

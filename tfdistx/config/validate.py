@@ -200,6 +200,9 @@ def _trainer(trainer: DictConfig) -> list:
         problems.append(Problem("trainer.eval_every", trainer.eval_every, "must be 0 (only at the end) or more"))
     if trainer.jit_compile not in compute.JIT_COMPILE or isinstance(trainer.jit_compile, int) and not isinstance(trainer.jit_compile, bool):
         problems.append(Problem("trainer.jit_compile", trainer.jit_compile, "allowed: true, false, auto"))
+    per_call = trainer.get("steps_per_xla_call", "auto")
+    if per_call != "auto" and not (_is_int(per_call) and per_call >= 1):
+        problems.append(Problem("trainer.steps_per_xla_call", per_call, "allowed: auto, or a whole number of steps, at least 1"))
     if trainer.precision not in compute.PRECISIONS:
         problems.append(Problem("trainer.precision", trainer.precision, f"allowed: {', '.join(compute.PRECISIONS)}"))
     if trainer.accumulate_steps < 1:

@@ -62,6 +62,7 @@ class Run:
     train_variables: Any = None  # what the optimizer updates, when not the model's trainable variables (sharding.py)
     topology: Optional[dict] = None  # what it runs on (engine/topology.py), recorded with each checkpoint
     resumed_from_topology: Optional[dict] = None  # set by fit: the restored checkpoint's, when another
+    steps_per_xla_call: int = 1  # consecutive steps in one XLA computation (update.py)
 
     @property
     def dir(self):
@@ -143,7 +144,10 @@ def build_run(spec: RunSpec, placement: Placement) -> Optional[Run]:
         sample = _check_model_takes_data(model, task, source, spec, num_outputs)
     task.check_labels(source.num_classes)
     jit, why = compute.decide_jit(trainer.jit_compile, facts, gpus=gpus, layers=weighted_layer_kinds(model))
-    log.info("precision %s; XLA %s", trainer.precision, why)
+    per_call, per_call_why = compute.decide_steps_per_xla_call(
+        trainer.steps_per_xla_call, jit, facts, trainer.steps_per_loop, (trainer.log_every, trainer.eval_every, spec.checkpoint.every_steps),
+        gpus=gpus, layers=weighted_layer_kinds(model))
+    log.info("precision %s; XLA %s; steps per XLA call %s", trainer.precision, why, per_call_why)
 
     workers = len(placement.spec.get("worker", [])) or 1
     run_topology = topology.describe(  # recorded with each checkpoint; a resume on another topology is checked against it
@@ -158,7 +162,7 @@ def build_run(spec: RunSpec, placement: Placement) -> Optional[Run]:
         topology=run_topology, resplit=_resplit(spec, model, feature_spec, num_outputs))
     return Run(spec, placement, facts, name, strategy, coordinator, task, source, model, optimizer, learning_rate,
                step_counter, checkpointer, global_batch, per_replica, total_steps, effective_lr(spec.optimizer, replicas),
-               jit, sample, objective_state, train_variables, topology=run_topology)
+               jit, sample, objective_state, train_variables, topology=run_topology, steps_per_xla_call=per_call)
 
 
 def weighted_layer_kinds(model) -> set:

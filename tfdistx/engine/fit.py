@@ -179,6 +179,7 @@ def _summary(run: Run, result, restored, start_step: int, wall_time: float) -> d
         "strategy": run.strategy_name, "strategy_class": type(run.strategy).__name__,
         "global_batch": run.global_batch, "per_replica_batch": run.per_replica_batch,
         "accumulate_steps": spec.trainer.accumulate_steps, "precision": spec.trainer.precision, "jit_compile": run.jit_compile,
+        "steps_per_xla_call": run.steps_per_xla_call,
         "learning_rate": run.peak_lr, "resumed": bool(restored), "resumed_from_step": start_step if restored else None,
         "train_wall_time_sec": result.wall_time_sec, "wall_time_sec": wall_time,
         "process": run.placement.task_name, "weights_sha256": digest, "variable_devices": variable_devices(run.model),
@@ -295,16 +296,16 @@ def make_runner(run: Run, skip_steps: int = 0, train: bool = True):
                     all_reduce_options=strategy_lib.all_reduce_options(run.strategy_name, spec.strategy.options),
                     whole_step=run.facts.xla_whole_step,
                     all_reduce_dtype=strategy_lib.all_reduce_dtype(run.strategy_name, spec.strategy.options),
-                    variables=run.train_variables)
+                    variables=run.train_variables, learning_rate=run.learning_rate,
+                    steps_per_xla_call=run.steps_per_xla_call)
     parts = (run.strategy, run.task, run.model, update, metrics)
     eval_batch = pipeline.batch_size  # not the accumulated batch: what fits in memory
     if run.coordinator is None:
         eval_data = input_lib.eval_dataset(run.strategy, run.source.eval, eval_batch, steps=eval_steps, cache=pipeline.cache)
-        return SyncRunner(*parts, train_data=train_data, eval_data=eval_data, learning_rate=run.learning_rate)
+        return SyncRunner(*parts, train_data=train_data, eval_data=eval_data)
     # evaluated inline on the coordinator, reading the variables from the ps tasks
     eval_data = input_lib.local_eval_dataset(run.source.eval, eval_batch, steps=eval_steps, cache=pipeline.cache)
-    return CoordinatorRunner(*parts, coordinator=run.coordinator, workers=run.workers, train_data=train_data, eval_data=eval_data,
-                             learning_rate=run.learning_rate)
+    return CoordinatorRunner(*parts, coordinator=run.coordinator, workers=run.workers, train_data=train_data, eval_data=eval_data)
 
 
 @contextlib.contextmanager

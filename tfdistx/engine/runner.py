@@ -20,26 +20,20 @@ import numpy as np
 import tensorflow as tf
 
 from tfdistx.engine.metrics import MetricSet
-from tfdistx.engine.optim import LearningRateAtStep
 from tfdistx.tasks import Task
 from tfdistx.engine.update import Update
 
 
 class StepRunner:
-    def __init__(self, strategy: tf.distribute.Strategy, task: Task, model, update: Update, metrics: MetricSet,
-                 learning_rate: Optional[LearningRateAtStep] = None):
+    def __init__(self, strategy: tf.distribute.Strategy, task: Task, model, update: Update, metrics: MetricSet):
         self.strategy, self.task, self.model, self.update = strategy, task, model, update
-        self.metrics, self.learning_rate = metrics, learning_rate
+        self.metrics = metrics
         self._train_loop = tf.function(self._train_loop_fn)
 
     # -- traced code -----------------------------------------------------------
 
-    def _train_step(self, batch, step):
-        if self.learning_rate is not None:
-            # The schedule follows the loop's own step, not optimizer.iterations,
-            # which concurrent parameter-server workers undercount.
-            self.learning_rate.step = step
-        return self.update(batch, self._metric_state)
+    def _train_steps(self, batches, first_step):
+        return self.update(batches, first_step, self._metric_state, self.metrics.zeros())
 
     def _metric_state(self, labels, outputs, per_example):
         return self.metrics.batch_state(*self.task.metric_inputs(labels, outputs), per_example)
@@ -61,13 +55,22 @@ class StepRunner:
         return tf.concat([rows, tf.ones([tf.shape(rows)[0], 1], rows.dtype)], axis=1)
 
     def _train_loop_fn(self, iterator, first_step, num_steps):
-        """Steps first_step .. first_step + num_steps - 1; their summed state."""
-        totals = self.metrics.zeros()
-        for i in tf.range(num_steps):
-            step = first_step + tf.cast(i, tf.int64)
-            per_replica = self.strategy.run(self._train_step, args=(next(iterator), step))
-            totals += tf.cast(self.strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None), tf.float64)
+        """Steps first_step .. first_step + num_steps - 1; their summed state.
+        The update takes `steps_per_call` steps at a time (several batches
+        in one XLA computation: update.py); the steps left over, one at a time."""
+        totals, per_call = self.metrics.zeros(), self.update.steps_per_call
+        for i in tf.range(num_steps // per_call):
+            totals += self._steps(iterator, first_step + tf.cast(i * per_call, tf.int64), per_call)
+        if per_call > 1:
+            done = num_steps // per_call * per_call
+            for i in tf.range(num_steps - done):
+                totals += self._steps(iterator, first_step + tf.cast(done + i, tf.int64), 1)
         return totals
+
+    def _steps(self, iterator, first_step, count: int):
+        batches = tuple(next(iterator) for _ in range(count))
+        per_replica = self.strategy.run(self._train_steps, args=(batches, first_step))
+        return tf.cast(self.strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None), tf.float64)
 
     # -- what the loop calls ---------------------------------------------------
 
