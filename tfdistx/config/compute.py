@@ -22,14 +22,15 @@ nothing else; with GPUs (what XLA is built for) it compiles.
 
 `trainer.steps_per_xla_call`: compiled whole, K consecutive steps can be one
 XLA computation (engine/update.py). A call costs ~100-150 us beyond its
-arithmetic on these CPUs. Measured (2026-11-25, same machine, the CLI, 6000
-steps, two rounds, examples/s): the seeds' MLP at K=1 268k; K=4 345k; K=5
-340k; K=8 345k; K=10 367k (1.37x); K=16 no faster than 8 (in-process). The
-1024-1024 MLP at batch 1024: 39.1k at K=1, 39.6k at K=8 (its compile 1.5 s
-longer). The weights are bitwise the same. So `auto` takes up to 10 steps a
-call for the whole step of a model of Dense layers on CPUs, and 1
-elsewhere: unrolled, a convolutional model's compile grows K-fold for
-nothing, and with GPUs it is not measured.
+arithmetic on these CPUs. Measured (2026-11-25, same machine, fresh
+processes alternating, 10000 steps, median of 3; bench_vs_keras_fit.py):
+the seeds' MLP 272k examples/s at K=1, 322k at K=10 (1.19x); single runs
+of K=5, 10 and 20 were within noise of each other. The 1024-1024 MLP at
+batch 1024: the same at K=1 and K=8. The weights are bitwise the same. So
+`auto` takes up to 10 steps a call for the whole step of a model of Dense
+layers on CPUs, and 1 elsewhere: a convolutional model's step is long
+beside a call's cost, and with GPUs it is not measured. The K batches are
+stacked (K batches more in memory).
 """
 
 from typing import Iterable, List, Optional, Tuple
@@ -76,7 +77,7 @@ def decide_jit(asked, facts: strategies.Strategy, gpus: Optional[bool] = None,
 
 
 MOST_STEPS_PER_XLA_CALL = 10  # what `auto` unrolls at most (measured: 10 about as fast as 8 and 16; more compiles longer)
-_PER_CALL_RULE = "measured 1.37x on the seeds' MLP"
+_PER_CALL_RULE = "measured 1.19x on the seeds' MLP"
 
 
 def steps_per_xla_call(cfg, gpus: Optional[bool] = None) -> Tuple[Optional[int], str]:
