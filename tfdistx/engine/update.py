@@ -69,7 +69,7 @@ class Update:
         partly = jit_compile and not self.whole_step
         self._gradients = tf.function(self._gradients_fn, jit_compile=True) if partly else self._gradients_fn
         self._one = tf.function(self._one_fn, jit_compile=True) if self.whole_step else self._one_fn
-        self._many = tf.function(self._many_fn, jit_compile=True)  # used only when steps_per_call > 1
+        self._many = tf.function(self._many_fn, jit_compile=True) if self.steps_per_call > 1 else None
 
     def __call__(self, batches: Sequence, first_step: tf.Tensor, metric_state: Callable, zeros: tf.Tensor) -> tf.Tensor:
         """Train on this replica's `batches`, one step each (steps `first_step`,
