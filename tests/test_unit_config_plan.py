@@ -170,7 +170,7 @@ def test_what_xla_setting_is_chosen(asked, strategy, gpus, layers, decided):
     ("auto", True, "one_device", False, {"Dense"}, (64, 64, 0, 0), (8, f"8 (auto): a dense model's whole step on CPUs ({PER_CALL})")),
     ("auto", True, "one_device", False, {"Dense"}, (100, 7, 0, 0), (1, f"1 (auto): a dense model's whole step on CPUs ({PER_CALL})")),
     ("auto", True, "one_device", False, {"Dense", "Conv2D"}, (100, 100, 0, 0),
-     (1, "1 (auto): a model beyond Dense layers compiles once per step (unrolled, its compile grows K-fold)")),
+     (1, "1 (auto): a model beyond Dense layers: its step is long beside a call's cost")),
     ("auto", True, "one_device", True, {"Dense"}, (100, 100, 0, 0), (1, "1 (auto): not measured with GPUs")),
     ("auto", False, "one_device", False, {"Dense"}, (100, 100, 0, 0), (1, "1 (XLA does not compile the whole step here)")),
     ("auto", True, "mirrored", False, {"Dense"}, (100, 100, 0, 0), (1, "1 (XLA does not compile the whole step here)")),

@@ -76,15 +76,20 @@ def decide_jit(asked, facts: strategies.Strategy, gpus: Optional[bool] = None,
     return True, f"on (auto): the whole step of a model of Dense layers ({_CPU_RULE})"
 
 
-MOST_STEPS_PER_XLA_CALL = 10  # what `auto` unrolls at most (measured: 10 about as fast as 8 and 16; more compiles longer)
+MOST_STEPS_PER_XLA_CALL = 10  # the most `auto` takes (measured: K=5, 10 and 20 within noise of each other)
 _PER_CALL_RULE = "measured 1.19x on the seeds' MLP"
 
 
 def steps_per_xla_call(cfg, gpus: Optional[bool] = None) -> Tuple[Optional[int], str]:
     """(steps per XLA call, why) for the config (what --plan says)."""
-    trainer = cfg.trainer
-    return decide_steps_per_xla_call(trainer.get("steps_per_xla_call", "auto"), jit_compile(cfg, gpus)[0], _facts(cfg),
-                                     trainer.steps_per_loop, (trainer.log_every, trainer.eval_every, cfg.checkpoint.every_steps), gpus)
+    return decide_steps_per_xla_call(cfg.trainer.get("steps_per_xla_call", "auto"), jit_compile(cfg, gpus)[0], _facts(cfg),
+                                     cfg.trainer.steps_per_loop, loop_periods(cfg.trainer, cfg.checkpoint), gpus)
+
+
+def loop_periods(trainer, checkpoint) -> Tuple[int, int, int]:
+    """The loop's periods besides steps_per_loop (0: none): logging, evaluation, checkpoints;
+    of a config or a RunSpec, whose trainer and checkpoint keys are the same."""
+    return trainer.log_every, trainer.eval_every, checkpoint.every_steps
 
 
 def decide_steps_per_xla_call(asked, jit: Optional[bool], facts: strategies.Strategy, steps_per_loop: int, every: Iterable[int] = (),
@@ -108,7 +113,7 @@ def decide_steps_per_xla_call(asked, jit: Optional[bool], facts: strategies.Stra
         return None, (f"auto: {steps} for the whole step of a model of Dense layers on CPUs ({_PER_CALL_RULE}; the most, up to "
                       f"{MOST_STEPS_PER_XLA_CALL}, that divide the steps per loop, log, eval and checkpoint), else 1")
     if set(layers) - FASTER_UNDER_XLA_ON_CPU:
-        return 1, "1 (auto): a model beyond Dense layers compiles once per step (unrolled, its compile grows K-fold)"
+        return 1, "1 (auto): a model beyond Dense layers: its step is long beside a call's cost"
     return steps, (f"{steps} (auto): a dense model's whole step on CPUs ({_PER_CALL_RULE}; the most, up to {MOST_STEPS_PER_XLA_CALL}, "
                    "that divide the steps per loop, log, eval and checkpoint)")
 

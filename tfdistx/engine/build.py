@@ -143,10 +143,10 @@ def build_run(spec: RunSpec, placement: Placement) -> Optional[Run]:
     with input_errors_in_one_line(source):  # its first examples come through a shuffle window: a bad record may be in it
         sample = _check_model_takes_data(model, task, source, spec, num_outputs)
     task.check_labels(source.num_classes)
-    jit, why = compute.decide_jit(trainer.jit_compile, facts, gpus=gpus, layers=weighted_layer_kinds(model))
+    layers = weighted_layer_kinds(model)
+    jit, why = compute.decide_jit(trainer.jit_compile, facts, gpus=gpus, layers=layers)
     per_call, per_call_why = compute.decide_steps_per_xla_call(
-        trainer.steps_per_xla_call, jit, facts, trainer.steps_per_loop, (trainer.log_every, trainer.eval_every, spec.checkpoint.every_steps),
-        gpus=gpus, layers=weighted_layer_kinds(model))
+        trainer.steps_per_xla_call, jit, facts, trainer.steps_per_loop, compute.loop_periods(trainer, spec.checkpoint), gpus=gpus, layers=layers)
     log.info("precision %s; XLA %s; steps per XLA call %s", trainer.precision, why, per_call_why)
 
     workers = len(placement.spec.get("worker", [])) or 1
