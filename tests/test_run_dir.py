@@ -12,9 +12,9 @@ import time
 
 import pytest
 
-from conftest import QUICK, tfdistx_env
+from conftest import QUICK, start_tfdistx, tfdistx_env
 from engine_helpers import train
-from test_fault_tolerance import LONG, run_and_interrupt, start, wait_for_lines
+from test_fault_tolerance import LONG, run_and_interrupt, wait_for_lines
 from tfdistx.config.errors import ConfigError
 
 SMALL_CNN = ["model=cnn", "model.filters=[4]", "model.dense_units=8"]
@@ -43,7 +43,7 @@ def test_resuming_with_another_model_or_optimizer_is_refused_and_the_run_is_kept
 
 def test_a_second_run_in_the_same_directory_is_refused_and_the_first_is_unharmed(tmp_path):
     run_dir = tmp_path / "run"
-    first = start(LONG, run_dir)
+    first = start_tfdistx(LONG, run_dir)
     try:
         wait_for_lines(run_dir, 2, first)
         overrides = (run_dir / ".hydra" / "overrides.yaml").read_text()
@@ -137,6 +137,19 @@ def test_restore_false_keeps_the_previous_run_aside(tmp_path):
     kept = list(fresh.dir.glob("metrics.replaced-*.jsonl"))
     assert len(kept) == 1 and kept[0].read_text() == old_metrics
     assert sorted(p.name for p in next(fresh.dir.glob("checkpoints.replaced-*")).glob("*.index")) == ["ckpt-20.index", "ckpt-40.index"]
+
+
+@pytest.mark.unit
+def test_a_run_refused_after_restore_false_changes_nothing(tmp_path):
+    """checkpoint.restore=false sets the previous run aside only once nothing
+    can refuse the new run any more: a warm start that does not fit this
+    model is refused first, and the run that is there keeps every file."""
+    train(tmp_path / "source", "data.num_classes=5")  # another head: (128, 5)
+    first = train(tmp_path / "run", "checkpoint.every_steps=20")
+    before = {path: path.read_bytes() for path in first.dir.rglob("*") if path.is_file()}
+    with pytest.raises(ConfigError, match="checkpoint.init_from"):
+        train(tmp_path / "run", "checkpoint.restore=false", f"checkpoint.init_from={tmp_path / 'source'}")
+    assert {path: path.read_bytes() for path in first.dir.rglob("*") if path.is_file()} == before
 
 
 @pytest.mark.unit

@@ -18,6 +18,7 @@ from typing import Optional
 import tensorflow as tf
 from tensorflow.python.framework import config as tf_config  # disable_op_determinism is not exported
 
+from tfdistx.cluster import liveness
 from tfdistx.cluster.placement import Placement, Source
 from tfdistx.config.errors import ConfigError
 from tfdistx.config.objective import lower_is_better
@@ -32,12 +33,14 @@ from tfdistx.engine.data_service import train_service
 from tfdistx.engine.export import export_checkpoint
 from tfdistx.engine.loop import CheckPreemption, Log, Loop, Result, SaveCheckpoints, Schedule, TrackObjective
 from tfdistx.engine.metrics import MetricSet
-from tfdistx.engine.preemption import PreemptionWatcher, lost_peer_in_one_line
+from tfdistx.engine.preemption import PreemptionWatcher, lost_peer_in_one_line, watching_servers
 from tfdistx.engine.profiling import ProfileSteps
 from tfdistx.engine.runner import CoordinatorRunner, SyncRunner
+from tfdistx.engine.serving import trainer_addresses
 from tfdistx.engine.update import Update
 from tfdistx.engine.warm_start import warm_start
 from tfdistx.rundir import set_aside_previous_run
+from tfdistx.sigterm import SigtermNotice
 
 log = logging.getLogger(__name__)
 
@@ -45,28 +48,31 @@ log = logging.getLogger(__name__)
 _KEPT_UNTIL_EXIT = []
 
 
-def train(spec: RunSpec, placement: Optional[Placement] = None, process_ends_after: bool = False) -> Optional[float]:
+def train(spec: RunSpec, placement: Optional[Placement] = None, process_ends_after: bool = False,
+          notice: Optional[SigtermNotice] = None) -> Optional[float]:
     """Train as `spec` says; returns the objective.
 
     `placement` is this process's task in a cluster (None: a single
     process). `process_ends_after`: the caller ends the process as soon as
     this returns, so the input pipelines are left standing (their teardown
     can wait minutes on tf.data's autotune thread: 77 s measured after a
-    mirrored 1x4 run).
+    mirrored 1x4 run). `notice`: the process's SIGTERM notice (sigterm.py),
+    taken from its start; without one, SIGTERM is this run's while it trains.
     """
+    if notice is None:
+        with SigtermNotice() as notice:
+            return train(spec, placement, process_ends_after, notice)
     started = time.time()
     placement = placement or Placement(Source.SINGLE)
-    if not spec.checkpoint.restore and placement.is_chief:
-        for kept in set_aside_previous_run(str(spec.run_dir), spec.checkpoint.dir):
-            log.warning("checkpoint.restore=false: the previous run's files are kept as %s", kept)
-    run = build_run(spec, placement)
+    run = build_run(spec, placement, notice)
     if run is None:
         return None  # a parameter-server cluster's ps or worker task: served until stopped
 
     with reproducible(spec.trainer.deterministic), contextlib.closing(run.checkpointer):
         restored = run.checkpointer.restore_latest() if spec.checkpoint.restore else None
-        if run.checkpointer.only_damaged:
-            start_over_beside_damaged_run(run)
+        # Not continued: checkpoint.restore=false, or no checkpoint there can be read. The old run's files are
+        # kept aside only once nothing can refuse this run any more (below): a refused run changes nothing.
+        starts_over = restored is None and (not spec.checkpoint.restore or run.checkpointer.only_damaged)
         start_step = int(run.step_counter.numpy())
         if start_step > run.total_steps:  # nothing to train, and a summary of nothing would replace the run's
             raise ConfigError.one("trainer.steps", run.total_steps, f"the run in this directory is already at step {start_step} "
@@ -84,12 +90,14 @@ def train(spec: RunSpec, placement: Optional[Placement] = None, process_ends_aft
                          "checkpoint", spec.checkpoint.init_from.path)
         elif spec.checkpoint.init_from:
             warm_start(run)
+        if starts_over:
+            start_over_beside_previous_run(run)
         runner = make_runner(run, skip_steps=start_step)
         log.info("%s: %s, global batch %d, %d steps, task %s", run.strategy_name, run.replicas_text, run.global_batch,
                  run.total_steps, run.task.name)
         if placement.is_chief:
             log.info("run dir: %s", run.dir.resolve())
-        result = _fit(run, runner, start_step, tracker)
+        result = _fit(run, runner, start_step, notice, tracker)
         if result.stopped_early:
             log.info("stopped early at step %d: %s", result.step, result.stopped_early["reason"])
         final_checkpoint = run.checkpointer.latest
@@ -102,26 +110,43 @@ def train(spec: RunSpec, placement: Optional[Placement] = None, process_ends_aft
         if spec.checkpoint.export and final_checkpoint:
             export_checkpoint(spec, final_checkpoint, str(run.dir / "export"))
         log.info("done at step %d: %s", result.step, run.dir.resolve())
+        leave_after_the_other_workers(run)
     if process_ends_after:
         _KEPT_UNTIL_EXIT.append(runner)
     return objective_value(spec.trainer.objective, summary)
 
 
-def _fit(run: Run, runner, start_step: int, tracker: Optional[TrackObjective] = None):
+def leave_after_the_other_workers(run: Run, most_seconds: float = 10.0) -> None:
+    """The chief of a synchronous cluster leads TensorFlow's coordination
+    service: a worker that sees it gone while still shutting down reports
+    the cluster as crashed ("the leader task was preempted/died", "The tasks
+    have crashed") at the end of a run that succeeded. So the chief, done
+    after the others (it writes the summary and export), waits until they
+    have left, at most `most_seconds`."""
+    if not run.placement.in_cluster or run.facts.asynchronous:
+        return
+    others = {name: address for name, address in trainer_addresses(run.placement, run.facts).items()
+              if name != run.placement.task_name}
+    liveness.wait_until_gone(others, time.monotonic() + most_seconds)
+
+
+def _fit(run: Run, runner, start_step: int, notice: SigtermNotice, tracker: Optional[TrackObjective] = None):
     """The loop, with its actions: log, track the objective (the best
-    checkpoint, early stopping), checkpoint, and (in a cluster) stop cleanly
-    when preempted or when a peer is lost."""
+    checkpoint, early stopping), checkpoint, stop cleanly when preempted,
+    and (in a cluster) when a peer or a server it waits on is lost."""
     spec = run.spec
     schedule = Schedule(run.total_steps, spec.trainer.steps_per_loop, spec.trainer.log_every, spec.trainer.eval_every)
     # A SIGTERM checkpoints and exits 42 (parameter servers: the coordinator
     # saves alone; TF's handler refuses clusters with ps tasks).
     in_cluster = run.placement.in_cluster
     synchronous_cluster = in_cluster and not run.facts.asynchronous
-    with lost_peer_in_one_line(synchronous_cluster, parameter_servers=in_cluster and run.facts.asynchronous), \
+    with lost_peer_in_one_line(synchronous_cluster, parameter_servers=in_cluster and run.facts.asynchronous,
+                               placement=run.placement, peer_timeout=spec.cluster.peer_timeout), \
+            watching_servers(run.placement, spec.cluster, coordinator=run.coordinator is not None), \
             input_errors_in_one_line(run.source), \
-            PreemptionWatcher(run.strategy, run.checkpointer, synchronous_cluster) as preemption, \
             loggers.for_run(run.dir, dict(spec.logger), run.total_steps, start_step, enabled=run.placement.is_chief,
                             config=_plain(spec.config)) as sinks:
+        preemption = PreemptionWatcher(run.strategy, run.checkpointer, synchronous_cluster, notice)
         actions = [Log(sinks), *([tracker] if tracker else []),  # the tracker before the saves: they carry its state
                    SaveCheckpoints(run.checkpointer, spec.checkpoint.every_steps), CheckPreemption(preemption)]
         profile = profile_steps(run)
@@ -203,14 +228,17 @@ def resumed_from_topology(run: Run, restored: str, start_step: int) -> Optional[
         and not (getattr(spec.pipeline, "service", None) or {}).get("workers"))  # the tf.data service shares it out its own way
 
 
-def start_over_beside_damaged_run(run: Run) -> None:
-    """No checkpoint in the run dir can be read: the run starts at step 0,
-    and the chief first keeps the old run's files aside (as
-    checkpoint.restore=false does) instead of writing over them."""
-    log.warning("no checkpoint in %s can be read: starting from scratch", run.checkpointer.directory)
+def start_over_beside_previous_run(run: Run) -> None:
+    """A run that is not continued (checkpoint.restore=false, or no checkpoint
+    in its dir can be read) starts at step 0 beside the run that was there:
+    the chief keeps the old run's files aside instead of writing over them."""
+    if run.checkpointer.only_damaged:
+        log.warning("no checkpoint in %s can be read: starting from scratch", run.checkpointer.directory)
     if run.placement.is_chief:
+        why = "the previous run's files are kept as %s" if run.checkpointer.only_damaged else \
+            "checkpoint.restore=false: the previous run's files are kept as %s"
         for kept in set_aside_previous_run(str(run.dir), run.checkpointer.directory):
-            log.warning("the previous run's files are kept as %s", kept)
+            log.warning(why, kept)
     run.checkpointer.start_over()
 
 
