@@ -9,6 +9,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -35,6 +36,29 @@ class Run:
 
 def steps_logged(run_dir: Path) -> list:
     return [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def start_tfdistx(args, run_dir: Path, env=None, cwd=None) -> subprocess.Popen:
+    """`python -m tfdistx ARGS hydra.run.dir=RUN_DIR`, started; its output
+    (stdout and stderr together) on a pipe. The caller ends it."""
+    return subprocess.Popen([sys.executable, "-m", "tfdistx", *args, f"hydra.run.dir={run_dir}"], env=tfdistx_env(**(env or {})),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=cwd)
+
+
+def wait_until(done, timeout: float, what: str, procs=()) -> None:
+    """Poll `done()` until it is true. AssertionError naming `what` after
+    `timeout` seconds, or at once when one of `procs` ended first."""
+    deadline = time.monotonic() + timeout
+    while not done():
+        ended = [proc.returncode for proc in procs if proc.poll() is not None]
+        if ended or time.monotonic() > deadline:
+            raise AssertionError(f"{what}: not within {timeout:g}s" + (f" (a process exited with {ended[0]})" if ended else ""))
+        time.sleep(0.1)
+
+
+def metric_lines(run_dir: Path) -> int:
+    path = run_dir / "metrics.jsonl"
+    return len(path.read_text().splitlines()) if path.exists() else 0
 
 
 def tfdistx_env(**extra) -> dict:

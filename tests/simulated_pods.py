@@ -36,7 +36,7 @@ import time
 from pathlib import Path
 
 PORT = 2222
-GRACE_SECONDS = 30  # Kubernetes' default terminationGracePeriodSeconds
+GRACE_SECONDS = 30  # Kubernetes' default terminationGracePeriodSeconds, where the pod spec sets none
 SUBNET = "10.233"  # addresses exist only inside this network namespace
 
 
@@ -54,6 +54,7 @@ class Pod:
         self.name = f"{job}-{self.rtype}-{index}"
         self.host = f"{self.name}.{namespace}.svc"
         self.container = spec["template"]["spec"]["containers"][0]
+        self.grace = spec["template"]["spec"].get("terminationGracePeriodSeconds", GRACE_SECONDS)
         self.tf_config = json.dumps({"cluster": cluster, "task": {"type": self.rtype, "index": index}, "environment": "cloud"})
         self.workdir = workdir
         self.proc = None
@@ -183,12 +184,12 @@ def main() -> int:
                 status = f"Failed: {pod.name} exited {code}" + (" (past backoffLimit)" if code >= 128 else " (permanent)")
         if status is None and time.monotonic() > deadline:
             status = f"Failed: timeout after {args.timeout:g}s"
-    # cleanPodPolicy Running: delete what still runs (SIGTERM, grace, SIGKILL).
+    # cleanPodPolicy Running: delete what still runs (SIGTERM, the pod's grace, SIGKILL).
     for pod in pods:
         pod.signal(signal.SIGTERM)
-    end = time.monotonic() + GRACE_SECONDS
+    deleted = time.monotonic()
     for pod in pods:
-        while pod.proc.poll() is None and time.monotonic() < end:
+        while pod.proc.poll() is None and time.monotonic() < deleted + pod.grace:
             time.sleep(0.1)
         pod.signal(signal.SIGKILL)
         pod.proc.wait()

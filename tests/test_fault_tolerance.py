@@ -10,31 +10,21 @@ from pathlib import Path
 
 import pytest
 
-from conftest import QUICK, free_ports, steps_logged, tfdistx_env, whole_and_resumed, workers_tf_config
+from conftest import (QUICK, free_ports, metric_lines, start_tfdistx, steps_logged, tfdistx_env, wait_until, whole_and_resumed,
+                      workers_tf_config)
 
 LONG = ["trainer.steps=1000000", "trainer.steps_per_loop=20", "trainer.log_every=20", "trainer.eval_every=0",
         "checkpoint.every_steps=100000", "logger.tensorboard=false"]
 
 
-def start(args, run_dir: Path, env=None) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "tfdistx", *args, f"hydra.run.dir={run_dir}"]
-    return subprocess.Popen(cmd, env=tfdistx_env(**(env or {})), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-
-
 def wait_for_lines(run_dir: Path, n: int, proc, timeout=300):
-    deadline = time.time() + timeout
-    while time.time() < deadline and proc.poll() is None:
-        path = run_dir / "metrics.jsonl"
-        if path.exists() and len(path.read_text().splitlines()) >= n:
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"no {n} metric lines; process exit {proc.poll()}")
+    wait_until(lambda: metric_lines(run_dir) >= n, timeout, f"{n} metric lines", [proc])
 
 
 def run_and_interrupt(args, run_dir: Path, after_lines: int, interrupt, timeout=600, env=None):
     """Start tfdistx; once `after_lines` metric lines exist, call interrupt(proc);
     return (exit code, output). Whatever happens, nothing is left running."""
-    proc = start(args, run_dir, env)
+    proc = start_tfdistx(args, run_dir, env)
     try:
         wait_for_lines(run_dir, after_lines, proc)
         interrupt(proc)
@@ -113,6 +103,7 @@ def test_preempted_worker_restarts_the_cluster_and_it_finishes(tmp_path):
     assert steps_logged(run_dir) == list(range(20, 601, 20))  # nothing lost, nothing twice
 
 
+@pytest.mark.slow  # by default the launcher's SIGTERM reaches every worker in test_preemption's matrix (multiworker with the service)
 def test_sigterm_to_the_launcher_checkpoints_every_worker_and_exits_42(tmp_path):
     """The whole job is preempted: no restart, the tasks save, the launcher says 42."""
     run_dir = tmp_path / "run"

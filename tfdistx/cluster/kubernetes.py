@@ -14,6 +14,7 @@ a bad config (2) or a full disk (3) stays permanent. OnFailure would also
 retry a bad config, forever.
 """
 
+import math
 import re
 from typing import Dict, List, Optional
 
@@ -60,7 +61,9 @@ def tfjob(cfg, overrides: List[str], name: str, image: str, namespace: str = "de
         }
         if gpus and job == "worker":  # a parameter-server cluster's coordinator and ps tasks run no steps
             container["resources"] = {"limits": {"nvidia.com/gpu": int(topo.devices_per_worker or 1)}}
-        pod = {"containers": [container]}
+        # Between the SIGTERM of a deletion (eviction, preemption) and SIGKILL: the trainers checkpoint in it,
+        # the servers wait for them (Kubernetes' default, 30 s, is shorter than cluster.preemption_grace's).
+        pod = {"containers": [container], "terminationGracePeriodSeconds": math.ceil(topo.preemption_grace)}
         if volume:
             container["volumeMounts"] = [{"name": VOLUME_NAME, "mountPath": mount_path}]
             pod["volumes"] = [{"name": VOLUME_NAME, **volume_source(volume)}]

@@ -32,11 +32,11 @@ from typing import Dict, List, Optional
 from tfdistx.cluster import evaluator as sidecars  # the sidecar evaluator's task
 from tfdistx.config.errors import ConfigError
 from tfdistx.config.strategies import describe_jobs  # no training code: the job table's words
+from tfdistx.sigterm import SigtermNotice
 
 log = logging.getLogger(__name__)
 
-GRACE_SECONDS = 20  # between SIGTERM and SIGKILL when tearing down
-QUICK_GRACE_SECONDS = 5  # the same after Ctrl-C, or when a task has died
+QUICK_GRACE_SECONDS = 5  # between SIGTERM and SIGKILL after Ctrl-C, or when a task has died (a preemption has cluster.preemption_grace)
 MAX_BACKOFF_SECONDS = 30  # restarts wait 1, 2, 4, ... seconds, at most this
 # Invalid config, a full or read-only disk (config/errors.py), Ctrl-C: a
 # restart would fail the same way. A lost task (5), a preemption (42), a
@@ -47,7 +47,8 @@ NEVER_RESTART = (2, 3, 130)
 
 def run_local_cluster(counts: Dict[str, int], command: List[str], log_dir: str, primary: List[str],
                       isolate: Optional[bool] = None, max_restarts: int = 0, restart_alone: List[str] = (),
-                      stopped_task_timeout: float = 60, run_log: Optional[str] = None, evaluator: bool = False) -> int:
+                      stopped_task_timeout: float = 60, run_log: Optional[str] = None, evaluator: bool = False,
+                      preemption_grace: float = 60, notice: Optional[SigtermNotice] = None) -> int:
     """Run the cluster to its end; the exit code of the first task that failed, else 0.
 
     `isolate`: None isolates when possible (and says so when not), True
@@ -57,6 +58,9 @@ def run_local_cluster(counts: Dict[str, int], command: List[str], log_dir: str, 
     `stopped_task_timeout` seconds is killed, as lost. Every task's output
     also goes, prefixed, to `run_log` (the run's one log file). `evaluator`:
     a sidecar evaluator task runs beside the cluster (cluster/evaluator.py).
+    After a SIGTERM the tasks get `preemption_grace` seconds to checkpoint.
+    `notice`: the process's SIGTERM notice (sigterm.py): one that came
+    before the cluster started ends the run here.
     """
     Path(log_dir).mkdir(parents=True, exist_ok=True)
     # One fixed name, overwritten by each launch: one a SIGKILL left behind
@@ -65,7 +69,7 @@ def run_local_cluster(counts: Dict[str, int], command: List[str], log_dir: str, 
     with open(spec_path, "w") as f:
         json.dump({"counts": counts, "command": command, "log_dir": log_dir, "primary": primary, "max_restarts": max_restarts,
                    "restart_alone": list(restart_alone), "stopped_task_timeout": stopped_task_timeout,
-                   "run_log": run_log, "evaluator": evaluator}, f)
+                   "run_log": run_log, "evaluator": evaluator, "preemption_grace": preemption_grace}, f)
     supervisor = [sys.executable, "-m", "tfdistx.cluster.launch", spec_path]
     isolated = isolate is not False and _can_isolate()
     if isolated:
@@ -77,8 +81,14 @@ def run_local_cluster(counts: Dict[str, int], command: List[str], log_dir: str, 
     else:
         print(f"tfdistx: WARNING: local cluster ({describe_jobs(counts)}) is NOT isolated: its TensorFlow gRPC servers listen on all "
               "interfaces without authentication while it runs. Allow unprivileged user namespaces, or firewall the ports.", file=sys.stderr, flush=True)
-    proc = subprocess.Popen(supervisor, preexec_fn=_die_with_parent)
-    with _forwarding_signals([proc]):
+    with _forwarding_signals([]) as forwarding:
+        if notice is not None and notice.received.is_set():
+            os.unlink(spec_path)
+            notice.leave_if_received("before the cluster started")
+        proc = subprocess.Popen(supervisor, preexec_fn=_die_with_parent)
+        forwarding.procs = [proc]
+        if forwarding.received:  # came while it was starting
+            proc.send_signal(signal.SIGTERM)
         code = proc.wait()
     os.unlink(spec_path)
     return _exit_code(code)
@@ -175,12 +185,12 @@ def _run_cluster_once(spec: dict, signals: "_forwarding_signals", restarts: _Bud
     if code == 0 and not signals.received:
         for task in tasks:
             task.succeeded.set()
-    procs = [task.proc for task in tasks]
     # A SIGTERM from outside leaves the tasks time to checkpoint. After Ctrl-C,
     # or once a task has died (its peers, blocked in a collective, can neither
     # checkpoint nor leave but by SIGKILL), there is nothing to wait for.
     preempted = signals.received and signal.SIGINT not in signals.received
-    _teardown(procs, grace=GRACE_SECONDS if preempted else QUICK_GRACE_SECONDS, signalled=bool(signals.received))
+    _teardown(tasks, spec["primary"], grace=spec.get("preemption_grace", 60) if preempted else QUICK_GRACE_SECONDS,
+              signalled=bool(signals.received))
     if signals.received:  # the tasks' own verdict if they gave one (42: checkpointed), else 128 + signal
         own = [t.proc.returncode for t in tasks if t.proc.returncode not in (0, -signal.SIGKILL) and not sidecars.is_sidecar(t.job)]
         code = _exit_code(own[0] if own else -signals.received[0])
@@ -234,21 +244,26 @@ def _wait(tasks: List[_Task], primary: List[str], restart_alone: List[str], sign
         time.sleep(0.2)
 
 
-def _teardown(procs, grace: float, signalled: bool) -> None:
+def _teardown(tasks: List[_Task], primary: List[str], grace: float, signalled: bool) -> None:
     """Stop every task: SIGKILL whatever is left after `grace` seconds.
 
     After a signal from outside, the tasks already have it (SIGINT: stop;
     SIGTERM: checkpoint and stop) and are only waited for. Otherwise (a task
     failed, or the primaries finished) the others get a moment to leave on
     their own (a preempted peer's workers exit 42 together), then SIGTERM.
+    The tasks that only serve the trainers (a ps, a parameter-server worker,
+    the tf.data service) stop serving once no trainer is left (they hold
+    nothing to save): the trainers and the sidecar evaluator are waited for.
     """
     deadline = time.monotonic() + grace
+    procs = [task.proc for task in tasks]
+    waited = [task.proc for task in tasks if task.job in primary or sidecars.is_sidecar(task.job)]
     if not signalled:
         _wait_all(procs, time.monotonic() + 1.0)
         for proc in procs:
             if proc.poll() is None:
                 _signal_group(proc, signal.SIGTERM)
-    _wait_all(procs, deadline)
+    _wait_all(waited, deadline)
     for proc in procs:
         _signal_group(proc, signal.SIGKILL)  # also reaps any grandchildren
         proc.wait()
@@ -316,8 +331,12 @@ def _signal_group(proc, sig) -> None:
 # TF 2.21 has not implemented (every evaluation of a parameter-server run) ...
 _ALWAYS_HARMLESS = re.compile(r"Failed to clear function handle cache: UNIMPLEMENTED")
 # ... and, once the run has succeeded, peers noticing that the cluster is going away.
+# TensorFlow's C++ log of a collective aborted because a peer is lost (its
+# cause is the one line tfdistx prints; a multi-line message's task list).
 _HARMLESS_ONCE_DONE = re.compile(r"coordination service|unhealthy|heartbeat|Failed to send RPC|leader task|Error received from peer|"
-                                 r"Additional GRPC error information|failed to connect to all addresses|The tasks have crashed")
+                                 r"Additional GRPC error information|failed to connect to all addresses|The tasks have crashed|"
+                                 r"Collective ops is aborted|StartAbort|The error could be from a previous operation|"
+                                 r"^/job:\w+/replica:\d+/task:\d+\s*$")
 
 
 def _pump(proc, name: str, log_path: Path, run_log_path: Optional[str], succeeded: threading.Event) -> None:
@@ -334,8 +353,9 @@ def _pump(proc, name: str, log_path: Path, run_log_path: Optional[str], succeede
 
         # A peer's last lines as the chief leaves (worker:1 seeing the coordination
         # service's leader go) come before anyone knows whether the run succeeded:
-        # held until this task ends, and shown only if it failed.
-        held = []
+        # held until this task ends, and shown only if it failed without saying
+        # why in a line of tfdistx's own (a lost peer's one line names it).
+        held, explained = [], False
         for line in iter(proc.stdout.readline, b""):
             logfile.write(line)
             logfile.flush()
@@ -345,8 +365,9 @@ def _pump(proc, name: str, log_path: Path, run_log_path: Optional[str], succeede
             if _HARMLESS_ONCE_DONE.search(text) and not text.startswith("tfdistx:"):  # tfdistx's own lines are news
                 held.append(text)
                 continue
+            explained = explained or (text.startswith("tfdistx: ") and not text.lower().startswith("tfdistx: warning"))
             show(text)
-        if held and proc.wait() != 0:
+        if held and proc.wait() != 0 and not explained:
             for text in held:
                 show(text)
 

@@ -21,20 +21,24 @@ import os
 import socket
 import sys
 import time
-from typing import Dict, Tuple
+from typing import Dict, Optional, Tuple
 
 from tfdistx.cluster.placement import Placement, Source
 from tfdistx.config.errors import EXIT_CLUSTER_DID_NOT_FORM, EXIT_PORT_IN_USE, RunFault
+from tfdistx.sigterm import SigtermNotice
 
 POLL_SECONDS = 0.5
 LOCAL_CLUSTER_ENV = "TFDISTX_LOCAL_TASK"  # set by launch.py for the tasks it starts
 
 
-def meet_peers(placement: Placement, timeout: float, wait: bool = True) -> None:
+def meet_peers(placement: Placement, timeout: float, wait: bool = True, notice: Optional[SigtermNotice] = None) -> None:
     """Claim this task's port, and (if `wait`) return once every other task
     of the cluster answers; after `timeout` seconds, a RunFault naming those
     that did not. Tasks that only serve (a parameter-server cluster's ps and
-    workers) claim their port and do not wait: the coordinator waits for them."""
+    workers) claim their port and do not wait: the coordinator waits for them.
+    A SIGTERM (`notice`) while some have not answered ends the wait with the
+    preemption code: nobody can have gone on to wait for this task in
+    TensorFlow, since nobody has met them all."""
     me = _address(placement.spec[placement.task_type][placement.task_index])
     listener = _listen(me[1], placement)
     if not os.environ.get(LOCAL_CLUSTER_ENV):  # the launcher's own tasks are isolated, or it has warned
@@ -49,6 +53,8 @@ def meet_peers(placement: Placement, timeout: float, wait: bool = True) -> None:
             missing = {name: address for name, address in missing.items() if not _answers(address)}
             if not missing:
                 break
+            if notice is not None:
+                notice.leave_if_received("while the cluster was forming")
             if time.monotonic() >= deadline:
                 where = ", ".join(f"{name} at {host}:{port}" for name, (host, port) in missing.items())
                 raise RunFault(f"the cluster did not form within cluster.startup_timeout={timeout:g}s: no answer from {where} "

@@ -25,23 +25,30 @@ from tfdistx.config.errors import ConfigError, retryable_exits_offset_by
 from tfdistx.config.objective import value as objective_value
 from tfdistx.config.spec import resolve
 from tfdistx.engine.loggers import into_log_files  # no TensorFlow there
+from tfdistx.sigterm import SigtermNotice
 
 
-def execute(cfg: DictConfig, run_dir: str, mode: str, step: Optional[int] = None, process_ends_after: bool = False):
-    """Train (mode "train") or evaluate (mode "evaluate") as `cfg` says, in `run_dir`."""
+def execute(cfg: DictConfig, run_dir: str, mode: str, step: Optional[int] = None, process_ends_after: bool = False,
+            notice: Optional[SigtermNotice] = None):
+    """Train (mode "train") or evaluate (mode "evaluate") as `cfg` says, in
+    `run_dir`. `notice`: the process's SIGTERM notice (sigterm.py), taken
+    at its start; a training run without one takes it here."""
+    if mode == "train" and notice is None:
+        with SigtermNotice() as notice:
+            return execute(cfg, run_dir, mode, step, process_ends_after, notice)
     facts = strategies.get(cfg.strategy.name, cfg.cluster.workers, cfg.cluster.devices_per_worker)
     # data.service feeds training only: an evaluation reads its data in the process that evaluates
     service_jobs = data_service.job_counts(cfg.data) if mode == "train" else {}
     placement = cluster.detect(facts, cfg.cluster, service_jobs=service_jobs)
     stale = facts.stale_gradients_warning(cfg.cluster.workers, cfg.trainer.steps) if mode == "train" else None
-    if stale and placement.is_chief:  # not only in --plan: a run that learns little says why where it runs
+    if stale and placement.is_chief and placement.source is not Source.LOCAL:  # once: by the task that trains, not its launcher
         warn(stale)
     not_exact = data_service.resume_warning(cfg.data, cfg.trainer.deterministic) if mode == "train" else None
     if not_exact and placement.is_chief and placement.source is not Source.LOCAL:  # once: by the trainer that writes the run
         warn(not_exact)
     with retryable_exits_offset_by(cfg.cluster.retryable_exit_offset):
         if placement.source is Source.LOCAL:
-            return _run_local_cluster(cfg, run_dir, facts, mode, step)
+            return _run_local_cluster(cfg, run_dir, facts, mode, step, notice)
         spec = resolve(cfg, run_dir)
         conflict = machine.conflict()
         if conflict:
@@ -52,17 +59,17 @@ def execute(cfg: DictConfig, run_dir: str, mode: str, step: Optional[int] = None
         if placement.task_type in data_service.JOBS:  # a tf.data service task: serves the trainers until stopped
             from tfdistx.engine.data_service import serve  # deferred: it imports TensorFlow
 
-            return serve(placement)
+            return serve(placement, facts, spec.cluster.preemption_grace, notice)
         if placement.task_type == EVALUATOR:  # the sidecar evaluator (cluster.evaluator): beside the training, never failing it
             from tfdistx.engine import sidecar  # deferred: it imports TensorFlow
 
-            return sidecar.run(spec) if mode == "train" else None
+            return sidecar.run(spec, placement, notice) if mode == "train" else None
         from tfdistx.engine import checkpointing, fit  # deferred: they import TensorFlow
 
         with checkpointing.stops_cleanly_when_unwritable(spec.checkpoint.dir):
             if mode == "evaluate":
                 return fit.evaluate(spec, placement, step)
-            return fit.train(spec, placement, process_ends_after=process_ends_after)
+            return fit.train(spec, placement, process_ends_after=process_ends_after, notice=notice)
 
 
 def warn(text: str) -> None:
@@ -79,7 +86,8 @@ def owns_run_dir(cfg: DictConfig) -> bool:
     return cluster.detect(facts, cfg.cluster, service_jobs=data_service.job_counts(cfg.data)).is_chief
 
 
-def _run_local_cluster(cfg: DictConfig, run_dir: str, facts: strategies.Strategy, mode: str, step: Optional[int]):
+def _run_local_cluster(cfg: DictConfig, run_dir: str, facts: strategies.Strategy, mode: str, step: Optional[int],
+                       notice: Optional[SigtermNotice]):
     """Every task runs this job from the resolved config written here, in
     the same run directory; only the chief writes the run's files."""
     # A one-process strategy launches here only to run beside its tf.data service: its trainer is the one worker.
@@ -100,7 +108,8 @@ def _run_local_cluster(cfg: DictConfig, run_dir: str, facts: strategies.Strategy
                              primary=list(facts.primary_jobs), isolate=cfg.cluster.isolate,
                              max_restarts=cfg.cluster.max_restarts, restart_alone=list(facts.restartable_alone),
                              stopped_task_timeout=cfg.cluster.stopped_task_timeout, run_log=str(Path(run_dir) / "tfdistx.log"),
-                             evaluator=mode == "train" and bool(cfg.cluster.get("evaluator")))  # `tfdistx evaluate` needs no sidecar
+                             evaluator=mode == "train" and bool(cfg.cluster.get("evaluator")),  # `tfdistx evaluate` needs no sidecar
+                             preemption_grace=cfg.cluster.preemption_grace, notice=notice)
     if code == 130:  # Ctrl-C: the tasks stopped quietly (commands/task.py)
         print("tfdistx: interrupted", file=sys.stderr)
     if code:

@@ -11,9 +11,8 @@ to `hydra.main`.
 import contextlib
 import functools
 import logging
-import os
 import sys
-from typing import Sequence
+from typing import Optional, Sequence
 
 import hydra
 from hydra._internal.utils import get_args_parser
@@ -29,11 +28,13 @@ from tfdistx.config.errors import ConfigError, RunFault
 from tfdistx.config.objective import direction
 from tfdistx.config.paths import config_dir
 from tfdistx.config.validate import validate, writable
+from tfdistx.sigterm import SigtermNotice
 
 
-def main(argv: Sequence[str], end_process: bool = False):
+def main(argv: Sequence[str], process_ends_after: bool = False):
     """A training run (`--plan`: its plan; `-m`: a sweep of runs) for these
-    overrides. `end_process`: the process ends when the run does."""
+    overrides. `process_ends_after`: the process ends when the run does
+    (cli.end_process), so its input pipelines need no teardown."""
     schema.register()
     plan, text = "--plan" in argv, ""
     argv = [arg for arg in argv if arg != "--plan"]
@@ -56,7 +57,8 @@ def main(argv: Sequence[str], end_process: bool = False):
         return
     if not _hydra_handles_it(args):
         try:
-            return _run_once(args.overrides, end_process=end_process)
+            with SigtermNotice() as notice:  # from here a SIGTERM is a preemption (sigterm.py)
+                return _run_once(args.overrides, process_ends_after=process_ends_after, notice=notice)
         except (ConfigError, RunFault) as error:  # composition, the run dir's lock; what the run itself refuses, _run reports
             refuse(error)
 
@@ -132,7 +134,7 @@ def _sweeper_direction(overrides, cfg: DictConfig) -> list:
     return [f"hydra.sweeper.direction={direction(str(cfg.trainer.objective))}"]
 
 
-def _run_once(overrides, end_process: bool = False) -> None:
+def _run_once(overrides, process_ends_after: bool = False, notice: Optional[SigtermNotice] = None) -> None:
     """A single run: composed once, then run as Hydra's own `run` would."""
     from hydra._internal.callbacks import Callbacks  # what Hydra.run builds for run_job
     from hydra.core.global_hydra import GlobalHydra
@@ -150,39 +152,25 @@ def _run_once(overrides, end_process: bool = False) -> None:
         owner = rundir.owned(cfg.hydra.run.dir) if owns_run_dir(cfg) else contextlib.nullcontext()
         with owner:
             try:
-                result = run_job(task_function=functools.partial(_run, end_process=end_process), config=cfg, job_dir_key="hydra.run.dir", job_subdir_key=None, hydra_context=context)
+                result = run_job(task_function=functools.partial(_run, process_ends_after=process_ends_after, notice=notice), config=cfg, job_dir_key="hydra.run.dir", job_subdir_key=None, hydra_context=context)
             except KeyboardInterrupt:
                 print("tfdistx: interrupted", file=sys.stderr)
                 sys.exit(130)
             _ = result.return_value  # re-raises what the job raised
-    if end_process:
-        _end_process_now()
 
 
-def _end_process_now() -> None:
-    """Every file of the run is written and closed: end without Python's
-    teardown, which destroys the input pipelines and can wait minutes on
-    tf.data's autotune thread (engine/fit.py keeps them for this)."""
-    import atexit
-
-    atexit._run_exitfuncs()  # what must still run: TensorFlow's removal of its autograph temp files, say
-    logging.shutdown()  # flushes and closes tfdistx.log
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
-
-
-def _run(cfg: DictConfig, end_process: bool = False):
+def _run(cfg: DictConfig, process_ends_after: bool = False, notice: Optional[SigtermNotice] = None):
     """One Hydra job: train here, or start a local cluster whose tasks each
     run this job. Multirun jobs are composed by the sweeper, so checked here.
-    `end_process`: the process ends when the run does (_run_once)."""
+    `process_ends_after`: the process ends when the run does (_run_once);
+    `notice`: its SIGTERM notice (a sweep's jobs take their own)."""
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
     hydra_cfg = HydraConfig.get()
     with one_line_errors():
         if hydra_cfg.mode != RunMode.MULTIRUN:  # composed, checked and locked by _run_once, which then ends the process
-            return execute(cfg, hydra_cfg.runtime.output_dir, "train", process_ends_after=end_process)
+            return execute(cfg, hydra_cfg.runtime.output_dir, "train", process_ends_after=process_ends_after, notice=notice)
         only_given_keys_for_user_targets(cfg, hydra_cfg.overrides.task)
         validate(cfg)
         with rundir.owned(hydra_cfg.runtime.output_dir) if owns_run_dir(cfg) else contextlib.nullcontext():

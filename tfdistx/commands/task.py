@@ -9,6 +9,7 @@ from omegaconf import OmegaConf
 
 from tfdistx.commands.common import one_line_errors
 from tfdistx.commands.execute import execute
+from tfdistx.sigterm import SigtermNotice
 
 
 def main(argv) -> int:
@@ -18,8 +19,10 @@ def main(argv) -> int:
     logging.basicConfig(stream=sys.stdout, level=logging.INFO, format="%(message)s")
     cfg = OmegaConf.load(config_path)  # cluster.launch=tf_config: placed by the launcher's TF_CONFIG
     try:
-        with one_line_errors():
-            execute(cfg, run_dir, mode, int(rest[0]) if rest else None)
+        with one_line_errors(), SigtermNotice() as notice:  # from here a SIGTERM is a preemption (sigterm.py)
+            # The task's process ends with it (cli.end_process): its input pipelines need no teardown.
+            execute(cfg, run_dir, mode, int(rest[0]) if rest else None, process_ends_after=True,
+                    notice=notice if mode == "train" else None)
     except KeyboardInterrupt:  # Ctrl-C reaches every task (launch.py): the launcher says "interrupted", once
         sys.exit(130)
     return 0

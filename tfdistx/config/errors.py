@@ -62,6 +62,11 @@ class RunFault(Exception):
         return [f"tfdistx: {self}"]
 
 
+def offset_exit(code: int, offset: int) -> int:
+    """`code` as the process leaves with it: a retryable one moved up by `offset`."""
+    return code + offset if code in RETRYABLE else code
+
+
 @contextlib.contextmanager
 def retryable_exits_offset_by(offset: int):
     """The process's retryable exit codes (RETRYABLE) moved up by `offset`,
@@ -69,10 +74,9 @@ def retryable_exits_offset_by(offset: int):
     try:
         yield
     except RunFault as fault:
-        if offset and fault.code in RETRYABLE:
-            fault.code += offset
+        fault.code = offset_exit(fault.code, offset)
         raise
     except SystemExit as leaving:
-        if offset and leaving.code in RETRYABLE:
-            raise SystemExit(leaving.code + offset) from None
+        if offset_exit(leaving.code, offset) != leaving.code:
+            raise SystemExit(offset_exit(leaving.code, offset)) from None
         raise

@@ -80,6 +80,8 @@ class ClusterConfig:
     max_restarts: int = 3
     startup_timeout: float = 300.0
     stopped_task_timeout: float = 60.0
+    peer_timeout: float = 60.0  # a task that stopped answering this long counts as lost (exit 5)
+    preemption_grace: float = 60.0  # after SIGTERM: how long tasks that serve the trainers wait for them to save
     retryable_exit_offset: int = 0  # added to exit codes 4, 5 and 42: 128 for Kubernetes' restartPolicy ExitCode
     evaluator: bool = False  # a sidecar evaluator task beside the cluster (multi-process strategies; cluster/evaluator.py)
 

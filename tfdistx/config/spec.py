@@ -19,7 +19,7 @@ from omegaconf import DictConfig, OmegaConf
 from tfdistx.config import strategies, warm_start
 from tfdistx.config.compose import saved_config
 from tfdistx.config.errors import ConfigError
-from tfdistx.config.schema import PIPELINE_DEFAULTS, TASK_KEYS
+from tfdistx.config.schema import PIPELINE_DEFAULTS, TASK_KEYS, ClusterConfig
 from tfdistx.config.targets import Target
 
 
@@ -78,6 +78,9 @@ class Cluster:
     ps: int
     devices_per_worker: Optional[int]
     startup_timeout: float
+    peer_timeout: float  # seconds before a task that stopped answering counts as lost
+    preemption_grace: float  # seconds from SIGTERM to SIGKILL
+    retryable_exit_offset: int  # added to the exit codes a restart cures (config/errors.py)
 
 
 @dataclass(frozen=True)
@@ -138,8 +141,7 @@ def resolve(cfg: DictConfig, run_dir: str = ".", follow_init_from: bool = True) 
                               init_from=_init_from(ckpt.get("init_from"), warm_start.resumes(checkpoint_dir, ckpt["restore"]))
                               if follow_init_from else None,
                               init_skip=tuple(ckpt.get("init_skip") or ())),
-        cluster=Cluster(name=cluster["name"], workers=cluster["workers"], ps=cluster["ps"],
-                        devices_per_worker=cluster["devices_per_worker"], startup_timeout=cluster["startup_timeout"]),
+        cluster=Cluster(**{key: cluster.get(key, getattr(ClusterConfig, key)) for key in Cluster.__dataclass_fields__}),
         strategy=Strategy(name, _frozen(strategy), strategies.get(name, cluster["workers"], cluster["devices_per_worker"])),
         pipeline=Pipeline(**{key: data.get(key, default) for key, default in PIPELINE_DEFAULTS.items()}),
         task=Target.of("task", plain["task"], exclude=TASK_KEYS),

@@ -70,7 +70,7 @@ def _strategy_and_cluster(strategy: DictConfig, cluster: DictConfig) -> list:
         problems.append(Problem("cluster.devices_per_worker", cluster.devices_per_worker, "must be at least 1 (or null: all GPUs, else one CPU)"))
     if cluster.max_restarts < 0:
         problems.append(Problem("cluster.max_restarts", cluster.max_restarts, "must be 0 or more"))
-    for key in ("startup_timeout", "stopped_task_timeout"):
+    for key in ("startup_timeout", "stopped_task_timeout", "peer_timeout", "preemption_grace"):
         if not 0 < cluster[key] < math.inf:
             problems.append(Problem(f"cluster.{key}", cluster[key], "seconds, more than 0"))
     if not 1024 <= cluster.base_port <= 65535 - 64 * 500:  # Slurm jobs add up to 64 x 499 (cluster.py)

@@ -30,6 +30,8 @@ from tfdistx.engine import resplit, sharding, topology
 from tfdistx.engine import strategy as strategy_lib
 from tfdistx.engine.checkpointing import Checkpointer, ObjectiveState
 from tfdistx.engine.optim import LearningRateAtStep, build_optimizer, effective_lr, schedule
+from tfdistx.engine.serving import serve_strategy_task
+from tfdistx.sigterm import SigtermNotice
 from tfdistx.tasks import Task, float32
 
 log = logging.getLogger(__name__)
@@ -84,9 +86,11 @@ class Run:
         return f"{self.replicas} replica{'s' if self.replicas != 1 else ''} ({self.per_replica_batch} examples each)"
 
 
-def build_run(spec: RunSpec, placement: Placement) -> Optional[Run]:
+def build_run(spec: RunSpec, placement: Placement, notice: Optional[SigtermNotice] = None) -> Optional[Run]:
     """The run's parts; None for a parameter-server cluster's ps or worker
-    task, which serves the coordinator until it is stopped."""
+    task, which serves the coordinator until it is stopped. `notice`: the
+    process's SIGTERM notice (sigterm.py), if it has one."""
+    notice = notice or SigtermNotice()
     in_cluster = placement.in_cluster
     if in_cluster:
         # What TensorFlow's cluster resolvers (and its preemption handler) read.
@@ -94,9 +98,9 @@ def build_run(spec: RunSpec, placement: Placement) -> Optional[Run]:
     strategy_lib.configure_devices(spec.cluster.devices_per_worker, multi_worker=in_cluster)  # before TF starts
     facts = spec.strategy.facts
     if in_cluster:  # TensorFlow would wait for a missing task forever (rendezvous.py)
-        meet_peers(placement, spec.cluster.startup_timeout, wait=placement.task_type not in facts.serving_jobs)
-    if placement.task_type in facts.serving_jobs:
-        strategy_lib.serve_forever()  # the coordinator drives training; this task lends its devices
+        meet_peers(placement, spec.cluster.startup_timeout, wait=placement.task_type not in facts.serving_jobs, notice=notice)
+    if placement.task_type in facts.serving_jobs:  # the coordinator drives training; this task lends its devices
+        serve_strategy_task(placement, facts, spec.cluster.preemption_grace, notice)
         return None
 
     trainer, cluster = spec.trainer, spec.cluster
@@ -104,7 +108,7 @@ def build_run(spec: RunSpec, placement: Placement) -> Optional[Run]:
     keras.utils.set_random_seed(trainer.seed)
     name = strategy_lib.concrete_name(spec.strategy.name, cluster.workers, cluster.devices_per_worker)
     facts = strategies.STRATEGIES[name]
-    strategy = strategy_lib.build(name, spec.strategy.options, cluster.devices_per_worker)
+    strategy = strategy_lib.build(name, spec.strategy.options, cluster.devices_per_worker, peer_timeout=cluster.peer_timeout)
     coordinator = tf.distribute.experimental.coordinator.ClusterCoordinator(strategy) if facts.asynchronous else None
     replicas = strategy.num_replicas_in_sync
     # A step trains on accumulate_steps batches of data.batch_size (update.py).
@@ -295,6 +299,21 @@ def _quiet_known_noise() -> None:
     warnings.filterwarnings("ignore", message="To make it possible to preserve tf.data options")
     for name in ("absl", "tensorflow"):
         logging.getLogger(name).setLevel(logging.WARNING)
+    tensorflow_log = logging.getLogger("tensorflow")
+    if not any(isinstance(f, _SaverRetracing) for f in tensorflow_log.filters):  # once per process
+        tensorflow_log.addFilter(_SaverRetracing())
+
+
+class _SaverRetracing(logging.Filter):
+    """TensorFlow's checkpoint saver makes a new tf.function for each save of
+    variables that live on other tasks (parameter servers), and its own
+    retracing detector then warns that "5 out of the last 5 calls ...
+    triggered tf.function retracing" at every save from the fifth on: about
+    its own code, nothing a user can change."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        return not ("MultiDeviceSaver.save" in message and "retracing" in message)
 
 
 def _total_steps(spec: RunSpec, train_examples, global_batch: int) -> int:

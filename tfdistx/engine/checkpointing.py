@@ -46,7 +46,8 @@ class Checkpointer:
         self.directory = directory
         self.topology, self.resplit = topology, resplit
         self.resplit_from: Optional[int] = None  # the restored checkpoint's shards, when they were re-split
-        self.scratch = None if is_chief else _scratch_dir(directory, task_name)
+        self.is_chief, self.task_name = is_chief, task_name
+        self.scratch: Optional[str] = None  # a non-chief's own directory, made at its first save (a process that only reads makes none)
         if is_chief:
             _set_aside_bad_state_file(directory)  # CheckpointManager would fail on it, or manage ghosts
         self.trackables, self.optional = trackables, tuple(optional)
@@ -59,10 +60,24 @@ class Checkpointer:
         """A manager that knows no earlier checkpoint (CheckpointManager
         deletes those it knows of to keep max_to_keep): for a directory
         whose damaged checkpoints were moved aside."""
-        self.manager = tf.train.CheckpointManager(self.checkpoint, self.scratch or self.directory, max_to_keep=self.max_to_keep,
-                                                  checkpoint_name="ckpt")
+        self._manager = None  # made at the first use
         self.last_saved: Optional[int] = None
         self.best_manager = None  # made at the first save_best: it deletes the best/ checkpoint it finds when it saves a better one
+
+    @property
+    def manager(self) -> tf.train.CheckpointManager:
+        if self._manager is None:
+            self._manager = tf.train.CheckpointManager(self.checkpoint, self._save_directory(), max_to_keep=self.max_to_keep,
+                                                       checkpoint_name="ckpt")
+        return self._manager
+
+    def _save_directory(self) -> str:
+        """Where this process saves: the run's directory (the chief), else its scratch directory."""
+        if self.is_chief:
+            return self.directory
+        if self.scratch is None:
+            self.scratch = _scratch_dir(self.directory, self.task_name)
+        return self.scratch
 
     def restore_latest(self) -> Optional[str]:
         """Restore the newest intact checkpoint; its path, or None.
@@ -83,6 +98,8 @@ class Checkpointer:
                 continue
             if path != candidates[0]:
                 log.warning("restored %s, the newest intact checkpoint", path)
+            if "step" in self.trackables:  # what the run resumes from is saved: a save at this step (a preemption) adds nothing
+                self.last_saved = int(self.trackables["step"].numpy())
             return path
         self.only_damaged = bool(candidates)
         return None
@@ -142,7 +159,7 @@ class Checkpointer:
         if step != self.last_saved:
             self.manager.save(checkpoint_number=step)
             self.last_saved = step
-            if self.topology and not self.scratch:  # what a resume on another topology checks against (topology.py)
+            if self.topology and self.is_chief:  # what a resume on another topology checks against (topology.py)
                 topology_lib.record(self.directory, step, self.topology)
 
     def save_best(self, step: int) -> str:
@@ -150,7 +167,7 @@ class Checkpointer:
         replacing the earlier best (every worker of a synchronous cluster calls
         it at the same step: non-chiefs save into their scratch directory)."""
         if self.best_manager is None:
-            self.best_manager = tf.train.CheckpointManager(self.checkpoint, os.path.join(self.scratch or self.directory, BEST),
+            self.best_manager = tf.train.CheckpointManager(self.checkpoint, os.path.join(self._save_directory(), BEST),
                                                            max_to_keep=1, checkpoint_name="ckpt")
         return self.best_manager.save(checkpoint_number=step)
 

@@ -15,16 +15,20 @@ from tfdistx.cluster import data_service as cluster_service
 from tfdistx.cluster.placement import Placement
 from tfdistx.config import data_service as config_service
 from tfdistx.config.errors import EXIT_PORT_IN_USE, ConfigError, RunFault
+from tfdistx.config.strategies import Strategy
 from tfdistx.data.service import Service
+from tfdistx.engine.serving import until_trainers_leave
+from tfdistx.sigterm import SigtermNotice
 
 log = logging.getLogger(__name__)
 
 
-def serve(placement: Placement) -> None:
+def serve(placement: Placement, facts: Strategy, grace: float, notice: SigtermNotice) -> None:
     """Run this task's tf.data service server (a dispatcher, or a worker
     that registers with the dispatcher) until the launcher or scheduler
-    stops it. Like TensorFlow's own servers, it listens on every interface;
-    a local cluster keeps it inside its private network namespace."""
+    stops it, and after a SIGTERM until the trainers have saved and left
+    (engine/serving.py). Like TensorFlow's own servers, it listens on every
+    interface; a local cluster keeps it inside its private network namespace."""
     service = placement.service
     address = service[placement.task_type][placement.task_index]
     port = int(address.rpartition(":")[2])
@@ -37,7 +41,7 @@ def serve(placement: Placement) -> None:
         dispatcher = service[config_service.DISPATCHER][0]
         server = experimental.WorkerServer(experimental.WorkerConfig(dispatcher_address=dispatcher, worker_address=address, port=port))
         log.info("tf.data service worker %s on %s, dispatcher %s", placement.task_name, address, dispatcher)
-    server.join()
+    until_trainers_leave(server, placement, facts, grace, notice)
 
 
 def train_service(spec_service, placement: Placement, start_step: int) -> Optional[Service]:

@@ -30,6 +30,7 @@ class Action(Protocol):
     `after_steps(step)`, called right before and right after each call of
     the runner, with the step counter then (what brackets the steps
     themselves, and not the evaluation, logging or saving between them),
+    `before_loop(step)`, called once before the first call of the runner,
     `finish(step)`, called once when the loop ends, and `stop_requested`: a
     reason (a str) when the action wants the run to end at this step,
     checked after every action has been called."""
@@ -68,11 +69,15 @@ class SaveCheckpoints:
 
 
 class CheckPreemption:
-    """`preemption.check(step)` after every call of the runner: it saves and
+    """`preemption.check(step)` before the first call of the runner (a
+    SIGTERM while the run was starting) and after every call: it saves and
     exits when the cluster is being preempted (preemption.py)."""
 
     def __init__(self, preemption):
         self.preemption = preemption
+
+    def before_loop(self, step: int) -> None:
+        self.preemption.check(step)
 
     def __call__(self, step: int, record: Metrics) -> None:
         self.preemption.check(step)
@@ -190,6 +195,7 @@ class Loop:
         result = Result(step=step)
         window, window_time, evaluated_at = None, 0.0, None
         steady_examples, steady_time, first_call = 0.0, 0.0, True
+        self._each("before_loop", step)
 
         while step < schedule.steps:
             num_steps = self.next_stop(step) - step

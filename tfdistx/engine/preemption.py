@@ -17,14 +17,19 @@ max_to_keep=1 into the run's checkpoint directory.
 
 import contextlib
 import logging
+import os
 import re
-import signal
-import threading
+import sys
+from typing import Mapping, Optional, Sequence
 
 import tensorflow as tf
 
+from tfdistx.cluster import liveness
+from tfdistx.cluster.placement import Placement
+from tfdistx.config.errors import EXIT_LOST_PEER, EXIT_PREEMPTED, RunFault, offset_exit
 from tfdistx.engine.checkpointing import Checkpointer
-from tfdistx.config.errors import EXIT_LOST_PEER, EXIT_PREEMPTED, RunFault
+from tfdistx.engine.loggers import into_log_files
+from tfdistx.sigterm import SigtermNotice
 
 log = logging.getLogger(__name__)
 
@@ -38,14 +43,14 @@ class Preempted(SystemExit):
 
 
 class PreemptionWatcher:
-    """While open (a context manager), a SIGTERM sets a flag instead of
-    killing the process; the previous handler comes back on exit, so a later
-    job of a multirun in the same process is not left with this one's."""
+    """Turns the process's SIGTERM notice (sigterm.py) into a checkpoint and
+    exit 42 at a loop boundary that every worker of a synchronous cluster
+    agrees on: `check(step)` before the first step and after every loop call."""
 
-    def __init__(self, strategy: tf.distribute.Strategy, checkpointer: Checkpointer, synchronous_cluster: bool):
-        self.checkpointer = checkpointer
-        self.signalled = threading.Event()
-        self._previous = signal.signal(signal.SIGTERM, self._on_sigterm)
+    def __init__(self, strategy: tf.distribute.Strategy, checkpointer: Checkpointer, synchronous_cluster: bool,
+                 notice: SigtermNotice):
+        self.checkpointer, self.notice = checkpointer, notice
+        notice.plan = SigtermNotice.TRAINER
         self._anyone = None
         if synchronous_cluster:
             @tf.function
@@ -55,51 +60,113 @@ class PreemptionWatcher:
 
             self._anyone = anyone_signalled
 
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        signal.signal(signal.SIGTERM, self._previous)
-
-    def _on_sigterm(self, signum, frame):
-        log.warning("SIGTERM: checkpointing at the next loop boundary, then exiting with %d", EXIT_PREEMPTED)
-        self.signalled.set()
-
     def check(self, step: int) -> None:
-        """Call after every loop call, on every worker: saves and exits if any worker was signalled."""
-        signalled = self.signalled.is_set()
+        """Call at the same points on every worker: saves and exits if any worker was signalled."""
+        signalled = self.notice.received.is_set()
         if self._anyone is not None:
             signalled = bool(self._anyone(tf.constant(float(signalled))).numpy())
         if signalled:
-            self.checkpointer.save(step)
+            self.checkpointer.save(step)  # nothing new when `step` is the checkpoint the run resumed from
             log.warning("preempted at step %d: checkpoint saved; exiting with %d", step, EXIT_PREEMPTED)
             raise Preempted()
 
 
 @contextlib.contextmanager
-def lost_peer_in_one_line(synchronous_cluster: bool, parameter_servers: bool = False):
+def lost_peer_in_one_line(synchronous_cluster: bool, parameter_servers: bool = False, placement: Optional[Placement] = None,
+                          peer_timeout: Optional[float] = None):
     """A peer of a synchronous cluster that dies or freezes aborts the
-    collectives of the others (TensorFlow's heartbeat notices within about a
-    minute): the task then stops with one line naming the peer, instead of a
-    page of traceback, and a code the launcher or scheduler restarts on.
-    With parameter servers, a lost worker is the coordinator's to schedule
-    around, but a lost ps task takes its variables with it: the coordinator
-    stops the same way, to be restarted from the newest checkpoint (under
-    Kubernetes' restartPolicy ExitCode a traceback's exit 1 would end the job)."""
+    collectives of the others (a dead one at once, a frozen one once it has
+    sent no heartbeat for `cluster.peer_timeout`): the task then stops with
+    one line naming the peer, instead of a page of traceback, and a code the
+    launcher or scheduler restarts on. With parameter servers, a lost worker
+    is the coordinator's to schedule around, but a lost ps task takes its
+    variables with it: the coordinator stops the same way, to be restarted
+    from the newest checkpoint (under Kubernetes' restartPolicy ExitCode a
+    traceback's exit 1 would end the job). `placement`: the cluster spec, to
+    name a peer that TensorFlow names by its address."""
     try:
         yield
     except (tf.errors.UnavailableError, tf.errors.AbortedError, tf.errors.CancelledError, tf.errors.InternalError,
             tf.errors.UnknownError, tf.errors.DeadlineExceededError) as error:
         text = str(error)
         if synchronous_cluster and re.search(r"unhealthy|heartbeat|[Cc]ollective ops is aborted|Socket closed|failed to connect", text):
-            peers = sorted(set(re.findall(r"/job:(\w+)/replica:\d+/task:(\d+)", text.split("unhealthy", 1)[-1])))
+            peers = lost_tasks(text, placement.spec if placement else {})
         elif parameter_servers and "/job:ps/" in text:
-            peers = sorted(set(re.findall(r"/job:(ps)/replica:\d+/task:(\d+)", text)))
+            peers = sorted(set(f"ps:{index}" for index in re.findall(r"/job:ps/replica:\d+/task:(\d+)", text)))
         else:
             raise
-        who = ", ".join(f"{job}:{index}" for job, index in peers) or "a peer"
+        who = ", ".join(peers) or "a peer"
         first = next((line.strip() for line in text.splitlines() if re.search(r"unhealthy|abort|heartbeat|connect", line)), "")[:200]
+        frozen = " (a frozen peer counts as lost after cluster.peer_timeout={:g}s)".format(peer_timeout) if peer_timeout and \
+            "heartbeat" in text else ""
         # Whether the cluster restarts is the launcher's or scheduler's call (not when the peer failed on bad input):
         # this task only says it can resume.
-        raise RunFault(f"lost contact with {who} of the cluster, stopping (exit {EXIT_LOST_PEER}: a restart resumes from the "
-                       f"newest checkpoint) (TensorFlow: {first})", EXIT_LOST_PEER) from None
+        raise RunFault(f"lost contact with {who} of the cluster{frozen}, stopping (exit {EXIT_LOST_PEER}: a restart resumes "
+                       f"from the newest checkpoint) (TensorFlow: {first})", EXIT_LOST_PEER) from None
+
+
+_TASK = re.compile(r"/job:(\w+)(?:/replica:\d+)?/task:(\d+)")
+
+
+def lost_tasks(text: str, spec: Mapping[str, Sequence[str]]) -> list:
+    """The peers a collective's error says are lost, and only those
+    (`spec`: the cluster spec, job -> addresses). TensorFlow says it in one
+    of these ways, tried in this order: the coordination service found
+    tasks that stopped sending heartbeats (a frozen or dead peer: it lists
+    them, or reports the error as theirs); a gRPC connection to an address
+    was refused (a dead peer, named by its address); a call to a remote
+    target broke on its transport (a peer that died mid-call: "Socket
+    closed"). The other targets an error mentions are alive: their calls
+    failed only because they relay the same abort ("Collective ops is
+    aborted by: ..."), which a ring all-reduce does from every survivor."""
+    listed = re.search(r"unhealthy \(stopped sending heartbeats\):[ \t]*\n((?:[ \t]*/job:\S+[ \t]*\n?)+)", text)
+    if listed:
+        return _names(_TASK.findall(listed.group(1)))
+    reported = re.findall(r"Error reported from (/job:\S+?): The following tasks are unhealthy", text)
+    if reported:
+        return _names(_TASK.findall(" ".join(reported)))
+    by_address = {address: f"{job}:{index}" for job, addresses in spec.items() for index, address in enumerate(addresses)}
+    refused = {f"{host.strip('[]')}:{port}" for host, port in re.findall(r"ipv[46]:([^\s,;]+):(\d+): Failed to connect", text)}
+    if refused & set(by_address):
+        return sorted(by_address[address] for address in refused & set(by_address))
+    broken = [target for target, message in re.findall(r'remote target (/job:\S+) while calling [^\n]*\n[^\n]*?grpc_message:"([^"]*)', text)
+              if not message.startswith("Collective ops is aborted")]
+    return _names(_TASK.findall(" ".join(broken)))
+
+
+def _names(tasks) -> list:
+    return sorted({f"{job}:{index}" for job, index in tasks})
+
+
+def watching_servers(placement: Placement, cluster, coordinator: bool) -> liveness.Watch:
+    """While open: the servers this trainer waits on, where TensorFlow would
+    wait forever on one that is frozen (cluster/liveness.py), are asked now
+    and then whether they are alive: the tf.data service's tasks, and (the
+    coordinator of a parameter-server cluster) the ps tasks. One that has not
+    answered for `cluster.peer_timeout` seconds ends this task with one
+    line and the lost-peer code, which the launcher or scheduler restarts
+    from the newest checkpoint. The end comes from the watch's thread
+    (os._exit, the logs flushed first): the main thread is then inside
+    TensorFlow, waiting on that server, and cannot be unwound."""
+    servers = {f"{job}:{index}": address for job, addresses in placement.service.items() for index, address in enumerate(addresses)}
+    if coordinator:
+        servers.update({f"ps:{index}": address for index, address in enumerate(placement.spec.get("ps", []))})
+
+    def lost(names):
+        fault = RunFault(f"lost contact with {', '.join(names)} of the cluster: no answer for {cluster.peer_timeout:g}s "
+                         f"(cluster.peer_timeout), stopping (exit {EXIT_LOST_PEER}: a restart resumes from the newest checkpoint)",
+                         offset_exit(EXIT_LOST_PEER, cluster.retryable_exit_offset))
+        end_process_now(fault)
+
+    return liveness.Watch(servers, cluster.peer_timeout, lost)
+
+
+def end_process_now(fault: RunFault) -> None:
+    """The one line of `fault`, on the terminal and in the run's log, then
+    the process ends with its code at once, whatever its threads are doing."""
+    for line in fault.lines():
+        print(line, file=sys.stderr, flush=True)
+        into_log_files(line, logging.ERROR)
+    logging.shutdown()
+    sys.stdout.flush()
+    os._exit(fault.code)

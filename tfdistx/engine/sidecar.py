@@ -31,9 +31,7 @@ import contextlib
 import json
 import logging
 import os
-import signal
 import sys
-import threading
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -42,14 +40,16 @@ from typing import Dict, List, Optional
 
 import tensorflow as tf
 
+from tfdistx.cluster import liveness
 from tfdistx.cluster.evaluator import EVALUATOR
 from tfdistx.cluster.placement import Placement, Source
 from tfdistx.config import strategies
-from tfdistx.config.errors import ConfigError
+from tfdistx.config.errors import EXIT_CLUSTER_DID_NOT_FORM, ConfigError, RunFault
 from tfdistx.config.spec import RunSpec, Strategy
 from tfdistx.engine import checkpointing, loggers
 from tfdistx.engine.build import Run, build_run
 from tfdistx.engine.fit import make_runner
+from tfdistx.sigterm import SigtermNotice
 
 log = logging.getLogger(__name__)
 
@@ -57,12 +57,15 @@ POLL_SECONDS = 1.0  # between looks at the checkpoint directory: a stat or two, 
 TENSORBOARD_DIR = "eval"  # inside the run's tensorboard/: TensorBoard shows it as a run named "eval"
 
 
-def run(spec: RunSpec) -> None:
+def run(spec: RunSpec, placement: Placement, notice: SigtermNotice) -> None:
     """Evaluate the run's checkpoints until training is done. Returns
-    normally whatever happens (the process exits 0); a failure is one line."""
+    normally whatever happens (the process exits 0), except when training
+    is gone (a RunFault, exit 4); any other failure is one line."""
     started = time.time()
     try:
-        Sidecar(spec, started).run()
+        Sidecar(spec, started, Training(placement, spec.cluster), notice).run()
+    except RunFault:
+        raise
     except Exception as error:  # KeyboardInterrupt and SystemExit pass: Ctrl-C and the launcher's stop
         if os.environ.get("TFDISTX_TRACEBACK", "") not in ("", "0"):
             import traceback
@@ -74,15 +77,15 @@ def run(spec: RunSpec) -> None:
 
 
 class Sidecar:
-    def __init__(self, spec: RunSpec, started: float):
-        self.spec, self.started = spec, started
+    def __init__(self, spec: RunSpec, started: float, training: "Training", notice: SigtermNotice):
+        self.spec, self.started, self.training, self.notice = spec, started, training, notice
+        notice.plan = ""  # said once it has evaluated the newest checkpoint
         self.directory = spec.checkpoint.dir
         # checkpoint.restore=false: the chief sets the old run's checkpoints aside when it starts, which may be
         # after this process first looks; theirs are older than this process.
         self.not_before = 0.0 if spec.checkpoint.restore else started
         self.handled: Dict[int, str] = {}  # step -> "evaluated" or why it was skipped
         self.last_waiting_note = 0.0
-        self.stopping = False  # SIGTERM: evaluate the newest checkpoint, then stop
 
     def run(self) -> None:
         # It evaluates alone, in one process: TensorFlow must not take the TF_CONFIG its scheduler gave it
@@ -93,8 +96,7 @@ class Sidecar:
         board = None
         if self.spec.logger.get("tensorboard", True):
             board = loggers.TensorBoardLogger(str(built.dir / "tensorboard" / TENSORBOARD_DIR))
-        with contextlib.closing(built.checkpointer), contextlib.closing(board) if board else contextlib.nullcontext(), \
-                self.stopped_by_sigterm():
+        with contextlib.closing(built.checkpointer), contextlib.closing(board) if board else contextlib.nullcontext():
             runner = make_runner(built, train=False)
             log.info("sidecar evaluator: evaluating each checkpoint in %s as it is saved, to step %d", self.directory, built.total_steps)
             while True:
@@ -114,6 +116,7 @@ class Sidecar:
                     self.evaluate(built, runner, path, step, board)
                 if ended or self.stopping or any(step >= built.total_steps for step in self.handled):
                     break
+                self.training.check_still_there(evaluated=sum(why == "evaluated" for why in self.handled.values()))
                 self.note_waiting()
                 time.sleep(POLL_SECONDS)
             if self.stopping:
@@ -144,21 +147,10 @@ class Sidecar:
         self.handled[step] = "evaluated"
         log.info("sidecar evaluator: %s (step %d): %s", name, record["step"], ", ".join(f"{k} {v:.6g}" for k, v in metrics.items()))
 
-    @contextlib.contextmanager
-    def stopped_by_sigterm(self):
-        """While inside, SIGTERM asks for one last evaluation instead of ending the process at once."""
-        if threading.current_thread() is not threading.main_thread():  # signal handlers can be set only there
-            yield
-            return
-
-        def stop(signum, frame):
-            self.stopping = True
-
-        previous = signal.signal(signal.SIGTERM, stop)
-        try:
-            yield
-        finally:
-            signal.signal(signal.SIGTERM, previous)
+    @property
+    def stopping(self) -> bool:
+        """SIGTERM (Kubeflow's cleanPodPolicy, the launcher's stop): evaluate the newest checkpoint, then stop."""
+        return self.notice.received.is_set()
 
     def training_ended(self, built: Run) -> bool:
         """The chief has written summary.json since this process started, or
@@ -178,6 +170,45 @@ class Sidecar:
             if self.last_waiting_note:
                 log.info("sidecar evaluator: waiting for the next checkpoint in %s", self.directory)
             self.last_waiting_note = time.monotonic()
+
+
+class Training:
+    """Whether the training this evaluator serves is still there: its chief
+    (the task that writes the checkpoints) answers (cluster/liveness.py).
+    Without it no checkpoint can come, so waiting is bounded: the chief must
+    first answer within `cluster.startup_timeout`, and then never be silent
+    for `cluster.peer_timeout` in a row."""
+
+    def __init__(self, placement: Placement, cluster):
+        self.name, self.address = _chief(placement)
+        self.startup_timeout, self.peer_timeout = cluster.startup_timeout, cluster.peer_timeout
+        self.seen, self.silent_since, self.next_look = False, time.monotonic(), 0.0
+
+    def check_still_there(self, evaluated: int) -> None:
+        """Raises a RunFault (exit 4) once the chief has been silent too long."""
+        now = time.monotonic()
+        if self.address is None or now < self.next_look:
+            return
+        self.next_look = now + liveness.INTERVAL_SECONDS
+        if liveness.answers(self.address):
+            self.seen, self.silent_since = True, time.monotonic()
+            return
+        if self.seen and time.monotonic() - self.silent_since >= self.peer_timeout:
+            silence = f"has not answered for {self.peer_timeout:g}s (cluster.peer_timeout)"
+        elif not self.seen and time.monotonic() - self.silent_since >= self.startup_timeout:
+            silence = f"did not answer within {self.startup_timeout:g}s (cluster.startup_timeout)"
+        else:
+            return
+        raise RunFault(f"the sidecar evaluator stops: no training to evaluate ({self.name} at {self.address} {silence}); "
+                       f"{evaluated} checkpoint(s) evaluated (exit {EXIT_CLUSTER_DID_NOT_FORM})", EXIT_CLUSTER_DID_NOT_FORM)
+
+
+def _chief(placement: Placement):
+    """(name, address) of the task that writes the run's checkpoints; (None, None) when the spec has none."""
+    for job in ("chief", "worker"):
+        if placement.spec.get(job):
+            return f"{job}:0", placement.spec[job][0]
+    return None, None
 
 
 def alone(spec: RunSpec) -> RunSpec:

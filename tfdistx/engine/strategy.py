@@ -8,12 +8,11 @@ devices, which is why the entrypoint calls it first.
 
 import itertools
 import os
-import signal
-import threading
 from typing import Mapping, Optional
 
 import tensorflow as tf
 
+from tfdistx import sigterm
 from tfdistx.config import strategies
 from tfdistx.config.errors import ConfigError
 
@@ -58,30 +57,21 @@ def concrete_name(name: str, workers: int, devices_per_worker: Optional[int]) ->
     return strategies.resolve(name, workers, len(local_devices(devices_per_worker)))
 
 
-def build(name: str, options: Mapping, devices_per_worker: Optional[int] = None) -> tf.distribute.Strategy:
+def build(name: str, options: Mapping, devices_per_worker: Optional[int] = None,
+          peer_timeout: Optional[float] = None) -> tf.distribute.Strategy:
     """A concrete strategy name (see `concrete_name`) and its options -> the strategy.
 
     Multi-process strategies read TF_CONFIG, which the launcher, the
-    scheduler or tfdistx's Slurm support has set.
+    scheduler or tfdistx's Slurm support has set. `peer_timeout`: seconds
+    a synchronous cluster waits on a peer that stopped answering (None:
+    TensorFlow's default).
     """
-    strategy = _BUILDERS[name](options, devices_per_worker)
-    _take_back_sigterm()
+    strategy = _BUILDERS[name](options, devices_per_worker, peer_timeout=peer_timeout)
+    sigterm.reclaim()  # the coordination service may have taken it
     return strategy
 
 
-def _take_back_sigterm() -> None:
-    """A multi-worker strategy starts TensorFlow's coordination service,
-    whose preemption notifier (tsl's SigtermNotifier) replaces the process's
-    SIGTERM handler with one that only logs "SIGTERM caught". Until training's
-    PreemptionWatcher took over, a scheduler's SIGTERM was then ignored
-    (found in CI: an evicted pod trained on to the end and exited 0). Put
-    back the handler Python had, by default "end the process": nothing has
-    been trained yet that a checkpoint would keep."""
-    if threading.current_thread() is threading.main_thread():  # signal.signal works only there
-        signal.signal(signal.SIGTERM, signal.getsignal(signal.SIGTERM))
-
-
-def _one_device(options, devices_per_worker):
+def _one_device(options, devices_per_worker, **_):
     if options.get("device"):
         return tf.distribute.OneDeviceStrategy(options["device"])
     # TF's default strategy is one replica on the default device (the
@@ -93,7 +83,7 @@ def _one_device(options, devices_per_worker):
 _mirrored_built = itertools.count()
 
 
-def _mirrored(options, devices_per_worker):
+def _mirrored(options, devices_per_worker, **_):
     # TF numbers a MirroredStrategy's collective groups from 1, and its runtime
     # remembers each group's size for the life of the process. A second one of
     # another size in the same process (the next job of a sweep, or of the
@@ -105,13 +95,15 @@ def _mirrored(options, devices_per_worker):
     return tf.distribute.MirroredStrategy(local_devices(devices_per_worker), cross_device_ops=_cross_device_ops(options.get("cross_device_ops")))
 
 
-def _central_storage(options, devices_per_worker):
+def _central_storage(options, devices_per_worker, **_):
     return tf.distribute.experimental.CentralStorageStrategy(compute_devices=local_devices(devices_per_worker), parameter_device="/cpu:0")
 
 
-def _multiworker(options, devices_per_worker):
-    # Without GPUs, one replica per worker (FACTS.md). Listing devices here
+def _multiworker(options, devices_per_worker, peer_timeout: Optional[float] = None):
+    # Without GPUs, one replica per worker. Listing devices here
     # would start TensorFlow's context too early for the collectives.
+    if peer_timeout:
+        _coordination_service(peer_timeout)
     implementation = {
         "auto": tf.distribute.experimental.CommunicationImplementation.AUTO,
         "ring": tf.distribute.experimental.CommunicationImplementation.RING,
@@ -119,6 +111,26 @@ def _multiworker(options, devices_per_worker):
     }[options.get("communication") or "auto"]
     return tf.distribute.MultiWorkerMirroredStrategy(
         communication_options=tf.distribute.experimental.CommunicationOptions(implementation=implementation))
+
+
+def _coordination_service(peer_timeout: float) -> None:
+    """The coordination service MultiWorkerMirroredStrategy would start, with
+    the heartbeat timeout set: a peer that has not sent a heartbeat for
+    `peer_timeout` seconds is declared lost and every collective aborts.
+    TensorFlow's own default is 10 s, which a peer paused for a moment (a
+    long garbage collection, a busy host) exceeds; the strategy configures
+    the service only when nothing has, so this must come first."""
+    from tensorflow.python.distribute import multi_worker_util  # private: the leader's name, as the strategy derives it
+    from tensorflow.python.eager import context  # private: the one place the service's configuration is set
+
+    from tensorflow.compiler.xla.tsl.protobuf import coordination_config_pb2
+
+    cluster_spec = tf.distribute.cluster_resolver.TFConfigClusterResolver().cluster_spec()
+    jobs = [coordination_config_pb2.CoordinatedJob(name=job, num_tasks=cluster_spec.num_tasks(job))
+            for job in ("chief", "worker") if job in cluster_spec.jobs]
+    context.context().configure_coordination_service(
+        service_type="standalone", service_leader=multi_worker_util.coordination_leader(cluster_spec),
+        coordinated_jobs=jobs, heartbeat_timeout_in_ms=int(peer_timeout * 1000))
 
 
 def all_reduce_options(name: str, options: Mapping) -> Optional[tf.distribute.experimental.CommunicationOptions]:
@@ -143,7 +155,7 @@ def all_reduce_dtype(name: str, options: Mapping) -> Optional[tf.DType]:
     return tf.as_dtype(dtype)
 
 
-def _parameter_server(options, devices_per_worker):
+def _parameter_server(options, devices_per_worker, **_):
     # Variables go round-robin to the ps tasks; with strategy.partitioner,
     # TF's MinSizePartitioner first splits each large one into shards (a
     # ShardedVariable), which engine/sharding.py makes Keras 3 train and save.
@@ -154,7 +166,7 @@ def _parameter_server(options, devices_per_worker):
     return tf.distribute.experimental.ParameterServerStrategy(resolver, variable_partitioner=partitioner)
 
 
-def _tpu(options, devices_per_worker) -> tf.distribute.Strategy:
+def _tpu(options, devices_per_worker, **_) -> tf.distribute.Strategy:
     # Without a name, an address or a TPU VM's accelerator devices there is
     # nothing to connect to; asking the resolver anyway would query cloud
     # metadata servers over the network.
@@ -180,16 +192,6 @@ _BUILDERS = {
     "parameter_server": _parameter_server,
 }
 assert set(_BUILDERS) == set(strategies.STRATEGIES), "a strategy row without a builder"
-
-
-def serve_forever() -> None:
-    """A parameter-server cluster's ps and worker tasks: run TensorFlow's
-    server for the coordinator to use, until the launcher or scheduler stops it."""
-    resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
-    server = tf.distribute.Server(
-        resolver.cluster_spec(), job_name=resolver.task_type, task_index=resolver.task_id,
-        protocol=resolver.rpc_layer or "grpc", start=True)
-    server.join()
 
 
 def _cross_device_ops(kind: Optional[str]):

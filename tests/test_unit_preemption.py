@@ -1,0 +1,125 @@
+"""In-process: the SIGTERM notice, the liveness probe that bounds every wait
+on a frozen task, and the naming of the peers a collective's error says
+are lost (on error texts TensorFlow 2.21 gave in real clusters)."""
+
+import os
+import signal
+import socket
+import threading
+import time
+
+import pytest
+
+from tfdistx.cluster import liveness
+from tfdistx.sigterm import SigtermNotice
+
+pytestmark = pytest.mark.unit
+
+
+def test_sigterm_is_a_notice_while_open_and_the_old_handler_comes_back():
+    before = signal.getsignal(signal.SIGTERM)
+    with SigtermNotice(plan="") as notice:
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert notice.received.wait(5)
+    assert signal.getsignal(signal.SIGTERM) is before
+
+
+def test_a_notice_received_before_anything_started_leaves_with_the_preemption_code(capsys):
+    with SigtermNotice(plan="") as notice:
+        notice.leave_if_received("while nothing was received")  # no signal: nothing happens
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert notice.received.wait(5)
+        with pytest.raises(SystemExit) as leaving:
+            notice.leave_if_received("while the cluster was forming")
+    assert leaving.value.code == 42
+    assert "preempted (SIGTERM) while the cluster was forming: nothing was trained to save" in capsys.readouterr().err
+
+
+@pytest.fixture
+def dispatcher():
+    """A real gRPC server: a tf.data service dispatcher on a free port."""
+    import tensorflow as tf
+
+    server = tf.data.experimental.service.DispatchServer(tf.data.experimental.service.DispatcherConfig(port=0))
+    yield server.target.rpartition("//")[2]
+    server.stop()
+
+
+@pytest.fixture
+def frozen():
+    """A port whose process accepts connections and never speaks: what the
+    kernel does for a process stopped with SIGSTOP."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(8)
+    yield f"127.0.0.1:{sock.getsockname()[1]}"
+    sock.close()
+
+
+def test_a_grpc_server_answers_and_a_frozen_or_closed_port_does_not(dispatcher, frozen):
+    assert liveness.answers(dispatcher)
+    assert liveness.answers(f"grpc://{dispatcher}")  # as tf.data names it
+    started = time.monotonic()
+    assert not liveness.answers(frozen, timeout=0.5)
+    assert time.monotonic() - started < 5
+    host, port = frozen.rsplit(":", 1)
+    closed = socket.socket()
+    closed.bind(("127.0.0.1", 0))
+    address = f"127.0.0.1:{closed.getsockname()[1]}"
+    closed.close()
+    assert not liveness.answers(address, timeout=0.5)
+
+
+def test_the_watch_names_only_the_task_that_stopped_answering(dispatcher, frozen):
+    lost = []
+    found = threading.Event()
+
+    def on_lost(names):
+        lost.extend(names)
+        found.set()
+
+    with liveness.Watch({"dispatcher:0": dispatcher, "dataworker:0": frozen}, timeout=1.0, on_lost=on_lost, interval=0.2):
+        assert found.wait(30)
+    assert lost == ["dataworker:0"]
+
+
+def test_servers_that_leave_are_waited_for_until_gone(dispatcher, frozen):
+    assert liveness.wait_until_gone({"frozen": frozen}, time.monotonic() + 5) == []  # frozen counts as gone
+    started = time.monotonic()
+    assert liveness.wait_until_gone({"alive": dispatcher}, time.monotonic() + 1) == ["alive"]
+    assert 0.9 <= time.monotonic() - started < 10
+
+
+# -- which peers an error names: texts from real 3x1 and 4x1 multiworker clusters (TF 2.21) --
+
+# worker:2 of 4 SIGKILLed: worker:1's error. Worker:0 and worker:3 relay the abort; only worker:2's socket closed.
+RING_ABORT = '''Collective ops is aborted by: Collective ops is aborted by: Collective ops is aborted by: Socket closed
+Additional GRPC error information from remote target /job:worker/replica:0/task:2 while calling /tensorflow.WorkerService/RecvBuf:
+:UNKNOWN:Error received from peer  {grpc_status:14, grpc_message:"Socket closed"}
+Additional GRPC error information from remote target /job:worker/replica:0/task:3 while calling /tensorflow.WorkerService/RecvBuf:
+:UNKNOWN:Error received from peer  {grpc_message:"Collective ops is aborted by: Socket closed\\nAdditional GRPC error information from remote target /job:worker/replica:0/task:2 while calling /tensorflow.WorkerService/RecvBuf:\\n:UNKNOWN:Error received from peer  {grpc_status:14, grpc_message:\\"Socket closed\\"}", grpc_status:14}
+Additional GRPC error information from remote target /job:worker/replica:0/task:0 while calling /tensorflow.WorkerService/RecvBuf:
+:UNKNOWN:Error received from peer  {grpc_message:"Collective ops is aborted by: Collective ops is aborted by: Socket closed\\nAdditional GRPC error information from remote target /job:worker/replica:0/task:2 while calling /tensorflow.WorkerService/RecvBuf:\\n:UNKNOWN:Error received from peer  {grpc_status:14, grpc_message:\\"Socket closed\\"}", grpc_status:14}
+'''
+# worker:2 of 3 stopped (SIGSTOP) past the heartbeat timeout.
+HEARTBEAT = '''Collective ops is aborted by: Error reported from /job:worker/task:2: The following tasks are unhealthy (stopped sending heartbeats):
+The tasks have crashed. Check the task logs for an earlier error, or scheduler events (e.g. preemption, eviction) to debug further.
+Additional GRPC error information from remote target /job:worker/replica:0/task:0 while calling /tensorflow.WorkerService/RecvBuf:
+:UNKNOWN:Error received from peer  {grpc_message:"CANCELLED", grpc_status:1}'''
+# worker:2 of 3 SIGKILLed before a call: its address refuses connections.
+REFUSED = '''Collective ops is aborted by: failed to connect to all addresses; last error: UNKNOWN: ipv4:127.0.0.1:54439: Failed to connect to remote host: Connection refused
+Additional GRPC error information from remote target /job:worker/replica:0/task:2 while calling /tensorflow.WorkerService/RecvBuf:
+:UNKNOWN:Error received from peer  {grpc_status:14, grpc_message:"failed to connect to all addresses; last error: UNKNOWN: ipv4:127.0.0.1:54439: Failed to connect to remote host: Connection refused"}'''
+
+
+@pytest.mark.parametrize("text, spec, lost", [
+    (RING_ABORT, {"worker": ["127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3", "127.0.0.1:4"]}, ["worker:2"]),
+    (HEARTBEAT, {}, ["worker:2"]),
+    ("The following tasks are unhealthy (stopped sending heartbeats):\n/job:worker/replica:0/task:1\n/job:worker/replica:0/task:3\n"
+     "The tasks have crashed.", {}, ["worker:1", "worker:3"]),
+    (REFUSED, {"worker": ["127.0.0.1:54437", "127.0.0.1:54438", "127.0.0.1:54439"]}, ["worker:2"]),
+])
+def test_a_lost_peer_message_names_only_the_lost(text, spec, lost):
+    from tfdistx.engine.preemption import lost_tasks  # deferred: it imports TensorFlow
+
+    assert lost_tasks(text, spec) == lost
