@@ -131,10 +131,21 @@ def _top_level(cfg: DictConfig) -> list:
     problems = [Problem(key, _shown(cfg[key]), f"not a tfdistx key: the config has {', '.join(f.name for f in dataclasses.fields(Config))}")
                 for key in cfg.keys() if key not in known]
     for group in dataclasses.fields(Config):
-        if dataclasses.is_dataclass(group.default_factory) and OmegaConf.is_dict(cfg.get(group.name)):
-            keys = [f.name for f in dataclasses.fields(group.default_factory)]
-            problems += [Problem(f"{group.name}.{key}", _shown(cfg[group.name][key]), f"{group.name} has no such key; its keys: {', '.join(keys)}")
-                         for key in cfg[group.name].keys() if key not in keys]
+        problems += _unknown_keys(group.name, group.default_factory, cfg.get(group.name))
+    return problems
+
+
+def _unknown_keys(path: str, schema, node) -> list:
+    """Keys of `node` its dataclass `schema` does not have, at every depth
+    (trainer.early_stopping.foo as well as trainer.foo)."""
+    if not dataclasses.is_dataclass(schema) or not OmegaConf.is_dict(node):
+        return []
+    fields = {f.name: f.default_factory for f in dataclasses.fields(schema)}
+    problems = [Problem(f"{path}.{key}", _shown(node[key]), f"{path} has no such key; its keys: {', '.join(fields)}")
+                for key in node.keys() if key not in fields]
+    for key, inner in fields.items():
+        if key in node:
+            problems += _unknown_keys(f"{path}.{key}", inner, node[key])
     return problems
 
 
