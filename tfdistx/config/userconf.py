@@ -19,7 +19,7 @@ or import with the same tree. Nothing here imports TensorFlow.
 
 import os
 from pathlib import Path
-from typing import Dict, List, Sequence
+from typing import Dict, List, Sequence, Tuple
 
 from hydra.core.config_search_path import SearchPathQuery
 from hydra.core.plugins import Plugins
@@ -48,6 +48,14 @@ def take_flags(argv: Sequence[str]) -> List[str]:
     """`argv` without its `--config-dir DIR` flags, each DIR added in front
     of TFDISTX_CONFIG_PATH. Hydra would add the directory itself, but only
     on its own paths (help, sweeps), not where tfdistx composes a single run."""
+    rest, given = split_flags(argv)
+    if given:
+        add([Path(d) for d in given])
+    return rest
+
+
+def split_flags(argv: Sequence[str]) -> Tuple[List[str], List[str]]:
+    """(`argv` without its `--config-dir DIR` flags, each DIR as given)."""
     rest, given, args = [], [], list(argv)
     i = 0
     while i < len(args):
@@ -63,9 +71,7 @@ def take_flags(argv: Sequence[str]) -> List[str]:
         else:
             rest.append(arg)
         i += 1
-    if given:
-        add([Path(d) for d in given])
-    return rest
+    return rest, given
 
 
 def add(directories: Sequence[Path]) -> None:
