@@ -14,6 +14,7 @@ from typing import Optional
 
 from omegaconf import DictConfig, OmegaConf
 
+from tfdistx import rundir
 from tfdistx.config import compute, data_service, sources, strategies, tasks, topology, warm_start
 from tfdistx.config.errors import MAX_RETRYABLE_EXIT_OFFSET, ConfigError, Problem
 from tfdistx.config.objective import objective_problems
@@ -39,7 +40,7 @@ def validate(cfg: DictConfig, run_dir: Optional[str] = None) -> None:
     problems += _targets(cfg)
     problems += _logger(cfg.logger)
     if run_dir is not None:
-        problems += writable("hydra.run.dir", run_dir)
+        problems += writable("hydra.run.dir", run_dir) or _not_a_runs(run_dir, cfg.checkpoint.dir)
     if cfg.checkpoint.dir:
         problems += writable("checkpoint.dir", cfg.checkpoint.dir)
     if problems:
@@ -303,6 +304,16 @@ def writable(key: str, path: str) -> list:
     except OSError as error:
         return [Problem(key, path, f"cannot create the directory here: {probe} is not writable ({error.strerror})")]
     return []
+
+
+def _not_a_runs(run_dir: str, checkpoint_dir: Optional[str]) -> list:
+    """A directory tfdistx did not make, holding names a run writes: the run
+    would write over them (metrics, summary) or into them (checkpoints)."""
+    found = rundir.in_the_way(run_dir, checkpoint_dir)
+    if not found:
+        return []
+    return [Problem("hydra.run.dir", run_dir, f"holds {', '.join(found)}, which a run writes, and tfdistx did not make it "
+                    f"(no {rundir.LOCK_NAME}): name a new directory, or move them (nothing was changed)")]
 
 
 def _is_number(value) -> bool:
