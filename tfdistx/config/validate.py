@@ -271,7 +271,8 @@ def _checkpoint(ckpt: DictConfig, run_dir: Optional[str] = None) -> list:
     if ckpt.max_to_keep < 1:
         problems.append(Problem("checkpoint.max_to_keep", ckpt.max_to_keep, "must be at least 1"))
     checkpoint_dir = ckpt.dir or (os.path.join(run_dir, "checkpoints") if run_dir else None)
-    return problems + warm_start.problems(ckpt.init_from, ckpt.init_skip, warm_start.resumes(checkpoint_dir, ckpt.restore))
+    set_aside = (run_dir, checkpoint_dir) if run_dir and not ckpt.restore else ()  # what fit.train keeps aside before it starts
+    return problems + warm_start.problems(ckpt.init_from, ckpt.init_skip, warm_start.resumes(checkpoint_dir, ckpt.restore), set_aside)
 
 
 def _targets(cfg: DictConfig) -> list:
