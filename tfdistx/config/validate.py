@@ -17,7 +17,7 @@ from omegaconf import DictConfig, OmegaConf
 from tfdistx import rundir
 from tfdistx.config import compute, data_service, sources, strategies, tasks, topology, warm_start
 from tfdistx.config.errors import MAX_RETRYABLE_EXIT_OFFSET, ConfigError, Problem
-from tfdistx.config.objective import objective_problems
+from tfdistx.config.objective import objective_problems, unevaluated_problems
 from tfdistx.config.schema import LAUNCH_MODES, Config
 
 OPTIMIZERS = ("adam", "sgd", "adamw")
@@ -36,6 +36,7 @@ def validate(cfg: DictConfig, run_dir: Optional[str] = None) -> None:
     problems += compute.problems(cfg)
     task_problems = tasks.problems(cfg.task)
     problems += task_problems or _objective(cfg.trainer.objective, cfg.task)  # the objective is checked against known metrics
+    problems += _task_and_data(cfg.task, cfg.data) + _evaluated(cfg)
     problems += _checkpoint(cfg.checkpoint, run_dir)
     problems += _targets(cfg)
     problems += _logger(cfg.logger)
@@ -248,6 +249,9 @@ def _early_stopping(trainer: DictConfig) -> list:
         return [Problem("trainer.early_stopping.patience", stopping.patience, "evaluations without an improvement: at least 1 (or null: never stop early)")]
     if not _is_number(stopping.min_delta) or stopping.min_delta < 0:
         return [Problem("trainer.early_stopping.min_delta", stopping.min_delta, "must be a finite number, 0 or more")]
+    if stopping.min_delta and stopping.patience is None:  # a key that would do nothing
+        return [Problem("trainer.early_stopping.min_delta", stopping.min_delta, "applies only with trainer.early_stopping.patience, "
+                        "which is null (never stop early): set the patience too, or leave min_delta out")]
     # eval_every=0 evaluates once, at the end: patience would count nothing (keep_best only warns: its best is the last)
     if stopping.patience is not None and trainer.eval_every == 0 and str(trainer.objective).startswith("eval/"):
         return [Problem("trainer.early_stopping.patience", stopping.patience,
@@ -262,6 +266,28 @@ def _objective(objective, task: DictConfig) -> list:
     if str(task.get("_target_", "")) not in tasks.METRICS or task.get("metrics") is None:
         return []
     return objective_problems(objective, task.get("name", task.get("_target_")), task.metrics)
+
+
+def _task_and_data(task: DictConfig, data: DictConfig) -> list:
+    """A built-in task on a built-in source's labels it cannot learn from
+    (binary on real values would train with AUC and accuracy 0). Class
+    labels are checked once the source is built (Task.check_labels)."""
+    labels = sources.of(data).labels
+    if labels and str(task.get("_target_")) == tasks.BINARY:
+        return [Problem("task", task.get("name"), f"the labels of data={sources.current(data._target_)} are {labels}; "
+                        "binary takes labels 0 and 1: use task=regression")]
+    return []
+
+
+def _evaluated(cfg: DictConfig) -> list:
+    """keep_best and early stopping by an eval/ objective need an eval split;
+    a built-in source's config says whether it has one (a user's source is
+    checked once built: engine/build.py)."""
+    key = sources.no_eval_split(cfg.data)
+    if key is None:
+        return []
+    no_eval = f"data={sources.current(cfg.data._target_)} has no eval split ({key}={cfg.data.get(key.partition('.')[2])})"
+    return unevaluated_problems(cfg.trainer.objective, cfg.checkpoint.keep_best, cfg.trainer.early_stopping.patience, no_eval, f"give {key}")
 
 
 def _checkpoint(ckpt: DictConfig, run_dir: Optional[str] = None) -> list:
