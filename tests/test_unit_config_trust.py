@@ -66,12 +66,23 @@ def test_a_run_dir_of_unrelated_files_or_of_a_tfdistx_run_is_accepted(tmp_path):
     earlier = users_directory(tmp_path / "earlier")  # a run's own files: resumed, as always
     (earlier / ".lock").write_text("")
     compose_ok(earlier)
-    # a run dir a worker of the run wrote first (its .hydra/), before the chief took the lock
+    # a run dir another task of the run wrote first (its tfdistx.log, then .hydra/), before the chief took the lock
     worker_first = tmp_path / "worker_first"
     (worker_first / ".hydra").mkdir(parents=True)
-    (worker_first / ".hydra" / "hydra.yaml").write_text(yaml.safe_dump({"hydra": {"job": {"name": "tfdistx"}}}))
     (worker_first / "tfdistx.log").write_text("")
     compose_ok(worker_first)
+    (worker_first / ".hydra" / "config.yaml").write_text("")
+    compose_ok(worker_first)
+    (worker_first / ".hydra" / "hydra.yaml").write_text(yaml.safe_dump({"hydra": {"job": {"name": "tfdistx"}}}))
+    compose_ok(worker_first)
+
+
+def test_another_hydra_apps_run_dir_is_refused(tmp_path):
+    theirs = tmp_path / "theirs"
+    (theirs / ".hydra").mkdir(parents=True)
+    (theirs / ".hydra" / "hydra.yaml").write_text(yaml.safe_dump({"hydra": {"job": {"name": "my_app"}}}))
+    assert refused(theirs) == [PREFIX + f"hydra.run.dir={str(theirs)!r}: holds .hydra/, which a run writes, and tfdistx did not "
+                                        "make it (no .lock): name a new directory, or move them (nothing was changed)"]
 
 
 def test_a_configured_checkpoint_dir_inside_a_users_directory_is_in_the_way(tmp_path):
