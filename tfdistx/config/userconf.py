@@ -94,7 +94,7 @@ def shadowing() -> List[Problem]:
     search path, so it would replace the shipped one in every run, even a
     run that never names it. Refused: an option of one's own takes a name
     of its own."""
-    shipped = shipped_files()
+    shipped = shipped_files() if dirs() else []
     return [shadow_problem(directory / relative, relative) for directory in dirs() for relative in shipped
             if (directory / relative).is_file()]
 
