@@ -9,6 +9,7 @@ import json
 import tensorflow as tf
 
 from config_helpers import compose_ok
+from tfdistx import rundir
 from tfdistx.config.spec import resolve
 from tfdistx.engine import fit
 from tfdistx.engine.strategy import configure_devices
@@ -42,8 +43,8 @@ class Trained:
 
 def train(run_dir, *overrides, sizes=SMALL) -> Trained:
     spec = resolve(compose_ok(run_dir, *QUICK, *sizes, *overrides), str(run_dir))
-    run_dir.mkdir(parents=True, exist_ok=True)  # as Hydra makes it for a job
-    return Trained(run_dir, spec, fit.train(spec))
+    with rundir.exclusive(str(run_dir)):  # as the command line holds it: its .lock marks a run dir to resume in (rundir.in_the_way)
+        return Trained(run_dir, spec, fit.train(spec))
 
 
 def whole_and_resumed(tmp_path, args, stop_at=20, steps=40):

@@ -148,18 +148,18 @@ def simulator():
         pytest.skip(why)
 
 
-def run_tfjob(tmp_path, name, overrides, kill, when="checkpoints/ckpt-400.index", signal="KILL"):
+def run_tfjob(tmp_path, name, overrides, kill=None, when="checkpoints/ckpt-400.index", signal="KILL"):
     """Export the TFJob (hostPath volume under tmp_path), run its pods, and
-    send `signal` to pod `kill` once the run dir's file `when` has content."""
+    send `signal` to pod `kill` (if any) once the run dir's file `when` has content."""
     volume = tmp_path / "volume"
     out = export(*overrides, "--image", "tfdistx:test", "--name", name, "--volume", f"hostPath:{volume}")
     assert out.returncode == 0, out.stderr
     manifest = tmp_path / "tfjob.json"
     manifest.write_text(json.dumps(yaml.safe_load(out.stdout)))
     pods = tmp_path / "pods"
+    killing = ["--kill", kill, "--signal", signal, "--when-exists", f"/mnt/tfdistx/{name}/{when}"] if kill else []
     run = subprocess.run(["unshare", "--user", "--map-root-user", "--net", "--mount", "--fork", "--kill-child",
-                          sys.executable, str(SIMULATOR), str(manifest), str(pods), "--timeout", "300",
-                          "--kill", kill, "--signal", signal, "--when-exists", f"/mnt/tfdistx/{name}/{when}"],
+                          sys.executable, str(SIMULATOR), str(manifest), str(pods), "--timeout", "300", *killing],
                          capture_output=True, text=True, timeout=420)
     events = [json.loads(line) for line in run.stdout.splitlines() if line.startswith("{")]
     logs = {p.stem: p.read_text(errors="replace") for p in (pods / "logs").glob("*.log")}
@@ -169,6 +169,17 @@ def run_tfjob(tmp_path, name, overrides, kill, when="checkpoints/ckpt-400.index"
 
 def exits(events, pod):
     return [e["code"] for e in events if e["event"] == "exited" and e["pod"] == pod]
+
+
+def test_the_pods_compose_with_the_config_dir_the_export_was_given(tmp_path, simulator):
+    """`--config-dir` goes into each pod's command, so `experiment=mine` composes there too."""
+    conf = tmp_path / "conf" / "experiment"
+    conf.mkdir(parents=True)
+    (conf / "mine.yaml").write_text("# @package _global_\n# a short run\ntrainer:\n  steps: 20\n  steps_per_loop: 10\n"
+                                    "  log_every: 10\n  eval_every: 0\ncheckpoint:\n  export: false\n")
+    volume, events, logs = run_tfjob(tmp_path, "own", ["--config-dir", str(tmp_path / "conf"), "experiment=mine", "strategy=one_device"])
+    assert exits(events, "own-worker-0") == [0]
+    assert json.loads((volume / "own" / "summary.json").read_text())["step"] == 20
 
 
 @pytest.mark.slow  # 57 s: a killed worker's restart and resume is in the default run as test_fault_tolerance's random kill

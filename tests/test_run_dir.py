@@ -197,6 +197,7 @@ def test_a_failed_cluster_run_is_marked_failed_and_reported_so(tfdistx):
     assert run.returncode == 2, run
     assert (run.dir / "FAILED").read_text().strip() == "exit code 2"
     assert "needs integer (categorical id) features" in (run.dir / "logs" / "worker-0.log").read_text()  # the error is kept
+    assert run.stdout.count("needs integer (categorical id) features") == 1  # each worker refuses it: said once
     report = subprocess.run([sys.executable, "-m", "tfdistx", "report", str(run.dir)], capture_output=True, text=True, env=tfdistx_env())
     assert report.returncode == 0, report.stderr
     assert "**Failed:** exit code 2" in (run.dir / "report.md").read_text()

@@ -188,3 +188,21 @@ def counting_wide_deep(feature_spec, num_outputs, examples: int = 256, vocab_siz
     logits = inner({name: inputs[name] for name in inner_spec})
     marker = CountExamples(examples, name="count_examples")(inputs["index"])
     return keras.Model(inputs, keras.layers.Add()([logits, keras.layers.Reshape((num_outputs,))(marker)]))
+
+
+# -- pipelines that break the DataSource contract, or leave out the eval split --
+
+
+def batched_data(features: int = 8, examples: int = 256):
+    """A pipeline function that batches itself (the contract says: single examples)."""
+    x = np.zeros((examples, features), np.float32)
+    y = np.zeros((examples,), np.int64)
+    return DataSource(train=lambda ctx: tf.data.Dataset.from_tensor_slices((x, y)).batch(32), eval=None, num_classes=2)
+
+
+def train_only_data(features: int = 8, examples: int = 256):
+    """Training examples and no eval split (eval=None)."""
+    x = np.random.default_rng(0).standard_normal((examples, features)).astype(np.float32)
+    y = (x[:, 0] > 0).astype(np.int64)
+    return DataSource(train=lambda ctx: shard(tf.data.Dataset.from_tensor_slices((x, y)), ctx), eval=None, num_classes=2,
+                      train_examples=examples)

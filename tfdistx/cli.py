@@ -50,7 +50,8 @@ def _command(argv: list, process_ends_after: bool):
         sys.path.insert(0, os.getcwd())
     words = next((n for n in (2, 1) if " ".join(argv[:n]) in SUBCOMMANDS), 0)  # `export tfjob` before `export`
     try:
-        if any(arg.partition("=")[0] in ("--config-dir", "-cd") for arg in argv):
+        # `export tfjob` takes its own: it hands them to the pods as given (a path in the image, not this machine's)
+        if any(arg.partition("=")[0] in ("--config-dir", "-cd") for arg in argv) and " ".join(argv[:words]) != "export tfjob":
             argv = _user_config_dirs(argv)
         if not words:
             from tfdistx.commands import run  # deferred like the others: `tfdistx recipes` needs none of it

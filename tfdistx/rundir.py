@@ -22,6 +22,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import yaml  # PyYAML (no TensorFlow, no Hydra): a run's .hydra/hydra.yaml
+
 from tfdistx.config.errors import EXIT_INVALID_CONFIG, EXIT_RUN_DIR_LOCKED, ConfigError, Problem, RunFault
 
 LOCK_NAME = ".lock"
@@ -76,6 +78,41 @@ def owned(run_dir: str):
 
 # What a run that failed before training wrote anything leaves: nothing worth keeping.
 _STUB = {".hydra", "tfdistx.log", LOCK_NAME}
+
+# What a run (and `tfdistx evaluate`, `export`, `predict` of it) writes in its directory. Not tfdistx.log:
+# Hydra appends to it, and every task of a run opens it first thing, before the owner takes the lock.
+RUN_WRITES = (".hydra", "metrics.jsonl", "summary.json", "checkpoints", "export", "tensorboard", "evaluations.jsonl", "logs", FAILED_NAME)
+RUN_WRITES_PREFIXES = ("predictions", "export-step-")
+JOB_NAME = "tfdistx"  # hydra.job.name (conf/config.yaml), which Hydra records in .hydra/hydra.yaml
+
+
+def in_the_way(run_dir: str, checkpoint_dir=None) -> list:
+    """What a run would write over in `run_dir`, a directory tfdistx did not
+    make: the names there that a run writes (and `checkpoint_dir`'s, when it
+    lies inside). [] for a new directory, a tfdistx run dir (resumed), or
+    one of unrelated files (a project's code and notes)."""
+    run = Path(run_dir)
+    job = _hydra_job(run)
+    if not run.is_dir() or (run / LOCK_NAME).exists() or job == JOB_NAME:
+        return []
+    names = set(RUN_WRITES)
+    if checkpoint_dir and run.resolve() in Path(checkpoint_dir).resolve().parents:
+        names.add(Path(checkpoint_dir).resolve().relative_to(run.resolve()).parts[0])
+    if job is None:  # no other Hydra app's: a task of this run writing its .hydra/ this moment (hydra.yaml comes second)
+        names.discard(".hydra")
+    return sorted(f"{p.name}/" if p.is_dir() else p.name for p in run.iterdir()
+                  if p.name in names or p.name.startswith(RUN_WRITES_PREFIXES))
+
+
+def _hydra_job(run: Path):
+    """The job name a Hydra app recorded in RUN/.hydra/hydra.yaml, or None
+    (none there, or not yet whole). With RUN/.lock, which the process that
+    owns a run takes before it writes anything (`exclusive`), the mark of
+    a tfdistx run dir: another task of the run may get there first."""
+    try:
+        return yaml.safe_load((run / ".hydra" / "hydra.yaml").read_text())["hydra"]["job"]["name"]
+    except (OSError, UnicodeDecodeError, yaml.YAMLError, KeyError, TypeError):
+        return None
 
 
 def _leave_no_stub(run_dir: Path, created: bool, code) -> None:

@@ -16,10 +16,10 @@ retry a bad config, forever.
 
 import math
 import re
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Sequence
 
 from tfdistx.cluster.evaluator import EVALUATOR
-from tfdistx.config import data_service, strategies
+from tfdistx.config import data_service, strategies, userconf
 from tfdistx.config.compose import given_value
 from tfdistx.config.errors import RETRYABLE_EXIT_OFFSET_FOR_KUBERNETES, ConfigError
 
@@ -37,8 +37,12 @@ _MAX_NAME = 63 - len("-worker-999")
 
 
 def tfjob(cfg, overrides: List[str], name: str, image: str, namespace: str = "default", volume: Optional[str] = None,
-          mount_path: str = DEFAULT_MOUNT_PATH, gpus: bool = False) -> Dict:
-    """The TFJob (as a dict) whose pods run `cfg`, composed from `overrides`."""
+          mount_path: str = DEFAULT_MOUNT_PATH, gpus: bool = False, config_dirs: Sequence[str] = (),
+          config_path: Optional[str] = None) -> Dict:
+    """The TFJob (as a dict) whose pods run `cfg`, composed from `overrides`
+    and the user's config dirs: `config_dirs` given as `--config-dir`, and
+    `config_path` the TFDISTX_CONFIG_PATH, both as the user gave them (each
+    pod composes with them, read in its own file system)."""
     topo = cfg.cluster
     facts = strategies.get(cfg.strategy.name, topo.workers, topo.devices_per_worker)
     if facts.not_in_tfjob:
@@ -48,7 +52,11 @@ def tfjob(cfg, overrides: List[str], name: str, image: str, namespace: str = "de
         counts = {**counts, EVALUATOR: 1}
     service = data_service.job_counts(cfg.data)
     counts = {**counts, **service}
-    args = pod_args(overrides, facts.multi_process or bool(service), f"{mount_path}/{name}" if volume else None)
+    args = [arg for directory in config_dirs for arg in ("--config-dir", directory)]
+    args += pod_args(overrides, facts.multi_process or bool(service), f"{mount_path}/{name}" if volume else None)
+    env = [{"name": "PYTHONUNBUFFERED", "value": "1"}]  # kubectl logs shows each line as it is written
+    if config_path:
+        env.append({"name": userconf.ENV, "value": config_path})
     replica_specs = {}
     for job, replicas in counts.items():
         container = {
@@ -56,7 +64,7 @@ def tfjob(cfg, overrides: List[str], name: str, image: str, namespace: str = "de
             "image": image,
             "command": ["python", "-m", "tfdistx"],
             "args": list(args),  # a list of its own per container: YAML would print shared ones as anchors
-            "env": [{"name": "PYTHONUNBUFFERED", "value": "1"}],  # kubectl logs shows each line as it is written
+            "env": [dict(variable) for variable in env],  # objects of their own per container, as args
             "ports": [{"name": "tfjob-port", "containerPort": PORT}],
         }
         if gpus and job == "worker":  # a parameter-server cluster's coordinator and ps tasks run no steps

@@ -136,8 +136,10 @@ class _Budget:
 class _Task:
     """One process of the cluster, which can be started again in its place."""
 
-    def __init__(self, job: str, index: int, cluster: dict, command: List[str], log_dir: Path, run_log: Optional[str] = None):
+    def __init__(self, job: str, index: int, cluster: dict, command: List[str], log_dir: Path, run_log: Optional[str],
+                 refusals: "_SaidOnce"):
         self.job, self.name = job, f"{job}:{index}"
+        self.refusals = refusals  # shared by the cluster's tasks
         self.env = {**os.environ, "TF_CONFIG": json.dumps({"cluster": cluster, "task": {"type": job, "index": index}}),
                     "TFDISTX_LOCAL_TASK": "1"}  # rendezvous.py: no exposure warning, the launcher gave its own
         self.command, self.log_path, self.run_log = command, log_dir / f"{job}-{index}.log", run_log
@@ -147,7 +149,8 @@ class _Task:
     def start(self) -> None:
         self.proc = subprocess.Popen(self.command, env=self.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                      stdin=subprocess.DEVNULL, start_new_session=True, preexec_fn=_die_with_parent)
-        pump = threading.Thread(target=_pump, args=(self.proc, self.name, self.log_path, self.run_log, self.succeeded), daemon=True)
+        pump = threading.Thread(target=_pump, args=(self.proc, self.name, self.log_path, self.run_log, self.succeeded, self.refusals),
+                                daemon=True)
         pump.start()
         self.pumps.append(pump)
         self.stopped_since = None
@@ -170,10 +173,11 @@ def _run_cluster_once(spec: dict, signals: "_forwarding_signals", restarts: _Bud
     counts, log_dir = spec["counts"], Path(spec["log_dir"])
     ports = _free_ports(sum(counts.values()))
     cluster = {job: [f"127.0.0.1:{ports.pop()}" for _ in range(n)] for job, n in counts.items() if n}
-    tasks = [_Task(job, index, cluster, spec["command"], log_dir, spec.get("run_log")) for job, addresses in cluster.items()
+    refusals = _SaidOnce()  # every task refuses a bad config alike: its line is shown once
+    tasks = [_Task(job, index, cluster, spec["command"], log_dir, spec.get("run_log"), refusals) for job, addresses in cluster.items()
              for index in range(len(addresses))]
     # Sidecars (the evaluator) get the cluster's TF_CONFIG with their own task type, and no address in it.
-    tasks += [_Task(job, index, cluster, spec["command"], log_dir, spec.get("run_log"))
+    tasks += [_Task(job, index, cluster, spec["command"], log_dir, spec.get("run_log"), refusals)
               for job, n in sidecars.sidecar_jobs(spec).items() for index in range(n)]
     for task in tasks:
         task.start()
@@ -339,10 +343,30 @@ _HARMLESS_ONCE_DONE = re.compile(r"coordination service|unhealthy|heartbeat|Fail
                                  r"^/job:\w+/replica:\d+/task:\d+\s*$")
 
 
-def _pump(proc, name: str, log_path: Path, run_log_path: Optional[str], succeeded: threading.Event) -> None:
+class _SaidOnce:
+    """The refusal lines (`tfdistx: invalid config: ...`) the cluster's tasks
+    have shown: each task checks the config it shares with the others and
+    refuses it in the same line, which the terminal needs once. Each task
+    has its own pump thread, hence the lock."""
+
+    def __init__(self):
+        self.lines, self.lock = set(), threading.Lock()
+
+    def first(self, line: str) -> bool:
+        with self.lock:
+            new = line not in self.lines
+            self.lines.add(line)
+            return new
+
+
+REFUSAL = "tfdistx: invalid config:"
+
+
+def _pump(proc, name: str, log_path: Path, run_log_path: Optional[str], succeeded: threading.Event, refusals: _SaidOnce) -> None:
     """Copy a task's output to its log file, and prefixed by its name to the
     terminal and to the run's log (the whole run in one file, as the terminal
-    shows it; appends of whole lines do not interleave), less known noise."""
+    shows it; appends of whole lines do not interleave), less known noise
+    and a refusal another task has shown."""
     with open(log_path, "ab") as logfile, open(run_log_path or os.devnull, "ab") as run_log:
         def show(text: str) -> None:
             prefixed = f"[{name}] {text}"
@@ -361,6 +385,8 @@ def _pump(proc, name: str, log_path: Path, run_log_path: Optional[str], succeede
             logfile.flush()
             text = line.decode(errors="replace")
             if _ALWAYS_HARMLESS.search(text) or (succeeded.is_set() and _HARMLESS_ONCE_DONE.search(text)):
+                continue
+            if text.startswith(REFUSAL) and not refusals.first(text):
                 continue
             if _HARMLESS_ONCE_DONE.search(text) and not text.startswith("tfdistx:"):  # tfdistx's own lines are news
                 held.append(text)

@@ -11,7 +11,7 @@ import logging
 import os
 import sys
 from pathlib import Path
-from typing import Optional
+from typing import Dict, Optional, Tuple
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -86,17 +86,27 @@ def owns_run_dir(cfg: DictConfig) -> bool:
     return cluster.detect(facts, cfg.cluster, service_jobs=data_service.job_counts(cfg.data)).is_chief
 
 
+def local_tasks(cfg: DictConfig, facts: strategies.Strategy, mode: str) -> Tuple[Dict[str, int], bool]:
+    """The tasks a local launch starts (tasks per job, and whether a sidecar
+    evaluator runs beside them), refused (ConfigError) when there are more
+    processes than this machine can hold; --plan asks too."""
+    # A one-process strategy launches here only to run beside its tf.data service: its trainer is the one worker.
+    counts = {**(facts.job_counts(cfg.cluster.workers, cfg.cluster.ps) or {"worker": 1}),
+              **(data_service.job_counts(cfg.data) if mode == "train" else {})}
+    evaluator = mode == "train" and bool(cfg.cluster.get("evaluator"))  # `tfdistx evaluate` needs no sidecar
+    processes, most = sum(counts.values()) + evaluator, max(8, 4 * (os.cpu_count() or 1))
+    if processes > most:  # each task is a TensorFlow process of ~0.7 GB (FACTS.md)
+        raise ConfigError.one("cluster", cfg.cluster.name, f"a local cluster of {processes} processes"
+                              f"{' (with the sidecar evaluator)' if evaluator else ''} on this machine's {os.cpu_count()} cores: "
+                              f"at most {most} here; a larger cluster runs under Slurm or Kubernetes")
+    return counts, evaluator
+
+
 def _run_local_cluster(cfg: DictConfig, run_dir: str, facts: strategies.Strategy, mode: str, step: Optional[int],
                        notice: Optional[SigtermNotice]):
     """Every task runs this job from the resolved config written here, in
     the same run directory; only the chief writes the run's files."""
-    # A one-process strategy launches here only to run beside its tf.data service: its trainer is the one worker.
-    counts = {**(facts.job_counts(cfg.cluster.workers, cfg.cluster.ps) or {"worker": 1}),
-              **(data_service.job_counts(cfg.data) if mode == "train" else {})}
-    most = max(8, 4 * (os.cpu_count() or 1))
-    if sum(counts.values()) > most:  # each task is a TensorFlow process of ~0.7 GB (FACTS.md)
-        raise ConfigError.one("cluster", cfg.cluster.name, f"a local cluster of {sum(counts.values())} processes on this machine's "
-                              f"{os.cpu_count()} cores: at most {most} here; a larger cluster runs under Slurm or Kubernetes")
+    counts, evaluator = local_tasks(cfg, facts, mode)
     logs = Path(run_dir, "logs")
     logs.mkdir(parents=True, exist_ok=True)
     task_config = logs / f"{mode}-config.yaml"
@@ -108,8 +118,7 @@ def _run_local_cluster(cfg: DictConfig, run_dir: str, facts: strategies.Strategy
                              primary=list(facts.primary_jobs), isolate=cfg.cluster.isolate,
                              max_restarts=cfg.cluster.max_restarts, restart_alone=list(facts.restartable_alone),
                              stopped_task_timeout=cfg.cluster.stopped_task_timeout, run_log=str(Path(run_dir) / "tfdistx.log"),
-                             evaluator=mode == "train" and bool(cfg.cluster.get("evaluator")),  # `tfdistx evaluate` needs no sidecar
-                             preemption_grace=cfg.cluster.preemption_grace, notice=notice)
+                             evaluator=evaluator, preemption_grace=cfg.cluster.preemption_grace, notice=notice)
     if code == 130:  # Ctrl-C: the tasks stopped quietly (commands/task.py)
         print("tfdistx: interrupted", file=sys.stderr)
     if code:

@@ -5,6 +5,7 @@ from omegaconf import DictConfig, OmegaConf
 from tfdistx import machine
 from tfdistx.cluster import placement as cluster_lib
 from tfdistx.cluster.placement import Source
+from tfdistx.commands.execute import local_tasks
 from tfdistx.config import compute, data_service, sources, strategies
 from tfdistx.config.validate import planned_replicas
 
@@ -21,7 +22,7 @@ def describe(cfg: DictConfig) -> str:
     lines.append(f"devices       {machine.describe()}")  # this machine's: each of a scheduler's hosts has its own
     if machine.conflict():
         lines.append(f"WARNING       {machine.conflict()}")
-    lines += _tasks(facts, topo, placement)
+    lines += _tasks(cfg, facts, placement)
     task = cfg.task
     lines.append(f"task          {task.get('name', task._target_)}: metrics {', '.join(task.get('metrics') or ['(the task reports them)'])}; "
                  f"objective {cfg.trainer.objective}")
@@ -113,11 +114,13 @@ def _mlp_shapes(cfg: DictConfig):
     return shapes
 
 
-def _tasks(facts: strategies.Strategy, topo, placement) -> list:
+def _tasks(cfg: DictConfig, facts: strategies.Strategy, placement) -> list:
+    topo = cfg.cluster
     if placement.source is Source.SINGLE:
         return ["placement     this process"]
     if placement.source is Source.LOCAL:
         counts = facts.job_counts(topo.workers, topo.ps)
+        local_tasks(cfg, facts, "train")  # refused as the run would be: more processes than this machine holds
         lines = ["placement     local cluster launched by tfdistx: one process per task on free 127.0.0.1 ports,",
                  "              in a private network namespace when the OS allows it (cluster.isolate)"]
         for job, n in counts.items():

@@ -25,7 +25,7 @@ from tfdistx.rundir import keep_aside
 def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         args = _parser().parse_args(userconf.take_flags(list(sys.argv[1:] if argv is None else argv)))
-        userconf.register()
+        userconf.check()  # the list shows an option the config dirs may not hold (userconf.shadowing); `show` refuses it
         register([])
         if args.command == "show":
             return _show(args.name, args.overrides, resolve=args.resolve)
@@ -102,7 +102,9 @@ def _list_user_configs() -> None:
     width = max((len(f"{group}={o['name']}") for group, found in options.items() for o in found), default=0)
     for group in sorted(options, key=lambda g: (g != userconf.EXPERIMENT, g)):
         for option in options[group]:
-            note = f"  [shadowed by the shipped {option['shadowed_by']}]" if option["shadowed_by"] else ""
+            note = f"  [refused: {option['refused']}]" if option["refused"] else ""
+            if group == userconf.EXPERIMENT and not is_global(option["path"]):
+                note += f"  [refused: its first line must be '{userconf.GLOBAL_HEADER}']"
             print(f"  {group + '=' + option['name']:<{width}}  {describe(option['path'])}{note}")
 
 
@@ -111,6 +113,7 @@ def _show(name: str, overrides: Sequence[str], resolve: bool) -> int:
         raise unknown(name)
     overrides = [f"{GROUP}={name}", *overrides]
     schema.register()
+    userconf.register(overrides)
     topology.register(overrides)
     register(overrides)
     try:

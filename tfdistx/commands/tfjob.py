@@ -2,12 +2,15 @@
 composed config (cluster/kubernetes.py builds it), printed as YAML."""
 
 import argparse
+import os
 import sys
+from pathlib import Path
 
 import yaml  # PyYAML, which omegaconf depends on
 
 from tfdistx.cluster.kubernetes import _MAX_NAME, DEFAULT_MOUNT_PATH, check_name, tfjob
 from tfdistx.commands.common import compose, one_line_errors
+from tfdistx.config import userconf
 from tfdistx.config.errors import ConfigError
 
 
@@ -24,17 +27,27 @@ def main(argv) -> int:
                                          "Without it each pod writes its own, lost with the pod")
     parser.add_argument("--mount-path", default=DEFAULT_MOUNT_PATH, help=f"where the volume is mounted (default: {DEFAULT_MOUNT_PATH})")
     parser.add_argument("--gpus", action="store_true", help="each training pod asks for cluster.devices_per_worker GPUs (nvidia.com/gpu)")
-    args = parser.parse_intermixed_args(argv)
+    parser.add_argument("--config-dir", help="your config dir (README: Your own project), given to the pods as it is given here: "
+                                             "the image or the volume must hold it at that path (repeatable)")
+    config_path = os.environ.get(userconf.ENV) or None  # as the user set it, for the pods' environment
     with one_line_errors():
+        rest, config_dirs = userconf.split_flags(argv)
+        args = parser.parse_intermixed_args(rest)
+        userconf.add([Path(d) for d in config_dirs])  # this command composes with them too
         check_name("--name", args.name, _MAX_NAME)
         check_name("--namespace", args.namespace, 63)
         if not args.mount_path.startswith("/"):
             raise ConfigError.one("--mount-path", args.mount_path, "must be an absolute path")
         cfg = compose(args.overrides)
-        manifest = tfjob(cfg, args.overrides, args.name, args.image, args.namespace, args.volume, args.mount_path.rstrip("/") or "/", args.gpus)
+        manifest = tfjob(cfg, args.overrides, args.name, args.image, args.namespace, args.volume, args.mount_path.rstrip("/") or "/", args.gpus,
+                         config_dirs=config_dirs, config_path=config_path)
     if not args.volume:
         print("tfdistx: WARNING: no --volume: each pod writes its run dir inside itself, and a restarted pod loses "
               "its checkpoints: give --volume pvc:CLAIM", file=sys.stderr)
+    carried = [*(f"--config-dir {d}" for d in config_dirs), *([f"{userconf.ENV}={config_path}"] if config_path else [])]
+    if carried:  # this machine's directories: the pods read theirs
+        print(f"tfdistx: WARNING: the pods compose with {' and '.join(carried)}: the image (or the volume) must hold each of "
+              "these directories at that path, relative to the pod's working directory", file=sys.stderr)
     print(f"# tfdistx export tfjob {' '.join(argv)}")
     print(yaml.safe_dump(manifest, sort_keys=False), end="")
     return 0

@@ -22,7 +22,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
-from tfdistx.config import strategies, topology, userconf
+from tfdistx.config import recipes, strategies, topology, userconf
 from tfdistx.config.paths import config_dir
 from tfdistx.config.schema import PIPELINE_KEYS, TASK_KEYS
 from tfdistx.config.validate import validate
@@ -68,7 +68,7 @@ def keys_for_own_targets(overrides: Sequence[str]) -> list:
     given = [o.lstrip("+~").partition("=")[0] for o in overrides]
     own = set()
     for group in USER_TARGET_GROUPS:
-        option = given_value(group, overrides)
+        option = chosen_option(group, overrides)
         if f"{group}._target_" in given or (option and not (config_dir() / group / f"{option}.yaml").is_file()):
             own.add(group)
     def own_key(override: str) -> bool:
@@ -76,6 +76,21 @@ def keys_for_own_targets(overrides: Sequence[str]) -> list:
         return not override.startswith(("+", "~")) and group in own and "=" in rest and not rest.startswith("_target_=")
 
     return [f"++{o}" if own_key(o) else o for o in overrides]
+
+
+def chosen_option(group: str, overrides: Sequence[str]):
+    """The option of `group` the run composes, where the command line says
+    it: `data=digits`, else the one its experiment (applied last) or its
+    recipe picks (`override /data: digits`). None: the default's."""
+    option = given_value(group, overrides)
+    if option is not None:
+        return option
+    experiment, recipe = given_value(userconf.EXPERIMENT, overrides), given_value(recipes.GROUP, overrides)
+    for path in (userconf.experiments().get(experiment) if experiment else None, recipes.find(recipe) if recipe else None):
+        picked = recipes.options_in(path, group) if path else []
+        if picked:
+            return picked[-1]
+    return None
 
 
 def only_given_keys_for_user_targets(cfg: DictConfig, overrides: Sequence[str], notes: bool = True) -> None:
@@ -191,6 +206,9 @@ def _with_valid_keys(error: ConfigError, overrides: Sequence[str]) -> ConfigErro
     name = problem.key.rpartition(".")[2]
     # An option of another strategy: which strategies take it is a fact of the strategy table.
     elsewhere = f" (strategy.{name} is for strategy={', '.join(strategies.taking(name))})" if parent == "strategy" and strategies.taking(name) else ""
+    target = str(node.get("_target_", ""))
+    if parent in USER_TARGET_GROUPS and target and not target.startswith("tfdistx."):  # the user's function may take it: Hydra's `+` adds it
+        elsewhere += f"; for your own target {target}, add it with +{key}={value} (or put it in the YAML)"
     return ConfigError([Problem(key, value, f"{parent} has no key {name!r}; its keys: {keys}{elsewhere}")])
 
 

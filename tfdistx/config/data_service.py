@@ -59,6 +59,9 @@ def problems(data) -> list:
     mode = service.get("mode")
     if mode is not None and mode not in MODES:
         found.append(Problem("data.service.mode", mode, f"allowed: {', '.join(MODES)} (null: {DEFAULT_MODE})"))
+    elif mode is not None and n == 0:  # a key that would do nothing
+        found.append(Problem("data.service.mode", mode, "applies to a tf.data service, and data.service.workers=0 runs the input "
+                                                        "pipeline in the trainers: set data.service.workers=N, or leave data.service.mode out"))
     return found
 
 

@@ -32,6 +32,21 @@ def objective_problems(objective, task_name: str, metric_names) -> list:
     return [Problem("trainer.objective", objective, f"task={task_name} reports {', '.join(allowed)}")]
 
 
+def unevaluated_problems(objective, keep_best: bool, patience, no_eval: str, fix: str) -> list:
+    """checkpoint.keep_best and early stopping by an evaluated objective on
+    data with no eval split (`no_eval` says so, `fix` what gives one): the
+    value would never be computed, and the run would end with `best: null`."""
+    if not str(objective).startswith("eval/"):
+        return []
+    ending = f"and {no_eval}: {fix}, or a training metric as the objective (e.g. trainer.objective=loss)"
+    found = []
+    if keep_best:
+        found.append(Problem("checkpoint.keep_best", True, f"keeps the best checkpoint by trainer.objective={objective}, {ending}"))
+    if patience is not None:
+        found.append(Problem("trainer.early_stopping.patience", patience, f"counts evaluations of trainer.objective={objective}, {ending}"))
+    return found
+
+
 def value(name: str, summary: dict) -> float:
     """`eval/accuracy` -> summary['eval']['eval/accuracy']; `loss` -> summary['train']['loss'].
     A run that kept its best checkpoint (checkpoint.keep_best) answers with

@@ -190,10 +190,10 @@ def requested(overrides: Iterable[str]) -> List[str]:
 
 def _clusters_in(path: Path) -> List[str]:
     """`cluster` options named in a recipe's defaults list (`override /cluster: 1x4`)."""
-    return _options_in(path, "cluster")
+    return options_in(path, "cluster")
 
 
-def _options_in(path: Path, wanted: str) -> List[str]:
+def options_in(path: Path, wanted: str) -> List[str]:
     """Options of group `wanted` named in a recipe's defaults list."""
     try:
         defaults = OmegaConf.to_container(OmegaConf.load(path)).get("defaults") or []
@@ -217,7 +217,7 @@ def downloads(path: Path) -> Optional[str]:
     """The dataset a recipe downloads on its first run (a tensorflow-datasets
     data option in its defaults), or None: `tfdistx recipes` says which
     recipes need the network once."""
-    for option in _options_in(path, "data"):
+    for option in options_in(path, "data"):
         try:
             data = OmegaConf.load(config_dir() / "data" / f"{option}.yaml")
         except Exception:  # not a shipped option: the user's own, which we cannot judge here

@@ -59,19 +59,30 @@ def files_plan(data: DictConfig, pipelines: int) -> str:
 class Source:
     checks: Callable[[DictConfig], list] = lambda data: []
     plan_line: Optional[Callable[[DictConfig, int], str]] = None  # replaces the generic `data` line of --plan
+    eval_key: Optional[str] = None  # the key naming its eval split, which null leaves out; None: it always has one
+    labels: Optional[str] = None  # what its labels are, when no task for classes can learn them ("real values")
 
 
 SOURCES = {
-    **{f"tfdistx.data.{name}": Source(size_problems)
-       for name in ("synthetic", "synthetic_categorical", "synthetic_multilabel", "synthetic_regression", "tfds")},
-    "tfdistx.data.tfrecord": Source(file_problems, files_plan),
-    "tfdistx.data.csv": Source(file_problems, files_plan),
+    **{f"tfdistx.data.{name}": Source(size_problems) for name in ("synthetic", "synthetic_categorical", "synthetic_multilabel")},
+    "tfdistx.data.synthetic_regression": Source(size_problems, labels="real values"),
+    "tfdistx.data.tfds": Source(size_problems, eval_key="eval_split"),
+    "tfdistx.data.tfrecord": Source(file_problems, files_plan, eval_key="eval_files"),
+    "tfdistx.data.csv": Source(file_problems, files_plan, eval_key="eval_files"),
 }
 
 
 def of(data: DictConfig) -> Source:
     """The row of the data group's source (a user's own: no checks of ours)."""
     return SOURCES.get(current(data.get("_target_", "")), Source())
+
+
+def no_eval_split(data: DictConfig) -> Optional[str]:
+    """The key that leaves a built-in source without an eval split
+    (`data.eval_files`, set to null), or None: it has one, or it is a
+    user's source (known once built: engine/build.py)."""
+    key = of(data).eval_key
+    return f"data.{key}" if key and not data.get(key) else None
 
 
 def _is_int(value) -> bool:

@@ -10,8 +10,9 @@ from omegaconf import DictConfig, OmegaConf
 
 from tfdistx.config.errors import Problem
 
+BINARY = "tfdistx.tasks.binary.Binary"
 METRICS = {
-    "tfdistx.tasks.binary.Binary": ("auc", "accuracy", "log_loss"),
+    BINARY: ("auc", "accuracy", "log_loss"),
     "tfdistx.tasks.classification.Classification": ("accuracy", "top_k_accuracy"),
     "tfdistx.tasks.multilabel.Multilabel": ("micro_f1", "macro_f1", "auc"),
     "tfdistx.tasks.regression.Regression": ("rmse", "mae", "mse"),

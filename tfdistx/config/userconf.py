@@ -8,10 +8,10 @@ Such a directory holds groups laid out as tfdistx's conf/ is
 files that start with `# @package _global_` (`experiment=NAME`, applied
 last, like a recipe).
 
-The directories join Hydra's config search path where Hydra's own
-`--config-dir` puts its one: after tfdistx's conf/, so a user's
-`config.yaml` never replaces the primary config and a shipped option of
-the same name wins (`tfdistx recipes` marks such an option shadowed).
+The directories join Hydra's config search path first, so a file named
+like one of tfdistx's (`model/mlp.yaml`, `config.yaml`) would replace the
+shipped one in every run: such a file is refused (`shadowing`), by every
+command that composes, and `tfdistx recipes` lists it as refused.
 `--config-dir` is turned into TFDISTX_CONFIG_PATH for this process and its
 children, deliberately: a sweep's jobs and a local cluster's tasks compose
 or import with the same tree. Nothing here imports TensorFlow.
@@ -19,20 +19,23 @@ or import with the same tree. Nothing here imports TensorFlow.
 
 import os
 from pathlib import Path
-from typing import Dict, List, Sequence
+from typing import Dict, List, Sequence, Tuple
 
 from hydra.core.config_search_path import SearchPathQuery
 from hydra.core.plugins import Plugins
 from hydra.plugins.search_path_plugin import SearchPathPlugin
 
 from tfdistx.config import topology
-from tfdistx.config.errors import ConfigError
+from tfdistx.config.errors import ConfigError, Problem
 from tfdistx.config.paths import config_dir
+from tfdistx.config.recipes import is_global
 
 ENV = "TFDISTX_CONFIG_PATH"
 FLAGS = ("--config-dir", "-cd")
+KEY = f"--config-dir ({ENV})"  # how a problem of the user's config dirs is named
 PROVIDER = "tfdistx-user-config"
 EXPERIMENT = "experiment"
+GLOBAL_HEADER = "# @package _global_"  # an experiment's first line: its keys are the run's top level
 
 
 def dirs() -> List[Path]:
@@ -45,6 +48,14 @@ def take_flags(argv: Sequence[str]) -> List[str]:
     """`argv` without its `--config-dir DIR` flags, each DIR added in front
     of TFDISTX_CONFIG_PATH. Hydra would add the directory itself, but only
     on its own paths (help, sweeps), not where tfdistx composes a single run."""
+    rest, given = split_flags(argv)
+    if given:
+        add([Path(d) for d in given])
+    return rest
+
+
+def split_flags(argv: Sequence[str]) -> Tuple[List[str], List[str]]:
+    """(`argv` without its `--config-dir DIR` flags, each DIR as given)."""
     rest, given, args = [], [], list(argv)
     i = 0
     while i < len(args):
@@ -60,9 +71,7 @@ def take_flags(argv: Sequence[str]) -> List[str]:
         else:
             rest.append(arg)
         i += 1
-    if given:
-        add([Path(d) for d in given])
-    return rest
+    return rest, given
 
 
 def add(directories: Sequence[Path]) -> None:
@@ -75,12 +84,40 @@ def add(directories: Sequence[Path]) -> None:
 def check() -> None:
     for directory in dirs():
         if not directory.is_dir():
-            raise ConfigError.one(f"--config-dir ({ENV})", str(directory), "is not a directory: a config dir holds "
+            raise ConfigError.one(KEY, str(directory), "is not a directory: a config dir holds "
                                   "GROUP/NAME.yaml files, e.g. data/mine.yaml, experiment/mine.yaml")
 
 
+def shadowing() -> List[Problem]:
+    """A file of the user's dirs named like one of tfdistx's own
+    (model/mlp.yaml, config.yaml): the user's dirs come first in Hydra's
+    search path, so it would replace the shipped one in every run, even a
+    run that never names it. Refused: an option of one's own takes a name
+    of its own."""
+    shipped = shipped_files() if dirs() else []
+    return [shadow_problem(directory / relative, relative) for directory in dirs() for relative in shipped
+            if (directory / relative).is_file()]
+
+
+def shipped_files() -> List[Path]:
+    """tfdistx's config files, relative to conf/: config.yaml, model/mlp.yaml,
+    recipe/mnist_mlp.yaml (conf/recipe is a link), hydra/help/tfdistx.yaml."""
+    root = config_dir()
+    return sorted(Path(folder, name).relative_to(root) for folder, _, names in os.walk(root, followlinks=True)
+                  for name in names if name.endswith(".yaml"))
+
+
+def shadow_problem(path: Path, relative: Path) -> Problem:
+    group, name = relative.parent.as_posix(), relative.stem
+    if group == ".":
+        shadowed, fix = f"tfdistx's primary config {relative.name}", f"rename it, e.g. my_{relative.name}"
+    else:
+        shadowed, fix = f"the shipped option {group}={name}", f"rename it, e.g. {group}/my_{name}.yaml (and pick it with {group}=my_{name})"
+    return Problem(KEY, str(path), f"has the name of {shadowed}, which it would replace in every run: {fix}")
+
+
 class UserConfigSearchPath(SearchPathPlugin):
-    """Puts the user's config dirs after tfdistx's own, where Hydra's `--config-dir` would."""
+    """Puts the user's config dirs in Hydra's search path (first: see `shadowing`)."""
 
     def manipulate_search_path(self, search_path) -> None:
         for directory in dirs():
@@ -93,6 +130,9 @@ def register(overrides: Sequence[str] = ()) -> None:
     `experiment=NAME` no directory holds (with no experiment/ anywhere,
     Hydra would take `experiment` for a key and say it is not one)."""
     check()
+    shadows = shadowing()
+    if shadows:
+        raise ConfigError(shadows)
     Plugins.instance().register(UserConfigSearchPath)
     known = experiments()
     for name in topology.requested_names(overrides, EXPERIMENT):
@@ -100,6 +140,9 @@ def register(overrides: Sequence[str] = ()) -> None:
             where = ", ".join(str(d) for d in dirs()) or "none given"
             raise ConfigError.one(EXPERIMENT, name, (f"allowed: {', '.join(sorted(known))}" if known else "no experiments found")
                                   + f" (your {EXPERIMENT}/NAME.yaml files in --config-dir DIR or {ENV}: {where})")
+        if name in known and not is_global(known[name]):  # Hydra would nest its keys under `experiment.` and fail saying nothing of why
+            raise ConfigError.one(EXPERIMENT, name, f"{known[name]} does not start with '{GLOBAL_HEADER}': an experiment's keys "
+                                  "are the run's top level (trainer:, data: ...): make that its first line")
 
 
 def experiments() -> Dict[str, Path]:
@@ -117,15 +160,16 @@ def hint(group: str, value) -> str:
 
 
 def options() -> Dict[str, List[dict]]:
-    """The user's own options, by group: name, path, and the shipped option that shadows it (or None)."""
+    """The user's own options, by group: name, path, and why it is refused
+    (named like a shipped option: shadowing) or None."""
     found: Dict[str, List[dict]] = {}
     shipped = config_dir()
     for directory in dirs():
         for path in sorted(directory.glob("*/*.yaml")) if directory.is_dir() else []:
             group = path.parent.name
-            shadow = shipped / group / path.name
-            found.setdefault(group, []).append({"name": path.stem, "path": path,
-                                                "shadowed_by": shadow if shadow.is_file() else None})
+            relative = Path(group, path.name)
+            refused = str(shadow_problem(path, relative)) if (shipped / relative).is_file() else None
+            found.setdefault(group, []).append({"name": path.stem, "path": path, "refused": refused})
     return found
 
 

@@ -14,9 +14,10 @@ from typing import Optional
 
 from omegaconf import DictConfig, OmegaConf
 
+from tfdistx import rundir
 from tfdistx.config import compute, data_service, sources, strategies, tasks, topology, warm_start
 from tfdistx.config.errors import MAX_RETRYABLE_EXIT_OFFSET, ConfigError, Problem
-from tfdistx.config.objective import objective_problems
+from tfdistx.config.objective import objective_problems, unevaluated_problems
 from tfdistx.config.schema import LAUNCH_MODES, Config
 
 OPTIMIZERS = ("adam", "sgd", "adamw")
@@ -35,11 +36,12 @@ def validate(cfg: DictConfig, run_dir: Optional[str] = None) -> None:
     problems += compute.problems(cfg)
     task_problems = tasks.problems(cfg.task)
     problems += task_problems or _objective(cfg.trainer.objective, cfg.task)  # the objective is checked against known metrics
+    problems += _task_and_data(cfg.task, cfg.data) + _evaluated(cfg)
     problems += _checkpoint(cfg.checkpoint, run_dir)
     problems += _targets(cfg)
     problems += _logger(cfg.logger)
     if run_dir is not None:
-        problems += writable("hydra.run.dir", run_dir)
+        problems += writable("hydra.run.dir", run_dir) or _not_a_runs(run_dir, cfg.checkpoint.dir)
     if cfg.checkpoint.dir:
         problems += writable("checkpoint.dir", cfg.checkpoint.dir)
     if problems:
@@ -131,10 +133,21 @@ def _top_level(cfg: DictConfig) -> list:
     problems = [Problem(key, _shown(cfg[key]), f"not a tfdistx key: the config has {', '.join(f.name for f in dataclasses.fields(Config))}")
                 for key in cfg.keys() if key not in known]
     for group in dataclasses.fields(Config):
-        if dataclasses.is_dataclass(group.default_factory) and OmegaConf.is_dict(cfg.get(group.name)):
-            keys = [f.name for f in dataclasses.fields(group.default_factory)]
-            problems += [Problem(f"{group.name}.{key}", _shown(cfg[group.name][key]), f"{group.name} has no such key; its keys: {', '.join(keys)}")
-                         for key in cfg[group.name].keys() if key not in keys]
+        problems += _unknown_keys(group.name, group.default_factory, cfg.get(group.name))
+    return problems
+
+
+def _unknown_keys(path: str, schema, node) -> list:
+    """Keys of `node` its dataclass `schema` does not have, at every depth
+    (trainer.early_stopping.foo as well as trainer.foo)."""
+    if not dataclasses.is_dataclass(schema) or not OmegaConf.is_dict(node):
+        return []
+    fields = {f.name: f.default_factory for f in dataclasses.fields(schema)}
+    problems = [Problem(f"{path}.{key}", _shown(node[key]), f"{path} has no such key; its keys: {', '.join(fields)}")
+                for key in node.keys() if key not in fields]
+    for key, inner in fields.items():
+        if key in node:
+            problems += _unknown_keys(f"{path}.{key}", inner, node[key])
     return problems
 
 
@@ -236,6 +249,9 @@ def _early_stopping(trainer: DictConfig) -> list:
         return [Problem("trainer.early_stopping.patience", stopping.patience, "evaluations without an improvement: at least 1 (or null: never stop early)")]
     if not _is_number(stopping.min_delta) or stopping.min_delta < 0:
         return [Problem("trainer.early_stopping.min_delta", stopping.min_delta, "must be a finite number, 0 or more")]
+    if stopping.min_delta and stopping.patience is None:  # a key that would do nothing
+        return [Problem("trainer.early_stopping.min_delta", stopping.min_delta, "applies only with trainer.early_stopping.patience, "
+                        "which is null (never stop early): set the patience too, or leave min_delta out")]
     # eval_every=0 evaluates once, at the end: patience would count nothing (keep_best only warns: its best is the last)
     if stopping.patience is not None and trainer.eval_every == 0 and str(trainer.objective).startswith("eval/"):
         return [Problem("trainer.early_stopping.patience", stopping.patience,
@@ -252,6 +268,28 @@ def _objective(objective, task: DictConfig) -> list:
     return objective_problems(objective, task.get("name", task.get("_target_")), task.metrics)
 
 
+def _task_and_data(task: DictConfig, data: DictConfig) -> list:
+    """A built-in task on a built-in source's labels it cannot learn from
+    (binary on real values would train with AUC and accuracy 0). Class
+    labels are checked once the source is built (Task.check_labels)."""
+    labels = sources.of(data).labels
+    if labels and str(task.get("_target_")) == tasks.BINARY:
+        return [Problem("task", task.get("name"), f"the labels of data={sources.current(data._target_)} are {labels}; "
+                        "binary takes labels 0 and 1: use task=regression")]
+    return []
+
+
+def _evaluated(cfg: DictConfig) -> list:
+    """keep_best and early stopping by an eval/ objective need an eval split;
+    a built-in source's config says whether it has one (a user's source is
+    checked once built: engine/build.py)."""
+    key = sources.no_eval_split(cfg.data)
+    if key is None:
+        return []
+    no_eval = f"data={sources.current(cfg.data._target_)} has no eval split ({key}={cfg.data.get(key.partition('.')[2])})"
+    return unevaluated_problems(cfg.trainer.objective, cfg.checkpoint.keep_best, cfg.trainer.early_stopping.patience, no_eval, f"give {key}")
+
+
 def _checkpoint(ckpt: DictConfig, run_dir: Optional[str] = None) -> list:
     problems = []
     if ckpt.every_steps < 0:
@@ -259,7 +297,8 @@ def _checkpoint(ckpt: DictConfig, run_dir: Optional[str] = None) -> list:
     if ckpt.max_to_keep < 1:
         problems.append(Problem("checkpoint.max_to_keep", ckpt.max_to_keep, "must be at least 1"))
     checkpoint_dir = ckpt.dir or (os.path.join(run_dir, "checkpoints") if run_dir else None)
-    return problems + warm_start.problems(ckpt.init_from, ckpt.init_skip, warm_start.resumes(checkpoint_dir, ckpt.restore))
+    set_aside = (run_dir, checkpoint_dir) if run_dir and not ckpt.restore else ()  # what fit.train keeps aside before it starts
+    return problems + warm_start.problems(ckpt.init_from, ckpt.init_skip, warm_start.resumes(checkpoint_dir, ckpt.restore), set_aside)
 
 
 def _targets(cfg: DictConfig) -> list:
@@ -292,6 +331,16 @@ def writable(key: str, path: str) -> list:
     except OSError as error:
         return [Problem(key, path, f"cannot create the directory here: {probe} is not writable ({error.strerror})")]
     return []
+
+
+def _not_a_runs(run_dir: str, checkpoint_dir: Optional[str]) -> list:
+    """A directory tfdistx did not make, holding names a run writes: the run
+    would write over them (metrics, summary) or into them (checkpoints)."""
+    found = rundir.in_the_way(run_dir, checkpoint_dir)
+    if not found:
+        return []
+    return [Problem("hydra.run.dir", run_dir, f"holds {', '.join(found)}, which a run writes, and tfdistx did not make it "
+                    f"(no {rundir.LOCK_NAME}): name a new directory, or move them (nothing was changed)")]
 
 
 def _is_number(value) -> bool:

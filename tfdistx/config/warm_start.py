@@ -72,15 +72,24 @@ def resumes(checkpoint_dir: Optional[str], restore: bool) -> bool:
     return bool(restore and checkpoint_dir and any(Path(checkpoint_dir).expanduser().glob("ckpt-*.index")))
 
 
-def problems(init_from, init_skip, resuming: bool = False) -> List[Problem]:
+def problems(init_from, init_skip, resuming: bool = False, set_aside: Tuple[Optional[str], ...] = ()) -> List[Problem]:
     """Every problem of the two keys (the variables themselves are matched
     against init_skip once the model is built). `resuming`: the run resumes
-    from its own checkpoints, and the path is not looked at."""
+    from its own checkpoints, and the path is not looked at. `set_aside`:
+    the run's own directory and checkpoint dir, when it sets their files
+    aside before it starts (checkpoint.restore=false): a path in them would
+    be gone before the warm start reads it."""
     found = []
     if init_from is not None and not resuming:
         path_kind, why = kind(str(init_from)) if str(init_from).strip() else (None, f"is empty; allowed: {ALLOWED}")
         if why:
             found.append(Problem("checkpoint.init_from", init_from, why))
+        elif _inside(init_from, set_aside):
+            found.append(Problem("checkpoint.init_from", init_from,
+                                 f"is in this run's own directory (hydra.run.dir={set_aside[0]!r}), whose checkpoints "
+                                 "checkpoint.restore=false sets aside before a warm start could read them: start the new run in "
+                                 f"another directory (hydra.run.dir=NEW checkpoint.init_from={init_from}), or resume this one "
+                                 "(checkpoint.restore=true)"))
         elif path_kind == RUN and not any(checkpoint_dir_of_run(Path(init_from).expanduser()).glob("ckpt-*.index")):
             found.append(Problem("checkpoint.init_from", init_from,
                                  f"that run has no checkpoint yet (none in {checkpoint_dir_of_run(Path(init_from).expanduser())})"))
@@ -92,3 +101,13 @@ def problems(init_from, init_skip, resuming: bool = False) -> List[Problem]:
     if init_skip and init_from is None:
         found.append(Problem("checkpoint.init_skip", list(init_skip), "only applies with checkpoint.init_from: set it, or leave init_skip out"))
     return found
+
+
+def _inside(path, directories) -> bool:
+    """Whether `path` is one of `directories` or lies below one."""
+    given = Path(path).expanduser().resolve()
+    for directory in filter(None, directories):
+        there = Path(directory).expanduser().resolve()
+        if given == there or there in given.parents:
+            return True
+    return False

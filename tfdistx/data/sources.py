@@ -99,6 +99,19 @@ class DataSource:
         return self.train(None).element_spec
 
 
+def single_examples(source: DataSource, target: str) -> DataSource:
+    """`source`, refused (ConfigError) when its pipeline yields batches:
+    the first dimension of every part of its elements (features and label)
+    is of unknown size, as `.batch()` leaves them. tfdistx batches them
+    again, and the model would fail on its kernel's shape, blamed on it."""
+    shapes = [spec.shape for spec in tf.nest.flatten(source.element_spec)]
+    if shapes and all(shape.rank and shape[0] is None for shape in shapes):
+        raise ConfigError.one("data._target_", target, f"its pipeline yields batches (the first dimension of every part of its "
+                              f"elements is of unknown size: {', '.join(str(tuple(shape)) for shape in shapes)}); a pipeline "
+                              "function must yield single examples, which tfdistx batches: remove its .batch()")
+    return source
+
+
 def shard(dataset: tf.data.Dataset, context: Optional[tf.distribute.InputContext]) -> tf.data.Dataset:
     """Give each input pipeline its own slice of an in-memory dataset.
 

@@ -20,12 +20,12 @@ from tfdistx.cluster.placement import Placement
 from tfdistx.cluster.rendezvous import meet_peers
 from tfdistx.config import compute, strategies
 from tfdistx.config.errors import ConfigError
-from tfdistx.config.objective import objective_problems
+from tfdistx.config.objective import objective_problems, unevaluated_problems
 from tfdistx.config.spec import RunSpec
 from tfdistx.config.strategies import Strategy
 from tfdistx.data import input as input_lib
 from tfdistx.data.files import input_errors_in_one_line
-from tfdistx.data.sources import DataSource
+from tfdistx.data.sources import DataSource, single_examples
 from tfdistx.engine import resplit, sharding, topology
 from tfdistx.engine import strategy as strategy_lib
 from tfdistx.engine.checkpointing import Checkpointer, ObjectiveState
@@ -120,6 +120,9 @@ def build_run(spec: RunSpec, placement: Placement, notice: Optional[SigtermNotic
         raise ConfigError.one("data.batch_size", spec.pipeline.batch_size, f"a step's {global_batch} examples are more than the "
                               f"{source.train_examples} training examples of data={spec.data.path}")
     problems = objective_problems(trainer.objective, task.name, task.metrics())
+    if source.eval is None:  # a user's source without eval data: known only now (a built-in one's config says so: validate.py)
+        problems += unevaluated_problems(trainer.objective, spec.checkpoint.keep_best, trainer.early_stopping.patience,
+                                         f"data={spec.data.path} has no eval split (its DataSource's eval is None)", "give it an eval pipeline")
     if problems:
         raise ConfigError(problems)
     total_steps = _total_steps(spec, source.train_examples, global_batch)
@@ -189,7 +192,8 @@ def build_task(spec: RunSpec) -> Task:
 
 
 def build_source(spec: RunSpec) -> DataSource:
-    return spec.data.build(expect=DataSource)
+    source = spec.data.build(expect=DataSource)
+    return source if spec.data.path.startswith("tfdistx.") else single_examples(source, spec.data.path)  # the built-in ones do not batch
 
 
 def build_model(spec: RunSpec, feature_spec, num_outputs: int, **given) -> keras.Model:

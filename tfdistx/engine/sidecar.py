@@ -36,7 +36,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 from types import MappingProxyType
-from typing import Dict, List, Optional
+from typing import Dict, List
 
 import tensorflow as tf
 
