@@ -93,36 +93,46 @@ def test_every_refusal_of_export_predict_evaluate_and_data_write_comes_before_te
 
 
 FULL_DISK = """
-mount -t tmpfs -o size=256k tmpfs "$DISK" || exit 97
-head -c 240000 /dev/zero > "$DISK/fill"   # room for a directory, not for a SavedModel or 100 rows of predictions
-"$@" export "$RUN" --out "$DISK/e" > "$OUT/export.txt" 2>&1; echo $? > "$OUT/export.rc"
-"$@" predict "$RUN" --out "$DISK/p" > "$OUT/predict.txt" 2>&1; echo $? > "$OUT/predict.rc"
+mount -t tmpfs -o size=1m tmpfs "$DISK" || exit 97
+cp -a "$RUN" "$DISK/run"
+head -c $(( $(df -k --output=avail "$DISK" | tail -1) * 1024 )) /dev/zero > "$DISK/fill" 2>/dev/null   # full
+"$@" evaluate "$DISK/run" > "$OUT/evaluate.txt" 2>&1; echo $? > "$OUT/evaluate.rc"
+"$@" export "$DISK/run" --out "$DISK/e" > "$OUT/export.txt" 2>&1; echo $? > "$OUT/export.rc"
+"$@" predict "$DISK/run" --out "$DISK/p" > "$OUT/predict.txt" 2>&1; echo $? > "$OUT/predict.rc"
 ls -A "$DISK" > "$OUT/left.txt"
+cp -a "$DISK/run" "$OUT/run"
 rm "$DISK/fill"
 mount -o remount,ro "$DISK"
-"$@" export "$RUN" --out "$DISK/e" > "$OUT/readonly.txt" 2>&1; echo $? > "$OUT/readonly.rc"
+"$@" export "$DISK/run" --out "$DISK/e" > "$OUT/readonly.txt" 2>&1; echo $? > "$OUT/readonly.rc"
 """
 
 
-def test_a_full_or_read_only_disk_under_export_and_predict_is_exit_3_in_one_line_and_leaves_nothing(run, tmp_path):
+def test_a_full_or_read_only_disk_under_evaluate_export_and_predict_is_exit_3_in_one_line_and_leaves_nothing(run, tmp_path):
     """A real full file system: a tmpfs mounted in a user namespace of its
-    own (no privileges needed, nothing left mounted)."""
-    disk, out = tmp_path / "disk", tmp_path / "out"
+    own (no privileges needed, nothing left mounted), holding a copy of the run."""
+    disk, out, copy = tmp_path / "disk", tmp_path / "out", tmp_path / "run"
     disk.mkdir(), out.mkdir()
     probe = subprocess.run(["unshare", "--user", "--map-root-user", "--mount", "true"], capture_output=True)
     if probe.returncode:
         pytest.skip(f"cannot make a small file system here (unshare --user --mount: {probe.stderr.decode().strip()})")
-    before = files(run)
+    shutil.copytree(run, copy, ignore=shutil.ignore_patterns("predictions*", "export-step-*"))
+    # an evaluation's line must take a new page of the full disk: its record cut short would join the next one appended
+    (copy / "evaluations.jsonl").write_text(json.dumps({"step": 0, "padding": "x" * 4063}) + "\n")  # 4090 bytes
+    before = files(copy)
     subprocess.run(["unshare", "--user", "--map-root-user", "--mount", "sh", "-c", FULL_DISK, "sh", sys.executable, "-m", "tfdistx"],
-                   env=tfdistx_env(DISK=str(disk), OUT=str(out), RUN=str(run)), timeout=600, check=True)
-    for name, cause in (("export", "No space left on device"), ("predict", "No space left on device"), ("readonly", "Read-only file system")):
+                   env=tfdistx_env(DISK=str(disk), OUT=str(out), RUN=str(copy)), timeout=600, check=True)
+    full = "No space left on device"
+    for name, expected in (("evaluate", f"the run ({full}): the evaluation stopped; evaluations.jsonl is as it was."),
+                           ("export", f"--out='{disk}/e' ({full}): nothing was written."),
+                           ("predict", f"--out='{disk}/p' ({full}): nothing was written."),
+                           ("readonly", f"--out='{disk}/e' (Read-only file system): nothing was written")):
         text = (out / f"{name}.txt").read_text()
         assert (out / f"{name}.rc").read_text().strip() == "3", text[-3000:]
         lines = [line for line in text.splitlines() if line.startswith("tfdistx:") and "predict: " not in line]
-        assert lines == [line for line in lines if line.startswith(f"tfdistx: cannot write --out='{disk}/")] and len(lines) == 1, text
-        assert f"({cause}): nothing was written" in lines[0] and "Traceback" not in text and "Error" not in text, text
-    assert (out / "left.txt").read_text().split() == ["fill"]  # no SavedModel, no predictions, no .e.tmp-*, no .p.tmp-*
-    assert files(run) == before
+        assert len(lines) == 1 and lines[0].startswith(f"tfdistx: cannot write {expected}"), text
+        assert "Traceback" not in text and "Error" not in text, text
+    assert (out / "left.txt").read_text().split() == ["fill", "run"]  # no SavedModel, no predictions, no .e.tmp-*, no .p.tmp-*
+    assert files(out / "run") == before  # evaluations.jsonl as it was: no line cut short
 
 
 def test_a_file_size_limit_under_export_is_exit_3_in_one_line_and_leaves_nothing(run, tmp_path):

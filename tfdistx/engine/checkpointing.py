@@ -255,18 +255,23 @@ def _scratch_dir(directory: str, task_name: str) -> str:
 
 
 @contextlib.contextmanager
-def stops_cleanly_when_unwritable(checkpoint_dir: str):
+def stops_cleanly_when_unwritable(checkpoint_dir: str, evaluating: bool = False):
     """A full, over-quota or read-only disk ends the run with one line (exit
     3: a restart would fail the same way) instead of a traceback and
     restarts. The partial checkpoint it left (CheckpointManager's
     `ckpt-N_temp/`, temp files) is removed; the checkpoints before it stay,
-    and the line names the newest, from which a rerun resumes."""
+    and the line names the newest, from which a rerun resumes.
+    `evaluating`: `tfdistx evaluate`, which writes no checkpoint, and leaves
+    evaluations.jsonl as it was (loggers.append_jsonl)."""
     try:
         yield
     except Exception as error:
         cause = cannot_write(error)
         if cause is None:
             raise
+        if evaluating:
+            raise RunFault(f"cannot write the run ({cause}): the evaluation stopped; evaluations.jsonl is as it was. "
+                           "Free some space and run the command again.", EXIT_NOT_RETRYABLE) from None
         directory = Path(checkpoint_dir)
         for place in (directory, directory / BEST):
             for partial in [*place.glob("*_temp"), *place.glob("*.tempstate*"), *place.glob("checkpoint.tmp*")]:
