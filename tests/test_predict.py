@@ -274,8 +274,9 @@ def test_a_step_never_writes_over_the_runs_own_export(run, tmp_path, capsys):
 def test_a_refused_predict_with_step_leaves_no_export_behind(run, data, tmp_path, capsys):
     copy = tmp_path / "run"
     shutil.copytree(run, copy, ignore=shutil.ignore_patterns("predictions*", "export-step-*"))
-    line = refused(capsys, copy, "--step", 20, "--data-files", data / "clicks-tfrecord" / "eval-*")
+    line = refused(capsys, copy, "--step", 20, "--data-files", data / "clicks-tfrecord" / "eval-*", "--out", tmp_path / "new" / "p")
     assert "no feature 'features'" in line  # found once the export of ckpt-20 could be read: then removed again
+    assert not (tmp_path / "new").exists()  # nor the parent made for --out
     assert sorted(p.name for p in copy.iterdir()) == sorted(p.name for p in run.iterdir() if not p.name.startswith(("predictions", "export-step-")))
 
 

@@ -184,6 +184,7 @@ def new_directory(key: str, directory: str, protected=(), made_by=SAVED_MODEL):
     the next command that writes NAME removes it."""
     check_new_directory(key, directory, protected, made_by)
     parent, name = os.path.split(os.path.abspath(directory))
+    made = [p for p in [Path(parent), *Path(parent).parents] if not os.path.lexists(p)]  # deepest first: removed on a failure
     os.makedirs(parent, exist_ok=True)
     prefix = f".{name}.tmp-"
     _remove_left_behind(parent, prefix)
@@ -197,6 +198,7 @@ def new_directory(key: str, directory: str, protected=(), made_by=SAVED_MODEL):
             else:
                 os.rmdir(directory)
         os.replace(tmp, directory)
+        made = []
     except Exception as error:
         cause = None if isinstance(error, (ConfigError, RunFault)) else cannot_write(error)
         if cause is None:
@@ -207,6 +209,9 @@ def new_directory(key: str, directory: str, protected=(), made_by=SAVED_MODEL):
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
         os.close(lock)  # releases the lock
+        for created in made:  # a failure leaves no parent it made (unless something else is in it now)
+            with contextlib.suppress(OSError):
+                created.rmdir()
 
 
 def _locked_directory(parent: str, prefix: str):
