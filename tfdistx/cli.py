@@ -3,7 +3,7 @@
 One table of commands (tfdistx/commands/, a module each). Each is imported
 only when asked for, so a training run pays nothing for the others, and
 checks its arguments before it starts TensorFlow, if it needs it at all
-(commands/common.start_tensorflow): a refusal takes a fraction of a second.
+(commands/common.start_tensorflow): a refusal never waits for it.
 """
 
 import importlib
