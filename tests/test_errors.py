@@ -99,9 +99,14 @@ def test_evaluate_refuses_a_model_that_does_not_fit_and_unreadable_run_files(tfd
         return subprocess.run([sys.executable, "-m", "tfdistx", "evaluate", str(run.dir), *args], capture_output=True, text=True,
                               env=tfdistx_env(), timeout=300)
 
-    other = evaluate("model=cnn")  # never evaluated with weights left at their initial values
+    other = evaluate("model=cnn")  # never evaluated with weights left at their initial values; nothing of the run's to delete
     assert other.returncode == 2 and "Traceback" not in other.stderr, other.stderr[-2000:]
-    assert "was saved by another model or optimizer" in other.stderr and not (run.dir / "evaluations.jsonl").exists()
+    assert other.stderr.strip().splitlines() == ["tfdistx: invalid config: model='cnn': this run was trained with model=mlp, which its "
+                                                 "checkpoints hold: evaluate takes the run's own model; drop this override (nothing was changed)"]
+    assert not (run.dir / "evaluations.jsonl").exists()
+    other = evaluate("data.num_classes=5")  # another model all the same: found when its checkpoint is restored
+    assert other.returncode == 2 and "was saved by another model or optimizer" in other.stderr and "delete" not in other.stderr
+    assert not (run.dir / "evaluations.jsonl").exists()
     (run.dir / ".hydra" / "overrides.yaml").write_bytes(b"\xff\xfe[[[")
     unreadable = evaluate()
     assert unreadable.returncode == 2 and "Traceback" not in unreadable.stderr, unreadable.stderr[-2000:]

@@ -16,6 +16,7 @@ import tensorflow as tf
 from omegaconf import OmegaConf
 
 from conftest import Run, refused_in_one_line, tfdistx_env
+from tfdistx.commands import export as export_command
 from tfdistx.commands import predict as command
 from tfdistx.commands.common import compose
 from tfdistx.config.spec import resolve
@@ -240,6 +241,43 @@ def test_bad_input_is_refused_in_one_line_and_writes_nothing(run, wide_deep, dat
     assert "has no export/" in line and "tfdistx export RUN_DIR" in line
     assert not (tmp_path / "p").exists() and not (without_export / "predictions").exists()
     assert [p.name for p in (tmp_path / "mine").iterdir()] == ["notes.txt"]
+
+
+def export(*argv) -> int:
+    """`tfdistx export ARGV` in this process: its exit code (a refusal's one line is on stderr)."""
+    try:
+        return export_command.main([str(a) for a in argv])
+    except SystemExit as leaving:
+        return leaving.code
+
+
+@pytest.mark.unit
+def test_a_step_never_writes_over_the_runs_own_export(run, tmp_path, capsys):
+    """`--step N` exports another checkpoint than the one the run exported
+    (summary.json, `predict RUN`): refused over RUN/export, however it is
+    named; nothing is ever written inside it."""
+    (tmp_path / "link").symlink_to(run / "export")
+    before = {p.relative_to(run): p.read_bytes() for p in run.rglob("*") if p.is_file()}
+    for out in (run / "export", run / "checkpoints" / ".." / "export", tmp_path / "link"):
+        assert export(run, "--step", 10, "--out", out) == 2, out
+        [line] = capsys.readouterr().err.strip().splitlines()
+        assert line == (f"tfdistx: invalid config: --out='{out}': is the run's own export, which stays the model the run exported "
+                        f"(summary.json describes it): --step 10 writes {run / 'export-step-10'} by default; name another directory "
+                        "(nothing was changed)")
+        assert "is inside" in refused(capsys, run, "--step", 10, "--out", out)
+    assert export(run, "--out", run / "export" / "again") == 2
+    assert "is inside" in capsys.readouterr().err
+    assert {p.relative_to(run): p.read_bytes() for p in run.rglob("*") if p.is_file()} == before
+
+
+@pytest.mark.unit
+def test_a_refused_predict_with_step_leaves_no_export_behind(run, data, tmp_path, capsys):
+    copy = tmp_path / "run"
+    shutil.copytree(run, copy, ignore=shutil.ignore_patterns("predictions*", "export-step-*"))
+    line = refused(capsys, copy, "--step", 20, "--data-files", data / "clicks-tfrecord" / "eval-*", "--out", tmp_path / "new" / "p")
+    assert "no feature 'features'" in line  # found once the export of ckpt-20 could be read: then removed again
+    assert not (tmp_path / "new").exists()  # nor the parent made for --out
+    assert sorted(p.name for p in copy.iterdir()) == sorted(p.name for p in run.iterdir() if not p.name.startswith(("predictions", "export-step-")))
 
 
 @pytest.mark.unit

@@ -5,8 +5,11 @@ checkpoints, Keras files and SavedModels in tmp_path. The multi-worker case
 runs as real processes in test_own_project_engine.py."""
 
 import json
+import os
 import shutil
+import zipfile
 
+import keras
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -15,8 +18,9 @@ from omegaconf import OmegaConf, open_dict
 from config_helpers import compose_ok, refused
 from engine_helpers import QUICK, SMALL, train
 from tfdistx.cluster.placement import Placement, Source
-from tfdistx.config.errors import ConfigError
+from tfdistx.config.errors import EXIT_RUN_DIR_LOCKED, ConfigError, RunFault
 from tfdistx.engine import checkpointing
+from tfdistx.engine import warm_start as warm_start_lib
 from tfdistx.engine.build import build_run, model_from_checkpoint
 from tfdistx.engine.loop import Loop, SaveCheckpoints, Schedule, TrackObjective
 
@@ -110,6 +114,60 @@ def test_a_warm_start_from_a_keras_file(tmp_path, file_name):
     warm = train(tmp_path / "warm", f"checkpoint.init_from={path}", *TINY_STEP)
     for there, here in zip(by_position(source), by_position(warm), strict=True):
         np.testing.assert_allclose(here, there, atol=1e-6)
+
+
+def test_keras_files_that_are_damaged_or_of_another_model_are_refused_in_one_line(tmp_path):
+    (tmp_path / "random.keras").write_bytes(bytes(range(256)) * 8)
+    with zipfile.ZipFile(tmp_path / "other.keras", "w") as archive:
+        archive.writestr("notes.txt", "not a model")
+    (tmp_path / "random.weights.h5").write_bytes(bytes(range(256)) * 8)
+    for name, why in [("random.keras", "is not a Keras .keras file (not a zip archive: damaged, or another kind of file)"),
+                      ("other.keras", "is not a Keras .keras file (a zip archive without the config.json of a Keras model)"),
+                      ("random.weights.h5", "is not a Keras .weights.h5 file (not HDF5: damaged, or another kind of file)")]:
+        [line] = refused(tmp_path / "run", f"checkpoint.init_from={tmp_path / name}")  # before TensorFlow: the config's own check
+        assert line.startswith(f"tfdistx: invalid config: checkpoint.init_from='{tmp_path / name}': {why}"), line
+    small = keras.Sequential([keras.Input((6,)), keras.layers.Dense(4), keras.layers.Dense(3)])
+    small.save_weights(tmp_path / "small.weights.h5")
+    with pytest.raises(ConfigError) as caught:
+        train(tmp_path / "warm", f"checkpoint.init_from={tmp_path / 'small.weights.h5'}")
+    [line] = caught.value.lines()
+    assert line.startswith(f"tfdistx: invalid config: checkpoint.init_from='{tmp_path / 'small.weights.h5'}': cannot be loaded into "
+                           "this run's model: it holds 4 arrays ((6, 4), (4,), (4, 3), (3,)), this run's model 4 ((784, 128), "
+                           "(128,), (128, 10), (10,)); a .weights.h5 is read as this run's model"), line
+    assert "\n" not in line
+
+
+def test_a_source_checkpoint_rotated_away_while_read_is_taken_again_at_the_newest(tmp_path, caplog):
+    """What a warm start from a run still training meets: the newest
+    checkpoint it found is removed (as CheckpointManager's max_to_keep
+    removes it: the .index first) by the time it is read, and a newer one is
+    there. Real files, a real restore; the rotation made at that moment."""
+    source = source_run(tmp_path / "source")
+    checkpoints, expected = tmp_path / "source" / "checkpoints", by_position(source)
+
+    rotations = [1]  # how many of the next reads find their checkpoint rotated away
+
+    def rotated_first(spec, path, given, into):
+        if rotations[0]:
+            rotations[0] -= 1
+            newer = str(checkpoints / f"ckpt-{int(path.rsplit('-', 1)[1]) + 10}")
+            for part in sorted(checkpoints.glob(f"{os.path.basename(path)}.*"), key=lambda p: not p.name.endswith(".index")):
+                shutil.copy(part, newer + part.name[len(os.path.basename(path)):])
+                part.unlink()
+        return warm_start_lib.restored(spec, path, given, into)
+
+    caplog.set_level("WARNING", logger="tfdistx")
+    path, model = warm_start_lib.newest_restored(source.spec, str(tmp_path / "source"), restore=rotated_first)
+    assert path == str(checkpoints / "ckpt-50") and "ckpt-40 was removed while it was read" in caplog.text
+    for there, here in zip(expected, [w.numpy() for w in model.trainable_weights], strict=True):  # ckpt-40's values, now in ckpt-50
+        np.testing.assert_allclose(here, there)
+
+    rotations[0] = 3
+    with pytest.raises(RunFault) as caught:  # rotated away every time: a later try can succeed, exit 7
+        warm_start_lib.newest_restored(source.spec, str(tmp_path / "source"), restore=rotated_first)
+    assert caught.value.code == EXIT_RUN_DIR_LOCKED
+    [line] = caught.value.lines()
+    assert "its newest checkpoint was removed while it was read, 3 times (ckpt-50, ckpt-60, ckpt-70)" in line, line
 
 
 def test_a_rerun_of_a_warm_started_run_resumes_and_does_not_initialise_again(tmp_path, caplog):

@@ -1,7 +1,9 @@
 """The entrypoint: `python -m tfdistx [overrides]` and the `tfdistx` script.
 
 One table of commands (tfdistx/commands/, a module each). Each is imported
-only when asked for, so a training run pays nothing for the others.
+only when asked for, so a training run pays nothing for the others, and
+checks its arguments before it starts TensorFlow, if it needs it at all
+(commands/common.start_tensorflow): a refusal never waits for it.
 """
 
 import atexit
@@ -22,8 +24,6 @@ SUBCOMMANDS = {
     "predict": "tfdistx.commands.predict",  # a run's export applied to files (or its eval data): sharded predictions
     "_task": "tfdistx.commands.task",  # one task of a local cluster (started by the launcher)
 }
-# Subcommands whose modules import TensorFlow: it is imported first without its start-up chatter.
-IMPORTS_TENSORFLOW = {"export", "data write", "predict"}
 
 
 def main(argv: Optional[Sequence[str]] = None):
@@ -58,10 +58,6 @@ def _command(argv: list, process_ends_after: bool):
 
             return run.main(argv, process_ends_after=process_ends_after)
         command = " ".join(argv[:words])
-        if command in IMPORTS_TENSORFLOW:
-            from tfdistx.engine.quiet_import import import_tensorflow  # deferred: only these commands start TensorFlow
-
-            import_tensorflow()
         sys.exit(importlib.import_module(SUBCOMMANDS[command]).main(argv[words:]))
     except BrokenPipeError:  # `tfdistx recipes | head`, `--plan | head`: the reader has what it wanted
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

@@ -11,20 +11,24 @@ TensorFlow here.
 """
 
 import contextlib
+import errno
 import fcntl
 import json
 import logging
 import os
 import shutil
 import socket
+import stat
 import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Optional
 
 import yaml  # PyYAML (no TensorFlow, no Hydra): a run's .hydra/hydra.yaml
 
-from tfdistx.config.errors import EXIT_INVALID_CONFIG, EXIT_RUN_DIR_LOCKED, ConfigError, Problem, RunFault
+from tfdistx.config import datafiles
+from tfdistx.config.errors import EXIT_INVALID_CONFIG, EXIT_NOT_RETRYABLE, EXIT_RUN_DIR_LOCKED, ConfigError, Problem, RunFault
 
 LOCK_NAME = ".lock"
 FAILED_NAME = "FAILED"  # in a run dir whose run failed; read by `tfdistx report`
@@ -176,19 +180,52 @@ def _output_problems(key: str, directory: str, protected, made_by) -> list:
     return [Problem(key, str(directory), f"exists and is not {made_by[1]}: name a new directory (nothing was changed)")]
 
 
-@contextlib.contextmanager
-def new_directory(key: str, directory: str, protected=(), made_by=("saved_model.pb", "a SavedModel")):
-    """Yields an empty directory beside `directory` to write into; once the
-    block has succeeded it becomes `directory` (whatever was there kept
-    aside), so `directory` is never half-written and a failure leaves
-    nothing. Refused (ConfigError) as _output_problems says, before anything
-    is written."""
+# The directories commands write whole (new_directory): the file that marks an earlier one of theirs, and what it is called.
+SAVED_MODEL = ("saved_model.pb", "a SavedModel")
+PREDICTIONS = ("predictions.json", "predictions written by tfdistx predict")
+DATA_FILES = (datafiles.MANIFEST, "data written by tfdistx data write")
+
+
+def check_new_directory(key: str, directory: str, protected=(), made_by=SAVED_MODEL) -> None:
+    """What new_directory refuses, asked before any work (a command asks
+    before TensorFlow starts): a ConfigError as _output_problems says, or
+    for a place nothing can be made in (/proc/x, a path under a file, one
+    without permission); a RunFault (exit 3) for a full, over-quota or
+    read-only disk. Nothing is left: the directories a probe makes are removed."""
     problems = _output_problems(key, directory, protected, made_by)
     if problems:
         raise ConfigError(problems)
+    place = Path(directory).absolute().parent
+    while not os.path.lexists(place):  # the parents new_directory will make: probed where they would start
+        place = place.parent
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".tfdistx-probe-", dir=place))
+    except OSError as error:
+        cause = cannot_write(error)
+        if cause:
+            raise RunFault(f"cannot write {key}={str(directory)!r} ({cause}): nothing was written", EXIT_NOT_RETRYABLE) from None
+        raise ConfigError.one(key, str(directory), f"cannot be written: making a directory in {place} fails "
+                              f"({error.strerror or type(error).__name__}): name a directory you can write (nothing was changed)") from None
+
+
+@contextlib.contextmanager
+def new_directory(key: str, directory: str, protected=(), made_by=SAVED_MODEL):
+    """Yields an empty directory beside `directory` to write into; once the
+    block has succeeded it becomes `directory` (whatever was there kept
+    aside), so `directory` is never half-written and a failure leaves
+    nothing: a full disk is a RunFault (exit 3). Refused as
+    check_new_directory says, before anything is written.
+
+    The directory written into, `.NAME.tmp-XXXXXXXX`, is locked (flock)
+    while it is written: one that a killed command left is unlocked, and
+    the next command that writes NAME removes it."""
+    check_new_directory(key, directory, protected, made_by)
     parent, name = os.path.split(os.path.abspath(directory))
+    made = [p for p in [Path(parent), *Path(parent).parents] if not os.path.lexists(p)]  # deepest first: removed on a failure
     os.makedirs(parent, exist_ok=True)
-    tmp = tempfile.mkdtemp(prefix=f".{name}.tmp-", dir=parent)  # a name of its own: nothing of anyone else's is touched
+    prefix = f".{name}.tmp-"
+    _remove_left_behind(parent, prefix)
+    tmp, lock = _locked_directory(parent, prefix)
     try:
         os.chmod(tmp, 0o755)  # mkdtemp's 0700 would hide it from a server or reader running as another user
         yield tmp
@@ -198,8 +235,76 @@ def new_directory(key: str, directory: str, protected=(), made_by=("saved_model.
             else:
                 os.rmdir(directory)
         os.replace(tmp, directory)
+        made = []
+    except Exception as error:
+        cause = None if isinstance(error, (ConfigError, RunFault)) else cannot_write(error)
+        if cause is None:
+            raise
+        raise RunFault(f"cannot write {key}={str(directory)!r} ({cause}): nothing was written"
+                       f"{' (the one there is unchanged)' if os.path.exists(directory) else ''}. "
+                       "Free some space and run the command again.", EXIT_NOT_RETRYABLE) from None
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+        os.close(lock)  # releases the lock
+        for created in made:  # a failure leaves no parent it made (unless something else is in it now)
+            with contextlib.suppress(OSError):
+                created.rmdir()
+
+
+def _locked_directory(parent: str, prefix: str):
+    """(a new directory `prefix`XXXXXXXX in `parent`, a descriptor holding its flock)."""
+    while True:
+        tmp = tempfile.mkdtemp(prefix=prefix, dir=parent)  # a name of its own: nothing of anyone else's is touched
+        try:
+            lock = os.open(tmp, os.O_RDONLY | os.O_DIRECTORY)
+        except FileNotFoundError:  # taken for a left-behind one before it was locked: make another
+            continue
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if os.path.isdir(tmp) and os.stat(tmp).st_ino == os.fstat(lock).st_ino:
+            return tmp, lock
+        os.close(lock)  # removed between mkdtemp and the lock, as above
+
+
+def _remove_left_behind(parent: str, prefix: str) -> None:
+    """Remove the `prefix`* directories in `parent` that nobody is writing:
+    a command's directory is locked from its first moment to its last
+    (_locked_directory), so one whose lock can be taken was left by a
+    killed command. Only real directories of this user, never a link."""
+    for left in Path(parent).glob(prefix + "*"):
+        info = left.lstat()
+        if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid():
+            continue
+        try:
+            fd = os.open(left, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+        except OSError:  # gone meanwhile
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            shutil.rmtree(left, ignore_errors=True)  # removed while locked: no command can take it up meanwhile
+        except BlockingIOError:
+            pass  # a live command's: it writes there now
+        finally:
+            os.close(fd)
+
+
+# The OS's word for a disk nothing more can be written to, as Python and TensorFlow report it.
+_CANNOT_WRITE = {errno.ENOSPC: "No space left on device", errno.EDQUOT: "Disk quota exceeded", errno.EROFS: "Read-only file system",
+                 errno.EFBIG: "File too large"}
+
+
+def cannot_write(error: BaseException) -> Optional[str]:
+    """The OS's word for it when `error`, or an error behind it, is a disk
+    that cannot be written (full, over quota, read-only, a file-size limit); else None."""
+    seen = set()
+    while error is not None and id(error) not in seen:  # a chain of causes can loop back
+        seen.add(id(error))
+        if isinstance(error, OSError) and error.errno in _CANNOT_WRITE:
+            return _CANNOT_WRITE[error.errno]
+        for text in _CANNOT_WRITE.values():
+            if text in str(error):  # TensorFlow's errors carry the OS's text, not its errno
+                return text
+        error = error.__cause__ or error.__context__
+    return None
 
 
 def _describe(holder: str) -> str:

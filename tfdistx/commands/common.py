@@ -14,7 +14,7 @@ import os
 import sys
 from typing import Sequence
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from tfdistx.config import recipes, schema, topology, userconf
 from tfdistx.config.compose import compose_and_validate
@@ -36,6 +36,16 @@ def compose(overrides: Sequence[str], notes: bool = True) -> DictConfig:
     return compose_and_validate(overrides, notes=notes)
 
 
+def plain_value(cfg, key: str):
+    """`cfg`'s value at the dotted `key` as plain Python (None when it is
+    not there, or is an interpolation that only resolves inside the run)."""
+    try:
+        value = OmegaConf.select(cfg, key)
+        return OmegaConf.to_container(value, resolve=True) if OmegaConf.is_config(value) else value
+    except Exception:  # ${hydra:...}, say: not needed outside the run
+        return None
+
+
 @contextlib.contextmanager
 def one_line_errors():
     """The one guard every error passes (see the module's docstring)."""
@@ -53,6 +63,14 @@ def one_line_errors():
         into_log_files(line, logging.ERROR)
         _nothing_more_from_tensorflow()
         sys.exit(1)
+
+
+def start_tensorflow() -> None:
+    """TensorFlow imported (without its start-up banner) once a command has
+    checked its arguments: a refusal never waits for it (seconds, ~0.7 GB)."""
+    from tfdistx.engine.quiet_import import import_tensorflow  # deferred: only once the work starts
+
+    import_tensorflow()
 
 
 def wants_traceback() -> bool:

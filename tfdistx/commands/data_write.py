@@ -5,12 +5,11 @@ import argparse
 import os
 import sys
 
-from tfdistx.commands.common import compose, one_line_errors
+from tfdistx.commands.common import compose, one_line_errors, start_tensorflow
 from tfdistx.config import datafiles
 from tfdistx.config.errors import ConfigError
 from tfdistx.config.spec import resolve
-from tfdistx.data.files import write
-from tfdistx.engine.build import build_source
+from tfdistx.rundir import DATA_FILES, check_new_directory
 
 
 def main(argv) -> int:
@@ -31,6 +30,11 @@ def main(argv) -> int:
             if value < 1:
                 raise ConfigError.one(flag, value, "at least 1")
         spec = resolve(compose(args.overrides))
+        check_new_directory("--out", args.out, made_by=DATA_FILES)
+        start_tensorflow()
+        from tfdistx.data.files import write  # deferred, as build: they import TensorFlow
+        from tfdistx.engine.build import build_source
+
         source = build_source(spec)
         manifest = write(source, args.out, args.shards, args.eval_shards, args.format, args.compression)
     for split, info in manifest["splits"].items():

@@ -66,7 +66,7 @@ def execute(cfg: DictConfig, run_dir: str, mode: str, step: Optional[int] = None
             return sidecar.run(spec, placement, notice) if mode == "train" else None
         from tfdistx.engine import checkpointing, fit  # deferred: they import TensorFlow
 
-        with checkpointing.stops_cleanly_when_unwritable(spec.checkpoint.dir):
+        with checkpointing.stops_cleanly_when_unwritable(spec.checkpoint.dir, evaluating=mode == "evaluate"):
             if mode == "evaluate":
                 return fit.evaluate(spec, placement, step)
             return fit.train(spec, placement, process_ends_after=process_ends_after, notice=notice)

@@ -23,22 +23,21 @@ way: here, in one process. The TensorFlow side is engine/predict.py.
 """
 
 import argparse
+import glob
 import os
+import shutil
 import sys
 import time
 from pathlib import Path
 from typing import List, Optional
 
-from omegaconf import OmegaConf
-
-from tfdistx.commands.common import compose, one_line_errors
+from tfdistx.commands.common import compose, one_line_errors, plain_value, start_tensorflow
+from tfdistx.config import datafiles
 from tfdistx.config.compose import saved_config, saved_overrides
 from tfdistx.config.errors import ConfigError
 from tfdistx.config.spec import resolve
-from tfdistx.engine import checkpointing
-from tfdistx.engine import predict as engine
-from tfdistx.engine.build import build_source
-from tfdistx.engine.export import export_checkpoint
+from tfdistx.engine.checkpoint_files import find
+from tfdistx.rundir import PREDICTIONS, check_new_directory
 
 DEFAULT_BATCH = 512
 
@@ -73,49 +72,77 @@ def main(argv: Optional[List[str]] = None) -> int:
 
 
 def predict(args, progress=None):
-    """(predictions.json's content, the output directory)."""
+    """(predictions.json's content, the output directory). Every argument
+    is checked before TensorFlow starts; a --step export this predict wrote
+    is removed again if it fails (a refused command changes nothing)."""
     run_dir = os.path.abspath(args.run_dir)
     cfg = saved_config(run_dir)  # a directory that is not a run is refused here
-    if args.format not in engine.FORMATS:
-        raise ConfigError.one("--format", args.format, f"one of {', '.join(engine.FORMATS)}")
+    if args.format not in datafiles.FORMATS:
+        raise ConfigError.one("--format", args.format, f"one of {', '.join(sorted(datafiles.FORMATS))}")
     if args.batch_size < 1:
         raise ConfigError.one("--batch-size", args.batch_size, "at least 1")
-    checkpoints = _plain(cfg, "checkpoint.dir") or os.path.join(run_dir, "checkpoints")
+    checkpoints = plain_value(cfg, "checkpoint.dir") or os.path.join(run_dir, "checkpoints")
     own_export = os.path.join(run_dir, "export")
     export_dir = own_export if args.step is None else os.path.join(run_dir, f"export-step-{args.step}")
     out = os.path.abspath(args.out or os.path.join(run_dir, "predictions" if args.step is None else f"predictions-step-{args.step}"))
-    _not_inside(out, [checkpoints, own_export, export_dir])
-    files = engine.find_files(args.data_files) if args.data_files else None
+    protected = [run_dir, checkpoints, own_export, export_dir]
+    _not_inside(out, protected[1:])
+    check_new_directory("--out", out, protected, made_by=PREDICTIONS)
+    for pattern in args.data_files or ():
+        _matches_a_file(pattern)
 
-    spec = None
+    spec = checkpoint = None
     if args.step is None:
         if not Path(export_dir, "saved_model.pb").is_file():
             raise ConfigError.one("run_dir", args.run_dir, "has no export/ (the run had checkpoint.export=false, or has not finished): "
                                   "run `tfdistx export RUN_DIR` first, or give --step N")
     elif not Path(export_dir, "saved_model.pb").is_file():
         spec = _spec(run_dir)
-        checkpoint = checkpointing.find(spec.checkpoint.dir, args.step)
+        checkpoint = find(spec.checkpoint.dir, args.step)
+        check_new_directory("--step", export_dir, [run_dir, spec.checkpoint.dir])
+    if args.data_files is None:
+        spec = spec or _spec(run_dir)
+
+    start_tensorflow()
+    if checkpoint is not None:
+        from tfdistx.engine.export import export_checkpoint  # deferred, as the engine's others: they import TensorFlow
+
         export_checkpoint(spec, checkpoint, export_dir, protected=[run_dir, spec.checkpoint.dir])
         print(f"tfdistx: predict: exported {os.path.basename(checkpoint)} to {export_dir}", file=sys.stderr)
-    export = engine.load_export(export_dir)
+    try:
+        return _predict_with(export_dir, args, cfg, spec, out, protected, progress), out
+    except BaseException:
+        if checkpoint is not None:  # the export this predict wrote, of no use to anyone now
+            shutil.rmtree(export_dir, ignore_errors=True)
+        raise
 
+
+def _predict_with(export_dir: str, args, cfg, spec, out: str, protected, progress) -> dict:
+    from tfdistx.engine import predict as engine  # deferred: it imports TensorFlow
+    from tfdistx.engine.build import build_source
+
+    files = engine.find_files(args.data_files) if args.data_files else None
+    export = engine.load_export(export_dir)
     if files is not None:
         names = row_names(cfg)
 
         def parts():
             return [engine.Part(name, engine.file_rows(name, export, args.batch_size, names)) for name in files]
     else:
-        spec = spec or _spec(run_dir)
         what = f"the eval split of the run's data ({spec.data.path})"
 
         def parts():
             return [engine.Part(what, engine.source_rows(build_source(spec), export, args.batch_size, what), is_file=False)]
 
-    about = {"run_dir": run_dir, "export": {"checkpoint_step": args.step}, "data_files": args.data_files,
+    about = {"run_dir": os.path.abspath(args.run_dir), "export": {"checkpoint_step": args.step}, "data_files": args.data_files,
              "batch_size": args.batch_size}
-    manifest = engine.predict(export, parts, out, args.format, protected=[run_dir, checkpoints, own_export, export_dir],
-                              progress=progress, about=about)
-    return manifest, out
+    return engine.predict(export, parts, out, args.format, protected=protected, progress=progress, about=about)
+
+
+def _matches_a_file(pattern: str) -> None:
+    """A local glob that matches no file is refused now (a remote one, gs://, once TensorFlow can list it)."""
+    if not datafiles.is_remote(pattern) and not any(os.path.isfile(name) for name in glob.glob(os.path.expanduser(pattern))):
+        raise ConfigError.one("--data-files", os.path.abspath(os.path.expanduser(pattern)), "no file matches")
 
 
 def _spec(run_dir: str):
@@ -123,25 +150,19 @@ def _spec(run_dir: str):
     return resolve(compose(saved_overrides(run_dir), notes=False), run_dir)
 
 
-def _plain(cfg, key: str):
-    try:
-        value = OmegaConf.select(cfg, key)
-        return OmegaConf.to_container(value, resolve=True) if OmegaConf.is_config(value) else value
-    except Exception:  # an interpolation that only resolves inside the run (${hydra:...}): not needed here
-        return None
-
-
-def row_names(cfg) -> engine.RowNames:
+def row_names(cfg):
     """What the run's data config says about the names in its files: a
     one-tensor model's input (`features`) is the run's one feature by its
     own name (data.features: {image: ...}); the label (data.label) is never
     a feature; var_len features are padded or cut as in training."""
-    label = _plain(cfg, "data.label")
+    label = plain_value(cfg, "data.label")
     label = label if isinstance(label, str) else "label"
-    features = _plain(cfg, "data.features")
+    features = plain_value(cfg, "data.features")
     features = features if isinstance(features, dict) else {}
     inputs = [name for name in features if name != label]
-    return engine.RowNames(aliases={"features": inputs[0]} if len(inputs) == 1 else {},
+    from tfdistx.engine.predict import RowNames  # deferred: it imports TensorFlow
+
+    return RowNames(aliases={"features": inputs[0]} if len(inputs) == 1 else {},
                            labels=tuple(dict.fromkeys(["label", label])),
                            var_len=tuple(name for name in inputs if isinstance(features[name], dict) and features[name].get("var_len")))
 

@@ -10,6 +10,7 @@ config/spec.py resolves. No TensorFlow here.
 """
 
 import re
+import zipfile
 from pathlib import Path
 from typing import List, Optional, Tuple
 
@@ -35,11 +36,33 @@ def kind(path: str) -> Tuple[Optional[str], Optional[str]]:
         return CHECKPOINT, None
     if given.is_file():
         if given.name.endswith(".weights.h5"):
-            return WEIGHTS, None
+            return (WEIGHTS, None) if _starts_with(given, _HDF5) else (None, "is not a Keras .weights.h5 file (not HDF5: damaged, or "
+                                                                         "another kind of file); save one with model.save_weights()")
         if given.suffix == ".keras":
-            return KERAS, None
+            damage = _not_a_keras_archive(given)
+            return (KERAS, None) if damage is None else (None, f"is not a Keras .keras file ({damage}); save one with model.save()")
         return None, f"is a file of none of the kinds; allowed: {ALLOWED}"
     return None, f"does not exist; allowed: {ALLOWED}"
+
+
+_HDF5 = b"\x89HDF\r\n\x1a\n"  # the signature an HDF5 file (a .weights.h5) starts with
+
+
+def _starts_with(path: Path, signature: bytes) -> bool:
+    try:
+        with path.open("rb") as f:
+            return f.read(len(signature)) == signature
+    except OSError:
+        return False
+
+
+def _not_a_keras_archive(path: Path) -> Optional[str]:
+    """Why `path` cannot be a .keras file (a zip archive holding config.json), or None."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            return None if "config.json" in archive.namelist() else "a zip archive without the config.json of a Keras model"
+    except (zipfile.BadZipFile, OSError):
+        return "not a zip archive: damaged, or another kind of file"
 
 
 def run_dir_of(path: str, path_kind: str) -> Optional[Path]:

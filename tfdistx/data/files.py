@@ -27,7 +27,7 @@ import numpy as np
 import tensorflow as tf
 
 from tfdistx.config import datafiles
-from tfdistx.rundir import new_directory
+from tfdistx.rundir import DATA_FILES, new_directory
 from tfdistx.config.errors import ConfigError
 from tfdistx.data.sources import DataSource
 from tfdistx.data.order import FileExamples
@@ -238,7 +238,7 @@ def write(source: DataSource, out: str, shards: int, eval_shards: int = 1, fmt: 
     Returns the manifest. `out` must be new, empty or an earlier `data
     write`'s (kept aside whole once the new files are complete: shards of
     two writes never mix under one glob)."""
-    with new_directory("--out", out, made_by=(datafiles.MANIFEST, "data written by tfdistx data write")) as tmp:
+    with new_directory("--out", out, made_by=DATA_FILES) as tmp:
         feature_spec, label_spec = source.element_spec
         names = _feature_names(feature_spec)
         features = {name: _spec_entry(spec) for name, spec in zip(names, tf.nest.flatten(feature_spec))}

@@ -10,7 +10,6 @@ by a manager of its own (the latest ones' max_to_keep never rotates it away).
 """
 
 import contextlib
-import errno
 import hashlib
 import logging
 import math
@@ -19,19 +18,17 @@ import shutil
 import stat
 import tempfile
 from pathlib import Path
-from typing import List, Optional, Sequence
+from typing import Optional, Sequence
 
 import tensorflow as tf
 
 from tfdistx.config.errors import EXIT_NOT_RETRYABLE, ConfigError, RunFault
 from tfdistx.engine import resplit as resplit_lib
 from tfdistx.engine import topology as topology_lib
-from tfdistx.rundir import keep_aside
+from tfdistx.engine.checkpoint_files import BEST, find, on_disk  # noqa: F401 (find: the engine asks it here)
+from tfdistx.rundir import cannot_write, keep_aside
 
 log = logging.getLogger(__name__)
-
-
-BEST = "best"  # the best checkpoint's directory, inside the checkpoint directory
 
 
 class Checkpointer:
@@ -252,8 +249,9 @@ def _mismatch(path: str, checkpoint: tf.train.Checkpoint, error: Exception) -> s
         mine = len(checkpoint.optimizer.variables) - 1 if hasattr(checkpoint, "optimizer") else 0  # less `iterations`
         what = (f"the optimizer differs: {slots} optimizer values there, {mine} here (another optimizer, e.g. adam and sgd)"
                 if slots != mine else str(error).strip().splitlines()[0][:200])
-    return (f"was saved by another model or optimizer than this run's ({what}). Refusing to train over it: "
-            "use another hydra.run.dir for this config, or delete that checkpoints/ directory to start over there")
+    return (f"was saved by another model or optimizer than this run's ({what}). A run is resumed or evaluated only with the "
+            "model and optimizer it was trained with (its .hydra/overrides.yaml): drop the overrides that change them, or use "
+            "another hydra.run.dir for this config")
 
 
 def _scratch_dir(directory: str, task_name: str) -> str:
@@ -273,39 +271,24 @@ def _scratch_dir(directory: str, task_name: str) -> str:
     return tempfile.mkdtemp(prefix=prefix)
 
 
-def on_disk(directory: str) -> List[str]:
-    """The checkpoints in `directory`, oldest first, found by their files.
-
-    Not from CheckpointManager's `checkpoint` state file: a state file that
-    is damaged, or names a checkpoint that is gone, must not hide the intact
-    checkpoints beside it (they would be trained over from scratch).
-    """
-    steps = []
-    for index in Path(directory).glob("ckpt-*.index"):
-        number = index.name[len("ckpt-"):-len(".index")]
-        if number.isdigit():
-            steps.append(int(number))
-    return [os.path.join(directory, f"ckpt-{step}") for step in sorted(steps)]
-
-
-# The OS's word for a disk a run cannot write to, as Python and TensorFlow report it.
-_CANNOT_WRITE = {errno.ENOSPC: "No space left on device", errno.EDQUOT: "Disk quota exceeded", errno.EROFS: "Read-only file system",
-                 errno.EFBIG: "File too large"}
-
-
 @contextlib.contextmanager
-def stops_cleanly_when_unwritable(checkpoint_dir: str):
+def stops_cleanly_when_unwritable(checkpoint_dir: str, evaluating: bool = False):
     """A full, over-quota or read-only disk ends the run with one line (exit
     3: a restart would fail the same way) instead of a traceback and
     restarts. The partial checkpoint it left (CheckpointManager's
     `ckpt-N_temp/`, temp files) is removed; the checkpoints before it stay,
-    and the line names the newest, from which a rerun resumes."""
+    and the line names the newest, from which a rerun resumes.
+    `evaluating`: `tfdistx evaluate`, which writes no checkpoint, and leaves
+    evaluations.jsonl as it was (loggers.append_jsonl)."""
     try:
         yield
     except Exception as error:
-        cause = _cannot_write(error)
+        cause = cannot_write(error)
         if cause is None:
             raise
+        if evaluating:
+            raise RunFault(f"cannot write the run ({cause}): the evaluation stopped; evaluations.jsonl is as it was. "
+                           "Free some space and run the command again.", EXIT_NOT_RETRYABLE) from None
         directory = Path(checkpoint_dir)
         for place in (directory, directory / BEST):
             for partial in [*place.glob("*_temp"), *place.glob("*.tempstate*"), *place.glob("checkpoint.tmp*")]:
@@ -314,19 +297,6 @@ def stops_cleanly_when_unwritable(checkpoint_dir: str):
         kept = f"the newest checkpoint is {os.path.basename(kept[-1])} in {directory}" if kept else "no checkpoint was written"
         raise RunFault(f"cannot write the run ({cause}): training stopped; {kept}. "
                        "Free some space and rerun the same command to resume.", EXIT_NOT_RETRYABLE) from None
-
-
-def _cannot_write(error: BaseException):
-    seen = set()
-    while error is not None and id(error) not in seen:  # a chain of causes can loop back
-        seen.add(id(error))
-        if isinstance(error, OSError) and error.errno in _CANNOT_WRITE:
-            return _CANNOT_WRITE[error.errno]
-        for text in _CANNOT_WRITE.values():
-            if text in str(error):  # TensorFlow's errors carry the OS's text, not its errno
-                return text
-        error = error.__cause__ or error.__context__
-    return None
 
 
 def _set_aside_bad_state_file(directory: str) -> None:
@@ -343,23 +313,3 @@ def _set_aside_bad_state_file(directory: str) -> None:
     if reason:
         kept = keep_aside(state_file)
         log.warning("%s: %s; kept as %s, the checkpoints on disk are used", state_file, reason, os.path.basename(kept))
-
-
-def find(directory: str, step: Optional[int] = None, prefer_best: bool = False) -> str:
-    """The newest checkpoint in `directory` (`prefer_best`: the one in best/,
-    when there is one, as a keep_best run exports), or the one saved at
-    `step` (the user's `--step`, which may also name the one in best/);
-    ConfigError when there is none."""
-    paths = on_disk(directory)
-    best = on_disk(os.path.join(directory, BEST))  # the best checkpoint (keep_best), which max_to_keep may have rotated out of paths
-    if step is None and prefer_best and best:
-        return best[-1]
-    if step is None and paths:
-        return paths[-1]
-    found = next((p for p in paths + best if p.endswith(f"ckpt-{step}")), None)
-    if found is None:
-        kept = ", ".join(p.rsplit("-", 1)[1] for p in paths) or "none"
-        kept += f"; the best: {best[-1].rsplit('-', 1)[1]}" if best else ""
-        raise ConfigError.one("--step" if step is not None else "checkpoint.dir", step if step is not None else directory,
-                              f"no such checkpoint in {directory} (steps kept: {kept})")
-    return found

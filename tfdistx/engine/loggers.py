@@ -48,8 +48,20 @@ def write_json(path: Path, payload: dict) -> None:
 
 
 def append_jsonl(path: Path, record: dict) -> None:
-    with open(path, "a") as f:
-        f.write(json.dumps(record, default=float) + "\n")
+    """One line more. A write that fails (a full disk) leaves the file as it
+    was: a line cut short would join the next one appended, and both be lost."""
+    line = (json.dumps(record, default=float) + "\n").encode()
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        size = os.fstat(fd).st_size
+        try:
+            while line:
+                line = line[os.write(fd, line):]
+        except OSError:
+            os.ftruncate(fd, size)
+            raise
+    finally:
+        os.close(fd)
 
 
 def read_jsonl(path: Path) -> List[Tuple[str, dict]]:

@@ -25,13 +25,14 @@ from typing import Callable, Dict, List, Mapping, Optional, Sequence
 import numpy as np
 import tensorflow as tf
 
+from tfdistx.config import datafiles
 from tfdistx.config.errors import ConfigError
 from tfdistx.data.files import glob_sorted
 from tfdistx.data.sources import DataSource
-from tfdistx.rundir import new_directory
+from tfdistx.rundir import PREDICTIONS, new_directory
 
-FORMATS = ("csv", "tfrecord")
-MANIFEST = "predictions.json"
+FORMATS = tuple(sorted(datafiles.FORMATS))  # those of tfdistx data write: csv, tfrecord
+MANIFEST = PREDICTIONS[0]
 OUT_KEY = "--out"
 FILES_KEY = "--data-files"
 
@@ -388,7 +389,7 @@ def predict(export: Export, parts: Callable[[], List[Part]], out: str, fmt: str,
             raise ConfigError.one("--format", fmt, f"the model's output {unknown[0]!r} has shape "
                                   f"{_shape(export.outputs[unknown[0]].shape)}, not a fixed number of columns: use --format tfrecord")
     progress = progress or (lambda *_: None)
-    with new_directory(OUT_KEY, out, protected, made_by=(MANIFEST, "predictions written by tfdistx predict")) as tmp:
+    with new_directory(OUT_KEY, out, protected, made_by=PREDICTIONS) as tmp:
         found = parts()
         total, written, started = len(found), [], time.monotonic()
         rows_so_far = 0

@@ -14,18 +14,19 @@ Variables whose path matches `checkpoint.init_skip` keep their fresh values.
 import logging
 import os
 import re
-from typing import List, Tuple
+from typing import List, Optional, Tuple
 
 import keras
 
 from tfdistx.config import warm_start as kinds
-from tfdistx.config.errors import ConfigError, Problem
+from tfdistx.config.errors import EXIT_RUN_DIR_LOCKED, ConfigError, Problem, RunFault
 from tfdistx.engine import checkpointing
 from tfdistx.engine.build import Run, build_model, model_from_checkpoint
 
 log = logging.getLogger(__name__)
 
 KEY = "checkpoint.init_from"
+TRIES = 3  # reads of a source run's newest checkpoint, which a run still training may rotate away meanwhile
 
 
 def warm_start(run: Run) -> dict:
@@ -77,33 +78,103 @@ def _source_weights(run: Run) -> Tuple[List[Tuple[str, object]], str]:
     init = run.spec.checkpoint.init_from
     if init.kind in (kinds.RUN, kinds.CHECKPOINT):
         spec = init.spec or run.spec  # a bare checkpoint is read as this run's model
-        path = checkpointing.find(spec.checkpoint.dir) if init.kind == kinds.RUN else os.path.expanduser(init.path)
+        if init.kind == kinds.RUN:
+            path, model = newest_restored(spec, init.path)
+        else:
+            path = os.path.expanduser(init.path)
+            try:
+                model = restored(spec, path, init.path, into="its run" if init.spec else "this run")
+            except Vanished:
+                raise RunFault(f"{KEY}={init.path!r}: was removed while it was read (its run, still training, keeps only its "
+                               f"checkpoint.max_to_keep newest): name that run's directory, for its newest checkpoint, or one it keeps "
+                               f"(exit {EXIT_RUN_DIR_LOCKED})", EXIT_RUN_DIR_LOCKED) from None
         described = f"{os.path.basename(path)} of {init.spec.run_dir if init.spec else 'a checkpoint read as this run'}'s model"
-        try:
-            model, _, _, status = model_from_checkpoint(spec, path)
-            # Every variable of the rebuilt model must get a value (never a silently random one); the
-            # checkpoint's step, RNG states and optimizer slots are its run's, not the warm start's.
-            status.assert_existing_objects_matched()
-            status.expect_partial()
-        except ConfigError:
-            raise
-        except Exception as error:
-            raise ConfigError.one(KEY, init.path, f"{os.path.basename(path)} cannot be restored into "
-                                  f"{'its run' if init.spec else 'this run'}'s model: {_first_line(error)}") from None
     else:
         described = f"{os.path.basename(init.path)}"
-        try:
-            if init.kind == kinds.KERAS:
-                model = keras.saving.load_model(os.path.expanduser(init.path), compile=False)
-            else:  # .weights.h5: weights of a model built as this run's is (built afresh, outside the strategy)
-                keras.mixed_precision.set_global_policy("float32")
-                feature_spec, label_spec = run.source.element_spec
-                model = build_model(run.spec, feature_spec, run.task.num_outputs(label_spec, run.source.num_classes))
-                model.load_weights(os.path.expanduser(init.path))
-        except Exception as error:
-            into = "" if init.kind == kinds.KERAS else " into this run's model"
-            raise ConfigError.one(KEY, init.path, f"cannot be loaded{into}: {_first_line(error)}") from None
+        model = _keras_model(init.path) if init.kind == kinds.KERAS else _model_with_weights_file(run, init.path)
     return [(variable.path, variable.numpy()) for variable in _weights(model)], described
+
+
+def _keras_model(path: str):
+    try:
+        return keras.saving.load_model(os.path.expanduser(path), compile=False)
+    except Exception as error:
+        raise ConfigError.one(KEY, path, f"cannot be loaded: {_first_line(error)}") from None
+
+
+def _model_with_weights_file(run: Run, path: str):
+    """A .weights.h5 file's weights in a model built as this run's is (afresh, outside the strategy)."""
+    keras.mixed_precision.set_global_policy("float32")
+    feature_spec, label_spec = run.source.element_spec
+    model = build_model(run.spec, feature_spec, run.task.num_outputs(label_spec, run.source.num_classes))
+    try:
+        model.load_weights(os.path.expanduser(path))
+    except Exception as error:
+        raise ConfigError.one(KEY, path, f"cannot be loaded into this run's model: {_other_weights(path, model) or _first_line(error)}; "
+                              "a .weights.h5 is read as this run's model: give one saved from a model built as this run's is, "
+                              "or a .keras file (it brings its own model)") from None
+    return model
+
+
+class Vanished(Exception):
+    """A checkpoint whose files were removed while it was read: its run, still
+    training, rotated it away (CheckpointManager's max_to_keep)."""
+
+
+def restored(spec, path: str, given: str, into: str):
+    """The model `spec` builds with checkpoint `path` restored into it
+    whole; Vanished, or a ConfigError naming `given` (the user's init_from)."""
+    try:
+        model, _, _, status = model_from_checkpoint(spec, path)
+        # Every variable of the rebuilt model must get a value (never a silently random one); the
+        # checkpoint's step, RNG states and optimizer slots are its run's, not the warm start's.
+        status.assert_existing_objects_matched()
+        status.expect_partial()
+        return model
+    except ConfigError:
+        raise
+    except Exception as error:
+        if not os.path.exists(f"{path}.index"):  # CheckpointManager removes a checkpoint's .index first
+            raise Vanished(path) from None
+        raise ConfigError.one(KEY, given, f"{os.path.basename(path)} cannot be restored into {into}'s model: {_first_line(error)}") from None
+
+
+def newest_restored(spec, given: str, restore=restored) -> Tuple[str, object]:
+    """(the newest checkpoint of the run `spec` describes, its model). The
+    run may still be training: a checkpoint it rotates away while it is read
+    is not a bad config; the newest is taken again, a few times, before a
+    RunFault (exit 7, as for a run directory another run holds: a later try
+    can succeed). `restore`: restored, or a test's way to rotate one away first."""
+    gone = []
+    for _ in range(TRIES):
+        path = checkpointing.find(spec.checkpoint.dir)
+        try:
+            return path, restore(spec, path, given, "its run")
+        except Vanished:
+            gone.append(os.path.basename(path))
+            log.warning("warm start: %s was removed while it was read (its run is still training); taking the newest again", path)
+    raise RunFault(f"{KEY}={given!r}: its newest checkpoint was removed while it was read, {TRIES} times ({', '.join(gone)}): that "
+                   "run is still training and rotates its checkpoints away (checkpoint.max_to_keep). Run again, or give one it keeps "
+                   f"(RUN/checkpoints/best/ckpt-N, with checkpoint.keep_best) (exit {EXIT_RUN_DIR_LOCKED})", EXIT_RUN_DIR_LOCKED)
+
+
+def _other_weights(path: str, model) -> Optional[str]:
+    """What differs between a .weights.h5 file's arrays and `model`'s
+    weights, when they differ in number or shapes (Keras' own error names
+    one object, not what is wrong)."""
+    import h5py  # deferred: only for a refused file (Keras' own dependency, which writes .weights.h5)
+
+    try:
+        with h5py.File(os.path.expanduser(path), "r") as weights_file:
+            there = []
+            weights_file.visititems(lambda _, item: there.append(tuple(item.shape)) if isinstance(item, h5py.Dataset) else None)
+    except Exception:  # unreadable: Keras' own words say so
+        return None
+    here = [tuple(v.shape) for v in _weights(model)]
+    if sorted(there) == sorted(here):
+        return None
+    listed = lambda shapes: ", ".join(map(str, shapes[:4])) + (", ..." if len(shapes) > 4 else "")  # noqa: E731
+    return f"it holds {len(there)} arrays ({listed(there)}), this run's model {len(here)} ({listed(here)})"
 
 
 def _weights(model) -> list:

@@ -1,0 +1,48 @@
+"""Which checkpoints a directory holds, found by their files. No TensorFlow
+here: the commands check `--step N` before TensorFlow starts
+(engine/checkpointing.py, which restores and saves them, re-exports these).
+"""
+
+import os
+from pathlib import Path
+from typing import List, Optional
+
+from tfdistx.config.errors import ConfigError
+
+BEST = "best"  # the best checkpoint's directory, inside the checkpoint directory
+
+
+def on_disk(directory: str) -> List[str]:
+    """The checkpoints in `directory`, oldest first, found by their files.
+
+    Not from CheckpointManager's `checkpoint` state file: a state file that
+    is damaged, or names a checkpoint that is gone, must not hide the intact
+    checkpoints beside it (they would be trained over from scratch).
+    """
+    steps = []
+    for index in Path(directory).glob("ckpt-*.index"):
+        number = index.name[len("ckpt-"):-len(".index")]
+        if number.isdigit():
+            steps.append(int(number))
+    return [os.path.join(directory, f"ckpt-{step}") for step in sorted(steps)]
+
+
+def find(directory: str, step: Optional[int] = None, prefer_best: bool = False) -> str:
+    """The newest checkpoint in `directory` (`prefer_best`: the one in best/,
+    when there is one, as a keep_best run exports), or the one saved at
+    `step` (the user's `--step`, which may also name the one in best/);
+    ConfigError when there is none."""
+    paths = on_disk(directory)
+    best = on_disk(os.path.join(directory, BEST))  # the best checkpoint (keep_best), which max_to_keep may have rotated out of paths
+    if step is None and prefer_best and best:
+        return best[-1]
+    if step is None and paths:
+        return paths[-1]
+    found = next((p for p in paths + best if p.endswith(f"ckpt-{step}")), None)
+    if found is None:
+        kept = ", ".join(p.rsplit("-", 1)[1] for p in paths) or "none"
+        kept += f"; the best: {best[-1].rsplit('-', 1)[1]}" if best else ""
+        raise ConfigError.one("--step" if step is not None else "checkpoint.dir", step if step is not None else directory,
+                              f"no such checkpoint in {directory} (steps kept: {kept})")
+    return found
+
