@@ -199,13 +199,16 @@ def test_the_tfjob_with_an_evaluator_is_valid_for_the_operator(tmp_path):
 @pytest.mark.slow
 def test_a_killed_evaluator_neither_stops_nor_fails_the_run(tmp_path):
     """SIGKILL to the evaluator of a ps1w2 run while it trains: one line says
-    so, nothing is restarted, and the run finishes with exit 0."""
-    run_dir = tmp_path / "run"
+    so, nothing is restarted, and the run finishes with exit 0. It leaves
+    no scratch directory behind: it only reads, so it never made one."""
+    run_dir, scratch = tmp_path / "run", tmp_path / "tmp"
+    scratch.mkdir()
     command = [sys.executable, "-m", "tfdistx", "strategy=parameter_server", "cluster=ps1w2", "cluster.evaluator=true",
                "trainer.steps=3000", "trainer.steps_per_loop=10", "trainer.log_every=100", "trainer.eval_every=0",
                "data.batch_size=32", "data.train_examples=512", "data.eval_examples=128", "checkpoint.every_steps=100",
                f"hydra.run.dir={run_dir}"]
-    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=tfdistx_env(), cwd=tmp_path)
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=tfdistx_env(TMPDIR=str(scratch)),
+                            cwd=tmp_path)
     try:
         log = run_dir / "logs" / "evaluator-0.log"
         deadline = time.monotonic() + 180
@@ -228,6 +231,7 @@ def test_a_killed_evaluator_neither_stops_nor_fails_the_run(tmp_path):
                     "(its log: logs/evaluator-0.log)"], stderr[-3000:]
     assert "restart" not in stderr
     assert processes_naming(str(run_dir)) == []
+    assert not list(scratch.glob("tfdistx-*evaluator*")), sorted(scratch.iterdir())
 
 
 @pytest.mark.slow
