@@ -54,7 +54,7 @@ def input_alone(data: list, batches: int) -> float:
 def _measure_input_alone(batches: int, overrides: list) -> None:
     """In this process: build the source as a run would and time `batches` batches after a warm-up."""
     from tfdistx.commands.common import compose
-    from tfdistx.config.spec import resolve
+    from tfdistx.config.resolve import resolve
     from tfdistx.engine.build import build_source
 
     cfg = compose([*overrides, "data.batch_size=128"])

@@ -10,7 +10,7 @@ import tensorflow as tf
 
 from config_helpers import compose_ok
 from tfdistx import rundir
-from tfdistx.config.spec import resolve
+from tfdistx.config.resolve import resolve
 from tfdistx.engine import fit
 from tfdistx.engine.strategy import configure_devices
 
@@ -44,7 +44,7 @@ class Trained:
 def train(run_dir, *overrides, sizes=SMALL) -> Trained:
     spec = resolve(compose_ok(run_dir, *QUICK, *sizes, *overrides), str(run_dir))
     with rundir.exclusive(str(run_dir)):  # as the command line holds it: its .lock marks a run dir to resume in (rundir.in_the_way)
-        return Trained(run_dir, spec, fit.train(spec))
+        return Trained(run_dir, spec, fit.train(spec).objective)
 
 
 def whole_and_resumed(tmp_path, args, stop_at=20, steps=40):

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from tfdistx.config.spec import Optimizer
 from tfdistx.data import sources as data_lib
 from tfdistx.data import input as input_lib
 from tfdistx.engine.loop import Log, Loop, SaveCheckpoints, Schedule
@@ -59,7 +60,8 @@ def test_loop_runs_steps_logs_evaluates_and_saves():
     task = Classification(metrics=("accuracy",))
     model = mlp((4, 4, 1), 3, hidden_units=(8,))
     learning_rate = LearningRateAtStep(0.01)
-    optimizer = build_optimizer({"name": "sgd"}, learning_rate)
+    optimizer = build_optimizer(Optimizer("sgd", lr=0.01, schedule="constant", warmup_steps=0, min_lr_ratio=0.0,
+                                          scale_lr_with_replicas=False, clip_norm=None, global_clip_norm=None, options={}), learning_rate)
     metrics = MetricSet(task.metrics())
     features, labels = next(iter(source.train(None).batch(2)))
     metrics.build(*task.metric_inputs(labels, model(features)))

@@ -19,7 +19,7 @@ from conftest import Run, refused_in_one_line, tfdistx_env
 from tfdistx.commands import export as export_command
 from tfdistx.commands import predict as command
 from tfdistx.commands.common import compose
-from tfdistx.config.spec import resolve
+from tfdistx.config.resolve import resolve
 from tfdistx.data import files as data_files
 from tfdistx.data import sources
 from tfdistx.engine import fit

@@ -10,7 +10,7 @@ from tfdistx.commands import recipes as recipes_command
 from tfdistx.config import userconf
 from tfdistx.config.compose import keys_for_own_targets
 from tfdistx.config.errors import ConfigError
-from tfdistx.config.spec import resolve
+from tfdistx.config.resolve import resolve
 
 pytestmark = pytest.mark.unit
 

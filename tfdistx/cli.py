@@ -6,12 +6,12 @@ checks its arguments before it starts TensorFlow, if it needs it at all
 (commands/common.start_tensorflow): a refusal never waits for it.
 """
 
-import atexit
 import importlib
-import logging
 import os
 import sys
-from typing import NoReturn, Optional, Sequence
+from typing import Optional, Sequence
+
+from tfdistx.commands.ending import end_process
 
 # `tfdistx NAME ...` runs a tool instead of a training job.
 SUBCOMMANDS = {
@@ -62,31 +62,6 @@ def _command(argv: list, process_ends_after: bool):
     except BrokenPipeError:  # `tfdistx recipes | head`, `--plan | head`: the reader has what it wanted
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         sys.exit(0)
-
-
-def end_process(code) -> NoReturn:
-    """End the process with `code` (SystemExit's: None is 0, a message is
-    printed and 1) without Python's teardown. That teardown destroys the
-    input pipelines still referenced (by a run's runner, or by the
-    traceback of a preemption's exit) and can wait minutes on tf.data's
-    thread pools: measured 20 s after a multiworker worker's preemption
-    checkpoint, 77 s after a mirrored 1x4 run, long enough for a scheduler
-    to SIGKILL a task that had saved. What must still happen does: atexit
-    functions run (TensorFlow removes its autograph temp files), and the
-    logs are flushed and closed."""
-    if code is None:
-        code = 0
-    elif not isinstance(code, int):
-        print(code, file=sys.stderr)
-        code = 1
-    atexit._run_exitfuncs()  # noqa: SLF001 (the one way to run them before os._exit)
-    logging.shutdown()  # flushes and closes tfdistx.log
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except (OSError, ValueError):  # a closed pipe: nothing more to say
-            pass
-    os._exit(code)
 
 
 def _user_config_dirs(argv: list) -> list:

@@ -23,6 +23,9 @@ from tfdistx.engine.loggers import into_log_files  # no TensorFlow there
 
 
 def register_config_names(overrides) -> None:
+    """What composing needs known first, in one place: the schema's types,
+    then the names of the groups' options beyond the shipped files."""
+    schema.register()  # the structured config: types checked at compose time
     userconf.register(overrides)  # --config-dir / TFDISTX_CONFIG_PATH: the user's own groups and experiments
     topology.register(overrides)  # cluster=WxD / psPwW names
     recipes.register(overrides)  # TFDISTX_RECIPES dirs, and the clusters the chosen recipes name
@@ -31,7 +34,6 @@ def register_config_names(overrides) -> None:
 def compose(overrides: Sequence[str], notes: bool = True) -> DictConfig:
     """The composed and validated config for these overrides, as every
     command sees it (raises ConfigError)."""
-    schema.register()
     register_config_names(overrides)
     return compose_and_validate(overrides, notes=notes)
 

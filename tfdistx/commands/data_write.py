@@ -8,7 +8,7 @@ import sys
 from tfdistx.commands.common import compose, one_line_errors, start_tensorflow
 from tfdistx.config import datafiles
 from tfdistx.config.errors import ConfigError
-from tfdistx.config.spec import resolve
+from tfdistx.config.resolve import resolve
 from tfdistx.rundir import DATA_FILES, check_new_directory
 
 

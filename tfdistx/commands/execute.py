@@ -19,27 +19,29 @@ from tfdistx import machine
 from tfdistx.cluster import placement as cluster
 from tfdistx.cluster.evaluator import EVALUATOR
 from tfdistx.cluster.launch import run_local_cluster
-from tfdistx.cluster.placement import Source
+from tfdistx.commands.ending import hold_until_exit
+from tfdistx.cluster.placement import Placement, Source
 from tfdistx.config import data_service, strategies
 from tfdistx.config.errors import ConfigError, retryable_exits_offset_by
 from tfdistx.config.objective import value as objective_value
-from tfdistx.config.spec import resolve
+from tfdistx.config.resolve import resolve
 from tfdistx.engine.loggers import into_log_files  # no TensorFlow there
 from tfdistx.sigterm import SigtermNotice
 
 
 def execute(cfg: DictConfig, run_dir: str, mode: str, step: Optional[int] = None, process_ends_after: bool = False,
-            notice: Optional[SigtermNotice] = None):
+            notice: Optional[SigtermNotice] = None, placement: Optional[Placement] = None):
     """Train (mode "train") or evaluate (mode "evaluate") as `cfg` says, in
     `run_dir`. `notice`: the process's SIGTERM notice (sigterm.py), taken
-    at its start; a training run without one takes it here."""
+    at its start; a training run without one takes it here. `placement`:
+    where this process stands (placement_of), when the caller has it.
+    `process_ends_after`: the process ends as soon as this returns
+    (cli.end_process), so what the run built is held until then."""
     if mode == "train" and notice is None:
         with SigtermNotice() as notice:
-            return execute(cfg, run_dir, mode, step, process_ends_after, notice)
+            return execute(cfg, run_dir, mode, step, process_ends_after, notice, placement)
     facts = strategies.get(cfg.strategy.name, cfg.cluster.workers, cfg.cluster.devices_per_worker)
-    # data.service feeds training only: an evaluation reads its data in the process that evaluates
-    service_jobs = data_service.job_counts(cfg.data) if mode == "train" else {}
-    placement = cluster.detect(facts, cfg.cluster, service_jobs=service_jobs)
+    placement = placement or placement_of(cfg, mode)
     stale = facts.stale_gradients_warning(cfg.cluster.workers, cfg.trainer.steps) if mode == "train" else None
     if stale and placement.is_chief and placement.source is not Source.LOCAL:  # once: by the task that trains, not its launcher
         warn(stale)
@@ -69,7 +71,10 @@ def execute(cfg: DictConfig, run_dir: str, mode: str, step: Optional[int] = None
         with checkpointing.stops_cleanly_when_unwritable(spec.checkpoint.dir, evaluating=mode == "evaluate"):
             if mode == "evaluate":
                 return fit.evaluate(spec, placement, step)
-            return fit.train(spec, placement, process_ends_after=process_ends_after, notice=notice)
+            trained = fit.train(spec, placement, notice=notice)
+        if process_ends_after:
+            hold_until_exit(trained.runner)  # its input pipelines' teardown could stall the process's end
+        return trained.objective
 
 
 def warn(text: str) -> None:
@@ -79,11 +84,13 @@ def warn(text: str) -> None:
     into_log_files(line, logging.WARNING)
 
 
-def owns_run_dir(cfg: DictConfig) -> bool:
-    """The process that writes a run directory: a single run, a local
-    cluster's launcher, or the chief of a scheduler's cluster."""
+def placement_of(cfg: DictConfig, mode: str = "train") -> Placement:
+    """Where this process stands: one process, the launcher of a local
+    cluster, or a task a scheduler placed (TF_CONFIG, Slurm). Its chief is
+    the process that writes the run directory."""
     facts = strategies.get(cfg.strategy.name, cfg.cluster.workers, cfg.cluster.devices_per_worker)
-    return cluster.detect(facts, cfg.cluster, service_jobs=data_service.job_counts(cfg.data)).is_chief
+    # data.service feeds training only: an evaluation reads its data in the process that evaluates
+    return cluster.detect(facts, cfg.cluster, service_jobs=data_service.job_counts(cfg.data) if mode == "train" else {})
 
 
 def local_tasks(cfg: DictConfig, facts: strategies.Strategy, mode: str) -> Tuple[Dict[str, int], bool]:

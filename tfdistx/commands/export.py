@@ -11,7 +11,7 @@ from typing import List, Optional
 from tfdistx.commands.common import one_line_errors, start_tensorflow
 from tfdistx.config.compose import saved_config
 from tfdistx.config.errors import ConfigError
-from tfdistx.config.spec import resolve
+from tfdistx.config.resolve import resolve
 from tfdistx.engine.checkpoint_files import find
 from tfdistx.rundir import check_new_directory
 

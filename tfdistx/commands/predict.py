@@ -35,7 +35,7 @@ from tfdistx.commands.common import compose, one_line_errors, plain_value, start
 from tfdistx.config import datafiles
 from tfdistx.config.compose import saved_config, saved_overrides
 from tfdistx.config.errors import ConfigError
-from tfdistx.config.spec import resolve
+from tfdistx.config.resolve import resolve
 from tfdistx.engine.checkpoint_files import find
 from tfdistx.rundir import PREDICTIONS, check_new_directory
 

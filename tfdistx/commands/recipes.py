@@ -12,7 +12,8 @@ from hydra.errors import HydraException
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from tfdistx.config import schema, topology, userconf
+from tfdistx.commands.common import register_config_names
+from tfdistx.config import userconf
 from tfdistx.config.compose import as_config_error
 from tfdistx.config.errors import EXIT_INVALID_CONFIG, ConfigError
 from tfdistx.config.paths import config_dir
@@ -24,7 +25,7 @@ from tfdistx.rundir import keep_aside
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
-        args = _parser().parse_args(userconf.take_flags(list(sys.argv[1:] if argv is None else argv)))
+        args = _parser().parse_args(list(sys.argv[1:] if argv is None else argv))  # cli.py has taken --config-dir
         userconf.check()  # the list shows an option the config dirs may not hold (userconf.shadowing); `show` refuses it
         register([])
         if args.command == "show":
@@ -112,10 +113,7 @@ def _show(name: str, overrides: Sequence[str], resolve: bool) -> int:
     if find(name) is None:
         raise unknown(name)
     overrides = [f"{GROUP}={name}", *overrides]
-    schema.register()
-    userconf.register(overrides)
-    topology.register(overrides)
-    register(overrides)
+    register_config_names(overrides)
     try:
         with initialize_config_dir(config_dir=str(config_dir()), version_base=None):
             cfg = compose("config", overrides=overrides)

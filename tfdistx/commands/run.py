@@ -20,9 +20,9 @@ from omegaconf import DictConfig, OmegaConf
 
 from tfdistx import rundir
 from tfdistx.commands.common import one_line_errors, refuse, register_config_names
-from tfdistx.commands.execute import execute, owns_run_dir
+from tfdistx.cluster.placement import Placement
+from tfdistx.commands.execute import execute, placement_of
 from tfdistx.commands.plan import describe
-from tfdistx.config import schema, userconf
 from tfdistx.config.compose import compose_and_validate, composed, keys_for_own_targets, only_given_keys_for_user_targets
 from tfdistx.config.errors import ConfigError, RunFault
 from tfdistx.config.objective import direction
@@ -35,11 +35,9 @@ def main(argv: Sequence[str], process_ends_after: bool = False):
     """A training run (`--plan`: its plan; `-m`: a sweep of runs) for these
     overrides. `process_ends_after`: the process ends when the run does
     (cli.end_process), so its input pipelines need no teardown."""
-    schema.register()
     plan, text = "--plan" in argv, ""
-    argv = [arg for arg in argv if arg != "--plan"]
+    argv = [arg for arg in argv if arg != "--plan"]  # cli.py has taken --config-dir DIR (userconf.take_flags)
     try:
-        argv = userconf.take_flags(argv)  # --config-dir DIR: the user's groups, for compose and for Hydra alike
         argv = keys_for_own_targets(argv)  # model._target_=mine model.filters=32, for a sweep's jobs too
         args = get_args_parser().parse_args(argv)
         register_config_names(args.overrides)
@@ -148,30 +146,35 @@ def _run_once(overrides, process_ends_after: bool = False, notice: Optional[Sigt
             raise ConfigError.one("hydra.callbacks", OmegaConf.to_container(cfg.hydra.callbacks),
                                   str(error).strip().splitlines()[0]) from None
         context = HydraContext(config_loader=GlobalHydra.instance().config_loader(), callbacks=callbacks)
+        placement = placement_of(cfg)  # worked out once for the run
         # Locked before run_job writes .hydra/ into the directory (rundir.py).
-        owner = rundir.owned(cfg.hydra.run.dir) if owns_run_dir(cfg) else contextlib.nullcontext()
-        with owner:
+        with rundir.owned(cfg.hydra.run.dir) if placement.is_chief else contextlib.nullcontext():
+            job = functools.partial(_run, process_ends_after=process_ends_after, notice=notice, placement=placement)
             try:
-                result = run_job(task_function=functools.partial(_run, process_ends_after=process_ends_after, notice=notice), config=cfg, job_dir_key="hydra.run.dir", job_subdir_key=None, hydra_context=context)
+                result = run_job(task_function=job, config=cfg, job_dir_key="hydra.run.dir", job_subdir_key=None, hydra_context=context)
             except KeyboardInterrupt:
                 print("tfdistx: interrupted", file=sys.stderr)
                 sys.exit(130)
             _ = result.return_value  # re-raises what the job raised
 
 
-def _run(cfg: DictConfig, process_ends_after: bool = False, notice: Optional[SigtermNotice] = None):
+def _run(cfg: DictConfig, process_ends_after: bool = False, notice: Optional[SigtermNotice] = None,
+         placement: Optional[Placement] = None):
     """One Hydra job: train here, or start a local cluster whose tasks each
     run this job. Multirun jobs are composed by the sweeper, so checked here.
     `process_ends_after`: the process ends when the run does (_run_once);
-    `notice`: its SIGTERM notice (a sweep's jobs take their own)."""
+    `notice`: its SIGTERM notice (a sweep's jobs take their own);
+    `placement`: where this process stands (a sweep's jobs: worked out here)."""
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
     hydra_cfg = HydraConfig.get()
     with one_line_errors():
         if hydra_cfg.mode != RunMode.MULTIRUN:  # composed, checked and locked by _run_once, which then ends the process
-            return execute(cfg, hydra_cfg.runtime.output_dir, "train", process_ends_after=process_ends_after, notice=notice)
+            return execute(cfg, hydra_cfg.runtime.output_dir, "train", process_ends_after=process_ends_after, notice=notice,
+                           placement=placement)
         only_given_keys_for_user_targets(cfg, hydra_cfg.overrides.task)
         validate(cfg)
-        with rundir.owned(hydra_cfg.runtime.output_dir) if owns_run_dir(cfg) else contextlib.nullcontext():
-            return execute(cfg, hydra_cfg.runtime.output_dir, "train")
+        placement = placement_of(cfg)
+        with rundir.owned(hydra_cfg.runtime.output_dir) if placement.is_chief else contextlib.nullcontext():
+            return execute(cfg, hydra_cfg.runtime.output_dir, "train", placement=placement)

@@ -30,6 +30,16 @@ PIPELINE_KEYS = tuple(PIPELINE_DEFAULTS)
 # Keys of the task group that are tfdistx's, not the task class's.
 TASK_KEYS = ("name", "objective")
 
+# The optimizer and logger groups are free-form (an optimizer class takes
+# keys of its own); tfdistx's keys of them, with their defaults for an
+# option that does not set them (conf/optimizer/*.yaml and conf/logger/*.yaml
+# show them; resolve.py fills them in).
+OPTIMIZER_DEFAULTS = {"schedule": "constant", "warmup_steps": 0, "min_lr_ratio": 0.0, "scale_lr_with_replicas": False,
+                      "clip_norm": None, "global_clip_norm": None}
+OPTIMIZER_KEYS = ("name", "lr", *OPTIMIZER_DEFAULTS)
+LOGGER_DEFAULTS = {"console": True, "tensorboard": True}
+WANDB_DEFAULTS = {"project": "tfdistx", "entity": None, "mode": None, "tags": [], "init_timeout": 30.0}
+
 
 @dataclass
 class EarlyStoppingConfig:

@@ -11,19 +11,12 @@ from omegaconf import DictConfig, OmegaConf
 
 from tfdistx.config import datafiles
 from tfdistx.config.errors import Problem
-
-# Targets that runs written by earlier versions name in their .hydra/config.yaml.
-RENAMED = {"tfdistx.records.tfrecord": "tfdistx.data.tfrecord", "tfdistx.records.csv": "tfdistx.data.csv"}
+from tfdistx.config.targets import current
 
 # Sizes the built-in sources take, and their least sensible value: checked
 # here so that a 0 is named, not answered by numpy from deep inside.
 SIZES = {"train_examples": 1, "eval_examples": 1, "num_classes": 2, "num_labels": 1, "num_targets": 1, "num_features": 1,
          "num_fields": 1, "dense_features": 0, "vocab_size": 2, "shuffle_buffer": 1}
-
-
-def current(target) -> str:
-    """A data target as this version names it."""
-    return RENAMED.get(str(target), str(target))
 
 
 def size_problems(data: DictConfig) -> list:

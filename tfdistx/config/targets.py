@@ -1,25 +1,34 @@
-"""Instantiate a user-replaceable `_target_` from its config group.
+"""Build a user-replaceable `_target_` of a config group: plain data.
 
-Hydra's `instantiate` passes every key of the group to the target. A key
-the target cannot take is refused here with the target's own parameters
-(a misspelt `model.hiden_units` would otherwise fail deep inside the call,
-or, with a default, train silently without it) — the one thing Hydra does
-not do for us. The default group's keys do not reach a user's target that
-the command line names (compose.only_given_keys_for_user_targets); the
-runtime arguments tfdistx passes (input_shape, num_outputs, ...) are given
-only where the target takes them.
+A Target is the dotted path of a callable and the group's keys, resolved
+on the config side (config/resolve.py); the engine builds it when it needs
+the object. It is built as Hydra's `instantiate` would (the keys as
+keyword arguments; a value that is itself a mapping with a `_target_`
+built first), but here, by importlib, for two reasons: the engine must not
+load Hydra, and a key the target cannot take is refused with the target's
+own parameters (a misspelt `model.hiden_units` would otherwise fail deep
+inside the call, or, with a default, train silently without it), which
+Hydra does not do. The default group's keys do not reach a user's target
+that the command line names (compose.only_given_keys_for_user_targets);
+the runtime arguments tfdistx passes (input_shape, num_outputs, ...) are
+given only where the target takes them. No Hydra, no TensorFlow here.
 """
 
 import importlib
 import inspect
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
-from hydra.utils import get_method, instantiate
-
-from tfdistx.config import sources
 from tfdistx.config.errors import ConfigError, Problem
+
+# Targets that runs written by earlier versions name in their .hydra/config.yaml.
+RENAMED = {"tfdistx.records.tfrecord": "tfdistx.data.tfrecord", "tfdistx.records.csv": "tfdistx.data.csv"}
+
+
+def current(target) -> str:
+    """A target as this version names it."""
+    return RENAMED.get(str(target), str(target))
 
 
 @dataclass(frozen=True)
@@ -34,7 +43,7 @@ class Target:
     def of(cls, group: str, keys: Mapping[str, Any], exclude: Iterable[str] = ()) -> "Target":
         """The group's resolved keys, less `exclude` (tfdistx's own keys of the group)."""
         kwargs = {k: v for k, v in keys.items() if k not in set(exclude) and k != "_target_"}
-        return cls(group, sources.current(keys["_target_"]), MappingProxyType(kwargs))
+        return cls(group, current(keys["_target_"]), MappingProxyType(kwargs))
 
     def build(self, expect: type, **runtime: Any) -> Any:
         """Call the target with the group's keys and `runtime` kwargs; the
@@ -45,7 +54,7 @@ class Target:
 def build(group: str, target: str, kwargs: dict, expect: type, **runtime: Any) -> Any:
     """Call `target` with `kwargs` and `runtime`; the result must be an `expect`."""
     try:
-        fn = get_method(target)
+        fn = locate(target)
     except Exception as error:
         raise ConfigError.one(f"{group}._target_", target, _why_not_found(target, error)) from None
     kwargs = {**kwargs, **runtime}
@@ -61,15 +70,44 @@ def build(group: str, target: str, kwargs: dict, expect: type, **runtime: Any) -
                                    f"{', '.join(takes) or 'none'} (tfdistx passes {', '.join(sorted(runtime)) or 'nothing'} itself)")
                            for key in unknown])
     try:
-        built = instantiate({"_target_": target, **accepted}, _convert_="all")
+        built = fn(**{key: _built(group, key, value) for key, value in accepted.items()})
+    except ConfigError:
+        raise
     except Exception as error:
-        cause = error.__cause__ or error
-        if isinstance(cause, ConfigError):
-            raise cause from None
-        raise ConfigError.one(f"{group}._target_", target, f"failed: {type(cause).__name__}: {str(cause).splitlines()[0] if str(cause) else ''}") from error
+        raise ConfigError.one(f"{group}._target_", target, f"failed: {type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}") from error
     if not isinstance(built, expect):
         raise ConfigError.one(f"{group}._target_", target, f"returned a {type(built).__name__}; it must return a {expect.__module__}.{expect.__name__}")
     return built
+
+
+def locate(path: str) -> Callable:
+    """The object a dotted path names: the longest importable module, then
+    attributes (`pkg.mod.Class.method` too)."""
+    parts = path.split(".")
+    for split in range(len(parts), 0, -1):
+        try:
+            found = importlib.import_module(".".join(parts[:split]))
+        except ModuleNotFoundError as error:
+            if error.name and not ".".join(parts[:split]).startswith(error.name):
+                raise  # a module that exists failed to import one of its own
+            continue
+        for attribute in parts[split:]:
+            found = getattr(found, attribute)
+        return found
+    raise ModuleNotFoundError(f"no module named {parts[0]!r}", name=parts[0])
+
+
+def _built(group: str, key: str, value: Any) -> Any:
+    """A key's value as the target gets it: a mapping with a `_target_` (as
+    Hydra's instantiate builds nested ones) is built first, with its keys."""
+    if isinstance(value, Mapping) and "_target_" in value:
+        nested = {k: v for k, v in value.items() if k != "_target_"}
+        return build(f"{group}.{key}", current(value["_target_"]), nested, object)
+    if isinstance(value, Mapping):
+        return {k: _built(group, f"{key}.{k}", v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_built(group, f"{key}[{i}]", v) for i, v in enumerate(value)]
+    return value
 
 
 def _parameters(fn) -> list:

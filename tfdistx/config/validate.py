@@ -19,6 +19,7 @@ from tfdistx.config import compute, data_service, sources, strategies, tasks, to
 from tfdistx.config.errors import MAX_RETRYABLE_EXIT_OFFSET, ConfigError, Problem
 from tfdistx.config.objective import objective_problems, unevaluated_problems
 from tfdistx.config.schema import LAUNCH_MODES, Config
+from tfdistx.config.targets import current
 
 OPTIMIZERS = ("adam", "sgd", "adamw")
 FLOAT32_MAX = 3.4028234663852886e38  # the learning rate lives in a float32 variable
@@ -274,7 +275,7 @@ def _task_and_data(task: DictConfig, data: DictConfig) -> list:
     labels are checked once the source is built (Task.check_labels)."""
     labels = sources.of(data).labels
     if labels and str(task.get("_target_")) == tasks.BINARY:
-        return [Problem("task", task.get("name"), f"the labels of data={sources.current(data._target_)} are {labels}; "
+        return [Problem("task", task.get("name"), f"the labels of data={current(data._target_)} are {labels}; "
                         "binary takes labels 0 and 1: use task=regression")]
     return []
 
@@ -286,7 +287,7 @@ def _evaluated(cfg: DictConfig) -> list:
     key = sources.no_eval_split(cfg.data)
     if key is None:
         return []
-    no_eval = f"data={sources.current(cfg.data._target_)} has no eval split ({key}={cfg.data.get(key.partition('.')[2])})"
+    no_eval = f"data={current(cfg.data._target_)} has no eval split ({key}={cfg.data.get(key.partition('.')[2])})"
     return unevaluated_problems(cfg.trainer.objective, cfg.checkpoint.keep_best, cfg.trainer.early_stopping.patience, no_eval, f"give {key}")
 
 

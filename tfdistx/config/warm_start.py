@@ -14,7 +14,7 @@ import zipfile
 from pathlib import Path
 from typing import List, Optional, Tuple
 
-from omegaconf import OmegaConf
+import yaml  # PyYAML: a run's saved config, read without OmegaConf (the engine imports this module)
 
 from tfdistx.config.errors import Problem
 
@@ -83,10 +83,12 @@ def run_dir_of(path: str, path_kind: str) -> Optional[Path]:
 def checkpoint_dir_of_run(run_dir: Path) -> Path:
     """Where a run keeps its checkpoints: its config's checkpoint.dir, or RUN/checkpoints."""
     try:
-        configured = OmegaConf.select(OmegaConf.load(run_dir / ".hydra" / "config.yaml"), "checkpoint.dir", default=None)
-    except Exception:  # unreadable: spec.resolve reports it in one line (compose.saved_config)
+        saved = yaml.safe_load((run_dir / ".hydra" / "config.yaml").read_text()) or {}
+        configured = (saved.get("checkpoint") or {}).get("dir")
+    except Exception:  # unreadable: resolve reports it in one line (compose.saved_config)
         configured = None
-    return Path(configured) if isinstance(configured, str) and configured else run_dir / "checkpoints"
+    # an interpolation (${...}) is the run's to resolve: its default place is the one to look
+    return Path(configured) if isinstance(configured, str) and configured and "${" not in configured else run_dir / "checkpoints"
 
 
 def resumes(checkpoint_dir: Optional[str], restore: bool) -> bool:

@@ -1,6 +1,7 @@
 """Build the parts of a run from its spec: strategy, task, data, model,
 optimizer and checkpointer, in that order (cf. Model Garden's
-train_lib/base_task: build first, then fit).
+train_lib/base_task: build first, then fit). The second of a run's phases
+(engine/fit.py); the process has joined its cluster first (engine/join.py).
 
 Bad input met while building (a model that does not take the data, labels
 outside the task's range, a batch larger than the data) is refused here as
@@ -8,16 +9,14 @@ a ConfigError, before the first step.
 """
 
 import logging
-import os
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import List, Optional
 
 import keras
 import tensorflow as tf
 
 from tfdistx import machine
 from tfdistx.cluster.placement import Placement
-from tfdistx.cluster.rendezvous import meet_peers
 from tfdistx.config import compute, strategies
 from tfdistx.config.errors import ConfigError
 from tfdistx.config.objective import objective_problems, unevaluated_problems
@@ -26,12 +25,10 @@ from tfdistx.config.strategies import Strategy
 from tfdistx.data import input as input_lib
 from tfdistx.data.files import input_errors_in_one_line
 from tfdistx.data.sources import DataSource, single_examples
-from tfdistx.engine import resplit, sharding, topology
+from tfdistx.engine import process, resplit, sharding, topology
 from tfdistx.engine import strategy as strategy_lib
 from tfdistx.engine.checkpointing import Checkpointer, ObjectiveState
 from tfdistx.engine.optim import LearningRateAtStep, build_optimizer, effective_lr, schedule
-from tfdistx.engine.serving import serve_strategy_task
-from tfdistx.sigterm import SigtermNotice
 from tfdistx.tasks import Task, float32
 
 log = logging.getLogger(__name__)
@@ -44,27 +41,26 @@ class Run:
     spec: RunSpec
     placement: Placement
     facts: Strategy  # the concrete strategy's row
-    strategy_name: str
-    strategy: Any
-    coordinator: Any
-    task: Any
-    source: Any
-    model: Any
-    optimizer: Any
-    learning_rate: Any
-    step_counter: Any
-    checkpointer: Any
+    strategy_name: str  # the concrete strategy (`auto` made concrete)
+    strategy: tf.distribute.Strategy
+    coordinator: Optional[tf.distribute.experimental.coordinator.ClusterCoordinator]  # parameter servers only
+    task: Task
+    source: DataSource
+    model: keras.Model
+    optimizer: keras.optimizers.Optimizer
+    learning_rate: LearningRateAtStep
+    step_counter: tf.Variable  # steps completed, as the loop counts them; saved with the checkpoint
+    checkpointer: Checkpointer
+    objective_state: ObjectiveState  # the objective's best so far and early stopping's count
     global_batch: int
     per_replica_batch: int
     total_steps: int
     peak_lr: float
     jit_compile: bool
+    steps_per_xla_call: int  # consecutive steps in one XLA computation (update.py)
     sample: tuple  # (labels, model outputs) of two training examples, to build the metrics with
-    objective_state: Any = None  # checkpointing.ObjectiveState: the objective's best so far and early stopping's count
-    train_variables: Any = None  # what the optimizer updates, when not the model's trainable variables (sharding.py)
-    topology: Optional[dict] = None  # what it runs on (engine/topology.py), recorded with each checkpoint
-    resumed_from_topology: Optional[dict] = None  # set by fit: the restored checkpoint's, when another
-    steps_per_xla_call: int = 1  # consecutive steps in one XLA computation (update.py)
+    topology: dict  # what it runs on (engine/topology.py), recorded with each checkpoint
+    train_variables: Optional[List[tf.Variable]] = None  # what the optimizer updates, when not the model's trainable ones (sharding.py)
 
     @property
     def dir(self):
@@ -77,7 +73,7 @@ class Run:
 
     @property
     def workers(self) -> int:
-        return len(self.placement.spec.get("worker", [])) or 1
+        return worker_count(self.placement)
 
     @property
     def replicas_text(self) -> str:
@@ -86,26 +82,14 @@ class Run:
         return f"{self.replicas} replica{'s' if self.replicas != 1 else ''} ({self.per_replica_batch} examples each)"
 
 
-def build_run(spec: RunSpec, placement: Placement, notice: Optional[SigtermNotice] = None) -> Optional[Run]:
-    """The run's parts; None for a parameter-server cluster's ps or worker
-    task, which serves the coordinator until it is stopped. `notice`: the
-    process's SIGTERM notice (sigterm.py), if it has one."""
-    notice = notice or SigtermNotice()
-    in_cluster = placement.in_cluster
-    if in_cluster:
-        # What TensorFlow's cluster resolvers (and its preemption handler) read.
-        os.environ["TF_CONFIG"] = placement.tf_config()
-    strategy_lib.configure_devices(spec.cluster.devices_per_worker, multi_worker=in_cluster)  # before TF starts
-    facts = spec.strategy.facts
-    if in_cluster:  # TensorFlow would wait for a missing task forever (rendezvous.py)
-        meet_peers(placement, spec.cluster.startup_timeout, wait=placement.task_type not in facts.serving_jobs, notice=notice)
-    if placement.task_type in facts.serving_jobs:  # the coordinator drives training; this task lends its devices
-        serve_strategy_task(placement, facts, spec.cluster.preemption_grace, notice)
-        return None
+def worker_count(placement: Placement) -> int:
+    """The worker tasks of the cluster (1 for a single process)."""
+    return len(placement.spec.get("worker", [])) or 1
 
+
+def build_run(spec: RunSpec, placement: Placement) -> Run:
+    """The run's parts, for a process that has joined its cluster (join.py)."""
     trainer, cluster = spec.trainer, spec.cluster
-    _quiet_known_noise()
-    keras.utils.set_random_seed(trainer.seed)
     name = strategy_lib.concrete_name(spec.strategy.name, cluster.workers, cluster.devices_per_worker)
     facts = strategies.STRATEGIES[name]
     strategy = strategy_lib.build(name, spec.strategy.options, cluster.devices_per_worker, peer_timeout=cluster.peer_timeout)
@@ -114,29 +98,13 @@ def build_run(spec: RunSpec, placement: Placement, notice: Optional[SigtermNotic
     # A step trains on accumulate_steps batches of data.batch_size (update.py).
     global_batch = spec.pipeline.batch_size * trainer.accumulate_steps
     per_replica = input_lib.per_replica_batch(global_batch, replicas)
-
-    task, source = build_task(spec), build_source(spec)
-    if source.train_examples and global_batch > source.train_examples:  # a step could never fill its batch
-        raise ConfigError.one("data.batch_size", spec.pipeline.batch_size, f"a step's {global_batch} examples are more than the "
-                              f"{source.train_examples} training examples of data={spec.data.path}")
-    problems = objective_problems(trainer.objective, task.name, task.metrics())
-    if source.eval is None:  # a user's source without eval data: known only now (a built-in one's config says so: validate.py)
-        problems += unevaluated_problems(trainer.objective, spec.checkpoint.keep_best, trainer.early_stopping.patience,
-                                         f"data={spec.data.path} has no eval split (its DataSource's eval is None)", "give it an eval pipeline")
-    if problems:
-        raise ConfigError(problems)
+    task, source = _task_and_source(spec, global_batch)
     total_steps = _total_steps(spec, source.train_examples, global_batch)
     feature_spec, label_spec = source.element_spec
     num_outputs = task.num_outputs(label_spec, source.num_classes)
     learning_rate = LearningRateAtStep(schedule(spec.optimizer, replicas, total_steps))
-    gpus = bool(tf.config.list_logical_devices("GPU"))
-    unseen = machine.unseen_gpus(gpus, tf.test.is_built_with_cuda())
-    if unseen and placement.is_chief:
-        log.warning(unseen)
-    if compute.precision_warning(trainer.precision, gpus):
-        log.warning(compute.precision_warning(trainer.precision, gpus))
-    keras.mixed_precision.set_global_policy(trainer.precision)  # every run sets it: a sweep's earlier job may have changed it
-    with strategy.scope():
+    gpus = _gpus(trainer.precision, placement)
+    with strategy.scope(), process.precision(trainer.precision):
         model = build_model(spec, feature_spec, num_outputs)
         # Variables split across the ps tasks (strategy.partitioner): the optimizer
         # updates each shard, and the checkpoint holds the optimizer as an unsplit run's, which restores
@@ -156,20 +124,46 @@ def build_run(spec: RunSpec, placement: Placement, notice: Optional[SigtermNotic
         trainer.steps_per_xla_call, jit, facts, trainer.steps_per_loop, compute.loop_periods(trainer, spec.checkpoint), gpus=gpus, layers=layers)
     log.info("precision %s; XLA %s; steps per XLA call %s", trainer.precision, why, per_call_why)
 
-    workers = len(placement.spec.get("worker", [])) or 1
+    workers = worker_count(placement)
     run_topology = topology.describe(  # recorded with each checkpoint; a resume on another topology is checked against it
         strategy=name, cluster=cluster.name, workers=workers, ps=cluster.ps, replicas=workers if facts.asynchronous else replicas,
         input_pipelines=workers, global_batch=global_batch, per_replica_batch=per_replica,
         learning_rate=effective_lr(spec.optimizer, replicas))
-
     checkpointer = Checkpointer(
         spec.checkpoint.dir, max_to_keep=spec.checkpoint.max_to_keep, is_chief=placement.is_chief, task_name=placement.task_name,
         model=model, optimizer=saved_optimizer, rng=rng_states(model), step=step_counter, objective=objective_state,
         optional=["objective"],  # checkpoints written before it was saved restore without it
         topology=run_topology, resplit=_resplit(spec, model, feature_spec, num_outputs))
-    return Run(spec, placement, facts, name, strategy, coordinator, task, source, model, optimizer, learning_rate,
-               step_counter, checkpointer, global_batch, per_replica, total_steps, effective_lr(spec.optimizer, replicas),
-               jit, sample, objective_state, train_variables, topology=run_topology, steps_per_xla_call=per_call)
+    return Run(spec, placement, facts, name, strategy, coordinator, task, source, model, optimizer, learning_rate, step_counter,
+               checkpointer, objective_state, global_batch, per_replica, total_steps, effective_lr(spec.optimizer, replicas),
+               jit, per_call, sample, run_topology, train_variables)
+
+
+def _task_and_source(spec: RunSpec, global_batch: int):
+    """The task and the data source, checked against each other and the run."""
+    task, source = build_task(spec), build_source(spec)
+    if source.train_examples and global_batch > source.train_examples:  # a step could never fill its batch
+        raise ConfigError.one("data.batch_size", spec.pipeline.batch_size, f"a step's {global_batch} examples are more than the "
+                              f"{source.train_examples} training examples of data={spec.data.path}")
+    trainer = spec.trainer
+    problems = objective_problems(trainer.objective, task.name, task.metrics())
+    if source.eval is None:  # a user's source without eval data: known only now (a built-in one's config says so: validate.py)
+        problems += unevaluated_problems(trainer.objective, spec.checkpoint.keep_best, trainer.early_stopping.patience,
+                                         f"data={spec.data.path} has no eval split (its DataSource's eval is None)", "give it an eval pipeline")
+    if problems:
+        raise ConfigError(problems)
+    return task, source
+
+
+def _gpus(precision: str, placement: Placement) -> bool:
+    """Whether TensorFlow sees GPUs; what it does not see, or a precision for other hardware, is said once."""
+    gpus = bool(tf.config.list_logical_devices("GPU"))
+    unseen = machine.unseen_gpus(gpus, tf.test.is_built_with_cuda())
+    if unseen and placement.is_chief:
+        log.warning(unseen)
+    if compute.precision_warning(precision, gpus):
+        log.warning(compute.precision_warning(precision, gpus))
+    return gpus
 
 
 def weighted_layer_kinds(model) -> set:
@@ -210,11 +204,11 @@ def model_from_checkpoint(spec: RunSpec, checkpoint_path: str):
     mirrored across workers. Used by the export and by a warm start."""
     task, source = build_task(spec), build_source(spec)
     feature_spec, label_spec = source.element_spec
+    num_outputs = task.num_outputs(label_spec, source.num_classes)
     # The weights are float32 under every precision (Keras keeps float32 master
     # weights): the rebuilt model is float32, whatever training computed in.
-    keras.mixed_precision.set_global_policy("float32")
-    num_outputs = task.num_outputs(label_spec, source.num_classes)
-    model = build_model(spec, feature_spec, num_outputs)
+    with process.precision("float32"):
+        model = build_model(spec, feature_spec, num_outputs)
     # Restored with the optimizer too, as training saved it: a weight that a
     # layer keeps in a plain list (wide_deep's table shards) is reachable in
     # the checkpoint only through the optimizer's variables, and a restore of
@@ -229,7 +223,8 @@ def _resplit(spec: RunSpec, model, feature_spec, num_outputs: int) -> Optional[r
     """What re-splits the model's tables from a checkpoint of another number
     of shards (resplit.py); None for a model without such tables."""
     def rebuild(shards):  # the model and optimizer outside any strategy, its tables in `shards` pieces
-        plain = build_model(spec, feature_spec, num_outputs, **({} if shards is None else {"shards": shards}))
+        with process.precision(spec.trainer.precision):
+            plain = build_model(spec, feature_spec, num_outputs, **({} if shards is None else {"shards": shards}))
         return plain, build_optimizer_for(spec, plain, LearningRateAtStep(0.0))
 
     return resplit.Resplit(model, rebuild) if resplit.tables(model) else None
@@ -254,9 +249,9 @@ def optimizer_for_checkpoint(spec: RunSpec, model, learning_rate: LearningRateAt
 def build_optimizer_for(spec: RunSpec, model, learning_rate: LearningRateAtStep, variables=None):
     """The configured optimizer, built for the model's trainable variables (or `variables`)."""
     try:
-        optimizer = build_optimizer(dict(spec.optimizer), learning_rate, loss_scaling=spec.trainer.precision == "mixed_float16")
+        optimizer = build_optimizer(spec.optimizer, learning_rate, loss_scaling=spec.trainer.precision == "mixed_float16")
     except (TypeError, ValueError) as error:  # Keras' answer to an unknown or bad keyword
-        raise ConfigError.one("optimizer", spec.optimizer.get("name"), f"bad option: {error}") from None
+        raise ConfigError.one("optimizer", spec.optimizer.name, f"bad option: {error}") from None
     optimizer.build(model.trainable_variables if variables is None else variables)
     return optimizer
 
@@ -292,32 +287,6 @@ def rng_states(model) -> list:
     SeedGenerator is not a TF trackable), so a resumed run would replay the
     first masks again: they are checkpointed explicitly, for exact resume."""
     return [v for v in model.non_trainable_variables if v.path.endswith("seed_generator_state")]
-
-
-def _quiet_known_noise() -> None:
-    import warnings
-
-    # tf.data warns whenever a distributed dataset is iterated inside a
-    # tf.function; absl logs every input-sharding callback, and tf.distribute
-    # every collective it traces, at INFO level: nothing a user can act on.
-    warnings.filterwarnings("ignore", message="To make it possible to preserve tf.data options")
-    for name in ("absl", "tensorflow"):
-        logging.getLogger(name).setLevel(logging.WARNING)
-    tensorflow_log = logging.getLogger("tensorflow")
-    if not any(isinstance(f, _SaverRetracing) for f in tensorflow_log.filters):  # once per process
-        tensorflow_log.addFilter(_SaverRetracing())
-
-
-class _SaverRetracing(logging.Filter):
-    """TensorFlow's checkpoint saver makes a new tf.function for each save of
-    variables that live on other tasks (parameter servers), and its own
-    retracing detector then warns that "5 out of the last 5 calls ...
-    triggered tf.function retracing" at every save from the fifth on: about
-    its own code, nothing a user can change."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        message = record.getMessage()
-        return not ("MultiDeviceSaver.save" in message and "retracing" in message)
 
 
 def _total_steps(spec: RunSpec, train_examples, global_batch: int) -> int:

@@ -15,6 +15,7 @@ from tfdistx.cluster import data_service as cluster_service
 from tfdistx.cluster.placement import Placement
 from tfdistx.config import data_service as config_service
 from tfdistx.config.errors import EXIT_PORT_IN_USE, ConfigError, RunFault
+from tfdistx.config.spec import DataService
 from tfdistx.config.strategies import Strategy
 from tfdistx.data.service import Service
 from tfdistx.engine.serving import until_trainers_leave
@@ -44,18 +45,17 @@ def serve(placement: Placement, facts: Strategy, grace: float, notice: SigtermNo
     until_trainers_leave(server, placement, facts, grace, notice)
 
 
-def train_service(spec_service, placement: Placement, start_step: int) -> Optional[Service]:
+def train_service(asked: Optional[DataService], placement: Placement, start_step: int) -> Optional[Service]:
     """What the training input needs to read from the service (None: off).
     The job name is shared by every trainer of the run (they all restored
     the same step), and new for a resumed run, which starts its own job."""
-    settings = config_service.settings({"service": spec_service}) if spec_service else None
-    if not settings:
+    if asked is None:
         return None
     address = cluster_service.dispatcher_address(placement.service)
     if address is None:  # validated configs place the service; a hand-written TF_CONFIG may not
-        raise ConfigError.one("data.service.workers", settings["workers"], f"this task's cluster (TF_CONFIG or the Slurm step) has "
+        raise ConfigError.one("data.service.workers", asked.workers, f"this task's cluster (TF_CONFIG or the Slurm step) has "
                               f"no `{config_service.DISPATCHER}` task: add the dispatcher and data workers (README: data.service)")
-    return Service(address=address, mode=settings["mode"], job_name=f"tfdistx-train-from-step-{start_step}")
+    return Service(address=address, mode=asked.mode, job_name=f"tfdistx-train-from-step-{start_step}")
 
 
 def _check_port_free(port: int, task: str, address: str) -> None:

@@ -7,6 +7,7 @@ ones a run's `logger` config asks for; the run directory's other files
 """
 
 import contextlib
+import dataclasses
 import json
 import logging
 import netrc
@@ -14,26 +15,27 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import List, Mapping, Optional, Tuple
+from typing import List, Optional, Tuple
+
+from tfdistx.config.spec import Logger
 
 log = logging.getLogger(__name__)
 
 
 @contextlib.contextmanager
-def for_run(run_dir: Path, cfg: Mapping, total_steps: int, start_step: int, enabled: bool = True, config: Optional[dict] = None):
-    """The loggers `cfg` (the logger group) asks for, closed on exit; none
-    unless `enabled` (only the chief writes the run directory)."""
+def for_run(run_dir: Path, asked: Logger, total_steps: int, start_step: int, enabled: bool = True, config: Optional[dict] = None):
+    """The loggers the logger group asks for, closed on exit; none unless
+    `enabled` (only the chief writes the run directory)."""
     sinks = []
     try:
         if enabled:
             sinks.append(JsonlLogger(str(run_dir / "metrics.jsonl"), resume_step=start_step))
-            if cfg.get("console", True):
+            if asked.console:
                 sinks.append(ConsoleProgress(total_steps))
-            if cfg.get("tensorboard", True):
+            if asked.tensorboard:
                 sinks.append(TensorBoardLogger(str(run_dir / "tensorboard")))
-            wandb_cfg = dict(cfg.get("wandb") or {})
-            if wandb_cfg.pop("enabled", False):
-                sinks.append(WandbLogger(str(run_dir), config or {}, **wandb_cfg))
+            if asked.wandb:
+                sinks.append(WandbLogger(str(run_dir), config or {}, **dataclasses.asdict(asked.wandb)))
         yield sinks
     finally:
         for sink in sinks:
@@ -172,8 +174,8 @@ class WandbLogger:
     back to offline with one warning line: training never waits on it.
     """
 
-    def __init__(self, run_dir: str, config: dict, project: str = "tfdistx", entity: Optional[str] = None, mode: Optional[str] = None, tags=(),
-                 init_timeout: float = 30, **_):
+    def __init__(self, run_dir: str, config: dict, project: str, entity: Optional[str], mode: Optional[str], tags: Tuple[str, ...],
+                 init_timeout: float):
         import wandb
 
         self.wandb = wandb

@@ -14,7 +14,8 @@ The flat vector is [examples, loss sum, metric states...], so a step runner
 reduces one tensor per step whatever the task.
 
 AUC is the exception: no state of bounded size gives the exact AUC (it
-ranks every positive against every negative). An `ExactAUC` is therefore
+ranks every positive against every negative). An `ExactAUC` (a task's:
+tasks/metrics.py) is therefore
 computed from every (score, label) pair of the evaluation, gathered from
 all replicas and workers (runner.py), by the rank-sum formula, ties counted
 half. Over training batches, where gathering every step would cost a
@@ -30,14 +31,10 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from tfdistx.tasks.metrics import ExactAUC
+
 # Where the bookkeeping lives in the flat vector, before the metrics' states.
 EXAMPLES, LOSS_SUM, FIRST_METRIC = 0, 1, 2
-
-
-class ExactAUC(keras.metrics.AUC):
-    """ROC AUC, exact over an evaluation (see above); as a Keras metric,
-    the thresholded AUC of training batches. `multi_label`: the mean of
-    the per-label AUCs."""
 
 
 def exact_auc(scores: np.ndarray, labels: np.ndarray) -> float:

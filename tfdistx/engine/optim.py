@@ -11,9 +11,9 @@ decay short of its end. Keras takes a no-argument callable as a learning
 rate; the step runner sets the step it is tracing before each update.
 """
 
-from typing import Any, Mapping
-
 import keras
+
+from tfdistx.config.spec import Optimizer
 
 
 class _GradientsArriveSummed:
@@ -35,21 +35,19 @@ def _summed(cls):
 
 
 _CLASSES = {"adam": _summed(keras.optimizers.Adam), "sgd": _summed(keras.optimizers.SGD), "adamw": _summed(keras.optimizers.AdamW)}
-_TFDISTX_KEYS = ("name", "lr", "schedule", "warmup_steps", "min_lr_ratio", "scale_lr_with_replicas", "clip_norm", "global_clip_norm")
 
 
-def effective_lr(cfg: Mapping[str, Any], replicas: int) -> float:
+def effective_lr(optimizer: Optimizer, replicas: int) -> float:
     """The peak learning rate: `lr`, times the replicas under linear scaling."""
-    return float(cfg["lr"]) * (replicas if cfg.get("scale_lr_with_replicas") else 1)
+    return float(optimizer.lr) * (replicas if optimizer.scale_lr_with_replicas else 1)
 
 
-def schedule(cfg: Mapping[str, Any], replicas: int, total_steps: int):
-    peak = effective_lr(cfg, replicas)
-    kind = cfg.get("schedule", "constant")
-    if kind == "constant":
+def schedule(optimizer: Optimizer, replicas: int, total_steps: int):
+    peak = effective_lr(optimizer, replicas)
+    if optimizer.schedule == "constant":
         return peak
-    warmup = int(cfg.get("warmup_steps", 0)) if kind == "warmup_cosine" else 0
-    alpha = float(cfg.get("min_lr_ratio", 0.0))
+    warmup = int(optimizer.warmup_steps) if optimizer.schedule == "warmup_cosine" else 0
+    alpha = float(optimizer.min_lr_ratio)
     if warmup == 0:
         return keras.optimizers.schedules.CosineDecay(peak, decay_steps=max(total_steps, 1), alpha=alpha)
     # Keras' CosineDecay warms up linearly from initial_learning_rate to warmup_target.
@@ -75,11 +73,10 @@ class LearningRateAtStep:
         return float(self.rate(step)) if callable(self.rate) else float(self.rate)
 
 
-def build_optimizer(cfg: Mapping[str, Any], learning_rate: LearningRateAtStep, loss_scaling: bool = False) -> keras.optimizers.Optimizer:
-    """Everything in the config that is not a tfdistx key goes to the Keras
-    class. Clipping is Keras' own, on gradients already summed over replicas.
+def build_optimizer(spec: Optimizer, learning_rate: LearningRateAtStep, loss_scaling: bool = False) -> keras.optimizers.Optimizer:
+    """The optimizer group's own keys (`options`) go to the Keras class.
+    Clipping is Keras' own, on gradients already summed over replicas.
     `loss_scaling` (mixed_float16): wrapped in Keras' dynamic loss scaling."""
-    kwargs = {k: v for k, v in cfg.items() if k not in _TFDISTX_KEYS}
-    optimizer = _CLASSES[cfg["name"]](learning_rate=learning_rate, clipnorm=cfg.get("clip_norm"),
-                                      global_clipnorm=cfg.get("global_clip_norm"), **kwargs)
+    optimizer = _CLASSES[spec.name](learning_rate=learning_rate, clipnorm=spec.clip_norm, global_clipnorm=spec.global_clip_norm,
+                                    **spec.options)
     return keras.optimizers.LossScaleOptimizer(optimizer) if loss_scaling else optimizer

@@ -11,6 +11,7 @@ Two runners differ only in who runs that function:
   on whichever worker is free, and evaluation runs on the coordinator.
 
 The outer loop (loop.py) decides how many steps to run between its actions.
+`make_runner` puts a built run's parts (build.py) together into one.
 Knows nothing of Hydra.
 """
 
@@ -19,9 +20,13 @@ from typing import Dict, Optional
 import numpy as np
 import tensorflow as tf
 
+from tfdistx.data import input as input_lib
+from tfdistx.engine import strategy as strategy_lib
+from tfdistx.engine.build import Run
+from tfdistx.engine.data_service import train_service
 from tfdistx.engine.metrics import MetricSet
-from tfdistx.tasks import Task
 from tfdistx.engine.update import Update
+from tfdistx.tasks import Task
 
 
 class StepRunner:
@@ -178,3 +183,29 @@ class CoordinatorRunner(StepRunner):
             remote.append(self.coordinator.schedule(self._train_loop, args=args))
         self.coordinator.join()
         return sum(value.fetch() for value in remote)
+
+
+def make_runner(run: Run, skip_steps: int = 0, train: bool = True):
+    """The step runner for the run's strategy, with its datasets and metrics."""
+    spec, pipeline = run.spec, run.spec.pipeline
+    metrics = MetricSet(run.task.metrics())
+    metrics.build(*run.task.metric_inputs(*run.sample))
+    train_data = input_lib.train_dataset(
+        run.strategy, run.source, run.global_batch, seed=spec.trainer.seed, shuffle_buffer=pipeline.shuffle_buffer,
+        cache=pipeline.cache, skip_steps=skip_steps, ps_workers=run.workers if run.facts.asynchronous else 0,
+        service=train_service(pipeline.service, run.placement, skip_steps)) if train else None
+    eval_steps = spec.trainer.eval_steps
+    update = Update(run.task, run.model, run.optimizer, run.global_batch, spec.trainer.accumulate_steps, jit_compile=run.jit_compile,
+                    all_reduce_options=strategy_lib.all_reduce_options(run.strategy_name, spec.strategy.options),
+                    whole_step=run.facts.xla_whole_step,
+                    all_reduce_dtype=strategy_lib.all_reduce_dtype(run.strategy_name, spec.strategy.options),
+                    variables=run.train_variables, learning_rate=run.learning_rate,
+                    steps_per_xla_call=run.steps_per_xla_call)
+    parts = (run.strategy, run.task, run.model, update, metrics)
+    eval_batch = pipeline.batch_size  # not the accumulated batch: what fits in memory
+    if run.coordinator is None:
+        eval_data = input_lib.eval_dataset(run.strategy, run.source.eval, eval_batch, steps=eval_steps, cache=pipeline.cache)
+        return SyncRunner(*parts, train_data=train_data, eval_data=eval_data)
+    # evaluated inline on the coordinator, reading the variables from the ps tasks
+    eval_data = input_lib.local_eval_dataset(run.source.eval, eval_batch, steps=eval_steps, cache=pipeline.cache)
+    return CoordinatorRunner(*parts, coordinator=run.coordinator, workers=run.workers, train_data=train_data, eval_data=eval_data)

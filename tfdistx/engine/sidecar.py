@@ -46,9 +46,9 @@ from tfdistx.cluster.placement import Placement, Source
 from tfdistx.config import strategies
 from tfdistx.config.errors import EXIT_CLUSTER_DID_NOT_FORM, ConfigError, RunFault
 from tfdistx.config.spec import RunSpec, Strategy
-from tfdistx.engine import checkpointing, loggers
+from tfdistx.engine import checkpointing, loggers, process
 from tfdistx.engine.build import Run, build_run
-from tfdistx.engine.fit import make_runner
+from tfdistx.engine.runner import make_runner
 from tfdistx.sigterm import SigtermNotice
 
 log = logging.getLogger(__name__)
@@ -91,10 +91,13 @@ class Sidecar:
         # It evaluates alone, in one process: TensorFlow must not take the TF_CONFIG its scheduler gave it
         # (task type "evaluator") for a place in the training cluster.
         os.environ.pop("TF_CONFIG", None)
-        built = build_run(alone(self.spec), Placement(Source.SINGLE, task_type=EVALUATOR))
+        with process.settings_for(self.spec.trainer.seed, deterministic=False):
+            self.evaluate_each_checkpoint(build_run(alone(self.spec), Placement(Source.SINGLE, task_type=EVALUATOR)))
+
+    def evaluate_each_checkpoint(self, built: Run) -> None:
         history = evaluated_before(built.dir / "evaluations.jsonl")
         board = None
-        if self.spec.logger.get("tensorboard", True):
+        if self.spec.logger.tensorboard:
             board = loggers.TensorBoardLogger(str(built.dir / "tensorboard" / TENSORBOARD_DIR))
         with contextlib.closing(built.checkpointer), contextlib.closing(board) if board else contextlib.nullcontext():
             runner = make_runner(built, train=False)

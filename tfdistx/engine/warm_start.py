@@ -20,7 +20,7 @@ import keras
 
 from tfdistx.config import warm_start as kinds
 from tfdistx.config.errors import EXIT_RUN_DIR_LOCKED, ConfigError, Problem, RunFault
-from tfdistx.engine import checkpointing
+from tfdistx.engine import checkpointing, process
 from tfdistx.engine.build import Run, build_model, model_from_checkpoint
 
 log = logging.getLogger(__name__)
@@ -35,10 +35,7 @@ def warm_start(run: Run) -> dict:
     if init.kind is None:  # left unresolved because the run was to resume (spec.py), but its checkpoints could not be read
         raise ConfigError.one(KEY, init.path, f"cannot be read ({kinds.kind(init.path)[1] or 'its run config cannot be resolved'}), "
                               "and this run starts afresh: its own checkpoints could not be read (they are kept aside)")
-    try:
-        source, described = _source_weights(run)
-    finally:
-        keras.mixed_precision.set_global_policy(run.spec.trainer.precision)  # the source was built in float32
+    source, described = _source_weights(run)
     targets = _weights(run.model)
     patterns = [re.compile(pattern) for pattern in skip]
     if len(source) != len(targets):
@@ -104,9 +101,9 @@ def _keras_model(path: str):
 
 def _model_with_weights_file(run: Run, path: str):
     """A .weights.h5 file's weights in a model built as this run's is (afresh, outside the strategy)."""
-    keras.mixed_precision.set_global_policy("float32")
     feature_spec, label_spec = run.source.element_spec
-    model = build_model(run.spec, feature_spec, run.task.num_outputs(label_spec, run.source.num_classes))
+    with process.precision("float32"):  # the file holds float32 weights, whatever the run computes in
+        model = build_model(run.spec, feature_spec, run.task.num_outputs(label_spec, run.source.num_classes))
     try:
         model.load_weights(os.path.expanduser(path))
     except Exception as error:

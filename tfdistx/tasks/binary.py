@@ -8,8 +8,8 @@ import keras
 import tensorflow as tf
 
 from tfdistx.config.errors import ConfigError
-from tfdistx.engine.metrics import ExactAUC
 from tfdistx.tasks import Task, column
+from tfdistx.tasks.metrics import ExactAUC
 
 
 class Binary(Task):

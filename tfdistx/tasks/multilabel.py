@@ -3,8 +3,8 @@
 import keras
 import tensorflow as tf
 
-from tfdistx.engine.metrics import ExactAUC
 from tfdistx.tasks import Task, label_width
+from tfdistx.tasks.metrics import ExactAUC
 
 
 class Multilabel(Task):

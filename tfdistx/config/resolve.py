@@ -1,0 +1,120 @@
+"""A composed config, resolved once into the run spec (config/spec.py).
+
+The config side (Hydra, OmegaConf, validation) ends here: interpolations
+are resolved, every key a group may leave out gets its default (from the
+schema's dataclasses and the defaults beside them in schema.py: the one
+place they are set), and the groups become typed, frozen data. The engine
+is handed the RunSpec and never sees a DictConfig.
+"""
+
+import dataclasses
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any, Mapping, Optional
+
+from omegaconf import DictConfig, OmegaConf
+
+from tfdistx.config import data_service, strategies, warm_start
+from tfdistx.config.compose import saved_config
+from tfdistx.config.errors import ConfigError
+from tfdistx.config.schema import (LOGGER_DEFAULTS, OPTIMIZER_DEFAULTS, OPTIMIZER_KEYS, PIPELINE_DEFAULTS, TASK_KEYS, WANDB_DEFAULTS,
+                                   CheckpointConfig, ClusterConfig, EarlyStoppingConfig, TrainerConfig)
+from tfdistx.config.spec import (Checkpoint, Cluster, DataService, EarlyStopping, InitFrom, Logger, Optimizer, Pipeline, RunSpec,
+                                 Strategy, Trainer, Wandb)
+from tfdistx.config.targets import Target
+
+
+def resolve(cfg: DictConfig, run_dir: str = ".", follow_init_from: bool = True) -> RunSpec:
+    """The run spec of a composed, validated config, for a run in `run_dir`
+    (a command that writes no run, such as `data write`, leaves it out).
+    `follow_init_from=False`: checkpoint.init_from is left unresolved (a
+    warm start's source run is not asked where its own weights came from)."""
+    # Each group resolved in place (interpolations see the whole config), the hydra node left out:
+    # outside a Hydra job its runtime keys (hydra.job.num) have no value.
+    plain = {key: OmegaConf.to_container(cfg[key], resolve=True) if OmegaConf.is_config(cfg[key]) else cfg[key]
+             for key in cfg if key != "hydra"}
+    # Defaults for keys a saved config of a run from before them (a warm start's source, `tfdistx export`) lacks.
+    trainer = _with_defaults(plain["trainer"], TrainerConfig)
+    ckpt = _with_defaults(plain["checkpoint"], CheckpointConfig)
+    cluster = _with_defaults(plain["cluster"], ClusterConfig)
+    data = plain["data"]
+    checkpoint_dir = ckpt["dir"] or str(Path(run_dir) / "checkpoints")
+    profile = trainer["profile_steps"]
+    strategy = dict(plain["strategy"])
+    name = strategy.pop("name")
+    return RunSpec(
+        run_dir=Path(run_dir),
+        trainer=Trainer(**{**trainer, "early_stopping": EarlyStopping(**_with_defaults(trainer["early_stopping"], EarlyStoppingConfig)),
+                           "profile_steps": tuple(profile) if profile is not None else None}),
+        checkpoint=Checkpoint(dir=checkpoint_dir, every_steps=ckpt["every_steps"], max_to_keep=ckpt["max_to_keep"],
+                              restore=ckpt["restore"], export=ckpt["export"], keep_best=bool(ckpt["keep_best"]),
+                              init_from=_init_from(ckpt["init_from"], warm_start.resumes(checkpoint_dir, ckpt["restore"]))
+                              if follow_init_from else None,
+                              init_skip=tuple(ckpt["init_skip"] or ())),
+        cluster=Cluster(**{key: cluster[key] for key in _names(Cluster)}),
+        strategy=Strategy(name, _frozen(strategy), strategies.get(name, cluster["workers"], cluster["devices_per_worker"])),
+        pipeline=_pipeline(data),
+        task=Target.of("task", plain["task"], exclude=TASK_KEYS),
+        data=Target.of("data", data, exclude=tuple(PIPELINE_DEFAULTS)),
+        model=Target.of("model", plain["model"]),
+        optimizer=_optimizer(plain["optimizer"]),
+        logger=_logger(plain["logger"]),
+        config=_frozen(plain),
+    )
+
+
+def _with_defaults(given: Optional[Mapping[str, Any]], schema) -> dict:
+    """`given` with every field of the schema's dataclass it lacks at its default."""
+    defaults = {f.name: f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+                for f in dataclasses.fields(schema)}
+    return {**defaults, **(given or {})}
+
+
+def _names(spec_class) -> list:
+    return [f.name for f in dataclasses.fields(spec_class)]
+
+
+def _pipeline(data: Mapping[str, Any]) -> Pipeline:
+    keys = {key: data.get(key, default) for key, default in PIPELINE_DEFAULTS.items()}
+    on = data_service.settings(data)  # None: off
+    return Pipeline(**{**keys, "service": DataService(**on) if on else None})
+
+
+def _optimizer(group: Mapping[str, Any]) -> Optimizer:
+    keys = {**OPTIMIZER_DEFAULTS, **group}
+    return Optimizer(**{key: keys[key] for key in OPTIMIZER_KEYS},
+                     options=_frozen({key: value for key, value in group.items() if key not in OPTIMIZER_KEYS}))
+
+
+def _logger(group: Mapping[str, Any]) -> Logger:
+    keys = {**LOGGER_DEFAULTS, **group}
+    wandb = dict(keys.get("wandb") or {})
+    on = wandb.pop("enabled", False)
+    wandb = {**WANDB_DEFAULTS, **{key: value for key, value in wandb.items() if key in WANDB_DEFAULTS}}
+    return Logger(console=bool(keys["console"]), tensorboard=bool(keys["tensorboard"]),
+                  wandb=Wandb(**{**wandb, "tags": tuple(wandb["tags"] or ())}) if on else None)
+
+
+def _init_from(path: Optional[str], resumes: bool) -> Optional[InitFrom]:
+    """The warm start's source, its run's spec resolved from that run's saved
+    config (validate.py has checked the path; it is looked at again here,
+    where a config that was composed earlier is resolved). A run that
+    resumes does not apply it: a source deleted or changed since is left
+    unresolved rather than stopping the resume."""
+    if path is None:
+        return None
+    try:
+        kind, why = warm_start.kind(path)
+        if why:
+            raise ConfigError.one("checkpoint.init_from", path, why)
+        source_run = warm_start.run_dir_of(path, kind)
+        source = resolve(saved_config(str(source_run)), str(source_run), follow_init_from=False) if source_run else None
+    except ConfigError:
+        if resumes:
+            return InitFrom(path=str(path), kind=None)
+        raise
+    return InitFrom(path=str(path), kind=kind, spec=source)
+
+
+def _frozen(mapping: dict) -> Mapping[str, Any]:
+    return MappingProxyType(mapping)
