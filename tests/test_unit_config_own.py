@@ -6,7 +6,7 @@ a target does not take."""
 import pytest
 
 from config_helpers import PREFIX, compose_ok, refused
-from tfdistx.commands import recipes as recipes_command
+from tfdistx import cli
 from tfdistx.config import userconf
 from tfdistx.config.compose import keys_for_own_targets
 from tfdistx.config.errors import ConfigError
@@ -56,7 +56,9 @@ def test_unknown_experiment_and_option_say_where_they_would_go(tmp_path, own_con
 
 
 def test_recipes_lists_the_users_options_and_what_downloads(own_conf, monkeypatch, capsys):
-    assert recipes_command.main(["--config-dir", str(own_conf)]) == 0
+    with pytest.raises(SystemExit) as leaving:  # as `tfdistx recipes --config-dir DIR` runs it
+        cli.main(["recipes", "--config-dir", str(own_conf)])
+    assert leaving.value.code == 0
     out = capsys.readouterr().out
     assert "experiment=mine  my digits run" in out and "data=digits" in out and "five classes" in out
     assert "mnist_mlp" in out and "[downloads mnist once: tensorflow-datasets]" in out
