@@ -25,7 +25,7 @@ from tfdistx.config.objective import value as objective_value
 from tfdistx.config.spec import RunSpec
 from tfdistx.data import input as input_lib
 from tfdistx.data.files import input_errors_in_one_line
-from tfdistx.engine import checkpointing, loggers, topology
+from tfdistx.engine import checkpointing, loggers, topology, xla
 from tfdistx.engine import strategy as strategy_lib
 from tfdistx.engine.build import Run, build_run
 from tfdistx.engine.data_service import train_service
@@ -302,7 +302,10 @@ def make_runner(run: Run, skip_steps: int = 0, train: bool = True):
     eval_batch = pipeline.batch_size  # not the accumulated batch: what fits in memory
     if run.coordinator is None:
         eval_data = input_lib.eval_dataset(run.strategy, run.source.eval, eval_batch, steps=eval_steps, cache=pipeline.cache)
-        return SyncRunner(*parts, train_data=train_data, eval_data=eval_data)
+        runner = SyncRunner(*parts, train_data=train_data, eval_data=eval_data)
+        if train:
+            xla.compile_or_fall_back(run, runner)  # before the first step: a step XLA cannot compile never starts compiled
+        return runner
     # evaluated inline on the coordinator, reading the variables from the ps tasks
     eval_data = input_lib.local_eval_dataset(run.source.eval, eval_batch, steps=eval_steps, cache=pipeline.cache)
     return CoordinatorRunner(*parts, coordinator=run.coordinator, workers=run.workers, train_data=train_data, eval_data=eval_data)
