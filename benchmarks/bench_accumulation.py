@@ -11,7 +11,7 @@ compiling). The ratios are auto's speed over each contender's.
 
     python benchmarks/bench_accumulation.py [--batch 256] [--accumulate 8] [--steps 400] [--repeats 3] [--quick]
 
-`--quick`: 100 steps, one repeat (rough numbers, under 2 minutes).
+`--quick`: 100 steps, one repeat (rough numbers, about 2 minutes).
 """
 
 import argparse

@@ -8,11 +8,11 @@ weight that the model (or a custom layer beside its sublayers) holds:
 - every op of its forward pass, traced once and not run (forward_op_types).
 
 A step that XLA is to compile is first lowered to XLA's HLO, for a batch
-of the real shapes and dtypes, without running it (compile_or_fall_back): a step
-XLA cannot compile (an op without an XLA kernel, a shape known only at run
-time) then trains without XLA under `auto`, said in one warning, and is
-refused in one line under `trainer.jit_compile=true`, instead of failing at
-its first step with "Graph execution error".
+of the real shapes and dtypes, without running it (compile_or_fall_back):
+a step XLA cannot compile (an op without an XLA kernel, a shape known only
+at run time) then trains without XLA under `auto`, said in one warning,
+and is refused in one line under `trainer.jit_compile=true`, instead of
+failing at its first step with "Graph execution error".
 """
 
 import logging
