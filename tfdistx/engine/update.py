@@ -199,8 +199,8 @@ def _split(batch, parts: int) -> Callable:
     Each tensor is reshaped once to [parts, micro-batch, ...] and indexed at
     k, so a micro-batch's shape is known when the step is compiled, even at
     a k that a loop counts. Sliced at k instead (t[k * size:(k + 1) * size]),
-    its size is not, and XLA compiled the step for a shape of any size:
-    measured 6x slower than the same step indexed (README: accumulation)."""
+    its size is not, and XLA compiled the step for a shape of any size,
+    several times slower than indexed (README, Performance: accumulation)."""
     if parts == 1:
         return lambda k: batch
     split = tf.nest.map_structure(lambda t: _in_parts(t, parts), batch)
