@@ -7,11 +7,13 @@ checkpoint on disk. The single-process runs train in this process
 
 import numpy as np
 import pytest
+import tensorflow as tf
 
 from conftest import QUICK
 from engine_helpers import train, whole_and_resumed
 from test_config import compose
 from tfdistx.config import compute
+from tfdistx.engine import update
 
 # SGD rather than Adam: Adam divides by the gradients' running scale, so
 # rounding differences between two equal computations grow where a
@@ -40,6 +42,27 @@ def test_accumulating_4_batches_trains_the_same_weights_as_one_4x_batch(tmp_path
     assert accumulated.summary["global_batch"] == 128 and accumulated.summary["accumulate_steps"] == 4
     assert_same_weights(accumulated, large)
     assert_different_weights(accumulated, small)  # the comparison can tell
+
+
+@pytest.mark.unit
+def test_a_micro_batch_a_loop_picks_has_the_shape_xla_compiles_for():
+    """Issue 32 (18): sliced at a loop's counter, a micro-batch's size was not
+    known when the step was compiled, and XLA compiled the accumulated step for
+    any size, 10x slower (benchmarks/bench_accumulation.py; README). Each
+    micro-batch is the same examples, in the same order, with its shape known."""
+    batch = (tf.reshape(tf.range(64 * 3, dtype=tf.float32), [64, 3]), tf.range(64))
+    split = update._split(batch, 8)
+
+    @tf.function(jit_compile=True)
+    def pick(k):
+        features, labels = split(k)
+        assert features.shape == (8, 3) and labels.shape == (8,), (features.shape, labels.shape)
+        return features, labels
+
+    for k in range(8):
+        features, labels = pick(tf.constant(k))
+        np.testing.assert_array_equal(labels, np.arange(8 * k, 8 * k + 8))
+        np.testing.assert_array_equal(features, batch[0][8 * k:8 * k + 8])
 
 
 @pytest.mark.unit

@@ -92,6 +92,9 @@ def test_plan_leaves_remote_files_to_tensorflow(tmp_path):
     (["trainer.steps_per_xla_call=4"], "compute       float32; XLA auto: on with GPUs; on CPUs on for a model of Dense layers only, else off "
      "(on CPUs XLA pays only for a dense model's whole step: measured 1.39x on the seeds' MLP, 0.35x on ResNet-20, and 0.54x on "
      "wide_deep's embeddings); steps per XLA call 4 (trainer.steps_per_xla_call=4)"),
+    (["trainer.accumulate_steps=8"], "compute       float32; XLA auto: on with GPUs; off on CPUs with trainer.accumulate_steps=8 (a step of "
+     "8 micro-batches trained slower compiled: README, accumulation); steps per XLA call 1 (auto): a step of 8 micro-batches is long "
+     "beside a call's cost"),
     (["optimizer.clip_norm=0.5"], "optimizer     adam, lr 0.001, schedule constant; clip clip_norm 0.5 after the sum over replicas"),
     (["strategy=mirrored", "optimizer.scale_lr_with_replicas=true"], "optimizer     adam, lr 0.001 x replicas, schedule constant"),
     (["trainer.steps=null", "trainer.epochs=3"], "steps         3 epoch(s); 100 per tf.function call; log every 100; eval every 500"),
@@ -145,43 +148,80 @@ PER_CALL = "measured 1.19x on the seeds' MLP; the most, up to 10, that divide th
 
 
 @pytest.mark.unit
-@pytest.mark.parametrize("asked, strategy, gpus, layers, decided", [
-    ("auto", "one_device", None, None, (None, f"auto: on with GPUs; on CPUs on for a model of Dense layers only, else off ({CPU_RULE}, "
-                                              "and 0.54x on wide_deep's embeddings)")),
-    ("auto", "one_device", False, {"Dense"}, (True, f"on (auto): the whole step of a model of Dense layers ({CPU_RULE})")),
-    ("auto", "one_device", False, {"Dense", "Conv2D"}, (False, f"off (auto): {CPU_RULE}; this model has Conv2D layers")),
-    ("auto", "one_device", False, {"Dense", "Embedding"}, (False, f"off (auto): {CPU_RULE}; this model has Embedding layers")),
-    ("auto", "mirrored", True, {"Conv2D"}, (True, "on (auto): GPUs")),
-    ("auto", "multiworker", False, {"Dense"}, (False, f"off (auto): {CPU_RULE}, and strategy=multiworker compiles only the gradients")),
-    ("true", "multiworker", False, {"Dense"}, (True, "on (trainer.jit_compile=true): the gradients; the sum and update outside")),
-    ("auto", "parameter_server", True, {"Dense"}, (False, "off (auto): strategy=parameter_server: its variables live on the ps tasks, away "
-                                                          "from the device that computes, and XLA compiles only steps whose variables are on their own device")),
+@pytest.mark.parametrize("asked, strategy, gpus, layers, ops, decided", [
+    ("auto", "one_device", None, None, (), (None, f"auto: on with GPUs; on CPUs on for a model of Dense layers only, else off ({CPU_RULE}, "
+                                                  "and 0.54x on wide_deep's embeddings)")),
+    ("auto", "one_device", False, {"Dense"}, {"MatMul", "Relu"}, (True, "on (auto): a model of Dense layers, on CPUs")),
+    ("auto", "one_device", False, {"Dense", "Conv2D"}, (), (False, "off (auto): on CPUs, and this model has Conv2D weights")),
+    ("auto", "one_device", False, {"Dense", "Embedding"}, (), (False, "off (auto): on CPUs, and this model has Embedding weights")),
+    ("auto", "one_device", False, {"Dense"}, {"MatMul", "DenseBincount"}, (False, "off (auto): on CPUs, and this model has DenseBincount ops")),
+    ("auto", "one_device", False, {"Dense", "MyModel"}, {"MatMul", "Unique", "Sort", "While", "DenseBincount"},
+     (False, "off (auto): on CPUs, and this model has MyModel weights and DenseBincount, Sort, Unique ... ops")),
+    ("auto", "mirrored", True, {"Conv2D"}, (), (True, "on (auto): GPUs")),
+    ("auto", "multiworker", None, None, (), (False, f"off (auto): {CPU_RULE}, and strategy=multiworker compiles only the gradients")),
+    ("auto", "multiworker", False, {"Dense"}, (), (False, "off (auto): on CPUs, and strategy=multiworker would compile only the gradients")),
+    ("true", "multiworker", False, {"Dense"}, (), (True, "on (trainer.jit_compile=true): the gradients; the sum and update outside")),
+    ("auto", "parameter_server", None, None, (), (False, "off (auto): strategy=parameter_server: its variables live on the ps tasks, away "
+                                                         "from the device that computes, and XLA compiles only steps whose variables are on their own device")),
+    ("auto", "parameter_server", True, {"Dense"}, (), (False, "off (auto): strategy=parameter_server cannot use it")),
 ])
-def test_what_xla_setting_is_chosen(asked, strategy, gpus, layers, decided):
+def test_what_xla_setting_is_chosen(asked, strategy, gpus, layers, ops, decided):
+    """Before the model is built (--plan) the whole rule; after (the run's log), a few words."""
     asked = True if asked == "true" else asked
-    assert compute.decide_jit(asked, strategies.get(strategy), gpus, layers) == decided
+    assert compute.decide_jit(asked, strategies.get(strategy), gpus, layers, ops) == decided
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("asked, gpus, layers, decided", [
+    ("auto", None, None, (None, "auto: on with GPUs; off on CPUs with trainer.accumulate_steps=8 (a step of 8 micro-batches trained "
+                                "slower compiled: README, accumulation)")),
+    ("auto", False, {"Dense"}, (False, "off (auto): on CPUs, with trainer.accumulate_steps=8")),
+    ("auto", True, {"Dense"}, (True, "on (auto): GPUs")),
+    ("true", False, {"Dense"}, (True, "on (trainer.jit_compile=true)")),
+])
+def test_auto_leaves_xla_off_for_accumulated_steps_on_cpus(asked, gpus, layers, decided):
+    """Issue 32 (18): measured slower compiled on CPUs (benchmarks/bench_accumulation.py)."""
+    asked = True if asked == "true" else asked
+    assert compute.decide_jit(asked, strategies.get("one_device"), gpus, layers, accumulate_steps=8) == decided
+    assert compute.decide_steps_per_xla_call("auto", True, strategies.get("one_device"), 100, (100, 0, 0), False, {"Dense"},
+                                             accumulate_steps=8) == (1, "1 (auto): a step of 8 micro-batches is long beside a call's cost")
 
 
 @pytest.mark.unit
 @pytest.mark.parametrize("asked, jit, strategy, gpus, layers, periods, decided", [
-    ("auto", True, "one_device", False, {"Dense"}, (100, 100, 500, 500), (10, f"10 (auto): a dense model's whole step on CPUs ({PER_CALL})")),
-    ("auto", True, "one_device", False, {"Dense"}, (100, 100, 0, 0), (10, f"10 (auto): a dense model's whole step on CPUs ({PER_CALL})")),
-    ("auto", True, "one_device", False, {"Dense"}, (100, 25, 500, 300), (5, f"5 (auto): a dense model's whole step on CPUs ({PER_CALL})")),
-    ("auto", True, "one_device", False, {"Dense"}, (64, 64, 0, 0), (8, f"8 (auto): a dense model's whole step on CPUs ({PER_CALL})")),
-    ("auto", True, "one_device", False, {"Dense"}, (100, 7, 0, 0), (1, f"1 (auto): a dense model's whole step on CPUs ({PER_CALL})")),
-    ("auto", True, "one_device", False, {"Dense", "Conv2D"}, (100, 100, 0, 0),
-     (1, "1 (auto): a model beyond Dense layers: its step is long beside a call's cost")),
+    ("auto", True, "one_device", False, {"Dense"}, (100, 100, 500, 500), (10, "10 (auto)")),
+    ("auto", True, "one_device", False, {"Dense"}, (100, 100, 0, 0), (10, "10 (auto)")),
+    ("auto", True, "one_device", False, {"Dense"}, (100, 25, 500, 300), (5, "5 (auto)")),
+    ("auto", True, "one_device", False, {"Dense"}, (64, 64, 0, 0), (8, "8 (auto)")),
+    ("auto", True, "one_device", False, {"Dense"}, (100, 7, 0, 0), (1, "1 (auto)")),
+    ("auto", None, "one_device", None, None, (100, 100, 0, 0), (None, f"auto: 10 for the whole step of a model of Dense layers on CPUs "
+                                                                   f"({PER_CALL}), else 1")),
+    ("auto", True, "one_device", False, {"Dense", "Conv2D"}, (100, 100, 0, 0), (1, "1 (auto): a model beyond Dense layers")),
     ("auto", True, "one_device", True, {"Dense"}, (100, 100, 0, 0), (1, "1 (auto): not measured with GPUs")),
     ("auto", False, "one_device", False, {"Dense"}, (100, 100, 0, 0), (1, "1 (XLA does not compile the whole step here)")),
     ("auto", True, "mirrored", False, {"Dense"}, (100, 100, 0, 0), (1, "1 (XLA does not compile the whole step here)")),
     (3, True, "one_device", False, {"Conv2D"}, (100, 100, 0, 0), (3, "3 (trainer.steps_per_xla_call=3)")),
     (16, True, "one_device", False, {"Dense"}, (10, 100, 0, 0), (10, "10 (trainer.steps_per_xla_call=16, capped by trainer.steps_per_loop=10)")),
-    (4, False, "one_device", False, {"Conv2D"}, (100, 100, 0, 0), (1, "1 (XLA does not compile the whole step here)")),  # auto jit said off
+    (4, False, "one_device", False, {"Conv2D"}, (100, 100, 0, 0), (1, "1 (XLA does not compile the whole step here)")),  # and refused, below
 ])
 def test_how_many_steps_one_xla_call_takes(asked, jit, strategy, gpus, layers, periods, decided):
     """auto: the most steps, up to 10, that divide the loop's periods (steps per loop, log, eval, checkpoint)."""
     steps_per_loop, *every = periods
     assert compute.decide_steps_per_xla_call(asked, jit, strategies.get(strategy), steps_per_loop, every, gpus, layers) == decided
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("asked, jit, refused", [
+    (4, False, "trainer.steps_per_xla_call=4: more than 1 only where XLA compiles the whole step, and XLA is off (auto): on CPUs, and "
+               "this model has Conv2D weights: set trainer.jit_compile=true to compile it anyway, or trainer.steps_per_xla_call=1"),
+    (4, True, None),
+    (1, False, None),
+    ("auto", False, None),
+])
+def test_steps_per_xla_call_above_1_is_refused_where_auto_left_xla_off(asked, jit, refused):
+    """What validation cannot know before the model is built (issue 32, item 16)."""
+    problem = compute.steps_per_xla_call_problem(asked, jit, "off (auto): on CPUs, and this model has Conv2D weights")
+    assert (str(problem) if problem else None) == refused
 
 
 @pytest.mark.unit

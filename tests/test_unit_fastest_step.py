@@ -1,15 +1,25 @@
-"""Looking at and shrinking the step (issue 20), in this process (-m unit):
-several steps in one XLA computation (`trainer.steps_per_xla_call`), a
-profiler trace of chosen steps (`trainer.profile_steps`) and the gradients'
-all-reduce in 16 bits (`strategy.all_reduce_dtype`). Real TensorFlow, real
-mirrored replicas on logical CPU devices (engine_helpers)."""
+"""Looking at and shrinking the step (issues 20 and 32), in this process (-m unit):
+what `trainer.jit_compile=auto` compiles, several steps in one XLA
+computation (`trainer.steps_per_xla_call`), a profiler trace of chosen steps
+(`trainer.profile_steps`) and the gradients' all-reduce in 16 bits
+(`strategy.all_reduce_dtype`). Real TensorFlow, real mirrored replicas on
+logical CPU devices (engine_helpers)."""
+
+import logging
+import re
 
 import numpy as np
 import pytest
+import tensorflow as tf
 
-from engine_helpers import train
+import user_plugins
+from engine_helpers import train, whole_and_resumed
+from tfdistx.config import compute, strategies
+from tfdistx.config.errors import ConfigError
+from tfdistx.engine import xla
 from tfdistx.engine.loop import Loop, Schedule
 from tfdistx.engine.profiling import ProfileSteps
+from tfdistx.models import mlp
 
 unit = pytest.mark.unit  # each test but wide_deep's all-reduce case below (in-process, but ~23 s: the default run)
 
@@ -47,10 +57,112 @@ def test_steps_in_one_xla_call_train_bitwise_what_one_step_a_call_trains(tmp_pat
 
 
 @unit
-def test_auto_takes_several_steps_a_call_for_a_dense_models_whole_step_and_1_elsewhere(tmp_path):
-    """engine_helpers.QUICK: 10 steps a loop, a log every 20, checkpoints every 500: 10 steps a call."""
+def test_auto_takes_several_steps_a_call_for_a_dense_models_whole_step_and_1_elsewhere(tmp_path, caplog):
+    """engine_helpers.QUICK: 10 steps a loop, a log every 20, checkpoints every 500: 10 steps a call.
+    The log says what was chosen in a few words (the rule is --plan's and the README's)."""
+    caplog.set_level("INFO", logger="tfdistx")
     assert train(tmp_path / "mlp", "strategy=one_device").summary["steps_per_xla_call"] == 10
+    said = [r.getMessage() for r in caplog.records if "XLA" in r.getMessage()]
+    assert said == ["compute float32; XLA on (auto): a model of Dense layers, on CPUs; steps per XLA call 10 (auto)"]
     assert train(tmp_path / "mirrored", "strategy=mirrored", "cluster=1x2").summary["steps_per_xla_call"] == 1
+
+
+@unit
+def test_auto_leaves_xla_off_for_accumulated_steps_on_cpus(tmp_path):
+    """Issue 32 (18): the README's `data.batch_size=256 trainer.accumulate_steps=8`
+    trained 15.8k examples/s under auto (XLA, 10 steps a call) against 133k
+    with XLA off; compiled, such a step stays slower than not on CPUs
+    (benchmarks/bench_accumulation.py). The same weights as jit_compile=false."""
+    auto = train(tmp_path / "auto", "strategy=one_device", "trainer.accumulate_steps=4")
+    off = train(tmp_path / "off", "strategy=one_device", "trainer.accumulate_steps=4", "trainer.jit_compile=false")
+    assert (auto.summary["jit_compile"], auto.summary["steps_per_xla_call"]) == (False, 1)
+    assert auto.summary["weights_sha256"] == off.summary["weights_sha256"]
+
+
+# -- trainer.jit_compile=auto: what the model really holds, and a step XLA cannot compile ------------
+
+
+HISTOGRAM = ["model._target_=user_plugins.histogram_model"]  # Dense sublayers, a weight of its own, a bincount in its call
+BALANCED = ["task._target_=user_plugins.BalancedClassification"]  # the seeds' MLP; a bincount in the loss
+
+
+@unit
+def test_auto_reads_every_weight_and_every_op_of_the_model():
+    """A weight the model holds itself counts for the model's own class; the
+    forward pass's ops are read from a trace of it. The seeds' MLP, dropout
+    included, is Dense layers and Dense ops only."""
+    spec = tf.TensorSpec([28, 28, 1])
+    histogram = user_plugins.histogram_model((28, 28, 1), 10)
+    assert xla.weighted_layer_kinds(histogram) == {"Dense", "HistogramModel"}
+    ops = xla.forward_op_types(histogram, spec)
+    assert "DenseBincount" in ops and not {"MatMul", "Relu"} - ops
+    assert compute.decide_jit("auto", strategies.get("one_device"), False, xla.weighted_layer_kinds(histogram), ops) == (
+        False, "off (auto): on CPUs, and this model has HistogramModel weights and DenseBincount, GatherV2, Size ops")
+    seeds = mlp((28, 28, 1), 10, hidden_units=[128], dropout=0.5)
+    assert xla.weighted_layer_kinds(seeds) == {"Dense"}
+    assert xla.forward_op_types(seeds, spec) <= compute.DENSE_MODEL_OPS
+
+
+@unit
+def test_a_users_model_with_a_weight_of_its_own_and_a_bincount_trains_under_auto(tmp_path):
+    """Issue 32 (17): it was classed all Dense, compiled 10 steps a call, and
+    failed at its first step with "Graph execution error". Auto leaves XLA
+    off: the same weights as trainer.jit_compile=false."""
+    auto = train(tmp_path / "auto", "strategy=one_device", *HISTOGRAM)
+    off = train(tmp_path / "off", "strategy=one_device", *HISTOGRAM, "trainer.jit_compile=false")
+    assert (auto.summary["step"], auto.summary["jit_compile"], auto.summary["steps_per_xla_call"]) == (40, False, 1)
+    assert auto.summary["weights_sha256"] == off.summary["weights_sha256"]
+
+
+def _warnings(caplog) -> list:
+    return [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING and r.name.startswith("tfdistx")]
+
+
+@unit
+def test_a_step_xla_cannot_compile_trains_without_it_under_auto_and_says_so_once(tmp_path, caplog):
+    """The model is Dense layers (auto compiles it) but the loss counts the
+    labels with a bincount XLA cannot compile: found before the first step,
+    the run trains as with trainer.jit_compile=false, bitwise, resumed or not,
+    and says why in one warning. Nothing is read or changed by the check."""
+    caplog.set_level("INFO", logger="tfdistx")
+    whole, resumed = whole_and_resumed(tmp_path, ["strategy=one_device", *BALANCED])
+    off = train(tmp_path / "off", "strategy=one_device", *BALANCED, "trainer.jit_compile=false")
+    assert (whole.summary["jit_compile"], whole.summary["steps_per_xla_call"]) == (False, 1)
+    assert whole.summary["weights_sha256"] == resumed.summary["weights_sha256"] == off.summary["weights_sha256"]
+    said = _warnings(caplog)
+    assert len(said) == 3  # once for each of the three runs compiled under auto: whole, stopped, resumed
+    for line in said:  # TensorFlow's own first line, naming the op (its node's name depends on where it was traced)
+        assert re.fullmatch(r"trainer.jit_compile=auto: XLA cannot compile this run's step \(Input 1 to node `\S*bincount/DenseBincount` "
+                            r"with op DenseBincount must be a compile-time constant.\): training without XLA", line), line
+
+
+@unit
+def test_jit_compile_true_on_a_step_xla_cannot_compile_is_refused_in_one_line(tmp_path):
+    """Not exit 1 with "Graph execution error" at the first step: exit 2, the
+    key named, before any step; no checkpoint is written."""
+    with pytest.raises(ConfigError) as refused:
+        train(tmp_path / "run", "strategy=one_device", *BALANCED, "trainer.jit_compile=true", "trainer.steps_per_xla_call=1")
+    lines = refused.value.lines()
+    assert len(lines) == 1 and re.fullmatch(r"tfdistx: invalid config: trainer.jit_compile=True: XLA cannot compile this run's step: "
+                                            r"Input 1 to node `\S*bincount/DenseBincount` with op DenseBincount must be a compile-time "
+                                            r"constant: use false or auto", lines[0]), lines
+    assert not (tmp_path / "run" / "checkpoints").exists() or not any((tmp_path / "run" / "checkpoints").iterdir())
+
+
+@unit
+@pytest.mark.parametrize("overrides, line", [
+    # Issue 32 (16): auto leaves XLA off for a convolutional model on CPUs, and N became 1 silently.
+    (["model=cnn", "trainer.steps_per_xla_call=7"],
+     "trainer.steps_per_xla_call=7: more than 1 only where XLA compiles the whole step, and XLA is off (auto): on CPUs, and this "
+     "model has Conv2D weights and Conv2D, MaxPool ops: set trainer.jit_compile=true to compile it anyway, or trainer.steps_per_xla_call=1"),
+    ([*BALANCED, "trainer.steps_per_xla_call=5"],
+     "trainer.steps_per_xla_call=5: more than 1 only where XLA compiles the whole step, and XLA is off: it cannot compile this "
+     "run's step: set trainer.steps_per_xla_call=1 or auto"),
+])
+def test_steps_per_xla_call_above_1_where_auto_does_not_compile_the_step_is_refused(tmp_path, overrides, line):
+    with pytest.raises(ConfigError) as refused:
+        train(tmp_path / "run", "strategy=one_device", *overrides)
+    assert refused.value.lines() == [f"tfdistx: invalid config: {line}"]
 
 
 # -- trainer.profile_steps ---------------------------------------------------

@@ -206,3 +206,49 @@ def train_only_data(features: int = 8, examples: int = 256):
     y = (x[:, 0] > 0).astype(np.int64)
     return DataSource(train=lambda ctx: shard(tf.data.Dataset.from_tensor_slices((x, y)), ctx), eval=None, num_classes=2,
                       train_examples=examples)
+
+
+# -- what trainer.jit_compile=auto must look into (issue 32): a model's own weight, its ops, a loss XLA cannot compile --
+
+
+class HistogramModel(keras.Model):
+    """A user's own model: Dense sublayers, a weight it holds itself (a
+    learned scale on the logits) and a `bincount` in its call, whose output
+    size XLA cannot know when it compiles."""
+
+    def __init__(self, num_outputs, hidden=16, **kwargs):
+        super().__init__(**kwargs)
+        self.flatten = keras.layers.Flatten()
+        self.hidden = keras.layers.Dense(hidden, activation="relu")
+        self.logits = keras.layers.Dense(num_outputs)
+        self.scale = self.add_weight(shape=(), initializer="ones", name="scale")
+
+    def call(self, x, training=False):
+        h = self.hidden(self.flatten(x))
+        # How many examples of the batch fired as many units as this one, as a share of the batch.
+        active = tf.reduce_sum(tf.cast(h > 0, tf.int32), axis=1)
+        share = tf.gather(tf.math.bincount(active, dtype=tf.float32), active) / tf.cast(tf.shape(h)[0], tf.float32)
+        return self.logits(h) * self.scale + 0.01 * share[:, None]
+
+
+def histogram_model(input_shape, num_outputs):
+    model = HistogramModel(num_outputs)
+    model(np.zeros((1, *input_shape), np.float32))  # its weights made before the optimizer is built for them
+    return model
+
+
+from tfdistx.tasks.classification import Classification  # noqa: E402
+
+
+class BalancedClassification(Classification):
+    """Classification whose loss weighs each example by the inverse of its
+    class's count in the batch (a bincount of the labels, as long as the
+    largest label present: a size XLA cannot know when it compiles)."""
+
+    name = "balanced_classification"
+
+    def loss(self, labels, outputs):
+        ids = self._ids(labels)
+        counts = tf.math.bincount(tf.cast(ids, tf.int32), dtype=tf.float32)
+        weights = tf.cast(tf.size(ids), tf.float32) / (tf.gather(counts, ids) * tf.cast(tf.math.count_nonzero(counts), tf.float32))
+        return super().loss(labels, outputs) * weights

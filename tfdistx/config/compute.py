@@ -17,8 +17,17 @@ rounds, medians, examples/s with XLA off / the whole step compiled):
 XLA's CPU convolutions do not use oneDNN, and its sparse updates are
 dense scatters; what it wins is fusing a dense model's many small kernels,
 the optimizer's update most of all. So on CPUs `auto` compiles the whole
-step (one_device) of a model whose weighted layers are all Dense, and
-nothing else; with GPUs (what XLA is built for) it compiles.
+step (one_device) of a model made of Dense layers, and nothing else; with
+GPUs (what XLA is built for) it compiles. "Made of Dense layers" is read
+from the built model (engine/xla.py): every weight belongs to a Dense
+layer (not to a custom layer or the model itself), and every op of its
+forward pass is one a Dense model is made of (DENSE_MODEL_OPS). Under
+`auto`, a step XLA cannot compile after all (an op without an XLA kernel,
+a shape known only at run time) trains without XLA, said in one warning.
+A step of several micro-batches (`trainer.accumulate_steps`) is a long
+step, and the seeds' MLP trained it slower compiled than not, on CPUs, at
+one step per call and more so at several (benchmarks/bench_accumulation.py;
+README): `auto` leaves XLA off for it on CPUs.
 
 `trainer.steps_per_xla_call`: compiled whole, K consecutive steps can be one
 XLA computation (engine/update.py). A call costs ~100-150 us beyond its
@@ -44,36 +53,77 @@ JIT_COMPILE = (True, False, "auto")
 
 # Layers (by class name) whose models XLA was measured to train faster on CPUs, compiled whole.
 FASTER_UNDER_XLA_ON_CPU = frozenset({"Dense"})
+# The ops (TensorFlow op types) of the forward pass of a model of Dense layers: matmuls, elementwise
+# arithmetic and activations, reductions, shapes, casts (mixed precision), variable reads and the
+# stateless random numbers of dropout; what XLA fuses. Any other op (a convolution, a gather, a
+# bincount, control flow) means the model is not one `auto` compiles on CPUs.
+DENSE_MODEL_OPS = frozenset({
+    "Placeholder", "Const", "Identity", "IdentityN", "NoOp", "PartitionedCall", "StatefulPartitionedCall",
+    "ReadVariableOp", "AssignVariableOp", "Cast", "MatMul", "BatchMatMulV2", "BiasAdd",
+    "AddV2", "Sub", "Mul", "RealDiv", "Neg", "Maximum", "Minimum", "Abs", "Square", "Sqrt", "Rsqrt", "Exp", "Log",
+    "Log1p", "Pow", "Erf", "Erfc", "FloorMod", "Sign", "Relu", "Relu6", "Elu", "Selu", "LeakyRelu", "Sigmoid", "Tanh",
+    "Softplus", "Softsign", "Softmax", "LogSoftmax", "Greater", "GreaterEqual", "Less", "LessEqual", "Equal", "NotEqual",
+    "LogicalAnd", "LogicalOr", "LogicalNot", "Select", "SelectV2", "Sum", "Mean", "Max", "Min",
+    "Reshape", "Squeeze", "ExpandDims", "Transpose", "ConcatV2", "Pack", "StridedSlice", "Shape", "Fill", "ZerosLike",
+    "OnesLike", "StatelessRandomGetKeyCounter", "StatelessRandomUniformV2", "StatelessRandomNormalV2",
+})
 _CPU_RULE = "on CPUs XLA pays only for a dense model's whole step: measured 1.39x on the seeds' MLP, 0.35x on ResNet-20"
 
 
 def jit_compile(cfg, gpus: Optional[bool] = None) -> Tuple[Optional[bool], str]:
     """(compile with XLA?, why) for the config's `trainer.jit_compile`."""
-    return decide_jit(cfg.trainer.jit_compile, _facts(cfg), gpus)
+    return decide_jit(cfg.trainer.jit_compile, _facts(cfg), gpus, accumulate_steps=cfg.trainer.accumulate_steps)
 
 
-def decide_jit(asked, facts: strategies.Strategy, gpus: Optional[bool] = None,
-               layers: Optional[Iterable[str]] = None) -> Tuple[Optional[bool], str]:
+def decide_jit(asked, facts: strategies.Strategy, gpus: Optional[bool] = None, layers: Optional[Iterable[str]] = None,
+               ops: Iterable[str] = (), accumulate_steps: int = 1) -> Tuple[Optional[bool], str]:
     """(compile with XLA?, why) for `trainer.jit_compile` = `asked`; `gpus`:
-    whether TensorFlow found GPUs, `layers`: the class names of the model's
-    layers that hold weights (None: not known yet, and the answer may be None)."""
+    whether TensorFlow found GPUs, `layers`: the class names of the layers
+    that hold the model's weights (None: not known yet, and the answer may be
+    None), `ops`: the op types of its forward pass, `accumulate_steps`:
+    micro-batches a step. Known (the engine, once the model is built), why
+    is a few words for the run's log; not known (--plan), it is the whole rule."""
     if asked is False:
         return False, "off (trainer.jit_compile=false)"
     if facts.no_xla:  # only `auto` gets here: `true` is refused by problems()
-        return False, f"off (auto): strategy={facts.name}: {facts.no_xla}"
+        return False, (f"off (auto): strategy={facts.name}: {facts.no_xla}" if layers is None
+                       else f"off (auto): strategy={facts.name} cannot use it")
     if asked is True:
         return True, "on (trainer.jit_compile=true)" + ("" if facts.xla_whole_step else ": the gradients; the sum and update outside")
     if gpus:
         return True, "on (auto): GPUs"
     if not facts.xla_whole_step:
-        return False, f"off (auto): {_CPU_RULE}, and strategy={facts.name} compiles only the gradients"
+        return False, (f"off (auto): {_CPU_RULE}, and strategy={facts.name} compiles only the gradients" if layers is None
+                       else f"off (auto): on CPUs, and strategy={facts.name} would compile only the gradients")
+    if accumulate_steps > 1:
+        return (False if gpus is False else None), (
+            f"off (auto): on CPUs, with trainer.accumulate_steps={accumulate_steps}" if layers is not None
+            else f"auto: on with GPUs; off on CPUs with trainer.accumulate_steps={accumulate_steps} (a step of {accumulate_steps} "
+                 "micro-batches trained slower compiled: README, accumulation)")
     if gpus is None or layers is None:
         return None, (f"auto: on with GPUs; on CPUs on for a model of Dense layers only, else off ({_CPU_RULE}, "
                       "and 0.54x on wide_deep's embeddings)")
+    beyond = beyond_dense(layers, ops)
+    if beyond:
+        return False, f"off (auto): on CPUs, and this model has {beyond}"
+    return True, "on (auto): a model of Dense layers, on CPUs"
+
+
+def decided_by_the_model(asked, facts: strategies.Strategy, gpus: bool, accumulate_steps: int) -> bool:
+    """Whether decide_jit needs what the model is made of (the op types of its forward pass cost a trace)."""
+    return asked == "auto" and not gpus and facts.xla_whole_step and not facts.no_xla and accumulate_steps == 1
+
+
+def beyond_dense(layers: Iterable[str], ops: Iterable[str]) -> str:
+    """What makes a model more than Dense layers, in a few words ('' when nothing does)."""
+    parts = []
     others = sorted(set(layers) - FASTER_UNDER_XLA_ON_CPU)
     if others:
-        return False, f"off (auto): {_CPU_RULE}; this model has {', '.join(others)} layers"
-    return True, f"on (auto): the whole step of a model of Dense layers ({_CPU_RULE})"
+        parts.append(f"{', '.join(others)} weights")
+    other_ops = sorted(set(ops) - DENSE_MODEL_OPS)
+    if other_ops:
+        parts.append(f"{', '.join(other_ops[:3])}{' ...' if len(other_ops) > 3 else ''} ops")
+    return " and ".join(parts)
 
 
 MOST_STEPS_PER_XLA_CALL = 10  # the most `auto` takes (measured: K=5, 10 and 20 within noise of each other)
@@ -83,7 +133,8 @@ _PER_CALL_RULE = "measured 1.19x on the seeds' MLP"
 def steps_per_xla_call(cfg, gpus: Optional[bool] = None) -> Tuple[Optional[int], str]:
     """(steps per XLA call, why) for the config (what --plan says)."""
     return decide_steps_per_xla_call(cfg.trainer.get("steps_per_xla_call", "auto"), jit_compile(cfg, gpus)[0], _facts(cfg),
-                                     cfg.trainer.steps_per_loop, loop_periods(cfg.trainer, cfg.checkpoint), gpus)
+                                     cfg.trainer.steps_per_loop, loop_periods(cfg.trainer, cfg.checkpoint), gpus,
+                                     accumulate_steps=cfg.trainer.accumulate_steps)
 
 
 def loop_periods(trainer, checkpoint) -> Tuple[int, int, int]:
@@ -93,12 +144,15 @@ def loop_periods(trainer, checkpoint) -> Tuple[int, int, int]:
 
 
 def decide_steps_per_xla_call(asked, jit: Optional[bool], facts: strategies.Strategy, steps_per_loop: int, every: Iterable[int] = (),
-                              gpus: Optional[bool] = None, layers: Optional[Iterable[str]] = None) -> Tuple[Optional[int], str]:
+                              gpus: Optional[bool] = None, layers: Optional[Iterable[str]] = None,
+                              ops: Iterable[str] = (), accumulate_steps: int = 1) -> Tuple[Optional[int], str]:
     """(consecutive steps in one XLA computation, why) for `trainer.steps_per_xla_call` = `asked`,
     once `decide_jit` has said `jit`. `every`: the loop's other periods (logging, evaluation,
     checkpoints; 0: none). At most `steps_per_loop`. `auto` takes the most steps, up to
     MOST_STEPS_PER_XLA_CALL, that divide all of them: every call of the loop is then whole calls
-    of K steps, and the computation of a single step, for the steps left over, is never compiled."""
+    of K steps, and the computation of a single step, for the steps left over, is never compiled.
+    N > 1 where XLA does not compile the whole step is refused: by problems() where the config
+    says so, by steps_per_xla_call_problem() where `auto` decided it from the model."""
     if jit is False or not facts.xla_whole_step:
         return 1, "1 (XLA does not compile the whole step here)"
     if asked != "auto":
@@ -107,15 +161,25 @@ def decide_steps_per_xla_call(asked, jit: Optional[bool], facts: strategies.Stra
         return (steps if jit else None), f"{steps} (trainer.steps_per_xla_call={asked}{capped})"
     if gpus:
         return 1, "1 (auto): not measured with GPUs"
+    if accumulate_steps > 1:  # measured slower at 10 than at 1 (bench_accumulation.py): K steps of N micro-batches stacked
+        return 1, f"1 (auto): a step of {accumulate_steps} micro-batches is long beside a call's cost"
     periods = [steps_per_loop, *(n for n in every if n)]
     steps = max(k for k in range(1, MOST_STEPS_PER_XLA_CALL + 1) if all(n % k == 0 for n in periods))
     if gpus is None or layers is None:
         return None, (f"auto: {steps} for the whole step of a model of Dense layers on CPUs ({_PER_CALL_RULE}; the most, up to "
                       f"{MOST_STEPS_PER_XLA_CALL}, that divide the steps per loop, log, eval and checkpoint), else 1")
-    if set(layers) - FASTER_UNDER_XLA_ON_CPU:
-        return 1, "1 (auto): a model beyond Dense layers: its step is long beside a call's cost"
-    return steps, (f"{steps} (auto): a dense model's whole step on CPUs ({_PER_CALL_RULE}; the most, up to {MOST_STEPS_PER_XLA_CALL}, "
-                   "that divide the steps per loop, log, eval and checkpoint)")
+    if beyond_dense(layers, ops):
+        return 1, "1 (auto): a model beyond Dense layers"
+    return steps, f"{steps} (auto)"
+
+
+def steps_per_xla_call_problem(asked, jit: bool, jit_why: str, fix: str = "set trainer.jit_compile=true to compile it anyway, "
+                               "or trainer.steps_per_xla_call=1") -> Optional[Problem]:
+    """N > 1 steps per XLA call where `trainer.jit_compile=auto` did not compile the whole step:
+    what problems() refuses where the config says so, found once the model is built."""
+    if asked != "auto" and int(asked) > 1 and not jit:
+        return Problem("trainer.steps_per_xla_call", asked, f"more than 1 only where XLA compiles the whole step, and XLA is {jit_why}: {fix}")
+    return None
 
 
 def precision_warning(precision: str, gpus: bool) -> Optional[str]:

@@ -25,7 +25,7 @@ from tfdistx.config.strategies import Strategy
 from tfdistx.data import input as input_lib
 from tfdistx.data.files import input_errors_in_one_line
 from tfdistx.data.sources import DataSource, single_examples
-from tfdistx.engine import process, resplit, sharding, topology
+from tfdistx.engine import process, resplit, sharding, topology, xla
 from tfdistx.engine import strategy as strategy_lib
 from tfdistx.engine.checkpointing import Checkpointer, ObjectiveState
 from tfdistx.engine.optim import LearningRateAtStep, build_optimizer, effective_lr, schedule
@@ -118,11 +118,7 @@ def build_run(spec: RunSpec, placement: Placement) -> Run:
     with input_errors_in_one_line(source):  # its first examples come through a shuffle window: a bad record may be in it
         sample = _check_model_takes_data(model, task, source, spec, num_outputs)
     task.check_labels(source.num_classes)
-    layers = weighted_layer_kinds(model)
-    jit, why = compute.decide_jit(trainer.jit_compile, facts, gpus=gpus, layers=layers)
-    per_call, per_call_why = compute.decide_steps_per_xla_call(
-        trainer.steps_per_xla_call, jit, facts, trainer.steps_per_loop, compute.loop_periods(trainer, spec.checkpoint), gpus=gpus, layers=layers)
-    log.info("precision %s; XLA %s; steps per XLA call %s", trainer.precision, why, per_call_why)
+    jit, per_call = xla.decide(trainer, spec.checkpoint, facts, gpus, model, feature_spec)  # and says so in the log
 
     workers = worker_count(placement)
     run_topology = topology.describe(  # recorded with each checkpoint; a resume on another topology is checked against it
@@ -164,21 +160,6 @@ def _gpus(precision: str, placement: Placement) -> bool:
     if compute.precision_warning(precision, gpus):
         log.warning(compute.precision_warning(precision, gpus))
     return gpus
-
-
-def weighted_layer_kinds(model) -> set:
-    """Class names of the model's innermost layers that hold weights (what
-    `trainer.jit_compile=auto` decides by): a layer with `.layers` is looked
-    into, any other layer counts as itself (a custom layer is its own kind)."""
-    kinds, layers = set(), list(model.layers)
-    while layers:
-        layer = layers.pop()
-        inner = getattr(layer, "layers", None)
-        if inner:
-            layers.extend(inner)
-        elif layer.weights:
-            kinds.add(type(layer).__name__)
-    return kinds
 
 
 def build_task(spec: RunSpec) -> Task:

@@ -22,6 +22,7 @@ import tensorflow as tf
 
 from tfdistx.data import input as input_lib
 from tfdistx.engine import strategy as strategy_lib
+from tfdistx.engine import xla
 from tfdistx.engine.build import Run
 from tfdistx.engine.data_service import train_service
 from tfdistx.engine.metrics import MetricSet
@@ -33,12 +34,15 @@ class StepRunner:
     def __init__(self, strategy: tf.distribute.Strategy, task: Task, model, update: Update, metrics: MetricSet):
         self.strategy, self.task, self.model, self.update = strategy, task, model, update
         self.metrics = metrics
+        # One object, kept: tf.function keys the update's traces by it, and by a weak reference,
+        # so a bound method made afresh at each call would never find the step traced before.
+        self._state_of = self._metric_state
         self._train_loop = tf.function(self._train_loop_fn)
 
     # -- traced code -----------------------------------------------------------
 
     def _train_steps(self, batches, first_step):
-        return self.update(batches, first_step, self._metric_state, self.metrics.zeros())
+        return self.update(batches, first_step, self._state_of, self.metrics.zeros())
 
     def _metric_state(self, labels, outputs, per_example):
         return self.metrics.batch_state(*self.task.metric_inputs(labels, outputs), per_example)
@@ -76,6 +80,20 @@ class StepRunner:
         batches = tuple(next(iterator) for _ in range(count))
         per_replica = self.strategy.run(self._train_steps, args=(batches, first_step))
         return tf.cast(self.strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None), tf.float64)
+
+    def xla_failure(self, batch_spec) -> Optional[str]:
+        """Why XLA cannot compile this runner's step (None: it can, or nothing
+        is compiled) for a replica's batch of `batch_spec`: update.py's
+        answer, asked where the step runs (a replica's context: the whole
+        step sums over replicas)."""
+        found = []
+        state_spec = tf.TensorSpec.from_tensor(self.metrics.zeros())
+        check = lambda: found.append(self.update.xla_failure(batch_spec, self._state_of, state_spec))  # noqa: E731
+        if self.update.whole_step:
+            self.strategy.run(check)
+        else:  # the gradients alone: no sum over replicas in them, and asked once, not by each replica
+            check()
+        return found[0]
 
     # -- what the loop calls ---------------------------------------------------
 
@@ -205,7 +223,10 @@ def make_runner(run: Run, skip_steps: int = 0, train: bool = True):
     eval_batch = pipeline.batch_size  # not the accumulated batch: what fits in memory
     if run.coordinator is None:
         eval_data = input_lib.eval_dataset(run.strategy, run.source.eval, eval_batch, steps=eval_steps, cache=pipeline.cache)
-        return SyncRunner(*parts, train_data=train_data, eval_data=eval_data)
+        runner = SyncRunner(*parts, train_data=train_data, eval_data=eval_data)
+        if train:
+            xla.compile_or_fall_back(run, runner)  # before the first step: a step XLA cannot compile never starts compiled
+        return runner
     # evaluated inline on the coordinator, reading the variables from the ps tasks
     eval_data = input_lib.local_eval_dataset(run.source.eval, eval_batch, steps=eval_steps, cache=pipeline.cache)
     return CoordinatorRunner(*parts, coordinator=run.coordinator, workers=run.workers, train_data=train_data, eval_data=eval_data)

@@ -39,6 +39,7 @@ The steps are the same ops in the same order: the weights are bitwise
 those of K=1.
 """
 
+import warnings
 from typing import Callable, Optional, Sequence
 
 import tensorflow as tf
@@ -70,6 +71,46 @@ class Update:
         self._gradients = tf.function(self._gradients_fn, jit_compile=True) if partly else self._gradients_fn
         self._one = tf.function(self._one_fn, jit_compile=True) if self.whole_step else self._one_fn
         self._many = tf.function(self._many_fn, jit_compile=True) if self.steps_per_call > 1 else None
+
+    def xla_failure(self, batch_spec, metric_state: Callable, state_spec: tf.TensorSpec) -> Optional[str]:
+        """Why XLA cannot compile what this update compiles (None: it can, or
+        nothing is compiled), found by lowering it to XLA's HLO for a batch of
+        `batch_spec` (one replica's), without running it: no variable changes
+        and no batch is read. Lowered for specs, not values: given a tensor,
+        XLA takes as a constant any input a shape depends on (a bincount's
+        size), and compiles again for every new value. The compiled function
+        is traced as the step runner calls it (`metric_state`: the same
+        object; `state_spec`: its sum's), so the step is traced once for both."""
+        if self._many is not None:
+            spec = tf.nest.map_structure(lambda s: tf.TensorSpec([self.steps_per_call, *s.shape], s.dtype), batch_spec)
+            call = lambda batch, step, zeros: self._many(batch, step, metric_state, zeros)  # noqa: E731
+        elif self.whole_step:
+            spec = batch_spec
+            call = lambda batch, step, zeros: self._one(batch, step, metric_state)  # noqa: E731
+        elif self._gradients is not self._gradients_fn:
+            spec = tf.nest.map_structure(lambda s: tf.TensorSpec([s.shape[0] // self.accumulate_steps, *s.shape[1:]], s.dtype), batch_spec)
+            call = lambda batch, step, zeros: self._gradients(batch)  # noqa: E731
+        else:
+            return None
+        # Its arguments all specs (as experimental_get_compiler_ir takes them): the batch flattened.
+        lowered = tf.function(lambda step, zeros, *parts: call(tf.nest.pack_sequence_as(spec, parts), step, zeros), jit_compile=True)
+        args = (tf.TensorSpec([], tf.int64), state_spec, *tf.nest.flatten(spec))
+        lowered.get_concrete_function(*args)  # a step that cannot even be traced fails here, as it would at its first step
+        # Named, the device is not looked up by TensorFlow with a random number (which would draw one);
+        # device_name is deprecated in favour of platform_name, which looks it up all the same.
+        device = tf.zeros([]).device
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", category=UserWarning)
+                lowered.experimental_get_compiler_ir(*args)(stage="hlo", device_name=device)
+        except (ValueError, tf.errors.OpError) as error:  # "Failed getting HLO text: ...", "Detected unsupported operations ..."
+            return _first_line(error)
+        return None
+
+    def without_xla(self) -> None:
+        """Compile nothing from now on: the step of `jit_compile=False` (for a step XLA cannot compile)."""
+        self.whole_step, self.steps_per_call = False, 1
+        self._gradients, self._one, self._many = self._gradients_fn, self._one_fn, None
 
     def __call__(self, batches: Sequence, first_step: tf.Tensor, metric_state: Callable, zeros: tf.Tensor) -> tf.Tensor:
         """Train on this replica's `batches`, one step each (steps `first_step`,
@@ -140,6 +181,12 @@ class Update:
         return tape.gradient(scaled, variables), labels, outputs, per_example
 
 
+def _first_line(error: Exception) -> str:
+    text = getattr(error, "message", None) or str(error)
+    line = next((line.strip() for line in text.splitlines() if line.strip()), type(error).__name__)
+    return line.removeprefix("Failed getting HLO text: ").strip("'")[:300]
+
+
 def _add(total, more):
     if isinstance(total, tf.IndexedSlices):  # rows listed twice add up when applied (scatter-add)
         return tf.IndexedSlices(tf.concat([total.values, more.values], 0), tf.concat([total.indices, more.indices], 0), total.dense_shape)
@@ -147,9 +194,22 @@ def _add(total, more):
 
 
 def _split(batch, parts: int) -> Callable:
-    """micro_batch(k): the k-th of `parts` equal slices of every tensor in `batch`."""
+    """micro_batch(k): the k-th of `parts` equal slices of every tensor in `batch`.
+
+    Each tensor is reshaped once to [parts, micro-batch, ...] and indexed at
+    k, so a micro-batch's shape is known when the step is compiled, even at
+    a k that a loop counts. Sliced at k instead (t[k * size:(k + 1) * size]),
+    its size is not, and XLA compiled the step for a shape of any size,
+    several times slower than indexed (README, Performance: accumulation)."""
     if parts == 1:
         return lambda k: batch
-    first = tf.nest.flatten(batch)[0]
-    size = (first.shape[0] or tf.shape(first)[0]) // parts  # static where batches are cut with drop_remainder
-    return lambda k: tf.nest.map_structure(lambda t: t[k * size:(k + 1) * size], batch)
+    split = tf.nest.map_structure(lambda t: _in_parts(t, parts), batch)
+    return lambda k: tf.nest.map_structure(lambda t: t[k], split)
+
+
+def _in_parts(tensor: tf.Tensor, parts: int) -> tf.Tensor:
+    """`tensor` as [parts, its rows / parts, ...] (static where its shape is: batches are cut with drop_remainder)."""
+    shape = tensor.shape
+    if shape.is_fully_defined():
+        return tf.reshape(tensor, [parts, shape[0] // parts, *shape[1:]])
+    return tf.reshape(tensor, tf.concat([[parts, -1], tf.shape(tensor)[1:]], 0))
