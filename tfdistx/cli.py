@@ -6,12 +6,14 @@ checks its arguments before it starts TensorFlow, if it needs it at all
 (commands/common.start_tensorflow): a refusal never waits for it.
 """
 
-import atexit
 import importlib
 import logging
 import os
 import sys
 from typing import NoReturn, Optional, Sequence
+
+from tfdistx.config.errors import RunFault
+from tfdistx.internals import python as internals
 
 # `tfdistx NAME ...` runs a tool instead of a training job.
 SUBCOMMANDS = {
@@ -32,6 +34,11 @@ def main(argv: Optional[Sequence[str]] = None):
     given a list (a notebook, a test), main returns."""
     if argv is not None:
         return _command(list(argv), process_ends_after=False)
+    try:
+        internals.probe()  # before any command: end_process needs it
+    except RunFault as gone:
+        print(*gone.lines(), file=sys.stderr)
+        sys.exit(gone.code)
     try:
         code = _command(sys.argv[1:], process_ends_after=True)
     except SystemExit as leaving:
@@ -79,7 +86,7 @@ def end_process(code) -> NoReturn:
     elif not isinstance(code, int):
         print(code, file=sys.stderr)
         code = 1
-    atexit._run_exitfuncs()  # noqa: SLF001 (the one way to run them before os._exit)
+    internals.run_exit_functions()  # the one way to run them before os._exit
     logging.shutdown()  # flushes and closes tfdistx.log
     for stream in (sys.stdout, sys.stderr):
         try:

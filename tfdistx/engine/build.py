@@ -31,6 +31,7 @@ from tfdistx.engine import strategy as strategy_lib
 from tfdistx.engine.checkpointing import Checkpointer, ObjectiveState
 from tfdistx.engine.optim import LearningRateAtStep, build_optimizer, effective_lr, schedule
 from tfdistx.engine.serving import serve_strategy_task
+from tfdistx.internals import tensorflow as internals
 from tfdistx.sigterm import SigtermNotice
 from tfdistx.tasks import Task, float32
 
@@ -291,7 +292,7 @@ def rng_states(model) -> list:
     like). tf.train.Checkpoint cannot reach them through the layers (a
     SeedGenerator is not a TF trackable), so a resumed run would replay the
     first masks again: they are checkpointed explicitly, for exact resume."""
-    return [v for v in model.non_trainable_variables if v.path.endswith("seed_generator_state")]
+    return [v for v in model.non_trainable_variables if internals.is_seed_generator_state(v)]
 
 
 def _quiet_known_noise() -> None:

@@ -16,7 +16,6 @@ import time
 from typing import Optional
 
 import tensorflow as tf
-from tensorflow.python.framework import config as tf_config  # disable_op_determinism is not exported
 
 from tfdistx.cluster import liveness
 from tfdistx.cluster.placement import Placement, Source
@@ -39,6 +38,7 @@ from tfdistx.engine.runner import CoordinatorRunner, SyncRunner
 from tfdistx.engine.serving import trainer_addresses
 from tfdistx.engine.update import Update
 from tfdistx.engine.warm_start import warm_start
+from tfdistx.internals import tensorflow as internals
 from tfdistx.rundir import set_aside_previous_run
 from tfdistx.sigterm import SigtermNotice
 
@@ -340,14 +340,14 @@ def make_runner(run: Run, skip_steps: int = 0, train: bool = True):
 def reproducible(deterministic: bool):
     """Op determinism for this run only: a later job of a multirun in the
     same process starts without it unless it asks."""
-    was = tf_config.is_op_determinism_enabled()
+    was = internals.op_determinism_enabled()
     if deterministic:
         tf.config.experimental.enable_op_determinism()
     try:
         yield
     finally:
         if not was:
-            tf_config.disable_op_determinism()
+            internals.disable_op_determinism()
 
 
 def weights_digest(model) -> str:
