@@ -16,6 +16,12 @@ import tensorflow as tf
 from tfdistx import internals
 from tfdistx.internals import Internal
 
+# What tfdistx uses several of the internals below for (the end of "... which tfdistx uses ...").
+_CHECKPOINTS_SPLIT_OPTIMIZER = "to checkpoint an optimizer of split variables as an unsplit run's"
+_RESPLITS_TABLES = "to re-split embedding tables for another number of ps tasks"
+_SETS_PEER_TIMEOUT = "to set the coordination service's heartbeat timeout (cluster.peer_timeout)"
+_KEEPS_DETERMINISM_TO_ITS_RUN = "to keep trainer.deterministic to one run of a sweep"
+
 # --- Variables that strategy.partitioner split (engine/sharding.py) -----------
 
 # What ParameterServerStrategy makes of a variable its `variable_partitioner`
@@ -69,16 +75,13 @@ def _saved_as_slices(cls):
 # The one method a trackable object has that lists what a checkpoint saves of
 # it (TensorFlow's Trackable); no public method lists an object's checkpoint
 # dependencies, nor lets an object choose them.
-_TRACKABLE_CHILDREN = Internal("tensorflow", "tensorflow.Module", "_trackable_children",
-                               "to checkpoint an optimizer of split variables as an unsplit run's")
-_OPTIMIZER_CHILDREN = Internal("keras", "keras.optimizers.Optimizer", "_trackable_children",
-                               "to checkpoint an optimizer of split variables as an unsplit run's")
+_TRACKABLE_CHILDREN = Internal("tensorflow", "tensorflow.Module", "_trackable_children", _CHECKPOINTS_SPLIT_OPTIMIZER)
+_OPTIMIZER_CHILDREN = Internal("keras", "keras.optimizers.Optimizer", "_trackable_children", _CHECKPOINTS_SPLIT_OPTIMIZER)
 # What TensorFlow's tracking makes of a plain list or dict set on a trackable
 # (ListWrapper, _DictWrapper ...), and the function that makes one: tf.__internal__ only.
 _DATA_STRUCTURE = Internal("tensorflow", "tensorflow.__internal__.tracking", "TrackableDataStructure",
-                           "to checkpoint an optimizer of split variables as an unsplit run's")
-_WRAP = Internal("tensorflow", "tensorflow.__internal__.tracking", "wrap",
-                 "to checkpoint an optimizer of split variables as an unsplit run's")
+                           _CHECKPOINTS_SPLIT_OPTIMIZER)
+_WRAP = Internal("tensorflow", "tensorflow.__internal__.tracking", "wrap", _CHECKPOINTS_SPLIT_OPTIMIZER)
 
 
 class FixedChildren(tf.Module):
@@ -115,9 +118,8 @@ def tracked(value):
 OPTIMIZER_TRAINABLE_VARIABLES = "_trainable_variables"
 OPTIMIZER_VARIABLES = "_variables"
 _TRAINABLE_VARIABLES = Internal("keras", "keras.optimizers.Optimizer", OPTIMIZER_TRAINABLE_VARIABLES,
-                                "to re-split embedding tables for another number of ps tasks", instance=True)
-_OWN_VARIABLES = Internal("keras", "keras.optimizers.Optimizer", OPTIMIZER_VARIABLES,
-                          "to re-split embedding tables for another number of ps tasks", instance=True)
+                                _RESPLITS_TABLES, instance=True)
+_OWN_VARIABLES = Internal("keras", "keras.optimizers.Optimizer", OPTIMIZER_VARIABLES, _RESPLITS_TABLES, instance=True)
 
 
 def saved_trainable_variable_key(index: int, optimizer: str = "optimizer") -> str:
@@ -139,8 +141,7 @@ def slot_name_prefix(variable) -> str:
 
 # The position of a model variable in the optimizer's lists of slots (Adam's
 # _momentums, _velocities ...): Keras' own lookup, private.
-_VARIABLE_INDEX = Internal("keras", "keras.optimizers.Optimizer", "_get_variable_index",
-                           "to re-split embedding tables for another number of ps tasks")
+_VARIABLE_INDEX = Internal("keras", "keras.optimizers.Optimizer", "_get_variable_index", _RESPLITS_TABLES)
 
 
 def slot_index(optimizer, variable) -> int:
@@ -222,9 +223,9 @@ def auc_counts(metric, state: Iterable) -> List[np.ndarray]:
 # multirun in the same process can only be given its own setting back through
 # these two, in tensorflow.python.
 _DETERMINISM_ENABLED = Internal("tensorflow", "tensorflow.python.framework.config", "is_op_determinism_enabled",
-                                "to keep trainer.deterministic to one run of a sweep")
+                                _KEEPS_DETERMINISM_TO_ITS_RUN)
 _DISABLE_DETERMINISM = Internal("tensorflow", "tensorflow.python.framework.config", "disable_op_determinism",
-                                "to keep trainer.deterministic to one run of a sweep")
+                                _KEEPS_DETERMINISM_TO_ITS_RUN)
 
 
 def op_determinism_enabled() -> bool:
@@ -254,13 +255,12 @@ def number_mirrored_collectives_from(base: int) -> None:
 # the leader named as the strategy names it and the jobs as protos: none of
 # them is exported.
 _CONFIGURE_COORDINATION = Internal("tensorflow", "tensorflow.python.eager.context.Context", "configure_coordination_service",
-                                   "to set the coordination service's heartbeat timeout (cluster.peer_timeout)")
-_CONTEXT = Internal("tensorflow", "tensorflow.python.eager.context", "context",
-                    "to set the coordination service's heartbeat timeout (cluster.peer_timeout)")
+                                   _SETS_PEER_TIMEOUT)
+_CONTEXT = Internal("tensorflow", "tensorflow.python.eager.context", "context", _SETS_PEER_TIMEOUT)
 _COORDINATION_LEADER = Internal("tensorflow", "tensorflow.python.distribute.multi_worker_util", "coordination_leader",
-                                "to set the coordination service's heartbeat timeout (cluster.peer_timeout)")
+                                _SETS_PEER_TIMEOUT)
 _COORDINATED_JOB = Internal("tensorflow", "tensorflow.compiler.xla.tsl.protobuf.coordination_config_pb2", "CoordinatedJob",
-                            "to set the coordination service's heartbeat timeout (cluster.peer_timeout)")
+                            _SETS_PEER_TIMEOUT)
 
 
 def configure_coordination_service(cluster_spec, jobs: Mapping[str, int], heartbeat_timeout_ms: int) -> None:
