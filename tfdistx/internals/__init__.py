@@ -29,7 +29,6 @@ the comments of the internals checked on it.
 """
 
 import importlib
-import platform
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -55,7 +54,8 @@ class Gone(RunFault):
 
 
 def installed_version(distribution: str) -> str:
-    import importlib.metadata  # deferred: only when one is gone
+    import importlib.metadata  # deferred, as platform: only when one is gone
+    import platform
 
     if distribution == "python":
         return platform.python_version()
