@@ -13,6 +13,9 @@ from typing import Optional, Sequence
 
 from tfdistx.commands.ending import end_process
 
+from tfdistx.config.errors import RunFault
+from tfdistx.internals import python as internals
+
 # `tfdistx NAME ...` runs a tool instead of a training job.
 SUBCOMMANDS = {
     "recipes": "tfdistx.commands.recipes",  # list, show and copy out recipes
@@ -32,6 +35,11 @@ def main(argv: Optional[Sequence[str]] = None):
     given a list (a notebook, a test), main returns."""
     if argv is not None:
         return _command(list(argv), process_ends_after=False)
+    try:
+        internals.probe()  # before any command: end_process needs it
+    except RunFault as gone:
+        print(*gone.lines(), file=sys.stderr)
+        sys.exit(gone.code)
     try:
         code = _command(sys.argv[1:], process_ends_after=True)
     except SystemExit as leaving:

@@ -20,12 +20,14 @@ from tfdistx.config import recipes, schema, topology, userconf
 from tfdistx.config.compose import compose_and_validate
 from tfdistx.config.errors import EXIT_INVALID_CONFIG, ConfigError, RunFault
 from tfdistx.engine.loggers import into_log_files  # no TensorFlow there
+from tfdistx.internals import hydra as hydra_internals
 
 
 def register_config_names(overrides) -> None:
     """What composing needs known first, in one place: the schema's types,
     then the names of the groups' options beyond the shipped files."""
     schema.register()  # the structured config: types checked at compose time
+    hydra_internals.probe()  # before Hydra composes: the internals of it that tfdistx uses are there
     userconf.register(overrides)  # --config-dir / TFDISTX_CONFIG_PATH: the user's own groups and experiments
     topology.register(overrides)  # cluster=WxD / psPwW names
     recipes.register(overrides)  # TFDISTX_RECIPES dirs, and the clusters the chosen recipes name

@@ -1,6 +1,7 @@
 """How the process of a command ends: without Python's teardown.
 
-Only the standard library here: the entrypoint (cli.py) imports it first.
+Only the standard library (and the room of its internals) here: the
+entrypoint (cli.py) imports it first.
 """
 
 import atexit
@@ -8,6 +9,8 @@ import logging
 import os
 import sys
 from typing import NoReturn
+
+from tfdistx.internals import python as internals
 
 
 def hold_until_exit(anything) -> None:
@@ -31,7 +34,7 @@ def end_process(code) -> NoReturn:
     elif not isinstance(code, int):
         print(code, file=sys.stderr)
         code = 1
-    atexit._run_exitfuncs()  # noqa: SLF001 (the one way to run them before os._exit)
+    internals.run_exit_functions()  # the one way to run them before os._exit
     logging.shutdown()  # flushes and closes tfdistx.log
     for stream in (sys.stdout, sys.stderr):
         try:

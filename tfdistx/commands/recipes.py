@@ -15,16 +15,18 @@ from omegaconf.errors import OmegaConfBaseException
 from tfdistx.commands.common import register_config_names
 from tfdistx.config import userconf
 from tfdistx.config.compose import as_config_error
-from tfdistx.config.errors import EXIT_INVALID_CONFIG, ConfigError
+from tfdistx.config.errors import EXIT_INVALID_CONFIG, ConfigError, RunFault
 from tfdistx.config.paths import config_dir
 from tfdistx.config.recipes import ENV, GROUP, available, describe, downloads, find, is_global, register, search_dirs, shipped_dir, unknown, user_dirs
 from tfdistx.config.validate import validate
+from tfdistx.internals import hydra as internals
 from tfdistx.rundir import keep_aside
 
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
+        internals.probe()  # the internals of Hydra that tfdistx uses, before any of them is
         args = _parser().parse_args(list(sys.argv[1:] if argv is None else argv))  # cli.py has taken --config-dir
         userconf.check()  # the list shows an option the config dirs may not hold (userconf.shadowing); `show` refuses it
         register([])
@@ -40,6 +42,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except CommandError as error:
         print(f"tfdistx recipes: {error}", file=sys.stderr)
         return EXIT_INVALID_CONFIG
+    except RunFault as gone:
+        print(*gone.lines(), file=sys.stderr)
+        return gone.code
 
 
 class CommandError(Exception):

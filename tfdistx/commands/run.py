@@ -15,7 +15,6 @@ import sys
 from typing import Optional, Sequence
 
 import hydra
-from hydra._internal.utils import get_args_parser
 from omegaconf import DictConfig, OmegaConf
 
 from tfdistx import rundir
@@ -28,6 +27,7 @@ from tfdistx.config.errors import ConfigError, RunFault
 from tfdistx.config.objective import direction
 from tfdistx.config.paths import config_dir
 from tfdistx.config.validate import validate, writable
+from tfdistx.internals import hydra as internals
 from tfdistx.sigterm import SigtermNotice
 
 
@@ -38,15 +38,16 @@ def main(argv: Sequence[str], process_ends_after: bool = False):
     plan, text = "--plan" in argv, ""
     argv = [arg for arg in argv if arg != "--plan"]  # cli.py has taken --config-dir DIR (userconf.take_flags)
     try:
+        internals.probe()  # Hydra's internals tfdistx uses, before any of them is
         argv = keys_for_own_targets(argv)  # model._target_=mine model.filters=32, for a sweep's jobs too
-        args = get_args_parser().parse_args(argv)
+        args = internals.args_parser().parse_args(argv)
         register_config_names(args.overrides)
         if plan:
             text = describe(compose_and_validate(args.overrides))
         elif args.multirun:
             first_job = _check_sweep(args.overrides)
             argv += _sweeper_direction(args.overrides, first_job)
-    except ConfigError as error:
+    except (ConfigError, RunFault) as error:
         refuse(error)
     except Exception as error:  # an override Hydra cannot even parse
         refuse(ConfigError.one("override", " ".join(argv), str(error).strip().splitlines()[0]))
@@ -134,14 +135,13 @@ def _sweeper_direction(overrides, cfg: DictConfig) -> list:
 
 def _run_once(overrides, process_ends_after: bool = False, notice: Optional[SigtermNotice] = None) -> None:
     """A single run: composed once, then run as Hydra's own `run` would."""
-    from hydra._internal.callbacks import Callbacks  # what Hydra.run builds for run_job
     from hydra.core.global_hydra import GlobalHydra
     from hydra.core.utils import run_job
     from hydra.types import HydraContext
 
     with composed(overrides) as cfg:
         try:  # hydra.callbacks are instantiated here
-            callbacks = Callbacks(cfg)
+            callbacks = internals.callbacks(cfg)  # what Hydra.run builds for run_job
         except Exception as error:
             raise ConfigError.one("hydra.callbacks", OmegaConf.to_container(cfg.hydra.callbacks),
                                   str(error).strip().splitlines()[0]) from None

@@ -19,6 +19,7 @@ EXIT_CLUSTER_DID_NOT_FORM = 4  # a task did not answer within cluster.startup_ti
 EXIT_LOST_PEER = 5  # a synchronous cluster lost a task mid-run: restarted, resuming
 EXIT_PORT_IN_USE = 6  # a task's port is taken on its host: a restart on other (or freed) ports can succeed
 EXIT_RUN_DIR_LOCKED = 7  # another run holds the run directory: a later try can succeed, once it ends
+EXIT_UNSUPPORTED_VERSION = 8  # an installed TensorFlow, Keras or Hydra lacks a private API tfdistx uses (tfdistx/internals): never retried
 EXIT_PREEMPTED = 42
 # The codes a restart can cure. `cluster.retryable_exit_offset` is added to
 # them, for a scheduler that retries only some codes: Kubernetes' restartPolicy

@@ -32,6 +32,7 @@ from omegaconf import OmegaConf
 from tfdistx.config import topology
 from tfdistx.config.paths import config_dir
 from tfdistx.config.errors import ConfigError
+from tfdistx.internals import hydra as internals
 
 ENV = "TFDISTX_RECIPES"
 GROUP = "recipe"
@@ -95,7 +96,7 @@ def describe(path: Path) -> str:
 
 def is_global(path: Path) -> bool:
     try:
-        return ConfigSource._get_header_dict(path.read_text(encoding="utf-8")[:512]).get("package") == "_global_"
+        return internals.config_header(path.read_text(encoding="utf-8")[:512]).get("package") == "_global_"
     except (OSError, ValueError):
         return False
 
@@ -120,7 +121,7 @@ class RecipeDirSource(ConfigSource):
         group, _, name = config_path.partition("/")
         if group != GROUP or not name or "/" in name:
             return None
-        return Path(self.path) / self._normalize_file_name(name)
+        return Path(self.path) / internals.config_file_name(name)
 
     def load_config(self, config_path: str) -> ConfigResult:
         path = self._file(config_path)
@@ -131,7 +132,7 @@ class RecipeDirSource(ConfigSource):
             config=OmegaConf.load(path),
             path=self.full_path(),
             provider=self.provider,
-            header=ConfigSource._get_header_dict(text),
+            header=internals.config_header(text),
         )
 
     def available(self) -> bool:

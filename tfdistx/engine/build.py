@@ -29,6 +29,7 @@ from tfdistx.engine import process, resplit, sharding, topology, xla
 from tfdistx.engine import strategy as strategy_lib
 from tfdistx.engine.checkpointing import Checkpointer, ObjectiveState
 from tfdistx.engine.optim import LearningRateAtStep, build_optimizer, effective_lr, schedule
+from tfdistx.internals import tensorflow as internals
 from tfdistx.tasks import Task, float32
 
 log = logging.getLogger(__name__)
@@ -267,7 +268,7 @@ def rng_states(model) -> list:
     like). tf.train.Checkpoint cannot reach them through the layers (a
     SeedGenerator is not a TF trackable), so a resumed run would replay the
     first masks again: they are checkpointed explicitly, for exact resume."""
-    return [v for v in model.non_trainable_variables if v.path.endswith("seed_generator_state")]
+    return [v for v in model.non_trainable_variables if internals.is_seed_generator_state(v)]
 
 
 def _total_steps(spec: RunSpec, train_examples, global_batch: int) -> int:

@@ -32,6 +32,7 @@ import numpy as np
 import tensorflow as tf
 
 from tfdistx.tasks.metrics import ExactAUC
+from tfdistx.internals import tensorflow as internals
 
 # Where the bookkeeping lives in the flat vector, before the metrics' states.
 EXAMPLES, LOSS_SUM, FIRST_METRIC = 0, 1, 2
@@ -54,12 +55,11 @@ def auc_error_bound(metric: keras.metrics.AUC, state: List[tf.Tensor]) -> float:
     """How far the thresholded AUC of `state` can be from the exact AUC of
     the same examples: half the positive-negative pairs between the same
     two thresholds, as a fraction of all pairs (mean over labels)."""
-    values = {v.name: np.asarray(s, np.float64) for v, s in zip(metric.variables, state)}
-    tp, fp = values["true_positives"], values["false_positives"]
+    tp, fp, fn, tn = internals.auc_counts(metric, state)
     tp, fp = tp.reshape(tp.shape[0], -1), fp.reshape(fp.shape[0], -1)  # [thresholds, labels]
     pos_in_bin, neg_in_bin = tp[:-1] - tp[1:], fp[:-1] - fp[1:]
-    positives = tp[0] + values["false_negatives"].reshape(tp.shape[0], -1)[0]
-    negatives = fp[0] + values["true_negatives"].reshape(fp.shape[0], -1)[0]
+    positives = tp[0] + fn.reshape(tp.shape[0], -1)[0]
+    negatives = fp[0] + tn.reshape(fp.shape[0], -1)[0]
     pairs = positives * negatives
     bound = np.where(pairs > 0, 0.5 * (pos_in_bin * neg_in_bin).sum(axis=0) / np.maximum(pairs, 1), 0.0)
     return float(bound.mean())

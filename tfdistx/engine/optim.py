@@ -14,26 +14,14 @@ rate; the step runner sets the step it is tracing before each update.
 import keras
 
 from tfdistx.config.spec import Optimizer
+from tfdistx.internals import tensorflow as internals
 
 
-class _GradientsArriveSummed:
-    """Keras' TensorFlow optimizer sums gradients over replicas inside its
-    update, after clipping them; tfdistx sums them before (update.py says
-    why), so the optimizer must not sum them again."""
-
-    def _all_reduce_sum_gradients(self, grads_and_vars):
-        return list(grads_and_vars)
-
-
-def _summed(cls):
-    # A private method of Keras' TensorFlow backend (keras/src/backend/tensorflow/optimizer.py):
-    # refuse to run, rather than sum twice, if a Keras release renames it.
-    if not hasattr(cls, "_all_reduce_sum_gradients"):
-        raise RuntimeError(f"this Keras ({keras.__version__}) no longer sums gradients in _all_reduce_sum_gradients; "
-                           "tfdistx's update (update.py) needs a Keras 3 release that does")
-    return type(cls.__name__, (_GradientsArriveSummed, cls), {})
-
-
+# Keras' TensorFlow optimizer sums gradients over replicas inside its update,
+# after clipping them; tfdistx sums them before (update.py says why), so the
+# optimizer must not sum them again (refused in one line, rather than summed
+# twice, if a Keras release moves the sum).
+_summed = internals.gradients_arrive_summed
 _CLASSES = {"adam": _summed(keras.optimizers.Adam), "sgd": _summed(keras.optimizers.SGD), "adamw": _summed(keras.optimizers.AdamW)}
 
 

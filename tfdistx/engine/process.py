@@ -13,7 +13,8 @@ import warnings
 
 import keras
 import tensorflow as tf
-from tensorflow.python.framework import config as tf_config  # disable_op_determinism is not exported
+
+from tfdistx.internals import tensorflow as internals
 
 
 @contextlib.contextmanager
@@ -22,14 +23,14 @@ def settings_for(seed: int, deterministic: bool):
     asked, op determinism; TensorFlow's known noise kept off the terminal."""
     _quiet_known_noise()
     keras.utils.set_random_seed(seed)
-    was = tf_config.is_op_determinism_enabled()
+    was = internals.op_determinism_enabled()
     if deterministic:
         tf.config.experimental.enable_op_determinism()
     try:
         yield
     finally:
         if not was:
-            tf_config.disable_op_determinism()
+            internals.disable_op_determinism()
 
 
 @contextlib.contextmanager

@@ -31,6 +31,15 @@ _NO_GPU_HERE = re.compile(r"Could not find cuda drivers on your machine|failed c
 
 
 def import_tensorflow() -> None:
+    """TensorFlow and Keras imported, and the internals of them that tfdistx
+    uses looked for (tfdistx/internals: one line and exit 8 when one is gone)."""
+    _import_quietly()
+    from tfdistx.internals import tensorflow as internals  # deferred: it imports TensorFlow
+
+    internals.probe()
+
+
+def _import_quietly() -> None:
     if "tensorflow" in sys.modules or os.environ.get("TF_CPP_MIN_LOG_LEVEL", "0") == "0":
         import tensorflow  # noqa: F401
         return

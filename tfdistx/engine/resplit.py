@@ -18,9 +18,10 @@ import os
 import tempfile
 from typing import Callable, Optional
 
-import keras
 import numpy as np
 import tensorflow as tf
+
+from tfdistx.internals import tensorflow as internals
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +49,7 @@ class Resplit:
             shapes = tf.train.load_checkpoint(path).get_variable_to_shape_map()
         except Exception:  # unreadable: the restore says so
             return None
-        shape = shapes.get(f"optimizer/_trainable_variables/{index}/.ATTRIBUTES/VARIABLE_VALUE")
+        shape = shapes.get(internals.saved_trainable_variable_key(index))
         if not shape or len(shape) != 2 or shape[0] < 1:
             return None
         saved = math.ceil(first.vocab_size / shape[0])
@@ -123,14 +124,14 @@ def _copy(donor, donor_optimizer, model, optimizer) -> None:
     # per variable, in lists (Adam's _momentums, _velocities); its other
     # values (iterations, the loss scale) do not depend on the split.
     for there, here in zip(_optimizers(donor_optimizer), _optimizers(optimizer)):
-        slots_there, slots_here = _slots(there), _slots(here)
+        slots_there, slots_here = internals.slot_lists(there), internals.slot_lists(here)
         if slots_there.keys() != slots_here.keys():
             raise ValueError(f"the optimizers differ: slots {sorted(slots_there)} and {sorted(slots_here)}")
         for name, lists in slots_here.items():
             for variable, sources, make in pairs:
                 if variable.trainable:
-                    slot = lists[here._get_variable_index(variable)]
-                    slot.assign(make([slots_there[name][there._get_variable_index(s)].numpy() for s in sources]))
+                    slot = lists[internals.slot_index(here, variable)]
+                    slot.assign(make([slots_there[name][internals.slot_index(there, s)].numpy() for s in sources]))
         rest_there, rest_here = _others(there, slots_there), _others(here, slots_here)
         if len(rest_there) != len(rest_here):
             raise ValueError(f"the optimizers differ: {len(rest_there)} values there, {len(rest_here)} here")
@@ -159,14 +160,6 @@ def _optimizers(optimizer) -> list:
     return [optimizer] + (_optimizers(inner) if inner is not None else [])
 
 
-def _slots(optimizer) -> dict:
-    """The optimizer's lists of one slot per trainable variable, by attribute name."""
-    count = len(optimizer._trainable_variables)
-    return {name: value for name, value in vars(optimizer).items()
-            if name not in ("_variables", "_trainable_variables") and isinstance(value, list) and len(value) == count and count
-            and all(isinstance(v, keras.Variable) for v in value)}
-
-
 def _others(optimizer, slots: dict) -> list:
     taken = {id(v) for values in slots.values() for v in values}
-    return [v for v in optimizer._variables if id(v) not in taken]
+    return [v for v in internals.own_variables_of(optimizer) if id(v) not in taken]

@@ -27,19 +27,14 @@ So the model keeps its ShardedVariables (model code unchanged) and here:
   the partitioner on or off, and the export builds the model unsplit.
 """
 
-import functools
-
 import keras
-import tensorflow as tf
 
-# What ParameterServerStrategy makes of a split variable. tf.__internal__ is
-# TensorFlow's API for Keras; the trackables below come from it too.
-ShardedVariable = tf.__internal__.distribute.ShardedVariable
+from tfdistx.internals import tensorflow as internals
 
 
 def is_sharded(variable) -> bool:
     """A Keras variable whose TF variable the partitioner split."""
-    return isinstance(getattr(variable, "value", None), ShardedVariable)
+    return internals.is_sharded_variable(getattr(variable, "value", None))
 
 
 def own_shards(model) -> bool:
@@ -48,29 +43,15 @@ def own_shards(model) -> bool:
     which a restore onto other shards (or none) reads its own part of. True
     when the model has any.
 
-    Keras' variable would hand TF the ShardedVariable as one tensor
-    (`_serialize_to_tensors`). TF takes a class's `_gather_saveables_for_checkpoint`
-    instead when the class defines it nearer in the MRO, so each such variable
-    becomes a subclass of its own class that defines it: the same object,
-    nothing else changed."""
+    Keras' variable would hand TF the ShardedVariable as one tensor, so each
+    such variable is made to save as its ShardedVariable does (the internals
+    say how)."""
     found = False
     for variable in model.weights:
         if is_sharded(variable):
-            variable.__class__ = _saved_as_slices(type(variable))
+            internals.save_as_slices(variable)
             found = True
     return found
-
-
-@functools.lru_cache(maxsize=None)
-def _saved_as_slices(cls):
-    if "_gather_saveables_for_checkpoint" in cls.__dict__:
-        return cls
-
-    def _gather_saveables_for_checkpoint(self):
-        return self.value._gather_saveables_for_checkpoint()
-
-    return type(cls.__name__, (cls,), {"_gather_saveables_for_checkpoint": _gather_saveables_for_checkpoint,
-                                       "__module__": __name__})
 
 
 def groups(model) -> list:
@@ -99,7 +80,7 @@ def train_variables(model_groups: list) -> list:
     return [v for _, parts in model_groups for v in parts]
 
 
-class OptimizerState(tf.__internal__.tracking.AutoTrackable):
+class OptimizerState(internals.FixedChildren):
     """What the checkpoint holds for an optimizer built on `train_variables`:
     exactly the keys of the optimizer an unsplit run builds on the model's
     variables (`_iterations`, `_trainable_variables/N`, `_variables/N` ...),
@@ -108,13 +89,12 @@ class OptimizerState(tf.__internal__.tracking.AutoTrackable):
     shard slots; the export's optimizer (unsplit) restores it as it is."""
 
     def __init__(self, optimizer, model_groups: list):
-        super().__init__()
         variables = train_variables(model_groups)
         logical = [whole for whole, _ in model_groups]
         own = list(optimizer.variables)
-        # Keras names a slot '<its variable's path, / as _>_<slot>' (adam/dense_kernel_momentum): each slot
-        # goes to the variable with the longest such prefix; the optimizer's own (iterations ...) to none.
-        prefixes = {id(v): v.path.replace("/", "_") + "_" for v in variables}
+        # Each slot goes to the variable with the longest prefix of its name that Keras gives that
+        # variable's slots; the optimizer's own (iterations ...) to none.
+        prefixes = {id(v): internals.slot_name_prefix(v) for v in variables}
         slots_of = {id(v): [] for v in variables}
         first = len(own)
         for index, slot in enumerate(own):
@@ -129,18 +109,14 @@ class OptimizerState(tf.__internal__.tracking.AutoTrackable):
         grouped = []
         for _, parts in model_groups:
             slots = [slots_of[id(v)] for v in parts]
-            grouped += [ShardedVariable([s[k].value for s in slots]) for k in range(per)] if len(parts) > 1 else slots[0]
+            grouped += [internals.sharded_variable([s[k].value for s in slots]) for k in range(per)] if len(parts) > 1 else slots[0]
         # Every other child of the optimizer as it is (its iterations, learning rate ...); its lists and
         # dicts (momentums, velocities, indices) hold the per-shard slots again, or nothing to save.
-        others = {name: child for name, child in optimizer._trackable_children("checkpoint").items()
-                  if not isinstance(child, tf.__internal__.tracking.TrackableDataStructure)}
-        self._variables_list = own[:first] + grouped
-        # Made once: a checkpoint knows its objects by identity.
-        self._children = {**others, "_trainable_variables": tf.__internal__.tracking.wrap(logical),
-                          "_variables": tf.__internal__.tracking.wrap(self._variables_list)}
-
-    def _trackable_children(self, save_type="checkpoint", **kwargs):
-        return dict(self._children)
+        others = internals.checkpoint_children(optimizer)
+        variables_list = own[:first] + grouped
+        super().__init__({**others, internals.OPTIMIZER_TRAINABLE_VARIABLES: internals.tracked(logical),
+                          internals.OPTIMIZER_VARIABLES: internals.tracked(variables_list)})
+        self._variables_list = variables_list
 
     @property
     def variables(self) -> list:

@@ -15,6 +15,7 @@ import tensorflow as tf
 from tfdistx import sigterm
 from tfdistx.config import strategies
 from tfdistx.config.errors import ConfigError
+from tfdistx.internals import tensorflow as internals
 
 
 def configure_devices(devices_per_worker: Optional[int], multi_worker: bool = False) -> None:
@@ -91,7 +92,7 @@ def _mirrored(options, devices_per_worker, **_):
     # size 4". A fresh key range per strategy built keeps them apart; TF's own
     # tests set the same class attribute for the same reason. The first
     # strategy of a process keeps TF's numbering.
-    tf.distribute.MirroredStrategy._collective_key_base = 1000 * next(_mirrored_built)
+    internals.number_mirrored_collectives_from(1000 * next(_mirrored_built))
     return tf.distribute.MirroredStrategy(local_devices(devices_per_worker), cross_device_ops=_cross_device_ops(options.get("cross_device_ops")))
 
 
@@ -120,17 +121,9 @@ def _coordination_service(peer_timeout: float) -> None:
     TensorFlow's own default is 10 s, which a peer paused for a moment (a
     long garbage collection, a busy host) exceeds; the strategy configures
     the service only when nothing has, so this must come first."""
-    from tensorflow.python.distribute import multi_worker_util  # private: the leader's name, as the strategy derives it
-    from tensorflow.python.eager import context  # private: the one place the service's configuration is set
-
-    from tensorflow.compiler.xla.tsl.protobuf import coordination_config_pb2
-
     cluster_spec = tf.distribute.cluster_resolver.TFConfigClusterResolver().cluster_spec()
-    jobs = [coordination_config_pb2.CoordinatedJob(name=job, num_tasks=cluster_spec.num_tasks(job))
-            for job in ("chief", "worker") if job in cluster_spec.jobs]
-    context.context().configure_coordination_service(
-        service_type="standalone", service_leader=multi_worker_util.coordination_leader(cluster_spec),
-        coordinated_jobs=jobs, heartbeat_timeout_in_ms=int(peer_timeout * 1000))
+    jobs = {job: cluster_spec.num_tasks(job) for job in ("chief", "worker") if job in cluster_spec.jobs}
+    internals.configure_coordination_service(cluster_spec, jobs, heartbeat_timeout_ms=int(peer_timeout * 1000))
 
 
 def all_reduce_options(name: str, options: Mapping) -> Optional[tf.distribute.experimental.CommunicationOptions]:

@@ -22,6 +22,7 @@ import tensorflow as tf
 
 from tfdistx.config import compute
 from tfdistx.config.errors import ConfigError
+from tfdistx.internals import tensorflow as internals
 
 log = logging.getLogger(__name__)
 
@@ -51,16 +52,11 @@ def weighted_layer_kinds(model) -> set:
     Dense weight; a weight that a model or a custom layer adds beside its
     sublayers is that model's or layer's (a custom class is its own kind)."""
     kinds = set()
-    for layer in _layers_of(model, include_self=True, recursive=True):
-        inside = {id(weight) for sublayer in _layers_of(layer, include_self=False, recursive=False) for weight in sublayer.weights}
+    for layer in internals.sublayers(model, include_self=True, recursive=True):
+        inside = {id(weight) for sublayer in internals.sublayers(layer, include_self=False, recursive=False) for weight in sublayer.weights}
         if any(id(weight) not in inside for weight in layer.weights):
             kinds.add(type(layer).__name__)
     return kinds
-
-
-def _layers_of(layer, include_self: bool, recursive: bool) -> list:
-    # Keras 3 lists a layer's sublayers only this way: `.layers` is a Model's, not a custom layer's.
-    return list(layer._flatten_layers(include_self=include_self, recursive=recursive))
 
 
 def forward_op_types(model, feature_spec) -> set:

@@ -1,0 +1,297 @@
+"""TensorFlow's and Keras' private APIs, each behind a named function (see
+tfdistx/internals/__init__.py). Imports TensorFlow; never Hydra.
+
+Every internal here was checked on TensorFlow 2.21.0 and Keras 3.15.1
+(pyproject.toml's pins) unless its comment says otherwise. Nothing private
+is touched when this module loads: `probe()` looks, the functions use.
+"""
+
+import functools
+from typing import Iterable, List, Mapping
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from tfdistx import internals
+from tfdistx.internals import Internal
+
+# What tfdistx uses several of the internals below for (the end of "... which tfdistx uses ...").
+_CHECKPOINTS_SPLIT_OPTIMIZER = "to checkpoint an optimizer of split variables as an unsplit run's"
+_RESPLITS_TABLES = "to re-split embedding tables for another number of ps tasks"
+_SETS_PEER_TIMEOUT = "to set the coordination service's heartbeat timeout (cluster.peer_timeout)"
+_KEEPS_DETERMINISM_TO_ITS_RUN = "to keep trainer.deterministic to one run of a sweep"
+
+# --- Variables that strategy.partitioner split (engine/sharding.py) -----------
+
+# What ParameterServerStrategy makes of a variable its `variable_partitioner`
+# splits. TensorFlow exports the class only in tf.__internal__ (its API for
+# Keras); tfdistx must tell such variables apart and build one from shards.
+_SHARDED_VARIABLE = Internal("tensorflow", "tensorflow.__internal__.distribute", "ShardedVariable",
+                             "to train and checkpoint the variables strategy.partitioner splits")
+# How a ShardedVariable saves itself: one tensor, each shard a slice of it.
+# TensorFlow's saver asks a trackable for it before `_serialize_to_tensors`
+# (what a Keras variable defines), when its class defines it nearer in the MRO.
+_GATHER_SAVEABLES = Internal("tensorflow", "tensorflow.__internal__.distribute.ShardedVariable", "_gather_saveables_for_checkpoint",
+                             "to save a split variable as one tensor, restorable onto any number of ps tasks")
+
+
+def is_sharded_variable(value) -> bool:
+    """A TensorFlow variable that the partitioner split into shards."""
+    return isinstance(value, _SHARDED_VARIABLE.get())
+
+
+def sharded_variable(shards: list):
+    """One ShardedVariable of these variables (its shards, in order)."""
+    return _SHARDED_VARIABLE.get()(shards)
+
+
+def save_as_slices(variable) -> None:
+    """Make the Keras variable `variable`, whose value is a ShardedVariable,
+    save as TensorFlow saves a ShardedVariable: one tensor of its full shape,
+    each shard a slice of it. Keras would hand TensorFlow the ShardedVariable
+    as one tensor, which fails ("no attribute 'device'"). There is no public
+    way to change how a variable saves, so the object becomes an instance of
+    a subclass of its own class that defines TensorFlow's hook: the same
+    object, nothing else changed."""
+    _GATHER_SAVEABLES.get()
+    variable.__class__ = _saved_as_slices(type(variable))
+
+
+@functools.lru_cache(maxsize=None)
+def _saved_as_slices(cls):
+    if "_gather_saveables_for_checkpoint" in cls.__dict__:
+        return cls
+
+    def _gather_saveables_for_checkpoint(self):
+        return self.value._gather_saveables_for_checkpoint()
+
+    return type(cls.__name__, (cls,), {"_gather_saveables_for_checkpoint": _gather_saveables_for_checkpoint,
+                                       "__module__": __name__})
+
+
+# --- Checkpoints: what an object saves, and under which names ------------------
+
+# The one method a trackable object has that lists what a checkpoint saves of
+# it (TensorFlow's Trackable); no public method lists an object's checkpoint
+# dependencies, nor lets an object choose them.
+_TRACKABLE_CHILDREN = Internal("tensorflow", "tensorflow.Module", "_trackable_children", _CHECKPOINTS_SPLIT_OPTIMIZER)
+_OPTIMIZER_CHILDREN = Internal("keras", "keras.optimizers.Optimizer", "_trackable_children", _CHECKPOINTS_SPLIT_OPTIMIZER)
+# What TensorFlow's tracking makes of a plain list or dict set on a trackable
+# (ListWrapper, _DictWrapper ...), and the function that makes one: tf.__internal__ only.
+_DATA_STRUCTURE = Internal("tensorflow", "tensorflow.__internal__.tracking", "TrackableDataStructure",
+                           _CHECKPOINTS_SPLIT_OPTIMIZER)
+_WRAP = Internal("tensorflow", "tensorflow.__internal__.tracking", "wrap", _CHECKPOINTS_SPLIT_OPTIMIZER)
+
+
+class FixedChildren(tf.Module):
+    """A trackable whose checkpoint holds exactly `children` (name ->
+    trackable), under those names: a split run's optimizer saved in the
+    layout of an unsplit run's (engine/sharding.OptimizerState). Made once:
+    a checkpoint knows its objects by identity."""
+
+    def __init__(self, children: Mapping):
+        super().__init__()
+        self._fixed_children = dict(children)
+
+    def _trackable_children(self, save_type="checkpoint", **kwargs):
+        return dict(self._fixed_children)
+
+
+def checkpoint_children(trackable) -> dict:
+    """What a checkpoint saves of `trackable` (an optimizer), by name,
+    leaving out its tracked lists and dicts (Adam's momentums ...)."""
+    data_structure = _DATA_STRUCTURE.get()
+    children = _OPTIMIZER_CHILDREN.of(trackable)("checkpoint")
+    return {name: child for name, child in children.items() if not isinstance(child, data_structure)}
+
+
+def tracked(value):
+    """A list or dict as TensorFlow's tracking holds one: a checkpoint saves its items by position or key."""
+    return _WRAP.get()(value)
+
+
+# The names a Keras optimizer's checkpoint gives its lists of variables: the
+# model's variables it updates, and its own (iterations, slots ...), each by
+# position. They are the optimizer's private attributes, which Keras
+# checkpoints under their own names.
+OPTIMIZER_TRAINABLE_VARIABLES = "_trainable_variables"
+OPTIMIZER_VARIABLES = "_variables"
+_TRAINABLE_VARIABLES = Internal("keras", "keras.optimizers.Optimizer", OPTIMIZER_TRAINABLE_VARIABLES,
+                                _RESPLITS_TABLES, instance=True)
+_OWN_VARIABLES = Internal("keras", "keras.optimizers.Optimizer", OPTIMIZER_VARIABLES, _RESPLITS_TABLES, instance=True)
+
+
+def saved_trainable_variable_key(index: int, optimizer: str = "optimizer") -> str:
+    """The key under which tf.train.Checkpoint(optimizer=...) saves the
+    `index`th model variable of a Keras optimizer: TensorFlow's object-graph
+    key (children by name, then `.ATTRIBUTES/VARIABLE_VALUE`), which no
+    public function composes."""
+    return f"{optimizer}/{OPTIMIZER_TRAINABLE_VARIABLES}/{index}/.ATTRIBUTES/VARIABLE_VALUE"
+
+
+# --- A Keras optimizer's slots --------------------------------------------------
+
+# Keras names a slot `<its variable's path, / as _>_<slot>` (add_variable_from_reference:
+# adam/dense_kernel_momentum); no public map from a variable to its slots exists.
+def slot_name_prefix(variable) -> str:
+    """The start of the name of each slot a Keras optimizer makes for `variable`."""
+    return variable.path.replace("/", "_") + "_"
+
+
+# The position of a model variable in the optimizer's lists of slots (Adam's
+# _momentums, _velocities ...): Keras' own lookup, private.
+_VARIABLE_INDEX = Internal("keras", "keras.optimizers.Optimizer", "_get_variable_index", _RESPLITS_TABLES)
+
+
+def slot_index(optimizer, variable) -> int:
+    return _VARIABLE_INDEX.of(optimizer)(variable)
+
+
+def trainable_variables_of(optimizer) -> list:
+    """The model variables the optimizer updates, in its order (no public property lists them)."""
+    return list(_TRAINABLE_VARIABLES.of(optimizer))
+
+
+def own_variables_of(optimizer) -> list:
+    """The optimizer's own variables (iterations, slots ...), without a wrapped
+    optimizer's: `variables` of a LossScaleOptimizer adds its inner one's."""
+    return list(_OWN_VARIABLES.of(optimizer))
+
+
+def slot_lists(optimizer) -> dict:
+    """The optimizer's lists of one slot per trainable variable, by
+    attribute name (Adam's _momentums and _velocities): Keras keeps them in
+    private attributes of each optimizer class, and nothing public lists them."""
+    count = len(trainable_variables_of(optimizer))
+    return {name: value for name, value in vars(optimizer).items()
+            if name not in (OPTIMIZER_VARIABLES, OPTIMIZER_TRAINABLE_VARIABLES) and isinstance(value, list) and len(value) == count and count
+            and all(isinstance(v, keras.Variable) for v in value)}
+
+
+# --- Gradients summed before the optimizer (engine/optim.py, update.py) ---------
+
+# Keras' TensorFlow optimizer sums the gradients over replicas inside its
+# update, after clipping them, in this private method
+# (keras/src/backend/tensorflow/optimizer.py); tfdistx sums them before
+# (update.py says why), so the optimizer must not sum them again. No option
+# turns the sum off.
+_ALL_REDUCE_SUM = Internal("keras", "keras.optimizers.Optimizer", "_all_reduce_sum_gradients",
+                           "to keep the optimizer from summing gradients tfdistx has already summed over replicas")
+
+
+class _GradientsArriveSummed:
+    def _all_reduce_sum_gradients(self, grads_and_vars):
+        return list(grads_and_vars)
+
+
+def gradients_arrive_summed(cls):
+    """A subclass of the Keras optimizer class `cls` that takes its
+    gradients as already summed over replicas."""
+    _ALL_REDUCE_SUM.check(cls)
+    return type(cls.__name__, (_GradientsArriveSummed, cls), {})
+
+
+# --- A Keras layer's sublayers -------------------------------------------------------
+
+# Keras 3 lists the sublayers of any layer (a custom layer's too, where
+# `.layers` is only a Model's) and the layer itself only by this method,
+# which trainer.jit_compile=auto reads to find which layer holds each weight.
+_FLATTEN_LAYERS = Internal("keras", "keras.layers.Layer", "_flatten_layers", "to tell which layer holds each of a model's weights "
+                           "(trainer.jit_compile=auto)")
+
+
+def sublayers(layer, include_self: bool, recursive: bool) -> list:
+    return list(_FLATTEN_LAYERS.of(layer)(include_self=include_self, recursive=recursive))
+
+
+# --- Names Keras gives variables --------------------------------------------------
+
+# A Keras SeedGenerator's state (dropout's masks ...): tf.train.Checkpoint
+# cannot reach a SeedGenerator through the layers (it is not a trackable) and
+# no public property of a model lists them, so their states are found by the
+# name Keras gives them (keras/src/random/seed_generator.py).
+SEED_GENERATOR_STATE = "seed_generator_state"
+
+
+def is_seed_generator_state(variable) -> bool:
+    return variable.path.endswith(SEED_GENERATOR_STATE)
+
+
+# The names of keras.metrics.AUC's four counts (per threshold, and label),
+# which its `variables` hold in no documented order.
+_AUC_COUNTS = ("true_positives", "false_positives", "false_negatives", "true_negatives")
+
+
+def auc_counts(metric, state: Iterable) -> List[np.ndarray]:
+    """`state` (values of `metric.variables`, in order) as the AUC's counts:
+    true positives, false positives, false negatives, true negatives (float64)."""
+    values = {v.name: np.asarray(s, np.float64) for v, s in zip(metric.variables, state)}
+    return [values[name] for name in _AUC_COUNTS]
+
+
+# --- Determinism, strategies, the coordination service ------------------------
+
+# tf.config.experimental exports enable_op_determinism alone: a later job of a
+# multirun in the same process can only be given its own setting back through
+# these two, in tensorflow.python.
+_DETERMINISM_ENABLED = Internal("tensorflow", "tensorflow.python.framework.config", "is_op_determinism_enabled",
+                                _KEEPS_DETERMINISM_TO_ITS_RUN)
+_DISABLE_DETERMINISM = Internal("tensorflow", "tensorflow.python.framework.config", "disable_op_determinism",
+                                _KEEPS_DETERMINISM_TO_ITS_RUN)
+
+
+def op_determinism_enabled() -> bool:
+    return bool(_DETERMINISM_ENABLED.get()())
+
+
+def disable_op_determinism() -> None:
+    _DISABLE_DETERMINISM.get()()
+
+
+# TF numbers a MirroredStrategy's collective groups from this class
+# attribute, and its runtime remembers each group's size for the life of the
+# process; no option of the strategy moves it (TF's own tests set it too).
+_COLLECTIVE_KEY_BASE = Internal("tensorflow", "tensorflow.distribute.MirroredStrategy", "_collective_key_base",
+                                "to give each MirroredStrategy of a process its own collective groups")
+
+
+def number_mirrored_collectives_from(base: int) -> None:
+    """The next MirroredStrategy built numbers its collective groups from `base`."""
+    strategy = tf.distribute.MirroredStrategy
+    _COLLECTIVE_KEY_BASE.check(strategy)
+    strategy._collective_key_base = base
+
+
+# The coordination service MultiWorkerMirroredStrategy starts can only be
+# configured (its heartbeat timeout) through TensorFlow's eager context, with
+# the leader named as the strategy names it and the jobs as protos: none of
+# them is exported.
+_CONFIGURE_COORDINATION = Internal("tensorflow", "tensorflow.python.eager.context.Context", "configure_coordination_service",
+                                   _SETS_PEER_TIMEOUT)
+_CONTEXT = Internal("tensorflow", "tensorflow.python.eager.context", "context", _SETS_PEER_TIMEOUT)
+_COORDINATION_LEADER = Internal("tensorflow", "tensorflow.python.distribute.multi_worker_util", "coordination_leader",
+                                _SETS_PEER_TIMEOUT)
+_COORDINATED_JOB = Internal("tensorflow", "tensorflow.compiler.xla.tsl.protobuf.coordination_config_pb2", "CoordinatedJob",
+                            _SETS_PEER_TIMEOUT)
+
+
+def configure_coordination_service(cluster_spec, jobs: Mapping[str, int], heartbeat_timeout_ms: int) -> None:
+    """The coordination service the strategy would start, for these jobs
+    (name -> tasks), with this heartbeat timeout; before the strategy is built."""
+    coordinated_job = _COORDINATED_JOB.get()
+    _CONTEXT.get()().configure_coordination_service(
+        service_type="standalone", service_leader=_COORDINATION_LEADER.get()(cluster_spec),
+        coordinated_jobs=[coordinated_job(name=name, num_tasks=tasks) for name, tasks in jobs.items()],
+        heartbeat_timeout_in_ms=heartbeat_timeout_ms)
+
+
+PROBES = (_SHARDED_VARIABLE, _GATHER_SAVEABLES, _TRACKABLE_CHILDREN, _OPTIMIZER_CHILDREN, _DATA_STRUCTURE, _WRAP,
+          _TRAINABLE_VARIABLES, _OWN_VARIABLES, _VARIABLE_INDEX, _ALL_REDUCE_SUM, _DETERMINISM_ENABLED, _DISABLE_DETERMINISM,
+          _COLLECTIVE_KEY_BASE, _CONFIGURE_COORDINATION, _CONTEXT, _COORDINATION_LEADER, _COORDINATED_JOB, _FLATTEN_LAYERS)
+
+
+def probe() -> None:
+    """Every internal above that can be looked for without building anything (Gone: the first missing)."""
+    internals.probe(PROBES)
+
