@@ -135,6 +135,9 @@ _STARTED = datetime.datetime.now()
 
 
 def register() -> None:
-    ConfigStore.instance().store(name="tfdistx_schema", node=Config)
+    store = ConfigStore.instance()
+    store.store(name="tfdistx_schema", node=Config)
+    for name, node in strategies.nodes().items():  # the strategy group's options are the table's rows, not files
+        store.store(group="strategy", name=name, node=node)
     OmegaConf.register_new_resolver("tfdistx_tasks", tasks_per_job, replace=True)
     OmegaConf.register_new_resolver("tfdistx_run_name", run_name, replace=True, use_cache=True)

@@ -106,8 +106,8 @@ def _strategy_and_cluster(strategy: DictConfig, cluster: DictConfig) -> list:
             others = strategies.taking(key)
             elsewhere = f" (strategy.{key} is for strategy={', '.join(others)})" if others else ""
             problems.append(Problem(f"strategy.{key}", _shown(value), f"strategy={chosen.name} takes {takes}{elsewhere}"))
-        elif chosen.options[key] is not None and value not in chosen.options[key] and value is not None:
-            problems.append(Problem(f"strategy.{key}", value, f"allowed: {', '.join(chosen.options[key])}"))
+        elif chosen.options[key].allowed is not None and value not in chosen.options[key].allowed and value is not None:
+            problems.append(Problem(f"strategy.{key}", value, f"allowed: {', '.join(chosen.options[key].allowed)}"))
     if "partitioner" in chosen.options:
         problems += strategies.partitioner_problems(strategy.get("partitioner"))
     pack = strategy.get("bytes_per_pack")
