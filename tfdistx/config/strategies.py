@@ -73,11 +73,9 @@ class Strategy:
         device. Said by --plan and at the start of the run itself."""
         if not self.asynchronous or workers < 2 or steps is None or steps >= 1000 * workers:
             return None
-        # Measured on the default job (README): eval accuracy 0.61 one_device, 0.36 ps1w2, 0.30 ps2w4 at
-        # 1,000 steps; ps2w4 reached 0.42 at 3,000.
-        return (f"{workers} asynchronous workers apply stale gradients: {steps} steps learn much less than on one device "
-                f"(default job: 0.30 vs 0.61 eval accuracy with 4 workers at 1,000 steps); give it more steps "
-                f"(trainer.steps={1000 * workers}) — see the README on asynchronous training")
+        # How much less: the README's table of the default job under parameter servers.
+        return (f"{workers} asynchronous workers apply stale gradients: {steps} steps learn much less than on one device; "
+                f"give it more steps (trainer.steps={1000 * workers}) — see the README on asynchronous training")
 
     def job_counts(self, workers: int, ps: int) -> Dict[str, int]:
         """Tasks per TF_CONFIG job name (in rank order: chief, ps, worker)."""
@@ -125,7 +123,7 @@ class Strategy:
         return problems
 
 
-# Measured (TF 2.21): "Trying to access resource ... located in device ... Cf.
+# What TF 2.21 answers: "Trying to access resource ... located in device ... Cf.
 # https://www.tensorflow.org/xla/known_issues#tfvariable_on_a_different_device".
 _VARIABLES_ELSEWHERE = "its variables live {where}, away from the device that computes, and XLA compiles only steps whose variables are on their own device"
 CROSS_DEVICE_OPS = ("auto", "nccl", "hierarchical_copy", "reduction_to_one")
