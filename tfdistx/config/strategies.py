@@ -177,6 +177,7 @@ def nodes() -> Dict[str, Dict[str, Any]]:
     """Each `strategy=NAME` option as Hydra composes it (schema.register stores them)."""
     return {AUTO: {"name": AUTO}, **{name: row.node for name, row in STRATEGIES.items()}}
 
+
 # strategy.partitioner (parameter_server): TF's MinSizePartitioner splits a
 # variable of more than min_shard_bytes by rows into ceil(bytes /
 # min_shard_bytes) shards, at most max_shards (and rows); the shards go
