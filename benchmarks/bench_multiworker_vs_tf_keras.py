@@ -12,7 +12,7 @@ worker shuffling its own element shard, fed by
   tf-keras fit (steps_per_execution=N)     the same, N = --steps-per-loop
 
 Keras 3 `fit` cannot be a contender: it fails under MultiWorkerMirroredStrategy
-(shared/FACTS.md). tf-keras needs the full `tensorflow` wheel, so its workers
+(TF 2.21, Keras 3; README, Performance: two workers). tf-keras needs the full `tensorflow` wheel, so its workers
 run in their own venv, made on first use at benchmarks/.venv-tf-keras.
 Both sides' workers are started by tfdistx.cluster.launch: in a private network
 namespace with only loopback when the OS allows it, else on the host's

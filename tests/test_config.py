@@ -6,7 +6,7 @@ import sys
 import pytest
 
 from tfdistx.config import recipes
-from tfdistx.config import schema, topology
+from tfdistx.config import schema, strategies, topology
 from tfdistx.config.compose import compose_and_validate
 from tfdistx.config.paths import config_dir
 from tfdistx.config.errors import ConfigError
@@ -17,6 +17,8 @@ SINGLE_PROCESS_STRATEGIES = ["auto", "one_device", "mirrored", "central_storage"
 
 
 def options(group):
+    if group == "strategy":  # its options are the strategy table's rows, not files
+        return sorted(strategies.nodes())
     return sorted(p.stem for p in (config_dir() / group).glob("*.yaml"))
 
 

@@ -90,8 +90,8 @@ def test_plan_leaves_remote_files_to_tensorflow(tmp_path):
     (["trainer.jit_compile=false"],
      "compute       float32; XLA off (trainer.jit_compile=false); steps per XLA call 1 (XLA does not compile the whole step here)"),
     (["trainer.steps_per_xla_call=4"], "compute       float32; XLA auto: on with GPUs; on CPUs on for a model of Dense layers only, else off "
-     "(on CPUs XLA pays only for a dense model's whole step: measured 1.39x on the seeds' MLP, 0.35x on ResNet-20, and 0.54x on "
-     "wide_deep's embeddings); steps per XLA call 4 (trainer.steps_per_xla_call=4)"),
+     "(on CPUs XLA pays only for a dense model's whole step, and slows convolutions and embeddings (README, Performance)); "
+     "steps per XLA call 4 (trainer.steps_per_xla_call=4)"),
     (["trainer.accumulate_steps=8"], "compute       float32; XLA auto: on with GPUs; off on CPUs with trainer.accumulate_steps=8 (a step of "
      "8 micro-batches trained slower compiled: README, accumulation); steps per XLA call 1 (auto): a step of 8 micro-batches is long "
      "beside a call's cost"),
@@ -143,14 +143,14 @@ def test_plan_does_not_warn_a_single_asynchronous_worker(configs):
 # -- decisions --plan reports, made without TensorFlow ----------------------------
 
 
-CPU_RULE = "on CPUs XLA pays only for a dense model's whole step: measured 1.39x on the seeds' MLP, 0.35x on ResNet-20"
-PER_CALL = "measured 1.19x on the seeds' MLP; the most, up to 10, that divide the steps per loop, log, eval and checkpoint"
+CPU_RULE = "on CPUs XLA pays only for a dense model's whole step, and slows convolutions and embeddings (README, Performance)"
+PER_CALL = ("each call's fixed cost saved, a large part of a small dense step (README, Performance); the most, up to 10, that divide "
+            "the steps per loop, log, eval and checkpoint")
 
 
 @pytest.mark.unit
 @pytest.mark.parametrize("asked, strategy, gpus, layers, ops, decided", [
-    ("auto", "one_device", None, None, (), (None, f"auto: on with GPUs; on CPUs on for a model of Dense layers only, else off ({CPU_RULE}, "
-                                                  "and 0.54x on wide_deep's embeddings)")),
+    ("auto", "one_device", None, None, (), (None, f"auto: on with GPUs; on CPUs on for a model of Dense layers only, else off ({CPU_RULE})")),
     ("auto", "one_device", False, {"Dense"}, {"MatMul", "Relu"}, (True, "on (auto): a model of Dense layers, on CPUs")),
     ("auto", "one_device", False, {"Dense", "Conv2D"}, (), (False, "off (auto): on CPUs, and this model has Conv2D weights")),
     ("auto", "one_device", False, {"Dense", "Embedding"}, (), (False, "off (auto): on CPUs, and this model has Embedding weights")),
@@ -197,7 +197,7 @@ def test_auto_leaves_xla_off_for_accumulated_steps_on_cpus(asked, gpus, layers, 
     ("auto", None, "one_device", None, None, (100, 100, 0, 0), (None, f"auto: 10 for the whole step of a model of Dense layers on CPUs "
                                                                    f"({PER_CALL}), else 1")),
     ("auto", True, "one_device", False, {"Dense", "Conv2D"}, (100, 100, 0, 0), (1, "1 (auto): a model beyond Dense layers")),
-    ("auto", True, "one_device", True, {"Dense"}, (100, 100, 0, 0), (1, "1 (auto): not measured with GPUs")),
+    ("auto", True, "one_device", True, {"Dense"}, (100, 100, 0, 0), (1, "1 (auto): with GPUs (the saving is shown on CPUs: README, Performance)")),
     ("auto", False, "one_device", False, {"Dense"}, (100, 100, 0, 0), (1, "1 (XLA does not compile the whole step here)")),
     ("auto", True, "mirrored", False, {"Dense"}, (100, 100, 0, 0), (1, "1 (XLA does not compile the whole step here)")),
     (3, True, "one_device", False, {"Conv2D"}, (100, 100, 0, 0), (3, "3 (trainer.steps_per_xla_call=3)")),

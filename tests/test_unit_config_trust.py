@@ -205,7 +205,7 @@ def test_an_experiment_without_its_package_line_is_named(own_conf, tmp_path, mon
      "trainer.early_stopping.min_delta=0.01: applies only with trainer.early_stopping.patience, which is null (never stop "
      "early): set the patience too, or leave min_delta out"),
     (("data=synthetic_regression",), {"task": {"_target_": "tfdistx.tasks.binary.Binary", "name": "binary", "objective": "eval/auc",
-                                               "metrics": ["auc"]}},
+                                               "metrics": ["auc"], "labels": "0 and 1"}},  # conf/task/binary.yaml's labels
      "task='binary': the labels of data=tfdistx.data.synthetic_regression are real values; binary takes labels 0 and 1: "
      "use task=regression"),
 ])

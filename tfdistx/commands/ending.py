@@ -24,11 +24,10 @@ def end_process(code) -> NoReturn:
     printed and 1) without Python's teardown. That teardown destroys the
     input pipelines still referenced (by a run's runner, or by the
     traceback of a preemption's exit) and can wait minutes on tf.data's
-    thread pools: measured 20 s after a multiworker worker's preemption
-    checkpoint, 77 s after a mirrored 1x4 run, long enough for a scheduler
-    to SIGKILL a task that had saved. What must still happen does: atexit
-    functions run (TensorFlow removes its autograph temp files), and the
-    logs are flushed and closed."""
+    thread pools, after a preemption's checkpoint or a mirrored run alike,
+    long enough for a scheduler to SIGKILL a task that had saved. What must
+    still happen does: atexit functions run (TensorFlow removes its
+    autograph temp files), and the logs are flushed and closed."""
     if code is None:
         code = 0
     elif not isinstance(code, int):

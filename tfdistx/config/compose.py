@@ -24,7 +24,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from tfdistx.config import recipes, strategies, topology, userconf
 from tfdistx.config.paths import config_dir
-from tfdistx.config.schema import PIPELINE_KEYS, TASK_KEYS
+from tfdistx.config.schema import PIPELINE_KEYS, TASK_FACTS, TASK_KEYS
 from tfdistx.config.validate import validate
 from tfdistx.config.errors import ConfigError, Problem
 
@@ -99,7 +99,9 @@ def only_given_keys_for_user_targets(cfg: DictConfig, overrides: Sequence[str], 
     the user function's own defaults. Such a target gets only the keys the
     command line gives, plus tfdistx's own keys of the group (data: the
     pipeline's batch size, cache, shuffle; task: its name and objective); a
-    user's own group file (conf/data/mine.yaml, data=mine) is used as written."""
+    user's own group file (conf/data/mine.yaml, data=mine) is used as written.
+    The default task's facts (schema.TASK_FACTS: what it offers) go too,
+    unsaid: they are not keys the target would take."""
     given = {o.lstrip("+~").partition("=")[0] for o in overrides}
     for group, kept in (("data", PIPELINE_KEYS), ("model", ()), ("task", TASK_KEYS)):
         if f"{group}._target_" not in given:
@@ -108,9 +110,10 @@ def only_given_keys_for_user_targets(cfg: DictConfig, overrides: Sequence[str], 
         with open_dict(cfg):
             for key in dropped:
                 del cfg[group][key]
-        if dropped and notes:
+        told = [key for key in dropped if not (group == "task" and key in TASK_FACTS)]
+        if told and notes:
             print(f"tfdistx: note: {group}._target_={cfg[group]._target_} gets only the {group} keys you give "
-                  f"(not the default group's {', '.join(dropped)}): set them with {group}.KEY=VALUE", file=sys.stderr)
+                  f"(not the default group's {', '.join(told)}): set them with {group}.KEY=VALUE", file=sys.stderr)
 
 
 def compose_and_validate(overrides: Sequence[str], notes: bool = True) -> DictConfig:

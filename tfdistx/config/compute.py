@@ -5,41 +5,32 @@ what `trainer.jit_compile=auto` will choose, and the engine asks the same
 function once it knows whether there are GPUs and what layers the model has
 (engine/build.py).
 
-What `auto` chooses is measured, not hoped (TF 2.21, a 2-core Xeon with
-avx512_bf16; README, Performance; 2026-11-25, in-process, 3 alternating
-rounds, medians, examples/s with XLA off / the whole step compiled):
-- the seeds' 784-128-10 MLP at batch 128: 141k / 196k (1.39x);
-- the 784-1024-1024-10 MLP at batch 1024: 15.8k / 18.5k (1.17x);
-- ResNet-20 at batch 128: 479 / 169 (0.35x); the CNN: 4.6k / 1.7k (0.37x);
-- wide_deep (embedding tables, sparse updates): 38k / 21k (0.54x);
-- with the gradients alone compiled (mirrored, multiworker: the update runs
-  outside XLA), the seeds' MLP 111k, slower than off.
-XLA's CPU convolutions do not use oneDNN, and its sparse updates are
-dense scatters; what it wins is fusing a dense model's many small kernels,
-the optimizer's update most of all. So on CPUs `auto` compiles the whole
-step (one_device) of a model made of Dense layers, and nothing else; with
-GPUs (what XLA is built for) it compiles. "Made of Dense layers" is read
-from the built model (engine/xla.py): every weight belongs to a Dense
-layer (not to a custom layer or the model itself), and every op of its
-forward pass is one a Dense model is made of (DENSE_MODEL_OPS). Under
-`auto`, a step XLA cannot compile after all (an op without an XLA kernel,
-a shape known only at run time) trains without XLA, said in one warning.
-A step of several micro-batches (`trainer.accumulate_steps`) is a long
-step, and the seeds' MLP trained it slower compiled than not, on CPUs, at
-one step per call and more so at several (benchmarks/bench_accumulation.py;
-README): `auto` leaves XLA off for it on CPUs.
+What `auto` chooses follows the benchmarks (README, Performance: XLA on
+CPUs, and benchmarks/bench_compute.py). XLA's CPU convolutions do not use
+oneDNN, and its sparse updates are dense scatters; what it wins is fusing a
+dense model's many small kernels, the optimizer's update most of all, and
+only when the whole step is compiled (with the gradients alone compiled,
+under mirrored and multiworker, the update runs outside and nothing is
+won). So on CPUs `auto` compiles the whole step (one_device) of a model
+whose weighted layers are all Dense, and nothing else; with GPUs (what XLA
+is built for) it compiles.
+"Made of Dense layers" is read from the built model (engine/xla.py):
+every weight belongs to a Dense layer (not to a custom layer or the model
+itself), and every op of its forward pass is one a Dense model is made of
+(DENSE_MODEL_OPS). Under `auto`, a step XLA cannot compile after all (an op
+without an XLA kernel, a shape known only at run time) trains without XLA,
+said in one warning. A step of several micro-batches
+(`trainer.accumulate_steps`) trained slower compiled than not on CPUs
+(benchmarks/bench_accumulation.py): `auto` leaves XLA off for it there.
 
 `trainer.steps_per_xla_call`: compiled whole, K consecutive steps can be one
-XLA computation (engine/update.py). A call costs ~100-150 us beyond its
-arithmetic on these CPUs. Measured (2026-11-25, same machine, fresh
-processes alternating, 10000 steps, median of 3; bench_vs_keras_fit.py):
-the seeds' MLP 272k examples/s at K=1, 322k at K=10 (1.19x); single runs
-of K=5, 10 and 20 were within noise of each other. The 1024-1024 MLP at
-batch 1024: the same at K=1 and K=8. The weights are bitwise the same. So
-`auto` takes up to 10 steps a call for the whole step of a model of Dense
-layers on CPUs, and 1 elsewhere: a convolutional model's step is long
-beside a call's cost, and with GPUs it is not measured. The K batches are
-stacked (K batches more in memory).
+XLA computation (engine/update.py), which saves each call's fixed cost, a
+large part of a small dense step on CPUs; the weights are bitwise the same.
+A few steps a call already save most of it, so `auto` takes up to 10 steps
+a call for the whole step of a model of Dense layers on CPUs, and 1
+elsewhere: a convolutional model's step is long beside a call's cost, and
+with GPUs the gain is not shown. The K batches are stacked (K batches more
+in memory).
 """
 
 from typing import Iterable, List, Optional, Tuple
@@ -51,7 +42,7 @@ PRECISIONS = ("float32", "mixed_bfloat16", "mixed_float16")
 JIT_COMPILE = (True, False, "auto")
 
 
-# Layers (by class name) whose models XLA was measured to train faster on CPUs, compiled whole.
+# Layers (by class name) whose models XLA trains faster on CPUs, compiled whole (README, Performance).
 FASTER_UNDER_XLA_ON_CPU = frozenset({"Dense"})
 # The ops (TensorFlow op types) of the forward pass of a model of Dense layers: matmuls, elementwise
 # arithmetic and activations, reductions, shapes, casts (mixed precision), variable reads and the
@@ -67,7 +58,7 @@ DENSE_MODEL_OPS = frozenset({
     "Reshape", "Squeeze", "ExpandDims", "Transpose", "ConcatV2", "Pack", "StridedSlice", "Shape", "Fill", "ZerosLike",
     "OnesLike", "StatelessRandomGetKeyCounter", "StatelessRandomUniformV2", "StatelessRandomNormalV2",
 })
-_CPU_RULE = "on CPUs XLA pays only for a dense model's whole step: measured 1.39x on the seeds' MLP, 0.35x on ResNet-20"
+_CPU_RULE = "on CPUs XLA pays only for a dense model's whole step, and slows convolutions and embeddings (README, Performance)"
 
 
 def jit_compile(cfg, gpus: Optional[bool] = None) -> Tuple[Optional[bool], str]:
@@ -101,8 +92,7 @@ def decide_jit(asked, facts: strategies.Strategy, gpus: Optional[bool] = None, l
             else f"auto: on with GPUs; off on CPUs with trainer.accumulate_steps={accumulate_steps} (a step of {accumulate_steps} "
                  "micro-batches trained slower compiled: README, accumulation)")
     if gpus is None or layers is None:
-        return None, (f"auto: on with GPUs; on CPUs on for a model of Dense layers only, else off ({_CPU_RULE}, "
-                      "and 0.54x on wide_deep's embeddings)")
+        return None, f"auto: on with GPUs; on CPUs on for a model of Dense layers only, else off ({_CPU_RULE})"
     beyond = beyond_dense(layers, ops)
     if beyond:
         return False, f"off (auto): on CPUs, and this model has {beyond}"
@@ -126,8 +116,8 @@ def beyond_dense(layers: Iterable[str], ops: Iterable[str]) -> str:
     return " and ".join(parts)
 
 
-MOST_STEPS_PER_XLA_CALL = 10  # the most `auto` takes (measured: K=5, 10 and 20 within noise of each other)
-_PER_CALL_RULE = "measured 1.19x on the seeds' MLP"
+MOST_STEPS_PER_XLA_CALL = 10  # the most `auto` takes (more steps a call saved no more in the benchmarks)
+_PER_CALL_RULE = "each call's fixed cost saved, a large part of a small dense step (README, Performance)"
 
 
 def steps_per_xla_call(cfg, gpus: Optional[bool] = None) -> Tuple[Optional[int], str]:
@@ -160,8 +150,8 @@ def decide_steps_per_xla_call(asked, jit: Optional[bool], facts: strategies.Stra
         capped = f", capped by trainer.steps_per_loop={steps_per_loop}" if steps < int(asked) else ""
         return (steps if jit else None), f"{steps} (trainer.steps_per_xla_call={asked}{capped})"
     if gpus:
-        return 1, "1 (auto): not measured with GPUs"
-    if accumulate_steps > 1:  # measured slower at 10 than at 1 (bench_accumulation.py): K steps of N micro-batches stacked
+        return 1, "1 (auto): with GPUs (the saving is shown on CPUs: README, Performance)"
+    if accumulate_steps > 1:  # slower at 10 than at 1 in benchmarks/bench_accumulation.py: K steps of N micro-batches stacked
         return 1, f"1 (auto): a step of {accumulate_steps} micro-batches is long beside a call's cost"
     periods = [steps_per_loop, *(n for n in every if n)]
     steps = max(k for k in range(1, MOST_STEPS_PER_XLA_CALL + 1) if all(n % k == 0 for n in periods))
@@ -184,9 +174,8 @@ def steps_per_xla_call_problem(asked, jit: bool, jit_why: str, fix: str = "set t
 
 def precision_warning(precision: str, gpus: bool) -> Optional[str]:
     if precision == "mixed_float16" and not gpus:
-        # Measured: the seeds' MLP on mirrored 1x2, 530 examples/s against 9,400 in float32.
-        return ("trainer.precision=mixed_float16 without GPUs: CPUs emulate float16 arithmetic, about 18x slower than float32 "
-                "(mixed_bfloat16 is the CPU's and TPU's half precision)")
+        return ("trainer.precision=mixed_float16 without GPUs: CPUs emulate float16 arithmetic, many times slower than float32 "
+                "(README, Performance; mixed_bfloat16 is the CPU's and TPU's half precision)")
     return None
 
 

@@ -17,7 +17,8 @@ from omegaconf import DictConfig, OmegaConf
 from tfdistx.config import data_service, strategies, warm_start
 from tfdistx.config.compose import saved_config
 from tfdistx.config.errors import ConfigError
-from tfdistx.config.schema import (LOGGER_DEFAULTS, OPTIMIZER_DEFAULTS, OPTIMIZER_KEYS, PIPELINE_DEFAULTS, TASK_KEYS, WANDB_DEFAULTS,
+from tfdistx.config.schema import (LOGGER_DEFAULTS, OPTIMIZER_DEFAULTS, OPTIMIZER_KEYS, PIPELINE_DEFAULTS, TASK_FACTS, TASK_KEYS,
+                                   WANDB_DEFAULTS,
                                    CheckpointConfig, ClusterConfig, EarlyStoppingConfig, TrainerConfig)
 from tfdistx.config.spec import (Checkpoint, Cluster, DataService, EarlyStopping, InitFrom, Logger, Optimizer, Pipeline, RunSpec,
                                  Strategy, Trainer, Wandb)
@@ -54,7 +55,7 @@ def resolve(cfg: DictConfig, run_dir: str = ".", follow_init_from: bool = True) 
         cluster=Cluster(**{key: cluster[key] for key in _names(Cluster)}),
         strategy=Strategy(name, _frozen(strategy), strategies.get(name, cluster["workers"], cluster["devices_per_worker"])),
         pipeline=_pipeline(data),
-        task=Target.of("task", plain["task"], exclude=TASK_KEYS),
+        task=Target.of("task", plain["task"], exclude=TASK_KEYS + TASK_FACTS),
         data=Target.of("data", data, exclude=tuple(PIPELINE_DEFAULTS)),
         model=Target.of("model", plain["model"]),
         optimizer=_optimizer(plain["optimizer"]),

@@ -29,6 +29,10 @@ PIPELINE_KEYS = tuple(PIPELINE_DEFAULTS)
 
 # Keys of the task group that are tfdistx's, not the task class's.
 TASK_KEYS = ("name", "objective")
+# What a task's YAML says of the task for the checks before TensorFlow starts
+# (config/tasks.py): tfdistx's too, and not kept for a `task._target_` the
+# command line names (they are the option's facts, not that target's).
+TASK_FACTS = ("offers", "labels")
 
 # The optimizer and logger groups are free-form (an optimizer class takes
 # keys of its own); tfdistx's keys of them, with their defaults for an
@@ -135,6 +139,9 @@ _STARTED = datetime.datetime.now()
 
 
 def register() -> None:
-    ConfigStore.instance().store(name="tfdistx_schema", node=Config)
+    store = ConfigStore.instance()
+    store.store(name="tfdistx_schema", node=Config)
+    for name, node in strategies.nodes().items():  # the strategy group's options are the table's rows, not files
+        store.store(group="strategy", name=name, node=node)
     OmegaConf.register_new_resolver("tfdistx_tasks", tasks_per_job, replace=True)
     OmegaConf.register_new_resolver("tfdistx_run_name", run_name, replace=True, use_cache=True)

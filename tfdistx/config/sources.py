@@ -1,7 +1,15 @@
-"""What the config side knows of each built-in data source, as facts that
-need no TensorFlow: the source's own checks (validate.py asks) and its line
-in `--plan` (plan.py asks). A new built-in source adds its row to SOURCES;
-a user's own source is checked by its signature when it is built.
+"""What the config side knows of tfdistx's data sources, as facts that need
+no TensorFlow: the source's own checks (validate.py asks) and its line in
+`--plan` (plan.py asks). Nothing here is per source: a built-in source's
+YAML (conf/data/NAME.yaml) says it by the keys it has, the same keys its
+function takes:
+- sizes (SIZES: num_classes, train_examples, ...) are checked where given;
+- `train_files` (and `eval_files`): file data, whose files and features are
+  checked and whose split across workers `--plan` says;
+- `eval_files` or `eval_split` names its eval split (null: none);
+- `num_targets`: its labels are real values (regression targets).
+A user's own source (data._target_=mypkg.load) is checked by its
+signature when it is built.
 """
 
 from dataclasses import dataclass
@@ -56,18 +64,20 @@ class Source:
     labels: Optional[str] = None  # what its labels are, when no task for classes can learn them ("real values")
 
 
-SOURCES = {
-    **{f"tfdistx.data.{name}": Source(size_problems) for name in ("synthetic", "synthetic_categorical", "synthetic_multilabel")},
-    "tfdistx.data.synthetic_regression": Source(size_problems, labels="real values"),
-    "tfdistx.data.tfds": Source(size_problems, eval_key="eval_split"),
-    "tfdistx.data.tfrecord": Source(file_problems, files_plan, eval_key="eval_files"),
-    "tfdistx.data.csv": Source(file_problems, files_plan, eval_key="eval_files"),
-}
+BUILT_IN = "tfdistx.data."
+FILE_KEY = "train_files"
+EVAL_KEYS = ("eval_files", "eval_split")  # the first the source has names its eval split
+REAL_VALUES_KEY = "num_targets"
 
 
 def of(data: DictConfig) -> Source:
-    """The row of the data group's source (a user's own: no checks of ours)."""
-    return SOURCES.get(current(data.get("_target_", "")), Source())
+    """The facts of the data group's source, from its keys (a user's own: no checks of ours)."""
+    if not current(data.get("_target_", "")).startswith(BUILT_IN):
+        return Source()
+    files = FILE_KEY in data
+    return Source(file_problems if files else size_problems, files_plan if files else None,
+                  eval_key=next((key for key in EVAL_KEYS if key in data), None),
+                  labels="real values" if REAL_VALUES_KEY in data else None)
 
 
 def no_eval_split(data: DictConfig) -> Optional[str]:

@@ -1,15 +1,18 @@
 """The strategies tfdistx runs, as facts that need no TensorFlow.
 
 One table: for each `strategy=` name, the processes it needs, the options it
-takes, how many replicas it plans and which topologies it can run on.
-Validation, cluster placement, `--plan` and the CLI read it;
-`tfdistx/engine/strategy.py` holds only the TensorFlow builder for each name.
-Adding a strategy: a row here, a builder there, a yaml in conf/strategy/.
+takes (their defaults, meanings and allowed values), how many replicas it
+plans and which topologies it can run on. Validation, cluster placement,
+`--plan` and the CLI read it; each row is also the `strategy=NAME` option
+Hydra composes (schema.register stores `nodes()`, no file in conf/), and
+docs/config.md lists its keys (reference.py). `tfdistx/engine/strategy.py`
+holds only the TensorFlow builder for each name.
+Adding a strategy: a row here, a builder there.
 """
 
 import math
 from dataclasses import dataclass, field
-from typing import Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from tfdistx.config.errors import Problem
 
@@ -20,12 +23,27 @@ COORDINATOR = "a coordinator, parameter servers and workers"  # asynchronous ste
 
 
 @dataclass(frozen=True)
+class Option:
+    """One strategy.KEY: what it means (docs/config.md says it), its default
+    in the composed config, and the values validation allows (None: any)."""
+
+    meaning: str
+    default: Any = None
+    allowed: Optional[Tuple[str, ...]] = None
+    keys: Mapping[str, "Option"] = field(default_factory=dict)  # a mapping's own keys; its default is theirs
+
+    @property
+    def value(self) -> Any:
+        """The option's default as the composed config holds it."""
+        return {key: option.value for key, option in self.keys.items()} if self.keys else self.default
+
+
+@dataclass(frozen=True)
 class Strategy:
     name: str
     description: str
     processes: str
-    # strategy.KEY -> the values it allows (None: any value)
-    options: Mapping[str, Optional[Tuple[str, ...]]] = field(default_factory=dict)
+    options: Mapping[str, Option] = field(default_factory=dict)  # strategy.KEY -> its Option
     one_replica: bool = False  # one_device: never more than one replica
     not_in_tfjob: Optional[str] = None  # why `tfdistx export tfjob` cannot place it (None: it can)
     no_xla: Optional[str] = None  # why trainer.jit_compile cannot be on (None: it can)
@@ -34,6 +52,11 @@ class Strategy:
     # the update run where the strategy's collectives and variable placement work (engine/update.py).
     xla_whole_step: bool = False
     precisions: Tuple[str, ...] = ("float32", "mixed_bfloat16", "mixed_float16")  # trainer.precision values it runs
+
+    @property
+    def node(self) -> Dict[str, Any]:
+        """The `strategy=NAME` option as Hydra composes it: the name, then each option's default."""
+        return {"name": self.name, **{key: option.value for key, option in self.options.items()}}
 
     @property
     def multi_process(self) -> bool:
@@ -50,11 +73,9 @@ class Strategy:
         device. Said by --plan and at the start of the run itself."""
         if not self.asynchronous or workers < 2 or steps is None or steps >= 1000 * workers:
             return None
-        # Measured on the default job (README): eval accuracy 0.61 one_device, 0.36 ps1w2, 0.30 ps2w4 at
-        # 1,000 steps; ps2w4 reached 0.42 at 3,000.
-        return (f"{workers} asynchronous workers apply stale gradients: {steps} steps learn much less than on one device "
-                f"(default job: 0.30 vs 0.61 eval accuracy with 4 workers at 1,000 steps); give it more steps "
-                f"(trainer.steps={1000 * workers}) — see the README on asynchronous training")
+        # How much less: the README's table of the default job under parameter servers.
+        return (f"{workers} asynchronous workers apply stale gradients: {steps} steps learn much less than on one device; "
+                f"give it more steps (trainer.steps={1000 * workers}) — see the README on asynchronous training")
 
     def job_counts(self, workers: int, ps: int) -> Dict[str, int]:
         """Tasks per TF_CONFIG job name (in rank order: chief, ps, worker)."""
@@ -102,7 +123,7 @@ class Strategy:
         return problems
 
 
-# Measured (TF 2.21): "Trying to access resource ... located in device ... Cf.
+# What TF 2.21 answers: "Trying to access resource ... located in device ... Cf.
 # https://www.tensorflow.org/xla/known_issues#tfvariable_on_a_different_device".
 _VARIABLES_ELSEWHERE = "its variables live {where}, away from the device that computes, and XLA compiles only steps whose variables are on their own device"
 CROSS_DEVICE_OPS = ("auto", "nccl", "hierarchical_copy", "reduction_to_one")
@@ -113,24 +134,49 @@ COMMUNICATIONS = ("auto", "ring", "nccl")
 # (float16) significant bits; docs/scaling.md has what that saves and costs.
 ALL_REDUCE_DTYPES = ("float32", "bfloat16", "float16")
 
+_ALL_REDUCE_DTYPE = ("the dtype the gradients are summed in across {who} (16 bits: half the bytes{where}, rounded gradients; "
+                     "docs/scaling.md)")
+# strategy.partitioner (parameter_server): see partitioner_settings below.
+_PARTITIONER = Option(
+    "split each large variable (a Dense kernel, an Embedding table) into shards on several ps tasks with TensorFlow's own "
+    "partitioners; off while both keys are null; strategy.partitioner=true: on, with 256 KiB and one shard per ps",
+    keys={"min_shard_bytes": Option("a variable of more than this many bytes is split into ceil(bytes / this) shards"),
+          "max_shards": Option("at most this many shards of one variable (null: cluster.ps, one per ps)")})
+
 STRATEGIES: Dict[str, Strategy] = {s.name: s for s in [
     Strategy("one_device", "one replica on one device (TF's default strategy, or OneDeviceStrategy on strategy.device)",
-             ONE_PROCESS, {"device": None}, one_replica=True, xla_whole_step=True),
+             ONE_PROCESS, {"device": Option("e.g. /gpu:1 (OneDeviceStrategy); null: TF's default strategy on the first GPU, else the CPU")},
+             one_replica=True, xla_whole_step=True),
     Strategy("mirrored", "MirroredStrategy: synchronous replicas on this machine's GPUs or logical CPU devices",
-             ONE_PROCESS, {"cross_device_ops": CROSS_DEVICE_OPS, "all_reduce_dtype": ALL_REDUCE_DTYPES}),
+             ONE_PROCESS, {"cross_device_ops": Option("how the replicas' gradients are summed (auto: NCCL on GPUs, a reduction to "
+                                                      "one device otherwise)", "auto", CROSS_DEVICE_OPS),
+                           "all_reduce_dtype": Option(_ALL_REDUCE_DTYPE.format(who="replicas", where=""), "float32", ALL_REDUCE_DTYPES)}),
     Strategy("central_storage", "CentralStorageStrategy: variables on the CPU, compute replicated on this machine's devices",
              ONE_PROCESS, no_xla=_VARIABLES_ELSEWHERE.format(where="on the CPU")),
-    Strategy("tpu", "TPUStrategy through TPUClusterResolver", ONE_PROCESS, {"tpu": None},
+    Strategy("tpu", "TPUStrategy through TPUClusterResolver", ONE_PROCESS,
+             {"tpu": Option("TPU name or grpc:// address; default: $TPU_NAME, else a local TPU VM")},
              not_in_tfjob="a TPU is reached through its own resolver (strategy.tpu), not a TFJob's TF_CONFIG: run it on a TPU VM",
              precisions=("float32", "mixed_bfloat16")),
     Strategy("multiworker", "MultiWorkerMirroredStrategy: synchronous all-reduce across worker processes",
-             ONE_PER_WORKER, {"communication": COMMUNICATIONS, "bytes_per_pack": None, "all_reduce_dtype": ALL_REDUCE_DTYPES}),
+             ONE_PER_WORKER, {"communication": Option("the collectives' implementation across workers", "auto", COMMUNICATIONS),
+                              "bytes_per_pack": Option("gradients all-reduced in packs of this many bytes, so the first packs can go "
+                                                       "while the backward pass goes on (0: one pack)", 0),
+                              "all_reduce_dtype": Option(_ALL_REDUCE_DTYPE.format(who="workers", where=" on the network"), "float32",
+                                                         ALL_REDUCE_DTYPES)}),
     Strategy("parameter_server", "ParameterServerStrategy + ClusterCoordinator: asynchronous steps on free workers, variables on ps tasks",
-             COORDINATOR, {"partitioner": None}, no_xla=_VARIABLES_ELSEWHERE.format(where="on the ps tasks")),
+             COORDINATOR, {"partitioner": _PARTITIONER}, no_xla=_VARIABLES_ELSEWHERE.format(where="on the ps tasks")),
 ]}
 
 AUTO = "auto"
+AUTO_DESCRIPTION = "picks one_device, mirrored or multiworker from the cluster and the visible devices"
 NAMES = (AUTO, *STRATEGIES)
+NAME_MEANING = "the tf.distribute strategy (set by strategy=NAME)"
+
+
+def nodes() -> Dict[str, Dict[str, Any]]:
+    """Each `strategy=NAME` option as Hydra composes it (schema.register stores them)."""
+    return {AUTO: {"name": AUTO}, **{name: row.node for name, row in STRATEGIES.items()}}
+
 
 # strategy.partitioner (parameter_server): TF's MinSizePartitioner splits a
 # variable of more than min_shard_bytes by rows into ceil(bytes /

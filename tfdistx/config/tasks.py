@@ -1,41 +1,52 @@
-"""What the built-in tasks offer, as facts that need no TensorFlow.
+"""What a task's YAML says of it, checked without TensorFlow.
 
-Each task module (tfdistx/tasks/) makes the Keras metric for each name; the
-names are here so that `task.metrics=[nope]` or `task.top_k=0` is refused
-before TensorFlow starts (validate.py). tests/test_tasks.py checks that each
-module offers exactly these names.
+A task module (tfdistx/tasks/) makes the Keras metric for each name; its
+YAML (conf/task/NAME.yaml) declares, in keys of tfdistx's own
+(schema.TASK_FACTS, not passed to the class):
+- `offers`: the metrics `task.metrics` may name (tests/test_tasks.py checks
+  that each built-in class offers exactly what its YAML says);
+- `labels`: the labels it learns from, when data whose labels are real
+  values cannot be among them (binary: 0 and 1).
+So `task.metrics=[nope]` or `task.top_k=0` is refused before TensorFlow
+starts (validate.py). A task whose YAML declares no `offers` (a user's
+`task._target_=mypkg.MyTask`) checks its own keys once built
+(Task.choose_metrics).
 """
 
 from omegaconf import DictConfig, OmegaConf
 
 from tfdistx.config.errors import Problem
 
-BINARY = "tfdistx.tasks.binary.Binary"
-METRICS = {
-    BINARY: ("auc", "accuracy", "log_loss"),
-    "tfdistx.tasks.classification.Classification": ("accuracy", "top_k_accuracy"),
-    "tfdistx.tasks.multilabel.Multilabel": ("micro_f1", "macro_f1", "auc"),
-    "tfdistx.tasks.regression.Regression": ("rmse", "mae", "mse"),
+# The settings a task's metrics take, checked in any task that declares
+# `offers`: the key means the same in every task that has it.
+SETTINGS = {
+    "top_k": (lambda v: _is_int(v) and v >= 1, "must be a whole number, at least 1 (and below the number of classes)"),
+    "auc_thresholds": (lambda v: _is_int(v) and v >= 3, "must be a whole number, at least 3"),
+    "threshold": (lambda v: isinstance(v, (int, float)) and 0 < v < 1, "must be a number between 0 and 1"),
 }
 
 
 def problems(task: DictConfig) -> list:
-    """The built-in task's own keys: metrics it offers, and their settings."""
-    offered = METRICS.get(str(task.get("_target_")))
-    if offered is None:  # a user's task checks its own (Task.choose_metrics)
+    """The task's own keys: the metrics it offers, and their settings."""
+    offered = task.get("offers")
+    if offered is None:
         return []
     found = []
     metrics = task.get("metrics")
     if metrics is not None and (not _is_list(metrics) or any(m not in offered for m in metrics)):
         found.append(Problem("task.metrics", _plain(metrics), f"task={task.get('name')} offers {', '.join(offered)}"))
-    if "top_k" in task and (not _is_int(task.top_k) or task.top_k < 1):
-        found.append(Problem("task.top_k", task.top_k, "must be a whole number, at least 1 (and below the number of classes)"))
-    for key in ("auc_thresholds",):
-        if key in task and (not _is_int(task[key]) or task[key] < 3):
-            found.append(Problem(f"task.{key}", task[key], "must be a whole number, at least 3"))
-    if "threshold" in task and not (isinstance(task.threshold, (int, float)) and 0 < task.threshold < 1):
-        found.append(Problem("task.threshold", task.threshold, "must be a number between 0 and 1"))
+    found += [Problem(f"task.{key}", task[key], allowed) for key, (ok, allowed) in SETTINGS.items() if key in task and not ok(task[key])]
     return found
+
+
+def real_values_problems(task: DictConfig, labels: str, data_name: str) -> list:
+    """A task that declares the labels it learns from, on data whose labels
+    are `labels` ("real values"), that it cannot learn from."""
+    takes = task.get("labels")
+    if not labels or not takes or takes == labels:
+        return []
+    return [Problem("task", task.get("name"), f"the labels of data={data_name} are {labels}; "
+                    f"{task.get('name')} takes labels {takes}: use task=regression")]
 
 
 def _is_list(value) -> bool:

@@ -25,7 +25,7 @@ from hydra.core.config_search_path import SearchPathQuery
 from hydra.core.plugins import Plugins
 from hydra.plugins.search_path_plugin import SearchPathPlugin
 
-from tfdistx.config import topology
+from tfdistx.config import strategies, topology
 from tfdistx.config.errors import ConfigError, Problem
 from tfdistx.config.paths import config_dir
 from tfdistx.config.recipes import is_global
@@ -101,10 +101,13 @@ def shadowing() -> List[Problem]:
 
 def shipped_files() -> List[Path]:
     """tfdistx's config files, relative to conf/: config.yaml, model/mlp.yaml,
-    recipe/mnist_mlp.yaml (conf/recipe is a link), hydra/help/tfdistx.yaml."""
+    recipe/mnist_mlp.yaml (conf/recipe is a link), hydra/help/tfdistx.yaml;
+    and strategy/NAME.yaml for each strategy, an option though not a file
+    (schema.register stores the strategy table's rows)."""
     root = config_dir()
-    return sorted(Path(folder, name).relative_to(root) for folder, _, names in os.walk(root, followlinks=True)
-                  for name in names if name.endswith(".yaml"))
+    files = [Path(folder, name).relative_to(root) for folder, _, names in os.walk(root, followlinks=True)
+             for name in names if name.endswith(".yaml")]
+    return sorted(files + [Path("strategy", f"{name}.yaml") for name in strategies.NAMES])
 
 
 def shadow_problem(path: Path, relative: Path) -> Problem:
@@ -163,12 +166,12 @@ def options() -> Dict[str, List[dict]]:
     """The user's own options, by group: name, path, and why it is refused
     (named like a shipped option: shadowing) or None."""
     found: Dict[str, List[dict]] = {}
-    shipped = config_dir()
+    shipped = set(shipped_files())
     for directory in dirs():
         for path in sorted(directory.glob("*/*.yaml")) if directory.is_dir() else []:
             group = path.parent.name
             relative = Path(group, path.name)
-            refused = str(shadow_problem(path, relative)) if (shipped / relative).is_file() else None
+            refused = str(shadow_problem(path, relative)) if relative in shipped else None
             found.setdefault(group, []).append({"name": path.stem, "path": path, "refused": refused})
     return found
 

@@ -106,8 +106,8 @@ def _strategy_and_cluster(strategy: DictConfig, cluster: DictConfig) -> list:
             others = strategies.taking(key)
             elsewhere = f" (strategy.{key} is for strategy={', '.join(others)})" if others else ""
             problems.append(Problem(f"strategy.{key}", _shown(value), f"strategy={chosen.name} takes {takes}{elsewhere}"))
-        elif chosen.options[key] is not None and value not in chosen.options[key] and value is not None:
-            problems.append(Problem(f"strategy.{key}", value, f"allowed: {', '.join(chosen.options[key])}"))
+        elif chosen.options[key].allowed is not None and value not in chosen.options[key].allowed and value is not None:
+            problems.append(Problem(f"strategy.{key}", value, f"allowed: {', '.join(chosen.options[key].allowed)}"))
     if "partitioner" in chosen.options:
         problems += strategies.partitioner_problems(strategy.get("partitioner"))
     pack = strategy.get("bytes_per_pack")
@@ -262,22 +262,18 @@ def _early_stopping(trainer: DictConfig) -> list:
 
 
 def _objective(objective, task: DictConfig) -> list:
-    # A built-in task's metrics are in its yaml; a user's task is checked
-    # once it is built (engine/build.py).
-    if str(task.get("_target_", "")) not in tasks.METRICS or task.get("metrics") is None:
+    # A task whose yaml says what it offers reports its metrics; a user's
+    # task is checked once it is built (engine/build.py).
+    if task.get("offers") is None or task.get("metrics") is None:
         return []
     return objective_problems(objective, task.get("name", task.get("_target_")), task.metrics)
 
 
 def _task_and_data(task: DictConfig, data: DictConfig) -> list:
-    """A built-in task on a built-in source's labels it cannot learn from
-    (binary on real values would train with AUC and accuracy 0). Class
-    labels are checked once the source is built (Task.check_labels)."""
-    labels = sources.of(data).labels
-    if labels and str(task.get("_target_")) == tasks.BINARY:
-        return [Problem("task", task.get("name"), f"the labels of data={current(data._target_)} are {labels}; "
-                        "binary takes labels 0 and 1: use task=regression")]
-    return []
+    """A task on a built-in source's labels it cannot learn from (binary on
+    real values would train with AUC and accuracy 0). Class labels are
+    checked once the source is built (Task.check_labels)."""
+    return tasks.real_values_problems(task, sources.of(data).labels, current(data._target_))
 
 
 def _evaluated(cfg: DictConfig) -> list:

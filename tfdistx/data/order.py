@@ -2,9 +2,9 @@
 at any position without reading what comes before.
 
 `Dataset.skip` resumes a run by reading and dropping every batch already
-trained on (0.2 ms a step measured on in-memory data: 20 s at step 100k,
-hours on a real file pipeline). Here a pipeline's order is a pure function
-of (seed, epoch, position), so a resumed run starts where it stopped:
+trained on: time that grows with the step, hours late in a run on a real
+file pipeline. Here a pipeline's order is a pure function of (seed, epoch,
+position), so a resumed run starts where it stopped:
 
 - `ArrayExamples` (in memory): each epoch is a stateless permutation of all
   the rows, one order whatever the topology: the input pipelines deal its
@@ -92,8 +92,8 @@ class ArrayExamples:
         def epoch(e):
             positions = e * count + tf.range(count, dtype=tf.int64)
             mine = tf.logical_and(positions // chunk % stride == phase, positions >= first)
-            # Handed on in chunks of up to `batch` indices: one element per row cost
-            # ~1.2 us each, most of a small model's input time (measured).
+            # Handed on in chunks of up to `batch` indices: tf.data's overhead per element,
+            # paid for every row, would be most of a small model's input time.
             return tf.data.Dataset.from_tensor_slices(tf.boolean_mask(_permutation(count, seed, e, shuffle), mine)).batch(batch)
 
         tensors = tf.nest.map_structure(tf.constant, self.arrays)

@@ -44,7 +44,7 @@ log = logging.getLogger(__name__)
 class Trained:
     objective: Optional[float]  # trainer.objective's value (None: a task that only served, or a non-chief's rerun)
     # The runner, with its input pipelines: destroying them can wait minutes on
-    # tf.data's thread pools (77 s measured after a mirrored 1x4 run), so a caller
+    # tf.data's thread pools (commands/ending.py), so a caller
     # that ends the process right after holds this until then (cli.end_process).
     runner: Optional[StepRunner] = None
 

@@ -23,7 +23,7 @@ def configure_devices(devices_per_worker: Optional[int], multi_worker: bool = Fa
     so `strategy=mirrored cluster=1x4` has 4 real replicas on a laptop.
 
     Not for multi-worker strategies: MultiWorkerMirroredStrategy uses one
-    replica per worker on CPUs whatever the logical devices (FACTS.md).
+    replica per worker on CPUs whatever the logical devices (TF 2.21).
     """
     if multi_worker or tf.config.list_physical_devices("GPU"):
         return
@@ -77,7 +77,7 @@ def _one_device(options, devices_per_worker, **_):
         return tf.distribute.OneDeviceStrategy(options["device"])
     # TF's default strategy is one replica on the default device (the
     # first GPU, else the CPU) without OneDeviceStrategy's per-step
-    # wrapping of inputs: about 12% more examples/s on the seeds' MLP.
+    # wrapping of inputs, which costs a small model's step time.
     return tf.distribute.get_strategy()
 
 

@@ -30,11 +30,11 @@ the collectives and variable placement of every strategy work unchanged.
 
 Steps per XLA call (`trainer.steps_per_xla_call`): compiled whole, K
 consecutive steps can be one XLA computation. Each call of a compiled
-computation costs ~100-150 us on a CPU beyond its arithmetic (measured: the
-seeds' MLP at batch 128 trained 350-380 us a step at K=10 against 475 us at
-K=1), a quarter of a small model's step. The K batches are stacked and a
-loop inside the computation takes them in turn, so it compiles as one step
-does whatever K (unrolled, 10 steps took 1.9 s to compile against 0.6 s).
+computation has a fixed cost on a CPU beyond its arithmetic, a large part
+of a small model's step (README, Performance: XLA on CPUs). The K batches
+are stacked and a loop inside the computation takes them in turn, so it
+compiles as one step does whatever K (unrolled, its compile time would
+grow with K).
 The steps are the same ops in the same order: the weights are bitwise
 those of K=1.
 """

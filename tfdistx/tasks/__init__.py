@@ -43,7 +43,8 @@ class Task:
 
     name = "task"
     # name -> a function of the task that makes the Keras metric; a
-    # subclass lists what `task.metrics=[...]` may name.
+    # subclass lists what `task.metrics=[...]` may name (its YAML's `offers`
+    # says the same to the checks before TensorFlow starts: a test compares).
     AVAILABLE: Dict[str, callable] = {}
     metric_names: Sequence[str] = ()
 

@@ -1,0 +1,123 @@
+"""Each plug-in declared once (issue 33): a strategy is its row of
+config/strategies.py (and its builder), a task its class and its YAML, a
+data source its function and its YAML; the config side reads those facts
+and still refuses bad input in one line before TensorFlow starts."""
+
+import pytest
+from omegaconf import OmegaConf
+
+from config_helpers import PREFIX, compose_ok, refused
+from tfdistx.config import strategies, userconf
+
+pytestmark = pytest.mark.unit
+
+# a cluster each strategy can run on
+FITS = {"multiworker": ["cluster=2x1"], "parameter_server": ["cluster=ps1w2"]}
+
+
+# -- strategies: a row of the table is the `strategy=NAME` option --------------------
+
+
+@pytest.mark.parametrize("name", strategies.NAMES)
+def test_each_strategy_composes_as_its_row_says(tmp_path, name):
+    cfg = compose_ok(tmp_path / "run", f"strategy={name}", *FITS.get(name, []))
+    assert OmegaConf.to_container(cfg.strategy) == strategies.nodes()[name]
+
+
+def test_every_option_a_row_declares_composes_and_is_checked(tmp_path):
+    """An option's key is in the composed group (so `strategy.KEY=V` needs
+    no `+`), and a value outside its allowed ones is refused in one line."""
+    cfg = compose_ok(tmp_path / "run", "strategy=mirrored", "strategy.cross_device_ops=reduction_to_one")
+    assert cfg.strategy.cross_device_ops == "reduction_to_one"
+    assert refused(tmp_path / "run", "strategy=multiworker", "cluster=2x1", "strategy.communication=carrier_pigeon") == [
+        PREFIX + "strategy.communication='carrier_pigeon': allowed: auto, ring, nccl"]
+
+
+@pytest.fixture
+def own_conf(tmp_path, monkeypatch):
+    monkeypatch.setenv(userconf.ENV, "")  # recorded, so the test's own value is undone after it
+    root = tmp_path / "conf"
+    (root / "strategy").mkdir(parents=True)
+    monkeypatch.setenv(userconf.ENV, str(root))
+    return root / "strategy"
+
+
+def test_a_users_strategy_file_named_like_a_row_is_refused(own_conf, tmp_path):
+    """The rows are options though no file holds them: a user's
+    strategy/mirrored.yaml would replace one in every run, as a user's
+    model/mlp.yaml would."""
+    shadow = own_conf / "mirrored.yaml"
+    shadow.write_text("name: mirrored\ncross_device_ops: nccl\n")
+    assert refused(tmp_path / "run", "trainer.steps=5") == [
+        PREFIX + f"--config-dir (TFDISTX_CONFIG_PATH)={str(shadow)!r}: has the name of the shipped option strategy=mirrored, which it "
+                 "would replace in every run: rename it, e.g. strategy/my_mirrored.yaml (and pick it with strategy=my_mirrored)"]
+    assert [o["refused"] is not None for o in userconf.options()["strategy"]] == [True]
+
+
+def test_a_users_own_strategy_option_composes(own_conf, tmp_path):
+    (own_conf / "reduced.yaml").write_text("name: mirrored\ncross_device_ops: reduction_to_one\nall_reduce_dtype: bfloat16\n")
+    cfg = compose_ok(tmp_path / "run", "strategy=reduced", "cluster=1x2")
+    assert OmegaConf.to_container(cfg.strategy) == {"name": "mirrored", "cross_device_ops": "reduction_to_one", "all_reduce_dtype": "bfloat16"}
+
+
+# -- tasks: the class and its YAML, which says what the config side checks --------------
+
+
+def test_a_tasks_yaml_says_what_task_metrics_may_name(own_conf, tmp_path):
+    """The check before TensorFlow reads the option's `offers`, whatever the class."""
+    tasks = own_conf.parent / "task"
+    tasks.mkdir()
+    (tasks / "ctr.yaml").write_text("_target_: tfdistx.tasks.binary.Binary\nname: ctr\nmetrics: [auc]\noffers: [auc]\n"
+                                    "auc_thresholds: 200\nobjective: eval/auc\n")
+    assert compose_ok(tmp_path / "run", "task=ctr").task.offers == ["auc"]
+    assert refused(tmp_path / "run", "task=ctr", "task.metrics=[auc,accuracy]", "task.auc_thresholds=2") == [
+        PREFIX + "task.metrics=['auc', 'accuracy']: task=ctr offers auc",
+        PREFIX + "task.auc_thresholds=2: must be a whole number, at least 3"]
+
+
+def test_a_task_target_of_the_command_line_gets_none_of_the_options_facts(tmp_path, capsys):
+    """`task=binary task._target_=mine.Task`: binary's `offers` and `labels`
+    are not that task's, so they go (unsaid: they are no keys it takes), and
+    the task checks its metrics once built."""
+    from tfdistx.commands.common import compose
+
+    cfg = compose(["task=binary", "task._target_=user_plugins.SquaredHinge", "trainer.objective=eval/margin_accuracy",
+                   f"hydra.run.dir={tmp_path / 'run'}"])
+    assert sorted(cfg.task) == ["_target_", "name", "objective"]
+    assert "(not the default group's metrics, auc_thresholds)" in capsys.readouterr().err
+
+
+def test_what_a_task_declares_is_not_passed_to_its_class(tmp_path):
+    from tfdistx.config.resolve import resolve
+
+    spec = resolve(compose_ok(tmp_path / "run", "task=binary"), str(tmp_path / "run"))
+    assert dict(spec.task.kwargs) == {"metrics": ["auc", "accuracy", "log_loss"], "auc_thresholds": 200}
+
+
+# -- data sources: the function and its YAML, whose keys say what is checked ----------------
+
+
+@pytest.mark.parametrize("option, checks, plan_line, eval_key, labels", [
+    ("synthetic", "size_problems", None, None, None),
+    ("synthetic_categorical", "size_problems", None, None, None),
+    ("synthetic_multilabel", "size_problems", None, None, None),
+    ("synthetic_regression", "size_problems", None, None, "real values"),
+    ("mnist", "size_problems", None, "eval_split", None),
+    ("tfrecord", "file_problems", "files_plan", "eval_files", None),
+    ("csv", "file_problems", "files_plan", "eval_files", None),
+])
+def test_each_shipped_source_gets_the_checks_its_keys_call_for(tmp_path, option, checks, plan_line, eval_key, labels):
+    from tfdistx.config import sources
+
+    files = ["data.train_files=gs://bucket/train-*"] if option in ("tfrecord", "csv") else []
+    task = ["task=regression"] if option == "synthetic_regression" else []
+    facts = sources.of(compose_ok(tmp_path / "run", f"data={option}", *files, *task).data)
+    assert (facts.checks.__name__, getattr(facts.plan_line, "__name__", None), facts.eval_key, facts.labels) == (
+        checks, plan_line, eval_key, labels)
+
+
+def test_a_users_own_source_gets_no_checks_of_the_built_in_ones(tmp_path):
+    from tfdistx.config import sources
+
+    cfg = compose_ok(tmp_path / "run", "data._target_=user_plugins.constant_data", "data.num_classes=1", "data.train_files=nope")
+    assert sources.of(cfg.data) == sources.Source()
