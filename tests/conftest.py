@@ -38,11 +38,15 @@ def steps_logged(run_dir: Path) -> list:
     return [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
-def start_tfdistx(args, run_dir: Path, env=None, cwd=None) -> subprocess.Popen:
-    """`python -m tfdistx ARGS hydra.run.dir=RUN_DIR`, started; its output
-    (stdout and stderr together) on a pipe. The caller ends it."""
-    return subprocess.Popen([sys.executable, "-m", "tfdistx", *args, f"hydra.run.dir={run_dir}"], env=tfdistx_env(**(env or {})),
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=cwd)
+def start_tfdistx(args, run_dir: Path = None, env=None, cwd=None, stdout=subprocess.PIPE, stderr=subprocess.STDOUT) -> subprocess.Popen:
+    """`python -m tfdistx ARGS hydra.run.dir=RUN_DIR`, started (run_dir None:
+    ARGS alone, for a command that takes no run dir, or a run in the default
+    outputs/ of `cwd`); by default its output, stdout and stderr together, on
+    a pipe. The caller ends it. With wait_until, the way a test starts a
+    process and waits for what it does: no sleep stands in for a condition."""
+    run_dir_arg = [] if run_dir is None else [f"hydra.run.dir={run_dir}"]
+    return subprocess.Popen([sys.executable, "-m", "tfdistx", *args, *run_dir_arg], env=tfdistx_env(**(env or {})),
+                            stdout=stdout, stderr=stderr, text=True, cwd=cwd)
 
 
 def wait_until(done, timeout: float, what: str, procs=()) -> None:
@@ -59,6 +63,37 @@ def wait_until(done, timeout: float, what: str, procs=()) -> None:
 def metric_lines(run_dir: Path) -> int:
     path = run_dir / "metrics.jsonl"
     return len(path.read_text().splitlines()) if path.exists() else 0
+
+
+def processes_of(run_dir: Path, task: str = None) -> list:
+    """Pids of the live processes (zombies left out) whose command line names
+    `run_dir`: a run's launcher, its supervisor and every task of its local
+    cluster. `task` ("worker:1", or a type alone: "ps"): only the processes
+    of that task, which the launcher names in their TF_CONFIG."""
+    wanted = None
+    if task:
+        task_type, _, index = task.partition(":")
+        wanted = (f'"task": {{"type": "{task_type}"' + (f', "index": {index}}}' if index else "")).encode()
+    pids = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit() or int(proc.name) == os.getpid():
+            continue
+        try:
+            if (str(run_dir).encode() not in (proc / "cmdline").read_bytes()
+                    or (proc / "stat").read_text().rpartition(")")[2].split()[0] == "Z"
+                    or (wanted and wanted not in (proc / "environ").read_bytes())):
+                continue
+        except OSError:  # gone meanwhile, or not ours
+            continue
+        pids.append(int(proc.name))
+    return pids
+
+
+def task_pid(run_dir: Path, task: str) -> int:
+    """The process of `task` ("worker:1", "dispatcher") of the local cluster writing `run_dir`."""
+    pids = processes_of(run_dir, task)
+    assert pids, f"no process of task {task} of {run_dir}"
+    return pids[0]
 
 
 def tfdistx_env(**extra) -> dict:

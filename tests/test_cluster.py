@@ -4,18 +4,17 @@ private network namespace (or on loopback when the OS does not allow one)."""
 
 import hashlib
 import json
-import os
 import shutil
 import signal
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
-from conftest import QUICK, free_ports, refused_in_one_line, tfdistx_env, workers_tf_config
+from conftest import (QUICK, free_ports, metric_lines, processes_of, refused_in_one_line, start_tfdistx, tfdistx_env, wait_until,
+                      workers_tf_config)
 from tfdistx.cluster import placement as cluster
 from tfdistx.config.errors import ConfigError
 
@@ -28,21 +27,6 @@ def digests(run_dir: Path) -> dict:
             if "final weights sha256" in line:
                 found[log.stem] = line.rsplit(" ", 1)[1]
     return found
-
-
-def processes_mentioning(text: str) -> list:
-    """PIDs of live processes whose command line contains `text`."""
-    pids = []
-    for proc in Path("/proc").iterdir():
-        if proc.name.isdigit() and proc.name != str(os.getpid()):
-            try:
-                cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-                state = (proc / "stat").read_text().split()[2]
-            except OSError:
-                continue
-            if text in cmdline and state != "Z":
-                pids.append(int(proc.name))
-    return pids
 
 
 def can_isolate() -> bool:
@@ -142,26 +126,21 @@ def test_a_failing_task_stops_the_cluster(tfdistx):
                   "trainer.steps=100000", timeout=300)
     assert run.returncode == 2, run
     assert "worker 1 cannot read its data" in run.stdout and "task worker:1 exited with code 2" in run.stderr
-    assert processes_mentioning(str(run.dir)) == []
+    assert processes_of(run.dir) == []
 
 
 def test_ctrl_c_stops_every_task(tmp_path):
     run_dir = tmp_path / "run"
-    cmd = [sys.executable, "-m", "tfdistx", "strategy=multiworker", "cluster=2x1", "trainer.steps=1000000",
-           "trainer.steps_per_loop=10", "trainer.log_every=10", "logger.tensorboard=false", f"hydra.run.dir={run_dir}"]
-    output = tmp_path / "output.txt"
-    with open(output, "w") as out:
-        proc = subprocess.Popen(cmd, env=tfdistx_env(), stdout=out, stderr=subprocess.STDOUT)
+    args = ["strategy=multiworker", "cluster=2x1", "trainer.steps=1000000", "trainer.steps_per_loop=10", "trainer.log_every=10",
+            "logger.tensorboard=false"]
+    proc = start_tfdistx(args, run_dir)
     try:
-        deadline = time.time() + 300
-        while not (run_dir / "metrics.jsonl").exists() and time.time() < deadline:
-            time.sleep(0.2)
-        assert len(processes_mentioning(str(run_dir))) >= 3  # us, the supervisor, two workers
+        wait_until(lambda: metric_lines(run_dir) >= 1, 300, "a first metrics line", [proc])
+        assert len(processes_of(run_dir)) >= 3  # the launcher, the supervisor, two workers
         proc.send_signal(signal.SIGINT)
-        assert proc.wait(timeout=120) == 130
-        time.sleep(1)
-        assert processes_mentioning(str(run_dir)) == []
-        said = output.read_text()
+        said, _ = proc.communicate(timeout=120)
+        assert proc.returncode == 130, said[-3000:]
+        wait_until(lambda: processes_of(run_dir) == [], 30, "every process of the run gone")
         assert "Traceback" not in said and "KeyboardInterrupt" not in said, said[-3000:]
         assert "tfdistx: interrupted" in said
     finally:

@@ -13,14 +13,13 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from conftest import QUICK as RUN_QUICK
-from conftest import tfdistx_env
+from conftest import start_tfdistx, tfdistx_env, wait_until
 from engine_helpers import train
 from test_predict import MLP, predict, train_run
 from test_run_dir import files
@@ -154,13 +153,10 @@ def test_a_killed_predict_leaves_its_temporary_directory_to_the_next_predict_whi
     np.savetxt(tmp_path / "rows.csv", rows, delimiter=",", header=",".join(f"features_{j}" for j in range(6)), comments="", fmt="%.6g")
     out = tmp_path / "p"
     # --batch-size 1: a call of the model a row, seconds of predicting to be killed in
-    killed = subprocess.Popen([sys.executable, "-m", "tfdistx", "predict", str(run), "--data-files", str(tmp_path / "rows.csv"),
-                               "--out", str(out), "--batch-size", "1"], env=tfdistx_env(), stdout=subprocess.DEVNULL,
-                              stderr=subprocess.DEVNULL)
+    killed = start_tfdistx(["predict", str(run), "--data-files", str(tmp_path / "rows.csv"), "--out", str(out), "--batch-size", "1"],
+                           stdout=subprocess.DEVNULL)
     try:
-        deadline = time.monotonic() + 120
-        while not list(tmp_path.glob(".p.tmp-*")) and killed.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.01)
+        wait_until(lambda: list(tmp_path.glob(".p.tmp-*")), 120, "predict's temporary directory", [killed])
         killed.send_signal(signal.SIGKILL)
     finally:
         killed.wait()
@@ -177,13 +173,10 @@ def test_a_warm_start_from_a_run_still_training_is_never_refused_as_a_bad_config
     loads the newest, or after a few tries stops with a retryable RunFault;
     never exit 2."""
     source = tmp_path / "source"
-    training = subprocess.Popen([sys.executable, "-m", "tfdistx", *RUN_QUICK, "trainer.steps=100000000", "trainer.log_every=1000",
-                                 "checkpoint.every_steps=10", "checkpoint.max_to_keep=1", "checkpoint.export=false",
-                                 f"hydra.run.dir={source}"], env=tfdistx_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    training = start_tfdistx([*RUN_QUICK, "trainer.steps=100000000", "trainer.log_every=1000", "checkpoint.every_steps=10",
+                              "checkpoint.max_to_keep=1", "checkpoint.export=false"], source, stdout=subprocess.DEVNULL)
     try:
-        deadline = time.monotonic() + 120
-        while not list((source / "checkpoints").glob("ckpt-*.index")) and training.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.05)
+        wait_until(lambda: list((source / "checkpoints").glob("ckpt-*.index")), 120, "the source run's first checkpoint", [training])
         assert training.poll() is None, "the source run ended"
         outcomes = []
         for k in range(2):

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from config_helpers import PREFIX, refused
+from conftest import processes_of
 from test_data_split import seen_counts
 from test_kubernetes import exits, run_tfjob, simulator  # noqa: F401 (simulator: a fixture)
 from tfdistx.cluster import kubernetes, placement
@@ -43,31 +44,6 @@ def probe_args(steps=STEPS, loop=4):
             "cluster.max_restarts=0"]
 
 
-def task_pids(run_dir: Path, task_type: str, index: int) -> list:
-    """The processes of a local cluster's task (its TF_CONFIG names it), found by the run dir on their command line."""
-    wanted = f'"task": {{"type": "{task_type}", "index": {index}}}'
-    pids = []
-    for proc in Path("/proc").iterdir():
-        try:
-            if proc.name.isdigit() and str(run_dir) in (proc / "cmdline").read_bytes().decode(errors="replace") \
-                    and wanted in (proc / "environ").read_bytes().decode(errors="replace"):
-                pids.append(int(proc.name))
-        except OSError:  # gone, or not ours
-            continue
-    return pids
-
-
-def leftovers(run_dir: Path) -> list:
-    found = []
-    for proc in Path("/proc").iterdir():
-        try:
-            if proc.name.isdigit() and str(run_dir) in (proc / "cmdline").read_bytes().decode(errors="replace"):
-                found.append(proc.name)
-        except OSError:
-            continue
-    return found
-
-
 class Straggler:
     """Slows a task on purpose: once training has started (the run's log
     names its run dir), its process is stopped `stopped` seconds of every
@@ -76,17 +52,19 @@ class Straggler:
     would take half a minute.)"""
 
     def __init__(self, run_dir: Path, task_type: str, index: int, stopped=0.12, period=0.15):
-        self.where, self.stopped, self.period = (run_dir, task_type, index), stopped, period
+        self.where, self.stopped, self.period = (run_dir, f"{task_type}:{index}"), stopped, period
         self.pauses, self.done = 0, threading.Event()
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()
 
     def _run(self):
         pids, log = [], self.where[0] / "tfdistx.log"
+        # Polled in this thread until the run ends (close()): wait_until's AssertionError would be lost here;
+        # run_with_stragglers asserts that it did straggle.
         while not pids and not self.done.wait(0.05):
             if log.is_file() and "run dir:" in log.read_text(errors="replace"):
-                pids = task_pids(*self.where)
-        while not self.done.is_set():
+                pids = processes_of(*self.where)
+        while not self.done.is_set():  # the sleeps below are the straggling itself, not waits for anything
             try:
                 for pid in pids:
                     os.kill(pid, signal.SIGSTOP)
@@ -116,7 +94,7 @@ def run_with_stragglers(tfdistx, run_dir, args, stragglers):
             s.close()
     assert run.returncode == 0, run
     assert all(s.pauses > 5 for s in slow), [s.pauses for s in slow]  # it did straggle
-    assert not leftovers(run_dir)  # the dispatcher and data workers died with the launcher
+    assert not processes_of(run_dir)  # the dispatcher and data workers died with the launcher
     return run
 
 
@@ -153,7 +131,7 @@ def test_parallel_epochs_samples_the_data_on_every_worker(tfdistx, tmp_path):
     run = tfdistx("data.service.workers=2", "data.service.mode=parallel_epochs", *probe_args(steps=32, loop=8), run_dir=tmp_path / "run")
     assert run.returncode == 0, run
     assert seen_counts(run.dir).sum() == 32 * BATCH
-    assert not leftovers(run.dir)
+    assert not processes_of(run.dir)
 
 
 @pytest.mark.slow

@@ -8,11 +8,10 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 
-from conftest import QUICK, start_tfdistx, tfdistx_env
+from conftest import QUICK, processes_of, start_tfdistx, tfdistx_env, wait_until
 from engine_helpers import train
 from test_fault_tolerance import LONG, run_and_interrupt, wait_for_lines
 from tfdistx.config.errors import ConfigError
@@ -80,9 +79,8 @@ def test_a_killed_run_leaves_no_lock_behind(tmp_path):
 
 
 def test_runs_started_together_get_their_own_directories(tmp_path):
-    cmd = [sys.executable, "-m", "tfdistx", *QUICK, "trainer.steps=10", "checkpoint.export=false"]
-    procs = [subprocess.Popen(cmd, cwd=tmp_path, env=tfdistx_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-             for _ in range(2)]
+    args = [*QUICK, "trainer.steps=10", "checkpoint.export=false"]
+    procs = [start_tfdistx(args, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE) for _ in range(2)]  # no hydra.run.dir
     for proc in procs:
         assert proc.wait(timeout=300) == 0, proc.stderr.read()[-2000:]
     runs = sorted(p.parent for p in (tmp_path / "outputs").glob("*/*/summary.json"))
@@ -176,7 +174,7 @@ def test_a_killed_cluster_leaves_nothing_behind_once_it_runs_again(tmp_path):
     scratch.mkdir()
     args = ["strategy=multiworker", "cluster=2x1", *LONG, "checkpoint.every_steps=20"]
     run_and_interrupt(args, run_dir, 2, lambda proc: proc.send_signal(signal.SIGKILL), env={"TMPDIR": str(scratch)})
-    time.sleep(2)  # the tasks' own SIGKILL
+    wait_until(lambda: processes_of(run_dir) == [], 30, "the tasks to die with their launcher (their own SIGKILL)")
     assert list(scratch.glob("tfdistx-*")) and (run_dir / "logs" / ".cluster.json").exists()
     rerun = subprocess.run([sys.executable, "-m", "tfdistx", *args, steps_past_the_last_checkpoint(run_dir), f"hydra.run.dir={run_dir}"],
                            env=tfdistx_env(TMPDIR=str(scratch)), capture_output=True, text=True, timeout=600)

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from config_helpers import compose_ok, refused
-from conftest import tfdistx_env
+from conftest import processes_of, start_tfdistx, task_pid, tfdistx_env, wait_until
 from tfdistx.cluster import placement
 from tfdistx.cluster.kubernetes import tfjob
 from tfdistx.config import schema, strategies
@@ -40,30 +40,6 @@ def sidecar_lines(run_dir: Path) -> list:
 
 def checkpoint_steps(run_dir: Path) -> list:
     return sorted(int(p.name[len("ckpt-"):-len(".index")]) for p in (run_dir / "checkpoints").glob("ckpt-*.index"))
-
-
-def processes_naming(text: str) -> list:
-    """Pids of live processes whose command line holds `text` (the run dir: every task of its cluster)."""
-    pids = []
-    for proc in Path("/proc").iterdir():
-        try:
-            if proc.name.isdigit() and text in (proc / "cmdline").read_bytes().decode(errors="replace"):
-                pids.append(int(proc.name))
-        except OSError:
-            continue
-    return pids
-
-
-def evaluator_pid(run_dir: Path):
-    """The local cluster's evaluator task: its TF_CONFIG names the task type "evaluator"."""
-    for pid in processes_naming(str(run_dir)):
-        try:
-            environ = Path(f"/proc/{pid}/environ").read_bytes()
-        except OSError:
-            continue
-        if b'"type": "evaluator"' in environ and b"_task" in Path(f"/proc/{pid}/cmdline").read_bytes():
-            return pid
-    return None
 
 
 def scalars(event_dir: Path) -> dict:
@@ -95,7 +71,7 @@ def test_the_sidecar_evaluator_evaluates_each_checkpoint_as_tfdistx_evaluate_doe
     lines = sidecar_lines(run.dir)
     assert [line["step"] for line in lines] == checkpoint_steps(run.dir) == [10, 20, 30, 40], lines
     assert all(line["checkpoint"] == f"ckpt-{line['step']}" for line in lines)
-    assert processes_naming(str(run.dir)) == []  # the evaluator stopped by itself, and the launcher left nothing behind
+    assert processes_of(run.dir) == []  # the evaluator stopped by itself, and the launcher left nothing behind
     assert "training goes on without it" not in run.stderr and "did not finish" not in run.stderr, run
     assert "training is done; 4 checkpoint(s) evaluated" in (run.dir / "logs" / "evaluator-0.log").read_text()
 
@@ -203,20 +179,15 @@ def test_a_killed_evaluator_neither_stops_nor_fails_the_run(tmp_path):
     no scratch directory behind: it only reads, so it never made one."""
     run_dir, scratch = tmp_path / "run", tmp_path / "tmp"
     scratch.mkdir()
-    command = [sys.executable, "-m", "tfdistx", "strategy=parameter_server", "cluster=ps1w2", "cluster.evaluator=true",
-               "trainer.steps=3000", "trainer.steps_per_loop=10", "trainer.log_every=100", "trainer.eval_every=0",
-               "data.batch_size=32", "data.train_examples=512", "data.eval_examples=128", "checkpoint.every_steps=100",
-               f"hydra.run.dir={run_dir}"]
-    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=tfdistx_env(TMPDIR=str(scratch)),
-                            cwd=tmp_path)
+    args = ["strategy=parameter_server", "cluster=ps1w2", "cluster.evaluator=true",
+            "trainer.steps=3000", "trainer.steps_per_loop=10", "trainer.log_every=100", "trainer.eval_every=0",
+            "data.batch_size=32", "data.train_examples=512", "data.eval_examples=128", "checkpoint.every_steps=100"]
+    proc = start_tfdistx(args, run_dir, env={"TMPDIR": str(scratch)}, cwd=tmp_path, stderr=subprocess.PIPE)
     try:
         log = run_dir / "logs" / "evaluator-0.log"
-        deadline = time.monotonic() + 180
-        while not (log.is_file() and "sidecar evaluator: evaluating" in log.read_text()):
-            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
-            time.sleep(0.2)
-        pid = evaluator_pid(run_dir)
-        assert pid is not None
+        wait_until(lambda: log.is_file() and "sidecar evaluator: evaluating" in log.read_text(), 180, "the evaluator's first evaluation",
+                   [proc])
+        pid = task_pid(run_dir, "evaluator")
         assert not (run_dir / "summary.json").exists()  # killed while the run trains
         os.kill(pid, signal.SIGKILL)
         stdout, stderr = proc.communicate(timeout=300)
@@ -230,7 +201,7 @@ def test_a_killed_evaluator_neither_stops_nor_fails_the_run(tmp_path):
     assert said == ["tfdistx: the sidecar evaluator (evaluator:0) exited with code 137; training goes on without it "
                     "(its log: logs/evaluator-0.log)"], stderr[-3000:]
     assert "restart" not in stderr
-    assert processes_naming(str(run_dir)) == []
+    assert processes_of(run_dir) == []
     assert not list(scratch.glob("tfdistx-*evaluator*")), sorted(scratch.iterdir())
 
 
