@@ -34,6 +34,11 @@ class Run:
         return f"<Run rc={self.returncode}\nstdout:\n{self.stdout[-3000:]}\nstderr:\n{self.stderr[-3000:]}>"
 
 
+def files(run_dir: Path) -> dict:
+    """Every file of a run but its log (which each attempt appends to)."""
+    return {p.relative_to(run_dir): p.read_bytes() for p in run_dir.rglob("*") if p.is_file() and p.name not in ("tfdistx.log", ".lock")}
+
+
 def steps_logged(run_dir: Path) -> list:
     return [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
@@ -132,6 +137,16 @@ def configs(tmp_path_factory):
     return config_factory(tmp_path_factory.mktemp("unit-config") / "run")
 
 
+@pytest.fixture(scope="session")
+def topology_whole(tmp_path_factory):
+    """The topology probe's run that never stopped (test_unit_topology_resume.py):
+    trained once a session, for its in-process tests and the real clusters'
+    of test_topology_resume.py alike."""
+    from test_unit_topology_resume import train_whole  # deferred: only the tests that ask train it
+
+    return train_whole(tmp_path_factory.mktemp("whole") / "run")
+
+
 def refused_in_one_line(run, *phrases) -> str:
     """Exit 2, no traceback, and one `invalid config` line holding every
     phrase (TensorFlow's own start-up chatter aside); returns that line."""
@@ -192,10 +207,33 @@ os.environ["TMPDIR"] = tempfile.tempdir = _SCRATCH
 atexit.register(shutil.rmtree, _SCRATCH, True)  # also when pytest stops before pytest_unconfigure (a usage error)
 
 
+def layout_problems(tests) -> list:
+    """What breaks the suite's layout among `tests`, (node id, file name,
+    marked unit) each: a unit test lives in a test_unit_*.py file, and such
+    a file holds unit tests only, so that `-m unit` and the file names say
+    the same (test_unit_layout.py)."""
+    problems = []
+    for nodeid, file, unit in tests:
+        if unit and not file.startswith("test_unit_"):
+            problems.append(f"{nodeid}: marked unit, in a file not named test_unit_*.py")
+        elif not unit and file.startswith("test_unit_"):
+            problems.append(f"{nodeid}: not marked unit, in a test_unit_*.py file")
+    return problems
+
+
+LAYOUT_PROBLEMS = pytest.StashKey[list]()
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects: every collected test is held to the layout
 def pytest_collection_modifyitems(config, items):
-    """`system` tests change the machine (Slurm's packages, /etc, daemons) or
-    read files outside the checkout: they run only when asked for with
-    `-m system`, and otherwise show as skipped, with the reason."""
+    """The layout_problems of every test collected, kept for
+    test_unit_layout.py to report (a failing test, where an error here would
+    crash pytest-xdist's workers without a word). `system` tests change the
+    machine (Slurm's packages, /etc, daemons) or read files outside the
+    checkout: they run only when asked for with `-m system`, and otherwise
+    show as skipped, with the reason."""
+    config.stash[LAYOUT_PROBLEMS] = layout_problems((item.nodeid, item.path.name, item.get_closest_marker("unit") is not None)
+                                                    for item in items)
     if "system" in (config.getoption("markexpr") or ""):
         return
     skip = pytest.mark.skip(reason="a system test (installs or starts system services, or needs files outside the checkout): "

@@ -3,8 +3,9 @@ them when something is wrong: every argument refused before TensorFlow
 starts, a full or read-only disk or a file-size limit is exit 3 in one line
 with nothing half-written, a killed command's temporary directory is
 removed by the next, and a warm start from a run still training never
-takes its rotated checkpoints for a bad config. Real processes, a real
-tmpfs, real kills; the run they work on is trained once in this process."""
+takes its rotated checkpoints for a bad config; and `predict` as a user
+starts it, on the run's eval split and refusing a file. Real processes, a
+real tmpfs, real kills; the run they work on is trained once in this process."""
 
 import json
 import os
@@ -17,13 +18,15 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import tensorflow as tf
 
 from conftest import QUICK as RUN_QUICK
-from conftest import start_tfdistx, tfdistx_env, wait_until
+from conftest import Run, files, refused_in_one_line, start_tfdistx, tfdistx_env, wait_until
 from engine_helpers import train
-from test_predict import MLP, predict, train_run
-from test_run_dir import files
+from test_unit_predict import CLASSIFIED_COLUMNS, MLP, csv_rows, expected_columns, predict, serving, train_run
+from test_unit_predict import data  # noqa: F401 (a fixture: the rows `tfdistx data write` writes)
 from tfdistx.config.errors import EXIT_RUN_DIR_LOCKED, ConfigError, RunFault
+from tfdistx.data import sources
 from tfdistx.rundir import new_directory
 
 
@@ -223,3 +226,31 @@ def test_a_temporary_directory_is_removed_by_the_next_command_only_once_its_writ
     finally:
         writer.kill()
         writer.wait()
+
+
+# -- `tfdistx predict` as a real process (in-process, every case: test_unit_predict.py) --
+
+
+def test_the_default_input_is_the_runs_eval_split(run):
+    """A real process, as a user starts it: no --data-files."""
+    proc = subprocess.run([sys.executable, "-m", "tfdistx", "predict", str(run)], capture_output=True, text=True,
+                          env=tfdistx_env(), timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = run / "predictions"
+    assert proc.stderr.strip().splitlines()[-1] == \
+        f"tfdistx: predict: 100 rows of the eval split of the run's data (tfdistx.data.synthetic) predicted into {out}"
+    assert "tfdistx: predict: 100 rows\n" in proc.stderr and "Traceback" not in proc.stderr
+    manifest = json.loads((out / "predictions.json").read_text())
+    assert manifest["inputs"] == [{"source": "the eval split of the run's data (tfdistx.data.synthetic)", "rows": 100,
+                                   "predictions": "predictions-00000-of-00001.csv"}]
+    features, _ = sources.synthetic(image_shape=[6], train_examples=256, eval_examples=100).eval.arrays
+    header, found = csv_rows(out / "predictions-00000-of-00001.csv")
+    assert header == CLASSIFIED_COLUMNS
+    np.testing.assert_allclose(found, expected_columns(serving(run / "export")(features=tf.constant(features))), rtol=1e-6, atol=1e-6)
+
+
+def test_a_refusal_from_the_command_line(run, data, tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "tfdistx", "predict", str(run), "--data-files", str(data / "clicks-tfrecord" / "eval-*"),
+                           "--out", str(tmp_path / "p")], capture_output=True, text=True, env=tfdistx_env(), timeout=300)
+    refused_in_one_line(Run(proc, run), "eval-00000-of-00001.tfrecord", "no feature 'features'")
+    assert not (tmp_path / "p").exists()

@@ -63,7 +63,7 @@ def test_a_sigterm_after_the_cluster_forms_and_before_training_still_ends_the_ta
     assert run.returncode == -signal.SIGTERM and "trained on" not in run.stdout, run.stderr[-2000:]
 
 
-# One device resumes bitwise in test_tasks, test_compute and test_file_data too; a multiworker 2x1 run
+# One device resumes bitwise in test_tasks, test_unit_compute and test_file_data too; a multiworker 2x1 run
 # resumed after a kill ends bitwise equal to a whole one in the default run's random-kill test below.
 @pytest.mark.slow
 @pytest.mark.parametrize("strategy", [["strategy=one_device"], ["strategy=mirrored", "cluster=1x2"],

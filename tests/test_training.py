@@ -11,7 +11,6 @@ from pathlib import Path
 import pytest
 
 from conftest import QUICK, start_tfdistx, tfdistx_env, wait_until
-from engine_helpers import train
 
 
 def test_default_run_learns_and_writes_its_run_dir(tfdistx):
@@ -66,16 +65,9 @@ def test_user_model_and_data_targets(tfdistx):
         in run.stderr
 
 
-@pytest.mark.unit  # fit.train's resume, in this process (engine_helpers); the killed run below resumes through the command
-def test_rerun_resumes_from_the_saved_step(tmp_path):
-    train(tmp_path / "run", "checkpoint.every_steps=20")
-    second = train(tmp_path / "run", "trainer.steps=80", "checkpoint.every_steps=20")
-    assert (second.summary["resumed"], second.summary["resumed_from_step"], second.summary["step"]) == (True, 40, 80)
-    assert [m["step"] for m in second.metrics] == [20, 40, 60, 80]
-
-
 def test_killed_run_resumes_without_repeating_steps(tmp_path):
-    """SIGKILL mid-run, rerun the same command: it continues from the last checkpoint."""
+    """SIGKILL mid-run, rerun the same command: it continues from the last
+    checkpoint (fit.train's resume, in this process: test_unit_run_dir.py)."""
     run_dir = tmp_path / "run"
     args = ["trainer.steps=4000", "trainer.steps_per_loop=20", "trainer.log_every=20", "trainer.eval_every=0", "checkpoint.every_steps=100",
             "logger.tensorboard=false"]
