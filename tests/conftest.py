@@ -34,15 +34,24 @@ class Run:
         return f"<Run rc={self.returncode}\nstdout:\n{self.stdout[-3000:]}\nstderr:\n{self.stderr[-3000:]}>"
 
 
+def files(run_dir: Path) -> dict:
+    """Every file of a run but its log (which each attempt appends to)."""
+    return {p.relative_to(run_dir): p.read_bytes() for p in run_dir.rglob("*") if p.is_file() and p.name not in ("tfdistx.log", ".lock")}
+
+
 def steps_logged(run_dir: Path) -> list:
     return [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
-def start_tfdistx(args, run_dir: Path, env=None, cwd=None) -> subprocess.Popen:
-    """`python -m tfdistx ARGS hydra.run.dir=RUN_DIR`, started; its output
-    (stdout and stderr together) on a pipe. The caller ends it."""
-    return subprocess.Popen([sys.executable, "-m", "tfdistx", *args, f"hydra.run.dir={run_dir}"], env=tfdistx_env(**(env or {})),
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=cwd)
+def start_tfdistx(args, run_dir: Path = None, env=None, cwd=None, stdout=subprocess.PIPE, stderr=subprocess.STDOUT) -> subprocess.Popen:
+    """`python -m tfdistx ARGS hydra.run.dir=RUN_DIR`, started (run_dir None:
+    ARGS alone, for a command that takes no run dir, or a run in the default
+    outputs/ of `cwd`); by default its output, stdout and stderr together, on
+    a pipe. The caller ends it. With wait_until, the way a test starts a
+    process and waits for what it does: no sleep stands in for a condition."""
+    run_dir_arg = [] if run_dir is None else [f"hydra.run.dir={run_dir}"]
+    return subprocess.Popen([sys.executable, "-m", "tfdistx", *args, *run_dir_arg], env=tfdistx_env(**(env or {})),
+                            stdout=stdout, stderr=stderr, text=True, cwd=cwd)
 
 
 def wait_until(done, timeout: float, what: str, procs=()) -> None:
@@ -59,6 +68,37 @@ def wait_until(done, timeout: float, what: str, procs=()) -> None:
 def metric_lines(run_dir: Path) -> int:
     path = run_dir / "metrics.jsonl"
     return len(path.read_text().splitlines()) if path.exists() else 0
+
+
+def processes_of(run_dir: Path, task: str = None) -> list:
+    """Pids of the live processes (zombies left out) whose command line names
+    `run_dir`: a run's launcher, its supervisor and every task of its local
+    cluster. `task` ("worker:1", or a type alone: "ps"): only the processes
+    of that task, which the launcher names in their TF_CONFIG."""
+    wanted = None
+    if task:
+        task_type, _, index = task.partition(":")
+        wanted = (f'"task": {{"type": "{task_type}"' + (f', "index": {index}}}' if index else "")).encode()
+    pids = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit() or int(proc.name) == os.getpid():
+            continue
+        try:
+            if (str(run_dir).encode() not in (proc / "cmdline").read_bytes()
+                    or (proc / "stat").read_text().rpartition(")")[2].split()[0] == "Z"
+                    or (wanted and wanted not in (proc / "environ").read_bytes())):
+                continue
+        except OSError:  # gone meanwhile, or not ours
+            continue
+        pids.append(int(proc.name))
+    return pids
+
+
+def task_pid(run_dir: Path, task: str) -> int:
+    """The process of `task` ("worker:1", "dispatcher") of the local cluster writing `run_dir`."""
+    pids = processes_of(run_dir, task)
+    assert pids, f"no process of task {task} of {run_dir}"
+    return pids[0]
 
 
 def tfdistx_env(**extra) -> dict:
@@ -95,6 +135,16 @@ def configs(tmp_path_factory):
     from config_helpers import config_factory  # deferred: only the tests that ask compose configs
 
     return config_factory(tmp_path_factory.mktemp("unit-config") / "run")
+
+
+@pytest.fixture(scope="session")
+def topology_whole(tmp_path_factory):
+    """The topology probe's run that never stopped (test_unit_topology_resume.py):
+    trained once a session, for its in-process tests and the real clusters'
+    of test_topology_resume.py alike."""
+    from test_unit_topology_resume import train_whole  # deferred: only the tests that ask train it
+
+    return train_whole(tmp_path_factory.mktemp("whole") / "run")
 
 
 def refused_in_one_line(run, *phrases) -> str:
@@ -157,10 +207,33 @@ os.environ["TMPDIR"] = tempfile.tempdir = _SCRATCH
 atexit.register(shutil.rmtree, _SCRATCH, True)  # also when pytest stops before pytest_unconfigure (a usage error)
 
 
+def layout_problems(tests) -> list:
+    """What breaks the suite's layout among `tests`, (node id, file name,
+    marked unit) each: a unit test lives in a test_unit_*.py file, and such
+    a file holds unit tests only, so that `-m unit` and the file names say
+    the same (test_unit_layout.py)."""
+    problems = []
+    for nodeid, file, unit in tests:
+        if unit and not file.startswith("test_unit_"):
+            problems.append(f"{nodeid}: marked unit, in a file not named test_unit_*.py")
+        elif not unit and file.startswith("test_unit_"):
+            problems.append(f"{nodeid}: not marked unit, in a test_unit_*.py file")
+    return problems
+
+
+LAYOUT_PROBLEMS = pytest.StashKey[list]()
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects: every collected test is held to the layout
 def pytest_collection_modifyitems(config, items):
-    """`system` tests change the machine (Slurm's packages, /etc, daemons) or
-    read files outside the checkout: they run only when asked for with
-    `-m system`, and otherwise show as skipped, with the reason."""
+    """The layout_problems of every test collected, kept for
+    test_unit_layout.py to report (a failing test, where an error here would
+    crash pytest-xdist's workers without a word). `system` tests change the
+    machine (Slurm's packages, /etc, daemons) or read files outside the
+    checkout: they run only when asked for with `-m system`, and otherwise
+    show as skipped, with the reason."""
+    config.stash[LAYOUT_PROBLEMS] = layout_problems((item.nodeid, item.path.name, item.get_closest_marker("unit") is not None)
+                                                    for item in items)
     if "system" in (config.getoption("markexpr") or ""):
         return
     skip = pytest.mark.skip(reason="a system test (installs or starts system services, or needs files outside the checkout): "

@@ -4,20 +4,17 @@ private network namespace (or on loopback when the OS does not allow one)."""
 
 import hashlib
 import json
-import os
 import shutil
 import signal
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
-from conftest import QUICK, free_ports, refused_in_one_line, tfdistx_env, workers_tf_config
-from tfdistx.cluster import placement as cluster
-from tfdistx.config.errors import ConfigError
+from conftest import (QUICK, free_ports, metric_lines, processes_of, refused_in_one_line, start_tfdistx, tfdistx_env, wait_until,
+                      workers_tf_config)
 
 
 def digests(run_dir: Path) -> dict:
@@ -28,21 +25,6 @@ def digests(run_dir: Path) -> dict:
             if "final weights sha256" in line:
                 found[log.stem] = line.rsplit(" ", 1)[1]
     return found
-
-
-def processes_mentioning(text: str) -> list:
-    """PIDs of live processes whose command line contains `text`."""
-    pids = []
-    for proc in Path("/proc").iterdir():
-        if proc.name.isdigit() and proc.name != str(os.getpid()):
-            try:
-                cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-                state = (proc / "stat").read_text().split()[2]
-            except OSError:
-                continue
-            if text in cmdline and state != "Z":
-                pids.append(int(proc.name))
-    return pids
 
 
 def can_isolate() -> bool:
@@ -143,56 +125,28 @@ def test_a_failing_task_stops_the_cluster(tfdistx):
                   "trainer.steps=100000", timeout=300)
     assert run.returncode == 2, run
     assert "worker 1 cannot read its data" in run.stdout and "task worker:1 exited with code 2" in run.stderr
-    assert processes_mentioning(str(run.dir)) == []
+    assert processes_of(run.dir) == []
 
 
 def test_ctrl_c_stops_every_task(tmp_path):
     run_dir = tmp_path / "run"
-    cmd = [sys.executable, "-m", "tfdistx", "strategy=multiworker", "cluster=2x1", "trainer.steps=1000000",
-           "trainer.steps_per_loop=10", "trainer.log_every=10", "logger.tensorboard=false", f"hydra.run.dir={run_dir}"]
-    output = tmp_path / "output.txt"
-    with open(output, "w") as out:
-        proc = subprocess.Popen(cmd, env=tfdistx_env(), stdout=out, stderr=subprocess.STDOUT)
+    args = ["strategy=multiworker", "cluster=2x1", "trainer.steps=1000000", "trainer.steps_per_loop=10", "trainer.log_every=10",
+            "logger.tensorboard=false"]
+    proc = start_tfdistx(args, run_dir)
     try:
-        deadline = time.time() + 300
-        while not (run_dir / "metrics.jsonl").exists() and time.time() < deadline:
-            time.sleep(0.2)
-        assert len(processes_mentioning(str(run_dir))) >= 3  # us, the supervisor, two workers
+        wait_until(lambda: metric_lines(run_dir) >= 1, 300, "a first metrics line", [proc])
+        assert len(processes_of(run_dir)) >= 3  # the launcher, the supervisor, two workers
         proc.send_signal(signal.SIGINT)
-        assert proc.wait(timeout=120) == 130
-        time.sleep(1)
-        assert processes_mentioning(str(run_dir)) == []
-        said = output.read_text()
+        said, _ = proc.communicate(timeout=120)
+        assert proc.returncode == 130, said[-3000:]
+        wait_until(lambda: processes_of(run_dir) == [], 30, "every process of the run gone")
         assert "Traceback" not in said and "KeyboardInterrupt" not in said, said[-3000:]
         assert "tfdistx: interrupted" in said
     finally:
         proc.kill()  # if the test failed: the launcher's tasks die with it (PR_SET_PDEATHSIG)
 
 
-# -- placement from a scheduler's environment (real parsing, no processes) --
-
-@pytest.mark.unit
-def test_slurm_hostlists():
-    assert cluster.expand_hostlist("node[01-03,7],gpu5") == ["node01", "node02", "node03", "node7", "gpu5"]
-    assert cluster.expand_tasks_per_node("2(x3),1") == [2, 2, 2, 1]
-
-
-@pytest.mark.unit
-def test_parameter_server_cluster_from_a_slurm_step():
-    env = {"SLURM_PROCID": "2", "SLURM_STEP_NUM_TASKS": "5", "SLURM_STEP_NODELIST": "n[1-2]", "SLURM_STEP_TASKS_PER_NODE": "3,2"}
-    placement = cluster.from_slurm(env, {"chief": 1, "ps": 2, "worker": 2}, 29400)
-    assert placement.spec == {"chief": ["n1:29400"], "ps": ["n1:29401", "n1:29402"], "worker": ["n2:29400", "n2:29401"]}
-    assert (placement.task_type, placement.task_index, placement.is_chief) == ("ps", 1, False)
-
-
-@pytest.mark.unit
-def test_slurm_step_of_the_wrong_size_is_refused():
-    env = {"SLURM_PROCID": "0", "SLURM_STEP_NUM_TASKS": "3", "SLURM_STEP_NODELIST": "n1", "SLURM_STEP_TASKS_PER_NODE": "3"}
-    with pytest.raises(ConfigError, match="srun -n 2"):
-        cluster.from_slurm(env, {"worker": 2}, 29400)
-
-
-# -- a missing peer: exit 4 in time (a scheduler's bad environment is refused in test_unit_config_cluster.py) --
+# -- a missing peer: exit 4 in time (placement from a scheduler's environment, and a bad one refused: test_unit_config_cluster.py) --
 
 
 def test_a_peer_that_never_starts_ends_the_task_in_time_naming_it(tfdistx):
@@ -213,6 +167,17 @@ def test_a_port_in_use_is_named_with_its_task(tfdistx):
     assert run.returncode == 6, run.stderr[-2000:]  # a fault of the machine, which a retry may cure: not a bad config
     assert f"tfdistx: TF_CONFIG='127.0.0.1:{ports[0]}': task worker:0 cannot listen on port {ports[0]}: it is already in use" in run.stderr
     assert "Traceback" not in run.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("extra", [["trainer.precision=mixed_float16"], ["trainer.jit_compile=true", "trainer.accumulate_steps=2",
+                                                                          "optimizer.global_clip_norm=1.0", "strategy.bytes_per_pack=65536"]])
+def test_multiworker_runs_mixed_float16_and_xla_with_accumulation(tfdistx, extra):
+    """How a step computes, under a real cluster (in one process: test_unit_compute.py)."""
+    run = tfdistx(*QUICK, "data=synthetic", "strategy=multiworker", "cluster=2x1", *extra, "trainer.steps=80", "trainer.eval_every=80",
+                  timeout=300)
+    assert run.returncode == 0, run
+    assert run.summary["step"] == 80 and run.summary["train"]["loss"] < 2.1
 
 
 @pytest.mark.slow  # the default run checks both ps tasks hold variables in test_tasks' wide_deep_ps run

@@ -3,8 +3,9 @@ them when something is wrong: every argument refused before TensorFlow
 starts, a full or read-only disk or a file-size limit is exit 3 in one line
 with nothing half-written, a killed command's temporary directory is
 removed by the next, and a warm start from a run still training never
-takes its rotated checkpoints for a bad config. Real processes, a real
-tmpfs, real kills; the run they work on is trained once in this process."""
+takes its rotated checkpoints for a bad config; and `predict` as a user
+starts it, on the run's eval split and refusing a file. Real processes, a
+real tmpfs, real kills; the run they work on is trained once in this process."""
 
 import json
 import os
@@ -13,18 +14,19 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
 import pytest
+import tensorflow as tf
 
 from conftest import QUICK as RUN_QUICK
-from conftest import tfdistx_env
+from conftest import Run, files, refused_in_one_line, start_tfdistx, tfdistx_env, wait_until
 from engine_helpers import train
-from test_predict import MLP, predict, train_run
-from test_run_dir import files
+from test_unit_predict import CLASSIFIED_COLUMNS, MLP, csv_rows, expected_columns, predict, serving, train_run
+from test_unit_predict import data  # noqa: F401 (a fixture: the rows `tfdistx data write` writes)
 from tfdistx.config.errors import EXIT_RUN_DIR_LOCKED, ConfigError, RunFault
+from tfdistx.data import sources
 from tfdistx.rundir import new_directory
 
 
@@ -154,13 +156,10 @@ def test_a_killed_predict_leaves_its_temporary_directory_to_the_next_predict_whi
     np.savetxt(tmp_path / "rows.csv", rows, delimiter=",", header=",".join(f"features_{j}" for j in range(6)), comments="", fmt="%.6g")
     out = tmp_path / "p"
     # --batch-size 1: a call of the model a row, seconds of predicting to be killed in
-    killed = subprocess.Popen([sys.executable, "-m", "tfdistx", "predict", str(run), "--data-files", str(tmp_path / "rows.csv"),
-                               "--out", str(out), "--batch-size", "1"], env=tfdistx_env(), stdout=subprocess.DEVNULL,
-                              stderr=subprocess.DEVNULL)
+    killed = start_tfdistx(["predict", str(run), "--data-files", str(tmp_path / "rows.csv"), "--out", str(out), "--batch-size", "1"],
+                           stdout=subprocess.DEVNULL)
     try:
-        deadline = time.monotonic() + 120
-        while not list(tmp_path.glob(".p.tmp-*")) and killed.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.01)
+        wait_until(lambda: list(tmp_path.glob(".p.tmp-*")), 120, "predict's temporary directory", [killed])
         killed.send_signal(signal.SIGKILL)
     finally:
         killed.wait()
@@ -177,13 +176,10 @@ def test_a_warm_start_from_a_run_still_training_is_never_refused_as_a_bad_config
     loads the newest, or after a few tries stops with a retryable RunFault;
     never exit 2."""
     source = tmp_path / "source"
-    training = subprocess.Popen([sys.executable, "-m", "tfdistx", *RUN_QUICK, "trainer.steps=100000000", "trainer.log_every=1000",
-                                 "checkpoint.every_steps=10", "checkpoint.max_to_keep=1", "checkpoint.export=false",
-                                 f"hydra.run.dir={source}"], env=tfdistx_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    training = start_tfdistx([*RUN_QUICK, "trainer.steps=100000000", "trainer.log_every=1000", "checkpoint.every_steps=10",
+                              "checkpoint.max_to_keep=1", "checkpoint.export=false"], source, stdout=subprocess.DEVNULL)
     try:
-        deadline = time.monotonic() + 120
-        while not list((source / "checkpoints").glob("ckpt-*.index")) and training.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.05)
+        wait_until(lambda: list((source / "checkpoints").glob("ckpt-*.index")), 120, "the source run's first checkpoint", [training])
         assert training.poll() is None, "the source run ended"
         outcomes = []
         for k in range(2):
@@ -230,3 +226,31 @@ def test_a_temporary_directory_is_removed_by_the_next_command_only_once_its_writ
     finally:
         writer.kill()
         writer.wait()
+
+
+# -- `tfdistx predict` as a real process (in-process, every case: test_unit_predict.py) --
+
+
+def test_the_default_input_is_the_runs_eval_split(run):
+    """A real process, as a user starts it: no --data-files."""
+    proc = subprocess.run([sys.executable, "-m", "tfdistx", "predict", str(run)], capture_output=True, text=True,
+                          env=tfdistx_env(), timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = run / "predictions"
+    assert proc.stderr.strip().splitlines()[-1] == \
+        f"tfdistx: predict: 100 rows of the eval split of the run's data (tfdistx.data.synthetic) predicted into {out}"
+    assert "tfdistx: predict: 100 rows\n" in proc.stderr and "Traceback" not in proc.stderr
+    manifest = json.loads((out / "predictions.json").read_text())
+    assert manifest["inputs"] == [{"source": "the eval split of the run's data (tfdistx.data.synthetic)", "rows": 100,
+                                   "predictions": "predictions-00000-of-00001.csv"}]
+    features, _ = sources.synthetic(image_shape=[6], train_examples=256, eval_examples=100).eval.arrays
+    header, found = csv_rows(out / "predictions-00000-of-00001.csv")
+    assert header == CLASSIFIED_COLUMNS
+    np.testing.assert_allclose(found, expected_columns(serving(run / "export")(features=tf.constant(features))), rtol=1e-6, atol=1e-6)
+
+
+def test_a_refusal_from_the_command_line(run, data, tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "tfdistx", "predict", str(run), "--data-files", str(data / "clicks-tfrecord" / "eval-*"),
+                           "--out", str(tmp_path / "p")], capture_output=True, text=True, env=tfdistx_env(), timeout=300)
+    refused_in_one_line(Run(proc, run), "eval-00000-of-00001.tfrecord", "no feature 'features'")
+    assert not (tmp_path / "p").exists()

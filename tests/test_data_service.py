@@ -6,7 +6,7 @@ trained at most once per epoch, whichever worker (of training or of the
 service) is slow; a straggler is made by stopping a real task's process on
 purpose, part of the time (SIGSTOP/SIGCONT). The trainers count what they
 train on (user_plugins.counting_model). Config checks, placement from
-TF_CONFIG and Slurm, and the TFJob run in-process (-m unit).
+TF_CONFIG and Slurm, and the TFJob: test_unit_data_service.py (in-process).
 """
 
 import json
@@ -18,15 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from config_helpers import PREFIX, refused
+from conftest import processes_of
 from test_data_split import seen_counts
 from test_kubernetes import exits, run_tfjob, simulator  # noqa: F401 (simulator: a fixture)
-from tfdistx.cluster import kubernetes, placement
-from tfdistx.cluster.placement import Source
-from tfdistx.commands.common import compose
-from tfdistx.commands.plan import describe
-from tfdistx.config import data_service, strategies
-from tfdistx.config.schema import tasks_per_job
 
 EXAMPLES, BATCH = 2048, 16  # 128 batches an epoch
 # Well inside the first epoch: no example may be trained twice. (A slow worker's batches come later than the
@@ -43,31 +37,6 @@ def probe_args(steps=STEPS, loop=4):
             "cluster.max_restarts=0"]
 
 
-def task_pids(run_dir: Path, task_type: str, index: int) -> list:
-    """The processes of a local cluster's task (its TF_CONFIG names it), found by the run dir on their command line."""
-    wanted = f'"task": {{"type": "{task_type}", "index": {index}}}'
-    pids = []
-    for proc in Path("/proc").iterdir():
-        try:
-            if proc.name.isdigit() and str(run_dir) in (proc / "cmdline").read_bytes().decode(errors="replace") \
-                    and wanted in (proc / "environ").read_bytes().decode(errors="replace"):
-                pids.append(int(proc.name))
-        except OSError:  # gone, or not ours
-            continue
-    return pids
-
-
-def leftovers(run_dir: Path) -> list:
-    found = []
-    for proc in Path("/proc").iterdir():
-        try:
-            if proc.name.isdigit() and str(run_dir) in (proc / "cmdline").read_bytes().decode(errors="replace"):
-                found.append(proc.name)
-        except OSError:
-            continue
-    return found
-
-
 class Straggler:
     """Slows a task on purpose: once training has started (the run's log
     names its run dir), its process is stopped `stopped` seconds of every
@@ -76,17 +45,19 @@ class Straggler:
     would take half a minute.)"""
 
     def __init__(self, run_dir: Path, task_type: str, index: int, stopped=0.12, period=0.15):
-        self.where, self.stopped, self.period = (run_dir, task_type, index), stopped, period
+        self.where, self.stopped, self.period = (run_dir, f"{task_type}:{index}"), stopped, period
         self.pauses, self.done = 0, threading.Event()
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()
 
     def _run(self):
         pids, log = [], self.where[0] / "tfdistx.log"
+        # Polled in this thread until the run ends (close()): wait_until's AssertionError would be lost here;
+        # run_with_stragglers asserts that it did straggle.
         while not pids and not self.done.wait(0.05):
             if log.is_file() and "run dir:" in log.read_text(errors="replace"):
-                pids = task_pids(*self.where)
-        while not self.done.is_set():
+                pids = processes_of(*self.where)
+        while not self.done.is_set():  # the sleeps below are the straggling itself, not waits for anything
             try:
                 for pid in pids:
                     os.kill(pid, signal.SIGSTOP)
@@ -116,7 +87,7 @@ def run_with_stragglers(tfdistx, run_dir, args, stragglers):
             s.close()
     assert run.returncode == 0, run
     assert all(s.pauses > 5 for s in slow), [s.pauses for s in slow]  # it did straggle
-    assert not leftovers(run_dir)  # the dispatcher and data workers died with the launcher
+    assert not processes_of(run_dir)  # the dispatcher and data workers died with the launcher
     return run
 
 
@@ -153,7 +124,7 @@ def test_parallel_epochs_samples_the_data_on_every_worker(tfdistx, tmp_path):
     run = tfdistx("data.service.workers=2", "data.service.mode=parallel_epochs", *probe_args(steps=32, loop=8), run_dir=tmp_path / "run")
     assert run.returncode == 0, run
     assert seen_counts(run.dir).sum() == 32 * BATCH
-    assert not leftovers(run.dir)
+    assert not processes_of(run.dir)
 
 
 @pytest.mark.slow
@@ -178,94 +149,6 @@ def test_deterministic_with_the_service_warns_once_that_resume_is_not_exact(tfdi
     assert run.returncode == 0, run
     warnings = [line for line in (run.stdout + run.stderr).splitlines() if "is not bitwise equal" in line]
     assert len(warnings) == 1, warnings
-
-
-# -- config, placement and the TFJob, in-process --
-
-
-@pytest.mark.unit
-@pytest.mark.parametrize("override, says", [
-    ("data.service.workers=-1", "data.service.workers=-1: tf.data service workers: a whole number from 0"),
-    ("data.service.workers=two", "data.service.workers='two': tf.data service workers"),
-    ("data.service.workers=65", "data.service.workers=65: tf.data service workers: a whole number from 0 (off"),
-    ("data.service.mode=epochs", "data.service.mode='epochs': allowed: parallel_epochs, distributed_epoch (null: distributed_epoch)"),
-    ("+data.service.port=5000", "data.service.port=5000: data.service has no such key; its keys: workers, mode"),
-])
-def test_bad_service_values_are_refused_in_one_line(tmp_path, override, says):
-    lines = refused(tmp_path, override)
-    assert len(lines) == 1 and lines[0].startswith(PREFIX + says), lines
-
-
-@pytest.mark.unit
-def test_the_service_is_off_by_default_and_distributed_epoch_when_on(tmp_path):
-    cfg = compose([f"hydra.run.dir={tmp_path}"], notes=False)
-    assert data_service.settings(cfg.data) is None and data_service.job_counts(cfg.data) == {}
-    cfg = compose(["strategy=parameter_server", "cluster=ps1w2", "data.service.workers=3", f"hydra.run.dir={tmp_path}"], notes=False)
-    assert data_service.settings(cfg.data) == {"workers": 3, "mode": "distributed_epoch"}
-    assert "data service  a tf.data service: 1 dispatcher, 3 worker(s), distributed_epoch" in describe(cfg)
-    # a user's own data target keeps the pipeline's keys, the service among them
-    cfg = compose(["data._target_=service_plugins.indexed_arrays", "data.service.workers=1", f"hydra.run.dir={tmp_path}"], notes=False)
-    assert data_service.workers(cfg.data) == 1
-
-
-def _placed(tmp_path, overrides, env):
-    cfg = compose([*overrides, f"hydra.run.dir={tmp_path}"], notes=False)
-    facts = strategies.get(cfg.strategy.name, cfg.cluster.workers, cfg.cluster.devices_per_worker)
-    return placement.detect(facts, cfg.cluster, env, service_jobs=data_service.job_counts(cfg.data))
-
-
-PS_SERVICE = {"chief": ["c:1"], "ps": ["p:1"], "worker": ["w:1", "w:2"], "dispatcher": ["d:1"], "dataworker": ["dw:1", "dw:2"]}
-
-
-@pytest.mark.unit
-def test_tf_config_service_tasks_are_placed_but_hidden_from_tensorflow(tmp_path):
-    ps = ["strategy=parameter_server", "cluster=ps1w2", "data.service.workers=2"]
-    chief = _placed(tmp_path, ps, {"TF_CONFIG": json.dumps({"cluster": PS_SERVICE, "task": {"type": "chief", "index": 0}})})
-    assert chief.is_chief and set(chief.spec) == {"chief", "ps", "worker"}
-    assert chief.service == {"dispatcher": ["d:1"], "dataworker": ["dw:1", "dw:2"]}
-    assert "dispatcher" not in chief.tf_config()  # what TensorFlow's resolvers read
-    worker = _placed(tmp_path, ps, {"TF_CONFIG": json.dumps({"cluster": PS_SERVICE, "task": {"type": "dataworker", "index": 1}})})
-    assert worker.task_type == "dataworker" and worker.task_index == 1 and not worker.is_chief
-    # a one-process strategy's trainer is the one worker; it stays a single process, fed by the service
-    one = {"worker": ["w:1"], "dispatcher": ["d:1"], "dataworker": ["dw:1"]}
-    trainer = _placed(tmp_path, ["data.service.workers=1"], {"TF_CONFIG": json.dumps({"cluster": one, "task": {"type": "worker", "index": 0}})})
-    assert trainer.source is Source.SINGLE and trainer.service["dispatcher"] == ["d:1"]
-    assert _placed(tmp_path, ["data.service.workers=1"], {}).source is Source.LOCAL  # launched beside its service
-    # a cluster spec without the service the config asks for is refused in one line
-    with pytest.raises(Exception) as caught:
-        _placed(tmp_path, ps, {"TF_CONFIG": json.dumps({"cluster": {k: v for k, v in PS_SERVICE.items() if k != "dataworker"},
-                                                        "task": {"type": "chief", "index": 0}})})
-    assert "2 dataworkers" in str(caught.value)
-
-
-@pytest.mark.unit
-def test_slurm_ranks_after_the_training_tasks_run_the_service(tmp_path):
-    ps = ["strategy=parameter_server", "cluster=ps1w2", "data.service.workers=2"]
-    step = {"SLURM_JOB_ID": "0", "SLURM_STEP_NUM_TASKS": "7", "SLURM_STEP_NODELIST": "n1", "SLURM_STEP_TASKS_PER_NODE": "7"}
-    roles = [_placed(tmp_path, ps, {**step, "SLURM_PROCID": str(rank)}) for rank in range(7)]
-    assert [r.task_name for r in roles] == ["chief:0", "ps:0", "worker:0", "worker:1", "dispatcher:0", "dataworker:0", "dataworker:1"]
-    assert roles[0].service == {"dispatcher": ["n1:29404"], "dataworker": ["n1:29405", "n1:29406"]}
-    assert tasks_per_job("parameter_server", 2, 1, False, 2) == 7 and tasks_per_job("one_device", 1, 0, False, 1) == 3
-
-
-@pytest.mark.unit
-def test_tfjob_gets_dispatcher_and_data_worker_replicas(tmp_path):
-    overrides = ["strategy=one_device", "data.service.workers=2"]
-    cfg = compose([*overrides, f"hydra.run.dir={tmp_path}"], notes=False)
-    job = kubernetes.tfjob(cfg, overrides, "svc", "img:1")
-    specs = job["spec"]["tfReplicaSpecs"]
-    assert {k: v["replicas"] for k, v in specs.items()} == {"Worker": 1, "Dispatcher": 1, "DataWorker": 2}
-    args = specs["Dispatcher"]["template"]["spec"]["containers"][0]["args"]
-    assert "cluster.launch=tf_config" in args and "data.service.workers=2" in args  # every pod composes the same config
-
-
-@pytest.mark.unit
-def test_deterministic_runs_are_told_resume_is_not_exact(tmp_path):
-    cfg = compose(["data.service.workers=2", "trainer.deterministic=true", f"hydra.run.dir={tmp_path}"], notes=False)
-    assert "is not bitwise equal" in data_service.resume_warning(cfg.data, True)
-    assert data_service.resume_warning(cfg.data, False) is None
-    cfg = compose(["data.service.workers=2", "data.service.mode=parallel_epochs", f"hydra.run.dir={tmp_path}"], notes=False)
-    assert "neither a run nor its resume is reproducible" in data_service.resume_warning(cfg.data, True)
 
 
 @pytest.mark.slow

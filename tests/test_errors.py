@@ -20,7 +20,7 @@ def assert_refused(run, key, *phrases):
 
 # End to end, as a user meets them: exit 2, one line, no traceback, no
 # summary. Each check of the config itself is tested in-process, once, in
-# test_config_checks.py and test_unit_config_*.py (-m unit); here are one of
+# test_unit_config_*.py (-m unit); here are one of
 # those (a bad group option, reworded from Hydra's answer), and the refusals
 # that come only once TensorFlow has started or Hydra runs the job.
 @pytest.mark.parametrize("args, key, phrases", [
@@ -37,12 +37,16 @@ def test_config_errors(tfdistx, args, key, phrases):
 
 def test_each_problem_is_one_line_on_stderr_and_nothing_else(tfdistx):
     """The end-to-end path of validation: every problem at once, one line
-    each, exit 2, before a run dir is made or TensorFlow says anything."""
-    run = tfdistx("trainer.steps=0", "optimizer.lr=-1")
+    each, exit 2, before a run dir is made or TensorFlow says anything
+    (the suite's one test of "every problem at once")."""
+    run = tfdistx("trainer.steps=0", "optimizer.lr=-1", "cluster.max_restarts=-1", "data.batch_size=0", "trainer.log_every=0")
     assert run.returncode == 2 and run.stdout == "", run
     assert run.stderr.splitlines() == [
+        "tfdistx: invalid config: cluster.max_restarts=-1: must be 0 or more",
+        "tfdistx: invalid config: data.batch_size=0: must be a positive integer (the global batch, split across replicas)",
         "tfdistx: invalid config: optimizer.lr=-1: must be a positive, finite number (a float32: at most 3.4e38)",
-        "tfdistx: invalid config: trainer.steps=0: must be at least 1 and at most 4611686018427387904 (or null)"], run
+        "tfdistx: invalid config: trainer.steps=0: must be at least 1 and at most 4611686018427387904 (or null)",
+        "tfdistx: invalid config: trainer.log_every=0: must be at least 1"], run
     assert not run.dir.exists()
 
 

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import (QUICK, free_ports, metric_lines, start_tfdistx, steps_logged, tfdistx_env, wait_until, whole_and_resumed,
-                      workers_tf_config)
+from conftest import (QUICK, free_ports, metric_lines, start_tfdistx, steps_logged, task_pid, tfdistx_env, wait_until,
+                      whole_and_resumed, workers_tf_config)
 
 LONG = ["trainer.steps=1000000", "trainer.steps_per_loop=20", "trainer.log_every=20", "trainer.eval_every=0",
         "checkpoint.every_steps=100000", "logger.tensorboard=false"]
@@ -32,22 +32,6 @@ def run_and_interrupt(args, run_dir: Path, after_lines: int, interrupt, timeout=
     finally:
         proc.kill()
     return proc.returncode, out
-
-
-def task_pid(run_dir: Path, index: int) -> int:
-    """The pid of worker `index` of the local cluster writing run_dir."""
-    # TF_CONFIG's task entry is {"type": "worker", "index": N}: matched on its end.
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            cmdline = (proc / "cmdline").read_bytes()
-            environ = (proc / "environ").read_bytes()
-        except OSError:
-            continue
-        if str(run_dir).encode() in cmdline and f'"index": {index}}}'.encode() in environ and b"tfdistx.cluster.launch" not in cmdline:
-            return int(proc.name)
-    raise AssertionError(f"no worker {index} found")
 
 
 def test_sigterm_checkpoints_exits_42_and_a_rerun_resumes(tmp_path):
@@ -79,7 +63,7 @@ def test_a_sigterm_after_the_cluster_forms_and_before_training_still_ends_the_ta
     assert run.returncode == -signal.SIGTERM and "trained on" not in run.stdout, run.stderr[-2000:]
 
 
-# One device resumes bitwise in test_tasks, test_compute and test_file_data too; a multiworker 2x1 run
+# One device resumes bitwise in test_tasks, test_unit_compute and test_file_data too; a multiworker 2x1 run
 # resumed after a kill ends bitwise equal to a whole one in the default run's random-kill test below.
 @pytest.mark.slow
 @pytest.mark.parametrize("strategy", [["strategy=one_device"], ["strategy=mirrored", "cluster=1x2"],
@@ -94,7 +78,7 @@ def test_preempted_worker_restarts_the_cluster_and_it_finishes(tmp_path):
     run_dir = tmp_path / "run"
     args = ["strategy=multiworker", "cluster=2x1", *LONG, "trainer.steps=600", "cluster.max_restarts=2"]
     # the scheduler preempts worker 1 only
-    code, out = run_and_interrupt(args, run_dir, 3, lambda proc: os.kill(task_pid(run_dir, 1), signal.SIGTERM))
+    code, out = run_and_interrupt(args, run_dir, 3, lambda proc: os.kill(task_pid(run_dir, "worker:1"), signal.SIGTERM))
     assert code == 0, out[-4000:]
     assert "[worker:0] preempted at step" in out and "[worker:1] preempted at step" in out
     assert "restart 1 of 2" in out
@@ -119,7 +103,7 @@ def test_parameter_server_job_survives_a_killed_worker(tmp_path):
     """The coordinator reschedules the lost worker's steps; the launcher restarts that worker alone."""
     run_dir = tmp_path / "run"
     args = ["strategy=parameter_server", "cluster=ps1w2", *LONG, "trainer.steps=1500", "trainer.log_every=100"]
-    code, out = run_and_interrupt(args, run_dir, 2, lambda proc: os.kill(task_pid(run_dir, 1), signal.SIGKILL))
+    code, out = run_and_interrupt(args, run_dir, 2, lambda proc: os.kill(task_pid(run_dir, "worker:1"), signal.SIGKILL))
     assert code == 0, out[-4000:]
     assert "task worker:1 exited with code 137; restarting it alone" in out
     summary = json.loads((run_dir / "summary.json").read_text())
@@ -133,7 +117,7 @@ def test_a_stopped_parameter_server_worker_is_treated_as_lost(tmp_path):
     run_dir = tmp_path / "run"
     args = ["strategy=parameter_server", "cluster=ps1w2", *LONG, "trainer.steps=1500", "trainer.log_every=100",
             "cluster.stopped_task_timeout=3"]
-    code, out = run_and_interrupt(args, run_dir, 2, lambda proc: os.kill(task_pid(run_dir, 1), signal.SIGSTOP))
+    code, out = run_and_interrupt(args, run_dir, 2, lambda proc: os.kill(task_pid(run_dir, "worker:1"), signal.SIGSTOP))
     assert code == 0, out[-4000:]
     assert "task worker:1 has been stopped for more than 3s (cluster.stopped_task_timeout): treating it as lost" in out
     assert "task worker:1 exited with code 137; restarting it alone" in out
@@ -147,7 +131,7 @@ def test_a_stopped_multiworker_peer_is_named_in_one_line_and_the_cluster_restart
     says so in one line and the launcher restarts the cluster, which finishes."""
     run_dir = tmp_path / "run"
     args = ["strategy=multiworker", "cluster=2x1", *LONG, "trainer.steps=3000", "trainer.log_every=100", "checkpoint.every_steps=500"]
-    code, out = run_and_interrupt(args, run_dir, 2, lambda proc: os.kill(task_pid(run_dir, 1), signal.SIGSTOP))
+    code, out = run_and_interrupt(args, run_dir, 2, lambda proc: os.kill(task_pid(run_dir, "worker:1"), signal.SIGSTOP))
     assert code == 0, out[-4000:]
     assert "[worker:0] tfdistx: lost contact with worker:1 of the cluster, stopping" in out
     assert "Traceback" not in out and "exited with code 5; stopping the cluster" in out
@@ -159,8 +143,7 @@ def test_lost_parameter_server_restarts_the_cluster_from_the_checkpoint(tmp_path
     args = ["strategy=parameter_server", "cluster=ps1w2", *LONG, "trainer.steps=1200", "trainer.log_every=100",
             "checkpoint.every_steps=200"]
     def kill_the_ps(proc):
-        ps = next(int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit() and _environ_has(p, str(run_dir), '"type": "ps"'))
-        os.kill(ps, signal.SIGKILL)
+        os.kill(task_pid(run_dir, "ps"), signal.SIGKILL)
 
     code, out = run_and_interrupt(args, run_dir, 3, kill_the_ps)
     assert code == 0, out[-4000:]
@@ -169,13 +152,6 @@ def test_lost_parameter_server_restarts_the_cluster_from_the_checkpoint(tmp_path
     # resumed exactly at a checkpoint's step (the loop's own count, saved with it)
     assert summary["step"] == 1200 and summary["resumed_from_step"] % 200 == 0 and summary["resumed_from_step"] >= 200
     assert steps_logged(run_dir) == list(range(100, 1201, 100))
-
-
-def _environ_has(proc: Path, run_dir: str, text: str) -> bool:
-    try:
-        return run_dir.encode() in (proc / "cmdline").read_bytes() and text.encode() in (proc / "environ").read_bytes()
-    except OSError:
-        return False
 
 
 def test_launcher_gives_up_after_max_restarts(tfdistx):
@@ -209,8 +185,8 @@ def _random_kill_run(tmp_path, seed: int):
             "logger.tensorboard=false", "cluster.max_restarts=2"]
     run_dir = tmp_path / f"killed{seed}"
     def kill_a_random_worker_at_a_random_moment(proc):
-        time.sleep(rng.uniform(0.0, 2.0))
-        os.kill(task_pid(run_dir, rng.choice([0, 1])), signal.SIGKILL)
+        time.sleep(rng.uniform(0.0, 2.0))  # not a wait for anything: the random moment is what is tested
+        os.kill(task_pid(run_dir, f"worker:{rng.choice([0, 1])}"), signal.SIGKILL)
 
     code, out = run_and_interrupt(args, run_dir, 1, kill_a_random_worker_at_a_random_moment)
     return args, run_dir, code, out

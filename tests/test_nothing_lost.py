@@ -7,8 +7,7 @@ import logging
 import subprocess
 import sys
 
-from conftest import QUICK, refused_in_one_line, tfdistx_env
-from test_run_dir import files
+from conftest import QUICK, files, refused_in_one_line, tfdistx_env
 from tfdistx.commands import export as export_command
 
 

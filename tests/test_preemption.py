@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import free_ports, metric_lines, start_tfdistx, steps_logged, tfdistx_env, wait_until
+from conftest import free_ports, metric_lines, start_tfdistx, steps_logged, task_pid, tfdistx_env, wait_until
 
 # Long enough never to finish; a line every 10 steps, so the signal lands mid-run.
 ENDLESS = ["trainer.steps=1000000", "trainer.steps_per_loop=10", "trainer.log_every=10", "trainer.eval_every=0",
@@ -196,7 +196,7 @@ def test_a_frozen_dispatcher_is_noticed_by_the_trainers_themselves(tmp_path):
     proc = start_tfdistx(args, run_dir)
     try:
         wait_until(lambda: metric_lines(run_dir) >= 1, 300, "a first metrics line", [proc])
-        dispatcher = _task_pid(run_dir, "dispatcher")
+        dispatcher = task_pid(run_dir, "dispatcher")
         os.kill(dispatcher, signal.SIGSTOP)
         stopped = time.monotonic()
         out, _ = proc.communicate(timeout=120)
@@ -221,14 +221,3 @@ def test_a_sidecar_evaluator_with_no_training_stops_in_one_line(tfdistx):
     assert (f"tfdistx: the sidecar evaluator stops: no training to evaluate (chief:0 at {cluster['chief'][0]} did not answer "
             "within 3s (cluster.startup_timeout)); 0 checkpoint(s) evaluated (exit 4)") in run.stderr
     assert "Traceback" not in run.stderr
-
-
-def _task_pid(run_dir: Path, task_type: str) -> int:
-    for proc in Path("/proc").iterdir():
-        try:
-            if (proc.name.isdigit() and str(run_dir).encode() in (proc / "cmdline").read_bytes()
-                    and f'"type": "{task_type}"'.encode() in (proc / "environ").read_bytes()):
-                return int(proc.name)
-        except OSError:
-            continue
-    raise AssertionError(f"no {task_type} task")

@@ -1,4 +1,5 @@
-"""Recipes: `recipe=NAME` runs, `tfdistx recipes` list/show/copy, a user's own recipe dir."""
+"""Recipes: `recipe=NAME` runs, `tfdistx recipes` list/show/copy, a user's own recipe dir.
+(What each shipped recipe composes to, in-process: test_unit_config_recipes.py.)"""
 
 import subprocess
 import sys
@@ -7,28 +8,8 @@ import pytest
 import yaml
 
 from conftest import QUICK, tfdistx_env
+from test_unit_config_recipes import SHIPPED
 from tfdistx.config import recipes
-from tfdistx.config import schema, topology
-from tfdistx.config.compose import compose_and_validate
-
-schema.register()
-
-SHIPPED = sorted(p.stem for p in recipes.shipped_dir().glob("*.yaml"))
-
-# What each shipped recipe promises in its description line.
-EXPECTED = {
-    "mnist_mlp": dict(strategy="one_device", cluster="local", model="tfdistx.models.mlp", data="mnist", batch=128, optimizer="adam"),
-    "mnist_mirrored": dict(strategy="mirrored", cluster="1x4", model="tfdistx.models.mlp", data="mnist", batch=4 * 128, optimizer="adam"),
-    "mnist_multiworker": dict(strategy="multiworker", cluster="2x1", model="tfdistx.models.mlp", data="mnist", batch=2 * 64, optimizer="adam"),
-    "cifar10_resnet": dict(strategy="mirrored", cluster="1x2", model="tfdistx.models.resnet", data="cifar10", batch=2 * 128, optimizer="sgd"),
-}
-
-
-def compose(*overrides):
-    """Compose as the entrypoint does, hooks included."""
-    topology.register(overrides)
-    recipes.register(overrides)
-    return compose_and_validate(list(overrides))
 
 
 def tfdistx_cli(*args, env=None, cwd=None, timeout=300):
@@ -42,43 +23,7 @@ def assert_one_clean_line(proc):
     assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
 
 
-# --- the shipped recipes -------------------------------------------------------
-
-
-@pytest.mark.unit
-def test_the_seeds_examples_are_shipped():
-    assert set(EXPECTED) <= set(SHIPPED)
-
-
-@pytest.mark.unit
-@pytest.mark.parametrize("name", SHIPPED)
-def test_every_recipe_composes_validates_and_describes_itself(name):
-    cfg = compose(f"recipe={name}")
-    path = recipes.find(name)
-    assert path.read_text().splitlines()[0] == "# @package _global_"
-    assert not recipes.describe(path).startswith("(no description")
-    if name in EXPECTED:
-        want = EXPECTED[name]
-        assert (cfg.strategy.name, cfg.cluster.name, cfg.model._target_, cfg.optimizer.name) == (
-            want["strategy"], want["cluster"], want["model"], want["optimizer"])
-        assert (cfg.data.name, cfg.data.batch_size) == (want["data"], want["batch"])
-
-
-@pytest.mark.unit
-def test_recipes_scale_the_batch_and_lr_with_replicas():
-    mirrored = compose("recipe=mnist_mirrored")
-    assert mirrored.data.batch_size == 128 * mirrored.cluster.devices_per_worker
-    assert mirrored.optimizer.scale_lr_with_replicas is True
-    resnet = compose("recipe=cifar10_resnet")
-    assert (resnet.optimizer.schedule, resnet.optimizer.momentum, resnet.model.depth) == ("warmup_cosine", 0.9, 20)
-
-
-@pytest.mark.unit
-def test_the_command_line_beats_the_recipe():
-    cfg = compose("recipe=mnist_mirrored", "cluster=1x2", "data.batch_size=256", "optimizer=sgd")
-    assert (cfg.strategy.name, cfg.cluster.devices_per_worker, cfg.data.batch_size, cfg.optimizer.name) == ("mirrored", 2, 256, "sgd")
-    # the recipe's own keys still apply to the group swapped in on the command line
-    assert cfg.optimizer.scale_lr_with_replicas is True
+# --- the shipped recipes, trained ------------------------------------------------
 
 
 def test_mnist_mlp_recipe_trains_on_synthetic_data(tfdistx):

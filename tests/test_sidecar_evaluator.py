@@ -5,8 +5,9 @@ Real processes and real checkpoints. The default run holds one real run (a
 multiworker 2x1 cluster with its evaluator: every checkpoint is evaluated,
 with the numbers `tfdistx evaluate` gives, and the evaluator is gone at the
 end); where it is placed under TF_CONFIG, Slurm and a TFJob is checked
-in-process (-m unit); an evaluator killed mid-run, one over a finished run
-placed by TF_CONFIG, and a TFJob's pods with their Evaluator are slow.
+in-process (-m unit) in test_unit_sidecar_evaluator.py; an evaluator killed
+mid-run, one over a finished run placed by TF_CONFIG, and a TFJob's pods
+with their Evaluator are slow.
 """
 
 import json
@@ -20,11 +21,9 @@ from pathlib import Path
 
 import pytest
 
-from config_helpers import compose_ok, refused
-from conftest import tfdistx_env
-from tfdistx.cluster import placement
+from config_helpers import compose_ok
+from conftest import processes_of, start_tfdistx, task_pid, tfdistx_env, wait_until
 from tfdistx.cluster.kubernetes import tfjob
-from tfdistx.config import schema, strategies
 
 QUICK = ["trainer.steps=40", "trainer.steps_per_loop=10", "trainer.log_every=20", "trainer.eval_every=0",
          "data.batch_size=32", "data.train_examples=512", "data.eval_examples=128"]
@@ -40,30 +39,6 @@ def sidecar_lines(run_dir: Path) -> list:
 
 def checkpoint_steps(run_dir: Path) -> list:
     return sorted(int(p.name[len("ckpt-"):-len(".index")]) for p in (run_dir / "checkpoints").glob("ckpt-*.index"))
-
-
-def processes_naming(text: str) -> list:
-    """Pids of live processes whose command line holds `text` (the run dir: every task of its cluster)."""
-    pids = []
-    for proc in Path("/proc").iterdir():
-        try:
-            if proc.name.isdigit() and text in (proc / "cmdline").read_bytes().decode(errors="replace"):
-                pids.append(int(proc.name))
-        except OSError:
-            continue
-    return pids
-
-
-def evaluator_pid(run_dir: Path):
-    """The local cluster's evaluator task: its TF_CONFIG names the task type "evaluator"."""
-    for pid in processes_naming(str(run_dir)):
-        try:
-            environ = Path(f"/proc/{pid}/environ").read_bytes()
-        except OSError:
-            continue
-        if b'"type": "evaluator"' in environ and b"_task" in Path(f"/proc/{pid}/cmdline").read_bytes():
-            return pid
-    return None
 
 
 def scalars(event_dir: Path) -> dict:
@@ -95,7 +70,7 @@ def test_the_sidecar_evaluator_evaluates_each_checkpoint_as_tfdistx_evaluate_doe
     lines = sidecar_lines(run.dir)
     assert [line["step"] for line in lines] == checkpoint_steps(run.dir) == [10, 20, 30, 40], lines
     assert all(line["checkpoint"] == f"ckpt-{line['step']}" for line in lines)
-    assert processes_naming(str(run.dir)) == []  # the evaluator stopped by itself, and the launcher left nothing behind
+    assert processes_of(run.dir) == []  # the evaluator stopped by itself, and the launcher left nothing behind
     assert "training goes on without it" not in run.stderr and "did not finish" not in run.stderr, run
     assert "training is done; 4 checkpoint(s) evaluated" in (run.dir / "logs" / "evaluator-0.log").read_text()
 
@@ -109,74 +84,6 @@ def test_the_sidecar_evaluator_evaluates_each_checkpoint_as_tfdistx_evaluate_doe
     record = json.loads(evaluated.stdout)
     sidecar = next(line for line in lines if line["step"] == 20)
     assert {k: v for k, v in record.items()} == {k: v for k, v in sidecar.items() if k not in ("sidecar", "evaluated_at")}
-
-
-# -- where it is placed: in-process, no TensorFlow --
-
-@pytest.mark.unit
-def test_a_one_process_strategy_refuses_a_sidecar_evaluator_in_one_line(tmp_path):
-    for overrides in (["cluster.evaluator=true"], ["strategy=mirrored", "cluster=1x2", "cluster.evaluator=true"]):
-        lines = refused(tmp_path / "run", *overrides)
-        assert len(lines) == 1 and "cluster.evaluator=True" in lines[0] and "one process" in lines[0], lines
-        assert "strategy=multiworker or strategy=parameter_server" in lines[0]
-    for overrides in (["strategy=multiworker", "cluster=2x1"], ["strategy=parameter_server", "cluster=ps1w2"]):
-        assert compose_ok(tmp_path / "run", *overrides, "cluster.evaluator=true").cluster.evaluator is True
-
-
-def _placed(cfg, env):
-    facts = strategies.get(cfg.strategy.name, cfg.cluster.workers, cfg.cluster.devices_per_worker)
-    return placement.detect(facts, cfg.cluster, env)
-
-
-@pytest.mark.unit
-def test_under_tf_config_the_evaluator_is_outside_the_cluster_spec_every_task_sees(tmp_path):
-    """As Kubeflow's operator writes it, every pod's TF_CONFIG lists the
-    evaluator too: no training task keeps it in its spec (nobody waits for
-    it), and the evaluator's own task is placed outside the cluster, writing
-    none of the chief's files."""
-    cfg = compose_ok(tmp_path / "run", "strategy=parameter_server", "cluster=ps1w2", "cluster.evaluator=true")
-    cluster = {"chief": ["j-chief-0:2222"], "ps": ["j-ps-0:2222"], "worker": ["j-worker-0:2222", "j-worker-1:2222"],
-               "evaluator": ["j-evaluator-0:2222"]}
-    for task_type, index in (("chief", 0), ("worker", 1), ("evaluator", 0)):
-        env = {"TF_CONFIG": json.dumps({"cluster": cluster, "task": {"type": task_type, "index": index}, "environment": "cloud"})}
-        placed = _placed(cfg, env)
-        assert "evaluator" not in placed.spec and "evaluator" not in json.loads(placed.tf_config())["cluster"]
-        assert (placed.task_type, placed.is_chief) == (task_type, task_type == "chief")
-    # TensorFlow's own form (the evaluator not in the cluster at all) places it the same way
-    env = {"TF_CONFIG": json.dumps({"cluster": {k: v for k, v in cluster.items() if k != "evaluator"}, "task": {"type": "evaluator"}})}
-    assert _placed(cfg, env).task_name == "evaluator:0"
-    with pytest.raises(Exception, match="at most one evaluator"):
-        _placed(cfg, {"TF_CONFIG": json.dumps({"cluster": cluster, "task": {"type": "evaluator", "index": 1}})})
-
-
-@pytest.mark.unit
-def test_under_slurm_the_evaluator_is_the_steps_last_task(tmp_path):
-    cfg = compose_ok(tmp_path / "run", "strategy=multiworker", "cluster=2x1", "cluster.evaluator=true")
-    step = {"SLURM_JOB_ID": "0", "SLURM_STEP_NUM_TASKS": "3", "SLURM_STEP_NODELIST": "n1", "SLURM_STEP_TASKS_PER_NODE": "3"}
-    worker = _placed(cfg, {**step, "SLURM_PROCID": "1"})
-    assert worker.spec == {"worker": ["n1:29400", "n1:29401"]} and worker.task_name == "worker:1"
-    evaluator = _placed(cfg, {**step, "SLURM_PROCID": "2"})
-    assert evaluator.task_name == "evaluator:0" and evaluator.spec == worker.spec and not evaluator.is_chief
-    with pytest.raises(Exception, match="srun -n 3"):  # a step without its task
-        _placed(cfg, {**step, "SLURM_PROCID": "0", "SLURM_STEP_NUM_TASKS": "2", "SLURM_STEP_TASKS_PER_NODE": "2"})
-    # the Slurm sweep launcher's tasks_per_node counts it (conf/hydra/launcher/tfdistx_slurm.yaml)
-    assert schema.tasks_per_job("parameter_server", 2, 1, True) == 5 and schema.tasks_per_job("parameter_server", 2, 1) == 4
-
-
-@pytest.mark.unit
-def test_the_tfjob_has_an_evaluator_replica_only_when_asked(tmp_path):
-    overrides = ["strategy=parameter_server", "cluster=ps1w2", "cluster.evaluator=true"]
-    manifest = tfjob(compose_ok(tmp_path / "run", *overrides), overrides, "job", "tfdistx:test", volume="pvc:runs", gpus=True)
-    replicas = manifest["spec"]["tfReplicaSpecs"]
-    assert list(replicas) == ["Chief", "PS", "Worker", "Evaluator"]
-    evaluator = replicas["Evaluator"]
-    assert evaluator["replicas"] == 1 and evaluator["restartPolicy"] == "ExitCode"
-    container = evaluator["template"]["spec"]["containers"][0]
-    assert "cluster.evaluator=true" in container["args"] and "cluster.launch=tf_config" in container["args"]
-    assert "hydra.run.dir=/mnt/tfdistx/job" in container["args"]  # the run dir the chief writes its checkpoints to
-    assert "resources" not in container  # --gpus: the training workers' GPUs; the evaluator asks for none
-    plain = tfjob(compose_ok(tmp_path / "run", *overrides[:2]), overrides[:2], "job", "tfdistx:test")
-    assert "Evaluator" not in plain["spec"]["tfReplicaSpecs"]
 
 
 @pytest.mark.system
@@ -203,20 +110,15 @@ def test_a_killed_evaluator_neither_stops_nor_fails_the_run(tmp_path):
     no scratch directory behind: it only reads, so it never made one."""
     run_dir, scratch = tmp_path / "run", tmp_path / "tmp"
     scratch.mkdir()
-    command = [sys.executable, "-m", "tfdistx", "strategy=parameter_server", "cluster=ps1w2", "cluster.evaluator=true",
-               "trainer.steps=3000", "trainer.steps_per_loop=10", "trainer.log_every=100", "trainer.eval_every=0",
-               "data.batch_size=32", "data.train_examples=512", "data.eval_examples=128", "checkpoint.every_steps=100",
-               f"hydra.run.dir={run_dir}"]
-    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=tfdistx_env(TMPDIR=str(scratch)),
-                            cwd=tmp_path)
+    args = ["strategy=parameter_server", "cluster=ps1w2", "cluster.evaluator=true",
+            "trainer.steps=3000", "trainer.steps_per_loop=10", "trainer.log_every=100", "trainer.eval_every=0",
+            "data.batch_size=32", "data.train_examples=512", "data.eval_examples=128", "checkpoint.every_steps=100"]
+    proc = start_tfdistx(args, run_dir, env={"TMPDIR": str(scratch)}, cwd=tmp_path, stderr=subprocess.PIPE)
     try:
         log = run_dir / "logs" / "evaluator-0.log"
-        deadline = time.monotonic() + 180
-        while not (log.is_file() and "sidecar evaluator: evaluating" in log.read_text()):
-            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
-            time.sleep(0.2)
-        pid = evaluator_pid(run_dir)
-        assert pid is not None
+        wait_until(lambda: log.is_file() and "sidecar evaluator: evaluating" in log.read_text(), 180, "the evaluator's first evaluation",
+                   [proc])
+        pid = task_pid(run_dir, "evaluator")
         assert not (run_dir / "summary.json").exists()  # killed while the run trains
         os.kill(pid, signal.SIGKILL)
         stdout, stderr = proc.communicate(timeout=300)
@@ -230,7 +132,7 @@ def test_a_killed_evaluator_neither_stops_nor_fails_the_run(tmp_path):
     assert said == ["tfdistx: the sidecar evaluator (evaluator:0) exited with code 137; training goes on without it "
                     "(its log: logs/evaluator-0.log)"], stderr[-3000:]
     assert "restart" not in stderr
-    assert processes_naming(str(run_dir)) == []
+    assert processes_of(run_dir) == []
     assert not list(scratch.glob("tfdistx-*evaluator*")), sorted(scratch.iterdir())
 
 

@@ -129,7 +129,7 @@ def test_user_task_objective_is_checked_once_the_task_is_built(tfdistx):
 # One task in the default suite: exact resume is the loop's, whatever the loss
 # (test_fault_tolerance checks it under every strategy); the others are slow.
 # Slow: a resumed run ends bitwise equal by default in test_unit_engine (mirrored),
-# test_compute (XLA, loss scaling), test_file_data and test_fault_tolerance (multiworker).
+# test_unit_compute (XLA, loss scaling), test_file_data and test_fault_tolerance (multiworker).
 @pytest.mark.slow
 @pytest.mark.parametrize("task", ["binary", "regression", "multilabel"])
 def test_stopped_and_resumed_run_ends_bitwise_equal(tfdistx, tmp_path, task):

@@ -10,8 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import QUICK, tfdistx_env
-from engine_helpers import train
+from conftest import QUICK, start_tfdistx, tfdistx_env, wait_until
 
 
 def test_default_run_learns_and_writes_its_run_dir(tfdistx):
@@ -66,31 +65,26 @@ def test_user_model_and_data_targets(tfdistx):
         in run.stderr
 
 
-@pytest.mark.unit  # fit.train's resume, in this process (engine_helpers); the killed run below resumes through the command
-def test_rerun_resumes_from_the_saved_step(tmp_path):
-    train(tmp_path / "run", "checkpoint.every_steps=20")
-    second = train(tmp_path / "run", "trainer.steps=80", "checkpoint.every_steps=20")
-    assert (second.summary["resumed"], second.summary["resumed_from_step"], second.summary["step"]) == (True, 40, 80)
-    assert [m["step"] for m in second.metrics] == [20, 40, 60, 80]
-
-
 def test_killed_run_resumes_without_repeating_steps(tmp_path):
-    """SIGKILL mid-run, rerun the same command: it continues from the last checkpoint."""
+    """SIGKILL mid-run, rerun the same command: it continues from the last
+    checkpoint (fit.train's resume, in this process: test_unit_run_dir.py)."""
     run_dir = tmp_path / "run"
-    cmd = [sys.executable, "-m", "tfdistx", "trainer.steps=4000", "trainer.steps_per_loop=20", "trainer.log_every=20",
-           "trainer.eval_every=0", "checkpoint.every_steps=100", "logger.tensorboard=false", f"hydra.run.dir={run_dir}"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=tfdistx_env())
-    deadline = time.time() + 300
-    # A checkpoint counts once CheckpointManager has recorded it in the
-    # `checkpoint` state file (the last thing a save writes).
-    while not (run_dir / "checkpoints" / "checkpoint").exists() and time.time() < deadline and proc.poll() is None:
-        time.sleep(0.05)
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.wait()
+    args = ["trainer.steps=4000", "trainer.steps_per_loop=20", "trainer.log_every=20", "trainer.eval_every=0", "checkpoint.every_steps=100",
+            "logger.tensorboard=false"]
+    proc = start_tfdistx(args, run_dir, stdout=subprocess.DEVNULL)
+    try:
+        # A checkpoint counts once CheckpointManager has recorded it in the
+        # `checkpoint` state file (the last thing a save writes).
+        wait_until(lambda: (run_dir / "checkpoints" / "checkpoint").exists(), 300, "a first checkpoint", [proc])
+        os.kill(proc.pid, signal.SIGKILL)
+    finally:
+        proc.kill()
+        proc.wait()
     killed_lines = (run_dir / "metrics.jsonl").read_text().splitlines()
     assert 0 < len(killed_lines) < 200, "the run ended before it could be killed"
 
-    rerun = subprocess.run(cmd, capture_output=True, text=True, env=tfdistx_env(), timeout=600)
+    rerun = subprocess.run([sys.executable, "-m", "tfdistx", *args, f"hydra.run.dir={run_dir}"], capture_output=True, text=True,
+                           env=tfdistx_env(), timeout=600)
     assert rerun.returncode == 0, rerun.stderr[-3000:]
     import json
 
@@ -137,9 +131,8 @@ def test_a_finished_run_exits_promptly_after_its_last_line(tmp_path):
     Asserted loosely (a shared machine); the closing note has the figures."""
     scratch = tmp_path / "tmp"
     scratch.mkdir()
-    proc = subprocess.Popen([sys.executable, "-m", "tfdistx", "trainer.steps=300", "trainer.log_every=100", "trainer.eval_every=0",
-                             "logger.tensorboard=false", "strategy=mirrored", "cluster=1x4", f"hydra.run.dir={tmp_path / 'run'}"],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=tfdistx_env(TMPDIR=str(scratch)))
+    proc = start_tfdistx(["trainer.steps=300", "trainer.log_every=100", "trainer.eval_every=0", "logger.tensorboard=false", "strategy=mirrored",
+                          "cluster=1x4"], tmp_path / "run", env={"TMPDIR": str(scratch)})
     last, lines = None, []
     for line in proc.stdout:
         last = time.monotonic()

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from config_helpers import PREFIX
+from config_helpers import PREFIX, refused
 from tfdistx.cluster import placement
 from tfdistx.cluster.placement import Source
 from tfdistx.config import strategies, topology
@@ -128,9 +128,30 @@ def test_a_placed_task_hands_tensorflow_its_tf_config(configs):
 @pytest.mark.unit
 @pytest.mark.parametrize("hostlist, hosts", [
     ("gpu[8-10]", ["gpu8", "gpu9", "gpu10"]),
+    ("node[01-03,7],gpu5", ["node01", "node02", "node03", "node7", "gpu5"]),  # moved from test_cluster.py
 ])
 def test_slurm_host_lists_keep_their_zero_padding(hostlist, hosts):
     assert placement.expand_hostlist(hostlist) == hosts
+
+
+@pytest.mark.unit
+def test_slurm_tasks_per_node_expand():
+    assert placement.expand_tasks_per_node("2(x3),1") == [2, 2, 2, 1]
+
+
+@pytest.mark.unit
+def test_parameter_server_cluster_from_a_slurm_step():
+    env = {"SLURM_PROCID": "2", "SLURM_STEP_NUM_TASKS": "5", "SLURM_STEP_NODELIST": "n[1-2]", "SLURM_STEP_TASKS_PER_NODE": "3,2"}
+    where = placement.from_slurm(env, {"chief": 1, "ps": 2, "worker": 2}, 29400)
+    assert where.spec == {"chief": ["n1:29400"], "ps": ["n1:29401", "n1:29402"], "worker": ["n2:29400", "n2:29401"]}
+    assert (where.task_type, where.task_index, where.is_chief) == ("ps", 1, False)
+
+
+@pytest.mark.unit
+def test_slurm_step_of_the_wrong_size_is_refused():
+    env = {"SLURM_PROCID": "0", "SLURM_STEP_NUM_TASKS": "3", "SLURM_STEP_NODELIST": "n1", "SLURM_STEP_TASKS_PER_NODE": "3"}
+    with pytest.raises(ConfigError, match="srun -n 2"):
+        placement.from_slurm(env, {"worker": 2}, 29400)
 
 
 @pytest.mark.unit
@@ -172,11 +193,26 @@ def test_job_counts_read_as_words():
 
 @pytest.mark.unit
 @pytest.mark.parametrize("name, node", [
-    ("ps0w2", {"workers": 2, "devices_per_worker": 1, "ps": 0}),  # parsed; validation refuses it (test_config_checks)
+    ("1x4", {"workers": 1, "devices_per_worker": 4, "ps": 0}),
+    ("4x8", {"workers": 4, "devices_per_worker": 8, "ps": 0}),
+    ("ps2w4", {"workers": 4, "devices_per_worker": 1, "ps": 2}),
+    ("ps0w2", {"workers": 2, "devices_per_worker": 1, "ps": 0}),  # parsed; validation refuses it (test_unit_config_checks)
 ])
 def test_topology_names_parse_to_their_cluster(name, node):
     parsed = topology.parse(name)
     assert {k: parsed[k] for k in node} == node and parsed["base_port"] == 29400
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("name", ["4x", "x8", "ps2", "w4", "2*4", "local2"])
+def test_malformed_topology_names_are_refused(tmp_path, name):
+    assert topology.parse(name) is None
+    assert any("WxD" in line for line in refused(tmp_path / "run", f"cluster={name}"))
+
+
+@pytest.mark.unit
+def test_cluster_sweep_registers_every_name():
+    assert topology.requested_names(["cluster=1x2,2x1", "model=mlp"]) == ["1x2", "2x1"]
 
 
 @pytest.mark.unit

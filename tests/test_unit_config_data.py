@@ -13,7 +13,7 @@ REMOTE = "data.train_files=gs://bucket/train-*"  # a file source checked without
 LABEL = {"dtype": "int64", "shape": []}
 
 
-# (a pattern that matches nothing: test_config_checks.py)
+# (a pattern that matches nothing: test_unit_config_checks.py)
 
 
 # -- files ----------------------------------------------------------------------

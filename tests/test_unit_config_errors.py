@@ -2,7 +2,7 @@
 each, and the exact line the command line prints for it; or one good value
 that must be accepted. Checked with `validate` on a copy of a composed
 config (what `compose` runs after Hydra composes), so each case takes
-milliseconds. The checks tested before live in test_config_checks.py."""
+milliseconds. The checks tested before live in test_unit_config_checks.py."""
 
 import math
 

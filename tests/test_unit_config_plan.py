@@ -140,6 +140,49 @@ def test_plan_does_not_warn_a_single_asynchronous_worker(configs):
     assert not any(line.startswith("WARNING") for line in plan(configs, "strategy=parameter_server", "cluster=ps1w1", "trainer.steps=10"))
 
 
+# -- moved from tests/test_unit_config_checks.py (the two suites of --plan merged) --
+
+
+def plan_text(configs, *overrides) -> str:
+    return "\n".join(plan(configs, *overrides))
+
+
+@pytest.mark.unit
+def test_plan_shows_the_cluster_without_running_it(configs):
+    text = plan_text(configs, "strategy=multiworker", "cluster=4x8", "data.batch_size=256", "optimizer.scale_lr_with_replicas=true")
+    for line in ["worker:3", "replicas      4", "per replica 64", "lr 0.001 x replicas = 0.004", "every 500 steps"]:
+        assert line in text, text
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("steps, warned", [(1000, True), (4000, False)])
+def test_plan_warns_of_too_few_steps_for_asynchronous_workers(configs, steps, warned):
+    text = plan_text(configs, "strategy=parameter_server", "cluster=ps2w4", f"trainer.steps={steps}")
+    assert ("WARNING       4 asynchronous workers apply stale gradients" in text) == warned, text
+    if warned:
+        assert "trainer.steps=4000" in text
+
+
+@pytest.mark.unit
+def test_plan_says_what_auto_xla_chooses(configs):
+    assert ("compute       mixed_bfloat16; XLA auto: on with GPUs; on CPUs on for a model of Dense layers only"
+            in plan_text(configs, "trainer.precision=mixed_bfloat16"))
+    assert "XLA off (auto): strategy=parameter_server" in plan_text(configs, "strategy=parameter_server", "cluster=ps1w2")
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("overrides, says", [
+    ([], "placement     this process"),
+    (["strategy=multiworker", "cluster=2x1"], "local cluster launched by tfdistx"),
+    (["strategy=parameter_server", "cluster=ps2w4"], "task        ps:1"),
+    (["strategy=mirrored", "cluster=1x4"], "replicas      4"),
+    (["checkpoint.every_steps=0"], "checkpoints   every end only steps"),
+    (["trainer.eval_every=0"], "eval every end only"),
+])
+def test_plan_lines(configs, overrides, says):
+    assert says in plan_text(configs, *overrides)
+
+
 # -- decisions --plan reports, made without TensorFlow ----------------------------
 
 

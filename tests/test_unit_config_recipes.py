@@ -1,7 +1,8 @@
 """Recipes (config/recipes.py) and `tfdistx export tfjob`'s checks
-(cluster/kubernetes.py), in-process (-m unit): a user's recipe directory
-in tmp_path, named by TFDISTX_RECIPES for the one test; the TFJob built
-from the composed config, without printing or applying it."""
+(cluster/kubernetes.py), in-process (-m unit): what each shipped recipe
+composes to; a user's recipe directory in tmp_path, named by
+TFDISTX_RECIPES for the one test; the TFJob built from the composed
+config, without printing or applying it."""
 
 import pytest
 
@@ -29,6 +30,55 @@ def recipe_dir(where, **files):
     for name, text in files.items():
         (where / f"{name}.yaml").write_text(text)
     return where
+
+
+# -- the shipped recipes (moved from tests/test_recipes.py) ---------------------
+
+SHIPPED = sorted(p.stem for p in recipes.shipped_dir().glob("*.yaml"))
+
+# What each shipped recipe promises in its description line.
+EXPECTED = {
+    "mnist_mlp": dict(strategy="one_device", cluster="local", model="tfdistx.models.mlp", data="mnist", batch=128, optimizer="adam"),
+    "mnist_mirrored": dict(strategy="mirrored", cluster="1x4", model="tfdistx.models.mlp", data="mnist", batch=4 * 128, optimizer="adam"),
+    "mnist_multiworker": dict(strategy="multiworker", cluster="2x1", model="tfdistx.models.mlp", data="mnist", batch=2 * 64, optimizer="adam"),
+    "cifar10_resnet": dict(strategy="mirrored", cluster="1x2", model="tfdistx.models.resnet", data="cifar10", batch=2 * 128, optimizer="sgd"),
+}
+
+
+@pytest.mark.unit
+def test_the_seeds_examples_are_shipped():
+    assert set(EXPECTED) <= set(SHIPPED)
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("name", SHIPPED)
+def test_every_recipe_composes_validates_and_describes_itself(configs, name):
+    cfg = configs(f"recipe={name}")
+    path = recipes.find(name)
+    assert path.read_text().splitlines()[0] == "# @package _global_"
+    assert not recipes.describe(path).startswith("(no description")
+    if name in EXPECTED:
+        want = EXPECTED[name]
+        assert (cfg.strategy.name, cfg.cluster.name, cfg.model._target_, cfg.optimizer.name) == (
+            want["strategy"], want["cluster"], want["model"], want["optimizer"])
+        assert (cfg.data.name, cfg.data.batch_size) == (want["data"], want["batch"])
+
+
+@pytest.mark.unit
+def test_recipes_scale_the_batch_and_lr_with_replicas(configs):
+    mirrored = configs("recipe=mnist_mirrored")
+    assert mirrored.data.batch_size == 128 * mirrored.cluster.devices_per_worker
+    assert mirrored.optimizer.scale_lr_with_replicas is True
+    resnet = configs("recipe=cifar10_resnet")
+    assert (resnet.optimizer.schedule, resnet.optimizer.momentum, resnet.model.depth) == ("warmup_cosine", 0.9, 20)
+
+
+@pytest.mark.unit
+def test_the_command_line_beats_the_recipe(configs):
+    cfg = configs("recipe=mnist_mirrored", "cluster=1x2", "data.batch_size=256", "optimizer=sgd")
+    assert (cfg.strategy.name, cfg.cluster.devices_per_worker, cfg.data.batch_size, cfg.optimizer.name) == ("mirrored", 2, 256, "sgd")
+    # the recipe's own keys still apply to the group swapped in on the command line
+    assert cfg.optimizer.scale_lr_with_replicas is True
 
 
 # -- moved from tests/test_errors.py and tests/test_recipes.py (they ran `python -m tfdistx`) --

@@ -51,7 +51,7 @@ def test_a_strategy_runs_its_replicas(tmp_path, overrides, strategy_class, repli
     assert (run.summary["strategy_class"], run.summary["replicas"], run.summary["step"]) == (strategy_class, replicas, 40)
 
 
-# -- optimizers and schedules (accumulation, clipping, precision: test_compute.py) --
+# -- optimizers and schedules (accumulation, clipping, precision: test_unit_compute.py) --
 
 
 @pytest.mark.parametrize("optimizer, schedule", [("sgd", "warmup_cosine"), ("adamw", "cosine"), ("adam", "constant")])

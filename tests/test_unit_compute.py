@@ -1,17 +1,17 @@
 """How a step computes: gradient accumulation, clipping, XLA, mixed precision.
 
 Equivalences are checked on the trained weights, read back from the final
-checkpoint on disk. The single-process runs train in this process
-(engine_helpers: -m unit); the multi-worker one is a real cluster.
+checkpoint on disk. Every run here trains in this process (engine_helpers:
+-m unit); the same under a real multi-worker cluster is in test_cluster.py
+(slow).
 """
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
-from conftest import QUICK
 from engine_helpers import train, whole_and_resumed
-from test_config import compose
+from test_unit_config_shipped import compose
 from tfdistx.config import compute
 from tfdistx.engine import update
 
@@ -106,16 +106,6 @@ def test_mixed_precision_trains_like_float32_under_mirrored_replicas(tmp_path):
     assert reference < 2.1  # it learned: 10 classes start at ln 10 = 2.30
     for precision in ("mixed_bfloat16", "mixed_float16"):
         assert abs(runs[precision].summary["train"]["loss"] - reference) < 0.05, precision
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("extra", [["trainer.precision=mixed_float16"], ["trainer.jit_compile=true", "trainer.accumulate_steps=2",
-                                                                          "optimizer.global_clip_norm=1.0", "strategy.bytes_per_pack=65536"]])
-def test_multiworker_runs_mixed_float16_and_xla_with_accumulation(tfdistx, extra):
-    run = tfdistx(*QUICK, "data=synthetic", "strategy=multiworker", "cluster=2x1", *extra, "trainer.steps=80", "trainer.eval_every=80",
-                  timeout=300)
-    assert run.returncode == 0, run
-    assert run.summary["step"] == 80 and run.summary["train"]["loss"] < 2.1
 
 
 @pytest.mark.unit

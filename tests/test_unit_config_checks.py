@@ -1,8 +1,9 @@
 """Bad config is refused before TensorFlow starts: each bad value with the
-key, the value and what is allowed, every problem at once. In-process: the
-same compose-and-validate the CLI calls (commands/common.compose), the
-sweep check and `--plan`, no subprocess. tests/test_errors.py keeps a few of
-these end to end (exit 2, one line, no traceback)."""
+key, the value and what is allowed. In-process: the same
+compose-and-validate the CLI calls (commands/common.compose) and the sweep
+check, no subprocess. tests/test_errors.py keeps a few of these end to end
+(exit 2, one line, no traceback), and every problem at once; `--plan` is
+in test_unit_config_plan.py."""
 
 import sys
 
@@ -10,7 +11,6 @@ import pytest
 
 from tfdistx.commands import run as run_command
 from tfdistx.commands.common import compose, register_config_names
-from tfdistx.commands.plan import describe
 from tfdistx.config import schema
 from tfdistx.config.compose import compose_and_validate
 from tfdistx.config.errors import ConfigError
@@ -175,12 +175,6 @@ def test_each_bad_value_is_refused_naming_its_key(overrides, key, phrases):
         assert any(phrase in line for line in named), (phrase, lines)
 
 
-def test_every_problem_is_reported_at_once():
-    lines = refused("trainer.steps=0", "optimizer.lr=-1", "cluster.max_restarts=-1")
-    assert len(lines) == 3 and {line.split(":")[2].split("=")[0].strip() for line in lines} == {
-        "trainer.steps", "optimizer.lr", "cluster.max_restarts"}, lines
-
-
 def test_a_run_dir_below_a_file_is_refused(tmp_path):
     (tmp_path / "a_file").write_text("not a directory")
     with pytest.raises(ConfigError) as caught:
@@ -207,41 +201,3 @@ def test_a_bad_sweep_value_is_refused_before_any_job(overrides, key):
         assert any(key in line for line in error.lines()), error.lines()
     else:
         assert key == "strategy='multiworker'"  # ...so that sweep is accepted
-
-
-# -- --plan: what a run would do, without running it ---------------------------
-
-
-def plan(*overrides) -> str:
-    return describe(compose([*overrides, "hydra.run.dir=/tmp/never-made"], notes=False))
-
-
-def test_plan_shows_the_cluster_without_running_it():
-    text = plan("strategy=multiworker", "cluster=4x8", "data.batch_size=256", "optimizer.scale_lr_with_replicas=true")
-    for line in ["worker:3", "replicas      4", "per replica 64", "lr 0.001 x replicas = 0.004", "every 500 steps"]:
-        assert line in text, text
-
-
-@pytest.mark.parametrize("steps, warned", [(1000, True), (4000, False)])
-def test_plan_warns_of_too_few_steps_for_asynchronous_workers(steps, warned):
-    text = plan("strategy=parameter_server", "cluster=ps2w4", f"trainer.steps={steps}")
-    assert ("WARNING       4 asynchronous workers apply stale gradients" in text) == warned, text
-    if warned:
-        assert "trainer.steps=4000" in text
-
-
-def test_plan_says_what_auto_xla_chooses():
-    assert "compute       mixed_bfloat16; XLA auto: on with GPUs; on CPUs on for a model of Dense layers only" in plan("trainer.precision=mixed_bfloat16")
-    assert "XLA off (auto): strategy=parameter_server" in plan("strategy=parameter_server", "cluster=ps1w2")
-
-
-@pytest.mark.parametrize("overrides, says", [
-    ([], "placement     this process"),
-    (["strategy=multiworker", "cluster=2x1"], "local cluster launched by tfdistx"),
-    (["strategy=parameter_server", "cluster=ps2w4"], "task        ps:1"),
-    (["strategy=mirrored", "cluster=1x4"], "replicas      4"),
-    (["checkpoint.every_steps=0"], "checkpoints   every end only steps"),
-    (["trainer.eval_every=0"], "eval every end only"),
-])
-def test_plan_lines(overrides, says):
-    assert says in plan(*overrides)

@@ -2,20 +2,18 @@
 files (or the run's eval split), the predictions in sharded files in input
 order, equal row by row to what the SavedModel itself returns for the same
 rows. Runs trained once per module in this process (with the .hydra files
-Hydra writes for a run), real files on disk; the command in-process, and as
-a real process for the default input and a refusal."""
+Hydra writes for a run), real files on disk; the command in-process (-m
+unit). As a real process, for the default input and a refusal:
+test_commands.py."""
 
 import json
 import shutil
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 import tensorflow as tf
 from omegaconf import OmegaConf
 
-from conftest import Run, refused_in_one_line, tfdistx_env
 from tfdistx.commands import export as export_command
 from tfdistx.commands import predict as command
 from tfdistx.commands.common import compose
@@ -311,27 +309,3 @@ def test_the_progress_line(monkeypatch):
     line.end()
     assert tty.text == "\r\x1b[Ktfdistx: predict: 0/3 files, 500 rows\r\x1b[Ktfdistx: predict: 1/3 files, 1,000 rows\r\x1b[K"
 
-
-def test_the_default_input_is_the_runs_eval_split(run):
-    """A real process, as a user starts it: no --data-files."""
-    proc = subprocess.run([sys.executable, "-m", "tfdistx", "predict", str(run)], capture_output=True, text=True,
-                          env=tfdistx_env(), timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    out = run / "predictions"
-    assert proc.stderr.strip().splitlines()[-1] == \
-        f"tfdistx: predict: 100 rows of the eval split of the run's data (tfdistx.data.synthetic) predicted into {out}"
-    assert "tfdistx: predict: 100 rows\n" in proc.stderr and "Traceback" not in proc.stderr
-    manifest = json.loads((out / "predictions.json").read_text())
-    assert manifest["inputs"] == [{"source": "the eval split of the run's data (tfdistx.data.synthetic)", "rows": 100,
-                                   "predictions": "predictions-00000-of-00001.csv"}]
-    features, _ = sources.synthetic(image_shape=[6], train_examples=256, eval_examples=100).eval.arrays
-    header, found = csv_rows(out / "predictions-00000-of-00001.csv")
-    assert header == CLASSIFIED_COLUMNS
-    np.testing.assert_allclose(found, expected_columns(serving(run / "export")(features=tf.constant(features))), rtol=1e-6, atol=1e-6)
-
-
-def test_a_refusal_from_the_command_line(run, data, tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "tfdistx", "predict", str(run), "--data-files", str(data / "clicks-tfrecord" / "eval-*"),
-                           "--out", str(tmp_path / "p")], capture_output=True, text=True, env=tfdistx_env(), timeout=300)
-    refused_in_one_line(Run(proc, run), "eval-00000-of-00001.tfrecord", "no feature 'features'")
-    assert not (tmp_path / "p").exists()
