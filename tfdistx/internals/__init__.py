@@ -1,6 +1,6 @@
 """The one room for the internals: every private API of TensorFlow, Keras,
 Hydra and Python that tfdistx uses is a small named function or constant in
-one of this package's modules, and nowhere else (tests/test_internals.py
+one of this package's modules, and nowhere else (tests/test_unit_internals.py
 scans the package for them):
 
 - `tensorflow`: TensorFlow's and Keras' (it imports TensorFlow, never Hydra);
@@ -21,7 +21,7 @@ used, with the same line, and by the tests on real objects.
 
 Moving the pinned versions: pyproject.toml pins the minors the room was
 checked on (PINS below says the same, and a test holds them equal). To
-move one: install the new version, run `pytest tests/test_internals.py -n 0`
+move one: install the new version, run `pytest tests/test_unit_internals.py -n 0`
 (every probe, and every internal checked on real TensorFlow and Keras
 objects) and then the whole suite; mend what fails here, in the room; then
 widen the pin in pyproject.toml and PINS together, and note the version in
