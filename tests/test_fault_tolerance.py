@@ -140,18 +140,20 @@ def test_a_stopped_multiworker_peer_is_named_in_one_line_and_the_cluster_restart
 
 def test_lost_parameter_server_restarts_the_cluster_from_the_checkpoint(tmp_path):
     run_dir = tmp_path / "run"
-    args = ["strategy=parameter_server", "cluster=ps1w2", *LONG, "trainer.steps=1200", "trainer.log_every=100",
-            "checkpoint.every_steps=200"]
+    # 6000 steps, the ps killed after 1000: thousands of steps still to go, however fast this machine trains
+    # (a quiet CPU does 1200 in ~4 s, and a kill after the last step would test nothing)
+    args = ["strategy=parameter_server", "cluster=ps1w2", *LONG, "trainer.steps=6000", "trainer.log_every=500",
+            "checkpoint.every_steps=500"]
     def kill_the_ps(proc):
         os.kill(task_pid(run_dir, "ps"), signal.SIGKILL)
 
-    code, out = run_and_interrupt(args, run_dir, 3, kill_the_ps)
+    code, out = run_and_interrupt(args, run_dir, 2, kill_the_ps)
     assert code == 0, out[-4000:]
     assert "task ps:0 exited with code 137; stopping the cluster" in out and "restart 1 of 3" in out
     summary = json.loads((run_dir / "summary.json").read_text())
     # resumed exactly at a checkpoint's step (the loop's own count, saved with it)
-    assert summary["step"] == 1200 and summary["resumed_from_step"] % 200 == 0 and summary["resumed_from_step"] >= 200
-    assert steps_logged(run_dir) == list(range(100, 1201, 100))
+    assert summary["step"] == 6000 and summary["resumed_from_step"] % 500 == 0 and summary["resumed_from_step"] >= 500
+    assert steps_logged(run_dir) == list(range(500, 6001, 500))
 
 
 def test_launcher_gives_up_after_max_restarts(tfdistx):

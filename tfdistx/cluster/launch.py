@@ -219,7 +219,7 @@ def _wait(tasks: List[_Task], primary: List[str], restart_alone: List[str], sign
         if signals.received:
             return 0
         primaries_done = True
-        for task in tasks:
+        for task in _causes_first(tasks):
             if task.stopped_for() > stopped_limit:
                 print(f"tfdistx: task {task.name} has been stopped for more than {stopped_limit:g}s "
                       "(cluster.stopped_task_timeout): treating it as lost", file=sys.stderr, flush=True)
@@ -246,6 +246,13 @@ def _wait(tasks: List[_Task], primary: List[str], restart_alone: List[str], sign
         if primaries_done:
             return 0
         time.sleep(0.2)
+
+
+def _causes_first(tasks: List[_Task]) -> List[_Task]:
+    """The tasks, those killed by a signal first: when a ps is killed, the
+    coordinator exits 5 on losing it within the same poll, and the line that
+    says why the cluster stopped should name the ps, not the coordinator."""
+    return sorted(tasks, key=lambda task: not (task.proc.poll() or 0) < 0)
 
 
 def _teardown(tasks: List[_Task], primary: List[str], grace: float, signalled: bool) -> None:
