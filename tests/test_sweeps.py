@@ -72,7 +72,10 @@ def test_joblib_launcher_runs_recipe_jobs_in_parallel_processes(tmp_path):
     """Each job in its own process: one-device and 4-replica jobs can share a sweep."""
     pytest.importorskip("hydra_plugins.hydra_joblib_launcher", reason="pip install '.[test]' (hydra-joblib-launcher)")
     sweep = tmp_path / "joblib"
-    proc = multirun(sweep, "hydra/launcher=joblib", "hydra.launcher.n_jobs=2", "recipe=mnist_mlp,mnist_mirrored", "data=synthetic", *QUICK)
+    # Bounded well under loky's 300 s idle timeout: a sweep that ended without stopping joblib's
+    # worker pool waited that long on its idle workers after the last job was done.
+    proc = multirun(sweep, "hydra/launcher=joblib", "hydra.launcher.n_jobs=2", "recipe=mnist_mlp,mnist_mirrored", "data=synthetic", *QUICK,
+                    timeout=200)
     assert proc.returncode == 0, proc.stderr[-3000:]
     found = {overrides[0]: summary for summary, overrides, _ in jobs(sweep).values()}
     assert set(found) == {"recipe=mnist_mlp", "recipe=mnist_mirrored"}
