@@ -64,6 +64,7 @@ def test_two_workers_end_with_identical_weights(tfdistx, tmp_path):
         assert "private network namespace" in run.stdout
 
 
+@pytest.mark.slow  # what auto resolves to is checked in-process (test_unit_config_cluster.py, test_unit_config_plan.py)
 def test_auto_strategy_with_several_workers_is_multiworker(tfdistx):
     run = tfdistx(*QUICK, "cluster=2x1")
     assert run.returncode == 0, run

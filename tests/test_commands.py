@@ -137,6 +137,7 @@ def test_a_full_or_read_only_disk_under_evaluate_export_and_predict_is_exit_3_in
     assert files(out / "run") == before  # evaluations.jsonl as it was: no line cut short
 
 
+@pytest.mark.slow  # the full disk's test above runs by default
 def test_a_file_size_limit_under_export_is_exit_3_in_one_line_and_leaves_nothing(run, tmp_path):
     """EFBIG (RLIMIT_FSIZE, as a batch system sets it): Python ignores
     SIGXFSZ, so the write fails instead of killing the process."""
@@ -170,6 +171,7 @@ def test_a_killed_predict_leaves_its_temporary_directory_to_the_next_predict_whi
     assert json.loads((out / "predictions.json").read_text())["rows"] == 3000
 
 
+@pytest.mark.slow  # a race, run for a while: the unit layer has its retry (test_unit_warm_start.py)
 def test_a_warm_start_from_a_run_still_training_is_never_refused_as_a_bad_config(tmp_path):
     """The source run saves a checkpoint every 10 steps and keeps one: the
     one a warm start finds is rotated away while it is read. Each warm start

@@ -29,8 +29,8 @@ def probe(tfdistx, tmp_path, name, *args, examples=EXAMPLES):
 
 
 @pytest.mark.parametrize("strategy", [
-    ["strategy=one_device"],
-    ["strategy=mirrored", "cluster=1x2"],
+    pytest.param(["strategy=one_device"], marks=pytest.mark.slow),
+    pytest.param(["strategy=mirrored", "cluster=1x2"], marks=pytest.mark.slow),
     ["strategy=multiworker", "cluster=2x1"],
 ])
 def test_synchronous_strategies_see_each_example_once_per_epoch(tfdistx, tmp_path, strategy):
@@ -61,7 +61,7 @@ def expected_bias(steps: int, lr: float) -> float:
 @pytest.mark.parametrize("strategy", [
     pytest.param(["strategy=one_device"], marks=pytest.mark.slow),
     pytest.param(["strategy=mirrored", "cluster=1x2"], marks=pytest.mark.slow),
-    ["strategy=multiworker", "cluster=2x1"],
+    pytest.param(["strategy=multiworker", "cluster=2x1"], marks=pytest.mark.slow),
     ["strategy=parameter_server", "cluster=ps1w2"],  # its workers count the true step apart from optimizer.iterations
 ])
 def test_cosine_schedule_follows_the_true_step(tfdistx, tmp_path, strategy):

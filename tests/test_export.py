@@ -73,6 +73,7 @@ def test_binary_export_reproduces_the_exact_auc(tfdistx, tmp_path, strategy):
     assert found["eval/accuracy"] == pytest.approx(run.summary["eval"]["eval/accuracy"], abs=1e-6)
 
 
+@pytest.mark.slow  # tests/test_nothing_lost.py exports a kept checkpoint by default
 def test_export_any_kept_checkpoint_afterwards(tfdistx, tmp_path):
     run = tfdistx(*QUICK, "checkpoint.every_steps=20", "checkpoint.export=false")
     assert run.returncode == 0, run

@@ -74,6 +74,7 @@ def test_stopped_and_resumed_deterministic_run_ends_bitwise_equal(tfdistx, tmp_p
     assert resumed.summary["weights_sha256"] == whole.summary["weights_sha256"]
 
 
+@pytest.mark.slow  # the preemption matrix's default cells and the lost ps's restart run by default
 def test_preempted_worker_restarts_the_cluster_and_it_finishes(tmp_path):
     run_dir = tmp_path / "run"
     args = ["strategy=multiworker", "cluster=2x1", *LONG, "trainer.steps=600", "cluster.max_restarts=2"]

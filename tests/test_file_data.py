@@ -55,8 +55,8 @@ def test_the_writer_leaves_balanced_shards_and_a_manifest(indexed_files):
 
 
 @pytest.mark.parametrize("strategy", [
-    ["strategy=one_device"],
-    ["strategy=mirrored", "cluster=1x2"],
+    pytest.param(["strategy=one_device"], marks=pytest.mark.slow),
+    pytest.param(["strategy=mirrored", "cluster=1x2"], marks=pytest.mark.slow),
     ["strategy=multiworker", "cluster=2x1"],
 ])
 def test_every_record_is_read_once_per_epoch_across_the_cluster(tfdistx, tmp_path, indexed_files, strategy):
@@ -119,8 +119,8 @@ def test_a_file_that_is_not_tfrecord(tfdistx, tmp_path, indexed_files):
 
 @pytest.mark.parametrize("features, named", [
     ("{x: {dtype: float32, shape: [4]}, label: {dtype: int64, shape: []}, weight: {dtype: float32, shape: []}}", "data.features.weight"),
-    ("{x: {dtype: int64, shape: [4]}, label: {dtype: int64, shape: []}}", "data.features.x"),
-    ("{x: {dtype: float32, shape: [5]}, label: {dtype: int64, shape: []}}", "data.features.x"),
+    pytest.param("{x: {dtype: int64, shape: [4]}, label: {dtype: int64, shape: []}}", "data.features.x", marks=pytest.mark.slow),
+    pytest.param("{x: {dtype: float32, shape: [5]}, label: {dtype: int64, shape: []}}", "data.features.x", marks=pytest.mark.slow),
 ])
 def test_features_the_records_do_not_hold(tfdistx, indexed_files, features, named):
     """A feature missing from the records, of another dtype, or of another size."""
@@ -160,8 +160,8 @@ def test_a_truncated_first_file_stops_a_cluster_once_in_one_line(tfdistx, tmp_pa
 
 @pytest.mark.parametrize("change, said", [
     (lambda cells: cells[:-1], "Expect 17 fields but have 16"),  # a ragged row
-    (lambda cells: ["abc", *cells[1:]], "not a valid float: abc"),
-    (lambda cells: [*cells[:-1], "12"], "label: a class id of 10 or more (data.num_classes=10)"),
+    pytest.param(lambda cells: ["abc", *cells[1:]], "not a valid float: abc", marks=pytest.mark.slow),
+    pytest.param(lambda cells: [*cells[:-1], "12"], "label: a class id of 10 or more (data.num_classes=10)", marks=pytest.mark.slow),
 ])
 def test_a_bad_csv_row_is_refused_naming_the_file(tfdistx, tmp_path, change, said):
     data = write_data(tmp_path / "csv", "data=synthetic", "data.image_shape=[4,4,1]", "data.train_examples=256",
