@@ -1,7 +1,7 @@
 """Gradient accumulation with and without XLA, side by side in one run.
 
 The README's accumulation example (`data.batch_size=256
-trainer.accumulate_steps=8`: steps of 2,048 examples) with the seeds'
+trainer.accumulate_steps=8`: steps of 2,048 examples) with the default
 784-128-10 MLP on MNIST-shaped synthetic data, one device, Adam, under
 `trainer.jit_compile=auto` (what a user gets), `false` and `true` (one and
 several steps per XLA call); and, for scale, the same 2,048 examples a step

@@ -1,7 +1,7 @@
 """The input pipeline on a tf.data service (`data.service.workers`) against
 the same pipeline in the trainer, on an input-bound job.
 
-The seeds' MLP on MNIST-shaped examples whose preprocessing costs about
+The default MLP on MNIST-shaped examples whose preprocessing costs about
 5 ms a batch of 128 on one core (benchmarks/slow_input.py), one_device,
 with 0 (the pipeline in the trainer, tf.data's parallel map), 1 and 2
 tf.data service workers (plus their dispatcher: local processes launched

@@ -1,7 +1,7 @@
 """Is the input what limits training? The same examples from in-memory
 tensors, TFRecord files and CSV files, side by side in one run.
 
-The seeds' MLP (784-128-10) and the CNN on MNIST-shaped synthetic data
+The default MLP (784-128-10) and the CNN on MNIST-shaped synthetic data
 (8192 examples), and the MLP on tabular rows (16 floats, regression); one
 device, global batch 128. The files are written once by `tfdistx data
 write` (8 shards, with a manifest). Tables:

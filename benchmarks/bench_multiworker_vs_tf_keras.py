@@ -1,6 +1,6 @@
 """tfdistx multi-worker against legacy tf-keras `model.fit`, side by side in one run.
 
-Both train the seeds' 784-128-10 MLP with Adam 1e-3 on tfdistx's MNIST-shaped
+Both train the default 784-128-10 MLP with Adam 1e-3 on tfdistx's MNIST-shaped
 synthetic data (8192 examples in memory) under MultiWorkerMirroredStrategy:
 two worker processes on this machine, one replica each, talking over
 127.0.0.1 with TF_CONFIG, the same global batch (half per worker), each

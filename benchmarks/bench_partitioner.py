@@ -33,7 +33,7 @@ MODELS = {
     "mlp 784-1024-1024-10": ["model=mlp", "model.hidden_units=[1024,1024]", "data.batch_size=128"],
     "wide_deep (vocab 100k)": ["data=synthetic_categorical", "model=wide_deep", "data.batch_size=256"],
 }
-# 64 KiB shards for the seeds' small MLP (its 392 KiB kernel is over TF's default 256 KiB once only); TF's default elsewhere.
+# 64 KiB shards for the small default MLP (its 392 KiB kernel is over TF's default 256 KiB once only); TF's default elsewhere.
 PARTITIONER = {"mlp 784-128-10": ["strategy.partitioner.min_shard_bytes=65536"]}
 
 

@@ -6,7 +6,7 @@ Each config is a real `python -m tfdistx ...` with its own run dir:
   multiworker       strategy=multiworker cluster=1x1, 2x1, 4x1, 8x1      N = worker processes, one replica each
   parameter_server  strategy=parameter_server cluster=ps1w1, ps1w2, ps2w4  N = workers (+ ps tasks + a coordinator)
 
-Weak scaling: the seeds' MLP on data=synthetic, 128 examples per replica and step (global batch = 128 x replicas;
+Weak scaling: the default MLP on data=synthetic, 128 examples per replica and step (global batch = 128 x replicas;
 a parameter-server step is one worker's whole batch of 128); 600 steps, 100 a tf.function call, one eval batch and
 one checkpoint at the end, no export. N = 8 is skipped when MemAvailable < 8 x 800 MB. Per config:
 

@@ -1,6 +1,6 @@
 """tfdistx against plain Keras 3 `model.fit`, side by side in one run.
 
-The seeds' 784-128-10 MLP on MNIST-shaped synthetic data (in memory), one
+The default 784-128-10 MLP on MNIST-shaped synthetic data (in memory), one
 device, Adam, the same global batch and the same input pipeline (shuffle,
 batch, prefetch). Every measurement runs in a fresh process; the contenders
 alternate, each is repeated, and the medians and their ratios are printed.

@@ -1,6 +1,6 @@
 """The cost of fault tolerance, measured on real processes (issue 4, item 7).
 
-The seeds' 784-128-10 MLP on MNIST-shaped synthetic data (`data=synthetic`
+The default 784-128-10 MLP on MNIST-shaped synthetic data (`data=synthetic`
 defaults: global batch 128), Adam, `steps_per_loop=100`, `log_every=100`,
 TensorBoard off, each run in its own temporary `hydra.run.dir`. Two
 topologies: one process (`strategy=one_device`) and a local 2-worker cluster

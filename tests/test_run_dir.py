@@ -35,7 +35,7 @@ def test_a_second_run_in_the_same_directory_is_refused_and_the_first_is_unharmed
 
 def steps_past_the_last_checkpoint(run_dir, more=20) -> str:
     """trainer.steps for a rerun that trains on: a killed run may have got
-    anywhere past the lines the test waited for (the seeds' MLP makes ~100
+    anywhere past the lines the test waited for (the default MLP makes ~100
     steps in the 0.1 s between two looks)."""
     last = max(int(p.name[len("ckpt-"):-len(".index")]) for p in (run_dir / "checkpoints").glob("ckpt-*.index"))
     return f"trainer.steps={last + more}"

@@ -46,7 +46,7 @@ EXPECTED = {
 
 
 @pytest.mark.unit
-def test_the_seeds_examples_are_shipped():
+def test_the_expected_recipes_are_shipped():
     assert set(EXPECTED) <= set(SHIPPED)
 
 

@@ -83,13 +83,13 @@ def test_auto_leaves_xla_off_for_accumulated_steps_on_cpus(tmp_path):
 
 
 HISTOGRAM = ["model._target_=user_plugins.histogram_model"]  # Dense sublayers, a weight of its own, a bincount in its call
-BALANCED = ["task._target_=user_plugins.BalancedClassification"]  # the seeds' MLP; a bincount in the loss
+BALANCED = ["task._target_=user_plugins.BalancedClassification"]  # the default MLP; a bincount in the loss
 
 
 @unit
 def test_auto_reads_every_weight_and_every_op_of_the_model():
     """A weight the model holds itself counts for the model's own class; the
-    forward pass's ops are read from a trace of it. The seeds' MLP, dropout
+    forward pass's ops are read from a trace of it. The default MLP, dropout
     included, is Dense layers and Dense ops only."""
     spec = tf.TensorSpec([28, 28, 1])
     histogram = user_plugins.histogram_model((28, 28, 1), 10)
@@ -233,7 +233,7 @@ def test_the_trace_brackets_exactly_the_steps_asked_for(tmp_path, first_step, ca
 
 # Measured here (2026-11-25, this 2-core Xeon, TF 2.21), mirrored 1x2, 40 steps of 32 (engine_helpers.QUICK), deterministic:
 # the largest difference of any weight from the float32 run's, and the difference's norm over the weights' norm.
-#   the seeds' MLP, Adam 1e-3:       bfloat16 8.43e-3 (rel. 9.85e-3), float16 3.3e-4 (rel. 6.47e-5)
+#   the default MLP, Adam 1e-3:       bfloat16 8.43e-3 (rel. 9.85e-3), float16 3.3e-4 (rel. 6.47e-5)
 #   wide_deep (sparse tables), Adam:  bfloat16 8.34e-3 (rel. 3.64e-3), float16 1.55e-3 (rel. 8.6e-4)
 # bfloat16 keeps 8 significant bits and float16 11: after one step the difference is the rounding of one update
 # (SGD: at most 5e-5 here); over 40 steps the runs' paths part further. The tolerances are ~20% above what was measured.
@@ -268,7 +268,7 @@ def assert_16_bit_all_reduce_trains_close_to_float32(tmp_path, model, overrides,
 
 @unit
 def test_gradients_all_reduced_in_16_bits_train_weights_close_to_float32(tmp_path):
-    """The seeds' MLP (wide_deep's sparse tables, ~23 s: test_fastest_step.py)."""
+    """The default MLP (wide_deep's sparse tables, ~23 s: test_fastest_step.py)."""
     assert_16_bit_all_reduce_trains_close_to_float32(tmp_path, "mlp", MLP, ["bfloat16", "float16"])
 
 

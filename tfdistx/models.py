@@ -26,7 +26,7 @@ def _one_tensor(input_shape, model: str) -> tuple:
 
 
 def mlp(input_shape: Sequence[int], num_outputs: int, hidden_units: Sequence[int] = (128,), dropout: float = 0.0) -> keras.Model:
-    """The seeds' network: 784-128-10 for MNIST."""
+    """The default network: 784-128-10 for MNIST."""
     model = keras.Sequential([keras.Input(shape=_one_tensor(input_shape, "mlp")), layers.Flatten()], name="mlp")
     for units in hidden_units:
         model.add(layers.Dense(units, activation="relu"))

@@ -77,7 +77,7 @@ def describe(cfg: DictConfig) -> str:
 
 def _ps_variables(cfg: DictConfig, ps: int) -> list:
     """Where the variables go on the ps tasks (strategy.partitioner), and for
-    the seeds' MLP on images of a known shape, the bytes on each ps task."""
+    the default MLP on images of a known shape, the bytes on each ps task."""
     settings = strategies.partitioner_settings(cfg.strategy.get("partitioner"), ps)
     if settings:
         line = (f"variables     strategy.partitioner: a variable of more than {settings['min_shard_bytes']:,} bytes in "
