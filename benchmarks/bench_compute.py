@@ -35,7 +35,7 @@ MODELS = {
     "resnet": (["model=resnet", "data.image_shape=[32,32,3]"], ["--model=resnet", "--image-shape=32,32,3"], 128, 60, 10),
 }
 QUICK_DIVISOR = 4  # --quick: steps and steps per call divided by this
-# For the estimate, measured on this project's 2-core machine (README, Performance): examples/s in float32, and the
+# For the estimate, measured on this project's 2-core machine (docs/performance.md): examples/s in float32, and the
 # seconds a process takes besides its timed steps (start-up, tracing, XLA compiling, fit's warm-up, the eval batch).
 RATE = {"mlp": 21_000, "resnet": 380}
 OVERHEAD = {"mlp": 5, "resnet": 8}

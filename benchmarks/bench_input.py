@@ -85,7 +85,7 @@ def main():
     if args.quick:
         args.steps, args.repeats, args.models, alone = 300, 1, "mlp", 100
     models = args.models.split(",")
-    # Measured on this project's 2-core machine: a process starts in ~5 s; examples/s (README, Performance) by model
+    # Measured on this project's 2-core machine: a process starts in ~5 s; examples/s (docs/performance.md) by model
     # and source, tabular rows at about 350k whatever the source but CSV (150k); `data write` takes ~5 s a format.
     speeds = {"mlp": (90_000, 77_000, 5_400), "cnn": (5_000, 5_000, 4_000)}
     examples = args.steps * 128

@@ -1,7 +1,8 @@
-"""The README's example commands, extracted from the README itself so that it
-cannot drift: every one composes and validates (--plan, fast), and (slow)
-every training command runs as written with a small step count, or fails
-with the message the README documents for it (offline datasets)."""
+"""The example commands of the README, CONTRIBUTING.md and every page of
+docs/, extracted from the pages themselves so that they cannot drift: every
+one composes and validates (--plan, fast), and (slow) every training command
+runs as written with a small step count, or fails with the message the docs
+give for it (offline datasets)."""
 
 import re
 import shlex
@@ -13,17 +14,24 @@ import pytest
 
 from conftest import tfdistx_env
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+ROOT = Path(__file__).resolve().parent.parent
+README = ROOT / "README.md"
+# Every page a user reads: the README, CONTRIBUTING.md and the site's pages (docs/config.md is generated).
+PAGES = [README, ROOT / "CONTRIBUTING.md", *sorted((ROOT / "docs").glob("*.md"))]
 STARTS = ("python -m tfdistx", ".venv/bin/python -m tfdistx", "tfdistx ", "TFDISTX_RECIPES=")
 SMALL = ["trainer.steps=4", "trainer.steps_per_loop=2", "trainer.log_every=2", "trainer.eval_every=0", "trainer.eval_steps=1",
          "checkpoint.every_steps=0", "logger.tensorboard=false"]
-OFFLINE = "the download site is unreachable"  # the README's documented answer for tensorflow-datasets data without network
+OFFLINE = "the download site is unreachable"  # the documented answer for tensorflow-datasets data without network
 
 
 def commands():
-    """(line number, command) of each example in the README's code blocks."""
+    """("page:line", command) of each example in the pages' code blocks."""
+    return [(f"{page.relative_to(ROOT)}:{number}", command) for page in PAGES for number, command in _commands_of(page)]
+
+
+def _commands_of(page: Path):
     found, pending, start = [], "", 0
-    for number, line in enumerate(README.read_text().splitlines(), 1):
+    for number, line in enumerate(page.read_text().splitlines(), 1):
         if not line.startswith("    "):
             pending = ""
             continue
@@ -55,8 +63,8 @@ def argv(command: str, home: Path):
     return words, env
 
 
-# The README's "Your own project" example, made real in a test's directory:
-# its conf/ tree as the README shows it, and a `mypkg` whose functions train.
+# The "Your own project" example (docs/own-project.md), made real in a test's directory:
+# its conf/ tree as the page shows it, and a `mypkg` whose functions train.
 PROJECT = {
     "mypkg/__init__.py": "",
     "mypkg/models.py": "from tfdistx.models import mlp\n\n\ndef small(input_shape, num_outputs, filters=8):\n"
@@ -71,7 +79,7 @@ PROJECT = {
 
 
 def own_project(words, root: Path) -> None:
-    """A command that names `--config-dir conf` runs in a copy of the README's project."""
+    """A command that names `--config-dir conf` runs in a copy of that project."""
     if "--config-dir" in words:
         for name, text in PROJECT.items():
             (root / name).parent.mkdir(parents=True, exist_ok=True)
@@ -85,7 +93,7 @@ def run(words, env, cwd, timeout=600):
 EXAMPLES = commands()
 
 
-@pytest.mark.parametrize("line, command", EXAMPLES, ids=[f"line{n}" for n, _ in EXAMPLES])
+@pytest.mark.parametrize("line, command", EXAMPLES, ids=[where for where, _ in EXAMPLES])
 def test_every_readme_command_composes(line, command, tmp_path):
     """Each command's config is valid as written: --plan for runs (no
     TensorFlow), the command itself for the quick subcommands."""
@@ -114,14 +122,14 @@ def test_every_readme_command_composes(line, command, tmp_path):
         run([sys.executable, "-m", "tfdistx", "recipes", "copy", "mnist_mlp", str(tmp_path / "my_recipes")], {}, tmp_path)
     plan = words if ("--plan" in words or "--cfg" in words) else [*words, "--plan"]
     result = run(plan, env, tmp_path, timeout=120)
-    if "mypkg" in command:  # the README's placeholder package: refused, naming it
+    if "mypkg" in command:  # the pages' placeholder package: refused, naming it
         assert result.returncode == 2 and "no module named 'mypkg'" in result.stderr, result.stderr
         return
-    assert result.returncode == 0, f"README line {line}: {command}\n{result.stderr[-2000:]}"
+    assert result.returncode == 0, f"{line}: {command}\n{result.stderr[-2000:]}"
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("line, command", EXAMPLES, ids=[f"line{n}" for n, _ in EXAMPLES])
+@pytest.mark.parametrize("line, command", EXAMPLES, ids=[where for where, _ in EXAMPLES])
 def test_every_readme_command_runs(line, command, tmp_path):
     """As written, with a small step count; tensorflow-datasets data without
     network fails with the documented one line instead."""
@@ -138,7 +146,7 @@ def test_every_readme_command_runs(line, command, tmp_path):
         words = [w if not re.match(r"(outputs|multirun)/", w) else str(tmp_path / "run") for w in words]
         words = [w if w != "500" else "2" for w in words]  # --step 500 -> a step the small run kept
         result = run(words, env, tmp_path)
-        assert result.returncode == 0, f"README line {line}: {command}\n{result.stderr[-2000:]}"
+        assert result.returncode == 0, f"{line}: {command}\n{result.stderr[-2000:]}"
         return
     if env.get("TFDISTX_RECIPES"):
         run([sys.executable, "-m", "tfdistx", "recipes", "copy", "mnist_mlp", str(tmp_path / "my_recipes")], {}, tmp_path)
@@ -152,11 +160,11 @@ def test_every_readme_command_runs(line, command, tmp_path):
     result = run([*words, *small], env, tmp_path, timeout=900)
     if result.returncode == 2 and OFFLINE in result.stderr:
         return  # documented: offline, tensorflow-datasets data is refused in one line
-    assert result.returncode == 0, f"README line {line}: {command}\n{result.stderr[-3000:]}"
+    assert result.returncode == 0, f"{line}: {command}\n{result.stderr[-3000:]}"
 
 
 def _placeholder_files(words, root: Path) -> list:
-    """The README's own-data examples name files under /data/: moved under
+    """The own-data examples (docs/data-in-files.md) name files under /data/: moved under
     `root`, and an empty stand-in made for each pattern (--plan checks that
     a pattern matches, and reads no file)."""
     moved = []

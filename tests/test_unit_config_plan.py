@@ -90,10 +90,10 @@ def test_plan_leaves_remote_files_to_tensorflow(tmp_path):
     (["trainer.jit_compile=false"],
      "compute       float32; XLA off (trainer.jit_compile=false); steps per XLA call 1 (XLA does not compile the whole step here)"),
     (["trainer.steps_per_xla_call=4"], "compute       float32; XLA auto: on with GPUs; on CPUs on for a model of Dense layers only, else off "
-     "(on CPUs XLA pays only for a dense model's whole step, and slows convolutions and embeddings (README, Performance)); "
+     "(on CPUs XLA pays only for a dense model's whole step, and slows convolutions and embeddings (docs/performance.md)); "
      "steps per XLA call 4 (trainer.steps_per_xla_call=4)"),
     (["trainer.accumulate_steps=8"], "compute       float32; XLA auto: on with GPUs; off on CPUs with trainer.accumulate_steps=8 (a step of "
-     "8 micro-batches trained slower compiled: README, accumulation); steps per XLA call 1 (auto): a step of 8 micro-batches is long "
+     "8 micro-batches trained slower compiled: docs/performance.md); steps per XLA call 1 (auto): a step of 8 micro-batches is long "
      "beside a call's cost"),
     (["optimizer.clip_norm=0.5"], "optimizer     adam, lr 0.001, schedule constant; clip clip_norm 0.5 after the sum over replicas"),
     (["strategy=mirrored", "optimizer.scale_lr_with_replicas=true"], "optimizer     adam, lr 0.001 x replicas, schedule constant"),
@@ -186,8 +186,8 @@ def test_plan_lines(configs, overrides, says):
 # -- decisions --plan reports, made without TensorFlow ----------------------------
 
 
-CPU_RULE = "on CPUs XLA pays only for a dense model's whole step, and slows convolutions and embeddings (README, Performance)"
-PER_CALL = ("each call's fixed cost saved, a large part of a small dense step (README, Performance); the most, up to 10, that divide "
+CPU_RULE = "on CPUs XLA pays only for a dense model's whole step, and slows convolutions and embeddings (docs/performance.md)"
+PER_CALL = ("each call's fixed cost saved, a large part of a small dense step (docs/performance.md); the most, up to 10, that divide "
             "the steps per loop, log, eval and checkpoint")
 
 
@@ -217,7 +217,7 @@ def test_what_xla_setting_is_chosen(asked, strategy, gpus, layers, ops, decided)
 @pytest.mark.unit
 @pytest.mark.parametrize("asked, gpus, layers, decided", [
     ("auto", None, None, (None, "auto: on with GPUs; off on CPUs with trainer.accumulate_steps=8 (a step of 8 micro-batches trained "
-                                "slower compiled: README, accumulation)")),
+                                "slower compiled: docs/performance.md)")),
     ("auto", False, {"Dense"}, (False, "off (auto): on CPUs, with trainer.accumulate_steps=8")),
     ("auto", True, {"Dense"}, (True, "on (auto): GPUs")),
     ("true", False, {"Dense"}, (True, "on (trainer.jit_compile=true)")),
@@ -240,7 +240,7 @@ def test_auto_leaves_xla_off_for_accumulated_steps_on_cpus(asked, gpus, layers, 
     ("auto", None, "one_device", None, None, (100, 100, 0, 0), (None, f"auto: 10 for the whole step of a model of Dense layers on CPUs "
                                                                    f"({PER_CALL}), else 1")),
     ("auto", True, "one_device", False, {"Dense", "Conv2D"}, (100, 100, 0, 0), (1, "1 (auto): a model beyond Dense layers")),
-    ("auto", True, "one_device", True, {"Dense"}, (100, 100, 0, 0), (1, "1 (auto): with GPUs (the saving is shown on CPUs: README, Performance)")),
+    ("auto", True, "one_device", True, {"Dense"}, (100, 100, 0, 0), (1, "1 (auto): with GPUs (the saving is shown on CPUs: docs/performance.md)")),
     ("auto", False, "one_device", False, {"Dense"}, (100, 100, 0, 0), (1, "1 (XLA does not compile the whole step here)")),
     ("auto", True, "mirrored", False, {"Dense"}, (100, 100, 0, 0), (1, "1 (XLA does not compile the whole step here)")),
     (3, True, "one_device", False, {"Conv2D"}, (100, 100, 0, 0), (3, "3 (trainer.steps_per_xla_call=3)")),

@@ -3,7 +3,7 @@ uses a private API of TensorFlow, Keras, Hydra or Python; every probe passes
 on the installed versions and, when an internal is gone, stops in one line
 (exit 8) naming the package, its version and the internal; and every
 internal does what tfdistx takes it to do, on real TensorFlow and Keras
-objects. Run this file first when moving a pinned version (README: Moving
+objects. Run this file first when moving a pinned version (docs/development.md: Moving
 the pinned versions)."""
 
 import ast
@@ -304,7 +304,7 @@ def test_a_missing_internal_is_one_line_naming_the_package_its_version_and_the_i
                      "hydra-core": ("Hydra", internals.installed_version("hydra-core")),
                      "python": ("Python", ".".join(map(str, sys.version_info[:3])))}[internal.distribution]
     assert line == (f"tfdistx: this {name} ({version}) has no {internal.name}, which tfdistx uses {internal.use}: "
-                    f"install {internals.PINS[internal.distribution]} (README: Moving the pinned versions)")
+                    f"install {internals.PINS[internal.distribution]} (docs/development.md: Moving the pinned versions)")
     assert gone.value.code == EXIT_UNSUPPORTED_VERSION == 8
 
 
@@ -346,7 +346,7 @@ def test_a_command_stops_in_one_line_with_exit_8_when_keras_lacks_an_internal(mo
     (line,) = capsys.readouterr().err.strip().splitlines()
     assert line == (f"tfdistx: this Keras ({keras.__version__}) has no keras.optimizers.Optimizer._get_variable_index, which "
                     "tfdistx uses to re-split embedding tables for another number of ps tasks: install keras>=3.15,<3.16 "
-                    "(README: Moving the pinned versions)")
+                    "(docs/development.md: Moving the pinned versions)")
     assert not (tmp_path / "out").exists()
 
 

@@ -1,8 +1,9 @@
-"""What the README says of the tests, checked in-process (-m unit): it has
-example commands (test_readme.py runs them), and every test it cites (in
-"Faults and bad input that are tested" and elsewhere) exists: a file by its
-name or a pattern (`test_unit_*.py`), a test by its name, the start of it
-(`test_a_…`) or a pattern (`test_*_pod_…`), in the file named or in any."""
+"""What the README and the docs say, checked in-process (-m unit): they have
+example commands (test_readme.py runs them); every test they cite exists (a
+file by its name or a pattern, `test_unit_*.py`; a test by its name, the
+start of it, `test_a_…`, or a pattern, `test_*_pod_…`, in the file named or
+in any); every file of the project they name exists; and the README stays a
+page or three, the rest on the site."""
 
 import fnmatch
 import re
@@ -10,12 +11,24 @@ import re
 import pytest
 
 from conftest import TESTS
-from test_readme import EXAMPLES, README
+from test_readme import EXAMPLES, PAGES, README, ROOT
+
+# Where a file the pages name by its path lives: a path that starts with one of these is the project's own.
+PROJECT_DIRS = ("tfdistx/", "tests/", "benchmarks/", "conf/", "recipes/", "docs/", "scripts/", ".ci/")
 
 
 @pytest.mark.unit
-def test_the_readme_has_examples():
+def test_the_pages_have_examples():
     assert len(EXAMPLES) > 25, EXAMPLES
+    assert {where.partition(":")[0] for where, _ in EXAMPLES} >= {"README.md", "docs/getting-started.md", "docs/multi-process.md"}
+
+
+@pytest.mark.unit
+def test_the_readme_fits_on_a_few_screens_and_links_every_page():
+    text = README.read_text()
+    assert len(text.splitlines()) <= 220
+    pages = {page.name for page in PAGES if page.parent.name == "docs" and page.name != "index.md"}  # index: the site's home, the README's own words
+    assert {name for name in pages if f"(docs/{name}" not in text} == set(), "pages the README does not link"
 
 
 def defined_tests() -> dict:
@@ -24,11 +37,25 @@ def defined_tests() -> dict:
 
 
 @pytest.mark.unit
-def test_every_test_the_readme_cites_exists():
+@pytest.mark.parametrize("page", PAGES, ids=[str(page.relative_to(ROOT)) for page in PAGES])
+def test_every_test_a_page_cites_exists(page):
     tests, missing = defined_tests(), []
-    for cited in re.findall(r"`(?:tests/)?(test_[^`\s]*)`", README.read_text()):
+    for cited in re.findall(r"`(?:tests/)?(test_[^`\s]*)`", page.read_text()):
         file, _, name = cited.rpartition("::") if "::" in cited else ((cited, "", "") if cited.endswith(".py") else ("", "", cited))
         files = fnmatch.filter(tests, file) if file else list(tests)  # a file, or a pattern of them (`test_unit_*.py`)
         if not files or (name and not any(fnmatch.filter(tests[f], name.replace("…", "*")) for f in files)):
             missing.append(cited)
-    assert missing == [], f"the README cites tests that are not there: {missing}"
+    assert missing == [], f"{page.name} cites tests that are not there: {missing}"
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("page", PAGES, ids=[str(page.relative_to(ROOT)) for page in PAGES])
+def test_every_file_a_page_names_exists(page):
+    """`tfdistx/engine/sharding.py`, `benchmarks/bench_scaling.py`, `conf/task/NAME.yaml`:
+    a path of the project in backticks is there (a placeholder in capitals,
+    a pattern or a directory of a run excepted)."""
+    named = {word.rstrip(".,:;") for span in re.findall(r"`([^`]+)`", page.read_text()) for word in span.split()
+             if word.startswith(PROJECT_DIRS)}
+    missing = sorted(path for path in named
+                     if not re.search(r"[A-Z]{3,}|[*<{…]", path) and not (ROOT / path.split("::")[0].split("#")[0]).exists())
+    assert missing == [], f"{page.name} names files the project does not have: {missing}"

@@ -102,7 +102,7 @@ def local_tasks(cfg: DictConfig, facts: strategies.Strategy, mode: str) -> Tuple
               **(data_service.job_counts(cfg.data) if mode == "train" else {})}
     evaluator = mode == "train" and bool(cfg.cluster.get("evaluator"))  # `tfdistx evaluate` needs no sidecar
     processes, most = sum(counts.values()) + evaluator, max(8, 4 * (os.cpu_count() or 1))
-    if processes > most:  # each task is a whole TensorFlow process (README, Performance: peak RSS per task)
+    if processes > most:  # each task is a whole TensorFlow process (docs/performance.md: peak RSS per task)
         raise ConfigError.one("cluster", cfg.cluster.name, f"a local cluster of {processes} processes"
                               f"{' (with the sidecar evaluator)' if evaluator else ''} on this machine's {os.cpu_count()} cores: "
                               f"at most {most} here; a larger cluster runs under Slurm or Kubernetes")

@@ -57,7 +57,7 @@ def describe(cfg: DictConfig) -> str:
     service = data_service.settings(cfg.data)
     if service:
         lines.append(f"data service  a tf.data service: 1 dispatcher, {service['workers']} worker(s), {service['mode']} "
-                     f"(tasks dispatcher:0 and dataworker:0..{service['workers'] - 1}; README: data.service)")
+                     f"(tasks dispatcher:0 and dataworker:0..{service['workers'] - 1}; docs/multi-process.md: data.service)")
     scale = cfg.optimizer.get("scale_lr_with_replicas")
     lr = cfg.optimizer.lr
     lr_text = f"{lr} x replicas = {lr * replicas}" if scale and replicas else f"{lr}" + (" x replicas" if scale else "")

@@ -18,16 +18,16 @@ def main(argv) -> int:
     parser = argparse.ArgumentParser(
         prog="tfdistx export tfjob",
         description="Print a Kubeflow TFJob (kubeflow.org/v1) whose pods run `python -m tfdistx OVERRIDES`: "
-                    "kubectl apply -f it. See the README's Kubernetes section.")
+                    "kubectl apply -f it. See docs/clusters.md.")
     parser.add_argument("overrides", nargs="*", help="config overrides, as for a run: strategy=multiworker cluster=4x8")
-    parser.add_argument("--image", required=True, help="a container image with tfdistx installed (README: Kubernetes)")
+    parser.add_argument("--image", required=True, help="a container image with tfdistx installed (docs/clusters.md)")
     parser.add_argument("--name", default="tfdistx", help="the TFJob's name (default: tfdistx); also the run dir's on the volume")
     parser.add_argument("--namespace", default="default")
     parser.add_argument("--volume", help="where the run dir lives, shared by the pods: pvc:CLAIM or hostPath:/PATH. "
                                          "Without it each pod writes its own, lost with the pod")
     parser.add_argument("--mount-path", default=DEFAULT_MOUNT_PATH, help=f"where the volume is mounted (default: {DEFAULT_MOUNT_PATH})")
     parser.add_argument("--gpus", action="store_true", help="each training pod asks for cluster.devices_per_worker GPUs (nvidia.com/gpu)")
-    parser.add_argument("--config-dir", help="your config dir (README: Your own project), given to the pods as it is given here: "
+    parser.add_argument("--config-dir", help="your config dir (docs/own-project.md), given to the pods as it is given here: "
                                              "the image or the volume must hold it at that path (repeatable)")
     config_path = os.environ.get(userconf.ENV) or None  # as the user set it, for the pods' environment
     with one_line_errors():

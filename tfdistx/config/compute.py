@@ -5,7 +5,7 @@ what `trainer.jit_compile=auto` will choose, and the engine asks the same
 function once it knows whether there are GPUs and what layers the model has
 (engine/build.py).
 
-What `auto` chooses follows the benchmarks (README, Performance: XLA on
+What `auto` chooses follows the benchmarks (docs/performance.md: XLA on
 CPUs, and benchmarks/bench_compute.py). XLA's CPU convolutions do not use
 oneDNN, and its sparse updates are dense scatters; what it wins is fusing a
 dense model's many small kernels, the optimizer's update most of all, and
@@ -42,7 +42,7 @@ PRECISIONS = ("float32", "mixed_bfloat16", "mixed_float16")
 JIT_COMPILE = (True, False, "auto")
 
 
-# Layers (by class name) whose models XLA trains faster on CPUs, compiled whole (README, Performance).
+# Layers (by class name) whose models XLA trains faster on CPUs, compiled whole (docs/performance.md).
 FASTER_UNDER_XLA_ON_CPU = frozenset({"Dense"})
 # The ops (TensorFlow op types) of the forward pass of a model of Dense layers: matmuls, elementwise
 # arithmetic and activations, reductions, shapes, casts (mixed precision), variable reads and the
@@ -58,7 +58,7 @@ DENSE_MODEL_OPS = frozenset({
     "Reshape", "Squeeze", "ExpandDims", "Transpose", "ConcatV2", "Pack", "StridedSlice", "Shape", "Fill", "ZerosLike",
     "OnesLike", "StatelessRandomGetKeyCounter", "StatelessRandomUniformV2", "StatelessRandomNormalV2",
 })
-_CPU_RULE = "on CPUs XLA pays only for a dense model's whole step, and slows convolutions and embeddings (README, Performance)"
+_CPU_RULE = "on CPUs XLA pays only for a dense model's whole step, and slows convolutions and embeddings (docs/performance.md)"
 
 
 def jit_compile(cfg, gpus: Optional[bool] = None) -> Tuple[Optional[bool], str]:
@@ -90,7 +90,7 @@ def decide_jit(asked, facts: strategies.Strategy, gpus: Optional[bool] = None, l
         return (False if gpus is False else None), (
             f"off (auto): on CPUs, with trainer.accumulate_steps={accumulate_steps}" if layers is not None
             else f"auto: on with GPUs; off on CPUs with trainer.accumulate_steps={accumulate_steps} (a step of {accumulate_steps} "
-                 "micro-batches trained slower compiled: README, accumulation)")
+                 "micro-batches trained slower compiled: docs/performance.md)")
     if gpus is None or layers is None:
         return None, f"auto: on with GPUs; on CPUs on for a model of Dense layers only, else off ({_CPU_RULE})"
     beyond = beyond_dense(layers, ops)
@@ -117,7 +117,7 @@ def beyond_dense(layers: Iterable[str], ops: Iterable[str]) -> str:
 
 
 MOST_STEPS_PER_XLA_CALL = 10  # the most `auto` takes (more steps a call saved no more in the benchmarks)
-_PER_CALL_RULE = "each call's fixed cost saved, a large part of a small dense step (README, Performance)"
+_PER_CALL_RULE = "each call's fixed cost saved, a large part of a small dense step (docs/performance.md)"
 
 
 def steps_per_xla_call(cfg, gpus: Optional[bool] = None) -> Tuple[Optional[int], str]:
@@ -150,7 +150,7 @@ def decide_steps_per_xla_call(asked, jit: Optional[bool], facts: strategies.Stra
         capped = f", capped by trainer.steps_per_loop={steps_per_loop}" if steps < int(asked) else ""
         return (steps if jit else None), f"{steps} (trainer.steps_per_xla_call={asked}{capped})"
     if gpus:
-        return 1, "1 (auto): with GPUs (the saving is shown on CPUs: README, Performance)"
+        return 1, "1 (auto): with GPUs (the saving is shown on CPUs: docs/performance.md)"
     if accumulate_steps > 1:  # slower at 10 than at 1 in benchmarks/bench_accumulation.py: K steps of N micro-batches stacked
         return 1, f"1 (auto): a step of {accumulate_steps} micro-batches is long beside a call's cost"
     periods = [steps_per_loop, *(n for n in every if n)]
@@ -175,7 +175,7 @@ def steps_per_xla_call_problem(asked, jit: bool, jit_why: str, fix: str = "set t
 def precision_warning(precision: str, gpus: bool) -> Optional[str]:
     if precision == "mixed_float16" and not gpus:
         return ("trainer.precision=mixed_float16 without GPUs: CPUs emulate float16 arithmetic, many times slower than float32 "
-                "(README, Performance; mixed_bfloat16 is the CPU's and TPU's half precision)")
+                "(docs/performance.md; mixed_bfloat16 is the CPU's and TPU's half precision)")
     return None
 
 

@@ -72,7 +72,7 @@ def resume_warning(data, deterministic: bool) -> Optional[str]:
         return None
     if on["mode"] == PARALLEL_EPOCHS:
         return ("trainer.deterministic=true with data.service.mode=parallel_epochs: each tf.data service worker shuffles in an order "
-                "of its own, so neither a run nor its resume is reproducible (README: data.service)")
+                "of its own, so neither a run nor its resume is reproducible (docs/multi-process.md: data.service)")
     return ("trainer.deterministic=true with data.service: which batch a step trains depends on which tf.data service worker "
             "answers first, and batches in flight when a run stops are lost, so a resumed run is not bitwise equal to an "
-            "uninterrupted one (README: data.service)")
+            "uninterrupted one (docs/multi-process.md: data.service)")

@@ -62,7 +62,7 @@ def build(group: str, target: str, kwargs: dict, expect: type, **runtime: Any) -
         accepted = _accepted(fn, kwargs)
     except (TypeError, ValueError):  # a builtin (builtins.int) or a non-callable: no signature to read
         raise ConfigError.one(f"{group}._target_", target, f"has no signature to call with the {group} keys: "
-                              f"name a function or class (see the README's 'Your own model, data or task')") from None
+                              f"name a function or class (see docs/own-project.md)") from None
     unknown = sorted(set(kwargs) - set(accepted) - set(runtime))
     if unknown:  # a misspelt key would otherwise train with the target's default in its place
         takes = [name for name in _parameters(fn) if name not in runtime]

@@ -53,5 +53,5 @@ def export_saved_model(model, task, feature_spec, directory: str, protected=()) 
 
 def _batched(spec: tf.TensorSpec) -> tf.TensorSpec:
     # One-tensor features carry no name of their own (a source's pipeline yields (tensor, label)):
-    # the serving input is called `features`, as the README says.
+    # the serving input is called `features`, as docs/trained-model.md says.
     return tf.TensorSpec([None, *spec.shape], spec.dtype, name="features")

@@ -31,7 +31,7 @@ the collectives and variable placement of every strategy work unchanged.
 Steps per XLA call (`trainer.steps_per_xla_call`): compiled whole, K
 consecutive steps can be one XLA computation. Each call of a compiled
 computation has a fixed cost on a CPU beyond its arithmetic, a large part
-of a small model's step (README, Performance: XLA on CPUs). The K batches
+of a small model's step (docs/performance.md: XLA on CPUs). The K batches
 are stacked and a loop inside the computation takes them in turn, so it
 compiles as one step does whatever K (unrolled, its compile time would
 grow with K).
@@ -200,7 +200,7 @@ def _split(batch, parts: int) -> Callable:
     k, so a micro-batch's shape is known when the step is compiled, even at
     a k that a loop counts. Sliced at k instead (t[k * size:(k + 1) * size]),
     its size is not, and XLA compiled the step for a shape of any size,
-    several times slower than indexed (README, Performance: accumulation)."""
+    several times slower than indexed (docs/performance.md: accumulation)."""
     if parts == 1:
         return lambda k: batch
     split = tf.nest.map_structure(lambda t: _in_parts(t, parts), batch)

@@ -50,7 +50,7 @@ class Gone(RunFault):
 
     def __init__(self, distribution: str, internal: str, use: str):
         super().__init__(f"this {_NAMES[distribution]} ({installed_version(distribution)}) has no {internal}, which tfdistx "
-                         f"uses {use}: install {PINS[distribution]} (README: Moving the pinned versions)", EXIT_UNSUPPORTED_VERSION)
+                         f"uses {use}: install {PINS[distribution]} (docs/development.md: Moving the pinned versions)", EXIT_UNSUPPORTED_VERSION)
 
 
 def installed_version(distribution: str) -> str:
