@@ -59,3 +59,24 @@ def test_every_file_a_page_names_exists(page):
     missing = sorted(path for path in named
                      if not re.search(r"[A-Z]{3,}|[*<{…]", path) and not (ROOT / path.split("::")[0].split("#")[0]).exists())
     assert missing == [], f"{page.name} names files the project does not have: {missing}"
+
+
+GROUPS = ("checkpoint", "cluster", "data", "logger", "model", "optimizer", "strategy", "task", "trainer")
+KEY = re.compile(rf"(?<![\w./+-])((?:{'|'.join(GROUPS)})(?:\.[A-Za-z_]\w*)+)")
+# Words that look like keys and are not: Keras' API, a file, and the misspelt keys the pages show being refused.
+NOT_KEYS = {"model.fit", "model.trainable_variables", "strategy.py", "model.filtrs", "model.nonsense"}
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("page", [p for p in PAGES if p.name != "config.md"], ids=lambda page: str(page.relative_to(ROOT)))
+def test_every_key_a_page_names_is_in_the_config_reference(page):
+    """`cluster.peer_timeout`, `data.service.workers`: a key a page names, in
+    prose or in a command, is a key of the generated reference (or leads to
+    one: `data.service`), so a page cannot keep a key the package dropped."""
+    reference = set(re.findall(r"^\| `([^`]+)` \|", (ROOT / "docs" / "config.md").read_text(), re.MULTILINE))
+    text = page.read_text()
+    spans = re.findall(r"`([^`]+)`", text) + [line for line in text.splitlines() if line.startswith("    ")]
+    named = {match for span in spans for match in KEY.findall(span)} - NOT_KEYS
+    unknown = sorted(key for key in named
+                     if not any(known == key or known.startswith(key + ".") or key.startswith(known + ".") for known in reference))
+    assert unknown == [], f"{page.name} names keys the config does not have: {unknown}"
