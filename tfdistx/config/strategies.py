@@ -73,7 +73,7 @@ class Strategy:
         device. Said by --plan and at the start of the run itself."""
         if not self.asynchronous or workers < 2 or steps is None or steps >= 1000 * workers:
             return None
-        # How much less: docs/multi-process.md's table of the default job under parameter servers.
+        # How much less: docs/performance.md's table of the default job under parameter servers.
         return (f"{workers} asynchronous workers apply stale gradients: {steps} steps learn much less than on one device; "
                 f"give it more steps (trainer.steps={1000 * workers}) — see docs/multi-process.md on asynchronous training")
 
