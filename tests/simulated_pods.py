@@ -14,7 +14,7 @@ privileges and touches nothing outside), it:
 - mounts each hostPath volume at its mountPath (over a private /mnt);
 - starts each container's command and args, with `python` standing for
   this interpreter, and TF_CONFIG in the operator's format
-  (../shared/k8s/README.md), so every pod listens on port 2222;
+  (kubeflow/training-operator's pkg/controller.v1/tensorflow), so every pod listens on port 2222;
 - applies restartPolicy ExitCode: a pod that exits 128-255 (or is killed)
   is recreated, up to runPolicy.backoffLimit times; 1-127 fails the job; the
   job succeeds when the chief (or worker 0 without one) exits 0, and
