@@ -3,6 +3,7 @@ runs from any directory, not only from a checkout. (Which TensorFlow each
 install selects: test_unit_packaging.py.)"""
 
 import json
+import os
 import subprocess
 import sys
 import zipfile
@@ -27,7 +28,8 @@ def test_wheel_ships_configs_and_recipes_and_runs_from_elsewhere(tmp_path):
     assert install.returncode == 0, install.stderr[-3000:]
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
-    env = {"PYTHONPATH": str(site), "PATH": "/usr/bin:/bin", "TF_CPP_MIN_LOG_LEVEL": "2", "HOME": str(tmp_path)}
+    # TMPDIR: the session's scratch dir (conftest.py), where TensorFlow's autograph files and their __pycache__ go
+    env = {"PYTHONPATH": str(site), "PATH": "/usr/bin:/bin", "TF_CPP_MIN_LOG_LEVEL": "2", "HOME": str(tmp_path), "TMPDIR": os.environ["TMPDIR"]}
     where = subprocess.run([sys.executable, "-c", "import tfdistx; print(tfdistx.__file__)"], capture_output=True, text=True, env=env, cwd=elsewhere)
     assert where.stdout.startswith(str(site)), where
     run = subprocess.run([sys.executable, "-m", "tfdistx", "recipe=mnist_mlp", "data=synthetic", "trainer.steps=20", "trainer.steps_per_loop=10",
