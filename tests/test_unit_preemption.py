@@ -111,8 +111,13 @@ REFUSED = '''Collective ops is aborted by: failed to connect to all addresses; l
 Additional GRPC error information from remote target /job:worker/replica:0/task:2 while calling /tensorflow.WorkerService/RecvBuf:
 :UNKNOWN:Error received from peer  {grpc_status:14, grpc_message:"failed to connect to all addresses; last error: UNKNOWN: ipv4:127.0.0.1:54439: Failed to connect to remote host: Connection refused"}'''
 
+# worker:1 of 2 SIGKILLed and recreated as a pod (a new process at its name) before worker:0 noticed: its error.
+RESTARTED = ("Collective ops is aborted by: Error reported from /job:worker/task:1: /job:worker/replica:0/task:1 unexpectedly tried "
+             "to connect with a different incarnation. It has likely restarted.")
+
 
 @pytest.mark.parametrize("text, spec, lost", [
+    (RESTARTED, {"worker": ["mw-worker-0.ml.svc:2222", "mw-worker-1.ml.svc:2222"]}, ["worker:1"]),
     (RING_ABORT, {"worker": ["127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3", "127.0.0.1:4"]}, ["worker:2"]),
     (HEARTBEAT, {}, ["worker:2"]),
     ("The following tasks are unhealthy (stopped sending heartbeats):\n/job:worker/replica:0/task:1\n/job:worker/replica:0/task:3\n"

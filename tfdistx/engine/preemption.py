@@ -113,7 +113,9 @@ def lost_tasks(text: str, spec: Mapping[str, Sequence[str]]) -> list:
     (`spec`: the cluster spec, job -> addresses). TensorFlow says it in one
     of these ways, tried in this order: the coordination service found
     tasks that stopped sending heartbeats (a frozen or dead peer: it lists
-    them, or reports the error as theirs); a gRPC connection to an address
+    them, or reports the error as theirs); a task came back as a new
+    incarnation (it died and was restarted, as a recreated pod, before its
+    death was noticed); a gRPC connection to an address
     was refused (a dead peer, named by its address); a call to a remote
     target broke on its transport (a peer that died mid-call: "Socket
     closed"). The other targets an error mentions are alive: their calls
@@ -125,6 +127,9 @@ def lost_tasks(text: str, spec: Mapping[str, Sequence[str]]) -> list:
     reported = re.findall(r"Error reported from (/job:\S+?): The following tasks are unhealthy", text)
     if reported:
         return _names(_TASK.findall(" ".join(reported)))
+    restarted = re.findall(r"(/job:\S+) unexpectedly tried to connect with a different incarnation", text)
+    if restarted:  # a peer that died and came back (a recreated pod) before its death was noticed
+        return _names(_TASK.findall(" ".join(restarted)))
     by_address = {address: f"{job}:{index}" for job, addresses in spec.items() for index, address in enumerate(addresses)}
     refused = {f"{host.strip('[]')}:{port}" for host, port in re.findall(r"ipv[46]:([^\s,;]+):(\d+): Failed to connect", text)}
     if refused & set(by_address):
