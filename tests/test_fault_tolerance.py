@@ -128,13 +128,18 @@ def test_a_stopped_parameter_server_worker_is_treated_as_lost(tmp_path):
 
 @pytest.mark.slow
 def test_a_stopped_multiworker_peer_is_named_in_one_line_and_the_cluster_restarts(tmp_path):
-    """TensorFlow's heartbeat notices the frozen peer (~1 min); the survivor
-    says so in one line and the launcher restarts the cluster, which finishes."""
+    """TensorFlow's heartbeat notices the frozen peer within cluster.peer_timeout;
+    the survivor says so in one line and the launcher restarts the cluster,
+    which finishes. (The launcher's own bound on a stopped task is set past
+    it: with both at their 60 s default the launcher kills the task first,
+    as it does for a frozen task of a one-process job.)"""
     run_dir = tmp_path / "run"
-    args = ["strategy=multiworker", "cluster=2x1", *LONG, "trainer.steps=3000", "trainer.log_every=100", "checkpoint.every_steps=500"]
+    args = ["strategy=multiworker", "cluster=2x1", *LONG, "trainer.steps=3000", "trainer.log_every=100", "checkpoint.every_steps=500",
+            "cluster.peer_timeout=20", "cluster.stopped_task_timeout=300"]
     code, out = run_and_interrupt(args, run_dir, 2, lambda proc: os.kill(task_pid(run_dir, "worker:1"), signal.SIGSTOP))
     assert code == 0, out[-4000:]
-    assert "[worker:0] tfdistx: lost contact with worker:1 of the cluster, stopping" in out
+    assert ("[worker:0] tfdistx: lost contact with worker:1 of the cluster (a frozen peer counts as lost after "
+            "cluster.peer_timeout=20s), stopping") in out
     assert "Traceback" not in out and "exited with code 5; stopping the cluster" in out
     assert json.loads((run_dir / "summary.json").read_text())["step"] == 3000
 
