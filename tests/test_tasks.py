@@ -80,10 +80,13 @@ def test_task_trains_and_its_metrics_are_the_same_under_every_strategy(tfdistx, 
     pytest.param("classification", marks=pytest.mark.slow),
 ])
 def test_task_trains_under_strategy(tfdistx, task, strategy):
-    run = tfdistx(*task_args(task), *STRATEGIES[strategy], "trainer.steps=160")
+    # Asynchronous workers train on stale weights and need more steps (docs/multi-process.md): after 160
+    # the 10-class task on ps1w2 sat at 0.13-0.2 eval accuracy, beside chance (0.1) and the bound (0.15).
+    steps = 640 if strategy == "parameter_server" else 160
+    run = tfdistx(*task_args(task), *STRATEGIES[strategy], f"trainer.steps={steps}")
     assert run.returncode == 0, run
     summary = run.summary
-    assert (summary["task"], summary["strategy"], summary["step"]) == (task, strategy, 160)
+    assert (summary["task"], summary["strategy"], summary["step"]) == (task, strategy, steps)
     assert_sensible(task, summary["eval"])
 
 
