@@ -106,6 +106,14 @@ def lost_peer_in_one_line(synchronous_cluster: bool, parameter_servers: bool = F
 
 
 _TASK = re.compile(r"/job:(\w+)(?:/replica:\d+)?/task:(\d+)")
+# Errors whose text names the lost task itself, in lost_tasks' order: the
+# coordination service reports a heartbeat timeout as the unhealthy task's
+# own; a peer that died and came back (a recreated pod) before its death was
+# noticed is a new incarnation.
+_NAMING_THE_LOST = (
+    re.compile(r"Error reported from (/job:\S+?): The following tasks are unhealthy"),
+    re.compile(r"(/job:\S+) unexpectedly tried to connect with a different incarnation"),
+)
 
 
 def lost_tasks(text: str, spec: Mapping[str, Sequence[str]]) -> list:
@@ -124,12 +132,10 @@ def lost_tasks(text: str, spec: Mapping[str, Sequence[str]]) -> list:
     listed = re.search(r"unhealthy \(stopped sending heartbeats\):[ \t]*\n((?:[ \t]*/job:\S+[ \t]*\n?)+)", text)
     if listed:
         return _names(_TASK.findall(listed.group(1)))
-    reported = re.findall(r"Error reported from (/job:\S+?): The following tasks are unhealthy", text)
-    if reported:
-        return _names(_TASK.findall(" ".join(reported)))
-    restarted = re.findall(r"(/job:\S+) unexpectedly tried to connect with a different incarnation", text)
-    if restarted:  # a peer that died and came back (a recreated pod) before its death was noticed
-        return _names(_TASK.findall(" ".join(restarted)))
+    for naming in _NAMING_THE_LOST:
+        named = naming.findall(text)
+        if named:
+            return _names(_TASK.findall(" ".join(named)))
     by_address = {address: f"{job}:{index}" for job, addresses in spec.items() for index, address in enumerate(addresses)}
     refused = {f"{host.strip('[]')}:{port}" for host, port in re.findall(r"ipv[46]:([^\s,;]+):(\d+): Failed to connect", text)}
     if refused & set(by_address):
