@@ -16,8 +16,9 @@ from conftest import tfdistx_env
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
-# Every page a user reads: the README, CONTRIBUTING.md and the site's pages (docs/config.md is generated).
-PAGES = [README, ROOT / "CONTRIBUTING.md", *sorted((ROOT / "docs").glob("*.md"))]
+SITE = sorted((ROOT / "docs").glob("*.md"))  # the site's pages (docs/config.md is generated)
+# Every page a user reads: the README, CONTRIBUTING.md and the site's.
+PAGES = [README, ROOT / "CONTRIBUTING.md", *SITE]
 STARTS = ("python -m tfdistx", ".venv/bin/python -m tfdistx", "tfdistx ", "TFDISTX_RECIPES=")
 SMALL = ["trainer.steps=4", "trainer.steps_per_loop=2", "trainer.log_every=2", "trainer.eval_every=0", "trainer.eval_steps=1",
          "checkpoint.every_steps=0", "logger.tensorboard=false"]

@@ -11,7 +11,11 @@ import re
 import pytest
 
 from conftest import TESTS
-from test_readme import EXAMPLES, PAGES, README, ROOT
+from test_readme import EXAMPLES, PAGES, README, ROOT, SITE
+
+def page_id(page) -> str:
+    return str(page.relative_to(ROOT))
+
 
 # Where a file the pages name by its path lives: a path that starts with one of these is the project's own.
 PROJECT_DIRS = ("tfdistx/", "tests/", "benchmarks/", "conf/", "recipes/", "docs/", "scripts/", ".ci/")
@@ -27,7 +31,7 @@ def test_the_pages_have_examples():
 def test_the_readme_fits_on_a_few_screens_and_links_every_page():
     text = README.read_text()
     assert len(text.splitlines()) <= 220
-    pages = {page.name for page in PAGES if page.parent.name == "docs" and page.name != "index.md"}  # index: the site's home, the README's own words
+    pages = {page.name for page in SITE if page.name != "index.md"}  # index: the site's home, the README's own words
     assert {name for name in pages if f"(docs/{name}" not in text} == set(), "pages the README does not link"
 
 
@@ -37,7 +41,7 @@ def defined_tests() -> dict:
 
 
 @pytest.mark.unit
-@pytest.mark.parametrize("page", PAGES, ids=[str(page.relative_to(ROOT)) for page in PAGES])
+@pytest.mark.parametrize("page", PAGES, ids=page_id)
 def test_every_test_a_page_cites_exists(page):
     tests, missing = defined_tests(), []
     for cited in re.findall(r"`(?:tests/)?(test_[^`\s]*)`", page.read_text()):
@@ -49,7 +53,7 @@ def test_every_test_a_page_cites_exists(page):
 
 
 @pytest.mark.unit
-@pytest.mark.parametrize("page", PAGES, ids=[str(page.relative_to(ROOT)) for page in PAGES])
+@pytest.mark.parametrize("page", PAGES, ids=page_id)
 def test_every_file_a_page_names_exists(page):
     """`tfdistx/engine/sharding.py`, `benchmarks/bench_scaling.py`, `conf/task/NAME.yaml`:
     a path of the project in backticks is there (a placeholder in capitals,
@@ -68,7 +72,7 @@ NOT_KEYS = {"model.fit", "model.trainable_variables", "strategy.py", "model.filt
 
 
 @pytest.mark.unit
-@pytest.mark.parametrize("page", [p for p in PAGES if p.name != "config.md"], ids=lambda page: str(page.relative_to(ROOT)))
+@pytest.mark.parametrize("page", [p for p in PAGES if p.name != "config.md"], ids=page_id)
 def test_every_key_a_page_names_is_in_the_config_reference(page):
     """`cluster.peer_timeout`, `data.service.workers`: a key a page names, in
     prose or in a command, is a key of the generated reference (or leads to

@@ -252,7 +252,7 @@ def _causes_first(tasks: List[_Task]) -> List[_Task]:
     """The tasks, those killed by a signal first: when a ps is killed, the
     coordinator exits 5 on losing it within the same poll, and the line that
     says why the cluster stopped should name the ps, not the coordinator."""
-    return sorted(tasks, key=lambda task: not (task.proc.poll() or 0) < 0)
+    return sorted(tasks, key=lambda task: (task.proc.poll() or 0) >= 0)  # False (killed) sorts first
 
 
 def _teardown(tasks: List[_Task], primary: List[str], grace: float, signalled: bool) -> None:
