@@ -75,7 +75,7 @@ BIG = MAX_STEPS  # 2**62: the most steps a checkpoint's int64 counter can carry
      "trainer.objective='eval/rmse': task=binary reports eval/loss, eval/auc, eval/accuracy, eval/log_loss, loss, auc, accuracy, log_loss"),
     # targets
     ((), {"data._target_": "nosuchpkg_tfdistx.load"}, "data._target_='nosuchpkg_tfdistx.load': no module named 'nosuchpkg_tfdistx' is importable"),
-    ((), {"model._target_": None}, "model._target_=None: must be a dotted path to a function, e.g. mypkg.models.build"),
+    ((), {"model._target_": None}, "model._target_=None: must be a dotted path to a function or class, e.g. mypkg.models.build"),
     # logger
     (("logger=wandb",), {"logger.wandb.init_timeout": 0}, "logger.wandb.init_timeout=0: seconds, more than 0"),
     # a key no group has

@@ -95,8 +95,8 @@ def test_plan_leaves_remote_files_to_tensorflow(tmp_path):
     (["trainer.accumulate_steps=8"], "compute       float32; XLA auto: on with GPUs; off on CPUs with trainer.accumulate_steps=8 (a step of "
      "8 micro-batches trained slower compiled: docs/performance.md); steps per XLA call 1 (auto): a step of 8 micro-batches is long "
      "beside a call's cost"),
-    (["optimizer.clip_norm=0.5"], "optimizer     adam, lr 0.001, schedule constant; clip clip_norm 0.5 after the sum over replicas"),
-    (["strategy=mirrored", "optimizer.scale_lr_with_replicas=true"], "optimizer     adam, lr 0.001 x replicas, schedule constant"),
+    (["optimizer.clip_norm=0.5"], "optimizer     adam (keras.optimizers.Adam), lr 0.001, schedule constant; clip clip_norm 0.5 after the sum over replicas"),
+    (["strategy=mirrored", "optimizer.scale_lr_with_replicas=true"], "optimizer     adam (keras.optimizers.Adam), lr 0.001 x replicas, schedule constant"),
     (["trainer.steps=null", "trainer.epochs=3"], "steps         3 epoch(s); 100 per tf.function call; log every 100; eval every 500"),
 ])
 def test_plan_line(configs, overrides, line):

@@ -60,7 +60,7 @@ def test_loop_runs_steps_logs_evaluates_and_saves():
     task = Classification(metrics=("accuracy",))
     model = mlp((4, 4, 1), 3, hidden_units=(8,))
     learning_rate = LearningRateAtStep(0.01)
-    optimizer = build_optimizer(Optimizer("sgd", lr=0.01, schedule="constant", warmup_steps=0, min_lr_ratio=0.0,
+    optimizer = build_optimizer(Optimizer("sgd", target="keras.optimizers.SGD", lr=0.01, schedule="constant", warmup_steps=0, min_lr_ratio=0.0,
                                           scale_lr_with_replicas=False, clip_norm=None, global_clip_norm=None, options={}), learning_rate)
     metrics = MetricSet(task.metrics())
     features, labels = next(iter(source.train(None).batch(2)))

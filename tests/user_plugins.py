@@ -252,3 +252,37 @@ class BalancedClassification(Classification):
         counts = tf.math.bincount(tf.cast(ids, tf.int32), dtype=tf.float32)
         weights = tf.cast(tf.size(ids), tf.float32) / (tf.gather(counts, ids) * tf.cast(tf.math.count_nonzero(counts), tf.float32))
         return super().loss(labels, outputs) * weights
+
+
+class StopBelow(keras.callbacks.Callback):
+    """A user's Keras callback: notes each record's loss, and stops the run
+    at the first record whose loss is below `loss`."""
+
+    def __init__(self, loss: float):
+        super().__init__()
+        self.loss, self.seen = loss, []
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.seen.append((epoch, logs["loss"]))
+        if logs["loss"] < self.loss:
+            self.model.stop_training = True
+
+
+class StopAtStep:
+    """A tfdistx action: asks the loop to stop at `step`, and says so."""
+
+    def __init__(self, step: int):
+        self.step, self.stop_requested = step, None
+
+    def next_stop(self, step):
+        return self.step if step < self.step else None
+
+    def __call__(self, step, record):
+        if step >= self.step:
+            self.stop_requested = f"step {step} reached"
+
+
+class Raises(keras.callbacks.Callback):
+    def on_epoch_end(self, epoch, logs=None):
+        if epoch >= 20:
+            raise ValueError("the chat server said no")

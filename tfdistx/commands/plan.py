@@ -6,7 +6,7 @@ from tfdistx import machine
 from tfdistx.cluster import placement as cluster_lib
 from tfdistx.cluster.placement import Source
 from tfdistx.commands.execute import local_tasks
-from tfdistx.config import compute, data_service, sources, strategies
+from tfdistx.config import compute, data_service, optimizers, sources, strategies
 from tfdistx.config.validate import planned_replicas
 
 
@@ -63,7 +63,19 @@ def describe(cfg: DictConfig) -> str:
     lr_text = f"{lr} x replicas = {lr * replicas}" if scale and replicas else f"{lr}" + (" x replicas" if scale else "")
     clip = next((f"; clip {key} {cfg.optimizer[key]} after the sum over replicas" for key in ("clip_norm", "global_clip_norm")
                  if cfg.optimizer.get(key) is not None), "")
-    lines.append(f"optimizer     {cfg.optimizer.name}, lr {lr_text}, schedule {cfg.optimizer.get('schedule', 'constant')}{clip}")
+    schedule = cfg.optimizer.get("schedule", "constant")
+    if OmegaConf.is_dict(schedule):  # a LearningRateSchedule's _target_: its own rates, not optimizer.lr
+        lr_text, schedule = ("x replicas" if scale else "its own"), schedule.get("_target_")
+    warmup = cfg.optimizer.get("warmup_steps", 0)
+    schedule = f"{schedule} after {warmup} steps of warm-up" if warmup and schedule != "cosine" else schedule
+    name, target = cfg.optimizer.get("name"), optimizers.target_of(cfg.optimizer)
+    lines.append(f"optimizer     {f'{name} ({target})' if name and not cfg.optimizer.get('_target_') else target}, lr {lr_text}, "
+                 f"schedule {schedule}{clip}")
+    callbacks = cfg.get("callbacks") or {}
+    if callbacks:
+        lines.append("callbacks     " + ", ".join(f"{name} ({callback.get('_target_')})" for name, callback in callbacks.items())
+                     + ", on the chief (docs/own-project.md)")
+    lines.append(f"loggers       {', '.join(_loggers(cfg.logger))}")
     steps = cfg.trainer.steps if cfg.trainer.steps is not None else f"{cfg.trainer.epochs} epoch(s)"
     t = cfg.trainer
     lines.append(f"steps         {steps}; {t.steps_per_loop} per tf.function call; log every {t.log_every}; eval every {t.eval_every or 'end only'}")
@@ -137,3 +149,13 @@ def _tasks(cfg: DictConfig, facts: strategies.Strategy, placement) -> list:
     lines.append(f"  TF_CONFIG   {placement.tf_config()}")
     return lines
 
+
+def _loggers(logger) -> list:
+    """Where the run's metrics go, as the logger group says."""
+    named = ["metrics.jsonl"] + [name for name, on in (("terminal", logger.get("console", True)), ("tensorboard", logger.get("tensorboard", True)),
+                                                       ("metrics.csv", logger.get("csv", False))) if on]
+    if OmegaConf.select(logger, "wandb.enabled"):
+        named.append("wandb")
+    if OmegaConf.select(logger, "mlflow.enabled"):
+        named.append(f"mlflow ({OmegaConf.select(logger, 'mlflow.tracking_uri') or 'MLFLOW_TRACKING_URI, else ./mlruns'})")
+    return named

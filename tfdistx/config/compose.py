@@ -24,7 +24,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from tfdistx.config import recipes, strategies, topology, userconf
 from tfdistx.config.paths import config_dir
-from tfdistx.config.schema import PIPELINE_KEYS, TASK_FACTS, TASK_KEYS
+from tfdistx.config.schema import OPTIMIZER_KEYS, PIPELINE_KEYS, TASK_FACTS, TASK_KEYS
 from tfdistx.config.validate import validate
 from tfdistx.config.errors import ConfigError, Problem
 
@@ -53,7 +53,7 @@ def composed(overrides: Sequence[str], notes: bool = True) -> Iterator[DictConfi
 
 
 # Groups whose `_target_` a user may replace with their own function.
-USER_TARGET_GROUPS = ("data", "model", "task")
+USER_TARGET_GROUPS = ("data", "model", "task", "optimizer")
 
 
 def keys_for_own_targets(overrides: Sequence[str]) -> list:
@@ -73,7 +73,11 @@ def keys_for_own_targets(overrides: Sequence[str]) -> list:
             own.add(group)
     def own_key(override: str) -> bool:
         group, _, rest = override.partition(".")
-        return not override.startswith(("+", "~")) and group in own and "=" in rest and not rest.startswith("_target_=")
+        if group == "callbacks" and not override.startswith(("+", "~")):  # every callback is the user's: callbacks.NAME.KEY=V adds it
+            return "=" in rest
+        # optimizer._target_ too: the shipped optimizer files name their class by `name`, and have no _target_ to set.
+        return not override.startswith(("+", "~")) and group in own and "=" in rest and \
+            (not rest.startswith("_target_=") or group == "optimizer")
 
     return [f"++{o}" if own_key(o) else o for o in overrides]
 
@@ -103,16 +107,23 @@ def only_given_keys_for_user_targets(cfg: DictConfig, overrides: Sequence[str], 
     The default task's facts (schema.TASK_FACTS: what it offers) go too,
     unsaid: they are not keys the target would take."""
     given = {o.lstrip("+~").partition("=")[0] for o in overrides}
-    for group, kept in (("data", PIPELINE_KEYS), ("model", ()), ("task", TASK_KEYS)):
-        if f"{group}._target_" not in given:
+    # The optimizer keeps tfdistx's keys (lr, schedule, clipping ...), not the shortcut `name` the target replaces;
+    # `optimizer.name=lion` over optimizer=adam names another class as well: adam's beta_1, epsilon ... are not Lion's.
+    chosen = OmegaConf.select(cfg, "hydra.runtime.choices.optimizer")
+    renamed = "optimizer.name" in given and cfg.optimizer.get("name") != chosen
+    kept_by_group = (("data", PIPELINE_KEYS), ("model", ()), ("task", TASK_KEYS), ("optimizer", tuple(k for k in OPTIMIZER_KEYS if k != "name")))
+    for group, kept in kept_by_group:
+        named = f"{group}._target_" if f"{group}._target_" in given else "optimizer.name" if group == "optimizer" and renamed else None
+        if named is None:
             continue
-        dropped = [key for key in cfg[group] if key != "_target_" and key not in kept and f"{group}.{key}" not in given]
+        shortcut = ("name",) if group == "optimizer" else ()  # said by the note's first words, or replaced by the _target_
+        dropped = [key for key in cfg[group] if key not in ("_target_", *shortcut, *kept) and f"{group}.{key}" not in given]
         with open_dict(cfg):
-            for key in dropped:
+            for key in dropped + (["name"] if named == "optimizer._target_" and "optimizer.name" not in given else []):
                 del cfg[group][key]
         told = [key for key in dropped if not (group == "task" and key in TASK_FACTS)]
         if told and notes:
-            print(f"tfdistx: note: {group}._target_={cfg[group]._target_} gets only the {group} keys you give "
+            print(f"tfdistx: note: {named}={OmegaConf.select(cfg, named)} gets only the {group} keys you give "
                   f"(not the default group's {', '.join(told)}): set them with {group}.KEY=VALUE", file=sys.stderr)
 
 
@@ -209,7 +220,7 @@ def _with_valid_keys(error: ConfigError, overrides: Sequence[str]) -> ConfigErro
     name = problem.key.rpartition(".")[2]
     # An option of another strategy: which strategies take it is a fact of the strategy table.
     elsewhere = f" (strategy.{name} is for strategy={', '.join(strategies.taking(name))})" if parent == "strategy" and strategies.taking(name) else ""
-    target = str(node.get("_target_", ""))
+    target = str(node.get("_target_") or "")
     if parent in USER_TARGET_GROUPS and target and not target.startswith("tfdistx."):  # the user's function may take it: Hydra's `+` adds it
         elsewhere += f"; for your own target {target}, add it with +{key}={value} (or put it in the YAML)"
     return ConfigError([Problem(key, value, f"{parent} has no key {name!r}; its keys: {keys}{elsewhere}")])

@@ -14,15 +14,15 @@ from typing import Any, Mapping, Optional
 
 from omegaconf import DictConfig, OmegaConf
 
-from tfdistx.config import data_service, strategies, warm_start
+from tfdistx.config import data_service, optimizers, strategies, warm_start
 from tfdistx.config.compose import saved_config
 from tfdistx.config.errors import ConfigError
-from tfdistx.config.schema import (LOGGER_DEFAULTS, OPTIMIZER_DEFAULTS, OPTIMIZER_KEYS, PIPELINE_DEFAULTS, TASK_FACTS, TASK_KEYS,
+from tfdistx.config.schema import (LOGGER_DEFAULTS, MLFLOW_DEFAULTS, OPTIMIZER_DEFAULTS, OPTIMIZER_KEYS, PIPELINE_DEFAULTS, TASK_FACTS, TASK_KEYS,
                                    WANDB_DEFAULTS,
                                    CheckpointConfig, ClusterConfig, EarlyStoppingConfig, TrainerConfig)
-from tfdistx.config.spec import (Checkpoint, Cluster, DataService, EarlyStopping, InitFrom, Logger, Optimizer, Pipeline, RunSpec,
+from tfdistx.config.spec import (Checkpoint, Cluster, DataService, EarlyStopping, InitFrom, Logger, Mlflow, Optimizer, Pipeline, RunSpec,
                                  Strategy, Trainer, Wandb)
-from tfdistx.config.targets import Target
+from tfdistx.config.targets import Target, current
 
 
 def resolve(cfg: DictConfig, run_dir: str = ".", follow_init_from: bool = True) -> RunSpec:
@@ -61,6 +61,7 @@ def resolve(cfg: DictConfig, run_dir: str = ".", follow_init_from: bool = True) 
         optimizer=_optimizer(plain["optimizer"]),
         logger=_logger(plain["logger"]),
         config=_frozen(plain),
+        callbacks=_frozen({name: Target.of(f"callbacks.{name}", keys) for name, keys in (plain.get("callbacks") or {}).items()}),
     )
 
 
@@ -83,17 +84,27 @@ def _pipeline(data: Mapping[str, Any]) -> Pipeline:
 
 def _optimizer(group: Mapping[str, Any]) -> Optimizer:
     keys = {**OPTIMIZER_DEFAULTS, **group}
-    return Optimizer(**{key: keys[key] for key in OPTIMIZER_KEYS},
-                     options=_frozen({key: value for key, value in group.items() if key not in OPTIMIZER_KEYS}))
+    schedule = keys["schedule"]
+    return Optimizer(**{key: keys[key] for key in OPTIMIZER_KEYS if key not in ("name", "schedule")},
+                     name=optimizers.shown_name(group), target=current(optimizers.target_of(group)),
+                     schedule=Target.of("optimizer.schedule", schedule) if isinstance(schedule, Mapping) else schedule,
+                     options=_frozen({key: value for key, value in group.items() if key not in (*OPTIMIZER_KEYS, "_target_")}))
 
 
 def _logger(group: Mapping[str, Any]) -> Logger:
     keys = {**LOGGER_DEFAULTS, **group}
-    wandb = dict(keys.get("wandb") or {})
-    on = wandb.pop("enabled", False)
-    wandb = {**WANDB_DEFAULTS, **{key: value for key, value in wandb.items() if key in WANDB_DEFAULTS}}
-    return Logger(console=bool(keys["console"]), tensorboard=bool(keys["tensorboard"]),
-                  wandb=Wandb(**{**wandb, "tags": tuple(wandb["tags"] or ())}) if on else None)
+    wandb, mlflow = _service(keys, "wandb", WANDB_DEFAULTS), _service(keys, "mlflow", MLFLOW_DEFAULTS)
+    return Logger(console=bool(keys["console"]), tensorboard=bool(keys["tensorboard"]), csv=bool(keys["csv"]),
+                  wandb=Wandb(**{**wandb, "tags": tuple(wandb["tags"] or ())}) if wandb else None,
+                  mlflow=Mlflow(**mlflow) if mlflow else None)
+
+
+def _service(logger: Mapping[str, Any], name: str, defaults: Mapping[str, Any]) -> Optional[dict]:
+    """A logging service's keys (`logger.NAME`), with its defaults; None when it is not enabled."""
+    keys = dict(logger.get(name) or {})
+    if not keys.pop("enabled", False):
+        return None
+    return {**defaults, **{key: value for key, value in keys.items() if key in defaults}}
 
 
 def _init_from(path: Optional[str], resumes: bool) -> Optional[InitFrom]:

@@ -1,7 +1,7 @@
 """Structured config: the types Hydra checks while it composes.
 
 Groups whose keys vary by option or are passed to a user's `_target_`
-(strategy, task, model, data, optimizer, logger) stay free-form here and are checked
+(strategy, task, model, data, optimizer, logger, callbacks) stay free-form here and are checked
 in `validate.py`; the rest get dataclasses, so `trainer.steps=abc` is refused
 at compose time with the key named.
 """
@@ -41,8 +41,9 @@ TASK_FACTS = ("offers", "labels")
 OPTIMIZER_DEFAULTS = {"schedule": "constant", "warmup_steps": 0, "min_lr_ratio": 0.0, "scale_lr_with_replicas": False,
                       "clip_norm": None, "global_clip_norm": None}
 OPTIMIZER_KEYS = ("name", "lr", *OPTIMIZER_DEFAULTS)
-LOGGER_DEFAULTS = {"console": True, "tensorboard": True}
+LOGGER_DEFAULTS = {"console": True, "tensorboard": True, "csv": False}
 WANDB_DEFAULTS = {"project": "tfdistx", "entity": None, "mode": None, "tags": [], "init_timeout": 30.0}
+MLFLOW_DEFAULTS = {"experiment": "tfdistx", "tracking_uri": None, "run_name": None, "timeout": 30.0}
 
 
 @dataclass
@@ -111,6 +112,7 @@ class Config:
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     logger: Any = field(default_factory=dict)
+    callbacks: Any = field(default_factory=dict)  # NAME -> {_target_: a Keras callback or a tfdistx action, its keys}
 
 
 def tasks_per_job(strategy: str, workers: int, ps: int, evaluator: bool = False, service_workers: int = 0) -> int:

@@ -8,7 +8,7 @@ filled in once. The user's own code (model, data source, task) is a
 Target: its `_target_` and keys, built when the engine asks (targets.py).
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Optional, Tuple, Union
 
@@ -106,9 +106,10 @@ class Optimizer:
     """The optimizer group: tfdistx's keys (engine/optim.py reads them), and
     the rest for the optimizer class itself."""
 
-    name: str
+    name: str  # as the plan and logs show it: the shortcut, or the class's dotted path
+    target: str  # the class's dotted path (config/optimizers.py: a shortcut's, or optimizer._target_)
     lr: float  # peak learning rate, before scaling with replicas
-    schedule: str  # constant | cosine | warmup_cosine
+    schedule: Union[str, Target]  # constant | cosine | warmup_cosine, or a LearningRateSchedule's _target_ and keys
     warmup_steps: int
     min_lr_ratio: float
     scale_lr_with_replicas: bool
@@ -127,10 +128,20 @@ class Wandb:
 
 
 @dataclass(frozen=True)
+class Mlflow:
+    experiment: str
+    tracking_uri: Optional[str]  # None: MLFLOW_TRACKING_URI, else ./mlruns
+    run_name: Optional[str]  # None: the run dir's name
+    timeout: float
+
+
+@dataclass(frozen=True)
 class Logger:
     console: bool
     tensorboard: bool
+    csv: bool  # metrics.csv
     wandb: Optional[Wandb]  # None: off
+    mlflow: Optional[Mlflow] = None  # None: off
 
 
 @dataclass(frozen=True)
@@ -147,3 +158,4 @@ class RunSpec:
     optimizer: Optimizer
     logger: Logger
     config: Mapping[str, Any]  # the whole resolved config as plain data, as the loggers record it
+    callbacks: Mapping[str, Target] = field(default_factory=dict)  # NAME -> the user's callback (engine/callbacks.py), in order

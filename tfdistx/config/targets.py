@@ -18,7 +18,7 @@ import importlib
 import inspect
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping, Optional
 
 from tfdistx.config.errors import ConfigError, Problem
 
@@ -45,32 +45,38 @@ class Target:
         kwargs = {k: v for k, v in keys.items() if k not in set(exclude) and k != "_target_"}
         return cls(group, current(keys["_target_"]), MappingProxyType(kwargs))
 
-    def build(self, expect: type, **runtime: Any) -> Any:
+    def build(self, expect: type, *, takes: Optional[Callable[[Any], Iterable[str]]] = None, wrap: Optional[Callable] = None, **runtime: Any) -> Any:
         """Call the target with the group's keys and `runtime` kwargs; the
-        result must be an `expect`."""
-        return build(self.group, self.path, dict(self.kwargs), expect, **runtime)
+        result must be an `expect` (`takes`, `wrap`: as build's)."""
+        return build(self.group, self.path, dict(self.kwargs), expect, takes=takes, wrap=wrap, **runtime)
 
 
-def build(group: str, target: str, kwargs: dict, expect: type, **runtime: Any) -> Any:
-    """Call `target` with `kwargs` and `runtime`; the result must be an `expect`."""
+def build(group: str, target: str, kwargs: dict, expect: type, *, takes: Optional[Callable[[Any], Iterable[str]]] = None,
+          wrap: Optional[Callable] = None, **runtime: Any) -> Any:
+    """Call `target` with `kwargs` and `runtime`; the result must be an
+    `expect`. `takes(fn)`: the keyword names what the path names accepts,
+    where its signature ends in **kwargs that a base class checks (a Keras
+    optimizer's); read from its signature otherwise. `wrap`: applied to
+    what the path names before the call (it may refuse it with a ConfigError)."""
     try:
         fn = locate(target)
     except Exception as error:
         raise ConfigError.one(f"{group}._target_", target, _why_not_found(target, error)) from None
     kwargs = {**kwargs, **runtime}
     try:
-        accepted = _accepted(fn, kwargs)
+        names = None if takes is None else list(takes(fn))
+        accepted = _accepted(fn, kwargs) if names is None else {k: v for k, v in kwargs.items() if k in names or k in runtime}
     except (TypeError, ValueError):  # a builtin (builtins.int) or a non-callable: no signature to read
         raise ConfigError.one(f"{group}._target_", target, f"has no signature to call with the {group} keys: "
                               f"name a function or class (see docs/own-project.md)") from None
     unknown = sorted(set(kwargs) - set(accepted) - set(runtime))
     if unknown:  # a misspelt key would otherwise train with the target's default in its place
-        takes = [name for name in _parameters(fn) if name not in runtime]
+        taken = [name for name in (names if names is not None else _parameters(fn)) if name not in runtime]
         raise ConfigError([Problem(f"{group}.{key}", kwargs[key], f"{target} takes no such argument; it takes: "
-                                   f"{', '.join(takes) or 'none'} (tfdistx passes {', '.join(sorted(runtime)) or 'nothing'} itself)")
+                                   f"{', '.join(taken) or 'none'} (tfdistx passes {', '.join(sorted(runtime)) or 'nothing'} itself)")
                            for key in unknown])
     try:
-        built = fn(**{key: _built(group, key, value) for key, value in accepted.items()})
+        built = (wrap(fn) if wrap else fn)(**{key: _built(group, key, value) for key, value in accepted.items()})
     except ConfigError:
         raise
     except Exception as error:

@@ -15,16 +15,14 @@ from typing import Optional
 from omegaconf import DictConfig, OmegaConf
 
 from tfdistx import rundir
-from tfdistx.config import compute, data_service, sources, strategies, tasks, topology, warm_start
+from tfdistx.config import compute, data_service, optimizers, sources, strategies, tasks, topology, warm_start
 from tfdistx.config.errors import MAX_RETRYABLE_EXIT_OFFSET, ConfigError, Problem
 from tfdistx.config.objective import objective_problems, unevaluated_problems
-from tfdistx.config.schema import LAUNCH_MODES, Config
+from tfdistx.config.schema import LAUNCH_MODES, LOGGER_DEFAULTS, Config
 from tfdistx.config.targets import current
 
-OPTIMIZERS = ("adam", "sgd", "adamw")
 FLOAT32_MAX = 3.4028234663852886e38  # the learning rate lives in a float32 variable
 MAX_STEPS = 2**62  # the step counter is an int64; a count past this cannot be saved with the checkpoint
-SCHEDULES = ("constant", "cosine", "warmup_cosine")
 
 
 def validate(cfg: DictConfig, run_dir: Optional[str] = None) -> None:
@@ -157,23 +155,37 @@ def _shown(value):
 
 
 def _logger(logger: DictConfig) -> list:
-    wandb = logger.get("wandb")
-    timeout = wandb.get("init_timeout") if OmegaConf.is_dict(wandb) else None
-    if timeout is not None and not (_is_number(timeout) and timeout > 0):
-        return [Problem("logger.wandb.init_timeout", timeout, "seconds, more than 0")]
-    return []
+    problems = [Problem(f"logger.{key}", logger[key], "allowed: true, false") for key in LOGGER_DEFAULTS
+                if key in logger and not isinstance(logger[key], bool)]
+    for key in ("wandb.init_timeout", "mlflow.timeout"):
+        timeout = OmegaConf.select(logger, key)
+        if timeout is not None and not (_is_number(timeout) and timeout > 0):
+            problems.append(Problem(f"logger.{key}", timeout, "seconds, more than 0"))
+    if OmegaConf.select(logger, "mlflow.enabled") and importlib.util.find_spec("mlflow") is None:
+        problems.append(Problem("logger.mlflow.enabled", True, "needs the MLflow client: pip install 'tfdistx[mlflow]'"))
+    return problems
 
 
 def _optimizer(opt: DictConfig) -> list:
     problems = []
-    name = opt.get("name")
-    if name not in OPTIMIZERS:
-        problems.append(Problem("optimizer.name", name, f"allowed: {', '.join(OPTIMIZERS)}"))
+    name, target = opt.get("name"), opt.get("_target_")
+    if target is not None and name is not None:
+        problems.append(Problem("optimizer.name", name, f"set with optimizer._target_={target}: name the class once, by one of them"))
+    elif target is not None and not (isinstance(target, str) and target):
+        problems.append(Problem("optimizer._target_", target, "the dotted path of an optimizer class, e.g. keras.optimizers.Lion"))
+    elif target is None and name not in optimizers.CLASSES:
+        problems.append(Problem("optimizer.name", name, f"allowed: {', '.join(optimizers.CLASSES)}; or any class by "
+                                                        "optimizer._target_ (docs/own-project.md)"))
     lr = opt.get("lr")
     if not _is_number(lr) or not 0 < lr <= FLOAT32_MAX:
         problems.append(Problem("optimizer.lr", lr, "must be a positive, finite number (a float32: at most 3.4e38)"))
-    if opt.get("schedule", "constant") not in SCHEDULES:
-        problems.append(Problem("optimizer.schedule", opt.schedule, f"allowed: {', '.join(SCHEDULES)}"))
+    schedule = opt.get("schedule", "constant")
+    if OmegaConf.is_dict(schedule) and not isinstance(schedule.get("_target_"), str):
+        problems.append(Problem("optimizer.schedule._target_", schedule.get("_target_"),
+                                "the dotted path of a learning-rate schedule, e.g. keras.optimizers.schedules.PiecewiseConstantDecay"))
+    elif not OmegaConf.is_dict(schedule) and schedule not in optimizers.SCHEDULES:
+        problems.append(Problem("optimizer.schedule", schedule, f"allowed: {', '.join(optimizers.SCHEDULES)}, or a mapping "
+                                                                "with the _target_ of a LearningRateSchedule"))
     warmup = opt.get("warmup_steps", 0)
     if not _is_int(warmup) or warmup < 0:
         problems.append(Problem("optimizer.warmup_steps", warmup, "must be a whole number, 0 or more"))
@@ -191,6 +203,8 @@ def _optimizer(opt: DictConfig) -> list:
         value = opt.get(key)
         if value is not None and (not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 < value < math.inf):
             problems.append(Problem(f"optimizer.{key}", value, "must be a positive, finite number (or null: no clipping)"))
+    problems += [Problem(f"optimizer.{key}", opt[key], f"tfdistx sets it: set {instead}") for key, instead in optimizers.SET_BY_TFDISTX.items()
+                 if key in opt]
     if opt.get("clip_norm") is not None and opt.get("global_clip_norm") is not None:
         problems.append(Problem("optimizer.global_clip_norm", opt.global_clip_norm,
                                 f"set with optimizer.clip_norm={opt.clip_norm}: clip each gradient or all together, not both"))
@@ -305,12 +319,19 @@ def _targets(cfg: DictConfig) -> list:
     import TensorFlow, which must wait until the config is known to be good.
     """
     problems = []
-    for group in ("task", "model", "data"):
-        target = cfg[group].get("_target_")
+    targets = [(f"{group}._target_", cfg[group].get("_target_")) for group in ("task", "model", "data")]
+    callbacks = cfg.get("callbacks")
+    callbacks = {} if callbacks is None else callbacks  # callbacks=none: a file of comments only
+    if not OmegaConf.is_dict(callbacks) and not isinstance(callbacks, dict):
+        return problems + [Problem("callbacks", _shown(callbacks), "a mapping of NAME: {_target_: ..., its keys}, or a list of "
+                                                                    "options: callbacks=[terminate_on_nan,csv_logger]")]
+    for name, callback in callbacks.items():
+        targets.append((f"callbacks.{name}._target_", callback.get("_target_") if OmegaConf.is_dict(callback) else callback))
+    for key, target in targets:
         if not isinstance(target, str) or "." not in target:
-            problems.append(Problem(f"{group}._target_", target, "must be a dotted path to a function, e.g. mypkg.models.build"))
+            problems.append(Problem(key, _shown(target), "must be a dotted path to a function or class, e.g. mypkg.models.build"))
         elif importlib.util.find_spec(target.split(".")[0]) is None:
-            problems.append(Problem(f"{group}._target_", target, f"no module named {target.split('.')[0]!r} is importable"))
+            problems.append(Problem(key, target, f"no module named {target.split('.')[0]!r} is importable"))
     return problems
 
 

@@ -28,7 +28,7 @@ from tfdistx.data.sources import DataSource, single_examples
 from tfdistx.engine import process, resplit, sharding, topology, xla
 from tfdistx.engine import strategy as strategy_lib
 from tfdistx.engine.checkpointing import Checkpointer, ObjectiveState
-from tfdistx.engine.optim import LearningRateAtStep, build_optimizer, effective_lr, schedule
+from tfdistx.engine.optim import LearningRateAtStep, build_optimizer, schedule
 from tfdistx.internals import tensorflow as internals
 from tfdistx.tasks import Task, float32
 
@@ -103,7 +103,7 @@ def build_run(spec: RunSpec, placement: Placement) -> Run:
     total_steps = _total_steps(spec, source.train_examples, global_batch)
     feature_spec, label_spec = source.element_spec
     num_outputs = task.num_outputs(label_spec, source.num_classes)
-    learning_rate = LearningRateAtStep(schedule(spec.optimizer, replicas, total_steps))
+    learning_rate = schedule(spec.optimizer, replicas, total_steps)
     gpus = _gpus(trainer.precision, placement)
     with strategy.scope(), process.precision(trainer.precision):
         model = build_model(spec, feature_spec, num_outputs)
@@ -125,14 +125,14 @@ def build_run(spec: RunSpec, placement: Placement) -> Run:
     run_topology = topology.describe(  # recorded with each checkpoint; a resume on another topology is checked against it
         strategy=name, cluster=cluster.name, workers=workers, ps=cluster.ps, replicas=workers if facts.asynchronous else replicas,
         input_pipelines=workers, global_batch=global_batch, per_replica_batch=per_replica,
-        learning_rate=effective_lr(spec.optimizer, replicas))
+        learning_rate=learning_rate.peak)
     checkpointer = Checkpointer(
         spec.checkpoint.dir, max_to_keep=spec.checkpoint.max_to_keep, is_chief=placement.is_chief, task_name=placement.task_name,
         model=model, optimizer=saved_optimizer, rng=rng_states(model), step=step_counter, objective=objective_state,
         optional=["objective"],  # checkpoints written before it was saved restore without it
         topology=run_topology, resplit=_resplit(spec, model, feature_spec, num_outputs))
     return Run(spec, placement, facts, name, strategy, coordinator, task, source, model, optimizer, learning_rate, step_counter,
-               checkpointer, objective_state, global_batch, per_replica, total_steps, effective_lr(spec.optimizer, replicas),
+               checkpointer, objective_state, global_batch, per_replica, total_steps, learning_rate.peak,
                jit, per_call, sample, run_topology, train_variables)
 
 

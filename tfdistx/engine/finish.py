@@ -38,6 +38,10 @@ def finish(run: Run, start: Start, result: Result, started: float) -> Optional[f
         kept = run.checkpointer.best if run.spec.checkpoint.keep_best and run.checkpointer.best else run.checkpointer.latest
         if run.spec.checkpoint.export and kept:
             export_checkpoint(run.spec, kept, str(run.dir / "export"))
+            if run.spec.logger.mlflow:
+                from tfdistx.engine.mlflow_logger import log_export  # MLflow's client only when it is on
+
+                log_export(run.dir)
         log.info("done at step %d: %s", result.step, run.dir.resolve())
         leave_after_the_other_workers(run)
     return objective_value(run.spec.trainer.objective, summary)

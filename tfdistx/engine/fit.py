@@ -26,12 +26,12 @@ from tfdistx.cluster.placement import Placement, Source
 from tfdistx.config.errors import ConfigError
 from tfdistx.config.spec import RunSpec
 from tfdistx.data.files import input_errors_in_one_line
-from tfdistx.engine import checkpointing, loggers, process
+from tfdistx.engine import callbacks, checkpointing, loggers, process
 from tfdistx.engine.build import Run, build_run
 from tfdistx.engine.finish import finish, finish_finished_run
 from tfdistx.engine.join import join_cluster
 from tfdistx.engine.loop import CheckPreemption, Log, Loop, Result, SaveCheckpoints, Schedule
-from tfdistx.engine.preemption import PreemptionWatcher, lost_peer_in_one_line, watching_servers
+from tfdistx.engine.preemption import PreemptionWatcher, any_task, lost_peer_in_one_line, watching_servers
 from tfdistx.engine.profiling import ProfileSteps
 from tfdistx.engine.runner import StepRunner, make_runner
 from tfdistx.engine.start import Start, restore_or_warm_start
@@ -93,11 +93,21 @@ def train_loop(run: Run, runner: StepRunner, start: Start, notice: SigtermNotice
         # A SIGTERM checkpoints and exits 42 (parameter servers: the coordinator saves alone).
         preemption = PreemptionWatcher(run.strategy, run.checkpointer, synchronous_cluster, notice)
         actions = [Log(sinks), *([start.tracker] if start.tracker else []),  # the tracker before the saves: they carry its state
+                   *users_callbacks(run, schedule, synchronous_cluster),
                    SaveCheckpoints(run.checkpointer, spec.checkpoint.every_steps), CheckPreemption(preemption)]
         profile = profile_steps(run)
         with contextlib.closing(profile) if profile else contextlib.nullcontext():  # a failed run's trace is kept too
             return Loop(runner, schedule, run.step_counter, actions + ([profile] if profile else []),
                         learning_rate_at=run.learning_rate.at).run()
+
+
+def users_callbacks(run: Run, schedule: Schedule, synchronous_cluster: bool) -> list:
+    """The `callbacks` group's, built on the chief (engine/callbacks.py);
+    in a synchronous cluster, every task agrees on a stop they ask for."""
+    built = callbacks.build(run.spec.callbacks, run.model, schedule) if run.placement.is_chief else []
+    if synchronous_cluster and run.spec.callbacks:
+        return [*built, callbacks.AgreeToStop(any_task(run.strategy), built)]
+    return built
 
 
 def profile_steps(run: Run) -> Optional[ProfileSteps]:

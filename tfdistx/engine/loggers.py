@@ -1,4 +1,4 @@
-"""Where metrics go: the terminal, metrics.jsonl, TensorBoard, Weights & Biases.
+"""Where metrics go: the terminal, metrics.jsonl, metrics.csv, TensorBoard, Weights & Biases, MLflow.
 
 Each logger is a callable `(step, metrics)`; the training loop calls them
 all at every log or eval step and knows none of them. `for_run` opens the
@@ -7,12 +7,14 @@ ones a run's `logger` config asks for; the run directory's other files
 """
 
 import contextlib
+import csv
 import dataclasses
 import json
 import logging
 import netrc
 import os
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import List, Optional, Tuple
@@ -31,11 +33,17 @@ def for_run(run_dir: Path, asked: Logger, total_steps: int, start_step: int, ena
         if enabled:
             sinks.append(JsonlLogger(str(run_dir / "metrics.jsonl"), resume_step=start_step))
             if asked.console:
-                sinks.append(ConsoleProgress(total_steps))
+                sinks.append(ConsoleProgress(total_steps, start_step=start_step))
+            if asked.csv:
+                sinks.append(CsvLogger(run_dir / "metrics.csv", resume_step=start_step))
             if asked.tensorboard:
                 sinks.append(TensorBoardLogger(str(run_dir / "tensorboard")))
             if asked.wandb:
                 sinks.append(WandbLogger(str(run_dir), config or {}, **dataclasses.asdict(asked.wandb)))
+            if asked.mlflow:
+                from tfdistx.engine.mlflow_logger import MlflowLogger  # MLflow's client only when it is on
+
+                sinks.append(MlflowLogger(run_dir, config or {}, **dataclasses.asdict(asked.mlflow)))
         yield sinks
     finally:
         for sink in sinks:
@@ -88,15 +96,27 @@ class ConsoleProgress:
     """One line per log step: step, loss, metrics, examples/s and ETA.
 
     Plain lines (no carriage returns or colours), so the output reads the
-    same in a terminal, a CI log, a Slurm output file or `| tee`.
+    same in a CI log, a Slurm output file or `| tee`. On a terminal (a TTY)
+    a status line sits under them as well: the step, steps/s, time left and
+    time taken, redrawn in place after every call of the steps and once a
+    second while a call runs (a thread: the main one is inside TensorFlow
+    then), as Keras' and Lightning's progress bars are. Its step is the
+    last one done, and its rate and time left are measured over the steps
+    done so far in this process.
     """
 
-    def __init__(self, total_steps: int, stream=None):
+    def __init__(self, total_steps: int, stream=None, start_step: int = 0, live: Optional[bool] = None):
         self.total_steps = total_steps
         self.stream = stream or sys.stdout
         self.width = len(str(total_steps))
         self.last_time: Optional[float] = None
         self.last_step: Optional[int] = None
+        self.live = _is_a_terminal(self.stream) if live is None else live
+        self.step, self.started = start_step, time.monotonic()
+        self.first: Optional[Tuple[int, float]] = None  # (step, time) of the first call's end: the rate leaves out tracing
+        self.lock, self.stopped = threading.Lock(), threading.Event()
+        if self.live:
+            threading.Thread(target=self._redraw_every_second, name="tfdistx-progress", daemon=True).start()
 
     def __call__(self, step: int, metrics: dict) -> None:
         now = time.monotonic()
@@ -109,8 +129,51 @@ class ConsoleProgress:
             parts.append(f"ETA {_duration(seconds_per_step * (self.total_steps - step))}")
         self.last_time, self.last_step = now, step
         line = "  ".join(parts)
-        print(line, file=self.stream, flush=True)
+        with self.lock:  # the line goes above the status line, which is drawn again under it
+            self.stream.write(("\r\033[K" if self.live else "") + line + "\n")
+            self._draw()
         into_log_files(line, name="tfdistx.progress")
+
+    def after_steps(self, step: int) -> None:
+        """The loop's hook, after every call of the steps (loop.Log passes it on)."""
+        with self.lock:
+            self.step = step
+            if self.first is None:
+                self.first = (step, time.monotonic())
+            self._draw()
+
+    def close(self) -> None:
+        self.stopped.set()
+        with self.lock:
+            if self.live:
+                self.stream.write("\r\033[K")
+            self.stream.flush()
+
+    def status(self) -> str:
+        now = time.monotonic()
+        parts = [f"step {self.step:>{self.width}}/{self.total_steps}"]
+        if self.first is not None and self.step > self.first[0] and now > self.first[1]:
+            rate = (self.step - self.first[0]) / (now - self.first[1])
+            parts += [f"{rate:,.1f} steps/s", f"ETA {_duration((self.total_steps - self.step) / rate)}"]
+        parts.append(f"{_duration(now - self.started)} elapsed")
+        return "  ".join(parts)
+
+    def _draw(self) -> None:
+        if self.live:
+            self.stream.write("\r\033[K" + self.status())
+        self.stream.flush()
+
+    def _redraw_every_second(self) -> None:
+        while not self.stopped.wait(1.0):
+            with self.lock:
+                self._draw()
+
+
+def _is_a_terminal(stream) -> bool:
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):  # a closed or file-less stream
+        return False
 
 
 def into_log_files(line: str, level: int = logging.INFO, name: str = "tfdistx") -> None:
@@ -145,6 +208,54 @@ class JsonlLogger:
 
     def close(self) -> None:
         self.file.close()
+
+
+class CsvLogger:
+    """metrics.csv: a row per log step, a column per metric (`step` first),
+    for a spreadsheet. A metric first seen after the first row (the eval
+    metrics, at the first evaluation) adds a column: the file is rewritten
+    once, whole, with the rows so far empty in it. On resume, rows past the
+    restored step are dropped first, as metrics.jsonl's lines are."""
+
+    def __init__(self, path: Path, resume_step: int = 0):
+        self.path = path
+        self.columns = ["step"]
+        if path.exists():
+            columns, rows = self._read()
+            self.columns = columns or self.columns
+            self._rewrite([row for row in rows if _int_or_none(row.get("step")) is not None and int(row["step"]) <= resume_step])
+
+    def __call__(self, step: int, metrics: dict) -> None:
+        row = {"step": step, **metrics}
+        new = [key for key in row if key not in self.columns]
+        if new:
+            rows = self._read()[1] if self.path.exists() else []
+            self.columns += new
+            self._rewrite(rows + [row])
+            return
+        with open(self.path, "a", newline="") as file:
+            csv.DictWriter(file, self.columns).writerow(row)
+
+    def _read(self):
+        with open(self.path, newline="") as file:
+            reader = csv.DictReader(file)
+            return list(reader.fieldnames or []), list(reader)
+
+    def _rewrite(self, rows) -> None:
+        """Written whole, then moved into place: a reader never sees half of it."""
+        tmp = self.path.with_suffix(".csv.tmp")
+        with open(tmp, "w", newline="") as file:
+            writer = csv.DictWriter(file, self.columns, restval="")
+            writer.writeheader()
+            writer.writerows(rows)
+        os.replace(tmp, self.path)
+
+
+def _int_or_none(text):
+    try:
+        return int(text)
+    except (TypeError, ValueError):
+        return None
 
 
 class TensorBoardLogger:

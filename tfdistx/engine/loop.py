@@ -50,6 +50,12 @@ class Log:
             for logger in self.loggers:
                 logger(step, record)
 
+    def after_steps(self, step: int) -> None:
+        """Passed on to the loggers that show progress between records (a terminal's status line)."""
+        for logger in self.loggers:
+            if hasattr(logger, "after_steps"):
+                logger.after_steps(step)
+
 
 class SaveCheckpoints:
     """`checkpointer.save(step)` every `every` steps (0: only at the end) and at the end."""

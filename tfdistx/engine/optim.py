@@ -1,8 +1,11 @@
-"""Optimizers and learning-rate schedules from `conf/optimizer/*.yaml`.
+"""Optimizers and learning-rate schedules from the optimizer group.
 
-One function turns the config into a Keras 3 optimizer. It must be called
-inside `strategy.scope()`: Keras binds an optimizer to the strategy current
-when it is created.
+One function turns the config into a Keras 3 optimizer: the class the
+group names (a shortcut's, config/optimizers.py, or `optimizer._target_`:
+any Keras optimizer class, or the user's own subclass), with the group's
+other keys checked against what the class takes. It must be called inside
+`strategy.scope()`: Keras binds an optimizer to the strategy current when
+it is created.
 
 The learning rate follows the training loop's own step, not the optimizer's
 `iterations`: parameter-server workers update `iterations` concurrently and
@@ -11,44 +14,98 @@ decay short of its end. Keras takes a no-argument callable as a learning
 rate; the step runner sets the step it is tracing before each update.
 """
 
-import keras
+import inspect
 
+import keras
+import tensorflow as tf
+
+from tfdistx.config.errors import ConfigError
+from tfdistx.config.optimizers import SET_BY_TFDISTX
 from tfdistx.config.spec import Optimizer
+from tfdistx.config.targets import Target, build
 from tfdistx.internals import tensorflow as internals
 
-
-# Keras' TensorFlow optimizer sums gradients over replicas inside its update,
-# after clipping them; tfdistx sums them before (update.py says why), so the
-# optimizer must not sum them again (refused in one line, rather than summed
-# twice, if a Keras release moves the sum).
-_summed = internals.gradients_arrive_summed
-_CLASSES = {"adam": _summed(keras.optimizers.Adam), "sgd": _summed(keras.optimizers.SGD), "adamw": _summed(keras.optimizers.AdamW)}
+# What tfdistx passes every optimizer itself (from optimizer.lr and .schedule, .clip_norm, .global_clip_norm).
+_RUNTIME = ("learning_rate", "clipnorm", "global_clipnorm")
 
 
-def effective_lr(optimizer: Optimizer, replicas: int) -> float:
-    """The peak learning rate: `lr`, times the replicas under linear scaling."""
-    return float(optimizer.lr) * (replicas if optimizer.scale_lr_with_replicas else 1)
+def _gradients_arrive_summed(cls, path: str):
+    """Keras' TensorFlow optimizer sums gradients over replicas inside its
+    update, after clipping them; tfdistx sums them before (update.py says
+    why), so the class is subclassed not to sum them again (refused in one
+    line, rather than summed twice, if a Keras release moves the sum).
+    Anything but an optimizer class is refused: tfdistx builds it in the
+    strategy's scope, and wraps it for loss scaling itself."""
+    if not (isinstance(cls, type) and issubclass(cls, keras.optimizers.Optimizer)) or \
+            issubclass(cls, keras.optimizers.LossScaleOptimizer):
+        raise ConfigError.one("optimizer._target_", path,
+                              "must name a keras.optimizers.Optimizer class (not a wrapper: loss scaling is trainer.precision=mixed_float16's)")
+    return internals.gradients_arrive_summed(cls)
 
 
-def schedule(optimizer: Optimizer, replicas: int, total_steps: int):
-    peak = effective_lr(optimizer, replicas)
+def _keywords(cls) -> list:
+    """The keywords an optimizer class takes: its own, and those of the
+    classes it passes **kwargs up to (Keras' base optimizer checks them,
+    and refuses the rest); less those tfdistx sets itself."""
+    names = []
+    for klass in getattr(cls, "__mro__", ()):
+        init = vars(klass).get("__init__")
+        if init is None or klass is object:
+            continue
+        params = inspect.signature(init).parameters.values()
+        names += [p.name for p in params if p.name not in ("self", *names, *SET_BY_TFDISTX) and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+        if not any(p.kind is p.VAR_KEYWORD for p in params):
+            break
+    return names
+
+
+def schedule(optimizer: Optimizer, replicas: int, total_steps: int) -> "LearningRateAtStep":
+    """The learning rate through the run. Linear scaling (scale_lr_with_replicas)
+    multiplies every value by the replicas."""
+    scale = replicas if optimizer.scale_lr_with_replicas else 1
+    if isinstance(optimizer.schedule, Target):
+        own = optimizer.schedule.build(keras.optimizers.schedules.LearningRateSchedule)
+        rate = WarmUp(own, int(optimizer.warmup_steps), scale) if optimizer.warmup_steps or scale != 1 else own
+        return LearningRateAtStep(rate, peak=float(own(0)) * scale)
+    peak = float(optimizer.lr) * scale
     if optimizer.schedule == "constant":
-        return peak
+        return LearningRateAtStep(WarmUp(peak, int(optimizer.warmup_steps)) if optimizer.warmup_steps else peak, peak=peak)
     warmup = int(optimizer.warmup_steps) if optimizer.schedule == "warmup_cosine" else 0
     alpha = float(optimizer.min_lr_ratio)
     if warmup == 0:
-        return keras.optimizers.schedules.CosineDecay(peak, decay_steps=max(total_steps, 1), alpha=alpha)
+        return LearningRateAtStep(keras.optimizers.schedules.CosineDecay(peak, decay_steps=max(total_steps, 1), alpha=alpha), peak=peak)
     # Keras' CosineDecay warms up linearly from initial_learning_rate to warmup_target.
-    return keras.optimizers.schedules.CosineDecay(
-        0.0, decay_steps=max(total_steps - warmup, 1), alpha=alpha, warmup_target=peak, warmup_steps=warmup
-    )
+    return LearningRateAtStep(keras.optimizers.schedules.CosineDecay(
+        0.0, decay_steps=max(total_steps - warmup, 1), alpha=alpha, warmup_target=peak, warmup_steps=warmup), peak=peak)
+
+
+class WarmUp(keras.optimizers.schedules.LearningRateSchedule):
+    """A schedule of the user's (`optimizer.schedule._target_`), or a
+    constant rate, after `warmup_steps` of linear warm-up from 0 to its
+    first value, times `scale`. Written here because Keras warms up only
+    its CosineDecay."""
+
+    def __init__(self, schedule, warmup_steps: int, scale: float = 1.0):
+        self.schedule, self.warmup_steps, self.scale = schedule, warmup_steps, scale
+
+    def __call__(self, step):
+        step = tf.cast(step, tf.float32)
+        rate = self.schedule(tf.maximum(step - self.warmup_steps, 0.0)) if callable(self.schedule) else self.schedule
+        after = self.scale * tf.cast(rate, tf.float32)
+        if not self.warmup_steps:
+            return after
+        return tf.where(step < self.warmup_steps, after * step / self.warmup_steps, after)
+
+    def get_config(self):
+        return {"warmup_steps": self.warmup_steps, "scale": self.scale}
 
 
 class LearningRateAtStep:
-    """A learning rate (a number or a Keras schedule) at the step in `step`."""
+    """A learning rate (a number or a Keras schedule) at the step in `step`.
+    `peak`: its largest planned value (the summary and the topology record it)."""
 
-    def __init__(self, rate):
-        self.rate = rate
+    def __init__(self, rate, peak: float = 0.0):
+        self.rate, self.peak = rate, peak
         self.step = None  # a step tensor, set by the step runner while it traces
 
     def __call__(self):
@@ -62,9 +119,11 @@ class LearningRateAtStep:
 
 
 def build_optimizer(spec: Optimizer, learning_rate: LearningRateAtStep, loss_scaling: bool = False) -> keras.optimizers.Optimizer:
-    """The optimizer group's own keys (`options`) go to the Keras class.
-    Clipping is Keras' own, on gradients already summed over replicas.
-    `loss_scaling` (mixed_float16): wrapped in Keras' dynamic loss scaling."""
-    optimizer = _CLASSES[spec.name](learning_rate=learning_rate, clipnorm=spec.clip_norm, global_clipnorm=spec.global_clip_norm,
-                                    **spec.options)
+    """The optimizer group's own keys (`options`) go to the class, checked
+    against what it takes. Clipping is Keras' own, on gradients already
+    summed over replicas. `loss_scaling` (mixed_float16): wrapped in Keras'
+    dynamic loss scaling."""
+    optimizer = build("optimizer", spec.target, dict(spec.options), keras.optimizers.Optimizer, takes=_keywords,
+                      wrap=lambda cls: _gradients_arrive_summed(cls, spec.target), learning_rate=learning_rate, clipnorm=spec.clip_norm,
+                      global_clipnorm=spec.global_clip_norm)
     return keras.optimizers.LossScaleOptimizer(optimizer) if loss_scaling else optimizer

@@ -20,7 +20,7 @@ import logging
 import os
 import re
 import sys
-from typing import Mapping, Optional, Sequence
+from typing import Callable, Mapping, Optional, Sequence
 
 import tensorflow as tf
 
@@ -51,24 +51,28 @@ class PreemptionWatcher:
                  notice: SigtermNotice):
         self.checkpointer, self.notice = checkpointer, notice
         notice.plan = SigtermNotice.TRAINER
-        self._anyone = None
-        if synchronous_cluster:
-            @tf.function
-            def anyone_signalled(flag):
-                per_replica = strategy.run(tf.identity, args=(flag,))
-                return strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None) > 0
-
-            self._anyone = anyone_signalled
+        self._anyone = any_task(strategy) if synchronous_cluster else None
 
     def check(self, step: int) -> None:
         """Call at the same points on every worker: saves and exits if any worker was signalled."""
         signalled = self.notice.received.is_set()
         if self._anyone is not None:
-            signalled = bool(self._anyone(tf.constant(float(signalled))).numpy())
+            signalled = self._anyone(signalled)
         if signalled:
             self.checkpointer.save(step)  # nothing new when `step` is the checkpoint the run resumed from
             log.warning("preempted at step %d: checkpoint saved; exiting with %d", step, EXIT_PREEMPTED)
             raise Preempted()
+
+
+def any_task(strategy: tf.distribute.Strategy) -> Callable[[bool], bool]:
+    """`anyone(flag)`: whether any task of a synchronous cluster passed True,
+    by one tiny all-reduce; every task must call it at the same point."""
+    @tf.function
+    def anyone(flag):
+        per_replica = strategy.run(tf.identity, args=(flag,))
+        return strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None) > 0
+
+    return lambda flag: bool(anyone(tf.constant(float(flag))).numpy())
 
 
 @contextlib.contextmanager

@@ -1,0 +1,96 @@
+"""Your own callbacks (engine/callbacks.py) and the CSV and terminal
+loggers (engine/loggers.py), in process on real TensorFlow: Keras
+callbacks through their hooks, tfdistx actions, a callback that raises,
+and runs stopped by a callback that resume bit for bit."""
+
+import csv
+import io
+
+import pytest
+
+from config_helpers import refused
+from engine_helpers import train, whole_and_resumed
+from tfdistx.config.errors import RunFault
+from tfdistx.engine.loggers import ConsoleProgress, CsvLogger
+
+pytestmark = pytest.mark.unit
+
+EVERY_TEN = ["trainer.log_every=10", "trainer.steps_per_loop=10", "checkpoint.every_steps=10"]
+
+
+def test_a_keras_callback_stops_the_run_where_it_says_and_keras_csv_logger_writes_each_record(tmp_path):
+    """StopBelow stops at the first record under its loss; Keras' CSVLogger
+    has a row per record, its epoch the step; the summary says who stopped it."""
+    run = train(tmp_path / "run", *EVERY_TEN, "trainer.steps=200", "+callbacks.stop._target_=user_plugins.StopBelow",
+                "+callbacks.stop.loss=2.1", "callbacks=csv_logger", f"callbacks.csv_logger.filename={tmp_path / 'keras.csv'}",
+                "logger.csv=true")
+    first_below = next(m["step"] for m in run.metrics if m["loss"] < 2.1)
+    assert run.summary["step"] == first_below < 200 and run.metrics[-1]["step"] == first_below
+    assert run.summary["stopped_early"] == {"step": first_below, "reason": "callbacks.stop: StopBelow set model.stop_training"}
+    rows = list(csv.DictReader(open(tmp_path / "keras.csv")))
+    assert [int(r["epoch"]) for r in rows] == [m["step"] for m in run.metrics]
+    assert [float(r["loss"]) for r in rows] == pytest.approx([m["loss"] for m in run.metrics])
+    ours = list(csv.DictReader(open(run.dir / "metrics.csv")))
+    assert [int(r["step"]) for r in ours] == [m["step"] for m in run.metrics] and float(ours[-1]["loss"]) == run.metrics[-1]["loss"]
+
+
+def test_a_tfdistx_action_stops_the_run_at_its_own_step(tmp_path):
+    run = train(tmp_path / "run", *EVERY_TEN, "trainer.steps=100", "+callbacks.at._target_=user_plugins.StopAtStep", "+callbacks.at.step=35")
+    assert run.summary["stopped_early"] == {"step": 35, "reason": "callbacks.at: step 35 reached"}
+
+
+def test_terminate_on_nan_stops_a_run_whose_loss_is_nan(tmp_path):
+    run = train(tmp_path / "run", *EVERY_TEN, "trainer.steps=100", "optimizer=sgd", "optimizer.lr=1e30", "callbacks=terminate_on_nan")
+    assert run.summary["stopped_early"]["reason"] == "callbacks.terminate_on_nan: TerminateOnNaN set model.stop_training"
+    assert run.summary["step"] < 100
+
+
+def test_a_callback_that_raises_stops_the_run_in_one_line_naming_it_and_keeps_the_checkpoints(tmp_path):
+    with pytest.raises(RunFault) as raised:
+        train(tmp_path / "run", *EVERY_TEN, "trainer.steps=100", "+callbacks.chat._target_=user_plugins.Raises")
+    assert str(raised.value) == ("callbacks.chat (user_plugins.Raises) raised ValueError at step 20: the chat server said no; "
+                                 "the newest checkpoint is kept, and a rerun resumes from it")
+    assert raised.value.code == 1
+    assert (tmp_path / "run" / "checkpoints" / "ckpt-10.index").exists()
+
+
+def test_a_run_with_callbacks_lion_and_a_schedule_resumes_bitwise(tmp_path):
+    args = [*EVERY_TEN, "strategy=mirrored", "cluster=1x2", "trainer.deterministic=true", "optimizer._target_=keras.optimizers.Lion",
+            "optimizer.schedule={_target_:keras.optimizers.schedules.PiecewiseConstantDecay,boundaries:[20],values:[0.001,0.0003]}",
+            "+callbacks.stop._target_=user_plugins.StopBelow", "+callbacks.stop.loss=0.0", "logger.csv=true"]
+    whole, resumed = whole_and_resumed(tmp_path, args, stop_at=20, steps=40)
+    assert resumed.summary["weights_sha256"] == whole.summary["weights_sha256"]
+    assert (resumed.dir / "metrics.csv").read_text().count("\n") == 1 + 4  # the header, and steps 10..40 once each
+
+
+@pytest.mark.parametrize("override, message", [
+    ("+callbacks.x._target_=nosuchpkg.Cb", "callbacks.x._target_='nosuchpkg.Cb': no module named 'nosuchpkg' is importable"),
+    ("callbacks=nope", "callbacks"),
+    ("logger.csv=maybe", "logger.csv"),
+])
+def test_a_bad_callback_or_logger_key_is_refused_before_tensorflow(tmp_path, override, message):
+    assert any(message in line for line in refused(tmp_path, override))
+
+
+def test_metrics_csv_drops_the_rows_after_the_step_a_run_resumes_from_and_adds_columns_as_metrics_appear(tmp_path):
+    path = tmp_path / "metrics.csv"
+    logger = CsvLogger(path)
+    logger(10, {"loss": 1.0})
+    logger(20, {"loss": 0.5, "eval/loss": 0.7})  # a new column: the file is rewritten with it
+    logger(30, {"loss": 0.25})
+    assert list(csv.reader(open(path))) == [["step", "loss", "eval/loss"], ["10", "1.0", ""], ["20", "0.5", "0.7"], ["30", "0.25", ""]]
+    CsvLogger(path, resume_step=20)(30, {"loss": 0.3})
+    assert list(csv.reader(open(path)))[1:] == [["10", "1.0", ""], ["20", "0.5", "0.7"], ["30", "0.3", ""]]
+
+
+def test_the_terminal_status_line_is_redrawn_in_place_under_the_step_lines():
+    stream = io.StringIO()
+    progress = ConsoleProgress(100, stream=stream, live=True)
+    progress.after_steps(10)
+    progress.after_steps(20)
+    progress(20, {"loss": 1.5})
+    progress.close()
+    text = stream.getvalue()
+    assert "\r\x1b[Kstep  20/100  loss 1.5\n" in text  # the record's line replaces the status line, and stays
+    assert "\r\x1b[Kstep  10/100" in text and "steps/s  ETA" in text  # drawn after each call, with a rate from the second
+    assert text.endswith("\r\x1b[K")  # closed: the status line is cleared

@@ -1,0 +1,69 @@
+"""Any Keras optimizer, and any learning-rate schedule, by name or by
+`_target_` (engine/optim.py): each trains and resumes exactly, its slots
+restored from the checkpoint. In process, on real strategies (engine_helpers)."""
+
+import numpy as np
+import pytest
+
+from config_helpers import refused
+from engine_helpers import train, whole_and_resumed
+from tfdistx.config import optimizers
+
+pytestmark = pytest.mark.unit
+
+MIRRORED = ["strategy=mirrored", "cluster=1x2", "trainer.deterministic=true", "checkpoint.every_steps=25", "trainer.log_every=25",
+            "trainer.steps_per_loop=25"]
+
+
+@pytest.mark.parametrize("name", sorted(optimizers.CLASSES))
+def test_every_keras_optimizer_trains_under_mirrored_and_resumes_exactly(tmp_path, name):
+    """The default MLP (784-128-10) for 50 steps on two replicas, whole and
+    stopped at 25 then resumed: the same weights bit for bit, so the slots
+    (moments, accumulators, Muon's momentum) came back from the checkpoint."""
+    whole, resumed = whole_and_resumed(tmp_path, [*MIRRORED, f"optimizer.name={name}"], stop_at=25, steps=50)
+    assert whole.summary["step"] == 50 and np.isfinite(whole.metrics[-1]["loss"])
+    assert resumed.summary["weights_sha256"] == whole.summary["weights_sha256"]
+    assert [m["loss"] for m in resumed.metrics] == [m["loss"] for m in whole.metrics]
+
+
+def test_a_target_optimizer_and_schedule_with_warm_up_follow_their_rates(tmp_path):
+    """optimizer._target_ with its own keys; a PiecewiseConstantDecay after
+    10 steps of linear warm-up, scaled by the replicas: the logged rates are
+    the schedule's."""
+    schedule = "optimizer.schedule={_target_:keras.optimizers.schedules.PiecewiseConstantDecay,boundaries:[20],values:[0.002,0.0005]}"
+    run = train(tmp_path / "run", "strategy=mirrored", "cluster=1x2", "optimizer._target_=keras.optimizers.Lion", "optimizer.beta_2=0.98",
+                schedule, "optimizer.warmup_steps=10", "optimizer.scale_lr_with_replicas=true", "trainer.log_every=5",
+                "trainer.steps_per_loop=5")
+    rates = {m["step"]: m["lr"] for m in run.metrics}
+    # step s uses the schedule at s - 10 after the warm-up: 2 replicas x 0.002 until s - 10 > 20, then 2 x 0.0005
+    assert rates[5] == pytest.approx(0.004 * 5 / 10) and rates[10] == pytest.approx(0.004)
+    assert rates[30] == pytest.approx(0.004) and rates[35] == pytest.approx(0.001) and rates[40] == pytest.approx(0.001)
+    assert run.summary["learning_rate"] == pytest.approx(0.004)
+
+
+@pytest.mark.parametrize("override, message", [
+    ("optimizer.name=adamm", "optimizer.name='adamm': allowed: adadelta, adafactor, adagrad, adam, adamw, adamax, ftrl, lamb, lion, muon, "
+                             "nadam, rmsprop, sgd; or any class by optimizer._target_ (docs/own-project.md)"),
+    ("+optimizer.clipnorm=1", "optimizer.clipnorm=1: tfdistx sets it: set optimizer.clip_norm"),
+    ("+optimizer.gradient_accumulation_steps=4", "optimizer.gradient_accumulation_steps=4: tfdistx sets it: set trainer.accumulate_steps"),
+    ("optimizer.schedule=linear", "optimizer.schedule='linear': allowed: constant, cosine, warmup_cosine, or a mapping with the _target_ "
+                                  "of a LearningRateSchedule"),
+])
+def test_a_bad_optimizer_key_is_refused_before_tensorflow(tmp_path, override, message):
+    assert any(message in line for line in refused(tmp_path, override)), refused(tmp_path, override)
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["optimizer._target_=keras.optimizers.Lion", "optimizer.bta_2=0.9"],
+     "optimizer.bta_2=0.9: keras.optimizers.Lion takes no such argument; it takes: beta_1, beta_2, weight_decay, clipvalue, use_ema, "
+     "ema_momentum, ema_overwrite_frequency, name (tfdistx passes clipnorm, global_clipnorm, learning_rate itself)"),
+    (["optimizer._target_=keras.layers.Dense"], "optimizer._target_='keras.layers.Dense': must name a keras.optimizers.Optimizer class"),
+    (["optimizer.schedule={_target_:keras.optimizers.schedules.ExponentialDecay,initial_learning_rate:0.1,decay_step:10,decay_rate:0.5}"],
+     "optimizer.schedule.decay_step=10: keras.optimizers.schedules.ExponentialDecay takes no such argument"),
+])
+def test_a_key_the_class_does_not_take_is_refused_naming_what_it_takes(tmp_path, overrides, message):
+    from tfdistx.config.errors import ConfigError
+
+    with pytest.raises(ConfigError) as refused:
+        train(tmp_path / "run", *overrides)
+    assert message in str(refused.value)

@@ -1,0 +1,37 @@
+"""The optimizer group's facts: its shortcut names and its schedules.
+
+`optimizer.name` is a shortcut for a Keras optimizer class (one row here);
+`optimizer._target_` names any class, Keras' or the user's own, and the
+engine builds it (engine/optim.py). `optimizer.schedule` is one of the named
+schedules, or a mapping with the `_target_` of a Keras
+LearningRateSchedule (or the user's own). No TensorFlow here: the names are
+checked before it starts.
+"""
+
+from typing import Any, Mapping, Optional
+
+# Every optimizer class of keras.optimizers that trains a model on its own (LossScaleOptimizer wraps another, which
+# tfdistx does itself for trainer.precision=mixed_float16; MultiOptimizer takes other optimizers, as a _target_ may).
+CLASSES = {name.lower(): f"keras.optimizers.{name}" for name in (
+    "Adadelta", "Adafactor", "Adagrad", "Adam", "AdamW", "Adamax", "Ftrl", "Lamb", "Lion", "Muon", "Nadam", "RMSprop", "SGD")}
+
+# Named schedules: constant, cosine decay to min_lr_ratio, and cosine after a linear warm-up (warmup_steps).
+SCHEDULES = ("constant", "cosine", "warmup_cosine")
+
+
+def target_of(group: Mapping[str, Any]) -> Optional[str]:
+    """The dotted path of the optimizer class the group names: its
+    `_target_`, else its shortcut's class; None: neither is valid."""
+    return group.get("_target_") or CLASSES.get(group.get("name"))
+
+
+def shown_name(group: Mapping[str, Any]) -> str:
+    """The optimizer as the plan and the logs name it: its shortcut, or its class's path."""
+    return str(group.get("_target_") or group.get("name"))
+
+
+# Keywords of every Keras optimizer that tfdistx sets itself, and the key to set instead: a value given to the class
+# would be overridden (the rate, clipping) or would fight tfdistx's own accumulation and loss scaling.
+SET_BY_TFDISTX = {"learning_rate": "optimizer.lr (or optimizer.schedule)", "clipnorm": "optimizer.clip_norm",
+                  "global_clipnorm": "optimizer.global_clip_norm", "gradient_accumulation_steps": "trainer.accumulate_steps",
+                  "loss_scale_factor": "trainer.precision=mixed_float16"}
