@@ -94,3 +94,20 @@ def test_the_terminal_status_line_is_redrawn_in_place_under_the_step_lines():
     assert "\r\x1b[Kstep  20/100  loss 1.5\n" in text  # the record's line replaces the status line, and stays
     assert "\r\x1b[Kstep  10/100" in text and "steps/s  ETA" in text  # drawn after each call, with a rate from the second
     assert text.endswith("\r\x1b[K")  # closed: the status line is cleared
+
+
+def test_a_lambda_callback_calls_a_function_given_with_partial(tmp_path):
+    """Hydra's `_partial_: true`: the function itself, its `path` bound, is LambdaCallback's on_epoch_end."""
+    notes = tmp_path / "notes.txt"
+    run = train(tmp_path / "run", *EVERY_TEN, "trainer.steps=30", "+callbacks.notes._target_=keras.callbacks.LambdaCallback",
+                f"+callbacks.notes.on_epoch_end={{_target_:user_plugins.note_loss,_partial_:true,path:'{notes}'}}")
+    assert [line.split()[0] for line in notes.read_text().splitlines()] == ["10", "20", "30"]
+    assert float(notes.read_text().splitlines()[-1].split()[1]) == pytest.approx(run.metrics[-1]["loss"])
+
+
+def test_reduce_lr_on_plateau_is_refused_in_one_line(tmp_path):
+    from tfdistx.config.errors import ConfigError
+
+    with pytest.raises(ConfigError) as refused_:
+        train(tmp_path / "run", "+callbacks.plateau._target_=keras.callbacks.ReduceLROnPlateau")
+    assert "callbacks.plateau._target_='keras.callbacks.ReduceLROnPlateau': sets the optimizer's rate" in str(refused_.value)

@@ -286,3 +286,9 @@ class Raises(keras.callbacks.Callback):
     def on_epoch_end(self, epoch, logs=None):
         if epoch >= 20:
             raise ValueError("the chat server said no")
+
+
+def note_loss(epoch, logs, path):
+    """For keras.callbacks.LambdaCallback(on_epoch_end=...), given with _partial_: a line per record in `path`."""
+    with open(path, "a") as file:
+        file.write(f"{epoch} {logs['loss']}\n")

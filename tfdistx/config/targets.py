@@ -14,6 +14,7 @@ the runtime arguments tfdistx passes (input_shape, num_outputs, ...) are
 given only where the target takes them. No Hydra, no TensorFlow here.
 """
 
+import functools
 import importlib
 import inspect
 from dataclasses import dataclass
@@ -105,9 +106,16 @@ def locate(path: str) -> Callable:
 
 def _built(group: str, key: str, value: Any) -> Any:
     """A key's value as the target gets it: a mapping with a `_target_` (as
-    Hydra's instantiate builds nested ones) is built first, with its keys."""
+    Hydra's instantiate builds nested ones) is built first, with its keys;
+    with `_partial_: true`, it is the function itself with those keys bound,
+    for the target to call (Hydra's `_partial_`: LambdaCallback's functions)."""
     if isinstance(value, Mapping) and "_target_" in value:
-        nested = {k: v for k, v in value.items() if k != "_target_"}
+        nested = {k: v for k, v in value.items() if k not in ("_target_", "_partial_")}
+        if value.get("_partial_"):
+            try:
+                return functools.partial(locate(current(value["_target_"])), **nested)
+            except Exception as error:
+                raise ConfigError.one(f"{group}.{key}._target_", value["_target_"], _why_not_found(value["_target_"], error)) from None
         return build(f"{group}.{key}", current(value["_target_"]), nested, object)
     if isinstance(value, Mapping):
         return {k: _built(group, f"{key}.{k}", v) for k, v in value.items()}

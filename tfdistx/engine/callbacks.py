@@ -54,6 +54,10 @@ def build(callbacks: Mapping[str, Target], model, schedule: Schedule) -> List["G
     actions = []
     for name, target in callbacks.items():
         built = target.build(object)
+        if isinstance(built, keras.callbacks.ReduceLROnPlateau):  # it would read and set the rate outside a step
+            raise ConfigError.one(f"callbacks.{name}._target_", target.path, "sets the optimizer's rate, which in tfdistx is a "
+                                  "function of the step (optimizer.schedule): not supported yet; use a schedule, or stop on a "
+                                  "plateau with trainer.early_stopping")
         if isinstance(built, keras.callbacks.Callback):
             _say_what_is_not_called(name, built, schedule.steps_per_loop)
             built = KerasCallback(built, model)
