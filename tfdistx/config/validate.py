@@ -327,12 +327,24 @@ def _targets(cfg: DictConfig) -> list:
                                                                     "options: callbacks=[terminate_on_nan,csv_logger]")]
     for name, callback in callbacks.items():
         targets.append((f"callbacks.{name}._target_", callback.get("_target_") if OmegaConf.is_dict(callback) else callback))
+        targets += _nested_targets(f"callbacks.{name}", callback)
     for key, target in targets:
         if not isinstance(target, str) or "." not in target:
             problems.append(Problem(key, _shown(target), "must be a dotted path to a function or class, e.g. mypkg.models.build"))
         elif importlib.util.find_spec(target.split(".")[0]) is None:
             problems.append(Problem(key, target, f"no module named {target.split('.')[0]!r} is importable"))
     return problems
+
+
+def _nested_targets(path: str, node) -> list:
+    """(key, target) of the mappings with a `_target_` inside `node`'s keys (LambdaCallback's functions)."""
+    found = []
+    for key, value in (node.items() if OmegaConf.is_dict(node) else ()):
+        if OmegaConf.is_dict(value):
+            if "_target_" in value:
+                found.append((f"{path}.{key}._target_", value.get("_target_")))
+            found += _nested_targets(f"{path}.{key}", value)
+    return found
 
 
 def writable(key: str, path: str) -> list:
