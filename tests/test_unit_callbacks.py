@@ -22,7 +22,7 @@ def test_a_keras_callback_stops_the_run_where_it_says_and_keras_csv_logger_write
     """StopBelow stops at the first record under its loss; Keras' CSVLogger
     has a row per record, its epoch the step; the summary says who stopped it."""
     run = train(tmp_path / "run", *EVERY_TEN, "trainer.steps=200", "+callbacks.stop._target_=user_plugins.StopBelow",
-                "+callbacks.stop.loss=2.1", "callbacks=csv_logger", f"callbacks.csv_logger.filename={tmp_path / 'keras.csv'}",
+                "+callbacks.stop.loss=2.1", "+callbacks.csv._target_=keras.callbacks.CSVLogger", f"+callbacks.csv.filename={tmp_path / 'keras.csv'}",
                 "logger.csv=true")
     first_below = next(m["step"] for m in run.metrics if m["loss"] < 2.1)
     assert run.summary["step"] == first_below < 200 and run.metrics[-1]["step"] == first_below

@@ -32,6 +32,7 @@ the run with one line naming it; a rerun resumes from the newest checkpoint.
 """
 
 import logging
+from pathlib import Path
 from typing import Callable, Dict, List, Mapping, Optional
 
 import keras
@@ -49,11 +50,12 @@ _NOT_CALLED = ("on_test_begin", "on_test_end", "on_test_batch_begin", "on_test_b
                "on_predict_batch_begin", "on_predict_batch_end")
 
 
-def build(callbacks: Mapping[str, Target], model, schedule: Schedule) -> List["Guarded"]:
-    """The user's callbacks as loop actions, in their order."""
+def build(callbacks: Mapping[str, Target], model, schedule: Schedule, run_dir: Path) -> List["Guarded"]:
+    """The user's callbacks as loop actions, in their order. A target that
+    takes `run_dir` is given the run directory."""
     actions = []
     for name, target in callbacks.items():
-        built = target.build(object)
+        built = target.build(object, run_dir=run_dir)
         if isinstance(built, keras.callbacks.ReduceLROnPlateau):  # it would read and set the rate outside a step
             raise ConfigError.one(f"callbacks.{name}._target_", target.path, "sets the optimizer's rate, which in tfdistx is a "
                                   "function of the step (optimizer.schedule): not supported yet; use a schedule, or stop on a "
@@ -83,6 +85,15 @@ def keras_logs(record: Metrics) -> Dict[str, float]:
     """A record as Keras names its metrics in callbacks' logs."""
     renamed = {"lr": "learning_rate"}
     return {renamed.get(key, "val_" + key[len("eval/"):] if key.startswith("eval/") else key): value for key, value in record.items()}
+
+
+class CSVLogger(keras.callbacks.CSVLogger):
+    """Keras' CSVLogger with its file in the run directory (callbacks=csv_logger):
+    a relative `filename` is the run dir's, as no interpolation can say in a
+    config that commands outside the run (--plan, evaluate) also read."""
+
+    def __init__(self, run_dir: Path, filename: str = "keras_log.csv", separator: str = ",", append: bool = True):
+        super().__init__(str(Path(run_dir) / filename), separator=separator, append=append)
 
 
 class KerasCallback:

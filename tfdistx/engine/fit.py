@@ -104,7 +104,7 @@ def train_loop(run: Run, runner: StepRunner, start: Start, notice: SigtermNotice
 def users_callbacks(run: Run, schedule: Schedule, synchronous_cluster: bool) -> list:
     """The `callbacks` group's, built on the chief (engine/callbacks.py);
     in a synchronous cluster, every task agrees on a stop they ask for."""
-    built = callbacks.build(run.spec.callbacks, run.model, schedule) if run.placement.is_chief else []
+    built = callbacks.build(run.spec.callbacks, run.model, schedule, run.dir) if run.placement.is_chief else []
     if synchronous_cluster and run.spec.callbacks:
         return [*built, callbacks.AgreeToStop(any_task(run.strategy), built)]
     return built
