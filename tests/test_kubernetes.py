@@ -1,8 +1,9 @@
-"""`tfdistx export tfjob`: the manifest against the training operator's own
-CRD schema, and its pods run on this machine as the operator would run them
-(tests/simulated_pods.py: a network namespace, an address and a service name
-per pod, port 2222, TF_CONFIG in the operator's format, restartPolicy
-ExitCode)."""
+"""`tfdistx export tfjob|jobset|trainjob`: the manifests against their
+controllers' own CRD schemas, and their pods run on this machine as the
+controllers would run them (tests/simulated_pods.py: a network namespace,
+an address and a host name per pod, port 2222; for a TFJob, TF_CONFIG in
+the operator's format and restartPolicy ExitCode; for a JobSet, its labels
+through the downward API and its failure and success policies)."""
 
 import json
 import re
@@ -17,17 +18,22 @@ import yaml
 
 from conftest import free_ports, steps_logged, workers_tf_config
 
-CRD = Path(__file__).with_name("data") / "k8s" / "kubeflow.org_tfjobs.yaml"  # the operator's own, unchanged (its README.md)
+K8S = Path(__file__).with_name("data") / "k8s"  # the controllers' own CRDs, unchanged (its README.md)
+CRD = K8S / "kubeflow.org_tfjobs.yaml"
 SIMULATOR = Path(__file__).with_name("simulated_pods.py")
 
 
-def export(*args, cwd=None):
-    return subprocess.run([sys.executable, "-m", "tfdistx", "export", "tfjob", *args], capture_output=True, text=True, cwd=cwd, timeout=60)
+def export(*args, cwd=None, kind="tfjob"):
+    return subprocess.run([sys.executable, "-m", "tfdistx", "export", kind, *args], capture_output=True, text=True, cwd=cwd, timeout=60)
+
+
+def crd_schema(path: Path) -> dict:
+    return yaml.load(path.read_text(), Loader=yaml.CSafeLoader)["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
 
 
 @pytest.fixture(scope="module")
 def tfjob_schema():
-    return yaml.safe_load(CRD.read_text())["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    return crd_schema(CRD)
 
 
 def unknown_fields(value, schema, path="") -> list:
@@ -91,6 +97,68 @@ def test_exported_tfjob_is_valid_for_the_operator_and_composes_the_same_config(t
         assert in_pod[group] == here[group], group
     assert in_pod.cluster.retryable_exit_offset == 128 and here.cluster.retryable_exit_offset == 0
     assert (in_pod.cluster.workers, in_pod.cluster.ps) == (here.cluster.workers, here.cluster.ps)
+
+
+@pytest.fixture(scope="module")
+def jobset_schemas():
+    return {kind: crd_schema(K8S / f"{group}_{kind.lower()}s.yaml") for group, kind in [
+        ("jobset.x-k8s.io", "JobSet"), ("trainer.kubeflow.org", "TrainJob"),
+        ("trainer.kubeflow.org", "ClusterTrainingRuntime"), ("trainer.kubeflow.org", "TrainingRuntime")]}
+
+
+def valid(manifest: dict, schema: dict) -> None:
+    jsonschema.Draft7Validator(schema).validate(manifest)
+    assert unknown_fields(manifest, schema) == []
+
+
+@pytest.mark.parametrize("args, tasks, gpus", [
+    (["strategy=multiworker", "cluster=2x1"], {"worker": 2}, None),
+    (["strategy=multiworker", "cluster=4x8", "--gpus"], {"worker": 4}, 8),
+    (["strategy=parameter_server", "cluster=ps2w4", "trainer.steps=4000", "cluster.evaluator=true", "data.service.workers=1"],
+     {"chief": 1, "ps": 2, "worker": 4, "evaluator": 1, "dispatcher": 1, "dataworker": 1}, None),
+])
+def test_exported_jobset_and_trainjob_are_valid_for_their_controllers(jobset_schemas, args, tasks, gpus):
+    common = [*args, "--image", "registry.example/tfdistx:0.1", "--volume", "pvc:runs", "--name", "mnist", "--namespace", "ml"]
+    out = export(*common, kind="jobset")
+    assert out.returncode == 0, out.stderr
+    jobset = yaml.safe_load(out.stdout)
+    valid(jobset, jobset_schemas["JobSet"])
+    assert (jobset["apiVersion"], jobset["kind"], jobset["metadata"]["name"]) == ("jobset.x-k8s.io/v1alpha2", "JobSet", "mnist")
+    spec = jobset["spec"]
+    assert spec["network"] == {"enableDNSHostnames": True}
+    assert spec["successPolicy"] == {"operator": "All", "targetReplicatedJobs": ["chief" if "chief" in tasks else "worker"]}
+    assert spec["failurePolicy"]["maxRestarts"] == 3  # cluster.max_restarts
+    assert [(rule["action"], rule["onJobFailureReasons"]) for rule in spec["failurePolicy"]["rules"]] == [
+        ("FailJobSet", ["PodFailurePolicy"]), ("RestartJobSet", ["BackoffLimitExceeded"])]
+    # one Indexed Job per task type, a pod per task: the pods' names are <name>-<type>-0-<index>.<name>
+    assert {job["name"]: (job["replicas"], job["template"]["spec"]["parallelism"]) for job in spec["replicatedJobs"]} == {
+        job: (1, n) for job, n in tasks.items()}
+    for job in spec["replicatedJobs"]:
+        job_spec = job["template"]["spec"]
+        assert job_spec["completionMode"] == "Indexed" and job_spec["backoffLimit"] == 0
+        # a bad config (2), a full disk (3) fail the job set; 4, 5 and 42 (and a killed pod) restart it
+        rule, = job_spec["podFailurePolicy"]["rules"]
+        assert rule["action"] == "FailJob" and rule["onExitCodes"]["operator"] == "In"
+        assert {2, 3} <= set(rule["onExitCodes"]["values"]) and not {4, 5, 42} & set(rule["onExitCodes"]["values"])
+        pod = job_spec["template"]["spec"]
+        container, = pod["containers"]
+        assert pod["restartPolicy"] == "Never" and pod["volumes"] == [{"name": "tfdistx-runs", "persistentVolumeClaim": {"claimName": "runs"}}]
+        assert container["args"][-2:] == ["cluster.launch=jobset", "hydra.run.dir=/mnt/tfdistx/mnist"]
+        assert container.get("resources", {}).get("limits", {}).get("nvidia.com/gpu") == (gpus if job["name"] == "worker" else None)
+
+    out = export(*common, kind="trainjob")
+    assert out.returncode == 0, out.stderr
+    runtime, trainjob = yaml.safe_load_all(out.stdout)
+    valid(runtime, jobset_schemas["ClusterTrainingRuntime"])
+    valid({**runtime, "kind": "TrainingRuntime", "metadata": {**runtime["metadata"], "namespace": "ml"}}, jobset_schemas["TrainingRuntime"])
+    valid(trainjob, jobset_schemas["TrainJob"])
+    assert trainjob["spec"]["runtimeRef"]["name"] == runtime["metadata"]["name"]
+    # the runtime's JobSet is the JobSet's, with the trainer step labelled for Trainer v2 and its container named `node`
+    steps = runtime["spec"]["template"]["spec"]["replicatedJobs"]
+    assert [job["name"] for job in steps] == list(tasks)
+    assert [job["template"].get("metadata") for job in steps] == [
+        {"labels": {"trainer.kubeflow.org/trainjob-ancestor-step": "trainer"}} if job == "worker" else None for job in tasks]
+    assert trainjob["spec"]["trainer"]["numNodes"] == tasks["worker"]
 
 
 # The export's other checks (the strategy, --name, --volume, the composed
