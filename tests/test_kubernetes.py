@@ -16,7 +16,7 @@ import jsonschema
 import pytest
 import yaml
 
-from conftest import free_ports, steps_logged, workers_tf_config
+from conftest import free_ports, steps_logged, tfdistx_env, workers_tf_config
 
 K8S = Path(__file__).with_name("data") / "k8s"  # the controllers' own CRDs, unchanged (its README.md)
 CRD = K8S / "kubeflow.org_tfjobs.yaml"
@@ -213,14 +213,22 @@ def simulator():
         pytest.skip(why)
 
 
-def run_tfjob(tmp_path, name, overrides, kill=None, when="checkpoints/ckpt-400.index", signal="KILL"):
-    """Export the TFJob (hostPath volume under tmp_path), run its pods, and
-    send `signal` to pod `kill` (if any) once the run dir's file `when` has content."""
+def run_tfjob(tmp_path, name, overrides, **kill):
+    return run_pods(tmp_path, name, overrides, kind="tfjob", **kill)
+
+
+def run_pods(tmp_path, name, overrides, kill=None, when="checkpoints/ckpt-400.index", signal="KILL", kind="tfjob", edit=None, succeeds=True):
+    """Export the TFJob or JobSet (`kind`; hostPath volume under tmp_path; `edit`: a change to
+    it, as a user's by hand), run its pods, and send `signal` to pod `kill` (if any) once the
+    run dir's file `when` has content."""
     volume = tmp_path / "volume"
-    out = export(*overrides, "--image", "tfdistx:test", "--name", name, "--volume", f"hostPath:{volume}")
+    out = export(*overrides, "--image", "tfdistx:test", "--name", name, "--volume", f"hostPath:{volume}", kind=kind)
     assert out.returncode == 0, out.stderr
-    manifest = tmp_path / "tfjob.json"
-    manifest.write_text(json.dumps(yaml.safe_load(out.stdout)))
+    manifest = tmp_path / f"{kind}.json"
+    exported = yaml.safe_load(out.stdout)
+    if edit:
+        edit(exported)
+    manifest.write_text(json.dumps(exported))
     pods = tmp_path / "pods"
     killing = ["--kill", kill, "--signal", signal, "--when-exists", f"/mnt/tfdistx/{name}/{when}"] if kill else []
     run = subprocess.run(["unshare", "--user", "--map-root-user", "--net", "--mount", "--fork", "--kill-child",
@@ -228,7 +236,7 @@ def run_tfjob(tmp_path, name, overrides, kill=None, when="checkpoints/ckpt-400.i
                          capture_output=True, text=True, timeout=420)
     events = [json.loads(line) for line in run.stdout.splitlines() if line.startswith("{")]
     logs = {p.stem: p.read_text(errors="replace") for p in (pods / "logs").glob("*.log")}
-    assert run.returncode == 0, (run.stderr[-2000:], events, {k: v[-3000:] for k, v in logs.items()})
+    assert run.returncode == (0 if succeeds else 1), (run.stderr[-2000:], events, {k: v[-3000:] for k, v in logs.items()})
     return volume, events, logs
 
 
@@ -305,3 +313,73 @@ def test_parameter_server_tfjob_carries_on_while_a_killed_worker_pod_is_recreate
     assert exits(events, "psw-chief-0") == [0]
     summary = json.loads((volume / "psw" / "summary.json").read_text())
     assert summary["step"] == 1500 and not summary["resumed"]
+
+
+# --- a JobSet's pods, simulated ------------------------------------------------
+
+DETERMINISTIC = ["data=synthetic", "trainer.deterministic=true", "trainer.steps_per_loop=50", "trainer.log_every=100", "trainer.eval_every=0",
+                 "checkpoint.every_steps=100", "checkpoint.export=false", "logger.tensorboard=false", "cluster.preemption_grace=15"]
+
+
+def local_weights(tmp_path, overrides) -> str:
+    """The weights the same config trains to on a local cluster (the launcher's tasks on loopback)."""
+    run = subprocess.run([sys.executable, "-m", "tfdistx", *overrides, f"hydra.run.dir={tmp_path / 'local'}"], env=tfdistx_env(),
+                         capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    return json.loads((tmp_path / "local" / "summary.json").read_text())["weights_sha256"]
+
+
+def test_multiworker_jobset_pods_place_themselves_and_train_as_a_local_cluster(tmp_path, simulator):
+    """No TF_CONFIG: each pod builds it from its JobSet labels (cluster.launch=jobset); the
+    chief's weights are bitwise those of the same config on a local cluster."""
+    overrides = ["strategy=multiworker", "cluster=2x1", *DETERMINISTIC, "trainer.steps=200"]
+    volume, events, logs = run_pods(tmp_path, "mw", overrides, kind="jobset")
+    assert exits(events, "mw-worker-0-0") == [0] and exits(events, "mw-worker-0-1") == [0]
+    assert events[-1] == {**events[-1], "event": "job", "status": "Succeeded", "restarts": 0}
+    assert "task worker:1 listens on port 2222" in logs["mw-worker-0-1"]
+    summary = json.loads((volume / "mw" / "summary.json").read_text())
+    assert summary["step"] == 200 and summary["workers"] == 2
+    assert summary["weights_sha256"] == local_weights(tmp_path, overrides)
+
+
+@pytest.mark.slow
+def test_a_killed_jobset_pod_restarts_the_set_and_the_run_resumes_bitwise(tmp_path, simulator):
+    """The killed pod (137) matches no FailJob rule: its Job fails (backoffLimit 0), the JobSet's
+    failurePolicy restarts every pod, and the run resumes from its checkpoint to the weights of a
+    run never stopped."""
+    overrides = ["strategy=multiworker", "cluster=2x1", *DETERMINISTIC, "trainer.steps=1000"]
+    volume, events, logs = run_pods(tmp_path, "mw", overrides, kind="jobset", kill="mw-worker-0-1")
+    assert exits(events, "mw-worker-0-1")[0] == 137 and exits(events, "mw-worker-0-1")[-1] == 0
+    assert [e["attempt"] for e in events if e["event"] == "restarted"] == [1]
+    summary = json.loads((volume / "mw" / "summary.json").read_text())
+    assert summary["step"] == 1000 and summary["resumed"] and summary["resumed_from_step"] >= 400
+    assert steps_logged(volume / "mw") == list(range(100, 1001, 100))
+    assert summary["weights_sha256"] == local_weights(tmp_path, overrides)
+
+
+@pytest.mark.slow
+def test_parameter_server_jobset_pods_train_and_a_killed_ps_pod_restarts_the_set(tmp_path, simulator):
+    """A lost ps takes its variables with it: the JobSet restarts, the coordinator resumes."""
+    overrides = ["strategy=parameter_server", "cluster=ps1w2", *DETERMINISTIC, "trainer.steps=1000"]
+    volume, events, logs = run_pods(tmp_path, "ps", overrides, kind="jobset", kill="ps-ps-0-0")
+    assert exits(events, "ps-ps-0-0")[0] == 137 and exits(events, "ps-chief-0-0")[-1] == 0
+    assert [e["attempt"] for e in events if e["event"] == "restarted"] == [1]
+    summary = json.loads((volume / "ps" / "summary.json").read_text())
+    assert summary["step"] == 1000 and summary["ps"] == 1 and summary["resumed"] and summary["resumed_from_step"] >= 400
+
+
+def test_a_pod_the_config_has_no_place_for_fails_the_jobset_without_a_restart(tmp_path, simulator):
+    """A JobSet edited to 3 workers for a config of 2: the third pod is refused in one line and
+    exits 2, which matches its Job's FailJob rule, and the JobSet's failurePolicy fails the set."""
+    def three_workers(jobset):
+        job = jobset["spec"]["replicatedJobs"][0]["template"]["spec"]
+        job["parallelism"] = job["completions"] = 3
+
+    overrides = ["strategy=multiworker", "cluster=2x1", "data=synthetic", "cluster.preemption_grace=1"]
+    volume, events, logs = run_pods(tmp_path, "bad", overrides, kind="jobset", edit=three_workers, succeeds=False)
+    assert exits(events, "bad-worker-0-2") == [2]
+    assert logs["bad-worker-0-2"].strip().splitlines()[-1] == (
+        "tfdistx: invalid config: batch.kubernetes.io/job-completion-index='2': the config's cluster has 2 worker task(s): allowed 0..1")
+    failed, = [e for e in events if e["event"] == "job failed"]
+    assert (failed["reason"], failed["action"]) == ("PodFailurePolicy", "FailJobSet")
+    assert not [e for e in events if e["event"] == "restarted"] and events[-1]["status"].startswith("Failed")
