@@ -127,7 +127,7 @@ def test_exported_jobset_and_trainjob_are_valid_for_their_controllers(jobset_sch
     spec = jobset["spec"]
     assert spec["network"] == {"enableDNSHostnames": True}
     assert spec["successPolicy"] == {"operator": "All", "targetReplicatedJobs": ["chief" if "chief" in tasks else "worker"]}
-    assert spec["failurePolicy"]["maxRestarts"] == 3  # cluster.max_restarts
+    assert (spec["failurePolicy"]["maxRestarts"], spec["failurePolicy"]["restartStrategy"]) == (3, "BlockingRecreate")  # cluster.max_restarts
     assert [(rule["action"], rule["onJobFailureReasons"]) for rule in spec["failurePolicy"]["rules"]] == [
         ("FailJobSet", ["PodFailurePolicy"]), ("RestartJobSet", ["BackoffLimitExceeded"])]
     # one Indexed Job per task type, a pod per task: the pods' names are <name>-<type>-0-<index>.<name>
@@ -225,7 +225,7 @@ def run_pods(tmp_path, name, overrides, kill=None, when="checkpoints/ckpt-400.in
     out = export(*overrides, "--image", "tfdistx:test", "--name", name, "--volume", f"hostPath:{volume}", kind=kind)
     assert out.returncode == 0, out.stderr
     manifest = tmp_path / f"{kind}.json"
-    exported = yaml.safe_load(out.stdout)
+    exported = yaml.safe_load(out.stdout) if kind != "trainjob" else as_trainer_v2_runs_it(*yaml.safe_load_all(out.stdout))
     if edit:
         edit(exported)
     manifest.write_text(json.dumps(exported))
@@ -362,10 +362,42 @@ def test_parameter_server_jobset_pods_train_and_a_killed_ps_pod_restarts_the_set
     """A lost ps takes its variables with it: the JobSet restarts, the coordinator resumes."""
     overrides = ["strategy=parameter_server", "cluster=ps1w2", *DETERMINISTIC, "trainer.steps=1000"]
     volume, events, logs = run_pods(tmp_path, "ps", overrides, kind="jobset", kill="ps-ps-0-0")
-    assert exits(events, "ps-ps-0-0")[0] == 137 and exits(events, "ps-chief-0-0")[-1] == 0
+    # the ps's 137 and the coordinator's 5 may be seen in either order: the first seen restarts the set, the other is deleted with it
+    ended = {pod: [e["code"] for e in events if e["event"] in ("exited", "deleted") and e["pod"] == pod] for pod in ("ps-ps-0-0", "ps-chief-0-0")}
+    assert ended["ps-ps-0-0"][0] == 137 and ended["ps-chief-0-0"][0] == 5 and exits(events, "ps-chief-0-0")[-1] == 0
+    assert "lost contact with ps:0 of the cluster" in logs["ps-chief-0-0"]
     assert [e["attempt"] for e in events if e["event"] == "restarted"] == [1]
     summary = json.loads((volume / "ps" / "summary.json").read_text())
     assert summary["step"] == 1000 and summary["ps"] == 1 and summary["resumed"] and summary["resumed_from_step"] >= 400
+
+
+def as_trainer_v2_runs_it(runtime: dict, trainjob: dict) -> dict:
+    """The JobSet Kubeflow Trainer v2 makes of a TrainJob and its runtime (its JobSet plugin's
+    builder): named after the TrainJob, the runtime's template, and in the replicatedJob
+    labelled as the trainer step one Job of numNodes pods whose `node` container takes the
+    TrainJob's image, command, args and resources."""
+    spec = json.loads(json.dumps(runtime["spec"]["template"]["spec"]))
+    trainer = trainjob["spec"].get("trainer", {})
+    for job in spec["replicatedJobs"]:
+        if job["template"].get("metadata", {}).get("labels", {}).get("trainer.kubeflow.org/trainjob-ancestor-step") != "trainer":
+            continue
+        nodes = trainer.get("numNodes", runtime["spec"].get("mlPolicy", {}).get("numNodes", 1))
+        job["replicas"], job["template"]["spec"]["parallelism"], job["template"]["spec"]["completions"] = 1, nodes, nodes
+        for container in job["template"]["spec"]["template"]["spec"]["containers"]:
+            if container["name"] == "node":
+                container.update({key: trainer[key] for key in ("image", "command", "args") if key in trainer})
+                if "resourcesPerNode" in trainer:
+                    container["resources"] = trainer["resourcesPerNode"]
+    return {"apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet", "metadata": {"name": trainjob["metadata"]["name"]}, "spec": spec}
+
+
+@pytest.mark.slow  # the default run has the JobSet's 2x1; a TrainJob's pods are its runtime's JobSet's
+def test_trainjob_pods_train_as_a_local_cluster(tmp_path, simulator):
+    overrides = ["strategy=multiworker", "cluster=2x1", *DETERMINISTIC, "trainer.steps=200"]
+    volume, events, logs = run_pods(tmp_path, "tj", overrides, kind="trainjob")
+    assert exits(events, "tj-worker-0-0") == [0] and exits(events, "tj-worker-0-1") == [0]
+    summary = json.loads((volume / "tj" / "summary.json").read_text())
+    assert summary["step"] == 200 and summary["weights_sha256"] == local_weights(tmp_path, overrides)
 
 
 def test_a_pod_the_config_has_no_place_for_fails_the_jobset_without_a_restart(tmp_path, simulator):

@@ -99,7 +99,8 @@ def _jobset_spec(cfg, pods: Pods, container_name: str) -> Dict:
     primary = [job for job in pods.primary_jobs if job in pods.counts] or ["worker"]
     return {
         "network": {"enableDNSHostnames": True},  # <name>-<job>-0-<i>.<name>: the addresses cluster/jobset.py derives
-        "failurePolicy": {"maxRestarts": int(cfg.cluster.max_restarts), "rules": [
+        # BlockingRecreate: every pod of an attempt is gone before the next starts, so none still holds the run dir.
+        "failurePolicy": {"maxRestarts": int(cfg.cluster.max_restarts), "restartStrategy": "BlockingRecreate", "rules": [
             {"name": "permanent-exit", "action": "FailJobSet", "onJobFailureReasons": ["PodFailurePolicy"]},
             {"name": "restart-and-resume", "action": "RestartJobSet", "onJobFailureReasons": ["BackoffLimitExceeded"]},
         ]},
