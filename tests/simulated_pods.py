@@ -1,7 +1,8 @@
-"""Run a TFJob's pods on this machine the way Kubeflow's training operator would.
+"""Run a TFJob's pods on this machine the way Kubeflow's training operator
+would, or a JobSet's the way its controller would.
 
     unshare --user --map-root-user --net --mount --fork --kill-child \
-        python tests/simulated_pods.py TFJOB.json WORKDIR [--kill POD [--signal TERM] --when-exists PATH] [--timeout S]
+        python tests/simulated_pods.py MANIFEST.json WORKDIR [--kill POD [--signal TERM] --when-exists PATH] [--timeout S]
 
 Started inside a fresh user, network and mount namespace (so it needs no
 privileges and touches nothing outside), it:
@@ -20,6 +21,25 @@ privileges and touches nothing outside), it:
   job succeeds when the chief (or worker 0 without one) exits 0, and
   cleanPodPolicy Running then deletes the rest (SIGTERM, then SIGKILL).
 
+A JobSet (kind JobSet; a TrainJob's runtime holds one) is run the same way,
+with what its controller and Kubernetes' Job controller give instead
+(kubernetes-sigs/jobset's pkg/controllers, batch/v1 Job):
+
+- pod `<jobset>-<replicatedJob>-<jobIndex>-<podIndex>`, reachable with
+  `network.enableDNSHostnames` as that name `.<subdomain>` (the JobSet's
+  name by default), labelled and annotated with the JobSet's name, its
+  replicatedJob's, the Job's index and the restart attempt; its env's
+  downward-API fields (`fieldRef: metadata.labels['...']`) read from them,
+  and JOB_COMPLETION_INDEX in an Indexed Job; no TF_CONFIG;
+- a pod that fails is matched against its Job's podFailurePolicy (FailJob,
+  Ignore, Count on exit codes); a counted failure past backoffLimit, or
+  FailJob, fails the Job, and the JobSet's failurePolicy rules (by the
+  Job's failure reason) fail the set or restart it, up to maxRestarts: every
+  pod is deleted (SIGTERM, the pod's grace, SIGKILL) and, once all are
+  gone (BlockingRecreate), all are created again at new addresses;
+- the set succeeds when the successPolicy's replicatedJobs have completed
+  (all their pods exited 0); what still runs is then deleted.
+
 It prints one JSON line per event (pod started, exited, restarted, killed;
 the job's end), writes pod logs to WORKDIR/logs/<pod>.log, and exits 0 if
 the job succeeded, 1 if not. It never outlives --timeout.
@@ -29,6 +49,7 @@ import argparse
 import ctypes
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -49,13 +70,15 @@ def emit(**event):
 
 
 class Pod:
-    def __init__(self, job: str, rtype: str, index: int, spec: dict, cluster: dict, namespace: str, workdir: Path):
-        self.rtype, self.index = rtype.lower(), index
-        self.name = f"{job}-{self.rtype}-{index}"
-        self.host = f"{self.name}.{namespace}.svc"
-        self.container = spec["template"]["spec"]["containers"][0]
-        self.grace = spec["template"]["spec"].get("terminationGracePeriodSeconds", GRACE_SECONDS)
-        self.tf_config = json.dumps({"cluster": cluster, "task": {"type": self.rtype, "index": index}, "environment": "cloud"})
+    """A pod: its name and host name, its pod spec, and what its controller
+    adds to the container's env (`env`) and its metadata (`labels`, also
+    its annotations: the downward API reads either)."""
+
+    def __init__(self, name: str, host: str, pod_spec: dict, workdir: Path, env: dict, labels: dict = None):
+        self.name, self.host = name, host
+        self.container = pod_spec["containers"][0]
+        self.grace = pod_spec.get("terminationGracePeriodSeconds", GRACE_SECONDS)
+        self.env, self.labels = env, dict(labels or {})
         self.workdir = workdir
         self.proc = None
         self.address = None
@@ -78,14 +101,23 @@ class Pod:
         command += list(self.container.get("args", []))
         cwd = self.workdir / "pods" / self.name
         (cwd / "tmp").mkdir(parents=True, exist_ok=True)
-        env = {**os.environ, **{e["name"]: e["value"] for e in self.container.get("env", [])},
-               "TF_CONFIG": self.tf_config, "HOSTNAME": self.name,
-               "TMPDIR": str(cwd / "tmp")}  # a container's /tmp is its own (TensorFlow leaves autograph files there when killed)
+        env = {**os.environ, **{e["name"]: self.env_value(e) for e in self.container.get("env", [])}, **self.env,
+               "HOSTNAME": self.name, "TMPDIR": str(cwd / "tmp")}  # a container's /tmp is its own (TensorFlow leaves autograph files there when killed)
         log = open(self.workdir / "logs" / f"{self.name}.log", "ab")
         self.proc = subprocess.Popen(["ip", "netns", "exec", netns, *command], cwd=cwd, env=env, stdout=log,
                                      stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=_die_with_parent)
         log.close()
         emit(event="started", pod=self.name, address=address, restarts=self.restarts)
+
+    def env_value(self, variable: dict) -> str:
+        """A container env variable's value: given, or the downward API's field of this pod's metadata."""
+        if "valueFrom" not in variable:
+            return variable["value"]
+        path = variable["valueFrom"]["fieldRef"]["fieldPath"]
+        field = re.fullmatch(r"metadata\.(?:labels|annotations)\['([^']+)'\]", path)
+        if field:
+            return self.labels.get(field.group(1), "")
+        return {"metadata.name": self.name}[path]
 
     def signal(self, sig: int) -> None:
         if self.proc and self.proc.poll() is None:
@@ -117,6 +149,148 @@ def write_hosts(hosts: Path, pods) -> None:
         f.write("\n".join(lines) + "\n")
 
 
+class TFJobOperator:
+    """Kubeflow's training operator: TF_CONFIG, restartPolicy ExitCode, backoffLimit."""
+
+    def __init__(self, tfjob: dict, workdir: Path, network):
+        name, namespace = tfjob["metadata"]["name"], tfjob["metadata"].get("namespace", "default")
+        specs = tfjob["spec"]["tfReplicaSpecs"]
+        self.backoff_limit = tfjob["spec"].get("runPolicy", {}).get("backoffLimit", 6)
+        self.network = network
+        cluster = {rtype.lower(): [f"{name}-{rtype.lower()}-{i}.{namespace}.svc:{PORT}" for i in range(spec["replicas"])]
+                   for rtype, spec in specs.items()}
+        self.pods = []
+        for rtype, spec in specs.items():
+            for i in range(spec["replicas"]):
+                task = {"cluster": cluster, "task": {"type": rtype.lower(), "index": i}, "environment": "cloud"}
+                self.pods.append(Pod(f"{name}-{rtype.lower()}-{i}", f"{name}-{rtype.lower()}-{i}.{namespace}.svc",
+                                     spec["template"]["spec"], workdir, {"TF_CONFIG": json.dumps(task)}))
+        self.primary = f"{name}-{'chief' if 'Chief' in specs else 'worker'}-0"
+        self.pod_spec = next(iter(specs.values()))["template"]["spec"]
+        self.restarts = 0
+
+    def exited(self, pod: Pod, code: int):
+        """The job's status once `pod` has exited `code` (None: it goes on)."""
+        if code == 0:
+            pod.done = 0
+            return "Succeeded" if pod.name == self.primary else None
+        if 128 <= code <= 255 and self.restarts < self.backoff_limit:
+            self.restarts += 1
+            time.sleep(1)  # the operator deletes the pod and creates a new one
+            self.network.recreate([pod])
+            return None
+        pod.done = code
+        return f"Failed: {pod.name} exited {code}" + (" (past backoffLimit)" if code >= 128 else " (permanent)")
+
+
+class JobSetController:
+    """kubernetes-sigs/jobset's controller over Kubernetes' Job controller (the module's docstring)."""
+
+    def __init__(self, jobset: dict, workdir: Path, network):
+        name, spec = jobset["metadata"]["name"], jobset["spec"]
+        subdomain = spec.get("network", {}).get("subdomain") or name
+        self.network = network
+        self.policy = spec.get("failurePolicy", {})
+        self.success = spec.get("successPolicy", {"operator": "All"})
+        self.pods, self.jobs = [], {}  # jobs: (replicatedJob, job index) -> its Job spec
+        for global_index, (rjob, index) in enumerate((r["name"], j) for r in spec["replicatedJobs"] for j in range(r.get("replicas", 1))):
+            job = next(r for r in spec["replicatedJobs"] if r["name"] == rjob)["template"]["spec"]
+            self.jobs[(rjob, index)] = dict(job, failed=0)
+            for pod_index in range(job.get("parallelism", 1)):
+                labels = {"jobset.sigs.k8s.io/jobset-name": name, "jobset.sigs.k8s.io/replicatedjob-name": rjob,
+                          "jobset.sigs.k8s.io/job-index": str(index), "jobset.sigs.k8s.io/job-global-index": str(global_index),
+                          "jobset.sigs.k8s.io/restart-attempt": "0", "batch.kubernetes.io/job-completion-index": str(pod_index)}
+                env = {"JOB_COMPLETION_INDEX": str(pod_index)} if job.get("completionMode") == "Indexed" else {}
+                pod = Pod(f"{name}-{rjob}-{index}-{pod_index}", f"{name}-{rjob}-{index}-{pod_index}.{subdomain}",
+                          job["template"]["spec"], workdir, env, labels)
+                pod.job = (rjob, index)
+                self.pods.append(pod)
+        self.pod_spec = spec["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]  # its volumes are every pod's
+        self.restarts = 0
+
+    def exited(self, pod: Pod, code: int):
+        job = self.jobs[pod.job]
+        if code == 0:
+            pod.done = 0
+            targets = self.success.get("targetReplicatedJobs") or list({rjob for rjob, _ in self.jobs})
+            complete = [all(p.done == 0 for p in self.pods if p.job[0] == rjob) for rjob in targets]
+            return "Succeeded" if (all if self.success["operator"] == "All" else any)(complete) else None
+        action = _pod_failure_action(job.get("podFailurePolicy", {}), pod.container["name"], code)
+        if action == "Ignore":
+            self.network.recreate([pod])
+            return None
+        if action == "FailJob":
+            reason = "PodFailurePolicy"
+        else:
+            job["failed"] += 1
+            if job["failed"] <= job.get("backoffLimit", 6):
+                self.network.recreate([pod])
+                return None
+            reason = "BackoffLimitExceeded"
+        rule = next((r for r in self.policy.get("rules", []) if reason in r.get("onJobFailureReasons", [reason])
+                     and pod.job[0] in (r.get("targetReplicatedJobs") or [pod.job[0]])), {"action": "RestartJobSet", "name": "default"})
+        emit(event="job failed", job=f"{pod.job[0]}-{pod.job[1]}", reason=reason, rule=rule["name"], action=rule["action"])
+        if rule["action"] == "FailJobSet":
+            return f"Failed: {pod.name} exited {code}: {reason}, rule {rule['name']}"
+        if self.restarts >= self.policy.get("maxRestarts", 0) and "IgnoreMaxRestarts" not in rule["action"]:
+            return f"Failed: {pod.name} exited {code}: past maxRestarts"
+        self.restarts += 1
+        self.network.delete(self.pods)  # every Job and its pods, all gone before any is created again
+        for each in self.pods:
+            each.labels["jobset.sigs.k8s.io/restart-attempt"] = str(self.restarts)
+            each.done = None
+        for counted in self.jobs.values():
+            counted["failed"] = 0
+        emit(event="restarted", attempt=self.restarts)
+        self.network.recreate(self.pods)
+        return None
+
+
+def _pod_failure_action(policy: dict, container: str, code: int) -> str:
+    """The first podFailurePolicy rule that matches the exit code: its action (Count without one)."""
+    for rule in policy.get("rules", []):
+        on = rule.get("onExitCodes")
+        if on and on.get("containerName", container) == container and (code in on["values"]) == (on["operator"] == "In"):
+            return rule["action"]
+    return "Count"
+
+
+class Network:
+    """The pods' addresses and names: a new address for every pod created, /etc/hosts rewritten."""
+
+    def __init__(self, hosts: Path):
+        self.hosts = hosts
+        self.addresses = (f"{SUBNET}.{n // 250}.{n % 250 + 2}" for n in range(10**4))
+        self.pods = []
+
+    def recreate(self, pods) -> None:
+        for pod in pods:
+            if pod not in self.pods:
+                self.pods.append(pod)
+            if pod.proc:
+                pod.restarts += 1
+            pod.address = next(self.addresses)
+        write_hosts(self.hosts, self.pods)
+        for pod in pods:
+            pod.start()
+
+    def delete(self, pods) -> None:
+        """SIGTERM, the pod's grace, SIGKILL; each exit is an event of its own (not a failure)."""
+        for pod in pods:
+            pod.signal(signal.SIGTERM)
+        deleted = time.monotonic()
+        for pod in pods:
+            if pod.proc is None:
+                continue
+            while pod.proc.poll() is None and time.monotonic() < deleted + pod.grace:
+                time.sleep(0.1)
+            pod.signal(signal.SIGKILL)
+            pod.proc.wait()
+            if pod.done is None:
+                emit(event="deleted", pod=pod.name, code=exit_code(pod.proc.returncode))
+                pod.done = "deleted"
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("manifest")
@@ -126,12 +300,9 @@ def main() -> int:
     parser.add_argument("--when-exists")
     parser.add_argument("--timeout", type=float, default=600)
     args = parser.parse_args()
-    tfjob = json.loads(Path(args.manifest).read_text())
+    manifest = json.loads(Path(args.manifest).read_text())
     workdir = Path(args.workdir)
     (workdir / "logs").mkdir(parents=True, exist_ok=True)
-    name, namespace = tfjob["metadata"]["name"], tfjob["metadata"].get("namespace", "default")
-    specs = tfjob["spec"]["tfReplicaSpecs"]
-    backoff_limit = tfjob["spec"].get("runPolicy", {}).get("backoffLimit", 6)
 
     # The pod network: one bridge, no way out of this namespace.
     sh("ip", "link", "set", "lo", "up")
@@ -141,59 +312,31 @@ def main() -> int:
     hosts = workdir / "hosts"
     hosts.write_text("")
     sh("mount", "--bind", str(hosts), "/etc/hosts")
-    _mount_volumes(next(iter(specs.values()))["template"]["spec"])
+    network = Network(hosts)
+    controller = (JobSetController if manifest["kind"] == "JobSet" else TFJobOperator)(manifest, workdir, network)
+    _mount_volumes(controller.pod_spec)
+    network.recreate(controller.pods)
 
-    cluster = {rtype.lower(): [f"{name}-{rtype.lower()}-{i}.{namespace}.svc:{PORT}" for i in range(spec["replicas"])]
-               for rtype, spec in specs.items()}
-    pods = [Pod(name, rtype, i, spec, cluster, namespace, workdir) for rtype, spec in specs.items() for i in range(spec["replicas"])]
-    primary = next(p for p in pods if p.rtype == ("chief" if "Chief" in specs else "worker") and p.index == 0)
-    addresses = (f"{SUBNET}.{n // 250}.{n % 250 + 2}" for n in range(10**4))
-    for pod in pods:
-        pod.address = next(addresses)
-    write_hosts(hosts, pods)
-    for pod in pods:
-        pod.start()
-
-    restarts, killed, status = 0, False, None
+    killed, status = False, None
     deadline = time.monotonic() + args.timeout
     while status is None:
         time.sleep(0.2)
         if args.kill and not killed and args.when_exists and _has_content(Path(args.when_exists)):
-            victim = next(p for p in pods if p.name == args.kill)
+            victim = next(p for p in controller.pods if p.name == args.kill)
             victim.signal(getattr(signal, f"SIG{args.signal}"))
             killed = True
             emit(event="killed", pod=victim.name, signal=args.signal)
-        for pod in pods:
-            if pod.done is not None or pod.proc.poll() is None:
+        for pod in controller.pods:
+            if status is not None or pod.done is not None or pod.proc.poll() is None:
                 continue
             code = exit_code(pod.proc.returncode)
             emit(event="exited", pod=pod.name, code=code)
-            if code == 0:
-                pod.done = 0
-                if pod is primary:
-                    status = "Succeeded"
-            elif 128 <= code <= 255 and restarts < backoff_limit:
-                restarts += 1
-                pod.restarts += 1
-                time.sleep(1)  # the operator deletes the pod and creates a new one
-                pod.address = next(addresses)
-                write_hosts(hosts, pods)
-                pod.start()
-            else:
-                pod.done = code
-                status = f"Failed: {pod.name} exited {code}" + (" (past backoffLimit)" if code >= 128 else " (permanent)")
+            status = controller.exited(pod, code)
         if status is None and time.monotonic() > deadline:
             status = f"Failed: timeout after {args.timeout:g}s"
-    # cleanPodPolicy Running: delete what still runs (SIGTERM, the pod's grace, SIGKILL).
-    for pod in pods:
-        pod.signal(signal.SIGTERM)
-    deleted = time.monotonic()
-    for pod in pods:
-        while pod.proc.poll() is None and time.monotonic() < deleted + pod.grace:
-            time.sleep(0.1)
-        pod.signal(signal.SIGKILL)
-        pod.proc.wait()
-    emit(event="job", status=status, restarts=restarts)
+    # What still runs is deleted (a TFJob's cleanPodPolicy Running; a finished JobSet's active Jobs).
+    network.delete(controller.pods)
+    emit(event="job", status=status, restarts=controller.restarts)
     return 0 if status == "Succeeded" else 1
 
 

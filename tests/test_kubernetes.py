@@ -1,8 +1,9 @@
-"""`tfdistx export tfjob`: the manifest against the training operator's own
-CRD schema, and its pods run on this machine as the operator would run them
-(tests/simulated_pods.py: a network namespace, an address and a service name
-per pod, port 2222, TF_CONFIG in the operator's format, restartPolicy
-ExitCode)."""
+"""`tfdistx export tfjob|jobset|trainjob`: the manifests against their
+controllers' own CRD schemas, and their pods run on this machine as the
+controllers would run them (tests/simulated_pods.py: a network namespace,
+an address and a host name per pod, port 2222; for a TFJob, TF_CONFIG in
+the operator's format and restartPolicy ExitCode; for a JobSet, its labels
+through the downward API and its failure and success policies)."""
 
 import json
 import re
@@ -15,19 +16,24 @@ import jsonschema
 import pytest
 import yaml
 
-from conftest import free_ports, steps_logged, workers_tf_config
+from conftest import free_ports, steps_logged, tfdistx_env, workers_tf_config
 
-CRD = Path(__file__).with_name("data") / "k8s" / "kubeflow.org_tfjobs.yaml"  # the operator's own, unchanged (its README.md)
+K8S = Path(__file__).with_name("data") / "k8s"  # the controllers' own CRDs, unchanged (its README.md)
+CRD = K8S / "kubeflow.org_tfjobs.yaml"
 SIMULATOR = Path(__file__).with_name("simulated_pods.py")
 
 
-def export(*args, cwd=None):
-    return subprocess.run([sys.executable, "-m", "tfdistx", "export", "tfjob", *args], capture_output=True, text=True, cwd=cwd, timeout=60)
+def export(*args, cwd=None, kind="tfjob"):
+    return subprocess.run([sys.executable, "-m", "tfdistx", "export", kind, *args], capture_output=True, text=True, cwd=cwd, timeout=60)
+
+
+def crd_schema(path: Path) -> dict:
+    return yaml.load(path.read_text(), Loader=yaml.CSafeLoader)["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
 
 
 @pytest.fixture(scope="module")
 def tfjob_schema():
-    return yaml.safe_load(CRD.read_text())["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    return crd_schema(CRD)
 
 
 def unknown_fields(value, schema, path="") -> list:
@@ -93,6 +99,68 @@ def test_exported_tfjob_is_valid_for_the_operator_and_composes_the_same_config(t
     assert (in_pod.cluster.workers, in_pod.cluster.ps) == (here.cluster.workers, here.cluster.ps)
 
 
+@pytest.fixture(scope="module")
+def jobset_schemas():
+    return {kind: crd_schema(K8S / f"{group}_{kind.lower()}s.yaml") for group, kind in [
+        ("jobset.x-k8s.io", "JobSet"), ("trainer.kubeflow.org", "TrainJob"),
+        ("trainer.kubeflow.org", "ClusterTrainingRuntime"), ("trainer.kubeflow.org", "TrainingRuntime")]}
+
+
+def valid(manifest: dict, schema: dict) -> None:
+    jsonschema.Draft7Validator(schema).validate(manifest)
+    assert unknown_fields(manifest, schema) == []
+
+
+@pytest.mark.parametrize("args, tasks, gpus", [
+    (["strategy=multiworker", "cluster=2x1"], {"worker": 2}, None),
+    (["strategy=multiworker", "cluster=4x8", "--gpus"], {"worker": 4}, 8),
+    (["strategy=parameter_server", "cluster=ps2w4", "trainer.steps=4000", "cluster.evaluator=true", "data.service.workers=1"],
+     {"chief": 1, "ps": 2, "worker": 4, "evaluator": 1, "dispatcher": 1, "dataworker": 1}, None),
+])
+def test_exported_jobset_and_trainjob_are_valid_for_their_controllers(jobset_schemas, args, tasks, gpus):
+    common = [*args, "--image", "registry.example/tfdistx:0.1", "--volume", "pvc:runs", "--name", "mnist", "--namespace", "ml"]
+    out = export(*common, kind="jobset")
+    assert out.returncode == 0, out.stderr
+    jobset = yaml.safe_load(out.stdout)
+    valid(jobset, jobset_schemas["JobSet"])
+    assert (jobset["apiVersion"], jobset["kind"], jobset["metadata"]["name"]) == ("jobset.x-k8s.io/v1alpha2", "JobSet", "mnist")
+    spec = jobset["spec"]
+    assert spec["network"] == {"enableDNSHostnames": True}
+    assert spec["successPolicy"] == {"operator": "All", "targetReplicatedJobs": ["chief" if "chief" in tasks else "worker"]}
+    assert (spec["failurePolicy"]["maxRestarts"], spec["failurePolicy"]["restartStrategy"]) == (3, "BlockingRecreate")  # cluster.max_restarts
+    assert [(rule["action"], rule["onJobFailureReasons"]) for rule in spec["failurePolicy"]["rules"]] == [
+        ("FailJobSet", ["PodFailurePolicy"]), ("RestartJobSet", ["BackoffLimitExceeded"])]
+    # one Indexed Job per task type, a pod per task: the pods' names are <name>-<type>-0-<index>.<name>
+    assert {job["name"]: (job["replicas"], job["template"]["spec"]["parallelism"]) for job in spec["replicatedJobs"]} == {
+        job: (1, n) for job, n in tasks.items()}
+    for job in spec["replicatedJobs"]:
+        job_spec = job["template"]["spec"]
+        assert job_spec["completionMode"] == "Indexed" and job_spec["backoffLimit"] == 0
+        # a bad config (2), a full disk (3) fail the job set; 4, 5 and 42 (and a killed pod) restart it
+        rule, = job_spec["podFailurePolicy"]["rules"]
+        assert rule["action"] == "FailJob" and rule["onExitCodes"]["operator"] == "In"
+        assert {2, 3} <= set(rule["onExitCodes"]["values"]) and not {4, 5, 42} & set(rule["onExitCodes"]["values"])
+        pod = job_spec["template"]["spec"]
+        container, = pod["containers"]
+        assert pod["restartPolicy"] == "Never" and pod["volumes"] == [{"name": "tfdistx-runs", "persistentVolumeClaim": {"claimName": "runs"}}]
+        assert container["args"][-2:] == ["cluster.launch=jobset", "hydra.run.dir=/mnt/tfdistx/mnist"]
+        assert container.get("resources", {}).get("limits", {}).get("nvidia.com/gpu") == (gpus if job["name"] == "worker" else None)
+
+    out = export(*common, kind="trainjob")
+    assert out.returncode == 0, out.stderr
+    runtime, trainjob = yaml.safe_load_all(out.stdout)
+    valid(runtime, jobset_schemas["ClusterTrainingRuntime"])
+    valid({**runtime, "kind": "TrainingRuntime", "metadata": {**runtime["metadata"], "namespace": "ml"}}, jobset_schemas["TrainingRuntime"])
+    valid(trainjob, jobset_schemas["TrainJob"])
+    assert trainjob["spec"]["runtimeRef"]["name"] == runtime["metadata"]["name"]
+    # the runtime's JobSet is the JobSet's, with the trainer step labelled for Trainer v2 and its container named `node`
+    steps = runtime["spec"]["template"]["spec"]["replicatedJobs"]
+    assert [job["name"] for job in steps] == list(tasks)
+    assert [job["template"].get("metadata") for job in steps] == [
+        {"labels": {"trainer.kubeflow.org/trainjob-ancestor-step": "trainer"}} if job == "worker" else None for job in tasks]
+    assert trainjob["spec"]["trainer"]["numNodes"] == tasks["worker"]
+
+
 # The export's other checks (the strategy, --name, --volume, the composed
 # config) are tested in-process in test_unit_config_recipes.py; --mount-path
 # is checked in the command's own argument handling.
@@ -145,14 +213,22 @@ def simulator():
         pytest.skip(why)
 
 
-def run_tfjob(tmp_path, name, overrides, kill=None, when="checkpoints/ckpt-400.index", signal="KILL"):
-    """Export the TFJob (hostPath volume under tmp_path), run its pods, and
-    send `signal` to pod `kill` (if any) once the run dir's file `when` has content."""
+def run_tfjob(tmp_path, name, overrides, **kill):
+    return run_pods(tmp_path, name, overrides, kind="tfjob", **kill)
+
+
+def run_pods(tmp_path, name, overrides, kill=None, when="checkpoints/ckpt-400.index", signal="KILL", kind="tfjob", edit=None, succeeds=True):
+    """Export the TFJob or JobSet (`kind`; hostPath volume under tmp_path; `edit`: a change to
+    it, as a user's by hand), run its pods, and send `signal` to pod `kill` (if any) once the
+    run dir's file `when` has content."""
     volume = tmp_path / "volume"
-    out = export(*overrides, "--image", "tfdistx:test", "--name", name, "--volume", f"hostPath:{volume}")
+    out = export(*overrides, "--image", "tfdistx:test", "--name", name, "--volume", f"hostPath:{volume}", kind=kind)
     assert out.returncode == 0, out.stderr
-    manifest = tmp_path / "tfjob.json"
-    manifest.write_text(json.dumps(yaml.safe_load(out.stdout)))
+    manifest = tmp_path / f"{kind}.json"
+    exported = yaml.safe_load(out.stdout) if kind != "trainjob" else as_trainer_v2_runs_it(*yaml.safe_load_all(out.stdout))
+    if edit:
+        edit(exported)
+    manifest.write_text(json.dumps(exported))
     pods = tmp_path / "pods"
     killing = ["--kill", kill, "--signal", signal, "--when-exists", f"/mnt/tfdistx/{name}/{when}"] if kill else []
     run = subprocess.run(["unshare", "--user", "--map-root-user", "--net", "--mount", "--fork", "--kill-child",
@@ -160,7 +236,7 @@ def run_tfjob(tmp_path, name, overrides, kill=None, when="checkpoints/ckpt-400.i
                          capture_output=True, text=True, timeout=420)
     events = [json.loads(line) for line in run.stdout.splitlines() if line.startswith("{")]
     logs = {p.stem: p.read_text(errors="replace") for p in (pods / "logs").glob("*.log")}
-    assert run.returncode == 0, (run.stderr[-2000:], events, {k: v[-3000:] for k, v in logs.items()})
+    assert run.returncode == (0 if succeeds else 1), (run.stderr[-2000:], events, {k: v[-3000:] for k, v in logs.items()})
     return volume, events, logs
 
 
@@ -237,3 +313,105 @@ def test_parameter_server_tfjob_carries_on_while_a_killed_worker_pod_is_recreate
     assert exits(events, "psw-chief-0") == [0]
     summary = json.loads((volume / "psw" / "summary.json").read_text())
     assert summary["step"] == 1500 and not summary["resumed"]
+
+
+# --- a JobSet's pods, simulated ------------------------------------------------
+
+DETERMINISTIC = ["data=synthetic", "trainer.deterministic=true", "trainer.steps_per_loop=50", "trainer.log_every=100", "trainer.eval_every=0",
+                 "checkpoint.every_steps=100", "checkpoint.export=false", "logger.tensorboard=false", "cluster.preemption_grace=15"]
+
+
+def local_weights(tmp_path, overrides) -> str:
+    """The weights the same config trains to on a local cluster (the launcher's tasks on loopback)."""
+    run = subprocess.run([sys.executable, "-m", "tfdistx", *overrides, f"hydra.run.dir={tmp_path / 'local'}"], env=tfdistx_env(),
+                         capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    return json.loads((tmp_path / "local" / "summary.json").read_text())["weights_sha256"]
+
+
+def test_multiworker_jobset_pods_place_themselves_and_train_as_a_local_cluster(tmp_path, simulator):
+    """No TF_CONFIG: each pod builds it from its JobSet labels (cluster.launch=jobset); the
+    chief's weights are bitwise those of the same config on a local cluster."""
+    overrides = ["strategy=multiworker", "cluster=2x1", *DETERMINISTIC, "trainer.steps=200"]
+    volume, events, logs = run_pods(tmp_path, "mw", overrides, kind="jobset")
+    assert exits(events, "mw-worker-0-0") == [0] and exits(events, "mw-worker-0-1") == [0]
+    assert events[-1] == {**events[-1], "event": "job", "status": "Succeeded", "restarts": 0}
+    assert "task worker:1 listens on port 2222" in logs["mw-worker-0-1"]
+    summary = json.loads((volume / "mw" / "summary.json").read_text())
+    assert summary["step"] == 200 and summary["workers"] == 2
+    assert summary["weights_sha256"] == local_weights(tmp_path, overrides)
+
+
+@pytest.mark.slow
+def test_a_killed_jobset_pod_restarts_the_set_and_the_run_resumes_bitwise(tmp_path, simulator):
+    """The killed pod (137) matches no FailJob rule: its Job fails (backoffLimit 0), the JobSet's
+    failurePolicy restarts every pod, and the run resumes from its checkpoint to the weights of a
+    run never stopped."""
+    overrides = ["strategy=multiworker", "cluster=2x1", *DETERMINISTIC, "trainer.steps=1000"]
+    volume, events, logs = run_pods(tmp_path, "mw", overrides, kind="jobset", kill="mw-worker-0-1")
+    assert exits(events, "mw-worker-0-1")[0] == 137 and exits(events, "mw-worker-0-1")[-1] == 0
+    assert [e["attempt"] for e in events if e["event"] == "restarted"] == [1]
+    summary = json.loads((volume / "mw" / "summary.json").read_text())
+    assert summary["step"] == 1000 and summary["resumed"] and summary["resumed_from_step"] >= 400
+    assert steps_logged(volume / "mw") == list(range(100, 1001, 100))
+    assert summary["weights_sha256"] == local_weights(tmp_path, overrides)
+
+
+@pytest.mark.slow
+def test_parameter_server_jobset_pods_train_and_a_killed_ps_pod_restarts_the_set(tmp_path, simulator):
+    """A lost ps takes its variables with it: the JobSet restarts, the coordinator resumes."""
+    overrides = ["strategy=parameter_server", "cluster=ps1w2", *DETERMINISTIC, "trainer.steps=1000"]
+    volume, events, logs = run_pods(tmp_path, "ps", overrides, kind="jobset", kill="ps-ps-0-0")
+    # the ps's 137 and the coordinator's 5 may be seen in either order: the first seen restarts the set, the other is deleted with it
+    ended = {pod: [e["code"] for e in events if e["event"] in ("exited", "deleted") and e["pod"] == pod] for pod in ("ps-ps-0-0", "ps-chief-0-0")}
+    assert ended["ps-ps-0-0"][0] == 137 and ended["ps-chief-0-0"][0] == 5 and exits(events, "ps-chief-0-0")[-1] == 0
+    assert "lost contact with ps:0 of the cluster" in logs["ps-chief-0-0"]
+    assert [e["attempt"] for e in events if e["event"] == "restarted"] == [1]
+    summary = json.loads((volume / "ps" / "summary.json").read_text())
+    assert summary["step"] == 1000 and summary["ps"] == 1 and summary["resumed"] and summary["resumed_from_step"] >= 400
+
+
+def as_trainer_v2_runs_it(runtime: dict, trainjob: dict) -> dict:
+    """The JobSet Kubeflow Trainer v2 makes of a TrainJob and its runtime (its JobSet plugin's
+    builder): named after the TrainJob, the runtime's template, and in the replicatedJob
+    labelled as the trainer step one Job of numNodes pods whose `node` container takes the
+    TrainJob's image, command, args and resources."""
+    spec = json.loads(json.dumps(runtime["spec"]["template"]["spec"]))
+    trainer = trainjob["spec"].get("trainer", {})
+    for job in spec["replicatedJobs"]:
+        if job["template"].get("metadata", {}).get("labels", {}).get("trainer.kubeflow.org/trainjob-ancestor-step") != "trainer":
+            continue
+        nodes = trainer.get("numNodes", runtime["spec"].get("mlPolicy", {}).get("numNodes", 1))
+        job["replicas"], job["template"]["spec"]["parallelism"], job["template"]["spec"]["completions"] = 1, nodes, nodes
+        for container in job["template"]["spec"]["template"]["spec"]["containers"]:
+            if container["name"] == "node":
+                container.update({key: trainer[key] for key in ("image", "command", "args") if key in trainer})
+                if "resourcesPerNode" in trainer:
+                    container["resources"] = trainer["resourcesPerNode"]
+    return {"apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet", "metadata": {"name": trainjob["metadata"]["name"]}, "spec": spec}
+
+
+@pytest.mark.slow  # the default run has the JobSet's 2x1; a TrainJob's pods are its runtime's JobSet's
+def test_trainjob_pods_train_as_a_local_cluster(tmp_path, simulator):
+    overrides = ["strategy=multiworker", "cluster=2x1", *DETERMINISTIC, "trainer.steps=200"]
+    volume, events, logs = run_pods(tmp_path, "tj", overrides, kind="trainjob")
+    assert exits(events, "tj-worker-0-0") == [0] and exits(events, "tj-worker-0-1") == [0]
+    summary = json.loads((volume / "tj" / "summary.json").read_text())
+    assert summary["step"] == 200 and summary["weights_sha256"] == local_weights(tmp_path, overrides)
+
+
+def test_a_pod_the_config_has_no_place_for_fails_the_jobset_without_a_restart(tmp_path, simulator):
+    """A JobSet edited to 3 workers for a config of 2: the third pod is refused in one line and
+    exits 2, which matches its Job's FailJob rule, and the JobSet's failurePolicy fails the set."""
+    def three_workers(jobset):
+        job = jobset["spec"]["replicatedJobs"][0]["template"]["spec"]
+        job["parallelism"] = job["completions"] = 3
+
+    overrides = ["strategy=multiworker", "cluster=2x1", "data=synthetic", "cluster.preemption_grace=1"]
+    volume, events, logs = run_pods(tmp_path, "bad", overrides, kind="jobset", edit=three_workers, succeeds=False)
+    assert exits(events, "bad-worker-0-2") == [2]
+    assert logs["bad-worker-0-2"].strip().splitlines()[-1] == (
+        "tfdistx: invalid config: batch.kubernetes.io/job-completion-index='2': the config's cluster has 2 worker task(s): allowed 0..1")
+    failed, = [e for e in events if e["event"] == "job failed"]
+    assert (failed["reason"], failed["action"]) == ("PodFailurePolicy", "FailJobSet")
+    assert not [e for e in events if e["event"] == "restarted"] and events[-1]["status"].startswith("Failed")

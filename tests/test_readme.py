@@ -22,6 +22,8 @@ PAGES = [README, ROOT / "CONTRIBUTING.md", *SITE]
 STARTS = ("python -m tfdistx", ".venv/bin/python -m tfdistx", "tfdistx ", "TFDISTX_RECIPES=")
 SMALL = ["trainer.steps=4", "trainer.steps_per_loop=2", "trainer.log_every=2", "trainer.eval_every=0", "trainer.eval_steps=1",
          "checkpoint.every_steps=0", "logger.tensorboard=false"]
+# `tfdistx export KIND` prints Kubernetes manifests: the kinds of the documents it prints, in order.
+MANIFESTS = {("export", "tfjob"): ["TFJob"], ("export", "jobset"): ["JobSet"], ("export", "trainjob"): ["ClusterTrainingRuntime", "TrainJob"]}
 OFFLINE = "the download site is unreachable"  # the documented answer for tensorflow-datasets data without network
 
 
@@ -104,10 +106,10 @@ def test_every_readme_command_composes(line, command, tmp_path):
         pytest.skip("writes a dataset (data write): tests/test_file_data.py runs it")
     words = _placeholder_files(words, tmp_path)
     own_project(words, tmp_path)
-    if words[3:5] == ["export", "tfjob"]:  # prints a manifest: no run needed
+    if tuple(words[3:5]) in MANIFESTS:  # prints manifests: no run needed
         words = words[:words.index(">")] if ">" in words else words
         result = run(words, env, tmp_path, timeout=120)
-        assert result.returncode == 0 and result.stdout.count("kind: TFJob") == 1, result.stderr
+        assert result.returncode == 0 and re.findall(r"^kind: (\w+)$", result.stdout, re.M) == MANIFESTS[tuple(words[3:5])], result.stderr
         return
     if tool in ("export", "evaluate", "report", "predict"):
         pytest.skip("needs a run or sweep directory: run by test_every_readme_command_runs (slow)")
@@ -136,7 +138,7 @@ def test_every_readme_command_runs(line, command, tmp_path):
     network fails with the documented one line instead."""
     words, env = argv(command, tmp_path)
     tool = words[3] if len(words) > 3 and words[2] == "tfdistx" else None
-    if "mypkg" in command or "--plan" in words or "--cfg" in words or tool == "recipes" or words[3:5] == ["export", "tfjob"]:
+    if "mypkg" in command or "--plan" in words or "--cfg" in words or tool == "recipes" or tuple(words[3:5]) in MANIFESTS:
         pytest.skip("checked by test_every_readme_command_composes")
     if "/data/" in command or "'a-*" in command:
         pytest.skip("names a user's own files (/data/...): composed with stand-ins by test_every_readme_command_composes")

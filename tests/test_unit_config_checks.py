@@ -119,7 +119,7 @@ def refused(*overrides) -> list:
     (["cluster.stopped_task_timeout=0"], "cluster.stopped_task_timeout=0.0", ["more than 0"]),
     (["cluster.base_port=80"], "cluster.base_port=80", ["from 1024"]),
     (["cluster.retryable_exit_offset=300"], "cluster.retryable_exit_offset=300", ["from 0 to 213"]),
-    (["cluster.launch=ssh"], "cluster.launch='ssh'", ["auto, local, tf_config, slurm"]),
+    (["cluster.launch=ssh"], "cluster.launch='ssh'", ["auto, local, tf_config, jobset, slurm"]),
     (["+cluster.nope=1"], "cluster.nope=1", ["its keys: name, workers"]),
     (["strategy=mirrored", "+strategy.bytes_per_pack=1"], "strategy.bytes_per_pack=1", ["strategy=mirrored takes strategy.cross_device_ops"]),
     (["strategy=mirrored", "strategy.cross_device_ops=magic"], "strategy.cross_device_ops='magic'", ["nccl, hierarchical_copy"]),

@@ -224,11 +224,13 @@ def test_only_training_pods_ask_for_gpus(configs):
 
 
 @pytest.mark.unit
-@pytest.mark.parametrize("overrides, multi, run_dir, args", [
-    (["cluster=2x1"], True, "/mnt/tfdistx/job",
+@pytest.mark.parametrize("overrides, launch, run_dir, offset, args", [
+    (["cluster=2x1"], "tf_config", "/mnt/tfdistx/job", 128,
      ["cluster=2x1", "cluster.launch=tf_config", "cluster.retryable_exit_offset=128", "hydra.run.dir=/mnt/tfdistx/job"]),
-    (["trainer.steps=5"], False, None, ["trainer.steps=5", "cluster.retryable_exit_offset=128"]),
-    (["hydra.run.dir=/mine"], False, "/mnt/tfdistx/job", ["hydra.run.dir=/mine", "cluster.retryable_exit_offset=128"]),  # the user's kept
+    (["trainer.steps=5"], None, None, 128, ["trainer.steps=5", "cluster.retryable_exit_offset=128"]),
+    (["hydra.run.dir=/mine"], None, "/mnt/tfdistx/job", 128, ["hydra.run.dir=/mine", "cluster.retryable_exit_offset=128"]),  # the user's kept
+    # a JobSet's pods: placed by their labels, and its failure policy lists the exit codes as they are
+    (["cluster=2x1"], "jobset", "/mnt/tfdistx/job", 0, ["cluster=2x1", "cluster.launch=jobset", "hydra.run.dir=/mnt/tfdistx/job"]),
 ])
-def test_a_pods_arguments(overrides, multi, run_dir, args):
-    assert kubernetes.pod_args(overrides, multi, run_dir) == args
+def test_a_pods_arguments(overrides, launch, run_dir, offset, args):
+    assert kubernetes.pod_args(overrides, launch, run_dir, offset) == args

@@ -21,12 +21,16 @@ SUBCOMMANDS = {
     "recipes": "tfdistx.commands.recipes",  # list, show and copy out recipes
     "report": "tfdistx.commands.report",  # plots and a table for a run or sweep dir
     "export": "tfdistx.commands.export",  # a SavedModel from a run's checkpoint
-    "export tfjob": "tfdistx.commands.tfjob",  # a Kubeflow TFJob for the composed config
+    # Kubernetes manifests for the composed config (MODULE:FUNCTION: one module, a function per kind)
+    "export tfjob": "tfdistx.commands.kubernetes:tfjob",  # a Kubeflow TFJob (the training operator)
+    "export jobset": "tfdistx.commands.kubernetes:jobset",  # a JobSet (kubernetes-sigs/jobset)
+    "export trainjob": "tfdistx.commands.kubernetes:trainjob",  # a TrainJob and its runtime (Kubeflow Trainer v2)
     "data write": "tfdistx.commands.data_write",  # any data source as sharded TFRecord/CSV files + a manifest
     "evaluate": "tfdistx.commands.evaluate",  # metrics of a run's checkpoint on the eval data
     "predict": "tfdistx.commands.predict",  # a run's export applied to files (or its eval data): sharded predictions
     "_task": "tfdistx.commands.task",  # one task of a local cluster (started by the launcher)
 }
+KUBERNETES = "tfdistx.commands.kubernetes"
 
 
 def main(argv: Optional[Sequence[str]] = None):
@@ -58,15 +62,16 @@ def _command(argv: list, process_ends_after: bool):
         sys.path.insert(0, os.getcwd())
     words = next((n for n in (2, 1) if " ".join(argv[:n]) in SUBCOMMANDS), 0)  # `export tfjob` before `export`
     try:
-        # `export tfjob` takes its own: it hands them to the pods as given (a path in the image, not this machine's)
-        if any(arg.partition("=")[0] in ("--config-dir", "-cd") for arg in argv) and " ".join(argv[:words]) != "export tfjob":
+        # `export tfjob` (jobset, trainjob) takes its own: it hands them to the pods as given (a path in the image, not this machine's)
+        exports_manifests = SUBCOMMANDS.get(" ".join(argv[:words]), "").startswith(KUBERNETES + ":")
+        if any(arg.partition("=")[0] in ("--config-dir", "-cd") for arg in argv) and not exports_manifests:
             argv = _user_config_dirs(argv)
         if not words:
             from tfdistx.commands import run  # deferred like the others: `tfdistx recipes` needs none of it
 
             return run.main(argv, process_ends_after=process_ends_after)
-        command = " ".join(argv[:words])
-        sys.exit(importlib.import_module(SUBCOMMANDS[command]).main(argv[words:]))
+        module, _, function = SUBCOMMANDS[" ".join(argv[:words])].partition(":")
+        sys.exit(getattr(importlib.import_module(module), function or "main")(argv[words:]))
     except BrokenPipeError:  # `tfdistx recipes | head`, `--plan | head`: the reader has what it wanted
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         sys.exit(0)

@@ -34,6 +34,7 @@ DEFAULT_MOUNT_PATH = "/mnt/tfdistx"
 _DNS_LABEL = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
 # The operator names services <job>-<replica type>-<index>: the longest, "-worker-NNN", must stay a DNS label.
 _MAX_NAME = 63 - len("-worker-999")
+CREATED_BY = {"app.kubernetes.io/created-by": "tfdistx"}
 
 
 def tfjob(cfg, overrides: List[str], name: str, image: str, namespace: str = "default", volume: Optional[str] = None,
@@ -43,58 +44,96 @@ def tfjob(cfg, overrides: List[str], name: str, image: str, namespace: str = "de
     and the user's config dirs: `config_dirs` given as `--config-dir`, and
     `config_path` the TFDISTX_CONFIG_PATH, both as the user gave them (each
     pod composes with them, read in its own file system)."""
-    topo = cfg.cluster
-    facts = strategies.get(cfg.strategy.name, topo.workers, topo.devices_per_worker)
-    if facts.not_in_tfjob:
-        raise ConfigError.one("strategy", cfg.strategy.name, f"cannot be exported as a TFJob: {facts.not_in_tfjob}")
-    counts = facts.job_counts(topo.workers, topo.ps) or {"worker": 1}  # a one-process strategy: one pod
-    if topo.get("evaluator"):  # the sidecar evaluator's pod: the operator gives it TF_CONFIG task type "evaluator"
-        counts = {**counts, EVALUATOR: 1}
-    service = data_service.job_counts(cfg.data)
-    counts = {**counts, **service}
-    args = [arg for directory in config_dirs for arg in ("--config-dir", directory)]
-    args += pod_args(overrides, facts.multi_process or bool(service), f"{mount_path}/{name}" if volume else None)
-    env = [{"name": "PYTHONUNBUFFERED", "value": "1"}]  # kubectl logs shows each line as it is written
-    if config_path:
-        env.append({"name": userconf.ENV, "value": config_path})
+    pods = Pods(cfg, "a TFJob", overrides, name, image, volume, mount_path, gpus, config_dirs, config_path)
+    # Exit codes a restart can cure move above 127, where restartPolicy ExitCode retries them.
+    args = pods.args("tf_config", RETRYABLE_EXIT_OFFSET_FOR_KUBERNETES)
     replica_specs = {}
-    for job, replicas in counts.items():
-        container = {
-            "name": CONTAINER,
-            "image": image,
-            "command": ["python", "-m", "tfdistx"],
-            "args": list(args),  # a list of its own per container: YAML would print shared ones as anchors
-            "env": [dict(variable) for variable in env],  # objects of their own per container, as args
-            "ports": [{"name": "tfjob-port", "containerPort": PORT}],
-        }
-        if gpus and job == "worker":  # a parameter-server cluster's coordinator and ps tasks run no steps
-            container["resources"] = {"limits": {"nvidia.com/gpu": int(topo.devices_per_worker or 1)}}
-        # Between the SIGTERM of a deletion (eviction, preemption) and SIGKILL: the trainers checkpoint in it,
-        # the servers wait for them (Kubernetes' default, 30 s, is shorter than cluster.preemption_grace's).
-        pod = {"containers": [container], "terminationGracePeriodSeconds": math.ceil(topo.preemption_grace)}
-        if volume:
-            container["volumeMounts"] = [{"name": VOLUME_NAME, "mountPath": mount_path}]
-            pod["volumes"] = [{"name": VOLUME_NAME, **volume_source(volume)}]
-        replica_specs[REPLICA_TYPES[job]] = {"replicas": replicas, "restartPolicy": "ExitCode", "template": {"spec": pod}}
+    for job, replicas in pods.counts.items():
+        container = pods.container(CONTAINER, job, args, ports=[{"name": "tfjob-port", "containerPort": PORT}])
+        replica_specs[REPLICA_TYPES[job]] = {"replicas": replicas, "restartPolicy": "ExitCode", "template": {"spec": pods.spec(container)}}
     return {
         "apiVersion": API_VERSION,
         "kind": "TFJob",
-        "metadata": {"name": name, "namespace": namespace, "labels": {"app.kubernetes.io/created-by": "tfdistx"}},
+        "metadata": {"name": name, "namespace": namespace, "labels": dict(CREATED_BY)},
         "spec": {
             # backoffLimit: pod restarts before the job is failed, as cluster.max_restarts bounds the local launcher's.
             # cleanPodPolicy Running: the ps tasks and workers a coordinator used are deleted when it is done.
-            "runPolicy": {"backoffLimit": int(topo.max_restarts), "cleanPodPolicy": "Running"},
+            "runPolicy": {"backoffLimit": int(cfg.cluster.max_restarts), "cleanPodPolicy": "Running"},
             "tfReplicaSpecs": replica_specs,
         },
     }
 
 
-def pod_args(overrides: List[str], multi_process: bool, run_dir: Optional[str]) -> List[str]:
-    """The pod's overrides: the user's, then what placing it in a TFJob needs."""
+class Pods:
+    """What every pod of a run has, whichever kind of manifest holds it (a
+    TFJob here, a JobSet or TrainJob in jobset_manifest.py): its tasks per
+    job, its command and args, environment, volume and grace period."""
+
+    def __init__(self, cfg, kind: str, overrides: List[str], name: str, image: str, volume: Optional[str], mount_path: str,
+                 gpus: bool, config_dirs: Sequence[str], config_path: Optional[str]):
+        topo = cfg.cluster
+        facts = strategies.get(cfg.strategy.name, topo.workers, topo.devices_per_worker)
+        if facts.not_in_tfjob:
+            raise ConfigError.one("strategy", cfg.strategy.name, f"cannot be exported as {kind}: {facts.not_in_tfjob}")
+        counts = facts.job_counts(topo.workers, topo.ps) or {"worker": 1}  # a one-process strategy: one pod
+        if topo.get("evaluator"):  # the sidecar evaluator's pod: its task type is "evaluator"
+            counts = {**counts, EVALUATOR: 1}
+        service = data_service.job_counts(cfg.data)
+        self.counts: Dict[str, int] = {**counts, **service}
+        self.primary_jobs = facts.primary_jobs  # the jobs whose end is the run's end
+        # A one-process strategy without the tf.data service is one pod that needs no placing.
+        self.placed = facts.multi_process or bool(service)
+        self.overrides, self.image, self.volume, self.mount_path, self.gpus = list(overrides), image, volume, mount_path, gpus
+        self.run_dir = f"{mount_path}/{name}" if volume else None
+        self.config_dirs = list(config_dirs)
+        self.env = [{"name": "PYTHONUNBUFFERED", "value": "1"}]  # kubectl logs shows each line as it is written
+        if config_path:
+            self.env.append({"name": userconf.ENV, "value": config_path})
+        self.gpus_per_worker = int(topo.devices_per_worker or 1)
+        # Between the SIGTERM of a deletion (eviction, preemption) and SIGKILL: the trainers checkpoint in it,
+        # the servers wait for them (Kubernetes' default, 30 s, is shorter than cluster.preemption_grace's).
+        self.grace = math.ceil(topo.preemption_grace)
+
+    def args(self, launch: str, exit_offset: int = 0) -> List[str]:
+        """The container's args: the config dirs, then pod_args."""
+        return [arg for directory in self.config_dirs for arg in ("--config-dir", directory)] + pod_args(
+            self.overrides, launch if self.placed else None, self.run_dir, exit_offset)
+
+    def container(self, name: str, job: str, args: List[str], env: Sequence[Dict] = (), ports: Sequence[Dict] = ()) -> Dict:
+        container = {
+            "name": name,
+            "image": self.image,
+            "command": ["python", "-m", "tfdistx"],
+            "args": list(args),  # a list of its own per container: YAML would print shared ones as anchors
+            "env": [dict(variable) for variable in [*self.env, *env]],  # objects of their own per container, as args
+            "ports": [dict(port) for port in ports],
+        }
+        if self.gpus and job == "worker":  # a parameter-server cluster's coordinator and ps tasks run no steps
+            container["resources"] = self.resources()
+        if self.volume:
+            container["volumeMounts"] = [{"name": VOLUME_NAME, "mountPath": self.mount_path}]
+        return container
+
+    def resources(self) -> Dict:
+        return {"limits": {"nvidia.com/gpu": self.gpus_per_worker}}
+
+    def spec(self, container: Dict, **more) -> Dict:
+        """The pod spec around `container` (`more`: keys of the kind's own)."""
+        pod = {"containers": [container], **more, "terminationGracePeriodSeconds": self.grace}
+        if self.volume:
+            pod["volumes"] = [{"name": VOLUME_NAME, **volume_source(self.volume)}]
+        return pod
+
+
+def pod_args(overrides: List[str], launch: Optional[str], run_dir: Optional[str], exit_offset: int = 0) -> List[str]:
+    """The pod's overrides: the user's, then what placing it needs: how it
+    learns its place (`launch`; None: a one-process run, nothing to place),
+    the exit-code offset its restart policy wants, the run dir on the volume."""
     args = list(overrides)
-    if multi_process:
-        args.append("cluster.launch=tf_config")  # a pod without TF_CONFIG says so, instead of launching a local cluster
-    args.append(f"cluster.retryable_exit_offset={RETRYABLE_EXIT_OFFSET_FOR_KUBERNETES}")
+    if launch:
+        args.append(f"cluster.launch={launch}")  # a pod that was not placed says so, instead of launching a local cluster
+    if exit_offset:
+        args.append(f"cluster.retryable_exit_offset={exit_offset}")
     if run_dir and given_value("hydra.run.dir", overrides) is None:
         args.append(f"hydra.run.dir={run_dir}")  # one run dir on the shared volume: a restarted pod resumes from it
     return args

@@ -1,4 +1,4 @@
-"""Where this process stands in a cluster: TF_CONFIG, Slurm, or a local launch.
+"""Where this process stands in a cluster: TF_CONFIG, a JobSet's pod, Slurm, or a local launch.
 
 No TensorFlow here: the plan view and the launcher use it before any
 TensorFlow work starts. The result is always expressed as a TF_CONFIG
@@ -13,19 +13,20 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Dict, List, Mapping, Optional
 
-from tfdistx.cluster import data_service
+from tfdistx.cluster import data_service, jobset
 from tfdistx.cluster.evaluator import EVALUATOR
 from tfdistx.config.errors import ConfigError, Problem
 from tfdistx.config.strategies import Strategy, describe_jobs
 
 
 class Source(str, Enum):
-    """Who placed this process (`cluster.launch` names the last three)."""
+    """Who placed this process (`cluster.launch` names the last four)."""
 
     SINGLE = "single"  # a one-process strategy: no cluster
     LOCAL = "local"  # tfdistx launches the cluster's processes on this machine
     TF_CONFIG = "tf_config"  # one task of a cluster a scheduler placed (Kubernetes, by hand)
     SLURM = "slurm"  # one task of a Slurm step
+    JOBSET = "jobset"  # a pod of a Kubernetes JobSet (or a TrainJob): its labels place it (cluster/jobset.py)
 
     def __str__(self) -> str:  # the cluster.launch word in messages and --plan, not "Source.SLURM"
         return self.value
@@ -48,7 +49,7 @@ class Placement:
     @property
     def in_cluster(self) -> bool:
         """One task of a multi-process cluster (placed, not launching one)."""
-        return self.source in (Source.TF_CONFIG, Source.SLURM)
+        return self.source in (Source.TF_CONFIG, Source.SLURM, Source.JOBSET)
 
     @property
     def is_chief(self) -> bool:
@@ -78,14 +79,17 @@ def detect(strategy: Strategy, cluster, env: Mapping[str, str] = os.environ, ser
     counts = {**(strategy.job_counts(cluster.workers, cluster.ps) or {"worker": 1}), **(service_jobs or {})}
     mode = cluster.get("launch", "auto")
     if mode == "auto":
-        mode = "tf_config" if env.get("TF_CONFIG") else "slurm" if "SLURM_PROCID" in env else "local"
+        mode = ("tf_config" if env.get("TF_CONFIG") else "jobset" if jobset.in_jobset(env)
+                else "slurm" if "SLURM_PROCID" in env else "local")
     if mode == "local":
         return Placement(Source.LOCAL, spec={k: [""] * n for k, n in counts.items() if n})
+    evaluator = {EVALUATOR: 1} if cluster.get("evaluator") else {}  # a task of its own (cluster/evaluator.py)
     if mode == "tf_config":
         placement = from_tf_config(env.get("TF_CONFIG", ""))
+    elif mode == "jobset":
+        placement = Placement(Source.JOBSET, *jobset.place(env, {**counts, **evaluator}))
     else:
-        evaluator = {EVALUATOR: 1} if cluster.get("evaluator") else {}  # the step's last rank (cluster/evaluator.py)
-        placement = from_slurm(env, {**counts, **evaluator}, cluster.get("base_port", 29400))
+        placement = from_slurm(env, {**counts, **evaluator}, cluster.get("base_port", 29400))  # the evaluator: the step's last rank
     check_topology(placement, counts)
     if not strategy.multi_process and placement.task_type not in placement.service:
         return Placement(Source.SINGLE, service=placement.service)  # the trainer: one process, fed by the service
@@ -112,7 +116,7 @@ def check_topology(placement: Placement, wanted: Dict[str, int]) -> None:
         # A TFJob may run worker 0 as a separate `chief` task: it trains too.
         have["worker"] = have.get("worker", 0) + have.pop("chief")
     if have != want:
-        where = "TF_CONFIG" if placement.source is Source.TF_CONFIG else "the Slurm step"
+        where = {Source.TF_CONFIG: "TF_CONFIG", Source.JOBSET: "the JobSet"}.get(placement.source, "the Slurm step")
         raise ConfigError([Problem(where, _describe(have), f"the config's cluster asks for {_describe(want)}: make cluster= match it")])
     if placement.task_type == EVALUATOR:  # beside the cluster, not in its spec (cluster/evaluator.py)
         if placement.task_index != 0:

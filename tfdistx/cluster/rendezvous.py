@@ -80,7 +80,7 @@ def _listen(port: int, placement: Placement) -> socket.socket:
         sock.close()
         if error.errno != errno.EADDRINUSE:
             raise
-        key = "cluster.base_port" if placement.source is Source.SLURM else "TF_CONFIG"
+        key = {Source.SLURM: "cluster.base_port", Source.JOBSET: "the JobSet's address"}.get(placement.source, "TF_CONFIG")
         address = placement.spec[placement.task_type][placement.task_index]
         raise RunFault(f"{key}={address!r}: task {placement.task_name} cannot listen on port {port}: it is already in use on this host "
                        f"(exit {EXIT_PORT_IN_USE}: a restart may find it free)", EXIT_PORT_IN_USE) from None

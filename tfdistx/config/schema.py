@@ -17,7 +17,7 @@ from omegaconf import OmegaConf
 from tfdistx.config import strategies
 
 # How a process of a multi-process strategy learns its place (cluster.launch).
-LAUNCH_MODES = ("auto", "local", "tf_config", "slurm")
+LAUNCH_MODES = ("auto", "local", "tf_config", "jobset", "slurm")
 
 # Keys of the data group that shape the input pipeline, not the source, with
 # their defaults for a data option that does not set them: the run spec keeps

@@ -1,5 +1,8 @@
-"""`tfdistx export tfjob [overrides] --image IMAGE`: a Kubeflow TFJob for the
-composed config (cluster/kubernetes.py builds it), printed as YAML."""
+"""`tfdistx export tfjob|jobset|trainjob [overrides] --image IMAGE`: the
+composed config as Kubernetes manifests, printed as YAML: a Kubeflow TFJob
+(cluster/kubernetes.py), a JobSet, or a Kubeflow Trainer v2 TrainJob with
+its ClusterTrainingRuntime (cluster/jobset_manifest.py). One command line
+for all three: the manifests differ, the run they describe does not."""
 
 import argparse
 import os
@@ -8,20 +11,41 @@ from pathlib import Path
 
 import yaml  # PyYAML, which omegaconf depends on
 
-from tfdistx.cluster.kubernetes import _MAX_NAME, DEFAULT_MOUNT_PATH, check_name, tfjob
+from tfdistx.cluster import jobset_manifest, kubernetes
+from tfdistx.cluster.kubernetes import DEFAULT_MOUNT_PATH, check_name
 from tfdistx.commands.common import compose, one_line_errors
 from tfdistx.config import userconf
 from tfdistx.config.errors import ConfigError
 
+# kind -> (what it prints, for --help; the builder, returning one manifest or a list; the longest --name)
+KINDS = {
+    "tfjob": ("a Kubeflow TFJob (kubeflow.org/v1, the training operator)", kubernetes.tfjob, kubernetes._MAX_NAME),
+    "jobset": ("a JobSet (jobset.x-k8s.io/v1alpha2, kubernetes-sigs/jobset)", jobset_manifest.jobset_manifest, jobset_manifest.MAX_NAME),
+    "trainjob": ("a Kubeflow Trainer v2 TrainJob (trainer.kubeflow.org/v1alpha1) and the ClusterTrainingRuntime it names",
+                 jobset_manifest.trainjob_manifests, jobset_manifest.MAX_NAME),
+}
 
-def main(argv) -> int:
+
+def tfjob(argv) -> int:
+    return export(argv, "tfjob")
+
+
+def jobset(argv) -> int:
+    return export(argv, "jobset")
+
+
+def trainjob(argv) -> int:
+    return export(argv, "trainjob")
+
+
+def export(argv, kind: str) -> int:
+    what, build, longest = KINDS[kind]
     parser = argparse.ArgumentParser(
-        prog="tfdistx export tfjob",
-        description="Print a Kubeflow TFJob (kubeflow.org/v1) whose pods run `python -m tfdistx OVERRIDES`: "
-                    "kubectl apply -f it. See docs/clusters.md.")
+        prog=f"tfdistx export {kind}",
+        description=f"Print {what} whose pods run `python -m tfdistx OVERRIDES`: kubectl apply -f it. See docs/clusters.md.")
     parser.add_argument("overrides", nargs="*", help="config overrides, as for a run: strategy=multiworker cluster=4x8")
     parser.add_argument("--image", required=True, help="a container image with tfdistx installed (docs/clusters.md)")
-    parser.add_argument("--name", default="tfdistx", help="the TFJob's name (default: tfdistx); also the run dir's on the volume")
+    parser.add_argument("--name", default="tfdistx", help=f"the {kind}'s name (default: tfdistx); also the run dir's on the volume")
     parser.add_argument("--namespace", default="default")
     parser.add_argument("--volume", help="where the run dir lives, shared by the pods: pvc:CLAIM or hostPath:/PATH. "
                                          "Without it each pod writes its own, lost with the pod")
@@ -34,13 +58,13 @@ def main(argv) -> int:
         rest, config_dirs = userconf.split_flags(argv)
         args = parser.parse_intermixed_args(rest)
         userconf.add([Path(d) for d in config_dirs])  # this command composes with them too
-        check_name("--name", args.name, _MAX_NAME)
+        check_name("--name", args.name, longest)
         check_name("--namespace", args.namespace, 63)
         if not args.mount_path.startswith("/"):
             raise ConfigError.one("--mount-path", args.mount_path, "must be an absolute path")
         cfg = compose(args.overrides)
-        manifest = tfjob(cfg, args.overrides, args.name, args.image, args.namespace, args.volume, args.mount_path.rstrip("/") or "/", args.gpus,
-                         config_dirs=config_dirs, config_path=config_path)
+        manifests = build(cfg, args.overrides, args.name, args.image, args.namespace, args.volume, args.mount_path.rstrip("/") or "/",
+                          args.gpus, config_dirs=config_dirs, config_path=config_path)
     if not args.volume:
         print("tfdistx: WARNING: no --volume: each pod writes its run dir inside itself, and a restarted pod loses "
               "its checkpoints: give --volume pvc:CLAIM", file=sys.stderr)
@@ -48,6 +72,6 @@ def main(argv) -> int:
     if carried:  # this machine's directories: the pods read theirs
         print(f"tfdistx: WARNING: the pods compose with {' and '.join(carried)}: the image (or the volume) must hold each of "
               "these directories at that path, relative to the pod's working directory", file=sys.stderr)
-    print(f"# tfdistx export tfjob {' '.join(argv)}")
-    print(yaml.safe_dump(manifest, sort_keys=False), end="")
+    print(f"# tfdistx export {kind} {' '.join(argv)}")
+    print(yaml.safe_dump_all(manifests if isinstance(manifests, list) else [manifests], sort_keys=False), end="")
     return 0

@@ -1,0 +1,116 @@
+"""`tfdistx export jobset|trainjob [overrides]`: a JobSet (kubernetes-sigs/jobset),
+or a Kubeflow Trainer v2 TrainJob with the ClusterTrainingRuntime it names,
+for the composed config.
+
+Neither writes TF_CONFIG: each pod runs `python -m tfdistx` with
+`cluster.launch=jobset` and builds it from its JobSet labels and the
+config's own counts (cluster/jobset.py). One replicatedJob per task type
+(chief, ps, worker, evaluator, dispatcher, dataworker), each one Indexed
+Job with a pod per task; a TrainJob's runtime holds the same JobSet, since
+Trainer v2 runs every TrainJob as one (and, having no TensorFlow runtime,
+needs tfdistx's). No TensorFlow here.
+
+Restarts: a pod that fails with a code no restart can cure (1 a crash, 2 a
+bad config, 3 a full disk, 8 an unsupported version) fails its Job through
+the Job's podFailurePolicy, and the JobSet's failurePolicy then fails the
+whole set; any other failure (4 the cluster did not form, 5 a lost peer,
+42 preempted, a pod killed) fails its Job (backoffLimit 0) and the JobSet
+restarts every Job, up to cluster.max_restarts times: a multi-worker
+cluster only resumes together, from the checkpoint on the volume. So no
+exit-code offset: the codes are listed as they are.
+"""
+
+from typing import Dict, List, Optional, Sequence
+
+from tfdistx.cluster import jobset
+from tfdistx.cluster.kubernetes import CREATED_BY, DEFAULT_MOUNT_PATH, Pods
+from tfdistx.config.errors import EXIT_INVALID_CONFIG, EXIT_NOT_RETRYABLE, EXIT_UNSUPPORTED_VERSION
+
+JOBSET_API = "jobset.x-k8s.io/v1alpha2"
+TRAINER_API = "trainer.kubeflow.org/v1alpha1"
+CONTAINER = "tensorflow"
+TRAINER_CONTAINER = "node"  # the container Trainer v2 gives the TrainJob's image, args and resources
+ANCESTOR = "trainer.kubeflow.org/trainjob-ancestor-step"  # Trainer v2's label for the replicatedJob that trains
+# Exits a restart cannot cure: a crash (Python's 1), a bad config, a full disk, an unsupported version.
+PERMANENT_EXITS = (1, EXIT_INVALID_CONFIG, EXIT_NOT_RETRYABLE, EXIT_UNSUPPORTED_VERSION)
+# The longest pod hostname, <name>-dataworker-0-<index>, must stay a DNS label.
+MAX_NAME = 63 - len("-dataworker-0-99")
+
+
+def jobset_manifest(cfg, overrides: List[str], name: str, image: str, namespace: str = "default", volume: Optional[str] = None,
+                    mount_path: str = DEFAULT_MOUNT_PATH, gpus: bool = False, config_dirs: Sequence[str] = (),
+                    config_path: Optional[str] = None) -> Dict:
+    """The JobSet (as a dict) whose pods run `cfg` (arguments as kubernetes.tfjob's)."""
+    pods = Pods(cfg, "a JobSet", overrides, name, image, volume, mount_path, gpus, config_dirs, config_path)
+    return {"apiVersion": JOBSET_API, "kind": "JobSet", "metadata": _metadata(name, namespace), "spec": _jobset_spec(cfg, pods, CONTAINER)}
+
+
+def trainjob_manifests(cfg, overrides: List[str], name: str, image: str, namespace: str = "default", volume: Optional[str] = None,
+                       mount_path: str = DEFAULT_MOUNT_PATH, gpus: bool = False, config_dirs: Sequence[str] = (),
+                       config_path: Optional[str] = None) -> List[Dict]:
+    """[the ClusterTrainingRuntime, the TrainJob naming it]. The runtime is
+    this run's shape (its task types and counts) with the image and args in
+    every task type; the TrainJob sets the trainer step's image, args,
+    numNodes and resources, which Trainer v2 lets a TrainJob override."""
+    pods = Pods(cfg, "a TrainJob", overrides, name, image, volume, mount_path, gpus, config_dirs, config_path)
+    spec = _jobset_spec(cfg, pods, TRAINER_CONTAINER)
+    trainer_step = next(job for job in spec["replicatedJobs"] if job["name"] == "worker")
+    trainer_step["template"]["metadata"] = {"labels": {ANCESTOR: "trainer"}}  # the Job Trainer v2 sizes with numNodes
+    workers = pods.counts["worker"]
+    runtime_name = f"tfdistx-{name}"
+    runtime = {
+        "apiVersion": TRAINER_API,
+        "kind": "ClusterTrainingRuntime",
+        "metadata": {"name": runtime_name, "labels": {**CREATED_BY, "trainer.kubeflow.org/framework": "tensorflow"}},
+        # numNodes and no framework policy: Trainer v2 has none for TensorFlow, and the pods need none
+        "spec": {"mlPolicy": {"numNodes": workers}, "template": {"spec": spec}},
+    }
+    container = trainer_step["template"]["spec"]["template"]["spec"]["containers"][0]
+    trainer = {"image": image, "command": list(container["command"]), "args": list(container["args"]), "numNodes": workers}
+    if gpus:
+        trainer["resourcesPerNode"] = pods.resources()
+    trainjob = {
+        "apiVersion": TRAINER_API,
+        "kind": "TrainJob",
+        "metadata": _metadata(name, namespace),
+        "spec": {"runtimeRef": {"name": runtime_name, "kind": "ClusterTrainingRuntime", "apiGroup": "trainer.kubeflow.org"},
+                 "trainer": trainer},
+    }
+    return [runtime, trainjob]
+
+
+def _metadata(name: str, namespace: str) -> Dict:
+    return {"name": name, "namespace": namespace, "labels": dict(CREATED_BY)}
+
+
+def _jobset_spec(cfg, pods: Pods, container_name: str) -> Dict:
+    args = pods.args("jobset")
+    replicated = []
+    for job, n in pods.counts.items():
+        container = pods.container(container_name, job, args, env=_labels_as_env(),
+                                   ports=[{"name": "tfdistx", "containerPort": jobset.PORT}])
+        replicated.append({"name": job, "replicas": 1, "template": {"spec": {
+            "completionMode": "Indexed", "completions": n, "parallelism": n,
+            "backoffLimit": 0,  # any failure fails the Job: the failure policies below decide what follows
+            "podFailurePolicy": {"rules": [{"action": "FailJob", "onExitCodes": {
+                "containerName": container_name, "operator": "In", "values": list(PERMANENT_EXITS)}}]},
+            "template": {"spec": pods.spec(container, restartPolicy="Never")},  # podFailurePolicy's requirement
+        }}})
+    primary = [job for job in pods.primary_jobs if job in pods.counts] or ["worker"]
+    return {
+        "network": {"enableDNSHostnames": True},  # <name>-<job>-0-<i>.<name>: the addresses cluster/jobset.py derives
+        # BlockingRecreate: every pod of an attempt is gone before the next starts, so none still holds the run dir.
+        "failurePolicy": {"maxRestarts": int(cfg.cluster.max_restarts), "restartStrategy": "BlockingRecreate", "rules": [
+            {"name": "permanent-exit", "action": "FailJobSet", "onJobFailureReasons": ["PodFailurePolicy"]},
+            {"name": "restart-and-resume", "action": "RestartJobSet", "onJobFailureReasons": ["BackoffLimitExceeded"]},
+        ]},
+        # The run is done when the chief (parameter servers) or every worker is: the ps tasks never end on their own.
+        "successPolicy": {"operator": "All", "targetReplicatedJobs": primary},
+        "replicatedJobs": replicated,
+    }
+
+
+def _labels_as_env() -> List[Dict]:
+    """The JobSet labels cluster/jobset.py places the pod by, through the downward API."""
+    return [{"name": env, "valueFrom": {"fieldRef": {"fieldPath": f"metadata.labels['{label}']"}}}
+            for env, label in jobset.DOWNWARD_API.items()]
