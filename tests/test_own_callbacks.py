@@ -1,54 +1,120 @@
 """Your own callbacks, optimizer and loggers, in real processes (issue 34's
-"done when"): a Keras callback of the user's that notes a value every
-record and stops the run when its condition holds, Keras' CSVLogger,
-`optimizer._target_=keras.optimizers.Lion` with a piecewise schedule and
-metrics.csv and MLflow, under one device and multiworker 2x1 (the chief's callback
-decides; both workers stop at its step); and the terminal's status line,
-redrawn in place in a pseudo-terminal."""
+"done when"): a project in a directory of its own adds a Keras callback of
+its own (it notes each record's loss in a file and stops the run when the
+loss is below its threshold), Keras' CSVLogger, `optimizer._target_=
+keras.optimizers.Lion` with a piecewise schedule, and the csv and MLflow
+loggers. It trains under one device and multiworker 2x1 (the chief's
+callback decides; the other worker stops at its step), stops where the
+callback said, resumes bit for bit after a kill, and MLflow's search finds
+the run with its metrics. And the terminal's status line, redrawn in place
+in a pseudo-terminal."""
 
 import csv
 import json
 import os
 import pty
+import signal
 import subprocess
 import sys
 
 import pytest
 
-from conftest import tfdistx_env
+from conftest import metric_lines, tfdistx_env, wait_until
 
-CALLBACK = ["+callbacks.stop._target_=user_plugins.StopBelow", "+callbacks.stop.loss=2.1", "callbacks=csv_logger",
-            "optimizer._target_=keras.optimizers.Lion", "optimizer.beta_2=0.98",
-            "optimizer.schedule={_target_:keras.optimizers.schedules.PiecewiseConstantDecay,boundaries:[100],values:[0.001,0.0003]}",
-            "logger=[default,csv,mlflow]", "trainer.steps=600", "trainer.log_every=20", "trainer.steps_per_loop=20"]
+CALLBACKS = '''
+import keras
 
 
-@pytest.mark.parametrize("placement", [["strategy=one_device"], ["strategy=multiworker", "cluster=2x1"]], ids=["one_device", "multiworker"])
-def test_a_users_callback_stops_the_run_where_it_says_with_lion_csv_and_mlflow(tfdistx, tmp_path, monkeypatch, placement):
-    run = tfdistx(*placement, *CALLBACK)
-    assert run.returncode == 0, run
-    metrics = [json.loads(line) for line in (run.dir / "metrics.jsonl").read_text().splitlines()]
-    first_below = next(m["step"] for m in metrics if m["loss"] < 2.1)
-    summary = json.loads((run.dir / "summary.json").read_text())
+class StopBelow(keras.callbacks.Callback):
+    """Notes each record's loss in `notes`; stops the run at the first below `loss`."""
+
+    def __init__(self, loss, notes):
+        super().__init__()
+        self.loss, self.notes = loss, notes
+
+    def on_epoch_end(self, epoch, logs=None):
+        with open(self.notes, "a") as file:
+            file.write(f"{epoch} {logs['loss']}\\n")
+        if logs["loss"] < self.loss:
+            self.model.stop_training = True
+'''
+
+RUN = ["+callbacks.stop._target_=myproj.callbacks.StopBelow", "+callbacks.stop.loss=1.9", "+callbacks.stop.notes=notes.txt",
+       "+callbacks.keras_csv._target_=keras.callbacks.CSVLogger", "+callbacks.keras_csv.filename=keras.csv",
+       "+callbacks.keras_csv.append=true", "optimizer._target_=keras.optimizers.Lion", "optimizer.beta_2=0.98",
+       "optimizer.schedule={_target_:keras.optimizers.schedules.PiecewiseConstantDecay,boundaries:[100],values:[0.001,0.0003]}",
+       "logger=[default,csv,mlflow]", "trainer.steps=2000", "trainer.log_every=20", "trainer.steps_per_loop=20",
+       "checkpoint.every_steps=20", "trainer.deterministic=true", "logger.tensorboard=false"]
+
+
+@pytest.fixture
+def project(tmp_path):
+    (tmp_path / "myproj").mkdir()
+    (tmp_path / "myproj" / "__init__.py").write_text("")
+    (tmp_path / "myproj" / "callbacks.py").write_text(CALLBACKS)
+    return tmp_path
+
+
+def start(project, run_dir, *args):
+    env = tfdistx_env(PYTHONPATH=None)  # the project's own directory, nothing of tests/
+    return subprocess.Popen([sys.executable, "-m", "tfdistx", *RUN, *args, f"hydra.run.dir={run_dir}"], cwd=project, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def finished(proc) -> str:
+    out, _ = proc.communicate(timeout=600)
+    assert proc.returncode == 0, out[-3000:]
+    return out
+
+
+def stopped_where_the_callback_said(run_dir) -> dict:
+    metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    first_below = next(m["step"] for m in metrics if m["loss"] < 1.9)
+    summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["stopped_early"] == {"step": first_below, "reason": "callbacks.stop: StopBelow set model.stop_training"}
-    assert metrics[-1]["step"] == first_below and summary["step"] == first_below
-    assert [m["lr"] for m in metrics if m["step"] <= 100] == pytest.approx([0.001] * (min(first_below, 100) // 20))
-    rows = list(csv.DictReader(open(run.dir / "keras_log.csv")))
-    assert [int(r["epoch"]) for r in rows] == [m["step"] for m in metrics]
-    assert [int(r["step"]) for r in csv.DictReader(open(run.dir / "metrics.csv"))] == [m["step"] for m in metrics]
-    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # MLflow 3 reads its (local) file store only when told to
-    runs = mlflow_runs(tmp_path / "mlruns")  # the local store, in the directory the run started from
-    assert [run.info.status for run in runs] == ["FINISHED"] and runs[0].data.metrics["loss"] == metrics[-1]["loss"]
-    assert runs[0].data.params["optimizer._target_"] == "keras.optimizers.Lion"
-    if "cluster=2x1" in placement:  # the worker, without the callback, stopped at the chief's step
-        assert f"[worker:1] stopped early at step {first_below}: a callback of the chief asked to stop" in run.stdout
+    assert metrics[-1]["step"] == summary["step"] == first_below
+    assert [m["lr"] for m in metrics if m["step"] <= 100] == pytest.approx([0.001] * 5)
+    assert [int(r["step"]) for r in csv.DictReader(open(run_dir / "metrics.csv"))] == [m["step"] for m in metrics]
+    return summary
 
 
-def mlflow_runs(store):
+def test_a_project_with_its_own_callback_lion_csv_and_mlflow_stops_resumes_and_is_found(project, monkeypatch):
+    whole = project / "whole"
+    finished(start(project, whole))
+    summary = stopped_where_the_callback_said(whole)
+    noted = [line.split() for line in (project / "notes.txt").read_text().splitlines()]  # the callback's own file
+    assert [int(step) for step, _ in noted] == list(range(20, summary["step"] + 1, 20))
+    assert [int(r["epoch"]) for r in csv.DictReader(open(project / "keras.csv"))] == [int(step) for step, _ in noted]
+
+    killed = project / "killed"  # the same run, killed mid-run and run again: it resumes to the same weights
+    proc = start(project, killed)
+    try:
+        wait_until(lambda: metric_lines(killed) >= 3, 300, "three records", [proc])
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=60)
+    finally:
+        proc.kill()
+    finished(start(project, killed))
+    resumed = stopped_where_the_callback_said(killed)
+    assert resumed["resumed"] and resumed["weights_sha256"] == summary["weights_sha256"] and resumed["step"] == summary["step"]
+
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # MLflow 3 reads its local file store only when told to
     import mlflow
 
-    mlflow.set_tracking_uri(store.as_uri())
-    return mlflow.search_runs(experiment_names=["tfdistx"], output_format="list")
+    mlflow.set_tracking_uri((project / "mlruns").as_uri())  # the local store, in the directory the runs started from
+    runs = {run.info.run_name: run for run in mlflow.search_runs(experiment_names=["tfdistx"], output_format="list")}
+    assert sorted(runs) == ["killed", "whole"]  # the resumed run logged on into its own MLflow run
+    assert all(run.info.status == "FINISHED" for run in runs.values())
+    assert runs["whole"].data.metrics["loss"] == json.loads((whole / "metrics.jsonl").read_text().splitlines()[-1])["loss"]
+    assert runs["whole"].data.params["optimizer._target_"] == "keras.optimizers.Lion"
+
+
+def test_under_multiworker_the_chiefs_callback_stops_every_worker_at_its_step(project):
+    run_dir = project / "run"
+    out = finished(start(project, run_dir, "strategy=multiworker", "cluster=2x1"))
+    summary = stopped_where_the_callback_said(run_dir)
+    assert f"[worker:1] stopped early at step {summary['step']}: a callback of the chief asked to stop" in out
+    assert out.count("final weights sha256 " + summary["weights_sha256"]) == 2  # both workers, the same weights
 
 
 def test_a_terminal_shows_a_status_line_redrawn_in_place(tmp_path):
