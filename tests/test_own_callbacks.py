@@ -4,7 +4,8 @@ its own (it notes each record's loss in a file and stops the run when the
 loss is below its threshold), Keras' CSVLogger, `optimizer._target_=
 keras.optimizers.Lion` with a piecewise schedule, and the csv and MLflow
 loggers. It trains under one device and multiworker 2x1 (the chief's
-callback decides; the other worker stops at its step), stops where the
+callbacks decide; the other worker stops at their step and follows the
+rate Keras' ReduceLROnPlateau sets), stops where the
 callback said, resumes bit for bit after a kill, and MLflow's search finds
 the run with its metrics. And the terminal's status line, redrawn in place
 in a pseudo-terminal."""
@@ -67,13 +68,14 @@ def finished(proc) -> str:
     return out
 
 
-def stopped_where_the_callback_said(run_dir) -> dict:
+def stopped_where_the_callback_said(run_dir, scheduled=True) -> dict:
     metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     first_below = next(m["step"] for m in metrics if m["loss"] < 1.9)
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["stopped_early"] == {"step": first_below, "reason": "callbacks.stop: StopBelow set model.stop_training"}
     assert metrics[-1]["step"] == summary["step"] == first_below
-    assert [m["lr"] for m in metrics if m["step"] <= 100] == pytest.approx([0.001] * 5)
+    if scheduled:  # the piecewise schedule's first rate
+        assert [m["lr"] for m in metrics if m["step"] <= 100] == pytest.approx([0.001] * 5)
     assert [int(r["step"]) for r in csv.DictReader(open(run_dir / "metrics.csv"))] == [m["step"] for m in metrics]
     return summary
 
@@ -109,10 +111,19 @@ def test_a_project_with_its_own_callback_lion_csv_and_mlflow_stops_resumes_and_i
     assert runs["whole"].data.params["optimizer._target_"] == "keras.optimizers.Lion"
 
 
-def test_under_multiworker_the_chiefs_callback_stops_every_worker_at_its_step(project):
+def test_under_multiworker_the_chiefs_callbacks_stop_every_worker_at_its_step_and_set_their_rate(project):
+    """The chief's StopBelow stops both workers at its step; Keras'
+    ReduceLROnPlateau on the chief halves the rate at every record after
+    the first, down to its min_lr, and the other worker follows: both end
+    with the same weights."""
     run_dir = project / "run"
-    out = finished(start(project, run_dir, "strategy=multiworker", "cluster=2x1"))
-    summary = stopped_where_the_callback_said(run_dir)
+    plateau = ["+callbacks.plateau._target_=keras.callbacks.ReduceLROnPlateau", "+callbacks.plateau.monitor=loss",
+               "+callbacks.plateau.factor=0.5", "+callbacks.plateau.patience=0", "+callbacks.plateau.min_delta=10",
+               "+callbacks.plateau.min_lr=0.0005", "optimizer.schedule=constant", "optimizer.lr=0.001"]
+    out = finished(start(project, run_dir, "strategy=multiworker", "cluster=2x1", *plateau))
+    summary = stopped_where_the_callback_said(run_dir, scheduled=False)
+    rates = [json.loads(line)["lr"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert rates[:4] == pytest.approx([0.001, 0.001, 0.0005, 0.0005])  # down to min_lr
     assert f"[worker:1] stopped early at step {summary['step']}: a callback of the chief asked to stop" in out
     assert out.count("final weights sha256 " + summary["weights_sha256"]) == 2  # both workers, the same weights
 

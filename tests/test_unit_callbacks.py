@@ -105,9 +105,15 @@ def test_a_lambda_callback_calls_a_function_given_with_partial(tmp_path):
     assert float(notes.read_text().splitlines()[-1].split()[1]) == pytest.approx(run.metrics[-1]["loss"])
 
 
-def test_reduce_lr_on_plateau_is_refused_in_one_line(tmp_path):
-    from tfdistx.config.errors import ConfigError
+PLATEAU = ["+callbacks.plateau._target_=keras.callbacks.ReduceLROnPlateau", "+callbacks.plateau.monitor=loss",
+           "+callbacks.plateau.factor=0.5", "+callbacks.plateau.patience=0", "+callbacks.plateau.min_delta=10"]  # halves at each record after the first
 
-    with pytest.raises(ConfigError) as refused_:
-        train(tmp_path / "run", "+callbacks.plateau._target_=keras.callbacks.ReduceLROnPlateau")
-    assert "callbacks.plateau._target_='keras.callbacks.ReduceLROnPlateau': sets the optimizer's rate" in str(refused_.value)
+
+def test_reduce_lr_on_plateau_sets_the_rate_and_a_resumed_run_keeps_it(tmp_path):
+    """Keras' ReduceLROnPlateau reads and sets self.model.optimizer.learning_rate
+    between steps; the schedule goes on from the rate it set, and the rate is
+    in the checkpoint: a run resumed at step 20 has the same rates after it."""
+    args = [*EVERY_TEN, "trainer.deterministic=true", *PLATEAU]
+    whole, resumed = whole_and_resumed(tmp_path, args, stop_at=20, steps=40)
+    assert [m["lr"] for m in whole.metrics] == pytest.approx([0.001, 0.001, 0.0005, 0.00025])  # set after each record's line
+    assert [m["lr"] for m in resumed.metrics if m["step"] > 20] == pytest.approx([0.0005, 0.0005])  # restored; the callback starts afresh

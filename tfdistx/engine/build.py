@@ -115,6 +115,9 @@ def build_run(spec: RunSpec, placement: Placement) -> Run:
         # Not optimizer.iterations: parameter-server workers increment that
         # concurrently and lose increments (measured: 319 after 400 steps).
         step_counter = tf.Variable(0, dtype=tf.int64, trainable=False, name="step")
+        # What a callback's setting of the rate multiplies the schedule by (optim.py): 1 until it does.
+        learning_rate.scale = tf.Variable(1.0, dtype=tf.float32, trainable=False, name="learning_rate_scale")
+        learning_rate.steps_done = step_counter
         objective_state = ObjectiveState()  # beside the step: a variable of every worker, restored with it
     with input_errors_in_one_line(source):  # its first examples come through a shuffle window: a bad record may be in it
         sample = _check_model_takes_data(model, task, source, spec, num_outputs)
@@ -129,7 +132,8 @@ def build_run(spec: RunSpec, placement: Placement) -> Run:
     checkpointer = Checkpointer(
         spec.checkpoint.dir, max_to_keep=spec.checkpoint.max_to_keep, is_chief=placement.is_chief, task_name=placement.task_name,
         model=model, optimizer=saved_optimizer, rng=rng_states(model), step=step_counter, objective=objective_state,
-        optional=["objective"],  # checkpoints written before it was saved restore without it
+        learning_rate_scale=learning_rate.scale,
+        optional=["objective", "learning_rate_scale"],  # checkpoints written before they were saved restore without them
         topology=run_topology, resplit=_resplit(spec, model, feature_spec, num_outputs))
     return Run(spec, placement, facts, name, strategy, coordinator, task, source, model, optimizer, learning_rate, step_counter,
                checkpointer, objective_state, global_batch, per_replica, total_steps, learning_rate.peak,

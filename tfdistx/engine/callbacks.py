@@ -22,13 +22,17 @@ CSVLogger writes it in its `epoch` column). Logs name metrics as Keras does:
 `eval/loss` is `val_loss`, `lr` is `learning_rate`. The on_test_* and
 on_predict_* hooks are not called (tfdistx's evaluation is not Keras'):
 a callback that defines them is told so once. `self.model` is the model
-being trained; setting `model.stop_training = True` ends the run at that
-step, as early stopping does (saved, exit 0, summary.json's `stopped_early`).
+being trained, `self.model.optimizer` the run's optimizer (its
+`learning_rate` may be set: the schedule goes on scaled from there);
+setting `model.stop_training = True` ends the run at that step, as early
+stopping does (saved, exit 0, summary.json's `stopped_early`).
 
 A synchronous cluster's workers must stop at the same step: the chief's
 callbacks decide, and the workers learn it with one small all-reduce per
-loop call (only when there are callbacks). A callback that raises stops
-the run with one line naming it; a rerun resumes from the newest checkpoint.
+loop call (only when there are callbacks), which carries a learning rate
+a callback set (Keras' ReduceLROnPlateau) to them as well. A callback that
+raises stops the run with one line naming it; a rerun resumes from the
+newest checkpoint.
 """
 
 import logging
@@ -50,19 +54,15 @@ _NOT_CALLED = ("on_test_begin", "on_test_end", "on_test_batch_begin", "on_test_b
                "on_predict_batch_begin", "on_predict_batch_end")
 
 
-def build(callbacks: Mapping[str, Target], model, schedule: Schedule, run_dir: Path) -> List["Guarded"]:
+def build(callbacks: Mapping[str, Target], model, optimizer, schedule: Schedule, run_dir: Path) -> List["Guarded"]:
     """The user's callbacks as loop actions, in their order. A target that
     takes `run_dir` is given the run directory."""
-    actions = []
+    actions, trained = [], TrainedModel(model, optimizer)
     for name, target in callbacks.items():
         built = target.build(object, run_dir=run_dir)
-        if isinstance(built, keras.callbacks.ReduceLROnPlateau):  # it would read and set the rate outside a step
-            raise ConfigError.one(f"callbacks.{name}._target_", target.path, "sets the optimizer's rate, which in tfdistx is a "
-                                  "function of the step (optimizer.schedule): not supported yet; use a schedule, or stop on a "
-                                  "plateau with trainer.early_stopping")
         if isinstance(built, keras.callbacks.Callback):
             _say_what_is_not_called(name, built, schedule.steps_per_loop)
-            built = KerasCallback(built, model)
+            built = KerasCallback(built, trained)
         elif not callable(built):
             raise ConfigError.one(f"callbacks.{name}._target_", target.path, "must build a keras.callbacks.Callback or a tfdistx "
                                   "action: a callable (step, record) with the loop's optional hooks (docs/own-project.md)")
@@ -96,13 +96,27 @@ class CSVLogger(keras.callbacks.CSVLogger):
         super().__init__(str(Path(run_dir) / filename), separator=separator, append=append)
 
 
+class TrainedModel:
+    """The model a Keras callback sees as `self.model`: the model being
+    trained, with the run's optimizer as its `optimizer` (tfdistx never
+    compiles the model, and setting the attribute on it would add the
+    optimizer to the model's checkpointed children) and its own
+    `stop_training`; everything else is the model's."""
+
+    def __init__(self, model, optimizer):
+        object.__setattr__(self, "_model", model)
+        self.optimizer, self.stop_training = optimizer, False
+
+    def __getattr__(self, name):
+        return getattr(self._model, name)
+
+
 class KerasCallback:
     """A Keras callback driven by the loop's hooks (the table above)."""
 
     def __init__(self, callback, model):
         self.callback, self.model = callback, model
         callback.set_model(model)
-        model.stop_training = False
         self.last: Metrics = {}
         self.epoch_open = self.stopped = False
 
@@ -164,16 +178,21 @@ class Guarded:
         return guarded
 
 
-class AgreeToStop:
-    """After the callbacks, on every task of a synchronous cluster: a stop one
-    of the chief's callbacks asked for becomes every task's, at this step
-    (`anyone`: preemption.any_task's all-reduce)."""
+class AgreeWithTheChief:
+    """After the callbacks, on every task of a synchronous cluster: what the
+    chief's callbacks did becomes every task's, at this step: a stop one of
+    them asked for, and a learning rate one of them set (`scale`: the
+    rate's scale variable, optim.LearningRateAtStep). `share(values)`: the
+    values summed over the tasks, by one small all-reduce (preemption.sum_over_tasks)."""
 
-    def __init__(self, anyone: Callable[[bool], bool], callbacks: List[Guarded]):
-        self.anyone, self.callbacks = anyone, callbacks
+    def __init__(self, share: Callable[[List[float]], List[float]], callbacks: List[Guarded], scale, is_chief: bool):
+        self.share, self.callbacks, self.scale, self.is_chief = share, callbacks, scale, is_chief
         self.stop_requested: Optional[str] = None
 
     def __call__(self, step: int, record: Metrics) -> None:
         asked = [callback.stop_requested for callback in self.callbacks if callback.stop_requested]
-        if self.anyone(bool(asked)) and not asked:
+        stop, scale = self.share([float(bool(asked)), float(self.scale.numpy()) if self.is_chief else 0.0])
+        if float(self.scale.numpy()) != scale:
+            self.scale.assign(scale)
+        if stop and not asked:
             self.stop_requested = "a callback of the chief asked to stop"

@@ -31,7 +31,7 @@ from tfdistx.engine.build import Run, build_run
 from tfdistx.engine.finish import finish, finish_finished_run
 from tfdistx.engine.join import join_cluster
 from tfdistx.engine.loop import CheckPreemption, Log, Loop, Result, SaveCheckpoints, Schedule
-from tfdistx.engine.preemption import PreemptionWatcher, any_task, lost_peer_in_one_line, watching_servers
+from tfdistx.engine.preemption import PreemptionWatcher, lost_peer_in_one_line, sum_over_tasks, watching_servers
 from tfdistx.engine.profiling import ProfileSteps
 from tfdistx.engine.runner import StepRunner, make_runner
 from tfdistx.engine.start import Start, restore_or_warm_start
@@ -103,10 +103,10 @@ def train_loop(run: Run, runner: StepRunner, start: Start, notice: SigtermNotice
 
 def users_callbacks(run: Run, schedule: Schedule, synchronous_cluster: bool) -> list:
     """The `callbacks` group's, built on the chief (engine/callbacks.py);
-    in a synchronous cluster, every task agrees on a stop they ask for."""
-    built = callbacks.build(run.spec.callbacks, run.model, schedule, run.dir) if run.placement.is_chief else []
+    in a synchronous cluster, every task follows what they did."""
+    built = callbacks.build(run.spec.callbacks, run.model, run.optimizer, schedule, run.dir) if run.placement.is_chief else []
     if synchronous_cluster and run.spec.callbacks:
-        return [*built, callbacks.AgreeToStop(any_task(run.strategy), built)]
+        return [*built, callbacks.AgreeWithTheChief(sum_over_tasks(run.strategy), built, run.learning_rate.scale, run.placement.is_chief)]
     return built
 
 

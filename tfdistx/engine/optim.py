@@ -15,6 +15,7 @@ rate; the step runner sets the step it is tracing before each update.
 """
 
 import inspect
+from typing import Optional
 
 import keras
 import tensorflow as tf
@@ -101,20 +102,38 @@ class WarmUp(keras.optimizers.schedules.LearningRateSchedule):
 
 
 class LearningRateAtStep:
-    """A learning rate (a number or a Keras schedule) at the step in `step`.
+    """A learning rate (a number or a Keras schedule) at the step in `step`,
+    times `scale`: a variable a callback may set through the optimizer's
+    `learning_rate` (Keras' ReduceLROnPlateau), saved with the checkpoint.
     `peak`: its largest planned value (the summary and the topology record it)."""
 
     def __init__(self, rate, peak: float = 0.0):
         self.rate, self.peak = rate, peak
         self.step = None  # a step tensor, set by the step runner while it traces
+        self.scale: Optional[tf.Variable] = None  # 1.0 until a callback sets the rate (build.py makes it in the strategy's scope)
+        self.steps_done: Optional[tf.Variable] = None  # the loop's step counter: where the rate is read between steps
 
     def __call__(self):
-        if self.step is None:
-            raise RuntimeError("the learning rate is read outside a training step")
-        return self.rate(self.step) if callable(self.rate) else self.rate
+        if self.step is None:  # read by a callback between steps (Keras' optimizer.learning_rate)
+            if self.steps_done is None:
+                raise RuntimeError("the learning rate is read outside a training step")
+            return tf.constant(self.at(int(self.steps_done.numpy())), tf.float32)
+        rate = self.rate(self.step) if callable(self.rate) else self.rate
+        return rate * tf.cast(self.scale, tf.float32) if self.scale is not None else rate
 
     def at(self, step: int) -> float:
         """The value at `step`, on the host (for logs)."""
+        return self._planned(step) * (float(self.scale.numpy()) if self.scale is not None else 1.0)
+
+    def assign(self, value) -> None:
+        """Keras' optimizer.learning_rate setter: the rate from now on is `value`,
+        and the schedule goes on from there (scaled by value / planned)."""
+        planned = self._planned(int(self.steps_done.numpy())) if self.steps_done is not None else 0.0
+        if self.scale is None or planned <= 0:
+            raise ValueError("the learning rate can be set only after the warm-up, once the run's rate is above 0")
+        self.scale.assign(float(value) / planned)
+
+    def _planned(self, step: int) -> float:
         return float(self.rate(step)) if callable(self.rate) else float(self.rate)
 
 

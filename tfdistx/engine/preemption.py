@@ -20,7 +20,7 @@ import logging
 import os
 import re
 import sys
-from typing import Callable, Mapping, Optional, Sequence
+from typing import Callable, List, Mapping, Optional, Sequence
 
 import tensorflow as tf
 
@@ -67,12 +67,25 @@ class PreemptionWatcher:
 def any_task(strategy: tf.distribute.Strategy) -> Callable[[bool], bool]:
     """`anyone(flag)`: whether any task of a synchronous cluster passed True,
     by one tiny all-reduce; every task must call it at the same point."""
-    @tf.function
-    def anyone(flag):
-        per_replica = strategy.run(tf.identity, args=(flag,))
-        return strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None) > 0
+    summed = sum_over_tasks(strategy)
+    return lambda flag: summed([float(flag)])[0] > 0
 
-    return lambda flag: bool(anyone(tf.constant(float(flag))).numpy())
+
+def sum_over_tasks(strategy: tf.distribute.Strategy) -> Callable[[List[float]], List[float]]:
+    """`summed(values)`: each value summed over the tasks of a synchronous
+    cluster (float64), by one all-reduce that every task must call at the
+    same point. A task's replicas each give its values divided by their
+    number, so a task's values count once."""
+    @tf.function
+    def summed(values):
+        per_replica = strategy.run(lambda: values / tf.cast(_local_replicas(strategy), tf.float64))
+        return strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
+
+    return lambda values: [float(v) for v in summed(tf.constant(values, tf.float64)).numpy()]
+
+
+def _local_replicas(strategy) -> int:
+    return len(strategy.extended.worker_devices)
 
 
 @contextlib.contextmanager
