@@ -1,30 +1,14 @@
 """Any Keras optimizer, and any learning-rate schedule, by name or by
-`_target_` (engine/optim.py): each trains and resumes exactly, its slots
-restored from the checkpoint. In process, on real strategies (engine_helpers)."""
+`_target_` (engine/optim.py): the rates they follow and the keys they
+refuse. In process, on real strategies (engine_helpers); that every Keras
+optimizer resumes exactly is tests/test_optimizers.py."""
 
-import numpy as np
 import pytest
 
 from config_helpers import refused
 from engine_helpers import train, whole_and_resumed
-from tfdistx.config import optimizers
 
 pytestmark = pytest.mark.unit
-
-MIRRORED = ["strategy=mirrored", "cluster=1x2", "trainer.deterministic=true", "checkpoint.every_steps=25", "trainer.log_every=25",
-            "trainer.steps_per_loop=25"]
-
-
-@pytest.mark.parametrize("name", sorted(optimizers.CLASSES))
-def test_every_keras_optimizer_trains_under_mirrored_and_resumes_exactly(tmp_path, name):
-    """The default MLP (784-128-10) for 50 steps on two replicas, whole and
-    stopped at 25 then resumed: the same weights bit for bit, so the slots
-    (moments, accumulators, Muon's momentum) came back from the checkpoint."""
-    whole, resumed = whole_and_resumed(tmp_path, [*MIRRORED, f"optimizer.name={name}"], stop_at=25, steps=50)
-    assert whole.summary["step"] == 50 and np.isfinite(whole.metrics[-1]["loss"])
-    assert resumed.summary["weights_sha256"] == whole.summary["weights_sha256"]
-    assert [m["loss"] for m in resumed.metrics] == [m["loss"] for m in whole.metrics]
-
 
 def test_a_target_optimizer_and_schedule_with_warm_up_follow_their_rates(tmp_path):
     """optimizer._target_ with its own keys; a PiecewiseConstantDecay after
