@@ -117,3 +117,10 @@ def test_reduce_lr_on_plateau_sets_the_rate_and_a_resumed_run_keeps_it(tmp_path)
     whole, resumed = whole_and_resumed(tmp_path, args, stop_at=20, steps=40)
     assert [m["lr"] for m in whole.metrics] == pytest.approx([0.001, 0.001, 0.0005, 0.00025])  # set after each record's line
     assert [m["lr"] for m in resumed.metrics if m["step"] > 20] == pytest.approx([0.0005, 0.0005])  # restored; the callback starts afresh
+
+
+def test_a_users_logger_by_target_gets_every_record_and_is_closed(tmp_path):
+    run = train(tmp_path / "run", *EVERY_TEN, "trainer.steps=30", "logger.lines._target_=user_plugins.LinesLogger", "logger.lines.name=l.txt")
+    assert [line.split()[0] for line in (run.dir / "l.txt").read_text().splitlines()] == ["10", "20", "30"]
+    assert any("logger.nope._target_='nosuchpkg.L': no module named 'nosuchpkg'" in line
+               for line in refused(tmp_path, "logger.nope._target_=nosuchpkg.L"))

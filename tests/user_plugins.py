@@ -292,3 +292,16 @@ def note_loss(epoch, logs, path):
     """For keras.callbacks.LambdaCallback(on_epoch_end=...), given with _partial_: a line per record in `path`."""
     with open(path, "a") as file:
         file.write(f"{epoch} {logs['loss']}\n")
+
+
+class LinesLogger:
+    """A user's logger: a line per record in <run dir>/NAME."""
+
+    def __init__(self, run_dir, name="mine.txt"):
+        self.file = open(f"{run_dir}/{name}", "a")
+
+    def __call__(self, step, metrics):
+        self.file.write(f"{step} {metrics['loss']}\n")
+
+    def close(self):
+        self.file.close()

@@ -96,7 +96,13 @@ def _logger(group: Mapping[str, Any]) -> Logger:
     wandb, mlflow = _service(keys, "wandb", WANDB_DEFAULTS), _service(keys, "mlflow", MLFLOW_DEFAULTS)
     return Logger(console=bool(keys["console"]), tensorboard=bool(keys["tensorboard"]), csv=bool(keys["csv"]),
                   wandb=Wandb(**{**wandb, "tags": tuple(wandb["tags"] or ())}) if wandb else None,
-                  mlflow=Mlflow(**mlflow) if mlflow else None)
+                  mlflow=Mlflow(**mlflow) if mlflow else None,
+                  own=_frozen({name: Target.of(f"logger.{name}", keys) for name, keys in group.items() if _own_logger(keys)}))
+
+
+def _own_logger(keys) -> bool:
+    """A logger group's entry that is a user's logger: a mapping with a `_target_`."""
+    return isinstance(keys, Mapping) and "_target_" in keys
 
 
 def _service(logger: Mapping[str, Any], name: str, defaults: Mapping[str, Any]) -> Optional[dict]:

@@ -142,6 +142,7 @@ class Logger:
     csv: bool  # metrics.csv
     wandb: Optional[Wandb]  # None: off
     mlflow: Optional[Mlflow] = None  # None: off
+    own: Mapping[str, Target] = field(default_factory=dict)  # logger.NAME: {_target_: ...}: the user's loggers (engine/loggers.py)
 
 
 @dataclass(frozen=True)

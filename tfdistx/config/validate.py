@@ -328,6 +328,8 @@ def _targets(cfg: DictConfig) -> list:
     for name, callback in callbacks.items():
         targets.append((f"callbacks.{name}._target_", callback.get("_target_") if OmegaConf.is_dict(callback) else callback))
         targets += _nested_targets(f"callbacks.{name}", callback)
+    targets += [(f"logger.{name}._target_", own.get("_target_")) for name, own in cfg.logger.items()
+                if OmegaConf.is_dict(own) and "_target_" in own]  # the user's own loggers
     for key, target in targets:
         if not isinstance(target, str) or "." not in target:
             problems.append(Problem(key, _shown(target), "must be a dotted path to a function or class, e.g. mypkg.models.build"))

@@ -19,7 +19,9 @@ import time
 from pathlib import Path
 from typing import List, Optional, Tuple
 
+from tfdistx.config.errors import ConfigError
 from tfdistx.config.spec import Logger
+from tfdistx.config.targets import Target
 
 log = logging.getLogger(__name__)
 
@@ -44,10 +46,22 @@ def for_run(run_dir: Path, asked: Logger, total_steps: int, start_step: int, ena
                 from tfdistx.engine.mlflow_logger import MlflowLogger  # MLflow's client only when it is on
 
                 sinks.append(MlflowLogger(run_dir, config or {}, **dataclasses.asdict(asked.mlflow)))
+            sinks += [own_logger(name, target, run_dir, config or {}) for name, target in asked.own.items()]
         yield sinks
     finally:
         for sink in sinks:
             getattr(sink, "close", lambda: None)()
+
+
+def own_logger(name: str, target: Target, run_dir: Path, config: dict):
+    """A user's logger (`logger.NAME._target_`): built with its keys (and
+    `run_dir` and `config`, the run's resolved config, where it takes them);
+    called as every logger is, `(step, metrics)` at each record, and closed
+    with its `close()` if it has one."""
+    built = target.build(object, run_dir=run_dir, config=config)
+    if not callable(built):
+        raise ConfigError.one(f"logger.{name}._target_", target.path, "must build a callable (step, metrics), with an optional close()")
+    return built
 
 
 def write_json(path: Path, payload: dict) -> None:
