@@ -104,11 +104,10 @@ class TrainedModel:
     `stop_training`; everything else is the model's."""
 
     def __init__(self, model, optimizer):
-        object.__setattr__(self, "_model", model)
-        self.optimizer, self.stop_training = optimizer, False
+        self.trained, self.optimizer, self.stop_training = model, optimizer, False
 
-    def __getattr__(self, name):
-        return getattr(self._model, name)
+    def __getattr__(self, name):  # only what the lines above do not set
+        return getattr(self.trained, name)
 
 
 class KerasCallback:
