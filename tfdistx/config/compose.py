@@ -121,12 +121,12 @@ def only_given_keys_for_user_targets(cfg: DictConfig, overrides: Sequence[str], 
         named = f"{group}._target_" if f"{group}._target_" in given else "optimizer.name" if group == "optimizer" and renamed else None
         if named is None:
             continue
-        shortcut = ("name",) if group == "optimizer" else ()  # said by the note's first words, or replaced by the _target_
-        dropped = [key for key in cfg[group] if key not in ("_target_", *shortcut, *kept) and f"{group}.{key}" not in given]
+        dropped = [key for key in cfg[group] if key != "_target_" and key not in kept and f"{group}.{key}" not in given]
         with open_dict(cfg):
-            for key in dropped + (["name"] if named == "optimizer._target_" and "optimizer.name" not in given else []):
+            for key in dropped:
                 del cfg[group][key]
-        told = [key for key in dropped if not (group == "task" and key in TASK_FACTS)]
+        # Unsaid: the task's facts, and the optimizer's shortcut `name` that its _target_ replaces.
+        told = [key for key in dropped if not (group == "task" and key in TASK_FACTS or group == "optimizer" and key == "name")]
         if told and notes:
             print(f"tfdistx: note: {named}={OmegaConf.select(cfg, named)} gets only the {group} keys you give "
                   f"(not the default group's {', '.join(told)}): set them with {group}.KEY=VALUE", file=sys.stderr)
