@@ -26,9 +26,6 @@ from tfdistx.config.spec import Optimizer
 from tfdistx.config.targets import Target, build
 from tfdistx.internals import tensorflow as internals
 
-# What tfdistx passes every optimizer itself (from optimizer.lr and .schedule, .clip_norm, .global_clip_norm).
-_RUNTIME = ("learning_rate", "clipnorm", "global_clipnorm")
-
 
 def _gradients_arrive_summed(cls, path: str):
     """Keras' TensorFlow optimizer sums gradients over replicas inside its
