@@ -7,6 +7,7 @@ from tfdistx.cluster import placement as cluster_lib
 from tfdistx.cluster.placement import Source
 from tfdistx.commands.execute import local_tasks
 from tfdistx.config import compute, data_service, optimizers, sources, strategies
+from tfdistx.config.schema import LOGGER_DEFAULTS
 from tfdistx.config.validate import planned_replicas
 
 
@@ -152,8 +153,9 @@ def _tasks(cfg: DictConfig, facts: strategies.Strategy, placement) -> list:
 
 def _loggers(logger) -> list:
     """Where the run's metrics go, as the logger group says."""
-    named = ["metrics.jsonl"] + [name for name, on in (("terminal", logger.get("console", True)), ("tensorboard", logger.get("tensorboard", True)),
-                                                       ("metrics.csv", logger.get("csv", False))) if on]
+    on = {**LOGGER_DEFAULTS, **{key: logger[key] for key in LOGGER_DEFAULTS if key in logger}}
+    named = ["metrics.jsonl"] + [name for key, name in (("console", "terminal"), ("tensorboard", "tensorboard"), ("csv", "metrics.csv"))
+                                 if on[key]]
     if OmegaConf.select(logger, "wandb.enabled"):
         named.append("wandb")
     if OmegaConf.select(logger, "mlflow.enabled"):
