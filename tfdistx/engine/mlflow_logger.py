@@ -37,9 +37,7 @@ class MlflowLogger:
         # Bounded waits: MLflow's HTTP client otherwise retries for minutes (7 tries, 120 s each).
         os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", str(max(1, int(timeout))))
         os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
-        from mlflow.tracking import MlflowClient
-
-        self.run_dir, self._client_of = run_dir, MlflowClient
+        self.run_dir = run_dir
         uri = tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or local_store()
         try:
             self.client, self.run_id = self._open(uri, experiment, run_name or run_dir.name, config)
@@ -52,11 +50,13 @@ class MlflowLogger:
     def _open(self, uri: str, experiment: str, run_name: str, config: Mapping[str, Any]):
         if uri.startswith("file:"):
             os.environ["MLFLOW_ALLOW_FILE_STORE"] = "true"  # a local store (MLflow 3's file store needs this opt-in)
-        client = self._client_of(tracking_uri=uri)
-        kept = self._kept_run(uri)
-        if kept:
-            client.update_run(kept, status="RUNNING")
-            return client, kept
+        from mlflow.tracking import MlflowClient
+
+        client = MlflowClient(tracking_uri=uri)
+        kept = kept_run(self.run_dir)
+        if kept and kept.get("tracking_uri") == uri and kept.get("run_id"):  # a resumed run: on into its MLflow run
+            client.update_run(kept["run_id"], status="RUNNING")
+            return client, kept["run_id"]
         found = client.get_experiment_by_name(experiment)
         experiment_id = found.experiment_id if found else client.create_experiment(experiment)
         run_id = client.create_run(experiment_id, run_name=run_name).info.run_id
@@ -68,14 +68,6 @@ class MlflowLogger:
             client.log_batch(run_id, params=params[at:at + _MAX_PARAMS_PER_CALL])
         return client, run_id
 
-    def _kept_run(self, uri: str) -> Optional[str]:
-        """The MLflow run a resumed run logged to, when it is at this URI."""
-        try:
-            kept = json.loads((self.run_dir / RUN_FILE).read_text())
-        except (FileNotFoundError, ValueError):
-            return None
-        return kept.get("run_id") if kept.get("tracking_uri") == uri else None
-
     def __call__(self, step: int, metrics: dict) -> None:
         from mlflow.entities import Metric
 
@@ -86,11 +78,18 @@ class MlflowLogger:
         self.client.set_terminated(self.run_id)
 
 
+def kept_run(run_dir: Path) -> Optional[dict]:
+    """The run dir's MLflow run: {"tracking_uri", "run_id"}; None when it has none."""
+    try:
+        return json.loads((run_dir / RUN_FILE).read_text())
+    except (FileNotFoundError, ValueError):
+        return None
+
+
 def log_export(run_dir: Path) -> None:
     """The run's export/ as the MLflow run's artifacts (after finish writes it)."""
-    try:
-        kept = json.loads((run_dir / RUN_FILE).read_text())
-    except (FileNotFoundError, ValueError):
+    kept = kept_run(run_dir)
+    if not kept:
         return
     from mlflow.tracking import MlflowClient
 
