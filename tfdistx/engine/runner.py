@@ -66,20 +66,36 @@ class StepRunner:
     def _train_loop_fn(self, iterator, first_step, num_steps):
         """Steps first_step .. first_step + num_steps - 1; their summed state.
         The update takes `steps_per_call` steps at a time (several batches
-        in one XLA computation: update.py); the steps left over, one at a time."""
-        totals, per_call = self.metrics.zeros(), self.update.steps_per_call
+        in one XLA computation: update.py); the steps left over, one at a time.
+
+        Each replica adds its own steps' states up, and they are summed over
+        replicas once, at the end: a sum over replicas inside the loop would
+        be a second collective in every step of a multi-worker run, beside
+        the gradients' (benchmarks/bench_multiworker_step.py measures it)."""
+        per_call = self.update.steps_per_call
+        local = self.strategy.experimental_local_results(self.strategy.run(self.metrics.zeros))
         for i in tf.range(num_steps // per_call):
-            totals += self._steps(iterator, first_step + tf.cast(i * per_call, tf.int64), per_call)
+            local = self._steps(iterator, first_step + tf.cast(i * per_call, tf.int64), per_call, local)
         if per_call > 1:
             done = num_steps // per_call * per_call
             for i in tf.range(num_steps - done):
-                totals += self._steps(iterator, first_step + tf.cast(done + i, tf.int64), 1)
-        return totals
+                local = self._steps(iterator, first_step + tf.cast(done + i, tf.int64), 1, local)
+        return self._sum_over_replicas(local)
 
-    def _steps(self, iterator, first_step, count: int):
+    def _steps(self, iterator, first_step, count: int, local: tuple) -> tuple:
+        """`local` (this process's replicas' states) plus theirs of `count` more steps."""
         batches = tuple(next(iterator) for _ in range(count))
         per_replica = self.strategy.run(self._train_steps, args=(batches, first_step))
-        return tf.cast(self.strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None), tf.float64)
+        return tuple(total + tf.cast(state, tf.float64)
+                     for total, state in zip(local, self.strategy.experimental_local_results(per_replica)))
+
+    def _sum_over_replicas(self, local: tuple) -> tf.Tensor:
+        if self.strategy.num_replicas_in_sync == len(local):  # every replica is in this process: no collective
+            return tf.add_n(list(local))
+        # Replica r of a worker is its (r mod local)-th local one (a worker's replicas are numbered together).
+        count = len(local)
+        given = self.strategy.experimental_distribute_values_from_function(lambda ctx: local[ctx.replica_id_in_sync_group % count])
+        return self.strategy.reduce(tf.distribute.ReduceOp.SUM, given, axis=None)
 
     def xla_failure(self, batch_spec) -> Optional[str]:
         """Why XLA cannot compile this runner's step (None: it can, or nothing
