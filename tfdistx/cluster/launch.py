@@ -48,7 +48,8 @@ NEVER_RESTART = (2, 3, 130)
 def run_local_cluster(counts: Dict[str, int], command: List[str], log_dir: str, primary: List[str],
                       isolate: Optional[bool] = None, max_restarts: int = 0, restart_alone: List[str] = (),
                       stopped_task_timeout: float = 60, run_log: Optional[str] = None, evaluator: bool = False,
-                      preemption_grace: float = 60, notice: Optional[SigtermNotice] = None) -> int:
+                      preemption_grace: float = 60, notice: Optional[SigtermNotice] = None,
+                      task_env: Optional[Dict[str, str]] = None) -> int:
     """Run the cluster to its end; the exit code of the first task that failed, else 0.
 
     `isolate`: None isolates when possible (and says so when not), True
@@ -59,6 +60,7 @@ def run_local_cluster(counts: Dict[str, int], command: List[str], log_dir: str, 
     also goes, prefixed, to `run_log` (the run's one log file). `evaluator`:
     a sidecar evaluator task runs beside the cluster (cluster/evaluator.py).
     After a SIGTERM the tasks get `preemption_grace` seconds to checkpoint.
+    `task_env`: added to every task's environment (e.g. its thread counts).
     `notice`: the process's SIGTERM notice (sigterm.py): one that came
     before the cluster started ends the run here.
     """
@@ -69,7 +71,7 @@ def run_local_cluster(counts: Dict[str, int], command: List[str], log_dir: str, 
     with open(spec_path, "w") as f:
         json.dump({"counts": counts, "command": command, "log_dir": log_dir, "primary": primary, "max_restarts": max_restarts,
                    "restart_alone": list(restart_alone), "stopped_task_timeout": stopped_task_timeout,
-                   "run_log": run_log, "evaluator": evaluator, "preemption_grace": preemption_grace}, f)
+                   "run_log": run_log, "evaluator": evaluator, "preemption_grace": preemption_grace, "task_env": task_env or {}}, f)
     supervisor = [sys.executable, "-m", "tfdistx.cluster.launch", spec_path]
     isolated = isolate is not False and _can_isolate()
     if isolated:
@@ -137,10 +139,10 @@ class _Task:
     """One process of the cluster, which can be started again in its place."""
 
     def __init__(self, job: str, index: int, cluster: dict, command: List[str], log_dir: Path, run_log: Optional[str],
-                 refusals: "_SaidOnce"):
+                 refusals: "_SaidOnce", env: Dict[str, str]):
         self.job, self.name = job, f"{job}:{index}"
         self.refusals = refusals  # shared by the cluster's tasks
-        self.env = {**os.environ, "TF_CONFIG": json.dumps({"cluster": cluster, "task": {"type": job, "index": index}}),
+        self.env = {**os.environ, **env, "TF_CONFIG": json.dumps({"cluster": cluster, "task": {"type": job, "index": index}}),
                     "TFDISTX_LOCAL_TASK": "1"}  # rendezvous.py: no exposure warning, the launcher gave its own
         self.command, self.log_path, self.run_log = command, log_dir / f"{job}-{index}.log", run_log
         self.succeeded = threading.Event()  # set once the cluster's primary tasks have all exited 0
@@ -174,10 +176,11 @@ def _run_cluster_once(spec: dict, signals: "_forwarding_signals", restarts: _Bud
     ports = _free_ports(sum(counts.values()))
     cluster = {job: [f"127.0.0.1:{ports.pop()}" for _ in range(n)] for job, n in counts.items() if n}
     refusals = _SaidOnce()  # every task refuses a bad config alike: its line is shown once
-    tasks = [_Task(job, index, cluster, spec["command"], log_dir, spec.get("run_log"), refusals) for job, addresses in cluster.items()
+    env = spec.get("task_env", {})
+    tasks = [_Task(job, index, cluster, spec["command"], log_dir, spec.get("run_log"), refusals, env) for job, addresses in cluster.items()
              for index in range(len(addresses))]
     # Sidecars (the evaluator) get the cluster's TF_CONFIG with their own task type, and no address in it.
-    tasks += [_Task(job, index, cluster, spec["command"], log_dir, spec.get("run_log"), refusals)
+    tasks += [_Task(job, index, cluster, spec["command"], log_dir, spec.get("run_log"), refusals, env)
               for job, n in sidecars.sidecar_jobs(spec).items() for index in range(n)]
     for task in tasks:
         task.start()

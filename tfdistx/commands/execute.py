@@ -21,7 +21,7 @@ from tfdistx.cluster.evaluator import EVALUATOR
 from tfdistx.cluster.launch import run_local_cluster
 from tfdistx.commands.ending import hold_until_exit
 from tfdistx.cluster.placement import Placement, Source
-from tfdistx.config import data_service, strategies
+from tfdistx.config import data_service, strategies, threads
 from tfdistx.config.errors import ConfigError, retryable_exits_offset_by
 from tfdistx.config.objective import value as objective_value
 from tfdistx.config.resolve import resolve
@@ -121,7 +121,9 @@ def _run_local_cluster(cfg: DictConfig, run_dir: str, facts: strategies.Strategy
     resolved["cluster"]["launch"] = "tf_config"  # each task is placed by the TF_CONFIG the launcher gives it
     task_config.write_text(OmegaConf.to_yaml(resolved))
     command = [sys.executable, "-m", "tfdistx", "_task", mode, str(run_dir), str(task_config), *([str(step)] if step is not None else [])]
-    code = run_local_cluster(counts, command, str(logs),
+    per_pool, why = threads.task_threads(cfg.cluster.get("task_threads", threads.AUTO), counts)
+    into_log_files(f"tfdistx: each task's TensorFlow threads: {threads.describe(per_pool)}; {why}")  # the run's log, not the terminal
+    code = run_local_cluster(counts, command, str(logs), task_env=threads.environment(per_pool),
                              primary=list(facts.primary_jobs), isolate=cfg.cluster.isolate,
                              max_restarts=cfg.cluster.max_restarts, restart_alone=list(facts.restartable_alone),
                              stopped_task_timeout=cfg.cluster.stopped_task_timeout, run_log=str(Path(run_dir) / "tfdistx.log"),

@@ -6,7 +6,7 @@ from tfdistx import machine
 from tfdistx.cluster import placement as cluster_lib
 from tfdistx.cluster.placement import Source
 from tfdistx.commands.execute import local_tasks
-from tfdistx.config import compute, data_service, optimizers, sources, strategies
+from tfdistx.config import compute, data_service, optimizers, sources, strategies, threads
 from tfdistx.config.schema import LOGGER_DEFAULTS
 from tfdistx.config.validate import planned_replicas
 
@@ -43,6 +43,8 @@ def describe(cfg: DictConfig) -> str:
         note = " (one replica per worker without GPUs; W x GPUs with them)" if placement.source is not Source.SINGLE else ""
         lines.append(f"replicas      {replicas}{note}")
         lines.append(f"batch         global {batch}, per replica {batch // replicas if batch % replicas == 0 else 'does not divide!'}")
+    if facts.name == "multiworker":
+        lines.append(_collectives(cfg.strategy))
     else:
         lines.append("replicas      decided by the GPUs visible at start (else 1 per worker)")
         lines.append(f"batch         global {batch}, split evenly across the replicas")
@@ -127,6 +129,16 @@ def _mlp_shapes(cfg: DictConfig):
     return shapes
 
 
+def _collectives(options: DictConfig) -> str:
+    packs = options.get("bytes_per_pack") or 0
+    implementation = options.get("communication") or "auto"
+    how = {"auto": "ring over gRPC on CPUs, NCCL on GPUs", "ring": "ring over gRPC", "nccl": "NCCL"}[implementation]
+    return (f"collectives   each step: one all-reduce of every gradient, "
+            f"{f'in packs of {packs} bytes' if packs else 'in one pack'} (strategy.bytes_per_pack), "
+            f"{options.get('all_reduce_dtype') or 'float32'}; the metrics: one sum per tf.function call; "
+            f"strategy.communication={implementation} ({how})")
+
+
 def _tasks(cfg: DictConfig, facts: strategies.Strategy, placement) -> list:
     topo = cfg.cluster
     if placement.source is Source.SINGLE:
@@ -139,6 +151,8 @@ def _tasks(cfg: DictConfig, facts: strategies.Strategy, placement) -> list:
         for job, n in counts.items():
             for index in range(n):
                 lines.append(f"  task        {job}:{index}  TF_CONFIG task {{'type': '{job}', 'index': {index}}}")
+        per_pool, why = threads.task_threads(topo.get("task_threads", threads.AUTO), counts)
+        lines.append(f"  threads     each task: {threads.describe(per_pool)}; {why}")
         if topo.get("evaluator"):  # beside the cluster (cluster/evaluator.py)
             lines.append("  task        evaluator:0  the sidecar evaluator: TF_CONFIG task {'type': 'evaluator', 'index': 0}, "
                          "in no cluster spec; evaluates each checkpoint")

@@ -99,6 +99,7 @@ class ClusterConfig:
     preemption_grace: float = 60.0  # after SIGTERM: how long tasks that serve the trainers wait for them to save
     retryable_exit_offset: int = 0  # added to exit codes 4, 5 and 42: 128 for Kubernetes' restartPolicy ExitCode
     evaluator: bool = False  # a sidecar evaluator task beside the cluster (multi-process strategies; cluster/evaluator.py)
+    task_threads: Any = "auto"  # local clusters: TensorFlow threads per pool in each task (config/threads.py)
 
 
 @dataclass

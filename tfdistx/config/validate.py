@@ -15,7 +15,7 @@ from typing import Optional
 from omegaconf import DictConfig, OmegaConf
 
 from tfdistx import rundir
-from tfdistx.config import compute, data_service, optimizers, sources, strategies, tasks, topology, warm_start
+from tfdistx.config import compute, data_service, optimizers, sources, strategies, tasks, threads, topology, warm_start
 from tfdistx.config.errors import MAX_RETRYABLE_EXIT_OFFSET, ConfigError, Problem
 from tfdistx.config.objective import objective_problems, unevaluated_problems
 from tfdistx.config.schema import LAUNCH_MODES, LOGGER_DEFAULTS, Config
@@ -84,6 +84,8 @@ def _strategy_and_cluster(strategy: DictConfig, cluster: DictConfig) -> list:
     if topology.is_parameter_server_name(cluster.name) and cluster.ps < 1:
         problems.append(Problem("cluster", cluster.name, "a psPwW cluster needs at least one parameter server (P >= 1): "
                                 "use e.g. ps1w2, or cluster=2x1 for workers only"))
+    if threads.problem(cluster.get("task_threads", threads.AUTO)):
+        problems.append(threads.problem(cluster.task_threads))
     if cluster.launch not in LAUNCH_MODES:
         problems.append(Problem("cluster.launch", cluster.launch, f"allowed: {', '.join(LAUNCH_MODES)}"))
     if problems:

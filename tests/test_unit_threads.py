@@ -1,0 +1,60 @@
+"""How many TensorFlow threads each task of a local cluster gets
+(cluster.task_threads, config/threads.py), and that the launcher gives them
+to its real task processes. In-process (-m unit), no TensorFlow."""
+
+import sys
+
+import pytest
+
+from config_helpers import PREFIX, compose_ok, refused
+from tfdistx.cluster.launch import run_local_cluster
+from tfdistx.config import threads
+
+pytestmark = pytest.mark.unit
+
+
+@pytest.mark.parametrize("counts, cores, expected", [
+    ({"worker": 2}, 2, 1),                        # multiworker 2x1 on two cores: one each
+    ({"worker": 4}, 2, 1),                        # never fewer than one
+    ({"chief": 1, "worker": 3, "ps": 2}, 8, 2),   # ps tasks mostly wait: the chief and workers share the cores
+    ({"worker": 1, "dispatcher": 1, "data_worker": 1}, 4, 4),  # one trainer beside a tf.data service
+])
+def test_auto_divides_the_cores_among_the_tasks_that_run_steps(counts, cores, expected):
+    got, why = threads.task_threads("auto", counts, available=cores, environ={})
+    assert got == expected
+    assert f"{cores} core(s)" in why and "cluster.task_threads=auto" in why
+
+
+def test_a_number_is_taken_as_it_is_and_zero_is_tensorflows_own():
+    assert threads.task_threads(3, {"worker": 2}, available=2, environ={})[0] == 3
+    got, why = threads.task_threads(0, {"worker": 2}, available=2, environ={})
+    assert got is None and "TensorFlow's own" in why
+    assert threads.environment(None) == {}
+    assert threads.environment(4) == {"TF_NUM_INTRAOP_THREADS": "4", "TF_NUM_INTEROP_THREADS": "4"}
+    # One inter-op thread hangs a parameter-server worker's first step: never fewer than two.
+    assert threads.environment(1) == {"TF_NUM_INTRAOP_THREADS": "1", "TF_NUM_INTEROP_THREADS": "2"}
+
+
+def test_the_users_own_environment_wins():
+    got, why = threads.task_threads("auto", {"worker": 2}, available=2, environ={"TF_NUM_INTEROP_THREADS": "4"})
+    assert got is None and "TF_NUM_INTEROP_THREADS=4" in why
+
+
+@pytest.mark.parametrize("value", ["many", -1, 1.5, True])
+def test_a_bad_value_is_refused_in_one_line(tmp_path, value):
+    lines = refused(tmp_path, "strategy=multiworker", "cluster=2x1", f"cluster.task_threads={value}")
+    assert len(lines) == 1 and lines[0].startswith(f"{PREFIX}cluster.task_threads=") and "allowed: auto" in lines[0]
+
+
+def test_a_good_value_composes(tmp_path):
+    assert compose_ok(tmp_path, "strategy=multiworker", "cluster=2x1", "cluster.task_threads=2").cluster.task_threads == 2
+
+
+def test_the_launcher_gives_every_task_its_threads(tmp_path):
+    """Real task processes of a real local cluster print what their environment holds."""
+    show = "import os; print('threads', os.environ['TF_NUM_INTRAOP_THREADS'], os.environ['TF_NUM_INTEROP_THREADS'])"
+    code = run_local_cluster({"worker": 2}, [sys.executable, "-c", show], str(tmp_path), ["worker"], isolate=False,
+                             task_env=threads.environment(1))
+    assert code == 0
+    for index in (0, 1):
+        assert "threads 1 2" in (tmp_path / f"worker-{index}.log").read_text()

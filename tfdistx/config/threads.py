@@ -1,0 +1,80 @@
+"""How many threads TensorFlow may use in each task of a local cluster,
+decided without TensorFlow (`cluster.task_threads`).
+
+TensorFlow sizes both of its thread pools in every process to all the
+machine's cores: the intra-op pool, over which one op's work is split, and
+the inter-op pool, which runs independent ops at once. A local cluster runs
+all its tasks on one machine, so W workers on C cores bring 2 x W x C pool
+threads to C cores, and a synchronous step waits for its slowest worker: a
+worker whose threads were descheduled holds every other one up in the next
+all-reduce. Sized to their share of the cores, the tasks no longer preempt
+one another (docs/performance.md: more than one process, and
+benchmarks/bench_multiworker_step.py, which sets both choices side by side).
+
+`auto`: the cores this process may run on (its CPU affinity, which a
+container's or Slurm's CPU binding narrows) divided among the tasks that run
+steps (chief and workers), at least 1. N: N. That many threads split an
+op's work (the intra-op pool); the inter-op pool gets as many but never
+fewer than 2: with one, a parameter-server worker's step waits forever on a
+variable read that needs a second thread (measured: ps1w2 hung at its first
+step). 0: TensorFlow's own sizing (every core, in every task). Set through
+TF_NUM_INTRAOP_THREADS and TF_NUM_INTEROP_THREADS, which TensorFlow reads
+when it starts; a user's own values of those in the environment win.
+
+Only the local launcher applies it: under TF_CONFIG, Slurm or Kubernetes
+each task has its machine, container or CPU binding, and TensorFlow's own
+sizing is the right one there.
+"""
+
+import os
+from typing import Mapping, Optional, Tuple
+
+from tfdistx.config.errors import Problem
+
+AUTO = "auto"
+ENV = ("TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS")
+STEP_JOBS = ("chief", "worker")  # the tasks that run training steps; ps, tf.data service and evaluator tasks mostly wait
+
+
+def problem(setting) -> Optional[Problem]:
+    if setting == AUTO or isinstance(setting, int) and not isinstance(setting, bool) and setting >= 0:
+        return None
+    return Problem("cluster.task_threads", setting, "allowed: auto, or a whole number of threads (0: TensorFlow's own, every core)")
+
+
+def cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def task_threads(setting, counts: Mapping[str, int], available: Optional[int] = None,
+                 environ: Mapping[str, str] = os.environ) -> Tuple[Optional[int], str]:
+    """(intra-op threads of each task, None for TensorFlow's own sizing; why) for a local cluster of `counts` tasks per job."""
+    if any(name in environ for name in ENV):
+        given = ", ".join(f"{name}={environ[name]}" for name in ENV if name in environ)
+        return None, f"as the environment sets ({given})"
+    if setting == 0:
+        return None, "TensorFlow's own: every core, in every task (cluster.task_threads=0)"
+    if setting != AUTO:
+        return int(setting), f"cluster.task_threads={setting}"
+    available = available or cores()
+    stepping = sum(counts.get(job, 0) for job in STEP_JOBS) or 1
+    threads = max(1, available // stepping)
+    return threads, (f"{available} core(s) shared by {stepping} chief and worker task(s) "
+                     f"(cluster.task_threads=auto; 0 for TensorFlow's own, every core in every task)")
+
+
+MIN_INTER_OP = 2
+
+
+def environment(threads: Optional[int]) -> dict:
+    """What a task's environment gets for `threads` intra-op threads (nothing for TensorFlow's own)."""
+    if threads is None:
+        return {}
+    return {"TF_NUM_INTRAOP_THREADS": str(threads), "TF_NUM_INTEROP_THREADS": str(max(MIN_INTER_OP, threads))}
+
+
+def describe(threads: Optional[int]) -> str:
+    if threads is None:
+        return "as TensorFlow sizes them"
+    env = environment(threads)
+    return f"{env['TF_NUM_INTRAOP_THREADS']} intra-op, {env['TF_NUM_INTEROP_THREADS']} inter-op"
