@@ -6,7 +6,7 @@ from tfdistx import machine
 from tfdistx.cluster import placement as cluster_lib
 from tfdistx.cluster.placement import Source
 from tfdistx.commands.execute import local_tasks
-from tfdistx.config import compute, data_service, optimizers, sources, strategies, threads
+from tfdistx.config import compute, data_service, elastic, optimizers, sources, strategies, threads
 from tfdistx.config.schema import LOGGER_DEFAULTS
 from tfdistx.config.validate import planned_replicas
 
@@ -20,6 +20,8 @@ def describe(cfg: DictConfig) -> str:
         chosen += " (mirrored instead when several GPUs are visible)"
     lines = [f"strategy      {strategy}{chosen}: {facts.description}"]
     lines.append(f"cluster       {topo.name}: {topo.workers} worker(s) x {topo.devices_per_worker or 'all GPUs or 1 CPU'} device(s), {topo.ps} ps")
+    if elastic.plan_line(topo):
+        lines.append(elastic.plan_line(topo))
     lines.append(f"devices       {machine.describe()}")  # this machine's: each of a scheduler's hosts has its own
     if machine.conflict():
         lines.append(f"WARNING       {machine.conflict()}")

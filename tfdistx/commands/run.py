@@ -22,6 +22,7 @@ from tfdistx.commands.common import one_line_errors, refuse, register_config_nam
 from tfdistx.cluster.placement import Placement
 from tfdistx.commands.execute import execute, placement_of
 from tfdistx.commands.plan import describe
+from tfdistx.config import elastic
 from tfdistx.config.compose import compose_and_validate, composed, keys_for_own_targets, only_given_keys_for_user_targets
 from tfdistx.config.errors import ConfigError, RunFault
 from tfdistx.config.objective import direction
@@ -39,7 +40,7 @@ def main(argv: Sequence[str], process_ends_after: bool = False):
     argv = [arg for arg in argv if arg != "--plan"]  # cli.py has taken --config-dir DIR (userconf.take_flags)
     try:
         internals.probe()  # Hydra's internals tfdistx uses, before any of them is
-        argv = keys_for_own_targets(argv)  # model._target_=mine model.filters=32, for a sweep's jobs too
+        argv = keys_for_own_targets(elastic.expand_shorthand(argv))  # model._target_=mine model.filters=32, for a sweep's jobs too
         args = internals.args_parser().parse_args(argv)
         register_config_names(args.overrides)
         if plan:

@@ -84,6 +84,17 @@ class CheckpointConfig:
 
 
 @dataclass
+class ElasticConfig:
+    """Elastic training (config/elastic.py): as many workers as hosts are up, from min_workers to cluster.workers."""
+    min_workers: Optional[int] = None  # null: not elastic; else the fewest workers a round trains with (cluster.workers: the most)
+    hosts: Optional[str] = None  # a file listing the hosts workers may run on, one a line, read whenever it changes
+    discover: Optional[str] = None  # or a command printing them, one a line (as Horovod's --host-discovery-script)
+    join_grace: float = 10.0  # seconds a round forming with min_workers or more waits for the rest, up to cluster.workers
+    lost_bound: float = 10.0  # seconds a lost worker's host has to be listed again before a round forms without it
+    below_min_timeout: float = 300.0  # seconds the run waits with fewer hosts than min_workers before it stops (exit 9)
+
+
+@dataclass
 class ClusterConfig:
     name: str = "local"
     workers: int = 1
@@ -100,6 +111,7 @@ class ClusterConfig:
     retryable_exit_offset: int = 0  # added to exit codes 4, 5 and 42: 128 for Kubernetes' restartPolicy ExitCode
     evaluator: bool = False  # a sidecar evaluator task beside the cluster (multi-process strategies; cluster/evaluator.py)
     task_threads: Any = "auto"  # local clusters: TensorFlow threads per pool in each task (config/threads.py)
+    elastic: ElasticConfig = field(default_factory=ElasticConfig)
 
 
 @dataclass

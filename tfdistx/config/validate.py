@@ -15,7 +15,7 @@ from typing import Optional
 from omegaconf import DictConfig, OmegaConf
 
 from tfdistx import rundir
-from tfdistx.config import compute, data_service, optimizers, sources, strategies, tasks, threads, topology, warm_start
+from tfdistx.config import compute, data_service, elastic, optimizers, sources, strategies, tasks, threads, topology, warm_start
 from tfdistx.config.errors import MAX_RETRYABLE_EXIT_OFFSET, ConfigError, Problem
 from tfdistx.config.objective import objective_problems, unevaluated_problems
 from tfdistx.config.schema import LAUNCH_MODES, LOGGER_DEFAULTS, Config
@@ -29,6 +29,7 @@ def validate(cfg: DictConfig, run_dir: Optional[str] = None) -> None:
     """Raise ConfigError listing every problem found in `cfg`."""
     problems = _top_level(cfg)
     problems += _strategy_and_cluster(cfg.strategy, cfg.cluster)
+    problems += elastic.problems(cfg)
     problems += _data(cfg.data, planned_replicas(cfg))
     problems += _optimizer(cfg.optimizer)
     problems += _trainer(cfg.trainer)

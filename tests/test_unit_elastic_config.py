@@ -1,0 +1,78 @@
+"""Elastic training's config (config/elastic.py), in-process: `cluster.workers=MIN:MAX`,
+the `cluster.elastic` keys, `--plan`'s line, and every run that cannot be
+elastic refused in one line before TensorFlow starts. The rounds themselves,
+on a real local cluster: test_elastic.py."""
+
+import pytest
+
+from config_helpers import compose_ok, refused
+from tfdistx.commands.plan import describe
+from tfdistx.config import elastic
+
+pytestmark = pytest.mark.unit
+
+ELASTIC = ["strategy=multiworker", "cluster.workers=4", "cluster.elastic.min_workers=2", "data.batch_size=24"]
+
+
+@pytest.fixture
+def hosts(tmp_path):
+    path = tmp_path / "hosts"
+    path.write_text("127.0.0.1\n127.0.0.2\n")
+    return path
+
+
+@pytest.fixture(autouse=True)
+def no_scheduler(monkeypatch):
+    """--plan reads this process's environment: no TF_CONFIG or Slurm step here."""
+    for name in ("TF_CONFIG", "SLURM_PROCID"):
+        monkeypatch.delenv(name, raising=False)
+
+
+def test_min_colon_max_is_the_most_workers_and_the_fewest():
+    assert elastic.expand_shorthand(["strategy=multiworker", "cluster.workers=2:4", "cluster.workers=3"]) == [
+        "strategy=multiworker", "cluster.workers=4", "cluster.elastic.min_workers=2", "cluster.workers=3"]
+
+
+def test_an_elastic_run_composes_and_plan_shows_its_range_and_bounds(tmp_path, hosts):
+    cfg = compose_ok(tmp_path / "run", *elastic.expand_shorthand(["strategy=multiworker", "cluster.workers=2:4"]),
+                     f"cluster.elastic.hosts={hosts}", "data.batch_size=24", "cluster.elastic.lost_bound=7")
+    assert elastic.is_elastic(cfg.cluster) and elastic.worker_range(cfg.cluster) == (2, 4)
+    line = next(line for line in describe(cfg).splitlines() if line.startswith("elastic"))
+    assert f"2:4 workers, one per host listed in {hosts}" in line and "a lost host 7s" in line and "exit 9" in line, line
+    assert not elastic.is_elastic(compose_ok(tmp_path / "run", "strategy=multiworker", "cluster=2x1").cluster)
+
+
+def test_a_round_s_task_config_is_its_topology(tmp_path, hosts):
+    cfg = compose_ok(tmp_path / "run", *ELASTIC, f"cluster.elastic.hosts={hosts}")
+    elastic.for_round(cfg.cluster, 3)
+    assert (cfg.cluster.workers, cfg.cluster.name) == (3, "3x1")
+
+
+@pytest.mark.parametrize("overrides, said", [
+    (["strategy=one_device", "cluster.elastic.min_workers=1"], "strategy='one_device': trains in one process"),
+    (["strategy=mirrored", "cluster.elastic.min_workers=1"], "strategy='mirrored': trains in one process"),
+    (["strategy=central_storage", "cluster.elastic.min_workers=1"], "strategy='central_storage': trains in one process"),
+    (["strategy=tpu", "cluster.elastic.min_workers=1"], "strategy='tpu': trains in one process"),
+    (["strategy=parameter_server", "cluster=ps1w3", "cluster.elastic.min_workers=2"], "elastic parameter-server rounds are not built yet"),
+    ([*ELASTIC, "data.service.workers=1"], "data.service.workers=1: a tf.data service job cannot re-form its trainers"),
+    ([*ELASTIC, "cluster.evaluator=true"], "cluster.evaluator=True: the sidecar evaluator is not kept"),
+    ([*ELASTIC, "cluster.launch=slurm"], "cluster.launch='slurm': elastic rounds (cluster.workers=2:4) are formed by tfdistx's local launcher"),
+    ([*ELASTIC[:-1], "data.batch_size=32"], "data.batch_size=32: an elastic run keeps its global batch on every round, "
+                                           "split across 2, 3, 4 replicas: use a multiple of 12"),
+    ([*ELASTIC, "optimizer.scale_lr_with_replicas=true"], "optimizer.scale_lr_with_replicas=True: an elastic run's rounds"),
+    ([*ELASTIC, "cluster.elastic.join_grace=0"], "cluster.elastic.join_grace=0.0: seconds, more than 0"),
+    (["strategy=multiworker", "cluster.workers=4", "cluster.elastic.min_workers=5"], "cluster.elastic.min_workers=5: from 1 to cluster.workers=4"),
+    (["strategy=multiworker", "cluster.workers=4", "cluster.elastic.min_workers=0"], "cluster.elastic.min_workers=0: from 1 to cluster.workers=4"),
+    ([*ELASTIC, "cluster.elastic.hosts=/nonexistent/hosts"], "cluster.elastic.hosts='/nonexistent/hosts': no such file"),
+    ([*ELASTIC, "cluster.elastic.discover='echo 127.0.0.1'"], "cluster.elastic.discover='echo 127.0.0.1': set with cluster.elastic.hosts="),
+])
+def test_what_cannot_be_elastic_is_refused_in_one_line(tmp_path, hosts, overrides, said):
+    given_hosts = [] if any("hosts=" in o for o in overrides) else [f"cluster.elastic.hosts={hosts}"]
+    lines = refused(tmp_path / "run", *overrides, *given_hosts)
+    assert len(lines) == 1 and said in lines[0], lines
+
+
+def test_an_elastic_run_needs_its_hosts(tmp_path):
+    lines = refused(tmp_path / "run", *ELASTIC)
+    assert len(lines) == 1 and "cluster.elastic.hosts=None: an elastic run needs its hosts" in lines[0], lines
+    assert compose_ok(tmp_path / "run", *ELASTIC, "cluster.elastic.discover='echo 127.0.0.1'").cluster.elastic.discover

@@ -1,0 +1,142 @@
+"""Elastic training, as config: `cluster.workers=MIN:MAX` and the
+`cluster.elastic` keys, what cannot be elastic, and a round's own config.
+
+An elastic run trains in rounds: each round is a cluster of as many workers
+as hosts are listed (cluster.elastic.hosts or .discover), from MIN
+(`cluster.elastic.min_workers`) to MAX (`cluster.workers`, the topology the
+run asks for); the local launcher forms them (cluster/elastic.py). Each
+round resumes from the newest checkpoint on its own topology (the global
+batch kept), so a round's worker count must keep the global batch whole.
+
+No TensorFlow here.
+"""
+
+import math
+import os
+import re
+from typing import List, Optional, Sequence, Tuple
+
+from tfdistx.config import data_service, strategies
+from tfdistx.config.errors import Problem
+
+# torchrun's --nnodes=MIN:MAX, written as Hydra's override of the cluster's workers.
+_SHORTHAND = re.compile(r"^cluster\.workers=(\d+):(\d+)$")
+TIMEOUT_KEYS = ("join_grace", "lost_bound", "below_min_timeout")
+
+
+def expand_shorthand(overrides: Sequence[str]) -> List[str]:
+    """`cluster.workers=2:4` is `cluster.workers=4 cluster.elastic.min_workers=2`:
+    cluster.workers stays an integer (the most workers, the topology every
+    other part of tfdistx reads), and MIN is its own key."""
+    expanded = []
+    for override in overrides:
+        m = _SHORTHAND.match(override)
+        expanded += [f"cluster.workers={m[2]}", f"cluster.elastic.min_workers={m[1]}"] if m else [override]
+    return expanded
+
+
+def is_elastic(cluster) -> bool:
+    elastic = cluster.get("elastic") if hasattr(cluster, "get") else None
+    return elastic is not None and elastic.get("min_workers") is not None
+
+
+def worker_range(cluster) -> Tuple[int, int]:
+    """(MIN, MAX) workers of an elastic run."""
+    return int(cluster.elastic.min_workers), int(cluster.workers)
+
+
+def shown(cluster) -> str:
+    low, high = worker_range(cluster)
+    return f"{low}:{high}"
+
+
+def problems(cfg) -> List[Problem]:
+    """Why this run cannot be elastic as asked; [] when it is not elastic."""
+    cluster = cfg.cluster
+    if not is_elastic(cluster):
+        return []
+    elastic, low = cluster.elastic, cluster.elastic.min_workers
+    name = cfg.strategy.get("name")
+    found = []
+    if not isinstance(low, int) or not 1 <= low <= cluster.workers:
+        return [Problem("cluster.elastic.min_workers", low, f"from 1 to cluster.workers={cluster.workers} (the most workers a round may have); "
+                        "or null: not elastic")]
+    if name not in strategies.NAMES:
+        return []  # refused by its own check
+    facts = strategies.get(name, cluster.workers, cluster.devices_per_worker)
+    shown_range = f"cluster.workers={low}:{cluster.workers}"
+    if not facts.multi_process and cluster.workers > 1:
+        return []  # refused as any one-process strategy on several workers is (validate.py), in its own line
+    if not facts.multi_process:
+        return [Problem("strategy", name, f"trains in one process, which cannot lose or gain a machine ({shown_range} is elastic): "
+                        "use strategy=multiworker, or leave cluster.elastic.min_workers=null")]
+    if facts.asynchronous:
+        found.append(Problem("strategy", name, f"elastic parameter-server rounds are not built yet ({shown_range}): use "
+                             "strategy=multiworker, or cluster.elastic.min_workers=null (a lost worker is then restarted alone)"))
+    if data_service.workers(cfg.data):
+        found.append(Problem("data.service.workers", data_service.workers(cfg.data), f"a tf.data service job cannot re-form its "
+                             f"trainers between rounds, nor resume exactly ({shown_range} is elastic): use data.service.workers=0"))
+    if cluster.get("evaluator"):
+        found.append(Problem("cluster.evaluator", True, f"the sidecar evaluator is not kept across an elastic run's rounds ({shown_range}): "
+                             "evaluate with trainer.eval_every, or `tfdistx evaluate` afterwards"))
+    if cluster.launch not in ("auto", "local"):
+        found.append(Problem("cluster.launch", cluster.launch, f"elastic rounds ({shown_range}) are formed by tfdistx's local launcher: "
+                             "use cluster.launch=local or auto"))
+    found += _hosts(elastic)
+    for key in TIMEOUT_KEYS:
+        value = elastic[key]
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
+            found.append(Problem(f"cluster.elastic.{key}", value, "seconds, more than 0"))
+    if not facts.asynchronous:
+        found += _batch_on_every_round(cfg, low, cluster.workers)
+        if cfg.optimizer.get("scale_lr_with_replicas"):
+            found.append(Problem("optimizer.scale_lr_with_replicas", True, f"an elastic run's rounds ({shown_range}) have other replica "
+                                 "counts, and the learning rate would change with each: use optimizer.scale_lr_with_replicas=false"))
+    return found
+
+
+def _hosts(elastic) -> List[Problem]:
+    hosts, discover = elastic.get("hosts"), elastic.get("discover")
+    if hosts is None and discover is None:
+        return [Problem("cluster.elastic.hosts", None, "an elastic run needs its hosts: a file listing them one a line "
+                        "(cluster.elastic.hosts=FILE), or a command printing them (cluster.elastic.discover=COMMAND)")]
+    if hosts is not None and discover is not None:
+        return [Problem("cluster.elastic.discover", discover, f"set with cluster.elastic.hosts={hosts}: name the hosts one way")]
+    if hosts is not None and not os.path.isfile(str(hosts)):
+        return [Problem("cluster.elastic.hosts", hosts, "no such file: a file listing the hosts, one a line")]
+    if discover is not None and not str(discover).strip():
+        return [Problem("cluster.elastic.discover", discover, "a command printing the hosts, one a line")]
+    return []
+
+
+def _batch_on_every_round(cfg, low: int, high: int) -> List[Problem]:
+    """Every round keeps the global batch (engine/topology.py refuses a
+    resume that does not): it must divide across every worker count."""
+    batch, devices = cfg.data.get("batch_size"), cfg.cluster.devices_per_worker or 1
+    if not isinstance(batch, int) or isinstance(batch, bool) or batch < 1 or batch % (high * devices):
+        return []  # refused by its own checks (validate._data: not a batch, or not dividing across cluster.workers)
+    counts = range(low, high + 1)
+    whole = math.lcm(*(workers * devices for workers in counts))
+    if batch % whole == 0:
+        return []
+    return [Problem("data.batch_size", batch, f"an elastic run keeps its global batch on every round, split across "
+                    f"{', '.join(str(w * devices) for w in counts)} replicas: use a multiple of {whole}")]
+
+
+def plan_line(cluster) -> Optional[str]:
+    """--plan's line of an elastic run; None when it is not elastic."""
+    if not is_elastic(cluster):
+        return None
+    elastic, (low, high) = cluster.elastic, worker_range(cluster)
+    source = f"listed in {elastic.hosts}" if elastic.hosts is not None else f"printed by `{elastic.discover}`"
+    return (f"elastic       {low}:{high} workers, one per host {source}; a round waits {elastic.join_grace:g}s past {low} hosts "
+            f"for {high}, a lost host {elastic.lost_bound:g}s to come back, and the run {elastic.below_min_timeout:g}s below {low} "
+            f"(then exit 9)")
+
+
+def for_round(cluster, workers: int) -> None:
+    """A round's task config: `workers` workers, the rest of the cluster
+    unchanged; its name says the round's topology (`3x1`, in the log's
+    `resuming on another topology` line and in summary.json)."""
+    cluster.workers = workers
+    cluster.name = f"ps{cluster.ps}w{workers}" if cluster.ps else f"{workers}x{cluster.devices_per_worker or 1}"
