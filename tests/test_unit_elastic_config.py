@@ -6,6 +6,7 @@ on a real local cluster: test_elastic.py."""
 import pytest
 
 from config_helpers import compose_ok, refused
+from tfdistx.cluster.elastic import HostList, _choose
 from tfdistx.commands.plan import describe
 from tfdistx.config import elastic
 
@@ -76,3 +77,21 @@ def test_an_elastic_run_needs_its_hosts(tmp_path):
     lines = refused(tmp_path / "run", *ELASTIC)
     assert len(lines) == 1 and "cluster.elastic.hosts=None: an elastic run needs its hosts" in lines[0], lines
     assert compose_ok(tmp_path / "run", *ELASTIC, "cluster.elastic.discover='echo 127.0.0.1'").cluster.elastic.discover
+
+
+def test_the_host_list_is_read_from_a_file_or_a_command(tmp_path, capsys):
+    path = tmp_path / "hosts"
+    path.write_text("127.0.0.1\n\n# the spare\n127.0.0.3  # rack 2\n127.0.0.1\n")
+    assert HostList(str(path), None).read() == ["127.0.0.1", "127.0.0.3"]
+    command = HostList(None, f"cat {path}")
+    assert command.read() == ["127.0.0.1", "127.0.0.3"]
+    path.unlink()
+    assert command.read() == ["127.0.0.1", "127.0.0.3"]  # a command that fails keeps the last list, said once
+    assert command.read() == ["127.0.0.1", "127.0.0.3"]
+    assert capsys.readouterr().err.count("cannot read the hosts") == 1
+
+
+def test_a_round_keeps_its_chief_first_and_takes_at_most_max():
+    assert _choose(["a", "b", "c", "d", "e"], None, 4) == ["a", "b", "c", "d"]
+    assert _choose(["c", "a", "b"], "a", 4) == ["a", "c", "b"]
+    assert _choose(["b", "c"], "a", 4) == []  # without the chief's host no round forms

@@ -1,5 +1,7 @@
 """A user's own model and data functions, plugged in with `_target_`."""
 
+import time
+
 import keras
 import numpy as np
 import tensorflow as tf
@@ -280,6 +282,19 @@ class StopAtStep:
     def __call__(self, step, record):
         if step >= self.step:
             self.stop_requested = f"step {step} reached"
+
+
+class Pace(keras.callbacks.Callback):
+    """Holds each log record for `seconds`: a short run slow enough for a
+    test to change its cluster while it trains (its steps, not the test's
+    waits: the test waits on what the run writes)."""
+
+    def __init__(self, seconds: float):
+        super().__init__()
+        self.seconds = seconds
+
+    def on_epoch_end(self, epoch, logs=None):
+        time.sleep(self.seconds)
 
 
 class Raises(keras.callbacks.Callback):

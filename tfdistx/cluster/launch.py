@@ -49,7 +49,7 @@ def run_local_cluster(counts: Dict[str, int], command: List[str], log_dir: str, 
                       isolate: Optional[bool] = None, max_restarts: int = 0, restart_alone: List[str] = (),
                       stopped_task_timeout: float = 60, run_log: Optional[str] = None, evaluator: bool = False,
                       preemption_grace: float = 60, notice: Optional[SigtermNotice] = None,
-                      task_env: Optional[Dict[str, str]] = None) -> int:
+                      task_env: Optional[Dict[str, str]] = None, elastic: Optional[dict] = None) -> int:
     """Run the cluster to its end; the exit code of the first task that failed, else 0.
 
     `isolate`: None isolates when possible (and says so when not), True
@@ -62,7 +62,8 @@ def run_local_cluster(counts: Dict[str, int], command: List[str], log_dir: str, 
     After a SIGTERM the tasks get `preemption_grace` seconds to checkpoint.
     `task_env`: added to every task's environment (e.g. its thread counts).
     `notice`: the process's SIGTERM notice (sigterm.py): one that came
-    before the cluster started ends the run here.
+    before the cluster started ends the run here. `elastic`: the run
+    trains in rounds of as many workers as hosts are listed (cluster/elastic.py).
     """
     Path(log_dir).mkdir(parents=True, exist_ok=True)
     # One fixed name, overwritten by each launch: one a SIGKILL left behind
@@ -71,8 +72,10 @@ def run_local_cluster(counts: Dict[str, int], command: List[str], log_dir: str, 
     with open(spec_path, "w") as f:
         json.dump({"counts": counts, "command": command, "log_dir": log_dir, "primary": primary, "max_restarts": max_restarts,
                    "restart_alone": list(restart_alone), "stopped_task_timeout": stopped_task_timeout,
-                   "run_log": run_log, "evaluator": evaluator, "preemption_grace": preemption_grace, "task_env": task_env or {}}, f)
-    supervisor = [sys.executable, "-m", "tfdistx.cluster.launch", spec_path]
+                   "run_log": run_log, "evaluator": evaluator, "preemption_grace": preemption_grace, "task_env": task_env or {},
+                   "elastic": elastic}, f)
+    # An elastic cluster's supervisor is its own module (it builds on this one's tasks and teardown).
+    supervisor = [sys.executable, "-m", "tfdistx.cluster.elastic" if elastic else "tfdistx.cluster.launch", spec_path]
     isolated = isolate is not False and _can_isolate()
     if isolated:
         supervisor = ["unshare", "--user", "--map-root-user", "--net", *supervisor, "--isolated"]

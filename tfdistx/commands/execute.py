@@ -21,11 +21,11 @@ from tfdistx.cluster.evaluator import EVALUATOR
 from tfdistx.cluster.launch import run_local_cluster
 from tfdistx.commands.ending import hold_until_exit
 from tfdistx.cluster.placement import Placement, Source
-from tfdistx.config import data_service, strategies, threads
+from tfdistx.config import data_service, elastic, strategies, threads
 from tfdistx.config.errors import ConfigError, retryable_exits_offset_by
 from tfdistx.config.objective import value as objective_value
 from tfdistx.config.resolve import resolve
-from tfdistx.engine.loggers import into_log_files  # no TensorFlow there
+from tfdistx.engine.loggers import into_log_files, write_json  # no TensorFlow there
 from tfdistx.sigterm import SigtermNotice
 
 
@@ -109,6 +109,19 @@ def local_tasks(cfg: DictConfig, facts: strategies.Strategy, mode: str) -> Tuple
     return counts, evaluator
 
 
+def _elastic_rounds(cfg: DictConfig, run_dir: str, mode: str) -> Optional[dict]:
+    """What the launcher needs to train in rounds (cluster/elastic.py); None
+    when the run is not elastic (an evaluation never is: it runs once)."""
+    if mode != "train" or not elastic.is_elastic(cfg.cluster):
+        return None
+    low, high = elastic.worker_range(cfg.cluster)
+    keys = cfg.cluster.elastic
+    return {"min": low, "max": high, "hosts": keys.hosts, "discover": keys.discover, "join_grace": keys.join_grace,
+            "lost_bound": keys.lost_bound, "below_min_timeout": keys.below_min_timeout,
+            "checkpoint_dir": cfg.checkpoint.dir or str(Path(run_dir) / "checkpoints"),
+            "rounds_file": str(Path(run_dir) / "logs" / "rounds.json")}
+
+
 def _run_local_cluster(cfg: DictConfig, run_dir: str, facts: strategies.Strategy, mode: str, step: Optional[int],
                        notice: Optional[SigtermNotice]):
     """Every task runs this job from the resolved config written here, in
@@ -121,17 +134,21 @@ def _run_local_cluster(cfg: DictConfig, run_dir: str, facts: strategies.Strategy
     resolved["cluster"]["launch"] = "tf_config"  # each task is placed by the TF_CONFIG the launcher gives it
     task_config.write_text(OmegaConf.to_yaml(resolved))
     command = [sys.executable, "-m", "tfdistx", "_task", mode, str(run_dir), str(task_config), *([str(step)] if step is not None else [])]
-    per_pool, why = threads.task_threads(cfg.cluster.get("task_threads", threads.AUTO), counts)
+    per_pool, why = threads.task_threads(cfg.cluster.get("task_threads", threads.AUTO), counts)  # an elastic run: sized for MAX workers
     into_log_files(f"tfdistx: each task's TensorFlow threads: {threads.describe(per_pool)}; {why}")  # the run's log, not the terminal
+    rounds = _elastic_rounds(cfg, run_dir, mode)
     code = run_local_cluster(counts, command, str(logs), task_env=threads.environment(per_pool),
                              primary=list(facts.primary_jobs), isolate=cfg.cluster.isolate,
                              max_restarts=cfg.cluster.max_restarts, restart_alone=list(facts.restartable_alone),
                              stopped_task_timeout=cfg.cluster.stopped_task_timeout, run_log=str(Path(run_dir) / "tfdistx.log"),
-                             evaluator=evaluator, preemption_grace=cfg.cluster.preemption_grace, notice=notice)
+                             evaluator=evaluator, preemption_grace=cfg.cluster.preemption_grace, notice=notice, elastic=rounds)
     if code == 130:  # Ctrl-C: the tasks stopped quietly (commands/task.py)
         print("tfdistx: interrupted", file=sys.stderr)
     if code:
         sys.exit(code)
     if mode == "evaluate":
         return json.loads(Path(run_dir, "evaluations.jsonl").read_text().splitlines()[-1])
+    if rounds:  # the chief wrote the summary of its last round; the launcher knows them all
+        summary = json.loads(Path(run_dir, "summary.json").read_text())
+        write_json(Path(run_dir, "summary.json"), {**summary, "rounds": json.loads(Path(rounds["rounds_file"]).read_text())})
     return objective_value(cfg.trainer.objective, json.loads(Path(run_dir, "summary.json").read_text()))

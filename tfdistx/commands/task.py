@@ -2,13 +2,16 @@
 started by the launcher with its TF_CONFIG. It does not compose: it reads
 the launcher's resolved config."""
 
+import json
 import logging
+import os
 import sys
 
 from omegaconf import OmegaConf
 
 from tfdistx.commands.common import one_line_errors
 from tfdistx.commands.execute import execute
+from tfdistx.config import elastic
 from tfdistx.sigterm import SigtermNotice
 
 
@@ -18,6 +21,8 @@ def main(argv) -> int:
     # and files it in logs/<task>.log (as Hydra's job_logging=stdout did).
     logging.basicConfig(stream=sys.stdout, level=logging.INFO, format="%(message)s")
     cfg = OmegaConf.load(config_path)  # cluster.launch=tf_config: placed by the launcher's TF_CONFIG
+    if elastic.is_elastic(cfg.cluster):  # this round's workers are those its TF_CONFIG lists (cluster/elastic.py)
+        elastic.for_round(cfg.cluster, len(json.loads(os.environ["TF_CONFIG"])["cluster"]["worker"]))
     try:
         with one_line_errors(), SigtermNotice() as notice:  # from here a SIGTERM is a preemption (sigterm.py)
             # The task's process ends with it (cli.end_process): its input pipelines need no teardown.
