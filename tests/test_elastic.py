@@ -28,11 +28,58 @@ def rounds(run_dir) -> list:
     return json.loads(path.read_text()) if path.exists() else []
 
 
+def workers(members: dict) -> int:
+    return sum(task.startswith("worker:") for task in members)
+
+
 def steps_said_in_round(run_dir, number: int) -> list:
     """The steps the chief logged after the launcher's line of round `number`."""
     text = (run_dir / "tfdistx.log").read_text() if (run_dir / "tfdistx.log").exists() else ""
     _, found, after = text.partition(f"tfdistx: round {number}:")
-    return [int(m) for m in re.findall(r"^\[worker:0\] step +(\d+)/", after, re.M)] if found else []
+    return [int(m) for m in re.findall(r"^\[(?:worker|chief):0\] step +(\d+)/", after, re.M)] if found else []
+
+
+def start_elastic(tmp_path, hosts: list, *args):
+    """The run, on `hosts` listed in tmp_path/hosts; its output in tmp_path/out.txt. Returns (process, hosts file)."""
+    listed = tmp_path / "hosts"
+    listed.write_text("\n".join(hosts) + "\n")
+    with open(tmp_path / "out.txt", "w") as out:
+        return start_tfdistx([*ARGS, *args, f"cluster.elastic.hosts={listed}", "cluster.elastic.join_grace=1", "cluster.elastic.lost_bound=1",
+                              "+callbacks.pace._target_=user_plugins.Pace", "+callbacks.pace.seconds=0.5"], tmp_path / "run", stdout=out), listed
+
+
+def lose_and_get_back(tmp_path, proc, listed, hosts: list, back=lambda: True) -> str:
+    """Round 1 trains; the last of `hosts` is lost for good (out of the list,
+    its processes killed); round 2 trains; the host is listed again (`back`:
+    what the run then does, waited for); the run ends, successfully. Its output."""
+    run_dir = tmp_path / "run"
+    try:
+        wait_until(lambda: max(steps_said_in_round(run_dir, 1), default=0) >= 2 * EVERY, 300, "round 1 trains", [proc])
+        listed.write_text("\n".join(hosts[:-1]) + "\n")
+        os.kill(worker_at(run_dir, hosts[-1]), signal.SIGKILL)
+        wait_until(lambda: steps_said_in_round(run_dir, 2), 300, "round 2 trains", [proc])
+        listed.write_text("\n".join(hosts) + "\n")
+        wait_until(back, 300, f"{hosts[-1]} is back", [proc])
+        proc.wait(timeout=300)
+    finally:
+        if proc.poll() is None:  # the test failed first
+            proc.kill()
+        proc.wait()
+    output = (tmp_path / "out.txt").read_text()
+    assert proc.returncode == 0, output[-4000:]
+    wait_until(lambda: not processes_of(run_dir), 30, "every task of every round gone")
+    return output
+
+
+def reached_again(run_dir) -> bool:
+    """After round 3 was said, a whole loop (from one step line of the chief's
+    own log, logs/chief-0.log, to the next) without a failed call to a worker."""
+    said = (run_dir / "tfdistx.log").read_text() if (run_dir / "tfdistx.log").exists() else ""
+    if "tfdistx: round 3:" not in said:
+        return False
+    done = len(re.findall(r"^\[chief:0\] step", said.partition("tfdistx: round 3:")[0], re.M))
+    loops = re.split(r"^step ", (run_dir / "logs" / "chief-0.log").read_text(), flags=re.M)[1:-1]  # each step line to the next
+    return any("Connection refused" not in loop for loop in loops[done:])
 
 
 def worker_at(run_dir, host: str) -> int:
@@ -49,29 +96,12 @@ def worker_at(run_dir, host: str) -> int:
 
 
 def test_a_multiworker_run_loses_a_host_goes_on_and_grows_back(tmp_path):
-    hosts = tmp_path / "hosts"
-    hosts.write_text("\n".join(HOSTS) + "\n")
-    run_dir, out = tmp_path / "run", open(tmp_path / "out.txt", "w")
-    proc = start_tfdistx([*ARGS, "strategy=multiworker", "cluster.workers=2:4", f"cluster.elastic.hosts={hosts}",
-                          "cluster.elastic.join_grace=1", "cluster.elastic.lost_bound=1",
-                          "+callbacks.pace._target_=user_plugins.Pace", "+callbacks.pace.seconds=0.5"], run_dir, stdout=out)
-    try:
-        wait_until(lambda: max(steps_said_in_round(run_dir, 1), default=0) >= 2 * EVERY, 300, "round 1 trains", [proc])
-        hosts.write_text("\n".join(HOSTS[:3]) + "\n")  # 127.0.0.4 is lost for good: out of the list, its processes killed
-        os.kill(worker_at(run_dir, HOSTS[3]), signal.SIGKILL)
-        wait_until(lambda: steps_said_in_round(run_dir, 2), 300, "round 2 (three workers) trains", [proc])
-        hosts.write_text("\n".join(HOSTS) + "\n")  # it is back
-        proc.wait(timeout=300)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        out.close()
-    output = (tmp_path / "out.txt").read_text()
-    assert proc.returncode == 0, output[-4000:]
+    run_dir = tmp_path / "run"
+    proc, listed = start_elastic(tmp_path, HOSTS, "strategy=multiworker", "cluster.workers=2:4")
+    output = lose_and_get_back(tmp_path, proc, listed, HOSTS)
 
     said = rounds(run_dir)
-    assert [len(r["members"]) for r in said] == [4, 3, 4], said
+    assert [workers(r["members"]) for r in said] == [4, 3, 4], said
     assert said[1]["reason"] == "lost worker:3 at 127.0.0.4" and said[2]["reason"] == "127.0.0.4 joined", said
     assert "127.0.0.4" not in said[1]["members"].values()
     assert re.search(r"^tfdistx: round 2: 4 -> 3 workers \(lost worker:3 at 127\.0\.0\.4\), resuming from step \d+$", output, re.M), output
@@ -101,3 +131,24 @@ def test_below_min_for_its_bound_stops_in_one_line_with_exit_9(tfdistx, tmp_path
     lines = [line for line in run.stderr.splitlines() if line.startswith("tfdistx: ") and not line.startswith("tfdistx: note:")]
     assert len(lines) == 1 and "fewer than cluster.elastic.min_workers=2 for 1s" in lines[0] and "exit 9" in lines[0], run
     assert not (run.dir / "checkpoints").exists() and not processes_of(run.dir)
+
+
+def test_a_parameter_server_run_drops_a_lost_worker_and_takes_it_back(tmp_path):
+    """ps1w3 at 2:3: the coordinator gives a lost worker's steps to the
+    others, without a checkpoint or a restart; back, the worker is started
+    in its place and given steps again. Asynchronous: which worker trains
+    which step is timing's, so the examples are counted in total."""
+    run_dir, steps = tmp_path / "run", 2 * STEPS  # time for the worker that comes back to start TensorFlow
+    proc, listed = start_elastic(tmp_path, HOSTS[:3], "strategy=parameter_server", "cluster=ps1w3", "cluster.workers=2:3",
+                                 f"trainer.steps={steps}")
+    output = lose_and_get_back(tmp_path, proc, listed, HOSTS[:3], back=lambda: reached_again(run_dir))
+
+    said = rounds(run_dir)
+    assert [workers(r["members"]) for r in said] == [3, 2, 3], said
+    assert [r["reason"] for r in said] == ["started", "lost worker:2 at 127.0.0.3", "worker:2 back at 127.0.0.3"], said
+    assert said[0]["members"]["chief:0"] == said[0]["members"]["ps:0"] == "127.0.0.1"
+    assert "going on after step" in output and "resuming" not in output, output[-4000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["step"] == steps and summary["rounds"] == said and not summary["resumed"]
+    assert steps_logged(run_dir) == list(range(EVERY, steps + 1, EVERY))
+    assert seen_counts(run_dir).sum() == steps * BATCH  # every step one batch, once

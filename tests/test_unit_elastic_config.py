@@ -6,7 +6,7 @@ on a real local cluster: test_elastic.py."""
 import pytest
 
 from config_helpers import compose_ok, refused
-from tfdistx.cluster.elastic import HostList, _choose
+from tfdistx.cluster.hosts import HostList, choose
 from tfdistx.commands.plan import describe
 from tfdistx.config import elastic
 
@@ -41,6 +41,12 @@ def test_an_elastic_run_composes_and_plan_shows_its_range_and_bounds(tmp_path, h
     line = next(line for line in describe(cfg).splitlines() if line.startswith("elastic"))
     assert f"2:4 workers, one per host listed in {hosts}" in line and "a lost host 7s" in line and "exit 9" in line, line
     assert not elastic.is_elastic(compose_ok(tmp_path / "run", "strategy=multiworker", "cluster=2x1").cluster)
+    # parameter servers: any batch (each step is one worker's whole batch)
+    cfg = compose_ok(tmp_path / "run", "strategy=parameter_server", "cluster=ps1w3", "cluster.elastic.min_workers=2",
+                     f"cluster.elastic.hosts={hosts}", "data.batch_size=32")
+    assert elastic.worker_range(cfg.cluster) == (2, 3)
+    elastic.for_round(cfg.cluster, 2)
+    assert cfg.cluster.name == "ps1w2"
 
 
 def test_a_round_s_task_config_is_its_topology(tmp_path, hosts):
@@ -54,7 +60,6 @@ def test_a_round_s_task_config_is_its_topology(tmp_path, hosts):
     (["strategy=mirrored", "cluster.elastic.min_workers=1"], "strategy='mirrored': trains in one process"),
     (["strategy=central_storage", "cluster.elastic.min_workers=1"], "strategy='central_storage': trains in one process"),
     (["strategy=tpu", "cluster.elastic.min_workers=1"], "strategy='tpu': trains in one process"),
-    (["strategy=parameter_server", "cluster=ps1w3", "cluster.elastic.min_workers=2"], "elastic parameter-server rounds are not built yet"),
     ([*ELASTIC, "data.service.workers=1"], "data.service.workers=1: a tf.data service job cannot re-form its trainers"),
     ([*ELASTIC, "cluster.evaluator=true"], "cluster.evaluator=True: the sidecar evaluator is not kept"),
     ([*ELASTIC, "cluster.launch=slurm"], "cluster.launch='slurm': elastic rounds (cluster.workers=2:4) are formed by tfdistx's local launcher"),
@@ -92,6 +97,6 @@ def test_the_host_list_is_read_from_a_file_or_a_command(tmp_path, capsys):
 
 
 def test_a_round_keeps_its_chief_first_and_takes_at_most_max():
-    assert _choose(["a", "b", "c", "d", "e"], None, 4) == ["a", "b", "c", "d"]
-    assert _choose(["c", "a", "b"], "a", 4) == ["a", "c", "b"]
-    assert _choose(["b", "c"], "a", 4) == []  # without the chief's host no round forms
+    assert choose(["a", "b", "c", "d", "e"], None, 4) == ["a", "b", "c", "d"]
+    assert choose(["c", "a", "b"], "a", 4) == ["a", "c", "b"]
+    assert choose(["b", "c"], "a", 4) == []  # without the chief's host no round forms

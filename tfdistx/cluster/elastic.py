@@ -20,91 +20,37 @@ to MAX, in the list's order. The launcher
   told to checkpoint and stop (SIGTERM: the preemption path, exit 42 at the
   next loop boundary), and the next round takes the host in.
 
+Under parameter servers the chief (the coordinator) and the ps tasks run on
+the chief's host. A lost worker is dropped without stopping the run
+(the coordinator gives its steps to the others) and, when its host is
+listed again, started again in its place (the coordinator takes it back);
+below MIN live workers, or on a new host, the coordinator checkpoints and a
+new round forms. A lost ps or coordinator is a restart from the checkpoint.
+
 Each round is said in one line (`round 2: 4 -> 3 workers (lost worker:3 at
 127.0.0.4), resuming from step 12`) and recorded in the rounds file
-(summary.json's `rounds`).
+(cluster/rounds.py; summary.json's `rounds`).
 
 In a test, hosts are loopback addresses (127.0.0.N) inside the launcher's
 private network namespace, and a host is lost by removing it from the list.
-No TensorFlow here, and no training code: the newest checkpoint's step is
-read from its file names.
+No TensorFlow here, and no training code.
 """
 
 import json
 import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
-from tfdistx.cluster.launch import (MAX_BACKOFF_SECONDS, NEVER_RESTART, QUICK_GRACE_SECONDS, _Budget, _exit_code, _forwarding_signals, _free_ports,
-                                    _loopback_up, _SaidOnce, _signal_group, _Task, _teardown)
+from tfdistx.cluster.hosts import HostList, choose
+from tfdistx.cluster.launch import (MAX_BACKOFF_SECONDS, NEVER_RESTART, QUICK_GRACE_SECONDS, _Budget, _exit_code, _forwarding_signals,
+                                    _free_ports, _loopback_up, _SaidOnce, _signal_group, _Task, _teardown)
+from tfdistx.cluster.rounds import Rounds
 from tfdistx.config.errors import EXIT_PREEMPTED, EXIT_TOO_FEW_WORKERS
-from tfdistx.engine.checkpoint_files import on_disk  # file names only: no TensorFlow
 
 POLL_SECONDS = 0.2
 HOSTS_EVERY_SECONDS = 1.0  # how often a running round reads the host list (a discovery command is run that often)
-DISCOVER_TIMEOUT_SECONDS = 30
-
-
-class HostList:
-    """The hosts workers may run on, read from a file or a discovery command
-    each time it is asked (one host a line; blank lines and # comments
-    skipped). A command that fails or hangs keeps the last list, said once."""
-
-    def __init__(self, path: Optional[str], command: Optional[str]):
-        self.path, self.command, self.last, self.failing = path, command, [], False
-
-    def read(self) -> List[str]:
-        try:
-            if self.path is not None:
-                text = Path(self.path).read_text()
-            else:
-                done = subprocess.run(self.command, shell=True, capture_output=True, text=True, timeout=DISCOVER_TIMEOUT_SECONDS)
-                if done.returncode != 0:
-                    raise OSError(f"exit code {done.returncode}: {done.stderr.strip()[:200]}")
-                text = done.stdout
-        except (OSError, subprocess.TimeoutExpired) as error:
-            if not self.failing:
-                where = self.path if self.path is not None else f"`{self.command}`"
-                _say(f"cannot read the hosts from {where} ({error}): keeping the last list, {', '.join(self.last) or 'empty'}")
-            self.failing = True
-            return list(self.last)
-        self.failing = False
-        hosts = []
-        for line in text.splitlines():
-            host = line.split("#", 1)[0].strip()
-            if host and host not in hosts:
-                hosts.append(host)
-        self.last = hosts
-        return hosts
-
-
-class Rounds:
-    """The rounds of the run, said and kept (the rounds file, written whole after each)."""
-
-    def __init__(self, path: str, checkpoint_dir: str):
-        self.path, self.checkpoint_dir = Path(path), checkpoint_dir
-        self.kept: List[dict] = json.loads(self.path.read_text()) if self.path.is_file() else []  # a rerun goes on counting
-
-    def start(self, members: List[str], reason: str, lost: Dict[str, str] = None) -> None:
-        step = newest_step(self.checkpoint_dir)
-        before = len(self.kept[-1]["members"]) if self.kept else None
-        number = len(self.kept) + 1
-        self.kept.append({"round": number, "members": {f"worker:{i}": host for i, host in enumerate(members)},
-                          "first_step": step + 1, "reason": reason})
-        tmp = self.path.with_name(f".{self.path.name}.tmp")
-        tmp.write_text(json.dumps(self.kept, indent=1))
-        tmp.replace(self.path)  # whole or not at all
-        size = f"{before} -> {len(members)}" if before is not None else f"{len(members)}"
-        start = f"resuming from step {step}" if step else "from step 0"
-        _say(f"round {number}: {size} workers ({reason}), {start}")
-
-
-def newest_step(checkpoint_dir: str) -> int:
-    paths = on_disk(checkpoint_dir) if Path(checkpoint_dir).is_dir() else []
-    return int(paths[-1].rsplit("-", 1)[1]) if paths else 0
 
 
 def supervise(spec: dict, isolated: bool) -> int:
@@ -114,8 +60,8 @@ def supervise(spec: dict, isolated: bool) -> int:
     if isolated:
         _loopback_up()
     elastic, _RUN_LOG = spec["elastic"], spec.get("run_log")
-    hosts = HostList(elastic.get("hosts"), elastic.get("discover"))
-    rounds = Rounds(elastic["rounds_file"], elastic["checkpoint_dir"])
+    hosts = HostList(elastic.get("hosts"), elastic.get("discover"), say=_say)
+    rounds = Rounds(elastic["rounds_file"], elastic["checkpoint_dir"], elastic["metrics_file"], say=_say)
     restarts = _Budget(spec.get("max_restarts", 0))
     with _forwarding_signals([]) as signals:
         members = _form(hosts, elastic, signals, chief=None)
@@ -123,8 +69,7 @@ def supervise(spec: dict, isolated: bool) -> int:
             return members
         reason = "started"
         while True:
-            rounds.start(members, reason)
-            code, lost, joined = _run_round(spec, members, hosts, signals)
+            code, lost, joined = Round(spec, members, rounds, reason).run(hosts, signals, restarts)
             if code == 0 or signals.received or code in NEVER_RESTART:
                 return code
             if not lost and not joined:  # a failure the hosts do not explain: a restart of the same round
@@ -159,7 +104,7 @@ def _form(hosts: HostList, elastic: dict, signals: _forwarding_signals, chief: O
     enough_since = None
     while True:
         listed = hosts.read()
-        chosen = _choose(listed, chief, high)
+        chosen = choose(listed, chief, high)
         if len(chosen) >= high:
             return chosen
         now = time.monotonic()
@@ -170,9 +115,8 @@ def _form(hosts: HostList, elastic: dict, signals: _forwarding_signals, chief: O
         else:
             enough_since = None
             if now - started >= elastic["below_min_timeout"]:
-                where = f"{elastic['hosts']}" if elastic.get("hosts") else f"`{elastic['discover']}`"
-                chief_note = f" (the chief's host {chief} among them)" if chief and chief not in listed else ""
-                _say(f"{len(chosen)} host(s) usable from {where}{chief_note}, fewer than cluster.elastic.min_workers={low} for "
+                chief_note = f" (the chief's host {chief} is not listed)" if chief and chief not in listed else ""
+                _say(f"{len(chosen)} host(s) usable from {hosts.where}{chief_note}, fewer than cluster.elastic.min_workers={low} for "
                      f"{elastic['below_min_timeout']:g}s (cluster.elastic.below_min_timeout): stopping (exit {EXIT_TOO_FEW_WORKERS}); "
                      "rerun the same command to resume from the newest checkpoint")
                 return EXIT_TOO_FEW_WORKERS
@@ -180,80 +124,128 @@ def _form(hosts: HostList, elastic: dict, signals: _forwarding_signals, chief: O
             return _exit_code(-signals.received[0])
 
 
-def _choose(listed: List[str], chief: Optional[str], most: int) -> List[str]:
-    """The chief's host first (it writes the run: it stays, and without it no round forms), then the others in list order."""
-    if chief is not None and chief not in listed:
-        return []
-    first = chief or (listed[0] if listed else None)
-    return ([first] + [host for host in listed if host != first])[:most] if first else []
+class Round:
+    """One round's tasks: a worker on each member host, and the chief and the
+    ps tasks (parameter servers) on the chief's host, the first member."""
 
+    def __init__(self, spec: dict, members: List[str], rounds: Rounds, reason: str):
+        self.spec, self.members, self.rounds = spec, members, rounds
+        self.primary, self.alone = spec["primary"], spec.get("restart_alone", [])
+        placed = {job: (members if job == "worker" else [members[0]] * n) for job, n in spec["counts"].items() if n}
+        ports = iter(_free_ports(sum(map(len, placed.values()))))
+        cluster = {job: [f"{host}:{next(ports)}" for host in on] for job, on in placed.items()}
+        refusals = _SaidOnce()
+        self.tasks = [_Task(job, index, cluster, spec["command"], Path(spec["log_dir"]), spec.get("run_log"), refusals,
+                            spec.get("task_env", {}))
+                      for job, on in placed.items() for index in range(len(on))]
+        self.host = {task.name: host for task, host in zip(self.tasks, [h for on in placed.values() for h in on])}
+        self.dropped: Dict[str, str] = {}  # parameter servers: workers lost while the coordinator goes on
+        rounds.start(self.workers_at(), reason)
 
-def _run_round(spec: dict, members: List[str], hosts: HostList, signals: _forwarding_signals) -> Tuple[int, Dict[str, str], List[str]]:
-    """Run one round to its end: (exit code, the lost workers {task: host}, the hosts that asked to join)."""
-    ports = _free_ports(len(members))
-    cluster = {"worker": [f"{host}:{port}" for host, port in zip(members, ports)]}
-    refusals = _SaidOnce()
-    tasks = [_Task("worker", index, cluster, spec["command"], Path(spec["log_dir"]), spec.get("run_log"), refusals,
-                   spec.get("task_env", {}))
-             for index in range(len(members))]
-    for task in tasks:
-        task.start()
-    signals.procs = [task.proc for task in tasks]
-    code, lost, joined = _watch(tasks, members, hosts, signals, spec["elastic"]["max"])
-    if code == 0 and not signals.received:
-        for task in tasks:
-            task.succeeded.set()
-    preempted = (signals.received and signal.SIGINT not in signals.received) or joined
-    _teardown(tasks, ["worker"], grace=spec.get("preemption_grace", 60) if preempted else QUICK_GRACE_SECONDS,
-              signalled=bool(signals.received or joined))
-    if signals.received:
-        own = [t.proc.returncode for t in tasks if t.proc.returncode not in (0, -signal.SIGKILL)]
-        code = _exit_code(own[0] if own else -signals.received[0])
-    elif joined and any(t.proc.returncode != EXIT_PREEMPTED for t in tasks):
-        joined = []  # a task did not checkpoint and leave as asked: a failure, not a growth
-        code = next(_exit_code(t.proc.returncode) for t in tasks if t.proc.returncode != EXIT_PREEMPTED)
-    for task in tasks:
-        for pump in task.pumps:
-            pump.join(timeout=5)
-    return code, lost, joined
+    def workers_at(self) -> Dict[str, str]:
+        """The round's live members, task -> host."""
+        return {name: host for name, host in self.host.items() if name not in self.dropped}
 
+    def run(self, hosts: HostList, signals: _forwarding_signals, restarts: _Budget) -> Tuple[int, Dict[str, str], List[str]]:
+        """To the round's end: (exit code, the lost workers {task: host}, the hosts that asked to join)."""
+        for task in self.tasks:
+            task.start()
+        signals.procs = [task.proc for task in self.tasks]
+        code, lost, joined = self._watch(hosts, signals, restarts)
+        if code == 0 and not signals.received:
+            for task in self.tasks:
+                task.succeeded.set()
+        asked = code == EXIT_PREEMPTED and not signals.received  # the launcher asked for a checkpoint: growth, or below MIN
+        preempted = (signals.received and signal.SIGINT not in signals.received) or asked
+        _teardown(self.tasks, self.primary, grace=self.spec.get("preemption_grace", 60) if preempted else QUICK_GRACE_SECONDS,
+                  signalled=bool(signals.received) or asked)
+        primaries = [t for t in self.tasks if t.job in self.primary]
+        if signals.received:
+            own = [t.proc.returncode for t in self.tasks if t.proc.returncode not in (0, -signal.SIGKILL)]
+            code = _exit_code(own[0] if own else -signals.received[0])
+        elif asked and any(t.proc.returncode != EXIT_PREEMPTED for t in primaries):
+            lost, joined = {}, []  # a trainer did not checkpoint and leave as asked: a failure
+            code = next(_exit_code(t.proc.returncode) for t in primaries if t.proc.returncode != EXIT_PREEMPTED)
+        for task in self.tasks:
+            for pump in task.pumps:
+                pump.join(timeout=5)
+        return code, lost, joined
 
-def _watch(tasks: List[_Task], members: List[str], hosts: HostList, signals: _forwarding_signals,
-           most: int) -> Tuple[int, Dict[str, str], List[str]]:
-    """Until the round ends: every worker done (0), a worker lost (its host
-    gone from the list, or its task dead), hosts asking to join (the tasks
-    told to checkpoint and stop), or a signal from outside."""
-    lost: Dict[str, str] = {}
-    next_read = 0.0
-    while not signals.received:
-        if time.monotonic() >= next_read:
-            next_read = time.monotonic() + HOSTS_EVERY_SECONDS
-            listed = hosts.read()
-            for task, host in zip(tasks, members):
-                if host not in listed and task.proc.poll() is None and task is not tasks[0]:
-                    _say(f"{host} left the host list: stopping {task.name}, which ran there")
-                    _signal_group(task.proc, signal.SIGKILL)  # what the host's loss would do
-                    lost[task.name] = host
-            joining = [host for host in listed if host not in members][:most - len(members)]
-            if joining and not lost and all(task.proc.poll() is None for task in tasks):
-                _say(f"{', '.join(joining)} listed: the workers checkpoint at their next loop boundary and stop, "
-                     f"for a round of {len(members) + len(joining)}")
-                for task in tasks:
-                    _signal_group(task.proc, signal.SIGTERM)
-                return EXIT_PREEMPTED, {}, joining
-        if all(task.proc.poll() == 0 for task in tasks):
-            return 0, {}, []
-        failed = [(task, host) for task, host in zip(tasks, members) if task.proc.poll() not in (None, 0)]
-        if failed:
-            task, host = min(failed, key=lambda pair: pair[0].proc.returncode >= 0)  # one killed by a signal is the cause
-            code = _exit_code(task.proc.returncode)
-            listed = hosts.read()
-            lost.update({t.name: h for t, h in zip(tasks, members) if h not in listed and t is not tasks[0]})
-            if not lost:
-                _say(f"task {task.name} exited with code {code}; stopping the round")
-            return code, lost, []
-        time.sleep(POLL_SECONDS)
-    return 0, lost, []
+    def _checkpoint_and_stop(self) -> None:
+        """The preemption path: the trainers save at their next loop boundary and exit 42."""
+        for task in self.tasks:
+            if task.proc.poll() is None:
+                _signal_group(task.proc, signal.SIGTERM)
+
+    def _watch(self, hosts: HostList, signals: _forwarding_signals, restarts: _Budget) -> Tuple[int, Dict[str, str], List[str]]:
+        """Until the round ends: the trainers done (0), a worker lost (its host
+        gone from the list, or its task dead) that the round cannot go on
+        without, hosts asking to join, too few workers left, or a signal."""
+        lost: Dict[str, str] = {}
+        elastic, chief_host = self.spec["elastic"], self.members[0]
+        next_read = 0.0
+        while not signals.received:
+            if time.monotonic() >= next_read:
+                next_read = time.monotonic() + HOSTS_EVERY_SECONDS
+                listed = hosts.read()
+                for task in self.tasks:
+                    host = self.host[task.name]
+                    if host == chief_host:  # fixed for the whole run
+                        continue
+                    if host not in listed and task.proc.poll() is None:
+                        _say(f"{host} left the host list: stopping {task.name}, which ran there")
+                        _signal_group(task.proc, signal.SIGKILL)  # what the host's loss would do
+                        task.proc.wait()
+                        if task.job in self.alone:
+                            self._drop(task, host)
+                        else:
+                            lost[task.name] = host
+                    elif host in listed and task.name in self.dropped:
+                        self._take_back(task, host, signals)
+                live = sum(name.startswith("worker:") for name in self.workers_at())
+                if self.dropped and live < elastic["min"]:
+                    _say(f"{live} live worker(s), fewer than cluster.elastic.min_workers={elastic['min']}: the trainers checkpoint and stop")
+                    self._checkpoint_and_stop()
+                    return EXIT_PREEMPTED, dict(self.dropped), []
+                joining = [host for host in listed if host not in self.members][:elastic["max"] - len(self.members)]
+                if joining and not lost and not self.dropped and all(task.proc.poll() is None for task in self.tasks):
+                    _say(f"{', '.join(joining)} listed: the trainers checkpoint at their next loop boundary and stop, "
+                         f"for a round of {len(self.members) + len(joining)} workers")
+                    self._checkpoint_and_stop()
+                    return EXIT_PREEMPTED, {}, joining
+            if all(task.proc.poll() == 0 for task in self.tasks if task.job in self.primary):
+                return 0, {}, []
+            failed = [task for task in self.tasks if task.proc.poll() not in (None, 0) and task.name not in self.dropped]
+            for task in [t for t in failed if t.job in self.alone and t.proc.returncode not in NEVER_RESTART]:
+                if self.host[task.name] not in hosts.read():  # its host is gone (the list said so after the task died)
+                    self._drop(task, self.host[task.name])
+                    failed.remove(task)
+                elif restarts.take():  # its host is still listed: restarted alone, as in a fixed cluster
+                    _say(f"task {task.name} exited with code {_exit_code(task.proc.returncode)}; restarting it alone "
+                         f"(restart {restarts.used} of {restarts.total})")
+                    task.start()
+                    signals.procs = [t.proc for t in self.tasks]
+                    failed.remove(task)
+            if failed:
+                task = min(failed, key=lambda t: t.proc.returncode >= 0)  # one killed by a signal is the cause
+                code = _exit_code(task.proc.returncode)
+                listed = hosts.read()
+                lost.update({t.name: h for t, h in zip(self.tasks, self.host.values()) if h not in listed and h != chief_host})
+                if not lost:
+                    _say(f"task {task.name} exited with code {code}; stopping the round")
+                return code, lost, []
+            time.sleep(POLL_SECONDS)
+        return 0, lost, []
+
+    def _drop(self, task: _Task, host: str) -> None:
+        self.dropped[task.name] = host
+        self.rounds.start(self.workers_at(), f"lost {task.name} at {host}", resumed=False)
+
+    def _take_back(self, task: _Task, host: str, signals: _forwarding_signals) -> None:
+        del self.dropped[task.name]
+        task.start()  # at its address: the coordinator gives it steps again
+        signals.procs = [t.proc for t in self.tasks]
+        self.rounds.start(self.workers_at(), f"{task.name} back at {host}", resumed=False)
 
 
 def _not_back(hosts: HostList, lost: Dict[str, str], bound: float, signals: _forwarding_signals) -> Dict[str, str]:

@@ -350,7 +350,9 @@ _ALWAYS_HARMLESS = re.compile(r"Failed to clear function handle cache: UNIMPLEME
 # ... and, once the run has succeeded, peers noticing that the cluster is going away.
 # TensorFlow's C++ log of a collective aborted because a peer is lost (its
 # cause is the one line tfdistx prints; a multi-line message's task list).
+# A parameter-server coordinator whose worker is gone (an elastic run's dropped worker) says the last of these at each loop.
 _HARMLESS_ONCE_DONE = re.compile(r"coordination service|unhealthy|heartbeat|Failed to send RPC|leader task|Error received from peer|"
+                                 r"This could happen if the remote target has been disconnected from the client|"
                                  r"Additional GRPC error information|failed to connect to all addresses|The tasks have crashed|"
                                  r"Collective ops is aborted|StartAbort|The error could be from a previous operation|"
                                  r"^/job:\w+/replica:\d+/task:\d+\s*$")

@@ -119,7 +119,7 @@ def _elastic_rounds(cfg: DictConfig, run_dir: str, mode: str) -> Optional[dict]:
     return {"min": low, "max": high, "hosts": keys.hosts, "discover": keys.discover, "join_grace": keys.join_grace,
             "lost_bound": keys.lost_bound, "below_min_timeout": keys.below_min_timeout,
             "checkpoint_dir": cfg.checkpoint.dir or str(Path(run_dir) / "checkpoints"),
-            "rounds_file": str(Path(run_dir) / "logs" / "rounds.json")}
+            "rounds_file": str(Path(run_dir) / "logs" / "rounds.json"), "metrics_file": str(Path(run_dir) / "metrics.jsonl")}
 
 
 def _run_local_cluster(cfg: DictConfig, run_dir: str, facts: strategies.Strategy, mode: str, step: Optional[int],

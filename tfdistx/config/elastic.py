@@ -70,9 +70,6 @@ def problems(cfg) -> List[Problem]:
     if not facts.multi_process:
         return [Problem("strategy", name, f"trains in one process, which cannot lose or gain a machine ({shown_range} is elastic): "
                         "use strategy=multiworker, or leave cluster.elastic.min_workers=null")]
-    if facts.asynchronous:
-        found.append(Problem("strategy", name, f"elastic parameter-server rounds are not built yet ({shown_range}): use "
-                             "strategy=multiworker, or cluster.elastic.min_workers=null (a lost worker is then restarted alone)"))
     if data_service.workers(cfg.data):
         found.append(Problem("data.service.workers", data_service.workers(cfg.data), f"a tf.data service job cannot re-form its "
                              f"trainers between rounds, nor resume exactly ({shown_range} is elastic): use data.service.workers=0"))

@@ -1,0 +1,55 @@
+"""The hosts an elastic run's workers may run on (cluster.elastic.hosts or
+.discover), and which of them a round takes. No TensorFlow here."""
+
+import subprocess
+import sys
+from pathlib import Path
+from typing import Callable, List, Optional
+
+DISCOVER_TIMEOUT_SECONDS = 30
+
+
+class HostList:
+    """The hosts, read from a file or a discovery command each time it is
+    asked (one host a line; blank lines and # comments skipped). A command
+    that fails or hangs keeps the last list, said once (`say`)."""
+
+    def __init__(self, path: Optional[str], command: Optional[str], say: Callable[[str], None] = None):
+        self.path, self.command, self.last, self.failing = path, command, [], False
+        self.say = say or (lambda text: print(f"tfdistx: {text}", file=sys.stderr, flush=True))
+
+    @property
+    def where(self) -> str:
+        return self.path if self.path is not None else f"`{self.command}`"
+
+    def read(self) -> List[str]:
+        try:
+            if self.path is not None:
+                text = Path(self.path).read_text()
+            else:
+                done = subprocess.run(self.command, shell=True, capture_output=True, text=True, timeout=DISCOVER_TIMEOUT_SECONDS)
+                if done.returncode != 0:
+                    raise OSError(f"exit code {done.returncode}: {done.stderr.strip()[:200]}")
+                text = done.stdout
+        except (OSError, subprocess.TimeoutExpired) as error:
+            if not self.failing:
+                self.say(f"cannot read the hosts from {self.where} ({error}): keeping the last list, {', '.join(self.last) or 'empty'}")
+            self.failing = True
+            return list(self.last)
+        self.failing = False
+        hosts = []
+        for line in text.splitlines():
+            host = line.split("#", 1)[0].strip()
+            if host and host not in hosts:
+                hosts.append(host)
+        self.last = hosts
+        return hosts
+
+
+def choose(listed: List[str], chief: Optional[str], most: int) -> List[str]:
+    """A round's hosts: the chief's first (it writes the run: it stays, and
+    without it no round forms), then the others in list order, at most `most`."""
+    if chief is not None and chief not in listed:
+        return []
+    first = chief or (listed[0] if listed else None)
+    return ([first] + [host for host in listed if host != first])[:most] if first else []
