@@ -3,10 +3,13 @@ the `cluster.elastic` keys, `--plan`'s line, and every run that cannot be
 elastic refused in one line before TensorFlow starts. The rounds themselves,
 on a real local cluster: test_elastic.py."""
 
+import json
+
 import pytest
 
 from config_helpers import compose_ok, refused
 from tfdistx.cluster.hosts import HostList, choose
+from tfdistx.cluster.rounds import Rounds
 from tfdistx.commands.plan import describe
 from tfdistx.config import elastic
 
@@ -100,3 +103,29 @@ def test_a_round_keeps_its_chief_first_and_takes_at_most_max():
     assert choose(["a", "b", "c", "d", "e"], None, 4) == ["a", "b", "c", "d"]
     assert choose(["c", "a", "b"], "a", 4) == ["a", "c", "b"]
     assert choose(["b", "c"], "a", 4) == []  # without the chief's host no round forms
+
+
+def test_a_task_a_scheduler_placed_is_refused_not_trained_on_max_workers(tmp_path, hosts):
+    cfg = compose_ok(tmp_path / "run", *ELASTIC, f"cluster.elastic.hosts={hosts}")
+    refused_here = elastic.placed_by_a_scheduler(cfg.cluster, launched_by_tfdistx=False)
+    assert len(refused_here) == 1 and "placed by a scheduler" in str(refused_here[0]), refused_here
+    assert elastic.placed_by_a_scheduler(cfg.cluster, launched_by_tfdistx=True) == []  # a round's task
+    assert elastic.placed_by_a_scheduler(compose_ok(tmp_path / "run", "strategy=multiworker", "cluster=2x1").cluster, False) == []
+
+
+def test_the_rounds_go_on_counting_and_a_damaged_record_is_kept_aside(tmp_path):
+    said = []
+    path = tmp_path / "rounds.json"
+    (tmp_path / "checkpoints").mkdir()
+    (tmp_path / "checkpoints" / "ckpt-12.index").touch()
+    Rounds(str(path), str(tmp_path / "checkpoints"), str(tmp_path / "metrics.jsonl"), said.append).start(
+        {"worker:0": "127.0.0.1", "worker:1": "127.0.0.2"}, "started")
+    again = Rounds(str(path), str(tmp_path / "checkpoints"), str(tmp_path / "metrics.jsonl"), said.append)
+    again.start({"worker:0": "127.0.0.1"}, "lost worker:1 at 127.0.0.2")
+    assert said == ["round 1: 2 workers (started), resuming from step 12",
+                    "round 2: 2 -> 1 workers (lost worker:1 at 127.0.0.2), resuming from step 12"]
+    assert [r["first_step"] for r in json.loads(path.read_text())] == [13, 13]
+    path.write_text("{not json")
+    Rounds(str(path), str(tmp_path / "checkpoints"), str(tmp_path / "metrics.jsonl"), said.append)
+    assert "cannot be read: kept as" in said[-1]
+    assert [p.read_text() for p in tmp_path.glob("rounds.replaced-*.json")] == ["{not json"] and not path.exists()

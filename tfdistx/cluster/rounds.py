@@ -12,12 +12,26 @@ from pathlib import Path
 from typing import Callable, Dict, List
 
 from tfdistx.engine.checkpoint_files import on_disk  # file names only: no TensorFlow
+from tfdistx.rundir import keep_aside
 
 
 class Rounds:
     def __init__(self, path: str, checkpoint_dir: str, metrics_file: str, say: Callable[[str], None]):
         self.path, self.checkpoint_dir, self.metrics_file, self.say = Path(path), checkpoint_dir, Path(metrics_file), say
-        self.kept: List[dict] = json.loads(self.path.read_text()) if self.path.is_file() else []  # a rerun goes on counting
+        self.kept: List[dict] = self._read()  # a rerun goes on counting
+
+    def _read(self) -> List[dict]:
+        """The rounds a run in this directory had; a file that cannot be read is kept aside, never written over."""
+        if not self.path.is_file():
+            return []
+        try:
+            kept = json.loads(self.path.read_text())
+            if isinstance(kept, list) and all(isinstance(r, dict) and isinstance(r.get("members"), dict) for r in kept):
+                return kept
+        except (OSError, ValueError):
+            pass
+        self.say(f"{self.path} cannot be read: kept as {keep_aside(self.path)}; counting rounds from 1")
+        return []
 
     def start(self, members: Dict[str, str], reason: str, resumed: bool = True) -> None:
         """A round of `members` (task -> host), formed for `reason`: it resumes

@@ -19,6 +19,7 @@ from tfdistx import machine
 from tfdistx.cluster import placement as cluster
 from tfdistx.cluster.evaluator import EVALUATOR
 from tfdistx.cluster.launch import run_local_cluster
+from tfdistx.cluster.rendezvous import LOCAL_CLUSTER_ENV
 from tfdistx.commands.ending import hold_until_exit
 from tfdistx.cluster.placement import Placement, Source
 from tfdistx.config import data_service, elastic, strategies, threads
@@ -48,6 +49,10 @@ def execute(cfg: DictConfig, run_dir: str, mode: str, step: Optional[int] = None
     not_exact = data_service.resume_warning(cfg.data, cfg.trainer.deterministic) if mode == "train" else None
     if not_exact and placement.is_chief and placement.source is not Source.LOCAL:  # once: by the trainer that writes the run
         warn(not_exact)
+    if placement.in_cluster:
+        refused = elastic.placed_by_a_scheduler(cfg.cluster, launched_by_tfdistx=bool(os.environ.get(LOCAL_CLUSTER_ENV)))
+        if refused:
+            raise ConfigError(refused)
     with retryable_exits_offset_by(cfg.cluster.retryable_exit_offset):
         if placement.source is Source.LOCAL:
             return _run_local_cluster(cfg, run_dir, facts, mode, step, notice)

@@ -120,6 +120,17 @@ def _batch_on_every_round(cfg, low: int, high: int) -> List[Problem]:
                     f"{', '.join(str(w * devices) for w in counts)} replicas: use a multiple of {whole}")]
 
 
+def placed_by_a_scheduler(cluster, launched_by_tfdistx: bool) -> List[Problem]:
+    """An elastic config in a task a scheduler placed (TF_CONFIG, Slurm, a
+    JobSet, with cluster.launch=auto): refused, as cluster.launch=tf_config
+    is, rather than trained on a fixed cluster of MAX workers unsaid. The
+    tasks of tfdistx's own local launcher (`launched_by_tfdistx`) are a round's."""
+    if not is_elastic(cluster) or launched_by_tfdistx:
+        return []
+    return [Problem("cluster.elastic.min_workers", cluster.elastic.min_workers, f"elastic rounds ({shown(cluster)}) are formed by "
+                    "tfdistx's local launcher, and this task was placed by a scheduler: leave cluster.elastic.min_workers=null here")]
+
+
 def plan_line(cluster) -> Optional[str]:
     """--plan's line of an elastic run; None when it is not elastic."""
     if not is_elastic(cluster):
