@@ -11,8 +11,9 @@ import re
 import signal
 
 import numpy as np
+import pytest
 
-from conftest import processes_of, start_tfdistx, steps_logged, wait_until
+from conftest import processes_of, start_tfdistx, steps_logged, task_pid, wait_until
 from engine_helpers import train
 from test_unit_topology_resume import PROBE, model_values, seen_counts
 
@@ -152,3 +153,30 @@ def test_a_parameter_server_run_drops_a_lost_worker_and_takes_it_back(tmp_path):
     assert summary["step"] == steps and summary["rounds"] == said and not summary["resumed"]
     assert steps_logged(run_dir) == list(range(EVERY, steps + 1, EVERY))
     assert seen_counts(run_dir).sum() == steps * BATCH  # every step one batch, once
+
+
+@pytest.mark.slow  # the path of a fixed cluster's restart (test_fault_tolerance), through the elastic launcher
+@pytest.mark.parametrize("topology, task", [(["strategy=multiworker", "cluster.workers=2:3"], "worker:1"),
+                                            (["strategy=parameter_server", "cluster=ps1w2", "cluster.workers=1:2"], "ps:0")],
+                         ids=["a worker", "a ps"])
+def test_a_task_lost_on_a_host_still_listed_restarts_the_round_from_the_checkpoint(tmp_path, topology, task):
+    """Not elastic: its host is still there, so the same round starts again
+    from the newest checkpoint (cluster.max_restarts). A ps always does: the
+    chief's host holds it, for the whole run."""
+    run_dir = tmp_path / "run"
+    proc, _ = start_elastic(tmp_path, HOSTS[:3], *topology, "cluster.max_restarts=1")
+    try:
+        wait_until(lambda: max(steps_said_in_round(run_dir, 1), default=0) >= 2 * EVERY, 300, "round 1 trains", [proc])
+        os.kill(task_pid(run_dir, task), signal.SIGKILL)
+        proc.wait(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+    output = (tmp_path / "out.txt").read_text()
+    assert proc.returncode == 0, output[-4000:]
+    said = rounds(run_dir)
+    assert [r["reason"] for r in said] == ["started", "restart 1 of 1 after exit code 137"], said
+    assert said[0]["members"] == said[1]["members"] and said[1]["first_step"] > 1
+    assert steps_logged(run_dir) == list(range(EVERY, STEPS + 1, EVERY))
+    assert seen_counts(run_dir).sum() == STEPS * BATCH
