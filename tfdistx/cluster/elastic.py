@@ -157,8 +157,10 @@ class Round:
                 task.succeeded.set()
         asked = code == EXIT_PREEMPTED and not signals.received  # the launcher asked for a checkpoint: growth, or below MIN
         preempted = (signals.received and signal.SIGINT not in signals.received) or asked
-        _teardown(self.tasks, self.primary, grace=self.spec.get("preemption_grace", 60) if preempted else QUICK_GRACE_SECONDS,
-                  signalled=bool(signals.received) or asked)
+        # A synchronous round that lost a worker has nothing to save (a checkpoint needs every worker), and a
+        # survivor blocked in a collective with the lost one can leave only by SIGKILL: no grace to wait out.
+        grace = self.spec.get("preemption_grace", 60) if preempted else 0 if lost and not self.alone else QUICK_GRACE_SECONDS
+        _teardown(self.tasks, self.primary, grace=grace, signalled=bool(signals.received) or asked)
         primaries = [t for t in self.tasks if t.job in self.primary]
         if signals.received:
             own = [t.proc.returncode for t in self.tasks if t.proc.returncode not in (0, -signal.SIGKILL)]
