@@ -129,3 +129,15 @@ def test_the_rounds_go_on_counting_and_a_damaged_record_is_kept_aside(tmp_path):
     Rounds(str(path), str(tmp_path / "checkpoints"), str(tmp_path / "metrics.jsonl"), said.append)
     assert "cannot be read: kept as" in said[-1]
     assert [p.read_text() for p in tmp_path.glob("rounds.replaced-*.json")] == ["{not json"] and not path.exists()
+
+
+@pytest.mark.parametrize("kind", ["tfjob", "jobset"])
+def test_an_elastic_run_is_not_exported_to_kubernetes(capsys, kind):
+    from tfdistx.commands import kubernetes
+
+    with pytest.raises(SystemExit) as leaving:
+        kubernetes.export(["strategy=multiworker", "cluster.workers=2:4", "cluster.elastic.discover=echo 127.0.0.1", "data.batch_size=24",
+                           "--image", "tfdistx:test"], kind)
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert leaving.value.code == 2 and len(lines) == 1, lines
+    assert lines[0].startswith("tfdistx: invalid config: cluster.elastic.min_workers=2: a " + kind + " has a fixed number of replicas")
