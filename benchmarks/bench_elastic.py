@@ -49,8 +49,9 @@ def measure(workers: int) -> dict:
                "data=synthetic", "data.batch_size=48", "trainer.steps=1000000", "trainer.steps_per_loop=1", "trainer.log_every=1",
                "trainer.eval_every=0", "checkpoint.every_steps=50", "checkpoint.export=false", "logger.tensorboard=false",
                f"hydra.run.dir={run_dir}"]
+        # TensorFlow's autograph files go to TMPDIR, and a killed task removes none: in the scratch dir, removed with it.
         proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
-                                start_new_session=True)
+                                start_new_session=True, env={**os.environ, "TMPDIR": scratch})
         try:
             wait_for(lambda: steps_in_round(run_dir, 1) >= 5, proc)
             lost = time.monotonic()

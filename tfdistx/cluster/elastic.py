@@ -101,7 +101,7 @@ def _form(hosts: HostList, elastic: dict, signals: _forwarding_signals, chief: O
     signal's code if one comes while waiting."""
     low, high = elastic["min"], elastic["max"]
     started = time.monotonic()
-    enough_since = None
+    enough_since, waiting_said = None, False
     while True:
         listed = hosts.read()
         chosen = choose(listed, chief, high)
@@ -114,6 +114,10 @@ def _form(hosts: HostList, elastic: dict, signals: _forwarding_signals, chief: O
                 return chosen
         else:
             enough_since = None
+            if not waiting_said:  # a wait of minutes, said once, so that a quiet terminal is not taken for a hang
+                _say(f"{len(chosen)} host(s) usable from {hosts.where}, fewer than cluster.elastic.min_workers={low}: waiting for more, "
+                     f"at most {elastic['below_min_timeout']:g}s (cluster.elastic.below_min_timeout)")
+                waiting_said = True
             if now - started >= elastic["below_min_timeout"]:
                 chief_note = f" (the chief's host {chief} is not listed)" if chief and chief not in listed else ""
                 _say(f"{len(chosen)} host(s) usable from {hosts.where}{chief_note}, fewer than cluster.elastic.min_workers={low} for "
