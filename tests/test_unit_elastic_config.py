@@ -141,3 +141,13 @@ def test_an_elastic_run_is_not_exported_to_kubernetes(capsys, kind):
     lines = capsys.readouterr().err.strip().splitlines()
     assert leaving.value.code == 2 and len(lines) == 1, lines
     assert lines[0].startswith("tfdistx: invalid config: cluster.elastic.min_workers=2: a " + kind + " has a fixed number of replicas")
+
+
+def test_summary_json_keeps_the_rounds_that_trained():
+    from tfdistx.commands.execute import with_rounds
+
+    rounds = [{"round": 1, "first_step": 1}, {"round": 2, "first_step": 13}]
+    summary = {"step": 48, "rounds": rounds}
+    rerun = rounds + [{"round": 3, "first_step": 49}]  # a rerun of the finished run: nothing trained
+    assert with_rounds(summary, rerun) == summary
+    assert with_rounds({"step": 96}, rerun)["rounds"] == rerun  # a rerun with more steps trains in round 3

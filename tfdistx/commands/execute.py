@@ -127,6 +127,13 @@ def _elastic_rounds(cfg: DictConfig, run_dir: str, mode: str) -> Optional[dict]:
             "rounds_file": str(Path(run_dir) / "logs" / "rounds.json"), "metrics_file": str(Path(run_dir) / "metrics.jsonl")}
 
 
+def with_rounds(summary: dict, rounds: list) -> dict:
+    """summary.json with an elastic run's `rounds`: those that trained a step
+    of it. A rerun of a finished run forms a round that trains nothing, and
+    leaves the summary as it was (nothing of a run is rewritten by a rerun)."""
+    return {**summary, "rounds": [r for r in rounds if r["first_step"] <= summary["step"]]}
+
+
 def _run_local_cluster(cfg: DictConfig, run_dir: str, facts: strategies.Strategy, mode: str, step: Optional[int],
                        notice: Optional[SigtermNotice]):
     """Every task runs this job from the resolved config written here, in
@@ -155,5 +162,7 @@ def _run_local_cluster(cfg: DictConfig, run_dir: str, facts: strategies.Strategy
         return json.loads(Path(run_dir, "evaluations.jsonl").read_text().splitlines()[-1])
     if rounds:  # the chief wrote the summary of its last round; the launcher knows them all
         summary = json.loads(Path(run_dir, "summary.json").read_text())
-        write_json(Path(run_dir, "summary.json"), {**summary, "rounds": json.loads(Path(rounds["rounds_file"]).read_text())})
+        trained = with_rounds(summary, json.loads(Path(rounds["rounds_file"]).read_text()))
+        if trained != summary:
+            write_json(Path(run_dir, "summary.json"), trained)
     return objective_value(cfg.trainer.objective, json.loads(Path(run_dir, "summary.json").read_text()))
