@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 from typing import Callable, Dict, List
 
-from tfdistx.engine.checkpoint_files import on_disk  # file names only: no TensorFlow
+from tfdistx.checkpoint_files import on_disk  # file names only: no TensorFlow
 from tfdistx.rundir import keep_aside
 
 

@@ -17,7 +17,7 @@ from tfdistx.commands.execute import execute
 from tfdistx.config.compose import saved_config, saved_overrides
 from tfdistx.config.errors import ConfigError
 from tfdistx.config.resolve import resolve
-from tfdistx.engine.checkpoint_files import find
+from tfdistx.checkpoint_files import find
 
 # What a run's checkpoints hold of its config: the model (every key of it) and the optimizer's kind (its slots); and the key naming each.
 HELD = {"model": ("model", "model._target_"), "optimizer": ("optimizer.name", "optimizer.name")}

@@ -12,7 +12,7 @@ from tfdistx.commands.common import one_line_errors, start_tensorflow
 from tfdistx.config.compose import saved_config
 from tfdistx.config.errors import ConfigError
 from tfdistx.config.resolve import resolve
-from tfdistx.engine.checkpoint_files import find
+from tfdistx.checkpoint_files import find
 from tfdistx.rundir import check_new_directory
 
 

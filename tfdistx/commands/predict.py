@@ -36,7 +36,7 @@ from tfdistx.config import datafiles
 from tfdistx.config.compose import saved_config, saved_overrides
 from tfdistx.config.errors import ConfigError
 from tfdistx.config.resolve import resolve
-from tfdistx.engine.checkpoint_files import find
+from tfdistx.checkpoint_files import find
 from tfdistx.rundir import PREDICTIONS, check_new_directory
 
 DEFAULT_BATCH = 512

@@ -25,7 +25,7 @@ import tensorflow as tf
 from tfdistx.config.errors import EXIT_NOT_RETRYABLE, ConfigError, RunFault
 from tfdistx.engine import resplit as resplit_lib
 from tfdistx.engine import topology as topology_lib
-from tfdistx.engine.checkpoint_files import BEST, find, on_disk  # noqa: F401 (find: the engine asks it here)
+from tfdistx.checkpoint_files import BEST, find, on_disk  # noqa: F401 (find: the engine asks it here)
 from tfdistx.rundir import cannot_write, keep_aside
 
 log = logging.getLogger(__name__)
