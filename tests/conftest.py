@@ -201,16 +201,6 @@ _PYTEST_TMP_ROOT_WAS_THERE = _PYTEST_TMP_ROOT.exists()
 # nothing. So this process and every one the tests start use a temp dir of
 # this session's, removed at its end. tmp_path stays in the system's (a failed
 # test's is kept to look at).
-# The suite runs in two pytest workers (-n 2), each training in-process or
-# starting tfdistx processes, and TensorFlow sizes its thread pools to every
-# core in each of those processes: on a 2-core machine they preempt one
-# another, and an in-process test took 10-25x longer inside the suite than
-# alone. One intra-op thread each (the inter-op pool at 2, TensorFlow's own
-# on 2 cores), as cluster.task_threads=auto gives a local cluster's tasks;
-# the same in every process a test starts, so both sides of a comparison run
-# alike. Set in your environment, yours win.
-os.environ.setdefault("TF_NUM_INTRAOP_THREADS", "1")
-os.environ.setdefault("TF_NUM_INTEROP_THREADS", "2")
 os.environ.setdefault("PYTEST_DEBUG_TEMPROOT", _SYSTEM_TMP)
 _SCRATCH = tempfile.mkdtemp(prefix="tfdistx-tests-")
 os.environ["TMPDIR"] = tempfile.tempdir = _SCRATCH
