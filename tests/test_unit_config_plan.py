@@ -109,6 +109,14 @@ def test_plan_line(configs, overrides, line):
     assert line in plan(configs, *overrides)
 
 
+@pytest.mark.parametrize("overrides", [[], ["strategy=mirrored"], ["strategy=multiworker", "cluster=2x1"],
+                                       ["strategy=parameter_server", "cluster=ps1w2"]])
+def test_plan_says_the_replicas_and_the_batch_once(configs, overrides):
+    lines = plan(configs, *overrides)
+    assert [line.split()[0] for line in lines].count("replicas") == 1, lines
+    assert [line.split()[0] for line in lines].count("batch") == 1, lines
+
+
 @pytest.mark.unit
 def test_plan_names_the_run_dir_and_a_local_clusters_logs(tmp_path):
     single = describe(compose_ok(tmp_path / "one")).splitlines()

@@ -45,11 +45,11 @@ def describe(cfg: DictConfig) -> str:
         note = " (one replica per worker without GPUs; W x GPUs with them)" if placement.source is not Source.SINGLE else ""
         lines.append(f"replicas      {replicas}{note}")
         lines.append(f"batch         global {batch}, per replica {batch // replicas if batch % replicas == 0 else 'does not divide!'}")
-    if facts.name == "multiworker":
-        lines.append(_collectives(cfg.strategy))
     else:
         lines.append("replicas      decided by the GPUs visible at start (else 1 per worker)")
         lines.append(f"batch         global {batch}, split evenly across the replicas")
+    if facts.name == "multiworker":
+        lines.append(_collectives(cfg.strategy))
     accumulate = cfg.trainer.accumulate_steps
     if accumulate > 1:
         lines.append(f"accumulate    {accumulate} batches of {batch} per step: the gradients of {batch * accumulate} examples, "
