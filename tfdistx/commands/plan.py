@@ -20,8 +20,8 @@ def describe(cfg: DictConfig) -> str:
         chosen += " (mirrored instead when several GPUs are visible)"
     lines = [f"strategy      {strategy}{chosen}: {facts.description}"]
     lines.append(f"cluster       {topo.name}: {topo.workers} worker(s) x {topo.devices_per_worker or 'all GPUs or 1 CPU'} device(s), {topo.ps} ps")
-    if elastic.plan_line(topo):
-        lines.append(elastic.plan_line(topo))
+    if elastic_line := elastic.plan_line(topo):
+        lines.append(elastic_line)
     lines.append(f"devices       {machine.describe()}")  # this machine's: each of a scheduler's hosts has its own
     if machine.conflict():
         lines.append(f"WARNING       {machine.conflict()}")

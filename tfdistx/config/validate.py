@@ -85,8 +85,8 @@ def _strategy_and_cluster(strategy: DictConfig, cluster: DictConfig) -> list:
     if topology.is_parameter_server_name(cluster.name) and cluster.ps < 1:
         problems.append(Problem("cluster", cluster.name, "a psPwW cluster needs at least one parameter server (P >= 1): "
                                 "use e.g. ps1w2, or cluster=2x1 for workers only"))
-    if threads.problem(cluster.get("task_threads", threads.AUTO)):
-        problems.append(threads.problem(cluster.task_threads))
+    if threads_problem := threads.problem(cluster.get("task_threads", threads.AUTO)):
+        problems.append(threads_problem)
     if cluster.launch not in LAUNCH_MODES:
         problems.append(Problem("cluster.launch", cluster.launch, f"allowed: {', '.join(LAUNCH_MODES)}"))
     if problems:
