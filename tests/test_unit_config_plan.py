@@ -109,6 +109,7 @@ def test_plan_line(configs, overrides, line):
     assert line in plan(configs, *overrides)
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("overrides", [[], ["strategy=mirrored"], ["strategy=multiworker", "cluster=2x1"],
                                        ["strategy=parameter_server", "cluster=ps1w2"]])
 def test_plan_says_the_replicas_and_the_batch_once(configs, overrides):
