@@ -35,10 +35,15 @@ class Trained:
         self.metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
     def weights(self) -> dict:
-        """The model's variables in the newest checkpoint, by name (the
-        checkpoint's object graph reaches them first through the optimizer)."""
+        """The model's trainable variables in the newest checkpoint, by name.
+        The checkpoint's object graph reaches them first through the
+        optimizer (a functional model's) or through the model's own
+        attributes (a subclassed model's), and names them by that path."""
         reader = tf.train.load_checkpoint(tf.train.latest_checkpoint(str(self.dir / "checkpoints")))
-        return {name: reader.get_tensor(name) for name in reader.get_variable_to_shape_map() if "/_trainable_variables/" in name}
+        names = reader.get_variable_to_shape_map()
+        through_optimizer = [name for name in names if "/_trainable_variables/" in name]
+        chosen = through_optimizer or [name for name in names if name.startswith("model/") and "seed_generator" not in name]
+        return {name: reader.get_tensor(name) for name in chosen}
 
 
 def train(run_dir, *overrides, sizes=SMALL) -> Trained:

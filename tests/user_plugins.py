@@ -320,3 +320,35 @@ class LinesLogger:
 
     def close(self):
         self.file.close()
+
+
+# -- the three ways Keras writes a model (issue 42): each trains, resumes and exports as a functional one does --
+
+
+class Subclassed(keras.Model):
+    """A subclassed model as Keras' guide writes one: sublayers made in
+    `__init__`, used in `call`, and a weight of its own made lazily in
+    `build()` (a learned scale per output), so no weight exists until the
+    model is first called."""
+
+    def __init__(self, num_outputs, hidden=32, **kwargs):
+        super().__init__(**kwargs)
+        self.flatten = keras.layers.Flatten()
+        self.hidden = keras.layers.Dense(hidden, activation="relu")
+        self.logits = keras.layers.Dense(num_outputs)
+        self.num_outputs = num_outputs
+
+    def build(self, input_shape):
+        self.scale = self.add_weight(shape=(self.num_outputs,), initializer="ones", name="scale")
+
+    def call(self, x):
+        return self.logits(self.hidden(self.flatten(x))) * self.scale
+
+
+def subclassed(num_outputs):
+    return Subclassed(num_outputs)
+
+
+def sequential_without_input(num_outputs):
+    """`keras.Sequential` without a `keras.Input`: its weights are made at its first call."""
+    return keras.Sequential([keras.layers.Flatten(), keras.layers.Dense(32, activation="relu"), keras.layers.Dense(num_outputs)])

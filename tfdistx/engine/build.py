@@ -9,6 +9,7 @@ a ConfigError, before the first step.
 """
 
 import logging
+import re
 from dataclasses import dataclass
 from typing import List, Optional
 
@@ -177,10 +178,38 @@ def build_source(spec: RunSpec) -> DataSource:
 
 
 def build_model(spec: RunSpec, feature_spec, num_outputs: int, **given) -> keras.Model:
-    """`given`: arguments in place of the config's (resplit's `shards`)."""
+    """The model, with its weights made. `given`: arguments in place of the
+    config's (resplit's `shards`).
+
+    A model whose weights exist when it is constructed (a functional model,
+    a `Sequential` with a `keras.Input`) is returned as it is. A subclassed
+    model, or a `Sequential` without an `Input`, makes its weights at its
+    first call, as Keras' `fit` has it do on the first batch: it is called
+    here once, on a batch of zeros of the data's shapes, so that the
+    optimizer and the checkpoint are made for the weights it trains (Keras'
+    optimizer refuses variables it was not built with). Called in the
+    caller's strategy scope: the weights are made where the strategy puts
+    them."""
     shape = tuple(feature_spec.shape) if isinstance(feature_spec, tf.TensorSpec) else None
-    return spec.model.build(expect=keras.Model, input_shape=shape, feature_spec=feature_spec,
-                            num_outputs=num_outputs, num_classes=num_outputs, **given)
+    model = spec.model.build(expect=keras.Model, input_shape=shape, feature_spec=feature_spec,
+                             num_outputs=num_outputs, num_classes=num_outputs, **given)
+    if not model.built:
+        try:
+            model(zeros_like_examples(feature_spec), training=False)
+        except Exception as error:
+            raise ConfigError.one("model", spec.model.path, f"does not fit data={spec.data.path} (features "
+                                  f"{_describe_features(feature_spec)}): its first call failed: {_first_line(error)}") from None
+    return model
+
+
+def zeros_like_examples(feature_spec, batch: int = 2):
+    """A batch of `batch` zero (or empty-string) examples of `feature_spec`
+    (a TensorSpec or a dict of them, one example's shape): what a model is
+    first called on to make its weights. Dimensions the data leaves open are 1."""
+    def zeros(spec):
+        shape = [batch, *(1 if size is None else size for size in spec.shape)]
+        return tf.fill(shape, "") if spec.dtype == tf.string else tf.zeros(shape, spec.dtype)
+    return tf.nest.map_structure(zeros, feature_spec)
 
 
 def model_from_checkpoint(spec: RunSpec, checkpoint_path: str):
@@ -255,16 +284,33 @@ def _check_model_takes_data(model, task, source, spec: RunSpec, num_outputs: int
         task.loss(labels, outputs)
         return labels, outputs
     except Exception as error:
-        reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         raise ConfigError.one("model", spec.model.path,
-                              f"does not fit data={spec.data.path} (features {_describe_features(features)}, "
-                              f"labels {tuple(labels.shape[1:])} {labels.dtype.name}): {reason[:300]}") from None
+                              f"does not fit data={spec.data.path} (features {_describe_features(features, batched=True)}, "
+                              f"labels {tuple(labels.shape[1:])} {labels.dtype.name}): {_first_line(error)}") from None
 
 
-def _describe_features(features) -> str:
+def _first_line(error: Exception) -> str:
+    """The line of an error that says what went wrong. Keras wraps an error
+    raised in a layer's call in a header (`Exception encountered when
+    calling X.call().`) with the cause below it, in bold: the cause is given."""
+    lines = [re.sub(r"\x1b\[[0-9;]*m", "", line).strip() for line in str(error).splitlines()]
+    lines = [line for line in lines if line]
+    if len(lines) > 1 and lines[0].startswith("Exception encountered when calling"):
+        return f"{_no_values(lines[1])} (in {lines[0].split('calling ', 1)[1].rstrip('.')})"
+    return _no_values(lines[0]) if lines else type(error).__name__
+
+
+def _no_values(line: str) -> str:
+    """A reason without the tensors' values Keras prints after it."""
+    return line.split(" Inputs received:")[0].split("<tf.Tensor")[0].rstrip(" :[(")[:300]
+
+
+def _describe_features(features, batched: bool = False) -> str:
+    """Features (tensors of a batch, or one example's specs) as shapes and dtypes of one example."""
+    one = lambda shape: tuple(shape[1:] if batched else shape)  # noqa: E731
     if isinstance(features, dict):
-        return "{" + ", ".join(f"{k}: {tuple(v.shape[1:])} {v.dtype.name}" for k, v in features.items()) + "}"
-    return f"{tuple(features.shape[1:])} {features.dtype.name}"
+        return "{" + ", ".join(f"{k}: {one(v.shape)} {v.dtype.name}" for k, v in features.items()) + "}"
+    return f"{one(features.shape)} {features.dtype.name}"
 
 
 def rng_states(model) -> list:

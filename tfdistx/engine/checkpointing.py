@@ -25,6 +25,7 @@ import tensorflow as tf
 from tfdistx.config.errors import EXIT_NOT_RETRYABLE, ConfigError, RunFault
 from tfdistx.engine import resplit as resplit_lib
 from tfdistx.engine import topology as topology_lib
+from tfdistx.internals import tensorflow as internals
 from tfdistx.checkpoint_files import BEST, find, on_disk  # noqa: F401 (find: the engine asks it here)
 from tfdistx.rundir import cannot_write, keep_aside
 
@@ -240,6 +241,9 @@ def _mismatch(path: str, checkpoint: tf.train.Checkpoint, error: Exception) -> s
     trainable = sorted((int(k.split("/")[2]), tuple(v)) for k, v in saved.items() if k.startswith("optimizer/_trainable_variables/"))
     here = [tuple(v.shape) for v in checkpoint.model.trainable_variables] if hasattr(checkpoint, "model") else []
     there = [shape for _, shape in trainable]
+    if not trainable and hasattr(checkpoint, "model"):  # a subclassed model's weights are reached through its attributes, by name
+        there = sorted(tuple(v) for k, v in saved.items() if k.startswith("model/"))
+        here = sorted(tuple(v.shape) for v in checkpoint.model.variables if not internals.is_seed_generator_state(v))
     if there != here:
         differ = [f"#{i}: {a} there, {b} here" for i, (a, b) in enumerate(zip(there, here)) if a != b][:3]
         what = (f"the model's weights differ: {len(there)} trainable variables there, {len(here)} here"
