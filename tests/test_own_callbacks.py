@@ -85,8 +85,10 @@ def test_a_project_with_its_own_callback_lion_csv_and_mlflow_stops_resumes_and_i
     finished(start(project, whole))
     summary = stopped_where_the_callback_said(whole)
     noted = [line.split() for line in (project / "notes.txt").read_text().splitlines()]  # the callback's own file
-    assert [int(step) for step, _ in noted] == list(range(20, summary["step"] + 1, 20))
-    assert [int(r["epoch"]) for r in csv.DictReader(open(project / "keras.csv"))] == [int(step) for step, _ in noted]
+    assert [int(epoch) for epoch, _ in noted] == list(range(summary["step"] // 20))  # Keras' epochs: one per record of 20 steps
+    rows = list(csv.DictReader(open(project / "keras.csv")))
+    assert [int(r["epoch"]) for r in rows] == [int(epoch) for epoch, _ in noted]
+    assert [int(float(r["step"])) for r in rows] == list(range(20, summary["step"] + 1, 20))
 
     killed = project / "killed"  # the same run, killed mid-run and run again: it resumes to the same weights
     proc = start(project, killed)
@@ -152,3 +154,19 @@ def test_a_terminal_shows_a_status_line_redrawn_in_place(tmp_path):
     assert len(status) >= 3, text[-2000:]  # redrawn after each call, and every second between
     assert "step 400/400" in status[-1] and "\r\x1b[Kstep 400/400  loss " in text
     assert text.rstrip("\r\n").count("\n") < len(status)  # in place: fewer lines than drawings
+
+
+def test_under_multiworker_a_callback_failing_on_the_chief_saves_with_every_worker_and_stops_them(tfdistx, tmp_path):
+    """The chief's callback raises at step 20 of 20 with no periodic save:
+    both workers save step 20 together (a save is collective) and stop; the
+    run exits 1 with the chief's line, and a rerun finds the run finished."""
+    args = ["strategy=multiworker", "cluster=2x1", "trainer.steps=20", "trainer.steps_per_loop=10", "trainer.log_every=10",
+            "checkpoint.every_steps=0", "logger.tensorboard=false", "data.train_examples=512", "data.eval_examples=64",
+            "+callbacks.x._target_=user_plugins.FailsIn", "+callbacks.x.hook=on_epoch_end", "+callbacks.x.step=20"]
+    run = tfdistx(*args, timeout=300)
+    assert run.returncode == 1, run
+    assert ("callbacks.x (user_plugins.FailsIn) raised RuntimeError in on_epoch_end at step 20: boom; the steps trained are saved "
+            "(step 20), and a rerun resumes from there") in run.stdout + run.stderr
+    assert sorted(p.name for p in (run.dir / "checkpoints").glob("ckpt-*.index")) == ["ckpt-20.index"]
+    again = tfdistx(*[a for a in args if "callbacks.x" not in a], timeout=300)
+    assert again.returncode == 0 and "nothing to train" in again.stdout + again.stderr, again

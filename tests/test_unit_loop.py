@@ -103,3 +103,15 @@ def test_step_lines_reach_the_runs_log_file_once(tmp_path, capsys):
     shown = capsys.readouterr().out.splitlines()
     assert shown[0] == "step 10/20  loss 1.5" and shown[1].startswith("step 20/20  loss 1.25")
     assert (tmp_path / "tfdistx.log").read_text().splitlines() == shown
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("steps, log_every, eval_every", [(250, 30, 100), (100, 10, 0), (95, 10, 25), (40, 40, 0), (12, 4, 6)])
+def test_keras_epochs_count_the_records_made_whatever_step_a_run_starts_from(steps, log_every, eval_every):
+    """records_until and epoch_start against the records counted one step at a time."""
+    schedule = Schedule(steps=steps, steps_per_loop=7, log_every=log_every, eval_every=eval_every)
+    records = [s for s in range(1, steps + 1) if schedule.logs_at(s) or schedule.evaluates_at(s)]
+    for step in range(steps + 1):
+        assert schedule.records_until(step) == sum(1 for r in records if r <= step)
+        assert schedule.epoch_start(step) == max([0, *(r for r in records if r <= step)])
+    assert schedule.records_until(steps) == len(records) and records[-1] == steps

@@ -299,7 +299,7 @@ class Pace(keras.callbacks.Callback):
 
 class Raises(keras.callbacks.Callback):
     def on_epoch_end(self, epoch, logs=None):
-        if epoch >= 20:
+        if logs["step"] >= 20:
             raise ValueError("the chat server said no")
 
 
@@ -352,3 +352,66 @@ def subclassed(num_outputs):
 def sequential_without_input(num_outputs):
     """`keras.Sequential` without a `keras.Input`: its weights are made at its first call."""
     return keras.Sequential([keras.layers.Flatten(), keras.layers.Dense(32, activation="relu"), keras.layers.Dense(num_outputs)])
+
+
+class Recorder(keras.callbacks.Callback):
+    """Notes every hook Keras calls, its numbers and its logs' keys, a JSON
+    line each in `path`: the same callback is run under Keras' fit and under
+    tfdistx, and the two records compared (test_unit_keras_callbacks.py)."""
+
+    HOOKS = ("on_train_begin", "on_train_end", "on_epoch_begin", "on_epoch_end", "on_train_batch_begin", "on_train_batch_end",
+             "on_test_begin", "on_test_end", "on_test_batch_begin", "on_test_batch_end")
+
+    def __init__(self, path):
+        super().__init__()
+        self.path = path
+        for hook in self.HOOKS:
+            setattr(self, hook, self._noting(hook))
+
+    def set_params(self, params):
+        super().set_params(params)
+        self._note(["set_params", {k: params.get(k) for k in ("epochs", "steps")}])
+
+    def _noting(self, hook):
+        def note(*args, **kwargs):
+            numbers = [a for a in args if isinstance(a, int)]
+            logs = kwargs.get("logs", next((a for a in args if isinstance(a, dict)), None))
+            self._note([hook, *numbers, sorted(logs) if logs is not None else None])
+        return note
+
+    def _note(self, line):
+        import json
+
+        with open(self.path, "a") as file:
+            file.write(json.dumps(line) + "\n")
+
+
+class FailsIn(keras.callbacks.Callback):
+    """Raises RuntimeError in `hook` once `step` steps are done (the steps
+    it knows of: the `step` of its last on_train_batch_end's logs)."""
+
+    def __init__(self, hook: str, step: int):
+        super().__init__()
+        self.done, self.step = 0, step
+        setattr(self, hook, self._failing(getattr(self, hook)))
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.done = logs["step"]
+
+    def _failing(self, hook):
+        def failing(*args):
+            hook(*args)
+            if self.done >= self.step:
+                raise RuntimeError("boom")
+        return failing
+
+
+class MyBackup(keras.callbacks.BackupAndRestore):
+    """A user's subclass of a callback tfdistx refuses by name."""
+
+
+def note_step(step, record, path):
+    """A tfdistx action as a plain function: a line per record in `path`."""
+    if record:
+        with open(path, "a") as file:
+            file.write(f"{step}\n")

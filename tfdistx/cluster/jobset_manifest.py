@@ -24,15 +24,15 @@ from typing import Dict, List, Optional, Sequence
 
 from tfdistx.cluster import jobset
 from tfdistx.cluster.kubernetes import CREATED_BY, DEFAULT_MOUNT_PATH, Pods
-from tfdistx.config.errors import EXIT_INVALID_CONFIG, EXIT_NOT_RETRYABLE, EXIT_UNSUPPORTED_VERSION
+from tfdistx.config.errors import PERMANENT
 
 JOBSET_API = "jobset.x-k8s.io/v1alpha2"
 TRAINER_API = "trainer.kubeflow.org/v1alpha1"
 CONTAINER = "tensorflow"
 TRAINER_CONTAINER = "node"  # the container Trainer v2 gives the TrainJob's image, args and resources
 ANCESTOR = "trainer.kubeflow.org/trainjob-ancestor-step"  # Trainer v2's label for the replicatedJob that trains
-# Exits a restart cannot cure: a crash (Python's 1), a bad config, a full disk, an unsupported version.
-PERMANENT_EXITS = (1, EXIT_INVALID_CONFIG, EXIT_NOT_RETRYABLE, EXIT_UNSUPPORTED_VERSION)
+# Exits a restart cannot cure (config/errors.py): a callback that raised or a crash (1), a bad config, a full disk, an unsupported version.
+PERMANENT_EXITS = PERMANENT
 # The longest pod hostname, <name>-dataworker-0-<index>, must stay a DNS label.
 MAX_NAME = 63 - len("-dataworker-0-99")
 

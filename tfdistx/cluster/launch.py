@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Dict, List, Optional
 
 from tfdistx.cluster import evaluator as sidecars  # the sidecar evaluator's task
-from tfdistx.config.errors import ConfigError
+from tfdistx.config.errors import PERMANENT, ConfigError
 from tfdistx.config.strategies import describe_jobs  # no training code: the job table's words
 from tfdistx.sigterm import SigtermNotice
 
@@ -38,11 +38,12 @@ log = logging.getLogger(__name__)
 
 QUICK_GRACE_SECONDS = 5  # between SIGTERM and SIGKILL after Ctrl-C, or when a task has died (a preemption has cluster.preemption_grace)
 MAX_BACKOFF_SECONDS = 30  # restarts wait 1, 2, 4, ... seconds, at most this
-# Invalid config, a full or read-only disk (config/errors.py), Ctrl-C: a
-# restart would fail the same way. A lost task (5), a preemption (42), a
-# cluster that did not form in time (4) or a port taken by another process
-# (6: a restart picks fresh ports) is worth another try.
-NEVER_RESTART = (2, 3, 130)
+# What a restart would fail the same way (config/errors.py's PERMANENT: a
+# callback or logger that raised, an invalid config, a full or read-only
+# disk, an install without an API tfdistx uses), and Ctrl-C. A lost task
+# (5), a preemption (42), a cluster that did not form in time (4) or a port
+# taken by another process (6: a restart picks fresh ports) is worth another try.
+NEVER_RESTART = (*PERMANENT, 130)
 
 
 def run_local_cluster(counts: Dict[str, int], command: List[str], log_dir: str, primary: List[str],

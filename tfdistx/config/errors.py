@@ -13,6 +13,7 @@ import contextlib
 from dataclasses import dataclass
 from typing import Any
 
+EXIT_PLUGIN_FAILED = 1  # a callback or logger of the user's raised: not retried (the same code would raise again)
 EXIT_INVALID_CONFIG = 2
 EXIT_NOT_RETRYABLE = 3  # a full or read-only disk: a restart would fail the same way
 EXIT_CLUSTER_DID_NOT_FORM = 4  # a task did not answer within cluster.startup_timeout
@@ -26,6 +27,9 @@ EXIT_PREEMPTED = 42
 # them, for a scheduler that retries only some codes: Kubernetes' restartPolicy
 # ExitCode retries 128-255 and treats 1-127 as permanent (kubernetes.py).
 RETRYABLE = (EXIT_CLUSTER_DID_NOT_FORM, EXIT_LOST_PEER, EXIT_PORT_IN_USE, EXIT_RUN_DIR_LOCKED, EXIT_PREEMPTED)
+# The codes no restart can cure: the same code, config, disk or install fails the same way again. The local
+# launcher never restarts them, and a JobSet's failure policy fails the set on them (jobset_manifest.py).
+PERMANENT = (EXIT_PLUGIN_FAILED, EXIT_INVALID_CONFIG, EXIT_NOT_RETRYABLE, EXIT_UNSUPPORTED_VERSION)
 RETRYABLE_EXIT_OFFSET_FOR_KUBERNETES = 128  # 42 -> 170, 4 -> 132, 5 -> 133, 6 -> 134, 7 -> 135
 MAX_RETRYABLE_EXIT_OFFSET = 255 - max(RETRYABLE)
 
@@ -62,6 +66,20 @@ class RunFault(Exception):
 
     def lines(self) -> list:
         return [f"tfdistx: {self}"]
+
+
+class PluginFailed(RunFault):
+    """A callback or logger (the user's code, or one tfdistx ships) raised.
+    `what`: the line naming it; the training loop adds what it kept of the
+    steps trained (`kept`) before the run stops."""
+
+    def __init__(self, what: str, kept: str = "the newest checkpoint is kept, and a rerun resumes from it"):
+        super().__init__(f"{what}; {kept}", EXIT_PLUGIN_FAILED)
+        self.what = what
+
+    def keeping(self, kept: str) -> "PluginFailed":
+        """The same failure, saying what was kept."""
+        return PluginFailed(self.what, kept).with_traceback(self.__traceback__)
 
 
 def offset_exit(code: int, offset: int) -> int:

@@ -15,7 +15,7 @@ from typing import Optional
 from omegaconf import DictConfig, OmegaConf
 
 from tfdistx import rundir
-from tfdistx.config import compute, data_service, elastic, optimizers, sources, strategies, tasks, threads, topology, warm_start
+from tfdistx.config import callbacks, compute, data_service, elastic, optimizers, sources, strategies, tasks, threads, topology, warm_start
 from tfdistx.config.errors import MAX_RETRYABLE_EXIT_OFFSET, ConfigError, Problem
 from tfdistx.config.objective import objective_problems, unevaluated_problems
 from tfdistx.config.schema import LAUNCH_MODES, LOGGER_DEFAULTS, Config
@@ -38,7 +38,7 @@ def validate(cfg: DictConfig, run_dir: Optional[str] = None) -> None:
     problems += task_problems or _objective(cfg.trainer.objective, cfg.task)  # the objective is checked against known metrics
     problems += _task_and_data(cfg.task, cfg.data) + _evaluated(cfg)
     problems += _checkpoint(cfg.checkpoint, run_dir)
-    problems += _targets(cfg)
+    problems += _targets(cfg) + callbacks.problems(cfg.get("callbacks"))
     problems += _logger(cfg.logger)
     if run_dir is not None:
         problems += writable("hydra.run.dir", run_dir) or _not_a_runs(run_dir, cfg.checkpoint.dir)

@@ -28,6 +28,7 @@ from tfdistx.data.files import input_errors_in_one_line
 from tfdistx.data.sources import DataSource, single_examples
 from tfdistx.engine import process, resplit, sharding, topology, xla
 from tfdistx.engine import strategy as strategy_lib
+from tfdistx.engine.callbacks import CallbackStates
 from tfdistx.engine.checkpointing import Checkpointer, ObjectiveState
 from tfdistx.engine.optim import LearningRateAtStep, build_optimizer, schedule
 from tfdistx.internals import tensorflow as internals
@@ -63,6 +64,7 @@ class Run:
     sample: tuple  # (labels, model outputs) of two training examples, to build the metrics with
     topology: dict  # what it runs on (engine/topology.py), recorded with each checkpoint
     train_variables: Optional[List[tf.Variable]] = None  # what the optimizer updates, when not the model's trainable ones (sharding.py)
+    callback_states: Optional[CallbackStates] = None  # the callbacks' own state, saved with the checkpoint (callbacks.py)
 
     @property
     def dir(self):
@@ -130,15 +132,16 @@ def build_run(spec: RunSpec, placement: Placement) -> Run:
         strategy=name, cluster=cluster.name, workers=workers, ps=cluster.ps, replicas=workers if facts.asynchronous else replicas,
         input_pipelines=workers, global_batch=global_batch, per_replica_batch=per_replica,
         learning_rate=learning_rate.peak)
+    callback_states = CallbackStates()
     checkpointer = Checkpointer(
         spec.checkpoint.dir, max_to_keep=spec.checkpoint.max_to_keep, is_chief=placement.is_chief, task_name=placement.task_name,
         model=model, optimizer=saved_optimizer, rng=rng_states(model), step=step_counter, objective=objective_state,
-        learning_rate_scale=learning_rate.scale,
-        optional=["objective", "learning_rate_scale"],  # checkpoints written before they were saved restore without them
+        learning_rate_scale=learning_rate.scale, callbacks=callback_states,
+        optional=["objective", "learning_rate_scale", "callbacks"],  # checkpoints written before they were saved restore without them
         topology=run_topology, resplit=_resplit(spec, model, feature_spec, num_outputs))
     return Run(spec, placement, facts, name, strategy, coordinator, task, source, model, optimizer, learning_rate, step_counter,
                checkpointer, objective_state, global_batch, per_replica, total_steps, learning_rate.peak,
-               jit, per_call, sample, run_topology, train_variables)
+               jit, per_call, sample, run_topology, train_variables, callback_states=callback_states)
 
 
 def _task_and_source(spec: RunSpec, global_batch: int):

@@ -2,76 +2,101 @@
 
 Each entry is a `_target_` built on the chief (where the run directory is
 written): either a Keras `keras.callbacks.Callback`, driven through its own
-hooks, or a tfdistx action with the loop's hooks (engine/loop.py: called
-with `(step, record)`; optional `before_loop`, `before_steps`,
-`after_steps`, `finish` and `stop_requested`).
+hooks as Keras' `fit` drives it (engine/keras_callbacks.py), or a tfdistx
+action with the loop's hooks (engine/loop.py: called with `(step,
+record)`; optional `before_loop`, `before_steps`, `after_steps`,
+`train_metrics`, `finish` and `stop_requested`). A plain function
+`(step, record)` is an action as it is, its keys bound.
 
-When a Keras callback's hooks run (the loop comes back to Python every
-`trainer.steps_per_loop` steps at most, as Keras' fit does every
-`steps_per_execution`):
+What Keras' shipped callbacks do here, and which tfdistx refuses because
+it does their job itself: config/callbacks.py (checked before TensorFlow
+starts; again here, for a subclass of one).
 
-    on_train_begin(logs={})            before the first step (also of a resumed run)
-    on_epoch_begin(epoch=step)         before the first call after a record
-    on_train_batch_begin(batch)        before each call of the steps; batch = steps done
-    on_train_batch_end(batch, logs)    after each call; batch = steps done - 1, logs = the record ({} between records)
-    on_epoch_end(epoch=step, logs)     at each record: every trainer.log_every steps, and at evaluations
-    on_train_end(logs)                 once the loop ends, with the last record
+A synchronous cluster's workers must stop, save and fail at the same step:
+the chief's callbacks and loggers decide, and the workers learn it with one
+small all-reduce (AgreeWithTheChief) per loop call when there are callbacks,
+per record otherwise; it carries a learning rate a callback set (Keras'
+ReduceLROnPlateau) to them as well.
 
-An "epoch" is the span between two records, named by its step (Keras'
-CSVLogger writes it in its `epoch` column). Logs name metrics as Keras does:
-`eval/loss` is `val_loss`, `lr` is `learning_rate`. The on_test_* and
-on_predict_* hooks are not called (tfdistx's evaluation is not Keras'):
-a callback that defines them is told so once. `self.model` is the model
-being trained, `self.model.optimizer` the run's optimizer (its
-`learning_rate` may be set: the schedule goes on scaled from there);
-setting `model.stop_training = True` ends the run at that step, as early
-stopping does (saved, exit 0, summary.json's `stopped_early`).
+A callback that raises stops the run with one line naming it and the hook
+(exit 1), after the steps trained are saved: a failure in a hook that runs
+before or between calls of the steps (on_train_begin, on_epoch_begin,
+on_train_batch_begin) is held until the steps of that call are done, so
+that every worker of a synchronous cluster saves at the same step.
 
-A synchronous cluster's workers must stop at the same step: the chief's
-callbacks decide, and the workers learn it with one small all-reduce per
-loop call (only when there are callbacks), which carries a learning rate
-a callback set (Keras' ReduceLROnPlateau) to them as well. A callback that
-raises stops the run with one line naming it; a rerun resumes from the
-newest checkpoint.
+Callbacks' own state (a Keras EarlyStopping's patience so far, a user's
+callback with `get_state()`/`set_state(state)` of JSON-able values) is
+saved with every checkpoint and given back on resume (CallbackStates).
 """
 
+import functools
+import inspect
+import json
 import logging
 from pathlib import Path
 from typing import Callable, Dict, List, Mapping, Optional
 
 import keras
+import tensorflow as tf
 
-from tfdistx.config.errors import ConfigError, RunFault
-from tfdistx.config.targets import Target
+from tfdistx.config import callbacks as keras_facts
+from tfdistx.config.errors import ConfigError, PluginFailed
+from tfdistx.config.targets import Target, locate
+from tfdistx.engine.keras_callbacks import KerasCallback, TrainedModel
 from tfdistx.engine.loop import Metrics, Schedule
 
 log = logging.getLogger(__name__)
 
-# A callback that raised: not retryable by a launcher (the same code would raise again), as an error no check foresaw.
-EXIT_CALLBACK_FAILED = 1
-_HOOKS = ("before_loop", "before_steps", "after_steps", "finish")  # and __call__
+_DEFERRED = ("before_loop", "before_steps", "after_steps", "train_metrics")  # held until the call's steps are done
 _NOT_CALLED = ("on_test_begin", "on_test_end", "on_test_batch_begin", "on_test_batch_end", "on_predict_begin", "on_predict_end",
                "on_predict_batch_begin", "on_predict_batch_end")
 
 
-def build(callbacks: Mapping[str, Target], model, optimizer, schedule: Schedule, run_dir: Path) -> List["Guarded"]:
-    """The user's callbacks as loop actions, in their order. A target that
-    takes `run_dir` is given the run directory."""
+def build(callbacks: Mapping[str, Target], model, optimizer, schedule: Schedule, run_dir: Path, states: "CallbackStates",
+          evaluates: bool) -> List["Guarded"]:
+    """The user's callbacks as loop actions, in their order, their state
+    given back from the checkpoint resumed from. A target that takes
+    `run_dir` is given the run directory. `evaluates`: whether the run has
+    eval data (its records then hold val_ metrics)."""
     actions, trained = [], TrainedModel(model, optimizer)
     for name, target in callbacks.items():
-        built = target.build(object, run_dir=run_dir)
+        built = _action_function(target) or target.build(object, run_dir=run_dir)
         if isinstance(built, keras.callbacks.Callback):
+            keras_classes = [cls.__name__ for cls in type(built).__mro__ if cls.__module__.startswith("keras.")]
+            refusal = keras_facts.refusal(keras_classes, target.kwargs)  # a subclass of one that config/ refuses by name
+            if refusal:
+                raise ConfigError.one(f"callbacks.{name}._target_", target.path, refusal)
             _say_what_is_not_called(name, built, schedule.steps_per_loop)
-            built = KerasCallback(built, trained)
+            built = KerasCallback(built, trained, schedule, evaluates)
         elif not callable(built):
             raise ConfigError.one(f"callbacks.{name}._target_", target.path, "must build a keras.callbacks.Callback or a tfdistx "
                                   "action: a callable (step, record) with the loop's optional hooks (docs/own-project.md)")
-        actions.append(Guarded(name, target.path, built))
+        guarded = Guarded(name, target.path, built)
+        states.track(name, guarded)
+        actions.append(guarded)
     return actions
 
 
+def _action_function(target: Target) -> Optional[Callable]:
+    """A plain function that takes (step, record) besides the keys given:
+    the action itself, its keys bound (not called to build one)."""
+    try:
+        function = locate(target.path)
+    except Exception:
+        return None  # target.build says why, in one line
+    if not inspect.isfunction(function):
+        return None
+    try:
+        left = inspect.signature(function).bind_partial(**target.kwargs).signature.parameters
+    except TypeError:
+        return None
+    required = [p for n, p in left.items() if n not in target.kwargs and p.default is p.empty
+                and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    return functools.partial(function, **target.kwargs) if len(required) == 2 else None
+
+
 def _say_what_is_not_called(name: str, callback, steps_per_loop: int) -> None:
-    own = lambda hook: getattr(type(callback), hook, None) is not getattr(keras.callbacks.Callback, hook)
+    own = lambda hook: getattr(type(callback), hook, None) is not getattr(keras.callbacks.Callback, hook)  # noqa: E731
     unused = [hook for hook in _NOT_CALLED if own(hook)]
     if unused:
         log.warning("callbacks.%s: %s not called: tfdistx evaluates without Keras' evaluate and predict", name, ", ".join(unused))
@@ -79,12 +104,6 @@ def _say_what_is_not_called(name: str, callback, steps_per_loop: int) -> None:
     if batch and steps_per_loop > 1:
         log.warning("callbacks.%s: %s run once per call of %d steps (trainer.steps_per_loop), not every step: "
                     "trainer.steps_per_loop=1 calls them every step", name, " and ".join(batch), steps_per_loop)
-
-
-def keras_logs(record: Metrics) -> Dict[str, float]:
-    """A record as Keras names its metrics in callbacks' logs."""
-    renamed = {"lr": "learning_rate"}
-    return {renamed.get(key, "val_" + key[len("eval/"):] if key.startswith("eval/") else key): value for key, value in record.items()}
 
 
 class CSVLogger(keras.callbacks.CSVLogger):
@@ -96,102 +115,128 @@ class CSVLogger(keras.callbacks.CSVLogger):
         super().__init__(str(Path(run_dir) / filename), separator=separator, append=append)
 
 
-class TrainedModel:
-    """The model a Keras callback sees as `self.model`: the model being
-    trained, with the run's optimizer as its `optimizer` (tfdistx never
-    compiles the model, and setting the attribute on it would add the
-    optimizer to the model's checkpointed children) and its own
-    `stop_training`; everything else is the model's."""
-
-    def __init__(self, model, optimizer):
-        self.trained, self.optimizer, self.stop_training = model, optimizer, False
-
-    def __getattr__(self, name):  # only what the lines above do not set
-        return getattr(self.trained, name)
-
-
-class KerasCallback:
-    """A Keras callback driven by the loop's hooks (the table above)."""
-
-    def __init__(self, callback, model):
-        self.callback, self.model = callback, model
-        callback.set_model(model)
-        self.last: Metrics = {}
-        self.epoch_open = self.stopped = False
-
-    def before_loop(self, step: int) -> None:
-        self.callback.on_train_begin({})
-
-    def before_steps(self, step: int) -> None:
-        if not self.epoch_open:
-            self.callback.on_epoch_begin(step)
-            self.epoch_open = True
-        self.callback.on_train_batch_begin(step)
-
-    def __call__(self, step: int, record: Metrics) -> None:
-        logs = keras_logs(record)
-        stopping = self.model.stop_training  # the model's flag is every callback's: this one's stop is the change it made
-        self.callback.on_train_batch_end(step - 1, logs)
-        if logs:
-            self.callback.on_epoch_end(step, logs)
-            self.last, self.epoch_open = logs, False
-        self.stopped = self.stopped or (self.model.stop_training and not stopping)
-
-    def finish(self, step: int) -> None:
-        self.callback.on_train_end(self.last)
-
-    @property
-    def stop_requested(self) -> Optional[str]:
-        return f"{type(self.callback).__name__} set model.stop_training" if self.stopped else None
-
-
 class Guarded:
-    """A callback as a loop action: each hook it has is called, and one that
-    raises stops the run with one line naming the callback."""
+    """A callback as a loop action: each hook it has is called, and one
+    that raises stops the run with one line naming the callback. A failure
+    before or between the steps is held until the call's steps are done
+    (the next `__call__`): the loop then saves, in step with every worker."""
 
     def __init__(self, name: str, path: str, action):
         self.name, self.path, self.action = name, path, action
-        for hook in _HOOKS:
+        self.held: Optional[PluginFailed] = None
+        for hook in _DEFERRED:
             if hasattr(action, hook):
-                setattr(self, hook, self._guard(getattr(action, hook)))
+                setattr(self, hook, self._held(getattr(action, hook)))
+        if hasattr(action, "finish"):
+            self.finish = lambda step: self._raising(action.finish, step)
         if hasattr(action, "next_stop"):  # when the action must be called (the loop stops there)
             self.next_stop = action.next_stop
 
     def __call__(self, step: int, record: Metrics) -> None:
-        self._guard(self.action)(step, record)
+        if self.held:
+            raise self.held
+        self._raising(self.action, step, record)
 
     @property
     def stop_requested(self) -> Optional[str]:
         reason = getattr(self.action, "stop_requested", None)
         return f"callbacks.{self.name}: {reason}" if reason else None
 
-    def _guard(self, call: Callable) -> Callable:
-        def guarded(*args):
-            try:
-                return call(*args)
-            except Exception as error:
-                message = str(error).strip().splitlines()[0] if str(error).strip() else ""
-                raise RunFault(f"callbacks.{self.name} ({self.path}) raised {type(error).__name__} at step {args[0]}"
-                               f"{': ' + message[:300] if message else ''}; the newest checkpoint is kept, and a rerun resumes from it",
-                               EXIT_CALLBACK_FAILED) from error
-        return guarded
+    def get_state(self) -> Optional[dict]:
+        return self.action.get_state() if hasattr(self.action, "get_state") else None
+
+    def set_state(self, state: dict) -> None:
+        try:
+            self.action.set_state(state)
+        except Exception as error:
+            raise self._failure(error, "set_state", None) from error
+
+    def _raising(self, call: Callable, step: int, *args) -> None:
+        try:
+            call(step, *args)
+        except Exception as error:
+            raise self._failure(error, getattr(self.action, "hook", None), step) from error
+
+    def _held(self, call: Callable) -> Callable:
+        def held(step: int, *args):
+            if self.held is None:
+                try:
+                    call(step, *args)
+                except Exception as error:
+                    self.held = self._failure(error, getattr(self.action, "hook", None), step)
+                    self.held.__cause__ = error
+        return held
+
+    def _failure(self, error: Exception, hook: Optional[str], step: Optional[int]) -> PluginFailed:
+        message = str(error).strip().splitlines()[0] if str(error).strip() else ""
+        where = (f" in {hook}" if hook else "") + (f" at step {step}" if step is not None else "")
+        return PluginFailed(f"callbacks.{self.name} ({self.path}) raised {type(error).__name__}{where}"
+                            f"{': ' + message[:300] if message else ''}")
 
 
 class AgreeWithTheChief:
     """After the callbacks, on every task of a synchronous cluster: what the
-    chief's callbacks did becomes every task's, at this step: a stop one of
-    them asked for, and a learning rate one of them set (`scale`: the
-    rate's scale variable, optim.LearningRateAtStep). `share(values)`: the
-    values summed over the tasks, by one small all-reduce (preemption.sum_over_tasks)."""
+    chief's callbacks and loggers did becomes every task's, at this step: a
+    stop one of them asked for, a learning rate one of them set (`scale`:
+    the rate's scale variable, optim.LearningRateAtStep), and a failure
+    (every task then saves the steps trained, and stops). `share(values)`:
+    the values summed over the tasks, by one small all-reduce
+    (preemption.sum_over_tasks), at every call when there are callbacks
+    (`every_call`), else at records only (loggers run only then)."""
 
-    def __init__(self, share: Callable[[List[float]], List[float]], callbacks: List[Guarded], scale, is_chief: bool):
-        self.share, self.callbacks, self.scale, self.is_chief = share, callbacks, scale, is_chief
+    def __init__(self, share: Callable[[List[float]], List[float]], callbacks: List[Guarded], scale, is_chief: bool, every_call: bool):
+        self.share, self.callbacks, self.scale, self.is_chief, self.every_call = share, callbacks, scale, is_chief, every_call
         self.stop_requested: Optional[str] = None
+        self.shared_at: Optional[int] = None
+        self.finished = False
 
     def __call__(self, step: int, record: Metrics) -> None:
+        if self.every_call or record:
+            self._agree(step, failed=False)
+
+    def failed(self, step: int) -> None:
+        """The chief's callback or logger raised at `step`: the workers learn it (it is their turn to share)."""
+        if self.shared_at != step and not self.finished:
+            self._agree(step, failed=True)
+
+    def finish(self, step: int) -> None:
+        self.finished = True  # the loop has ended: no task shares any more
+
+    def _agree(self, step: int, failed: bool) -> None:
         asked = [callback.stop_requested for callback in self.callbacks if callback.stop_requested]
-        stop, scale = self.share([float(bool(asked)), float(self.scale.numpy()) if self.is_chief else 0.0])
+        stop, scale, chief_failed = self.share([float(bool(asked)), float(self.scale.numpy()) if self.is_chief else 0.0, float(failed)])
+        self.shared_at = step
+        if chief_failed and not failed:  # a worker: the chief's line names what failed; the loop saves with it, then stops
+            raise PluginFailed(f"the chief's callbacks or loggers failed at step {step} (the chief's line names them)")
         if float(self.scale.numpy()) != scale:
             self.scale.assign(scale)
         if stop and not asked:
             self.stop_requested = "a callback of the chief asked to stop"
+
+
+class CallbackStates(tf.train.experimental.PythonState):
+    """The callbacks' own state, saved with every checkpoint as one JSON
+    string (a checkpoint of the same object graph on every task: the
+    workers, which build no callbacks, save what they restored). Keras
+    gives a callback no way to save its state, and `fit` forgets it on a
+    restart (keras-team/keras#17012); tfdistx resumes everything else
+    exactly, so its callbacks too."""
+
+    def __init__(self):
+        self.restored: Dict[str, dict] = {}
+        self.tracked: Dict[str, Guarded] = {}
+
+    def track(self, name: str, callback: Guarded) -> None:
+        self.tracked[name] = callback
+        if name in self.restored:
+            callback.set_state(self.restored[name])
+
+    def serialize(self) -> str:
+        states = {name: callback.get_state() for name, callback in self.tracked.items()} if self.tracked else dict(self.restored)
+        try:
+            return json.dumps({name: state for name, state in states.items() if state is not None})
+        except (TypeError, ValueError) as error:
+            raise PluginFailed(f"callbacks: a get_state() returned what JSON cannot hold ({error})") from error
+
+    def deserialize(self, string) -> None:
+        self.restored = json.loads(string.numpy() if hasattr(string, "numpy") else string)

@@ -92,8 +92,10 @@ def train_loop(run: Run, runner: StepRunner, start: Start, notice: SigtermNotice
                             config=_plain(spec.config)) as sinks:
         # A SIGTERM checkpoints and exits 42 (parameter servers: the coordinator saves alone).
         preemption = PreemptionWatcher(run.strategy, run.checkpointer, synchronous_cluster, notice)
-        actions = [Log(sinks), *([start.tracker] if start.tracker else []),  # the tracker before the saves: they carry its state
-                   *users_callbacks(run, schedule, synchronous_cluster),
+        # The tracker first: it may save the best checkpoint, which every worker of a synchronous cluster does
+        # at once, so no action that only the chief runs (its loggers, its callbacks) may come before it; and
+        # before the saves, which carry its state.
+        actions = [*([start.tracker] if start.tracker else []), Log(sinks), *users_callbacks(run, schedule, synchronous_cluster),
                    SaveCheckpoints(run.checkpointer, spec.checkpoint.every_steps), CheckPreemption(preemption)]
         profile = profile_steps(run)
         with contextlib.closing(profile) if profile else contextlib.nullcontext():  # a failed run's trace is kept too
@@ -103,10 +105,13 @@ def train_loop(run: Run, runner: StepRunner, start: Start, notice: SigtermNotice
 
 def users_callbacks(run: Run, schedule: Schedule, synchronous_cluster: bool) -> list:
     """The `callbacks` group's, built on the chief (engine/callbacks.py);
-    in a synchronous cluster, every task follows what they did."""
-    built = callbacks.build(run.spec.callbacks, run.model, run.optimizer, schedule, run.dir) if run.placement.is_chief else []
-    if synchronous_cluster and run.spec.callbacks:
-        return [*built, callbacks.AgreeWithTheChief(sum_over_tasks(run.strategy), built, run.learning_rate.scale, run.placement.is_chief)]
+    in a synchronous cluster, every task follows what they and the chief's
+    loggers did (a stop, a learning rate, a failure)."""
+    built = callbacks.build(run.spec.callbacks, run.model, run.optimizer, schedule, run.dir, run.callback_states,
+                            evaluates=run.source.eval is not None) if run.placement.is_chief else []
+    if synchronous_cluster:
+        return [*built, callbacks.AgreeWithTheChief(sum_over_tasks(run.strategy), built, run.learning_rate.scale,
+                                                    run.placement.is_chief, every_call=bool(run.spec.callbacks))]
     return built
 
 

@@ -15,11 +15,16 @@ It knows no TensorFlow and no Hydra: a runner, a step counter with
 drive it.
 """
 
+import logging
+import math
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Dict, Iterable, List, Optional, Protocol
 
+from tfdistx.config.errors import PluginFailed
+
 Metrics = Dict[str, float]
+log = logging.getLogger(__name__)
 
 
 class Action(Protocol):
@@ -31,9 +36,15 @@ class Action(Protocol):
     the runner, with the step counter then (what brackets the steps
     themselves, and not the evaluation, logging or saving between them),
     `before_loop(step)`, called once before the first call of the runner,
-    `finish(step)`, called once when the loop ends, and `stop_requested`: a
+    `finish(step)`, called once when the loop ends, `stop_requested`: a
     reason (a str) when the action wants the run to end at this step,
-    checked after every action has been called."""
+    checked after every action has been called, `train_metrics(step,
+    metrics)`: called after each call of the runner with the training
+    metrics since the last record (what Keras' `fit` gives its batch hooks),
+    and `failed(step)`: called, in order, when an action raised
+    PluginFailed at `step` (a callback or a logger that failed), before
+    the loop stops with it; it may return what it kept of the steps
+    trained (a saved checkpoint), which the failure's line then says."""
 
     def __call__(self, step: int, record: Metrics) -> None: ...
 
@@ -58,20 +69,45 @@ class Log:
 
 
 class SaveCheckpoints:
-    """`checkpointer.save(step)` every `every` steps (0: only at the end) and at the end."""
+    """`checkpointer.save(step)` every `every` steps (0: only at the end), at
+    the end, and when a callback or logger failed (the steps trained since
+    the last save are kept). Never a state whose training loss is no longer
+    a number (NaN or infinite, since the last record): that save would
+    replace the last good checkpoint, or rotate it out (max_to_keep), with
+    weights nothing can resume from; the newest checkpoint stays the last
+    good one, and the log says so once."""
 
     def __init__(self, checkpointer, every: int):
         self.checkpointer, self.every = checkpointer, every
+        self.broken_since: Optional[int] = None  # the first step whose loss was not a number
 
     def next_stop(self, step: int) -> Optional[int]:
         return _next_multiple(step, self.every) if self.every else None
 
+    def train_metrics(self, step: int, metrics: Metrics) -> None:
+        loss = metrics.get("loss")
+        if self.broken_since is None and loss is not None and not math.isfinite(loss):
+            self.broken_since = step
+            log.warning("step %d: the loss is %s; no checkpoint is saved from here on (the newest stays %s)",
+                        step, loss, self._newest())
+
     def __call__(self, step: int, record: Metrics) -> None:
-        if self.every and step % self.every == 0:
+        if self.every and step % self.every == 0 and self.broken_since is None:
             self.checkpointer.save(step)
 
     def finish(self, step: int) -> None:
+        if self.broken_since is None:
+            self.checkpointer.save(step)
+
+    def failed(self, step: int) -> str:
+        if self.broken_since is not None:
+            return f"step {step} is not saved (the loss is not a number): the newest checkpoint is kept, and a rerun resumes from it"
         self.checkpointer.save(step)
+        return f"the steps trained are saved (step {step}), and a rerun resumes from there"
+
+    def _newest(self) -> str:
+        saved = self.checkpointer.last_saved
+        return f"the one at step {saved}" if saved is not None else "the one this run started from, if any"
 
 
 class CheckPreemption:
@@ -166,6 +202,32 @@ class Schedule:
     def evaluates_at(self, step: int) -> bool:
         return bool(self.eval_every and step % self.eval_every == 0) or step == self.steps
 
+    def records_at(self, step: int) -> bool:
+        """Whether the loop makes a record at `step` (it logs or evaluates there)."""
+        return self.logs_at(step) or self.evaluates_at(step)
+
+    def records_until(self, step: int) -> int:
+        """How many records the steps 1..`step` make: the Keras epoch that
+        begins after `step` is numbered so (epochs 0, 1, 2 ..., one per
+        record), on a resumed run too, whatever stopped it where."""
+        if step <= 0:
+            return 0
+        made = step // self.log_every
+        if self.eval_every:
+            made += step // self.eval_every - step // math.lcm(self.log_every, self.eval_every)
+        if step >= self.steps and self.steps % self.log_every and not (self.eval_every and self.steps % self.eval_every == 0):
+            made += 1  # the last step records, whatever the cadence
+        return made
+
+    def epoch_start(self, step: int) -> int:
+        """The step after which the epoch holding step + 1 began: the last record at or before `step` (0: none)."""
+        starts = [step // self.log_every * self.log_every]
+        if self.eval_every:
+            starts.append(step // self.eval_every * self.eval_every)
+        if step >= self.steps:
+            starts.append(self.steps)
+        return max(starts)
+
 
 @dataclass
 class Result:
@@ -200,7 +262,9 @@ class Loop:
         step = int(self.step_counter.numpy())
         result = Result(step=step)
         window, window_time, evaluated_at = None, 0.0, None
+        epoch = None  # the metrics' state since the last record (a Keras epoch), for the actions that take train_metrics
         steady_examples, steady_time, first_call = 0.0, 0.0, True
+        watching = [action for action in self.actions if hasattr(action, "train_metrics")]
         self._each("before_loop", step)
 
         while step < schedule.steps:
@@ -218,6 +282,11 @@ class Loop:
                 steady_examples += runner.examples(totals)
                 steady_time += elapsed
             first_call = False
+            if watching:  # on the host, from the sums the call returned: no step of the device's
+                epoch = totals if epoch is None else epoch + totals
+                running = runner.results(epoch)
+                for action in watching:
+                    action.train_metrics(step, running)
 
             record: Metrics = {}
             if schedule.logs_at(step):
@@ -230,8 +299,13 @@ class Loop:
             if schedule.evaluates_at(step):
                 result.eval, evaluated_at = runner.evaluate(), step
                 record.update(result.eval)
-            for action in self.actions:
-                action(step, record)
+            if schedule.records_at(step):
+                epoch = None
+            try:
+                for action in self.actions:
+                    action(step, record)
+            except PluginFailed as failure:
+                raise self._kept_after(failure, step) from failure.__cause__
             reasons = [reason for reason in (getattr(action, "stop_requested", None) for action in self.actions) if reason]
             if reasons:
                 result.stopped_early = {"step": step, "reason": reasons[0]}
@@ -240,12 +314,24 @@ class Loop:
         result.step = step
         if not result.eval or (result.stopped_early and evaluated_at != step):  # resumed a finished run; stopped between evaluations
             result.eval = runner.evaluate()
-        for action in self.actions:
+        failures = []
+        for action in self.actions:  # every one: a callback's failed on_train_end does not keep the last save from being made
             if hasattr(action, "finish"):
-                action.finish(step)
+                try:
+                    action.finish(step)
+                except PluginFailed as failure:
+                    failures.append(failure)
+        if failures:
+            raise self._kept_after(failures[0], step)
         result.examples_per_sec = steady_examples / steady_time if steady_time > 0 else result.train.get("examples_per_sec", 0.0)
         result.wall_time_sec = time.perf_counter() - start
         return result
+
+    def _kept_after(self, failure: PluginFailed, step: int) -> PluginFailed:
+        """A callback or logger failed at `step`: the actions' `failed` hooks
+        keep what was trained (a save), and the failure says what they kept."""
+        kept = [note for note in (action.failed(step) for action in self.actions if hasattr(action, "failed")) if note]
+        return failure.keeping("; ".join(kept)) if kept else failure
 
     def _each(self, hook: str, step: int) -> None:
         for action in self.actions:

@@ -286,9 +286,34 @@ def configure_coordination_service(cluster_spec, jobs: Mapping[str, int], heartb
         heartbeat_timeout_in_ms=heartbeat_timeout_ms)
 
 
+# --- A Keras ModelCheckpoint's count of batches (engine/keras_callbacks.py) ------
+
+# With an integer save_freq, ModelCheckpoint saves every so many batches,
+# counted in two attributes it keeps to itself: saved with a run's
+# checkpoint, so that a resumed run saves at the batches an uninterrupted
+# one does. Set in its __init__: checked on the object.
+_CHECKPOINT_BATCHES_SEEN = Internal("keras", "keras.callbacks.ModelCheckpoint", "_batches_seen_since_last_saving",
+                                    "to resume a ModelCheckpoint callback's count of batches", instance=True)
+_CHECKPOINT_LAST_BATCH = Internal("keras", "keras.callbacks.ModelCheckpoint", "_last_batch_seen",
+                                  "to resume a ModelCheckpoint callback's count of batches", instance=True)
+
+
+def model_checkpoint_batches(callback) -> list:
+    """[batches seen since its last save, the last batch it saw] of a Keras ModelCheckpoint."""
+    return [_CHECKPOINT_BATCHES_SEEN.of(callback), _CHECKPOINT_LAST_BATCH.of(callback)]
+
+
+def set_model_checkpoint_batches(callback, batches: list) -> None:
+    _CHECKPOINT_BATCHES_SEEN.check(callback)
+    _CHECKPOINT_LAST_BATCH.check(callback)
+    setattr(callback, _CHECKPOINT_BATCHES_SEEN.attribute, batches[0])
+    setattr(callback, _CHECKPOINT_LAST_BATCH.attribute, batches[1])
+
+
 PROBES = (_SHARDED_VARIABLE, _GATHER_SAVEABLES, _TRACKABLE_CHILDREN, _OPTIMIZER_CHILDREN, _DATA_STRUCTURE, _WRAP,
           _TRAINABLE_VARIABLES, _OWN_VARIABLES, _VARIABLE_INDEX, _ALL_REDUCE_SUM, _DETERMINISM_ENABLED, _DISABLE_DETERMINISM,
-          _COLLECTIVE_KEY_BASE, _CONFIGURE_COORDINATION, _CONTEXT, _COORDINATION_LEADER, _COORDINATED_JOB, _FLATTEN_LAYERS)
+          _COLLECTIVE_KEY_BASE, _CONFIGURE_COORDINATION, _CONTEXT, _COORDINATION_LEADER, _COORDINATED_JOB, _FLATTEN_LAYERS,
+          _CHECKPOINT_BATCHES_SEEN, _CHECKPOINT_LAST_BATCH)
 
 
 def probe() -> None:
