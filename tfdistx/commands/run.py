@@ -23,7 +23,7 @@ from tfdistx.cluster.placement import Placement
 from tfdistx.commands.execute import execute, placement_of
 from tfdistx.commands.plan import describe
 from tfdistx.config import elastic
-from tfdistx.config.compose import compose_and_validate, composed, keys_for_own_targets, only_given_keys_for_user_targets
+from tfdistx.config.compose import compose_and_validate, composed, keys_for_own_targets, only_given_keys_for_user_targets, say
 from tfdistx.config.errors import ConfigError, RunFault
 from tfdistx.config.objective import direction
 from tfdistx.config.paths import config_dir
@@ -174,8 +174,9 @@ def _run(cfg: DictConfig, process_ends_after: bool = False, notice: Optional[Sig
         if hydra_cfg.mode != RunMode.MULTIRUN:  # composed, checked and locked by _run_once, which then ends the process
             return execute(cfg, hydra_cfg.runtime.output_dir, "train", process_ends_after=process_ends_after, notice=notice,
                            placement=placement)
-        only_given_keys_for_user_targets(cfg, hydra_cfg.overrides.task)
+        told = only_given_keys_for_user_targets(cfg, hydra_cfg.overrides.task)
         validate(cfg)
+        say(told)
         placement = placement_of(cfg)
         with rundir.owned(hydra_cfg.runtime.output_dir) if placement.is_chief else contextlib.nullcontext():
             return execute(cfg, hydra_cfg.runtime.output_dir, "train", placement=placement)

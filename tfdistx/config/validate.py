@@ -176,6 +176,8 @@ def _optimizer(opt: DictConfig) -> list:
         problems.append(Problem("optimizer.name", name, f"set with optimizer._target_={target}: name the class once, by one of them"))
     elif target is not None and not (isinstance(target, str) and target):
         problems.append(Problem("optimizer._target_", target, "the dotted path of an optimizer class, e.g. keras.optimizers.Lion"))
+    elif target in optimizers.REFUSED:
+        problems.append(Problem("optimizer._target_", target, f"not an optimizer tfdistx builds: {optimizers.REFUSED[target]}"))
     elif target is None and name not in optimizers.CLASSES:
         problems.append(Problem("optimizer.name", name, f"allowed: {', '.join(optimizers.CLASSES)}; or any class by "
                                                         "optimizer._target_ (docs/own-project.md)"))

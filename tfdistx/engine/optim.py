@@ -21,7 +21,7 @@ import keras
 import tensorflow as tf
 
 from tfdistx.config.errors import ConfigError
-from tfdistx.config.optimizers import SET_BY_TFDISTX
+from tfdistx.config.optimizers import BASE_OPTIMIZER, LOSS_SCALE_OPTIMIZER, MULTI_OPTIMIZER, SET_BY_TFDISTX
 from tfdistx.config.spec import Optimizer
 from tfdistx.config.targets import Target, build
 from tfdistx.internals import tensorflow as internals
@@ -34,10 +34,13 @@ def _gradients_arrive_summed(cls, path: str):
     line, rather than summed twice, if a Keras release moves the sum).
     Anything but an optimizer class is refused: tfdistx builds it in the
     strategy's scope, and wraps it for loss scaling itself."""
-    if not (isinstance(cls, type) and issubclass(cls, keras.optimizers.Optimizer)) or \
-            issubclass(cls, keras.optimizers.LossScaleOptimizer):
-        raise ConfigError.one("optimizer._target_", path,
-                              "must name a keras.optimizers.Optimizer class (not a wrapper: loss scaling is trainer.precision=mixed_float16's)")
+    if not (isinstance(cls, type) and issubclass(cls, keras.optimizers.Optimizer)):
+        raise ConfigError.one("optimizer._target_", path, "must name a keras.optimizers.Optimizer class, e.g. keras.optimizers.Lion")
+    for refused, why in ((keras.optimizers.LossScaleOptimizer, LOSS_SCALE_OPTIMIZER), (keras.optimizers.MultiOptimizer, MULTI_OPTIMIZER)):
+        if issubclass(cls, refused):  # by class: a path the config side does not know by name (a subclass, keras.src's)
+            raise ConfigError.one("optimizer._target_", path, f"not an optimizer tfdistx builds: {why}")
+    if cls is keras.optimizers.Optimizer:
+        raise ConfigError.one("optimizer._target_", path, f"not an optimizer tfdistx builds: {BASE_OPTIMIZER}")
     return internals.gradients_arrive_summed(cls)
 
 
