@@ -74,6 +74,9 @@ def test_a_multi_optimizer_named_by_another_path_is_refused_by_its_class(tmp_pat
     (["optimizer._target_=keras.layers.Dense"], "optimizer._target_='keras.layers.Dense': must name a keras.optimizers.Optimizer class, e.g. keras.optimizers.Lion"),
     (["optimizer.schedule={_target_:keras.optimizers.schedules.ExponentialDecay,initial_learning_rate:0.1,decay_step:10,decay_rate:0.5}"],
      "optimizer.schedule.decay_step=10: keras.optimizers.schedules.ExponentialDecay takes no such argument"),
+    # the class it must be, by its public path (Keras defines it in keras.src)
+    (["optimizer.schedule={_target_:keras.optimizers.Adam}"],
+     "optimizer.schedule._target_='keras.optimizers.Adam': returned a Adam; it must return a keras.optimizers.schedules.LearningRateSchedule"),
 ])
 def test_a_key_the_class_does_not_take_is_refused_naming_what_it_takes(tmp_path, overrides, message):
     from tfdistx.config.errors import ConfigError
