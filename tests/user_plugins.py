@@ -13,6 +13,11 @@ def tiny_model(input_shape, num_classes):
     return keras.Sequential([keras.Input(shape=tuple(input_shape)), keras.layers.Flatten(), keras.layers.Dense(num_classes)])
 
 
+def tiny_cnn(input_shape, num_classes, filters=8):
+    return keras.Sequential([keras.Input(shape=tuple(input_shape)), keras.layers.Conv2D(filters, 3), keras.layers.Flatten(),
+                             keras.layers.Dense(num_classes)])
+
+
 def ten_logits(input_shape):
     """A model that ignores the width the task asks for."""
     return keras.Sequential([keras.Input(shape=tuple(input_shape)), keras.layers.Flatten(), keras.layers.Dense(10)])
