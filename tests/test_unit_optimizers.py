@@ -84,3 +84,21 @@ def test_a_key_the_class_does_not_take_is_refused_naming_what_it_takes(tmp_path,
     with pytest.raises(ConfigError) as refused:
         train(tmp_path / "run", *overrides)
     assert message in str(refused.value)
+
+
+@pytest.mark.parametrize("schedule", ["NaNAfter", "NaNAfterOneByOne"])
+def test_a_schedule_whose_rate_is_not_a_number_is_refused_and_the_work_before_kept(tmp_path, schedule):
+    """Refused in one line naming the schedule and the first such step,
+    before any step of it: a resumed run's checkpoint stays as it was."""
+    from tfdistx.config.errors import ConfigError
+
+    first = train(tmp_path / "run", "trainer.steps=10", "trainer.steps_per_loop=5", "trainer.log_every=5")
+    before = first.weights()
+    with pytest.raises(ConfigError) as refused_here:
+        train(tmp_path / "run", "trainer.steps=20", f"optimizer.schedule={{_target_:user_plugins.{schedule},after:12}}")
+    assert refused_here.value.lines() == [
+        f"tfdistx: invalid config: optimizer.schedule._target_='user_plugins.{schedule}': its learning rate at step 12 is nan: a "
+        "schedule must give a finite rate at every step of the run (a rate that is not a number trains a model that is not one)"]
+    after = first.weights()
+    assert sorted(p.name for p in (tmp_path / "run" / "checkpoints").glob("ckpt-*.index")) == ["ckpt-10.index"]
+    assert all((before[name] == after[name]).all() for name in before)

@@ -325,3 +325,23 @@ class LinesLogger:
 
     def close(self):
         self.file.close()
+
+
+# -- learning-rate schedules whose rate stops being a number (test_unit_optimizers.py) --
+
+
+class NaNAfter(keras.optimizers.schedules.LearningRateSchedule):
+    """0.001 until step `after`, then NaN: one TensorFlow computation over any steps."""
+
+    def __init__(self, after: int = 5):
+        self.after = after
+
+    def __call__(self, step):
+        return tf.where(tf.cast(step, tf.int64) >= self.after, float("nan"), 0.001)
+
+
+class NaNAfterOneByOne(NaNAfter):
+    """The same rates, from Python: it cannot take a vector of steps."""
+
+    def __call__(self, step):
+        return float("nan") if int(step) >= self.after else 0.001
