@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from conftest import tfdistx_env
+from tfdistx.config.errors import EXIT_NO_NETWORK
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
@@ -161,7 +162,7 @@ def test_every_readme_command_runs(line, command, tmp_path):
     if "download_check_url" in data.stdout:  # tensorflow-datasets data: never reach for the network in a test
         small.append("data.download_check_url=http://127.0.0.1:9")
     result = run([*words, *small], env, tmp_path, timeout=900)
-    if result.returncode == 2 and OFFLINE in result.stdout + result.stderr:  # a local cluster's task says it on stdout, [worker:N]
+    if result.returncode == EXIT_NO_NETWORK and OFFLINE in result.stdout + result.stderr:  # a local cluster's task says it on stdout, [worker:N]
         return  # documented: offline, tensorflow-datasets data is refused in one line
     assert result.returncode == 0, f"{line}: {command}\n{result.stderr[-3000:]}"
 

@@ -117,3 +117,19 @@ def test_a_train_files_value_that_is_no_pattern_is_named(configs):
 def test_a_feature_shape_that_is_a_number_is_named(configs):
     cfg = changed(configs("data=tfrecord", REMOTE), {"data.features": {"x": {"dtype": "float32", "shape": 5}, "label": LABEL}})
     assert problems(cfg) == [PREFIX + "data.features.x.shape=5: a list of positive sizes ([] for a scalar)"]
+
+
+@pytest.mark.unit
+def test_a_dataset_to_download_without_a_network_is_a_fault_of_the_machine(tmp_path):
+    """Not a bad config (exit 2): its own exit code, and one line saying what is missing and the way out.
+    An empty data_dir and a check URL that refuses at once (port 9 on loopback): no network is tried."""
+    from tfdistx.config.errors import EXIT_NO_NETWORK, RunFault
+    from tfdistx.data import tfds
+
+    with pytest.raises(RunFault) as fault:
+        tfds("mnist", data_dir=str(tmp_path / "tfds"), download_check_url="http://127.0.0.1:9")
+    assert fault.value.code == EXIT_NO_NETWORK == 10
+    assert fault.value.lines() == [
+        f"tfdistx: data=mnist is not downloaded to {tmp_path / 'tfds' / 'mnist' / '3.0.1'}, and the download site is unreachable from "
+        "this machine (ConnectionError): download it once on a machine with a network and set data.data_dir to that copy, "
+        "or use data=synthetic (exit 10)"]

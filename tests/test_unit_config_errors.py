@@ -150,3 +150,19 @@ def test_an_unknown_group_option_names_the_options(tmp_path, overrides, line):
 def test_the_last_of_two_values_given_is_the_one_named(tmp_path):
     assert refused(tmp_path / "run", "trainer.log_every=10", "trainer.log_every=0") == [
         PREFIX + "trainer.log_every=0: must be at least 1"]
+
+
+GROUPS = "callbacks, checkpoint, cluster, data, logger, model, optimizer, recipe, strategy, task, trainer"
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("overrides, line", [
+    (["modle=cnn"], f"modle='cnn': not a group or key of the config: the groups are {GROUPS}; the closest: model=cnn"),
+    (["trainr.steps=3"], f"trainr.steps='3': not a group or key of the config: the groups are {GROUPS}; the closest: trainer.steps=3"),
+    (["xyzzy=1"], f"xyzzy='1': not a group or key of the config: the groups are {GROUPS}"),
+    # `+` for a key the config has: Hydra's answer offers a `++optimizer.beta_2=...` the user never wrote
+    (["optimizer.name=lion", "+optimizer.beta_2=0.98"], "optimizer.beta_2='0.98': the config has this key already: set it without "
+                                                        "the leading +, as optimizer.beta_2=0.98 (+KEY=VALUE adds a key the config does not have)"),
+])
+def test_a_misspelt_group_or_a_needless_plus_is_named_as_typed(tmp_path, overrides, line):
+    assert refused(tmp_path / "run", *overrides) == [PREFIX + line]

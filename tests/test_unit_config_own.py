@@ -11,6 +11,7 @@ from tfdistx.config import userconf
 from tfdistx.config.compose import keys_for_own_targets
 from tfdistx.config.errors import ConfigError
 from tfdistx.config.resolve import resolve
+from tfdistx.config.targets import Target
 
 pytestmark = pytest.mark.unit
 
@@ -66,8 +67,8 @@ def test_recipes_lists_the_users_options_and_what_downloads(own_conf, monkeypatc
 
 
 def test_a_targets_keys_need_no_plus(tmp_path):
-    overrides = ["model._target_=user_plugins.tiny_model", "model.filters=32", "data.batch_size=16", "trainer.steps=5"]
-    assert keys_for_own_targets(overrides) == ["model._target_=user_plugins.tiny_model", "++model.filters=32",
+    overrides = ["model._target_=user_plugins.tiny_cnn", "model.filters=32", "data.batch_size=16", "trainer.steps=5"]
+    assert keys_for_own_targets(overrides) == ["model._target_=user_plugins.tiny_cnn", "++model.filters=32",
                                                "data.batch_size=16", "trainer.steps=5"]
     cfg = compose_ok(tmp_path / "run", *overrides)
     assert cfg.model.filters == 32 and "hidden_units" not in cfg.model
@@ -77,9 +78,11 @@ def test_a_targets_keys_need_no_plus(tmp_path):
 
 
 def test_a_key_the_target_does_not_take_is_refused_with_its_parameters(tmp_path):
-    cfg = compose_ok(tmp_path / "run", "data._target_=user_plugins.constant_data", "data.exampels=64", "data.features=4")
+    """Before TensorFlow starts, from the target's source (static_targets.py);
+    and by the engine when it builds the target, in the same words."""
+    line = (PREFIX + "data.exampels=64: user_plugins.constant_data takes no such argument; it takes: features, num_classes, "
+                     "examples (tfdistx passes nothing itself)")
+    assert refused(tmp_path / "run", "data._target_=user_plugins.constant_data", "data.exampels=64", "data.features=4") == [line]
     with pytest.raises(ConfigError) as caught:
-        resolve(cfg, str(tmp_path / "run")).data.build(expect=object)
-    assert caught.value.lines() == [
-        PREFIX + "data.exampels=64: user_plugins.constant_data takes no such argument; it takes: features, num_classes, "
-                 "examples (tfdistx passes nothing itself)"]
+        Target("data", "user_plugins.constant_data", {"exampels": 64, "features": 4}).build(expect=object)
+    assert caught.value.lines() == [line]

@@ -12,6 +12,7 @@ from tfdistx.cluster.hosts import HostList, choose
 from tfdistx.cluster.rounds import Rounds
 from tfdistx.commands.plan import describe
 from tfdistx.config import elastic
+from tfdistx.config.errors import ConfigError
 
 pytestmark = pytest.mark.unit
 
@@ -35,6 +36,14 @@ def no_scheduler(monkeypatch):
 def test_min_colon_max_is_the_most_workers_and_the_fewest():
     assert elastic.expand_shorthand(["strategy=multiworker", "cluster.workers=2:4", "cluster.workers=3"]) == [
         "strategy=multiworker", "cluster.workers=4", "cluster.elastic.min_workers=2", "cluster.workers=3"]
+
+
+@pytest.mark.parametrize("typed", ["4:2", "3:2", "2:x", ":4", "0:2"])
+def test_a_min_colon_max_that_is_not_one_is_refused_as_typed(typed):
+    with pytest.raises(ConfigError) as refused_here:
+        elastic.expand_shorthand(["strategy=multiworker", f"cluster.workers={typed}"])
+    assert refused_here.value.lines() == [f"tfdistx: invalid config: cluster.workers={typed!r}: MIN:MAX with MIN <= MAX, both whole "
+                                          "numbers >= 1 (an elastic run of MIN to MAX workers), or one number of workers"]
 
 
 def test_an_elastic_run_composes_and_plan_shows_its_range_and_bounds(tmp_path, hosts):

@@ -119,5 +119,6 @@ def test_each_shipped_source_gets_the_checks_its_keys_call_for(tmp_path, option,
 def test_a_users_own_source_gets_no_checks_of_the_built_in_ones(tmp_path):
     from tfdistx.config import sources
 
-    cfg = compose_ok(tmp_path / "run", "data._target_=user_plugins.constant_data", "data.num_classes=1", "data.train_files=nope")
+    # a file source's key, which a built-in file source would check: here it is only the user's function's (**kwargs)
+    cfg = compose_ok(tmp_path / "run", "data._target_=user_plugins.two_classes_by_default", "data.num_classes=1", "data.train_files=nope")
     assert sources.of(cfg.data) == sources.Source()

@@ -70,6 +70,18 @@ def test_a_warm_start_begins_at_the_source_runs_final_weights_with_fresh_optimiz
     assert reader.get_tensor("optimizer/_iterations/.ATTRIBUTES/VARIABLE_VALUE") == 1  # the source's 40 steps are not carried over
 
 
+def test_a_warm_start_of_a_schedule_free_optimizer_trains_from_the_loaded_weights(tmp_path):
+    """ScheduleFreeAdamW keeps a second set of weights, which its build
+    copies from the model's: after a warm start they must be the loaded
+    weights, or its first step interpolates back to the fresh ones (0.47
+    off the source after one step, before the fix)."""
+    source = source_run(tmp_path / "source")
+    warm = train(tmp_path / "warm", f"checkpoint.init_from={tmp_path / 'source'}", "optimizer.name=schedulefreeadamw",
+                 "strategy=mirrored", "cluster=1x2", *TINY_STEP)
+    for there, here in zip(by_position(source), by_position(warm), strict=True):
+        np.testing.assert_allclose(here, there, atol=1e-6)
+
+
 @pytest.mark.parametrize("strategy", [["strategy=one_device"], ["strategy=mirrored", "cluster=1x2"]])
 def test_a_warm_start_with_a_new_head_keeps_the_head_fresh(tmp_path, strategy, caplog):
     source = source_run(tmp_path / "source")

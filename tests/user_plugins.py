@@ -13,6 +13,11 @@ def tiny_model(input_shape, num_classes):
     return keras.Sequential([keras.Input(shape=tuple(input_shape)), keras.layers.Flatten(), keras.layers.Dense(num_classes)])
 
 
+def tiny_cnn(input_shape, num_classes, filters=8):
+    return keras.Sequential([keras.Input(shape=tuple(input_shape)), keras.layers.Conv2D(filters, 3), keras.layers.Flatten(),
+                             keras.layers.Dense(num_classes)])
+
+
 def ten_logits(input_shape):
     """A model that ignores the width the task asks for."""
     return keras.Sequential([keras.Input(shape=tuple(input_shape)), keras.layers.Flatten(), keras.layers.Dense(10)])
@@ -415,3 +420,22 @@ def note_step(step, record, path):
     if record:
         with open(path, "a") as file:
             file.write(f"{step}\n")
+
+# -- learning-rate schedules whose rate stops being a number (test_unit_optimizers.py) --
+
+
+class NaNAfter(keras.optimizers.schedules.LearningRateSchedule):
+    """0.001 until step `after`, then NaN: one TensorFlow computation over any steps."""
+
+    def __init__(self, after: int = 5):
+        self.after = after
+
+    def __call__(self, step):
+        return tf.where(tf.cast(step, tf.int64) >= self.after, float("nan"), 0.001)
+
+
+class NaNAfterOneByOne(NaNAfter):
+    """The same rates, from Python: it cannot take a vector of steps."""
+
+    def __call__(self, step):
+        return float("nan") if int(step) >= self.after else 0.001

@@ -9,6 +9,8 @@ own `run` does, without composing a second time.
 """
 
 import contextlib
+import dataclasses
+import difflib
 import re
 import sys
 from pathlib import Path
@@ -24,7 +26,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from tfdistx.config import recipes, strategies, topology, userconf
 from tfdistx.config.paths import config_dir
-from tfdistx.config.schema import OPTIMIZER_KEYS, PIPELINE_KEYS, TASK_FACTS, TASK_KEYS
+from tfdistx.config.schema import OPTIMIZER_KEYS, PIPELINE_KEYS, TASK_FACTS, TASK_KEYS, Config
 from tfdistx.config.validate import validate
 from tfdistx.config.errors import ConfigError, Problem
 
@@ -45,10 +47,12 @@ def composed(overrides: Sequence[str], notes: bool = True) -> Iterator[DictConfi
             place = f"{where.name}, line {where.line + 1}" if where else "a config file"
             raise ConfigError.one("config file", place, f"is not valid YAML: {getattr(error, 'problem', None) or error}") from None
         try:  # an interpolation is resolved where it is read: ${nope.nope}, ${oc.env:UNSET}
-            only_given_keys_for_user_targets(cfg, overrides, notes)
+            told = only_given_keys_for_user_targets(cfg, overrides)
             validate(cfg, run_dir=OmegaConf.select(cfg, "hydra.run.dir"))
         except OmegaConfBaseException as error:
             raise as_config_error(error, overrides) from None
+        if notes:  # once the config is good: a note before the refusal of the very key it is about is noise
+            say(told)
         yield cfg
 
 
@@ -102,7 +106,7 @@ def chosen_option(group: str, overrides: Sequence[str]):
     return None
 
 
-def only_given_keys_for_user_targets(cfg: DictConfig, overrides: Sequence[str], notes: bool = True) -> None:
+def only_given_keys_for_user_targets(cfg: DictConfig, overrides: Sequence[str]) -> list:
     """`data._target_=mine.load` on the command line keeps the default
     group's keys (data=synthetic's num_classes: 10...), which would override
     the user function's own defaults. Such a target gets only the keys the
@@ -110,12 +114,14 @@ def only_given_keys_for_user_targets(cfg: DictConfig, overrides: Sequence[str], 
     pipeline's batch size, cache, shuffle; task: its name and objective); a
     user's own group file (conf/data/mine.yaml, data=mine) is used as written.
     The default task's facts (schema.TASK_FACTS: what it offers) go too,
-    unsaid: they are not keys the target would take."""
+    unsaid: they are not keys the target would take. Returns the notes that
+    say which keys went (`say` prints them, once the config is checked)."""
     given = {o.lstrip("+~").partition("=")[0] for o in overrides}
     # The optimizer keeps tfdistx's keys (lr, schedule, clipping ...), not the shortcut `name` the target replaces;
     # `optimizer.name=lion` over optimizer=adam names another class as well: adam's beta_1, epsilon ... are not Lion's.
     chosen = OmegaConf.select(cfg, "hydra.runtime.choices.optimizer")
     renamed = "optimizer.name" in given and cfg.optimizer.get("name") != chosen
+    notes = []
     kept_by_group = (("data", PIPELINE_KEYS), ("model", ()), ("task", TASK_KEYS), ("optimizer", tuple(k for k in OPTIMIZER_KEYS if k != "name")))
     for group, kept in kept_by_group:
         named = f"{group}._target_" if f"{group}._target_" in given else "optimizer.name" if group == "optimizer" and renamed else None
@@ -127,9 +133,15 @@ def only_given_keys_for_user_targets(cfg: DictConfig, overrides: Sequence[str], 
                 del cfg[group][key]
         # Unsaid: the task's facts, and the optimizer's shortcut `name` that its _target_ replaces.
         told = [key for key in dropped if not (group == "task" and key in TASK_FACTS or group == "optimizer" and key == "name")]
-        if told and notes:
-            print(f"tfdistx: note: {named}={OmegaConf.select(cfg, named)} gets only the {group} keys you give "
-                  f"(not the default group's {', '.join(told)}): set them with {group}.KEY=VALUE", file=sys.stderr)
+        if told:
+            notes.append(f"tfdistx: note: {named}={OmegaConf.select(cfg, named)} gets only the {group} keys you give "
+                         f"(not the default group's {', '.join(told)}): set them with {group}.KEY=VALUE")
+    return notes
+
+
+def say(notes: Sequence[str]) -> None:
+    for note in notes:
+        print(note, file=sys.stderr)
 
 
 def compose_and_validate(overrides: Sequence[str], notes: bool = True) -> DictConfig:
@@ -189,6 +201,12 @@ def as_config_error(error: Exception, overrides: Sequence[str]) -> ConfigError:
     if missing_plugin and missing_plugin[2] in SWEEP_EXTRA_PLUGINS:  # e.g. tfdistx_slurm's own default, submitit_slurm
         group = f"hydra/{missing_plugin[1]}"
         return ConfigError([Problem(group, given_value(group, overrides), "its Hydra plugin is not installed: pip install 'tfdistx[sweep]'")])
+    already = re.search(r"Could not append to config\. An item is already at '([^']+)'", str(error))
+    if already:  # `+KEY=V` for a key the config has: Hydra's answer offers a `++KEY=V` the user never wrote
+        key = already[1]
+        value = given_value(key, overrides)
+        return ConfigError([Problem(key, value, f"the config has this key already: set it without the leading +, as {key}={value} "
+                                                "(+KEY=VALUE adds a key the config does not have)")])
     # Type errors come wrapped: Hydra's "Error merging override k=v" caused by
     # OmegaConf's "Value 'abc' ... could not be converted to Integer".
     cause = error.__cause__ or error
@@ -201,6 +219,8 @@ def _with_valid_keys(error: ConfigError, overrides: Sequence[str]) -> ConfigErro
     """`model.nonsense=3` is told the keys `model` does have: composed again
     without that override, which is cheap (no TensorFlow)."""
     problem = error.problems[0]
+    if len(error.problems) == 1 and "." not in problem.key and "not in 'Config'" in problem.allowed:
+        return _not_a_group(problem, overrides)
     if len(error.problems) != 1 or "not in" not in problem.allowed or "." not in problem.key:
         return error
     parent = problem.key.rpartition(".")[0]
@@ -229,6 +249,19 @@ def _with_valid_keys(error: ConfigError, overrides: Sequence[str]) -> ConfigErro
     if parent in USER_TARGET_GROUPS and target and not target.startswith("tfdistx."):  # the user's function may take it: Hydra's `+` adds it
         elsewhere += f"; for your own target {target}, add it with +{key}={value} (or put it in the YAML)"
     return ConfigError([Problem(key, value, f"{parent} has no key {name!r}; its keys: {keys}{elsewhere}")])
+
+
+def _not_a_group(problem: Problem, overrides: Sequence[str]) -> ConfigError:
+    """`modle=cnn`: OmegaConf says only that 'modle' is not in 'Config'; the
+    groups are named, and the closest of them."""
+    groups = [f.name for f in dataclasses.fields(Config)] + [recipes.GROUP] + ([userconf.EXPERIMENT] if userconf.experiments() else [])
+    top = problem.key.lstrip("+~")
+    # as typed: `modle=cnn`, or `trainr.steps=3` (a key under the misspelt group)
+    key, value = next(((name, value) for name, _, value in (o.lstrip("+~").partition("=") for o in reversed(overrides))
+                       if name == top or name.startswith(top + ".")), (top, None))
+    closest = difflib.get_close_matches(top, groups, n=1)
+    hint = f"; the closest: {closest[0] + key[len(top):]}" + (f"={value}" if value is not None else "") if closest else ""
+    return ConfigError([Problem(key, value, f"not a group or key of the config: the groups are {', '.join(sorted(groups))}{hint}")])
 
 
 def given_value(key: str, overrides: Sequence[str]):

@@ -17,21 +17,32 @@ import re
 from typing import List, Optional, Sequence, Tuple
 
 from tfdistx.config import data_service, strategies
-from tfdistx.config.errors import Problem
+from tfdistx.config.errors import ConfigError, Problem
 
-# torchrun's --nnodes=MIN:MAX, written as Hydra's override of the cluster's workers.
-_SHORTHAND = re.compile(r"^cluster\.workers=(\d+):(\d+)$")
+# torchrun's --nnodes=MIN:MAX, written as Hydra's override of the cluster's workers: any value with one colon
+# (not an interpolation, ${oc.env:N}, nor a sweep) is meant as one, and is refused in its own words unless it is.
+_SHORTHAND = re.compile(r"^cluster\.workers=([^,${}()\[\]:]*):([^,${}()\[\]:]*)$")
+_WHOLE = re.compile(r"^\d+$")
 TIMEOUT_KEYS = ("join_grace", "lost_bound", "below_min_timeout")
 
 
 def expand_shorthand(overrides: Sequence[str]) -> List[str]:
     """`cluster.workers=2:4` is `cluster.workers=4 cluster.elastic.min_workers=2`:
     cluster.workers stays an integer (the most workers, the topology every
-    other part of tfdistx reads), and MIN is its own key."""
+    other part of tfdistx reads), and MIN is its own key. A MIN:MAX that is
+    not one (`4:2`, `2:x`, `:4`) raises ConfigError naming what was typed,
+    not the keys it would have become."""
     expanded = []
     for override in overrides:
         m = _SHORTHAND.match(override)
-        expanded += [f"cluster.workers={m[2]}", f"cluster.elastic.min_workers={m[1]}"] if m else [override]
+        if m is None:
+            expanded.append(override)
+            continue
+        low, high = m[1].strip(), m[2].strip()
+        if not (_WHOLE.match(low) and _WHOLE.match(high) and 1 <= int(low) <= int(high)):
+            raise ConfigError.one("cluster.workers", f"{m[1]}:{m[2]}", "MIN:MAX with MIN <= MAX, both whole numbers >= 1 (an elastic "
+                                  "run of MIN to MAX workers), or one number of workers")
+        expanded += [f"cluster.workers={int(high)}", f"cluster.elastic.min_workers={int(low)}"]
     return expanded
 
 

@@ -22,6 +22,7 @@ EXIT_PORT_IN_USE = 6  # a task's port is taken on its host: a restart on other (
 EXIT_RUN_DIR_LOCKED = 7  # another run holds the run directory: a later try can succeed, once it ends
 EXIT_UNSUPPORTED_VERSION = 8  # an installed TensorFlow, Keras or Hydra lacks a private API tfdistx uses (tfdistx/internals): never retried
 EXIT_TOO_FEW_WORKERS = 9  # an elastic run had fewer hosts than cluster.elastic.min_workers for below_min_timeout: it waited its bound
+EXIT_NO_NETWORK = 10  # a dataset to download, and no network to download it: a fault of the machine, which no retry cures here
 EXIT_PREEMPTED = 42
 # The codes a restart can cure. `cluster.retryable_exit_offset` is added to
 # them, for a scheduler that retries only some codes: Kubernetes' restartPolicy

@@ -17,6 +17,7 @@ given only where the target takes them. No Hydra, no TensorFlow here.
 import functools
 import importlib
 import inspect
+import sys
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, Callable, Iterable, Mapping, Optional
@@ -83,8 +84,22 @@ def build(group: str, target: str, kwargs: dict, expect: type, *, takes: Optiona
     except Exception as error:
         raise ConfigError.one(f"{group}._target_", target, f"failed: {type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}") from error
     if not isinstance(built, expect):
-        raise ConfigError.one(f"{group}._target_", target, f"returned a {type(built).__name__}; it must return a {expect.__module__}.{expect.__name__}")
+        raise ConfigError.one(f"{group}._target_", target, f"returned a {type(built).__name__}; it must return a {public_name(expect)}")
     return built
+
+
+def public_name(cls: type) -> str:
+    """The dotted path a user would write for `cls`: Keras defines its classes
+    in keras.src (keras.src.optimizers.schedules.learning_rate_schedule) and
+    exports them from a public module (keras.optimizers.schedules), which is
+    found by leaving out `src` and the module's last parts until one holds
+    the class. Its own module's path otherwise."""
+    parts = [part for part in cls.__module__.split(".") if part != "src"]
+    for end in range(len(parts), 0, -1):
+        module = sys.modules.get(".".join(parts[:end]))  # only what is loaded: the class's own package is
+        if module is not None and getattr(module, cls.__name__, None) is cls:
+            return f"{module.__name__}.{cls.__name__}"
+    return f"{cls.__module__}.{cls.__name__}"
 
 
 def locate(path: str) -> Callable:

@@ -15,10 +15,10 @@ from typing import Optional
 from omegaconf import DictConfig, OmegaConf
 
 from tfdistx import rundir
-from tfdistx.config import callbacks, compute, data_service, elastic, optimizers, sources, strategies, tasks, threads, topology, warm_start
+from tfdistx.config import callbacks, compute, data_service, elastic, optimizers, sources, static_targets, strategies, tasks, threads, topology, warm_start
 from tfdistx.config.errors import MAX_RETRYABLE_EXIT_OFFSET, ConfigError, Problem
 from tfdistx.config.objective import objective_problems, unevaluated_problems
-from tfdistx.config.schema import LAUNCH_MODES, LOGGER_DEFAULTS, Config
+from tfdistx.config.schema import LAUNCH_MODES, LOGGER_DEFAULTS, OPTIMIZER_KEYS, PIPELINE_DEFAULTS, TASK_FACTS, TASK_KEYS, Config
 from tfdistx.config.targets import current
 
 FLOAT32_MAX = 3.4028234663852886e38  # the learning rate lives in a float32 variable
@@ -176,6 +176,8 @@ def _optimizer(opt: DictConfig) -> list:
         problems.append(Problem("optimizer.name", name, f"set with optimizer._target_={target}: name the class once, by one of them"))
     elif target is not None and not (isinstance(target, str) and target):
         problems.append(Problem("optimizer._target_", target, "the dotted path of an optimizer class, e.g. keras.optimizers.Lion"))
+    elif target in optimizers.REFUSED:
+        problems.append(Problem("optimizer._target_", target, f"not an optimizer tfdistx builds: {optimizers.REFUSED[target]}"))
     elif target is None and name not in optimizers.CLASSES:
         problems.append(Problem("optimizer.name", name, f"allowed: {', '.join(optimizers.CLASSES)}; or any class by "
                                                         "optimizer._target_ (docs/own-project.md)"))
@@ -315,41 +317,51 @@ def _checkpoint(ckpt: DictConfig, run_dir: Optional[str] = None) -> list:
     return problems + warm_start.problems(ckpt.init_from, ckpt.init_skip, warm_start.resumes(checkpoint_dir, ckpt.restore), set_aside)
 
 
-def _targets(cfg: DictConfig) -> list:
-    """A user's `_target_` must at least name an importable top-level module.
+# The keywords tfdistx passes a group's target itself, where it takes them (engine/build.py, callbacks.py, loggers.py, optim.py).
+RUNTIME = {"model": ("input_shape", "feature_spec", "num_outputs", "num_classes"), "optimizer": ("learning_rate", "clipnorm", "global_clipnorm"),
+           "callbacks": ("run_dir",), "logger": ("run_dir", "config")}
 
-    Only the top-level package is looked up: importing the module itself may
-    import TensorFlow, which must wait until the config is known to be good.
-    """
-    problems = []
-    targets = [(f"{group}._target_", cfg[group].get("_target_")) for group in ("task", "model", "data")]
+
+def _targets(cfg: DictConfig) -> list:
+    """Every `_target_` (task, model, data, optimizer, its schedule, callbacks,
+    loggers, and the mappings with a `_target_` inside their keys) must name
+    a class or function that exists and takes the keys given: read from its
+    source (static_targets.py), without importing it, which may import
+    TensorFlow. What the source does not say for sure is left to the
+    engine, which checks again when it builds the target."""
     callbacks = cfg.get("callbacks")
     callbacks = {} if callbacks is None else callbacks  # callbacks=none: a file of comments only
     if not OmegaConf.is_dict(callbacks) and not isinstance(callbacks, dict):
-        return problems + [Problem("callbacks", _shown(callbacks), "a mapping of NAME: {_target_: ..., its keys}, or a list of "
-                                                                    "options: callbacks=[terminate_on_nan,csv_logger]")]
-    for name, callback in callbacks.items():
-        targets.append((f"callbacks.{name}._target_", callback.get("_target_") if OmegaConf.is_dict(callback) else callback))
-        targets += _nested_targets(f"callbacks.{name}", callback)
-    targets += [(f"logger.{name}._target_", own.get("_target_")) for name, own in cfg.logger.items()
+        return [Problem("callbacks", _shown(callbacks), "a mapping of NAME: {_target_: ..., its keys}, or a list of "
+                                                        "options: callbacks=[terminate_on_nan,csv_logger]")]
+    targets = [("task", cfg.task, TASK_KEYS + TASK_FACTS, ()), ("data", cfg.data, tuple(PIPELINE_DEFAULTS), ()),
+               ("model", cfg.model, (), RUNTIME["model"])]
+    target = optimizers.target_of(cfg.optimizer)
+    if target and target not in optimizers.REFUSED:  # else refused by _optimizer
+        targets.append(("optimizer", {**cfg.optimizer, "_target_": target}, (*OPTIMIZER_KEYS, "name"), RUNTIME["optimizer"]))
+    if OmegaConf.is_dict(cfg.optimizer.get("schedule")) and isinstance(cfg.optimizer.schedule.get("_target_"), str):
+        targets.append(("optimizer.schedule", cfg.optimizer.schedule, (), ()))
+    targets += [(f"callbacks.{name}", callback, (), RUNTIME["callbacks"]) for name, callback in callbacks.items()]
+    targets += [(f"logger.{name}", own, (), RUNTIME["logger"]) for name, own in cfg.logger.items()
                 if OmegaConf.is_dict(own) and "_target_" in own]  # the user's own loggers
-    for key, target in targets:
-        if not isinstance(target, str) or "." not in target:
-            problems.append(Problem(key, _shown(target), "must be a dotted path to a function or class, e.g. mypkg.models.build"))
-        elif importlib.util.find_spec(target.split(".")[0]) is None:
-            problems.append(Problem(key, target, f"no module named {target.split('.')[0]!r} is importable"))
+    problems = []
+    for key, group, exclude, runtime in targets:
+        problems += _target(key, group, exclude, runtime)
     return problems
 
 
-def _nested_targets(path: str, node) -> list:
-    """(key, target) of the mappings with a `_target_` inside `node`'s keys (LambdaCallback's functions)."""
-    found = []
-    for key, value in (node.items() if OmegaConf.is_dict(node) else ()):
-        if OmegaConf.is_dict(value):
-            if "_target_" in value:
-                found.append((f"{path}.{key}._target_", value.get("_target_")))
-            found += _nested_targets(f"{path}.{key}", value)
-    return found
+def _target(key: str, group, exclude: tuple = (), runtime: tuple = ()) -> list:
+    """One target's problems, and those of the targets inside its keys (LambdaCallback's functions)."""
+    target = group.get("_target_") if OmegaConf.is_dict(group) or isinstance(group, dict) else group
+    if not isinstance(target, str) or "." not in target:
+        return [Problem(f"{key}._target_", _shown(target), "must be a dotted path to a function or class, e.g. mypkg.models.build")]
+    keys = {name: _shown(group[name]) for name in group if name not in ("_target_", "_partial_", *exclude)}
+    problems = static_targets.problems(key, current(target), keys, runtime)
+    for name in keys:
+        inner = group[name]
+        if OmegaConf.is_dict(inner) and "_target_" in inner:
+            problems += _target(f"{key}.{name}", inner)
+    return problems
 
 
 def writable(key: str, path: str) -> list:

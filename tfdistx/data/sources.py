@@ -23,7 +23,7 @@ from typing import Callable, Optional, Sequence
 import numpy as np
 import tensorflow as tf
 
-from tfdistx.config.errors import ConfigError
+from tfdistx.config.errors import EXIT_NO_NETWORK, ConfigError, RunFault
 from tfdistx.data.order import ArrayExamples
 
 PipelineFn = Callable[[Optional[tf.distribute.InputContext]], tf.data.Dataset]
@@ -308,10 +308,8 @@ def _ensure_reachable(name: str, data_dir: str, url: str) -> None:
 
     try:
         requests.head(url, timeout=5)
-    except requests.RequestException as error:
+    except requests.RequestException as error:  # the machine's fault, not the config's: its own exit code, not 2
         reason = type(error).__name__
-        raise ConfigError.one(
-            "data.name", name,
-            f"not downloaded to {data_dir} and the download site is unreachable ({reason}): "
-            "use data=synthetic, or set data.data_dir to a directory holding a prepared copy",
-        ) from None
+        raise RunFault(f"data={name} is not downloaded to {data_dir}, and the download site is unreachable from this machine "
+                       f"({reason}): download it once on a machine with a network and set data.data_dir to that copy, "
+                       f"or use data=synthetic (exit {EXIT_NO_NETWORK})", EXIT_NO_NETWORK) from None

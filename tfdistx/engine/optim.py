@@ -15,13 +15,16 @@ rate; the step runner sets the step it is tracing before each update.
 """
 
 import inspect
+import math
+import time
 from typing import Optional
 
 import keras
+import numpy as np
 import tensorflow as tf
 
 from tfdistx.config.errors import ConfigError
-from tfdistx.config.optimizers import SET_BY_TFDISTX
+from tfdistx.config.optimizers import BASE_OPTIMIZER, LOSS_SCALE_OPTIMIZER, MULTI_OPTIMIZER, SET_BY_TFDISTX
 from tfdistx.config.spec import Optimizer
 from tfdistx.config.targets import Target, build
 from tfdistx.internals import tensorflow as internals
@@ -34,10 +37,13 @@ def _gradients_arrive_summed(cls, path: str):
     line, rather than summed twice, if a Keras release moves the sum).
     Anything but an optimizer class is refused: tfdistx builds it in the
     strategy's scope, and wraps it for loss scaling itself."""
-    if not (isinstance(cls, type) and issubclass(cls, keras.optimizers.Optimizer)) or \
-            issubclass(cls, keras.optimizers.LossScaleOptimizer):
-        raise ConfigError.one("optimizer._target_", path,
-                              "must name a keras.optimizers.Optimizer class (not a wrapper: loss scaling is trainer.precision=mixed_float16's)")
+    if not (isinstance(cls, type) and issubclass(cls, keras.optimizers.Optimizer)):
+        raise ConfigError.one("optimizer._target_", path, "must name a keras.optimizers.Optimizer class, e.g. keras.optimizers.Lion")
+    for refused, why in ((keras.optimizers.LossScaleOptimizer, LOSS_SCALE_OPTIMIZER), (keras.optimizers.MultiOptimizer, MULTI_OPTIMIZER)):
+        if issubclass(cls, refused):  # by class: a path the config side does not know by name (a subclass, keras.src's)
+            raise ConfigError.one("optimizer._target_", path, f"not an optimizer tfdistx builds: {why}")
+    if cls is keras.optimizers.Optimizer:
+        raise ConfigError.one("optimizer._target_", path, f"not an optimizer tfdistx builds: {BASE_OPTIMIZER}")
     return internals.gradients_arrive_summed(cls)
 
 
@@ -64,7 +70,8 @@ def schedule(optimizer: Optimizer, replicas: int, total_steps: int) -> "Learning
     if isinstance(optimizer.schedule, Target):
         own = optimizer.schedule.build(keras.optimizers.schedules.LearningRateSchedule)
         rate = WarmUp(own, int(optimizer.warmup_steps), scale) if optimizer.warmup_steps or scale != 1 else own
-        return LearningRateAtStep(rate, peak=float(own(0)) * scale)
+        refuse_non_finite(rate, total_steps, optimizer.schedule.path)
+        return LearningRateAtStep(rate, peak=float(own(0)) * scale, source=optimizer.schedule.path)
     peak = float(optimizer.lr) * scale
     if optimizer.schedule == "constant":
         return LearningRateAtStep(WarmUp(peak, int(optimizer.warmup_steps)) if optimizer.warmup_steps else peak, peak=peak)
@@ -75,6 +82,41 @@ def schedule(optimizer: Optimizer, replicas: int, total_steps: int) -> "Learning
     # Keras' CosineDecay warms up linearly from initial_learning_rate to warmup_target.
     return LearningRateAtStep(keras.optimizers.schedules.CosineDecay(
         0.0, decay_steps=max(total_steps - warmup, 1), alpha=alpha, warmup_target=peak, warmup_steps=warmup), peak=peak)
+
+
+def refuse_non_finite(rate, total_steps: int, path: str) -> None:
+    """A schedule of the user's whose rate is not a finite number at some
+    step of the run is refused before the first step (ConfigError: like
+    optimizer.lr=nan), naming the first such step: trained on, it makes a
+    NaN model that exits 0, and the checkpoints it saves replace the good
+    ones. Checked here, once, up front, because that is cheap: the
+    schedule is one TensorFlow computation over all the run's steps at
+    once (milliseconds for a million steps); checked at each record
+    instead, NaN steps could already be saved by a checkpoint between
+    records. A schedule that cannot take a vector of steps is asked one
+    step at a time, for as many steps as that takes at most ~2 s; past
+    them, LearningRateAtStep.at (each record's rate) checks the rest."""
+    steps = max(int(total_steps), 1)
+    try:
+        values = np.asarray(rate(tf.range(steps, dtype=tf.int64)), dtype=np.float64)
+        values = np.broadcast_to(values, (steps,)) if values.size == 1 else values.reshape(steps)
+        first = 0
+    except Exception:  # noqa: BLE001 (the user's code: any failure means "not vectorised") one step at a time
+        values, first, started = [], 0, time.perf_counter()
+        for step in range(steps):
+            values.append(float(rate(step)))
+            if not math.isfinite(values[-1]) or time.perf_counter() - started > 2.0:
+                break
+        values = np.asarray(values)
+    bad = np.flatnonzero(~np.isfinite(values))
+    if bad.size:
+        step = first + int(bad[0])
+        raise non_finite(path, step, float(values[bad[0]]))
+
+
+def non_finite(path: str, step: int, value: float) -> ConfigError:
+    return ConfigError.one("optimizer.schedule._target_", path, f"its learning rate at step {step} is {value}: a schedule must give a "
+                           "finite rate at every step of the run (a rate that is not a number trains a model that is not one)")
 
 
 class WarmUp(keras.optimizers.schedules.LearningRateSchedule):
@@ -104,8 +146,8 @@ class LearningRateAtStep:
     `learning_rate` (Keras' ReduceLROnPlateau), saved with the checkpoint.
     `peak`: its largest planned value (the summary and the topology record it)."""
 
-    def __init__(self, rate, peak: float = 0.0):
-        self.rate, self.peak = rate, peak
+    def __init__(self, rate, peak: float = 0.0, source: str = "optimizer.lr"):
+        self.rate, self.peak, self.source = rate, peak, source  # source: what the rate comes from, as the config names it
         self.step = None  # a step tensor, set by the step runner while it traces
         self.scale: Optional[tf.Variable] = None  # 1.0 until a callback sets the rate (build.py makes it in the strategy's scope)
         self.steps_done: Optional[tf.Variable] = None  # the loop's step counter: where the rate is read between steps
@@ -119,8 +161,13 @@ class LearningRateAtStep:
         return rate * tf.cast(self.scale, tf.float32) if self.scale is not None else rate
 
     def at(self, step: int) -> float:
-        """The value at `step`, on the host (for logs)."""
-        return self._planned(step) * (float(self.scale.numpy()) if self.scale is not None else 1.0)
+        """The value at `step`, on the host (for logs). Not a finite number:
+        a ConfigError, before the record's actions (its checkpoint) run:
+        for the steps refuse_non_finite could not check up front."""
+        value = self._planned(step) * (float(self.scale.numpy()) if self.scale is not None else 1.0)
+        if not math.isfinite(value):
+            raise non_finite(self.source, step, value)
+        return value
 
     def assign(self, value) -> None:
         """Keras' optimizer.learning_rate setter: the rate from now on is `value`,
