@@ -224,10 +224,12 @@ def _parsed(file: str) -> Optional[Tuple[Dict[str, list], bool]]:
                 for handler in getattr(statement, "handlers", []):
                     visit(handler.body)
     visit(tree.body)
-    # globals()[...] = ..., setattr(sys.modules[__name__], ...), exec(...): names the source does not bind
+    # globals()[...] = ..., setattr(sys.modules[__name__], ...), exec(...): names the source does not bind.
+    # setattr(self, ...) in a method sets an attribute of an instance, not of the module.
     for node in ast.walk(tree):
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("globals", "setattr", "exec", "vars"):
-            dynamic = True
+            on_instance = node.func.id == "setattr" and node.args and isinstance(node.args[0], ast.Name) and node.args[0].id in ("self", "cls")
+            dynamic |= not on_instance
     return bindings, dynamic
 
 
