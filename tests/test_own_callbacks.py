@@ -20,7 +20,7 @@ import sys
 
 import pytest
 
-from conftest import metric_lines, tfdistx_env, wait_until
+from conftest import metric_lines, start_tfdistx, tfdistx_env, wait_until
 
 CALLBACKS = '''
 import keras
@@ -170,3 +170,42 @@ def test_under_multiworker_a_callback_failing_on_the_chief_saves_with_every_work
     assert sorted(p.name for p in (run.dir / "checkpoints").glob("ckpt-*.index")) == ["ckpt-20.index"]
     again = tfdistx(*[a for a in args if "callbacks.x" not in a], timeout=300)
     assert again.returncode == 0 and "nothing to train" in again.stdout + again.stderr, again
+
+
+STATEFUL = ["+callbacks.stop._target_=keras.callbacks.EarlyStopping", "+callbacks.stop.monitor=loss", "+callbacks.stop.mode=max",
+            "+callbacks.stop.patience=4",  # the loss falls: never better than the first epoch's, so it stops at epoch 4
+            "+callbacks.lr._target_=keras.callbacks.ReduceLROnPlateau", "+callbacks.lr.monitor=loss", "+callbacks.lr.mode=max",
+            "+callbacks.lr.patience=2", "+callbacks.lr.cooldown=1", "+callbacks.lr.factor=0.5",
+            "+callbacks.best._target_=keras.callbacks.ModelCheckpoint", "+callbacks.best.monitor=loss", "+callbacks.best.mode=max",
+            "+callbacks.best.save_best_only=true", "+callbacks.best.filepath='best-{epoch:02d}.keras'",
+            "+callbacks.pace._target_=user_plugins.Pace", "+callbacks.pace.seconds=0.5",  # slow enough for the signal to land mid-run
+            "trainer.steps=200", "trainer.steps_per_loop=10", "trainer.log_every=10", "checkpoint.every_steps=10",
+            "trainer.deterministic=true", "logger.tensorboard=false", "data.train_examples=512", "data.eval_examples=64"]
+
+
+def test_keras_stateful_callbacks_preempted_and_resumed_act_where_an_uninterrupted_run_does(tfdistx, tmp_path):
+    """EarlyStopping, ReduceLROnPlateau and ModelCheckpoint(save_best_only)
+    in one run, preempted by SIGTERM after two records and run again: it
+    stops at the same step, lowers the rate at the same steps, saves the
+    same best files and ends with the same weights as the run never
+    stopped (their state is in tfdistx's checkpoint; under fit a restart
+    starts them afresh: keras-team/keras#17012)."""
+    (tmp_path / "whole").mkdir()
+    whole = tfdistx(*STATEFUL, run_dir=tmp_path / "whole" / "run", cwd=tmp_path / "whole")
+    assert whole.returncode == 0, whole
+    (tmp_path / "split").mkdir()
+    run_dir = tmp_path / "split" / "run"
+    proc = start_tfdistx(STATEFUL, run_dir, cwd=tmp_path / "split")
+    try:
+        wait_until(lambda: metric_lines(run_dir) >= 2, 300, "two records", [proc])
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=120) == 42
+    finally:
+        proc.kill()
+    resumed = tfdistx(*STATEFUL, run_dir=run_dir, cwd=tmp_path / "split")
+    assert resumed.returncode == 0, resumed
+    assert 20 <= resumed.summary["resumed_from_step"] < whole.summary["step"]
+    assert [(m["step"], m["lr"]) for m in resumed.metrics] == [(m["step"], m["lr"]) for m in whole.metrics]
+    assert resumed.summary["stopped_early"] == whole.summary["stopped_early"] and whole.summary["step"] == 50
+    assert sorted(p.name for p in (tmp_path / "split").glob("best-*.keras")) == sorted(p.name for p in (tmp_path / "whole").glob("best-*.keras")) == ["best-01.keras"]
+    assert resumed.summary["weights_sha256"] == whole.summary["weights_sha256"]
