@@ -254,3 +254,28 @@ def pytest_unconfigure(config):
         _PYTEST_TMP_ROOT.rmdir()
     except OSError:
         pass  # a failed test's files are kept to look at
+
+
+# Where a run's time goes (docs/development.md: Where the time goes): with
+# TFDISTX_TEST_TIMES=FILE, each test appends a JSON line to FILE: its node id,
+# its pytest worker, when it started and ended (seconds since the epoch), and
+# the CPU seconds it spent in this process and in the processes it started
+# and waited for. A test whose wall time is far above its CPU seconds waited
+# on something, or for the cores; one whose CPU seconds are high did work.
+_TIMES = os.environ.get("TFDISTX_TEST_TIMES")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    if not _TIMES:
+        yield
+        return
+    import resource
+
+    children = lambda: sum(getattr(resource.getrusage(resource.RUSAGE_CHILDREN), f) for f in ("ru_utime", "ru_stime"))  # noqa: E731
+    started, own, spawned = time.time(), time.process_time(), children()
+    yield
+    line = {"test": item.nodeid, "worker": os.environ.get("PYTEST_XDIST_WORKER", "main"), "start": round(started, 2),
+            "end": round(time.time(), 2), "cpu": round(time.process_time() - own, 2), "children_cpu": round(children() - spawned, 2)}
+    with open(_TIMES, "a") as file:
+        file.write(json.dumps(line) + "\n")
