@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, Callable, Iterable, Mapping, Optional
 
-from tfdistx.config.errors import ConfigError, Problem
+from tfdistx.config.errors import ConfigError, Problem, RunFault
 
 # Targets that runs written by earlier versions name in their .hydra/config.yaml.
 RENAMED = {"tfdistx.records.tfrecord": "tfdistx.data.tfrecord", "tfdistx.records.csv": "tfdistx.data.csv"}
@@ -79,7 +79,7 @@ def build(group: str, target: str, kwargs: dict, expect: type, *, takes: Optiona
                            for key in unknown])
     try:
         built = (wrap(fn) if wrap else fn)(**{key: _built(group, key, value) for key, value in accepted.items()})
-    except ConfigError:
+    except (ConfigError, RunFault):  # the target's own one line (a dataset offline: data/sources.py)
         raise
     except Exception as error:
         raise ConfigError.one(f"{group}._target_", target, f"failed: {type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}") from error

@@ -16,6 +16,7 @@ resumed with `Dataset.skip`.
 """
 
 import contextlib
+import logging
 import tempfile
 from dataclasses import dataclass
 from typing import Callable, Optional, Sequence
@@ -241,12 +242,14 @@ def tfds(
     import tensorflow_datasets as tensorflow_datasets
 
     try:
-        with _scratch_tempdir():
+        with _scratch_tempdir(), _absl_warnings_off():
             builder = tensorflow_datasets.builder(name, data_dir=data_dir)
+            prepared = builder.is_prepared()
+            builder_dir = builder.data_dir
     except tensorflow_datasets.core.registered.DatasetNotFoundError:
         raise ConfigError.one("data.name", name, "not a tensorflow-datasets dataset (see `tfds.list_builders()`); tfdistx ships mnist, fashion_mnist, cifar10") from None
-    if download and not builder.is_prepared():
-        _ensure_reachable(name, builder.data_dir, download_check_url)
+    if download and not prepared:
+        _ensure_reachable(name, builder_dir, download_check_url)
         builder.download_and_prepare()
 
     features = builder.info.features
@@ -283,6 +286,20 @@ def tfds(
         num_classes=features["label"].num_classes,
         train_examples=train_examples or None,
     )
+
+
+@contextlib.contextmanager
+def _absl_warnings_off():
+    """tensorflow-datasets warns through absl that a dataset not yet
+    downloaded has no dataset_info.json in its folder: a line before
+    tfdistx's own, which says what is missing and what to do."""
+    absl = logging.getLogger("absl")
+    level = absl.level
+    absl.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        absl.setLevel(level)
 
 
 @contextlib.contextmanager
