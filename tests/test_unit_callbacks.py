@@ -8,7 +8,7 @@ import io
 
 import pytest
 
-from config_helpers import refused
+from config_helpers import PREFIX, compose_ok, refused
 from engine_helpers import train, whole_and_resumed
 from tfdistx.config.errors import RunFault
 from tfdistx.engine.loggers import ConsoleProgress, CsvLogger
@@ -72,6 +72,75 @@ def test_a_run_with_callbacks_lion_and_a_schedule_resumes_bitwise(tmp_path):
 ])
 def test_a_bad_callback_or_logger_key_is_refused_before_tensorflow(tmp_path, override, message):
     assert any(message in line for line in refused(tmp_path, override))
+
+
+INSIDE = "a file inside the run dir, e.g. keras_log.csv or logs/keras.csv"
+
+
+@pytest.mark.parametrize("overrides, line", [
+    (["callbacks.csv_logger.filename=../mine.csv", "callbacks.csv_logger.append=false"],
+     f"callbacks.csv_logger.filename='../mine.csv': would be written outside the run dir, where tfdistx does not write: name {INSIDE}"),
+    (["callbacks.csv_logger.filename=/tmp/mine.csv"],
+     f"callbacks.csv_logger.filename='/tmp/mine.csv': would be written outside the run dir, where tfdistx does not write: name {INSIDE}"),
+    (["callbacks.csv_logger.filename=metrics.jsonl"],
+     f"callbacks.csv_logger.filename='metrics.jsonl': is the run's own metrics.jsonl, which this file would replace: name {INSIDE}"),
+])
+def test_a_shipped_callbacks_file_outside_the_run_dir_or_over_its_files_is_refused(tmp_path, overrides, line):
+    assert refused(tmp_path / "run", "callbacks=[csv_logger]", *overrides) == [PREFIX + line]
+
+
+def test_a_shipped_callbacks_file_through_a_link_out_of_the_run_dir_is_refused(tmp_path):
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / ".lock").write_text("")  # a run dir of tfdistx's, resumed
+    (tmp_path / "run" / "out").symlink_to(tmp_path)
+    assert refused(tmp_path / "run", "callbacks=[csv_logger]", "callbacks.csv_logger.filename=out/mine.csv") == [
+        PREFIX + f"callbacks.csv_logger.filename='out/mine.csv': leads outside the run dir (to {tmp_path / 'mine.csv'}): name {INSIDE}"]
+
+
+def test_a_directory_tfdistx_did_not_make_holding_a_file_a_logger_writes_is_refused_as_a_run_dir(tmp_path):
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "keras_log.csv").write_text("my own rows\n")
+    (tmp_path / "mine" / "metrics.csv").write_text("my own rows\n")
+    assert refused(tmp_path / "mine", "callbacks=[csv_logger]", "logger=[default,csv]") == [
+        PREFIX + f"hydra.run.dir='{tmp_path / 'mine'}': holds keras_log.csv, metrics.csv, which a run writes, and tfdistx did not make it "
+                 "(no .lock): name a new directory, or move them (nothing was changed)"]
+    compose_ok(tmp_path / "mine")  # without those loggers the directory is no run's
+
+
+def test_the_csv_logger_keeps_a_file_there_aside_when_told_not_to_append(tmp_path):
+    args = [*EVERY_TEN, "trainer.steps=20", "callbacks=[csv_logger]", "callbacks.csv_logger.append=false"]
+    train(tmp_path / "run", *args)
+    first = (tmp_path / "run" / "keras_log.csv").read_text()
+    train(tmp_path / "run", *args, "trainer.steps=30")  # resumed: a new file, the first kept beside it
+    kept = list((tmp_path / "run").glob("keras_log.replaced-*.csv"))
+    assert len(kept) == 1 and kept[0].read_text() == first
+    assert len(list(csv.DictReader(open(tmp_path / "run" / "keras_log.csv")))) == 1  # the resumed run's one record
+
+
+@pytest.mark.parametrize("overrides, line", [
+    (['logger.mlflow.experiment=""'], "logger.mlflow.experiment='': the name of an MLflow experiment: 1 to 500 characters"),
+    (["logger.mlflow.run_name=''"], "logger.mlflow.run_name='': 1 to 250 characters, or null: the run dir's name"),
+    (["logger.mlflow.tracking_uri=file:///tmp/mlruns"],
+     "logger.mlflow.tracking_uri='file:///tmp/mlruns': is MLflow's file store, which MLflow 3 refuses unless MLFLOW_ALLOW_FILE_STORE=true: "
+     "name a SQLite store (sqlite:///PATH/mlflow.db) or a server, or leave it null for the run's own store"),
+    (["logger.mlflow.tracking_uri=sqlite:////nowhere/at/all/mlflow.db"],
+     "logger.mlflow.tracking_uri='sqlite:////nowhere/at/all/mlflow.db': its directory /nowhere/at/all does not exist: make it, or name another"),
+    (["logger.mlflow.enabled=maybe"], "logger.mlflow.enabled='maybe': allowed: true, false"),
+])
+def test_a_bad_mlflow_key_is_refused_before_tensorflow(tmp_path, monkeypatch, overrides, line):
+    monkeypatch.delenv("MLFLOW_ALLOW_FILE_STORE", raising=False)
+    assert refused(tmp_path / "run", "logger=[default,mlflow]", *overrides) == [PREFIX + line]
+
+
+def test_an_unknown_logger_in_a_list_is_named_with_the_loggers_there_are(tmp_path, monkeypatch):
+    from tfdistx.config import userconf
+
+    own = tmp_path / "conf" / "logger"
+    own.mkdir(parents=True)
+    (own / "mine.yaml").write_text("csv: true\n")
+    monkeypatch.setenv(userconf.ENV, str(tmp_path / "conf"))
+    assert refused(tmp_path / "run", "logger=[default,nope]") == [
+        PREFIX + "logger='nope': allowed: csv, default, mine, mlflow, wandb; or your own: --config-dir DIR with DIR/logger/nope.yaml"]
 
 
 def test_metrics_csv_drops_the_rows_after_the_step_a_run_resumes_from_and_adds_columns_as_metrics_appear(tmp_path):
