@@ -56,6 +56,66 @@ def test_a_callback_that_raises_stops_the_run_in_one_line_naming_it_and_keeps_th
     assert (tmp_path / "run" / "checkpoints" / "ckpt-20.index").exists()
 
 
+def test_a_logger_that_raises_stops_the_run_in_one_line_naming_it_as_a_callback_is(tmp_path):
+    """A user's logger (and any of tfdistx's: the same guard) that raises at a
+    record: the run stops with a line naming it and the step, the steps
+    trained saved; one that raises as it closes is named too."""
+    with pytest.raises(RunFault) as raised:
+        train(tmp_path / "run", *EVERY_TEN, "trainer.steps=100", "logger.boom._target_=user_plugins.RaisingLogger", "logger.boom.at=20")
+    assert str(raised.value) == ("logger.boom (user_plugins.RaisingLogger) raised ValueError at step 20: logger boom; "
+                                 "the steps trained are saved (step 20), and a rerun resumes from there")
+    assert raised.value.code == 1
+    assert (tmp_path / "run" / "checkpoints" / "ckpt-20.index").exists()
+    with pytest.raises(RunFault) as raised:
+        train(tmp_path / "closing", *EVERY_TEN, "trainer.steps=20", "logger.boom._target_=user_plugins.RaisingLogger")
+    assert str(raised.value).startswith("logger.boom (user_plugins.RaisingLogger) raised ValueError at step 20: logger boom; ")
+
+
+def test_metrics_jsonl_is_written_a_whole_line_at_a_time_under_a_file_size_limit(tmp_path, capsys):
+    """RLIMIT_FSIZE (a batch system's file-size limit; Python ignores
+    SIGXFSZ): the write that would pass it fails (File too large) and leaves
+    no half line, and the run's log file that hits it says so once, without
+    Python's `--- Logging error ---` traceback."""
+    import logging
+    import resource
+
+    from tfdistx.engine.loggers import JsonlLogger, into_log_files
+
+    logger, handler = JsonlLogger(str(tmp_path / "metrics.jsonl")), logging.FileHandler(tmp_path / "tfdistx.log")
+    logging.getLogger().addHandler(handler)
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    try:
+        logger(10, {"loss": 1.0})
+        resource.setrlimit(resource.RLIMIT_FSIZE, ((tmp_path / "metrics.jsonl").stat().st_size + 20, hard))
+        with pytest.raises(OSError, match="File too large"):
+            logger(20, {"loss": 0.5, "accuracy": 0.25})  # a line longer than the 20 bytes left
+        for _ in range(3):
+            into_log_files("x" * 100)
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+        logging.getLogger().removeHandler(handler)
+        handler.close()
+        logger.close()
+    assert (tmp_path / "metrics.jsonl").read_text() == '{"step": 10, "loss": 1.0}\n'
+    err = capsys.readouterr().err
+    assert "Logging error" not in err and "Traceback" not in err
+    assert err.count("tfdistx.log cannot be written (File too large)") == 1
+
+
+def test_step_lines_print_their_numbers_in_columns_that_line_up():
+    from tfdistx.engine.loggers import fixed_width
+
+    stream = io.StringIO()
+    progress = ConsoleProgress(200, stream=stream, live=False)
+    progress(100, {"loss": 1.3, "accuracy": 0.5, "examples_per_sec": 9876.0})
+    progress(200, {"loss": 0.9639, "accuracy": 0.51234, "examples_per_sec": 123456.0})
+    first, second = stream.getvalue().splitlines()
+    assert first == "step 100/200  loss   1.300  accuracy  0.5000    9,876 ex/s"
+    assert second.startswith("step 200/200  loss  0.9639  accuracy  0.5123  123,456 ex/s  ETA ")
+    assert [fixed_width(v) for v in (0.06391, 12.35, 1234.0, 0.0002, 9.99996)] == [
+        "0.06391", "  12.35", "   1234", "2.000e-04", "  10.00"]
+
+
 def test_a_run_with_callbacks_lion_and_a_schedule_resumes_bitwise(tmp_path):
     args = [*EVERY_TEN, "strategy=mirrored", "cluster=1x2", "trainer.deterministic=true", "optimizer._target_=keras.optimizers.Lion",
             "optimizer.schedule={_target_:keras.optimizers.schedules.PiecewiseConstantDecay,boundaries:[20],values:[0.001,0.0003]}",
@@ -162,7 +222,7 @@ def test_the_terminal_status_line_is_redrawn_in_place_under_the_step_lines():
     progress(20, {"loss": 1.5})
     progress.close()
     text = stream.getvalue()
-    assert "\r\x1b[Kstep  20/100  loss 1.5\n" in text  # the record's line replaces the status line, and stays
+    assert "\r\x1b[Kstep  20/100  loss   1.500\n" in text  # the record's line replaces the status line, and stays
     assert "\r\x1b[Kstep  10/100" in text and "steps/s  ETA" in text  # drawn after each call, with a rate from the second
     assert text.endswith("\r\x1b[K")  # closed: the status line is cleared
 
