@@ -5,6 +5,7 @@ and runs stopped by a callback that resume bit for bit."""
 
 import csv
 import io
+import json
 
 import pytest
 
@@ -100,6 +101,44 @@ def test_metrics_jsonl_is_written_a_whole_line_at_a_time_under_a_file_size_limit
     err = capsys.readouterr().err
     assert "Logging error" not in err and "Traceback" not in err
     assert err.count("tfdistx.log cannot be written (File too large)") == 1
+
+
+def test_mlflow_gets_each_step_once_its_checkpoint_is_saved_so_a_resumed_run_sends_no_step_twice(tmp_path):
+    """MLflow has no way to take a point back: a point is sent once a
+    checkpoint at or after its step is saved. A run killed past its last
+    checkpoint never sent those steps, and resumed sends them once; one
+    killed after a checkpoint, before it sent that step, sends it from
+    metrics.jsonl as it resumes. Its store is the run's own SQLite file,
+    its artifacts beside it."""
+    from mlflow import MlflowClient
+
+    from tfdistx.engine.loggers import append_jsonl
+    from tfdistx.engine.mlflow_logger import MlflowLogger
+
+    run_dir, checkpoints = tmp_path / "run", tmp_path / "run" / "checkpoints"
+    checkpoints.mkdir(parents=True)
+    keys = dict(experiment="tfdistx", tracking_uri=None, run_name=None, timeout=5, checkpoint_dir=checkpoints)
+
+    def attempt(records, saved_after, resumed_from=0):
+        """A run's attempt from `resumed_from`: each record logged (metrics.jsonl, then MLflow), then its checkpoint if saved."""
+        lines = [line for line in (run_dir / "metrics.jsonl").read_text().splitlines()] if resumed_from else []
+        (run_dir / "metrics.jsonl").write_text("".join(line + "\n" for line in lines if json.loads(line)["step"] <= resumed_from))
+        logger = MlflowLogger(run_dir, {"trainer": {"steps": 40}}, **keys)
+        for step, loss in records:
+            append_jsonl(run_dir / "metrics.jsonl", {"step": step, "loss": loss})
+            logger(step, {"loss": loss})
+            if step in saved_after:
+                (checkpoints / f"ckpt-{step}.index").write_text("")
+        return logger  # killed: never closed
+
+    attempt([(10, 3.0), (20, 2.0)], saved_after={10})  # killed past its checkpoint: 20 is trained again
+    attempt([(20, 2.5), (30, 1.5)], saved_after={20, 30}, resumed_from=10)  # killed after saving 30, before sending it
+    last = attempt([(40, 1.0)], saved_after={40}, resumed_from=30)
+    last.close()  # the end's checkpoint makes the last point final
+    client = MlflowClient(tracking_uri=f"sqlite:///{run_dir / 'mlflow.db'}")
+    assert [(m.step, m.value) for m in client.get_metric_history(last.run_id, "loss")] == [(10, 3.0), (20, 2.5), (30, 1.5), (40, 1.0)]
+    assert client.get_run(last.run_id).info.artifact_uri.startswith((run_dir / "mlartifacts").as_uri())
+    assert len(client.search_runs([client.get_experiment_by_name("tfdistx").experiment_id])) == 1  # each attempt logged on into it
 
 
 def test_step_lines_print_their_numbers_in_columns_that_line_up():

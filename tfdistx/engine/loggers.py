@@ -55,7 +55,8 @@ def for_run(run_dir: Path, asked: Logger, total_steps: int, start_step: int, ena
             if asked.mlflow:
                 from tfdistx.engine.mlflow_logger import MlflowLogger  # MLflow's client only when it is on
 
-                opened("logger.mlflow", MlflowLogger, run_dir, config or {}, **dataclasses.asdict(asked.mlflow))
+                opened("logger.mlflow", MlflowLogger, run_dir, config or {}, checkpoint_dir=_checkpoint_dir(run_dir, config or {}),
+                       **dataclasses.asdict(asked.mlflow))
             for name, target in asked.own.items():
                 sinks.append(Named(f"logger.{name}", target.path, own_logger(name, target, run_dir, config or {}), start_step))
     except BaseException:
@@ -67,6 +68,11 @@ def for_run(run_dir: Path, asked: Logger, total_steps: int, start_step: int, ena
         _close_all(sinks, failing=True)  # what ended the run is its one line; a close that fails too is a warning
         raise
     _close_all(sinks, failing=False)
+
+
+def _checkpoint_dir(run_dir: Path, config: dict) -> Path:
+    """Where the run's checkpoints are (the resolved config's checkpoint.dir, else the run dir's)."""
+    return Path((config.get("checkpoint") or {}).get("dir") or run_dir / "checkpoints")
 
 
 def _close_all(sinks: List["Named"], failing: bool) -> None:
