@@ -123,7 +123,8 @@ def test_mlflow_gets_each_step_once_its_checkpoint_is_saved_so_a_resumed_run_sen
         """A run's attempt from `resumed_from`: each record logged (metrics.jsonl, then MLflow), then its checkpoint if saved."""
         lines = [line for line in (run_dir / "metrics.jsonl").read_text().splitlines()] if resumed_from else []
         (run_dir / "metrics.jsonl").write_text("".join(line + "\n" for line in lines if json.loads(line)["step"] <= resumed_from))
-        logger = MlflowLogger(run_dir, {"trainer": {"steps": 40}}, **keys)
+        logged = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]  # as the run's loggers pass it
+        logger = MlflowLogger(run_dir, {"trainer": {"steps": 40}}, logged=logged, **keys)
         for step, loss in records:
             append_jsonl(run_dir / "metrics.jsonl", {"step": step, "loss": loss})
             logger(step, {"loss": loss})

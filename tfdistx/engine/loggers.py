@@ -56,7 +56,7 @@ def for_run(run_dir: Path, asked: Logger, total_steps: int, start_step: int, ena
                 from tfdistx.engine.mlflow_logger import MlflowLogger  # MLflow's client only when it is on
 
                 opened("logger.mlflow", MlflowLogger, run_dir, config or {}, checkpoint_dir=_checkpoint_dir(run_dir, config or {}),
-                       **dataclasses.asdict(asked.mlflow))
+                       logged=[record for _, record in read_jsonl(run_dir / "metrics.jsonl")], **dataclasses.asdict(asked.mlflow))
             for name, target in asked.own.items():
                 sinks.append(Named(f"logger.{name}", target.path, own_logger(name, target, run_dir, config or {}), start_step))
     except BaseException:

@@ -26,10 +26,9 @@ import logging
 import os
 import time
 from pathlib import Path
-from typing import Any, Callable, List, Mapping, Optional, Tuple
+from typing import Any, Callable, List, Mapping, Optional, Sequence, Tuple
 
 from tfdistx.checkpoint_files import on_disk
-from tfdistx.engine.loggers import read_jsonl, write_json  # (loggers imports this module only when the logger is on)
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +46,8 @@ def local_store(run_dir: Path) -> str:
 
 class MlflowLogger:
     def __init__(self, run_dir: Path, config: Mapping[str, Any], experiment: str, tracking_uri: Optional[str],
-                 run_name: Optional[str], timeout: float, checkpoint_dir: Optional[Path] = None):
+                 run_name: Optional[str], timeout: float, checkpoint_dir: Optional[Path] = None, logged: Sequence[dict] = ()):
+        """`logged`: the records metrics.jsonl holds as the run starts (a resumed run's, up to its checkpoint)."""
         # Bounded waits: MLflow's HTTP client otherwise retries for minutes (7 tries, 120 s each).
         os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", str(max(1, int(timeout))))
         os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
@@ -64,15 +64,15 @@ class MlflowLogger:
                 raise
             log.warning("MLflow at %s is unreachable (%s): logging to %s instead", uri, _first_line(error), local)
             self.client, self.run_id = self._open(local, experiment, run_name or run_dir.name, config)
-        self._catch_up()
+        self._catch_up(logged)
 
-    def _catch_up(self) -> None:
+    def _catch_up(self, logged: Sequence[dict]) -> None:
         """The points metrics.jsonl holds up to the newest checkpoint that this
         MLflow run was not sent: a run killed after a checkpoint, before the
         next record sent that checkpoint's points, resumes after their step
         and never logs them again (and a run new to this store gets them all)."""
         sent = (kept_run(self.run_dir) or {}).get("sent_up_to", 0)
-        for _, record in read_jsonl(self.run_dir / "metrics.jsonl"):
+        for record in logged:
             step = record.get("step")
             if isinstance(step, int) and step > sent:
                 self.pending.append((step, int(time.time() * 1000), {k: v for k, v in record.items() if k != "step"}))
@@ -125,7 +125,9 @@ class MlflowLogger:
 
     def _keep(self, uri: str, run_id: str, sent_up_to: int) -> None:
         """<run dir>/mlflow.json: the MLflow run a resumed run logs on into, and the last step it was sent."""
-        write_json(self.run_dir / RUN_FILE, {"tracking_uri": uri, "run_id": run_id, "sent_up_to": sent_up_to})
+        tmp = self.run_dir / (RUN_FILE + ".tmp")  # whole or not at all: a kill mid-write leaves the last one
+        tmp.write_text(json.dumps({"tracking_uri": uri, "run_id": run_id, "sent_up_to": sent_up_to}) + "\n")
+        os.replace(tmp, self.run_dir / RUN_FILE)
 
 
 def _newest_checkpoint_step(directory: Path) -> Callable[[], Optional[int]]:
