@@ -57,7 +57,8 @@ def project(tmp_path):
 
 
 def start(project, run_dir, *args):
-    env = tfdistx_env(PYTHONPATH=None)  # the project's own directory, nothing of tests/
+    # The project's own directory, nothing of tests/; and the PYTHONPATH pytest was given (a checkout that is not the one installed).
+    env = tfdistx_env(PYTHONPATH=os.environ.get("PYTHONPATH") or None)
     return subprocess.Popen([sys.executable, "-m", "tfdistx", *RUN, *args, f"hydra.run.dir={run_dir}"], cwd=project, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
@@ -80,7 +81,7 @@ def stopped_where_the_callback_said(run_dir, scheduled=True) -> dict:
     return summary
 
 
-def test_a_project_with_its_own_callback_lion_csv_and_mlflow_stops_resumes_and_is_found(project, monkeypatch):
+def test_a_project_with_its_own_callback_lion_csv_and_mlflow_stops_resumes_and_is_found(project):
     whole = project / "whole"
     finished(start(project, whole))
     summary = stopped_where_the_callback_said(whole)
@@ -102,15 +103,19 @@ def test_a_project_with_its_own_callback_lion_csv_and_mlflow_stops_resumes_and_i
     resumed = stopped_where_the_callback_said(killed)
     assert resumed["resumed"] and resumed["weights_sha256"] == summary["weights_sha256"] and resumed["step"] == summary["step"]
 
-    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # MLflow 3 reads its local file store only when told to
-    import mlflow
+    # Each run's own MLflow store, in its run dir (nothing in the directory the runs started from), read as the docs say.
+    assert not (project / "mlruns").exists() and not (project / "mlflow.db").exists()
+    from mlflow import MlflowClient
 
-    mlflow.set_tracking_uri((project / "mlruns").as_uri())  # the local store, in the directory the runs started from
-    runs = {run.info.run_name: run for run in mlflow.search_runs(experiment_names=["tfdistx"], output_format="list")}
-    assert sorted(runs) == ["killed", "whole"]  # the resumed run logged on into its own MLflow run
-    assert all(run.info.status == "FINISHED" for run in runs.values())
-    assert runs["whole"].data.metrics["loss"] == json.loads((whole / "metrics.jsonl").read_text().splitlines()[-1])["loss"]
-    assert runs["whole"].data.params["optimizer._target_"] == "keras.optimizers.Lion"
+    for run_dir in (whole, killed):
+        client = MlflowClient(tracking_uri=f"sqlite:///{run_dir / 'mlflow.db'}")
+        [run] = client.search_runs([client.get_experiment_by_name("tfdistx").experiment_id])  # the resumed run logged on into its own
+        logged = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+        assert run.info.run_name == run_dir.name and run.info.status == "FINISHED"
+        assert run.data.metrics["loss"] == logged[-1]["loss"]
+        # Each step once, its final value: the killed run's steps past its checkpoint were never sent, as metrics.jsonl dropped them.
+        assert [(m.step, m.value) for m in client.get_metric_history(run.info.run_id, "loss")] == [(m["step"], m["loss"]) for m in logged]
+        assert run.data.params["optimizer._target_"] == "keras.optimizers.Lion"
 
 
 def test_under_multiworker_the_chiefs_callbacks_stop_every_worker_at_its_step_and_set_their_rate(project):

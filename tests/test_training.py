@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -145,6 +146,11 @@ def test_a_finished_run_exits_promptly_after_its_last_line(tmp_path):
     assert "exported ckpt-300" in (tmp_path / "run" / "tfdistx.log").read_text()  # the log is whole
     out = "".join(lines)  # where the run is, said at its start and its end
     assert f"run dir: {tmp_path / 'run'}" in out and f"done at step 300: {tmp_path / 'run'}" in out
+    # The lines a local cluster's task shows, without its [worker:0]: no Hydra [time][logger][INFO] prefix; the log keeps it.
+    assert not [line for line in lines if line.startswith("[")], out[-2000:]
+    assert re.match(r"\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+\]\[tfdistx[.\w]*\]\[INFO\] - ", (tmp_path / "run" / "tfdistx.log").read_text())
+    first, second = [line for line in lines if line.startswith("step ")][:2]  # a number's column has one width from line to line
+    assert first.index(" ex/s") == second.index(" ex/s"), (first, second)
     assert list(scratch.iterdir()) == []  # what exit handlers remove (TensorFlow's autograph files) is removed
 
 

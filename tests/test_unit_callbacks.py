@@ -5,10 +5,11 @@ and runs stopped by a callback that resume bit for bit."""
 
 import csv
 import io
+import json
 
 import pytest
 
-from config_helpers import refused
+from config_helpers import PREFIX, compose_ok, refused
 from engine_helpers import train, whole_and_resumed
 from tfdistx.config.errors import RunFault
 from tfdistx.engine.loggers import ConsoleProgress, CsvLogger
@@ -56,6 +57,105 @@ def test_a_callback_that_raises_stops_the_run_in_one_line_naming_it_and_keeps_th
     assert (tmp_path / "run" / "checkpoints" / "ckpt-20.index").exists()
 
 
+def test_a_logger_that_raises_stops_the_run_in_one_line_naming_it_as_a_callback_is(tmp_path):
+    """A user's logger (and any of tfdistx's: the same guard) that raises at a
+    record: the run stops with a line naming it and the step, the steps
+    trained saved; one that raises as it closes is named too."""
+    with pytest.raises(RunFault) as raised:
+        train(tmp_path / "run", *EVERY_TEN, "trainer.steps=100", "logger.boom._target_=user_plugins.RaisingLogger", "logger.boom.at=20")
+    assert str(raised.value) == ("logger.boom (user_plugins.RaisingLogger) raised ValueError at step 20: logger boom; "
+                                 "the steps trained are saved (step 20), and a rerun resumes from there")
+    assert raised.value.code == 1
+    assert (tmp_path / "run" / "checkpoints" / "ckpt-20.index").exists()
+    with pytest.raises(RunFault) as raised:
+        train(tmp_path / "closing", *EVERY_TEN, "trainer.steps=20", "logger.boom._target_=user_plugins.RaisingLogger")
+    assert str(raised.value).startswith("logger.boom (user_plugins.RaisingLogger) raised ValueError at step 20: logger boom; ")
+
+
+def test_metrics_jsonl_is_written_a_whole_line_at_a_time_under_a_file_size_limit(tmp_path, capsys):
+    """RLIMIT_FSIZE (a batch system's file-size limit; Python ignores
+    SIGXFSZ): the write that would pass it fails (File too large) and leaves
+    no half line, and the run's log file that hits it says so once, without
+    Python's `--- Logging error ---` traceback."""
+    import logging
+    import resource
+
+    from tfdistx.engine.loggers import JsonlLogger, into_log_files
+
+    logger, handler = JsonlLogger(str(tmp_path / "metrics.jsonl")), logging.FileHandler(tmp_path / "tfdistx.log")
+    logging.getLogger().addHandler(handler)
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    try:
+        logger(10, {"loss": 1.0})
+        resource.setrlimit(resource.RLIMIT_FSIZE, ((tmp_path / "metrics.jsonl").stat().st_size + 20, hard))
+        with pytest.raises(OSError, match="File too large"):
+            logger(20, {"loss": 0.5, "accuracy": 0.25})  # a line longer than the 20 bytes left
+        for _ in range(3):
+            into_log_files("x" * 100)
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+        logging.getLogger().removeHandler(handler)
+        handler.close()
+        logger.close()
+    assert (tmp_path / "metrics.jsonl").read_text() == '{"step": 10, "loss": 1.0}\n'
+    err = capsys.readouterr().err
+    assert "Logging error" not in err and "Traceback" not in err
+    assert err.count("tfdistx.log cannot be written (File too large)") == 1
+
+
+def test_mlflow_gets_each_step_once_its_checkpoint_is_saved_so_a_resumed_run_sends_no_step_twice(tmp_path):
+    """MLflow has no way to take a point back: a point is sent once a
+    checkpoint at or after its step is saved. A run killed past its last
+    checkpoint never sent those steps, and resumed sends them once; one
+    killed after a checkpoint, before it sent that step, sends it from
+    metrics.jsonl as it resumes. Its store is the run's own SQLite file,
+    its artifacts beside it."""
+    from mlflow import MlflowClient
+
+    from tfdistx.engine.loggers import append_jsonl
+    from tfdistx.engine.mlflow_logger import MlflowLogger
+
+    run_dir, checkpoints = tmp_path / "run", tmp_path / "run" / "checkpoints"
+    checkpoints.mkdir(parents=True)
+    keys = dict(experiment="tfdistx", tracking_uri=None, run_name=None, timeout=5, checkpoint_dir=checkpoints)
+
+    def attempt(records, saved_after, resumed_from=0):
+        """A run's attempt from `resumed_from`: each record logged (metrics.jsonl, then MLflow), then its checkpoint if saved."""
+        lines = [line for line in (run_dir / "metrics.jsonl").read_text().splitlines()] if resumed_from else []
+        (run_dir / "metrics.jsonl").write_text("".join(line + "\n" for line in lines if json.loads(line)["step"] <= resumed_from))
+        logged = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]  # as the run's loggers pass it
+        logger = MlflowLogger(run_dir, {"trainer": {"steps": 40}}, logged=logged, **keys)
+        for step, loss in records:
+            append_jsonl(run_dir / "metrics.jsonl", {"step": step, "loss": loss})
+            logger(step, {"loss": loss})
+            if step in saved_after:
+                (checkpoints / f"ckpt-{step}.index").write_text("")
+        return logger  # killed: never closed
+
+    attempt([(10, 3.0), (20, 2.0)], saved_after={10})  # killed past its checkpoint: 20 is trained again
+    attempt([(20, 2.5), (30, 1.5)], saved_after={20, 30}, resumed_from=10)  # killed after saving 30, before sending it
+    last = attempt([(40, 1.0)], saved_after={40}, resumed_from=30)
+    last.close()  # the end's checkpoint makes the last point final
+    client = MlflowClient(tracking_uri=f"sqlite:///{run_dir / 'mlflow.db'}")
+    assert [(m.step, m.value) for m in client.get_metric_history(last.run_id, "loss")] == [(10, 3.0), (20, 2.5), (30, 1.5), (40, 1.0)]
+    assert client.get_run(last.run_id).info.artifact_uri.startswith((run_dir / "mlartifacts").as_uri())
+    assert len(client.search_runs([client.get_experiment_by_name("tfdistx").experiment_id])) == 1  # each attempt logged on into it
+
+
+def test_step_lines_print_their_numbers_in_columns_that_line_up():
+    from tfdistx.engine.loggers import fixed_width
+
+    stream = io.StringIO()
+    progress = ConsoleProgress(200, stream=stream, live=False)
+    progress(100, {"loss": 1.3, "accuracy": 0.5, "examples_per_sec": 9876.0})
+    progress(200, {"loss": 0.9639, "accuracy": 0.51234, "examples_per_sec": 123456.0})
+    first, second = stream.getvalue().splitlines()
+    assert first == "step 100/200  loss   1.300  accuracy  0.5000    9,876 ex/s"
+    assert second.startswith("step 200/200  loss  0.9639  accuracy  0.5123  123,456 ex/s  ETA ")
+    assert [fixed_width(v) for v in (0.06391, 12.35, 1234.0, 0.0002, 9.99996)] == [
+        "0.06391", "  12.35", "   1234", "2.000e-04", "  10.00"]
+
+
 def test_a_run_with_callbacks_lion_and_a_schedule_resumes_bitwise(tmp_path):
     args = [*EVERY_TEN, "strategy=mirrored", "cluster=1x2", "trainer.deterministic=true", "optimizer._target_=keras.optimizers.Lion",
             "optimizer.schedule={_target_:keras.optimizers.schedules.PiecewiseConstantDecay,boundaries:[20],values:[0.001,0.0003]}",
@@ -72,6 +172,75 @@ def test_a_run_with_callbacks_lion_and_a_schedule_resumes_bitwise(tmp_path):
 ])
 def test_a_bad_callback_or_logger_key_is_refused_before_tensorflow(tmp_path, override, message):
     assert any(message in line for line in refused(tmp_path, override))
+
+
+INSIDE = "a file inside the run dir, e.g. keras_log.csv or logs/keras.csv"
+
+
+@pytest.mark.parametrize("overrides, line", [
+    (["callbacks.csv_logger.filename=../mine.csv", "callbacks.csv_logger.append=false"],
+     f"callbacks.csv_logger.filename='../mine.csv': would be written outside the run dir, where tfdistx does not write: name {INSIDE}"),
+    (["callbacks.csv_logger.filename=/tmp/mine.csv"],
+     f"callbacks.csv_logger.filename='/tmp/mine.csv': would be written outside the run dir, where tfdistx does not write: name {INSIDE}"),
+    (["callbacks.csv_logger.filename=metrics.jsonl"],
+     f"callbacks.csv_logger.filename='metrics.jsonl': is the run's own metrics.jsonl, which this file would replace: name {INSIDE}"),
+])
+def test_a_shipped_callbacks_file_outside_the_run_dir_or_over_its_files_is_refused(tmp_path, overrides, line):
+    assert refused(tmp_path / "run", "callbacks=[csv_logger]", *overrides) == [PREFIX + line]
+
+
+def test_a_shipped_callbacks_file_through_a_link_out_of_the_run_dir_is_refused(tmp_path):
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / ".lock").write_text("")  # a run dir of tfdistx's, resumed
+    (tmp_path / "run" / "out").symlink_to(tmp_path)
+    assert refused(tmp_path / "run", "callbacks=[csv_logger]", "callbacks.csv_logger.filename=out/mine.csv") == [
+        PREFIX + f"callbacks.csv_logger.filename='out/mine.csv': leads outside the run dir (to {tmp_path / 'mine.csv'}): name {INSIDE}"]
+
+
+def test_a_directory_tfdistx_did_not_make_holding_a_file_a_logger_writes_is_refused_as_a_run_dir(tmp_path):
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "keras_log.csv").write_text("my own rows\n")
+    (tmp_path / "mine" / "metrics.csv").write_text("my own rows\n")
+    assert refused(tmp_path / "mine", "callbacks=[csv_logger]", "logger=[default,csv]") == [
+        PREFIX + f"hydra.run.dir='{tmp_path / 'mine'}': holds keras_log.csv, metrics.csv, which a run writes, and tfdistx did not make it "
+                 "(no .lock): name a new directory, or move them (nothing was changed)"]
+    compose_ok(tmp_path / "mine")  # without those loggers the directory is no run's
+
+
+def test_the_csv_logger_keeps_a_file_there_aside_when_told_not_to_append(tmp_path):
+    args = [*EVERY_TEN, "trainer.steps=20", "callbacks=[csv_logger]", "callbacks.csv_logger.append=false"]
+    train(tmp_path / "run", *args)
+    first = (tmp_path / "run" / "keras_log.csv").read_text()
+    train(tmp_path / "run", *args, "trainer.steps=30")  # resumed: a new file, the first kept beside it
+    kept = list((tmp_path / "run").glob("keras_log.replaced-*.csv"))
+    assert len(kept) == 1 and kept[0].read_text() == first
+    assert len(list(csv.DictReader(open(tmp_path / "run" / "keras_log.csv")))) == 1  # the resumed run's one record
+
+
+@pytest.mark.parametrize("overrides, line", [
+    (['logger.mlflow.experiment=""'], "logger.mlflow.experiment='': the name of an MLflow experiment: 1 to 500 characters"),
+    (["logger.mlflow.run_name=''"], "logger.mlflow.run_name='': 1 to 250 characters, or null: the run dir's name"),
+    (["logger.mlflow.tracking_uri=file:///tmp/mlruns"],
+     "logger.mlflow.tracking_uri='file:///tmp/mlruns': is MLflow's file store, which MLflow 3 refuses unless MLFLOW_ALLOW_FILE_STORE=true: "
+     "name a SQLite store (sqlite:///PATH/mlflow.db) or a server, or leave it null for the run's own store"),
+    (["logger.mlflow.tracking_uri=sqlite:////nowhere/at/all/mlflow.db"],
+     "logger.mlflow.tracking_uri='sqlite:////nowhere/at/all/mlflow.db': its directory /nowhere/at/all does not exist: make it, or name another"),
+    (["logger.mlflow.enabled=maybe"], "logger.mlflow.enabled='maybe': allowed: true, false"),
+])
+def test_a_bad_mlflow_key_is_refused_before_tensorflow(tmp_path, monkeypatch, overrides, line):
+    monkeypatch.delenv("MLFLOW_ALLOW_FILE_STORE", raising=False)
+    assert refused(tmp_path / "run", "logger=[default,mlflow]", *overrides) == [PREFIX + line]
+
+
+def test_an_unknown_logger_in_a_list_is_named_with_the_loggers_there_are(tmp_path, monkeypatch):
+    from tfdistx.config import userconf
+
+    own = tmp_path / "conf" / "logger"
+    own.mkdir(parents=True)
+    (own / "mine.yaml").write_text("csv: true\n")
+    monkeypatch.setenv(userconf.ENV, str(tmp_path / "conf"))
+    assert refused(tmp_path / "run", "logger=[default,nope]") == [
+        PREFIX + "logger='nope': allowed: csv, default, mine, mlflow, wandb; or your own: --config-dir DIR with DIR/logger/nope.yaml"]
 
 
 def test_metrics_csv_drops_the_rows_after_the_step_a_run_resumes_from_and_adds_columns_as_metrics_appear(tmp_path):
@@ -93,7 +262,7 @@ def test_the_terminal_status_line_is_redrawn_in_place_under_the_step_lines():
     progress(20, {"loss": 1.5})
     progress.close()
     text = stream.getvalue()
-    assert "\r\x1b[Kstep  20/100  loss 1.5\n" in text  # the record's line replaces the status line, and stays
+    assert "\r\x1b[Kstep  20/100  loss   1.500\n" in text  # the record's line replaces the status line, and stays
     assert "\r\x1b[Kstep  10/100" in text and "steps/s  ETA" in text  # drawn after each call, with a rate from the second
     assert text.endswith("\r\x1b[K")  # closed: the status line is cleared
 

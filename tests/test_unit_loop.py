@@ -101,7 +101,7 @@ def test_step_lines_reach_the_runs_log_file_once(tmp_path, capsys):
         logging.getLogger().removeHandler(handler)
         handler.close()
     shown = capsys.readouterr().out.splitlines()
-    assert shown[0] == "step 10/20  loss 1.5" and shown[1].startswith("step 20/20  loss 1.25")
+    assert shown[0] == "step 10/20  loss   1.500" and shown[1].startswith("step 20/20  loss   1.250")
     assert (tmp_path / "tfdistx.log").read_text().splitlines() == shown
 
 

@@ -1,6 +1,8 @@
 """cluster.evaluator=true: where the sidecar evaluator task is placed under
 TF_CONFIG, Slurm and a TFJob, and a one-process strategy refusing it,
-in-process (-m unit), no TensorFlow. Its real runs: test_sidecar_evaluator.py."""
+in-process (-m unit), no TensorFlow; and the evaluator's loop over a run
+that ended before it looked, on real TensorFlow. Its real runs:
+test_sidecar_evaluator.py."""
 
 import json
 
@@ -76,3 +78,27 @@ def test_the_tfjob_has_an_evaluator_replica_only_when_asked(tmp_path):
     assert "resources" not in container  # --gpus: the training workers' GPUs; the evaluator asks for none
     plain = tfjob(compose_ok(tmp_path / "run", *overrides[:2]), overrides[:2], "job", "tfdistx:test")
     assert "Evaluator" not in plain["spec"]["tfReplicaSpecs"]
+
+
+@pytest.mark.unit
+def test_an_evaluator_that_starts_after_training_ended_evaluates_the_checkpoints_left_and_stops(tmp_path):
+    """Under load the evaluator may reach its first look only after the
+    chief has written its last checkpoint and summary.json: it evaluates
+    every checkpoint still there, the final one last (those max_to_keep
+    rotated away are gone), and stops by itself."""
+    import threading
+    import time
+
+    from engine_helpers import train
+    from tfdistx.engine import sidecar
+    from tfdistx.sigterm import SigtermNotice
+
+    run = train(tmp_path / "run", "trainer.steps=50", "checkpoint.every_steps=10")  # max_to_keep 3: 30, 40 and 50 left
+    with SigtermNotice() as notice:
+        training = sidecar.Training(placement.Placement(placement.Source.TF_CONFIG, {}, "evaluator"), run.spec.cluster)
+        evaluator = threading.Thread(target=sidecar.Sidecar(run.spec, time.time(), training, notice).run, daemon=True)
+        evaluator.start()
+        evaluator.join(timeout=300)
+    assert not evaluator.is_alive(), "the evaluator went on waiting after training had ended"
+    lines = [json.loads(line) for line in (run.dir / "evaluations.jsonl").read_text().splitlines()]
+    assert [line["step"] for line in lines if line.get("sidecar")] == [30, 40, 50]

@@ -327,6 +327,22 @@ class LinesLogger:
         self.file.close()
 
 
+class RaisingLogger:
+    """A user's logger that raises ValueError("logger boom"): at the first
+    record from step `at` on, or (`at` None) when it is closed."""
+
+    def __init__(self, at=None):
+        self.at = at
+
+    def __call__(self, step, metrics):
+        if self.at is not None and step >= self.at:
+            raise ValueError("logger boom")
+
+    def close(self):
+        if self.at is None:
+            raise ValueError("logger boom")
+
+
 # -- the three ways Keras writes a model (issue 42): each trains, resumes and exports as a functional one does --
 
 

@@ -32,6 +32,7 @@ from tfdistx.config.errors import EXIT_INVALID_CONFIG, EXIT_NOT_RETRYABLE, EXIT_
 
 LOCK_NAME = ".lock"
 FAILED_NAME = "FAILED"  # in a run dir whose run failed; read by `tfdistx report`
+LOG_NAME = "tfdistx.log"  # the run's log (Hydra's file handler: hydra.job.name)
 
 
 @contextlib.contextmanager
@@ -81,7 +82,7 @@ def owned(run_dir: str):
 
 
 # What a run that failed before training wrote anything leaves: nothing worth keeping.
-_STUB = {".hydra", "tfdistx.log", LOCK_NAME}
+_STUB = {".hydra", LOG_NAME, LOCK_NAME}
 
 # What a run (and `tfdistx evaluate`, `export`, `predict` of it) writes in its directory. Not tfdistx.log:
 # Hydra appends to it, and every task of a run opens it first thing, before the owner takes the lock.
@@ -90,22 +91,43 @@ RUN_WRITES_PREFIXES = ("predictions", "export-step-")
 JOB_NAME = "tfdistx"  # hydra.job.name (conf/config.yaml), which Hydra records in .hydra/hydra.yaml
 
 
-def in_the_way(run_dir: str, checkpoint_dir=None) -> list:
+def in_the_way(run_dir: str, checkpoint_dir=None, also=()) -> list:
     """What a run would write over in `run_dir`, a directory tfdistx did not
     make: the names there that a run writes (and `checkpoint_dir`'s, when it
-    lies inside). [] for a new directory, a tfdistx run dir (resumed), or
-    one of unrelated files (a project's code and notes)."""
+    lies inside; and `also`, what its loggers and callbacks write). [] for a
+    new directory, a tfdistx run dir (resumed), or one of unrelated files
+    (a project's code and notes)."""
     run = Path(run_dir)
     job = _hydra_job(run)
     if not run.is_dir() or (run / LOCK_NAME).exists() or job == JOB_NAME:
         return []
-    names = set(RUN_WRITES)
+    names = set(RUN_WRITES) | set(also)
     if checkpoint_dir and run.resolve() in Path(checkpoint_dir).resolve().parents:
         names.add(Path(checkpoint_dir).resolve().relative_to(run.resolve()).parts[0])
     if job is None:  # no other Hydra app's: a task of this run writing its .hydra/ this moment (hydra.yaml comes second)
         names.discard(".hydra")
     return sorted(f"{p.name}/" if p.is_dir() else p.name for p in run.iterdir()
                   if p.name in names or p.name.startswith(RUN_WRITES_PREFIXES))
+
+
+def why_not_in_run_dir(filename, run_dir: Optional[str] = None) -> Optional[str]:
+    """Why a file a shipped callback is told to write, `filename` (relative
+    to the run dir), is not one of the run dir's own to write, or None: a
+    path that leaves the run dir (`../mine.csv`, `/tmp/x.csv`, a link that
+    leads out), or one of the run's own files, which it would replace."""
+    allowed = "a file inside the run dir, e.g. keras_log.csv or logs/keras.csv"
+    if not isinstance(filename, str) or not filename.strip():
+        return f"must be {allowed}"
+    if os.path.isabs(filename) or os.path.normpath(filename).split(os.sep)[0] == os.pardir:
+        return f"would be written outside the run dir, where tfdistx does not write: name {allowed}"
+    first = Path(os.path.normpath(filename)).parts[0]
+    if first in RUN_WRITES or first.startswith(RUN_WRITES_PREFIXES) or first in (LOCK_NAME, LOG_NAME):
+        return f"is the run's own {first}, which this file would replace: name {allowed}"
+    if run_dir is not None:
+        run = Path(run_dir).resolve()
+        if run not in (run / filename).resolve().parents:
+            return f"leads outside the run dir (to {(run / filename).resolve()}): name {allowed}"
+    return None
 
 
 def _hydra_job(run: Path):

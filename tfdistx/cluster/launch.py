@@ -344,6 +344,10 @@ def _signal_group(proc, sig) -> None:
         pass
 
 
+# TensorFlow's C++ log (glog: `E0000 00:00:1764190403.460497  4567 ring_alg.cc:291] ...`) of a collective or an
+# RPC that failed because a peer is gone: `Aborting RingReduce with UNAVAILABLE`, a cancelled receive ...
+_TF_CPP_LOST_PEER = (r"^[EWF]\d{4} \S+\s+\d+ \S+:\d+\] .*"
+                     r"(UNAVAILABLE|CANCELLED|DEADLINE_EXCEEDED|ABORTED|Aborting|Connection reset|Socket closed|connection refused)")
 # TensorFlow errors known to be harmless, kept in the task's own log but not
 # shown: the coordinator's eval loop releases a remote function handle, which
 # TF 2.21 has not implemented (every evaluation of a parameter-server run) ...
@@ -356,7 +360,7 @@ _HARMLESS_ONCE_DONE = re.compile(r"coordination service|unhealthy|heartbeat|Fail
                                  r"This could happen if the remote target has been disconnected from the client|"
                                  r"Additional GRPC error information|failed to connect to all addresses|The tasks have crashed|"
                                  r"Collective ops is aborted|StartAbort|The error could be from a previous operation|"
-                                 r"^/job:\w+/replica:\d+/task:\d+\s*$")
+                                 r"^/job:\w+/replica:\d+/task:\d+\s*$|" + _TF_CPP_LOST_PEER)
 
 
 class _SaidOnce:

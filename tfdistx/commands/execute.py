@@ -17,7 +17,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from tfdistx import machine
 from tfdistx.cluster import placement as cluster
-from tfdistx.cluster.evaluator import EVALUATOR
+from tfdistx.cluster.evaluator import EVALUATOR, EVALUATOR_ON_SIGTERM
 from tfdistx.cluster.launch import run_local_cluster
 from tfdistx.cluster.rendezvous import LOCAL_CLUSTER_ENV
 from tfdistx.commands.ending import hold_until_exit
@@ -57,6 +57,8 @@ def execute(cfg: DictConfig, run_dir: str, mode: str, step: Optional[int] = None
         if placement.source is Source.LOCAL:
             return _run_local_cluster(cfg, run_dir, facts, mode, step, notice)
         spec = resolve(cfg, run_dir)
+        if placement.task_type == EVALUATOR and notice is not None:  # a SIGTERM while it starts is said as what it will do
+            notice.plan = EVALUATOR_ON_SIGTERM
         conflict = machine.conflict()
         if conflict:
             warn(conflict)

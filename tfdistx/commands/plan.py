@@ -175,5 +175,5 @@ def _loggers(logger) -> list:
     if OmegaConf.select(logger, "wandb.enabled"):
         named.append("wandb")
     if OmegaConf.select(logger, "mlflow.enabled"):
-        named.append(f"mlflow ({OmegaConf.select(logger, 'mlflow.tracking_uri') or 'MLFLOW_TRACKING_URI, else ./mlruns'})")
+        named.append(f"mlflow ({OmegaConf.select(logger, 'mlflow.tracking_uri') or 'MLFLOW_TRACKING_URI, else <run dir>/mlflow.db'})")
     return named

@@ -207,12 +207,24 @@ def as_config_error(error: Exception, overrides: Sequence[str]) -> ConfigError:
         value = given_value(key, overrides)
         return ConfigError([Problem(key, value, f"the config has this key already: set it without the leading +, as {key}={value} "
                                                 "(+KEY=VALUE adds a key the config does not have)")])
+    missing_option = re.search(r"Could not load '(\w+)/([^'/]+)'", str(error))
+    if missing_option and missing_option[1] != "hydra":  # an option in a list (logger=[default,nope]): Hydra names no options then
+        group, value = missing_option[1], missing_option[2]
+        return ConfigError([Problem(group, value, f"allowed: {', '.join(group_options(group))}{userconf.hint(group, value)}")])
     # Type errors come wrapped: Hydra's "Error merging override k=v" caused by
     # OmegaConf's "Value 'abc' ... could not be converted to Integer".
     cause = error.__cause__ or error
     first_line = str(cause).strip().splitlines()[0] if str(cause).strip() else type(cause).__name__
     key = getattr(cause, "full_key", None) or _override_key(str(error))
     return ConfigError([Problem(key or "override", given_value(key, overrides) if key else None, first_line)])
+
+
+def group_options(group: str) -> list:
+    """The options of a config group: tfdistx's files in conf/GROUP/ and
+    the user's in their config dirs (but those refused as shadowing one)."""
+    shipped = [path.stem for path in userconf.shipped_files() if path.parent.as_posix() == group]
+    own = [option["name"] for option in userconf.options().get(group, []) if option["refused"] is None]
+    return sorted(set(shipped + own))
 
 
 def _with_valid_keys(error: ConfigError, overrides: Sequence[str]) -> ConfigError:

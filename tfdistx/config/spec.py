@@ -130,7 +130,7 @@ class Wandb:
 @dataclass(frozen=True)
 class Mlflow:
     experiment: str
-    tracking_uri: Optional[str]  # None: MLFLOW_TRACKING_URI, else ./mlruns
+    tracking_uri: Optional[str]  # None: MLFLOW_TRACKING_URI, else the run dir's own mlflow.db
     run_name: Optional[str]  # None: the run dir's name
     timeout: float
 

@@ -15,10 +15,11 @@ from typing import Optional
 from omegaconf import DictConfig, OmegaConf
 
 from tfdistx import rundir
-from tfdistx.config import callbacks, compute, data_service, elastic, optimizers, sources, static_targets, strategies, tasks, threads, topology, warm_start
+from tfdistx.config import (callbacks, compute, data_service, elastic, loggers, optimizers, run_files, sources, static_targets, strategies,
+                            tasks, threads, topology, warm_start)
 from tfdistx.config.errors import MAX_RETRYABLE_EXIT_OFFSET, ConfigError, Problem
 from tfdistx.config.objective import objective_problems, unevaluated_problems
-from tfdistx.config.schema import LAUNCH_MODES, LOGGER_DEFAULTS, OPTIMIZER_KEYS, PIPELINE_DEFAULTS, TASK_FACTS, TASK_KEYS, Config
+from tfdistx.config.schema import LAUNCH_MODES, OPTIMIZER_KEYS, PIPELINE_DEFAULTS, TASK_FACTS, TASK_KEYS, Config
 from tfdistx.config.targets import current
 
 FLOAT32_MAX = 3.4028234663852886e38  # the learning rate lives in a float32 variable
@@ -39,9 +40,10 @@ def validate(cfg: DictConfig, run_dir: Optional[str] = None) -> None:
     problems += _task_and_data(cfg.task, cfg.data) + _evaluated(cfg)
     problems += _checkpoint(cfg.checkpoint, run_dir)
     problems += _targets(cfg) + callbacks.problems(cfg.get("callbacks"))
-    problems += _logger(cfg.logger)
+    problems += loggers.problems(cfg.logger)
+    problems += run_files.problems(cfg, run_dir)
     if run_dir is not None:
-        problems += writable("hydra.run.dir", run_dir) or _not_a_runs(run_dir, cfg.checkpoint.dir)
+        problems += writable("hydra.run.dir", run_dir) or _not_a_runs(run_dir, cfg.checkpoint.dir, run_files.names(cfg))
     if cfg.checkpoint.dir:
         problems += writable("checkpoint.dir", cfg.checkpoint.dir)
     if problems:
@@ -155,18 +157,6 @@ def _unknown_keys(path: str, schema, node) -> list:
 
 def _shown(value):
     return "{...}" if OmegaConf.is_config(value) else value
-
-
-def _logger(logger: DictConfig) -> list:
-    problems = [Problem(f"logger.{key}", logger[key], "allowed: true, false") for key in LOGGER_DEFAULTS
-                if key in logger and not isinstance(logger[key], bool)]
-    for key in ("wandb.init_timeout", "mlflow.timeout"):
-        timeout = OmegaConf.select(logger, key)
-        if timeout is not None and not (_is_number(timeout) and timeout > 0):
-            problems.append(Problem(f"logger.{key}", timeout, "seconds, more than 0"))
-    if OmegaConf.select(logger, "mlflow.enabled") and importlib.util.find_spec("mlflow") is None:
-        problems.append(Problem("logger.mlflow.enabled", True, "needs the MLflow client: pip install 'tfdistx[mlflow]'"))
-    return problems
 
 
 def _optimizer(opt: DictConfig) -> list:
@@ -380,10 +370,11 @@ def writable(key: str, path: str) -> list:
     return []
 
 
-def _not_a_runs(run_dir: str, checkpoint_dir: Optional[str]) -> list:
+def _not_a_runs(run_dir: str, checkpoint_dir: Optional[str], also=()) -> list:
     """A directory tfdistx did not make, holding names a run writes: the run
-    would write over them (metrics, summary) or into them (checkpoints)."""
-    found = rundir.in_the_way(run_dir, checkpoint_dir)
+    would write over them (metrics, summary) or into them (checkpoints).
+    `also`: what the run's loggers and callbacks write there."""
+    found = rundir.in_the_way(run_dir, checkpoint_dir, also)
     if not found:
         return []
     return [Problem("hydra.run.dir", run_dir, f"holds {', '.join(found)}, which a run writes, and tfdistx did not make it "

@@ -44,6 +44,7 @@ from tfdistx.config.errors import ConfigError, PluginFailed
 from tfdistx.config.targets import Target, locate
 from tfdistx.engine.keras_callbacks import KerasCallback, TrainedModel
 from tfdistx.engine.loop import Metrics, Schedule
+from tfdistx.rundir import keep_aside, why_not_in_run_dir
 
 log = logging.getLogger(__name__)
 
@@ -109,10 +110,18 @@ def _say_what_is_not_called(name: str, callback, steps_per_loop: int) -> None:
 class CSVLogger(keras.callbacks.CSVLogger):
     """Keras' CSVLogger with its file in the run directory (callbacks=csv_logger):
     a relative `filename` is the run dir's, as no interpolation can say in a
-    config that commands outside the run (--plan, evaluate) also read."""
+    config that commands outside the run (--plan, evaluate) also read. One
+    that would leave the run dir is refused (config/run_files.py, before
+    TensorFlow starts); with append=false, a file already there is kept aside, not replaced."""
 
     def __init__(self, run_dir: Path, filename: str = "keras_log.csv", separator: str = ",", append: bool = True):
-        super().__init__(str(Path(run_dir) / filename), separator=separator, append=append)
+        why = why_not_in_run_dir(filename, str(run_dir))
+        if why:
+            raise ConfigError.one("filename", filename, why)
+        path = Path(run_dir) / filename
+        if not append and path.exists():
+            log.info("%s was there: kept as %s", path, keep_aside(path))
+        super().__init__(str(path), separator=separator, append=append)
 
 
 class Guarded:

@@ -11,46 +11,158 @@ import csv
 import dataclasses
 import json
 import logging
+import math
 import netrc
 import os
 import sys
 import threading
 import time
 from pathlib import Path
-from typing import List, Optional, Tuple
+from typing import Callable, List, Optional, Tuple
 
-from tfdistx.config.errors import ConfigError
+from tfdistx.config.errors import ConfigError, PluginFailed, RunFault
 from tfdistx.config.spec import Logger
 from tfdistx.config.targets import Target
+from tfdistx.rundir import cannot_write
 
 log = logging.getLogger(__name__)
+
+JSONL_KEY = "metrics.jsonl"  # the logger every chief has (no key turns it off): named by its file
 
 
 @contextlib.contextmanager
 def for_run(run_dir: Path, asked: Logger, total_steps: int, start_step: int, enabled: bool = True, config: Optional[dict] = None):
-    """The loggers the logger group asks for, closed on exit; none unless
+    """The loggers the logger group asks for, each Named (one that raises
+    stops the run in one line naming it), closed on exit; none unless
     `enabled` (only the chief writes the run directory)."""
-    sinks = []
+    sinks: List[Named] = []
+    log_files()  # a full disk under the run's log file is one line, not a traceback per line
+
+    def opened(key: str, make, *args, **kwargs) -> None:
+        sinks.append(Named.opening(key, start_step, make, *args, **kwargs))
+
     try:
         if enabled:
-            sinks.append(JsonlLogger(str(run_dir / "metrics.jsonl"), resume_step=start_step))
+            opened(JSONL_KEY, JsonlLogger, str(run_dir / "metrics.jsonl"), resume_step=start_step)
             if asked.console:
-                sinks.append(ConsoleProgress(total_steps, start_step=start_step))
+                opened("logger.console", ConsoleProgress, total_steps, start_step=start_step)
             if asked.csv:
-                sinks.append(CsvLogger(run_dir / "metrics.csv", resume_step=start_step))
+                opened("logger.csv", CsvLogger, run_dir / "metrics.csv", resume_step=start_step)
             if asked.tensorboard:
-                sinks.append(TensorBoardLogger(str(run_dir / "tensorboard")))
+                opened("logger.tensorboard", TensorBoardLogger, str(run_dir / "tensorboard"))
             if asked.wandb:
-                sinks.append(WandbLogger(str(run_dir), config or {}, **dataclasses.asdict(asked.wandb)))
+                opened("logger.wandb", WandbLogger, str(run_dir), config or {}, **dataclasses.asdict(asked.wandb))
             if asked.mlflow:
                 from tfdistx.engine.mlflow_logger import MlflowLogger  # MLflow's client only when it is on
 
-                sinks.append(MlflowLogger(run_dir, config or {}, **dataclasses.asdict(asked.mlflow)))
-            sinks += [own_logger(name, target, run_dir, config or {}) for name, target in asked.own.items()]
+                opened("logger.mlflow", MlflowLogger, run_dir, config or {}, checkpoint_dir=_checkpoint_dir(run_dir, config or {}),
+                       logged=[record for _, record in read_jsonl(run_dir / "metrics.jsonl")], **dataclasses.asdict(asked.mlflow))
+            for name, target in asked.own.items():
+                sinks.append(Named(f"logger.{name}", target.path, own_logger(name, target, run_dir, config or {}), start_step))
+    except BaseException:
+        _close_all(sinks, failing=True)
+        raise
+    try:
         yield sinks
-    finally:
-        for sink in sinks:
-            getattr(sink, "close", lambda: None)()
+    except BaseException:
+        _close_all(sinks, failing=True)  # what ended the run is its one line; a close that fails too is a warning
+        raise
+    _close_all(sinks, failing=False)
+
+
+def _checkpoint_dir(run_dir: Path, config: dict) -> Path:
+    """Where the run's checkpoints are (the resolved config's checkpoint.dir, else the run dir's)."""
+    return Path((config.get("checkpoint") or {}).get("dir") or run_dir / "checkpoints")
+
+
+def _close_all(sinks: List["Named"], failing: bool) -> None:
+    """Every logger closed, even after one that fails to close: the first
+    failure is raised once all are closed, unless the run is failing
+    already (its own fault is the line that counts; a close that fails
+    too is one warning line)."""
+    faults = []
+    for sink in sinks:
+        try:
+            sink.close()
+        except Exception as error:  # PluginFailed; a full disk as a logger closes (its own line, from the run's guard)
+            if failing:
+                log.warning("%s", error if isinstance(error, PluginFailed) else f"{sink.key} could not close: {_first_line(error)}")
+            else:
+                faults.append(error)
+    if faults:
+        raise faults[0]
+
+
+class Named:
+    """A logger as the loop calls it: `(step, metrics)` at each record,
+    `after_steps` if it has it, `close()`. A call that raises stops the run
+    with one line naming the logger, as a callback that raises does:
+    `logger.NAME (TARGET) raised ValueError at step N: ...`, a PluginFailed
+    (a code no launcher retries: the same code would raise again), after
+    which the loop saves the steps trained. One that raises in after_steps
+    (between records, where the loop cannot stop in step with a cluster's
+    other workers) is held until the next record. A disk that cannot be
+    written (full, read-only, a file-size limit) is not the logger's fault:
+    that error passes on as it is, to the one line and exit code of a full disk."""
+
+    def __init__(self, key: str, target: str, sink, step: int):
+        self.key, self.target, self.sink, self.step = key, target, sink, step
+        self.held: Optional[PluginFailed] = None
+        if hasattr(sink, "after_steps"):  # the loop's Log passes the hook on only to those that have it
+            self.after_steps = self._holding(sink.after_steps)
+
+    @classmethod
+    def opening(cls, key: str, step: int, make, *args, **kwargs) -> "Named":
+        """A built-in logger, opened: one that fails to open is named as one that fails later is."""
+        target = f"{make.__module__}.{make.__qualname__}"
+        try:
+            sink = make(*args, **kwargs)
+        except (ConfigError, RunFault):
+            raise
+        except Exception as error:
+            if cannot_write(error):
+                raise
+            raise cls(key, target, None, step)._failure(error, "as it opened") from error
+        return cls(key, target, sink, step)
+
+    def __call__(self, step: int, metrics: dict) -> None:
+        if self.held:
+            raise self.held
+        self._raising(self.sink, step, metrics)
+
+    def close(self) -> None:
+        close = getattr(self.sink, "close", None)
+        if close is not None:
+            self._raising(lambda step: close(), self.step)
+
+    def _raising(self, call: Callable, step: int, *args) -> None:
+        self.step = step
+        try:
+            call(step, *args)
+        except (ConfigError, RunFault):
+            raise
+        except Exception as error:
+            if cannot_write(error):
+                raise
+            raise self._failure(error, f"at step {step}") from error
+
+    def _holding(self, call: Callable) -> Callable:
+        def held(step: int) -> None:
+            if self.held is None:
+                try:
+                    self._raising(call, step)
+                except PluginFailed as failure:
+                    self.held = failure
+        return held
+
+    def _failure(self, error: Exception, when: str) -> PluginFailed:
+        message = _first_line(error)
+        return PluginFailed(f"{self.key} ({self.target}) raised {type(error).__name__} {when}{': ' + message[:300] if message else ''}")
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0] if text else ""
 
 
 def own_logger(name: str, target: Target, run_dir: Path, config: dict):
@@ -72,20 +184,25 @@ def write_json(path: Path, payload: dict) -> None:
 
 
 def append_jsonl(path: Path, record: dict) -> None:
-    """One line more. A write that fails (a full disk) leaves the file as it
-    was: a line cut short would join the next one appended, and both be lost."""
-    line = (json.dumps(record, default=float) + "\n").encode()
+    """One line more, whole or not at all (append_whole)."""
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
-        size = os.fstat(fd).st_size
-        try:
-            while line:
-                line = line[os.write(fd, line):]
-        except OSError:
-            os.ftruncate(fd, size)
-            raise
+        append_whole(fd, (json.dumps(record, default=float) + "\n").encode())
     finally:
         os.close(fd)
+
+
+def append_whole(fd: int, line: bytes) -> None:
+    """`line` appended to the file open at `fd` (O_APPEND). A write that
+    fails (a full disk, a file-size limit) leaves the file as it was: a line
+    cut short would join the next one appended, and both be lost."""
+    size = os.fstat(fd).st_size
+    try:
+        while line:
+            line = line[os.write(fd, line):]
+    except OSError:
+        os.ftruncate(fd, size)
+        raise
 
 
 def read_jsonl(path: Path) -> List[Tuple[str, dict]]:
@@ -135,9 +252,9 @@ class ConsoleProgress:
     def __call__(self, step: int, metrics: dict) -> None:
         now = time.monotonic()
         parts = [f"step {step:>{self.width}}/{self.total_steps}"]
-        parts += [f"{k} {v:.4g}" for k, v in metrics.items() if k not in ("examples_per_sec", "lr")]
+        parts += [f"{k} {fixed_width(v)}" for k, v in metrics.items() if k not in ("examples_per_sec", "lr")]
         if "examples_per_sec" in metrics:
-            parts.append(f"{metrics['examples_per_sec']:,.0f} ex/s")
+            parts.append(f"{metrics['examples_per_sec']:>7,.0f} ex/s")
         if self.last_time is not None and step > self.last_step:
             seconds_per_step = (now - self.last_time) / (step - self.last_step)
             parts.append(f"ETA {_duration(seconds_per_step * (self.total_steps - step))}")
@@ -183,6 +300,26 @@ class ConsoleProgress:
                 self._draw()
 
 
+NUMBER_WIDTH = 7  # a metric's value on a step line: 4 significant digits fill it from 0.01 to 999999
+
+
+def fixed_width(value: float) -> str:
+    """A metric's value with 4 significant digits, trailing zeros kept,
+    right-aligned in NUMBER_WIDTH characters, so that a column of step
+    lines lines up (`1.300` above `0.9639`, not `1.3`). Values below 0.001
+    or from a million up take an exponent (`2.500e-04`)."""
+    if not math.isfinite(value):
+        return f"{value}".rjust(NUMBER_WIDTH)  # nan, inf
+    if value == 0:
+        return "0.000".rjust(NUMBER_WIDTH)
+    magnitude = math.floor(math.log10(abs(value)))
+    if magnitude < -3 or magnitude > 5:
+        return f"{value:.3e}".rjust(NUMBER_WIDTH)
+    if math.floor(math.log10(abs(float(f"{value:.3e}")))) > magnitude:  # rounds up a digit (9.9996 -> 10.00)
+        magnitude += 1
+    return f"{value:.{max(0, 3 - magnitude)}f}".rjust(NUMBER_WIDTH)
+
+
 def _is_a_terminal(stream) -> bool:
     try:
         return stream.isatty()
@@ -197,13 +334,42 @@ def into_log_files(line: str, level: int = logging.INFO, name: str = "tfdistx") 
     refusals. Not through `log.info`: the console handler would print it a
     second time. A local cluster's tasks have no file handler: the launcher
     files their output. Imports no TensorFlow (commands use it too)."""
-    for handler in logging.getLogger().handlers:
-        if isinstance(handler, logging.FileHandler):
-            handler.emit(logging.LogRecord(name, level, __file__, 0, line, None, None))
+    for handler in log_files():
+        handler.emit(logging.LogRecord(name, level, __file__, 0, line, None, None))
+
+
+def log_files() -> List[logging.FileHandler]:
+    """The run's log files (Hydra's file handler), each of which, once its
+    disk cannot take more (full, a file-size limit), says so in one line
+    instead of Python's `--- Logging error ---` and a traceback per line."""
+    handlers = [handler for handler in logging.getLogger().handlers if isinstance(handler, logging.FileHandler)]
+    for handler in handlers:
+        if not isinstance(handler.handleError, _SaidOnceWhenUnwritable):
+            handler.handleError = _SaidOnceWhenUnwritable(handler)
+    return handlers
+
+
+class _SaidOnceWhenUnwritable:
+    """A log file handler's handleError: an unwritable disk is one warning
+    line (the run's own writes stop it with its line and exit code, or it
+    goes on with its lines on the terminal only); any other error is Python's."""
+
+    def __init__(self, handler: logging.Handler):
+        self.handler, self.said = handler, False
+
+    def __call__(self, record: logging.LogRecord) -> None:
+        cause = cannot_write(sys.exc_info()[1])
+        if cause is None:
+            logging.Handler.handleError(self.handler, record)
+        elif not self.said:
+            self.said = True
+            print(f"tfdistx: warning: {getattr(self.handler, 'baseFilename', 'the log file')} cannot be written ({cause}): "
+                  "the run's lines go on to the terminal only", file=sys.stderr, flush=True)
 
 
 class JsonlLogger:
-    """metrics.jsonl: one JSON object per log step, flushed as it is written.
+    """metrics.jsonl: one JSON object per log step, each line written whole
+    (append_whole: a full disk or a file-size limit leaves no half line).
 
     On resume, lines past the restored step are dropped first (they were
     logged after the last checkpoint and will be trained and logged again),
@@ -214,14 +380,13 @@ class JsonlLogger:
         self.path = Path(path)
         if self.path.exists():
             _truncate_after(self.path, resume_step)
-        self.file = open(self.path, "a", buffering=1)
+        self.fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
 
     def __call__(self, step: int, metrics: dict) -> None:
-        self.file.write(json.dumps({"step": step, **metrics}) + "\n")
-        self.file.flush()
+        append_whole(self.fd, (json.dumps({"step": step, **metrics}) + "\n").encode())
 
     def close(self) -> None:
-        self.file.close()
+        os.close(self.fd)
 
 
 class CsvLogger:

@@ -1,16 +1,24 @@
 """MLflow: the run's config as params, its metrics per log step, and its
 export as artifacts, to `logger.mlflow.tracking_uri`, else
-MLFLOW_TRACKING_URI, else a local `mlruns/` in the working directory (as
-MLflow's own default; MLflow 3 keeps its file store in maintenance mode,
-so tfdistx opts in to it for that local default only).
+MLFLOW_TRACKING_URI, else a SQLite store of the run's own,
+`<run dir>/mlflow.db` (MLflow 3's recommended local store; its file store
+is deprecated), with the artifacts beside it in `<run dir>/mlartifacts`.
+One store per run: the runs of a sweep, started together, never write one
+SQLite file at once (a shared store is a tracking server, or one you name).
 
 The MLflow run is this run's: its id is kept in `<run dir>/mlflow.json`,
-and a resumed run logs on into it (steps past the checkpoint come again,
-as in TensorBoard). A tracking server that does not answer within
-`logger.mlflow.timeout` seconds is not waited on: one warning, and the
-run logs to the local `mlruns/` instead (every metric is in metrics.jsonl
-as well), so training never waits on it and nothing is lost. The client
-is `mlflow-skinny` (the `mlflow` extra), imported only when this logger is on.
+and a resumed run logs on into it. A metric point is sent once a
+checkpoint at or after its step is saved: a point past the newest
+checkpoint could be trained and logged again after a resume, and MLflow
+has no way to take a point back, so a killed run's last points wait in
+this process and go with it (metrics.jsonl drops them on resume too); the
+points of a checkpoint a killed run saved but had not sent yet are sent
+from metrics.jsonl when it resumes (mlflow.json keeps the last step sent). A
+tracking server that does not answer within `logger.mlflow.timeout`
+seconds is not waited on: one warning, and the run logs to its own local
+store instead, so training never waits on it and nothing is lost. The
+client is `mlflow-skinny` (the `mlflow` extra), imported only when this
+logger is on.
 """
 
 import json
@@ -18,49 +26,74 @@ import logging
 import os
 import time
 from pathlib import Path
-from typing import Any, Mapping, Optional
+from typing import Any, Callable, List, Mapping, Optional, Sequence, Tuple
+
+from tfdistx.checkpoint_files import on_disk
 
 log = logging.getLogger(__name__)
 
 RUN_FILE = "mlflow.json"
+STORE_FILE = "mlflow.db"  # the run's own store (no tracking_uri, no MLFLOW_TRACKING_URI)
+ARTIFACTS_DIR = "mlartifacts"  # that store's artifacts: in the run dir too, not in the directory the run started from
 _MAX_PARAMS_PER_CALL = 100  # MLflow's log_batch limit
+_MAX_METRICS_PER_CALL = 1000  # MLflow's log_batch limit
 _MAX_PARAM_VALUE = 6000  # MLflow's limit on a param's value, in characters
 
 
-def local_store() -> str:
-    return Path("mlruns").resolve().as_uri()
+def local_store(run_dir: Path) -> str:
+    return f"sqlite:///{(Path(run_dir) / STORE_FILE).resolve()}"
 
 
 class MlflowLogger:
     def __init__(self, run_dir: Path, config: Mapping[str, Any], experiment: str, tracking_uri: Optional[str],
-                 run_name: Optional[str], timeout: float):
+                 run_name: Optional[str], timeout: float, checkpoint_dir: Optional[Path] = None, logged: Sequence[dict] = ()):
+        """`logged`: the records metrics.jsonl holds as the run starts (a resumed run's, up to its checkpoint)."""
         # Bounded waits: MLflow's HTTP client otherwise retries for minutes (7 tries, 120 s each).
         os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", str(max(1, int(timeout))))
         os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+        for name in ("mlflow.store.db.utils", "alembic"):  # "Creating initial MLflow database tables...": a new store's chatter
+            logging.getLogger(name).setLevel(logging.WARNING)
         self.run_dir = run_dir
-        uri = tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or local_store()
+        self.saved_up_to = _newest_checkpoint_step(Path(checkpoint_dir or Path(run_dir) / "checkpoints"))
+        self.pending: List[Tuple[int, int, dict]] = []  # (step, time in ms, metrics) past the newest checkpoint
+        uri, local = tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or local_store(run_dir), local_store(run_dir)
         try:
             self.client, self.run_id = self._open(uri, experiment, run_name or run_dir.name, config)
         except Exception as error:  # MlflowException, a refused or timed-out connection: all mean "not now"
-            if uri == local_store():
+            if uri == local:
                 raise
-            log.warning("MLflow at %s is unreachable (%s): logging to %s instead", uri, _first_line(error), local_store())
-            self.client, self.run_id = self._open(local_store(), experiment, run_name or run_dir.name, config)
+            log.warning("MLflow at %s is unreachable (%s): logging to %s instead", uri, _first_line(error), local)
+            self.client, self.run_id = self._open(local, experiment, run_name or run_dir.name, config)
+        self._catch_up(logged)
+
+    def _catch_up(self, logged: Sequence[dict]) -> None:
+        """The points metrics.jsonl holds up to the newest checkpoint that this
+        MLflow run was not sent: a run killed after a checkpoint, before the
+        next record sent that checkpoint's points, resumes after their step
+        and never logs them again (and a run new to this store gets them all)."""
+        sent = (kept_run(self.run_dir) or {}).get("sent_up_to", 0)
+        for record in logged:
+            step = record.get("step")
+            if isinstance(step, int) and step > sent:
+                self.pending.append((step, int(time.time() * 1000), {k: v for k, v in record.items() if k != "step"}))
+        self._send_final()
 
     def _open(self, uri: str, experiment: str, run_name: str, config: Mapping[str, Any]):
-        if uri.startswith("file:"):
-            os.environ["MLFLOW_ALLOW_FILE_STORE"] = "true"  # a local store (MLflow 3's file store needs this opt-in)
         from mlflow.tracking import MlflowClient
 
-        client = MlflowClient(tracking_uri=uri)
+        client, self.uri = MlflowClient(tracking_uri=uri), uri
         kept = kept_run(self.run_dir)
         if kept and kept.get("tracking_uri") == uri and kept.get("run_id"):  # a resumed run: on into its MLflow run
             client.update_run(kept["run_id"], status="RUNNING")
             return client, kept["run_id"]
         found = client.get_experiment_by_name(experiment)
-        experiment_id = found.experiment_id if found else client.create_experiment(experiment)
+        if found:
+            experiment_id = found.experiment_id
+        else:  # the run's own store keeps its artifacts in the run dir as well (MLflow's default is ./mlruns, where the run started)
+            artifacts = (self.run_dir / ARTIFACTS_DIR).resolve().as_uri() if uri == local_store(self.run_dir) else None
+            experiment_id = client.create_experiment(experiment, artifact_location=artifacts)
         run_id = client.create_run(experiment_id, run_name=run_name).info.run_id
-        (self.run_dir / RUN_FILE).write_text(json.dumps({"tracking_uri": uri, "run_id": run_id}) + "\n")
+        self._keep(uri, run_id, sent_up_to=0)
         from mlflow.entities import Param
 
         params = [Param(key, str(value)[:_MAX_PARAM_VALUE]) for key, value in sorted(_flat(config).items())]
@@ -69,13 +102,40 @@ class MlflowLogger:
         return client, run_id
 
     def __call__(self, step: int, metrics: dict) -> None:
-        from mlflow.entities import Metric
-
-        now = int(time.time() * 1000)
-        self.client.log_batch(self.run_id, metrics=[Metric(key, float(value), now, step) for key, value in metrics.items()])
+        self.pending.append((step, int(time.time() * 1000), dict(metrics)))
+        self._send_final()
 
     def close(self) -> None:
+        self._send_final()  # the run's last checkpoint (its end, a preemption's) makes its last points final
         self.client.set_terminated(self.run_id)
+
+    def _send_final(self) -> None:
+        """The points at or before the newest checkpoint: a resume never trains their steps again."""
+        newest = self.saved_up_to()
+        final = [point for point in self.pending if newest is not None and point[0] <= newest]
+        if not final:
+            return
+        from mlflow.entities import Metric
+
+        metrics = [Metric(key, float(value), at, step) for step, at, values in final for key, value in values.items()]
+        for start in range(0, len(metrics), _MAX_METRICS_PER_CALL):
+            self.client.log_batch(self.run_id, metrics=metrics[start:start + _MAX_METRICS_PER_CALL])
+        self.pending = self.pending[len(final):]
+        self._keep(self.uri, self.run_id, sent_up_to=final[-1][0])
+
+    def _keep(self, uri: str, run_id: str, sent_up_to: int) -> None:
+        """<run dir>/mlflow.json: the MLflow run a resumed run logs on into, and the last step it was sent."""
+        tmp = self.run_dir / (RUN_FILE + ".tmp")  # whole or not at all: a kill mid-write leaves the last one
+        tmp.write_text(json.dumps({"tracking_uri": uri, "run_id": run_id, "sent_up_to": sent_up_to}) + "\n")
+        os.replace(tmp, self.run_dir / RUN_FILE)
+
+
+def _newest_checkpoint_step(directory: Path) -> Callable[[], Optional[int]]:
+    """The step of the newest checkpoint in `directory` when asked (None: none yet)."""
+    def newest() -> Optional[int]:
+        paths = on_disk(str(directory))
+        return int(paths[-1].rsplit("-", 1)[1]) if paths else None
+    return newest
 
 
 def kept_run(run_dir: Path) -> Optional[dict]:

@@ -1,0 +1,99 @@
+"""The logger group's checks, before TensorFlow starts: its switches, the
+W&B and MLflow keys, and the MLflow store a run would log to (a value
+MLflow refuses would otherwise stop the run once TensorFlow has started,
+with MLflow's own exception). No TensorFlow, no MLflow here.
+"""
+
+import importlib.util
+import math
+import os
+from pathlib import Path
+from typing import List
+from urllib.parse import unquote, urlparse
+
+from omegaconf import DictConfig, OmegaConf
+
+from tfdistx.config.errors import Problem
+from tfdistx.config.schema import LOGGER_DEFAULTS, MLFLOW_DEFAULTS, WANDB_DEFAULTS
+
+MAX_EXPERIMENT_NAME = 500  # MLflow's limit on an experiment's name
+MAX_RUN_NAME = 250  # the length MLflow's SQL stores keep a run's name in
+INSTALL = "pip install 'tfdistx[mlflow]'"
+TRACKING_ENV = "MLFLOW_TRACKING_URI"
+
+
+def problems(logger: DictConfig) -> List[Problem]:
+    found = [Problem(f"logger.{key}", logger[key], "allowed: true, false") for key in LOGGER_DEFAULTS
+             if key in logger and not isinstance(logger[key], bool)]
+    for service, defaults in (("wandb", WANDB_DEFAULTS), ("mlflow", MLFLOW_DEFAULTS)):
+        found += _service_keys(logger, service, defaults)
+    for key in ("wandb.init_timeout", "mlflow.timeout"):
+        timeout = OmegaConf.select(logger, key)
+        if timeout is not None and not (_is_number(timeout) and timeout > 0):
+            found.append(Problem(f"logger.{key}", timeout, "seconds, more than 0"))
+    if OmegaConf.select(logger, "mlflow.enabled") is True:
+        found += _mlflow(logger.mlflow)
+    return found
+
+
+def _service_keys(logger: DictConfig, service: str, defaults: dict) -> List[Problem]:
+    """logger.wandb / logger.mlflow: a switch that is true or false, and no key the service does not take."""
+    keys = logger.get(service)
+    if keys is None or not OmegaConf.is_dict(keys):
+        return []
+    found = []
+    if "enabled" in keys and not isinstance(keys.enabled, bool):
+        found.append(Problem(f"logger.{service}.enabled", keys.enabled, "allowed: true, false"))
+    takes = ["enabled", *defaults]
+    found += [Problem(f"logger.{service}.{key}", _shown(keys[key]), f"logger.{service} has no such key; its keys: {', '.join(takes)}")
+              for key in keys if key not in takes]
+    return found
+
+
+def _mlflow(keys: DictConfig) -> List[Problem]:
+    found = []
+    experiment = keys.get("experiment", MLFLOW_DEFAULTS["experiment"])
+    if not isinstance(experiment, str) or not experiment.strip() or len(experiment) > MAX_EXPERIMENT_NAME:
+        found.append(Problem("logger.mlflow.experiment", experiment, f"the name of an MLflow experiment: 1 to {MAX_EXPERIMENT_NAME} characters"))
+    run_name = keys.get("run_name")
+    if run_name is not None and (not isinstance(run_name, str) or not run_name.strip() or len(run_name) > MAX_RUN_NAME):
+        found.append(Problem("logger.mlflow.run_name", run_name, f"1 to {MAX_RUN_NAME} characters, or null: the run dir's name"))
+    if importlib.util.find_spec("mlflow") is None:
+        return found + [Problem("logger.mlflow.enabled", True, f"needs the MLflow client: {INSTALL}")]
+    uri = keys.get("tracking_uri")
+    if uri is not None and (not isinstance(uri, str) or not uri.strip()):
+        return found + [Problem("logger.mlflow.tracking_uri", uri, f"a tracking server (http://HOST:5000), a store (sqlite:///PATH/mlflow.db), "
+                                                                   f"or null: {TRACKING_ENV}, else the run's own store")]
+    key, uri = ("logger.mlflow.tracking_uri", uri) if uri is not None else (TRACKING_ENV, os.environ.get(TRACKING_ENV) or None)
+    return found + store_problems(key, uri)
+
+
+def store_problems(key: str, uri) -> List[Problem]:
+    """A store MLflow 3 cannot open here: its deprecated file store without
+    the opt-in, or a SQLite one without the SQL packages (mlflow-skinny does
+    not bring them; the `mlflow` extra does), or in a directory that is not
+    there. `uri` None: the run's own SQLite store."""
+    if uri is None or uri.startswith("sqlite:"):
+        missing = [name for name in ("sqlalchemy", "alembic") if importlib.util.find_spec(name) is None]
+        if missing:
+            return [Problem(key, uri or "the run's own sqlite:///<run dir>/mlflow.db", f"a SQLite store needs {' and '.join(missing)}: {INSTALL}")]
+        if uri is None:
+            return []
+        path = unquote(uri[len("sqlite:///"):]) if uri.startswith("sqlite:///") else ""  # sqlite:///rel.db, sqlite:////abs.db
+        if path and path != ":memory:" and not Path(path).absolute().parent.is_dir():
+            return [Problem(key, uri, f"its directory {Path(path).parent} does not exist: make it, or name another")]
+        return []
+    scheme = urlparse(uri).scheme
+    is_file_store = scheme in ("", "file") and uri != "databricks"  # a path, or file:: MLflow's file store
+    if is_file_store and os.environ.get("MLFLOW_ALLOW_FILE_STORE", "").lower() not in ("true", "1"):
+        return [Problem(key, uri, "is MLflow's file store, which MLflow 3 refuses unless MLFLOW_ALLOW_FILE_STORE=true: name a SQLite store "
+                                  "(sqlite:///PATH/mlflow.db) or a server, or leave it null for the run's own store")]
+    return []
+
+
+def _shown(value):
+    return "{...}" if OmegaConf.is_config(value) else value
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
