@@ -21,8 +21,14 @@ from tfdistx.engine.strategy import configure_devices
 configure_devices(4)
 assert len(tf.config.list_logical_devices("CPU")) == 4
 
-QUICK = ["trainer.steps=40", "trainer.steps_per_loop=10", "trainer.log_every=20", "trainer.eval_every=0",
-         "data.batch_size=32", "logger.tensorboard=false", "checkpoint.export=false"]
+# Without XLA: compiling each in-process run's step took about a third of the unit layer's CPU time
+# (measured: three callback and warm-start files, 147-157 s of CPU with trainer.jit_compile=auto, 92-97 s
+# with false). What XLA does to a run is tested where it is the claim: test_unit_fastest_step.py and
+# test_unit_compute.py train with the default (XLA_DEFAULT below), and every real-process test trains
+# with the default too.
+QUICK = ["trainer.jit_compile=false", "trainer.steps=40", "trainer.steps_per_loop=10", "trainer.log_every=20",
+         "trainer.eval_every=0", "data.batch_size=32", "logger.tensorboard=false", "checkpoint.export=false"]
+XLA_DEFAULT = "trainer.jit_compile=auto"  # the default a user has, after QUICK's
 SMALL = ["data.train_examples=512", "data.eval_examples=128"]  # a synthetic source's sizes (file sources have none)
 
 
@@ -46,17 +52,27 @@ class Trained:
         return {name: reader.get_tensor(name) for name in chosen}
 
 
-def train(run_dir, *overrides, sizes=SMALL) -> Trained:
-    spec = resolve(compose_ok(run_dir, *QUICK, *sizes, *overrides), str(run_dir))
+# Each run's step runner, held until the process ends, as the command line holds it (commands/ending.py):
+# destroying its input pipelines (a mirrored run's above all) can wait seconds to minutes on tf.data's
+# threads, and Python's garbage collector destroyed them in whichever later test it ran in: measured,
+# single collections of 8-78 s, about 300 s of the unit layer's 6 minutes on two workers.
+RUNNERS = []
+
+
+def train(run_dir, *overrides, sizes=SMALL, xla_default: bool = False) -> Trained:
+    """`xla_default`: train with the default trainer.jit_compile (auto), not QUICK's false."""
+    spec = resolve(compose_ok(run_dir, *QUICK, *sizes, *([XLA_DEFAULT] if xla_default else []), *overrides), str(run_dir))
     with rundir.exclusive(str(run_dir)):  # as the command line holds it: its .lock marks a run dir to resume in (rundir.in_the_way)
-        return Trained(run_dir, spec, fit.train(spec).objective)
+        trained = fit.train(spec)
+    RUNNERS.append(trained.runner)
+    return Trained(run_dir, spec, trained.objective)
 
 
-def whole_and_resumed(tmp_path, args, stop_at=20, steps=40):
+def whole_and_resumed(tmp_path, args, stop_at=20, steps=40, xla_default: bool = False):
     """The same run twice: whole, and stopped at `stop_at` then resumed to
     `steps` in one run dir. Returns (whole, resumed)."""
-    whole = train(tmp_path / "whole", *args, f"trainer.steps={steps}")
-    train(tmp_path / "split", *args, f"trainer.steps={stop_at}")
-    resumed = train(tmp_path / "split", *args, f"trainer.steps={steps}")
+    whole = train(tmp_path / "whole", *args, f"trainer.steps={steps}", xla_default=xla_default)
+    train(tmp_path / "split", *args, f"trainer.steps={stop_at}", xla_default=xla_default)
+    resumed = train(tmp_path / "split", *args, f"trainer.steps={steps}", xla_default=xla_default)
     assert resumed.summary["resumed_from_step"] == stop_at
     return whole, resumed

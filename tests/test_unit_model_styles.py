@@ -1,7 +1,8 @@
 """Every way Keras writes a model trains, resumes bit for bit and exports,
-in process on real strategies (one device, mirrored 1x2): functional (the
-default MLP), `Sequential` without a `keras.Input`, and a subclassed model
-with a weight of its own made in `build()`. Their weights exist only after
+in process on real strategies (one device, mirrored 1x2): `Sequential`
+without a `keras.Input`, and a subclassed model with a weight of its own
+made in `build()` (the functional one is the default MLP of every other
+engine test). Their weights exist only after
 a first call; tfdistx makes them before the optimizer and the checkpoint.
 The cluster strategies: tests/test_model_styles.py."""
 
@@ -15,7 +16,8 @@ from engine_helpers import train, whole_and_resumed
 
 pytestmark = pytest.mark.unit
 
-STYLES = {"functional": [], "sequential_without_input": ["model._target_=user_plugins.sequential_without_input"],
+# The third style, functional, is the default MLP's: every other engine test trains and resumes it.
+STYLES = {"sequential_without_input": ["model._target_=user_plugins.sequential_without_input"],
           "subclassed": ["model._target_=user_plugins.subclassed"]}
 STRATEGIES = {"one_device": ["strategy=one_device"], "mirrored_1x2": ["strategy=mirrored", "cluster=1x2"]}
 EVERY_TEN = ["trainer.deterministic=true", "trainer.steps_per_loop=10", "trainer.log_every=10", "checkpoint.every_steps=10",
