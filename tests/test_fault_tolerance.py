@@ -146,10 +146,11 @@ def test_a_stopped_multiworker_peer_is_named_in_one_line_and_the_cluster_restart
 
 def test_lost_parameter_server_restarts_the_cluster_from_the_checkpoint(tmp_path):
     run_dir = tmp_path / "run"
-    # 6000 steps, the ps killed after 1000: thousands of steps still to go, however fast this machine trains
-    # (a quiet CPU does 1200 in ~4 s, and a kill after the last step would test nothing)
-    args = ["strategy=parameter_server", "cluster=ps1w2", *LONG, "trainer.steps=6000", "trainer.log_every=500",
-            "checkpoint.every_steps=500"]
+    # 1200 steps, a record every 100 held 0.3 s by the coordinator (user_plugins.Pace), the ps killed after
+    # the second: ten records still to go however fast this machine trains (a kill after the last step
+    # would test nothing), and the steps' CPU time is a fifth of the 6000 steps this once took to be sure
+    args = ["strategy=parameter_server", "cluster=ps1w2", *LONG, "trainer.steps=1200", "trainer.log_every=100",
+            "checkpoint.every_steps=100", "+callbacks.pace._target_=user_plugins.Pace", "+callbacks.pace.seconds=0.3"]
     def kill_the_ps(proc):
         os.kill(task_pid(run_dir, "ps"), signal.SIGKILL)
 
@@ -158,8 +159,8 @@ def test_lost_parameter_server_restarts_the_cluster_from_the_checkpoint(tmp_path
     assert "task ps:0 exited with code 137; stopping the cluster" in out and "restart 1 of 3" in out
     summary = json.loads((run_dir / "summary.json").read_text())
     # resumed exactly at a checkpoint's step (the loop's own count, saved with it)
-    assert summary["step"] == 6000 and summary["resumed_from_step"] % 500 == 0 and summary["resumed_from_step"] >= 500
-    assert steps_logged(run_dir) == list(range(500, 6001, 500))
+    assert summary["step"] == 1200 and summary["resumed_from_step"] % 100 == 0 and 100 <= summary["resumed_from_step"] < 1200
+    assert steps_logged(run_dir) == list(range(100, 1201, 100))
 
 
 def test_launcher_gives_up_after_max_restarts(tfdistx):
