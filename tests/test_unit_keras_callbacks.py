@@ -9,6 +9,9 @@ TensorFlow starts."""
 
 import csv
 import json
+import os
+import signal
+import time
 
 import keras
 import numpy as np
@@ -16,6 +19,7 @@ import pytest
 
 from config_helpers import refused
 from engine_helpers import train, whole_and_resumed
+from tfdistx.commands.common import one_line_errors
 from tfdistx.config.errors import PluginFailed
 from tfdistx.data.sources import synthetic
 from tfdistx.models import mlp
@@ -152,6 +156,35 @@ def test_a_callback_failing_at_its_last_call_keeps_the_steps_trained(tmp_path, h
     assert line.startswith(f"callbacks.x (user_plugins.FailsIn) raised RuntimeError in {hook} at step {FAILS[hook]}: boom; "), line
     assert saved == [20] and "saved (step 20)" in line, line
     assert raised.value.code == 1
+
+
+@pytest.mark.parametrize("hook", ["on_train_batch_end", "on_epoch_begin"])
+def test_ctrl_c_inside_a_callback_is_an_interrupt_not_the_callbacks_failure(tmp_path, hook):
+    """Ctrl-C landing in a C call inside a hook comes out as SystemError: it
+    stays Ctrl-C (exit 130, commands/task.py), not "callbacks.x raised"."""
+    with pytest.raises(KeyboardInterrupt):
+        train(tmp_path / "run", "trainer.steps=20", "trainer.steps_per_loop=10", "trainer.log_every=10", "checkpoint.every_steps=0",
+              "+callbacks.x._target_=user_plugins.FailsIn", f"+callbacks.x.hook={hook}", f"+callbacks.x.step={FAILS[hook]}",
+              "+callbacks.x.interrupted=true")
+
+
+def test_ctrl_c_wrapped_by_a_c_call_leaves_the_one_line_guard_as_ctrl_c():
+    with pytest.raises(KeyboardInterrupt):
+        with one_line_errors():
+            raise SystemError("<built-in method __array__ of numpy.ndarray> returned a result with an exception set") from KeyboardInterrupt()
+
+
+def test_an_error_after_ctrl_c_leaves_the_one_line_guard_as_ctrl_c():
+    """A peer stopped by the same Ctrl-C fails this task's next step with
+    TensorFlow's UnavailableError: that is Ctrl-C's too (exit 130, no line)."""
+    with pytest.raises(KeyboardInterrupt):
+        with one_line_errors():
+            try:
+                os.kill(os.getpid(), signal.SIGINT)
+                time.sleep(10)
+            except KeyboardInterrupt:
+                pass
+            raise RuntimeError("UnavailableError: the peer went away")
 
 
 @pytest.mark.parametrize("override, refusal", [

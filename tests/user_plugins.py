@@ -409,11 +409,13 @@ class Recorder(keras.callbacks.Callback):
 
 class FailsIn(keras.callbacks.Callback):
     """Raises RuntimeError in `hook` once `step` steps are done (the steps
-    it knows of: the `step` of its last on_train_batch_end's logs)."""
+    it knows of: the `step` of its last on_train_batch_end's logs); with
+    `interrupted`, what Ctrl-C becomes inside a C call that calls back into
+    Python: CPython's SystemError, the KeyboardInterrupt its cause."""
 
-    def __init__(self, hook: str, step: int):
+    def __init__(self, hook: str, step: int, interrupted: bool = False):
         super().__init__()
-        self.done, self.step = 0, step
+        self.done, self.step, self.interrupted = 0, step, interrupted
         setattr(self, hook, self._failing(getattr(self, hook)))
 
     def on_train_batch_end(self, batch, logs=None):
@@ -422,6 +424,8 @@ class FailsIn(keras.callbacks.Callback):
     def _failing(self, hook):
         def failing(*args):
             hook(*args)
+            if self.done >= self.step and self.interrupted:
+                raise SystemError("<built-in method __array__> returned a result with an exception set") from KeyboardInterrupt()
             if self.done >= self.step:
                 raise RuntimeError("boom")
         return failing

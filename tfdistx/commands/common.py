@@ -11,14 +11,16 @@ traceback behind any of them, for a bug report.
 import contextlib
 import logging
 import os
+import signal
 import sys
+import threading
 from typing import Sequence
 
 from omegaconf import DictConfig, OmegaConf
 
 from tfdistx.config import recipes, schema, topology, userconf
 from tfdistx.config.compose import compose_and_validate
-from tfdistx.config.errors import EXIT_INVALID_CONFIG, ConfigError, RunFault
+from tfdistx.config.errors import EXIT_INVALID_CONFIG, ConfigError, RunFault, interrupted
 from tfdistx.engine.loggers import into_log_files  # no TensorFlow there
 from tfdistx.internals import hydra as hydra_internals
 
@@ -52,21 +54,53 @@ def plain_value(cfg, key: str):
 
 @contextlib.contextmanager
 def one_line_errors():
-    """The one guard every error passes (see the module's docstring)."""
+    """The one guard every error passes (see the module's docstring). Once
+    Ctrl-C has reached the process, whatever error follows is Ctrl-C's: it
+    leaves as KeyboardInterrupt, for the caller's quiet exit 130. (It comes
+    out of TensorFlow's C++ in disguise: CPython's SystemError "returned a
+    result with an exception set", pybind11's "MISMATCH ... REPLACED BY
+    KeyboardInterrupt", or a peer's UnavailableError as the peer stops too.)"""
+    with _noting_ctrl_c() as ctrl_c:
+        try:
+            yield
+        except Exception as error:
+            if ctrl_c.is_set() or interrupted(error):
+                raise KeyboardInterrupt from None
+            _refuse_in_one_line(error)
+
+
+@contextlib.contextmanager
+def _noting_ctrl_c():
+    """Python's Ctrl-C (KeyboardInterrupt) as it was, and a note that it came."""
+    seen = threading.Event()
+    previous = signal.getsignal(signal.SIGINT)
+    if threading.current_thread() is not threading.main_thread() or not callable(previous):
+        yield seen  # signal.signal works only in the main thread; an ignored SIGINT stays ignored
+        return
+
+    def note_then_interrupt(signum, frame):
+        seen.set()
+        previous(signum, frame)
+
+    signal.signal(signal.SIGINT, note_then_interrupt)
     try:
-        yield
-    except (ConfigError, RunFault) as error:
+        yield seen
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _refuse_in_one_line(error: Exception) -> None:
+    if isinstance(error, (ConfigError, RunFault)):
         refuse(error)
-    except Exception as error:
-        if wants_traceback():
-            raise
-        text = str(error).strip()
-        first = text.splitlines()[0][:400] if text else ""
-        line = f"tfdistx: error: {type(error).__name__}{': ' + first if first else ''} (TFDISTX_TRACEBACK=1 shows the traceback)"
-        print(line, file=sys.stderr)
-        into_log_files(line, logging.ERROR)
-        _nothing_more_from_tensorflow()
-        sys.exit(1)
+    if wants_traceback():
+        raise error
+    text = str(error).strip()
+    first = text.splitlines()[0][:400] if text else ""
+    line = f"tfdistx: error: {type(error).__name__}{': ' + first if first else ''} (TFDISTX_TRACEBACK=1 shows the traceback)"
+    print(line, file=sys.stderr)
+    into_log_files(line, logging.ERROR)
+    _nothing_more_from_tensorflow()
+    sys.exit(1)
 
 
 def start_tensorflow() -> None:

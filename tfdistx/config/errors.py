@@ -35,6 +35,20 @@ RETRYABLE_EXIT_OFFSET_FOR_KUBERNETES = 128  # 42 -> 170, 4 -> 132, 5 -> 133, 6 -
 MAX_RETRYABLE_EXIT_OFFSET = 255 - max(RETRYABLE)
 
 
+def interrupted(error: BaseException) -> bool:
+    """Is `error` Ctrl-C in disguise? A KeyboardInterrupt raised while a C
+    function was calling back into Python comes out of it wrapped: CPython's
+    SystemError "... returned a result with an exception set", the interrupt
+    its cause (a worker interrupted inside numpy's __array__ says so)."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        if isinstance(error, KeyboardInterrupt):
+            return True
+        seen.add(id(error))
+        error = error.__cause__ or error.__context__
+    return False
+
+
 @dataclass(frozen=True)
 class Problem:
     key: str

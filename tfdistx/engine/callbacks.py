@@ -40,7 +40,7 @@ import keras
 import tensorflow as tf
 
 from tfdistx.config import callbacks as keras_facts
-from tfdistx.config.errors import ConfigError, PluginFailed
+from tfdistx.config.errors import ConfigError, PluginFailed, interrupted
 from tfdistx.config.targets import Target, locate
 from tfdistx.engine.keras_callbacks import KerasCallback, TrainedModel
 from tfdistx.engine.loop import Metrics, Schedule
@@ -164,6 +164,8 @@ class Guarded:
         try:
             call(step, *args)
         except Exception as error:
+            if interrupted(error):  # Ctrl-C while the callback ran: not the callback's failure
+                raise KeyboardInterrupt from None
             raise self._failure(error, getattr(self.action, "hook", None), step) from error
 
     def _held(self, call: Callable) -> Callable:
@@ -172,6 +174,8 @@ class Guarded:
                 try:
                     call(step, *args)
                 except Exception as error:
+                    if interrupted(error):
+                        raise KeyboardInterrupt from None
                     self.held = self._failure(error, getattr(self.action, "hook", None), step)
                     self.held.__cause__ = error
         return held

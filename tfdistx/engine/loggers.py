@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 from typing import Callable, List, Optional, Tuple
 
-from tfdistx.config.errors import ConfigError, PluginFailed, RunFault
+from tfdistx.config.errors import ConfigError, PluginFailed, RunFault, interrupted
 from tfdistx.config.spec import Logger
 from tfdistx.config.targets import Target
 from tfdistx.rundir import cannot_write
@@ -142,6 +142,8 @@ class Named:
         except (ConfigError, RunFault):
             raise
         except Exception as error:
+            if interrupted(error):  # Ctrl-C while the logger ran: not the logger's failure
+                raise KeyboardInterrupt from None
             if cannot_write(error):
                 raise
             raise self._failure(error, f"at step {step}") from error
