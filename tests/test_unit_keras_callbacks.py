@@ -176,15 +176,21 @@ def test_ctrl_c_wrapped_by_a_c_call_leaves_the_one_line_guard_as_ctrl_c():
 
 def test_an_error_after_ctrl_c_leaves_the_one_line_guard_as_ctrl_c():
     """A peer stopped by the same Ctrl-C fails this task's next step with
-    TensorFlow's UnavailableError: that is Ctrl-C's too (exit 130, no line)."""
-    with pytest.raises(KeyboardInterrupt):
-        with one_line_errors():
-            try:
-                os.kill(os.getpid(), signal.SIGINT)
-                time.sleep(10)
-            except KeyboardInterrupt:
-                pass
-            raise RuntimeError("UnavailableError: the peer went away")
+    TensorFlow's UnavailableError: that is Ctrl-C's too (exit 130, no line).
+    Ctrl-C interrupts here as in a task (a suite started in the background
+    by a shell without job control inherits SIGINT ignored)."""
+    inherited = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            with one_line_errors():
+                try:
+                    os.kill(os.getpid(), signal.SIGINT)
+                    time.sleep(10)
+                except KeyboardInterrupt:
+                    pass
+                raise RuntimeError("UnavailableError: the peer went away")
+    finally:
+        signal.signal(signal.SIGINT, inherited)
 
 
 @pytest.mark.parametrize("override, refusal", [
