@@ -24,6 +24,7 @@ import pytest
 from config_helpers import compose_ok
 from conftest import processes_of, start_tfdistx, task_pid, tfdistx_env, wait_until
 from tfdistx.cluster.kubernetes import tfjob
+from tfdistx.config.resolve import layout_of
 
 QUICK = ["trainer.steps=40", "trainer.steps_per_loop=10", "trainer.log_every=20", "trainer.eval_every=0",
          "data.batch_size=32", "data.train_examples=512", "data.eval_examples=128"]
@@ -96,7 +97,7 @@ def test_the_tfjob_with_an_evaluator_is_valid_for_the_operator(tmp_path):
         pytest.skip(f"the training operator's CRD is not beside the checkout ({CRD})")
     crd = yaml.safe_load(CRD.read_text())["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
     overrides = ["strategy=multiworker", "cluster=2x1", "cluster.evaluator=true"]
-    manifest = tfjob(compose_ok(tmp_path / "run", *overrides), overrides, "job", "tfdistx:test", volume="pvc:runs")
+    manifest = tfjob(layout_of(compose_ok(tmp_path / "run", *overrides)), overrides, "job", "tfdistx:test", volume="pvc:runs")
     jsonschema.validate(manifest, crd)
     assert unknown_fields(manifest, crd) == []
 

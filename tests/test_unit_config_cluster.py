@@ -13,12 +13,12 @@ from tfdistx.cluster import placement
 from tfdistx.cluster.placement import Source
 from tfdistx.config import strategies, topology
 from tfdistx.config.errors import ConfigError
+from tfdistx.config.resolve import layout_of
 
 
 def placed(cfg, env: dict):
     """The placement this process gets with `env` (None values: unset), as the run and --plan ask."""
-    facts = strategies.get(cfg.strategy.name, cfg.cluster.workers, cfg.cluster.devices_per_worker)
-    return placement.detect(facts, cfg.cluster, {k: v for k, v in env.items() if v is not None})
+    return placement.detect(layout_of(cfg), {k: v for k, v in env.items() if v is not None})
 
 
 def refused_line(cfg, env: dict) -> str:

@@ -10,7 +10,6 @@ from tfdistx import cli
 from tfdistx.config import userconf
 from tfdistx.config.compose import keys_for_own_targets
 from tfdistx.config.errors import ConfigError
-from tfdistx.config.resolve import resolve
 from tfdistx.config.targets import Target
 
 pytestmark = pytest.mark.unit

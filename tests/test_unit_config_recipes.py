@@ -10,6 +10,7 @@ from config_helpers import PREFIX, compose_ok, refused
 from tfdistx.cluster import kubernetes
 from tfdistx.config import recipes
 from tfdistx.config.errors import ConfigError
+from tfdistx.config.resolve import layout_of
 
 TWO_SGD = """\
 # @package _global_
@@ -153,7 +154,7 @@ def test_a_recipe_describes_itself_by_its_first_comment(tmp_path, text, describe
 
 
 def tfjob(cfg, overrides=(), name="tfdistx", volume=None, gpus=False):
-    return kubernetes.tfjob(cfg, list(overrides), name, "img", volume=volume, gpus=gpus)
+    return kubernetes.tfjob(layout_of(cfg), list(overrides), name, "img", volume=volume, gpus=gpus)
 
 
 @pytest.mark.unit

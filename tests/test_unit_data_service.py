@@ -12,8 +12,9 @@ from tfdistx.cluster import kubernetes, placement
 from tfdistx.cluster.placement import Source
 from tfdistx.commands.common import compose
 from tfdistx.commands.plan import describe
-from tfdistx.config import data_service, strategies
+from tfdistx.config import data_service
 from tfdistx.config.schema import tasks_per_job
+from tfdistx.config.resolve import layout_of
 
 
 @pytest.mark.unit
@@ -43,8 +44,7 @@ def test_the_service_is_off_by_default_and_distributed_epoch_when_on(tmp_path):
 
 def _placed(tmp_path, overrides, env):
     cfg = compose([*overrides, f"hydra.run.dir={tmp_path}"], notes=False)
-    facts = strategies.get(cfg.strategy.name, cfg.cluster.workers, cfg.cluster.devices_per_worker)
-    return placement.detect(facts, cfg.cluster, env, service_jobs=data_service.job_counts(cfg.data))
+    return placement.detect(layout_of(cfg), env)
 
 
 PS_SERVICE = {"chief": ["c:1"], "ps": ["p:1"], "worker": ["w:1", "w:2"], "dispatcher": ["d:1"], "dataworker": ["dw:1", "dw:2"]}
@@ -85,7 +85,7 @@ def test_slurm_ranks_after_the_training_tasks_run_the_service(tmp_path):
 def test_tfjob_gets_dispatcher_and_data_worker_replicas(tmp_path):
     overrides = ["strategy=one_device", "data.service.workers=2"]
     cfg = compose([*overrides, f"hydra.run.dir={tmp_path}"], notes=False)
-    job = kubernetes.tfjob(cfg, overrides, "svc", "img:1")
+    job = kubernetes.tfjob(layout_of(cfg), overrides, "svc", "img:1")
     specs = job["spec"]["tfReplicaSpecs"]
     assert {k: v["replicas"] for k, v in specs.items()} == {"Worker": 1, "Dispatcher": 1, "DataWorker": 2}
     args = specs["Dispatcher"]["template"]["spec"]["containers"][0]["args"]

@@ -13,7 +13,7 @@ from config_helpers import PREFIX
 from test_unit_config_cluster import placed, refused_line
 from tfdistx.cluster import jobset_manifest, placement
 from tfdistx.cluster.placement import Source
-from tfdistx.config import data_service, strategies
+from tfdistx.config.resolve import layout_of
 
 
 def pod(jobset="mw", job="worker", index=0, job_index="0", **more) -> dict:
@@ -45,7 +45,7 @@ def test_a_jobset_pod_is_placed_by_its_labels(configs, base, env, spec, task, ch
 @pytest.mark.unit
 def test_the_tf_data_service_runs_as_replicated_jobs_of_its_own(configs):
     cfg = configs("strategy=multiworker", "cluster=2x1", "data.service.workers=2")
-    where = placement.detect(strategies.get("multiworker", 2), cfg.cluster, pod(job="dataworker", index=1), data_service.job_counts(cfg.data))
+    where = placement.detect(layout_of(cfg), pod(job="dataworker", index=1))
     assert where.task_name == "dataworker:1" and where.spec == {"worker": ["mw-worker-0-0.mw:2222", "mw-worker-0-1.mw:2222"]}
     assert where.service == {"dispatcher": ["mw-dispatcher-0-0.mw:2222"],
                              "dataworker": ["mw-dataworker-0-0.mw:2222", "mw-dataworker-0-1.mw:2222"]}
@@ -88,7 +88,7 @@ def containers(spec: dict) -> dict:
 @pytest.mark.unit
 def test_every_jobset_pod_gets_the_labels_it_is_placed_by(configs):
     cfg = configs("strategy=parameter_server", "cluster=ps1w2", "cluster.evaluator=true", "data.service.workers=1")
-    manifest = jobset_manifest.jobset_manifest(cfg, ["strategy=parameter_server", "cluster=ps1w2"], "ps", "img")
+    manifest = jobset_manifest.jobset_manifest(layout_of(cfg), ["strategy=parameter_server", "cluster=ps1w2"], "ps", "img")
     for job, container in containers(manifest["spec"]).items():
         given = {e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"] for e in container["env"] if "valueFrom" in e}
         assert given == {"JOBSET_NAME": "metadata.labels['jobset.sigs.k8s.io/jobset-name']",
@@ -102,7 +102,7 @@ def test_every_jobset_pod_gets_the_labels_it_is_placed_by(configs):
 @pytest.mark.unit
 def test_a_trainjob_overrides_the_runtime_s_trainer_step_with_the_same_pod(configs):
     cfg = configs("strategy=multiworker", "cluster=4x8")
-    runtime, trainjob = jobset_manifest.trainjob_manifests(cfg, ["strategy=multiworker", "cluster=4x8"], "mw", "img", gpus=True)
+    runtime, trainjob = jobset_manifest.trainjob_manifests(layout_of(cfg), ["strategy=multiworker", "cluster=4x8"], "mw", "img", gpus=True)
     step, = runtime["spec"]["template"]["spec"]["replicatedJobs"]
     assert step["template"]["metadata"] == {"labels": {"trainer.kubeflow.org/trainjob-ancestor-step": "trainer"}}
     container = step["template"]["spec"]["template"]["spec"]["containers"][0]

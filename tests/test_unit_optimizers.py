@@ -6,7 +6,7 @@ optimizer resumes exactly is tests/test_optimizers.py."""
 import pytest
 
 from config_helpers import refused
-from engine_helpers import train, whole_and_resumed
+from engine_helpers import train
 
 pytestmark = pytest.mark.unit
 

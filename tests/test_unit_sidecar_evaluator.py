@@ -11,7 +11,8 @@ import pytest
 from config_helpers import compose_ok, refused
 from tfdistx.cluster import placement
 from tfdistx.cluster.kubernetes import tfjob
-from tfdistx.config import schema, strategies
+from tfdistx.config import schema
+from tfdistx.config.resolve import layout_of
 
 
 @pytest.mark.unit
@@ -25,8 +26,7 @@ def test_a_one_process_strategy_refuses_a_sidecar_evaluator_in_one_line(tmp_path
 
 
 def _placed(cfg, env):
-    facts = strategies.get(cfg.strategy.name, cfg.cluster.workers, cfg.cluster.devices_per_worker)
-    return placement.detect(facts, cfg.cluster, env)
+    return placement.detect(layout_of(cfg), env)
 
 
 @pytest.mark.unit
@@ -67,7 +67,7 @@ def test_under_slurm_the_evaluator_is_the_steps_last_task(tmp_path):
 @pytest.mark.unit
 def test_the_tfjob_has_an_evaluator_replica_only_when_asked(tmp_path):
     overrides = ["strategy=parameter_server", "cluster=ps1w2", "cluster.evaluator=true"]
-    manifest = tfjob(compose_ok(tmp_path / "run", *overrides), overrides, "job", "tfdistx:test", volume="pvc:runs", gpus=True)
+    manifest = tfjob(layout_of(compose_ok(tmp_path / "run", *overrides)), overrides, "job", "tfdistx:test", volume="pvc:runs", gpus=True)
     replicas = manifest["spec"]["tfReplicaSpecs"]
     assert list(replicas) == ["Chief", "PS", "Worker", "Evaluator"]
     evaluator = replicas["Evaluator"]
@@ -76,7 +76,7 @@ def test_the_tfjob_has_an_evaluator_replica_only_when_asked(tmp_path):
     assert "cluster.evaluator=true" in container["args"] and "cluster.launch=tf_config" in container["args"]
     assert "hydra.run.dir=/mnt/tfdistx/job" in container["args"]  # the run dir the chief writes its checkpoints to
     assert "resources" not in container  # --gpus: the training workers' GPUs; the evaluator asks for none
-    plain = tfjob(compose_ok(tmp_path / "run", *overrides[:2]), overrides[:2], "job", "tfdistx:test")
+    plain = tfjob(layout_of(compose_ok(tmp_path / "run", *overrides[:2])), overrides[:2], "job", "tfdistx:test")
     assert "Evaluator" not in plain["spec"]["tfReplicaSpecs"]
 
 

@@ -25,6 +25,7 @@ from typing import Dict, List, Optional, Sequence
 from tfdistx.cluster import jobset
 from tfdistx.cluster.kubernetes import CREATED_BY, DEFAULT_MOUNT_PATH, Pods
 from tfdistx.config.errors import PERMANENT
+from tfdistx.config.spec import Layout
 
 JOBSET_API = "jobset.x-k8s.io/v1alpha2"
 TRAINER_API = "trainer.kubeflow.org/v1alpha1"
@@ -37,23 +38,23 @@ PERMANENT_EXITS = PERMANENT
 MAX_NAME = 63 - len("-dataworker-0-99")
 
 
-def jobset_manifest(cfg, overrides: List[str], name: str, image: str, namespace: str = "default", volume: Optional[str] = None,
+def jobset_manifest(layout: Layout, overrides: List[str], name: str, image: str, namespace: str = "default", volume: Optional[str] = None,
                     mount_path: str = DEFAULT_MOUNT_PATH, gpus: bool = False, config_dirs: Sequence[str] = (),
                     config_path: Optional[str] = None) -> Dict:
-    """The JobSet (as a dict) whose pods run `cfg` (arguments as kubernetes.tfjob's)."""
-    pods = Pods(cfg, "a JobSet", overrides, name, image, volume, mount_path, gpus, config_dirs, config_path)
-    return {"apiVersion": JOBSET_API, "kind": "JobSet", "metadata": _metadata(name, namespace), "spec": _jobset_spec(cfg, pods, CONTAINER)}
+    """The JobSet (as a dict) whose pods run `layout` (arguments as kubernetes.tfjob's)."""
+    pods = Pods(layout, "a JobSet", overrides, name, image, volume, mount_path, gpus, config_dirs, config_path)
+    return {"apiVersion": JOBSET_API, "kind": "JobSet", "metadata": _metadata(name, namespace), "spec": _jobset_spec(pods, CONTAINER)}
 
 
-def trainjob_manifests(cfg, overrides: List[str], name: str, image: str, namespace: str = "default", volume: Optional[str] = None,
+def trainjob_manifests(layout: Layout, overrides: List[str], name: str, image: str, namespace: str = "default", volume: Optional[str] = None,
                        mount_path: str = DEFAULT_MOUNT_PATH, gpus: bool = False, config_dirs: Sequence[str] = (),
                        config_path: Optional[str] = None) -> List[Dict]:
     """[the ClusterTrainingRuntime, the TrainJob naming it]. The runtime is
     this run's shape (its task types and counts) with the image and args in
     every task type; the TrainJob sets the trainer step's image, args,
     numNodes and resources, which Trainer v2 lets a TrainJob override."""
-    pods = Pods(cfg, "a TrainJob", overrides, name, image, volume, mount_path, gpus, config_dirs, config_path)
-    spec = _jobset_spec(cfg, pods, TRAINER_CONTAINER)
+    pods = Pods(layout, "a TrainJob", overrides, name, image, volume, mount_path, gpus, config_dirs, config_path)
+    spec = _jobset_spec(pods, TRAINER_CONTAINER)
     trainer_step = next(job for job in spec["replicatedJobs"] if job["name"] == "worker")
     trainer_step["template"]["metadata"] = {"labels": {ANCESTOR: "trainer"}}  # the Job Trainer v2 sizes with numNodes
     workers = pods.counts["worker"]
@@ -83,7 +84,7 @@ def _metadata(name: str, namespace: str) -> Dict:
     return {"name": name, "namespace": namespace, "labels": dict(CREATED_BY)}
 
 
-def _jobset_spec(cfg, pods: Pods, container_name: str) -> Dict:
+def _jobset_spec(pods: Pods, container_name: str) -> Dict:
     args = pods.args("jobset")
     replicated = []
     for job, n in pods.counts.items():
@@ -100,7 +101,7 @@ def _jobset_spec(cfg, pods: Pods, container_name: str) -> Dict:
     return {
         "network": {"enableDNSHostnames": True},  # <name>-<job>-0-<i>.<name>: the addresses cluster/jobset.py derives
         # BlockingRecreate: every pod of an attempt is gone before the next starts, so none still holds the run dir.
-        "failurePolicy": {"maxRestarts": int(cfg.cluster.max_restarts), "restartStrategy": "BlockingRecreate", "rules": [
+        "failurePolicy": {"maxRestarts": pods.max_restarts, "restartStrategy": "BlockingRecreate", "rules": [
             {"name": "permanent-exit", "action": "FailJobSet", "onJobFailureReasons": ["PodFailurePolicy"]},
             {"name": "restart-and-resume", "action": "RestartJobSet", "onJobFailureReasons": ["BackoffLimitExceeded"]},
         ]},

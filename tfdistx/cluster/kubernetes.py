@@ -19,9 +19,10 @@ import re
 from typing import Dict, List, Optional, Sequence
 
 from tfdistx.cluster.evaluator import EVALUATOR
-from tfdistx.config import data_service, strategies, userconf
+from tfdistx.config import data_service, userconf
 from tfdistx.config.compose import given_value
 from tfdistx.config.errors import RETRYABLE_EXIT_OFFSET_FOR_KUBERNETES, ConfigError
+from tfdistx.config.spec import Layout
 
 API_VERSION = "kubeflow.org/v1"
 PORT = 2222  # the operator's default, taken from the container port named tfjob-port
@@ -37,14 +38,14 @@ _MAX_NAME = 63 - len("-worker-999")
 CREATED_BY = {"app.kubernetes.io/created-by": "tfdistx"}
 
 
-def tfjob(cfg, overrides: List[str], name: str, image: str, namespace: str = "default", volume: Optional[str] = None,
+def tfjob(layout: Layout, overrides: List[str], name: str, image: str, namespace: str = "default", volume: Optional[str] = None,
           mount_path: str = DEFAULT_MOUNT_PATH, gpus: bool = False, config_dirs: Sequence[str] = (),
           config_path: Optional[str] = None) -> Dict:
-    """The TFJob (as a dict) whose pods run `cfg`, composed from `overrides`
+    """The TFJob (as a dict) whose pods run the run laid out as `layout`, composed from `overrides`
     and the user's config dirs: `config_dirs` given as `--config-dir`, and
     `config_path` the TFDISTX_CONFIG_PATH, both as the user gave them (each
     pod composes with them, read in its own file system)."""
-    pods = Pods(cfg, "a TFJob", overrides, name, image, volume, mount_path, gpus, config_dirs, config_path)
+    pods = Pods(layout, "a TFJob", overrides, name, image, volume, mount_path, gpus, config_dirs, config_path)
     # Exit codes a restart can cure move above 127, where restartPolicy ExitCode retries them.
     args = pods.args("tf_config", RETRYABLE_EXIT_OFFSET_FOR_KUBERNETES)
     replica_specs = {}
@@ -58,7 +59,7 @@ def tfjob(cfg, overrides: List[str], name: str, image: str, namespace: str = "de
         "spec": {
             # backoffLimit: pod restarts before the job is failed, as cluster.max_restarts bounds the local launcher's.
             # cleanPodPolicy Running: the ps tasks and workers a coordinator used are deleted when it is done.
-            "runPolicy": {"backoffLimit": int(cfg.cluster.max_restarts), "cleanPodPolicy": "Running"},
+            "runPolicy": {"backoffLimit": pods.max_restarts, "cleanPodPolicy": "Running"},
             "tfReplicaSpecs": replica_specs,
         },
     }
@@ -69,16 +70,16 @@ class Pods:
     TFJob here, a JobSet or TrainJob in jobset_manifest.py): its tasks per
     job, its command and args, environment, volume and grace period."""
 
-    def __init__(self, cfg, kind: str, overrides: List[str], name: str, image: str, volume: Optional[str], mount_path: str,
+    def __init__(self, layout: Layout, kind: str, overrides: List[str], name: str, image: str, volume: Optional[str], mount_path: str,
                  gpus: bool, config_dirs: Sequence[str], config_path: Optional[str]):
-        topo = cfg.cluster
-        facts = strategies.get(cfg.strategy.name, topo.workers, topo.devices_per_worker)
+        topo, facts = layout.cluster, layout.strategy.facts
         if facts.not_in_tfjob:
-            raise ConfigError.one("strategy", cfg.strategy.name, f"cannot be exported as {kind}: {facts.not_in_tfjob}")
-        counts = facts.job_counts(topo.workers, topo.ps) or {"worker": 1}  # a one-process strategy: one pod
-        if topo.get("evaluator"):  # the sidecar evaluator's pod: its task type is "evaluator"
+            raise ConfigError.one("strategy", layout.strategy.name, f"cannot be exported as {kind}: {facts.not_in_tfjob}")
+        counts = layout.training_jobs()  # a one-process strategy: one pod
+        if topo.evaluator:  # the sidecar evaluator's pod: its task type is "evaluator"
             counts = {**counts, EVALUATOR: 1}
-        service = data_service.job_counts(cfg.data)
+        service = layout.service_jobs()
+        self.max_restarts = topo.max_restarts
         self.counts: Dict[str, int] = {**counts, **service}
         self.primary_jobs = facts.primary_jobs  # the jobs whose end is the run's end
         # A one-process strategy without the tf.data service is one pod that needs no placing.

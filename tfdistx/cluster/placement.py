@@ -16,7 +16,8 @@ from typing import Dict, List, Mapping, Optional
 from tfdistx.cluster import data_service, jobset
 from tfdistx.cluster.evaluator import EVALUATOR
 from tfdistx.config.errors import ConfigError, Problem
-from tfdistx.config.strategies import Strategy, describe_jobs
+from tfdistx.config.spec import Layout
+from tfdistx.config.strategies import describe_jobs
 
 
 class Source(str, Enum):
@@ -69,27 +70,29 @@ class Placement:
         return json.dumps({"cluster": self.spec, "task": {"type": self.task_type, "index": self.task_index}})
 
 
-def detect(strategy: Strategy, cluster, env: Mapping[str, str] = os.environ, service_jobs: Optional[Mapping[str, int]] = None) -> Placement:
+def detect(layout: Layout, env: Mapping[str, str] = os.environ, training: bool = True) -> Placement:
     """How this process learns its place; `cluster.launch` forces the choice.
-    `service_jobs`: data.service's tasks (config/data_service.job_counts);
-    with them a one-process strategy's trainer is the one `worker` task of
-    a cluster that holds the service too."""
+    A training run's tf.data service (`training`; an evaluation reads its own
+    data) adds its tasks: with them a one-process strategy's trainer is the
+    one `worker` task of a cluster that holds the service too."""
+    strategy, cluster = layout.strategy.facts, layout.cluster
+    service_jobs = layout.service_jobs() if training else {}
     if not strategy.multi_process and not service_jobs:
         return Placement(Source.SINGLE)
-    counts = {**(strategy.job_counts(cluster.workers, cluster.ps) or {"worker": 1}), **(service_jobs or {})}
-    mode = cluster.get("launch", "auto")
+    counts = {**layout.training_jobs(), **service_jobs}
+    mode = cluster.launch
     if mode == "auto":
         mode = ("tf_config" if env.get("TF_CONFIG") else "jobset" if jobset.in_jobset(env)
                 else "slurm" if "SLURM_PROCID" in env else "local")
     if mode == "local":
         return Placement(Source.LOCAL, spec={k: [""] * n for k, n in counts.items() if n})
-    evaluator = {EVALUATOR: 1} if cluster.get("evaluator") else {}  # a task of its own (cluster/evaluator.py)
+    evaluator = {EVALUATOR: 1} if cluster.evaluator else {}  # a task of its own (cluster/evaluator.py)
     if mode == "tf_config":
         placement = from_tf_config(env.get("TF_CONFIG", ""))
     elif mode == "jobset":
         placement = Placement(Source.JOBSET, *jobset.place(env, {**counts, **evaluator}))
     else:
-        placement = from_slurm(env, {**counts, **evaluator}, cluster.get("base_port", 29400))  # the evaluator: the step's last rank
+        placement = from_slurm(env, {**counts, **evaluator}, cluster.base_port)  # the evaluator: the step's last rank
     check_topology(placement, counts)
     if not strategy.multi_process and placement.task_type not in placement.service:
         return Placement(Source.SINGLE, service=placement.service)  # the trainer: one process, fed by the service

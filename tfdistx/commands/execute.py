@@ -1,11 +1,13 @@
 """Where a command meets the engine: train or evaluate in this process, or
 as a local cluster of processes that each do it (cluster/launch.py).
 
-The composed config is resolved into a RunSpec here, the one hand-over
-from the config side to the engine. TensorFlow is imported only on the
+The composed config is resolved into a RunSpec first thing here, the one
+hand-over from the config side: placement, the local launcher and the
+engine read the spec, never the config. TensorFlow is imported only on the
 in-process path: a local cluster's launcher never starts it.
 """
 
+import copy
 import json
 import logging
 import os
@@ -22,10 +24,11 @@ from tfdistx.cluster.launch import run_local_cluster
 from tfdistx.cluster.rendezvous import LOCAL_CLUSTER_ENV
 from tfdistx.commands.ending import hold_until_exit
 from tfdistx.cluster.placement import Placement, Source
-from tfdistx.config import data_service, elastic, strategies, threads
+from tfdistx.config import data_service, elastic, threads
 from tfdistx.config.errors import ConfigError, retryable_exits_offset_by
 from tfdistx.config.objective import value as objective_value
 from tfdistx.config.resolve import resolve
+from tfdistx.config.spec import Layout, RunSpec
 from tfdistx.engine.loggers import into_log_files, write_json  # no TensorFlow there
 from tfdistx.sigterm import SigtermNotice
 
@@ -41,22 +44,21 @@ def execute(cfg: DictConfig, run_dir: str, mode: str, step: Optional[int] = None
     if mode == "train" and notice is None:
         with SigtermNotice() as notice:
             return execute(cfg, run_dir, mode, step, process_ends_after, notice, placement)
-    facts = strategies.get(cfg.strategy.name, cfg.cluster.workers, cfg.cluster.devices_per_worker)
-    placement = placement or placement_of(cfg, mode)
-    stale = facts.stale_gradients_warning(cfg.cluster.workers, cfg.trainer.steps) if mode == "train" else None
-    if stale and placement.is_chief and placement.source is not Source.LOCAL:  # once: by the task that trains, not its launcher
-        warn(stale)
-    not_exact = data_service.resume_warning(cfg.data, cfg.trainer.deterministic) if mode == "train" else None
-    if not_exact and placement.is_chief and placement.source is not Source.LOCAL:  # once: by the trainer that writes the run
-        warn(not_exact)
+    spec = resolve(cfg, run_dir)  # the one reader of the config: from here on, the spec
+    layout, training = spec.layout, mode == "train"
+    placement = placement or placement_of(layout, mode)
+    if training and placement.is_chief and placement.source is not Source.LOCAL:  # once: by the task that trains, not its launcher
+        for warning in (layout.strategy.facts.stale_gradients_warning(layout.cluster.workers, spec.trainer.steps),
+                        data_service.mode_resume_warning(layout.service.mode if layout.service else None, spec.trainer.deterministic)):
+            if warning:
+                warn(warning)
     if placement.in_cluster:
-        refused = elastic.placed_by_a_scheduler(cfg.cluster, launched_by_tfdistx=bool(os.environ.get(LOCAL_CLUSTER_ENV)))
+        refused = elastic.placed_by_a_scheduler(layout.cluster, launched_by_tfdistx=bool(os.environ.get(LOCAL_CLUSTER_ENV)))
         if refused:
             raise ConfigError(refused)
-    with retryable_exits_offset_by(cfg.cluster.retryable_exit_offset):
+    with retryable_exits_offset_by(layout.cluster.retryable_exit_offset):
         if placement.source is Source.LOCAL:
-            return _run_local_cluster(cfg, run_dir, facts, mode, step, notice)
-        spec = resolve(cfg, run_dir)
+            return _run_local_cluster(spec, mode, step, notice)
         if placement.task_type == EVALUATOR and notice is not None:  # a SIGTERM while it starts is said as what it will do
             notice.plan = EVALUATOR_ON_SIGTERM
         conflict = machine.conflict()
@@ -68,11 +70,11 @@ def execute(cfg: DictConfig, run_dir: str, mode: str, step: Optional[int] = None
         if placement.task_type in data_service.JOBS:  # a tf.data service task: serves the trainers until stopped
             from tfdistx.engine.data_service import serve  # deferred: it imports TensorFlow
 
-            return serve(placement, facts, spec.cluster.preemption_grace, notice)
+            return serve(placement, layout.strategy.facts, spec.cluster.preemption_grace, notice)
         if placement.task_type == EVALUATOR:  # the sidecar evaluator (cluster.evaluator): beside the training, never failing it
             from tfdistx.engine import sidecar  # deferred: it imports TensorFlow
 
-            return sidecar.run(spec, placement, notice) if mode == "train" else None
+            return sidecar.run(spec, placement, notice) if training else None
         from tfdistx.engine import checkpointing, fit  # deferred: they import TensorFlow
 
         with checkpointing.stops_cleanly_when_unwritable(spec.checkpoint.dir, evaluating=mode == "evaluate"):
@@ -91,42 +93,39 @@ def warn(text: str) -> None:
     into_log_files(line, logging.WARNING)
 
 
-def placement_of(cfg: DictConfig, mode: str = "train") -> Placement:
+def placement_of(layout: Layout, mode: str = "train") -> Placement:
     """Where this process stands: one process, the launcher of a local
     cluster, or a task a scheduler placed (TF_CONFIG, Slurm). Its chief is
     the process that writes the run directory."""
-    facts = strategies.get(cfg.strategy.name, cfg.cluster.workers, cfg.cluster.devices_per_worker)
     # data.service feeds training only: an evaluation reads its data in the process that evaluates
-    return cluster.detect(facts, cfg.cluster, service_jobs=data_service.job_counts(cfg.data) if mode == "train" else {})
+    return cluster.detect(layout, training=mode == "train")
 
 
-def local_tasks(cfg: DictConfig, facts: strategies.Strategy, mode: str) -> Tuple[Dict[str, int], bool]:
+def local_tasks(layout: Layout, mode: str) -> Tuple[Dict[str, int], bool]:
     """The tasks a local launch starts (tasks per job, and whether a sidecar
     evaluator runs beside them), refused (ConfigError) when there are more
     processes than this machine can hold; --plan asks too."""
     # A one-process strategy launches here only to run beside its tf.data service: its trainer is the one worker.
-    counts = {**(facts.job_counts(cfg.cluster.workers, cfg.cluster.ps) or {"worker": 1}),
-              **(data_service.job_counts(cfg.data) if mode == "train" else {})}
-    evaluator = mode == "train" and bool(cfg.cluster.get("evaluator"))  # `tfdistx evaluate` needs no sidecar
+    counts = {**layout.training_jobs(), **(layout.service_jobs() if mode == "train" else {})}
+    evaluator = mode == "train" and layout.cluster.evaluator  # `tfdistx evaluate` needs no sidecar
     processes, most = sum(counts.values()) + evaluator, max(8, 4 * (os.cpu_count() or 1))
     if processes > most:  # each task is a whole TensorFlow process (docs/performance.md: peak RSS per task)
-        raise ConfigError.one("cluster", cfg.cluster.name, f"a local cluster of {processes} processes"
+        raise ConfigError.one("cluster", layout.cluster.name, f"a local cluster of {processes} processes"
                               f"{' (with the sidecar evaluator)' if evaluator else ''} on this machine's {os.cpu_count()} cores: "
                               f"at most {most} here; a larger cluster runs under Slurm or Kubernetes")
     return counts, evaluator
 
 
-def _elastic_rounds(cfg: DictConfig, run_dir: str, mode: str) -> Optional[dict]:
+def _elastic_rounds(spec: RunSpec, mode: str) -> Optional[dict]:
     """What the launcher needs to train in rounds (cluster/elastic.py); None
     when the run is not elastic (an evaluation never is: it runs once)."""
-    if mode != "train" or not elastic.is_elastic(cfg.cluster):
+    keys = spec.cluster.elastic
+    if mode != "train" or keys is None:
         return None
-    low, high = elastic.worker_range(cfg.cluster)
-    keys = cfg.cluster.elastic
-    return {"min": low, "max": high, "hosts": keys.hosts, "discover": keys.discover, "join_grace": keys.join_grace,
-            "lost_bound": keys.lost_bound, "below_min_timeout": keys.below_min_timeout,
-            "checkpoint_dir": cfg.checkpoint.dir or str(Path(run_dir) / "checkpoints"),
-            "rounds_file": str(Path(run_dir) / "logs" / "rounds.json"), "metrics_file": str(Path(run_dir) / "metrics.jsonl")}
+    return {"min": keys.min_workers, "max": spec.cluster.workers, "hosts": keys.hosts, "discover": keys.discover,
+            "join_grace": keys.join_grace, "lost_bound": keys.lost_bound, "below_min_timeout": keys.below_min_timeout,
+            "checkpoint_dir": spec.checkpoint.dir, "rounds_file": str(spec.run_dir / "logs" / "rounds.json"),
+            "metrics_file": str(spec.run_dir / "metrics.jsonl")}
 
 
 def with_rounds(summary: dict, rounds: list) -> dict:
@@ -136,35 +135,36 @@ def with_rounds(summary: dict, rounds: list) -> dict:
     return {**summary, "rounds": [r for r in rounds if r["first_step"] <= summary["step"]]}
 
 
-def _run_local_cluster(cfg: DictConfig, run_dir: str, facts: strategies.Strategy, mode: str, step: Optional[int],
-                       notice: Optional[SigtermNotice]):
+def _run_local_cluster(spec: RunSpec, mode: str, step: Optional[int], notice: Optional[SigtermNotice]):
     """Every task runs this job from the resolved config written here, in
     the same run directory; only the chief writes the run's files."""
-    counts, evaluator = local_tasks(cfg, facts, mode)
-    logs = Path(run_dir, "logs")
+    layout, run_dir = spec.layout, spec.run_dir
+    counts, evaluator = local_tasks(layout, mode)
+    logs = run_dir / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     task_config = logs / f"{mode}-config.yaml"
-    resolved = OmegaConf.to_container(cfg, resolve=True)
+    resolved = copy.deepcopy(dict(spec.config))
     resolved["cluster"]["launch"] = "tf_config"  # each task is placed by the TF_CONFIG the launcher gives it
     task_config.write_text(OmegaConf.to_yaml(resolved))
     command = [sys.executable, "-m", "tfdistx", "_task", mode, str(run_dir), str(task_config), *([str(step)] if step is not None else [])]
-    per_pool, why = threads.task_threads(cfg.cluster.get("task_threads", threads.AUTO), counts)  # an elastic run: sized for MAX workers
+    per_pool, why = threads.task_threads(layout.cluster.task_threads, counts)  # an elastic run: sized for MAX workers
     into_log_files(f"tfdistx: each task's TensorFlow threads: {threads.describe(per_pool)}; {why}")  # the run's log, not the terminal
-    rounds = _elastic_rounds(cfg, run_dir, mode)
+    rounds = _elastic_rounds(spec, mode)
+    facts, cluster = layout.strategy.facts, layout.cluster
     code = run_local_cluster(counts, command, str(logs), task_env=threads.environment(per_pool),
-                             primary=list(facts.primary_jobs), isolate=cfg.cluster.isolate,
-                             max_restarts=cfg.cluster.max_restarts, restart_alone=list(facts.restartable_alone),
-                             stopped_task_timeout=cfg.cluster.stopped_task_timeout, run_log=str(Path(run_dir) / "tfdistx.log"),
-                             evaluator=evaluator, preemption_grace=cfg.cluster.preemption_grace, notice=notice, elastic=rounds)
+                             primary=list(facts.primary_jobs), isolate=cluster.isolate,
+                             max_restarts=cluster.max_restarts, restart_alone=list(facts.restartable_alone),
+                             stopped_task_timeout=cluster.stopped_task_timeout, run_log=str(run_dir / "tfdistx.log"),
+                             evaluator=evaluator, preemption_grace=cluster.preemption_grace, notice=notice, elastic=rounds)
     if code == 130:  # Ctrl-C: the tasks stopped quietly (commands/task.py)
         print("tfdistx: interrupted", file=sys.stderr)
     if code:
         sys.exit(code)
     if mode == "evaluate":
-        return json.loads(Path(run_dir, "evaluations.jsonl").read_text().splitlines()[-1])
+        return json.loads((run_dir / "evaluations.jsonl").read_text().splitlines()[-1])
     if rounds:  # the chief wrote the summary of its last round; the launcher knows them all
-        summary = json.loads(Path(run_dir, "summary.json").read_text())
+        summary = json.loads((run_dir / "summary.json").read_text())
         trained = with_rounds(summary, json.loads(Path(rounds["rounds_file"]).read_text()))
         if trained != summary:
-            write_json(Path(run_dir, "summary.json"), trained)
-    return objective_value(cfg.trainer.objective, json.loads(Path(run_dir, "summary.json").read_text()))
+            write_json(run_dir / "summary.json", trained)
+    return objective_value(spec.trainer.objective, json.loads((run_dir / "summary.json").read_text()))

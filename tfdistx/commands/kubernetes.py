@@ -16,6 +16,7 @@ from tfdistx.cluster.kubernetes import DEFAULT_MOUNT_PATH, check_name
 from tfdistx.commands.common import compose, one_line_errors
 from tfdistx.config import elastic, userconf
 from tfdistx.config.errors import ConfigError
+from tfdistx.config.resolve import layout_of
 
 # kind -> (what it prints, for --help; the builder, returning one manifest or a list; the longest --name)
 KINDS = {
@@ -62,12 +63,12 @@ def export(argv, kind: str) -> int:
         check_name("--namespace", args.namespace, 63)
         if not args.mount_path.startswith("/"):
             raise ConfigError.one("--mount-path", args.mount_path, "must be an absolute path")
-        cfg = compose(elastic.expand_shorthand(args.overrides))
-        if elastic.is_elastic(cfg.cluster):  # its tasks would refuse to start (elastic.placed_by_a_scheduler): said here, at once
-            raise ConfigError.one("cluster.elastic.min_workers", cfg.cluster.elastic.min_workers, f"a {kind} has a fixed number of "
-                                  f"replicas, and elastic rounds ({elastic.shown(cfg.cluster)}) are formed by tfdistx's local launcher: "
+        layout = layout_of(compose(elastic.expand_shorthand(args.overrides)))  # what the manifests read (config/spec.py)
+        if layout.cluster.elastic:  # its tasks would refuse to start (elastic.placed_by_a_scheduler): said here, at once
+            raise ConfigError.one("cluster.elastic.min_workers", layout.cluster.elastic.min_workers, f"a {kind} has a fixed number of "
+                                  f"replicas, and elastic rounds ({elastic.shown(layout.cluster)}) are formed by tfdistx's local launcher: "
                                   "export with cluster.elastic.min_workers=null")
-        manifests = build(cfg, args.overrides, args.name, args.image, args.namespace, args.volume, args.mount_path.rstrip("/") or "/",
+        manifests = build(layout, args.overrides, args.name, args.image, args.namespace, args.volume, args.mount_path.rstrip("/") or "/",
                           args.gpus, config_dirs=config_dirs, config_path=config_path)
     if not args.volume:
         print("tfdistx: WARNING: no --volume: each pod writes its run dir inside itself, and a restarted pod loses "

@@ -6,15 +6,17 @@ from tfdistx import machine
 from tfdistx.cluster import placement as cluster_lib
 from tfdistx.cluster.placement import Source
 from tfdistx.commands.execute import local_tasks
-from tfdistx.config import compute, data_service, elastic, optimizers, sources, strategies, threads
+from tfdistx.config import compute, elastic, optimizers, sources, strategies, threads
 from tfdistx.config.schema import LOGGER_DEFAULTS
+from tfdistx.config.resolve import layout_of
+from tfdistx.config.spec import Layout
 from tfdistx.config.validate import planned_replicas
 
 
 def describe(cfg: DictConfig) -> str:
-    strategy, topo = cfg.strategy.name, cfg.cluster
-    facts = strategies.get(strategy, topo.workers, topo.devices_per_worker)
-    placement = cluster_lib.detect(facts, topo, service_jobs=data_service.job_counts(cfg.data))
+    layout = layout_of(cfg)  # where the processes go, as a run reads it (config/resolve.py)
+    strategy, topo, facts = layout.strategy.name, layout.cluster, layout.strategy.facts
+    placement = cluster_lib.detect(layout)
     chosen = f"  -> {facts.name}" if strategy == strategies.AUTO else ""
     if strategy == strategies.AUTO and placement.source is Source.SINGLE:
         chosen += " (mirrored instead when several GPUs are visible)"
@@ -25,7 +27,7 @@ def describe(cfg: DictConfig) -> str:
     lines.append(f"devices       {machine.describe()}")  # this machine's: each of a scheduler's hosts has its own
     if machine.conflict():
         lines.append(f"WARNING       {machine.conflict()}")
-    lines += _tasks(cfg, facts, placement)
+    lines += _tasks(layout, placement)
     task = cfg.task
     lines.append(f"task          {task.get('name', task._target_)}: metrics {', '.join(task.get('metrics') or ['(the task reports them)'])}; "
                  f"objective {cfg.trainer.objective}")
@@ -59,10 +61,10 @@ def describe(cfg: DictConfig) -> str:
     plan_line = sources.of(cfg.data).plan_line
     if plan_line:
         lines = [line for line in lines if not line.startswith("data ")] + [plan_line(cfg.data, topo.workers if facts.multi_process else 1)]
-    service = data_service.settings(cfg.data)
+    service = layout.service
     if service:
-        lines.append(f"data service  a tf.data service: 1 dispatcher, {service['workers']} worker(s), {service['mode']} "
-                     f"(tasks dispatcher:0 and dataworker:0..{service['workers'] - 1}; docs/multi-process.md: data.service)")
+        lines.append(f"data service  a tf.data service: 1 dispatcher, {service.workers} worker(s), {service.mode} "
+                     f"(tasks dispatcher:0 and dataworker:0..{service.workers - 1}; docs/multi-process.md: data.service)")
     scale = cfg.optimizer.get("scale_lr_with_replicas")
     lr = cfg.optimizer.lr
     lr_text = f"{lr} x replicas = {lr * replicas}" if scale and replicas else f"{lr}" + (" x replicas" if scale else "")
@@ -141,21 +143,21 @@ def _collectives(options: DictConfig) -> str:
             f"strategy.communication={implementation} ({how})")
 
 
-def _tasks(cfg: DictConfig, facts: strategies.Strategy, placement) -> list:
-    topo = cfg.cluster
+def _tasks(layout: Layout, placement) -> list:
+    topo = layout.cluster
     if placement.source is Source.SINGLE:
         return ["placement     this process"]
     if placement.source is Source.LOCAL:
-        counts = facts.job_counts(topo.workers, topo.ps)
-        local_tasks(cfg, facts, "train")  # refused as the run would be: more processes than this machine holds
+        counts = layout.strategy.facts.job_counts(topo.workers, topo.ps)
+        local_tasks(layout, "train")  # refused as the run would be: more processes than this machine holds
         lines = ["placement     local cluster launched by tfdistx: one process per task on free 127.0.0.1 ports,",
                  "              in a private network namespace when the OS allows it (cluster.isolate)"]
         for job, n in counts.items():
             for index in range(n):
                 lines.append(f"  task        {job}:{index}  TF_CONFIG task {{'type': '{job}', 'index': {index}}}")
-        per_pool, why = threads.task_threads(topo.get("task_threads", threads.AUTO), counts)
+        per_pool, why = threads.task_threads(topo.task_threads, counts)
         lines.append(f"  threads     each task: {threads.describe(per_pool)}; {why}")
-        if topo.get("evaluator"):  # beside the cluster (cluster/evaluator.py)
+        if topo.evaluator:  # beside the cluster (cluster/evaluator.py)
             lines.append("  task        evaluator:0  the sidecar evaluator: TF_CONFIG task {'type': 'evaluator', 'index': 0}, "
                          "in no cluster spec; evaluates each checkpoint")
         return lines

@@ -27,6 +27,7 @@ from tfdistx.config import elastic
 from tfdistx.config.compose import compose_and_validate, composed, keys_for_own_targets, only_given_keys_for_user_targets, say
 from tfdistx.config.errors import ConfigError, RunFault
 from tfdistx.config.objective import direction
+from tfdistx.config.resolve import layout_of
 from tfdistx.config.paths import config_dir
 from tfdistx.config.validate import validate, writable
 from tfdistx.internals import hydra as internals
@@ -170,7 +171,7 @@ def _run_once(overrides, process_ends_after: bool = False, notice: Optional[Sigt
             raise ConfigError.one("hydra.callbacks", OmegaConf.to_container(cfg.hydra.callbacks),
                                   str(error).strip().splitlines()[0]) from None
         context = HydraContext(config_loader=GlobalHydra.instance().config_loader(), callbacks=callbacks)
-        placement = placement_of(cfg)  # worked out once for the run
+        placement = placement_of(layout_of(cfg))  # worked out once for the run
         # Locked before run_job writes .hydra/ into the directory (rundir.py).
         with rundir.owned(cfg.hydra.run.dir) if placement.is_chief else contextlib.nullcontext():
             job = functools.partial(_run, process_ends_after=process_ends_after, notice=notice, placement=placement)
@@ -200,6 +201,6 @@ def _run(cfg: DictConfig, process_ends_after: bool = False, notice: Optional[Sig
         told = only_given_keys_for_user_targets(cfg, hydra_cfg.overrides.task)
         validate(cfg)
         say(told)
-        placement = placement_of(cfg)
+        placement = placement_of(layout_of(cfg))
         with rundir.owned(hydra_cfg.runtime.output_dir) if placement.is_chief else contextlib.nullcontext():
             return execute(cfg, hydra_cfg.runtime.output_dir, "train", placement=placement)

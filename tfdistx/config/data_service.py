@@ -40,8 +40,12 @@ def workers(data) -> int:
 
 def job_counts(data) -> Dict[str, int]:
     """The service's tasks per job, in rank order after the training jobs ({} when off)."""
-    n = workers(data)
-    return {DISPATCHER: 1, WORKER: n} if n else {}
+    return jobs(workers(data))
+
+
+def jobs(workers: int) -> Dict[str, int]:
+    """The tasks of a service of `workers` data workers ({} when 0: off)."""
+    return {DISPATCHER: 1, WORKER: workers} if workers else {}
 
 
 def problems(data) -> list:
@@ -68,9 +72,14 @@ def problems(data) -> list:
 def resume_warning(data, deterministic: bool) -> Optional[str]:
     """One line for a run that asks for reproducibility the service cannot give."""
     on = settings(data)
-    if not on or not deterministic:
+    return mode_resume_warning(on["mode"] if on else None, deterministic)
+
+
+def mode_resume_warning(mode: Optional[str], deterministic: bool) -> Optional[str]:
+    """resume_warning of a service in `mode` (None: no service)."""
+    if mode is None or not deterministic:
         return None
-    if on["mode"] == PARALLEL_EPOCHS:
+    if mode == PARALLEL_EPOCHS:
         return ("trainer.deterministic=true with data.service.mode=parallel_epochs: each tf.data service worker shuffles in an order "
                 "of its own, so neither a run nor its resume is reproducible (docs/multi-process.md: data.service)")
     return ("trainer.deterministic=true with data.service: which batch a step trains depends on which tf.data service worker "

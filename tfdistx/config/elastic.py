@@ -47,8 +47,8 @@ def expand_shorthand(overrides: Sequence[str]) -> List[str]:
 
 
 def is_elastic(cluster) -> bool:
-    elastic = cluster.get("elastic") if hasattr(cluster, "get") else None
-    return elastic is not None and elastic.get("min_workers") is not None
+    """Of the cluster group as composed, or as resolved (config/spec.py: its `elastic` is None when fixed)."""
+    return getattr(getattr(cluster, "elastic", None), "min_workers", None) is not None
 
 
 def worker_range(cluster) -> Tuple[int, int]:

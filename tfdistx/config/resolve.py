@@ -19,9 +19,9 @@ from tfdistx.config.compose import saved_config
 from tfdistx.config.errors import ConfigError
 from tfdistx.config.schema import (LOGGER_DEFAULTS, MLFLOW_DEFAULTS, OPTIMIZER_DEFAULTS, OPTIMIZER_KEYS, PIPELINE_DEFAULTS, TASK_FACTS, TASK_KEYS,
                                    WANDB_DEFAULTS,
-                                   CheckpointConfig, ClusterConfig, EarlyStoppingConfig, TrainerConfig)
-from tfdistx.config.spec import (Checkpoint, Cluster, DataService, EarlyStopping, InitFrom, Logger, Mlflow, Optimizer, Pipeline, RunSpec,
-                                 Strategy, Trainer, Wandb)
+                                   CheckpointConfig, ClusterConfig, EarlyStoppingConfig, ElasticConfig, TrainerConfig)
+from tfdistx.config.spec import (Checkpoint, Cluster, DataService, EarlyStopping, Elastic, InitFrom, Layout, Logger, Mlflow, Optimizer,
+                                 Pipeline, RunSpec, Strategy, Trainer, Wandb)
 from tfdistx.config.targets import Target, current
 
 
@@ -30,19 +30,14 @@ def resolve(cfg: DictConfig, run_dir: str = ".", follow_init_from: bool = True) 
     (a command that writes no run, such as `data write`, leaves it out).
     `follow_init_from=False`: checkpoint.init_from is left unresolved (a
     warm start's source run is not asked where its own weights came from)."""
-    # Each group resolved in place (interpolations see the whole config), the hydra node left out:
-    # outside a Hydra job its runtime keys (hydra.job.num) have no value.
-    plain = {key: OmegaConf.to_container(cfg[key], resolve=True) if OmegaConf.is_config(cfg[key]) else cfg[key]
-             for key in cfg if key != "hydra"}
+    plain = _plain(cfg, [key for key in cfg if key != "hydra"])
     # Defaults for keys a saved config of a run from before them (a warm start's source, `tfdistx export`) lacks.
     trainer = _with_defaults(plain["trainer"], TrainerConfig)
     ckpt = _with_defaults(plain["checkpoint"], CheckpointConfig)
-    cluster = _with_defaults(plain["cluster"], ClusterConfig)
     data = plain["data"]
     checkpoint_dir = ckpt["dir"] or str(Path(run_dir) / "checkpoints")
     profile = trainer["profile_steps"]
-    strategy = dict(plain["strategy"])
-    name = strategy.pop("name")
+    layout = _layout(plain)
     return RunSpec(
         run_dir=Path(run_dir),
         trainer=Trainer(**{**trainer, "early_stopping": EarlyStopping(**_with_defaults(trainer["early_stopping"], EarlyStoppingConfig)),
@@ -52,8 +47,8 @@ def resolve(cfg: DictConfig, run_dir: str = ".", follow_init_from: bool = True) 
                               init_from=_init_from(ckpt["init_from"], warm_start.resumes(checkpoint_dir, ckpt["restore"]))
                               if follow_init_from else None,
                               init_skip=tuple(ckpt["init_skip"] or ())),
-        cluster=Cluster(**{key: cluster[key] for key in _names(Cluster)}),
-        strategy=Strategy(name, _frozen(strategy), strategies.get(name, cluster["workers"], cluster["devices_per_worker"])),
+        cluster=layout.cluster,
+        strategy=layout.strategy,
         pipeline=_pipeline(data),
         task=Target.of("task", plain["task"], exclude=TASK_KEYS + TASK_FACTS),
         data=Target.of("data", data, exclude=tuple(PIPELINE_DEFAULTS)),
@@ -63,6 +58,33 @@ def resolve(cfg: DictConfig, run_dir: str = ".", follow_init_from: bool = True) 
         config=_frozen(plain),
         callbacks=_frozen({name: Target.of(f"callbacks.{name}", keys) for name, keys in (plain.get("callbacks") or {}).items()}),
     )
+
+
+def layout_of(cfg: DictConfig) -> Layout:
+    """The part of the run spec that says where the processes go (strategy,
+    cluster, data.service): all that placement and a launcher read, resolved
+    without the rest (a process that only launches, or a manifest, needs
+    no warm-start source or model)."""
+    return _layout(_plain(cfg, ["strategy", "cluster", "data"]))
+
+
+def _plain(cfg: DictConfig, keys) -> dict:
+    """Each group resolved in place (interpolations see the whole config).
+    Never the hydra node: outside a Hydra job its runtime keys (hydra.job.num) have no value."""
+    return {key: OmegaConf.to_container(cfg[key], resolve=True) if OmegaConf.is_config(cfg[key]) else cfg[key] for key in keys}
+
+
+def _layout(plain: Mapping[str, Any]) -> Layout:
+    cluster = _with_defaults(plain["cluster"], ClusterConfig)
+    elastic = cluster["elastic"]
+    elastic = dataclasses.asdict(elastic) if dataclasses.is_dataclass(elastic) else _with_defaults(elastic, ElasticConfig)
+    strategy = dict(plain["strategy"])
+    name = strategy.pop("name")
+    return Layout(
+        strategy=Strategy(name, _frozen(strategy), strategies.get(name, cluster["workers"], cluster["devices_per_worker"])),
+        cluster=Cluster(**{**{key: cluster[key] for key in _names(Cluster)},
+                           "elastic": Elastic(**elastic) if elastic["min_workers"] is not None else None}),
+        service=_service_of(plain["data"]))
 
 
 def _with_defaults(given: Optional[Mapping[str, Any]], schema) -> dict:
@@ -78,8 +100,12 @@ def _names(spec_class) -> list:
 
 def _pipeline(data: Mapping[str, Any]) -> Pipeline:
     keys = {key: data.get(key, default) for key, default in PIPELINE_DEFAULTS.items()}
+    return Pipeline(**{**keys, "service": _service_of(data)})
+
+
+def _service_of(data: Mapping[str, Any]) -> Optional[DataService]:
     on = data_service.settings(data)  # None: off
-    return Pipeline(**{**keys, "service": DataService(**on) if on else None})
+    return DataService(**on) if on else None
 
 
 def _optimizer(group: Mapping[str, Any]) -> Optimizer:

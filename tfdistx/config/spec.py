@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Optional, Tuple, Union
 
-from tfdistx.config import strategies
+from tfdistx.config import data_service, strategies
 from tfdistx.config.targets import Target
 
 
@@ -65,15 +65,36 @@ class InitFrom:
 
 
 @dataclass(frozen=True)
+class Elastic:
+    """cluster.elastic of an elastic run (config/elastic.py): rounds of min_workers to cluster.workers."""
+
+    min_workers: int
+    hosts: Optional[str]  # a file listing the hosts, one a line; or
+    discover: Optional[str]  # a command printing them
+    join_grace: float
+    lost_bound: float
+    below_min_timeout: float
+
+
+@dataclass(frozen=True)
 class Cluster:
     name: str
-    workers: int
+    workers: int  # an elastic run's most workers
     ps: int
     devices_per_worker: Optional[int]
     startup_timeout: float
     peer_timeout: float  # seconds before a task that stopped answering counts as lost
     preemption_grace: float  # seconds from SIGTERM to SIGKILL
     retryable_exit_offset: int  # added to the exit codes a restart cures (config/errors.py)
+    # How the processes are placed and kept (placement, the local launcher, --plan, the Kubernetes manifests):
+    launch: str  # auto | local | tf_config | slurm | jobset (cluster/placement.py)
+    isolate: Optional[bool]  # a local cluster in a private network namespace; None: when the OS allows it
+    base_port: int  # Slurm: the first task's port on each node
+    max_restarts: int
+    stopped_task_timeout: float
+    evaluator: bool  # a sidecar evaluator task beside the cluster
+    task_threads: Union[int, str]  # a local cluster's TensorFlow threads per pool in each task, or "auto" (config/threads.py)
+    elastic: Optional[Elastic]  # None: a fixed cluster
 
 
 @dataclass(frozen=True)
@@ -146,6 +167,25 @@ class Logger:
 
 
 @dataclass(frozen=True)
+class Layout:
+    """Where a run's processes go and how they are kept: the strategy's
+    facts, the cluster, and the tf.data service's tasks. Placement, the local
+    launcher, --plan and the Kubernetes manifests read this, not the config."""
+
+    strategy: Strategy
+    cluster: Cluster
+    service: Optional[DataService]  # None: no tf.data service
+
+    def service_jobs(self) -> Mapping[str, int]:
+        """The tf.data service's tasks per job ({} when it is off)."""
+        return data_service.jobs(self.service.workers if self.service else 0)
+
+    def training_jobs(self) -> Mapping[str, int]:
+        """The strategy's tasks per job; a one-process strategy's one trainer is a `worker`."""
+        return self.strategy.facts.job_counts(self.cluster.workers, self.cluster.ps) or {"worker": 1}
+
+
+@dataclass(frozen=True)
 class RunSpec:
     run_dir: Path
     trainer: Trainer
@@ -160,3 +200,7 @@ class RunSpec:
     logger: Logger
     config: Mapping[str, Any]  # the whole resolved config as plain data, as the loggers record it
     callbacks: Mapping[str, Target] = field(default_factory=dict)  # NAME -> the user's callback (engine/callbacks.py), in order
+
+    @property
+    def layout(self) -> Layout:
+        return Layout(self.strategy, self.cluster, self.pipeline.service)

@@ -6,7 +6,6 @@ imports TensorFlow: a bad run is refused in well under a second.
 """
 
 import dataclasses
-import importlib.util
 import math
 import os
 import tempfile
