@@ -6,16 +6,20 @@ from tfdistx import machine
 from tfdistx.cluster import placement as cluster_lib
 from tfdistx.cluster.placement import Source
 from tfdistx.commands.execute import local_tasks
-from tfdistx.config import compute, elastic, optimizers, sources, strategies, threads
-from tfdistx.config.schema import LOGGER_DEFAULTS
-from tfdistx.config.resolve import layout_of
-from tfdistx.config.spec import Layout
-from tfdistx.config.validate import planned_replicas
+from tfdistx.config import compute, elastic, sources, strategies, threads
+from tfdistx.config.resolve import resolve
+from tfdistx.config.spec import Layout, Logger, Optimizer
+from tfdistx.config.targets import Target
+
+RUN_DIR = "<run dir>"  # where the plan shows the run's own paths (its checkpoints, say)
 
 
 def describe(cfg: DictConfig) -> str:
-    layout = layout_of(cfg)  # where the processes go, as a run reads it (config/resolve.py)
-    strategy, topo, facts = layout.strategy.name, layout.cluster, layout.strategy.facts
+    """--plan's lines for a composed config, read from its run spec (as the
+    run will read it; the run dir shown as `<run dir>`)."""
+    spec = resolve(cfg, RUN_DIR)
+    layout = spec.layout
+    strategy, topo, facts, trainer = layout.strategy.name, layout.cluster, layout.strategy.facts, spec.trainer
     placement = cluster_lib.detect(layout)
     chosen = f"  -> {facts.name}" if strategy == strategies.AUTO else ""
     if strategy == strategies.AUTO and placement.source is Source.SINGLE:
@@ -28,19 +32,19 @@ def describe(cfg: DictConfig) -> str:
     if machine.conflict():
         lines.append(f"WARNING       {machine.conflict()}")
     lines += _tasks(layout, placement)
-    task = cfg.task
-    lines.append(f"task          {task.get('name', task._target_)}: metrics {', '.join(task.get('metrics') or ['(the task reports them)'])}; "
-                 f"objective {cfg.trainer.objective}")
+    task = spec.config["task"]
+    lines.append(f"task          {task.get('name', task['_target_'])}: metrics {', '.join(task.get('metrics') or ['(the task reports them)'])}; "
+                 f"objective {trainer.objective}")
 
-    replicas = planned_replicas(cfg)
-    batch = cfg.data.batch_size
+    replicas = facts.planned_replicas(topo.workers, topo.devices_per_worker)
+    batch = spec.pipeline.batch_size
     if facts.asynchronous:
         lines.append(f"replicas      {topo.workers} workers, asynchronous: each step trains one worker on a whole batch")
         lines.append(f"batch         {batch} per step")
         lines.append(f"data          each worker reads its own 1/{topo.workers} of the examples (sharded by worker index); "
                      "a resumed worker skips its expected share of the steps done")
         lines += _ps_variables(cfg, topo.ps)
-        stale = facts.stale_gradients_warning(topo.workers, cfg.trainer.steps)
+        stale = facts.stale_gradients_warning(topo.workers, trainer.steps)
         if stale:
             lines.append(f"WARNING       {stale}")
     elif replicas:
@@ -51,47 +55,48 @@ def describe(cfg: DictConfig) -> str:
         lines.append("replicas      decided by the GPUs visible at start (else 1 per worker)")
         lines.append(f"batch         global {batch}, split evenly across the replicas")
     if facts.name == "multiworker":
-        lines.append(_collectives(cfg.strategy))
-    accumulate = cfg.trainer.accumulate_steps
-    if accumulate > 1:
-        lines.append(f"accumulate    {accumulate} batches of {batch} per step: the gradients of {batch * accumulate} examples, "
-                     f"the activations of {batch} in memory")
-    lines.append(f"compute       {cfg.trainer.precision}; XLA {compute.jit_compile(cfg)[1]}; "
-                 f"steps per XLA call {compute.steps_per_xla_call(cfg)[1]}")
-    plan_line = sources.of(cfg.data).plan_line
+        lines.append(_collectives(layout.strategy.options))
+    if trainer.accumulate_steps > 1:
+        lines.append(f"accumulate    {trainer.accumulate_steps} batches of {batch} per step: the gradients of {batch * trainer.accumulate_steps} "
+                     f"examples, the activations of {batch} in memory")
+    lines.append(f"compute       {trainer.precision}; XLA {compute.planned_jit(trainer, facts)[1]}; "
+                 f"steps per XLA call {compute.planned_steps_per_xla_call(trainer, spec.checkpoint, facts)[1]}")
+    plan_line = sources.of(cfg.data).plan_line  # a data source's own line, from its own keys
     if plan_line:
         lines = [line for line in lines if not line.startswith("data ")] + [plan_line(cfg.data, topo.workers if facts.multi_process else 1)]
     service = layout.service
     if service:
         lines.append(f"data service  a tf.data service: 1 dispatcher, {service.workers} worker(s), {service.mode} "
                      f"(tasks dispatcher:0 and dataworker:0..{service.workers - 1}; docs/multi-process.md: data.service)")
-    scale = cfg.optimizer.get("scale_lr_with_replicas")
-    lr = cfg.optimizer.lr
-    lr_text = f"{lr} x replicas = {lr * replicas}" if scale and replicas else f"{lr}" + (" x replicas" if scale else "")
-    clip = next((f"; clip {key} {cfg.optimizer[key]} after the sum over replicas" for key in ("clip_norm", "global_clip_norm")
-                 if cfg.optimizer.get(key) is not None), "")
-    schedule = cfg.optimizer.get("schedule", "constant")
-    if OmegaConf.is_dict(schedule):  # a LearningRateSchedule's _target_: its own rates, not optimizer.lr
-        lr_text, schedule = ("x replicas" if scale else "its own"), schedule.get("_target_")
-    warmup = cfg.optimizer.get("warmup_steps", 0)
-    schedule = f"{schedule} after {warmup} steps of warm-up" if warmup and schedule != "cosine" else schedule
-    name, target = cfg.optimizer.get("name"), optimizers.target_of(cfg.optimizer)
-    lines.append(f"optimizer     {f'{name} ({target})' if name and not cfg.optimizer.get('_target_') else target}, lr {lr_text}, "
-                 f"schedule {schedule}{clip}")
-    callbacks = cfg.get("callbacks") or {}
-    if callbacks:
-        lines.append("callbacks     " + ", ".join(f"{name} ({callback.get('_target_')})" for name, callback in callbacks.items())
+    lines.append(f"optimizer     {_optimizer(spec.optimizer, replicas)}")
+    if spec.callbacks:
+        lines.append("callbacks     " + ", ".join(f"{name} ({callback.path})" for name, callback in spec.callbacks.items())
                      + ", on the chief (docs/own-project.md)")
-    lines.append(f"loggers       {', '.join(_loggers(cfg.logger))}")
-    steps = cfg.trainer.steps if cfg.trainer.steps is not None else f"{cfg.trainer.epochs} epoch(s)"
-    t = cfg.trainer
-    lines.append(f"steps         {steps}; {t.steps_per_loop} per tf.function call; log every {t.log_every}; eval every {t.eval_every or 'end only'}")
-    every = cfg.checkpoint.every_steps
-    lines.append(f"checkpoints   every {every or 'end only'} steps, keep {cfg.checkpoint.max_to_keep}, in {cfg.checkpoint.dir or '<run dir>/checkpoints'}")
+    lines.append(f"loggers       {', '.join(_loggers(spec.logger))}")
+    steps = trainer.steps if trainer.steps is not None else f"{trainer.epochs} epoch(s)"
+    lines.append(f"steps         {steps}; {trainer.steps_per_loop} per tf.function call; log every {trainer.log_every}; "
+                 f"eval every {trainer.eval_every or 'end only'}")
+    every = spec.checkpoint.every_steps
+    lines.append(f"checkpoints   every {every or 'end only'} steps, keep {spec.checkpoint.max_to_keep}, in {spec.checkpoint.dir}")
     run_dir = OmegaConf.select(cfg, "hydra.run.dir")
     if run_dir:
         lines.append(f"run dir       {run_dir}: .hydra/, metrics.jsonl, summary.json, checkpoints/, tensorboard/" + (", logs/<task>.log" if placement.source is Source.LOCAL else ""))
     return "\n".join(lines)
+
+
+def _optimizer(optimizer: Optimizer, replicas) -> str:
+    """The optimizer, its learning rate as the run scales it, its schedule and clipping."""
+    scale, lr = optimizer.scale_lr_with_replicas, optimizer.lr
+    lr_text = f"{lr} x replicas = {lr * replicas}" if scale and replicas else f"{lr}" + (" x replicas" if scale else "")
+    clip = next((f"; clip {key} {value} after the sum over replicas" for key, value in
+                 (("clip_norm", optimizer.clip_norm), ("global_clip_norm", optimizer.global_clip_norm)) if value is not None), "")
+    schedule = optimizer.schedule
+    if isinstance(schedule, Target):  # a LearningRateSchedule's _target_: its own rates, not optimizer.lr
+        lr_text, schedule = ("x replicas" if scale else "its own"), schedule.path
+    if optimizer.warmup_steps and schedule != "cosine":
+        schedule = f"{schedule} after {optimizer.warmup_steps} steps of warm-up"
+    shown = f"{optimizer.name} ({optimizer.target})" if optimizer.name != optimizer.target else optimizer.target
+    return f"{shown}, lr {lr_text}, schedule {schedule}{clip}"
 
 
 def _ps_variables(cfg: DictConfig, ps: int) -> list:
@@ -169,13 +174,12 @@ def _tasks(layout: Layout, placement) -> list:
     return lines
 
 
-def _loggers(logger) -> list:
+def _loggers(logger: Logger) -> list:
     """Where the run's metrics go, as the logger group says."""
-    on = {**LOGGER_DEFAULTS, **{key: logger[key] for key in LOGGER_DEFAULTS if key in logger}}
-    named = ["metrics.jsonl"] + [name for key, name in (("console", "terminal"), ("tensorboard", "tensorboard"), ("csv", "metrics.csv"))
-                                 if on[key]]
-    if OmegaConf.select(logger, "wandb.enabled"):
+    named = ["metrics.jsonl"] + [name for on, name in ((logger.console, "terminal"), (logger.tensorboard, "tensorboard"),
+                                                       (logger.csv, "metrics.csv")) if on]
+    if logger.wandb:
         named.append("wandb")
-    if OmegaConf.select(logger, "mlflow.enabled"):
-        named.append(f"mlflow ({OmegaConf.select(logger, 'mlflow.tracking_uri') or 'MLFLOW_TRACKING_URI, else <run dir>/mlflow.db'})")
+    if logger.mlflow:
+        named.append(f"mlflow ({logger.mlflow.tracking_uri or 'MLFLOW_TRACKING_URI, else <run dir>/mlflow.db'})")
     return named

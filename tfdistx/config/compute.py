@@ -63,7 +63,12 @@ _CPU_RULE = "on CPUs XLA pays only for a dense model's whole step, and slows con
 
 def jit_compile(cfg, gpus: Optional[bool] = None) -> Tuple[Optional[bool], str]:
     """(compile with XLA?, why) for the config's `trainer.jit_compile`."""
-    return decide_jit(cfg.trainer.jit_compile, _facts(cfg), gpus, accumulate_steps=cfg.trainer.accumulate_steps)
+    return planned_jit(cfg.trainer, _facts(cfg), gpus)
+
+
+def planned_jit(trainer, facts: strategies.Strategy, gpus: Optional[bool] = None) -> Tuple[Optional[bool], str]:
+    """jit_compile of a config's or a RunSpec's `trainer` (their keys are the same), before the model is built."""
+    return decide_jit(trainer.jit_compile, facts, gpus, accumulate_steps=trainer.accumulate_steps)
 
 
 def decide_jit(asked, facts: strategies.Strategy, gpus: Optional[bool] = None, layers: Optional[Iterable[str]] = None,
@@ -121,10 +126,15 @@ _PER_CALL_RULE = "each call's fixed cost saved, a large part of a small dense st
 
 
 def steps_per_xla_call(cfg, gpus: Optional[bool] = None) -> Tuple[Optional[int], str]:
-    """(steps per XLA call, why) for the config (what --plan says)."""
-    return decide_steps_per_xla_call(cfg.trainer.get("steps_per_xla_call", "auto"), jit_compile(cfg, gpus)[0], _facts(cfg),
-                                     cfg.trainer.steps_per_loop, loop_periods(cfg.trainer, cfg.checkpoint), gpus,
-                                     accumulate_steps=cfg.trainer.accumulate_steps)
+    """(steps per XLA call, why) for the config."""
+    return planned_steps_per_xla_call(cfg.trainer, cfg.checkpoint, _facts(cfg), gpus)
+
+
+def planned_steps_per_xla_call(trainer, checkpoint, facts: strategies.Strategy, gpus: Optional[bool] = None) -> Tuple[Optional[int], str]:
+    """steps_per_xla_call of a config's or a RunSpec's `trainer` and `checkpoint` (what --plan says)."""
+    return decide_steps_per_xla_call(getattr(trainer, "steps_per_xla_call", "auto"), planned_jit(trainer, facts, gpus)[0], facts,
+                                     trainer.steps_per_loop, loop_periods(trainer, checkpoint), gpus,
+                                     accumulate_steps=trainer.accumulate_steps)
 
 
 def loop_periods(trainer, checkpoint) -> Tuple[int, int, int]:
