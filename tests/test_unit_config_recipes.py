@@ -167,10 +167,10 @@ def test_a_tpu_cannot_be_exported_as_a_tfjob(configs):
 
 @pytest.mark.unit
 @pytest.mark.parametrize("name, longest, ok", [
-    ("My_Job", kubernetes._MAX_NAME, False),  # moved: --name My_Job
-    ("mnist-2", kubernetes._MAX_NAME, True),
-    ("a" * 52, kubernetes._MAX_NAME, True),  # its services' "-worker-999" must still fit 63 characters
-    ("a" * 53, kubernetes._MAX_NAME, False),
+    ("My_Job", kubernetes.MAX_NAME, False),  # moved: --name My_Job
+    ("mnist-2", kubernetes.MAX_NAME, True),
+    ("a" * 52, kubernetes.MAX_NAME, True),  # its services' "-worker-999" must still fit 63 characters
+    ("a" * 53, kubernetes.MAX_NAME, False),
 ])
 def test_a_tfjob_name_must_be_a_dns_label(name, longest, ok):
     if ok:
@@ -196,6 +196,15 @@ def test_a_tfjob_volume(spec, source):
     with pytest.raises(ConfigError) as caught:
         kubernetes.volume_source(spec)
     assert caught.value.lines() == [PREFIX + f"--volume={spec!r}: allowed: pvc:CLAIM_NAME (or CLAIM_NAME) or hostPath:/ABSOLUTE/PATH"]
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("spec", ["pvc:Bad_Claim!", "Runs", "pvc:runs-", "pvc:" + "a" * 254])
+def test_a_volume_claim_kubernetes_would_refuse_is_refused_at_export(spec):
+    with pytest.raises(ConfigError) as caught:
+        kubernetes.volume_source(spec)
+    assert caught.value.lines() == [PREFIX + f"--volume={spec!r}: a claim's name: lowercase letters, digits, '-' and '.', starting "
+                                             "and ending with a letter or digit, at most 253 characters"]
 
 
 @pytest.mark.unit

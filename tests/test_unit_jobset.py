@@ -13,6 +13,7 @@ from config_helpers import PREFIX
 from test_unit_config_cluster import placed, refused_line
 from tfdistx.cluster import jobset_manifest, placement
 from tfdistx.cluster.placement import Source
+from tfdistx.config.errors import ConfigError
 from tfdistx.config.resolve import layout_of
 
 
@@ -113,3 +114,15 @@ def test_a_trainjob_overrides_the_runtime_s_trainer_step_with_the_same_pod(confi
     assert trainer["resourcesPerNode"] == container["resources"] == {"limits": {"nvidia.com/gpu": 8}}
     assert trainjob["spec"]["runtimeRef"] == {"name": runtime["metadata"]["name"], "kind": "ClusterTrainingRuntime",
                                               "apiGroup": "trainer.kubeflow.org"}
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("name", ["Bad_Name!", "mw.x", "a" * 48])
+def test_a_pod_whose_jobset_name_makes_no_address_is_a_bad_config_naming_the_label(configs, name):
+    """Every task's address is built from the JobSet's name: a name that is
+    no DNS label would have the pods wait startup_timeout for peers that
+    never answer (exit 4, retried); refused at once instead (exit 2)."""
+    with pytest.raises(ConfigError) as caught:
+        placed(configs("strategy=multiworker", "cluster=2x1", "cluster.launch=jobset"), pod(jobset=name))
+    line, = caught.value.lines()
+    assert line.startswith(f"tfdistx: invalid config: jobset.sigs.k8s.io/jobset-name={name!r}: must be a DNS label"), line

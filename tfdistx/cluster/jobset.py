@@ -15,6 +15,7 @@ own counts, which is why a pod that does not fit them is refused. No
 TensorFlow here.
 """
 
+import re
 from typing import Dict, List, Mapping
 
 from tfdistx.cluster import data_service
@@ -30,6 +31,9 @@ REPLICATED_JOB_LABEL = "jobset.sigs.k8s.io/replicatedjob-name"
 JOB_INDEX_LABEL = "jobset.sigs.k8s.io/job-index"
 POD_INDEX_LABEL = "batch.kubernetes.io/job-completion-index"
 DOWNWARD_API = {NAME_ENV: NAME_LABEL, REPLICATED_JOB_ENV: REPLICATED_JOB_LABEL, JOB_INDEX_ENV: JOB_INDEX_LABEL}
+_DNS_LABEL = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
+# A pod's hostname is <jobset>-<replicatedJob>-0-<index>: with the longest, "-dataworker-0-99", still a DNS label.
+LONGEST_NAME = 63 - len("-dataworker-0-99")
 
 
 def in_jobset(env: Mapping[str, str]) -> bool:
@@ -55,6 +59,7 @@ def place(env: Mapping[str, str], counts: Mapping[str, int]):
     if not jobset:
         raise ConfigError.one("cluster.launch", "jobset", f"this pod has no {NAME_ENV} (the manifest's downward API gives it the "
                                                           f"label {NAME_LABEL}): export the manifest with `tfdistx export jobset`")
+    check_name(NAME_LABEL, jobset, LONGEST_NAME)  # every address is built from it: a bad one would wait for peers that never answer
     wanted = {job: n for job, n in counts.items() if n}
     job = env.get(REPLICATED_JOB_ENV, "")
     if job not in wanted:
@@ -69,3 +74,10 @@ def place(env: Mapping[str, str], counts: Mapping[str, int]):
     spec = cluster_spec(jobset, {name: n for name, n in wanted.items() if name != EVALUATOR})  # not in the cluster (cluster/evaluator.py)
     training, service = data_service.split(spec)
     return training, job, int(raw), service
+
+
+def check_name(key: str, value: str, longest: int) -> None:
+    """A Kubernetes object's name, as a DNS label (a JobSet's, a TFJob's, a namespace)."""
+    if not _DNS_LABEL.fullmatch(value) or len(value) > longest:
+        raise ConfigError.one(key, value, f"must be a DNS label: lowercase letters, digits and '-', starting with a letter, "
+                                          f"at most {longest} characters")

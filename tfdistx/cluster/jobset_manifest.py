@@ -34,8 +34,7 @@ TRAINER_CONTAINER = "node"  # the container Trainer v2 gives the TrainJob's imag
 ANCESTOR = "trainer.kubeflow.org/trainjob-ancestor-step"  # Trainer v2's label for the replicatedJob that trains
 # Exits a restart cannot cure (config/errors.py): a callback that raised or a crash (1), a bad config, a full disk, an unsupported version.
 PERMANENT_EXITS = PERMANENT
-# The longest pod hostname, <name>-dataworker-0-<index>, must stay a DNS label.
-MAX_NAME = 63 - len("-dataworker-0-99")
+MAX_NAME = jobset.LONGEST_NAME  # its pods' hostnames are built from the name
 
 
 def jobset_manifest(layout: Layout, overrides: List[str], name: str, image: str, namespace: str = "default", volume: Optional[str] = None,

@@ -19,6 +19,7 @@ import re
 from typing import Dict, List, Optional, Sequence
 
 from tfdistx.cluster.evaluator import EVALUATOR
+from tfdistx.cluster.jobset import check_name
 from tfdistx.config import data_service, userconf
 from tfdistx.config.compose import given_value
 from tfdistx.config.errors import RETRYABLE_EXIT_OFFSET_FOR_KUBERNETES, ConfigError
@@ -32,10 +33,10 @@ REPLICA_TYPES = {"chief": "Chief", "ps": "PS", "worker": "Worker", EVALUATOR: "E
 REPLICA_TYPES.update({data_service.DISPATCHER: "Dispatcher", data_service.WORKER: "DataWorker"})
 VOLUME_NAME = "tfdistx-runs"
 DEFAULT_MOUNT_PATH = "/mnt/tfdistx"
-_DNS_LABEL = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
 # The operator names services <job>-<replica type>-<index>: the longest, "-worker-NNN", must stay a DNS label.
-_MAX_NAME = 63 - len("-worker-999")
+MAX_NAME = 63 - len("-worker-999")
 CREATED_BY = {"app.kubernetes.io/created-by": "tfdistx"}
+_DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")  # a claim's name (RFC 1123)
 
 
 def tfjob(layout: Layout, overrides: List[str], name: str, image: str, namespace: str = "default", volume: Optional[str] = None,
@@ -143,6 +144,9 @@ def pod_args(overrides: List[str], launch: Optional[str], run_dir: Optional[str]
 def volume_source(spec: str) -> Dict:
     """`pvc:CLAIM` (or just CLAIM) or `hostPath:/PATH` -> the pod volume's source."""
     kind, _, value = spec.partition(":") if ":" in spec else ("pvc", "", spec)
+    if kind == "pvc" and value and not (_DNS_SUBDOMAIN.fullmatch(value) and len(value) <= 253):  # else no pod would start
+        raise ConfigError.one("--volume", spec, "a claim's name: lowercase letters, digits, '-' and '.', starting and ending "
+                                                "with a letter or digit, at most 253 characters")
     if kind == "pvc" and value:
         return {"persistentVolumeClaim": {"claimName": value}}
     if kind == "hostPath" and value.startswith("/"):
@@ -150,7 +154,3 @@ def volume_source(spec: str) -> Dict:
     raise ConfigError.one("--volume", spec, "allowed: pvc:CLAIM_NAME (or CLAIM_NAME) or hostPath:/ABSOLUTE/PATH")
 
 
-def check_name(key: str, value: str, longest: int) -> None:
-    if not _DNS_LABEL.fullmatch(value) or len(value) > longest:
-        raise ConfigError.one(key, value, f"must be a DNS label: lowercase letters, digits and '-', starting with a letter, "
-                                          f"at most {longest} characters")

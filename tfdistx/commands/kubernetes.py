@@ -12,7 +12,8 @@ from pathlib import Path
 import yaml  # PyYAML, which omegaconf depends on
 
 from tfdistx.cluster import jobset_manifest, kubernetes
-from tfdistx.cluster.kubernetes import DEFAULT_MOUNT_PATH, check_name
+from tfdistx.cluster.jobset import check_name
+from tfdistx.cluster.kubernetes import DEFAULT_MOUNT_PATH
 from tfdistx.commands.common import compose, one_line_errors
 from tfdistx.config import elastic, userconf
 from tfdistx.config.errors import ConfigError
@@ -20,7 +21,7 @@ from tfdistx.config.resolve import layout_of
 
 # kind -> (what it prints, for --help; the builder, returning one manifest or a list; the longest --name)
 KINDS = {
-    "tfjob": ("a Kubeflow TFJob (kubeflow.org/v1, the training operator)", kubernetes.tfjob, kubernetes._MAX_NAME),
+    "tfjob": ("a Kubeflow TFJob (kubeflow.org/v1, the training operator)", kubernetes.tfjob, kubernetes.MAX_NAME),
     "jobset": ("a JobSet (jobset.x-k8s.io/v1alpha2, kubernetes-sigs/jobset)", jobset_manifest.jobset_manifest, jobset_manifest.MAX_NAME),
     "trainjob": ("a Kubeflow Trainer v2 TrainJob (trainer.kubeflow.org/v1alpha1) and the ClusterTrainingRuntime it names",
                  jobset_manifest.trainjob_manifests, jobset_manifest.MAX_NAME),
