@@ -44,8 +44,8 @@ from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
 from tfdistx.cluster.hosts import HostList, choose
-from tfdistx.cluster.launch import (MAX_BACKOFF_SECONDS, NEVER_RESTART, QUICK_GRACE_SECONDS, _Budget, _exit_code, _forwarding_signals,
-                                    _free_ports, _loopback_up, _SaidOnce, _signal_group, _Task, _teardown)
+from tfdistx.cluster.launch import MAX_BACKOFF_SECONDS, NEVER_RESTART, QUICK_GRACE_SECONDS, Budget
+from tfdistx.cluster.processes import ForwardingSignals, SaidOnce, Task, free_ports, loopback_up, shell_code, signal_group, teardown
 from tfdistx.cluster.rounds import Rounds
 from tfdistx.config.errors import EXIT_PREEMPTED, EXIT_TOO_FEW_WORKERS
 
@@ -58,12 +58,12 @@ def supervise(spec: dict, isolated: bool) -> int:
     task fails in a way no round cures, or too few hosts are left."""
     global _RUN_LOG
     if isolated:
-        _loopback_up()
+        loopback_up()
     elastic, _RUN_LOG = spec["elastic"], spec.get("run_log")
     hosts = HostList(elastic.get("hosts"), elastic.get("discover"), say=_say)
     rounds = Rounds(elastic["rounds_file"], elastic["checkpoint_dir"], elastic["metrics_file"], say=_say)
-    restarts = _Budget(spec.get("max_restarts", 0))
-    with _forwarding_signals([]) as signals:
+    restarts = Budget(spec.get("max_restarts", 0))
+    with ForwardingSignals([]) as signals:
         members = _form(hosts, elastic, signals, chief=None)
         if isinstance(members, int):
             return members
@@ -81,7 +81,7 @@ def supervise(spec: dict, isolated: bool) -> int:
                 delay = min(2 ** (restarts.used - 1), MAX_BACKOFF_SECONDS)
                 _say(f"the round stopped with exit code {code}; restart {restarts.used} of {restarts.total} in {delay}s")
                 if signals.wait(delay):
-                    return _exit_code(-signals.received[0])
+                    return shell_code(-signals.received[0])
                 reason = f"restart {restarts.used} of {restarts.total} after exit code {code}"
             elif lost:
                 lost = _not_back(hosts, lost, elastic["lost_bound"], signals)
@@ -89,13 +89,13 @@ def supervise(spec: dict, isolated: bool) -> int:
             else:
                 reason = ", ".join(f"{host} joined" for host in joined)
             if signals.received:
-                return _exit_code(-signals.received[0])
+                return shell_code(-signals.received[0])
             members = _form(hosts, elastic, signals, chief=members[0])
             if isinstance(members, int):
                 return members
 
 
-def _form(hosts: HostList, elastic: dict, signals: _forwarding_signals, chief: Optional[str]):
+def _form(hosts: HostList, elastic: dict, signals: ForwardingSignals, chief: Optional[str]):
     """The next round's hosts (the chief's first), once MAX are listed or MIN
     for `join_grace` seconds; exit 9 after `below_min_timeout` below MIN, the
     signal's code if one comes while waiting."""
@@ -125,7 +125,7 @@ def _form(hosts: HostList, elastic: dict, signals: _forwarding_signals, chief: O
                      "rerun the same command to resume from the newest checkpoint")
                 return EXIT_TOO_FEW_WORKERS
         if signals.wait(POLL_SECONDS):
-            return _exit_code(-signals.received[0])
+            return shell_code(-signals.received[0])
 
 
 class Round:
@@ -136,10 +136,10 @@ class Round:
         self.spec, self.members, self.rounds = spec, members, rounds
         self.primary, self.alone = spec["primary"], spec.get("restart_alone", [])
         placed = {job: (members if job == "worker" else [members[0]] * n) for job, n in spec["counts"].items() if n}
-        ports = iter(_free_ports(sum(map(len, placed.values()))))
+        ports = iter(free_ports(sum(map(len, placed.values()))))
         cluster = {job: [f"{host}:{next(ports)}" for host in on] for job, on in placed.items()}
-        refusals = _SaidOnce()
-        self.tasks = [_Task(job, index, cluster, spec["command"], Path(spec["log_dir"]), spec.get("run_log"), refusals,
+        refusals = SaidOnce()
+        self.tasks = [Task(job, index, cluster, spec["command"], Path(spec["log_dir"]), spec.get("run_log"), refusals,
                             spec.get("task_env", {}))
                       for job, on in placed.items() for index in range(len(on))]
         self.host = {task.name: host for task, host in zip(self.tasks, [h for on in placed.values() for h in on])}
@@ -150,7 +150,7 @@ class Round:
         """The round's live members, task -> host."""
         return {name: host for name, host in self.host.items() if name not in self.dropped}
 
-    def run(self, hosts: HostList, signals: _forwarding_signals, restarts: _Budget) -> Tuple[int, Dict[str, str], List[str]]:
+    def run(self, hosts: HostList, signals: ForwardingSignals, restarts: Budget) -> Tuple[int, Dict[str, str], List[str]]:
         """To the round's end: (exit code, the lost workers {task: host}, the hosts that asked to join)."""
         for task in self.tasks:
             task.start()
@@ -164,14 +164,14 @@ class Round:
         # A synchronous round that lost a worker has nothing to save (a checkpoint needs every worker), and a
         # survivor blocked in a collective with the lost one can leave only by SIGKILL: no grace to wait out.
         grace = self.spec.get("preemption_grace", 60) if preempted else 0 if lost and not self.alone else QUICK_GRACE_SECONDS
-        _teardown(self.tasks, self.primary, grace=grace, signalled=bool(signals.received) or asked)
+        teardown(self.tasks, self.primary, grace=grace, signalled=bool(signals.received) or asked)
         primaries = [t for t in self.tasks if t.job in self.primary]
         if signals.received:
             own = [t.proc.returncode for t in self.tasks if t.proc.returncode not in (0, -signal.SIGKILL)]
-            code = _exit_code(own[0] if own else -signals.received[0])
+            code = shell_code(own[0] if own else -signals.received[0])
         elif asked and any(t.proc.returncode != EXIT_PREEMPTED for t in primaries):
             lost, joined = {}, []  # a trainer did not checkpoint and leave as asked: a failure
-            code = next(_exit_code(t.proc.returncode) for t in primaries if t.proc.returncode != EXIT_PREEMPTED)
+            code = next(shell_code(t.proc.returncode) for t in primaries if t.proc.returncode != EXIT_PREEMPTED)
         for task in self.tasks:
             for pump in task.pumps:
                 pump.join(timeout=5)
@@ -181,9 +181,9 @@ class Round:
         """The preemption path: the trainers save at their next loop boundary and exit 42."""
         for task in self.tasks:
             if task.proc.poll() is None:
-                _signal_group(task.proc, signal.SIGTERM)
+                signal_group(task.proc, signal.SIGTERM)
 
-    def _watch(self, hosts: HostList, signals: _forwarding_signals, restarts: _Budget) -> Tuple[int, Dict[str, str], List[str]]:
+    def _watch(self, hosts: HostList, signals: ForwardingSignals, restarts: Budget) -> Tuple[int, Dict[str, str], List[str]]:
         """Until the round ends: the trainers done (0), a worker lost (its host
         gone from the list, or its task dead) that the round cannot go on
         without, hosts asking to join, too few workers left, or a signal."""
@@ -200,7 +200,7 @@ class Round:
                         continue
                     if host not in listed and task.proc.poll() is None:
                         _say(f"{host} left the host list: stopping {task.name}, which ran there")
-                        _signal_group(task.proc, signal.SIGKILL)  # what the host's loss would do
+                        signal_group(task.proc, signal.SIGKILL)  # what the host's loss would do
                         task.proc.wait()
                         if task.job in self.alone:
                             self._drop(task, host)
@@ -227,14 +227,14 @@ class Round:
                     self._drop(task, self.host[task.name])
                     failed.remove(task)
                 elif restarts.take():  # its host is still listed: restarted alone, as in a fixed cluster
-                    _say(f"task {task.name} exited with code {_exit_code(task.proc.returncode)}; restarting it alone "
+                    _say(f"task {task.name} exited with code {shell_code(task.proc.returncode)}; restarting it alone "
                          f"(restart {restarts.used} of {restarts.total})")
                     task.start()
                     signals.procs = [t.proc for t in self.tasks]
                     failed.remove(task)
             if failed:
                 task = min(failed, key=lambda t: t.proc.returncode >= 0)  # one killed by a signal is the cause
-                code = _exit_code(task.proc.returncode)
+                code = shell_code(task.proc.returncode)
                 listed = hosts.read()
                 lost.update({t.name: h for t, h in zip(self.tasks, self.host.values()) if h not in listed and h != chief_host})
                 if not lost:
@@ -243,18 +243,18 @@ class Round:
             time.sleep(POLL_SECONDS)
         return 0, lost, []
 
-    def _drop(self, task: _Task, host: str) -> None:
+    def _drop(self, task: Task, host: str) -> None:
         self.dropped[task.name] = host
         self.rounds.start(self.workers_at(), f"lost {task.name} at {host}", resumed=False)
 
-    def _take_back(self, task: _Task, host: str, signals: _forwarding_signals) -> None:
+    def _take_back(self, task: Task, host: str, signals: ForwardingSignals) -> None:
         del self.dropped[task.name]
         task.start()  # at its address: the coordinator gives it steps again
         signals.procs = [t.proc for t in self.tasks]
         self.rounds.start(self.workers_at(), f"{task.name} back at {host}", resumed=False)
 
 
-def _not_back(hosts: HostList, lost: Dict[str, str], bound: float, signals: _forwarding_signals) -> Dict[str, str]:
+def _not_back(hosts: HostList, lost: Dict[str, str], bound: float, signals: ForwardingSignals) -> Dict[str, str]:
     """The lost workers whose host is still not listed after `bound` seconds."""
     deadline = time.monotonic() + bound
     while True:
