@@ -1,15 +1,19 @@
 """The one supervisor loop (cluster/supervisor.py), in-process, over tasks
 that are real child processes exiting with a chosen code: what a failure,
 a permanent code and a change of membership lead to, whichever policy
-forms the rounds, and where the supervisor's own lines go."""
+forms the rounds, and where the supervisor's own lines go. Also that the
+codes no restart cures are one list, config/errors.py's, for the local
+launcher, a JobSet and a TFJob alike."""
 
 import sys
 
 import pytest
 
+from tfdistx.cluster import jobset_manifest
 from tfdistx.cluster.launch import FixedCounts
 from tfdistx.cluster.processes import ForwardingSignals
-from tfdistx.cluster.supervisor import Membership, Round, RoundResult, Say, State, Supervisor
+from tfdistx.cluster.supervisor import NEVER_RESTART, Membership, Round, RoundResult, Say, State, Supervisor
+from tfdistx.config.errors import PERMANENT, RETRYABLE, RETRYABLE_EXIT_OFFSET_FOR_KUBERNETES, offset_exit
 
 pytestmark = pytest.mark.unit
 
@@ -64,3 +68,14 @@ def test_a_change_of_membership_forms_the_next_round_without_a_restart(tmp_path,
     assert supervise(spec_of(tmp_path, 5), policy) == 0
     assert policy.reasons[0] == "started" and policy.reasons[1] in ("lost worker:0", "lost worker:1"), policy.reasons
     assert len(policy.reasons) == 2 and "restart" not in capsys.readouterr().err
+
+
+def test_the_codes_no_restart_cures_are_one_list_for_the_launcher_a_jobset_and_a_tfjob(configs):
+    cfg = configs("strategy=multiworker", "cluster=2x1")
+    replicated = jobset_manifest.jobset_manifest(cfg, ["strategy=multiworker", "cluster=2x1"], "mw", "img")["spec"]["replicatedJobs"]
+    for job in replicated:
+        assert job["template"]["spec"]["podFailurePolicy"]["rules"][0]["onExitCodes"]["values"] == list(PERMANENT)
+    assert set(PERMANENT) <= set(NEVER_RESTART) and not set(PERMANENT) & set(RETRYABLE)
+    # a TFJob's restartPolicy ExitCode retries 128-255 only: the permanent codes stay below, the retryable ones move above
+    assert all(offset_exit(code, RETRYABLE_EXIT_OFFSET_FOR_KUBERNETES) == code < 128 for code in PERMANENT)
+    assert all(128 <= offset_exit(code, RETRYABLE_EXIT_OFFSET_FOR_KUBERNETES) <= 255 for code in RETRYABLE)
