@@ -8,8 +8,8 @@ launcher, a JobSet and a TFJob alike."""
 import sys
 
 import pytest
+import yaml
 
-from tfdistx.cluster import jobset_manifest
 from tfdistx.cluster.launch import FixedCounts
 from tfdistx.cluster.processes import ForwardingSignals
 from tfdistx.cluster.supervisor import NEVER_RESTART, Membership, Round, RoundResult, Say, State, Supervisor
@@ -70,12 +70,17 @@ def test_a_change_of_membership_forms_the_next_round_without_a_restart(tmp_path,
     assert len(policy.reasons) == 2 and "restart" not in capsys.readouterr().err
 
 
-def test_the_codes_no_restart_cures_are_one_list_for_the_launcher_a_jobset_and_a_tfjob(configs):
-    cfg = configs("strategy=multiworker", "cluster=2x1")
-    replicated = jobset_manifest.jobset_manifest(cfg, ["strategy=multiworker", "cluster=2x1"], "mw", "img")["spec"]["replicatedJobs"]
-    for job in replicated:
+def test_the_codes_no_restart_cures_are_one_list_for_the_launcher_a_jobset_and_a_tfjob(capsys):
+    from tfdistx.commands import kubernetes
+
+    overrides = ["strategy=multiworker", "cluster=2x1", "--image", "img"]
+    kubernetes.export(overrides, "jobset")
+    for job in yaml.safe_load(capsys.readouterr().out)["spec"]["replicatedJobs"]:
         assert job["template"]["spec"]["podFailurePolicy"]["rules"][0]["onExitCodes"]["values"] == list(PERMANENT)
     assert set(PERMANENT) <= set(NEVER_RESTART) and not set(PERMANENT) & set(RETRYABLE)
-    # a TFJob's restartPolicy ExitCode retries 128-255 only: the permanent codes stay below, the retryable ones move above
+    # a TFJob's restartPolicy ExitCode retries 128-255 only: its pods move the retryable codes above 127, the permanent ones stay below
+    kubernetes.export(overrides, "tfjob")
+    worker = yaml.safe_load(capsys.readouterr().out)["spec"]["tfReplicaSpecs"]["Worker"]
+    assert f"cluster.retryable_exit_offset={RETRYABLE_EXIT_OFFSET_FOR_KUBERNETES}" in worker["template"]["spec"]["containers"][0]["args"]
     assert all(offset_exit(code, RETRYABLE_EXIT_OFFSET_FOR_KUBERNETES) == code < 128 for code in PERMANENT)
     assert all(128 <= offset_exit(code, RETRYABLE_EXIT_OFFSET_FOR_KUBERNETES) <= 255 for code in RETRYABLE)
