@@ -109,7 +109,7 @@ def test_tf_config_passthrough(tmp_path):
         f"{sys.executable} -m tfdistx {args} > {tmp_path}/worker{i}.out 2>&1 & p{i}=$!;"
         for i in range(2)
     ]
-    script = (f"{sys.executable} -c 'from tfdistx.cluster.launch import _loopback_up; _loopback_up()' && "
+    script = (f"{sys.executable} -c 'from tfdistx.cluster.processes import loopback_up; loopback_up()' && "
               + " ".join(tasks) + " wait $p0 && wait $p1")
     proc = subprocess.run(["unshare", "--user", "--map-root-user", "--net", "bash", "-c", script],
                           env=tfdistx_env(), timeout=600, capture_output=True, text=True)

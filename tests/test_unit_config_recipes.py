@@ -7,7 +7,7 @@ config, without printing or applying it."""
 import pytest
 
 from config_helpers import PREFIX, compose_ok, refused
-from tfdistx.cluster import kubernetes
+from tfdistx.cluster import jobset, kubernetes
 from tfdistx.config import recipes
 from tfdistx.config.errors import ConfigError
 from tfdistx.config.resolve import layout_of
@@ -174,10 +174,10 @@ def test_a_tpu_cannot_be_exported_as_a_tfjob(configs):
 ])
 def test_a_tfjob_name_must_be_a_dns_label(name, longest, ok):
     if ok:
-        kubernetes.check_name("--name", name, longest)
+        jobset.check_name("--name", name, longest)
         return
     with pytest.raises(ConfigError) as caught:
-        kubernetes.check_name("--name", name, longest)
+        jobset.check_name("--name", name, longest)
     assert caught.value.lines() == [PREFIX + f"--name={name!r}: must be a DNS label: lowercase letters, digits and '-', "
                                              f"starting with a letter, at most {longest} characters"]
 

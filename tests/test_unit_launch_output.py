@@ -9,7 +9,7 @@ import threading
 
 import pytest
 
-from tfdistx.cluster.launch import _pump, _SaidOnce
+from tfdistx.cluster.processes import SaidOnce, pump
 
 pytestmark = pytest.mark.unit
 
@@ -25,7 +25,7 @@ def test_a_peers_going_away_lines_are_shown_only_if_it_failed_unexplained(tmp_pa
     lines = LINES + (WHY if says_why else "")
     proc = subprocess.Popen([sys.executable, "-c", f"import sys; sys.stdout.write('{lines}'); sys.exit({code})"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    _pump(proc, "worker:1", tmp_path / "worker-1.log", str(tmp_path / "run.log"), threading.Event(), _SaidOnce())
+    pump(proc, "worker:1", tmp_path / "worker-1.log", str(tmp_path / "run.log"), threading.Event(), SaidOnce())
     out = capsys.readouterr().out
     assert "[worker:1] step 10/10" in out and ("[worker:1] tfdistx: lost contact" in out) == says_why  # tfdistx's own lines always
     assert ("/job:worker/replica:0/task:0" in out) == shown  # a stray line of a TensorFlow message's task list

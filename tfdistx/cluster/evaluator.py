@@ -17,7 +17,6 @@ for it or talks to it. It only reads the run's checkpoints. So here:
 No training code here.
 """
 
-import sys
 import time
 from typing import Callable, Dict, List
 
@@ -39,13 +38,14 @@ def is_sidecar(job: str) -> bool:
     return job == EVALUATOR
 
 
-def report_exit(task_name: str, code: int) -> None:
-    """The one line a failed evaluator gets: the run carries on without it."""
-    print(f"tfdistx: the sidecar evaluator ({task_name}) exited with code {code}; training goes on without it "
-          f"(its log: logs/{task_name.replace(':', '-')}.log)", file=sys.stderr, flush=True)
+def report_exit(task_name: str, code: int, say: Callable[[str], None]) -> None:
+    """The one line a failed evaluator gets (`say`: the supervisor's): the run carries on without it."""
+    say(f"the sidecar evaluator ({task_name}) exited with code {code}; training goes on without it "
+        f"(its log: logs/{task_name.replace(':', '-')}.log)")
 
 
-def let_finish(procs: List, interrupted: Callable[[], bool], seconds: float = FINAL_EVALUATION_SECONDS) -> None:
+def let_finish(procs: List, interrupted: Callable[[], bool], say: Callable[[str], None],
+               seconds: float = FINAL_EVALUATION_SECONDS) -> None:
     """Training has ended: give the evaluators `seconds` to evaluate the final
     checkpoint and exit by themselves (a signal from outside ends the wait)."""
     running = [p for p in procs if p.poll() is None]
@@ -54,12 +54,10 @@ def let_finish(procs: List, interrupted: Callable[[], bool], seconds: float = FI
         time.sleep(0.1)
     if not any(p.poll() is None for p in running) or interrupted():
         return
-    print(f"tfdistx: training is done; waiting for the sidecar evaluator to evaluate the final checkpoint (at most {seconds:g}s)",
-          file=sys.stderr, flush=True)
+    say(f"training is done; waiting for the sidecar evaluator to evaluate the final checkpoint (at most {seconds:g}s)")
     deadline = time.monotonic() + seconds
     while any(p.poll() is None for p in running) and not interrupted():
         if time.monotonic() >= deadline:
-            print(f"tfdistx: the sidecar evaluator did not finish within {seconds:g}s of the end of training: stopping it",
-                  file=sys.stderr, flush=True)
+            say(f"the sidecar evaluator did not finish within {seconds:g}s of the end of training: stopping it")
             return
         time.sleep(0.2)

@@ -10,14 +10,14 @@ Job with a pod per task; a TrainJob's runtime holds the same JobSet, since
 Trainer v2 runs every TrainJob as one (and, having no TensorFlow runtime,
 needs tfdistx's). No TensorFlow here.
 
-Restarts: a pod that fails with a code no restart can cure (1 a crash, 2 a
-bad config, 3 a full disk, 8 an unsupported version) fails its Job through
-the Job's podFailurePolicy, and the JobSet's failurePolicy then fails the
-whole set; any other failure (4 the cluster did not form, 5 a lost peer,
-42 preempted, a pod killed) fails its Job (backoffLimit 0) and the JobSet
-restarts every Job, up to cluster.max_restarts times: a multi-worker
-cluster only resumes together, from the checkpoint on the volume. So no
-exit-code offset: the codes are listed as they are.
+Restarts: a pod that fails with a code no restart can cure (PERMANENT in
+config/errors.py, the codes the local launcher never restarts either)
+fails its Job through the Job's podFailurePolicy, and the JobSet's
+failurePolicy then fails the whole set; any other failure (the cluster did
+not form, a lost peer, preempted, a pod killed) fails its Job (backoffLimit
+0) and the JobSet restarts every Job, up to cluster.max_restarts times: a
+multi-worker cluster only resumes together, from the checkpoint on the
+volume. So no exit-code offset: the codes are listed as they are.
 """
 
 from typing import Dict, List, Optional, Sequence
@@ -32,8 +32,6 @@ TRAINER_API = "trainer.kubeflow.org/v1alpha1"
 CONTAINER = "tensorflow"
 TRAINER_CONTAINER = "node"  # the container Trainer v2 gives the TrainJob's image, args and resources
 ANCESTOR = "trainer.kubeflow.org/trainjob-ancestor-step"  # Trainer v2's label for the replicatedJob that trains
-# Exits a restart cannot cure (config/errors.py): a callback that raised or a crash (1), a bad config, a full disk, an unsupported version.
-PERMANENT_EXITS = PERMANENT
 MAX_NAME = jobset.LONGEST_NAME  # its pods' hostnames are built from the name
 
 
@@ -93,7 +91,7 @@ def _jobset_spec(pods: Pods, container_name: str) -> Dict:
             "completionMode": "Indexed", "completions": n, "parallelism": n,
             "backoffLimit": 0,  # any failure fails the Job: the failure policies below decide what follows
             "podFailurePolicy": {"rules": [{"action": "FailJob", "onExitCodes": {
-                "containerName": container_name, "operator": "In", "values": list(PERMANENT_EXITS)}}]},
+                "containerName": container_name, "operator": "In", "values": list(PERMANENT)}}]},
             "template": {"spec": pods.spec(container, restartPolicy="Never")},  # podFailurePolicy's requirement
         }}})
     primary = [job for job in pods.primary_jobs if job in pods.counts] or ["worker"]

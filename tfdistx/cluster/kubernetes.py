@@ -8,10 +8,11 @@ cluster's tasks. No TensorFlow here.
 
 Restarts: the operator's `restartPolicy: ExitCode` retries exit codes
 128-255 and treats 1-127 as permanent. tfdistx's codes that a restart can
-cure (42 preempted, 4 cluster did not form, 5 lost a peer) are below 128,
-so the pods run with `cluster.retryable_exit_offset=128` (170, 132, 133);
-a bad config (2) or a full disk (3) stays permanent. OnFailure would also
-retry a bad config, forever.
+cure (RETRYABLE in config/errors.py: preempted, the cluster did not form, a
+lost peer, ...) are below 128, so the pods run with
+`cluster.retryable_exit_offset=128`, which moves just those above 127; the
+others (PERMANENT there: a bad config, a full disk, ...) stay permanent.
+OnFailure would also retry a bad config, forever.
 """
 
 import math
@@ -19,7 +20,6 @@ import re
 from typing import Dict, List, Optional, Sequence
 
 from tfdistx.cluster.evaluator import EVALUATOR
-from tfdistx.cluster.jobset import check_name
 from tfdistx.config import data_service, userconf
 from tfdistx.config.compose import given_value
 from tfdistx.config.errors import RETRYABLE_EXIT_OFFSET_FOR_KUBERNETES, ConfigError

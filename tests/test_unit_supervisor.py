@@ -1,0 +1,86 @@
+"""The one supervisor loop (cluster/supervisor.py), in-process, over tasks
+that are real child processes exiting with a chosen code: what a failure,
+a permanent code and a change of membership lead to, whichever policy
+forms the rounds, and where the supervisor's own lines go. Also that the
+codes no restart cures are one list, config/errors.py's, for the local
+launcher, a JobSet and a TFJob alike."""
+
+import sys
+
+import pytest
+import yaml
+
+from tfdistx.cluster.launch import FixedCounts
+from tfdistx.cluster.processes import ForwardingSignals
+from tfdistx.cluster.supervisor import NEVER_RESTART, Membership, Round, RoundResult, Say, State, Supervisor
+from tfdistx.config.errors import PERMANENT, RETRYABLE, RETRYABLE_EXIT_OFFSET_FOR_KUBERNETES, offset_exit
+
+pytestmark = pytest.mark.unit
+
+
+def spec_of(tmp_path, code: int, max_restarts: int = 0) -> dict:
+    return {"counts": {"worker": 2}, "command": [sys.executable, "-c", f"import sys; sys.exit({code})"], "log_dir": str(tmp_path),
+            "primary": ["worker"], "max_restarts": max_restarts, "run_log": str(tmp_path / "tfdistx.log")}
+
+
+def supervise(spec: dict, membership: Membership) -> int:
+    with ForwardingSignals([]) as signals:
+        return Supervisor(spec, membership, signals, Say(spec["run_log"])).run()
+
+
+def test_a_failed_round_is_restarted_from_the_budget_then_given_up_on(tmp_path, capsys):
+    spec = spec_of(tmp_path, 5, max_restarts=1)
+    assert supervise(spec, FixedCounts(spec)) == 5
+    said = capsys.readouterr().err
+    assert "restart 1 of 1 in 1s" in said and "giving up: the cluster stopped after 1 restart(s) (cluster.max_restarts=1)" in said
+    assert said.count("exited with code 5; stopping the cluster") == 2
+    assert said in (tmp_path / "tfdistx.log").read_text()  # the supervisor's lines: the terminal's and the run's log's alike
+
+
+def test_a_permanent_exit_code_is_never_restarted_and_success_is_zero(tmp_path, capsys):
+    spec = spec_of(tmp_path, 2, max_restarts=3)
+    assert supervise(spec, FixedCounts(spec)) == 2 and "restart" not in capsys.readouterr().err
+    spec = spec_of(tmp_path, 0)
+    assert supervise(spec, FixedCounts(spec)) == 0
+
+
+class Regrouping(FixedCounts):
+    """A policy of its own: the first round's failure is a lost member, and the next round forms for it, no restart spent."""
+
+    def __init__(self, spec: dict, then: dict):
+        super().__init__(spec)
+        self.then, self.reasons = then, []
+
+    def form(self, reason, signals) -> Round:
+        self.reasons.append(reason)
+        return super().form(reason, signals)
+
+    def failed(self, round_, task, code) -> RoundResult:
+        self.spec = self.then
+        return RoundResult(State.MEMBERSHIP_CHANGED, code, lost={task.name: "127.0.0.2"})
+
+    def regroup(self, result, signals) -> str:
+        return ", ".join(f"lost {name}" for name in result.lost)
+
+
+def test_a_change_of_membership_forms_the_next_round_without_a_restart(tmp_path, capsys):
+    policy = Regrouping(spec_of(tmp_path, 5), then=spec_of(tmp_path, 0))
+    assert supervise(spec_of(tmp_path, 5), policy) == 0
+    assert policy.reasons[0] == "started" and policy.reasons[1] in ("lost worker:0", "lost worker:1"), policy.reasons
+    assert len(policy.reasons) == 2 and "restart" not in capsys.readouterr().err
+
+
+def test_the_codes_no_restart_cures_are_one_list_for_the_launcher_a_jobset_and_a_tfjob(capsys):
+    from tfdistx.commands import kubernetes
+
+    overrides = ["strategy=multiworker", "cluster=2x1", "--image", "img"]
+    kubernetes.export(overrides, "jobset")
+    for job in yaml.safe_load(capsys.readouterr().out)["spec"]["replicatedJobs"]:
+        assert job["template"]["spec"]["podFailurePolicy"]["rules"][0]["onExitCodes"]["values"] == list(PERMANENT)
+    assert set(PERMANENT) <= set(NEVER_RESTART) and not set(PERMANENT) & set(RETRYABLE)
+    # a TFJob's restartPolicy ExitCode retries 128-255 only: its pods move the retryable codes above 127, the permanent ones stay below
+    kubernetes.export(overrides, "tfjob")
+    worker = yaml.safe_load(capsys.readouterr().out)["spec"]["tfReplicaSpecs"]["Worker"]
+    assert f"cluster.retryable_exit_offset={RETRYABLE_EXIT_OFFSET_FOR_KUBERNETES}" in worker["template"]["spec"]["containers"][0]["args"]
+    assert all(offset_exit(code, RETRYABLE_EXIT_OFFSET_FOR_KUBERNETES) == code < 128 for code in PERMANENT)
+    assert all(128 <= offset_exit(code, RETRYABLE_EXIT_OFFSET_FOR_KUBERNETES) <= 255 for code in RETRYABLE)

@@ -1,0 +1,262 @@
+"""The processes of a local cluster, and what the supervisor does to them:
+each task started with its TF_CONFIG and its output pumped to the terminal
+and the logs, signals passed on to the tasks, their teardown, the ports they
+listen on and the loopback of the private network namespace they run in.
+
+Public, because the launcher (cluster/launch.py) and the supervisor of
+its rounds, whichever membership they have, all use them. No TensorFlow
+here, and no training code.
+"""
+
+import ctypes
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Dict, List, Optional
+
+from tfdistx.cluster import evaluator as sidecars  # the sidecar evaluator's task
+
+
+class Task:
+    """One process of the cluster, which can be started again in its place."""
+
+    def __init__(self, job: str, index: int, cluster: dict, command: List[str], log_dir: Path, run_log: Optional[str],
+                 refusals: "SaidOnce", env: Dict[str, str]):
+        self.job, self.name = job, f"{job}:{index}"
+        self.refusals = refusals  # shared by the cluster's tasks
+        self.env = {**os.environ, **env, "TF_CONFIG": json.dumps({"cluster": cluster, "task": {"type": job, "index": index}}),
+                    "TFDISTX_LOCAL_TASK": "1"}  # rendezvous.py: no exposure warning, the launcher gave its own
+        self.command, self.log_path, self.run_log = command, log_dir / f"{job}-{index}.log", run_log
+        self.succeeded = threading.Event()  # set once the cluster's primary tasks have all exited 0
+        self.proc, self.pumps = None, []
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen(self.command, env=self.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                     stdin=subprocess.DEVNULL, start_new_session=True, preexec_fn=die_with_parent)
+        thread = threading.Thread(target=pump, args=(self.proc, self.name, self.log_path, self.run_log, self.succeeded, self.refusals),
+                                  daemon=True)
+        thread.start()
+        self.pumps.append(thread)
+        self.stopped_since = None
+
+    def stopped_for(self) -> float:
+        """Seconds this task has been seen stopped (state T in /proc), else 0."""
+        try:
+            state = Path(f"/proc/{self.proc.pid}/stat").read_text().rpartition(")")[2].split()[0]
+        except (OSError, IndexError):
+            state = ""
+        if state not in ("T", "t"):
+            self.stopped_since = None
+            return 0.0
+        self.stopped_since = self.stopped_since or time.monotonic()
+        return time.monotonic() - self.stopped_since
+
+
+def causes_first(tasks: List[Task]) -> List[Task]:
+    """The tasks, those killed by a signal first: when a ps is killed, the
+    coordinator exits 5 on losing it within the same poll, and the line that
+    says why the cluster stopped should name the ps, not the coordinator."""
+    return sorted(tasks, key=lambda task: (task.proc.poll() or 0) >= 0)  # False (killed) sorts first
+
+
+def teardown(tasks: List[Task], primary: List[str], grace: float, signalled: bool) -> None:
+    """Stop every task: SIGKILL whatever is left after `grace` seconds.
+
+    After a signal from outside, the tasks already have it (SIGINT: stop;
+    SIGTERM: checkpoint and stop) and are only waited for. Otherwise (a task
+    failed, or the primaries finished) the others get a moment to leave on
+    their own (a preempted peer's workers exit 42 together), then SIGTERM.
+    The tasks that only serve the trainers (a ps, a parameter-server worker,
+    the tf.data service) stop serving once no trainer is left (they hold
+    nothing to save): the trainers and the sidecar evaluator are waited for.
+    """
+    deadline = time.monotonic() + grace
+    procs = [task.proc for task in tasks]
+    waited = [task.proc for task in tasks if task.job in primary or sidecars.is_sidecar(task.job)]
+    if not signalled:
+        _wait_all(procs, time.monotonic() + 1.0)
+        for proc in procs:
+            if proc.poll() is None:
+                signal_group(proc, signal.SIGTERM)
+    _wait_all(waited, deadline)
+    for proc in procs:
+        signal_group(proc, signal.SIGKILL)  # also reaps any grandchildren
+        proc.wait()
+
+
+def _wait_all(procs, deadline: float) -> None:
+    for proc in procs:
+        try:
+            proc.wait(timeout=max(deadline - time.monotonic(), 0.01))
+        except subprocess.TimeoutExpired:
+            pass
+
+
+def shell_code(code: int) -> int:
+    """A child killed by signal N reports -N; a shell would say 128 + N."""
+    return 128 - code if code < 0 else code
+
+
+class ForwardingSignals:
+    """While inside, SIGINT, SIGTERM and SIGHUP are passed on to the children
+    (SIGINT stops a task at once; SIGTERM is a scheduler's preemption notice,
+    which TensorFlow's coordination service catches) and remembered."""
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+    def __init__(self, procs):
+        self.procs, self.previous = procs, {}
+        self.received: List[int] = []
+
+    def wait(self, seconds: float) -> bool:
+        """Sleep up to `seconds`; True as soon as a signal has come."""
+        deadline = time.monotonic() + seconds
+        while not self.received and time.monotonic() < deadline:
+            time.sleep(0.1)
+        return bool(self.received)
+
+    def _forward(self, signum, frame):
+        self.received.append(signum)
+        for proc in self.procs:
+            if proc.poll() is None:
+                try:
+                    proc.send_signal(signal.SIGINT if signum == signal.SIGINT else signal.SIGTERM)
+                except ProcessLookupError:
+                    pass
+
+    def __enter__(self):
+        for sig in self.SIGNALS:
+            self.previous[sig] = signal.signal(sig, self._forward)
+        return self
+
+    def __exit__(self, *exc):
+        for sig, handler in self.previous.items():
+            signal.signal(sig, handler)
+
+
+def signal_group(proc, sig) -> None:
+    try:
+        os.killpg(proc.pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+# TensorFlow's C++ log (glog: `E0000 00:00:1764190403.460497  4567 ring_alg.cc:291] ...`) of a collective or an
+# RPC that failed because a peer is gone: `Aborting RingReduce with UNAVAILABLE`, a cancelled receive ...
+_TF_CPP_LOST_PEER = (r"^[EWF]\d{4} \S+\s+\d+ \S+:\d+\] .*"
+                     r"(UNAVAILABLE|CANCELLED|DEADLINE_EXCEEDED|ABORTED|Aborting|Connection reset|Socket closed|connection refused)")
+# TensorFlow errors known to be harmless, kept in the task's own log but not
+# shown: the coordinator's eval loop releases a remote function handle, which
+# TF 2.21 has not implemented (every evaluation of a parameter-server run) ...
+_ALWAYS_HARMLESS = re.compile(r"Failed to clear function handle cache: UNIMPLEMENTED")
+# ... and, once the run has succeeded, peers noticing that the cluster is going away.
+# TensorFlow's C++ log of a collective aborted because a peer is lost (its
+# cause is the one line tfdistx prints; a multi-line message's task list).
+# A parameter-server coordinator whose worker is gone (an elastic run's dropped worker) says the last of these at each loop.
+_HARMLESS_ONCE_DONE = re.compile(r"coordination service|unhealthy|heartbeat|Failed to send RPC|leader task|Error received from peer|"
+                                 r"This could happen if the remote target has been disconnected from the client|"
+                                 r"Additional GRPC error information|failed to connect to all addresses|The tasks have crashed|"
+                                 r"Collective ops is aborted|StartAbort|The error could be from a previous operation|"
+                                 r"^/job:\w+/replica:\d+/task:\d+\s*$|" + _TF_CPP_LOST_PEER)
+
+
+class SaidOnce:
+    """The refusal lines (`tfdistx: invalid config: ...`) the cluster's tasks
+    have shown: each task checks the config it shares with the others and
+    refuses it in the same line, which the terminal needs once. Each task
+    has its own pump thread, hence the lock."""
+
+    def __init__(self):
+        self.lines, self.lock = set(), threading.Lock()
+
+    def first(self, line: str) -> bool:
+        with self.lock:
+            new = line not in self.lines
+            self.lines.add(line)
+            return new
+
+
+REFUSAL = "tfdistx: invalid config:"
+
+
+def pump(proc, name: str, log_path: Path, run_log_path: Optional[str], succeeded: threading.Event, refusals: SaidOnce) -> None:
+    """Copy a task's output to its log file, and prefixed by its name to the
+    terminal and to the run's log (the whole run in one file, as the terminal
+    shows it; appends of whole lines do not interleave), less known noise
+    and a refusal another task has shown."""
+    with open(log_path, "ab") as logfile, open(run_log_path or os.devnull, "ab") as run_log:
+        def show(text: str) -> None:
+            prefixed = f"[{name}] {text}"
+            run_log.write(prefixed.encode())
+            run_log.flush()
+            sys.stdout.write(prefixed)
+            sys.stdout.flush()
+
+        # A peer's last lines as the chief leaves (worker:1 seeing the coordination
+        # service's leader go) come before anyone knows whether the run succeeded:
+        # held until this task ends, and shown only if it failed without saying
+        # why in a line of tfdistx's own (a lost peer's one line names it).
+        held, explained = [], False
+        for line in iter(proc.stdout.readline, b""):
+            logfile.write(line)
+            logfile.flush()
+            text = line.decode(errors="replace")
+            if _ALWAYS_HARMLESS.search(text) or (succeeded.is_set() and _HARMLESS_ONCE_DONE.search(text)):
+                continue
+            if text.startswith(REFUSAL) and not refusals.first(text):
+                continue
+            if _HARMLESS_ONCE_DONE.search(text) and not text.startswith("tfdistx:"):  # tfdistx's own lines are news
+                held.append(text)
+                continue
+            explained = explained or (text.startswith("tfdistx: ") and not text.lower().startswith("tfdistx: warning"))
+            show(text)
+        if held and proc.wait() != 0 and not explained:
+            for text in held:
+                show(text)
+
+
+def die_with_parent() -> None:
+    """In the child, before exec: get SIGKILL if the parent dies, so no task outlives its launcher."""
+    PR_SET_PDEATHSIG = 1
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def can_isolate() -> bool:
+    if not shutil.which("unshare"):
+        return False
+    probe = subprocess.run(["unshare", "--user", "--map-root-user", "--net", "true"], capture_output=True)
+    return probe.returncode == 0
+
+
+def loopback_up() -> None:
+    """`ip link set lo up`, without needing iproute2: a new namespace starts with lo down."""
+    SIOCGIFFLAGS, SIOCSIFFLAGS, IFF_UP = 0x8913, 0x8914, 0x1
+    import fcntl
+
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        request = struct.pack("16sH14x", b"lo", 0)
+        flags = struct.unpack("16sH14x", fcntl.ioctl(sock, SIOCGIFFLAGS, request))[1]
+        fcntl.ioctl(sock, SIOCSIFFLAGS, struct.pack("16sH14x", b"lo", flags | IFF_UP))
+
+
+def free_ports(n: int) -> List[int]:
+    sockets = []
+    try:
+        for _ in range(n):
+            sock = socket.socket()
+            sock.bind(("127.0.0.1", 0))
+            sockets.append(sock)
+        return [sock.getsockname()[1] for sock in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()
+

@@ -1,0 +1,280 @@
+"""One supervisor for a local cluster's rounds: form a round, start its
+tasks, watch them, and end in success, in a failure (restarted from the
+budget, unless no restart can cure it), or in a change of membership (the
+next round forms).
+
+Who is in a round is a Membership policy's: fixed counts of tasks on
+loopback (cluster/launch.py), or a worker on each listed host
+(cluster/elastic.py); a per-node agent with a rendezvous is one more
+policy. The rest is the same for all, so it is here once: the restart
+budget and its back-off, the exit codes never restarted, a task restarted
+on its own, the end of a round (the teardown, and whose exit code is the
+round's), and where the supervisor's own lines go.
+
+The shape is torchelastic's agent: one loop over explicit states, a static
+membership just another policy. No TensorFlow here, and no training code.
+"""
+
+import signal
+import sys
+import time
+from dataclasses import dataclass, field
+from enum import Enum
+from pathlib import Path
+from typing import Dict, List, Optional
+
+from tfdistx.cluster import evaluator as sidecars  # the sidecar evaluator's task
+from tfdistx.cluster.processes import ForwardingSignals, SaidOnce, Task, causes_first, shell_code, signal_group, teardown
+from tfdistx.config.errors import EXIT_PREEMPTED, PERMANENT
+
+QUICK_GRACE_SECONDS = 5  # between SIGTERM and SIGKILL after Ctrl-C, or when a task has died (a preemption has cluster.preemption_grace)
+MAX_BACKOFF_SECONDS = 30  # restarts wait 1, 2, 4, ... seconds, at most this
+POLL_SECONDS = 0.2
+# What a restart would fail the same way (config/errors.py's PERMANENT, the
+# codes a JobSet fails on too), and Ctrl-C (130): the user asked to stop.
+# Any other failure is worth another try (a restart picks fresh ports too).
+NEVER_RESTART = (*PERMANENT, 130)
+
+
+class Say:
+    """The supervisor's own lines, whichever policy runs: on the terminal
+    (stderr) and in the run's log (tfdistx.log) beside its tasks' lines, so
+    that the log tells the run as the terminal showed it."""
+
+    def __init__(self, run_log: Optional[str]):
+        self.run_log = run_log
+
+    def __call__(self, text: str) -> None:
+        line = f"tfdistx: {text}\n"
+        sys.stderr.write(line)
+        sys.stderr.flush()
+        if self.run_log:
+            with open(self.run_log, "a") as log:
+                log.write(line)
+
+
+class Budget:
+    """cluster.max_restarts: shared by restarts of a whole round and of a task alone."""
+
+    def __init__(self, total: int):
+        self.total, self.used = total, 0
+
+    def take(self) -> bool:
+        if self.used >= self.total:
+            return False
+        self.used += 1
+        return True
+
+
+class State(Enum):
+    """How a round ended, which decides what the supervisor does next."""
+
+    SUCCEEDED = "succeeded"  # every primary task exited 0: the run is done
+    FAILED = "failed"  # a task failed with the membership unchanged: the same round again, from the restart budget
+    MEMBERSHIP_CHANGED = "membership changed"  # a member lost or a host asking to join: the next round forms, no restart spent
+    STOPPED = "stopped"  # a signal from outside: the run ends
+
+
+@dataclass
+class RoundResult:
+    state: State
+    code: int = 0  # the round's exit code, as a shell would say it
+    lost: Dict[str, str] = field(default_factory=dict)  # the members lost, task -> host
+    joined: List[str] = field(default_factory=list)  # the hosts asking to join
+    # The trainers were told to checkpoint and stop (exit 42): they get the preemption grace, and each must leave so.
+    asked_to_checkpoint: bool = False
+
+
+class NoRound(Exception):
+    """No round could form (too few hosts, or a signal while waiting): the run ends with `code`."""
+
+    def __init__(self, code: int):
+        super().__init__(code)
+        self.code = code
+
+
+class Round:
+    """One membership's tasks, from their start to their teardown."""
+
+    def __init__(self, tasks: List[Task], hosts: Dict[str, str]):
+        self.tasks, self.hosts = tasks, hosts  # hosts: task name -> the host it runs on (sidecars have none)
+        self.dropped: Dict[str, str] = {}  # parameter servers: workers lost while the coordinator goes on
+        self.lost: Dict[str, str] = {}  # members lost in this round, which the next one forms without
+
+    @classmethod
+    def placed(cls, spec: dict, cluster: Dict[str, List[str]], sidecar_jobs: Dict[str, int]) -> "Round":
+        """A task for each address of `cluster` (job -> ["host:port", ...]),
+        each told its place by TF_CONFIG, and the sidecars beside them: they
+        get the cluster's TF_CONFIG with their own task type, and no address in it."""
+        refusals = SaidOnce()  # every task refuses a bad config alike: its line is shown once
+        jobs = {**{job: len(addresses) for job, addresses in cluster.items()}, **sidecar_jobs}
+        tasks = [Task(job, index, cluster, spec["command"], Path(spec["log_dir"]), spec.get("run_log"), refusals, spec.get("task_env", {}))
+                 for job, n in jobs.items() for index in range(n)]
+        hosts = {f"{job}:{index}": address.rpartition(":")[0] for job, addresses in cluster.items() for index, address in enumerate(addresses)}
+        return cls(tasks, hosts)
+
+    def members(self) -> Dict[str, str]:
+        """The round's live members, task -> host."""
+        return {name: host for name, host in self.hosts.items() if name not in self.dropped}
+
+    def restart(self, task: Task, signals: ForwardingSignals) -> None:
+        task.start()
+        signals.procs = [t.proc for t in self.tasks]
+
+    def ask_to_checkpoint(self) -> None:
+        """The preemption path: the trainers save at their next loop boundary and exit 42."""
+        for task in self.tasks:
+            if task.proc.poll() is None:
+                signal_group(task.proc, signal.SIGTERM)
+
+
+class Membership:
+    """Who is in each round: a policy of the supervisor's. The defaults are a
+    membership that never changes."""
+
+    def form(self, reason: str, signals: ForwardingSignals) -> Round:
+        """The next round, its tasks not started yet, formed for `reason`;
+        raises NoRound when none can form."""
+        raise NotImplementedError
+
+    def check(self, round_: Round, signals: ForwardingSignals) -> Optional[RoundResult]:
+        """At each poll of a running round: the change of membership that ends it, if any."""
+        return None
+
+    def goes_on_without(self, round_: Round, task: Task) -> bool:
+        """A task restarted alone has failed: True if the round goes on without it (its host is gone)."""
+        return False
+
+    def failed(self, round_: Round, task: Task, code: int) -> RoundResult:
+        """`task` failed with `code` and cannot be restarted alone: how the round ends."""
+        return RoundResult(State.FAILED, code)
+
+    def regroup(self, result: RoundResult, signals: ForwardingSignals) -> str:
+        """After a change of membership: why the next round forms."""
+        raise NotImplementedError
+
+
+class Supervisor:
+    """The loop over rounds, for `spec` (the launcher's, cluster/launch.py)
+    and a membership policy; `signals` from outside are passed on to the tasks."""
+
+    def __init__(self, spec: dict, membership: Membership, signals: ForwardingSignals, say: Say):
+        self.membership, self.signals, self.say = membership, signals, say
+        self.restarts = Budget(spec.get("max_restarts", 0))
+        self.primary, self.alone = spec["primary"], spec.get("restart_alone", [])
+        self.stopped_limit = spec.get("stopped_task_timeout", 60)
+        self.preemption_grace = spec.get("preemption_grace", 60)
+
+    def run(self) -> int:
+        """The run's exit code: 0 once the training is done, else the code it stopped with."""
+        reason = "started"
+        while True:
+            try:
+                round_ = self.membership.form(reason, self.signals)
+            except NoRound as none:
+                return none.code
+            result = self._run_round(round_)
+            if result.state in (State.SUCCEEDED, State.STOPPED) or self.signals.received or result.code in NEVER_RESTART:
+                return result.code
+            if result.state is State.FAILED:
+                if not self.restarts.take():
+                    if self.restarts.total:
+                        self.say(f"giving up: the cluster stopped after {self.restarts.total} restart(s) "
+                                 f"(cluster.max_restarts={self.restarts.total}); last exit code {result.code}")
+                    return result.code
+                used, total = self.restarts.used, self.restarts.total
+                delay = min(2 ** (used - 1), MAX_BACKOFF_SECONDS)
+                self.say(f"the cluster stopped with exit code {result.code}; restart {used} of {total} in {delay}s, "
+                         "resuming from the latest checkpoint")
+                if self.signals.wait(delay):  # a signal during the back-off ends it
+                    return shell_code(-self.signals.received[0])
+                reason = f"restart {used} of {total} after exit code {result.code}"
+            else:
+                reason = self.membership.regroup(result, self.signals)
+            if self.signals.received:
+                return shell_code(-self.signals.received[0])
+
+    def _run_round(self, round_: Round) -> RoundResult:
+        for task in round_.tasks:
+            task.start()
+        self.signals.procs = [task.proc for task in round_.tasks]
+        return self._end(round_, self._watch(round_))
+
+    def _watch(self, round_: Round) -> RoundResult:
+        """Until the primary tasks have all exited 0, a task failed that
+        cannot be restarted alone, the membership changed, or a signal came
+        (already passed on to the tasks).
+
+        A task that stays stopped (SIGSTOP, a debugger) `stopped_limit`
+        seconds is killed, so that it counts as lost: a parameter-server
+        coordinator would otherwise wait on its step forever (TensorFlow
+        notices a dead worker, not a frozen one), and a synchronous cluster
+        is restarted without waiting on it.
+        """
+        sidecars_ended = set()
+        while not self.signals.received:
+            changed = self.membership.check(round_, self.signals)
+            if changed:
+                return changed
+            for task in round_.tasks:
+                if task.stopped_for() > self.stopped_limit:
+                    self.say(f"task {task.name} has been stopped for more than {self.stopped_limit:g}s "
+                             "(cluster.stopped_task_timeout): treating it as lost")
+                    signal_group(task.proc, signal.SIGKILL)
+                    task.proc.wait()
+            for task in round_.tasks:  # never restarted, never stop the cluster: said once if they failed
+                code = task.proc.poll()
+                if sidecars.is_sidecar(task.job) and code is not None and task.name not in sidecars_ended:
+                    sidecars_ended.add(task.name)
+                    if code != 0:
+                        sidecars.report_exit(task.name, shell_code(code), self.say)
+            trainers = [t for t in round_.tasks if not sidecars.is_sidecar(t.job) and t.name not in round_.dropped]
+            for task in causes_first(trainers):
+                code = task.proc.poll()
+                if code in (None, 0):
+                    continue
+                if task.job in self.alone and code not in NEVER_RESTART:
+                    if self.membership.goes_on_without(round_, task):
+                        continue
+                    if self.restarts.take():
+                        self.say(f"task {task.name} exited with code {shell_code(code)}; restarting it alone "
+                                 f"(restart {self.restarts.used} of {self.restarts.total})")
+                        round_.restart(task, self.signals)
+                        continue
+                result = self.membership.failed(round_, task, shell_code(code))
+                if result.state is State.FAILED:
+                    self.say(f"task {task.name} exited with code {shell_code(code)}; stopping the cluster")
+                return result
+            if all(task.proc.poll() == 0 for task in round_.tasks if task.job in self.primary):
+                return RoundResult(State.SUCCEEDED)
+            time.sleep(POLL_SECONDS)
+        return RoundResult(State.STOPPED)
+
+    def _end(self, round_: Round, result: RoundResult) -> RoundResult:
+        """Stop every task of the round; the result, with the tasks' own verdict after a signal."""
+        signals = self.signals
+        if result.state is State.SUCCEEDED and not signals.received:  # the evaluator evaluates the final checkpoint
+            sidecars.let_finish([t.proc for t in round_.tasks if sidecars.is_sidecar(t.job)], lambda: bool(signals.received), self.say)
+        if result.state is State.SUCCEEDED and not signals.received:
+            for task in round_.tasks:
+                task.succeeded.set()
+        # A SIGTERM from outside, or the supervisor's own request, leaves the
+        # tasks time to checkpoint. After Ctrl-C, or once a task has died (its
+        # peers, blocked in a collective, can neither checkpoint nor leave but
+        # by SIGKILL), there is nothing to wait for; a synchronous round that
+        # lost a member has nothing to save (a checkpoint needs every worker).
+        preempted = (signals.received and signal.SIGINT not in signals.received) or result.asked_to_checkpoint
+        grace = self.preemption_grace if preempted else 0 if result.lost and not self.alone else QUICK_GRACE_SECONDS
+        teardown(round_.tasks, self.primary, grace=grace, signalled=bool(signals.received) or result.asked_to_checkpoint)
+        if signals.received:  # the tasks' own verdict if they gave one (42: checkpointed), else 128 + signal
+            own = [t.proc.returncode for t in round_.tasks
+                   if t.proc.returncode not in (0, -signal.SIGKILL) and not sidecars.is_sidecar(t.job)]
+            result = RoundResult(State.STOPPED, shell_code(own[0] if own else -signals.received[0]))
+        elif result.asked_to_checkpoint:  # a trainer that did not checkpoint and leave as asked: a failure
+            refused = [t for t in round_.tasks if t.job in self.primary and t.proc.returncode != EXIT_PREEMPTED]
+            if refused:
+                result = RoundResult(State.FAILED, shell_code(refused[0].proc.returncode))
+        for task in round_.tasks:
+            for thread in task.pumps:
+                thread.join(timeout=5)
+        return result
