@@ -46,7 +46,7 @@ def _pipeline(ctx: Optional[tf.distribute.InputContext]):
     return ctx.num_input_pipelines, ctx.input_pipeline_id
 
 
-def _permutation(n, seed: int, epoch, shuffle: bool):
+def epoch_permutation(n, seed: int, epoch, shuffle: bool):
     order = tf.range(tf.cast(n, tf.int64), dtype=tf.int64)
     if not shuffle:
         return order
@@ -94,7 +94,7 @@ class ArrayExamples:
             mine = tf.logical_and(positions // chunk % stride == phase, positions >= first)
             # Handed on in chunks of up to `batch` indices: tf.data's overhead per element,
             # paid for every row, would be most of a small model's input time.
-            return tf.data.Dataset.from_tensor_slices(tf.boolean_mask(_permutation(count, seed, e, shuffle), mine)).batch(batch)
+            return tf.data.Dataset.from_tensor_slices(tf.boolean_mask(epoch_permutation(count, seed, e, shuffle), mine)).batch(batch)
 
         tensors = tf.nest.map_structure(tf.constant, self.arrays)
         indices = tf.data.Dataset.range(first_epoch, _ENDLESS).flat_map(epoch)
@@ -174,7 +174,7 @@ class FileExamples:
         shuffle = window > 1
         if counts is None:  # a fresh run without counts: no position to find
             def epoch(e):
-                ds = self.read(tf.gather(files, _permutation(tf.size(files), seed, e, shuffle)))
+                ds = self.read(tf.gather(files, epoch_permutation(tf.size(files), seed, e, shuffle)))
                 return _chunks(ds.shard(stride, phase) if stride > 1 else ds, self.decode, window, seed, e)
             chunks = tf.data.Dataset.range(0, _ENDLESS).flat_map(epoch)
         else:
@@ -185,7 +185,7 @@ class FileExamples:
                 at = tf.where(e == first_epoch, offset, 0)  # this pipeline's position in the epoch
                 window_index = at // window
                 # The epoch's files in order, and where the window holding `at` begins in them.
-                order = _permutation(tf.size(files), seed, e, shuffle)
+                order = epoch_permutation(tf.size(files), seed, e, shuffle)
                 ordered_counts = tf.gather(counts, order)
                 ends = tf.cumsum(ordered_counts)
                 begin = window_index * window * stride + phase

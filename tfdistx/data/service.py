@@ -26,7 +26,7 @@ import tensorflow as tf
 
 from tfdistx.config.data_service import DISTRIBUTED_EPOCH
 from tfdistx.config.errors import ConfigError
-from tfdistx.data.order import ArrayExamples, _permutation
+from tfdistx.data.order import ArrayExamples, epoch_permutation
 
 _ENDLESS = np.iinfo(np.int64).max
 
@@ -93,8 +93,8 @@ def _array_batches(train: ArrayExamples, batch: int, seed: int, window: int, sta
         positions = k * batch + tf.range(batch, dtype=tf.int64)
         epochs, within = positions // rows, positions % rows
         first = epochs[0]  # a batch spans at most two epochs (batch <= rows)
-        index = tf.where(epochs == first, tf.gather(_permutation(rows, seed, first, shuffle), within),
-                         tf.gather(_permutation(rows, seed, first + 1, shuffle), within))
+        index = tf.where(epochs == first, tf.gather(epoch_permutation(rows, seed, first, shuffle), within),
+                         tf.gather(epoch_permutation(rows, seed, first + 1, shuffle), within))
         return tf.nest.map_structure(lambda a: tf.gather(a, index), tensors)
 
     return tf.data.Dataset.range(start_batch, _ENDLESS).map(at, num_parallel_calls=tf.data.AUTOTUNE)
