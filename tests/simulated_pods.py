@@ -34,7 +34,8 @@ with what its controller and Kubernetes' Job controller give instead
 - a pod that fails is matched against its Job's podFailurePolicy (FailJob,
   Ignore, Count on exit codes); a counted failure past backoffLimit, or
   FailJob, fails the Job, and the JobSet's failurePolicy rules (by the
-  Job's failure reason) fail the set or restart it, up to maxRestarts: every
+  Job's failure reason and message, and the replicatedJob) fail the set or
+  restart it, up to maxRestarts unless the rule ignores it: every
   pod is deleted (SIGTERM, the pod's grace, SIGKILL) and, once all are
   gone (BlockingRecreate), all are created again at new addresses;
 - the set succeeds when the successPolicy's replicatedJobs have completed
@@ -206,7 +207,7 @@ class JobSetController:
                 pod.job = (rjob, index)
                 self.pods.append(pod)
         self.pod_spec = spec["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]  # its volumes are every pod's
-        self.restarts = 0
+        self.restarts = self.counted_restarts = 0  # every restart (the pods' restart-attempt), and those toward maxRestarts
 
     def exited(self, pod: Pod, code: int):
         job = self.jobs[pod.job]
@@ -215,25 +216,31 @@ class JobSetController:
             targets = self.success.get("targetReplicatedJobs") or list({rjob for rjob, _ in self.jobs})
             complete = [all(p.done == 0 for p in self.pods if p.job[0] == rjob) for rjob in targets]
             return "Succeeded" if (all if self.success["operator"] == "All" else any)(complete) else None
-        action = _pod_failure_action(job.get("podFailurePolicy", {}), pod.container["name"], code)
+        action, index = _pod_failure_action(job.get("podFailurePolicy", {}), pod.container["name"], code)
+        message = ""
         if action == "Ignore":
             self.network.recreate([pod])
             return None
         if action == "FailJob":
             reason = "PodFailurePolicy"
+            # Kubernetes' Job controller's message for it (pkg/controller/job/pod_failure_policy.go)
+            message = f"Container {pod.container['name']} for pod default/{pod.name} failed with exit code {code} matching FailJob rule at index {index}"
         else:
             job["failed"] += 1
             if job["failed"] <= job.get("backoffLimit", 6):
                 self.network.recreate([pod])
                 return None
             reason = "BackoffLimitExceeded"
-        rule = next((r for r in self.policy.get("rules", []) if reason in r.get("onJobFailureReasons", [reason])
+        rule = next((r for r in self.policy.get("rules", []) if reason in (r.get("onJobFailureReasons") or [reason])
+                     and (not r.get("onJobFailureMessagePatterns") or any(re.search(m, message) for m in r["onJobFailureMessagePatterns"]))
                      and pod.job[0] in (r.get("targetReplicatedJobs") or [pod.job[0]])), {"action": "RestartJobSet", "name": "default"})
         emit(event="job failed", job=f"{pod.job[0]}-{pod.job[1]}", reason=reason, rule=rule["name"], action=rule["action"])
         if rule["action"] == "FailJobSet":
             return f"Failed: {pod.name} exited {code}: {reason}, rule {rule['name']}"
-        if self.restarts >= self.policy.get("maxRestarts", 0) and "IgnoreMaxRestarts" not in rule["action"]:
+        counted = "IgnoreMaxRestarts" not in rule["action"]
+        if counted and self.counted_restarts >= self.policy.get("maxRestarts", 0):
             return f"Failed: {pod.name} exited {code}: past maxRestarts"
+        self.counted_restarts += counted
         self.restarts += 1
         self.network.delete(self.pods)  # every Job and its pods, all gone before any is created again
         for each in self.pods:
@@ -247,12 +254,12 @@ class JobSetController:
 
 
 def _pod_failure_action(policy: dict, container: str, code: int) -> str:
-    """The first podFailurePolicy rule that matches the exit code: its action (Count without one)."""
-    for rule in policy.get("rules", []):
+    """The first podFailurePolicy rule that matches the exit code: its action and index (Count without one)."""
+    for index, rule in enumerate(policy.get("rules", [])):
         on = rule.get("onExitCodes")
         if on and on.get("containerName", container) == container and (code in on["values"]) == (on["operator"] == "In"):
-            return rule["action"]
-    return "Count"
+            return rule["action"], index
+    return "Count", None
 
 
 class Network:

@@ -129,17 +129,29 @@ def test_exported_jobset_and_trainjob_are_valid_for_their_controllers(jobset_sch
     assert spec["successPolicy"] == {"operator": "All", "targetReplicatedJobs": ["chief" if "chief" in tasks else "worker"]}
     assert (spec["failurePolicy"]["maxRestarts"], spec["failurePolicy"]["restartStrategy"]) == (3, "BlockingRecreate")  # cluster.max_restarts
     assert [(rule["action"], rule["onJobFailureReasons"]) for rule in spec["failurePolicy"]["rules"]] == [
-        ("FailJobSet", ["PodFailurePolicy"]), ("RestartJobSet", ["BackoffLimitExceeded"])]
+        ("RestartJobSetAndIgnoreMaxRestarts", ["PodFailurePolicy"]), ("FailJobSet", ["PodFailurePolicy"]),
+        ("RestartJobSet", ["BackoffLimitExceeded"])]
+    # the JobSet webhook admits a rule's name only in this form (its ruleNameFmt)
+    assert all(re.fullmatch(r"[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?", rule["name"]) for rule in spec["failurePolicy"]["rules"])
+    # a preemption (42, matched by the message of the Job's second FailJob rule) does not count toward maxRestarts
+    assert spec["failurePolicy"]["rules"][0]["onJobFailureMessagePatterns"] == ["with exit code 42 matching FailJob rule at index 1$"]
     # one Indexed Job per task type, a pod per task: the pods' names are <name>-<type>-0-<index>.<name>
     assert {job["name"]: (job["replicas"], job["template"]["spec"]["parallelism"]) for job in spec["replicatedJobs"]} == {
         job: (1, n) for job, n in tasks.items()}
     for job in spec["replicatedJobs"]:
         job_spec = job["template"]["spec"]
+        if job["name"] == "evaluator":  # restarted in place, alone: never the set's failure (cluster/evaluator.py)
+            assert job_spec["backoffLimit"] == 2**31 - 1 and job_spec["template"]["spec"]["restartPolicy"] == "OnFailure"
+            assert "podFailurePolicy" not in job_spec
+            assert all(rule["targetReplicatedJobs"] == [name for name in tasks if name != "evaluator"]
+                       for rule in spec["failurePolicy"]["rules"])
+            continue
         assert job_spec["completionMode"] == "Indexed" and job_spec["backoffLimit"] == 0
-        # a bad config (2), a full disk (3) fail the job set; 4, 5 and 42 (and a killed pod) restart it
-        rule, = job_spec["podFailurePolicy"]["rules"]
+        # a bad config (2), a full disk (3) fail the job set; 42 restarts it uncounted; 4, 5 (and a killed pod) restart it
+        rule, preempted = job_spec["podFailurePolicy"]["rules"]
         assert rule["action"] == "FailJob" and rule["onExitCodes"]["operator"] == "In"
         assert {2, 3} <= set(rule["onExitCodes"]["values"]) and not {4, 5, 42} & set(rule["onExitCodes"]["values"])
+        assert preempted["action"] == "FailJob" and preempted["onExitCodes"]["values"] == [42]
         pod = job_spec["template"]["spec"]
         container, = pod["containers"]
         assert pod["restartPolicy"] == "Never" and pod["volumes"] == [{"name": "tfdistx-runs", "persistentVolumeClaim": {"claimName": "runs"}}]
@@ -355,6 +367,26 @@ def test_a_killed_jobset_pod_restarts_the_set_and_the_run_resumes_bitwise(tmp_pa
     assert summary["step"] == 1000 and summary["resumed"] and summary["resumed_from_step"] >= 400
     assert steps_logged(volume / "mw") == list(range(100, 1001, 100))
     assert summary["weights_sha256"] == local_weights(tmp_path, overrides)
+
+
+def test_an_evicted_jobset_pod_restarts_the_set_without_spending_a_restart(tmp_path, simulator):
+    """Eviction is SIGTERM to one pod: every worker saves at one step and
+    exits 42, which its Job's second FailJob rule matches; the JobSet's
+    `preempted` rule restarts the set without counting it, so even with
+    cluster.max_restarts=0 the run resumes from that step and finishes."""
+    overrides = ["strategy=multiworker", "cluster=2x1", "data=synthetic", "trainer.steps=600", "trainer.steps_per_loop=50",
+                 "trainer.log_every=50", "checkpoint.every_steps=1000", "cluster.max_restarts=0"]
+    volume, events, logs = run_pods(tmp_path, "ev", overrides, kind="jobset", kill="ev-worker-0-1", when="metrics.jsonl", signal="TERM")
+    # each worker's first end is 42 (the first seen fails its Job; the other is deleted with the set), its last 0
+    for pod in ("ev-worker-0-0", "ev-worker-0-1"):
+        ended = [e["code"] for e in events if e["event"] in ("exited", "deleted") and e["pod"] == pod]
+        assert ended[0] == 42 and ended[-1] == 0, (pod, ended)
+    failed = [e for e in events if e["event"] == "job failed"]
+    assert failed and {(e["reason"], e["rule"]) for e in failed} == {("PodFailurePolicy", "preempted")}
+    assert [e["attempt"] for e in events if e["event"] == "restarted"] == [1]
+    preempted_at = int(re.search(r"preempted at step (\d+)", logs["ev-worker-0-0"]).group(1))
+    summary = json.loads((volume / "ev" / "summary.json").read_text())
+    assert summary["step"] == 600 and summary["resumed_from_step"] == preempted_at
 
 
 @pytest.mark.slow

@@ -13,18 +13,23 @@ needs tfdistx's). No TensorFlow here.
 Restarts: a pod that fails with a code no restart can cure (PERMANENT in
 config/errors.py, the codes the local launcher never restarts either)
 fails its Job through the Job's podFailurePolicy, and the JobSet's
-failurePolicy then fails the whole set; any other failure (the cluster did
-not form, a lost peer, preempted, a pod killed) fails its Job (backoffLimit
-0) and the JobSet restarts every Job, up to cluster.max_restarts times: a
-multi-worker cluster only resumes together, from the checkpoint on the
-volume. So no exit-code offset: the codes are listed as they are.
+failurePolicy then fails the whole set; a preempted pod (exit 42, after
+its checkpoint) restarts the set without counting toward maxRestarts
+(RestartJobSetAndIgnoreMaxRestarts, matched on the Job's failure message);
+any other failure (the cluster did not form, a lost peer, a pod killed)
+fails its Job (backoffLimit 0) and the JobSet restarts every Job, up to
+cluster.max_restarts times: a multi-worker cluster only resumes together,
+from the checkpoint on the volume. So no exit-code offset: the codes are
+listed as they are. The sidecar evaluator's pod restarts alone, in place:
+its failures never reach the set's rules.
 """
 
 from typing import Dict, List, Optional, Sequence
 
 from tfdistx.cluster import jobset
 from tfdistx.cluster.kubernetes import CREATED_BY, DEFAULT_MOUNT_PATH, Pods
-from tfdistx.config.errors import PERMANENT
+from tfdistx.cluster.evaluator import EVALUATOR
+from tfdistx.config.errors import EXIT_PREEMPTED, PERMANENT
 from tfdistx.config.spec import Layout
 
 JOBSET_API = "jobset.x-k8s.io/v1alpha2"
@@ -81,6 +86,15 @@ def _metadata(name: str, namespace: str) -> Dict:
     return {"name": name, "namespace": namespace, "labels": dict(CREATED_BY)}
 
 
+# A Job's failure message for a pod that matched its podFailurePolicy's FailJob rule at this index (Kubernetes'
+# Job controller: "Container C for pod NS/P failed with exit code N matching FailJob rule at index I").
+PREEMPTED_RULE = 1
+# The JobSet's rule names: its webhook admits only ^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$.
+PREEMPTED, PERMANENT_EXIT, RESTART_AND_RESUME = "preempted", "permanent_exit", "restart_and_resume"
+# The sidecar evaluator never fails or restarts the training: its Job restarts its pod in place, without end.
+EVALUATOR_BACKOFF_LIMIT = 2**31 - 1
+
+
 def _jobset_spec(pods: Pods, container_name: str) -> Dict:
     args = pods.args("jobset")
     replicated = []
@@ -89,23 +103,44 @@ def _jobset_spec(pods: Pods, container_name: str) -> Dict:
                                    ports=[{"name": "tfdistx", "containerPort": jobset.PORT}])
         replicated.append({"name": job, "replicas": 1, "template": {"spec": {
             "completionMode": "Indexed", "completions": n, "parallelism": n,
-            "backoffLimit": 0,  # any failure fails the Job: the failure policies below decide what follows
-            "podFailurePolicy": {"rules": [{"action": "FailJob", "onExitCodes": {
-                "containerName": container_name, "operator": "In", "values": list(PERMANENT)}}]},
-            "template": {"spec": pods.spec(container, restartPolicy="Never")},  # podFailurePolicy's requirement
+            **(_evaluator_job(pods, container) if job == EVALUATOR else _training_job(pods, container, container_name)),
         }}})
+    training = [job for job in pods.counts if job != EVALUATOR]
     primary = [job for job in pods.primary_jobs if job in pods.counts] or ["worker"]
     return {
         "network": {"enableDNSHostnames": True},  # <name>-<job>-0-<i>.<name>: the addresses cluster/jobset.py derives
         # BlockingRecreate: every pod of an attempt is gone before the next starts, so none still holds the run dir.
         "failurePolicy": {"maxRestarts": pods.max_restarts, "restartStrategy": "BlockingRecreate", "rules": [
-            {"name": "permanent-exit", "action": "FailJobSet", "onJobFailureReasons": ["PodFailurePolicy"]},
-            {"name": "restart-and-resume", "action": "RestartJobSet", "onJobFailureReasons": ["BackoffLimitExceeded"]},
+            # A preemption (exit 42: checkpointed at the signal) costs nothing: it does not count toward maxRestarts.
+            {"name": PREEMPTED, "action": "RestartJobSetAndIgnoreMaxRestarts", "onJobFailureReasons": ["PodFailurePolicy"],
+             "onJobFailureMessagePatterns": [f"with exit code {EXIT_PREEMPTED} matching FailJob rule at index {PREEMPTED_RULE}$"],
+             "targetReplicatedJobs": training},
+            {"name": PERMANENT_EXIT, "action": "FailJobSet", "onJobFailureReasons": ["PodFailurePolicy"], "targetReplicatedJobs": training},
+            {"name": RESTART_AND_RESUME, "action": "RestartJobSet", "onJobFailureReasons": ["BackoffLimitExceeded"],
+             "targetReplicatedJobs": training},
         ]},
         # The run is done when the chief (parameter servers) or every worker is: the ps tasks never end on their own.
         "successPolicy": {"operator": "All", "targetReplicatedJobs": primary},
         "replicatedJobs": replicated,
     }
+
+
+def _training_job(pods: Pods, container: Dict, container_name: str) -> Dict:
+    """A training task's Job: any failure fails it (backoffLimit 0), and the
+    JobSet's rules decide: a permanent code fails the set, a preemption
+    restarts it without counting, anything else restarts it, counted."""
+    def fail_job_on(codes) -> Dict:
+        return {"action": "FailJob", "onExitCodes": {"containerName": container_name, "operator": "In", "values": list(codes)}}
+
+    rules = [fail_job_on(PERMANENT), fail_job_on([EXIT_PREEMPTED])]  # the second at PREEMPTED_RULE: the JobSet's rule reads its index
+    return {"backoffLimit": 0, "podFailurePolicy": {"rules": rules},
+            "template": {"spec": pods.spec(container, restartPolicy="Never")}}  # podFailurePolicy's requirement
+
+
+def _evaluator_job(pods: Pods, container: Dict) -> Dict:
+    """The sidecar evaluator's Job: a failure restarts its container in place
+    (OnFailure), never failing the Job, so the training's rules never see it."""
+    return {"backoffLimit": EVALUATOR_BACKOFF_LIMIT, "template": {"spec": pods.spec(container, restartPolicy="OnFailure")}}
 
 
 def _labels_as_env() -> List[Dict]:
