@@ -112,7 +112,7 @@ def test_mlflow_gets_each_step_once_its_checkpoint_is_saved_so_a_resumed_run_sen
     its artifacts beside it."""
     from mlflow import MlflowClient
 
-    from tfdistx.engine.loggers import append_jsonl
+    from tfdistx.whole_files import append_jsonl
     from tfdistx.engine.mlflow_logger import MlflowLogger
 
     run_dir, checkpoints = tmp_path / "run", tmp_path / "run" / "checkpoints"

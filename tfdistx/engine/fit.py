@@ -22,6 +22,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Optional
 
+from tfdistx import whole_files
 from tfdistx.cluster.placement import Placement, Source
 from tfdistx.config.errors import ConfigError
 from tfdistx.config.spec import RunSpec
@@ -148,7 +149,7 @@ def evaluate(spec: RunSpec, placement: Optional[Placement] = None, step: Optiona
     record = {"checkpoint": os.path.basename(path), "step": int(run.step_counter.numpy()), "strategy": run.strategy_name,
               "replicas": run.replicas, **metrics}
     if run.placement.is_chief:
-        loggers.append_jsonl(run.dir / "evaluations.jsonl", record)
+        whole_files.append_jsonl(run.dir / "evaluations.jsonl", record)
     return record
 
 

@@ -24,6 +24,8 @@ from tfdistx.config.errors import ConfigError, PluginFailed, RunFault, interrupt
 from tfdistx.config.spec import Logger
 from tfdistx.config.targets import Target
 from tfdistx.rundir import cannot_write
+from tfdistx.whole_files import append_whole, keep_steps_up_to, read_jsonl, replacing
+from tfdistx.whole_files import write_json  # noqa: F401  (commands/execute.py imports it from here)
 
 log = logging.getLogger(__name__)
 
@@ -176,53 +178,6 @@ def own_logger(name: str, target: Target, run_dir: Path, config: dict):
     if not callable(built):
         raise ConfigError.one(f"logger.{name}._target_", target.path, "must build a callable (step, metrics), with an optional close()")
     return built
-
-
-def write_json(path: Path, payload: dict) -> None:
-    """Written whole or not at all (a reader never sees half a file)."""
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(payload, indent=2, default=float) + "\n")
-    os.replace(tmp, path)
-
-
-def append_jsonl(path: Path, record: dict) -> None:
-    """One line more, whole or not at all (append_whole)."""
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    try:
-        append_whole(fd, (json.dumps(record, default=float) + "\n").encode())
-    finally:
-        os.close(fd)
-
-
-def append_whole(fd: int, line: bytes) -> None:
-    """`line` appended to the file open at `fd` (O_APPEND). A write that
-    fails (a full disk, a file-size limit) leaves the file as it was: a line
-    cut short would join the next one appended, and both be lost."""
-    size = os.fstat(fd).st_size
-    try:
-        while line:
-            line = line[os.write(fd, line):]
-    except OSError:
-        os.ftruncate(fd, size)
-        raise
-
-
-def read_jsonl(path: Path) -> List[Tuple[str, dict]]:
-    """A JSON-lines file's (line, record) pairs, in order; a line cut short by
-    a kill (or not an object) is left out. [] when there is no file."""
-    try:
-        lines = path.read_text().splitlines()
-    except FileNotFoundError:
-        return []
-    pairs = []
-    for line in lines:
-        try:
-            record = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(record, dict):
-            pairs.append((line, record))
-    return pairs
 
 
 class ConsoleProgress:
@@ -381,7 +336,7 @@ class JsonlLogger:
     def __init__(self, path: str, resume_step: int = 0):
         self.path = Path(path)
         if self.path.exists():
-            _truncate_after(self.path, resume_step)
+            keep_steps_up_to(self.path, resume_step)
         self.fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
 
     def __call__(self, step: int, metrics: dict) -> None:
@@ -424,12 +379,10 @@ class CsvLogger:
 
     def _rewrite(self, rows) -> None:
         """Written whole, then moved into place: a reader never sees half of it."""
-        tmp = self.path.with_suffix(".csv.tmp")
-        with open(tmp, "w", newline="") as file:
+        with replacing(self.path, newline="") as file:
             writer = csv.DictWriter(file, self.columns, restval="")
             writer.writeheader()
             writer.writerows(rows)
-        os.replace(tmp, self.path)
 
 
 def _int_or_none(text):
@@ -498,20 +451,6 @@ def _wandb_key_configured() -> bool:
         return netrc.netrc().authenticators("api.wandb.ai") is not None
     except (FileNotFoundError, netrc.NetrcParseError):
         return False
-
-
-def _truncate_after(path: Path, step: int) -> None:
-    """Keep the lines whose step is at most `step`; replace the file atomically."""
-    kept = []
-    for line, record in read_jsonl(path):  # without the lines cut short by a crash
-        try:
-            if record["step"] <= step:
-                kept.append(line)
-        except (KeyError, TypeError):
-            continue
-    tmp = path.with_suffix(".jsonl.tmp")
-    tmp.write_text("".join(line + "\n" for line in kept))
-    os.replace(tmp, path)
 
 
 def _duration(seconds: float) -> str:
