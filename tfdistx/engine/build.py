@@ -39,9 +39,11 @@ from tfdistx.tasks import Task
 log = logging.getLogger(__name__)
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Run:
-    """Everything a run builds before its first step."""
+    """Everything a run builds before its first step. Made by keyword only:
+    with 24 fields, most of them ints and models, a positional call could
+    swap two and nothing would complain."""
 
     spec: RunSpec
     placement: Placement
@@ -141,9 +143,12 @@ def build_run(spec: RunSpec, placement: Placement) -> Run:
         learning_rate_scale=learning_rate.scale, callbacks=callback_states,
         optional=["objective", "learning_rate_scale", "callbacks"],  # checkpoints written before they were saved restore without them
         topology=run_topology, resplit=resplit_for(spec, model, feature_spec, num_outputs))
-    return Run(spec, placement, facts, name, strategy, coordinator, task, source, model, optimizer, learning_rate, step_counter,
-               checkpointer, objective_state, global_batch, per_replica, total_steps, learning_rate.peak,
-               jit, per_call, sample, run_topology, train_variables, callback_states=callback_states)
+    return Run(spec=spec, placement=placement, facts=facts, strategy_name=name, strategy=strategy, coordinator=coordinator,
+               task=task, source=source, model=model, optimizer=optimizer, learning_rate=learning_rate,
+               step_counter=step_counter, checkpointer=checkpointer, objective_state=objective_state,
+               global_batch=global_batch, per_replica_batch=per_replica, total_steps=total_steps, peak_lr=learning_rate.peak,
+               jit_compile=jit, steps_per_xla_call=per_call, sample=sample, topology=run_topology,
+               train_variables=train_variables, callback_states=callback_states)
 
 
 def _task_and_source(spec: RunSpec, global_batch: int):
