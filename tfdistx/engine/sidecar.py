@@ -48,7 +48,7 @@ from tfdistx.cluster.placement import Placement, Source
 from tfdistx.config import strategies
 from tfdistx.config.errors import EXIT_CLUSTER_DID_NOT_FORM, ConfigError, RunFault
 from tfdistx.config.spec import RunSpec, Strategy
-from tfdistx.engine import checkpointing, loggers, process
+from tfdistx.engine import checkpointing, process, sinks
 from tfdistx.engine.build import Run, build_run
 from tfdistx.engine.runner import make_runner
 from tfdistx.sigterm import SigtermNotice
@@ -100,7 +100,7 @@ class Sidecar:
         history = evaluated_before(built.dir / "evaluations.jsonl")
         board = None
         if self.spec.logger.tensorboard:
-            board = loggers.TensorBoardLogger(str(built.dir / "tensorboard" / TENSORBOARD_DIR))
+            board = sinks.TensorBoardLogger(str(built.dir / "tensorboard" / TENSORBOARD_DIR))
         with contextlib.closing(built.checkpointer), contextlib.closing(board) if board else contextlib.nullcontext():
             runner = make_runner(built, train=False)
             log.info("sidecar evaluator: evaluating each checkpoint in %s as it is saved, to step %d", self.directory, built.total_steps)
