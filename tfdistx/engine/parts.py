@@ -1,8 +1,8 @@
 """The parts of a run, each made from its spec: the task, the data source,
 the model (fresh, or rebuilt from a checkpoint), the optimizer as the
 checkpoint holds it, and what re-splits a model's tables. The build phase
-(build.py) puts them together for training; a warm start, the export, the
-sidecar evaluator and the commands that read a run's data make the one
+(build.py) puts them together for training; a warm start, the export and
+the commands that read a run's data (predict, data write) make the one
 part they need from here, without the phase.
 
 Bad input met while making them (a model that does not take the data, an
