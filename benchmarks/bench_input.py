@@ -55,7 +55,7 @@ def _measure_input_alone(batches: int, overrides: list) -> None:
     """In this process: build the source as a run would and time `batches` batches after a warm-up."""
     from tfdistx.commands.common import compose
     from tfdistx.config.resolve import resolve
-    from tfdistx.engine.build import build_source
+    from tfdistx.engine.parts import build_source
 
     cfg = compose([*overrides, "data.batch_size=128"])
     source = build_source(resolve(cfg, "unused"))

@@ -12,7 +12,8 @@ import pytest
 from config_helpers import PREFIX, compose_ok, refused
 from engine_helpers import train, whole_and_resumed
 from tfdistx.config.errors import RunFault
-from tfdistx.engine.loggers import ConsoleProgress, CsvLogger
+from tfdistx.engine.progress import ConsoleProgress
+from tfdistx.engine.sinks import CsvLogger
 
 pytestmark = pytest.mark.unit
 
@@ -80,7 +81,8 @@ def test_metrics_jsonl_is_written_a_whole_line_at_a_time_under_a_file_size_limit
     import logging
     import resource
 
-    from tfdistx.engine.loggers import JsonlLogger, into_log_files
+    from tfdistx.engine.sinks import JsonlLogger
+    from tfdistx.log_files import into_log_files
 
     logger, handler = JsonlLogger(str(tmp_path / "metrics.jsonl")), logging.FileHandler(tmp_path / "tfdistx.log")
     logging.getLogger().addHandler(handler)
@@ -112,7 +114,7 @@ def test_mlflow_gets_each_step_once_its_checkpoint_is_saved_so_a_resumed_run_sen
     its artifacts beside it."""
     from mlflow import MlflowClient
 
-    from tfdistx.engine.loggers import append_jsonl
+    from tfdistx.whole_files import append_jsonl
     from tfdistx.engine.mlflow_logger import MlflowLogger
 
     run_dir, checkpoints = tmp_path / "run", tmp_path / "run" / "checkpoints"
@@ -143,7 +145,7 @@ def test_mlflow_gets_each_step_once_its_checkpoint_is_saved_so_a_resumed_run_sen
 
 
 def test_step_lines_print_their_numbers_in_columns_that_line_up():
-    from tfdistx.engine.loggers import fixed_width
+    from tfdistx.engine.progress import fixed_width
 
     stream = io.StringIO()
     progress = ConsoleProgress(200, stream=stream, live=False)

@@ -21,8 +21,9 @@ from tfdistx.cluster.placement import Placement, Source
 from tfdistx.config.errors import EXIT_RUN_DIR_LOCKED, ConfigError, RunFault
 from tfdistx.engine import checkpointing
 from tfdistx.engine import warm_start as warm_start_lib
-from tfdistx.engine.build import build_run, model_from_checkpoint
+from tfdistx.engine.build import build_run
 from tfdistx.engine.loop import Loop, SaveCheckpoints, Schedule, TrackObjective
+from tfdistx.engine.parts import model_from_checkpoint
 
 pytestmark = pytest.mark.unit
 

@@ -4,12 +4,28 @@ here: the commands check `--step N` before TensorFlow starts
 """
 
 import os
+import re
 from pathlib import Path
 from typing import List, Optional
 
 from tfdistx.config.errors import ConfigError
 
 BEST = "best"  # the best checkpoint's directory, inside the checkpoint directory
+_NAME = re.compile(r"ckpt-(\d+)(\..*)?")  # ckpt-150, ckpt-150.index, ckpt-150.data-00000-of-00001
+
+
+def step_of(path) -> Optional[int]:
+    """The step a checkpoint's name says (`…/ckpt-150`, or one of its files,
+    `ckpt-150.index`); None for a name that is not a checkpoint's. The one
+    place a step is read from a file name."""
+    match = _NAME.fullmatch(os.path.basename(str(path)))
+    return int(match.group(1)) if match else None
+
+
+def newest_step(directory) -> Optional[int]:
+    """The step of the newest checkpoint in `directory`; None when it holds none (or is not there)."""
+    paths = on_disk(str(directory))
+    return step_of(paths[-1]) if paths else None
 
 
 def on_disk(directory: str) -> List[str]:
@@ -19,12 +35,8 @@ def on_disk(directory: str) -> List[str]:
     is damaged, or names a checkpoint that is gone, must not hide the intact
     checkpoints beside it (they would be trained over from scratch).
     """
-    steps = []
-    for index in Path(directory).glob("ckpt-*.index"):
-        number = index.name[len("ckpt-"):-len(".index")]
-        if number.isdigit():
-            steps.append(int(number))
-    return [os.path.join(directory, f"ckpt-{step}") for step in sorted(steps)]
+    steps = [step_of(index) for index in Path(directory).glob("ckpt-*.index")]
+    return [os.path.join(directory, f"ckpt-{step}") for step in sorted(s for s in steps if s is not None)]
 
 
 def find(directory: str, step: Optional[int] = None, prefer_best: bool = False) -> str:
@@ -38,10 +50,10 @@ def find(directory: str, step: Optional[int] = None, prefer_best: bool = False) 
         return best[-1]
     if step is None and paths:
         return paths[-1]
-    found = next((p for p in paths + best if p.endswith(f"ckpt-{step}")), None)
+    found = next((p for p in paths + best if step_of(p) == step), None)
     if found is None:
-        kept = ", ".join(p.rsplit("-", 1)[1] for p in paths) or "none"
-        kept += f"; the best: {best[-1].rsplit('-', 1)[1]}" if best else ""
+        kept = ", ".join(str(step_of(p)) for p in paths) or "none"
+        kept += f"; the best: {step_of(best[-1])}" if best else ""
         raise ConfigError.one("--step" if step is not None else "checkpoint.dir", step if step is not None else directory,
                               f"no such checkpoint in {directory} (steps kept: {kept})")
     return found

@@ -11,8 +11,9 @@ import json
 from pathlib import Path
 from typing import Callable, Dict, List
 
-from tfdistx.checkpoint_files import on_disk  # file names only: no TensorFlow
+from tfdistx.checkpoint_files import newest_step  # file names only: no TensorFlow
 from tfdistx.rundir import keep_aside
+from tfdistx.whole_files import write_whole
 
 
 class Rounds:
@@ -41,9 +42,7 @@ class Rounds:
         before = sum(task.startswith("worker:") for task in self.kept[-1]["members"]) if self.kept else None
         number = len(self.kept) + 1
         self.kept.append({"round": number, "members": dict(members), "first_step": step + 1, "reason": reason})
-        tmp = self.path.with_name(f".{self.path.name}.tmp")
-        tmp.write_text(json.dumps(self.kept, indent=1))
-        tmp.replace(self.path)  # whole or not at all
+        write_whole(self.path, json.dumps(self.kept, indent=1))  # whole or not at all
         size = f"{before} -> {workers}" if before is not None else f"{workers}"
         if not resumed:
             start = f"going on after step {step} (the coordinator gives the steps to the workers it has)"
@@ -53,8 +52,7 @@ class Rounds:
 
 
 def newest_checkpoint_step(checkpoint_dir: str) -> int:
-    paths = on_disk(checkpoint_dir) if Path(checkpoint_dir).is_dir() else []
-    return int(paths[-1].rsplit("-", 1)[1]) if paths else 0
+    return newest_step(checkpoint_dir) or 0
 
 
 def last_logged_step(metrics_file: Path) -> int:

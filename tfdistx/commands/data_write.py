@@ -33,7 +33,7 @@ def main(argv) -> int:
         check_new_directory("--out", args.out, made_by=DATA_FILES)
         start_tensorflow()
         from tfdistx.data.files import write  # deferred, as build: they import TensorFlow
-        from tfdistx.engine.build import build_source
+        from tfdistx.engine.parts import build_source
 
         source = build_source(spec)
         manifest = write(source, args.out, args.shards, args.eval_shards, args.format, args.compression)

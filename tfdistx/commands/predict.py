@@ -119,7 +119,7 @@ def predict(args, progress=None):
 
 def _predict_with(export_dir: str, args, cfg, spec, out: str, protected, progress) -> dict:
     from tfdistx.engine import predict as engine  # deferred: it imports TensorFlow
-    from tfdistx.engine.build import build_source
+    from tfdistx.engine.parts import build_source
 
     files = engine.find_files(args.data_files) if args.data_files else None
     export = engine.load_export(export_dir)

@@ -24,7 +24,7 @@ from tfdistx.config.targets import current
 
 # The shipped callbacks that write a file: their target -> (the key naming the file, its default).
 CALLBACK_FILES = {"tfdistx.engine.callbacks.CSVLogger": ("filename", "keras_log.csv")}
-# What each logger writes in the run dir, by its key in the logger group (engine/loggers.py, engine/mlflow_logger.py).
+# What each logger writes in the run dir, by its key in the logger group (engine/sinks.py, engine/mlflow_logger.py).
 LOGGER_FILES = {"csv": ("metrics.csv",), "wandb.enabled": ("wandb",), "mlflow.enabled": ("mlflow.json", "mlflow.db", "mlartifacts")}
 
 

@@ -306,7 +306,7 @@ def _checkpoint(ckpt: DictConfig, run_dir: Optional[str] = None) -> list:
     return problems + warm_start.problems(ckpt.init_from, ckpt.init_skip, warm_start.resumes(checkpoint_dir, ckpt.restore), set_aside)
 
 
-# The keywords tfdistx passes a group's target itself, where it takes them (engine/build.py, callbacks.py, loggers.py, optim.py).
+# The keywords tfdistx passes a group's target itself, where it takes them (engine/parts.py, callbacks.py, loggers.py, optim.py).
 RUNTIME = {"model": ("input_shape", "feature_spec", "num_outputs", "num_classes"), "optimizer": ("learning_rate", "clipnorm", "global_clipnorm"),
            "callbacks": ("run_dir",), "logger": ("run_dir", "config")}
 

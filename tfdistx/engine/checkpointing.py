@@ -283,7 +283,7 @@ def stops_cleanly_when_unwritable(checkpoint_dir: str, evaluating: bool = False)
     `ckpt-N_temp/`, temp files) is removed; the checkpoints before it stay,
     and the line names the newest, from which a rerun resumes.
     `evaluating`: `tfdistx evaluate`, which writes no checkpoint, and leaves
-    evaluations.jsonl as it was (loggers.append_jsonl)."""
+    evaluations.jsonl as it was (whole_files.append_jsonl)."""
     try:
         yield
     except Exception as error:

@@ -17,7 +17,7 @@ import keras
 import tensorflow as tf
 
 from tfdistx.config.spec import RunSpec
-from tfdistx.engine.build import model_from_checkpoint
+from tfdistx.engine.parts import model_from_checkpoint
 from tfdistx.rundir import new_directory
 
 log = logging.getLogger(__name__)
@@ -27,7 +27,7 @@ def export_checkpoint(spec: RunSpec, checkpoint_path: str, directory: str, prote
     """Rebuild the model outside any strategy, load a checkpoint into it and
     write the SavedModel: the same for a model whose variables lived on
     parameter servers or were mirrored across workers."""
-    # float32, and restored with the optimizer's structure (build.model_from_checkpoint says why)
+    # float32, and restored with the optimizer's structure (parts.model_from_checkpoint says why)
     model, task, feature_spec, status = model_from_checkpoint(spec, checkpoint_path)
     status.expect_partial()  # the step counter, RNG states and objective state are the run's, not the model's
     export_saved_model(model, task, feature_spec, directory, protected)

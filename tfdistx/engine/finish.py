@@ -14,9 +14,9 @@ import os
 import time
 from typing import Optional
 
+from tfdistx import whole_files
 from tfdistx.cluster import liveness
 from tfdistx.config.objective import value as objective_value
-from tfdistx.engine import loggers
 from tfdistx.engine.build import Run
 from tfdistx.engine.export import export_checkpoint
 from tfdistx.engine.loop import Result
@@ -34,7 +34,7 @@ def finish(run: Run, start: Start, result: Result, started: float) -> Optional[f
         log.info("stopped early at step %d: %s", result.step, result.stopped_early["reason"])
     summary = _summary(run, start, result, time.time() - started)
     if run.placement.is_chief:
-        loggers.write_json(run.dir / "summary.json", summary)
+        whole_files.write_json(run.dir / "summary.json", summary)
         kept = run.checkpointer.best if run.spec.checkpoint.keep_best and run.checkpointer.best else run.checkpointer.latest
         if run.spec.checkpoint.export and kept:
             export_checkpoint(run.spec, kept, str(run.dir / "export"))
@@ -70,14 +70,14 @@ def finish_finished_run(run: Run, start: Start, started: float) -> Optional[floa
     log.info("evaluated the final checkpoint: %s", ", ".join(f"{k} {v:.6g}" for k, v in metrics.items()))
     if not run.placement.is_chief:
         return None
-    loggers.append_jsonl(run.dir / "evaluations.jsonl", {"checkpoint": os.path.basename(restored), "step": step,
+    whole_files.append_jsonl(run.dir / "evaluations.jsonl", {"checkpoint": os.path.basename(restored), "step": step,
                                                          "strategy": run.strategy_name, "replicas": run.replicas, **metrics})
     summary_path = run.dir / "summary.json"
     if not summary_path.is_file():
         reason = start.tracker.reason(run.objective_state.read()) if start.finished == STOPPED_EARLY else None
         result = Result(step=step, train=last_logged_train(run.dir, step), eval=metrics,
                         stopped_early={"step": step, "reason": reason} if reason else None)
-        loggers.write_json(summary_path, _summary(run, start, result, time.time() - started))
+        whole_files.write_json(summary_path, _summary(run, start, result, time.time() - started))
         log.info("the run had stopped after its last checkpoint, before its summary: written now (%s)", summary_path)
     final_checkpoint = run.checkpointer.best if run.spec.checkpoint.keep_best and run.checkpointer.best else restored
     if run.spec.checkpoint.export and not (run.dir / "export").exists():
@@ -102,7 +102,7 @@ def leave_after_the_other_workers(run: Run, most_seconds: float = 10.0) -> None:
 def last_logged_train(run_dir, step: int) -> dict:
     """The train metrics metrics.jsonl holds for `step` (the loop logs the
     last step always), without the evaluation's; {} when it has none."""
-    for _, record in reversed(loggers.read_jsonl(run_dir / "metrics.jsonl")):  # the kill may have cut its last line short
+    for _, record in reversed(whole_files.read_jsonl(run_dir / "metrics.jsonl")):  # the kill may have cut its last line short
         if record.get("step") == step:
             return {k: v for k, v in record.items() if k != "step" and not k.startswith("eval/")}
     return {}

@@ -3,7 +3,7 @@ Orbit's controller): join the cluster → build the parts → restore or
 warm-start → the loop → finish. Each phase is a module of its own, taking
 and returning typed values:
 
-    join.join_cluster   spec, placement       -> whether this task trains (a ps only serves)
+    join.join_cluster   cluster, strategy, placement -> Joined: TO_TRAIN, or SERVED (a ps only serves)
     build.build_run     spec, placement       -> Run: strategy, task, data, model, optimizer, checkpointer
     start.restore_or_warm_start  Run           -> Start: the step, what was restored, what is left
     fit.train_loop      Run, runner, Start     -> loop.Result
@@ -22,6 +22,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Optional
 
+from tfdistx import whole_files
 from tfdistx.cluster.placement import Placement, Source
 from tfdistx.config.errors import ConfigError
 from tfdistx.config.spec import RunSpec
@@ -29,7 +30,7 @@ from tfdistx.data.files import input_errors_in_one_line
 from tfdistx.engine import callbacks, checkpointing, loggers, process
 from tfdistx.engine.build import Run, build_run
 from tfdistx.engine.finish import finish, finish_finished_run
-from tfdistx.engine.join import join_cluster
+from tfdistx.engine.join import Joined, join_cluster
 from tfdistx.engine.loop import CheckPreemption, Log, Loop, Result, SaveCheckpoints, Schedule
 from tfdistx.engine.preemption import PreemptionWatcher, lost_peer_in_one_line, sum_over_tasks, watching_servers
 from tfdistx.engine.profiling import ProfileSteps
@@ -59,7 +60,7 @@ def train(spec: RunSpec, placement: Optional[Placement] = None, notice: Optional
             return train(spec, placement, notice)
     started = time.time()
     placement = placement or Placement(Source.SINGLE)
-    if not join_cluster(spec, placement, notice):
+    if join_cluster(spec.cluster, spec.strategy.facts, placement, notice) is Joined.SERVED:
         return Trained(None)  # a parameter-server cluster's ps or worker task: served until stopped
     with process.settings_for(spec.trainer.seed, spec.trainer.deterministic):
         run = build_run(spec, placement)
@@ -135,7 +136,7 @@ def evaluate(spec: RunSpec, placement: Optional[Placement] = None, step: Optiona
     configured eval data; the chief appends the metrics to evaluations.jsonl."""
     path = checkpointing.find(spec.checkpoint.dir, step)  # before building anything
     placement = placement or Placement(Source.SINGLE)
-    if not join_cluster(spec, placement, SigtermNotice()):
+    if join_cluster(spec.cluster, spec.strategy.facts, placement, SigtermNotice()) is Joined.SERVED:
         return None
     with process.settings_for(spec.trainer.seed, spec.trainer.deterministic):
         run = build_run(spec, placement)
@@ -148,7 +149,7 @@ def evaluate(spec: RunSpec, placement: Optional[Placement] = None, step: Optiona
     record = {"checkpoint": os.path.basename(path), "step": int(run.step_counter.numpy()), "strategy": run.strategy_name,
               "replicas": run.replicas, **metrics}
     if run.placement.is_chief:
-        loggers.append_jsonl(run.dir / "evaluations.jsonl", record)
+        whole_files.append_jsonl(run.dir / "evaluations.jsonl", record)
     return record
 
 

@@ -9,28 +9,35 @@ parameter-server cluster's ps and workers) serves here until it is stopped,
 and has nothing more to do.
 """
 
+import enum
 import os
 
 from tfdistx.cluster.placement import Placement
 from tfdistx.cluster.rendezvous import meet_peers
-from tfdistx.config.spec import RunSpec
+from tfdistx.config.spec import Cluster
+from tfdistx.config.strategies import Strategy
 from tfdistx.engine import strategy as strategy_lib
 from tfdistx.engine.serving import serve_strategy_task
 from tfdistx.sigterm import SigtermNotice
 
 
-def join_cluster(spec: RunSpec, placement: Placement, notice: SigtermNotice) -> bool:
-    """Join; True when this process goes on to train or evaluate, False for a
-    task that has served the coordinator until it was stopped."""
+class Joined(enum.Enum):
+    """What this process does, having joined its cluster."""
+
+    TO_TRAIN = "to train"  # it goes on to build the run and train (or evaluate)
+    SERVED = "served"  # a task that lent its devices to the coordinator until it was stopped: nothing more to do
+
+
+def join_cluster(cluster: Cluster, facts: Strategy, placement: Placement, notice: SigtermNotice) -> Joined:
+    """Join the cluster `cluster` describes under the configured strategy (`facts`: its row)."""
     in_cluster = placement.in_cluster
     if in_cluster:
         # What TensorFlow's cluster resolvers (and its preemption handler) read.
         os.environ["TF_CONFIG"] = placement.tf_config()
-    strategy_lib.configure_devices(spec.cluster.devices_per_worker, multi_worker=in_cluster)  # before TF starts its devices
-    facts = spec.strategy.facts
+    strategy_lib.configure_devices(cluster.devices_per_worker, multi_worker=in_cluster)  # before TF starts its devices
     if in_cluster:  # TensorFlow would wait for a missing task forever (rendezvous.py)
-        meet_peers(placement, spec.cluster.startup_timeout, wait=placement.task_type not in facts.serving_jobs, notice=notice)
+        meet_peers(placement, cluster.startup_timeout, wait=placement.task_type not in facts.serving_jobs, notice=notice)
     if placement.task_type in facts.serving_jobs:  # the coordinator drives training; this task lends its devices
-        serve_strategy_task(placement, facts, spec.cluster.preemption_grace, notice)
-        return False
-    return True
+        serve_strategy_task(placement, facts, cluster.preemption_grace, notice)
+        return Joined.SERVED
+    return Joined.TO_TRAIN

@@ -26,9 +26,10 @@ import logging
 import os
 import time
 from pathlib import Path
-from typing import Any, Callable, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, List, Mapping, Optional, Sequence, Tuple
 
-from tfdistx.checkpoint_files import on_disk
+from tfdistx.checkpoint_files import newest_step
+from tfdistx.whole_files import write_whole
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +55,8 @@ class MlflowLogger:
         for name in ("mlflow.store.db.utils", "alembic"):  # "Creating initial MLflow database tables...": a new store's chatter
             logging.getLogger(name).setLevel(logging.WARNING)
         self.run_dir = run_dir
-        self.saved_up_to = _newest_checkpoint_step(Path(checkpoint_dir or Path(run_dir) / "checkpoints"))
+        checkpoints = Path(checkpoint_dir or Path(run_dir) / "checkpoints")
+        self.saved_up_to = lambda: newest_step(checkpoints)  # the newest checkpoint's step when asked (None: none yet)
         self.pending: List[Tuple[int, int, dict]] = []  # (step, time in ms, metrics) past the newest checkpoint
         uri, local = tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or local_store(run_dir), local_store(run_dir)
         try:
@@ -125,17 +127,8 @@ class MlflowLogger:
 
     def _keep(self, uri: str, run_id: str, sent_up_to: int) -> None:
         """<run dir>/mlflow.json: the MLflow run a resumed run logs on into, and the last step it was sent."""
-        tmp = self.run_dir / (RUN_FILE + ".tmp")  # whole or not at all: a kill mid-write leaves the last one
-        tmp.write_text(json.dumps({"tracking_uri": uri, "run_id": run_id, "sent_up_to": sent_up_to}) + "\n")
-        os.replace(tmp, self.run_dir / RUN_FILE)
-
-
-def _newest_checkpoint_step(directory: Path) -> Callable[[], Optional[int]]:
-    """The step of the newest checkpoint in `directory` when asked (None: none yet)."""
-    def newest() -> Optional[int]:
-        paths = on_disk(str(directory))
-        return int(paths[-1].rsplit("-", 1)[1]) if paths else None
-    return newest
+        # whole or not at all: a kill mid-write leaves the last one
+        write_whole(self.run_dir / RUN_FILE, json.dumps({"tracking_uri": uri, "run_id": run_id, "sent_up_to": sent_up_to}) + "\n")
 
 
 def kept_run(run_dir: Path) -> Optional[dict]:

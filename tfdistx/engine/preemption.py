@@ -28,7 +28,7 @@ from tfdistx.cluster import liveness
 from tfdistx.cluster.placement import Placement
 from tfdistx.config.errors import EXIT_LOST_PEER, EXIT_PREEMPTED, RunFault, offset_exit
 from tfdistx.engine.checkpointing import Checkpointer
-from tfdistx.engine.loggers import into_log_files
+from tfdistx.log_files import into_log_files
 from tfdistx.sigterm import SigtermNotice
 
 log = logging.getLogger(__name__)

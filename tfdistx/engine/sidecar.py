@@ -40,13 +40,15 @@ from typing import Dict, List
 
 import tensorflow as tf
 
+from tfdistx import whole_files
+from tfdistx.checkpoint_files import step_of
 from tfdistx.cluster import liveness
 from tfdistx.cluster.evaluator import EVALUATOR
 from tfdistx.cluster.placement import Placement, Source
 from tfdistx.config import strategies
 from tfdistx.config.errors import EXIT_CLUSTER_DID_NOT_FORM, ConfigError, RunFault
 from tfdistx.config.spec import RunSpec, Strategy
-from tfdistx.engine import checkpointing, loggers, process
+from tfdistx.engine import checkpointing, process, sinks
 from tfdistx.engine.build import Run, build_run
 from tfdistx.engine.runner import make_runner
 from tfdistx.sigterm import SigtermNotice
@@ -98,7 +100,7 @@ class Sidecar:
         history = evaluated_before(built.dir / "evaluations.jsonl")
         board = None
         if self.spec.logger.tensorboard:
-            board = loggers.TensorBoardLogger(str(built.dir / "tensorboard" / TENSORBOARD_DIR))
+            board = sinks.TensorBoardLogger(str(built.dir / "tensorboard" / TENSORBOARD_DIR))
         with contextlib.closing(built.checkpointer), contextlib.closing(board) if board else contextlib.nullcontext():
             runner = make_runner(built, train=False)
             log.info("sidecar evaluator: evaluating each checkpoint in %s as it is saved, to step %d", self.directory, built.total_steps)
@@ -144,7 +146,7 @@ class Sidecar:
         metrics = runner.evaluate()
         record = {"checkpoint": name, "step": int(built.step_counter.numpy()), "strategy": built.strategy_name,
                   "replicas": built.replicas, **metrics, "sidecar": True, "evaluated_at": round(time.time(), 3)}
-        loggers.append_jsonl(built.dir / "evaluations.jsonl", record)
+        whole_files.append_jsonl(built.dir / "evaluations.jsonl", record)
         if board:
             board(record["step"], metrics)
         self.handled[step] = "evaluated"
@@ -239,7 +241,7 @@ def evaluated_before(path: Path) -> Dict[int, float]:
     cluster's evaluator goes on where the last one stopped)."""
     done = {}
     try:
-        records = loggers.read_jsonl(path)  # without the lines cut short
+        records = whole_files.read_jsonl(path)  # without the lines cut short
     except OSError:
         return done
     for _, record in records:
@@ -249,10 +251,6 @@ def evaluated_before(path: Path) -> Dict[int, float]:
         except (ValueError, KeyError, TypeError):
             continue  # a field of another type
     return done
-
-
-def step_of(path: str) -> int:
-    return int(path.rsplit("-", 1)[1])
 
 
 def _mtime(path: str) -> float:

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Optional
 
 from tfdistx.config.errors import ConfigError
-from tfdistx.engine import loggers
+from tfdistx import whole_files
 from tfdistx.rundir import keep_aside
 
 log = logging.getLogger(__name__)
@@ -65,7 +65,7 @@ def record(checkpoint_dir: str, step: int, topology: dict) -> None:
     entries = {name: entry for name, entry in _read(directory, keep_damaged_aside=True).items()
                if (directory / f"{name}.index").exists()}
     entries[f"ckpt-{step}"] = topology
-    loggers.write_json(directory / FILE, entries)  # whole or not at all
+    whole_files.write_json(directory / FILE, entries)  # whole or not at all
 
 
 def written_under(checkpoint_path: str) -> Optional[dict]:

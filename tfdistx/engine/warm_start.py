@@ -21,7 +21,8 @@ import keras
 from tfdistx.config import warm_start as kinds
 from tfdistx.config.errors import EXIT_RUN_DIR_LOCKED, ConfigError, Problem, RunFault
 from tfdistx.engine import checkpointing, process
-from tfdistx.engine.build import Run, build_model, build_optimizer_for, model_from_checkpoint
+from tfdistx.engine.build import Run
+from tfdistx.engine.parts import build_model, build_optimizer_for, model_from_checkpoint
 
 log = logging.getLogger(__name__)
 

@@ -1,0 +1,145 @@
+"""The loggers that keep a run's metrics: metrics.jsonl, metrics.csv,
+TensorBoard and Weights & Biases (MLflow's is mlflow_logger.py). Each is a
+callable `(step, metrics)` with a `close()`; loggers.py opens the ones a
+run asks for."""
+
+import csv
+import json
+import logging
+import netrc
+import os
+from pathlib import Path
+from typing import Optional, Tuple
+
+from tfdistx.whole_files import append_whole, keep_steps_up_to, replacing
+
+log = logging.getLogger(__name__)
+
+
+class JsonlLogger:
+    """metrics.jsonl: one JSON object per log step, each line written whole
+    (append_whole: a full disk or a file-size limit leaves no half line).
+
+    On resume, lines past the restored step are dropped first (they were
+    logged after the last checkpoint and will be trained and logged again),
+    so the file never holds a step twice.
+    """
+
+    def __init__(self, path: str, resume_step: int = 0):
+        self.path = Path(path)
+        if self.path.exists():
+            keep_steps_up_to(self.path, resume_step)
+        self.fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+
+    def __call__(self, step: int, metrics: dict) -> None:
+        append_whole(self.fd, (json.dumps({"step": step, **metrics}) + "\n").encode())
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+
+class CsvLogger:
+    """metrics.csv: a row per log step, a column per metric (`step` first),
+    for a spreadsheet. A metric first seen after the first row (the eval
+    metrics, at the first evaluation) adds a column: the file is rewritten
+    once, whole, with the rows so far empty in it. On resume, rows past the
+    restored step are dropped first, as metrics.jsonl's lines are."""
+
+    def __init__(self, path: Path, resume_step: int = 0):
+        self.path = path
+        self.columns = ["step"]
+        if path.exists():
+            columns, rows = self._read()
+            self.columns = columns or self.columns
+            self._rewrite([row for row in rows if _int_or_none(row.get("step")) is not None and int(row["step"]) <= resume_step])
+
+    def __call__(self, step: int, metrics: dict) -> None:
+        row = {"step": step, **metrics}
+        new = [key for key in row if key not in self.columns]
+        if new:
+            rows = self._read()[1] if self.path.exists() else []
+            self.columns += new
+            self._rewrite(rows + [row])
+            return
+        with open(self.path, "a", newline="") as file:
+            csv.DictWriter(file, self.columns).writerow(row)
+
+    def _read(self):
+        with open(self.path, newline="") as file:
+            reader = csv.DictReader(file)
+            return list(reader.fieldnames or []), list(reader)
+
+    def _rewrite(self, rows) -> None:
+        """Written whole, then moved into place: a reader never sees half of it."""
+        with replacing(self.path, newline="") as file:
+            writer = csv.DictWriter(file, self.columns, restval="")
+            writer.writeheader()
+            writer.writerows(rows)
+
+
+def _int_or_none(text):
+    try:
+        return int(text)
+    except (TypeError, ValueError):
+        return None
+
+
+class TensorBoardLogger:
+    def __init__(self, logdir: str):
+        import tensorflow as tf
+
+        self.tf = tf
+        self.writer = tf.summary.create_file_writer(logdir)
+
+    def __call__(self, step: int, metrics: dict) -> None:
+        with self.writer.as_default(step=step):
+            for key, value in metrics.items():
+                name = key if "/" in key else f"train/{key}"
+                self.tf.summary.scalar(name, value)
+        self.writer.flush()
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+class WandbLogger:
+    """Weights & Biases, offline unless an API key is configured.
+
+    Offline runs write under <run dir>/wandb and upload later with
+    `wandb sync`; tfdistx never needs the network. An online run that cannot
+    reach W&B within `init_timeout` seconds (a key but no network) falls
+    back to offline with one warning line: training never waits on it.
+    """
+
+    def __init__(self, run_dir: str, config: dict, project: str, entity: Optional[str], mode: Optional[str], tags: Tuple[str, ...],
+                 init_timeout: float):
+        import wandb
+
+        self.wandb = wandb
+        mode = mode or ("online" if _wandb_key_configured() else "offline")
+        init = dict(project=project, entity=entity, dir=run_dir, config=config, tags=list(tags), reinit="finish_previous")
+        if mode != "online":
+            self.run = wandb.init(mode=mode, **init)
+            return
+        try:  # quiet: its retries would print a screenful; the outcome is said below
+            self.run = wandb.init(mode="online", settings=wandb.Settings(init_timeout=init_timeout, silent=True), **init)
+            log.info("W&B run: %s", self.run.url)
+        except Exception as error:  # wandb's CommError, UsageError, a timeout: all mean "not now"
+            log.warning("W&B is unreachable (%s): logging offline to %s/wandb instead; `wandb sync` uploads it later",
+                        str(error).strip().splitlines()[0][:160], run_dir)
+            self.run = wandb.init(mode="offline", settings=wandb.Settings(silent=True), **init)
+
+    def __call__(self, step: int, metrics: dict) -> None:
+        self.run.log(metrics, step=step)
+
+    def close(self) -> None:
+        self.run.finish()
+
+
+def _wandb_key_configured() -> bool:
+    if os.environ.get("WANDB_API_KEY"):
+        return True
+    try:
+        return netrc.netrc().authenticators("api.wandb.ai") is not None
+    except (FileNotFoundError, netrc.NetrcParseError):
+        return False
