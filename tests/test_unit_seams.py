@@ -42,7 +42,8 @@ def loaded(names: list, forbidden: tuple) -> list:
 @pytest.mark.parametrize("places, forbidden", [
     (("engine", "data", "tasks", "models.py"), ("hydra", "omegaconf")),
     (("config", "cluster", "rundir.py", "sigterm.py", "machine.py"), ("tensorflow", "keras")),
-], ids=["the engine loads no Hydra", "the config side loads no TensorFlow"])
+    (("checkpoint_files.py", "whole_files.py", "log_files.py"), ("tensorflow", "keras", "hydra", "omegaconf")),
+], ids=["the engine loads no Hydra", "the config side loads no TensorFlow", "the files both sides share load neither"])
 def test_each_side_of_the_seam_loads_nothing_of_the_other(places, forbidden):
     names = modules(*places)
     assert names and loaded(names, forbidden) == [], {name: found for name in names if (found := loaded([name], forbidden))}

@@ -30,6 +30,7 @@ from tfdistx.cluster.supervisor import Membership, Round, Say, Supervisor
 from tfdistx.config.errors import ConfigError
 from tfdistx.config.strategies import describe_jobs  # no training code: the job table's words
 from tfdistx.sigterm import SigtermNotice
+from tfdistx.whole_files import write_json
 
 
 def run_local_cluster(counts: Dict[str, int], command: List[str], log_dir: str, primary: List[str],
@@ -56,11 +57,10 @@ def run_local_cluster(counts: Dict[str, int], command: List[str], log_dir: str, 
     # One fixed name, overwritten by each launch: one a SIGKILL left behind
     # does not pile up (one launcher per run directory: rundir.py).
     spec_path = os.path.join(log_dir, ".cluster.json")
-    with open(spec_path, "w") as f:
-        json.dump({"counts": counts, "command": command, "log_dir": log_dir, "primary": primary, "max_restarts": max_restarts,
-                   "restart_alone": list(restart_alone), "stopped_task_timeout": stopped_task_timeout,
-                   "run_log": run_log, "evaluator": evaluator, "preemption_grace": preemption_grace, "task_env": task_env or {},
-                   "elastic": elastic}, f)
+    write_json(spec_path, {"counts": counts, "command": command, "log_dir": log_dir, "primary": primary, "max_restarts": max_restarts,
+                           "restart_alone": list(restart_alone), "stopped_task_timeout": stopped_task_timeout,
+                           "run_log": run_log, "evaluator": evaluator, "preemption_grace": preemption_grace, "task_env": task_env or {},
+                           "elastic": elastic})
     supervisor = [sys.executable, "-m", "tfdistx.cluster.launch", spec_path]  # main(), below
     isolated = isolate is not False and can_isolate()
     if isolated:

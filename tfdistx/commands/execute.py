@@ -29,7 +29,8 @@ from tfdistx.config.errors import ConfigError, retryable_exits_offset_by
 from tfdistx.config.objective import value as objective_value
 from tfdistx.config.resolve import resolve
 from tfdistx.config.spec import Layout, RunSpec
-from tfdistx.engine.loggers import into_log_files, write_json  # no TensorFlow there
+from tfdistx.log_files import into_log_files
+from tfdistx.whole_files import write_json, write_whole
 from tfdistx.sigterm import SigtermNotice
 
 
@@ -145,7 +146,7 @@ def _run_local_cluster(spec: RunSpec, mode: str, step: Optional[int], notice: Op
     task_config = logs / f"{mode}-config.yaml"
     resolved = copy.deepcopy(dict(spec.config))
     resolved["cluster"]["launch"] = "tf_config"  # each task is placed by the TF_CONFIG the launcher gives it
-    task_config.write_text(OmegaConf.to_yaml(resolved))
+    write_whole(task_config, OmegaConf.to_yaml(resolved))
     command = [sys.executable, "-m", "tfdistx", "_task", mode, str(run_dir), str(task_config), *([str(step)] if step is not None else [])]
     per_pool, why = threads.task_threads(layout.cluster.task_threads, counts)  # an elastic run: sized for MAX workers
     into_log_files(f"tfdistx: each task's TensorFlow threads: {threads.describe(per_pool)}; {why}")  # the run's log, not the terminal

@@ -19,11 +19,9 @@ from tfdistx.config.spec import Logger
 from tfdistx.config.targets import Target
 from tfdistx.engine.progress import ConsoleProgress
 from tfdistx.engine.sinks import CsvLogger, JsonlLogger, TensorBoardLogger, WandbLogger
-from tfdistx.log_files import into_log_files, log_files  # noqa: F401 (into_log_files: below)
+from tfdistx.log_files import log_files
 from tfdistx.rundir import cannot_write
-from tfdistx.whole_files import read_jsonl, write_json  # noqa: F401 (write_json: below)
-
-# into_log_files and write_json stay importable from here: commands/execute.py (another branch's file) imports them so.
+from tfdistx.whole_files import read_jsonl
 
 log = logging.getLogger(__name__)
 
