@@ -121,6 +121,38 @@ def test_tf_config_passthrough(tmp_path):
     assert final[0] == final[1] == summary["weights_sha256"]
 
 
+def test_parameter_servers_whose_coordinator_is_gone_stop_on_their_own(tmp_path):
+    """Under TF_CONFIG no launcher stops a parameter-server run's servers:
+    with the coordinator killed mid-run (as a crashed or cut-off machine
+    leaves it), the ps and both workers each stop within
+    cluster.peer_timeout with one line naming it, exit 5, and none is left."""
+    run_dir = tmp_path / "run"
+    spec = {"chief": ["127.0.0.1:23101"], "ps": ["127.0.0.1:23102"], "worker": ["127.0.0.1:23103", "127.0.0.1:23104"]}
+    args = (f"strategy=parameter_server cluster=ps1w2 trainer.steps=1000000 trainer.steps_per_loop=10 trainer.log_every=10 "
+            f"checkpoint.every_steps=0 logger.tensorboard=false cluster.peer_timeout=4 hydra.run.dir={run_dir}")
+    tasks = [(job, index) for job, addresses in spec.items() for index in range(len(addresses))]
+    start = " ".join(f"TF_CONFIG='{json.dumps({'cluster': spec, 'task': {'type': job, 'index': index}})}' "
+                     f"{sys.executable} -m tfdistx {args} > {tmp_path}/{job}{index}.out 2>&1 & {job}{index}=$!;" for job, index in tasks)
+    servers = [(job, index) for job, index in tasks if job != "chief"]
+    # Once the chief has logged a step: SIGKILL it, then time each server's own end (bounded: 120 s, then killed).
+    script = (f"{sys.executable} -c 'from tfdistx.cluster.processes import loopback_up; loopback_up()' || exit 9; {start} "
+              f"for i in $(seq 600); do [ -s {run_dir}/metrics.jsonl ] && break; sleep 0.5; done; "
+              f"[ -s {run_dir}/metrics.jsonl ] || {{ echo 'no step logged'; kill -9 $chief0 " + " ".join(f"${j}{i}" for j, i in servers) + "; exit 9; }; "
+              f"kill -9 $chief0; killed=$(date +%s); "
+              f"( sleep 120; kill -9 " + " ".join(f"${j}{i}" for j, i in servers) + " 2>/dev/null ) & watchdog=$!; "
+              + " ".join(f"wait ${j}{i}; echo {j}{i} $? $(( $(date +%s) - killed ));" for j, i in servers)
+              + " kill $watchdog 2>/dev/null; true")
+    proc = subprocess.run(["unshare", "--user", "--map-root-user", "--net", "bash", "-c", script],
+                          env=tfdistx_env(), timeout=900, capture_output=True, text=True)
+    outputs = {f"{job}{index}": (tmp_path / f"{job}{index}.out").read_text() for job, index in tasks}
+    ended = {line.split()[0]: (int(line.split()[1]), int(line.split()[2])) for line in proc.stdout.splitlines() if len(line.split()) == 3}
+    assert set(ended) == {"ps0", "worker0", "worker1"}, (proc.stdout, proc.stderr, outputs)
+    for name, (code, seconds) in ended.items():
+        assert code == 5 and seconds <= 4 + 30, (name, code, seconds, outputs[name][-2000:])
+        said = [line for line in outputs[name].splitlines() if line.startswith("tfdistx: lost contact")]
+        assert said == [f"tfdistx: lost contact with chief:0: no answer for 4s (cluster.peer_timeout); {name[:-1]}:{name[-1]} stops serving"], outputs[name][-2000:]
+
+
 def test_a_failing_task_stops_the_cluster(tfdistx):
     run = tfdistx(*QUICK, "strategy=multiworker", "cluster=2x1", "data._target_=user_plugins.broken_on_worker_1",
                   "trainer.steps=100000", timeout=300)

@@ -59,11 +59,16 @@ def split_address(address: str) -> Tuple[str, int]:
 class Watch:
     """A daemon thread that probes `tasks` (name -> address) while open (a
     context manager), and calls `on_lost(names)` once, from that thread,
-    when some have not answered for `timeout` seconds in a row."""
+    when some have not answered for `timeout` seconds in a row. With
+    `unseen_timeout`, a task's silence counts only once it has answered
+    (it may still be starting), and one that never answers is lost after
+    `unseen_timeout` seconds; `seen` holds those that answered."""
 
     def __init__(self, tasks: Mapping[str, str], timeout: float, on_lost: Callable[[List[str]], None],
-                 interval: float = INTERVAL_SECONDS):
+                 interval: float = INTERVAL_SECONDS, unseen_timeout: Optional[float] = None):
         self.tasks, self.timeout, self.on_lost, self.interval = dict(tasks), timeout, on_lost, interval
+        self.unseen_timeout = unseen_timeout
+        self.seen: set = set()
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
 
@@ -80,14 +85,20 @@ class Watch:
 
     def _run(self) -> None:
         silent_since: Dict[str, float] = {}
+        started = time.monotonic()
         while not self._stop.is_set():
             now = time.monotonic()
             for name, address in self.tasks.items():
                 if answers(address):
+                    self.seen.add(name)
                     silent_since.pop(name, None)
                 else:
                     silent_since.setdefault(name, now)
-            lost = sorted(name for name, since in silent_since.items() if time.monotonic() - since >= self.timeout)
+            now = time.monotonic()
+            lost = sorted(name for name, since in silent_since.items()
+                          if (self.unseen_timeout is None or name in self.seen) and now - since >= self.timeout)
+            if self.unseen_timeout is not None and now - started >= self.unseen_timeout:
+                lost = sorted({*lost, *(name for name in self.tasks if name not in self.seen)})
             if lost and not self._stop.is_set():
                 self.on_lost(lost)
                 return

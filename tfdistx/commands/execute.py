@@ -71,7 +71,7 @@ def execute(cfg: DictConfig, run_dir: str, mode: str, step: Optional[int] = None
         if placement.task_type in data_service.JOBS:  # a tf.data service task: serves the trainers until stopped
             from tfdistx.engine.data_service import serve  # deferred: it imports TensorFlow
 
-            return serve(placement, layout.strategy.facts, spec.cluster.preemption_grace, notice)
+            return serve(placement, layout.strategy.facts, spec.cluster, notice)
         if placement.task_type == EVALUATOR:  # the sidecar evaluator (cluster.evaluator): beside the training, never failing it
             from tfdistx.engine import sidecar  # deferred: it imports TensorFlow
 

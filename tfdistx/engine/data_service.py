@@ -15,7 +15,7 @@ from tfdistx.cluster import data_service as cluster_service
 from tfdistx.cluster.placement import Placement
 from tfdistx.config import data_service as config_service
 from tfdistx.config.errors import EXIT_PORT_IN_USE, ConfigError, RunFault
-from tfdistx.config.spec import DataService
+from tfdistx.config.spec import Cluster, DataService
 from tfdistx.config.strategies import Strategy
 from tfdistx.data.service import Service
 from tfdistx.engine.serving import until_trainers_leave
@@ -24,7 +24,7 @@ from tfdistx.sigterm import SigtermNotice
 log = logging.getLogger(__name__)
 
 
-def serve(placement: Placement, facts: Strategy, grace: float, notice: SigtermNotice) -> None:
+def serve(placement: Placement, facts: Strategy, cluster: Cluster, notice: SigtermNotice) -> None:
     """Run this task's tf.data service server (a dispatcher, or a worker
     that registers with the dispatcher) until the launcher or scheduler
     stops it, and after a SIGTERM until the trainers have saved and left
@@ -42,7 +42,7 @@ def serve(placement: Placement, facts: Strategy, grace: float, notice: SigtermNo
         dispatcher = service[config_service.DISPATCHER][0]
         server = experimental.WorkerServer(experimental.WorkerConfig(dispatcher_address=dispatcher, worker_address=address, port=port))
         log.info("tf.data service worker %s on %s, dispatcher %s", placement.task_name, address, dispatcher)
-    until_trainers_leave(server, placement, facts, grace, notice)
+    until_trainers_leave(server, placement, facts, cluster, notice)
 
 
 def train_service(asked: Optional[DataService], placement: Placement, start_step: int) -> Optional[Service]:

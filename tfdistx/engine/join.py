@@ -38,6 +38,6 @@ def join_cluster(cluster: Cluster, facts: Strategy, placement: Placement, notice
     if in_cluster:  # TensorFlow would wait for a missing task forever (rendezvous.py)
         meet_peers(placement, cluster.startup_timeout, wait=placement.task_type not in facts.serving_jobs, notice=notice)
     if placement.task_type in facts.serving_jobs:  # the coordinator drives training; this task lends its devices
-        serve_strategy_task(placement, facts, cluster.preemption_grace, notice)
+        serve_strategy_task(placement, facts, cluster, notice)
         return Joined.SERVED
     return Joined.TO_TRAIN

@@ -15,41 +15,56 @@ servers stop answering: cluster/liveness.py), at most
 code. A trainer of a one-process strategy (fed by the service) has no
 server to ask: then the grace is waited out, or the launcher or scheduler
 ends it first.
+
+Nothing may be there to stop a server whose trainers are gone: under
+TF_CONFIG, Slurm or Kubernetes a coordinator that crashed or was cut off
+leaves its ps and workers serving no one, holding their machines. So each
+server watches the trainers it serves (cluster/liveness.py) and stops on
+its own, exit 5, once one has not answered for `cluster.peer_timeout`
+seconds (or never answered within `cluster.startup_timeout`: exit 4).
 """
 
 import logging
 import time
-from typing import Dict
+from typing import Dict, List
 
 import tensorflow as tf
 
 from tfdistx.cluster import liveness
 from tfdistx.cluster.placement import Placement
+from tfdistx.config.errors import EXIT_CLUSTER_DID_NOT_FORM, EXIT_LOST_PEER, RunFault
+from tfdistx.config.spec import Cluster
 from tfdistx.config.strategies import Strategy
 from tfdistx.sigterm import SigtermNotice, leave_preempted, reclaim
 
 log = logging.getLogger(__name__)
 
 
-def serve_strategy_task(placement: Placement, facts: Strategy, grace: float, notice: SigtermNotice) -> None:
+def serve_strategy_task(placement: Placement, facts: Strategy, cluster: Cluster, notice: SigtermNotice) -> None:
     """A parameter-server cluster's ps or worker task: TensorFlow's server
     for the coordinator to use (it lends its devices and holds variables)."""
     resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
     server = tf.distribute.Server(resolver.cluster_spec(), job_name=resolver.task_type, task_index=resolver.task_id,
                                   protocol=resolver.rpc_layer or "grpc", start=True)
-    until_trainers_leave(server, placement, facts, grace, notice)
+    until_trainers_leave(server, placement, facts, cluster, notice)
 
 
-def until_trainers_leave(server, placement: Placement, facts: Strategy, grace: float, notice: SigtermNotice) -> None:
+def until_trainers_leave(server, placement: Placement, facts: Strategy, cluster: Cluster, notice: SigtermNotice) -> None:
     """Let `server` serve (it runs in TensorFlow's threads; held here, as a
     collected server stops) until SIGTERM, then until the trainers have
-    left; exits with the preemption code."""
+    left; exits with the preemption code. A server whose trainers are gone
+    or cut off stops on its own (exit 5), as they do without it: no one
+    else may be there to stop it (TF_CONFIG, Slurm, Kubernetes)."""
     notice.plan = ""  # nothing to say unless the trainers outstay the grace
     reclaim()  # starting the server may have taken SIGTERM over
-    while not notice.received.wait(0.5):  # a wait in Python, so that the signal handler runs
-        pass
     trainers = trainer_addresses(placement, facts)
-    deadline = time.monotonic() + grace
+    lost: List[str] = []
+    # A trainer still starting has not answered yet: its silence counts from its first answer, or from startup_timeout.
+    with liveness.Watch(trainers, cluster.peer_timeout, lost.extend, unseen_timeout=cluster.startup_timeout) as watch:
+        while not notice.received.wait(0.5):  # a wait in Python, so that the signal handler runs
+            if lost:
+                _stop_serving(placement, lost, watch.seen, cluster)
+    deadline = time.monotonic() + cluster.preemption_grace
     if trainers:
         staying = liveness.wait_until_gone(trainers, deadline)
     else:
@@ -57,8 +72,18 @@ def until_trainers_leave(server, placement: Placement, facts: Strategy, grace: f
         staying = ["the trainer"]
     if staying:
         log.warning("%s still running %gs after SIGTERM (cluster.preemption_grace): %s stops serving",
-                    ", ".join(staying), grace, placement.task_name)
+                    ", ".join(staying), cluster.preemption_grace, placement.task_name)
     leave_preempted()
+
+
+def _stop_serving(placement: Placement, lost: List[str], seen: set, cluster: Cluster) -> None:
+    """The trainers this server serves are gone or cut off: it stops, in one line and its code."""
+    never = [name for name in lost if name not in seen]
+    if never:
+        raise RunFault(f"{', '.join(never)} never answered within {cluster.startup_timeout:g}s (cluster.startup_timeout): "
+                       f"{placement.task_name} stops serving", EXIT_CLUSTER_DID_NOT_FORM)
+    raise RunFault(f"lost contact with {', '.join(lost)}: no answer for {cluster.peer_timeout:g}s (cluster.peer_timeout); "
+                   f"{placement.task_name} stops serving", EXIT_LOST_PEER)
 
 
 def trainer_addresses(placement: Placement, facts: Strategy) -> Dict[str, str]:
