@@ -256,6 +256,20 @@ def exits(events, pod):
     return [e["code"] for e in events if e["event"] == "exited" and e["pod"] == pod]
 
 
+def test_the_export_names_the_code_of_the_users_that_the_image_must_hold():
+    """A `_target_` in the user's own package is imported in every pod: the
+    export says which module, and which key names it; tfdistx's own and
+    Keras' targets need nothing said."""
+    run = subprocess.run([sys.executable, "-m", "tfdistx", "export", "jobset", "strategy=multiworker", "cluster=2x1",
+                          "model._target_=user_plugins.sequential_without_input", "+callbacks.s._target_=keras.callbacks.CSVLogger",
+                          "+callbacks.s.filename=x.csv", "--image", "img", "--volume", "pvc:runs"],
+                         capture_output=True, text=True, timeout=120, env=tfdistx_env())
+    assert run.returncode == 0, run.stderr
+    warned = [line for line in run.stderr.splitlines() if "which tfdistx does not install" in line]
+    assert warned == ["tfdistx: WARNING: the pods import user_plugins (model._target_=user_plugins.sequential_without_input), "
+                      "which tfdistx does not install: the image must have each (installed, or on the pods' PYTHONPATH)"], run.stderr
+
+
 def test_the_pods_compose_with_the_config_dir_the_export_was_given(tmp_path, simulator):
     """`--config-dir` goes into each pod's command, so `experiment=mine` composes there too."""
     conf = tmp_path / "conf" / "experiment"

@@ -8,8 +8,10 @@ import argparse
 import os
 import sys
 from pathlib import Path
+from typing import Dict
 
 import yaml  # PyYAML, which omegaconf depends on
+from omegaconf import OmegaConf
 
 from tfdistx.cluster import jobset_manifest, kubernetes
 from tfdistx.cluster.jobset import check_name
@@ -64,7 +66,8 @@ def export(argv, kind: str) -> int:
         check_name("--namespace", args.namespace, 63)
         if not args.mount_path.startswith("/"):
             raise ConfigError.one("--mount-path", args.mount_path, "must be an absolute path")
-        layout = layout_of(compose(elastic.expand_shorthand(args.overrides)))  # what the manifests read (config/spec.py)
+        cfg = compose(elastic.expand_shorthand(args.overrides))
+        layout = layout_of(cfg)  # what the manifests read (config/spec.py)
         if layout.cluster.elastic:  # its tasks would refuse to start (elastic.placed_by_a_scheduler): said here, at once
             raise ConfigError.one("cluster.elastic.min_workers", layout.cluster.elastic.min_workers, f"a {kind} has a fixed number of "
                                   f"replicas, and elastic rounds ({elastic.shown(layout.cluster)}) are formed by tfdistx's local launcher: "
@@ -78,6 +81,37 @@ def export(argv, kind: str) -> int:
     if carried:  # this machine's directories: the pods read theirs
         print(f"tfdistx: WARNING: the pods compose with {' and '.join(carried)}: the image (or the volume) must hold each of "
               "these directories at that path, relative to the pod's working directory", file=sys.stderr)
+    imported = _code_the_image_must_have(cfg)
+    if imported:  # composing in the pod finds the config; building the run imports these
+        print(f"tfdistx: WARNING: the pods import {', '.join(f'{m} ({k})' for m, k in imported.items())}, which tfdistx does not install: "
+              "the image must have each (installed, or on the pods' PYTHONPATH)", file=sys.stderr)
     print(f"# tfdistx export {kind} {' '.join(argv)}")
     print(yaml.safe_dump_all(manifests if isinstance(manifests, list) else [manifests], sort_keys=False), end="")
     return 0
+
+
+# What the image has when it has tfdistx: the package and what it installs.
+_INSTALLED_WITH_TFDISTX = ("tfdistx", "keras", "tensorflow", "tensorflow_datasets", "numpy", "hydra", "omegaconf", "wandb", "mlflow")
+
+
+def _code_the_image_must_have(cfg) -> Dict[str, str]:
+    """The top-level modules the config's `_target_`s name beyond what
+    tfdistx installs (a user's own package, say), each with the first key
+    that names it: the pods import them, so the image must have them."""
+    found: Dict[str, str] = {}
+
+    def walk(node, where: str) -> None:
+        if isinstance(node, dict):
+            target = node.get("_target_")
+            if isinstance(target, str) and "${" not in target:
+                module = target.split(".")[0]
+                if module not in _INSTALLED_WITH_TFDISTX:
+                    found.setdefault(module, f"{where}._target_={target}" if where else f"_target_={target}")
+            for key, value in node.items():
+                walk(value, f"{where}.{key}" if where else str(key))
+        elif isinstance(node, list):
+            for index, value in enumerate(node):
+                walk(value, f"{where}[{index}]")
+
+    walk(OmegaConf.to_container(cfg, resolve=False), "")
+    return found
