@@ -126,12 +126,22 @@ class ForwardingSignals:
 
     def _forward(self, signum, frame):
         self.received.append(signum)
+        self._pass_on(signum)
+
+    def _pass_on(self, signum) -> None:
         for proc in self.procs:
             if proc.poll() is None:
                 try:
                     proc.send_signal(signal.SIGINT if signum == signal.SIGINT else signal.SIGTERM)
                 except ProcessLookupError:
                     pass
+
+    def pass_on_again(self) -> None:
+        """The first signal received, passed on again to every process now in
+        `procs`: one started after it came has not had it (a second notice is
+        harmless to those that had)."""
+        if self.received:
+            self._pass_on(self.received[0])
 
     def __enter__(self):
         for sig in self.SIGNALS:
