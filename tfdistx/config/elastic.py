@@ -105,6 +105,10 @@ def problems(cfg) -> List[Problem]:
 
 def _hosts(elastic) -> List[Problem]:
     hosts, discover = elastic.get("hosts"), elastic.get("discover")
+    for key, value, what in (("discover", discover, "a command printing the hosts, one a line"),
+                             ("hosts", hosts, "a file listing the hosts, one a line")):
+        if value is not None and not isinstance(value, str):  # `discover=false` is YAML's boolean, not a command named False
+            return [Problem(f"cluster.elastic.{key}", value, f"{what} (a string), or null")]
     if hosts is None and discover is None:
         return [Problem("cluster.elastic.hosts", None, "an elastic run needs its hosts: a file listing them one a line "
                         "(cluster.elastic.hosts=FILE), or a command printing them (cluster.elastic.discover=COMMAND)")]
