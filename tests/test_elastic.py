@@ -5,10 +5,13 @@ good, goes on with three workers, gets it back and grows to four: every
 step logged once, and the examples trained, counted by the topology probe
 (test_unit_topology_resume.py), those of a run that never changed."""
 
+import hashlib
 import json
 import os
 import re
 import signal
+import tempfile
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -182,3 +185,35 @@ def test_a_task_lost_on_a_host_still_listed_restarts_the_round_from_the_checkpoi
     assert said[0]["members"] == said[1]["members"] and said[1]["first_step"] > 1
     assert steps_logged(run_dir) == list(range(EVERY, STEPS + 1, EVERY))
     assert seen_counts(run_dir).sum() == STEPS * BATCH
+
+
+def scratch_left(run_dir) -> list:
+    """The non-chief tasks' checkpoint scratch of this run left anywhere: the system's temp directory
+    (named after its checkpoint directory, engine/checkpointing.py) or the launcher's logs/.scratch."""
+    key = hashlib.sha1(os.path.abspath(run_dir / "checkpoints").encode()).hexdigest()[:12]
+    return [*Path(tempfile.gettempdir()).glob(f"tfdistx-{key}-*"), *(run_dir / "logs").glob(".scratch/**/*")]
+
+
+def test_a_sigterm_as_the_next_round_starts_is_a_preemption_and_a_lost_worker_leaves_no_scratch(tmp_path):
+    """2:3 on three hosts; 127.0.0.3 leaves the list and the launcher stops its
+    worker (after lost_bound); right after `round 2: 3 -> 2 workers`, SIGTERM to
+    the launcher: exit 42 (checkpointed, or nothing to save, said so), never 143;
+    no task left, and no scratch directory of any worker, the stopped one's included."""
+    run_dir = tmp_path / "run"
+    proc, listed = start_elastic(tmp_path, HOSTS[:3], "strategy=multiworker", "cluster.workers=2:3", "cluster.preemption_grace=30")
+    try:
+        wait_until(lambda: max(steps_said_in_round(run_dir, 1), default=0) >= EVERY, 240, "round 1 trains", [proc])
+        wait_until(lambda: len(scratch_left(run_dir)) >= 2, 60, "the workers' scratch", [proc])  # each non-chief saved once
+        listed.write_text("\n".join(HOSTS[:2]) + "\n")
+        wait_until(lambda: "tfdistx: round 2: 3 -> 2 workers" in (tmp_path / "out.txt").read_text(), 120, "round 2 forms", [proc])
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+    output = (tmp_path / "out.txt").read_text()
+    assert proc.returncode == 42, output[-4000:]
+    assert "127.0.0.3 left the host list" in output and ("nothing to save" in output or "checkpoint saved; exiting with 42" in output), output[-4000:]
+    wait_until(lambda: not processes_of(run_dir), 30, "every task gone")
+    assert scratch_left(run_dir) == []

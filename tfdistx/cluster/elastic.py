@@ -129,6 +129,7 @@ class HostListMembership(Membership):
                 self.say(f"{host} left the host list: stopping {task.name}, which ran there")
                 signal_group(task.proc, signal.SIGKILL)  # what the host's loss would do
                 task.proc.wait()
+                task.clear_scratch()
                 if task.job in self.alone:
                     self._drop(round_, task, host)
                 else:
