@@ -10,6 +10,7 @@ import json
 import os
 import re
 import signal
+import subprocess
 import tempfile
 from pathlib import Path
 
@@ -187,6 +188,12 @@ def test_a_task_lost_on_a_host_still_listed_restarts_the_round_from_the_checkpoi
     assert seen_counts(run_dir).sum() == STEPS * BATCH
 
 
+def going_on_for(proc, seconds: float) -> None:
+    """`seconds` of the run going on: the pace of a change the test makes, not a wait for the run (which must not end meanwhile)."""
+    with pytest.raises(subprocess.TimeoutExpired):
+        proc.wait(timeout=seconds)
+
+
 def scratch_left(run_dir) -> list:
     """The non-chief tasks' checkpoint scratch of this run left anywhere: the system's temp directory
     (named after its checkpoint directory, engine/checkpointing.py) or the launcher's logs/.scratch."""
@@ -217,3 +224,31 @@ def test_a_sigterm_as_the_next_round_starts_is_a_preemption_and_a_lost_worker_le
     assert "127.0.0.3 left the host list" in output and ("nothing to save" in output or "checkpoint saved; exiting with 42" in output), output[-4000:]
     wait_until(lambda: not processes_of(run_dir), 30, "every task gone")
     assert scratch_left(run_dir) == []
+
+
+@pytest.mark.slow  # a whole elastic run of three workers
+def test_a_flapping_host_changes_no_round_and_training_goes_on(tmp_path):
+    """127.0.0.3 out of the list and back every second, six times: with
+    cluster.elastic.lost_bound=3 no change holds its bound, so at most 2
+    round changes over the flapping (here none), the steps advance through
+    it, and the run finishes, every step logged once."""
+    run_dir = tmp_path / "run"
+    proc, listed = start_elastic(tmp_path, HOSTS[:3], "strategy=multiworker", "cluster.workers=2:3", "cluster.elastic.lost_bound=3")
+    try:
+        wait_until(lambda: max(steps_said_in_round(run_dir, 1), default=0) >= EVERY, 240, "round 1 trains", [proc])
+        before = len(rounds(run_dir))
+        step_before = max(steps_logged(run_dir))
+        for flap in range(12):  # out, back, out, back, ...: six times out and back, a rewrite a second
+            listed.write_text("\n".join(HOSTS[:2] if flap % 2 == 0 else HOSTS[:3]) + "\n")
+            going_on_for(proc, 1)
+        assert len(rounds(run_dir)) - before <= 2, rounds(run_dir)
+        wait_until(lambda: max(steps_logged(run_dir)) >= step_before + 2 * EVERY, 120, "steps advance after the flapping", [proc])
+        proc.wait(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+    output = (tmp_path / "out.txt").read_text()
+    assert proc.returncode == 0, output[-4000:]
+    assert "left the host list" not in output and len(rounds(run_dir)) == 1, rounds(run_dir)
+    assert steps_logged(run_dir) == list(range(EVERY, STEPS + 1, EVERY))

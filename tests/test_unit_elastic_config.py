@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from config_helpers import compose_ok, refused
-from tfdistx.cluster.hosts import HostList, choose
+from tfdistx.cluster.hosts import HostList, Settled, choose
 from tfdistx.cluster.rounds import Rounds
 from tfdistx.commands.plan import describe
 from tfdistx.config import elastic
@@ -216,3 +216,61 @@ def elastic_spec(tmp_path, **elastic_keys) -> dict:
     return {"counts": {"worker": 3}, "command": sleeper, "log_dir": str(tmp_path), "primary": ["worker"],
             "elastic": {"min": 2, "max": 3, "join_grace": 0.1, "lost_bound": 3, "below_min_timeout": 30, **elastic_keys}}
 
+
+def test_a_change_of_the_list_counts_once_it_has_held_its_bound():
+    now = [0.0]
+    settled = Settled(3, clock=lambda: now[0])
+    assert settled.update(["a", "b", "c"]) == ["a", "b", "c"]  # the first list, as it is
+    now[0] = 1
+    assert settled.update(["a", "b"]) == ["a", "b", "c"]  # c gone for 0 s: still counts
+    now[0] = 3.5
+    assert settled.update(["a", "b"]) == ["a", "b", "c"]  # 2.5 s
+    now[0] = 4
+    assert settled.update(["a", "b"]) == ["a", "b"]  # 3 s: gone
+    assert settled.update(["a", "b", "c"]) == ["a", "b"]  # back: not yet
+    now[0] = 7
+    assert settled.update(["a", "b", "c"]) == ["a", "b", "c"]
+
+
+def test_a_flapping_host_changes_no_round_and_its_worker_keeps_running(tmp_path):
+    """A host file rewritten every second for six seconds, a host out and back
+    each time: with lost_bound=3 its change never holds, so the running round
+    (real processes) is not ended and no task is stopped; once the host stays
+    out for its bound, its worker is stopped, once."""
+    from tfdistx.cluster import elastic as elastic_launcher
+    from tfdistx.cluster.elastic import HostListMembership
+    from tfdistx.cluster.processes import ForwardingSignals, teardown
+
+    path, said = tmp_path / "hosts", []
+    hosts = ["127.0.0.1", "127.0.0.2", "127.0.0.3"]
+    path.write_text("\n".join(hosts) + "\n")
+    now = [100.0]
+    membership = HostListMembership(elastic_spec(tmp_path), HostList(str(path), None, say=said.append),
+                                    Rounds(str(tmp_path / "rounds.json"), str(tmp_path), str(tmp_path / "metrics.jsonl"), said.append),
+                                    said.append)
+    membership.settled.clock = lambda: now[0]
+    real_clock = elastic_launcher.time.monotonic
+    with ForwardingSignals([]) as signals:
+        round_ = membership.form("started", signals)
+        for task in round_.tasks:
+            task.start()
+        try:
+            changes = []
+            for second in range(12):  # out on even seconds, back on odd ones
+                path.write_text("\n".join(hosts if second % 2 else hosts[:2]) + "\n")
+                now[0] += 1
+                membership.next_read = real_clock() - 1  # read at this call, as once a second
+                changes.append(membership.check(round_, signals))
+            assert changes == [None] * 12 and all(task.proc.poll() is None for task in round_.tasks), said
+            assert not any("left the host list" in line or "listed:" in line for line in said), said
+            for _ in range(4):  # now it stays out: after lost_bound its worker is stopped, once
+                path.write_text("\n".join(hosts[:2]) + "\n")
+                now[0] += 1
+                membership.next_read = real_clock() - 1
+                membership.check(round_, signals)
+            assert sum("127.0.0.3 left the host list" in line for line in said) == 1, said
+            assert round_.lost == {"worker:2": "127.0.0.3"} and round_.tasks[2].proc.poll() is not None
+            assert all(task.proc.poll() is None for task in round_.tasks[:2])
+        finally:
+            teardown(round_.tasks, ["worker"], grace=0, signalled=False)
+    assert not (tmp_path / ".scratch").exists()  # each task's scratch went with it

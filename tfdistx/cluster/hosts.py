@@ -1,11 +1,13 @@
 """The hosts an elastic run's workers may run on (cluster.elastic.hosts or
-.discover), and which of them a round takes. No TensorFlow here."""
+.discover), which of them a round takes, and when a change of the list
+counts (Settled). No TensorFlow here."""
 
 import ipaddress
 import subprocess
 import sys
+import time
 from pathlib import Path
-from typing import Callable, List, Optional
+from typing import Callable, Dict, List, Optional, Tuple
 
 DISCOVER_TIMEOUT_SECONDS = 30
 ALLOWED = "a loopback address of this machine, 127.0.0.N (the local launcher starts every task here, on a port of its own choosing)"
@@ -77,6 +79,32 @@ class HostList:
         if (host, text) not in self.noted:
             self.noted.add((host, text))
             self.say(text)
+
+
+class Settled:
+    """The hosts whose change has held: a host newly listed counts once it
+    has stayed listed `bound` seconds (cluster.elastic.lost_bound), and a
+    host that counts stops counting once it has stayed unlisted as long, so
+    that a host flapping in and out of the list changes no round. The first
+    list read counts as it is (the first round forms at once)."""
+
+    def __init__(self, bound: float, clock: Callable[[], float] = time.monotonic):
+        self.bound, self.clock = bound, clock
+        self.since: Dict[str, Tuple[bool, float]] = {}  # host -> (listed at the last read, since when)
+        self.hosts: Optional[List[str]] = None  # the hosts that count, in the list's order (those on their way out last)
+
+    def update(self, listed: List[str]) -> List[str]:
+        now = self.clock()
+        for host in {*listed, *self.since}:
+            if self.since.get(host, (None,))[0] != (host in listed):
+                self.since[host] = (host in listed, now)
+        if self.hosts is None:
+            self.hosts = list(listed)
+            return list(listed)
+        held = {host for host, (_, since) in self.since.items() if now - since >= self.bound}
+        self.hosts = ([host for host in listed if host in self.hosts or host in held]
+                      + [host for host in self.hosts if host not in listed and host not in held])
+        return list(self.hosts)
 
 
 def choose(listed: List[str], chief: Optional[str], most: int) -> List[str]:
