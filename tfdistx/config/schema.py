@@ -91,7 +91,7 @@ class ElasticConfig:
     hosts: Any = None  # a file listing the hosts workers may run on, one a line, read whenever it changes
     discover: Any = None  # or a command printing them, one a line (as Horovod's --host-discovery-script)
     join_grace: float = 10.0  # seconds a round forming with min_workers or more waits for the rest, up to cluster.workers
-    lost_bound: float = 10.0  # seconds a lost worker's host has to be listed again before a round forms without it
+    lost_bound: float = 10.0  # seconds a lost worker's host has to be listed again before a round forms without it; also how long a change of the list must hold
     below_min_timeout: float = 300.0  # seconds the run waits with fewer hosts than min_workers before it stops (exit 9)
 
 
