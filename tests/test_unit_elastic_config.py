@@ -78,6 +78,8 @@ def test_a_round_s_task_config_is_its_topology(tmp_path, hosts):
     ([*ELASTIC, "cluster.launch=slurm"], "cluster.launch='slurm': elastic rounds (cluster.workers=2:4) are formed by tfdistx's local launcher"),
     ([*ELASTIC[:-1], "data.batch_size=32"], "data.batch_size=32: an elastic run keeps its global batch on every round, "
                                            "split across 2, 3, 4 replicas: use a multiple of 12"),
+    (["strategy=multiworker", "cluster.workers=3", "cluster.elastic.min_workers=2", "data.batch_size=128"],  # not even MAX's multiple:
+     "data.batch_size=128: an elastic run keeps its global batch on every round, split across 2, 3 replicas: use a multiple of 6"),
     ([*ELASTIC, "optimizer.scale_lr_with_replicas=true"], "optimizer.scale_lr_with_replicas=True: an elastic run's rounds"),
     ([*ELASTIC, "cluster.elastic.join_grace=0"], "cluster.elastic.join_grace=0.0: seconds, more than 0"),
     (["strategy=multiworker", "cluster.workers=4", "cluster.elastic.min_workers=5"], "cluster.elastic.min_workers=5: from 1 to cluster.workers=4"),
