@@ -35,7 +35,8 @@ def can_isolate() -> bool:
 def test_two_workers_end_with_identical_weights(tfdistx, tmp_path):
     scratch = tmp_path / "tmp"
     scratch.mkdir()
-    # Another local user's links at the names worker 1's scratch dir had, or could have: not followed, not removed.
+    # Another local user's links at the names worker 1's scratch dir had in the temp dir, or could have: not followed, not
+    # removed (the local launcher now gives its tasks a scratch place in logs/.scratch, so they are not even looked at).
     victim = tmp_path / "victim"
     victim.mkdir()
     (victim / "precious").write_text("mine")
@@ -56,7 +57,7 @@ def test_two_workers_end_with_identical_weights(tfdistx, tmp_path):
     assert found["worker-0"] == summary["weights_sha256"]
     # the chief's checkpoints in the run dir; the other worker's scratch copies removed
     assert (run.dir / "checkpoints" / "ckpt-40.index").exists()
-    assert list(scratch.iterdir()) == []
+    assert list(scratch.iterdir()) == [] and not (run.dir / "logs" / ".scratch").exists()  # the launcher's scratch place: gone too
     assert "[worker:1]" in run.stdout and "[worker:0] step 40/40" in run.stdout
     run_log = (run.dir / "tfdistx.log").read_text()  # the whole run in one file
     assert "[worker:0] step 40/40" in run_log and "[worker:1] task worker:1: final weights" in run_log

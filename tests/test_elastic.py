@@ -5,10 +5,15 @@ good, goes on with three workers, gets it back and grows to four: every
 step logged once, and the examples trained, counted by the topology probe
 (test_unit_topology_resume.py), those of a run that never changed."""
 
+import contextlib
+import hashlib
 import json
 import os
 import re
 import signal
+import subprocess
+import tempfile
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -54,18 +59,13 @@ def lose_and_get_back(tmp_path, proc, listed, hosts: list, back=lambda: True) ->
     its processes killed); round 2 trains; the host is listed again (`back`:
     what the run then does, waited for); the run ends, successfully. Its output."""
     run_dir = tmp_path / "run"
-    try:
+    with ended(proc, 300):
         wait_until(lambda: max(steps_said_in_round(run_dir, 1), default=0) >= 2 * EVERY, 300, "round 1 trains", [proc])
         listed.write_text("\n".join(hosts[:-1]) + "\n")
         os.kill(worker_at(run_dir, hosts[-1]), signal.SIGKILL)
         wait_until(lambda: steps_said_in_round(run_dir, 2), 300, "round 2 trains", [proc])
         listed.write_text("\n".join(hosts) + "\n")
         wait_until(back, 300, f"{hosts[-1]} is back", [proc])
-        proc.wait(timeout=300)
-    finally:
-        if proc.poll() is None:  # the test failed first
-            proc.kill()
-        proc.wait()
     output = (tmp_path / "out.txt").read_text()
     assert proc.returncode == 0, output[-4000:]
     wait_until(lambda: not processes_of(run_dir), 30, "every task of every round gone")
@@ -167,14 +167,9 @@ def test_a_task_lost_on_a_host_still_listed_restarts_the_round_from_the_checkpoi
     chief's host holds it, for the whole run."""
     run_dir = tmp_path / "run"
     proc, _ = start_elastic(tmp_path, HOSTS[:3], *topology, "cluster.max_restarts=1")
-    try:
+    with ended(proc, 300):
         wait_until(lambda: max(steps_said_in_round(run_dir, 1), default=0) >= 2 * EVERY, 300, "round 1 trains", [proc])
         os.kill(task_pid(run_dir, task), signal.SIGKILL)
-        proc.wait(timeout=300)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        proc.wait()
     output = (tmp_path / "out.txt").read_text()
     assert proc.returncode == 0, output[-4000:]
     said = rounds(run_dir)
@@ -182,3 +177,72 @@ def test_a_task_lost_on_a_host_still_listed_restarts_the_round_from_the_checkpoi
     assert said[0]["members"] == said[1]["members"] and said[1]["first_step"] > 1
     assert steps_logged(run_dir) == list(range(EVERY, STEPS + 1, EVERY))
     assert seen_counts(run_dir).sum() == STEPS * BATCH
+
+
+@contextlib.contextmanager
+def ended(proc, timeout: float):
+    """Inside: what the test does to the running run; then the run is waited
+    for, at most `timeout` seconds; killed if the test failed first."""
+    try:
+        yield
+        proc.wait(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+
+
+def going_on_for(proc, seconds: float) -> None:
+    """`seconds` of the run going on: the pace of a change the test makes, not a wait for the run (which must not end meanwhile)."""
+    with pytest.raises(subprocess.TimeoutExpired):
+        proc.wait(timeout=seconds)
+
+
+def scratch_left(run_dir) -> list:
+    """The non-chief tasks' checkpoint scratch of this run left anywhere: the system's temp directory
+    (named after its checkpoint directory, engine/checkpointing.py) or the launcher's logs/.scratch."""
+    key = hashlib.sha1(os.path.abspath(run_dir / "checkpoints").encode()).hexdigest()[:12]
+    return [*Path(tempfile.gettempdir()).glob(f"tfdistx-{key}-*"), *(run_dir / "logs").glob(".scratch/**/*")]
+
+
+def test_a_sigterm_as_the_next_round_starts_is_a_preemption_and_a_lost_worker_leaves_no_scratch(tmp_path):
+    """2:3 on three hosts; 127.0.0.3 leaves the list and the launcher stops its
+    worker (after lost_bound); right after `round 2: 3 -> 2 workers`, SIGTERM to
+    the launcher: exit 42 (checkpointed, or nothing to save, said so), never 143;
+    no task left, and no scratch directory of any worker, the stopped one's included."""
+    run_dir = tmp_path / "run"
+    proc, listed = start_elastic(tmp_path, HOSTS[:3], "strategy=multiworker", "cluster.workers=2:3", "cluster.preemption_grace=30")
+    with ended(proc, 120):
+        wait_until(lambda: max(steps_said_in_round(run_dir, 1), default=0) >= EVERY, 240, "round 1 trains", [proc])
+        wait_until(lambda: len(scratch_left(run_dir)) >= 2, 60, "the workers' scratch", [proc])  # each non-chief saved once
+        listed.write_text("\n".join(HOSTS[:2]) + "\n")
+        wait_until(lambda: "tfdistx: round 2: 3 -> 2 workers" in (tmp_path / "out.txt").read_text(), 120, "round 2 forms", [proc])
+        proc.send_signal(signal.SIGTERM)
+    output = (tmp_path / "out.txt").read_text()
+    assert proc.returncode == 42, output[-4000:]
+    assert "127.0.0.3 left the host list" in output and ("nothing to save" in output or "checkpoint saved; exiting with 42" in output), output[-4000:]
+    wait_until(lambda: not processes_of(run_dir), 30, "every task gone")
+    assert scratch_left(run_dir) == []
+
+
+@pytest.mark.slow  # a whole elastic run of three workers
+def test_a_flapping_host_changes_no_round_and_training_goes_on(tmp_path):
+    """127.0.0.3 out of the list and back every second, six times: with
+    cluster.elastic.lost_bound=3 no change holds its bound, so at most 2
+    round changes over the flapping (here none), the steps advance through
+    it, and the run finishes, every step logged once."""
+    run_dir = tmp_path / "run"
+    proc, listed = start_elastic(tmp_path, HOSTS[:3], "strategy=multiworker", "cluster.workers=2:3", "cluster.elastic.lost_bound=3")
+    with ended(proc, 300):
+        wait_until(lambda: max(steps_said_in_round(run_dir, 1), default=0) >= EVERY, 240, "round 1 trains", [proc])
+        before = len(rounds(run_dir))
+        step_before = max(steps_logged(run_dir))
+        for flap in range(12):  # out, back, out, back, ...: six times out and back, a rewrite a second
+            listed.write_text("\n".join(HOSTS[:2] if flap % 2 == 0 else HOSTS[:3]) + "\n")
+            going_on_for(proc, 1)
+        assert len(rounds(run_dir)) - before <= 2, rounds(run_dir)
+        wait_until(lambda: max(steps_logged(run_dir)) >= step_before + 2 * EVERY, 120, "steps advance after the flapping", [proc])
+    output = (tmp_path / "out.txt").read_text()
+    assert proc.returncode == 0, output[-4000:]
+    assert "left the host list" not in output and len(rounds(run_dir)) == 1, rounds(run_dir)
+    assert steps_logged(run_dir) == list(range(EVERY, STEPS + 1, EVERY))

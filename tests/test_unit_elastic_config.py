@@ -4,11 +4,12 @@ elastic refused in one line before TensorFlow starts. The rounds themselves,
 on a real local cluster: test_elastic.py."""
 
 import json
+import sys
 
 import pytest
 
 from config_helpers import compose_ok, refused
-from tfdistx.cluster.hosts import HostList, choose
+from tfdistx.cluster.hosts import HostList, Settled, choose
 from tfdistx.cluster.rounds import Rounds
 from tfdistx.commands.plan import describe
 from tfdistx.config import elastic
@@ -77,6 +78,8 @@ def test_a_round_s_task_config_is_its_topology(tmp_path, hosts):
     ([*ELASTIC, "cluster.launch=slurm"], "cluster.launch='slurm': elastic rounds (cluster.workers=2:4) are formed by tfdistx's local launcher"),
     ([*ELASTIC[:-1], "data.batch_size=32"], "data.batch_size=32: an elastic run keeps its global batch on every round, "
                                            "split across 2, 3, 4 replicas: use a multiple of 12"),
+    (["strategy=multiworker", "cluster.workers=3", "cluster.elastic.min_workers=2", "data.batch_size=128"],  # not even MAX's multiple:
+     "data.batch_size=128: an elastic run keeps its global batch on every round, split across 2, 3 replicas: use a multiple of 6"),
     ([*ELASTIC, "optimizer.scale_lr_with_replicas=true"], "optimizer.scale_lr_with_replicas=True: an elastic run's rounds"),
     ([*ELASTIC, "cluster.elastic.join_grace=0"], "cluster.elastic.join_grace=0.0: seconds, more than 0"),
     (["strategy=multiworker", "cluster.workers=4", "cluster.elastic.min_workers=5"], "cluster.elastic.min_workers=5: from 1 to cluster.workers=4"),
@@ -160,3 +163,116 @@ def test_summary_json_keeps_the_rounds_that_trained():
     rerun = rounds + [{"round": 3, "first_step": 49}]  # a rerun of the finished run: nothing trained
     assert with_rounds(summary, rerun) == summary
     assert with_rounds({"step": 96}, rerun)["rounds"] == rerun  # a rerun with more steps trains in round 3
+
+
+@pytest.mark.parametrize("value", ["false", "true", "123"])
+def test_a_discover_that_is_not_a_command_is_refused_not_run(tmp_path, value):
+    """`cluster.elastic.discover=false` is YAML's boolean: refused in one line, not run as a command named False."""
+    lines = refused(tmp_path / "run", *ELASTIC, f"cluster.elastic.discover={value}")
+    assert len(lines) == 1 and lines[0].startswith("tfdistx: invalid config: cluster.elastic.discover=") and "(a string), or null" in lines[0]
+
+
+def test_a_host_the_launcher_cannot_use_is_left_out_said_once_with_what_is_allowed(tmp_path, capsys):
+    """Every task runs on this machine: a host is a loopback address, without a port. A bad line is left
+    out of the list (re-read while the run goes on: a typo must not end it), and said once, naming the
+    list, the value and what is allowed; so is a host listed twice."""
+    path = tmp_path / "hosts"
+    path.write_text("127.0.0.1\n8.8.8.8\ngarbage!!host\n127.0.0.1:2222\n127.0.0.2\n127.0.0.2\nlocalhost\n")
+    listed = HostList(str(path), None)
+    assert listed.read() == ["127.0.0.1", "127.0.0.2"]
+    assert listed.read() == ["127.0.0.1", "127.0.0.2"]  # read again: nothing said twice
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 5, lines
+    said = dict(zip(["8.8.8.8", "garbage!!host", "127.0.0.1:2222", "127.0.0.2", "localhost"], lines))
+    for host, line in said.items():
+        assert line.startswith(f"tfdistx: warning: {path}: host ") and host in line, line
+    assert "'8.8.8.8' left out: not an address of this machine: a loopback address of this machine, 127.0.0.N" in said["8.8.8.8"]
+    assert "left out: not an IPv4 address" in said["garbage!!host"] and "left out: not an IPv4 address" in said["localhost"]
+    assert "left out: a host, not host:port, is expected" in said["127.0.0.1:2222"]
+    assert "127.0.0.2 is listed more than once: one worker runs there" in said["127.0.0.2"]
+    command = HostList(None, "echo 8.8.8.8; echo 127.0.0.3")
+    assert command.read() == ["127.0.0.3"]
+    assert capsys.readouterr().err.startswith("tfdistx: warning: `echo 8.8.8.8; echo 127.0.0.3`: host '8.8.8.8' left out")
+
+
+def test_bad_hosts_leave_too_few_and_the_usual_wait_below_min_applies(tmp_path):
+    """Two lines where 2:2 needs two, one of them 8.8.8.8: no round forms, the wait below MIN is said, and exit 9."""
+    from tfdistx.cluster.elastic import HostListMembership
+    from tfdistx.cluster.processes import ForwardingSignals
+    from tfdistx.cluster.supervisor import NoRound
+
+    path = tmp_path / "hosts"
+    path.write_text("127.0.0.1\n8.8.8.8\n")
+    said = []
+    membership = HostListMembership(elastic_spec(tmp_path, below_min_timeout=0.3), HostList(str(path), None, say=said.append),
+                                    Rounds(str(tmp_path / "rounds.json"), str(tmp_path), str(tmp_path / "metrics.jsonl"), said.append),
+                                    said.append)
+    with pytest.raises(NoRound) as none, ForwardingSignals([]) as signals:
+        membership.form("started", signals)
+    assert none.value.code == 9 and "host '8.8.8.8' left out" in said[0], said
+    assert "1 host(s) usable" in said[1] and "waiting for more" in said[1] and "exit 9" in said[2], said
+
+
+def elastic_spec(tmp_path, **elastic_keys) -> dict:
+    sleeper = [sys.executable, "-c", "import time; time.sleep(120)"]
+    return {"counts": {"worker": 3}, "command": sleeper, "log_dir": str(tmp_path), "primary": ["worker"],
+            "elastic": {"min": 2, "max": 3, "join_grace": 0.1, "lost_bound": 3, "below_min_timeout": 30, **elastic_keys}}
+
+
+def test_a_change_of_the_list_counts_once_it_has_held_its_bound():
+    now = [0.0]
+    settled = Settled(3, clock=lambda: now[0])
+    assert settled.update(["a", "b", "c"]) == ["a", "b", "c"]  # the first list, as it is
+    now[0] = 1
+    assert settled.update(["a", "b"]) == ["a", "b", "c"]  # c gone for 0 s: still counts
+    now[0] = 3.5
+    assert settled.update(["a", "b"]) == ["a", "b", "c"]  # 2.5 s
+    now[0] = 4
+    assert settled.update(["a", "b"]) == ["a", "b"]  # 3 s: gone
+    assert settled.update(["a", "b", "c"]) == ["a", "b"]  # back: not yet
+    now[0] = 7
+    assert settled.update(["a", "b", "c"]) == ["a", "b", "c"]
+
+
+def test_a_flapping_host_changes_no_round_and_its_worker_keeps_running(tmp_path):
+    """A host file rewritten every second for six seconds, a host out and back
+    each time: with lost_bound=3 its change never holds, so the running round
+    (real processes) is not ended and no task is stopped; once the host stays
+    out for its bound, its worker is stopped, once."""
+    from tfdistx.cluster import elastic as elastic_launcher
+    from tfdistx.cluster.elastic import HostListMembership
+    from tfdistx.cluster.processes import ForwardingSignals, teardown
+
+    path, said = tmp_path / "hosts", []
+    hosts = ["127.0.0.1", "127.0.0.2", "127.0.0.3"]
+    path.write_text("\n".join(hosts) + "\n")
+    now = [100.0]
+    membership = HostListMembership(elastic_spec(tmp_path), HostList(str(path), None, say=said.append),
+                                    Rounds(str(tmp_path / "rounds.json"), str(tmp_path), str(tmp_path / "metrics.jsonl"), said.append),
+                                    said.append)
+    membership.settled.clock = lambda: now[0]
+    real_clock = elastic_launcher.time.monotonic
+    with ForwardingSignals([]) as signals:
+        round_ = membership.form("started", signals)
+        for task in round_.tasks:
+            task.start()
+        try:
+            changes = []
+            for second in range(12):  # out on even seconds, back on odd ones
+                path.write_text("\n".join(hosts if second % 2 else hosts[:2]) + "\n")
+                now[0] += 1
+                membership.next_read = real_clock() - 1  # read at this call, as once a second
+                changes.append(membership.check(round_, signals))
+            assert changes == [None] * 12 and all(task.proc.poll() is None for task in round_.tasks), said
+            assert not any("left the host list" in line or "listed:" in line for line in said), said
+            for _ in range(4):  # now it stays out: after lost_bound its worker is stopped, once
+                path.write_text("\n".join(hosts[:2]) + "\n")
+                now[0] += 1
+                membership.next_read = real_clock() - 1
+                membership.check(round_, signals)
+            assert sum("127.0.0.3 left the host list" in line for line in said) == 1, said
+            assert round_.lost == {"worker:2": "127.0.0.3"} and round_.tasks[2].proc.poll() is not None
+            assert all(task.proc.poll() is None for task in round_.tasks[:2])
+        finally:
+            teardown(round_.tasks, ["worker"], grace=0, signalled=False)
+    assert not (tmp_path / ".scratch").exists()  # each task's scratch went with it

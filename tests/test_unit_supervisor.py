@@ -5,6 +5,8 @@ forms the rounds, and where the supervisor's own lines go. Also that the
 codes no restart cures are one list, config/errors.py's, for the local
 launcher, a JobSet and a TFJob alike."""
 
+import os
+import signal
 import sys
 
 import pytest
@@ -84,3 +86,41 @@ def test_the_codes_no_restart_cures_are_one_list_for_the_launcher_a_jobset_and_a
     assert f"cluster.retryable_exit_offset={RETRYABLE_EXIT_OFFSET_FOR_KUBERNETES}" in worker["template"]["spec"]["containers"][0]["args"]
     assert all(offset_exit(code, RETRYABLE_EXIT_OFFSET_FOR_KUBERNETES) == code < 128 for code in PERMANENT)
     assert all(128 <= offset_exit(code, RETRYABLE_EXIT_OFFSET_FOR_KUBERNETES) <= 255 for code in RETRYABLE)
+
+
+class SigtermAt(Regrouping):
+    """A SIGTERM to this process (the supervisor's) at `when`: 'regroup', as the next round waits for a lost host to
+    come back, or 'check', once the round's tasks are running (real processes that have not taken SIGTERM over)."""
+
+    def __init__(self, spec: dict, then: dict, when: str):
+        super().__init__(spec, then)
+        self.when = when
+
+    def regroup(self, result, signals) -> str:
+        if self.when == "regroup":
+            os.kill(os.getpid(), signal.SIGTERM)
+        return super().regroup(result, signals)
+
+    def check(self, round_, signals):
+        if self.when == "check":
+            os.kill(os.getpid(), signal.SIGTERM)
+        return None
+
+
+def test_a_sigterm_between_rounds_is_a_preemption_with_nothing_to_save(tmp_path, capsys):
+    """Not 143, silently: exit 42, in one line saying there was nothing to save; no task of the next round starts."""
+    policy = SigtermAt(spec_of(tmp_path, 5), then=spec_of(tmp_path, 0), when="regroup")
+    assert supervise(spec_of(tmp_path, 5), policy) == 42
+    said = capsys.readouterr().err
+    assert "tfdistx: preempted (SIGTERM) between rounds: no task of the next round had started, so there was nothing to save; " \
+           "exit 42: rerun the same command to resume from the newest checkpoint" in said, said
+    assert len(policy.reasons) == 1, policy.reasons
+
+
+def test_a_sigterm_as_the_round_s_tasks_start_is_a_preemption_not_143(tmp_path, capsys):
+    """The tasks were still starting (the signal's default ended them): none had trained, so exit 42, said so."""
+    spec = {**spec_of(tmp_path, 0), "command": [sys.executable, "-c", "import time; time.sleep(60)"], "preemption_grace": 30}
+    policy = SigtermAt(spec, then=spec, when="check")
+    assert supervise(spec, policy) == 42
+    said = capsys.readouterr().err
+    assert "preempted (SIGTERM) as the round's tasks were starting: none had begun training, so there was nothing to save; exit 42" in said

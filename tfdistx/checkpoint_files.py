@@ -11,6 +11,10 @@ from typing import List, Optional
 from tfdistx.config.errors import ConfigError
 
 BEST = "best"  # the best checkpoint's directory, inside the checkpoint directory
+# Where a non-chief task keeps its own checkpoints (engine/checkpointing.py), when its launcher gives it a
+# place: the local launcher's tasks get one inside the run (cluster/processes.py), removed as each task ends,
+# so that a task the launcher killed leaves nothing behind. Without it, the system's temp directory.
+SCRATCH_ENV = "TFDISTX_SCRATCH_DIR"
 _NAME = re.compile(r"ckpt-(\d+)(\..*)?")  # ckpt-150, ckpt-150.index, ckpt-150.data-00000-of-00001
 
 

@@ -11,13 +11,17 @@ to MAX, in the list's order. The launcher
   fresh port); every task resumes from the newest checkpoint on the round's
   topology (engine/topology.py: the global batch kept, the example order one
   on every topology), so the steps go on, none lost or trained twice;
-- loses a worker whose host leaves the list (its processes are killed, as
-  the host's loss would) or whose task dies: the survivors stop, and once
+- loses a worker whose host has left the list for `lost_bound` seconds
+  (its processes are killed, as the host's loss would; a change of the list
+  counts once it has held that long, so a flapping host changes no round:
+  hosts.Settled) or whose task dies on a host no longer listed: the
+  survivors stop, and once
   the host has not been listed again for `lost_bound` seconds the next round
   forms without it. A task that fails on a host still listed is a restart
   of the same round (from `cluster.max_restarts`, as a fixed cluster's:
   the supervisor's, cluster/supervisor.py, whose membership policy this is);
-- grows when a host is listed that the round does not use: the tasks are
+- grows when a host the round does not use has been listed `lost_bound`
+  seconds: the tasks are
   told to checkpoint and stop (SIGTERM: the preemption path, exit 42 at the
   next loop boundary), and the next round takes the host in.
 
@@ -41,7 +45,7 @@ import signal
 import time
 from typing import Dict, List, Optional
 
-from tfdistx.cluster.hosts import HostList, choose
+from tfdistx.cluster.hosts import HostList, Settled, choose
 from tfdistx.cluster.processes import ForwardingSignals, Task, free_ports, shell_code, signal_group
 from tfdistx.cluster.rounds import Rounds
 from tfdistx.cluster.supervisor import POLL_SECONDS, Membership, NoRound, Round, RoundResult, Say, State
@@ -61,6 +65,9 @@ class HostListMembership(Membership):
         self.chief: Optional[str] = None
         self.members: List[str] = []  # the running round's hosts, the chief's first
         self.next_read = 0.0
+        # A change of the list counts for a round once it has held lost_bound seconds: a flapping host changes no round.
+        # A task that died on a host no longer listed is lost at once (failed, goes_on_without: the list as it is).
+        self.settled = Settled(self.elastic["lost_bound"])
 
     @classmethod
     def of(cls, spec: dict, say: Say) -> "HostListMembership":
@@ -88,7 +95,7 @@ class HostListMembership(Membership):
         started = time.monotonic()
         enough_since, waiting_said = None, False
         while True:
-            listed = self.hosts.read()
+            listed = self._settled()
             chosen = choose(listed, self.chief, high)
             if len(chosen) >= high:
                 return chosen
@@ -120,27 +127,30 @@ class HostListMembership(Membership):
         if time.monotonic() < self.next_read:
             return None
         self.next_read = time.monotonic() + HOSTS_EVERY_SECONDS
-        listed = self.hosts.read()
+        now_listed = self._listed()
+        listed = list(self.settled.hosts)  # a host that comes or goes counts once its change has held
         for task in round_.tasks:
             host = round_.hosts[task.name]
             if host == self.chief:  # fixed for the whole run
                 continue
             if host not in listed and task.proc.poll() is None:
-                self.say(f"{host} left the host list: stopping {task.name}, which ran there")
+                self.say(f"{host} left the host list (for {self.elastic['lost_bound']:g}s, cluster.elastic.lost_bound): "
+                         f"stopping {task.name}, which ran there")
                 signal_group(task.proc, signal.SIGKILL)  # what the host's loss would do
                 task.proc.wait()
+                task.clear_scratch()
                 if task.job in self.alone:
                     self._drop(round_, task, host)
                 else:
                     round_.lost[task.name] = host
-            elif host in listed and task.name in round_.dropped:
+            elif host in listed and host in now_listed and task.name in round_.dropped:
                 self._take_back(round_, task, host, signals)
         live = sum(name.startswith("worker:") for name in round_.members())
         if round_.dropped and live < self.elastic["min"]:
             self.say(f"{live} live worker(s), fewer than cluster.elastic.min_workers={self.elastic['min']}: the trainers checkpoint and stop")
             round_.ask_to_checkpoint()
             return RoundResult(State.MEMBERSHIP_CHANGED, EXIT_PREEMPTED, lost=dict(round_.dropped), asked_to_checkpoint=True)
-        joining = [host for host in listed if host not in self.members][:self.elastic["max"] - len(self.members)]
+        joining = [host for host in listed if host in now_listed and host not in self.members][:self.elastic["max"] - len(self.members)]
         if joining and not round_.lost and not round_.dropped and all(task.proc.poll() is None for task in round_.tasks):
             self.say(f"{', '.join(joining)} listed: the trainers checkpoint at their next loop boundary and stop, "
                      f"for a round of {len(self.members) + len(joining)} workers")
@@ -151,7 +161,7 @@ class HostListMembership(Membership):
     def goes_on_without(self, round_: Round, task: Task) -> bool:
         """A parameter-server worker whose host is gone (the list said so after the task died) is dropped."""
         host = round_.hosts[task.name]
-        if host in self.hosts.read():
+        if host in self._listed():
             return False
         self._drop(round_, task, host)
         return True
@@ -160,7 +170,7 @@ class HostListMembership(Membership):
         """A failure the hosts explain (a member's host is gone) is a new
         round without it; any other, a restart of the same round. A trainer
         that left with 42 by itself checkpointed: its peers get the time to."""
-        listed = self.hosts.read()
+        listed = self._listed()
         round_.lost.update({name: host for name, host in round_.hosts.items() if host not in listed and host != self.chief})
         state = State.MEMBERSHIP_CHANGED if round_.lost else State.FAILED
         return RoundResult(state, code, lost=dict(round_.lost), asked_to_checkpoint=code == EXIT_PREEMPTED)
@@ -175,10 +185,20 @@ class HostListMembership(Membership):
         """The lost workers whose host is still not listed after `lost_bound` seconds."""
         deadline = time.monotonic() + self.elastic["lost_bound"]
         while True:
-            listed = self.hosts.read()
+            listed = self._listed()
             gone = {task: host for task, host in lost.items() if host not in listed}
             if not gone or time.monotonic() >= deadline or signals.wait(POLL_SECONDS):
                 return gone
+
+    def _listed(self) -> List[str]:
+        """The hosts listed now (each read also tells `settled` what changed)."""
+        listed = self.hosts.read()
+        self.settled.update(listed)
+        return listed
+
+    def _settled(self) -> List[str]:
+        """The hosts whose being listed, or not, has held lost_bound seconds."""
+        return self.settled.update(self.hosts.read())
 
     def _drop(self, round_: Round, task: Task, host: str) -> None:
         round_.dropped[task.name] = host

@@ -17,6 +17,7 @@ torchrun is PyTorch's, and TensorFlow ships no local multi-process launcher.
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -25,7 +26,7 @@ from typing import Dict, List, Optional
 
 from tfdistx.cluster import evaluator as sidecars  # the sidecar evaluator's task
 from tfdistx.cluster.elastic import HostListMembership
-from tfdistx.cluster.processes import ForwardingSignals, can_isolate, die_with_parent, free_ports, loopback_up, shell_code
+from tfdistx.cluster.processes import SCRATCH_DIR, ForwardingSignals, can_isolate, die_with_parent, free_ports, loopback_up, shell_code
 from tfdistx.cluster.supervisor import Membership, Round, Say, Supervisor
 from tfdistx.config.errors import ConfigError
 from tfdistx.config.strategies import describe_jobs  # no training code: the job table's words
@@ -108,8 +109,13 @@ def main(spec: dict, isolated: bool) -> int:
         loopback_up()
     say = Say(spec.get("run_log"))
     membership = HostListMembership.of(spec, say) if spec.get("elastic") else FixedCounts(spec)
-    with ForwardingSignals([]) as signals:
-        return Supervisor(spec, membership, signals, say).run()
+    scratch = Path(spec["log_dir"]) / SCRATCH_DIR  # what a launcher killed by SIGKILL left (one launcher per run directory)
+    shutil.rmtree(scratch, ignore_errors=True)
+    try:
+        with ForwardingSignals([]) as signals:
+            return Supervisor(spec, membership, signals, say).run()
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
 
 
 if __name__ == "__main__":

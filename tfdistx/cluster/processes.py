@@ -23,7 +23,10 @@ import time
 from pathlib import Path
 from typing import Dict, List, Optional
 
+from tfdistx.checkpoint_files import SCRATCH_ENV  # file names only: no TensorFlow
 from tfdistx.cluster import evaluator as sidecars  # the sidecar evaluator's task
+
+SCRATCH_DIR = ".scratch"  # in the tasks' log directory: each task's scratch (its checkpoints, if not the chief), removed as it ends
 
 
 class Task:
@@ -33,7 +36,9 @@ class Task:
                  refusals: "SaidOnce", env: Dict[str, str]):
         self.job, self.name = job, f"{job}:{index}"
         self.refusals = refusals  # shared by the cluster's tasks
+        self.scratch = log_dir / SCRATCH_DIR / f"{job}-{index}"
         self.env = {**os.environ, **env, "TF_CONFIG": json.dumps({"cluster": cluster, "task": {"type": job, "index": index}}),
+                    SCRATCH_ENV: str(self.scratch),
                     "TFDISTX_LOCAL_TASK": "1"}  # rendezvous.py: no exposure warning, the launcher gave its own
         self.command, self.log_path, self.run_log = command, log_dir / f"{job}-{index}.log", run_log
         self.succeeded = threading.Event()  # set once the cluster's primary tasks have all exited 0
@@ -47,6 +52,10 @@ class Task:
         thread.start()
         self.pumps.append(thread)
         self.stopped_since = None
+
+    def clear_scratch(self) -> None:
+        """Once the task has ended: its scratch goes, whether it left on its own or was killed."""
+        shutil.rmtree(self.scratch, ignore_errors=True)
 
     def stopped_for(self) -> float:
         """Seconds this task has been seen stopped (state T in /proc), else 0."""
@@ -88,9 +97,10 @@ def teardown(tasks: List[Task], primary: List[str], grace: float, signalled: boo
             if proc.poll() is None:
                 signal_group(proc, signal.SIGTERM)
     _wait_all(waited, deadline)
-    for proc in procs:
-        signal_group(proc, signal.SIGKILL)  # also reaps any grandchildren
-        proc.wait()
+    for task in tasks:
+        signal_group(task.proc, signal.SIGKILL)  # also reaps any grandchildren
+        task.proc.wait()
+        task.clear_scratch()
 
 
 def _wait_all(procs, deadline: float) -> None:
@@ -126,12 +136,22 @@ class ForwardingSignals:
 
     def _forward(self, signum, frame):
         self.received.append(signum)
+        self._pass_on(signum)
+
+    def _pass_on(self, signum) -> None:
         for proc in self.procs:
             if proc.poll() is None:
                 try:
                     proc.send_signal(signal.SIGINT if signum == signal.SIGINT else signal.SIGTERM)
                 except ProcessLookupError:
                     pass
+
+    def pass_on_again(self) -> None:
+        """The first signal received, passed on again to every process now in
+        `procs`: one started after it came has not had it (a second notice is
+        harmless to those that had)."""
+        if self.received:
+            self._pass_on(self.received[0])
 
     def __enter__(self):
         for sig in self.SIGNALS:

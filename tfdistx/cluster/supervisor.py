@@ -172,7 +172,9 @@ class Supervisor:
             try:
                 round_ = self.membership.form(reason, self.signals)
             except NoRound as none:
-                return none.code
+                return self._between_rounds() if self.signals.received else none.code
+            if self.signals.received:  # came as the round formed: none of its tasks started
+                return self._between_rounds()
             result = self._run_round(round_)
             if result.state in (State.SUCCEEDED, State.STOPPED) or self.signals.received or result.code in NEVER_RESTART:
                 return result.code
@@ -187,17 +189,31 @@ class Supervisor:
                 self.say(f"the cluster stopped with exit code {result.code}; restart {used} of {total} in {delay}s, "
                          "resuming from the latest checkpoint")
                 if self.signals.wait(delay):  # a signal during the back-off ends it
-                    return shell_code(-self.signals.received[0])
+                    return self._between_rounds()
                 reason = f"restart {used} of {total} after exit code {result.code}"
             else:
                 reason = self.membership.regroup(result, self.signals)
             if self.signals.received:
-                return shell_code(-self.signals.received[0])
+                return self._between_rounds()
+
+    def _between_rounds(self) -> int:
+        """A signal while no task runs (a back-off, the wait for a lost host,
+        a round forming): Ctrl-C is 130; a SIGTERM (or SIGHUP) is a
+        preemption with nothing to save (the last round's tasks have ended,
+        the next one's have not started), said so: exit 42, and a rerun
+        resumes from the newest checkpoint."""
+        received = self.signals.received[0]
+        if received == signal.SIGINT:
+            return shell_code(-received)
+        self.say(f"preempted ({signal.Signals(received).name}) between rounds: no task of the next round had started, so there "
+                 f"was nothing to save; exit {EXIT_PREEMPTED}: rerun the same command to resume from the newest checkpoint")
+        return EXIT_PREEMPTED
 
     def _run_round(self, round_: Round) -> RoundResult:
         for task in round_.tasks:
             task.start()
-        self.signals.procs = [task.proc for task in round_.tasks]
+            self.signals.procs = [t.proc for t in round_.tasks if t.proc is not None]  # a signal from here on reaches it
+        self.signals.pass_on_again()  # one that came as a task was starting, before it was in the list
         return self._end(round_, self._watch(round_))
 
     def _watch(self, round_: Round) -> RoundResult:
@@ -270,6 +286,13 @@ class Supervisor:
             own = [t.proc.returncode for t in round_.tasks
                    if t.proc.returncode not in (0, -signal.SIGKILL) and not sidecars.is_sidecar(t.job)]
             result = RoundResult(State.STOPPED, shell_code(own[0] if own else -signals.received[0]))
+            if signal.SIGINT not in signals.received and own and set(own) <= {EXIT_PREEMPTED, -signal.SIGTERM}:
+                # A task the SIGTERM ended was still starting (a task takes the signal over from its start, sigterm.py):
+                # it had trained nothing. Those that had started checkpointed (42); if none had, there was nothing to save.
+                if EXIT_PREEMPTED not in own:
+                    self.say(f"preempted (SIGTERM) as the round's tasks were starting: none had begun training, so there was "
+                             f"nothing to save; exit {EXIT_PREEMPTED}: rerun the same command to resume from the newest checkpoint")
+                result = RoundResult(State.STOPPED, EXIT_PREEMPTED)
         elif result.asked_to_checkpoint:  # a trainer that did not checkpoint and leave as asked: a failure
             refused = [t for t in round_.tasks if t.job in self.primary and t.proc.returncode != EXIT_PREEMPTED]
             if refused:

@@ -105,6 +105,10 @@ def problems(cfg) -> List[Problem]:
 
 def _hosts(elastic) -> List[Problem]:
     hosts, discover = elastic.get("hosts"), elastic.get("discover")
+    for key, value, what in (("discover", discover, "a command printing the hosts, one a line"),
+                             ("hosts", hosts, "a file listing the hosts, one a line")):
+        if value is not None and not isinstance(value, str):  # `discover=false` is YAML's boolean, not a command named False
+            return [Problem(f"cluster.elastic.{key}", value, f"{what} (a string), or null")]
     if hosts is None and discover is None:
         return [Problem("cluster.elastic.hosts", None, "an elastic run needs its hosts: a file listing them one a line "
                         "(cluster.elastic.hosts=FILE), or a command printing them (cluster.elastic.discover=COMMAND)")]
@@ -121,8 +125,8 @@ def _batch_on_every_round(cfg, low: int, high: int) -> List[Problem]:
     """Every round keeps the global batch (engine/topology.py refuses a
     resume that does not): it must divide across every worker count."""
     batch, devices = cfg.data.get("batch_size"), cfg.cluster.devices_per_worker or 1
-    if not isinstance(batch, int) or isinstance(batch, bool) or batch < 1 or batch % (high * devices):
-        return []  # refused by its own checks (validate._data: not a batch, or not dividing across cluster.workers)
+    if not isinstance(batch, int) or isinstance(batch, bool) or batch < 1:
+        return []  # refused by its own check (validate._data: not a batch)
     counts = range(low, high + 1)
     whole = math.lcm(*(workers * devices for workers in counts))
     if batch % whole == 0:

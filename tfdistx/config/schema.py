@@ -87,10 +87,11 @@ class CheckpointConfig:
 class ElasticConfig:
     """Elastic training (config/elastic.py): as many workers as hosts are up, from min_workers to cluster.workers."""
     min_workers: Optional[int] = None  # null: not elastic; else the fewest workers a round trains with (cluster.workers: the most)
-    hosts: Optional[str] = None  # a file listing the hosts workers may run on, one a line, read whenever it changes
-    discover: Optional[str] = None  # or a command printing them, one a line (as Horovod's --host-discovery-script)
+    # Any, not str: a YAML boolean or number (`discover=false`) is refused as one (config/elastic.py), not run as a command named False
+    hosts: Any = None  # a file listing the hosts workers may run on, one a line, read whenever it changes
+    discover: Any = None  # or a command printing them, one a line (as Horovod's --host-discovery-script)
     join_grace: float = 10.0  # seconds a round forming with min_workers or more waits for the rest, up to cluster.workers
-    lost_bound: float = 10.0  # seconds a lost worker's host has to be listed again before a round forms without it
+    lost_bound: float = 10.0  # seconds a lost worker's host has to be listed again before a round forms without it; also how long a change of the list must hold
     below_min_timeout: float = 300.0  # seconds the run waits with fewer hosts than min_workers before it stops (exit 9)
 
 

@@ -29,8 +29,12 @@ def validate(cfg: DictConfig, run_dir: Optional[str] = None) -> None:
     """Raise ConfigError listing every problem found in `cfg`."""
     problems = _top_level(cfg)
     problems += _strategy_and_cluster(cfg.strategy, cfg.cluster)
-    problems += elastic.problems(cfg)
-    problems += _data(cfg.data, planned_replicas(cfg))
+    elastic_problems = elastic.problems(cfg)
+    problems += elastic_problems
+    data_problems = _data(cfg.data, planned_replicas(cfg))
+    if any(problem.key == "data.batch_size" for problem in elastic_problems):  # one line: the multiple every round needs, not MAX's alone
+        data_problems = [problem for problem in data_problems if problem.key != "data.batch_size"]
+    problems += data_problems
     problems += _optimizer(cfg.optimizer)
     problems += _trainer(cfg.trainer)
     problems += compute.problems(cfg)

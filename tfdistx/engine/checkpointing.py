@@ -26,7 +26,7 @@ from tfdistx.config.errors import EXIT_NOT_RETRYABLE, ConfigError, RunFault
 from tfdistx.engine import resplit as resplit_lib
 from tfdistx.engine import topology as topology_lib
 from tfdistx.internals import tensorflow as internals
-from tfdistx.checkpoint_files import BEST, find, on_disk  # noqa: F401 (find: the engine asks it here)
+from tfdistx.checkpoint_files import BEST, SCRATCH_ENV, find, on_disk  # noqa: F401 (find: the engine asks it here)
 from tfdistx.rundir import cannot_write, keep_aside
 
 log = logging.getLogger(__name__)
@@ -265,14 +265,20 @@ def _scratch_dir(directory: str, task_name: str) -> str:
     that nothing another local user plants at a guessable name (a symlink)
     can take it over. Named after the run's checkpoints and the task, so
     that one a SIGKILL left behind is found and removed when the task
-    starts again: only real directories of ours, never a link."""
+    starts again: only real directories of ours, never a link.
+
+    Inside the place its launcher gave it (SCRATCH_ENV: the local
+    launcher's, which removes it when the task ends, even by SIGKILL), else
+    in the system's temp directory."""
     key = hashlib.sha1(os.path.abspath(directory).encode()).hexdigest()[:12]
     prefix = f"tfdistx-{key}-{task_name.replace(':', '')}-"
-    for left in Path(tempfile.gettempdir()).glob(prefix + "*"):
+    root = os.environ.get(SCRATCH_ENV) or tempfile.gettempdir()
+    os.makedirs(root, mode=0o700, exist_ok=True)
+    for left in Path(root).glob(prefix + "*"):
         info = left.lstat()
         if stat.S_ISDIR(info.st_mode) and info.st_uid == os.getuid():
             shutil.rmtree(left, ignore_errors=True)
-    return tempfile.mkdtemp(prefix=prefix)
+    return tempfile.mkdtemp(prefix=prefix, dir=root)
 
 
 @contextlib.contextmanager
