@@ -24,7 +24,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
-from tfdistx.config import recipes, strategies, topology, userconf
+from tfdistx.config import builtin_loggers, recipes, strategies, topology, userconf
 from tfdistx.config.paths import config_dir
 from tfdistx.config.schema import OPTIMIZER_KEYS, PIPELINE_KEYS, TASK_FACTS, TASK_KEYS, Config
 from tfdistx.config.validate import validate
@@ -56,8 +56,8 @@ def composed(overrides: Sequence[str], notes: bool = True) -> Iterator[DictConfi
         yield cfg
 
 
-# The logger group's own mappings; any other logger.NAME.KEY is a logger of the user's.
-LOGGER_SERVICES = ("wandb", "mlflow")
+# The logger group's own mappings (the built-in loggers with keys); any other logger.NAME.KEY is a logger of the user's.
+LOGGER_SERVICES = tuple(row.name for row in builtin_loggers.blocks())
 
 # Groups whose `_target_` a user may replace with their own function.
 USER_TARGET_GROUPS = ("data", "model", "task", "optimizer")

@@ -19,13 +19,14 @@ from typing import List, Optional
 from omegaconf import DictConfig, OmegaConf
 
 from tfdistx import rundir
+from tfdistx.config import builtin_loggers
 from tfdistx.config.errors import Problem
 from tfdistx.config.targets import current
 
 # The shipped callbacks that write a file: their target -> (the key naming the file, its default).
 CALLBACK_FILES = {"tfdistx.engine.callbacks.CSVLogger": ("filename", "keras_log.csv")}
-# What each logger writes in the run dir, by its key in the logger group (engine/sinks.py, engine/mlflow_logger.py).
-LOGGER_FILES = {"csv": ("metrics.csv",), "wandb.enabled": ("wandb",), "mlflow.enabled": ("mlflow.json", "mlflow.db", "mlartifacts")}
+# What each built-in logger writes in the run dir, by the key in the logger group that turns it on (builtin_loggers.py).
+LOGGER_FILES = {row.switch: row.files for row in builtin_loggers.BUILT_IN if row.files}
 
 
 def problems(cfg: DictConfig, run_dir: Optional[str]) -> List[Problem]:
