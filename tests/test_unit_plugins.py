@@ -122,3 +122,51 @@ def test_a_users_own_source_gets_no_checks_of_the_built_in_ones(tmp_path):
     # a file source's key, which a built-in file source would check: here it is only the user's function's (**kwargs)
     cfg = compose_ok(tmp_path / "run", "data._target_=user_plugins.two_classes_by_default", "data.num_classes=1", "data.train_files=nope")
     assert sources.of(cfg.data) == sources.Source()
+
+
+# -- loggers: a built-in logger is its class and its row of config/builtin_loggers.py (issue 44) --------------------
+
+
+def test_each_built_in_logger_is_a_row_of_the_default_logger_yaml_and_its_class_takes_its_keys():
+    """Every row's switch is in conf/logger/default.yaml (a block's as `enabled: false`) and nothing else is;
+    its target is found, without TensorFlow, and takes the row's keys."""
+    import inspect
+    import sys
+
+    from tfdistx.config import builtin_loggers
+    from tfdistx.config.paths import config_dir
+    from tfdistx.config.targets import locate
+
+    default = OmegaConf.to_container(OmegaConf.load(config_dir() / "logger" / "default.yaml"))
+    assert default == {row.name: row.on if row.keys is None else {"enabled": False} for row in builtin_loggers.BUILT_IN}
+    had_tensorflow = "tensorflow" in sys.modules
+    for row in builtin_loggers.BUILT_IN:
+        parameters = inspect.signature(locate(row.target)).parameters
+        assert set(row.keys or ()) <= set(parameters), row.name
+        assert set(row.seconds) <= set(row.keys or ()), row.name
+    assert had_tensorflow or "tensorflow" not in sys.modules
+
+
+def test_a_new_built_in_logger_is_one_row_and_its_class(tmp_path, monkeypatch):
+    """A row added to the table (its class: a user's logger here) is composed with
+    its keys, checked, shown by --plan, and opened by the engine's for_run."""
+    from tfdistx.commands.plan import _loggers
+    from tfdistx.config import builtin_loggers
+    from tfdistx.config.resolve import resolve
+    from tfdistx.engine.loggers import for_run
+
+    row = builtin_loggers.BuiltInLogger("lines", "user_plugins.LinesLogger", lambda keys: f"lines ({keys['name']})",
+                                        keys={"name": "lines.txt"}, files=("lines.txt",))
+    monkeypatch.setattr(builtin_loggers, "BUILT_IN", (*builtin_loggers.BUILT_IN, row))
+    off = ["logger.console=false", "logger.tensorboard=false"]
+    assert refused(tmp_path / "bad", *off, "++logger.lines.enabled=true", "++logger.lines.nam=x") == [
+        f"{PREFIX}logger.lines.nam='x': logger.lines has no such key; its keys: enabled, name"]
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    spec = resolve(compose_ok(run_dir, *off, "++logger.lines.enabled=true", "++logger.lines.name=mine.txt"), str(run_dir))
+    assert _loggers(spec.logger) == ["metrics.jsonl", "lines (mine.txt)"]
+    with for_run(run_dir, spec.logger, total_steps=10, start_step=0) as sinks:
+        assert [sink.key for sink in sinks] == ["metrics.jsonl", "logger.lines"]
+        for sink in sinks:
+            sink(5, {"loss": 0.5})
+    assert (run_dir / "mine.txt").read_text() == "5 0.5\n"

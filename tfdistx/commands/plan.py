@@ -6,7 +6,7 @@ from tfdistx import machine
 from tfdistx.cluster import placement as cluster_lib
 from tfdistx.cluster.placement import Source
 from tfdistx.commands.execute import local_tasks
-from tfdistx.config import compute, elastic, sources, strategies, threads
+from tfdistx.config import builtin_loggers, compute, elastic, sources, strategies, threads
 from tfdistx.config.resolve import resolve
 from tfdistx.config.spec import Layout, Logger, Optimizer
 from tfdistx.config.targets import Target
@@ -175,11 +175,5 @@ def _tasks(layout: Layout, placement) -> list:
 
 
 def _loggers(logger: Logger) -> list:
-    """Where the run's metrics go, as the logger group says."""
-    named = ["metrics.jsonl"] + [name for on, name in ((logger.console, "terminal"), (logger.tensorboard, "tensorboard"),
-                                                       (logger.csv, "metrics.csv")) if on]
-    if logger.wandb:
-        named.append("wandb")
-    if logger.mlflow:
-        named.append(f"mlflow ({logger.mlflow.tracking_uri or 'MLFLOW_TRACKING_URI, else <run dir>/mlflow.db'})")
-    return named
+    """Where the run's metrics go, as the logger group says (each built-in logger as its row shows it)."""
+    return ["metrics.jsonl"] + [builtin_loggers.named(name).shown(target.kwargs) for name, target in logger.on.items()]

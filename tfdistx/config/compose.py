@@ -24,7 +24,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
-from tfdistx.config import recipes, strategies, topology, userconf
+from tfdistx.config import builtin_loggers, recipes, strategies, topology, userconf
 from tfdistx.config.paths import config_dir
 from tfdistx.config.schema import OPTIMIZER_KEYS, PIPELINE_KEYS, TASK_FACTS, TASK_KEYS, Config
 from tfdistx.config.validate import validate
@@ -56,9 +56,6 @@ def composed(overrides: Sequence[str], notes: bool = True) -> Iterator[DictConfi
         yield cfg
 
 
-# The logger group's own mappings; any other logger.NAME.KEY is a logger of the user's.
-LOGGER_SERVICES = ("wandb", "mlflow")
-
 # Groups whose `_target_` a user may replace with their own function.
 USER_TARGET_GROUPS = ("data", "model", "task", "optimizer")
 
@@ -82,8 +79,9 @@ def keys_for_own_targets(overrides: Sequence[str]) -> list:
         group, _, rest = override.partition(".")
         if group == "callbacks" and not override.startswith(("+", "~")):  # every callback is the user's: callbacks.NAME.KEY=V adds it
             return "=" in rest
-        if group == "logger" and not override.startswith(("+", "~")):  # logger.NAME.KEY=V adds a logger of the user's
-            return "." in rest.partition("=")[0] and rest.partition(".")[0] not in LOGGER_SERVICES
+        if group == "logger" and not override.startswith(("+", "~")):  # logger.NAME.KEY=V adds a logger of the user's,
+            blocks = [row.name for row in builtin_loggers.blocks()]  # unless NAME is a built-in logger with keys
+            return "." in rest.partition("=")[0] and rest.partition(".")[0] not in blocks
         # optimizer._target_ too: the shipped optimizer files name their class by `name`, and have no _target_ to set.
         return not override.startswith(("+", "~")) and group in own and "=" in rest and \
             (not rest.startswith("_target_=") or group == "optimizer")

@@ -13,8 +13,8 @@ from urllib.parse import unquote, urlparse
 
 from omegaconf import DictConfig, OmegaConf
 
+from tfdistx.config import builtin_loggers
 from tfdistx.config.errors import Problem
-from tfdistx.config.schema import LOGGER_DEFAULTS, MLFLOW_DEFAULTS, WANDB_DEFAULTS
 
 MAX_EXPERIMENT_NAME = 500  # MLflow's limit on an experiment's name
 MAX_RUN_NAME = 250  # the length MLflow's SQL stores keep a run's name in
@@ -23,11 +23,11 @@ TRACKING_ENV = "MLFLOW_TRACKING_URI"
 
 
 def problems(logger: DictConfig) -> List[Problem]:
-    found = [Problem(f"logger.{key}", logger[key], "allowed: true, false") for key in LOGGER_DEFAULTS
-             if key in logger and not isinstance(logger[key], bool)]
-    for service, defaults in (("wandb", WANDB_DEFAULTS), ("mlflow", MLFLOW_DEFAULTS)):
-        found += _service_keys(logger, service, defaults)
-    for key in ("wandb.init_timeout", "mlflow.timeout"):
+    found = [Problem(f"logger.{row.name}", logger[row.name], "allowed: true, false") for row in builtin_loggers.switches()
+             if row.name in logger and not isinstance(logger[row.name], bool)]
+    for row in builtin_loggers.blocks():
+        found += _service_keys(logger, row.name, row.keys)
+    for key in [f"{row.name}.{seconds}" for row in builtin_loggers.BUILT_IN for seconds in row.seconds]:
         timeout = OmegaConf.select(logger, key)
         if timeout is not None and not (_is_number(timeout) and timeout > 0):
             found.append(Problem(f"logger.{key}", timeout, "seconds, more than 0"))
@@ -52,7 +52,7 @@ def _service_keys(logger: DictConfig, service: str, defaults: dict) -> List[Prob
 
 def _mlflow(keys: DictConfig) -> List[Problem]:
     found = []
-    experiment = keys.get("experiment", MLFLOW_DEFAULTS["experiment"])
+    experiment = keys.get("experiment", builtin_loggers.named("mlflow").keys["experiment"])
     if not isinstance(experiment, str) or not experiment.strip() or len(experiment) > MAX_EXPERIMENT_NAME:
         found.append(Problem("logger.mlflow.experiment", experiment, f"the name of an MLflow experiment: 1 to {MAX_EXPERIMENT_NAME} characters"))
     run_name = keys.get("run_name")

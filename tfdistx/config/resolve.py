@@ -2,8 +2,8 @@
 
 The config side (Hydra, OmegaConf, validation) ends here: interpolations
 are resolved, every key a group may leave out gets its default (from the
-schema's dataclasses and the defaults beside them in schema.py: the one
-place they are set), and the groups become typed, frozen data. The engine
+schema's dataclasses and the defaults beside them in schema.py, and the
+built-in loggers' in builtin_loggers.py: the one place each is set), and the groups become typed, frozen data. The engine
 is handed the RunSpec and never sees a DictConfig.
 """
 
@@ -14,14 +14,12 @@ from typing import Any, Mapping, Optional
 
 from omegaconf import DictConfig, OmegaConf
 
-from tfdistx.config import data_service, optimizers, strategies, warm_start
+from tfdistx.config import builtin_loggers, data_service, optimizers, strategies, warm_start
 from tfdistx.config.compose import saved_config
 from tfdistx.config.errors import ConfigError
-from tfdistx.config.schema import (LOGGER_DEFAULTS, MLFLOW_DEFAULTS, OPTIMIZER_DEFAULTS, OPTIMIZER_KEYS, PIPELINE_DEFAULTS, TASK_FACTS, TASK_KEYS,
-                                   WANDB_DEFAULTS,
-                                   CheckpointConfig, ClusterConfig, EarlyStoppingConfig, ElasticConfig, TrainerConfig)
-from tfdistx.config.spec import (Checkpoint, Cluster, DataService, EarlyStopping, Elastic, InitFrom, Layout, Logger, Mlflow, Optimizer,
-                                 Pipeline, RunSpec, Strategy, Trainer, Wandb)
+from tfdistx.config.schema import (OPTIMIZER_DEFAULTS, OPTIMIZER_KEYS, PIPELINE_DEFAULTS, TASK_FACTS, TASK_KEYS, CheckpointConfig, ClusterConfig, EarlyStoppingConfig, ElasticConfig, TrainerConfig)
+from tfdistx.config.spec import (Checkpoint, Cluster, DataService, EarlyStopping, Elastic, InitFrom, Layout, Logger, Optimizer,
+                                 Pipeline, RunSpec, Strategy, Trainer)
 from tfdistx.config.targets import Target, current
 
 
@@ -118,25 +116,17 @@ def _optimizer(group: Mapping[str, Any]) -> Optimizer:
 
 
 def _logger(group: Mapping[str, Any]) -> Logger:
-    keys = {**LOGGER_DEFAULTS, **group}
-    wandb, mlflow = _service(keys, "wandb", WANDB_DEFAULTS), _service(keys, "mlflow", MLFLOW_DEFAULTS)
-    return Logger(console=bool(keys["console"]), tensorboard=bool(keys["tensorboard"]), csv=bool(keys["csv"]),
-                  wandb=Wandb(**{**wandb, "tags": tuple(wandb["tags"] or ())}) if wandb else None,
-                  mlflow=Mlflow(**mlflow) if mlflow else None,
+    """The built-in loggers that are on (config/builtin_loggers.py's table: each
+    a Target of its class, with its keys), and the user's own."""
+    on = {row.name: Target(f"logger.{row.name}", row.target, _frozen(keys))
+          for row in builtin_loggers.BUILT_IN if (keys := builtin_loggers.settings(row, group)) is not None}
+    return Logger(on=_frozen(on),
                   own=_frozen({name: Target.of(f"logger.{name}", keys) for name, keys in group.items() if _own_logger(keys)}))
 
 
 def _own_logger(keys) -> bool:
     """A logger group's entry that is a user's logger: a mapping with a `_target_`."""
     return isinstance(keys, Mapping) and "_target_" in keys
-
-
-def _service(logger: Mapping[str, Any], name: str, defaults: Mapping[str, Any]) -> Optional[dict]:
-    """A logging service's keys (`logger.NAME`), with its defaults; None when it is not enabled."""
-    keys = dict(logger.get(name) or {})
-    if not keys.pop("enabled", False):
-        return None
-    return {**defaults, **{key: value for key, value in keys.items() if key in defaults}}
 
 
 def _init_from(path: Optional[str], resumes: bool) -> Optional[InitFrom]:

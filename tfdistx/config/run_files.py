@@ -19,13 +19,12 @@ from typing import List, Optional
 from omegaconf import DictConfig, OmegaConf
 
 from tfdistx import rundir
+from tfdistx.config import builtin_loggers
 from tfdistx.config.errors import Problem
 from tfdistx.config.targets import current
 
 # The shipped callbacks that write a file: their target -> (the key naming the file, its default).
 CALLBACK_FILES = {"tfdistx.engine.callbacks.CSVLogger": ("filename", "keras_log.csv")}
-# What each logger writes in the run dir, by its key in the logger group (engine/sinks.py, engine/mlflow_logger.py).
-LOGGER_FILES = {"csv": ("metrics.csv",), "wandb.enabled": ("wandb",), "mlflow.enabled": ("mlflow.json", "mlflow.db", "mlartifacts")}
 
 
 def problems(cfg: DictConfig, run_dir: Optional[str]) -> List[Problem]:
@@ -42,7 +41,8 @@ def problems(cfg: DictConfig, run_dir: Optional[str]) -> List[Problem]:
 
 def names(cfg: DictConfig) -> List[str]:
     """The first names of the paths the configured loggers and shipped callbacks write in the run dir."""
-    written = [name for key, files in LOGGER_FILES.items() if OmegaConf.select(cfg.logger, key) is True for name in files]
+    # What each built-in logger writes, when the key that turns it on is true (builtin_loggers.py).
+    written = [name for row in builtin_loggers.BUILT_IN if OmegaConf.select(cfg.logger, row.switch) is True for name in row.files]
     for _, callback in _callbacks(cfg):
         key, default = CALLBACK_FILES[current(callback.get("_target_"))]
         value = callback.get(key, default)

@@ -34,16 +34,13 @@ TASK_KEYS = ("name", "objective")
 # command line names (they are the option's facts, not that target's).
 TASK_FACTS = ("offers", "labels")
 
-# The optimizer and logger groups are free-form (an optimizer class takes
-# keys of its own); tfdistx's keys of them, with their defaults for an
-# option that does not set them (conf/optimizer/*.yaml and conf/logger/*.yaml
-# show them; resolve.py fills them in).
+# The optimizer group is free-form (an optimizer class takes keys of its
+# own); tfdistx's keys of it, with their defaults for an option that does not
+# set them (conf/optimizer/*.yaml shows them; resolve.py fills them in). The
+# logger group's built-in loggers and their defaults are config/builtin_loggers.py's.
 OPTIMIZER_DEFAULTS = {"schedule": "constant", "warmup_steps": 0, "min_lr_ratio": 0.0, "scale_lr_with_replicas": False,
                       "clip_norm": None, "global_clip_norm": None}
 OPTIMIZER_KEYS = ("name", "lr", *OPTIMIZER_DEFAULTS)
-LOGGER_DEFAULTS = {"console": True, "tensorboard": True, "csv": False}
-WANDB_DEFAULTS = {"project": "tfdistx", "entity": None, "mode": None, "tags": [], "init_timeout": 30.0}
-MLFLOW_DEFAULTS = {"experiment": "tfdistx", "tracking_uri": None, "run_name": None, "timeout": 30.0}
 
 
 @dataclass

@@ -140,29 +140,12 @@ class Optimizer:
 
 
 @dataclass(frozen=True)
-class Wandb:
-    project: str
-    entity: Optional[str]
-    mode: Optional[str]  # None: online when an API key is configured, else offline
-    tags: Tuple[str, ...]
-    init_timeout: float
-
-
-@dataclass(frozen=True)
-class Mlflow:
-    experiment: str
-    tracking_uri: Optional[str]  # None: MLFLOW_TRACKING_URI, else the run dir's own mlflow.db
-    run_name: Optional[str]  # None: the run dir's name
-    timeout: float
-
-
-@dataclass(frozen=True)
 class Logger:
-    console: bool
-    tensorboard: bool
-    csv: bool  # metrics.csv
-    wandb: Optional[Wandb]  # None: off
-    mlflow: Optional[Mlflow] = None  # None: off
+    """The logger group: the built-in loggers a run has (config/builtin_loggers.py's
+    rows, each a Target of its class and keys, in the table's order), and the
+    user's own. metrics.jsonl is every chief's, and not here."""
+
+    on: Mapping[str, Target]  # logger.NAME of a built-in logger that is on -> its class and keys
     own: Mapping[str, Target] = field(default_factory=dict)  # logger.NAME: {_target_: ...}: the user's loggers (engine/loggers.py)
 
 

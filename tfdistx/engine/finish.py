@@ -38,7 +38,7 @@ def finish(run: Run, start: Start, result: Result, started: float) -> Optional[f
         kept = run.checkpointer.best if run.spec.checkpoint.keep_best and run.checkpointer.best else run.checkpointer.latest
         if run.spec.checkpoint.export and kept:
             export_checkpoint(run.spec, kept, str(run.dir / "export"))
-            if run.spec.logger.mlflow:
+            if "mlflow" in run.spec.logger.on:
                 from tfdistx.engine.mlflow_logger import log_export  # MLflow's client only when it is on
 
                 log_export(run.dir)

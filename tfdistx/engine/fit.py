@@ -127,7 +127,7 @@ def profile_steps(run: Run) -> Optional[ProfileSteps]:
     start, end = spec.trainer.profile_steps
     if end > run.total_steps and run.placement.is_chief:  # trainer.epochs: validation could not know the steps
         log.warning("trainer.profile_steps=[%d, %d]: the run has %d steps; the trace ends with it", start, end, run.total_steps)
-    note = "" if spec.logger.tensorboard else " (logger.tensorboard=false: the directory holds only the trace)"
+    note = "" if "tensorboard" in spec.logger.on else " (logger.tensorboard=false: the directory holds only the trace)"
     return ProfileSteps(start, end, (run.dir / "tensorboard").resolve(), writes=run.placement.is_chief, note=note)
 
 

@@ -2,26 +2,27 @@
 
 Each logger is a callable `(step, metrics)`; the training loop calls them
 all at every log or eval step and knows none of them. `for_run` opens the
-ones a run's `logger` config asks for (progress.py, sinks.py,
-mlflow_logger.py, and the user's own), each named, so that one that raises
-stops the run in one line naming it. The run directory's other files are
+ones a run's `logger` config asks for: metrics.jsonl, the built-in ones
+that are on (config/builtin_loggers.py's table names each one's class, in
+progress.py, sinks.py or mlflow_logger.py: opened by its dotted path, as a
+user's logger is, with its keys and what it takes of the run's run_dir,
+config, total_steps and start_step), and the user's own, each named, so
+that one that raises stops the run in one line naming it. The run directory's other files are
 written by whole_files.py; the log file is log_files.py's.
 """
 
 import contextlib
-import dataclasses
+import inspect
 import logging
 from pathlib import Path
 from typing import Callable, List, Optional
 
 from tfdistx.config.errors import ConfigError, PluginFailed, RunFault, interrupted
 from tfdistx.config.spec import Logger
-from tfdistx.config.targets import Target
-from tfdistx.engine.progress import ConsoleProgress
-from tfdistx.engine.sinks import CsvLogger, JsonlLogger, TensorBoardLogger, WandbLogger
+from tfdistx.config.targets import Target, locate
+from tfdistx.engine.sinks import JsonlLogger
 from tfdistx.log_files import log_files
 from tfdistx.rundir import cannot_write
-from tfdistx.whole_files import read_jsonl
 
 log = logging.getLogger(__name__)
 
@@ -42,19 +43,10 @@ def for_run(run_dir: Path, asked: Logger, total_steps: int, start_step: int, ena
     try:
         if enabled:
             opened(JSONL_KEY, JsonlLogger, str(run_dir / "metrics.jsonl"), resume_step=start_step)
-            if asked.console:
-                opened("logger.console", ConsoleProgress, total_steps, start_step=start_step)
-            if asked.csv:
-                opened("logger.csv", CsvLogger, run_dir / "metrics.csv", resume_step=start_step)
-            if asked.tensorboard:
-                opened("logger.tensorboard", TensorBoardLogger, str(run_dir / "tensorboard"))
-            if asked.wandb:
-                opened("logger.wandb", WandbLogger, str(run_dir), config or {}, **dataclasses.asdict(asked.wandb))
-            if asked.mlflow:
-                from tfdistx.engine.mlflow_logger import MlflowLogger  # MLflow's client only when it is on
-
-                opened("logger.mlflow", MlflowLogger, run_dir, config or {}, checkpoint_dir=_checkpoint_dir(run_dir, config or {}),
-                       logged=[record for _, record in read_jsonl(run_dir / "metrics.jsonl")], **dataclasses.asdict(asked.mlflow))
+            runtime = dict(run_dir=run_dir, config=config or {}, total_steps=total_steps, start_step=start_step)
+            for name, target in asked.on.items():  # config/builtin_loggers.py's, in its order
+                make = locate(target.path)
+                opened(f"logger.{name}", make, **target.kwargs, **_taken(make, runtime))
             for name, target in asked.own.items():
                 sinks.append(Named(f"logger.{name}", target.path, own_logger(name, target, run_dir, config or {}), start_step))
     except BaseException:
@@ -68,9 +60,10 @@ def for_run(run_dir: Path, asked: Logger, total_steps: int, start_step: int, ena
     _close_all(sinks, failing=False)
 
 
-def _checkpoint_dir(run_dir: Path, config: dict) -> Path:
-    """Where the run's checkpoints are (the resolved config's checkpoint.dir, else the run dir's)."""
-    return Path((config.get("checkpoint") or {}).get("dir") or run_dir / "checkpoints")
+def _taken(make, runtime: dict) -> dict:
+    """Of what the run passes a built-in logger, what `make` takes (its keys it takes all of)."""
+    parameters = inspect.signature(make).parameters
+    return {key: value for key, value in runtime.items() if key in parameters}
 
 
 def _close_all(sinks: List["Named"], failing: bool) -> None:
@@ -111,8 +104,10 @@ class Named:
 
     @classmethod
     def opening(cls, key: str, step: int, make, *args, **kwargs) -> "Named":
-        """A built-in logger, opened: one that fails to open is named as one that fails later is."""
-        target = f"{make.__module__}.{make.__qualname__}"
+        """A built-in logger, opened: one that fails to open is named as one that fails later is
+        (by its class, where `make` is a classmethod of it)."""
+        owner = make.__self__ if isinstance(getattr(make, "__self__", None), type) else make
+        target = f"{owner.__module__}.{owner.__qualname__}"
         try:
             sink = make(*args, **kwargs)
         except (ConfigError, RunFault):

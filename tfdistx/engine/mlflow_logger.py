@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any, List, Mapping, Optional, Sequence, Tuple
 
 from tfdistx.checkpoint_files import newest_step
-from tfdistx.whole_files import write_whole
+from tfdistx.whole_files import read_jsonl, write_whole
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +67,15 @@ class MlflowLogger:
             log.warning("MLflow at %s is unreachable (%s): logging to %s instead", uri, _first_line(error), local)
             self.client, self.run_id = self._open(local, experiment, run_name or run_dir.name, config)
         self._catch_up(logged)
+
+    @classmethod
+    def for_run(cls, run_dir: Path, config: Mapping[str, Any], experiment: str, tracking_uri: Optional[str], run_name: Optional[str],
+                timeout: float) -> "MlflowLogger":
+        """logger.mlflow: checkpoints where the run's resolved config says
+        (checkpoint.dir, else the run dir's), and the records metrics.jsonl holds as the run starts."""
+        checkpoint_dir = Path((config.get("checkpoint") or {}).get("dir") or Path(run_dir) / "checkpoints")
+        return cls(Path(run_dir), config, experiment, tracking_uri, run_name, timeout, checkpoint_dir=checkpoint_dir,
+                   logged=[record for _, record in read_jsonl(Path(run_dir) / "metrics.jsonl")])
 
     def _catch_up(self, logged: Sequence[dict]) -> None:
         """The points metrics.jsonl holds up to the newest checkpoint that this

@@ -99,7 +99,7 @@ class Sidecar:
     def evaluate_each_checkpoint(self, built: Run) -> None:
         history = evaluated_before(built.dir / "evaluations.jsonl")
         board = None
-        if self.spec.logger.tensorboard:
+        if "tensorboard" in self.spec.logger.on:
             board = sinks.TensorBoardLogger(str(built.dir / "tensorboard" / TENSORBOARD_DIR))
         with contextlib.closing(built.checkpointer), contextlib.closing(board) if board else contextlib.nullcontext():
             runner = make_runner(built, train=False)

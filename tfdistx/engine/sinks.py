@@ -1,7 +1,8 @@
 """The loggers that keep a run's metrics: metrics.jsonl, metrics.csv,
 TensorBoard and Weights & Biases (MLflow's is mlflow_logger.py). Each is a
 callable `(step, metrics)` with a `close()`; loggers.py opens the ones a
-run asks for."""
+run asks for, each by the callable its row of config/builtin_loggers.py
+names (a `for_run` where the class takes a path of the run dir)."""
 
 import csv
 import json
@@ -9,7 +10,7 @@ import logging
 import netrc
 import os
 from pathlib import Path
-from typing import Optional, Tuple
+from typing import Optional, Sequence
 
 from tfdistx.whole_files import append_whole, keep_steps_up_to, replacing
 
@@ -53,6 +54,11 @@ class CsvLogger:
             self.columns = columns or self.columns
             self._rewrite([row for row in rows if _int_or_none(row.get("step")) is not None and int(row["step"]) <= resume_step])
 
+    @classmethod
+    def for_run(cls, run_dir: Path, start_step: int = 0) -> "CsvLogger":
+        """logger.csv: the run dir's metrics.csv."""
+        return cls(Path(run_dir) / "metrics.csv", resume_step=start_step)
+
     def __call__(self, step: int, metrics: dict) -> None:
         row = {"step": step, **metrics}
         new = [key for key in row if key not in self.columns]
@@ -91,6 +97,11 @@ class TensorBoardLogger:
         self.tf = tf
         self.writer = tf.summary.create_file_writer(logdir)
 
+    @classmethod
+    def for_run(cls, run_dir: Path) -> "TensorBoardLogger":
+        """logger.tensorboard: event files in the run dir's tensorboard/."""
+        return cls(str(Path(run_dir) / "tensorboard"))
+
     def __call__(self, step: int, metrics: dict) -> None:
         with self.writer.as_default(step=step):
             for key, value in metrics.items():
@@ -111,13 +122,13 @@ class WandbLogger:
     back to offline with one warning line: training never waits on it.
     """
 
-    def __init__(self, run_dir: str, config: dict, project: str, entity: Optional[str], mode: Optional[str], tags: Tuple[str, ...],
+    def __init__(self, run_dir: Path, config: dict, project: str, entity: Optional[str], mode: Optional[str], tags: Sequence[str],
                  init_timeout: float):
         import wandb
 
         self.wandb = wandb
         mode = mode or ("online" if _wandb_key_configured() else "offline")
-        init = dict(project=project, entity=entity, dir=run_dir, config=config, tags=list(tags), reinit="finish_previous")
+        init = dict(project=project, entity=entity, dir=str(run_dir), config=config, tags=list(tags), reinit="finish_previous")
         if mode != "online":
             self.run = wandb.init(mode=mode, **init)
             return
