@@ -62,20 +62,22 @@ def test_runs_started_together_get_their_own_directories(tmp_path):
 
 def test_a_killed_cluster_leaves_nothing_behind_once_it_runs_again(tmp_path):
     """SIGKILL to the launcher: its tasks die with it (PR_SET_PDEATHSIG), and
-    worker 1's scratch checkpoints and the launcher's spec file stay behind
-    until the same run starts again, which removes them."""
+    worker 1's scratch checkpoints (in the run's logs/.scratch, never the
+    system temp dir) and the launcher's spec file stay behind until the
+    same run starts again, which removes them."""
     scratch, run_dir = tmp_path / "tmp", tmp_path / "run"
     scratch.mkdir()
     args = ["strategy=multiworker", "cluster=2x1", *LONG, "checkpoint.every_steps=20"]
     run_and_interrupt(args, run_dir, 2, lambda proc: proc.send_signal(signal.SIGKILL), env={"TMPDIR": str(scratch)})
     wait_until(lambda: processes_of(run_dir) == [], 30, "the tasks to die with their launcher (their own SIGKILL)")
-    assert list(scratch.glob("tfdistx-*")) and (run_dir / "logs" / ".cluster.json").exists()
+    left = run_dir / "logs" / ".scratch"
+    assert [p for p in left.rglob("*") if p.is_file()] and (run_dir / "logs" / ".cluster.json").exists()
     rerun = subprocess.run([sys.executable, "-m", "tfdistx", *args, steps_past_the_last_checkpoint(run_dir), f"hydra.run.dir={run_dir}"],
                            env=tfdistx_env(TMPDIR=str(scratch)), capture_output=True, text=True, timeout=600)
     assert rerun.returncode == 0, rerun.stdout[-3000:]
     assert json.loads((run_dir / "summary.json").read_text())["resumed"]
     # (TensorFlow's own __autograph_generated_file*.py of the killed tasks are not ours to remove)
-    assert list(scratch.glob("tfdistx-*")) == [] and not (run_dir / "logs" / ".cluster.json").exists()
+    assert not left.exists() and list(scratch.glob("tfdistx-*")) == [] and not (run_dir / "logs" / ".cluster.json").exists()
 
 
 def test_a_run_that_fails_before_writing_anything_leaves_no_stub(tfdistx):

@@ -136,6 +136,12 @@ def test_mlflow_gets_each_step_once_its_checkpoint_is_saved_so_a_resumed_run_sen
 
     attempt([(10, 3.0), (20, 2.0)], saved_after={10})  # killed past its checkpoint: 20 is trained again
     attempt([(20, 2.5), (30, 1.5)], saved_after={20, 30}, resumed_from=10)  # killed after saving 30, before sending it
+    # killed after MLflow stored 30's batch but before mlflow.json said so (the file as it was before that send)
+    sent = json.loads((run_dir / "mlflow.json").read_text())
+    after_30 = attempt([], saved_after=set(), resumed_from=30)  # the resume sends 30, once
+    assert json.loads((run_dir / "mlflow.json").read_text())["sent_up_to"] == 30
+    (run_dir / "mlflow.json").write_text(json.dumps({**sent, "sent_up_to": 20}) + "\n")
+    assert after_30.run_id == sent["run_id"]
     last = attempt([(40, 1.0)], saved_after={40}, resumed_from=30)
     last.close()  # the end's checkpoint makes the last point final
     client = MlflowClient(tracking_uri=f"sqlite:///{run_dir / 'mlflow.db'}")

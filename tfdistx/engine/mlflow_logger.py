@@ -82,12 +82,21 @@ class MlflowLogger:
         MLflow run was not sent: a run killed after a checkpoint, before the
         next record sent that checkpoint's points, resumes after their step
         and never logs them again (and a run new to this store gets them all)."""
-        sent = (kept_run(self.run_dir) or {}).get("sent_up_to", 0)
+        sent = max((kept_run(self.run_dir) or {}).get("sent_up_to", 0), self._last_step_stored(logged))
         for record in logged:
             step = record.get("step")
             if isinstance(step, int) and step > sent:
                 self.pending.append((step, int(time.time() * 1000), {k: v for k, v in record.items() if k != "step"}))
         self._send_final()
+
+    def _last_step_stored(self, logged: Sequence[dict]) -> int:
+        """The last step MLflow already holds of this run: a run killed after a
+        batch was stored but before mlflow.json said so must not send it twice
+        (log_batch stores a batch whole or not at all)."""
+        keys = [key for record in logged[:1] for key in record if key != "step"]
+        if not keys:
+            return 0
+        return max((metric.step for metric in self.client.get_metric_history(self.run_id, keys[0])), default=0)
 
     def _open(self, uri: str, experiment: str, run_name: str, config: Mapping[str, Any]):
         from mlflow.tracking import MlflowClient
