@@ -3,8 +3,9 @@
 The config side (Hydra, OmegaConf, validation) ends here: interpolations
 are resolved, every key a group may leave out gets its default (from the
 schema's dataclasses and the defaults beside them in schema.py, and the
-built-in loggers' in builtin_loggers.py: the one place each is set), and the groups become typed, frozen data. The engine
-is handed the RunSpec and never sees a DictConfig.
+built-in loggers' in builtin_loggers.py: the one place each is set), and
+the groups become typed, frozen data. The engine is handed the RunSpec
+and never sees a DictConfig.
 """
 
 import dataclasses
@@ -17,7 +18,8 @@ from omegaconf import DictConfig, OmegaConf
 from tfdistx.config import builtin_loggers, data_service, optimizers, strategies, warm_start
 from tfdistx.config.compose import saved_config
 from tfdistx.config.errors import ConfigError
-from tfdistx.config.schema import (OPTIMIZER_DEFAULTS, OPTIMIZER_KEYS, PIPELINE_DEFAULTS, TASK_FACTS, TASK_KEYS, CheckpointConfig, ClusterConfig, EarlyStoppingConfig, ElasticConfig, TrainerConfig)
+from tfdistx.config.schema import (OPTIMIZER_DEFAULTS, OPTIMIZER_KEYS, PIPELINE_DEFAULTS, TASK_FACTS, TASK_KEYS, CheckpointConfig,
+                                   ClusterConfig, EarlyStoppingConfig, ElasticConfig, TrainerConfig)
 from tfdistx.config.spec import (Checkpoint, Cluster, DataService, EarlyStopping, Elastic, InitFrom, Layout, Logger, Optimizer,
                                  Pipeline, RunSpec, Strategy, Trainer)
 from tfdistx.config.targets import Target, current
