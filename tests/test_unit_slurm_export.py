@@ -8,6 +8,7 @@ tests/test_slurm.py's (-m system)."""
 
 import shlex
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -129,3 +130,16 @@ def test_out_writes_a_new_file_and_never_replaces_one(capsys, tmp_path):
 def test_usr1_is_a_notice_signal_by_default(configs):
     assert layout_of(configs()).cluster.notice_signals == ("USR1",)
     assert layout_of(configs("cluster.notice_signals=[]")).cluster.notice_signals == ()
+
+
+def test_the_script_docs_clusters_md_shows_is_the_one_the_command_prints(capsys):
+    page = (Path(__file__).resolve().parent.parent / "docs" / "clusters.md").read_text().splitlines()
+    start = page.index("    #!/bin/bash")
+    shown = []
+    for line in page[start:]:
+        if line and not line.startswith("    "):
+            break
+        shown.append(line[4:])
+    made_by = shlex.split(shown[1][2:])
+    code, text, _ = export(capsys, *made_by[3:])
+    assert code == 0 and text.splitlines() == shown[:-1 if shown[-1] == "" else None]
