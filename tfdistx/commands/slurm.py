@@ -37,7 +37,7 @@ RUN_DIR = "outputs/slurm/${SLURM_JOB_ID}"
 _TIME = re.compile(r"(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?")
 TIME_FORMATS = "MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS (Slurm's --time)"
 _PARTITION = re.compile(r"[A-Za-z0-9_.-]+(?:,[A-Za-z0-9_.-]+)*")
-# The config's own launch modes that would not place the tasks from the Slurm step
+# cluster.launch values under which the tasks take their place from the Slurm step (cluster/placement.py)
 _PLACED_BY_SLURM = ("auto", "slurm")
 
 
@@ -152,7 +152,7 @@ def _positive(option: str, value: str, most: int, what: str) -> int:
 
 def _seconds(value: str) -> int:
     """Slurm's --time in seconds (0: no limit); a value in none of its formats is refused."""
-    m = _TIME.fullmatch(value.strip())
+    m = _TIME.fullmatch(value)  # as given: it goes into the script as it is
     days, first, second, third = m.groups() if m else (None,) * 4
     hours = minutes = seconds = 0
     if m and days is None:  # MM, MM:SS, HH:MM:SS
