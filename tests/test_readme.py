@@ -25,6 +25,7 @@ SMALL = ["trainer.steps=4", "trainer.steps_per_loop=2", "trainer.log_every=2", "
          "checkpoint.every_steps=0", "logger.tensorboard=false"]
 # `tfdistx export KIND` prints Kubernetes manifests: the kinds of the documents it prints, in order.
 MANIFESTS = {("export", "tfjob"): ["TFJob"], ("export", "jobset"): ["JobSet"], ("export", "trainjob"): ["ClusterTrainingRuntime", "TrainJob"]}
+SCRIPT = ("export", "slurm")  # prints a Slurm batch script
 OFFLINE = "the download site is unreachable"  # the documented answer for tensorflow-datasets data without network
 
 
@@ -112,6 +113,11 @@ def test_every_readme_command_composes(line, command, tmp_path):
         result = run(words, env, tmp_path, timeout=120)
         assert result.returncode == 0 and re.findall(r"^kind: (\w+)$", result.stdout, re.M) == MANIFESTS[tuple(words[3:5])], result.stderr
         return
+    if tuple(words[3:5]) == SCRIPT:  # prints a batch script: no run needed
+        words = words[:words.index(">")] if ">" in words else words
+        result = run(words, env, tmp_path, timeout=120)
+        assert result.returncode == 0 and result.stdout.startswith("#!/bin/bash\n"), result.stderr
+        return
     if tool in ("export", "evaluate", "report", "predict"):
         pytest.skip("needs a run or sweep directory: run by test_every_readme_command_runs (slow)")
     if tool == "recipes":
@@ -139,7 +145,8 @@ def test_every_readme_command_runs(line, command, tmp_path):
     network fails with the documented one line instead."""
     words, env = argv(command, tmp_path)
     tool = words[3] if len(words) > 3 and words[2] == "tfdistx" else None
-    if "mypkg" in command or "--plan" in words or "--cfg" in words or tool == "recipes" or tuple(words[3:5]) in MANIFESTS:
+    if "mypkg" in command or "--plan" in words or "--cfg" in words or tool == "recipes" or tuple(words[3:5]) in MANIFESTS \
+            or tuple(words[3:5]) == SCRIPT:
         pytest.skip("checked by test_every_readme_command_composes")
     if "/data/" in command or "'a-*" in command:
         pytest.skip("names a user's own files (/data/...): composed with stand-ins by test_every_readme_command_composes")

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import QUICK, tfdistx_env
+from conftest import QUICK, metric_lines, steps_logged, tfdistx_env, wait_until
 
 # Installs packages, writes /etc and starts daemons: only with `pytest -m system`.
 pytestmark = [pytest.mark.system, pytest.mark.xdist_group("slurm")]  # one real Slurm: its tests in one test process
@@ -94,3 +94,32 @@ def test_submitit_sweep_runs_each_job_as_a_slurm_cluster(slurm, tmp_path):
     summaries = [json.loads((sweep / str(job) / "summary.json").read_text()) for job in (0, 1)]
     assert [s["learning_rate"] for s in summaries] == [0.001, 0.01]
     assert all((s["workers"], s["step"]) == (2, 40) for s in summaries)
+
+
+def test_the_exported_script_checkpoints_at_slurms_notice_requeues_itself_and_resumes(slurm, tmp_path):
+    """`tfdistx export slurm`'s script, sbatch'ed: the notice Slurm gives the batch shell before the time limit
+    (--signal=B:USR1@N; sent here at once, as `scancel --signal=USR1 --batch` sends it) reaches both tasks
+    through srun, they checkpoint at one step and exit 42, the job requeues itself, and its next start
+    resumes from that step in the same run dir and finishes: every step logged once."""
+    run_dir, script, steps = tmp_path / "run", tmp_path / "train.sbatch", 6000
+    args = ["strategy=multiworker", "cluster=2x1", *QUICK, f"trainer.steps={steps}", "trainer.steps_per_loop=10",
+            "trainer.log_every=10", f"hydra.run.dir={run_dir}"]
+    env = tfdistx_env(PATH=os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]))  # `python`: this one
+    export = subprocess.run([sys.executable, "-m", "tfdistx", "export", "slurm", *args, "--out", str(script), "--notice", "60"],
+                            capture_output=True, text=True, env=env, timeout=120, cwd=tmp_path)
+    assert export.returncode == 0, export.stderr
+    submitted = subprocess.run(["sbatch", "--parsable", "--overcommit", str(script)], capture_output=True, text=True, env=env,
+                               timeout=60, cwd=tmp_path)
+    assert submitted.returncode == 0, submitted.stderr
+    job = submitted.stdout.strip().split(";")[0]
+    wait_until(lambda: metric_lines(run_dir) >= 1, 600, "the job's first metrics line")
+    notice = subprocess.run(["scancel", "--signal=USR1", "--batch", job], capture_output=True, text=True, timeout=60)
+    assert notice.returncode == 0, notice.stderr
+    summary = run_dir / "summary.json"
+    wait_until(summary.exists, 900, "the requeued job's summary")
+    output = (tmp_path / f"slurm-{job}.out").read_text()  # --open-mode=append: both starts of the job
+    assert "SIGUSR1: checkpointing at the next loop boundary" in output and f"requeueing job {job}" in output, output[-3000:]
+    result = json.loads(summary.read_text())
+    assert result["step"] == steps and 0 < result["resumed_from_step"] < steps, result
+    assert (run_dir / "checkpoints" / f"ckpt-{result['resumed_from_step']}.index").exists()
+    assert steps_logged(run_dir) == list(range(10, steps + 1, 10))

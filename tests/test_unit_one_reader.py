@@ -16,6 +16,7 @@ from omegaconf import DictConfig, ListConfig
 
 import tfdistx
 from config_helpers import compose_ok
+from tfdistx import cli
 from tfdistx.cluster import jobset_manifest, kubernetes, placement
 from tfdistx.commands import execute
 from tfdistx.commands.plan import describe
@@ -86,6 +87,17 @@ def test_manifests_are_written_from_the_spec(tmp_path):
     assert handed_a_config(export) == []
     assert made["tfjob"]["spec"]["runPolicy"]["backoffLimit"] == 5
     assert made["jobset"]["spec"]["failurePolicy"]["maxRestarts"] == 5
+
+
+def test_the_slurm_script_is_written_from_the_spec(capsys):
+    """`tfdistx export slurm` counts the step's tasks with placement's own scheduled_tasks, handed the Layout."""
+    def export():
+        with pytest.raises(SystemExit) as leaving:
+            cli.main(["export", "slurm", "strategy=parameter_server", "cluster=ps1w2", "cluster.evaluator=true", "data.service.workers=1"])
+        assert leaving.value.code == 0
+
+    assert handed_a_config(export) == []
+    assert "#SBATCH --ntasks=7" in capsys.readouterr().out.splitlines()  # chief, ps, 2 workers, dispatcher, data worker, evaluator
 
 
 def test_placement_refuses_to_be_handed_the_composed_config(tmp_path):

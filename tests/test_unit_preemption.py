@@ -35,6 +35,26 @@ def test_a_notice_received_before_anything_started_leaves_with_the_preemption_co
     assert "preempted (SIGTERM) while the cluster was forming: nothing was trained to save" in capsys.readouterr().err
 
 
+def test_usr1_is_a_notice_by_default_named_as_itself_and_the_config_can_give_it_back(capsys):
+    """Slurm's time-limit notice (sbatch --signal=B:USR1@N, passed on by srun) is a SIGTERM in every way:
+    it sets the one `received` every phase reads; cluster.notice_signals=[] leaves USR1 as it was."""
+    before = signal.getsignal(signal.SIGUSR1)
+    with SigtermNotice(plan="") as notice:
+        os.kill(os.getpid(), signal.SIGUSR1)
+        assert notice.received.wait(5)
+        with pytest.raises(SystemExit) as leaving:
+            notice.leave_if_received("while the cluster was forming")
+    assert leaving.value.code == 42 and "preempted (SIGUSR1) while the cluster was forming" in capsys.readouterr().err
+    assert signal.getsignal(signal.SIGUSR1) is before
+    with SigtermNotice(plan="") as notice:
+        notice.listen(["USR2"])  # the composed config's, after the default taken at the process's start
+        assert signal.getsignal(signal.SIGUSR1) is before and signal.getsignal(signal.SIGUSR2) is not signal.SIG_DFL
+        os.kill(os.getpid(), signal.SIGUSR2)
+        assert notice.received.wait(5) and notice.signal_name == "SIGUSR2"
+        notice.listen([])
+        assert signal.getsignal(signal.SIGUSR2) is signal.SIG_DFL
+
+
 @pytest.fixture
 def dispatcher():
     """A real gRPC server: a tf.data service dispatcher on a free port."""

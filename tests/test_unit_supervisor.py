@@ -7,7 +7,9 @@ launcher, a JobSet and a TFJob alike."""
 
 import os
 import signal
+import subprocess
 import sys
+import time
 
 import pytest
 import yaml
@@ -124,3 +126,23 @@ def test_a_sigterm_as_the_round_s_tasks_start_is_a_preemption_not_143(tmp_path, 
     assert supervise(spec, policy) == 42
     said = capsys.readouterr().err
     assert "preempted (SIGTERM) as the round's tasks were starting: none had begun training, so there was nothing to save; exit 42" in said
+
+
+def test_the_launcher_passes_a_notice_signal_on_to_its_tasks_as_sigterm(tmp_path):
+    """A USR1 to the local launcher (cluster.notice_signals) reaches each task as the SIGTERM it checkpoints on,
+    and is remembered as one (the supervisor's preemption path, unchanged)."""
+    ready = tmp_path / "ready"
+    child = subprocess.Popen([sys.executable, "-c", "import signal, sys, time, pathlib; "
+                              "signal.signal(signal.SIGTERM, lambda *a: sys.exit(42)); "
+                              f"pathlib.Path({str(ready)!r}).touch(); time.sleep(60); sys.exit(1)"])
+    try:
+        with ForwardingSignals([child], ["USR1"]) as signals:
+            deadline = time.monotonic() + 30
+            while not ready.exists() and time.monotonic() < deadline:
+                time.sleep(0.05)
+            os.kill(os.getpid(), signal.SIGUSR1)
+            assert signals.wait(5) and signals.received == [signal.SIGTERM]
+            assert child.wait(timeout=30) == 42
+    finally:
+        child.kill()
+        child.wait()

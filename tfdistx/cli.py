@@ -25,6 +25,7 @@ SUBCOMMANDS = {
     "export tfjob": "tfdistx.commands.kubernetes:tfjob",  # a Kubeflow TFJob (the training operator)
     "export jobset": "tfdistx.commands.kubernetes:jobset",  # a JobSet (kubernetes-sigs/jobset)
     "export trainjob": "tfdistx.commands.kubernetes:trainjob",  # a TrainJob and its runtime (Kubeflow Trainer v2)
+    "export slurm": "tfdistx.commands.slurm",  # a Slurm batch script: one srun step, requeued to resume after a notice
     "data write": "tfdistx.commands.data_write",  # any data source as sharded TFRecord/CSV files + a manifest
     "evaluate": "tfdistx.commands.evaluate",  # metrics of a run's checkpoint on the eval data
     "predict": "tfdistx.commands.predict",  # a run's export applied to files (or its eval data): sharded predictions

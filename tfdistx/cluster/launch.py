@@ -22,7 +22,7 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Sequence
 
 from tfdistx.cluster import evaluator as sidecars  # the sidecar evaluator's task
 from tfdistx.cluster.elastic import HostListMembership
@@ -37,7 +37,7 @@ from tfdistx.whole_files import write_json
 def run_local_cluster(counts: Dict[str, int], command: List[str], log_dir: str, primary: List[str],
                       isolate: Optional[bool] = None, max_restarts: int = 0, restart_alone: List[str] = (),
                       stopped_task_timeout: float = 60, run_log: Optional[str] = None, evaluator: bool = False,
-                      preemption_grace: float = 60, notice: Optional[SigtermNotice] = None,
+                      preemption_grace: float = 60, notice: Optional[SigtermNotice] = None, notice_signals: Sequence[str] = (),
                       task_env: Optional[Dict[str, str]] = None, elastic: Optional[dict] = None) -> int:
     """Run the cluster to its end; the exit code of the first task that failed, else 0.
 
@@ -48,7 +48,8 @@ def run_local_cluster(counts: Dict[str, int], command: List[str], log_dir: str, 
     `stopped_task_timeout` seconds is killed, as lost. Every task's output
     also goes, prefixed, to `run_log` (the run's one log file). `evaluator`:
     a sidecar evaluator task runs beside the cluster (cluster/evaluator.py).
-    After a SIGTERM the tasks get `preemption_grace` seconds to checkpoint.
+    After a SIGTERM the tasks get `preemption_grace` seconds to checkpoint;
+    `notice_signals` (cluster.notice_signals: USR1 ...) are passed on as one.
     `task_env`: added to every task's environment (e.g. its thread counts).
     `notice`: the process's SIGTERM notice (sigterm.py): one that came
     before the cluster started ends the run here. `elastic`: the run
@@ -60,7 +61,8 @@ def run_local_cluster(counts: Dict[str, int], command: List[str], log_dir: str, 
     spec_path = os.path.join(log_dir, ".cluster.json")
     write_json(spec_path, {"counts": counts, "command": command, "log_dir": log_dir, "primary": primary, "max_restarts": max_restarts,
                            "restart_alone": list(restart_alone), "stopped_task_timeout": stopped_task_timeout,
-                           "run_log": run_log, "evaluator": evaluator, "preemption_grace": preemption_grace, "task_env": task_env or {},
+                           "run_log": run_log, "evaluator": evaluator, "preemption_grace": preemption_grace,
+                           "notice_signals": list(notice_signals), "task_env": task_env or {},
                            "elastic": elastic})
     supervisor = [sys.executable, "-m", "tfdistx.cluster.launch", spec_path]  # main(), below
     isolated = isolate is not False and can_isolate()
@@ -73,7 +75,7 @@ def run_local_cluster(counts: Dict[str, int], command: List[str], log_dir: str, 
     else:
         print(f"tfdistx: WARNING: local cluster ({describe_jobs(counts)}) is NOT isolated: its TensorFlow gRPC servers listen on all "
               "interfaces without authentication while it runs. Allow unprivileged user namespaces, or firewall the ports.", file=sys.stderr, flush=True)
-    with ForwardingSignals([]) as forwarding:
+    with ForwardingSignals([], notice_signals) as forwarding:
         if notice is not None and notice.received.is_set():
             os.unlink(spec_path)
             notice.leave_if_received("before the cluster started")
@@ -112,7 +114,7 @@ def main(spec: dict, isolated: bool) -> int:
     scratch = Path(spec["log_dir"]) / SCRATCH_DIR  # what a launcher killed by SIGKILL left (one launcher per run directory)
     shutil.rmtree(scratch, ignore_errors=True)
     try:
-        with ForwardingSignals([]) as signals:
+        with ForwardingSignals([], spec.get("notice_signals", ())) as signals:
             return Supervisor(spec, membership, signals, say).run()
     finally:
         shutil.rmtree(scratch, ignore_errors=True)

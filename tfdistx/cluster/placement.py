@@ -86,17 +86,26 @@ def detect(layout: Layout, env: Mapping[str, str] = os.environ, training: bool =
                 else "slurm" if "SLURM_PROCID" in env else "local")
     if mode == "local":
         return Placement(Source.LOCAL, spec={k: [""] * n for k, n in counts.items() if n})
-    evaluator = {EVALUATOR: 1} if cluster.evaluator else {}  # a task of its own (cluster/evaluator.py)
     if mode == "tf_config":
         placement = from_tf_config(env.get("TF_CONFIG", ""))
     elif mode == "jobset":
-        placement = Placement(Source.JOBSET, *jobset.place(env, {**counts, **evaluator}))
+        placement = Placement(Source.JOBSET, *jobset.place(env, scheduled_tasks(layout, training)))
     else:
-        placement = from_slurm(env, {**counts, **evaluator}, cluster.base_port)  # the evaluator: the step's last rank
+        placement = from_slurm(env, scheduled_tasks(layout, training), cluster.base_port)  # the evaluator: the step's last rank
     check_topology(placement, counts)
     if not strategy.multi_process and placement.task_type not in placement.service:
         return Placement(Source.SINGLE, service=placement.service)  # the trainer: one process, fed by the service
     return placement
+
+
+def scheduled_tasks(layout: Layout, training: bool = True) -> Dict[str, int]:
+    """The tasks a scheduler starts for this layout (a Slurm step's, a
+    JobSet's), per job in rank order: the strategy's (chief, ps, workers),
+    a training run's tf.data service (dispatcher, data workers), and a
+    sidecar evaluator, a task of its own (cluster/evaluator.py), last.
+    `tfdistx export slurm` asks Slurm for as many."""
+    service = layout.service_jobs() if training else {}
+    return {**layout.training_jobs(), **service, **({EVALUATOR: 1} if layout.cluster.evaluator else {})}
 
 
 def from_tf_config(raw: str) -> Placement:

@@ -21,10 +21,11 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Sequence
 
 from tfdistx.checkpoint_files import SCRATCH_ENV  # file names only: no TensorFlow
 from tfdistx.cluster import evaluator as sidecars  # the sidecar evaluator's task
+from tfdistx.sigterm import signal_number
 
 SCRATCH_DIR = ".scratch"  # in the tasks' log directory: each task's scratch (its checkpoints, if not the chief), removed as it ends
 
@@ -119,13 +120,17 @@ def shell_code(code: int) -> int:
 class ForwardingSignals:
     """While inside, SIGINT, SIGTERM and SIGHUP are passed on to the children
     (SIGINT stops a task at once; SIGTERM is a scheduler's preemption notice,
-    which TensorFlow's coordination service catches) and remembered."""
+    which TensorFlow's coordination service catches) and remembered.
+    `notices`: the signals that mean what SIGTERM does (cluster.notice_signals,
+    USR1 by default: sigterm.py), passed on and remembered as a SIGTERM, so
+    that a USR1 to the launcher is a preemption of the whole cluster."""
 
     SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
-    def __init__(self, procs):
+    def __init__(self, procs, notices: Sequence[str] = ()):
         self.procs, self.previous = procs, {}
         self.received: List[int] = []
+        self.notices = tuple(signal_number(name) for name in notices)
 
     def wait(self, seconds: float) -> bool:
         """Sleep up to `seconds`; True as soon as a signal has come."""
@@ -135,6 +140,7 @@ class ForwardingSignals:
         return bool(self.received)
 
     def _forward(self, signum, frame):
+        signum = signal.SIGTERM if signum in self.notices else signum
         self.received.append(signum)
         self._pass_on(signum)
 
@@ -154,7 +160,7 @@ class ForwardingSignals:
             self._pass_on(self.received[0])
 
     def __enter__(self):
-        for sig in self.SIGNALS:
+        for sig in (*self.SIGNALS, *self.notices):
             self.previous[sig] = signal.signal(sig, self._forward)
         return self
 

@@ -47,6 +47,8 @@ def execute(cfg: DictConfig, run_dir: str, mode: str, step: Optional[int] = None
             return execute(cfg, run_dir, mode, step, process_ends_after, notice, placement)
     spec = resolve(cfg, run_dir)  # the one reader of the config: from here on, the spec
     layout, training = spec.layout, mode == "train"
+    if notice is not None:  # taken with the default signals before the config was known: now the config's
+        notice.listen(layout.cluster.notice_signals)
     placement = placement or placement_of(layout, mode)
     if training and placement.is_chief and placement.source is not Source.LOCAL:  # once: by the task that trains, not its launcher
         for warning in (layout.strategy.facts.stale_gradients_warning(layout.cluster.workers, spec.trainer.steps),
@@ -156,7 +158,8 @@ def _run_local_cluster(spec: RunSpec, mode: str, step: Optional[int], notice: Op
                              primary=list(facts.primary_jobs), isolate=cluster.isolate,
                              max_restarts=cluster.max_restarts, restart_alone=list(facts.restartable_alone),
                              stopped_task_timeout=cluster.stopped_task_timeout, run_log=str(run_dir / "tfdistx.log"),
-                             evaluator=evaluator, preemption_grace=cluster.preemption_grace, notice=notice, elastic=rounds)
+                             evaluator=evaluator, preemption_grace=cluster.preemption_grace, notice=notice,
+                             notice_signals=cluster.notice_signals, elastic=rounds)
     if code == 130:  # Ctrl-C: the tasks stopped quietly (commands/task.py)
         print("tfdistx: interrupted", file=sys.stderr)
     if code:

@@ -24,6 +24,12 @@ EXIT_UNSUPPORTED_VERSION = 8  # an installed TensorFlow, Keras or Hydra lacks a 
 EXIT_TOO_FEW_WORKERS = 9  # an elastic run had fewer hosts than cluster.elastic.min_workers for below_min_timeout: it waited its bound
 EXIT_NO_NETWORK = 10  # a dataset to download, and no network to download it: a fault of the machine, which no retry cures here
 EXIT_PREEMPTED = 42
+# The signals that, like SIGTERM, mean "checkpoint and leave with EXIT_PREEMPTED" (cluster.notice_signals, named as
+# Slurm's --signal names them): USR1 by default, so that Slurm's time-limit notice (`sbatch --signal=B:USR1@120`,
+# passed on to the step by `tfdistx export slurm`'s script) is one with no override. SIGTERM always is; INT is
+# Ctrl-C and HUP a closed terminal, which stop a run; any other signal is left alone.
+NOTICE_SIGNALS = ("USR1", "USR2")
+DEFAULT_NOTICE_SIGNALS = ("USR1",)
 # The codes a restart can cure. `cluster.retryable_exit_offset` is added to
 # them, for a scheduler that retries only some codes: Kubernetes' restartPolicy
 # ExitCode retries 128-255 and treats 1-127 as permanent (kubernetes.py).

@@ -82,7 +82,7 @@ def _layout(plain: Mapping[str, Any]) -> Layout:
     name = strategy.pop("name")
     return Layout(
         strategy=Strategy(name, _frozen(strategy), strategies.get(name, cluster["workers"], cluster["devices_per_worker"])),
-        cluster=Cluster(**{**{key: cluster[key] for key in _names(Cluster)},
+        cluster=Cluster(**{**{key: cluster[key] for key in _names(Cluster)}, "notice_signals": tuple(cluster["notice_signals"]),
                            "elastic": Elastic(**elastic) if elastic["min_workers"] is not None else None}),
         service=_service_of(plain["data"]))
 

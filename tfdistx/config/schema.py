@@ -15,6 +15,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import OmegaConf
 
 from tfdistx.config import strategies
+from tfdistx.config.errors import DEFAULT_NOTICE_SIGNALS
 
 # How a process of a multi-process strategy learns its place (cluster.launch).
 LAUNCH_MODES = ("auto", "local", "tf_config", "jobset", "slurm")
@@ -106,6 +107,8 @@ class ClusterConfig:
     stopped_task_timeout: float = 60.0
     peer_timeout: float = 60.0  # a task that stopped answering this long counts as lost (exit 5)
     preemption_grace: float = 60.0  # after SIGTERM: how long tasks that serve the trainers wait for them to save
+    # Signals that, like SIGTERM, mean checkpoint and exit 42 (config/errors.NOTICE_SIGNALS): USR1, Slurm's time-limit notice
+    notice_signals: List[str] = field(default_factory=lambda: list(DEFAULT_NOTICE_SIGNALS))
     retryable_exit_offset: int = 0  # added to exit codes 4, 5 and 42: 128 for Kubernetes' restartPolicy ExitCode
     evaluator: bool = False  # a sidecar evaluator task beside the cluster (multi-process strategies; cluster/evaluator.py)
     task_threads: Any = "auto"  # local clusters: TensorFlow threads per pool in each task (config/threads.py)

@@ -85,6 +85,7 @@ class Cluster:
     startup_timeout: float
     peer_timeout: float  # seconds before a task that stopped answering counts as lost
     preemption_grace: float  # seconds from SIGTERM to SIGKILL
+    notice_signals: Tuple[str, ...]  # besides SIGTERM, the signals that mean checkpoint and exit 42 (sigterm.py): USR1 ...
     retryable_exit_offset: int  # added to the exit codes a restart cures (config/errors.py)
     # How the processes are placed and kept (placement, the local launcher, --plan, the Kubernetes manifests):
     launch: str  # auto | local | tf_config | slurm | jobset (cluster/placement.py)

@@ -16,7 +16,7 @@ from omegaconf import DictConfig, OmegaConf
 from tfdistx import rundir
 from tfdistx.config import (callbacks, compute, data_service, elastic, loggers, optimizers, run_files, sources, static_targets, strategies,
                             tasks, threads, topology, warm_start)
-from tfdistx.config.errors import MAX_RETRYABLE_EXIT_OFFSET, ConfigError, Problem
+from tfdistx.config.errors import MAX_RETRYABLE_EXIT_OFFSET, NOTICE_SIGNALS, ConfigError, Problem
 from tfdistx.config.objective import objective_problems, unevaluated_problems
 from tfdistx.config.schema import LAUNCH_MODES, OPTIMIZER_KEYS, PIPELINE_DEFAULTS, TASK_FACTS, TASK_KEYS, Config
 from tfdistx.config.targets import current
@@ -94,6 +94,10 @@ def _strategy_and_cluster(strategy: DictConfig, cluster: DictConfig) -> list:
         problems.append(threads_problem)
     if cluster.launch not in LAUNCH_MODES:
         problems.append(Problem("cluster.launch", cluster.launch, f"allowed: {', '.join(LAUNCH_MODES)}"))
+    for notice in cluster.get("notice_signals", ()):
+        if notice not in NOTICE_SIGNALS:  # SIGTERM always is one; INT and HUP stop a run (sigterm.py)
+            problems.append(Problem("cluster.notice_signals", notice, f"a signal name as Slurm's --signal writes it, one of "
+                                    f"{', '.join(NOTICE_SIGNALS)} (SIGTERM always is a notice; [] for none besides it)"))
     if problems:
         return problems
 

@@ -56,7 +56,7 @@ def train(spec: RunSpec, placement: Optional[Placement] = None, notice: Optional
     (sigterm.py), taken from its start; without one, SIGTERM is this
     run's while it trains."""
     if notice is None:
-        with SigtermNotice() as notice:
+        with SigtermNotice(signals=spec.cluster.notice_signals) as notice:
             return train(spec, placement, notice)
     started = time.time()
     placement = placement or Placement(Source.SINGLE)

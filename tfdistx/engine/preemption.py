@@ -60,6 +60,8 @@ class PreemptionWatcher:
             signalled = self._anyone(signalled)
         if signalled:
             self.checkpointer.save(step)  # nothing new when `step` is the checkpoint the run resumed from
+            if self._anyone is not None:  # every worker has saved before any leaves: a scheduler that ends the whole
+                self._anyone(True)  # step at a task's first exit (srun --kill-on-bad-exit) cannot cut the chief's save short
             log.warning("preempted at step %d: checkpoint saved; exiting with %d", step, EXIT_PREEMPTED)
             raise Preempted()
 

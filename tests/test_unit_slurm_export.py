@@ -1,0 +1,145 @@
+"""`tfdistx export slurm` (commands/slurm.py), in-process: the batch script
+for a config asks Slurm for exactly the tasks placement.from_slurm places
+(each rank of such a step is placed, checked with the env Slurm gives),
+passes Slurm's notice on to the step and requeues on 42; bash reads it and
+gets every override back intact; a bad option is one line and exit 2;
+--out never replaces a file. No Slurm here: the real one is
+tests/test_slurm.py's (-m system)."""
+
+import shlex
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tfdistx import cli
+from tfdistx.cluster import placement
+from tfdistx.config.resolve import layout_of
+
+pytestmark = pytest.mark.unit
+
+SRUN = "srun --kill-on-bad-exit=1 python -m tfdistx "
+
+
+def export(capsys, *args):
+    """(exit code, stdout, stderr) of `tfdistx export slurm ARGS`."""
+    with pytest.raises(SystemExit) as leaving:
+        cli.main(["export", "slurm", *args])
+    out, err = capsys.readouterr()
+    return leaving.value.code, out, err
+
+
+def sbatch_options(text: str) -> list:
+    return [line.split(None, 1)[1] for line in text.splitlines() if line.startswith("#SBATCH ")]
+
+
+def srun_arguments(text: str, tmp_path) -> list:
+    """The step's `python -m tfdistx` arguments as bash reads them (the srun
+    line run with printf in its place, run_dir and SLURM_JOB_ID set)."""
+    [line] = [line for line in text.splitlines() if line.startswith(SRUN)]
+    assert line.endswith(" &")
+    body = f'SLURM_JOB_ID=77\nrun_dir="outputs/slurm/${{SLURM_JOB_ID}}"\nprintf "%s\\0" {line[len(SRUN):-2]}\n'
+    printed = subprocess.run(["bash", "-c", body], capture_output=True, check=True, cwd=tmp_path).stdout
+    return printed.decode().split("\0")[:-1]
+
+
+def bash_reads(text: str, tmp_path) -> None:
+    script = tmp_path / "check.sh"
+    script.write_text(text)
+    checked = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True)
+    assert checked.returncode == 0, checked.stderr
+
+
+def test_a_2x1_multiworker_script_asks_for_two_tasks_passes_the_notice_on_and_requeues_on_42(capsys, tmp_path):
+    code, text, err = export(capsys, "strategy=multiworker", "cluster=2x1", "data=synthetic")
+    assert code == 0 and err == ""
+    assert text.startswith("#!/bin/bash\n")
+    assert sbatch_options(text) == ["--nodes=1", "--ntasks=2", "--requeue", "--open-mode=append", "--signal=B:USR1@120"]
+    lines = text.splitlines()
+    # the notice and a SIGTERM reach the step, whose srun passes them to every task; the wait goes on after either
+    assert "trap 'kill -USR1 \"$step\" 2>/dev/null' USR1" in text and "trap 'kill -TERM \"$step\" 2>/dev/null' TERM" in text
+    assert lines.index("step=$!") == lines.index(next(line for line in lines if line.startswith(SRUN))) + 1
+    assert 'if [ "$code" -eq 42 ]; then' in lines and '    scontrol requeue "$SLURM_JOB_ID"' in lines and lines[-1] == 'exit "$code"'
+    # the overrides, placed from the step, in a run dir that a requeued job (same id) finds again
+    assert srun_arguments(text, tmp_path) == ["strategy=multiworker", "cluster=2x1", "data=synthetic", "cluster.launch=slurm",
+                                              "hydra.run.dir=outputs/slurm/77"]
+    bash_reads(text, tmp_path)
+
+
+def test_ps1w2_with_its_evaluator_asks_for_every_task_and_each_rank_of_that_step_is_placed(capsys, tmp_path, configs):
+    args = ["strategy=parameter_server", "cluster=ps1w2", "cluster.evaluator=true"]
+    code, text, _ = export(capsys, *args, "--time", "1-00:00:00", "--partition", "gpu", "--nodes", "2", "--notice", "300")
+    assert code == 0
+    assert sbatch_options(text) == ["--nodes=2", "--ntasks=5", "--time=1-00:00:00", "--partition=gpu", "--requeue",
+                                    "--open-mode=append", "--signal=B:USR1@300"]
+    assert "in rank order: chief:0, ps:0, worker:0, worker:1, evaluator:0" in text
+    layout = layout_of(configs(*args))
+    places = [placement.detect(layout, {"SLURM_PROCID": str(rank), "SLURM_NTASKS": "5", "SLURM_TASKS_PER_NODE": "3,2",
+                                        "SLURM_JOB_NODELIST": "n[1-2]", "SLURM_JOB_ID": "7"}).task_name for rank in range(5)]
+    assert places == ["chief:0", "ps:0", "worker:0", "worker:1", "evaluator:0"]
+    bash_reads(text, tmp_path)
+
+
+def test_an_override_with_spaces_and_quotes_reaches_the_step_intact(capsys, tmp_path):
+    run_dir = "/tmp/a run 'one' $HOME \"two\""
+    override = 'hydra.run.dir="' + run_dir.replace('"', '\\"') + '"'
+    code, text, _ = export(capsys, "data=synthetic", override)
+    assert code == 0
+    assert srun_arguments(text, tmp_path) == ["data=synthetic", override, "cluster.launch=slurm"]  # the user's run dir, not the job's
+    assert f"run_dir={shlex.quote(run_dir)}" in text.splitlines()  # as composed, for the requeue's line
+    bash_reads(text, tmp_path)
+
+
+@pytest.mark.parametrize("args, said", [
+    (["--time", "abc"], "--time='abc': allowed: MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS (Slurm's --time)"),
+    (["--time", "1:2:3:4"], "--time='1:2:3:4': allowed: MM, MM:SS"),
+    (["--notice", "0"], "--notice='0': a whole number from 1 to 65535 (seconds)"),
+    (["--notice", "1.5"], "--notice='1.5': a whole number from 1 to 65535"),
+    (["--notice", "x"], "--notice='x': a whole number from 1 to 65535"),
+    (["--time", "2", "--notice", "120"], "--notice='120': must be shorter than --time=2 (120 s)"),
+    (["--partition", "a;b"], "--partition='a;b': a Slurm partition name"),
+    (["--nodes", "3", "strategy=multiworker", "cluster=2x1"], "--nodes='3': a whole number from 1 to 2"),
+    (["cluster.launch=local", "strategy=multiworker", "cluster=2x1"], "cluster.launch='local': the script's tasks are placed by the Slurm step"),
+    (["strategy=multiworker", "cluster.workers=2:4", "data.batch_size=24", "cluster.elastic.hosts=/etc/hosts"],
+     "cluster.elastic.min_workers=2: a Slurm step has a fixed number of tasks"),
+    (["cluster.notice_signals=[KILL]"], "cluster.notice_signals='KILL': a signal name as Slurm's --signal writes it"),
+])
+def test_a_bad_option_is_one_line_naming_it_and_exit_2(capsys, args, said):
+    code, out, err = export(capsys, *args)
+    assert code == 2 and out == ""
+    assert len(err.splitlines()) == 1 and said in err and "Traceback" not in err, err
+
+
+def test_out_writes_a_new_file_and_never_replaces_one(capsys, tmp_path):
+    code, printed, _ = export(capsys, "data=synthetic")
+    new = tmp_path / "train.sbatch"
+    code, out, err = export(capsys, "data=synthetic", "--out", str(new))
+    assert (code, out) == (0, "") and f"sbatch {new}" in err
+    assert new.read_text().splitlines()[2:] == printed.splitlines()[2:]  # the second line: the command that made it
+    mine = tmp_path / "mine.sh"
+    mine.write_text("my own script\n")
+    for there in (mine, new):
+        before = there.read_text()
+        code, out, err = export(capsys, "data=synthetic", "--out", str(there))
+        assert code == 2 and out == "" and len(err.splitlines()) == 1 and "already exists" in err
+        assert there.read_text() == before
+    code, _, err = export(capsys, "data=synthetic", "--out", str(tmp_path / "no" / "such" / "dir.sh"))
+    assert code == 2 and "cannot be written" in err and not (tmp_path / "no").exists()
+
+
+def test_usr1_is_a_notice_signal_by_default(configs):
+    assert layout_of(configs()).cluster.notice_signals == ("USR1",)
+    assert layout_of(configs("cluster.notice_signals=[]")).cluster.notice_signals == ()
+
+
+def test_the_script_docs_clusters_md_shows_is_the_one_the_command_prints(capsys):
+    page = (Path(__file__).resolve().parent.parent / "docs" / "clusters.md").read_text().splitlines()
+    start = page.index("    #!/bin/bash")
+    shown = []
+    for line in page[start:]:
+        if line and not line.startswith("    "):
+            break
+        shown.append(line[4:])
+    made_by = shlex.split(shown[1][2:])
+    code, text, _ = export(capsys, *made_by[3:])
+    assert code == 0 and text.splitlines() == shown[:-1 if shown[-1] == "" else None]
