@@ -140,9 +140,11 @@ def test_parameter_servers_whose_coordinator_is_gone_stop_on_their_own(tmp_path)
               f"for i in $(seq 600); do [ -s {run_dir}/metrics.jsonl ] && break; sleep 0.5; done; "
               f"[ -s {run_dir}/metrics.jsonl ] || {{ echo 'no step logged'; kill -9 $chief0 " + " ".join(f"${j}{i}" for j, i in servers) + "; exit 9; }; "
               f"kill -9 $chief0; killed=$(date +%s); "
-              f"( sleep 120; kill -9 " + " ".join(f"${j}{i}" for j, i in servers) + " 2>/dev/null ) & watchdog=$!; "
+              # The watchdog's sleep goes with it: an orphaned sleep would hold this script's output open for 120 s.
+              f"( trap 'kill $s 2>/dev/null; exit 0' TERM; sleep 120 & s=$!; wait $s; kill -9 "
+              + " ".join(f"${j}{i}" for j, i in servers) + " 2>/dev/null ) >/dev/null 2>&1 & watchdog=$!; "
               + " ".join(f"wait ${j}{i}; echo {j}{i} $? $(( $(date +%s) - killed ));" for j, i in servers)
-              + " kill $watchdog 2>/dev/null; true")
+              + " kill $watchdog 2>/dev/null; wait $watchdog; true")
     proc = subprocess.run(["unshare", "--user", "--map-root-user", "--net", "bash", "-c", script],
                           env=tfdistx_env(), timeout=900, capture_output=True, text=True)
     outputs = {f"{job}{index}": (tmp_path / f"{job}{index}.out").read_text() for job, index in tasks}
