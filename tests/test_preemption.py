@@ -102,8 +102,10 @@ def _step_saved(out: str) -> int:
 
 def assert_preempted_cleanly(result: Preempted, run_dir: Path, expect: dict) -> None:
     """Exit codes as `expect` says, one checkpoint at the signal's step (the
-    newest), and nothing at error level."""
+    newest), nothing at error level, and the run dir not marked FAILED
+    (a preempted run is resumed, not failed: `tfdistx report` says unfinished)."""
     assert result.codes == expect, result.output[-5000:]
+    assert not (run_dir / "FAILED").exists()
     saved = sorted(int(p.name[5:-6]) for p in (run_dir / "checkpoints").glob("ckpt-*.index"))
     assert saved and saved[-1] == result.step, (saved, result.step)
     assert not ERROR_LEVEL.search(result.output), ERROR_LEVEL.search(result.output).group(0) + "\n" + result.output[-5000:]

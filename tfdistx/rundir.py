@@ -28,7 +28,7 @@ from typing import Optional
 import yaml  # PyYAML (no TensorFlow, no Hydra): a run's .hydra/hydra.yaml
 
 from tfdistx.config import datafiles
-from tfdistx.config.errors import EXIT_INVALID_CONFIG, EXIT_NOT_RETRYABLE, EXIT_RUN_DIR_LOCKED, ConfigError, Problem, RunFault
+from tfdistx.config.errors import EXIT_INVALID_CONFIG, EXIT_NOT_RETRYABLE, EXIT_PREEMPTED, EXIT_RUN_DIR_LOCKED, ConfigError, Problem, RunFault
 
 LOCK_NAME = ".lock"
 FAILED_NAME = "FAILED"  # in a run dir whose run failed; read by `tfdistx report`
@@ -146,12 +146,14 @@ def _leave_no_stub(run_dir: Path, created: bool, code) -> None:
     and wrote nothing of its own into is removed (the error was on the
     terminal); one with more in it (a cluster's task logs, checkpoints)
     gets a FAILED file with the exit code, which `tfdistx report` shows.
+    A preempted run (exit 42) did not fail: it saved, and the same command
+    resumes it, so it gets no FAILED file (the report says unfinished).
     A run dir that was there before is left as it was."""
     if not created:  # a run that was there before keeps its own state
         return
     if {p.name for p in run_dir.iterdir()} <= _STUB:
         shutil.rmtree(run_dir, ignore_errors=True)
-    elif not (run_dir / "summary.json").exists():
+    elif code != EXIT_PREEMPTED and not (run_dir / "summary.json").exists():
         (run_dir / FAILED_NAME).write_text(f"exit code {code}\n")
 
 
