@@ -4,6 +4,7 @@ import atexit
 import getpass
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -72,13 +73,16 @@ def metric_lines(run_dir: Path) -> int:
 
 def processes_of(run_dir: Path, task: str = None) -> list:
     """Pids of the live processes (zombies left out) whose command line names
-    `run_dir`: a run's launcher, its supervisor and every task of its local
-    cluster. `task` ("worker:1", or a type alone: "ps"): only the processes
-    of that task, which the launcher names in their TF_CONFIG."""
-    wanted = None
+    `run_dir`: a run's launcher, its supervisor, its prefork and every task
+    of its local cluster. `task` ("worker:1", or a type alone: "ps"): only
+    the processes of that task, which the launcher names in their TF_CONFIG
+    (a fresh process's environment) or, forked by the prefork, by their
+    command name (cluster/prefork.py)."""
+    wanted = named = None
     if task:
         task_type, _, index = task.partition(":")
         wanted = (f'"task": {{"type": "{task_type}"' + (f', "index": {index}}}' if index else "")).encode()
+        named = re.compile(re.escape(task_type) + ":" + (re.escape(index) if index else r"\d+") + "$")
     pids = []
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit() or int(proc.name) == os.getpid():
@@ -86,7 +90,7 @@ def processes_of(run_dir: Path, task: str = None) -> list:
         try:
             if (str(run_dir).encode() not in (proc / "cmdline").read_bytes()
                     or (proc / "stat").read_text().rpartition(")")[2].split()[0] == "Z"
-                    or (wanted and wanted not in (proc / "environ").read_bytes())):
+                    or (wanted and wanted not in (proc / "environ").read_bytes() and not named.match((proc / "comm").read_text().strip()))):
                 continue
         except OSError:  # gone meanwhile, or not ours
             continue

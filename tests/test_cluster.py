@@ -122,6 +122,28 @@ def test_tf_config_passthrough(tmp_path):
     assert final[0] == final[1] == summary["weights_sha256"]
 
 
+def test_tasks_forked_from_the_prefork_train_as_fresh_processes_do(tfdistx, tmp_path):
+    """cluster.prefork (the default) forks each task from one process that
+    imported TensorFlow: the tasks are named in `ps -o comm`, train to the
+    same weights as fresh processes (cluster.prefork=false), and leave
+    nothing running, the prefork included."""
+    args = [*QUICK, "strategy=multiworker", "cluster=2x1", "trainer.steps=100000", "checkpoint.every_steps=0"]
+    run_dir = tmp_path / "forked"
+    proc = start_tfdistx(args, run_dir)
+    try:
+        wait_until(lambda: metric_lines(run_dir) >= 1, 300, "a step logged", [proc])
+        named = {Path(f"/proc/{pid}/comm").read_text().strip() for pid in processes_of(run_dir)}
+        assert {"worker:0", "worker:1"} <= named, named
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.communicate(timeout=120)
+    wait_until(lambda: processes_of(run_dir) == [], 30, "every process of the run, the prefork's included, to end")
+    forked, fresh = (tfdistx(*QUICK, "strategy=multiworker", "cluster=2x1", f"cluster.prefork={on}", run_dir=tmp_path / f"prefork-{on}")
+                     for on in ("true", "false"))
+    assert forked.returncode == 0 and fresh.returncode == 0, (forked, fresh)
+    assert digests(forked.dir) == digests(fresh.dir) and len(set(digests(forked.dir).values())) == 1, (digests(forked.dir), digests(fresh.dir))
+
+
 def test_parameter_servers_whose_coordinator_is_gone_stop_on_their_own(tmp_path):
     """Under TF_CONFIG no launcher stops a parameter-server run's servers:
     with the coordinator killed mid-run (as a crashed or cut-off machine
@@ -139,9 +161,9 @@ def test_parameter_servers_whose_coordinator_is_gone_stop_on_their_own(tmp_path)
     script = (f"{sys.executable} -c 'from tfdistx.cluster.processes import loopback_up; loopback_up()' || exit 9; {start} "
               f"for i in $(seq 600); do [ -s {run_dir}/metrics.jsonl ] && break; sleep 0.5; done; "
               f"[ -s {run_dir}/metrics.jsonl ] || {{ echo 'no step logged'; kill -9 $chief0 " + " ".join(f"${j}{i}" for j, i in servers) + "; exit 9; }; "
-              f"kill -9 $chief0; killed=$(date +%s); "
+              "kill -9 $chief0; killed=$(date +%s); "
               # The watchdog's sleep goes with it: an orphaned sleep would hold this script's output open for 120 s.
-              f"( trap 'kill $s 2>/dev/null; exit 0' TERM; sleep 120 & s=$!; wait $s; kill -9 "
+              "( trap 'kill $s 2>/dev/null; exit 0' TERM; sleep 120 & s=$!; wait $s; kill -9 "
               + " ".join(f"${j}{i}" for j, i in servers) + " 2>/dev/null ) >/dev/null 2>&1 & watchdog=$!; "
               + " ".join(f"wait ${j}{i}; echo {j}{i} $? $(( $(date +%s) - killed ));" for j, i in servers)
               + " kill $watchdog 2>/dev/null; wait $watchdog; true")

@@ -84,16 +84,12 @@ def reached_again(run_dir) -> bool:
 
 
 def worker_at(run_dir, host: str) -> int:
-    """The pid of the task the launcher placed on `host` (its TF_CONFIG names the host)."""
-    for pid in processes_of(run_dir, "worker"):
-        try:
-            environ = open(f"/proc/{pid}/environ", "rb").read()
-        except OSError:
-            continue
-        config = json.loads(next(v for v in environ.split(b"\0") if v.startswith(b"TF_CONFIG="))[len(b"TF_CONFIG="):])
-        if config["cluster"]["worker"][config["task"]["index"]].startswith(f"{host}:"):
+    """The pid of the task the launcher placed on `host` in the current round (logs/rounds.json: its members, task -> host)."""
+    members = json.loads((run_dir / "logs" / "rounds.json").read_text())[-1]["members"]
+    for task in [task for task, at in members.items() if at == host]:
+        for pid in processes_of(run_dir, task):
             return pid
-    raise AssertionError(f"no task on {host}")
+    raise AssertionError(f"no task on {host}: {members}")
 
 
 def test_a_multiworker_run_loses_a_host_goes_on_and_grows_back(tmp_path):

@@ -26,6 +26,7 @@ from typing import Dict, List, Optional, Sequence
 
 from tfdistx.cluster import evaluator as sidecars  # the sidecar evaluator's task
 from tfdistx.cluster.elastic import HostListMembership
+from tfdistx.cluster.prefork import Prefork, can_fork
 from tfdistx.cluster.processes import SCRATCH_DIR, ForwardingSignals, can_isolate, die_with_parent, free_ports, loopback_up, shell_code
 from tfdistx.cluster.supervisor import Membership, Round, Say, Supervisor
 from tfdistx.config.errors import ConfigError
@@ -38,7 +39,7 @@ def run_local_cluster(counts: Dict[str, int], command: List[str], log_dir: str, 
                       isolate: Optional[bool] = None, max_restarts: int = 0, restart_alone: List[str] = (),
                       stopped_task_timeout: float = 60, run_log: Optional[str] = None, evaluator: bool = False,
                       preemption_grace: float = 60, notice: Optional[SigtermNotice] = None, notice_signals: Sequence[str] = (),
-                      task_env: Optional[Dict[str, str]] = None, elastic: Optional[dict] = None) -> int:
+                      task_env: Optional[Dict[str, str]] = None, elastic: Optional[dict] = None, preload: Sequence[str] = ()) -> int:
     """Run the cluster to its end; the exit code of the first task that failed, else 0.
 
     `isolate`: None isolates when possible (and says so when not), True
@@ -51,6 +52,9 @@ def run_local_cluster(counts: Dict[str, int], command: List[str], log_dir: str, 
     After a SIGTERM the tasks get `preemption_grace` seconds to checkpoint;
     `notice_signals` (cluster.notice_signals: USR1 ...) are passed on as one.
     `task_env`: added to every task's environment (e.g. its thread counts).
+    `preload`: what every task imports first ("module" or "module:function"),
+    done once in a process the tasks are forked from (cluster/prefork.py);
+    empty: each task is a fresh process.
     `notice`: the process's SIGTERM notice (sigterm.py): one that came
     before the cluster started ends the run here. `elastic`: the run
     trains in rounds of as many workers as hosts are listed (cluster/elastic.py).
@@ -62,7 +66,7 @@ def run_local_cluster(counts: Dict[str, int], command: List[str], log_dir: str, 
     write_json(spec_path, {"counts": counts, "command": command, "log_dir": log_dir, "primary": primary, "max_restarts": max_restarts,
                            "restart_alone": list(restart_alone), "stopped_task_timeout": stopped_task_timeout,
                            "run_log": run_log, "evaluator": evaluator, "preemption_grace": preemption_grace,
-                           "notice_signals": list(notice_signals), "task_env": task_env or {},
+                           "notice_signals": list(notice_signals), "task_env": task_env or {}, "preload": list(preload),
                            "elastic": elastic})
     supervisor = [sys.executable, "-m", "tfdistx.cluster.launch", spec_path]  # main(), below
     isolated = isolate is not False and can_isolate()
@@ -113,10 +117,14 @@ def main(spec: dict, isolated: bool) -> int:
     membership = HostListMembership.of(spec, say) if spec.get("elastic") else FixedCounts(spec)
     scratch = Path(spec["log_dir"]) / SCRATCH_DIR  # what a launcher killed by SIGKILL left (one launcher per run directory)
     shutil.rmtree(scratch, ignore_errors=True)
+    # The tasks' imports, done once (spec["preload"], named by the training side): forked from here on.
+    prefork = Prefork(spec["preload"], spec["log_dir"]) if spec.get("preload") and can_fork(spec["command"]) else None
     try:
         with ForwardingSignals([], spec.get("notice_signals", ())) as signals:
-            return Supervisor(spec, membership, signals, say).run()
+            return Supervisor(spec, membership, signals, say, prefork).run()
     finally:
+        if prefork is not None:
+            prefork.close()
         shutil.rmtree(scratch, ignore_errors=True)
 
 

@@ -8,7 +8,6 @@ its rounds, whichever membership they have, all use them. No TensorFlow
 here, and no training code.
 """
 
-import ctypes
 import json
 import os
 import re
@@ -25,6 +24,7 @@ from typing import Dict, List, Optional, Sequence
 
 from tfdistx.checkpoint_files import SCRATCH_ENV  # file names only: no TensorFlow
 from tfdistx.cluster import evaluator as sidecars  # the sidecar evaluator's task
+from tfdistx.cluster.prefork import Prefork, can_fork, die_with_parent
 from tfdistx.sigterm import signal_number
 
 SCRATCH_DIR = ".scratch"  # in the tasks' log directory: each task's scratch (its checkpoints, if not the chief), removed as it ends
@@ -45,9 +45,13 @@ class Task:
         self.succeeded = threading.Event()  # set once the cluster's primary tasks have all exited 0
         self.proc, self.pumps = None, []
 
-    def start(self) -> None:
-        self.proc = subprocess.Popen(self.command, env=self.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL, start_new_session=True, preexec_fn=die_with_parent)
+    def start(self, prefork: Optional[Prefork] = None) -> None:
+        """Forked by `prefork` (TensorFlow imported once, cluster/prefork.py) if
+        given and able, else a fresh process: the same task either way."""
+        self.proc = prefork.spawn(self.command, self.env, self.name) if prefork is not None and can_fork(self.command) else None
+        if self.proc is None:
+            self.proc = subprocess.Popen(self.command, env=self.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                         stdin=subprocess.DEVNULL, start_new_session=True, preexec_fn=die_with_parent)
         thread = threading.Thread(target=pump, args=(self.proc, self.name, self.log_path, self.run_log, self.succeeded, self.refusals),
                                   daemon=True)
         thread.start()
@@ -248,12 +252,6 @@ def pump(proc, name: str, log_path: Path, run_log_path: Optional[str], succeeded
         if held and proc.wait() != 0 and not explained:
             for text in held:
                 show(text)
-
-
-def die_with_parent() -> None:
-    """In the child, before exec: get SIGKILL if the parent dies, so no task outlives its launcher."""
-    PR_SET_PDEATHSIG = 1
-    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 def can_isolate() -> bool:

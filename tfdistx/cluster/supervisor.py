@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Dict, List, Optional
 
 from tfdistx.cluster import evaluator as sidecars  # the sidecar evaluator's task
+from tfdistx.cluster.prefork import Prefork
 from tfdistx.cluster.processes import ForwardingSignals, SaidOnce, Task, causes_first, shell_code, signal_group, teardown
 from tfdistx.config.errors import EXIT_PREEMPTED, PERMANENT
 
@@ -117,8 +118,8 @@ class Round:
         """The round's live members, task -> host."""
         return {name: host for name, host in self.hosts.items() if name not in self.dropped}
 
-    def restart(self, task: Task, signals: ForwardingSignals) -> None:
-        task.start()
+    def restart(self, task: Task, signals: ForwardingSignals, prefork: Optional[Prefork] = None) -> None:
+        task.start(prefork)
         signals.procs = [t.proc for t in self.tasks]
 
     def ask_to_checkpoint(self) -> None:
@@ -156,10 +157,11 @@ class Membership:
 
 class Supervisor:
     """The loop over rounds, for `spec` (the launcher's, cluster/launch.py)
-    and a membership policy; `signals` from outside are passed on to the tasks."""
+    and a membership policy; `signals` from outside are passed on to the
+    tasks; `prefork`, if given, forks them (cluster/prefork.py)."""
 
-    def __init__(self, spec: dict, membership: Membership, signals: ForwardingSignals, say: Say):
-        self.membership, self.signals, self.say = membership, signals, say
+    def __init__(self, spec: dict, membership: Membership, signals: ForwardingSignals, say: Say, prefork: Optional[Prefork] = None):
+        self.membership, self.signals, self.say, self.prefork = membership, signals, say, prefork
         self.restarts = Budget(spec.get("max_restarts", 0))
         self.primary, self.alone = spec["primary"], spec.get("restart_alone", [])
         self.stopped_limit = spec.get("stopped_task_timeout", 60)
@@ -211,7 +213,7 @@ class Supervisor:
 
     def _run_round(self, round_: Round) -> RoundResult:
         for task in round_.tasks:
-            task.start()
+            task.start(self.prefork)
             self.signals.procs = [t.proc for t in round_.tasks if t.proc is not None]  # a signal from here on reaches it
         self.signals.pass_on_again()  # one that came as a task was starting, before it was in the list
         return self._end(round_, self._watch(round_))
@@ -255,7 +257,7 @@ class Supervisor:
                     if self.restarts.take():
                         self.say(f"task {task.name} exited with code {shell_code(code)}; restarting it alone "
                                  f"(restart {self.restarts.used} of {self.restarts.total})")
-                        round_.restart(task, self.signals)
+                        round_.restart(task, self.signals, self.prefork)
                         continue
                 result = self.membership.failed(round_, task, shell_code(code))
                 if result.state is State.FAILED:

@@ -138,6 +138,12 @@ def with_rounds(summary: dict, rounds: list) -> dict:
     return {**summary, "rounds": [r for r in rounds if r["first_step"] <= summary["step"]]}
 
 
+# What every task of a local cluster imports before it knows its place: imported once, in the
+# process the launcher forks the tasks from (cluster/prefork.py), TensorFlow's runtime not started.
+TASK_PRELOAD = ("tfdistx.engine.quiet_import:import_before_fork", "tfdistx.cli", "tfdistx.commands.task", "tfdistx.engine.fit",
+                "tfdistx.models")
+
+
 def _run_local_cluster(spec: RunSpec, mode: str, step: Optional[int], notice: Optional[SigtermNotice]):
     """Every task runs this job from the resolved config written here, in
     the same run directory; only the chief writes the run's files."""
@@ -159,7 +165,7 @@ def _run_local_cluster(spec: RunSpec, mode: str, step: Optional[int], notice: Op
                              max_restarts=cluster.max_restarts, restart_alone=list(facts.restartable_alone),
                              stopped_task_timeout=cluster.stopped_task_timeout, run_log=str(run_dir / "tfdistx.log"),
                              evaluator=evaluator, preemption_grace=cluster.preemption_grace, notice=notice,
-                             notice_signals=cluster.notice_signals, elastic=rounds)
+                             notice_signals=cluster.notice_signals, elastic=rounds, preload=TASK_PRELOAD if cluster.prefork else ())
     if code == 130:  # Ctrl-C: the tasks stopped quietly (commands/task.py)
         print("tfdistx: interrupted", file=sys.stderr)
     if code:

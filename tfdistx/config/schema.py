@@ -101,6 +101,7 @@ class ClusterConfig:
     ps: int = 0
     launch: str = "auto"
     isolate: Optional[bool] = None
+    prefork: bool = True  # local clusters: tasks forked from one process that imported TensorFlow (cluster/prefork.py)
     base_port: int = 29400
     max_restarts: int = 3
     startup_timeout: float = 300.0

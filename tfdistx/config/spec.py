@@ -90,6 +90,7 @@ class Cluster:
     # How the processes are placed and kept (placement, the local launcher, --plan, the Kubernetes manifests):
     launch: str  # auto | local | tf_config | slurm | jobset (cluster/placement.py)
     isolate: Optional[bool]  # a local cluster in a private network namespace; None: when the OS allows it
+    prefork: bool  # a local cluster's tasks forked from one process that imported TensorFlow once
     base_port: int  # Slurm: the first task's port on each node
     max_restarts: int
     stopped_task_timeout: float

@@ -30,17 +30,29 @@ _BANNER = re.compile(r"All log messages before absl::InitializeLog|oneDNN custom
 _NO_GPU_HERE = re.compile(r"Could not find cuda drivers on your machine|failed call to cuInit")
 
 
+_devices_listed = False  # in this process: a task forked from the prefork has not (cluster/prefork.py)
+
+
 def import_tensorflow() -> None:
     """TensorFlow and Keras imported, and the internals of them that tfdistx
     uses looked for (tfdistx/internals: one line and exit 8 when one is gone)."""
-    _import_quietly()
+    _import_quietly(list_devices=True)
     from tfdistx.internals import tensorflow as internals  # deferred: it imports TensorFlow
 
     internals.probe()
 
 
-def _import_quietly() -> None:
-    if "tensorflow" in sys.modules or os.environ.get("TF_CPP_MIN_LOG_LEVEL", "0") == "0":
+def import_before_fork() -> None:
+    """TensorFlow and Keras imported without their banner, and nothing
+    started: the local cluster's prefork (cluster/prefork.py) forks its
+    tasks after this, and CUDA, TensorFlow's runtime and its threads must
+    start in each task, not before the fork. The tasks list the GPUs."""
+    _import_quietly(list_devices=False)
+
+
+def _import_quietly(list_devices: bool) -> None:
+    global _devices_listed
+    if os.environ.get("TF_CPP_MIN_LOG_LEVEL", "0") == "0" or ("tensorflow" in sys.modules and (_devices_listed or not list_devices)):
         import tensorflow  # noqa: F401
         return
     sys.stderr.flush()
@@ -51,7 +63,9 @@ def _import_quietly() -> None:
             import keras  # noqa: F401  (imported here so its own start-up lines are caught too)
             import tensorflow
 
-            tensorflow.config.list_physical_devices("GPU")  # CUDA's first look, caught here; the runtime is not started yet
+            if list_devices:
+                tensorflow.config.list_physical_devices("GPU")  # CUDA's first look, caught here; the runtime is not started yet
+                _devices_listed = True
         finally:
             os.dup2(saved, 2)
             os.close(saved)

@@ -1,0 +1,280 @@
+"""A local cluster's tasks forked from one process that imported TensorFlow once.
+
+Each task of a local cluster is `python -m tfdistx _task ...`, and each used
+to spend 2.4-3 CPU seconds importing TensorFlow and Keras before doing
+anything else: a third to a half of a small run's CPU, paid again by every
+task of every restart and elastic round, on the cores the other tasks need.
+So the supervisor starts one *prefork* process per run: it imports what the
+tasks import (`preload`, named by the training side in the launcher's spec:
+this module knows no training code) and forks a child for each task asked
+for. The child becomes what `python -m MODULE ARGS` would be in the task's
+environment: a session of its own, stdin from /dev/null, stdout and stderr
+into the pipe the supervisor reads, SIGKILL when its parent goes, the
+task's environment, MODULE run as __main__.
+
+Nothing is started in the prefork but imports: TensorFlow's runtime, its
+threads and gRPC, and CUDA (the GPUs are listed by each task, not here)
+start in the task, after the fork. What differs from a fresh process:
+/proc/PID/cmdline and /proc/PID/environ (the start-up block `ps e` shows)
+are the prefork's; the task's own name is its command name (`ps -o comm`,
+`top`: "worker:1"), and its TF_CONFIG is in its environment as TensorFlow
+reads it. `cluster.prefork=false` starts each task as a fresh `python`.
+
+Hand-written: multiprocessing's forkserver forks from a preloaded process
+too, but gives its children no stdout of the caller's choosing and no
+session of their own, and joins every child when the caller exits (a
+stopped task would hold the supervisor forever).
+"""
+
+import ctypes
+import json
+import os
+import runpy
+import select
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import traceback
+from typing import Dict, List, Optional
+
+READY_TIMEOUT_SECONDS = 300  # the imports of a loaded machine; past it, tasks start as fresh processes
+_MESSAGE_BYTES = 1 << 20  # a request: the command and the environment, a few kB
+_NAME_BYTES = 15  # the kernel's limit on a command name (prctl PR_SET_NAME)
+
+
+def die_with_parent() -> None:
+    """In a child: get SIGKILL if its parent dies, so that no task outlives
+    its supervisor (before exec, or right after a fork)."""
+    PR_SET_PDEATHSIG = 1
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def _set_name(name: str) -> None:
+    PR_SET_NAME = 15
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_NAME, name.encode()[:_NAME_BYTES], 0, 0, 0)
+
+
+def can_fork(command: List[str]) -> bool:
+    """A task command the prefork can run: `python -m MODULE ...` with this interpreter."""
+    return len(command) >= 3 and command[0] == sys.executable and command[1] == "-m"
+
+
+class ForkedProcess:
+    """A task forked by the prefork, with what the supervisor uses of
+    subprocess.Popen: pid, stdout, returncode, poll, wait, send_signal."""
+
+    def __init__(self, prefork: "Prefork", pid: int, stdout, command: List[str]):
+        self.pid, self.stdout, self.args = pid, stdout, command
+        self.returncode: Optional[int] = None
+        self._prefork = prefork
+
+    def poll(self) -> Optional[int]:
+        if self.returncode is None:
+            self.returncode = self._prefork.exit_code(self.pid)
+        return self.returncode
+
+    def wait(self, timeout: Optional[float] = None) -> int:
+        if self._prefork.wait_for_exit(self.pid, timeout) is None:
+            raise subprocess.TimeoutExpired(self.args, timeout)
+        return self.poll()
+
+    def send_signal(self, sig: int) -> None:
+        if self.poll() is None:  # as Popen: never a pid the prefork has reaped (and the kernel may give again)
+            os.kill(self.pid, sig)
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+
+class Prefork:
+    """The supervisor's side: the prefork process, the tasks it forked and their exit codes."""
+
+    def __init__(self, preload: List[str], log_dir: str):
+        """`log_dir`: the run's, named in the command line the prefork and its tasks show (`ps`)."""
+        self._socket, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        # Its own session: Ctrl-C at the terminal reaches the supervisor, which passes it on to the tasks (not to this).
+        self._proc = subprocess.Popen([sys.executable, "-m", "tfdistx.cluster.prefork", str(theirs.fileno()), log_dir, *preload],
+                                      pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                      start_new_session=True, preexec_fn=die_with_parent)
+        theirs.close()
+        self._exits: Dict[int, int] = {}
+        self._started: List[object] = []  # the replies to requests, in order ({"started": pid} or {"error": ...})
+        self._changed = threading.Condition()
+        self._ready: Optional[bool] = None  # None: not known yet
+        self._gone = False
+        self._lock = threading.Lock()  # one request at a time
+        threading.Thread(target=self._read, daemon=True, name="prefork").start()
+
+    def _read(self) -> None:
+        while True:
+            try:
+                message = self._socket.recv(_MESSAGE_BYTES)
+            except OSError:
+                message = b""
+            with self._changed:
+                if not message:  # the prefork is gone, and its children with it (their parent-death signal)
+                    self._gone, self._ready = True, bool(self._ready)
+                    self._changed.notify_all()
+                    return
+                reply = json.loads(message)
+                if "ready" in reply:
+                    self._ready = True
+                elif "exited" in reply:
+                    self._exits[reply["exited"]] = reply["code"]
+                else:
+                    self._started.append(reply)
+                self._changed.notify_all()
+
+    def ready(self) -> bool:
+        """Whether tasks can be forked (the imports done); False: start them as fresh processes."""
+        with self._changed:
+            self._changed.wait_for(lambda: self._ready is not None, READY_TIMEOUT_SECONDS)
+            return bool(self._ready) and not self._gone
+
+    def spawn(self, command: List[str], env: Dict[str, str], name: str) -> Optional[ForkedProcess]:
+        """`command` (`python -m MODULE ARGS`) as a forked task named `name`; None if the prefork cannot."""
+        if not self.ready():
+            return None
+        read_end, write_end = os.pipe()
+        try:
+            with self._lock:
+                request = json.dumps({"argv": command[2:], "env": env, "name": name}).encode()
+                socket.send_fds(self._socket, [request], [write_end])
+                with self._changed:
+                    self._changed.wait_for(lambda: self._started or self._gone)
+                    reply = self._started.pop(0) if self._started else {"error": "the prefork is gone"}
+        except OSError:
+            reply = {"error": "the prefork is gone"}
+        finally:
+            os.close(write_end)
+        if "started" not in reply:
+            os.close(read_end)
+            return None
+        return ForkedProcess(self, reply["started"], os.fdopen(read_end, "rb"), command)
+
+    def exit_code(self, pid: int) -> Optional[int]:
+        with self._changed:
+            if pid not in self._exits and self._gone:
+                self._exits[pid] = -signal.SIGKILL  # what the parent-death signal did to it
+            return self._exits.get(pid)
+
+    def wait_for_exit(self, pid: int, timeout: Optional[float]) -> Optional[int]:
+        with self._changed:
+            self._changed.wait_for(lambda: pid in self._exits or self._gone, timeout)
+        return self.exit_code(pid)
+
+    def close(self) -> None:
+        """Stop the prefork (its tasks have ended: the supervisor's teardown): it leaves once its socket closes."""
+        try:
+            self._socket.shutdown(socket.SHUT_RDWR)  # close() alone neither wakes the reader thread nor tells the prefork
+        except OSError:
+            pass
+        self._socket.close()
+        try:
+            self._proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            self._proc.wait()
+
+
+def serve(channel: socket.socket, preload: List[str]) -> int:
+    """The prefork process: import `preload` ("module" or "module:function"
+    to call), then fork a task for each request until the supervisor's end
+    of `channel` closes, and report each task's exit code."""
+    try:
+        for name in preload:
+            module, _, function = name.partition(":")
+            imported = __import__(module, fromlist=["_"])
+            if function:
+                getattr(imported, function)()
+    except BaseException:  # the tasks, started as fresh processes instead, will say what is wrong
+        traceback.print_exc()
+        return 1
+    channel.send(json.dumps({"ready": True}).encode())
+    children, parent = set(), os.getpid()
+    while True:
+        _report_exits(children, channel)
+        if not select.select([channel], [], [], 0.1)[0]:
+            continue
+        try:
+            message, fds, _, _ = socket.recv_fds(channel, _MESSAGE_BYTES, 1)
+        except OSError:
+            message, fds = b"", []
+        if not message:  # the supervisor is gone (or done): its tasks go with this process
+            return 0
+        sys.stdout.flush()
+        sys.stderr.flush()
+        try:
+            pid = os.fork()
+        except OSError as error:
+            os.close(fds[0])
+            channel.send(json.dumps({"error": str(error)}).encode())
+            continue
+        if pid == 0:
+            _become_task(json.loads(message), fds[0], channel, parent)  # never returns
+        os.close(fds[0])
+        children.add(pid)
+        channel.send(json.dumps({"started": pid}).encode())
+
+
+def _report_exits(children: set, channel: socket.socket) -> None:
+    while children:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        children.discard(pid)
+        try:
+            channel.send(json.dumps({"exited": pid, "code": os.waitstatus_to_exitcode(status)}).encode())
+        except OSError:
+            pass
+
+
+def _become_task(request: dict, output: int, channel: socket.socket, parent: int) -> None:
+    """In the forked child: what `python -m MODULE ARGS` started by the supervisor would be."""
+    code = 1
+    try:
+        channel.close()
+        os.setsid()
+        die_with_parent()
+        if os.getppid() != parent:  # the prefork died before the signal was asked for: it will not come
+            os._exit(1)
+        _set_name(request["name"])
+        stdin = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(stdin, 0)
+        os.dup2(output, 1)
+        os.dup2(output, 2)
+        os.close(stdin)
+        os.close(output)
+        os.environ.clear()
+        os.environ.update(request["env"])
+        tempfile.tempdir = None  # found again from the task's own TMPDIR
+        module, *args = request["argv"]
+        sys.argv = [module, *args]
+        runpy.run_module(module, run_name="__main__", alter_sys=True)
+        code = 0
+    except SystemExit as leaving:
+        code = leaving.code if isinstance(leaving.code, int) else 0 if leaving.code is None else 1
+        if not isinstance(leaving.code, (int, type(None))):
+            print(leaving.code, file=sys.stderr)
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):
+                pass
+        os._exit(code)
+
+
+if __name__ == "__main__":
+    sys.exit(serve(socket.socket(fileno=int(sys.argv[1])), sys.argv[3:]))  # argv[2]: the run's log dir, for `ps`
