@@ -277,4 +277,6 @@ def _become_task(request: dict, output: int, channel: socket.socket, parent: int
 
 
 if __name__ == "__main__":
-    sys.exit(serve(socket.socket(fileno=int(sys.argv[1])), sys.argv[3:]))  # argv[2]: the run's log dir, for `ps`
+    code = serve(socket.socket(fileno=int(sys.argv[1])), sys.argv[3:])  # argv[2]: the run's log dir, for `ps`
+    sys.stderr.flush()
+    os._exit(code)  # without Python's teardown of everything imported: nothing here needs it
