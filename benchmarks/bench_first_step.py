@@ -30,7 +30,7 @@ fresh `python -m tfdistx _task ...` processes (`cluster.prefork=false`).
 
     python benchmarks/bench_first_step.py [--repeats 3] [--steps 20] [--quick]
 
-`--quick`: one repeat (about 3 min on a quiet machine; rough numbers).
+`--quick`: one repeat (64 s at load average 3; rough numbers).
 Contenders alternate (side_by_side.table); a run dir and TMPDIR per run in
 a temporary directory, deleted after; interrupted, the run under way is
 killed with its process tree.
