@@ -34,10 +34,14 @@ def run_and_interrupt(args, run_dir: Path, after_lines: int, interrupt, timeout=
     return proc.returncode, out
 
 
-def test_sigterm_checkpoints_exits_42_and_a_rerun_resumes(tmp_path):
+# USR1 (cluster.notice_signals' default) is what `tfdistx export slurm`'s script passes on from sbatch --signal=B:USR1@N:
+# a preemption notice as SIGTERM is, with no override.
+@pytest.mark.parametrize("notice", [signal.SIGTERM, signal.SIGUSR1], ids=["sigterm", "usr1_slurms_time_limit_notice"])
+def test_a_notice_checkpoints_exits_42_and_a_rerun_resumes(tmp_path, notice):
     run_dir = tmp_path / "run"
-    code, out = run_and_interrupt(LONG, run_dir, 2, lambda proc: proc.send_signal(signal.SIGTERM))
+    code, out = run_and_interrupt(LONG, run_dir, 2, lambda proc: proc.send_signal(notice))
     assert code == 42, out[-3000:]
+    assert f"{notice.name}: checkpointing at the next loop boundary" in out and "Traceback" not in out
     preempted_at = steps_logged(run_dir)[-1]
     assert (run_dir / "checkpoints" / f"ckpt-{preempted_at}.index").exists()
 
@@ -47,24 +51,6 @@ def test_sigterm_checkpoints_exits_42_and_a_rerun_resumes(tmp_path):
     summary = json.loads((run_dir / "summary.json").read_text())
     assert (summary["resumed_from_step"], summary["step"]) == (preempted_at, preempted_at + 40)
     assert steps_logged(run_dir) == list(range(20, preempted_at + 41, 20))
-
-
-def test_usr1_slurms_time_limit_notice_checkpoints_exits_42_and_a_rerun_resumes(tmp_path):
-    """USR1 (cluster.notice_signals' default: what `tfdistx export slurm`'s script passes on from
-    sbatch --signal=B:USR1@N) is a preemption notice as SIGTERM is, with no override."""
-    run_dir = tmp_path / "run"
-    code, out = run_and_interrupt(LONG, run_dir, 2, lambda proc: proc.send_signal(signal.SIGUSR1))
-    assert code == 42, out[-3000:]
-    assert "SIGUSR1: checkpointing at the next loop boundary" in out and "Traceback" not in out
-    preempted_at = steps_logged(run_dir)[-1]
-    assert (run_dir / "checkpoints" / f"ckpt-{preempted_at}.index").exists()
-
-    rerun = subprocess.run([sys.executable, "-m", "tfdistx", *LONG, f"trainer.steps={preempted_at + 20}", f"hydra.run.dir={run_dir}"],
-                           env=tfdistx_env(), capture_output=True, text=True, timeout=600)
-    assert rerun.returncode == 0, rerun.stderr[-3000:]
-    summary = json.loads((run_dir / "summary.json").read_text())
-    assert (summary["resumed_from_step"], summary["step"]) == (preempted_at, preempted_at + 20)
-    assert steps_logged(run_dir) == list(range(20, preempted_at + 21, 20))
 
 
 def test_a_sigterm_after_the_cluster_forms_and_before_training_still_ends_the_task():
