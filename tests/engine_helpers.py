@@ -5,6 +5,7 @@ run makes (commands/execute.py). Real TensorFlow, real strategies on four
 logical CPU devices, real checkpoints in tmp_path; no tfdistx process."""
 
 import json
+import shutil
 
 import tensorflow as tf
 
@@ -35,8 +36,8 @@ SMALL = ["data.train_examples=512", "data.eval_examples=128"]  # a synthetic sou
 class Trained:
     """A run trained in this process: its objective and run-directory files."""
 
-    def __init__(self, run_dir, spec, objective):
-        self.dir, self.spec, self.objective = run_dir, spec, objective
+    def __init__(self, run_dir, spec, objective, composed_with=()):
+        self.dir, self.spec, self.objective, self.composed_with = run_dir, spec, objective, list(composed_with)
         self.summary = json.loads((run_dir / "summary.json").read_text())
         self.metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
@@ -61,11 +62,23 @@ RUNNERS = []
 
 def train(run_dir, *overrides, sizes=SMALL, xla_default: bool = False) -> Trained:
     """`xla_default`: train with the default trainer.jit_compile (auto), not QUICK's false."""
-    spec = resolve(compose_ok(run_dir, *QUICK, *sizes, *([XLA_DEFAULT] if xla_default else []), *overrides), str(run_dir))
+    composed_with = [*QUICK, *sizes, *([XLA_DEFAULT] if xla_default else []), *overrides]
+    spec = resolve(compose_ok(run_dir, *composed_with), str(run_dir))
     with rundir.exclusive(str(run_dir)):  # as the command line holds it: its .lock marks a run dir to resume in (rundir.in_the_way)
         trained = fit.train(spec)
     RUNNERS.append(trained.runner)
-    return Trained(run_dir, spec, trained.objective)
+    return Trained(run_dir, spec, trained.objective, composed_with)
+
+
+def copied(trained: Trained, run_dir) -> Trained:
+    """A copy of a trained run at `run_dir`, for a test that changes a run a
+    module's tests share (one trained per module and pytest worker, not one
+    per test: a quick run is ~0.7 CPU s, most of it the same for 1 step or
+    40). The same files: nothing in a run dir names the dir (its checkpoints'
+    state file names them relatively); its spec composed for the new dir."""
+    shutil.copytree(trained.dir, run_dir)
+    spec = resolve(compose_ok(run_dir, *trained.composed_with), str(run_dir))
+    return Trained(run_dir, spec, trained.objective, trained.composed_with)
 
 
 def whole_and_resumed(tmp_path, args, stop_at=20, steps=40, xla_default: bool = False):

@@ -178,13 +178,12 @@ def test_steps_per_xla_call_above_1_where_auto_does_not_compile_the_step_is_refu
 
 
 @unit
-def test_a_profile_of_chosen_steps_is_in_the_runs_tensorboard_dir_and_changes_nothing(tmp_path):
+def test_a_profile_of_chosen_steps_is_in_the_runs_tensorboard_dir_and_changes_nothing(tmp_path, mlp_float32):
     """logger.tensorboard=false (engine_helpers.QUICK): the trace goes to
     <run dir>/tensorboard all the same. [5, 15] moves the loop's calls off
     its own stops (every 10 steps), and the run still ends bitwise equal."""
-    args = ["strategy=mirrored", "cluster=1x2", "trainer.deterministic=true"]
-    plain = train(tmp_path / "plain", *args)
-    traced = train(tmp_path / "traced", *args, "trainer.profile_steps=[5,15]")
+    plain = mlp_float32  # mirrored 1x2, float32's all-reduce (the default, written out)
+    traced = train(tmp_path / "traced", *MIRRORED, "strategy.all_reduce_dtype=float32", "trainer.profile_steps=[5,15]")
     traces = list((traced.dir / "tensorboard" / "plugins" / "profile").glob("*/*.xplane.pb"))
     assert len(traces) == 1 and traces[0].stat().st_size > 0, traces
     assert not (plain.dir / "tensorboard").exists()
@@ -263,11 +262,23 @@ def _difference(a, b):
     return worst, relative
 
 
-def assert_16_bit_all_reduce_trains_close_to_float32(tmp_path, model, overrides, dtypes):
+MIRRORED = ["strategy=mirrored", "cluster=1x2", "trainer.deterministic=true"]
+
+
+@pytest.fixture(scope="module")
+def mlp_float32(tmp_path_factory):
+    """The default MLP on mirrored 1x2, all-reduced in float32: the reference of the 16-bit all-reduce, of
+    the step without the key and of the profiled run. Trained once a module in each pytest worker (three
+    tests trained it each, ~1.5 CPU s with XLA); they only read it."""
+    return train(tmp_path_factory.mktemp("mlp_float32") / "float32", *MIRRORED, "strategy.all_reduce_dtype=float32")
+
+
+def assert_16_bit_all_reduce_trains_close_to_float32(tmp_path, model, overrides, dtypes, float32=None):
     """Mirrored 1x2: each of `dtypes` as strategy.all_reduce_dtype trains weights
-    within TOLERANCES of float32's, and not equal to them (it was not float32)."""
-    args = ["strategy=mirrored", "cluster=1x2", "trainer.deterministic=true", *overrides]
-    float32 = train(tmp_path / "float32", *args, "strategy.all_reduce_dtype=float32")
+    within TOLERANCES of float32's, and not equal to them (it was not float32).
+    `float32`: that run, when trained already."""
+    args = [*MIRRORED, *overrides]
+    float32 = float32 or train(tmp_path / "float32", *args, "strategy.all_reduce_dtype=float32")
     for dtype in dtypes:
         run = train(tmp_path / dtype, *args, f"strategy.all_reduce_dtype={dtype}")
         worst, relative = _difference(run, float32)
@@ -276,15 +287,14 @@ def assert_16_bit_all_reduce_trains_close_to_float32(tmp_path, model, overrides,
 
 
 @unit
-def test_gradients_all_reduced_in_16_bits_train_weights_close_to_float32(tmp_path):
+def test_gradients_all_reduced_in_16_bits_train_weights_close_to_float32(tmp_path, mlp_float32):
     """The default MLP (wide_deep's sparse tables, ~23 s: test_fastest_step.py)."""
-    assert_16_bit_all_reduce_trains_close_to_float32(tmp_path, "mlp", MLP, ["bfloat16", "float16"])
+    assert_16_bit_all_reduce_trains_close_to_float32(tmp_path, "mlp", MLP, ["bfloat16", "float16"], float32=mlp_float32)
 
 
 @unit
-def test_float32_all_reduce_is_the_step_without_the_key(tmp_path):
-    args = ["strategy=mirrored", "cluster=1x2", "trainer.deterministic=true"]
-    float32 = train(tmp_path / "float32", *args, "strategy.all_reduce_dtype=float32")
-    without = train(tmp_path / "without", *args, "~strategy.all_reduce_dtype")
+def test_float32_all_reduce_is_the_step_without_the_key(tmp_path, mlp_float32):
+    float32 = mlp_float32
+    without = train(tmp_path / "without", *MIRRORED, "~strategy.all_reduce_dtype")
     assert "all_reduce_dtype" not in without.spec.strategy.options
     assert float32.summary["weights_sha256"] == without.summary["weights_sha256"]

@@ -19,7 +19,7 @@ import pytest
 import tensorflow as tf
 
 from conftest import steps_logged
-from engine_helpers import train
+from engine_helpers import copied, train
 from tfdistx.config.errors import ConfigError
 from tfdistx.engine import topology
 from tfdistx.engine.export import export_checkpoint
@@ -88,11 +88,25 @@ def check_resumed(run_dir, summary: dict, before: str, after: str, whole_dir, ou
 # -- in this process: one device and mirrored replicas -----------------------------
 
 
+@pytest.fixture(scope="module")
+def stopped_on_one_device(tmp_path_factory):
+    """The probe's first part on one device, stopped at STOP: trained once a module in each pytest worker,
+    and copied (engine_helpers.copied) by each test that resumes it or refuses its resume."""
+    return train(tmp_path_factory.mktemp("stopped") / "run", *PROBE, "strategy=one_device", f"trainer.steps={STOP}", sizes=[])
+
+
+def first_part(tmp_path, before: str, stopped_on_one_device):
+    """The first part of a run on topology `before`, in tmp_path/run."""
+    if before == "one_device":
+        return copied(stopped_on_one_device, tmp_path / "run")
+    return train(tmp_path / "run", *PROBE, *TOPOLOGIES[before][0], f"trainer.steps={STOP}", sizes=[])
+
+
 @pytest.mark.unit
 @pytest.mark.parametrize("before, after", [("one_device", "mirrored_1x2"), ("mirrored_1x2", "one_device")])
-def test_one_device_and_mirrored_resume_onto_each_other(tmp_path, topology_whole, caplog, before, after):
+def test_one_device_and_mirrored_resume_onto_each_other(tmp_path, topology_whole, caplog, before, after, stopped_on_one_device):
     caplog.set_level(logging.INFO, logger="tfdistx")
-    train(tmp_path / "run", *PROBE, *TOPOLOGIES[before][0], f"trainer.steps={STOP}", sizes=[])
+    first_part(tmp_path, before, stopped_on_one_device)
     resumed = train(tmp_path / "run", *PROBE, *TOPOLOGIES[after][0], f"trainer.steps={STEPS}", sizes=[])
     check_resumed(resumed.dir, resumed.summary, before, after, topology_whole, caplog.text)
     # the same examples, step by step, and the optimizer's state carried over: the whole run's weights
@@ -124,11 +138,11 @@ def test_embedding_tables_are_re_split_for_another_number_of_shards(tmp_path, ca
 
 
 @pytest.mark.unit
-def test_a_changed_global_batch_is_refused_in_one_line_and_nothing_is_touched(tmp_path):
+def test_a_changed_global_batch_is_refused_in_one_line_and_nothing_is_touched(tmp_path, stopped_on_one_device):
     """data.batch_size is the global batch: a resume on another topology keeps
     it (the per-replica batch follows). Asking for another would change what a
     step and the data position mean: refused, with the way out."""
-    first = train(tmp_path / "run", *PROBE, "strategy=one_device", f"trainer.steps={STOP}", sizes=[])
+    first = first_part(tmp_path, "one_device", stopped_on_one_device)
     before = {path.name: path.stat().st_mtime_ns for path in (first.dir / "checkpoints").iterdir()}
     with pytest.raises(ConfigError) as refused:
         train(tmp_path / "run", *PROBE, *TOPOLOGIES["mirrored_1x2"][0], "data.batch_size=64", f"trainer.steps={STEPS}", sizes=[])
@@ -149,8 +163,8 @@ def test_scaled_learning_rate_would_change_mid_run_and_is_refused(tmp_path):
 
 
 @pytest.mark.unit
-def test_a_run_from_before_the_record_resumes_on_another_topology(tmp_path, topology_whole):
-    first = train(tmp_path / "run", *PROBE, "strategy=one_device", f"trainer.steps={STOP}", sizes=[])
+def test_a_run_from_before_the_record_resumes_on_another_topology(tmp_path, topology_whole, stopped_on_one_device):
+    first = first_part(tmp_path, "one_device", stopped_on_one_device)
     (first.dir / "checkpoints" / topology.FILE).unlink()  # as an earlier tfdistx left its checkpoints
     resumed = train(tmp_path / "run", *PROBE, *TOPOLOGIES["mirrored_1x2"][0], f"trainer.steps={STEPS}", sizes=[])
     assert (resumed.summary["step"], resumed.summary["resumed_from_topology"]) == (STEPS, None)  # unknown: not claimed

@@ -16,7 +16,7 @@ import tensorflow as tf
 from omegaconf import OmegaConf, open_dict
 
 from config_helpers import compose_ok, refused
-from engine_helpers import QUICK, SMALL, train
+from engine_helpers import QUICK, SMALL, copied, train
 from tfdistx.cluster.placement import Placement, Source
 from tfdistx.config.errors import EXIT_RUN_DIR_LOCKED, ConfigError, RunFault
 from tfdistx.engine import checkpointing
@@ -43,6 +43,21 @@ def source_run(run_dir, *overrides):
     return trained
 
 
+@pytest.fixture(scope="module")
+def mlp_source(tmp_path_factory):
+    """The default MLP's source run (40 steps), trained once a module in each pytest worker that runs its
+    tests: most warm starts below start from it and only read it (training it anew in each of 10 tests was
+    ~0.8 CPU s each). A test that changes or removes its source copies it first (`own_source`)."""
+    run_dir = tmp_path_factory.mktemp("warm_source") / "source"
+    return source_run(run_dir)
+
+
+def own_source(mlp_source, run_dir):
+    """A copy of the shared source run at `run_dir`, for a test that changes its files (engine_helpers.copied),
+    with the .hydra/config.yaml source_run wrote."""
+    return copied(mlp_source, run_dir)
+
+
 def by_position(run) -> list:
     """The trainable variables of a run's newest checkpoint, in model order."""
     weights = run.weights()
@@ -61,34 +76,34 @@ WIDE_DEEP = ["task=binary", "data=synthetic_categorical", "model=wide_deep", "mo
 
 
 @pytest.mark.parametrize("model", [[], WIDE_DEEP], ids=["mlp", "wide_deep"])
-def test_a_warm_start_begins_at_the_source_runs_final_weights_with_fresh_optimizer_slots(tmp_path, model):
-    source = source_run(tmp_path / "source", *model)
-    warm = train(tmp_path / "warm", *model, f"checkpoint.init_from={tmp_path / 'source'}", *TINY_STEP)
-    assert (warm.summary["step"], warm.summary["resumed"], warm.summary["init_from"]) == (1, False, str(tmp_path / "source"))
+def test_a_warm_start_begins_at_the_source_runs_final_weights_with_fresh_optimizer_slots(tmp_path, model, mlp_source):
+    source = source_run(tmp_path / "source", *model) if model else mlp_source
+    warm = train(tmp_path / "warm", *model, f"checkpoint.init_from={source.dir}", *TINY_STEP)
+    assert (warm.summary["step"], warm.summary["resumed"], warm.summary["init_from"]) == (1, False, str(source.dir))
     for there, here in zip(by_position(source), by_position(warm), strict=True):
         np.testing.assert_allclose(here, there, atol=1e-6)
     reader = tf.train.load_checkpoint(str(tmp_path / "warm" / "checkpoints" / "ckpt-1"))
     assert reader.get_tensor("optimizer/_iterations/.ATTRIBUTES/VARIABLE_VALUE") == 1  # the source's 40 steps are not carried over
 
 
-def test_a_warm_start_of_a_schedule_free_optimizer_trains_from_the_loaded_weights(tmp_path):
+def test_a_warm_start_of_a_schedule_free_optimizer_trains_from_the_loaded_weights(tmp_path, mlp_source):
     """ScheduleFreeAdamW keeps a second set of weights, which its build
     copies from the model's: after a warm start they must be the loaded
     weights, or its first step interpolates back to the fresh ones (0.47
     off the source after one step, before the fix)."""
-    source = source_run(tmp_path / "source")
-    warm = train(tmp_path / "warm", f"checkpoint.init_from={tmp_path / 'source'}", "optimizer.name=schedulefreeadamw",
+    source = mlp_source
+    warm = train(tmp_path / "warm", f"checkpoint.init_from={source.dir}", "optimizer.name=schedulefreeadamw",
                  "strategy=mirrored", "cluster=1x2", *TINY_STEP)
     for there, here in zip(by_position(source), by_position(warm), strict=True):
         np.testing.assert_allclose(here, there, atol=1e-6)
 
 
 @pytest.mark.parametrize("strategy", [["strategy=one_device"], ["strategy=mirrored", "cluster=1x2"]])
-def test_a_warm_start_with_a_new_head_keeps_the_head_fresh(tmp_path, strategy, caplog):
-    source = source_run(tmp_path / "source")
+def test_a_warm_start_with_a_new_head_keeps_the_head_fresh(tmp_path, strategy, caplog, mlp_source):
+    source = mlp_source
     new_task = ["data.num_classes=5", *strategy, *TINY_STEP]
     caplog.set_level("INFO", logger="tfdistx")
-    warm = train(tmp_path / "warm", f"checkpoint.init_from={tmp_path / 'source'}", "checkpoint.init_skip=[head/]", *new_task)
+    warm = train(tmp_path / "warm", f"checkpoint.init_from={source.dir}", "checkpoint.init_skip=[head/]", *new_task)
     fresh = train(tmp_path / "fresh", *new_task)  # the same seed: the initial values the head keeps
     there, here, initial = by_position(source), by_position(warm), by_position(fresh)
     assert [w.shape for w in here] == [(784, 128), (128,), (128, 5), (5,)]
@@ -99,29 +114,27 @@ def test_a_warm_start_with_a_new_head_keeps_the_head_fresh(tmp_path, strategy, c
     assert "2 variables loaded, 2 left freshly initialised (checkpoint.init_skip: mlp/head/kernel, mlp/head/bias)" in caplog.text
 
 
-def test_a_shape_mismatch_is_refused_naming_the_variables(tmp_path):
-    source_run(tmp_path / "source")
+def test_a_shape_mismatch_is_refused_naming_the_variables(tmp_path, mlp_source):
     with pytest.raises(ConfigError) as caught:
-        train(tmp_path / "warm", f"checkpoint.init_from={tmp_path / 'source'}", "data.num_classes=5")
+        train(tmp_path / "warm", f"checkpoint.init_from={mlp_source.dir}", "data.num_classes=5")
     [line] = caught.value.lines()
-    assert line.startswith(f"tfdistx: invalid config: checkpoint.init_from='{tmp_path / 'source'}': 2 variables of ckpt-40")
+    assert line.startswith(f"tfdistx: invalid config: checkpoint.init_from='{mlp_source.dir}': 2 variables of ckpt-40")
     assert "mlp/head/kernel (128, 5) here" in line and "(128, 10) there" in line and "checkpoint.init_skip=['head/']" in line
     assert not (tmp_path / "warm" / "checkpoints").exists() or not any((tmp_path / "warm" / "checkpoints").iterdir())
 
 
-def test_an_init_skip_that_matches_no_variable_is_refused(tmp_path):
-    source_run(tmp_path / "source")
+def test_an_init_skip_that_matches_no_variable_is_refused(tmp_path, mlp_source):
     with pytest.raises(ConfigError) as caught:
-        train(tmp_path / "warm", f"checkpoint.init_from={tmp_path / 'source'}", "checkpoint.init_skip=[nope/]")
+        train(tmp_path / "warm", f"checkpoint.init_from={mlp_source.dir}", "checkpoint.init_skip=[nope/]")
     [line] = caught.value.lines()
     assert "checkpoint.init_skip='nope/': matches no variable of this run's model; its variables: mlp/dense" in line
     assert "mlp/head/kernel" in line
 
 
 @pytest.mark.parametrize("file_name", ["model.weights.h5", "model.keras"])
-def test_a_warm_start_from_a_keras_file(tmp_path, file_name):
-    source = source_run(tmp_path / "source")
-    model, *_ = model_from_checkpoint(source.spec, str(tmp_path / "source" / "checkpoints" / "ckpt-40"))
+def test_a_warm_start_from_a_keras_file(tmp_path, file_name, mlp_source):
+    source = mlp_source
+    model, *_ = model_from_checkpoint(source.spec, str(source.dir / "checkpoints" / "ckpt-40"))
     path = tmp_path / file_name
     model.save_weights(path) if file_name.endswith(".weights.h5") else model.save(path)
     warm = train(tmp_path / "warm", f"checkpoint.init_from={path}", *TINY_STEP)
@@ -150,12 +163,12 @@ def test_keras_files_that_are_damaged_or_of_another_model_are_refused_in_one_lin
     assert "\n" not in line
 
 
-def test_a_source_checkpoint_rotated_away_while_read_is_taken_again_at_the_newest(tmp_path, caplog):
+def test_a_source_checkpoint_rotated_away_while_read_is_taken_again_at_the_newest(tmp_path, caplog, mlp_source):
     """What a warm start from a run still training meets: the newest
     checkpoint it found is removed (as CheckpointManager's max_to_keep
     removes it: the .index first) by the time it is read, and a newer one is
     there. Real files, a real restore; the rotation made at that moment."""
-    source = source_run(tmp_path / "source")
+    source = own_source(mlp_source, tmp_path / "source")  # its checkpoints are rotated below
     checkpoints, expected = tmp_path / "source" / "checkpoints", by_position(source)
 
     rotations = [1]  # how many of the next reads find their checkpoint rotated away
@@ -183,8 +196,8 @@ def test_a_source_checkpoint_rotated_away_while_read_is_taken_again_at_the_newes
     assert "its newest checkpoint was removed while it was read, 3 times (ckpt-50, ckpt-60, ckpt-70)" in line, line
 
 
-def test_a_rerun_of_a_warm_started_run_resumes_and_does_not_initialise_again(tmp_path, caplog):
-    source_run(tmp_path / "source")
+def test_a_rerun_of_a_warm_started_run_resumes_and_does_not_initialise_again(tmp_path, caplog, mlp_source):
+    own_source(mlp_source, tmp_path / "source")  # removed below
     args = [f"checkpoint.init_from={tmp_path / 'source'}", "trainer.steps=20"]
     first = train(tmp_path / "warm", *args)
     caplog.set_level("INFO", logger="tfdistx")
