@@ -216,7 +216,10 @@ def test_a_sigterm_as_the_next_round_starts_is_a_preemption_and_a_lost_worker_le
         proc.send_signal(signal.SIGTERM)
     output = (tmp_path / "out.txt").read_text()
     assert proc.returncode == 42, output[-4000:]
-    assert "127.0.0.3 left the host list" in output and ("nothing to save" in output or "checkpoint saved; exiting with 42" in output), output[-4000:]
+    # Checkpointed, or nothing to save, said so: by the launcher between rounds, or by the tasks as the cluster formed
+    # (with tasks forked from the prefork, the signal often finds them already started).
+    said = ("nothing to save", "nothing was trained to save", "checkpoint saved; exiting with 42")
+    assert "127.0.0.3 left the host list" in output and any(words in output for words in said), output[-4000:]
     wait_until(lambda: not processes_of(run_dir), 30, "every task gone")
     assert scratch_left(run_dir) == []
 
