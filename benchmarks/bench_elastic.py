@@ -32,10 +32,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from side_by_side import interruptible, kill_tree, say_estimate
+from side_by_side import interruptible, killed_if_left, log_of, say_estimate, task_pid, wait_for
 
-POLL_SECONDS = 0.05
-PATIENCE_SECONDS = 600  # the longest any one stage is waited for
 
 
 def measure(workers: int) -> dict:
@@ -52,41 +50,25 @@ def measure(workers: int) -> dict:
         # TensorFlow's autograph files go to TMPDIR, and a killed task removes none: in the scratch dir, removed with it.
         proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
                                 start_new_session=True, env={**os.environ, "TMPDIR": scratch})
-        try:
-            wait_for(lambda: steps_in_round(run_dir, 1) >= 5, proc)
+        with killed_if_left(proc):
+            wait_for(lambda: steps_in_round(run_dir, 1) >= 5, proc, "round 1's fifth step")
             lost = time.monotonic()
             listed.write_text("\n".join(hosts[:-1]) + "\n")
-            os.kill(pid_on(hosts[-1], proc.pid), signal.SIGKILL)
-            lost_said = wait_for(lambda: said(run_dir, 2), proc)
-            lost_trains = wait_for(lambda: steps_in_round(run_dir, 2) >= 1, proc)
-            wait_for(lambda: steps_in_round(run_dir, 2) >= 5, proc)
+            os.kill(pid_on(hosts[-1], proc.pid, run_dir), signal.SIGKILL)
+            lost_said = wait_for(lambda: said(run_dir, 2), proc, "round 2's line")
+            lost_trains = wait_for(lambda: steps_in_round(run_dir, 2) >= 1, proc, "round 2's first step")
+            wait_for(lambda: steps_in_round(run_dir, 2) >= 5, proc, "round 2's fifth step")
             back = time.monotonic()
             listed.write_text("\n".join(hosts) + "\n")
-            back_said = wait_for(lambda: said(run_dir, 3), proc)
-            back_trains = wait_for(lambda: steps_in_round(run_dir, 3) >= 1, proc)
+            back_said = wait_for(lambda: said(run_dir, 3), proc, "round 3's line")
+            back_trains = wait_for(lambda: steps_in_round(run_dir, 3) >= 1, proc, "round 3's first step")
             proc.send_signal(signal.SIGTERM)  # checkpoint and leave (exit 42)
             proc.wait(timeout=120)
-        finally:
-            if proc.poll() is None:
-                kill_tree(proc.pid)
-                proc.wait()
     return {"lost": (lost_said - lost, lost_trains - lost_said), "back": (back_said - back, back_trains - back_said)}
 
 
-def wait_for(done, proc) -> float:
-    """The moment `done()` became true (polled); exits if the run ended first or it took too long."""
-    deadline = time.monotonic() + PATIENCE_SECONDS
-    while not done():
-        if proc.poll() is not None or time.monotonic() > deadline:
-            sys.exit(f"the elastic run {'ended with exit code ' + str(proc.returncode) if proc.poll() is not None else 'stalled'} "
-                     "before the benchmark saw what it waits for")
-        time.sleep(POLL_SECONDS)
-    return time.monotonic()
 
 
-def log_of(run_dir: Path) -> str:
-    path = run_dir / "tfdistx.log"
-    return path.read_text(errors="replace") if path.exists() else ""
 
 
 def said(run_dir: Path, number: int) -> bool:
@@ -98,30 +80,13 @@ def steps_in_round(run_dir: Path, number: int) -> int:
     return len(re.findall(r"^\[worker:0\] step ", after, re.M)) if found else 0
 
 
-def pid_on(host: str, launcher: int) -> int:
-    """The task the launcher placed on `host` (its TF_CONFIG names it)."""
-    for entry in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            environ = dict(v.split(b"=", 1) for v in Path(f"/proc/{entry}/environ").read_bytes().split(b"\0") if b"=" in v)
-        except OSError:
-            continue
-        if b"TFDISTX_LOCAL_TASK" in environ and b"TF_CONFIG" in environ and _under(int(entry), launcher):
-            config = json.loads(environ[b"TF_CONFIG"])
-            task = config["task"]
-            if config["cluster"][task["type"]][task["index"]].startswith(f"{host}:"):
-                return int(entry)
-    sys.exit(f"no task on {host}")
-
-
-def _under(pid: int, root: int) -> bool:
-    while pid > 1:
-        if pid == root:
-            return True
-        try:
-            pid = int(Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[1])
-        except (OSError, IndexError, ValueError):
-            return False
-    return False
+def pid_on(host: str, launcher: int, run_dir: Path) -> int:
+    """The task the launcher placed on `host` in the current round (logs/rounds.json: its members, task -> host)."""
+    members = json.loads((run_dir / "logs" / "rounds.json").read_text())[-1]["members"]
+    task = next((task for task, at in members.items() if at == host), None)
+    if task is None:
+        sys.exit(f"no task on {host}: {members}")
+    return task_pid(launcher, task)
 
 
 def main() -> None:

@@ -47,11 +47,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from side_by_side import descendants, interruptible, kill_tree, say_estimate, table
+from side_by_side import PATIENCE_SECONDS, interruptible, killed_if_left, log_of, say_estimate, table, task_pid, wait_for
 
 HERE = Path(__file__).resolve().parent
-POLL_SECONDS = 0.05
-PATIENCE_SECONDS = 600  # the longest any one run or stage is waited for
 COMMON = ["data=synthetic", "trainer.steps_per_loop=1", "trainer.log_every=1", "logger.tensorboard=false"]
 FIRST = {
     "one_device": [],
@@ -82,14 +80,10 @@ def first_step(args, steps: int) -> dict:
         cpu_before = resource.getrusage(resource.RUSAGE_CHILDREN)
         started = time.monotonic()
         proc = start([*args, f"trainer.steps={steps}", "checkpoint.every_steps=0"], scratch, run_dir)
-        try:
+        with killed_if_left(proc):
             first = wait_for(lambda: metrics.exists() and b"\n" in metrics.read_bytes(), proc, "its first step") - started
             code = proc.wait(timeout=PATIENCE_SECONDS)
             ended = time.monotonic() - started
-        finally:
-            if proc.poll() is None:
-                kill_tree(proc.pid)
-                proc.wait()
         if code:
             sys.exit(f"a run ({' '.join(args) or 'one_device'}) ended with exit code {code}:\n{tail(run_dir)}")
         cpu_after = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -103,36 +97,20 @@ def restart(prefork: bool) -> dict:
         run_dir = Path(scratch, "run")
         proc = start(["strategy=multiworker", "cluster=2x1", f"cluster.prefork={str(prefork).lower()}", "cluster.max_restarts=1",
                       "checkpoint.every_steps=5", "checkpoint.export=false", "trainer.steps=1000000"], scratch, run_dir)
-        try:
+        with killed_if_left(proc):
             wait_for(lambda: last_step(log_of(run_dir)) >= 7, proc, "step 7")
-            victim = task_pid(proc.pid, "worker", 1)
+            victim = task_pid(proc.pid, "worker:1")
             killed = time.monotonic()
             os.kill(victim, signal.SIGKILL)
             said = wait_for(lambda: "restart 1 of 1" in log_of(run_dir), proc, "the restart line")
             trains = wait_for(lambda: steps_after_restart(log_of(run_dir)) >= 1, proc, "a step after the restart")
             proc.send_signal(signal.SIGTERM)  # checkpoint and leave (exit 42)
             proc.wait(timeout=120)
-        finally:
-            if proc.poll() is None:
-                kill_tree(proc.pid)
-                proc.wait()
     return {"kill -> restart line": said - killed, "restart line -> step": trains - said, "kill -> step": trains - killed}
 
 
-def wait_for(done, proc, what: str) -> float:
-    """The moment `done()` became true (polled); exits if the run ended first or it took too long."""
-    deadline = time.monotonic() + PATIENCE_SECONDS
-    while not done():
-        if proc.poll() is not None or time.monotonic() > deadline:
-            sys.exit(f"the run {'ended with exit code ' + str(proc.returncode) if proc.poll() is not None else 'stalled'} "
-                     f"before {what}")
-        time.sleep(POLL_SECONDS)
-    return time.monotonic()
 
 
-def log_of(run_dir: Path) -> str:
-    path = run_dir / "tfdistx.log"
-    return path.read_text(errors="replace") if path.exists() else ""
 
 
 def tail(run_dir: Path) -> str:
@@ -149,21 +127,6 @@ def steps_after_restart(log: str) -> int:
     return len(re.findall(r"^\[worker:0\] step ", after, re.M)) if found else 0
 
 
-def task_pid(launcher: int, task_type: str, index: int) -> int:
-    """The process of a task of the launcher's local cluster: a forked one by
-    its command name, a fresh one by the TF_CONFIG in its environment."""
-    named = f"{task_type}:{index}"
-    wanted = f'"task": {{"type": "{task_type}", "index": {index}}}'.encode()
-    for pid in sorted(descendants(launcher)):
-        try:
-            if Path(f"/proc/{pid}/comm").read_text().strip() == named:
-                return pid
-            environ = Path(f"/proc/{pid}/environ").read_bytes()
-        except OSError:
-            continue
-        if b"TFDISTX_LOCAL_TASK" in environ and wanted in environ:
-            return pid
-    sys.exit(f"no process of {named} under the launcher {launcher}")
 
 
 def replay(samples: dict, key: str) -> dict:

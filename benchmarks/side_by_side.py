@@ -18,6 +18,7 @@ directories. A second signal during that unwinding is ignored, so it cannot
 stop the deletion half way.
 """
 
+import contextlib
 import os
 import signal
 import statistics
@@ -26,6 +27,9 @@ import sys
 import time
 from pathlib import Path
 from typing import Callable, Dict, Iterable, Optional, Tuple
+
+POLL_SECONDS = 0.05  # how often a benchmark looks at a run's files
+PATIENCE_SECONDS = 600  # the longest any one run, or any stage of one, is waited for
 
 QUICK_NOTE = ("--quick: fewer repeats, steps and candidates; its numbers are rough (a check that the benchmark works, "
               "and a first look), not measurements to quote")
@@ -123,6 +127,54 @@ def run(cmd, *, env=None, check: bool = True, timeout: Optional[float] = None, c
     if check and proc.returncode:
         sys.exit(f"failed (exit {proc.returncode}): {' '.join(map(str, cmd))}\n{out[-2000:]}{err[-3000:]}")
     return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
+# -- a run the benchmark watches -----------------------------------------------------
+
+
+def wait_for(done: Callable[[], bool], proc, what: str) -> float:
+    """The moment `done()` became true (polled); exits naming `what` if the run ended first or it took too long."""
+    deadline = time.monotonic() + PATIENCE_SECONDS
+    while not done():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            sys.exit(f"the run {'ended with exit code ' + str(proc.returncode) if proc.poll() is not None else 'stalled'} "
+                     f"before {what}")
+        time.sleep(POLL_SECONDS)
+    return time.monotonic()
+
+
+def log_of(run_dir: Path) -> str:
+    """The run's tfdistx.log (the launcher's lines and its tasks'), '' before it exists."""
+    path = run_dir / "tfdistx.log"
+    return path.read_text(errors="replace") if path.exists() else ""
+
+
+def task_pid(launcher: int, task: str) -> int:
+    """The process of `task` ("worker:1") of the launcher's local cluster: a forked one
+    (cluster.prefork) by its command name, a fresh one by the TF_CONFIG in its environment."""
+    task_type, _, index = task.partition(":")
+    wanted = f'"task": {{"type": "{task_type}", "index": {index}}}'.encode()
+    for pid in sorted(descendants(launcher)):
+        try:
+            if Path(f"/proc/{pid}/comm").read_text().strip() == task:
+                return pid
+            environ = Path(f"/proc/{pid}/environ").read_bytes()
+        except OSError:
+            continue
+        if b"TFDISTX_LOCAL_TASK" in environ and wanted in environ:
+            return pid
+    sys.exit(f"no process of {task} under the launcher {launcher}")
+
+
+@contextlib.contextmanager
+def killed_if_left(proc):
+    """Inside: what the benchmark does with a running `proc`; whatever of it is left after, failed or not, is killed."""
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            kill_tree(proc.pid)
+            proc.wait()
 
 
 def descendants(root: int) -> set:
