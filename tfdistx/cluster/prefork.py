@@ -41,6 +41,7 @@ import traceback
 from typing import Dict, List, Optional
 
 READY_TIMEOUT_SECONDS = 300  # the imports of a loaded machine; past it, tasks start as fresh processes
+ANSWER_TIMEOUT_SECONDS = 60  # for the pid of a task asked for (a fork: milliseconds)
 _MESSAGE_BYTES = 1 << 20  # a request: the command and the environment, a few kB
 _NAME_BYTES = 15  # the kernel's limit on a command name (prctl PR_SET_NAME)
 
@@ -147,7 +148,11 @@ class Prefork:
                 request = json.dumps({"argv": command[2:], "env": env, "name": name}).encode()
                 socket.send_fds(self._socket, [request], [write_end])
                 with self._changed:
-                    self._changed.wait_for(lambda: self._started or self._gone)
+                    if not self._changed.wait_for(lambda: self._started or self._gone, ANSWER_TIMEOUT_SECONDS):
+                        # A fork is milliseconds: a prefork this silent is stopped or stuck. No wait is unbounded: it goes
+                        # (with the tasks it forked, restarted as fresh processes) rather than hold the supervisor.
+                        self._proc.kill()
+                        self._changed.wait_for(lambda: self._gone)
                     reply = self._started.pop(0) if self._started else {"error": "the prefork is gone"}
         except OSError:
             reply = {"error": "the prefork is gone"}

@@ -24,7 +24,7 @@ from typing import Dict, List, Optional, Sequence
 
 from tfdistx.checkpoint_files import SCRATCH_ENV  # file names only: no TensorFlow
 from tfdistx.cluster import evaluator as sidecars  # the sidecar evaluator's task
-from tfdistx.cluster.prefork import Prefork, can_fork, die_with_parent
+from tfdistx.cluster.prefork import Prefork, die_with_parent
 from tfdistx.sigterm import signal_number
 
 SCRATCH_DIR = ".scratch"  # in the tasks' log directory: each task's scratch (its checkpoints, if not the chief), removed as it ends
@@ -48,7 +48,7 @@ class Task:
     def start(self, prefork: Optional[Prefork] = None) -> None:
         """Forked by `prefork` (TensorFlow imported once, cluster/prefork.py) if
         given and able, else a fresh process: the same task either way."""
-        self.proc = prefork.spawn(self.command, self.env, self.name) if prefork is not None and can_fork(self.command) else None
+        self.proc = prefork.spawn(self.command, self.env, self.name) if prefork is not None else None
         if self.proc is None:
             self.proc = subprocess.Popen(self.command, env=self.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                          stdin=subprocess.DEVNULL, start_new_session=True, preexec_fn=die_with_parent)
