@@ -153,16 +153,15 @@ def _positive(option: str, value: str, most: int, what: str) -> int:
 def _seconds(value: str) -> int:
     """Slurm's --time in seconds (0: no limit); a value in none of its formats is refused."""
     m = _TIME.fullmatch(value)  # as given: it goes into the script as it is
-    days, first, second, third = m.groups() if m else (None,) * 4
-    hours = minutes = seconds = 0
-    if m and days is None:  # MM, MM:SS, HH:MM:SS
-        hours, minutes, seconds = (0, first, second) if third is None else (first, second, third)
-    elif m and third is None:  # D-HH, D-HH:MM
-        hours, minutes, seconds = first, second or 0, 0
-    elif m:  # D-HH:MM:SS
-        hours, minutes, seconds = first, second, third
     if not m:
         raise ConfigError.one("--time", value, f"allowed: {TIME_FORMATS}")
+    days, first, second, third = m.groups()
+    if days is None:  # MM, MM:SS, HH:MM:SS
+        hours, minutes, seconds = (0, first, second) if third is None else (first, second, third)
+    elif third is None:  # D-HH, D-HH:MM
+        hours, minutes, seconds = first, second or 0, 0
+    else:  # D-HH:MM:SS
+        hours, minutes, seconds = first, second, third
     return ((int(days or 0) * 24 + int(hours)) * 60 + int(minutes)) * 60 + int(seconds or 0)
 
 
