@@ -280,9 +280,13 @@ class Supervisor:
         # tasks time to checkpoint. After Ctrl-C, or once a task has died (its
         # peers, blocked in a collective, can neither checkpoint nor leave but
         # by SIGKILL), there is nothing to wait for; a synchronous round that
-        # lost a member has nothing to save (a checkpoint needs every worker).
+        # lost a member, or whose task failed (any code but 42: its peers are
+        # blocked in a collective or in forming the cluster), has nothing to
+        # save: a checkpoint needs every worker. They get the teardown's
+        # moment to leave on their own, not a grace they cannot use.
         preempted = (signals.received and signal.SIGINT not in signals.received) or result.asked_to_checkpoint
-        grace = self.preemption_grace if preempted else 0 if result.lost and not self.alone else QUICK_GRACE_SECONDS
+        broken = result.lost or (result.state is State.FAILED and result.code != EXIT_PREEMPTED)
+        grace = self.preemption_grace if preempted else 0 if broken and not self.alone else QUICK_GRACE_SECONDS
         teardown(round_.tasks, self.primary, grace=grace, signalled=bool(signals.received) or result.asked_to_checkpoint)
         if signals.received:  # the tasks' own verdict if they gave one (42: checkpointed), else 128 + signal
             own = [t.proc.returncode for t in round_.tasks
