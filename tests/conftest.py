@@ -153,16 +153,67 @@ def tfdistx_env(**extra) -> dict:
 
 @pytest.fixture
 def tfdistx(tmp_path):
-    """Run `python -m tfdistx ARGS` with its run dir in tmp_path; returns a Run."""
+    """Run `python -m tfdistx ARGS` with its run dir in tmp_path; returns a
+    Run. The process is forked from this pytest process's prefork (below)
+    unless `fresh`, or unless its environment differs where a fork would not
+    be what a fresh start is."""
 
-    def run(*args, run_dir=None, env=None, timeout=600, cwd=None) -> Run:
+    def run(*args, run_dir=None, env=None, timeout=600, cwd=None, fresh=False) -> Run:
         run_dir = tmp_path / "run" if run_dir is None else run_dir  # "": hydra.run.dir= given empty
         cmd = [sys.executable, "-m", "tfdistx", *args, f"hydra.run.dir={run_dir}"]
         run_dir = Path(run_dir)
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=tfdistx_env(**(env or {})), cwd=cwd or tmp_path)
+        proc = run_command(cmd, env=tfdistx_env(**(env or {})), cwd=cwd or tmp_path, timeout=timeout, fresh=fresh)
         return Run(proc, run_dir)
 
     return run
+
+
+# Every `python -m tfdistx` a test runs spent 2.4-3 CPU seconds importing TensorFlow and Keras before it did
+# anything the test asked: about a quarter of the process tests' CPU (98 one-process runs, 486 CPU s, in one
+# default run). As TensorFlow's own multi-process tests reuse a pool of processes "to avoid the expensive
+# initialization cost of TensorFlow in new processes", each pytest process starts one prefork (the local
+# cluster's, cluster/prefork.py: it imports what a task imports, then forks) and runs `python -m tfdistx`
+# forked from it: a real process of its own (its session, environment, working directory, stdout and stderr),
+# the CLI run as __main__ from its start. What a fork cannot be: a process whose environment changes what is
+# read at import (the module path, TensorFlow's and CUDA's variables), a console script, an interactive
+# terminal. Those, and the tests that ask for `fresh=True` (what a fresh start itself prints or does), start
+# fresh. The local clusters' own tasks are forked by their own prefork, as for a user.
+_PREFORK = []
+_IMPORT_TIME = re.compile(r"PYTHON|TF_(?!CONFIG$)|XLA_|CUDA_|KERAS_|LD_|OMP_|MALLOC")
+
+
+def _prefork(env: dict):
+    if not _PREFORK:
+        from tfdistx.cluster.prefork import Prefork
+        from tfdistx.commands.execute import TASK_PRELOAD
+
+        _PREFORK.append((Prefork(list(TASK_PRELOAD), "tests", env=env), env))
+    return _PREFORK[0]
+
+
+def run_command(cmd, env: dict, cwd=None, timeout: float = None, fresh: bool = False) -> subprocess.CompletedProcess:
+    """subprocess.run(cmd, capture_output=True, text=True, ...), forked from the prefork where it can be."""
+    forkable = not fresh and cmd[:3] == [sys.executable, "-m", "tfdistx"]
+    if forkable:
+        prefork, its_env = _prefork(tfdistx_env())
+        changed = {key for key in set(env) | set(its_env) if env.get(key) != its_env.get(key)}
+        forkable = not any(_IMPORT_TIME.match(key) for key in changed)
+    if not forkable:
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=cwd)
+    import io
+
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        proc = prefork.spawn(cmd, env, "tfdistx", cwd=str(cwd) if cwd else None, outputs=(out.fileno(), err.fileno()))
+        if proc is None:  # the prefork cannot serve: a fresh process says what is wrong
+            return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=cwd)
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+            raise
+        text = [io.TextIOWrapper(io.BytesIO((file.seek(0), file.read())[1])).read() for file in (out, err)]  # as text=True reads
+    return subprocess.CompletedProcess(cmd, proc.returncode, *text)
 
 
 @pytest.fixture(scope="module")
@@ -210,8 +261,13 @@ def workers_tf_config(ports, index: int) -> str:
 
 
 # Short real runs: few steps, small batches, the built-in synthetic data.
+# A quick run trains without XLA (on one device, auto compiles the step: about 1.1 of a quick run's 5-6 CPU
+# seconds), as the unit layer's quick runs do: XLA's claims (whole steps a call, bitwise equal, resumed) are
+# test_unit_fastest_step.py's and test_unit_compute.py's; the default run (test_training.py) and the kill
+# tests' long runs (test_fault_tolerance.LONG) keep the default, auto.
 QUICK = ["trainer.steps=40", "trainer.steps_per_loop=10", "trainer.log_every=20", "trainer.eval_every=0",
-         "data.batch_size=32", "data.train_examples=512", "data.eval_examples=128", "logger.tensorboard=false"]
+         "data.batch_size=32", "data.train_examples=512", "data.eval_examples=128", "logger.tensorboard=false",
+         "trainer.jit_compile=false"]
 
 
 def whole_and_resumed(tfdistx, tmp_path, args, stop_at=30, steps=60):
@@ -297,8 +353,9 @@ def pytest_unconfigure(config):
 # TFDISTX_TEST_TIMES=FILE, each test appends a JSON line to FILE: its node id,
 # its pytest worker, when it started and ended (seconds since the epoch), and
 # the CPU seconds it spent in this process and in the processes it started
-# and waited for. A test whose wall time is far above its CPU seconds waited
-# on something, or for the cores; one whose CPU seconds are high did work.
+# and waited for (not a run forked by the prefork above: the prefork reaps it).
+# A test whose wall time is far above its CPU seconds waited on something, or
+# for the cores; one whose CPU seconds are high did work.
 _TIMES = os.environ.get("TFDISTX_TEST_TIMES")
 
 

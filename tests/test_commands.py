@@ -21,7 +21,7 @@ import pytest
 import tensorflow as tf
 
 from conftest import QUICK as RUN_QUICK
-from conftest import Run, files, refused_in_one_line, start_tfdistx, tfdistx_env, wait_until
+from conftest import Run, files, refused_in_one_line, run_command, start_tfdistx, tfdistx_env, wait_until
 from engine_helpers import train
 from test_unit_predict import CLASSIFIED_COLUMNS, MLP, csv_rows, expected_columns, predict, serving, train_run
 from test_unit_predict import data  # noqa: F401 (a fixture: the rows `tfdistx data write` writes)
@@ -235,7 +235,7 @@ def test_a_temporary_directory_is_removed_by_the_next_command_only_once_its_writ
 
 def test_the_default_input_is_the_runs_eval_split(run):
     """A real process, as a user starts it: no --data-files."""
-    proc = subprocess.run([sys.executable, "-m", "tfdistx", "predict", str(run)], capture_output=True, text=True,
+    proc = run_command([sys.executable, "-m", "tfdistx", "predict", str(run)],
                           env=tfdistx_env(), timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = run / "predictions"
@@ -252,7 +252,7 @@ def test_the_default_input_is_the_runs_eval_split(run):
 
 
 def test_a_refusal_from_the_command_line(run, data, tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "tfdistx", "predict", str(run), "--data-files", str(data / "clicks-tfrecord" / "eval-*"),
-                           "--out", str(tmp_path / "p")], capture_output=True, text=True, env=tfdistx_env(), timeout=300)
+    proc = run_command([sys.executable, "-m", "tfdistx", "predict", str(run), "--data-files", str(data / "clicks-tfrecord" / "eval-*"),
+                           "--out", str(tmp_path / "p")], env=tfdistx_env(), timeout=300)
     refused_in_one_line(Run(proc, run), "eval-00000-of-00001.tfrecord", "no feature 'features'")
     assert not (tmp_path / "p").exists()

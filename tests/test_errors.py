@@ -1,11 +1,10 @@
 """Bad input: exit code 2, one line naming the key and what is allowed, no traceback."""
 
-import subprocess
 import sys
 
 import pytest
 
-from conftest import QUICK, tfdistx_env
+from conftest import QUICK, run_command, tfdistx_env
 
 
 def assert_refused(run, key, *phrases):
@@ -58,7 +57,8 @@ def test_unknown_tfds_dataset(tfdistx, tmp_path):
 def test_dataset_that_cannot_be_downloaded_offline(tfdistx, tmp_path):
     # Port 9 on loopback refuses at once: a machine with no route to the
     # download site, without sending anything off this machine.
-    run = tfdistx("data=mnist", f"data.data_dir={tmp_path / 'tfds'}", "data.download_check_url=http://127.0.0.1:9")
+    run = tfdistx("data=mnist", f"data.data_dir={tmp_path / 'tfds'}", "data.download_check_url=http://127.0.0.1:9",
+                  fresh=True)  # all a fresh start prints
     assert run.returncode == 10, run  # a fault of the machine (no network), not of the config
     lines = (run.stdout + run.stderr).strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("tfdistx: data=mnist is not downloaded to "), run  # no absl warning before it
@@ -92,7 +92,7 @@ def test_model_whose_output_the_task_cannot_use(tfdistx):
     (["trainer.steps=5,abc"], "trainer.steps='abc'"),  # the second value of a list: refused before the first job
 ])
 def test_a_bad_sweep_is_refused_before_any_job(tmp_path, args, key):
-    run = subprocess.run([sys.executable, "-m", "tfdistx", "-m", *QUICK, *args], capture_output=True, text=True,
+    run = run_command([sys.executable, "-m", "tfdistx", "-m", *QUICK, *args],
                          env=tfdistx_env(), cwd=tmp_path, timeout=120)
     assert run.returncode == 2 and "Traceback" not in run.stderr, run.stderr
     assert [line for line in run.stderr.splitlines() if line.startswith("tfdistx: invalid config:") and key in line], run.stderr
@@ -104,7 +104,7 @@ def test_evaluate_refuses_a_model_that_does_not_fit_and_unreadable_run_files(tfd
     assert run.returncode == 0, run
 
     def evaluate(*args):
-        return subprocess.run([sys.executable, "-m", "tfdistx", "evaluate", str(run.dir), *args], capture_output=True, text=True,
+        return run_command([sys.executable, "-m", "tfdistx", "evaluate", str(run.dir), *args],
                               env=tfdistx_env(), timeout=300)
 
     other = evaluate("model=cnn")  # never evaluated with weights left at their initial values; nothing of the run's to delete

@@ -9,7 +9,7 @@ import sys
 import numpy as np
 import pytest
 
-from conftest import QUICK, tfdistx_env
+from conftest import QUICK, run_command, tfdistx_env
 from tfdistx.data import sources as data_lib
 
 # Runs in a fresh interpreter: plain TensorFlow + Keras, nothing of tfdistx.
@@ -78,20 +78,20 @@ def test_export_any_kept_checkpoint_afterwards(tfdistx, tmp_path):
     run = tfdistx(*QUICK, "checkpoint.every_steps=20", "checkpoint.export=false")
     assert run.returncode == 0, run
     assert not (run.dir / "export").exists()
-    proc = subprocess.run([sys.executable, "-m", "tfdistx", "export", str(run.dir), "--step", "20", "--out", str(tmp_path / "at20")],
-                          capture_output=True, text=True, env=tfdistx_env(), timeout=300)
+    proc = run_command([sys.executable, "-m", "tfdistx", "export", str(run.dir), "--step", "20", "--out", str(tmp_path / "at20")],
+                          env=tfdistx_env(), timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert (tmp_path / "at20" / "saved_model.pb").exists()
-    missing = subprocess.run([sys.executable, "-m", "tfdistx", "export", str(run.dir), "--step", "7"],
-                             capture_output=True, text=True, env=tfdistx_env(), timeout=300)
+    missing = run_command([sys.executable, "-m", "tfdistx", "export", str(run.dir), "--step", "7"],
+                             env=tfdistx_env(), timeout=300)
     assert missing.returncode == 2 and "--step=7" in missing.stderr and "Traceback" not in missing.stderr
 
 
 def test_evaluate_a_kept_checkpoint(tfdistx, tmp_path):
     run = tfdistx(*QUICK, "checkpoint.every_steps=20")
     assert run.returncode == 0, run
-    proc = subprocess.run([sys.executable, "-m", "tfdistx", "evaluate", str(run.dir), "--step", "40"],
-                          capture_output=True, text=True, env=tfdistx_env(), timeout=300)
+    proc = run_command([sys.executable, "-m", "tfdistx", "evaluate", str(run.dir), "--step", "40"],
+                          env=tfdistx_env(), timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     record = json.loads(proc.stdout[proc.stdout.index("{"):])
     assert record["step"] == 40 and record["checkpoint"] == "ckpt-40"

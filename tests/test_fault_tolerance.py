@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import (QUICK, free_ports, metric_lines, start_tfdistx, steps_logged, task_pid, tfdistx_env, wait_until,
-                      whole_and_resumed, workers_tf_config)
+from conftest import (QUICK, free_ports, metric_lines, run_command, start_tfdistx, steps_logged, task_pid, tfdistx_env,
+                      wait_until, whole_and_resumed, workers_tf_config)
 
 LONG = ["trainer.steps=1000000", "trainer.steps_per_loop=20", "trainer.log_every=20", "trainer.eval_every=0",
         "checkpoint.every_steps=100000", "logger.tensorboard=false"]
@@ -45,8 +45,8 @@ def test_a_notice_checkpoints_exits_42_and_a_rerun_resumes(tmp_path, notice):
     preempted_at = steps_logged(run_dir)[-1]
     assert (run_dir / "checkpoints" / f"ckpt-{preempted_at}.index").exists()
 
-    rerun = subprocess.run([sys.executable, "-m", "tfdistx", *LONG, f"trainer.steps={preempted_at + 40}", f"hydra.run.dir={run_dir}"],
-                           env=tfdistx_env(), capture_output=True, text=True, timeout=600)
+    rerun = run_command([sys.executable, "-m", "tfdistx", *LONG, f"trainer.steps={preempted_at + 40}", f"hydra.run.dir={run_dir}"],
+                           env=tfdistx_env(), timeout=600)
     assert rerun.returncode == 0, rerun.stderr[-3000:]
     summary = json.loads((run_dir / "summary.json").read_text())
     assert (summary["resumed_from_step"], summary["step"]) == (preempted_at, preempted_at + 40)
@@ -213,8 +213,8 @@ def test_worker_killed_at_a_random_moment_loses_nothing(tmp_path, seed):
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["step"] == 300  # resumed from a checkpoint, or from scratch if killed before the first
     assert steps_logged(run_dir) == list(range(10, 301, 10))
-    whole = subprocess.run([sys.executable, "-m", "tfdistx", *args, f"hydra.run.dir={tmp_path / 'whole'}"],
-                           env=tfdistx_env(), capture_output=True, text=True, timeout=600)
+    whole = run_command([sys.executable, "-m", "tfdistx", *args, f"hydra.run.dir={tmp_path / 'whole'}"],
+                           env=tfdistx_env(), timeout=600)
     assert whole.returncode == 0, whole.stdout[-3000:]
     assert json.loads((tmp_path / "whole" / "summary.json").read_text())["weights_sha256"] == summary["weights_sha256"]
 

@@ -4,10 +4,9 @@ rest aside (*.replaced-STAMP). Real runs, real files on disk."""
 
 import json
 import logging
-import subprocess
 import sys
 
-from conftest import QUICK, files, refused_in_one_line, tfdistx_env
+from conftest import QUICK, files, refused_in_one_line, run_command, tfdistx_env
 from tfdistx.commands import export as export_command
 
 
@@ -85,9 +84,9 @@ def test_an_empty_run_dir_is_refused_and_nothing_is_written_here(tfdistx, tmp_pa
 
 def test_data_write_keeps_an_earlier_write_aside_and_refuses_other_directories(tmp_path):
     def write(out, shards):
-        return subprocess.run([sys.executable, "-m", "tfdistx", "data", "write", "data=synthetic", "data.train_examples=64",
+        return run_command([sys.executable, "-m", "tfdistx", "data", "write", "data=synthetic", "data.train_examples=64",
                                "data.eval_examples=16", "--out", str(out), "--shards", str(shards)],
-                              capture_output=True, text=True, env=tfdistx_env(), timeout=300)
+                              env=tfdistx_env(), timeout=300)
 
     out = tmp_path / "data"
     assert write(out, 4).returncode == 0

@@ -16,7 +16,6 @@ import json
 import os
 import re
 import signal
-import subprocess
 import sys
 import time
 from dataclasses import dataclass
@@ -24,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import free_ports, metric_lines, start_tfdistx, steps_logged, task_pid, tfdistx_env, wait_until
+from conftest import free_ports, metric_lines, run_command, start_tfdistx, steps_logged, task_pid, tfdistx_env, wait_until
 
 # Long enough never to finish; a line every 10 steps, so the signal lands mid-run.
 ENDLESS = ["trainer.steps=1000000", "trainer.steps_per_loop=10", "trainer.log_every=10", "trainer.eval_every=0",
@@ -115,8 +114,8 @@ def resume(args, run_dir: Path, step: int, steps_after: int = 20) -> dict:
     """The same command (one process, or the local launcher) on to `step` +
     `steps_after`: exit 0, no step lost or twice. Returns summary.json."""
     total = step + steps_after
-    rerun = subprocess.run([sys.executable, "-m", "tfdistx", *args, f"trainer.steps={total}", f"hydra.run.dir={run_dir}"],
-                           env=tfdistx_env(), capture_output=True, text=True, timeout=600)
+    rerun = run_command([sys.executable, "-m", "tfdistx", *args, f"trainer.steps={total}", f"hydra.run.dir={run_dir}"],
+                           env=tfdistx_env(), timeout=600)
     assert rerun.returncode == 0, rerun.stdout[-3000:] + rerun.stderr[-3000:]
     summary = json.loads((run_dir / "summary.json").read_text())
     assert (summary["resumed_from_step"], summary["step"]) == (step, total)
@@ -125,8 +124,8 @@ def resume(args, run_dir: Path, step: int, steps_after: int = 20) -> dict:
 
 
 def assert_bitwise_as_never_stopped(args, tmp_path: Path, summary: dict) -> None:
-    whole = subprocess.run([sys.executable, "-m", "tfdistx", *args, f"trainer.steps={summary['step']}",
-                            f"hydra.run.dir={tmp_path / 'whole'}"], env=tfdistx_env(), capture_output=True, text=True, timeout=600)
+    whole = run_command([sys.executable, "-m", "tfdistx", *args, f"trainer.steps={summary['step']}",
+                            f"hydra.run.dir={tmp_path / 'whole'}"], env=tfdistx_env(), timeout=600)
     assert whole.returncode == 0, whole.stderr[-3000:]
     assert json.loads((tmp_path / "whole" / "summary.json").read_text())["weights_sha256"] == summary["weights_sha256"]
 

@@ -1,19 +1,18 @@
 """Recipes: `recipe=NAME` runs, `tfdistx recipes` list/show/copy, a user's own recipe dir.
 (What each shipped recipe composes to, in-process: test_unit_config_recipes.py.)"""
 
-import subprocess
 import sys
 
 import pytest
 import yaml
 
-from conftest import QUICK, tfdistx_env
+from conftest import QUICK, run_command, tfdistx_env
 from test_unit_config_recipes import SHIPPED
 from tfdistx.config import recipes
 
 
 def tfdistx_cli(*args, env=None, cwd=None, timeout=300):
-    return subprocess.run([sys.executable, "-m", "tfdistx", *args], capture_output=True, text=True,
+    return run_command([sys.executable, "-m", "tfdistx", *args],
                           env=tfdistx_env(**(env or {})), cwd=cwd, timeout=timeout)
 
 

@@ -9,14 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from conftest import QUICK, tfdistx_env
+from conftest import QUICK, run_command, tfdistx_env
 
 # Evaluate along the way, so there are eval curves to draw.
 CURVES = [*QUICK, "trainer.eval_every=20"]
 
 
 def report(*args):
-    return subprocess.run([sys.executable, "-m", "tfdistx", "report", *map(str, args)], capture_output=True, text=True,
+    return run_command([sys.executable, "-m", "tfdistx", "report", *map(str, args)],
                           env=tfdistx_env(), timeout=300)
 
 

@@ -9,7 +9,7 @@ import signal
 import subprocess
 import sys
 
-from conftest import QUICK, processes_of, start_tfdistx, tfdistx_env, wait_until
+from conftest import QUICK, processes_of, run_command, start_tfdistx, tfdistx_env, wait_until
 from test_fault_tolerance import LONG, run_and_interrupt, wait_for_lines
 
 
@@ -19,8 +19,8 @@ def test_a_second_run_in_the_same_directory_is_refused_and_the_first_is_unharmed
     try:
         wait_for_lines(run_dir, 2, first)
         overrides = (run_dir / ".hydra" / "overrides.yaml").read_text()
-        second = subprocess.run([sys.executable, "-m", "tfdistx", *QUICK, "optimizer=sgd", f"hydra.run.dir={run_dir}"],
-                                capture_output=True, text=True, env=tfdistx_env(), timeout=300)
+        second = run_command([sys.executable, "-m", "tfdistx", *QUICK, "optimizer=sgd", f"hydra.run.dir={run_dir}"],
+                                env=tfdistx_env(), timeout=300)
         assert second.returncode == 7, second.stderr  # the directory is busy, not the config bad: a later try can succeed
         assert f"another run is using this directory (pid {first.pid}" in second.stderr and "Traceback" not in second.stderr
         assert (run_dir / ".hydra" / "overrides.yaml").read_text() == overrides
@@ -44,9 +44,9 @@ def steps_past_the_last_checkpoint(run_dir, more=20) -> str:
 def test_a_killed_run_leaves_no_lock_behind(tmp_path):
     run_dir = tmp_path / "run"
     run_and_interrupt([*LONG, "checkpoint.every_steps=20"], run_dir, 2, lambda proc: proc.send_signal(signal.SIGKILL))
-    rerun = subprocess.run([sys.executable, "-m", "tfdistx", *LONG, "checkpoint.every_steps=20",
+    rerun = run_command([sys.executable, "-m", "tfdistx", *LONG, "checkpoint.every_steps=20",
                             steps_past_the_last_checkpoint(run_dir), f"hydra.run.dir={run_dir}"],
-                           capture_output=True, text=True, env=tfdistx_env(), timeout=300)
+                           env=tfdistx_env(), timeout=300)
     assert rerun.returncode == 0, rerun.stderr[-3000:]
     assert json.loads((run_dir / "summary.json").read_text())["resumed"]
 
@@ -72,8 +72,8 @@ def test_a_killed_cluster_leaves_nothing_behind_once_it_runs_again(tmp_path):
     wait_until(lambda: processes_of(run_dir) == [], 30, "the tasks to die with their launcher (their own SIGKILL)")
     left = run_dir / "logs" / ".scratch"
     assert [p for p in left.rglob("*") if p.is_file()] and (run_dir / "logs" / ".cluster.json").exists()
-    rerun = subprocess.run([sys.executable, "-m", "tfdistx", *args, steps_past_the_last_checkpoint(run_dir), f"hydra.run.dir={run_dir}"],
-                           env=tfdistx_env(TMPDIR=str(scratch)), capture_output=True, text=True, timeout=600)
+    rerun = run_command([sys.executable, "-m", "tfdistx", *args, steps_past_the_last_checkpoint(run_dir), f"hydra.run.dir={run_dir}"],
+                           env=tfdistx_env(TMPDIR=str(scratch)), timeout=600)
     assert rerun.returncode == 0, rerun.stdout[-3000:]
     assert json.loads((run_dir / "summary.json").read_text())["resumed"]
     # (TensorFlow's own __autograph_generated_file*.py of the killed tasks are not ours to remove)

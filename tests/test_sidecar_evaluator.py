@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from config_helpers import compose_ok
-from conftest import processes_of, start_tfdistx, task_pid, tfdistx_env, wait_until
+from conftest import processes_of, run_command, start_tfdistx, task_pid, tfdistx_env, wait_until
 from tfdistx.cluster.kubernetes import tfjob
 from tfdistx.config.resolve import layout_of
 
@@ -79,8 +79,8 @@ def test_the_sidecar_evaluator_evaluates_each_checkpoint_as_tfdistx_evaluate_doe
     assert sorted(board["eval/loss"]) == [10, 20, 30, 40]
     assert board["eval/accuracy"][40] == pytest.approx(lines[-1]["eval/accuracy"])
 
-    evaluated = subprocess.run([sys.executable, "-m", "tfdistx", "evaluate", str(run.dir), "--step", "20",
-                                "strategy=one_device", "cluster=local"], capture_output=True, text=True, env=tfdistx_env(), timeout=300)
+    evaluated = run_command([sys.executable, "-m", "tfdistx", "evaluate", str(run.dir), "--step", "20",
+                                "strategy=one_device", "cluster=local"], env=tfdistx_env(), timeout=300)
     assert evaluated.returncode == 0, evaluated.stderr
     record = json.loads(evaluated.stdout)
     sidecar = next(line for line in lines if line["step"] == 20)

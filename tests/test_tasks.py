@@ -4,12 +4,11 @@ evaluated under each gives the same numbers); the objective can name any of
 them."""
 
 import json
-import subprocess
 import sys
 
 import pytest
 
-from conftest import tfdistx_env, whole_and_resumed
+from conftest import run_command, tfdistx_env, whole_and_resumed
 
 SHORT = ["trainer.steps=120", "trainer.steps_per_loop=40", "trainer.log_every=40", "trainer.eval_every=0",
          "logger.tensorboard=false", "checkpoint.export=false", "cluster.max_restarts=0"]
@@ -44,8 +43,8 @@ def assert_sensible(task, metrics):
 
 
 def evaluate(run_dir, *overrides):
-    proc = subprocess.run([sys.executable, "-m", "tfdistx", "evaluate", str(run_dir), *overrides],
-                          capture_output=True, text=True, env=tfdistx_env(), timeout=600)
+    proc = run_command([sys.executable, "-m", "tfdistx", "evaluate", str(run_dir), *overrides],
+                          env=tfdistx_env(), timeout=600)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     return json.loads(proc.stdout[proc.stdout.index("{"):])
 

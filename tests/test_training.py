@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from conftest import QUICK, start_tfdistx, tfdistx_env, wait_until
+from conftest import QUICK, run_command, start_tfdistx, tfdistx_env, wait_until
 
 
 def test_default_run_learns_and_writes_its_run_dir(tfdistx):
-    run = tfdistx("trainer.steps=300", "trainer.log_every=100", "trainer.eval_every=100")
+    run = tfdistx("trainer.steps=300", "trainer.log_every=100", "trainer.eval_every=100", fresh=True)  # as a user starts it
     assert run.returncode == 0, run
     summary = run.summary
     assert summary["step"] == 300
@@ -84,7 +84,7 @@ def test_killed_run_resumes_without_repeating_steps(tmp_path):
     killed_lines = (run_dir / "metrics.jsonl").read_text().splitlines()
     assert 0 < len(killed_lines) < 200, "the run ended before it could be killed"
 
-    rerun = subprocess.run([sys.executable, "-m", "tfdistx", *args, f"hydra.run.dir={run_dir}"], capture_output=True, text=True,
+    rerun = run_command([sys.executable, "-m", "tfdistx", *args, f"hydra.run.dir={run_dir}"],
                            env=tfdistx_env(), timeout=600)
     assert rerun.returncode == 0, rerun.stderr[-3000:]
     import json

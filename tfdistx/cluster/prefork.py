@@ -38,7 +38,7 @@ import sys
 import tempfile
 import threading
 import traceback
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 READY_TIMEOUT_SECONDS = 300  # the imports of a loaded machine; past it, tasks start as fresh processes
 ANSWER_TIMEOUT_SECONDS = 60  # for the pid of a task asked for (a fork: milliseconds)
@@ -96,13 +96,14 @@ class ForkedProcess:
 class Prefork:
     """The supervisor's side: the prefork process, the tasks it forked and their exit codes."""
 
-    def __init__(self, preload: List[str], log_dir: str):
-        """`log_dir`: the run's, named in the command line the prefork and its tasks show (`ps`)."""
+    def __init__(self, preload: List[str], log_dir: str, env: Optional[Dict[str, str]] = None):
+        """`log_dir`: the run's, named in the command line the prefork and its tasks show (`ps`); `env`: the
+        prefork's environment (the caller's by default), which its imports and its tasks' `sys.path` see."""
         self._socket, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         # Its own session: Ctrl-C at the terminal reaches the supervisor, which passes it on to the tasks (not to this).
         self._proc = subprocess.Popen([sys.executable, "-m", "tfdistx.cluster.prefork", str(theirs.fileno()), log_dir, *preload],
                                       pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                      start_new_session=True, preexec_fn=die_with_parent)
+                                      start_new_session=True, preexec_fn=die_with_parent, env=env)
         theirs.close()
         self._exits: Dict[int, int] = {}
         self._started: List[object] = []  # the replies to requests, in order ({"started": pid} or {"error": ...})
@@ -138,15 +139,18 @@ class Prefork:
             self._changed.wait_for(lambda: self._ready is not None, READY_TIMEOUT_SECONDS)
             return bool(self._ready) and not self._gone
 
-    def spawn(self, command: List[str], env: Dict[str, str], name: str) -> Optional[ForkedProcess]:
-        """`command` (`python -m MODULE ARGS`) as a forked task named `name`; None if the prefork cannot."""
+    def spawn(self, command: List[str], env: Dict[str, str], name: str, cwd: Optional[str] = None,
+              outputs: Optional[Tuple[int, int]] = None) -> Optional[ForkedProcess]:
+        """`command` (`python -m MODULE ARGS`) as a forked task named `name`, in `cwd` (the prefork's by
+        default); None if the prefork cannot. Its stdout and stderr go together into a pipe (the
+        ForkedProcess's `stdout`), or to the two open files `outputs` (then `stdout` is None)."""
         if not self.ready():
             return None
-        read_end, write_end = os.pipe()
+        read_end, write_end = os.pipe() if outputs is None else (None, None)
         try:
             with self._lock:
-                request = json.dumps({"argv": command[2:], "env": env, "name": name}).encode()
-                socket.send_fds(self._socket, [request], [write_end])
+                request = json.dumps({"argv": command[2:], "env": env, "name": name, "cwd": cwd}).encode()
+                socket.send_fds(self._socket, [request], [write_end] if outputs is None else list(outputs))
                 with self._changed:
                     if not self._changed.wait_for(lambda: self._started or self._gone, ANSWER_TIMEOUT_SECONDS):
                         # A fork is milliseconds: a prefork this silent is stopped or stuck. No wait is unbounded: it goes
@@ -157,11 +161,13 @@ class Prefork:
         except OSError:
             reply = {"error": "the prefork is gone"}
         finally:
-            os.close(write_end)
+            if write_end is not None:
+                os.close(write_end)
         if "started" not in reply:
-            os.close(read_end)
+            if read_end is not None:
+                os.close(read_end)
             return None
-        return ForkedProcess(self, reply["started"], os.fdopen(read_end, "rb"), command)
+        return ForkedProcess(self, reply["started"], None if read_end is None else os.fdopen(read_end, "rb"), command)
 
     def exit_code(self, pid: int) -> Optional[int]:
         with self._changed:
@@ -208,7 +214,7 @@ def serve(channel: socket.socket, preload: List[str]) -> int:
         if not select.select([channel], [], [], 0.1)[0]:
             continue
         try:
-            message, fds, _, _ = socket.recv_fds(channel, _MESSAGE_BYTES, 1)
+            message, fds, _, _ = socket.recv_fds(channel, _MESSAGE_BYTES, 2)
         except OSError:
             message, fds = b"", []
         if not message:  # the supervisor is gone (or done): its tasks go with this process
@@ -218,12 +224,14 @@ def serve(channel: socket.socket, preload: List[str]) -> int:
         try:
             pid = os.fork()
         except OSError as error:
-            os.close(fds[0])
+            for fd in fds:
+                os.close(fd)
             channel.send(json.dumps({"error": str(error)}).encode())
             continue
         if pid == 0:
-            _become_task(json.loads(message), fds[0], channel, parent)  # never returns
-        os.close(fds[0])
+            _become_task(json.loads(message), fds, channel, parent)  # never returns
+        for fd in fds:
+            os.close(fd)
         children.add(pid)
         channel.send(json.dumps({"started": pid}).encode())
 
@@ -243,8 +251,9 @@ def _report_exits(children: set, channel: socket.socket) -> None:
             pass
 
 
-def _become_task(request: dict, output: int, channel: socket.socket, parent: int) -> None:
-    """In the forked child: what `python -m MODULE ARGS` started by the supervisor would be."""
+def _become_task(request: dict, outputs: List[int], channel: socket.socket, parent: int) -> None:
+    """In the forked child: what `python -m MODULE ARGS` started by the supervisor would be.
+    `outputs`: one fd for stdout and stderr, or one each."""
     code = 1
     try:
         channel.close()
@@ -255,10 +264,13 @@ def _become_task(request: dict, output: int, channel: socket.socket, parent: int
         _set_name(request["name"])
         stdin = os.open(os.devnull, os.O_RDONLY)
         os.dup2(stdin, 0)
-        os.dup2(output, 1)
-        os.dup2(output, 2)
-        os.close(stdin)
-        os.close(output)
+        os.dup2(outputs[0], 1)
+        os.dup2(outputs[-1], 2)
+        for fd in {stdin, *outputs}:
+            os.close(fd)
+        if request.get("cwd"):
+            os.chdir(request["cwd"])
+            sys.path[0] = os.getcwd()  # `python -m` puts its working directory first on the path
         os.environ.clear()
         os.environ.update(request["env"])
         tempfile.tempdir = None  # found again from the task's own TMPDIR
