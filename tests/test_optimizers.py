@@ -1,4 +1,4 @@
-"""Every Keras optimizer (optimizer.name's shortcuts, config/optimizers.py)
+"""Every Keras optimizer (optimizer.name's shortcuts, spec/optimizers.py)
 trains the default MLP (784-128-10) under mirrored 1x2 and resumes exactly,
 its slots restored from the checkpoint. In process, on real strategies
 (engine_helpers); three optimizers of different kinds in the default run
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from engine_helpers import whole_and_resumed
-from tfdistx.config import optimizers
+from tfdistx.spec import optimizers
 
 MIRRORED = ["strategy=mirrored", "cluster=1x2", "trainer.deterministic=true", "checkpoint.every_steps=25", "trainer.log_every=25",
             "trainer.steps_per_loop=25"]

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from conftest import tfdistx_env
-from tfdistx.config.errors import EXIT_NO_NETWORK
+from tfdistx.spec.errors import EXIT_NO_NETWORK
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"

@@ -11,7 +11,7 @@ import pytest
 
 from config_helpers import PREFIX, compose_ok, refused
 from engine_helpers import train, whole_and_resumed
-from tfdistx.config.errors import RunFault
+from tfdistx.spec.errors import RunFault
 from tfdistx.engine.progress import ConsoleProgress
 from tfdistx.engine.sinks import CsvLogger
 

@@ -12,7 +12,7 @@ import tensorflow as tf
 
 import engine_helpers
 from test_unit_config_shipped import compose
-from tfdistx.config import compute
+from tfdistx.spec import compute
 from tfdistx.engine import update
 
 

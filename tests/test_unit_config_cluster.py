@@ -11,8 +11,9 @@ import pytest
 from config_helpers import PREFIX, refused
 from tfdistx.cluster import placement
 from tfdistx.cluster.placement import Source
-from tfdistx.config import strategies, topology
-from tfdistx.config.errors import ConfigError
+from tfdistx.config import topology
+from tfdistx.spec import strategies
+from tfdistx.spec.errors import ConfigError
 from tfdistx.config.resolve import layout_of
 
 

@@ -9,7 +9,7 @@ import pytest
 from config_helpers import PREFIX, compose_ok, refused
 from tfdistx.cluster import jobset, kubernetes
 from tfdistx.config import recipes
-from tfdistx.config.errors import ConfigError
+from tfdistx.spec.errors import ConfigError
 from tfdistx.config.resolve import layout_of
 
 TWO_SGD = """\

@@ -5,9 +5,10 @@ test_unit_config_cluster.py; every recipe: test_unit_config_recipes.py.)"""
 import pytest
 
 from tfdistx.config import recipes
-from tfdistx.config import schema, strategies, topology
+from tfdistx.config import schema, topology
+from tfdistx.spec import strategies
 from tfdistx.config.compose import compose_and_validate
-from tfdistx.config.paths import config_dir
+from tfdistx.spec.paths import config_dir
 
 schema.register()
 

@@ -11,7 +11,7 @@ from config_helpers import PREFIX, changed, compose_ok, problems, refused
 from tfdistx import cli
 from tfdistx.commands import plan, recipes as recipes_command, run as run_command
 from tfdistx.config import userconf
-from tfdistx.config.errors import ConfigError
+from tfdistx.spec.errors import ConfigError
 
 pytestmark = pytest.mark.unit
 

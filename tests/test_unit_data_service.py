@@ -12,7 +12,7 @@ from tfdistx.cluster import kubernetes, placement
 from tfdistx.cluster.placement import Source
 from tfdistx.commands.common import compose
 from tfdistx.commands.plan import describe
-from tfdistx.config import data_service
+from tfdistx.spec import data_service
 from tfdistx.config.schema import tasks_per_job
 from tfdistx.config.resolve import layout_of
 

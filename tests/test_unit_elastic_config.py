@@ -1,4 +1,4 @@
-"""Elastic training's config (config/elastic.py), in-process: `cluster.workers=MIN:MAX`,
+"""Elastic training's config (spec/elastic.py), in-process: `cluster.workers=MIN:MAX`,
 the `cluster.elastic` keys, `--plan`'s line, and every run that cannot be
 elastic refused in one line before TensorFlow starts. The rounds themselves,
 on a real local cluster: test_elastic.py."""
@@ -12,8 +12,8 @@ from config_helpers import compose_ok, refused
 from tfdistx.cluster.hosts import HostList, Settled, choose
 from tfdistx.cluster.rounds import Rounds
 from tfdistx.commands.plan import describe
-from tfdistx.config import elastic
-from tfdistx.config.errors import ConfigError
+from tfdistx.spec import elastic
+from tfdistx.spec.errors import ConfigError
 
 pytestmark = pytest.mark.unit
 

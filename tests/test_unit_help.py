@@ -10,7 +10,7 @@ from hydra.types import RunMode
 
 from tfdistx import cli
 from tfdistx.config import userconf
-from tfdistx.config.paths import config_dir
+from tfdistx.spec.paths import config_dir
 from tfdistx.internals import hydra as hydra_internals
 
 pytestmark = pytest.mark.unit

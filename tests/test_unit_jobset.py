@@ -13,7 +13,7 @@ from config_helpers import PREFIX
 from test_unit_config_cluster import placed, refused_line
 from tfdistx.cluster import jobset_manifest, placement
 from tfdistx.cluster.placement import Source
-from tfdistx.config.errors import ConfigError
+from tfdistx.spec.errors import ConfigError
 from tfdistx.config.resolve import layout_of
 
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tfdistx.config.errors import ConfigError
+from tfdistx.spec.errors import ConfigError
 
 from engine_helpers import train, whole_and_resumed
 

@@ -48,7 +48,7 @@ def test_a_refused_optimizer_gets_no_note_about_the_keys_it_would_have_had(tmp_p
     """The note on the default group's keys is for a run that goes ahead:
     before the refusal of the very name it is about, it is noise."""
     from tfdistx.commands.common import compose
-    from tfdistx.config.errors import ConfigError
+    from tfdistx.spec.errors import ConfigError
 
     for override in ("optimizer.name=adamm", "optimizer._target_=keras.optimizers.MultiOptimizer"):
         with pytest.raises(ConfigError):
@@ -60,7 +60,7 @@ def test_a_refused_optimizer_gets_no_note_about_the_keys_it_would_have_had(tmp_p
 
 def test_a_multi_optimizer_named_by_another_path_is_refused_by_its_class(tmp_path):
     """keras.src's path is not known by name before TensorFlow starts: the engine refuses it by class, in the same words."""
-    from tfdistx.config.errors import ConfigError
+    from tfdistx.spec.errors import ConfigError
 
     with pytest.raises(ConfigError) as refused_here:
         train(tmp_path / "run", "optimizer._target_=keras.src.optimizers.multi_optimizer.MultiOptimizer")
@@ -79,7 +79,7 @@ def test_a_multi_optimizer_named_by_another_path_is_refused_by_its_class(tmp_pat
      "optimizer.schedule._target_='keras.optimizers.Adam': returned a Adam; it must return a keras.optimizers.schedules.LearningRateSchedule"),
 ])
 def test_a_key_the_class_does_not_take_is_refused_naming_what_it_takes(tmp_path, overrides, message):
-    from tfdistx.config.errors import ConfigError
+    from tfdistx.spec.errors import ConfigError
 
     with pytest.raises(ConfigError) as refused:
         train(tmp_path / "run", *overrides)
@@ -90,7 +90,7 @@ def test_a_key_the_class_does_not_take_is_refused_naming_what_it_takes(tmp_path,
 def test_a_schedule_whose_rate_is_not_a_number_is_refused_and_the_work_before_kept(tmp_path, schedule):
     """Refused in one line naming the schedule and the first such step,
     before any step of it: a resumed run's checkpoint stays as it was."""
-    from tfdistx.config.errors import ConfigError
+    from tfdistx.spec.errors import ConfigError
 
     first = train(tmp_path / "run", "trainer.steps=10", "trainer.steps_per_loop=5", "trainer.log_every=5")
     before = first.weights()

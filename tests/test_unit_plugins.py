@@ -1,5 +1,5 @@
 """Each plug-in declared once (issue 33): a strategy is its row of
-config/strategies.py (and its builder), a task its class and its YAML, a
+spec/strategies.py (and its builder), a task its class and its YAML, a
 data source its function and its YAML; the config side reads those facts
 and still refuses bad input in one line before TensorFlow starts."""
 
@@ -7,7 +7,8 @@ import pytest
 from omegaconf import OmegaConf
 
 from config_helpers import PREFIX, compose_ok, refused
-from tfdistx.config import strategies, userconf
+from tfdistx.config import userconf
+from tfdistx.spec import strategies
 
 pytestmark = pytest.mark.unit
 
@@ -124,7 +125,7 @@ def test_a_users_own_source_gets_no_checks_of_the_built_in_ones(tmp_path):
     assert sources.of(cfg.data) == sources.Source()
 
 
-# -- loggers: a built-in logger is its class and its row of config/builtin_loggers.py (issue 44) --------------------
+# -- loggers: a built-in logger is its class and its row of spec/builtin_loggers.py (issue 44) --------------------
 
 
 def test_each_built_in_logger_is_a_row_of_the_default_logger_yaml_and_its_class_takes_its_keys():
@@ -133,9 +134,9 @@ def test_each_built_in_logger_is_a_row_of_the_default_logger_yaml_and_its_class_
     import inspect
     import sys
 
-    from tfdistx.config import builtin_loggers
-    from tfdistx.config.paths import config_dir
-    from tfdistx.config.targets import locate
+    from tfdistx.spec import builtin_loggers
+    from tfdistx.spec.paths import config_dir
+    from tfdistx.spec.targets import locate
 
     default = OmegaConf.to_container(OmegaConf.load(config_dir() / "logger" / "default.yaml"))
     assert default == {row.name: row.on if row.keys is None else {"enabled": False} for row in builtin_loggers.BUILT_IN}
@@ -151,7 +152,7 @@ def test_a_new_built_in_logger_is_one_row_and_its_class(tmp_path, monkeypatch):
     """A row added to the table (its class: a user's logger here) is composed with
     its keys, checked, shown by --plan, and opened by the engine's for_run."""
     from tfdistx.commands.plan import _loggers
-    from tfdistx.config import builtin_loggers
+    from tfdistx.spec import builtin_loggers
     from tfdistx.config.resolve import resolve
     from tfdistx.engine.loggers import for_run
 

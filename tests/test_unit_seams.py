@@ -1,7 +1,8 @@
 """The seams the README draws, held by what a fresh process loads: the
 engine and what it trains (engine/, data/, tasks/, models.py) load no Hydra
-or OmegaConf; the config side and the launcher (config/, cluster/) load no
-TensorFlow or Keras. Each side is imported whole in one fresh interpreter;
+or OmegaConf; the config side and the launcher (config/, spec/, cluster/)
+load no TensorFlow or Keras; the spec and the fact tables (spec/) load
+neither. Each side is imported whole in one fresh interpreter;
 when one loads what it must not, each of its modules is imported alone to
 name the one that does."""
 
@@ -41,9 +42,26 @@ def loaded(names: list, forbidden: tuple) -> list:
 
 @pytest.mark.parametrize("places, forbidden", [
     (("engine", "data", "tasks", "models.py"), ("hydra", "omegaconf")),
-    (("config", "cluster", "rundir.py", "sigterm.py", "machine.py"), ("tensorflow", "keras")),
-    (("checkpoint_files.py", "whole_files.py", "log_files.py"), ("tensorflow", "keras", "hydra", "omegaconf")),
-], ids=["the engine loads no Hydra", "the config side loads no TensorFlow", "the files both sides share load neither"])
+    (("config", "spec", "cluster", "rundir.py", "sigterm.py", "machine.py"), ("tensorflow", "keras")),
+    (("spec", "checkpoint_files.py", "whole_files.py", "log_files.py"), ("tensorflow", "keras", "hydra", "omegaconf")),
+], ids=["the engine loads no Hydra", "the config side loads no TensorFlow", "the spec and the files both sides share load neither"])
 def test_each_side_of_the_seam_loads_nothing_of_the_other(places, forbidden):
     names = modules(*places)
     assert names and loaded(names, forbidden) == [], {name: found for name in names if (found := loaded([name], forbidden))}
+
+
+def test_the_engine_reads_the_spec_never_the_config_side():
+    """engine/, data/, tasks/ and models.py import from spec/ (plain data and
+    the facts), never from config/ (the Hydra side), not even inside a
+    function, where loading Hydra would go unseen until that call."""
+    import ast
+
+    offenders = []
+    for name in modules("engine", "data", "tasks", "models.py"):
+        path = PACKAGE.parent / (name.replace(".", "/") + ".py")
+        path = path if path.exists() else path.with_suffix("") / "__init__.py"
+        for node in ast.walk(ast.parse(path.read_text())):
+            imported = [node.module or ""] if isinstance(node, ast.ImportFrom) else \
+                [alias.name for alias in node.names] if isinstance(node, ast.Import) else []
+            offenders += [f"{name}:{node.lineno} {m}" for m in imported if m == "tfdistx.config" or m.startswith("tfdistx.config.")]
+    assert offenders == []

@@ -13,7 +13,7 @@ from typing import Optional, Sequence
 
 from tfdistx.commands.ending import end_process
 
-from tfdistx.config.errors import RunFault
+from tfdistx.spec.errors import RunFault
 from tfdistx.internals import python as internals
 
 # `tfdistx NAME ...` runs a tool instead of a training job.
@@ -84,7 +84,7 @@ def _user_config_dirs(argv: list) -> list:
     TFDISTX_CONFIG_PATH, where every command's composition looks."""
     from tfdistx.commands.common import refuse  # deferred: only when the flag is given
     from tfdistx.config import userconf
-    from tfdistx.config.errors import ConfigError
+    from tfdistx.spec.errors import ConfigError
 
     try:
         return userconf.take_flags(argv)

@@ -14,7 +14,7 @@ from typing import Mapping, Sequence
 import keras
 from keras import layers
 
-from tfdistx.config.errors import ConfigError
+from tfdistx.spec.errors import ConfigError
 
 
 def _one_tensor(input_shape, model: str) -> tuple:

@@ -27,8 +27,8 @@ from typing import Optional
 
 import yaml  # PyYAML (no TensorFlow, no Hydra): a run's .hydra/hydra.yaml
 
-from tfdistx.config import datafiles
-from tfdistx.config.errors import EXIT_INVALID_CONFIG, EXIT_NOT_RETRYABLE, EXIT_PREEMPTED, EXIT_RUN_DIR_LOCKED, ConfigError, Problem, RunFault
+from tfdistx.spec import datafiles
+from tfdistx.spec.errors import EXIT_INVALID_CONFIG, EXIT_NOT_RETRYABLE, EXIT_PREEMPTED, EXIT_RUN_DIR_LOCKED, ConfigError, Problem, RunFault
 
 LOCK_NAME = ".lock"
 FAILED_NAME = "FAILED"  # in a run dir whose run failed; read by `tfdistx report`

@@ -25,7 +25,7 @@ import sys
 import threading
 from typing import Dict, Optional, Sequence
 
-from tfdistx.config.errors import DEFAULT_NOTICE_SIGNALS, EXIT_PREEMPTED
+from tfdistx.spec.errors import DEFAULT_NOTICE_SIGNALS, EXIT_PREEMPTED
 
 log = logging.getLogger(__name__)
 

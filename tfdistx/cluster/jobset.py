@@ -20,7 +20,7 @@ from typing import Dict, List, Mapping
 
 from tfdistx.cluster import data_service
 from tfdistx.cluster.evaluator import EVALUATOR
-from tfdistx.config.errors import ConfigError
+from tfdistx.spec.errors import ConfigError
 
 PORT = 2222  # every pod has an address of its own: one port for all, the TFJob's
 # The pod's labels, as the manifest's downward API names them in the container.

@@ -11,7 +11,7 @@ Trainer v2 runs every TrainJob as one (and, having no TensorFlow runtime,
 needs tfdistx's). No TensorFlow here.
 
 Restarts: a pod that fails with a code no restart can cure (PERMANENT in
-config/errors.py, the codes the local launcher never restarts either)
+spec/errors.py, the codes the local launcher never restarts either)
 fails its Job through the Job's podFailurePolicy, and the JobSet's
 failurePolicy then fails the whole set; a preempted pod (exit 42, after
 its checkpoint) restarts the set without counting toward maxRestarts
@@ -29,8 +29,8 @@ from typing import Dict, List, Optional, Sequence
 from tfdistx.cluster import jobset
 from tfdistx.cluster.kubernetes import CREATED_BY, DEFAULT_MOUNT_PATH, Pods
 from tfdistx.cluster.evaluator import EVALUATOR
-from tfdistx.config.errors import EXIT_PREEMPTED, PERMANENT
-from tfdistx.config.spec import Layout
+from tfdistx.spec.errors import EXIT_PREEMPTED, PERMANENT
+from tfdistx.spec.run_spec import Layout
 
 JOBSET_API = "jobset.x-k8s.io/v1alpha2"
 TRAINER_API = "trainer.kubeflow.org/v1alpha1"

@@ -8,7 +8,7 @@ cluster's tasks. No TensorFlow here.
 
 Restarts: the operator's `restartPolicy: ExitCode` retries exit codes
 128-255 and treats 1-127 as permanent. tfdistx's codes that a restart can
-cure (RETRYABLE in config/errors.py: preempted, the cluster did not form, a
+cure (RETRYABLE in spec/errors.py: preempted, the cluster did not form, a
 lost peer, ...) are below 128, so the pods run with
 `cluster.retryable_exit_offset=128`, which moves just those above 127; the
 others (PERMANENT there: a bad config, a full disk, ...) stay permanent.
@@ -20,10 +20,11 @@ import re
 from typing import Dict, List, Optional, Sequence
 
 from tfdistx.cluster.evaluator import EVALUATOR
-from tfdistx.config import data_service, userconf
+from tfdistx.config import userconf
+from tfdistx.spec import data_service
 from tfdistx.config.compose import given_value
-from tfdistx.config.errors import RETRYABLE_EXIT_OFFSET_FOR_KUBERNETES, ConfigError
-from tfdistx.config.spec import Layout
+from tfdistx.spec.errors import RETRYABLE_EXIT_OFFSET_FOR_KUBERNETES, ConfigError
+from tfdistx.spec.run_spec import Layout
 
 API_VERSION = "kubeflow.org/v1"
 PORT = 2222  # the operator's default, taken from the container port named tfjob-port

@@ -29,8 +29,8 @@ from tfdistx.cluster.elastic import HostListMembership
 from tfdistx.cluster.prefork import Prefork, can_fork
 from tfdistx.cluster.processes import SCRATCH_DIR, ForwardingSignals, can_isolate, die_with_parent, free_ports, loopback_up, shell_code
 from tfdistx.cluster.supervisor import Membership, Round, Say, Supervisor
-from tfdistx.config.errors import ConfigError
-from tfdistx.config.strategies import describe_jobs  # no training code: the job table's words
+from tfdistx.spec.errors import ConfigError
+from tfdistx.spec.strategies import describe_jobs  # no training code: the job table's words
 from tfdistx.sigterm import SigtermNotice
 from tfdistx.whole_files import write_json
 

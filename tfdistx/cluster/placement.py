@@ -15,9 +15,9 @@ from typing import Dict, List, Mapping, Optional
 
 from tfdistx.cluster import data_service, jobset
 from tfdistx.cluster.evaluator import EVALUATOR
-from tfdistx.config.errors import ConfigError, Problem
-from tfdistx.config.spec import Layout
-from tfdistx.config.strategies import describe_jobs
+from tfdistx.spec.errors import ConfigError, Problem
+from tfdistx.spec.run_spec import Layout
+from tfdistx.spec.strategies import describe_jobs
 
 
 class Source(str, Enum):
@@ -182,7 +182,7 @@ def from_slurm(env: Mapping[str, str], counts: Dict[str, int], base_port: int) -
         raise ConfigError.one("SLURM_PROCID", rank, f"outside the {total} tasks of the step")
     job, index = roles[rank]
     spec.pop(EVALUATOR, None)  # its rank has an address it never listens on: no task of the cluster waits for it
-    spec, service = data_service.split(spec)  # the service's ranks come last (config/data_service.job_counts)
+    spec, service = data_service.split(spec)  # the service's ranks come last (spec/data_service.job_counts)
     return Placement(Source.SLURM, spec, job, index, service)
 
 

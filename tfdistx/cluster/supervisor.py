@@ -26,12 +26,12 @@ from typing import Dict, List, Optional
 from tfdistx.cluster import evaluator as sidecars  # the sidecar evaluator's task
 from tfdistx.cluster.prefork import Prefork
 from tfdistx.cluster.processes import ForwardingSignals, SaidOnce, Task, causes_first, shell_code, signal_group, teardown
-from tfdistx.config.errors import EXIT_PREEMPTED, PERMANENT
+from tfdistx.spec.errors import EXIT_PREEMPTED, PERMANENT
 
 QUICK_GRACE_SECONDS = 5  # between SIGTERM and SIGKILL after Ctrl-C, or when a task has died (a preemption has cluster.preemption_grace)
 MAX_BACKOFF_SECONDS = 30  # restarts wait 1, 2, 4, ... seconds, at most this
 POLL_SECONDS = 0.2
-# What a restart would fail the same way (config/errors.py's PERMANENT, the
+# What a restart would fail the same way (spec/errors.py's PERMANENT, the
 # codes a JobSet fails on too), and Ctrl-C (130): the user asked to stop.
 # Any other failure is worth another try (a restart picks fresh ports too).
 NEVER_RESTART = (*PERMANENT, 130)

@@ -20,7 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from tfdistx.config import recipes, schema, topology, userconf
 from tfdistx.config.compose import compose_and_validate
-from tfdistx.config.errors import EXIT_INVALID_CONFIG, ConfigError, RunFault, interrupted
+from tfdistx.spec.errors import EXIT_INVALID_CONFIG, ConfigError, RunFault, interrupted
 from tfdistx.internals import hydra as hydra_internals
 from tfdistx.log_files import into_log_files  # no TensorFlow there
 

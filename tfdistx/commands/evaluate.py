@@ -15,7 +15,7 @@ from omegaconf import OmegaConf
 from tfdistx.commands.common import compose, one_line_errors, plain_value
 from tfdistx.commands.execute import execute
 from tfdistx.config.compose import saved_config, saved_overrides
-from tfdistx.config.errors import ConfigError
+from tfdistx.spec.errors import ConfigError
 from tfdistx.config.resolve import resolve
 from tfdistx.checkpoint_files import find
 

@@ -24,11 +24,11 @@ from tfdistx.cluster.launch import run_local_cluster
 from tfdistx.cluster.rendezvous import LOCAL_CLUSTER_ENV
 from tfdistx.commands.ending import hold_until_exit
 from tfdistx.cluster.placement import Placement, Source
-from tfdistx.config import data_service, elastic, threads
-from tfdistx.config.errors import ConfigError, retryable_exits_offset_by
-from tfdistx.config.objective import value as objective_value
+from tfdistx.spec import data_service, elastic, threads
+from tfdistx.spec.errors import ConfigError, retryable_exits_offset_by
+from tfdistx.spec.objective import value as objective_value
 from tfdistx.config.resolve import resolve
-from tfdistx.config.spec import Layout, RunSpec
+from tfdistx.spec.run_spec import Layout, RunSpec
 from tfdistx.log_files import into_log_files
 from tfdistx.whole_files import write_json, write_whole
 from tfdistx.sigterm import SigtermNotice

@@ -10,7 +10,7 @@ from typing import List, Optional
 
 from tfdistx.commands.common import one_line_errors, start_tensorflow
 from tfdistx.config.compose import saved_config
-from tfdistx.config.errors import ConfigError
+from tfdistx.spec.errors import ConfigError
 from tfdistx.config.resolve import resolve
 from tfdistx.checkpoint_files import find
 from tfdistx.rundir import check_new_directory

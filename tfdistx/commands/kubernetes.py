@@ -17,8 +17,9 @@ from tfdistx.cluster import jobset_manifest, kubernetes
 from tfdistx.cluster.jobset import check_name
 from tfdistx.cluster.kubernetes import DEFAULT_MOUNT_PATH
 from tfdistx.commands.common import compose, one_line_errors
-from tfdistx.config import elastic, userconf
-from tfdistx.config.errors import ConfigError
+from tfdistx.config import userconf
+from tfdistx.spec import elastic
+from tfdistx.spec.errors import ConfigError
 from tfdistx.config.resolve import layout_of
 
 # kind -> (what it prints, for --help; the builder, returning one manifest or a list; the longest --name)
@@ -67,7 +68,7 @@ def export(argv, kind: str) -> int:
         if not args.mount_path.startswith("/"):
             raise ConfigError.one("--mount-path", args.mount_path, "must be an absolute path")
         cfg = compose(elastic.expand_shorthand(args.overrides))
-        layout = layout_of(cfg)  # what the manifests read (config/spec.py)
+        layout = layout_of(cfg)  # what the manifests read (spec/run_spec.py)
         if layout.cluster.elastic:  # its tasks would refuse to start (elastic.placed_by_a_scheduler): said here, at once
             raise ConfigError.one("cluster.elastic.min_workers", layout.cluster.elastic.min_workers, f"a {kind} has a fixed number of "
                                   f"replicas, and elastic rounds ({elastic.shown(layout.cluster)}) are formed by tfdistx's local launcher: "

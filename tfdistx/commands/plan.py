@@ -6,10 +6,11 @@ from tfdistx import machine
 from tfdistx.cluster import placement as cluster_lib
 from tfdistx.cluster.placement import Source
 from tfdistx.commands.execute import local_tasks
-from tfdistx.config import builtin_loggers, compute, elastic, sources, strategies, threads
+from tfdistx.config import sources
+from tfdistx.spec import builtin_loggers, compute, elastic, strategies, threads
 from tfdistx.config.resolve import resolve
-from tfdistx.config.spec import Layout, Logger, Optimizer
-from tfdistx.config.targets import Target
+from tfdistx.spec.run_spec import Layout, Logger, Optimizer
+from tfdistx.spec.targets import Target
 
 RUN_DIR = "<run dir>"  # where the plan shows the run's own paths (its checkpoints, say)
 

@@ -32,9 +32,9 @@ from pathlib import Path
 from typing import List, Optional
 
 from tfdistx.commands.common import compose, one_line_errors, plain_value, start_tensorflow
-from tfdistx.config import datafiles
+from tfdistx.spec import datafiles
 from tfdistx.config.compose import saved_config, saved_overrides
-from tfdistx.config.errors import ConfigError
+from tfdistx.spec.errors import ConfigError
 from tfdistx.config.resolve import resolve
 from tfdistx.checkpoint_files import find
 from tfdistx.rundir import PREDICTIONS, check_new_directory

@@ -15,8 +15,8 @@ from omegaconf.errors import OmegaConfBaseException
 from tfdistx.commands.common import register_config_names
 from tfdistx.config import userconf
 from tfdistx.config.compose import as_config_error
-from tfdistx.config.errors import EXIT_INVALID_CONFIG, ConfigError, RunFault
-from tfdistx.config.paths import config_dir
+from tfdistx.spec.errors import EXIT_INVALID_CONFIG, ConfigError, RunFault
+from tfdistx.spec.paths import config_dir
 from tfdistx.config.recipes import ENV, GROUP, available, describe, downloads, find, is_global, register, search_dirs, shipped_dir, unknown, user_dirs
 from tfdistx.config.validate import validate
 from tfdistx.internals import hydra as internals

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import List, Optional, Sequence
 
-from tfdistx.config.objective import lower_is_better
+from tfdistx.spec.objective import lower_is_better
 from tfdistx.rundir import FAILED_NAME
 
 EXIT_BAD_INPUT = 2

@@ -23,12 +23,12 @@ from tfdistx.commands.common import one_line_errors, refuse, register_config_nam
 from tfdistx.cluster.placement import Placement
 from tfdistx.commands.execute import execute, placement_of
 from tfdistx.commands.plan import describe
-from tfdistx.config import elastic
+from tfdistx.spec import elastic
 from tfdistx.config.compose import compose_and_validate, composed, keys_for_own_targets, only_given_keys_for_user_targets, say
-from tfdistx.config.errors import ConfigError, RunFault
-from tfdistx.config.objective import direction
+from tfdistx.spec.errors import ConfigError, RunFault
+from tfdistx.spec.objective import direction
 from tfdistx.config.resolve import layout_of
-from tfdistx.config.paths import config_dir
+from tfdistx.spec.paths import config_dir
 from tfdistx.config.validate import validate, writable
 from tfdistx.internals import hydra as internals
 from tfdistx.sigterm import SigtermNotice

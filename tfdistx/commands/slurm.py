@@ -24,10 +24,11 @@ from omegaconf import OmegaConf
 
 from tfdistx.cluster.placement import scheduled_tasks
 from tfdistx.commands.common import compose, one_line_errors
-from tfdistx.config import elastic, userconf
-from tfdistx.config.errors import EXIT_PREEMPTED, ConfigError
+from tfdistx.config import userconf
+from tfdistx.spec import elastic
+from tfdistx.spec.errors import EXIT_PREEMPTED, ConfigError
 from tfdistx.config.resolve import layout_of
-from tfdistx.config.strategies import describe_jobs
+from tfdistx.spec.strategies import describe_jobs
 
 DEFAULT_NOTICE = 120  # seconds: a checkpoint of a large model, and the step's exit, fit in it
 MOST_NOTICE = 65535  # sbatch --signal's @sig_time is a 16-bit count of seconds

@@ -11,7 +11,7 @@ from omegaconf import OmegaConf
 
 from tfdistx.commands.common import one_line_errors
 from tfdistx.commands.execute import execute
-from tfdistx.config import elastic
+from tfdistx.spec import elastic
 from tfdistx.sigterm import SigtermNotice
 
 

@@ -24,11 +24,12 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
-from tfdistx.config import builtin_loggers, recipes, strategies, topology, userconf
-from tfdistx.config.paths import config_dir
+from tfdistx.config import recipes, topology, userconf
+from tfdistx.spec import builtin_loggers, strategies
+from tfdistx.spec.paths import config_dir
 from tfdistx.config.schema import OPTIMIZER_KEYS, PIPELINE_KEYS, TASK_FACTS, TASK_KEYS, Config
 from tfdistx.config.validate import validate
-from tfdistx.config.errors import ConfigError, Problem
+from tfdistx.spec.errors import ConfigError, Problem
 
 
 @contextlib.contextmanager

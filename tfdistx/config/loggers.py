@@ -13,8 +13,8 @@ from urllib.parse import unquote, urlparse
 
 from omegaconf import DictConfig, OmegaConf
 
-from tfdistx.config import builtin_loggers
-from tfdistx.config.errors import Problem
+from tfdistx.spec import builtin_loggers
+from tfdistx.spec.errors import Problem
 
 MAX_EXPERIMENT_NAME = 500  # MLflow's limit on an experiment's name
 MAX_RUN_NAME = 250  # the length MLflow's SQL stores keep a run's name in

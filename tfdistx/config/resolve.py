@@ -1,4 +1,4 @@
-"""A composed config, resolved once into the run spec (config/spec.py).
+"""A composed config, resolved once into the run spec (spec/run_spec.py).
 
 The config side (Hydra, OmegaConf, validation) ends here: interpolations
 are resolved, every key a group may leave out gets its default (from the
@@ -15,14 +15,14 @@ from typing import Any, Mapping, Optional
 
 from omegaconf import DictConfig, OmegaConf
 
-from tfdistx.config import builtin_loggers, data_service, optimizers, strategies, warm_start
+from tfdistx.spec import builtin_loggers, data_service, optimizers, strategies, warm_start
 from tfdistx.config.compose import saved_config
-from tfdistx.config.errors import ConfigError
+from tfdistx.spec.errors import ConfigError
 from tfdistx.config.schema import (OPTIMIZER_DEFAULTS, OPTIMIZER_KEYS, PIPELINE_DEFAULTS, TASK_FACTS, TASK_KEYS, CheckpointConfig,
                                    ClusterConfig, EarlyStoppingConfig, ElasticConfig, TrainerConfig)
-from tfdistx.config.spec import (Checkpoint, Cluster, DataService, EarlyStopping, Elastic, InitFrom, Layout, Logger, Optimizer,
+from tfdistx.spec.run_spec import (Checkpoint, Cluster, DataService, EarlyStopping, Elastic, InitFrom, Layout, Logger, Optimizer,
                                  Pipeline, RunSpec, Strategy, Trainer)
-from tfdistx.config.targets import Target, current
+from tfdistx.spec.targets import Target, current
 
 
 def resolve(cfg: DictConfig, run_dir: str = ".", follow_init_from: bool = True) -> RunSpec:
@@ -118,7 +118,7 @@ def _optimizer(group: Mapping[str, Any]) -> Optimizer:
 
 
 def _logger(group: Mapping[str, Any]) -> Logger:
-    """The built-in loggers that are on (config/builtin_loggers.py's table: each
+    """The built-in loggers that are on (spec/builtin_loggers.py's table: each
     a Target of its class, with its keys), and the user's own."""
     on = {row.name: Target(f"logger.{row.name}", row.target, _frozen(keys))
           for row in builtin_loggers.BUILT_IN if (keys := builtin_loggers.settings(row, group)) is not None}

@@ -19,9 +19,9 @@ from typing import List, Optional
 from omegaconf import DictConfig, OmegaConf
 
 from tfdistx import rundir
-from tfdistx.config import builtin_loggers
-from tfdistx.config.errors import Problem
-from tfdistx.config.targets import current
+from tfdistx.spec import builtin_loggers
+from tfdistx.spec.errors import Problem
+from tfdistx.spec.targets import current
 
 # The shipped callbacks that write a file: their target -> (the key naming the file, its default).
 CALLBACK_FILES = {"tfdistx.engine.callbacks.CSVLogger": ("filename", "keras_log.csv")}

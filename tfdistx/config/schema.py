@@ -14,8 +14,8 @@ from typing import Any, List, Optional
 from hydra.core.config_store import ConfigStore
 from omegaconf import OmegaConf
 
-from tfdistx.config import strategies
-from tfdistx.config.errors import DEFAULT_NOTICE_SIGNALS
+from tfdistx.spec import strategies
+from tfdistx.spec.errors import DEFAULT_NOTICE_SIGNALS
 
 # How a process of a multi-process strategy learns its place (cluster.launch).
 LAUNCH_MODES = ("auto", "local", "tf_config", "jobset", "slurm")
@@ -24,7 +24,7 @@ LAUNCH_MODES = ("auto", "local", "tf_config", "jobset", "slurm")
 # their defaults for a data option that does not set them: the run spec keeps
 # them from the source's `_target_` (spec.py), and a user's `data._target_`
 # is given them (compose.py).
-# `service`: the tf.data service (config/data_service.py; None: off).
+# `service`: the tf.data service (spec/data_service.py; None: off).
 PIPELINE_DEFAULTS = {"batch_size": 128, "cache": False, "shuffle_buffer": 10_000, "service": None}
 PIPELINE_KEYS = tuple(PIPELINE_DEFAULTS)
 
@@ -38,7 +38,7 @@ TASK_FACTS = ("offers", "labels")
 # The optimizer group is free-form (an optimizer class takes keys of its
 # own); tfdistx's keys of it, with their defaults for an option that does not
 # set them (conf/optimizer/*.yaml shows them; resolve.py fills them in). The
-# logger group's built-in loggers and their defaults are config/builtin_loggers.py's.
+# logger group's built-in loggers and their defaults are spec/builtin_loggers.py's.
 OPTIMIZER_DEFAULTS = {"schedule": "constant", "warmup_steps": 0, "min_lr_ratio": 0.0, "scale_lr_with_replicas": False,
                       "clip_norm": None, "global_clip_norm": None}
 OPTIMIZER_KEYS = ("name", "lr", *OPTIMIZER_DEFAULTS)
@@ -62,7 +62,7 @@ class TrainerConfig:
     deterministic: bool = False
     objective: str = "${task.objective}"  # a metric the task reports: loss, eval/loss, eval/<metric>, <metric>
     jit_compile: Any = "auto"  # true, false or auto (validate.py)
-    steps_per_xla_call: Any = "auto"  # N consecutive steps in one XLA computation, or auto (config/compute.py)
+    steps_per_xla_call: Any = "auto"  # N consecutive steps in one XLA computation, or auto (spec/compute.py)
     precision: str = "float32"
     accumulate_steps: int = 1
     early_stopping: EarlyStoppingConfig = field(default_factory=EarlyStoppingConfig)
@@ -83,9 +83,9 @@ class CheckpointConfig:
 
 @dataclass
 class ElasticConfig:
-    """Elastic training (config/elastic.py): as many workers as hosts are up, from min_workers to cluster.workers."""
+    """Elastic training (spec/elastic.py): as many workers as hosts are up, from min_workers to cluster.workers."""
     min_workers: Optional[int] = None  # null: not elastic; else the fewest workers a round trains with (cluster.workers: the most)
-    # Any, not str: a YAML boolean or number (`discover=false`) is refused as one (config/elastic.py), not run as a command named False
+    # Any, not str: a YAML boolean or number (`discover=false`) is refused as one (spec/elastic.py), not run as a command named False
     hosts: Any = None  # a file listing the hosts workers may run on, one a line, read whenever it changes
     discover: Any = None  # or a command printing them, one a line (as Horovod's --host-discovery-script)
     join_grace: float = 10.0  # seconds a round forming with min_workers or more waits for the rest, up to cluster.workers
@@ -108,11 +108,11 @@ class ClusterConfig:
     stopped_task_timeout: float = 60.0
     peer_timeout: float = 60.0  # a task that stopped answering this long counts as lost (exit 5)
     preemption_grace: float = 60.0  # after SIGTERM: how long tasks that serve the trainers wait for them to save
-    # Signals that, like SIGTERM, mean checkpoint and exit 42 (config/errors.NOTICE_SIGNALS): USR1, Slurm's time-limit notice
+    # Signals that, like SIGTERM, mean checkpoint and exit 42 (spec/errors.NOTICE_SIGNALS): USR1, Slurm's time-limit notice
     notice_signals: List[str] = field(default_factory=lambda: list(DEFAULT_NOTICE_SIGNALS))
     retryable_exit_offset: int = 0  # added to exit codes 4, 5 and 42: 128 for Kubernetes' restartPolicy ExitCode
     evaluator: bool = False  # a sidecar evaluator task beside the cluster (multi-process strategies; cluster/evaluator.py)
-    task_threads: Any = "auto"  # local clusters: TensorFlow threads per pool in each task (config/threads.py)
+    task_threads: Any = "auto"  # local clusters: TensorFlow threads per pool in each task (spec/threads.py)
     elastic: ElasticConfig = field(default_factory=ElasticConfig)
 
 

@@ -17,9 +17,9 @@ from typing import Callable, Optional
 
 from omegaconf import DictConfig, OmegaConf
 
-from tfdistx.config import datafiles
-from tfdistx.config.errors import Problem
-from tfdistx.config.targets import current
+from tfdistx.spec import datafiles
+from tfdistx.spec.errors import Problem
+from tfdistx.spec.targets import current
 
 # Sizes the built-in sources take, and their least sensible value: checked
 # here so that a 0 is named, not answered by numpy from deep inside.

@@ -15,7 +15,7 @@ starts (validate.py). A task whose YAML declares no `offers` (a user's
 
 from omegaconf import DictConfig, OmegaConf
 
-from tfdistx.config.errors import Problem
+from tfdistx.spec.errors import Problem
 
 # The settings a task's metrics take, checked in any task that declares
 # `offers`: the key means the same in every task that has it.

@@ -25,9 +25,10 @@ from hydra.core.config_search_path import SearchPathQuery
 from hydra.core.plugins import Plugins
 from hydra.plugins.search_path_plugin import SearchPathPlugin
 
-from tfdistx.config import strategies, topology
-from tfdistx.config.errors import ConfigError, Problem
-from tfdistx.config.paths import config_dir
+from tfdistx.config import topology
+from tfdistx.spec import strategies
+from tfdistx.spec.errors import ConfigError, Problem
+from tfdistx.spec.paths import config_dir
 from tfdistx.config.recipes import is_global
 
 ENV = "TFDISTX_CONFIG_PATH"

@@ -14,12 +14,12 @@ from typing import Optional
 from omegaconf import DictConfig, OmegaConf
 
 from tfdistx import rundir
-from tfdistx.config import (callbacks, compute, data_service, elastic, loggers, optimizers, run_files, sources, static_targets, strategies,
-                            tasks, threads, topology, warm_start)
-from tfdistx.config.errors import MAX_RETRYABLE_EXIT_OFFSET, NOTICE_SIGNALS, ConfigError, Problem
-from tfdistx.config.objective import objective_problems, unevaluated_problems
+from tfdistx.config import loggers, run_files, sources, tasks, topology
+from tfdistx.spec import callbacks, compute, data_service, elastic, optimizers, static_targets, strategies, threads, warm_start
+from tfdistx.spec.errors import MAX_RETRYABLE_EXIT_OFFSET, NOTICE_SIGNALS, ConfigError, Problem
+from tfdistx.spec.objective import objective_problems, unevaluated_problems
 from tfdistx.config.schema import LAUNCH_MODES, OPTIMIZER_KEYS, PIPELINE_DEFAULTS, TASK_FACTS, TASK_KEYS, Config
-from tfdistx.config.targets import current
+from tfdistx.spec.targets import current
 
 FLOAT32_MAX = 3.4028234663852886e38  # the learning rate lives in a float32 variable
 MAX_STEPS = 2**62  # the step counter is an int64; a count past this cannot be saved with the checkpoint

@@ -24,7 +24,7 @@ from typing import Callable, Optional, Sequence
 import numpy as np
 import tensorflow as tf
 
-from tfdistx.config.errors import EXIT_NO_NETWORK, ConfigError, RunFault
+from tfdistx.spec.errors import EXIT_NO_NETWORK, ConfigError, RunFault
 from tfdistx.data.order import ArrayExamples
 
 PipelineFn = Callable[[Optional[tf.distribute.InputContext]], tf.data.Dataset]

@@ -19,11 +19,11 @@ import tensorflow as tf
 
 from tfdistx import machine
 from tfdistx.cluster.placement import Placement
-from tfdistx.config import compute, strategies
-from tfdistx.config.errors import ConfigError
-from tfdistx.config.objective import objective_problems, unevaluated_problems
-from tfdistx.config.spec import RunSpec
-from tfdistx.config.strategies import Strategy
+from tfdistx.spec import compute, strategies
+from tfdistx.spec.errors import ConfigError
+from tfdistx.spec.objective import objective_problems, unevaluated_problems
+from tfdistx.spec.run_spec import RunSpec
+from tfdistx.spec.strategies import Strategy
 from tfdistx.data import input as input_lib
 from tfdistx.data.files import input_errors_in_one_line
 from tfdistx.data.sources import DataSource

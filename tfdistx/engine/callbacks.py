@@ -9,7 +9,7 @@ record)`; optional `before_loop`, `before_steps`, `after_steps`,
 `(step, record)` is an action as it is, its keys bound.
 
 What Keras' shipped callbacks do here, and which tfdistx refuses because
-it does their job itself: config/callbacks.py (checked before TensorFlow
+it does their job itself: spec/callbacks.py (checked before TensorFlow
 starts; again here, for a subclass of one).
 
 A synchronous cluster's workers must stop, save and fail at the same step:
@@ -39,9 +39,9 @@ from typing import Callable, Dict, List, Mapping, Optional
 import keras
 import tensorflow as tf
 
-from tfdistx.config import callbacks as keras_facts
-from tfdistx.config.errors import ConfigError, PluginFailed, interrupted
-from tfdistx.config.targets import Target, locate
+from tfdistx.spec import callbacks as keras_facts
+from tfdistx.spec.errors import ConfigError, PluginFailed, interrupted
+from tfdistx.spec.targets import Target, locate
 from tfdistx.engine.keras_callbacks import KerasCallback, TrainedModel
 from tfdistx.engine.loop import Metrics, Schedule
 from tfdistx.rundir import keep_aside, why_not_in_run_dir

@@ -22,7 +22,7 @@ from typing import Optional, Sequence
 
 import tensorflow as tf
 
-from tfdistx.config.errors import EXIT_NOT_RETRYABLE, ConfigError, RunFault
+from tfdistx.spec.errors import EXIT_NOT_RETRYABLE, ConfigError, RunFault
 from tfdistx.engine import resplit as resplit_lib
 from tfdistx.engine import topology as topology_lib
 from tfdistx.internals import tensorflow as internals

@@ -13,10 +13,10 @@ import tensorflow as tf
 
 from tfdistx.cluster import data_service as cluster_service
 from tfdistx.cluster.placement import Placement
-from tfdistx.config import data_service as config_service
-from tfdistx.config.errors import EXIT_PORT_IN_USE, ConfigError, RunFault
-from tfdistx.config.spec import Cluster, DataService
-from tfdistx.config.strategies import Strategy
+from tfdistx.spec import data_service as config_service
+from tfdistx.spec.errors import EXIT_PORT_IN_USE, ConfigError, RunFault
+from tfdistx.spec.run_spec import Cluster, DataService
+from tfdistx.spec.strategies import Strategy
 from tfdistx.data.service import Service
 from tfdistx.engine.serving import until_trainers_leave
 from tfdistx.sigterm import SigtermNotice

@@ -16,7 +16,7 @@ import os
 import keras
 import tensorflow as tf
 
-from tfdistx.config.spec import RunSpec
+from tfdistx.spec.run_spec import RunSpec
 from tfdistx.engine.parts import model_from_checkpoint
 from tfdistx.rundir import new_directory
 

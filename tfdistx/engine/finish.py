@@ -16,7 +16,7 @@ from typing import Optional
 
 from tfdistx import whole_files
 from tfdistx.cluster import liveness
-from tfdistx.config.objective import value as objective_value
+from tfdistx.spec.objective import value as objective_value
 from tfdistx.engine.build import Run
 from tfdistx.engine.export import export_checkpoint
 from tfdistx.engine.loop import Result

@@ -24,8 +24,8 @@ from typing import Any, Optional
 
 from tfdistx import whole_files
 from tfdistx.cluster.placement import Placement, Source
-from tfdistx.config.errors import ConfigError
-from tfdistx.config.spec import RunSpec
+from tfdistx.spec.errors import ConfigError
+from tfdistx.spec.run_spec import RunSpec
 from tfdistx.data.files import input_errors_in_one_line
 from tfdistx.engine import callbacks, checkpointing, loggers, process
 from tfdistx.engine.build import Run, build_run

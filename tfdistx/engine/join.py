@@ -14,8 +14,8 @@ import os
 
 from tfdistx.cluster.placement import Placement
 from tfdistx.cluster.rendezvous import meet_peers
-from tfdistx.config.spec import Cluster
-from tfdistx.config.strategies import Strategy
+from tfdistx.spec.run_spec import Cluster
+from tfdistx.spec.strategies import Strategy
 from tfdistx.engine import strategy as strategy_lib
 from tfdistx.engine.serving import serve_strategy_task
 from tfdistx.sigterm import SigtermNotice

@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Dict, Iterable, List, Optional, Protocol
 
-from tfdistx.config.errors import PluginFailed
+from tfdistx.spec.errors import PluginFailed
 
 Metrics = Dict[str, float]
 log = logging.getLogger(__name__)

@@ -15,8 +15,8 @@ from typing import Optional
 import keras
 import tensorflow as tf
 
-from tfdistx.config.errors import ConfigError
-from tfdistx.config.spec import RunSpec
+from tfdistx.spec.errors import ConfigError
+from tfdistx.spec.run_spec import RunSpec
 from tfdistx.data.sources import DataSource, single_examples
 from tfdistx.engine import process, resplit, sharding
 from tfdistx.engine.optim import LearningRateAtStep, build_optimizer

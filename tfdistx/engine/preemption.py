@@ -26,7 +26,7 @@ import tensorflow as tf
 
 from tfdistx.cluster import liveness
 from tfdistx.cluster.placement import Placement
-from tfdistx.config.errors import EXIT_LOST_PEER, EXIT_PREEMPTED, RunFault, offset_exit
+from tfdistx.spec.errors import EXIT_LOST_PEER, EXIT_PREEMPTED, RunFault, offset_exit
 from tfdistx.engine.checkpointing import Checkpointer
 from tfdistx.log_files import into_log_files
 from tfdistx.sigterm import SigtermNotice

@@ -32,9 +32,9 @@ import tensorflow as tf
 
 from tfdistx.cluster import liveness
 from tfdistx.cluster.placement import Placement
-from tfdistx.config.errors import EXIT_CLUSTER_DID_NOT_FORM, EXIT_LOST_PEER, RunFault
-from tfdistx.config.spec import Cluster
-from tfdistx.config.strategies import Strategy
+from tfdistx.spec.errors import EXIT_CLUSTER_DID_NOT_FORM, EXIT_LOST_PEER, RunFault
+from tfdistx.spec.run_spec import Cluster
+from tfdistx.spec.strategies import Strategy
 from tfdistx.sigterm import SigtermNotice, leave_preempted, reclaim
 
 log = logging.getLogger(__name__)

@@ -45,9 +45,9 @@ from tfdistx.checkpoint_files import step_of
 from tfdistx.cluster import liveness
 from tfdistx.cluster.evaluator import EVALUATOR
 from tfdistx.cluster.placement import Placement, Source
-from tfdistx.config import strategies
-from tfdistx.config.errors import EXIT_CLUSTER_DID_NOT_FORM, ConfigError, RunFault
-from tfdistx.config.spec import RunSpec, Strategy
+from tfdistx.spec import strategies
+from tfdistx.spec.errors import EXIT_CLUSTER_DID_NOT_FORM, ConfigError, RunFault
+from tfdistx.spec.run_spec import RunSpec, Strategy
 from tfdistx.engine import checkpointing, process, sinks
 from tfdistx.engine.build import Run, build_run
 from tfdistx.engine.runner import make_runner

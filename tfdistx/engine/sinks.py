@@ -1,7 +1,7 @@
 """The loggers that keep a run's metrics: metrics.jsonl, metrics.csv,
 TensorBoard and Weights & Biases (MLflow's is mlflow_logger.py). Each is a
 callable `(step, metrics)` with a `close()`; loggers.py opens the ones a
-run asks for, each by the callable its row of config/builtin_loggers.py
+run asks for, each by the callable its row of spec/builtin_loggers.py
 names (a `for_run` where the class takes a path of the run dir)."""
 
 import csv

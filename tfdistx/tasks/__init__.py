@@ -35,7 +35,7 @@ from typing import Dict, Sequence, Tuple
 import keras
 import tensorflow as tf
 
-from tfdistx.config.errors import ConfigError
+from tfdistx.spec.errors import ConfigError
 
 
 class Task:

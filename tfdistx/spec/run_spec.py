@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Optional, Tuple, Union
 
-from tfdistx.config import data_service, strategies
-from tfdistx.config.targets import Target
+from tfdistx.spec import data_service, strategies
+from tfdistx.spec.targets import Target
 
 
 @dataclass(frozen=True)
@@ -33,12 +33,12 @@ class Trainer:
     seed: int
     deterministic: bool
     objective: str
-    jit_compile: Union[bool, str]  # True, False or "auto" (config/compute.py decides)
+    jit_compile: Union[bool, str]  # True, False or "auto" (spec/compute.py decides)
     precision: str
     accumulate_steps: int
     early_stopping: EarlyStopping
     profile_steps: Optional[Tuple[int, int]]  # (START, END): the profiler traces the steps between; None: no trace
-    steps_per_xla_call: Union[int, str]  # N or "auto" (config/compute.py decides)
+    steps_per_xla_call: Union[int, str]  # N or "auto" (spec/compute.py decides)
 
 
 @dataclass(frozen=True)
@@ -55,7 +55,7 @@ class Checkpoint:
 
 @dataclass(frozen=True)
 class InitFrom:
-    """A warm start's source (config/warm_start.py)."""
+    """A warm start's source (spec/warm_start.py)."""
 
     path: str  # as given (summary.json says it)
     kind: Optional[str]  # warm_start.RUN, CHECKPOINT, KERAS or WEIGHTS; None: not looked at (the run resumes)
@@ -66,7 +66,7 @@ class InitFrom:
 
 @dataclass(frozen=True)
 class Elastic:
-    """cluster.elastic of an elastic run (config/elastic.py): rounds of min_workers to cluster.workers."""
+    """cluster.elastic of an elastic run (spec/elastic.py): rounds of min_workers to cluster.workers."""
 
     min_workers: int
     hosts: Optional[str]  # a file listing the hosts, one a line; or
@@ -86,7 +86,7 @@ class Cluster:
     peer_timeout: float  # seconds before a task that stopped answering counts as lost
     preemption_grace: float  # seconds from SIGTERM to SIGKILL
     notice_signals: Tuple[str, ...]  # besides SIGTERM, the signals that mean checkpoint and exit 42 (sigterm.py): USR1 ...
-    retryable_exit_offset: int  # added to the exit codes a restart cures (config/errors.py)
+    retryable_exit_offset: int  # added to the exit codes a restart cures (spec/errors.py)
     # How the processes are placed and kept (placement, the local launcher, --plan, the Kubernetes manifests):
     launch: str  # auto | local | tf_config | slurm | jobset (cluster/placement.py)
     isolate: Optional[bool]  # a local cluster in a private network namespace; None: when the OS allows it
@@ -95,7 +95,7 @@ class Cluster:
     max_restarts: int
     stopped_task_timeout: float
     evaluator: bool  # a sidecar evaluator task beside the cluster
-    task_threads: Union[int, str]  # a local cluster's TensorFlow threads per pool in each task, or "auto" (config/threads.py)
+    task_threads: Union[int, str]  # a local cluster's TensorFlow threads per pool in each task, or "auto" (spec/threads.py)
     elastic: Optional[Elastic]  # None: a fixed cluster
 
 
@@ -108,10 +108,10 @@ class Strategy:
 
 @dataclass(frozen=True)
 class DataService:
-    """data.service when it is on (config/data_service.py)."""
+    """data.service when it is on (spec/data_service.py)."""
 
     workers: int
-    mode: str  # config/data_service.MODES
+    mode: str  # spec/data_service.MODES
 
 
 @dataclass(frozen=True)
@@ -130,7 +130,7 @@ class Optimizer:
     the rest for the optimizer class itself."""
 
     name: str  # as the plan and logs show it: the shortcut, or the class's dotted path
-    target: str  # the class's dotted path (config/optimizers.py: a shortcut's, or optimizer._target_)
+    target: str  # the class's dotted path (spec/optimizers.py: a shortcut's, or optimizer._target_)
     lr: float  # peak learning rate, before scaling with replicas
     schedule: Union[str, Target]  # constant | cosine | warmup_cosine, or a LearningRateSchedule's _target_ and keys
     warmup_steps: int
@@ -143,7 +143,7 @@ class Optimizer:
 
 @dataclass(frozen=True)
 class Logger:
-    """The logger group: the built-in loggers a run has (config/builtin_loggers.py's
+    """The logger group: the built-in loggers a run has (spec/builtin_loggers.py's
     rows, each a Target of its class and keys, in the table's order), and the
     user's own. metrics.jsonl is every chief's, and not here."""
 

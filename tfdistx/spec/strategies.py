@@ -14,7 +14,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from tfdistx.config.errors import Problem
+from tfdistx.spec.errors import Problem
 
 # How a strategy's processes are laid out.
 ONE_PROCESS = "one process"

@@ -29,7 +29,7 @@ sizing is the right one there.
 import os
 from typing import Mapping, Optional, Tuple
 
-from tfdistx.config.errors import Problem
+from tfdistx.spec.errors import Problem
 
 AUTO = "auto"
 ENV = ("TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS")

@@ -16,8 +16,8 @@ import os
 import re
 from typing import List, Optional, Sequence, Tuple
 
-from tfdistx.config import data_service, strategies
-from tfdistx.config.errors import ConfigError, Problem
+from tfdistx.spec import data_service, strategies
+from tfdistx.spec.errors import ConfigError, Problem
 
 # torchrun's --nnodes=MIN:MAX, written as Hydra's override of the cluster's workers: any value with one colon
 # (not an interpolation, ${oc.env:N}, nor a sweep) is meant as one, and is refused in its own words unless it is.
@@ -47,7 +47,7 @@ def expand_shorthand(overrides: Sequence[str]) -> List[str]:
 
 
 def is_elastic(cluster) -> bool:
-    """Of the cluster group as composed, or as resolved (config/spec.py: its `elastic` is None when fixed)."""
+    """Of the cluster group as composed, or as resolved (spec/run_spec.py: its `elastic` is None when fixed)."""
     return getattr(getattr(cluster, "elastic", None), "min_workers", None) is not None
 
 
