@@ -50,14 +50,15 @@ def test_each_side_of_the_seam_loads_nothing_of_the_other(places, forbidden):
     assert names and loaded(names, forbidden) == [], {name: found for name in names if (found := loaded([name], forbidden))}
 
 
-def test_the_engine_reads_the_spec_never_the_config_side():
-    """engine/, data/, tasks/ and models.py import from spec/ (plain data and
-    the facts), never from config/ (the Hydra side), not even inside a
-    function, where loading Hydra would go unseen until that call."""
+def test_the_engine_and_the_launcher_read_the_spec_never_the_config_side():
+    """engine/, data/, tasks/, models.py and cluster/ (placement, the
+    launcher, the manifests) import from spec/ (plain data and the facts),
+    never from config/ (the Hydra side, the one reader of a composed config),
+    not even inside a function, where it would go unseen until that call."""
     import ast
 
     offenders = []
-    for name in modules("engine", "data", "tasks", "models.py"):
+    for name in modules("engine", "data", "tasks", "models.py", "cluster"):
         path = PACKAGE.parent / (name.replace(".", "/") + ".py")
         path = path if path.exists() else path.with_suffix("") / "__init__.py"
         for node in ast.walk(ast.parse(path.read_text())):

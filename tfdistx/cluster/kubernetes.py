@@ -20,9 +20,9 @@ import re
 from typing import Dict, List, Optional, Sequence
 
 from tfdistx.cluster.evaluator import EVALUATOR
-from tfdistx.config import userconf
 from tfdistx.spec import data_service
-from tfdistx.config.compose import given_value
+from tfdistx.spec.overrides import given_value
+from tfdistx.spec.paths import CONFIG_PATH_ENV
 from tfdistx.spec.errors import RETRYABLE_EXIT_OFFSET_FOR_KUBERNETES, ConfigError
 from tfdistx.spec.run_spec import Layout
 
@@ -91,7 +91,7 @@ class Pods:
         self.config_dirs = list(config_dirs)
         self.env = [{"name": "PYTHONUNBUFFERED", "value": "1"}]  # kubectl logs shows each line as it is written
         if config_path:
-            self.env.append({"name": userconf.ENV, "value": config_path})
+            self.env.append({"name": CONFIG_PATH_ENV, "value": config_path})
         self.gpus_per_worker = int(topo.devices_per_worker or 1)
         # Between the SIGTERM of a deletion (eviction, preemption) and SIGKILL: the trainers checkpoint in it,
         # the servers wait for them (Kubernetes' default, 30 s, is shorter than cluster.preemption_grace's).

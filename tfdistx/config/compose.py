@@ -30,6 +30,7 @@ from tfdistx.spec.paths import config_dir
 from tfdistx.config.schema import OPTIMIZER_KEYS, PIPELINE_KEYS, TASK_FACTS, TASK_KEYS, Config
 from tfdistx.config.validate import validate
 from tfdistx.spec.errors import ConfigError, Problem
+from tfdistx.spec.overrides import given_value
 
 
 @contextlib.contextmanager
@@ -273,15 +274,6 @@ def _not_a_group(problem: Problem, overrides: Sequence[str]) -> ConfigError:
     closest = difflib.get_close_matches(top, groups, n=1)
     hint = f"; the closest: {closest[0] + key[len(top):]}" + (f"={value}" if value is not None else "") if closest else ""
     return ConfigError([Problem(key, value, f"not a group or key of the config: the groups are {', '.join(sorted(groups))}{hint}")])
-
-
-def given_value(key: str, overrides: Sequence[str]):
-    """The value the command line gives `key` (as `key=`, `+key=`, `++key=`), or None."""
-    for override in reversed(overrides):  # the last one given is the one composed
-        name, _, value = override.lstrip("+~").partition("=")
-        if name == key:
-            return value
-    return None
 
 
 def _override_key(message: str):

@@ -28,10 +28,10 @@ from hydra.plugins.search_path_plugin import SearchPathPlugin
 from tfdistx.config import topology
 from tfdistx.spec import strategies
 from tfdistx.spec.errors import ConfigError, Problem
-from tfdistx.spec.paths import config_dir
+from tfdistx.spec.paths import CONFIG_PATH_ENV, config_dir
 from tfdistx.config.recipes import is_global
 
-ENV = "TFDISTX_CONFIG_PATH"
+ENV = CONFIG_PATH_ENV
 FLAGS = ("--config-dir", "-cd")
 KEY = f"--config-dir ({ENV})"  # how a problem of the user's config dirs is named
 PROVIDER = "tfdistx-user-config"

@@ -6,6 +6,8 @@ from pathlib import Path
 
 _PACKAGE = Path(__file__).resolve().parent.parent
 
+CONFIG_PATH_ENV = "TFDISTX_CONFIG_PATH"  # the user's config dirs, as --config-dir gives them (config/userconf.py)
+
 
 def config_dir() -> Path:
     installed = _PACKAGE / "conf"
