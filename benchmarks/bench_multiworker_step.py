@@ -73,7 +73,8 @@ def loopback_bandwidth() -> float:
 def parts(workers: int, repeats: int) -> dict:
     """multiworker_step_parts.py's milliseconds, from a W-worker local cluster."""
     threads = max(1, len(os.sched_getaffinity(0)) // workers)  # as cluster.task_threads=auto sizes them
-    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "TF_NUM_INTRAOP_THREADS": str(threads), "TF_NUM_INTEROP_THREADS": str(threads)}
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "TF_NUM_INTRAOP_THREADS": str(threads), "TF_NUM_INTEROP_THREADS": str(threads),
+           "TFDISTX_NO_THREAD_SPINNING": "1"}  # as a local cluster's task gets (spec/threads.py)
     with tempfile.TemporaryDirectory() as log_dir:
         task = [sys.executable, str(HERE / "multiworker_step_parts.py"), f"--batch={BATCH}", f"--repeats={repeats}"]
         launch = (f"import sys; from tfdistx.cluster.launch import run_local_cluster; "

@@ -19,6 +19,7 @@ worker 0 prints one JSON line of milliseconds:
 
 import argparse
 import json
+import os
 import time
 
 import numpy as np
@@ -28,6 +29,8 @@ from tfdistx import models
 from tfdistx.data import input as input_lib
 from tfdistx.data.sources import synthetic
 from tfdistx.engine.update import Update
+from tfdistx.internals import tensorflow as internals
+from tfdistx.spec import threads
 from tfdistx.tasks.classification import Classification
 
 SIZES = [4_000, 400_000, 4_000_000, 40_000_000]  # bytes of float32
@@ -80,6 +83,8 @@ def main():
     parser.add_argument("--repeats", type=int, default=200)
     args = parser.parse_args()
 
+    if os.environ.get(threads.NO_SPINNING_ENV) == "1":  # as a run's task does (engine/join.py)
+        internals.disable_thread_spinning()
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
     workers = strategy.num_replicas_in_sync
     per_replica = args.batch // workers

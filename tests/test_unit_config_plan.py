@@ -98,9 +98,9 @@ def test_plan_leaves_remote_files_to_tensorflow(tmp_path):
     (["optimizer.clip_norm=0.5"], "optimizer     adam (keras.optimizers.Adam), lr 0.001, schedule constant; clip clip_norm 0.5 after the sum over replicas"),
     (["strategy=mirrored", "optimizer.scale_lr_with_replicas=true"], "optimizer     adam (keras.optimizers.Adam), lr 0.001 x replicas, schedule constant"),
     (["trainer.steps=null", "trainer.epochs=3"], "steps         3 epoch(s); 100 per tf.function call; log every 100; eval every 500"),
-    (["strategy=multiworker", "cluster=2x1", "cluster.task_threads=3"], "  threads     each task: 3 intra-op, 3 inter-op; cluster.task_threads=3"),
+    (["strategy=multiworker", "cluster=2x1", "cluster.task_threads=3"], "  threads     each task: 3 intra-op, 3 inter-op, idle threads sleep (no spinning); cluster.task_threads=3"),
     (["strategy=parameter_server", "cluster=ps1w2", "cluster.task_threads=1"],
-     "  threads     each task: 1 intra-op, 2 inter-op; cluster.task_threads=1"),
+     "  threads     each task: 1 intra-op, 2 inter-op, idle threads sleep (no spinning); cluster.task_threads=1"),
     (["strategy=multiworker", "cluster=2x1", "strategy.bytes_per_pack=262144", "strategy.all_reduce_dtype=bfloat16"],
      "collectives   each step: one all-reduce of every gradient, in packs of 262144 bytes (strategy.bytes_per_pack), bfloat16; "
      "the metrics: one sum per tf.function call; strategy.communication=auto (ring over gRPC on CPUs, NCCL on GPUs)"),

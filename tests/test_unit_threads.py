@@ -2,6 +2,7 @@
 (cluster.task_threads, spec/threads.py), and that the launcher gives them
 to its real task processes. In-process (-m unit), no TensorFlow."""
 
+import os
 import sys
 
 import pytest
@@ -30,9 +31,10 @@ def test_a_number_is_taken_as_it_is_and_zero_is_tensorflows_own():
     got, why = threads.task_threads(0, {"worker": 2}, available=2, environ={})
     assert got is None and "TensorFlow's own" in why
     assert threads.environment(None) == {}
-    assert threads.environment(4) == {"TF_NUM_INTRAOP_THREADS": "4", "TF_NUM_INTEROP_THREADS": "4"}
+    # Sized to their share of the cores, the tasks' idle threads sleep instead of spinning.
+    assert threads.environment(4) == {"TF_NUM_INTRAOP_THREADS": "4", "TF_NUM_INTEROP_THREADS": "4", threads.NO_SPINNING_ENV: "1"}
     # One inter-op thread hangs a parameter-server worker's first step: never fewer than two.
-    assert threads.environment(1) == {"TF_NUM_INTRAOP_THREADS": "1", "TF_NUM_INTEROP_THREADS": "2"}
+    assert threads.environment(1) == {"TF_NUM_INTRAOP_THREADS": "1", "TF_NUM_INTEROP_THREADS": "2", threads.NO_SPINNING_ENV: "1"}
 
 
 def test_the_users_own_environment_wins():
@@ -58,3 +60,20 @@ def test_the_launcher_gives_every_task_its_threads(tmp_path):
     assert code == 0
     for index in (0, 1):
         assert "threads 1 2" in (tmp_path / f"worker-{index}.log").read_text()
+
+
+def test_a_task_told_so_runs_tensorflow_without_spinning(tmp_path):
+    """What engine/join.py does in a task whose environment has NO_SPINNING_ENV,
+    in a fresh interpreter (before TensorFlow starts): TensorFlow's config
+    then says so, and ops still run; a process not told so keeps the default."""
+    import subprocess
+
+    code = ("import os, tensorflow as tf\n"
+            "from tensorflow.python.eager import context\n"
+            "from tfdistx.internals import tensorflow as internals\n"
+            f"if os.environ.get({threads.NO_SPINNING_ENV!r}) == '1':\n    internals.disable_thread_spinning()\n"
+            "print(int(tf.reduce_sum(tf.range(10))), context.context().config.experimental.disable_thread_spinning)")
+    for told, says in (("1", "45 True"), ("", "45 False")):
+        run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                             env={**os.environ, threads.NO_SPINNING_ENV: told, "TF_CPP_MIN_LOG_LEVEL": "2"})
+        assert run.returncode == 0 and run.stdout.split("\n")[-2] == says, run.stderr[-2000:]

@@ -18,7 +18,9 @@ from tfdistx.spec.run_spec import Cluster
 from tfdistx.spec.strategies import Strategy
 from tfdistx.engine import strategy as strategy_lib
 from tfdistx.engine.serving import serve_strategy_task
+from tfdistx.internals import tensorflow as internals
 from tfdistx.sigterm import SigtermNotice
+from tfdistx.spec import threads
 
 
 class Joined(enum.Enum):
@@ -34,6 +36,8 @@ def join_cluster(cluster: Cluster, facts: Strategy, placement: Placement, notice
     if in_cluster:
         # What TensorFlow's cluster resolvers (and its preemption handler) read.
         os.environ["TF_CONFIG"] = placement.tf_config()
+    if os.environ.get(threads.NO_SPINNING_ENV) == "1":  # a local cluster's task, sharing the cores (spec/threads.py)
+        internals.disable_thread_spinning()  # before TF starts its devices
     strategy_lib.configure_devices(cluster.devices_per_worker, multi_worker=in_cluster)  # before TF starts its devices
     if in_cluster:  # TensorFlow would wait for a missing task forever (rendezvous.py)
         meet_peers(placement, cluster.startup_timeout, wait=placement.task_type not in facts.serving_jobs, notice=notice)

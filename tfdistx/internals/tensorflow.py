@@ -286,6 +286,27 @@ def configure_coordination_service(cluster_spec, jobs: Mapping[str, int], heartb
         heartbeat_timeout_in_ms=heartbeat_timeout_ms)
 
 
+# --- Thread pools that sleep when idle (a local cluster's tasks, spec/threads.py) ---
+
+# TensorFlow's pools spin before they sleep unless the session config's
+# experimental.disable_thread_spinning is set, and TF2 takes that config
+# only from its eager context's own, before the runtime starts (and passes
+# it on to the server a multi-worker strategy starts): no public setter.
+_CONTEXT_CONFIG = Internal("tensorflow", "tensorflow.python.eager.context.Context", "_config",
+                           "to keep a local cluster's tasks from spinning on the cores they share", instance=True)
+
+
+def disable_thread_spinning() -> None:
+    """TensorFlow's thread pools in this process sleep when idle instead of
+    spinning first. Before TensorFlow starts its runtime (its devices)."""
+    context = _CONTEXT.get()()
+    config = tf.compat.v1.ConfigProto()
+    if _CONTEXT_CONFIG.of(context) is not None:
+        config.CopyFrom(_CONTEXT_CONFIG.of(context))
+    config.experimental.disable_thread_spinning = True
+    setattr(context, _CONTEXT_CONFIG.attribute, config)
+
+
 # --- A Keras ModelCheckpoint's count of batches (engine/keras_callbacks.py) ------
 
 # With an integer save_freq, ModelCheckpoint saves every so many batches,
@@ -313,7 +334,7 @@ def set_model_checkpoint_batches(callback, batches: list) -> None:
 PROBES = (_SHARDED_VARIABLE, _GATHER_SAVEABLES, _TRACKABLE_CHILDREN, _OPTIMIZER_CHILDREN, _DATA_STRUCTURE, _WRAP,
           _TRAINABLE_VARIABLES, _OWN_VARIABLES, _VARIABLE_INDEX, _ALL_REDUCE_SUM, _DETERMINISM_ENABLED, _DISABLE_DETERMINISM,
           _COLLECTIVE_KEY_BASE, _CONFIGURE_COORDINATION, _CONTEXT, _COORDINATION_LEADER, _COORDINATED_JOB, _FLATTEN_LAYERS,
-          _CHECKPOINT_BATCHES_SEEN, _CHECKPOINT_LAST_BATCH)
+          _CHECKPOINT_BATCHES_SEEN, _CHECKPOINT_LAST_BATCH)  # _CONTEXT_CONFIG: an instance's, checked where it is used
 
 
 def probe() -> None:

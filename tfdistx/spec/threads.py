@@ -21,6 +21,17 @@ step). 0: TensorFlow's own sizing (every core, in every task). Set through
 TF_NUM_INTRAOP_THREADS and TF_NUM_INTEROP_THREADS, which TensorFlow reads
 when it starts; a user's own values of those in the environment win.
 
+Tasks sized so also keep their idle threads from spinning: TensorFlow's
+pools spin a while before they sleep, which pays in a process that has the
+cores to itself and costs where several processes share them (the spinning
+thread takes the slice the thread with work needs). Measured on 2 cores,
+the default MLP, 3,000 steps, alternating (docs/performance.md): 2x1
+70.8-72.6k examples/s without spinning against 63.2-71.4k with; ps1w2
+68.3/73.3k against 64.2/69.0k; one_device (not a task) 214.6/216.6k
+against 225.7/232.8k, which is why only a local cluster's tasks turn it
+off. The launcher says so with NO_SPINNING_ENV in the tasks' environment;
+the engine turns it off before TensorFlow starts (engine/join.py).
+
 Only the local launcher applies it: under TF_CONFIG, Slurm or Kubernetes
 each task has its machine, container or CPU binding, and TensorFlow's own
 sizing is the right one there.
@@ -33,6 +44,7 @@ from tfdistx.spec.errors import Problem
 
 AUTO = "auto"
 ENV = ("TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS")
+NO_SPINNING_ENV = "TFDISTX_NO_THREAD_SPINNING"  # "1": the task's TensorFlow pools sleep when idle
 STEP_JOBS = ("chief", "worker")  # the tasks that run training steps; ps, tf.data service and evaluator tasks mostly wait
 
 
@@ -67,14 +79,16 @@ MIN_INTER_OP = 2
 
 
 def environment(threads: Optional[int]) -> dict:
-    """What a task's environment gets for `threads` intra-op threads (nothing for TensorFlow's own)."""
+    """What a task's environment gets for `threads` intra-op threads, its pools
+    kept from spinning (nothing for TensorFlow's own sizing)."""
     if threads is None:
         return {}
-    return {"TF_NUM_INTRAOP_THREADS": str(threads), "TF_NUM_INTEROP_THREADS": str(max(MIN_INTER_OP, threads))}
+    return {"TF_NUM_INTRAOP_THREADS": str(threads), "TF_NUM_INTEROP_THREADS": str(max(MIN_INTER_OP, threads)),
+            NO_SPINNING_ENV: "1"}
 
 
 def describe(threads: Optional[int]) -> str:
     if threads is None:
         return "as TensorFlow sizes them"
     env = environment(threads)
-    return f"{env['TF_NUM_INTRAOP_THREADS']} intra-op, {env['TF_NUM_INTEROP_THREADS']} inter-op"
+    return f"{env['TF_NUM_INTRAOP_THREADS']} intra-op, {env['TF_NUM_INTEROP_THREADS']} inter-op, idle threads sleep (no spinning)"
