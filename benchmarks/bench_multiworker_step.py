@@ -38,6 +38,7 @@ import time
 from pathlib import Path
 
 from side_by_side import interruptible, run, say_estimate, table
+from tfdistx.spec.threads import AUTO, environment, task_threads
 
 HERE = Path(__file__).resolve().parent
 BATCH = 256
@@ -72,9 +73,8 @@ def loopback_bandwidth() -> float:
 
 def parts(workers: int, repeats: int) -> dict:
     """multiworker_step_parts.py's milliseconds, from a W-worker local cluster."""
-    threads = max(1, len(os.sched_getaffinity(0)) // workers)  # as cluster.task_threads=auto sizes them
-    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "TF_NUM_INTRAOP_THREADS": str(threads), "TF_NUM_INTEROP_THREADS": str(threads),
-           "TFDISTX_NO_THREAD_SPINNING": "1"}  # as a local cluster's task gets (spec/threads.py)
+    per_pool, _ = task_threads(AUTO, {"worker": workers}, environ={})
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", **environment(per_pool)}  # what a local cluster's task gets
     with tempfile.TemporaryDirectory() as log_dir:
         task = [sys.executable, str(HERE / "multiworker_step_parts.py"), f"--batch={BATCH}", f"--repeats={repeats}"]
         launch = (f"import sys; from tfdistx.cluster.launch import run_local_cluster; "

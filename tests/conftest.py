@@ -193,19 +193,25 @@ def _prefork(env: dict):
 
 def run_command(cmd, env: dict, cwd=None, timeout: float = None, fresh: bool = False) -> subprocess.CompletedProcess:
     """subprocess.run(cmd, capture_output=True, text=True, ...), forked from the prefork where it can be."""
-    forkable = not fresh and cmd[:3] == [sys.executable, "-m", "tfdistx"]
-    if forkable:
-        prefork, its_env = _prefork(tfdistx_env())
-        changed = {key for key in set(env) | set(its_env) if env.get(key) != its_env.get(key)}
-        forkable = not any(_IMPORT_TIME.match(key) for key in changed)
-    if not forkable:
-        return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=cwd)
+    forked = None if fresh else _run_forked(cmd, env, cwd, timeout)
+    return forked or subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=cwd)
+
+
+def _run_forked(cmd, env: dict, cwd, timeout: float):
+    """`cmd` run to its end forked from the prefork, as run_command returns it; None where a fork would not
+    be a fresh start (not `python -m tfdistx`, or an environment that changes what is read at import), or the
+    prefork cannot serve (a fresh process then says what is wrong)."""
+    if cmd[:3] != [sys.executable, "-m", "tfdistx"]:
+        return None
+    prefork, its_env = _prefork(tfdistx_env())
+    if any(_IMPORT_TIME.match(key) for key in set(env) | set(its_env) if env.get(key) != its_env.get(key)):
+        return None
     import io
 
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         proc = prefork.spawn(cmd, env, "tfdistx", cwd=str(cwd) if cwd else None, outputs=(out.fileno(), err.fileno()))
-        if proc is None:  # the prefork cannot serve: a fresh process says what is wrong
-            return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=cwd)
+        if proc is None:
+            return None
         try:
             proc.wait(timeout)
         except subprocess.TimeoutExpired:
