@@ -1,0 +1,261 @@
+"""tfdistx on every node (cluster.launch=agent): one agent per node, started
+by `srun`, by a pod, or by hand, each starting and watching its node's
+worker, the rounds agreed through a rendezvous (cluster/round_keeper.py).
+
+The same command on every node:
+
+    python -m tfdistx strategy=multiworker cluster.workers=2:4 cluster.launch=agent \\
+        cluster.agent.store=node1:29500 hydra.run.dir=/shared/run
+
+The agent on the host `cluster.agent.store` names keeps the rounds (it can
+bind that address; the others cannot) and owns the run directory; every
+agent beats to it once a second from a thread of its own, so that a node
+whose agent is busy (a checkpoint's grace, a restart's back-off) is not
+taken for lost. The rest is the supervisor's (cluster/supervisor.py): this
+module is its third membership policy, beside fixed counts (launch.py) and
+a host list (elastic.py). A round's TF_CONFIG lists a worker on each of its
+nodes, worker:0 (the chief) on the same node from round to round while it
+lives; each node's worker resumes from the newest checkpoint on the round's
+topology, as a local elastic round's does.
+
+Multiworker only, one worker per node. No TensorFlow here, and no training code.
+"""
+
+import contextlib
+import secrets
+import socket
+import threading
+import time
+import xmlrpc.client
+from pathlib import Path
+from typing import Optional, Tuple
+
+from tfdistx import rundir
+from tfdistx.cluster.prefork import Prefork, can_fork
+from tfdistx.cluster.processes import ForwardingSignals, SaidOnce, Task, shell_code
+from tfdistx.cluster.round_keeper import DONE, ENDED, FAILED, GROW, LOST, RUNNING, TASK_FAILED, WAITING, RoundKeeper, answer, listen
+from tfdistx.cluster.rounds import Rounds
+from tfdistx.cluster.supervisor import POLL_SECONDS, Membership, NoRound, Round, RoundResult, Say, State, Supervisor
+from tfdistx.sigterm import SigtermNotice
+from tfdistx.spec.errors import EXIT_CLUSTER_DID_NOT_FORM, EXIT_LOST_PEER, EXIT_PREEMPTED
+
+BEAT_SECONDS = 1.0
+CALL_TIMEOUT_SECONDS = 2.0  # one beat's round trip at most: a cut link is a timeout, not a hang
+
+
+def split_address(address: str) -> Tuple[str, int]:
+    host, _, port = address.rpartition(":")
+    return host.strip("[]"), int(port)
+
+
+def own_address(store: str) -> str:
+    """The address this node reaches the keeper from: the one its peers reach it at (no packet is sent)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        probe.connect(split_address(store))
+        return probe.getsockname()[0]
+
+
+def free_port() -> int:
+    """A port free on every interface of this node (TensorFlow's server binds them all)."""
+    with socket.socket() as sock:
+        sock.bind(("", 0))
+        return sock.getsockname()[1]
+
+
+class _Timeout(xmlrpc.client.Transport):
+    def make_connection(self, host):
+        connection = super().make_connection(host)
+        connection.timeout = CALL_TIMEOUT_SECONDS
+        return connection
+
+
+class Beats:
+    """The agent's beats to the keeper at `store`, from a thread: its status,
+    and the keeper's last answer (`last`) with when it came (`answered`)."""
+
+    def __init__(self, store: str, address: str):
+        self.store, self.address, self.incarnation = store, address, secrets.token_hex(4)
+        self.status: Tuple[str, int, int, int] = (WAITING, 0, 0, 0)  # status, round, code, port
+        self.last: Optional[dict] = None
+        self.answered = time.monotonic()  # the agent starts as if just answered: it waits lost_bound before it says otherwise
+        self.lock, self.stop = threading.Lock(), threading.Event()
+        self.thread = threading.Thread(target=self._run, name="beats", daemon=True)
+
+    def start(self) -> "Beats":
+        self.thread.start()
+        return self
+
+    def set(self, status: str, round_number: int = 0, code: int = 0, port: Optional[int] = None) -> None:
+        with self.lock:
+            self.status = (status, round_number, code, self.status[3] if port is None else port)
+        self.beat()
+
+    def beat(self) -> None:
+        status, number, code, port = self.status
+        try:
+            proxy = xmlrpc.client.ServerProxy(f"http://{self.store}", transport=_Timeout(), allow_none=True)
+            answer = proxy.beat(self.address, self.incarnation, port, status, number, code)
+        except (OSError, xmlrpc.client.Error):
+            return
+        with self.lock:
+            self.last, self.answered = answer, time.monotonic()
+
+    def silent_for(self) -> float:
+        return time.monotonic() - self.answered
+
+    def _run(self) -> None:
+        while not self.stop.wait(BEAT_SECONDS):
+            self.beat()
+
+
+class AgentMembership(Membership):
+    """This node's worker in each round the keeper forms with it."""
+
+    def __init__(self, spec: dict, beats: Beats, say: Say):
+        self.spec, self.beats, self.say = spec, beats, say
+        self.bounds = spec["agent"]
+        self.refusals = SaidOnce()
+        self.number = 0  # the round this node's task runs in
+
+    def form(self, reason: str, signals: ForwardingSignals) -> Round:
+        """Wait, beating, until the keeper forms a round with this node;
+        NoRound if the run stopped, finished without it, or the keeper
+        stayed silent `below_min_timeout` seconds."""
+        self.beats.set(WAITING, port=free_port())
+        silent_limit, store = self.bounds["below_min_timeout"], self.beats.store
+        while True:
+            answer = self.beats.last
+            if answer and answer["stopped"]:
+                self.say(f"{answer['stopped']['why']}: stopping (exit {answer['stopped']['code']}); "
+                         "rerun the same command on every node to resume from the newest checkpoint")
+                raise NoRound(answer["stopped"]["code"])
+            if answer and answer["finished"]:
+                raise NoRound(0)  # trained to its end by the others: nothing left for this node
+            now = answer and answer["round"]
+            if now and now["why"] is None and now["number"] > self.number and self.beats.address in now["members"]:
+                return self._placed(now)
+            if self.beats.silent_for() > silent_limit:
+                self.say(f"no answer from the rendezvous at {store} for {silent_limit:g}s (cluster.elastic.below_min_timeout): "
+                         f"stopping (exit {EXIT_CLUSTER_DID_NOT_FORM}); is the agent on its host running?")
+                raise NoRound(EXIT_CLUSTER_DID_NOT_FORM)
+            if signals.wait(POLL_SECONDS):
+                raise NoRound(shell_code(-signals.received[0]))
+
+    def _placed(self, formed: dict) -> Round:
+        self.number = formed["number"]
+        index = formed["members"].index(self.beats.address)
+        cluster = {"worker": formed["workers"]}
+        spec = self.spec
+        # Each node's own log directory: its worker's log and scratch (a non-chief's checkpoints), which a worker
+        # of the same name on another node, in a later round, must not share while this one may still be ending.
+        node_dir = Path(spec["log_dir"]) / f"node-{self.beats.address}"
+        node_dir.mkdir(parents=True, exist_ok=True)
+        task = Task("worker", index, cluster, spec["command"], node_dir, spec.get("run_log"), self.refusals, spec.get("task_env", {}))
+        self.beats.set(RUNNING, self.number)
+        self.say(f"round {self.number}: this node ({self.beats.address}) runs worker:{index} of {len(formed['members'])}", quiet=True)
+        return Round([task], {f"worker:{i}": address for i, address in enumerate(formed["members"])})
+
+    def check(self, round_: Round, signals: ForwardingSignals) -> Optional[RoundResult]:
+        """The keeper's verdict on the running round, or its silence past lost_bound."""
+        silent, bound = self.beats.silent_for(), self.bounds["lost_bound"]
+        if silent > bound:
+            self.say(f"no answer from the rendezvous at {self.beats.store} for {silent:.0f}s (cluster.elastic.lost_bound): "
+                     "stopping this node's task; waiting for the rendezvous")
+            return RoundResult(State.MEMBERSHIP_CHANGED, EXIT_LOST_PEER, lost={"rendezvous": self.beats.store})
+        current = (self.beats.last or {}).get("round")
+        if current is None:
+            return None
+        if current["number"] != self.number:  # formed without this node: the keeper took it for lost
+            return RoundResult(State.MEMBERSHIP_CHANGED, EXIT_LOST_PEER, lost={"this node": self.beats.address})
+        if current["why"] == LOST:
+            return RoundResult(State.MEMBERSHIP_CHANGED, EXIT_LOST_PEER, lost=current["lost"])
+        if current["why"] == GROW:
+            round_.ask_to_checkpoint()
+            return RoundResult(State.MEMBERSHIP_CHANGED, EXIT_PREEMPTED, joined=current["joining"], asked_to_checkpoint=True)
+        if current["why"] == TASK_FAILED:  # another node's task: this one is stopped, and the round restarts
+            return RoundResult(State.FAILED, current["code"])
+        return None  # running, or FINISHED: this node's task ends on its own
+
+    def failed(self, round_: Round, task: Task, code: int) -> RoundResult:
+        """This node's task failed. A peer's loss explains a lost peer
+        (exit 5) or a checkpoint (42): the keeper's verdict is waited for,
+        lost_bound at most, so that a lost node is a new round, not a restart."""
+        if code in (EXIT_LOST_PEER, EXIT_PREEMPTED):
+            deadline = time.monotonic() + self.bounds["lost_bound"] + 2 * BEAT_SECONDS
+            while time.monotonic() < deadline:
+                verdict = self.check(round_, ForwardingSignals([]))
+                if verdict is not None and verdict.state is State.MEMBERSHIP_CHANGED:
+                    return verdict
+                time.sleep(POLL_SECONDS)
+        self.beats.set(FAILED, self.number, code)
+        return RoundResult(State.FAILED, code)
+
+    def regroup(self, result: RoundResult, signals: ForwardingSignals) -> str:
+        return ""  # the keeper says why the next round forms
+
+
+class _AgentSay(Say):
+    """The agent's lines: on its terminal, and in the run's log unless `quiet` (every node has one of those)."""
+
+    def __call__(self, text: str, quiet: bool = False) -> None:
+        if quiet:
+            Say(None)(text)
+        else:
+            super().__call__(text)
+
+
+def run_agent(spec: dict, notice: Optional[SigtermNotice] = None) -> int:
+    """This node's agent, to the run's end: 0 once the training is done, else
+    the code it stopped with. `spec`: as a local cluster's
+    (launch.run_local_cluster), with `agent`: the store, the bounds, and
+    where the rounds are recorded."""
+    bounds = spec["agent"]
+    say = _AgentSay(spec.get("run_log"))
+    keeper, server = _keep_rounds_if_here(bounds, say)
+    beats = Beats(bounds["store"], bounds.get("address") or own_address(bounds["store"]))
+    with rundir.exclusive(spec["run_dir"]) if keeper else contextlib.nullcontext():  # the keeper's node owns the run directory
+        beats.start()
+        Path(spec["log_dir"]).mkdir(parents=True, exist_ok=True)
+        prefork = Prefork(spec["preload"], spec["log_dir"]) if spec.get("preload") and can_fork(spec["command"]) else None
+        try:
+            with ForwardingSignals([], spec.get("notice_signals", ())) as signals:
+                if notice is not None and notice.received.is_set():
+                    notice.leave_if_received("before this node's agent started")
+                code = Supervisor(spec, AgentMembership(spec, beats, say), signals, say, prefork).run()
+        finally:
+            if prefork is not None:
+                prefork.close()
+        beats.set(DONE if code == 0 else ENDED, beats.status[1])
+        _hear_the_end(keeper, beats, code, bounds["lost_bound"] + spec.get("preemption_grace", 60))
+        beats.stop.set()
+        if server is not None:
+            server.shutdown()
+            server.server_close()
+    return code
+
+
+def _hear_the_end(keeper: Optional[RoundKeeper], beats: Beats, code: int, most: float) -> None:
+    """The keeper serves until every agent has heard how the run ended (or is
+    gone); an agent whose node finished waits to hear that the others did."""
+    deadline = time.monotonic() + most
+    while time.monotonic() < deadline:
+        if keeper.settled() if keeper is not None else code != 0 or (beats.last or {}).get("finished"):
+            return
+        time.sleep(POLL_SECONDS)
+        beats.beat()
+
+
+def _keep_rounds_if_here(bounds: dict, say: Say):
+    """(the keeper, its server) if this node is the host `cluster.agent.store`
+    names, else (None, None). The keeper records the rounds (logs/rounds.json)
+    and says each in the run's log."""
+    keeper = RoundKeeper(bounds["min"], bounds["max"], bounds["join_grace"], bounds["lost_bound"], bounds["below_min_timeout"])
+    try:
+        server = listen(keeper, *split_address(bounds["store"]))
+    except OSError:  # not this host's address, or another agent here keeps them
+        return None, None
+    rounds = Rounds(bounds["rounds_file"], bounds["checkpoint_dir"], bounds["metrics_file"], say=say)
+    keeper.on_round = lambda number, members, reason: rounds.start(members, reason)
+    answer(server)
+    say(f"keeping the rounds at {bounds['store']} for {bounds['min']}:{bounds['max']} workers", quiet=True)
+    return keeper, server
