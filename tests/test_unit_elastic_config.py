@@ -276,3 +276,29 @@ def test_a_flapping_host_changes_no_round_and_its_worker_keeps_running(tmp_path)
         finally:
             teardown(round_.tasks, ["worker"], grace=0, signalled=False)
     assert not (tmp_path / ".scratch").exists()  # each task's scratch went with it
+
+
+AGENT = ["strategy=multiworker", "cluster.launch=agent", "cluster.agent.store=10.0.0.1:29500"]
+
+
+@pytest.mark.parametrize("overrides, said", [
+    (["strategy=multiworker", "cluster.launch=agent"], "cluster.agent.store=None: host:port of the rendezvous"),
+    (["strategy=multiworker", "cluster.launch=agent", "cluster.agent.store=node1"], "cluster.agent.store='node1': host:port"),
+    ([*AGENT, "cluster.agent.address=10.0.0.2:80"], "cluster.agent.address='10.0.0.2:80': this node's host name or IP address, without a port"),
+    ([*AGENT[1:], "strategy=parameter_server", "cluster=ps1w2"], "strategy='parameter_server': an agent on every node runs one multiworker"),
+    ([*AGENT, "data.service.workers=1"], "data.service.workers=1: the agents start training workers only"),
+    ([*AGENT, "cluster.evaluator=true"], "cluster.evaluator=True: the agents start training workers only"),
+    ([*AGENT, "cluster.workers=4", "cluster.elastic.min_workers=2", "cluster.elastic.hosts=/etc/hosts", "data.batch_size=24"],
+     "cluster.elastic.hosts='/etc/hosts': with cluster.launch=agent the nodes are the agents"),
+])
+def test_what_agents_cannot_run_is_refused_in_one_line(tmp_path, overrides, said):
+    lines = refused(tmp_path / "run", *overrides)
+    assert len(lines) == 1 and said in lines[0], lines
+
+
+def test_an_elastic_run_of_agents_needs_no_host_list_and_plan_shows_the_rendezvous(tmp_path):
+    cfg = compose_ok(tmp_path / "run", *AGENT, "cluster.workers=4", "cluster.elastic.min_workers=2", "data.batch_size=24", "cluster.elastic.lost_bound=5")
+    plan = describe(cfg)
+    assert ("agents        one per node, 2:4 workers, meeting at 10.0.0.1:29500 (its host's agent keeps the rounds); a round waits 10s "
+            "past 2 agents for 4, a node silent 5s is lost, and the run stops after 300s below 2 (exit 9)") in plan, plan
+    assert "placement     an agent on every node" in plan and "elastic       " not in plan, plan

@@ -28,6 +28,7 @@ class Source(str, Enum):
     TF_CONFIG = "tf_config"  # one task of a cluster a scheduler placed (Kubernetes, by hand)
     SLURM = "slurm"  # one task of a Slurm step
     JOBSET = "jobset"  # a pod of a Kubernetes JobSet (or a TrainJob): its labels place it (cluster/jobset.py)
+    AGENT = "agent"  # its node's agent, which starts the node's worker in each round (cluster/agent.py)
 
     def __str__(self) -> str:  # the cluster.launch word in messages and --plan, not "Source.SLURM"
         return self.value
@@ -55,6 +56,8 @@ class Placement:
     @property
     def is_chief(self) -> bool:
         if self.task_type == EVALUATOR:  # the sidecar evaluator writes none of the chief's files
+            return False
+        if self.source is Source.AGENT:  # the agent that keeps the rounds owns the run directory, once it knows it does
             return False
         if self.source is Source.SINGLE or self.task_type is None:
             return True
@@ -86,6 +89,8 @@ def detect(layout: Layout, env: Mapping[str, str] = os.environ, training: bool =
                 else "slurm" if "SLURM_PROCID" in env else "local")
     if mode == "local":
         return Placement(Source.LOCAL, spec={k: [""] * n for k, n in counts.items() if n})
+    if mode == "agent":
+        return Placement(Source.AGENT, spec={k: [""] * n for k, n in counts.items() if n})
     if mode == "tf_config":
         placement = from_tf_config(env.get("TF_CONFIG", ""))
     elif mode == "jobset":

@@ -20,6 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 from tfdistx import machine
 from tfdistx.cluster import placement as cluster
 from tfdistx.cluster.evaluator import EVALUATOR, EVALUATOR_ON_SIGTERM
+from tfdistx.cluster.agent import run_agent
 from tfdistx.cluster.launch import run_local_cluster
 from tfdistx.cluster.rendezvous import LOCAL_CLUSTER_ENV
 from tfdistx.commands.ending import hold_until_exit
@@ -62,6 +63,8 @@ def execute(cfg: DictConfig, run_dir: str, mode: str, step: Optional[int] = None
     with retryable_exits_offset_by(layout.cluster.retryable_exit_offset):
         if placement.source is Source.LOCAL:
             return _run_local_cluster(spec, mode, step, notice)
+        if placement.source is Source.AGENT:
+            return _run_agent(spec, mode, notice)
         if placement.task_type == EVALUATOR and notice is not None:  # a SIGTERM while it starts is said as what it will do
             notice.plan = EVALUATOR_ON_SIGTERM
         conflict = machine.conflict()
@@ -144,23 +147,62 @@ TASK_PRELOAD = ("tfdistx.engine.quiet_import:import_before_fork", "tfdistx.cli",
                 "tfdistx.models")
 
 
+def _task_command(spec: RunSpec, mode: str, step: Optional[int]) -> list:
+    """The command that starts one task of this run (commands/task.py),
+    placed by the TF_CONFIG its launcher or agent gives it, from the resolved
+    config written here (the same on every node: the agent's own keys left out)."""
+    logs = spec.run_dir / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    task_config = logs / f"{mode}-config.yaml"
+    resolved = copy.deepcopy(dict(spec.config))
+    resolved["cluster"]["launch"] = "tf_config"
+    resolved["cluster"].pop("agent", None)
+    write_whole(task_config, OmegaConf.to_yaml(resolved))
+    return [sys.executable, "-m", "tfdistx", "_task", mode, str(spec.run_dir), str(task_config), *([str(step)] if step is not None else [])]
+
+
+def _run_agent(spec: RunSpec, mode: str, notice: Optional[SigtermNotice]):
+    """This node's agent (cluster/agent.py): its worker in each round the
+    agents form; the agent that keeps the rounds finishes the summary."""
+    if mode != "train":
+        raise ConfigError.one("cluster.launch", "agent", "agents train; `tfdistx evaluate` runs with cluster.launch=local or tf_config")
+    layout, run_dir, cluster = spec.layout, spec.run_dir, spec.cluster
+    per_pool, why = threads.task_threads(cluster.task_threads, {"worker": 1})  # one worker on this node
+    agent = cluster.agent
+    elastic_keys = cluster.elastic
+    code = run_agent({"command": _task_command(spec, mode, None), "run_dir": str(run_dir), "log_dir": str(run_dir / "logs"),
+                      "primary": list(layout.strategy.facts.primary_jobs), "max_restarts": cluster.max_restarts,
+                      "stopped_task_timeout": cluster.stopped_task_timeout, "run_log": str(run_dir / "tfdistx.log"),
+                      "preemption_grace": cluster.preemption_grace, "notice_signals": list(cluster.notice_signals),
+                      "task_env": threads.environment(per_pool), "preload": list(TASK_PRELOAD) if cluster.prefork else [],
+                      "agent": {"store": agent.store, "address": agent.address, "min": elastic_keys.min_workers if elastic_keys else cluster.workers,
+                                "max": cluster.workers, "join_grace": agent.join_grace, "lost_bound": agent.lost_bound,
+                                "below_min_timeout": agent.below_min_timeout, "checkpoint_dir": spec.checkpoint.dir,
+                                "rounds_file": str(run_dir / "logs" / "rounds.json"), "metrics_file": str(run_dir / "metrics.jsonl")}},
+                     notice)
+    if code:
+        sys.exit(code)
+    summary_path = run_dir / "summary.json"
+    rounds_path = run_dir / "logs" / "rounds.json"
+    summary = json.loads(summary_path.read_text())
+    if elastic_keys and rounds_path.is_file():  # the keeper's node knows the rounds; the chief wrote the summary of the last
+        trained = with_rounds(summary, json.loads(rounds_path.read_text()))
+        if trained != summary:
+            write_json(summary_path, trained)
+    return objective_value(spec.trainer.objective, json.loads(summary_path.read_text()))
+
+
 def _run_local_cluster(spec: RunSpec, mode: str, step: Optional[int], notice: Optional[SigtermNotice]):
     """Every task runs this job from the resolved config written here, in
     the same run directory; only the chief writes the run's files."""
     layout, run_dir = spec.layout, spec.run_dir
     counts, evaluator = local_tasks(layout, mode)
-    logs = run_dir / "logs"
-    logs.mkdir(parents=True, exist_ok=True)
-    task_config = logs / f"{mode}-config.yaml"
-    resolved = copy.deepcopy(dict(spec.config))
-    resolved["cluster"]["launch"] = "tf_config"  # each task is placed by the TF_CONFIG the launcher gives it
-    write_whole(task_config, OmegaConf.to_yaml(resolved))
-    command = [sys.executable, "-m", "tfdistx", "_task", mode, str(run_dir), str(task_config), *([str(step)] if step is not None else [])]
+    command = _task_command(spec, mode, step)
     per_pool, why = threads.task_threads(layout.cluster.task_threads, counts)  # an elastic run: sized for MAX workers
     into_log_files(f"tfdistx: each task's TensorFlow threads: {threads.describe(per_pool)}; {why}")  # the run's log, not the terminal
     rounds = _elastic_rounds(spec, mode)
     facts, cluster = layout.strategy.facts, layout.cluster
-    code = run_local_cluster(counts, command, str(logs), task_env=threads.environment(per_pool),
+    code = run_local_cluster(counts, command, str(run_dir / "logs"), task_env=threads.environment(per_pool),
                              primary=list(facts.primary_jobs), isolate=cluster.isolate,
                              max_restarts=cluster.max_restarts, restart_alone=list(facts.restartable_alone),
                              stopped_task_timeout=cluster.stopped_task_timeout, run_log=str(run_dir / "tfdistx.log"),

@@ -7,7 +7,7 @@ from tfdistx.cluster import placement as cluster_lib
 from tfdistx.cluster.placement import Source
 from tfdistx.commands.execute import local_tasks
 from tfdistx.config import sources
-from tfdistx.spec import builtin_loggers, compute, elastic, strategies, threads
+from tfdistx.spec import agent, builtin_loggers, compute, elastic, strategies, threads
 from tfdistx.config.resolve import resolve
 from tfdistx.spec.run_spec import Layout, Logger, Optimizer
 from tfdistx.spec.targets import Target
@@ -27,7 +27,9 @@ def describe(cfg: DictConfig) -> str:
         chosen += " (mirrored instead when several GPUs are visible)"
     lines = [f"strategy      {strategy}{chosen}: {facts.description}"]
     lines.append(f"cluster       {topo.name}: {topo.workers} worker(s) x {topo.devices_per_worker or 'all GPUs or 1 CPU'} device(s), {topo.ps} ps")
-    if elastic_line := elastic.plan_line(topo):
+    if topo.agent is not None:
+        lines.append(agent.plan_line(topo))
+    elif elastic_line := elastic.plan_line(topo):
         lines.append(elastic_line)
     lines.append(f"devices       {machine.describe()}")  # this machine's: each of a scheduler's hosts has its own
     if machine.conflict():
@@ -167,6 +169,11 @@ def _tasks(layout: Layout, placement) -> list:
             lines.append("  task        evaluator:0  the sidecar evaluator: TF_CONFIG task {'type': 'evaluator', 'index': 0}, "
                          "in no cluster spec; evaluates each checkpoint")
         return lines
+    if placement.source is Source.AGENT:
+        per_pool, why = threads.task_threads(topo.task_threads, {"worker": 1})
+        return ["placement     an agent on every node (this process on this one): it starts the node's worker, placed by the",
+                "              TF_CONFIG of each round the agents form at cluster.agent.store, and restarts it (cluster.max_restarts)",
+                f"  threads     the node's worker: {threads.describe(per_pool)}; {why}"]
     lines = [f"placement     {placement.source}; this process is {placement.task_name}{' (chief)' if placement.is_chief else ''}"]
     for job, addresses in placement.spec.items():
         for index, address in enumerate(addresses):

@@ -16,11 +16,12 @@ from typing import Any, Mapping, Optional
 from omegaconf import DictConfig, OmegaConf
 
 from tfdistx.spec import builtin_loggers, data_service, optimizers, strategies, warm_start
+from tfdistx.spec import elastic as elastic_spec
 from tfdistx.config.compose import saved_config
 from tfdistx.spec.errors import ConfigError
-from tfdistx.config.schema import (OPTIMIZER_DEFAULTS, OPTIMIZER_KEYS, PIPELINE_DEFAULTS, TASK_FACTS, TASK_KEYS, CheckpointConfig,
+from tfdistx.config.schema import (OPTIMIZER_DEFAULTS, OPTIMIZER_KEYS, PIPELINE_DEFAULTS, TASK_FACTS, TASK_KEYS, AgentConfig, CheckpointConfig,
                                    ClusterConfig, EarlyStoppingConfig, ElasticConfig, TrainerConfig)
-from tfdistx.spec.run_spec import (Checkpoint, Cluster, DataService, EarlyStopping, Elastic, InitFrom, Layout, Logger, Optimizer,
+from tfdistx.spec.run_spec import (Agent, Checkpoint, Cluster, DataService, EarlyStopping, Elastic, InitFrom, Layout, Logger, Optimizer,
                                  Pipeline, RunSpec, Strategy, Trainer)
 from tfdistx.spec.targets import Target, current
 
@@ -78,12 +79,16 @@ def _layout(plain: Mapping[str, Any]) -> Layout:
     cluster = _with_defaults(plain["cluster"], ClusterConfig)
     elastic = cluster["elastic"]
     elastic = dataclasses.asdict(elastic) if dataclasses.is_dataclass(elastic) else _with_defaults(elastic, ElasticConfig)
+    agent = cluster["agent"]
+    agent = dataclasses.asdict(agent) if dataclasses.is_dataclass(agent) else _with_defaults(agent, AgentConfig)
     strategy = dict(plain["strategy"])
     name = strategy.pop("name")
     return Layout(
         strategy=Strategy(name, _frozen(strategy), strategies.get(name, cluster["workers"], cluster["devices_per_worker"])),
         cluster=Cluster(**{**{key: cluster[key] for key in _names(Cluster)}, "notice_signals": tuple(cluster["notice_signals"]),
-                           "elastic": Elastic(**elastic) if elastic["min_workers"] is not None else None}),
+                           "elastic": Elastic(**elastic) if elastic["min_workers"] is not None else None,
+                           "agent": Agent(**agent, **{key: elastic[key] for key in elastic_spec.TIMEOUT_KEYS})
+                           if cluster["launch"] == "agent" else None}),
         service=_service_of(plain["data"]))
 
 

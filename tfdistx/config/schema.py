@@ -18,7 +18,7 @@ from tfdistx.spec import strategies
 from tfdistx.spec.errors import DEFAULT_NOTICE_SIGNALS
 
 # How a process of a multi-process strategy learns its place (cluster.launch).
-LAUNCH_MODES = ("auto", "local", "tf_config", "jobset", "slurm")
+LAUNCH_MODES = ("auto", "local", "tf_config", "jobset", "slurm", "agent")
 
 # Keys of the data group that shape the input pipeline, not the source, with
 # their defaults for a data option that does not set them: the run spec keeps
@@ -94,6 +94,13 @@ class ElasticConfig:
 
 
 @dataclass
+class AgentConfig:
+    """cluster.launch=agent: one agent per node, meeting at a rendezvous (spec/agent.py)."""
+    store: Any = None  # host:port of the rendezvous, kept by the agent on that host
+    address: Any = None  # this node's address, which its peers reach its worker at; null: the one it reaches the store from
+
+
+@dataclass
 class ClusterConfig:
     name: str = "local"
     workers: int = 1
@@ -114,6 +121,7 @@ class ClusterConfig:
     evaluator: bool = False  # a sidecar evaluator task beside the cluster (multi-process strategies; cluster/evaluator.py)
     task_threads: Any = "auto"  # local clusters: TensorFlow threads per pool in each task (spec/threads.py)
     elastic: ElasticConfig = field(default_factory=ElasticConfig)
+    agent: AgentConfig = field(default_factory=AgentConfig)
 
 
 @dataclass

@@ -15,7 +15,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from tfdistx import rundir
 from tfdistx.config import loggers, run_files, sources, tasks, topology
-from tfdistx.spec import callbacks, compute, data_service, elastic, optimizers, static_targets, strategies, threads, warm_start
+from tfdistx.spec import agent, callbacks, compute, data_service, elastic, optimizers, static_targets, strategies, threads, warm_start
 from tfdistx.spec.errors import MAX_RETRYABLE_EXIT_OFFSET, NOTICE_SIGNALS, ConfigError, Problem
 from tfdistx.spec.objective import objective_problems, unevaluated_problems
 from tfdistx.config.schema import LAUNCH_MODES, OPTIMIZER_KEYS, PIPELINE_DEFAULTS, TASK_FACTS, TASK_KEYS, Config
@@ -30,6 +30,7 @@ def validate(cfg: DictConfig, run_dir: Optional[str] = None) -> None:
     problems = _top_level(cfg)
     problems += _strategy_and_cluster(cfg.strategy, cfg.cluster)
     elastic_problems = elastic.problems(cfg)
+    problems += agent.problems(cfg)
     problems += elastic_problems
     data_problems = _data(cfg.data, planned_replicas(cfg))
     if any(problem.key == "data.batch_size" for problem in elastic_problems):  # one line: the multiple every round needs, not MAX's alone

@@ -87,10 +87,10 @@ def problems(cfg) -> List[Problem]:
     if cluster.get("evaluator"):
         found.append(Problem("cluster.evaluator", True, f"the sidecar evaluator is not kept across an elastic run's rounds ({shown_range}): "
                              "evaluate with trainer.eval_every, or `tfdistx evaluate` afterwards"))
-    if cluster.launch not in ("auto", "local"):
-        found.append(Problem("cluster.launch", cluster.launch, f"elastic rounds ({shown_range}) are formed by tfdistx's local launcher: "
-                             "use cluster.launch=local or auto"))
-    found += _hosts(elastic)
+    if cluster.launch not in ("auto", "local", "agent"):
+        found.append(Problem("cluster.launch", cluster.launch, f"elastic rounds ({shown_range}) are formed by tfdistx's local launcher "
+                             "or by an agent on every node: use cluster.launch=local, auto or agent"))
+    found += _hosts(elastic) if cluster.launch != "agent" else []  # the agents that reach the rendezvous are the hosts (spec/agent.py)
     for key in TIMEOUT_KEYS:
         value = elastic[key]
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:

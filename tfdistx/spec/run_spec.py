@@ -77,6 +77,18 @@ class Elastic:
 
 
 @dataclass(frozen=True)
+class Agent:
+    """cluster.agent of a run whose nodes each run an agent (cluster.launch=agent, spec/agent.py)."""
+
+    store: str  # host:port of the rendezvous
+    address: Optional[str]  # this node's address; None: the one it reaches the store from
+    # The rendezvous' bounds, cluster.elastic's keys (a fixed run's agents wait for a lost node as an elastic run's do):
+    join_grace: float
+    lost_bound: float
+    below_min_timeout: float
+
+
+@dataclass(frozen=True)
 class Cluster:
     name: str
     workers: int  # an elastic run's most workers
@@ -97,6 +109,7 @@ class Cluster:
     evaluator: bool  # a sidecar evaluator task beside the cluster
     task_threads: Union[int, str]  # a local cluster's TensorFlow threads per pool in each task, or "auto" (spec/threads.py)
     elastic: Optional[Elastic]  # None: a fixed cluster
+    agent: Optional[Agent]  # None: not cluster.launch=agent
 
 
 @dataclass(frozen=True)

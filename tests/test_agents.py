@@ -1,0 +1,128 @@
+"""An agent on every node (cluster.launch=agent, cluster/agent.py), on a
+test bed of real network namespaces (tests/nodes.py): each node its own
+address on a bridge, its own agent started on its own, no tfdistx process
+above them, the run directory shared as a cluster's file system is. A node
+is lost by cutting its link (a partition: nothing resets, nothing answers)
+or by killing its agent."""
+
+import json
+import re
+import signal
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from conftest import processes_of, steps_logged, tfdistx_env, wait_until
+from engine_helpers import train
+from nodes import Nodes, can_make_nodes
+from test_elastic import ARGS, BATCH, EVERY, STEPS, rounds, steps_said_in_round, workers
+from test_unit_topology_resume import model_values, seen_counts
+
+pytestmark = pytest.mark.skipif(not can_make_nodes(), reason="this machine does not allow unprivileged network namespaces")
+
+STORE_PORT = 29555
+BOUNDS = ["cluster.elastic.join_grace=2", "cluster.elastic.lost_bound=3", "cluster.elastic.below_min_timeout=60"]
+
+
+def start_agents(nodes: Nodes, tmp_path, count: int, *args) -> list:
+    """An agent on each of nodes 1..count, the same command on each; node 1 keeps the rounds."""
+    command = [sys.executable, "-m", "tfdistx", *ARGS, "strategy=multiworker", "cluster.launch=agent",
+               f"cluster.agent.store={Nodes.address(1)}:{STORE_PORT}", *BOUNDS, "+callbacks.pace._target_=user_plugins.Pace",
+               "+callbacks.pace.seconds=0.5", *args, f"hydra.run.dir={tmp_path / 'run'}"]
+    return [nodes.start(n, command, env=tfdistx_env(), stdout=open(tmp_path / f"node{n}.txt", "w"), stderr=subprocess.STDOUT)
+            for n in range(1, count + 1)]
+
+
+def worker_at(round_: dict, n: int) -> int:
+    """The index of node n's worker in a round of the rounds file."""
+    return next(int(task.partition(":")[2]) for task, address in round_["members"].items() if address == Nodes.address(n))
+
+
+def output(tmp_path, n: int) -> str:
+    return (tmp_path / f"node{n}.txt").read_text()
+
+
+def all_ended(agents, timeout: float, tmp_path) -> None:
+    try:
+        for agent in agents:
+            agent.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        for agent in agents:
+            os.killpg(agent.pid, signal.SIGKILL)
+        raise AssertionError("an agent did not end: " + "\n".join(output(tmp_path, n)[-2000:] for n in range(1, len(agents) + 1)))
+
+
+@pytest.fixture
+def nodes():
+    with Nodes(4) as made:
+        yield made
+
+
+def test_agents_on_four_nodes_lose_a_partitioned_node_go_on_and_grow_back(nodes, tmp_path):
+    """2:4 multiworker across four nodes: node 4's link is cut mid-run (for
+    good, as far as the run can tell), the three others form a round and go
+    on from the newest checkpoint; the link comes back, node 4's agent joins
+    again and the run grows to four. Every step logged once, the examples
+    trained (counted by the probe model) and the final weights those of an
+    uninterrupted run."""
+    run_dir = tmp_path / "run"
+    agents = start_agents(nodes, tmp_path, 4, "cluster.workers=2:4")
+    wait_until(lambda: max(steps_said_in_round(run_dir, 1), default=0) >= 2 * EVERY, 300, "round 1 trains", agents)
+    nodes.cut(4)
+    wait_until(lambda: steps_said_in_round(run_dir, 2), 300, "round 2 trains", agents)
+    nodes.join(4)
+    all_ended(agents, 300, tmp_path)
+    assert [agent.returncode for agent in agents] == [0, 0, 0, 0], [output(tmp_path, n)[-3000:] for n in range(1, 5)]
+
+    said = rounds(run_dir)
+    assert [workers(r["members"]) for r in said] == [4, 3, 4], said
+    node4 = Nodes.address(4)
+    assert re.fullmatch(rf"lost worker:\d at {re.escape(node4)}", said[1]["reason"]) and said[2]["reason"] == f"{node4} joined", said
+    assert node4 not in said[1]["members"].values() and said[0]["members"]["worker:0"] == said[1]["members"]["worker:0"]
+    log = (run_dir / "tfdistx.log").read_text()
+    assert re.search(rf"^tfdistx: round 2: 4 -> 3 workers \(lost worker:\d at {re.escape(node4)}\), resuming from step \d+$", log, re.M), log
+    assert "no answer from the rendezvous" in output(tmp_path, 4), output(tmp_path, 4)[-3000:]  # the cut node said why it stopped
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["step"] == STEPS and summary["workers"] == 4 and summary["rounds"] == said
+    assert steps_logged(run_dir) == list(range(EVERY, STEPS + 1, EVERY))  # each step once, none lost
+
+    whole = train(tmp_path / "whole", *ARGS, "strategy=one_device", sizes=[])  # one example order on every synchronous topology
+    seen = seen_counts(run_dir)
+    assert seen.sum() == STEPS * BATCH
+    np.testing.assert_array_equal(seen, seen_counts(whole.dir))
+    for mine, reference in zip(model_values(run_dir, 1), model_values(whole.dir, 1)):
+        np.testing.assert_allclose(mine, reference, rtol=1e-4, atol=1e-6)
+    wait_until(lambda: not processes_of(run_dir), 30, "every agent and task gone")
+
+
+@pytest.mark.slow  # the default run's test above loses a node the same way; this one is the fixed size's wait
+def test_a_fixed_run_whose_node_is_cut_off_waits_for_it_and_resumes_bitwise(nodes, tmp_path):
+    """2x1 (not elastic) on two nodes: node 2 is cut off mid-run; node 1
+    cannot train alone, so no round forms until node 2 is back, and then the
+    run resumes from the newest checkpoint and finishes: every step once, and
+    the weights bit for bit those of a local 2x1 run never interrupted."""
+    run_dir = tmp_path / "run"
+    agents = start_agents(nodes, tmp_path, 2, "cluster=2x1")
+    wait_until(lambda: max(steps_said_in_round(run_dir, 1), default=0) >= 2 * EVERY, 300, "round 1 trains", agents)
+    nodes.cut(2)
+    wait_until(lambda: "tfdistx: round 1: this node" in output(tmp_path, 2) and "no answer from the rendezvous" in output(tmp_path, 2),
+               120, "node 2 stops its task", agents)
+    nodes.join(2)
+    all_ended(agents, 300, tmp_path)
+    assert [agent.returncode for agent in agents] == [0, 0], [output(tmp_path, n)[-3000:] for n in (1, 2)]
+    said = rounds(run_dir)
+    assert [workers(r["members"]) for r in said] == [2, 2] and said[1]["first_step"] > 1, said
+    assert said[1]["reason"] == f"lost worker:{worker_at(said[0], 2)} at {Nodes.address(2)}, back", said
+    assert steps_logged(run_dir) == list(range(EVERY, STEPS + 1, EVERY))
+    assert seen_counts(run_dir).sum() == STEPS * BATCH
+
+    local = tmp_path / "local"
+    done = subprocess.run([sys.executable, "-m", "tfdistx", *ARGS, "strategy=multiworker", "cluster=2x1", f"hydra.run.dir={local}"],
+                          env=tfdistx_env(), capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    for mine, reference in zip(model_values(run_dir, 1), model_values(local, 1)):
+        np.testing.assert_array_equal(mine, reference)
+    wait_until(lambda: not processes_of(run_dir), 30, "every agent and task gone")

@@ -1,0 +1,73 @@
+"""A run with an agent on every node (cluster.launch=agent), as config:
+what it needs and what it cannot do yet (cluster/agent.py runs it).
+
+Every node runs the same command; each node's agent starts one worker, and
+the agents meet at `cluster.agent.store`, host:port, kept by the agent on
+that host. With `cluster.workers=MIN:MAX` the run is elastic across the
+nodes; without, it trains on cluster.workers nodes and waits for a lost one
+to come back (below_min_timeout).
+
+No TensorFlow here.
+"""
+
+import ipaddress
+import re
+from typing import List
+
+from tfdistx.spec import data_service, strategies
+from tfdistx.spec.errors import Problem
+
+LAUNCH = "agent"
+_HOST_PORT = re.compile(r"^(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9_.-]+):(\d{1,5})$")
+
+
+def problems(cfg) -> List[Problem]:
+    """Why this run cannot have an agent on every node as asked; [] when it
+    can, or does not ask."""
+    cluster = cfg.cluster
+    agent = cluster.get("agent") or {}
+    if cluster.launch != LAUNCH:
+        return []
+    found = []
+    store = agent.get("store")
+    m = _HOST_PORT.match(store) if isinstance(store, str) else None
+    if m is None or not 0 < int(m[2]) < 65536:
+        found.append(Problem("cluster.agent.store", store, "host:port of the rendezvous (a port from 1 to 65535), the same on every "
+                             "node; the agent on that host keeps the rounds"))
+    address = agent.get("address")
+    if address is not None and not (isinstance(address, str) and _is_host(address)):
+        found.append(Problem("cluster.agent.address", address, "this node's host name or IP address, without a port; "
+                             "or null: the address it reaches the store from"))
+    name = cfg.strategy.get("name")
+    if name in strategies.NAMES and strategies.get(name, cluster.workers, cluster.devices_per_worker).name != "multiworker":
+        found.append(Problem("strategy", name, "an agent on every node runs one multiworker worker per node: use strategy=multiworker; "
+                             "a parameter-server cluster runs under cluster.launch=local, slurm, jobset or tf_config"))
+    if data_service.workers(cfg.data):
+        found.append(Problem("data.service.workers", data_service.workers(cfg.data), "the agents start training workers only: "
+                             "use data.service.workers=0 with cluster.launch=agent"))
+    if cluster.get("evaluator"):
+        found.append(Problem("cluster.evaluator", True, "the agents start training workers only: evaluate with trainer.eval_every, "
+                             "or `tfdistx evaluate` afterwards"))
+    elastic = cluster.get("elastic") or {}
+    for key in ("hosts", "discover"):
+        if elastic.get(key) is not None:
+            found.append(Problem(f"cluster.elastic.{key}", elastic.get(key), "with cluster.launch=agent the nodes are the agents that "
+                                 "reach the rendezvous: leave it null"))
+    return found
+
+
+def _is_host(text: str) -> bool:
+    try:
+        ipaddress.ip_address(text)
+        return True
+    except ValueError:
+        return bool(re.fullmatch(r"[A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?)*", text))
+
+
+def plan_line(cluster) -> str:
+    """--plan's line of a run with an agent on every node."""
+    agent, low = cluster.agent, cluster.elastic.min_workers if cluster.elastic else cluster.workers
+    grace = f"a round waits {agent.join_grace:g}s past {low} agents for {cluster.workers}, " if low < cluster.workers else ""
+    return (f"agents        one per node, {low}:{cluster.workers} workers, meeting at {agent.store} (its host's agent keeps "
+            f"the rounds); {grace}a node silent {agent.lost_bound:g}s is lost, and the run stops after {agent.below_min_timeout:g}s "
+            f"below {low} (exit 9)")
