@@ -5,6 +5,7 @@ hydra-submitit-launcher. The fixture starts Slurm with the project's script
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -96,13 +97,16 @@ def test_submitit_sweep_runs_each_job_as_a_slurm_cluster(slurm, tmp_path):
     assert all((s["workers"], s["step"]) == (2, 40) for s in summaries)
 
 
-def test_the_exported_script_checkpoints_at_slurms_notice_requeues_itself_and_resumes(slurm, tmp_path):
+@pytest.mark.parametrize("placed", [["cluster=2x1"], ["cluster.workers=1:2", "cluster.launch=agent", "cluster.elastic.join_grace=1"]],
+                         ids=["two tasks of one step", "an agent on every node"])
+def test_the_exported_script_checkpoints_at_slurms_notice_requeues_itself_and_resumes(slurm, tmp_path, placed):
     """`tfdistx export slurm`'s script, sbatch'ed: the notice Slurm gives the batch shell before the time limit
-    (--signal=B:USR1@N; sent here at once, as `scancel --signal=USR1 --batch` sends it) reaches both tasks
-    through srun, they checkpoint at one step and exit 42, the job requeues itself, and its next start
-    resumes from that step in the same run dir and finishes: every step logged once."""
+    (--signal=B:USR1@N; sent here at once, as `scancel --signal=USR1 --batch` sends it) reaches every task
+    through srun (or every node's agent, which passes it on to its worker), they checkpoint at one step and
+    exit 42, the job requeues itself, and its next start resumes from that step in the same run dir and
+    finishes: every step logged once. This Slurm has one node: the agents' script (1 to 2 nodes) gets one."""
     run_dir, script, steps = tmp_path / "run", tmp_path / "train.sbatch", 6000
-    args = ["strategy=multiworker", "cluster=2x1", *QUICK, f"trainer.steps={steps}", "trainer.steps_per_loop=10",
+    args = ["strategy=multiworker", *placed, *QUICK, f"trainer.steps={steps}", "trainer.steps_per_loop=10",
             "trainer.log_every=10", f"hydra.run.dir={run_dir}"]
     env = tfdistx_env(PATH=os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]))  # `python`: this one
     export = subprocess.run([sys.executable, "-m", "tfdistx", "export", "slurm", *args, "--out", str(script), "--notice", "60"],
@@ -118,7 +122,7 @@ def test_the_exported_script_checkpoints_at_slurms_notice_requeues_itself_and_re
     summary = run_dir / "summary.json"
     wait_until(summary.exists, 900, "the requeued job's summary")
     output = (tmp_path / f"slurm-{job}.out").read_text()  # --open-mode=append: both starts of the job
-    assert "SIGUSR1: checkpointing at the next loop boundary" in output and f"requeueing job {job}" in output, output[-3000:]
+    assert re.search(r"SIG(USR1|TERM): checkpointing at the next loop boundary", output) and f"requeueing job {job}" in output, output[-3000:]
     result = json.loads(summary.read_text())
     assert result["step"] == steps and 0 < result["resumed_from_step"] < steps, result
     assert (run_dir / "checkpoints" / f"ckpt-{result['resumed_from_step']}.index").exists()

@@ -27,8 +27,9 @@ def keeper(low=2, high=3, join_grace=5, lost_bound=3, below_min_timeout=60):
     return kept, clock, said
 
 
-def beat(kept, address, status=WAITING, number=0, code=0, incarnation="one"):
-    return kept.beat(address, incarnation, 7000, status, number, code)
+def beat(kept, address, status=WAITING, number=0, code=0, agent=None):
+    """A beat of the agent on `address` (named after it, unless `agent` names it)."""
+    return kept.beat(agent or address, address, 7000, status, number, code)
 
 
 def running(kept, clock, addresses, number):
@@ -134,14 +135,21 @@ def test_a_failed_task_closes_the_round_with_its_code_and_the_same_members_resta
     assert kept.round.number == 2 and kept.round.members == [A, B] and said[-1][2] == "restart after exit code 1"
 
 
-def test_an_agent_that_ended_or_restarted_is_lost_at_once():
+def test_an_agent_that_ended_is_lost_at_once_and_one_restarted_once_silent():
     kept, clock, said = keeper(low=2, high=2)
     beat(kept, A), beat(kept, B)
     assert beat(kept, B, ENDED, 1)["round"]["why"] == LOST
     kept, clock, said = keeper(low=2, high=2)
     beat(kept, A), beat(kept, B)
-    closed = beat(kept, B, WAITING, incarnation="two")["round"]  # its agent started again: its old task is gone
-    assert closed["why"] == LOST and closed["lost"] == {"worker:1": B}
+    beat(kept, B, WAITING, agent="B again")  # its agent started again: a new member; the old one is lost once silent
+    advance(kept, clock, 3.5, **{A: (RUNNING, 1)})
+    assert kept.round.why == LOST and kept.round.lost == {"worker:1": B}
+
+
+def test_two_agents_on_one_host_are_two_members():
+    kept, clock, said = keeper(low=2, high=2)
+    beat(kept, A, agent="first"), beat(kept, A, agent="second")
+    assert kept.round.members == ["first", "second"] and said[-1][1] == {"worker:0": A, "worker:1": A}
 
 
 def test_the_run_is_finished_once_every_member_is_done_and_nothing_forms_after():

@@ -102,6 +102,7 @@ def test_an_override_with_spaces_and_quotes_reaches_the_step_intact(capsys, tmp_
     (["cluster.launch=local", "strategy=multiworker", "cluster=2x1"], "cluster.launch='local': the script's tasks are placed by the Slurm step"),
     (["strategy=multiworker", "cluster.workers=2:4", "data.batch_size=24", "cluster.elastic.hosts=/etc/hosts"],
      "cluster.elastic.min_workers=2: a Slurm step has a fixed number of tasks"),
+    (["strategy=parameter_server", "cluster=ps1w2", "cluster.launch=agent"], "strategy='parameter_server': an agent on every node"),
     (["cluster.notice_signals=[KILL]"], "cluster.notice_signals='KILL': a signal name as Slurm's --signal writes it"),
 ])
 def test_a_bad_option_is_one_line_naming_it_and_exit_2(capsys, args, said):
@@ -143,3 +144,28 @@ def test_the_script_docs_clusters_md_shows_is_the_one_the_command_prints(capsys)
     made_by = shlex.split(shown[1][2:])
     code, text, _ = export(capsys, *made_by[3:])
     assert code == 0 and text.splitlines() == shown[:-1 if shown[-1] == "" else None]
+
+
+AGENTS = "srun --no-kill --kill-on-bad-exit=0 --ntasks-per-node=1 python -m tfdistx "
+
+
+def test_an_agent_script_asks_for_min_to_max_nodes_one_agent_each_and_survives_a_lost_node(capsys, tmp_path):
+    code, text, err = export(capsys, "strategy=multiworker", "cluster.workers=2:4", "cluster.launch=agent", "data.batch_size=24",
+                             "data=synthetic")
+    assert code == 0 and err == ""
+    assert sbatch_options(text) == ["--nodes=2-4", "--ntasks-per-node=1", "--no-kill", "--requeue", "--open-mode=append",
+                                    "--signal=B:USR1@120"]
+    [line] = [line for line in text.splitlines() if line.startswith(AGENTS)]
+    body = (f'SLURM_JOB_ID=77\nSLURM_JOB_NODELIST=x\nscontrol() {{ echo node07; echo node08; }}\n'
+            + "\n".join(l for l in text.splitlines() if l.startswith(("run_dir=", "store=")))
+            + f'\nprintf "%s\\0" {line[len(AGENTS):-2]}\n')
+    printed = subprocess.run(["bash", "-c", body], capture_output=True, check=True, cwd=tmp_path).stdout.decode().split("\0")[:-1]
+    # the rendezvous on the allocation's first node, on a port shifted per job (29400 + 64 x (77 % 500))
+    assert printed == ["strategy=multiworker", "cluster.workers=4", "cluster.elastic.min_workers=2", "cluster.launch=agent",
+                       "data.batch_size=24", "data=synthetic", "cluster.agent.store=node07:34328", "hydra.run.dir=outputs/slurm/77"]
+    assert 'if [ "$code" -ne 42 ] && [ -f "${run_dir}/summary.json" ]; then' in text  # a lost node's code does not fail a finished run
+    bash_reads(text, tmp_path)
+    code, out, err = export(capsys, "strategy=multiworker", "cluster=2x1", "cluster.launch=agent", "--nodes", "2")
+    assert code == 2 and out == "" and "--nodes='2': with cluster.launch=agent there is one agent per node" in err, err
+    code, text, _ = export(capsys, "strategy=multiworker", "cluster=2x1", "cluster.launch=agent", "cluster.agent.store=head:5000")
+    assert "--nodes=2" in sbatch_options(text) and "\nstore=" not in text and "cluster.agent.store=head:5000" in text

@@ -74,7 +74,8 @@ class Beats:
     and the keeper's last answer (`last`) with when it came (`answered`)."""
 
     def __init__(self, store: str, address: str):
-        self.store, self.address, self.incarnation = store, address, secrets.token_hex(4)
+        # Named apart from any other agent, on this host or started here before: a restarted agent is a new member.
+        self.store, self.address, self.name = store, address, f"{address}/{secrets.token_hex(4)}"
         self.status: Tuple[str, int, int, int] = (WAITING, 0, 0, 0)  # status, round, code, port
         self.last: Optional[dict] = None
         self.answered = time.monotonic()  # the agent starts as if just answered: it waits lost_bound before it says otherwise
@@ -94,7 +95,7 @@ class Beats:
         status, number, code, port = self.status
         try:
             proxy = xmlrpc.client.ServerProxy(f"http://{self.store}", transport=_Timeout(), allow_none=True)
-            answer = proxy.beat(self.address, self.incarnation, port, status, number, code)
+            answer = proxy.beat(self.name, self.address, port, status, number, code)
         except (OSError, xmlrpc.client.Error):
             return
         with self.lock:
@@ -132,7 +133,7 @@ class AgentMembership(Membership):
             if answer and answer["finished"]:
                 raise NoRound(0)  # trained to its end by the others: nothing left for this node
             now = answer and answer["round"]
-            if now and now["why"] is None and now["number"] > self.number and self.beats.address in now["members"]:
+            if now and now["why"] is None and now["number"] > self.number and self.beats.name in now["members"]:
                 return self._placed(now)
             if self.beats.silent_for() > silent_limit:
                 self.say(f"no answer from the rendezvous at {store} for {silent_limit:g}s (cluster.elastic.below_min_timeout): "
@@ -143,7 +144,7 @@ class AgentMembership(Membership):
 
     def _placed(self, formed: dict) -> Round:
         self.number = formed["number"]
-        index = formed["members"].index(self.beats.address)
+        index = formed["members"].index(self.beats.name)
         cluster = {"worker": formed["workers"]}
         spec = self.spec
         # Each node's own log directory: its worker's log and scratch (a non-chief's checkpoints), which a worker
@@ -153,7 +154,7 @@ class AgentMembership(Membership):
         task = Task("worker", index, cluster, spec["command"], node_dir, spec.get("run_log"), self.refusals, spec.get("task_env", {}))
         self.beats.set(RUNNING, self.number)
         self.say(f"round {self.number}: this node ({self.beats.address}) runs worker:{index} of {len(formed['members'])}", quiet=True)
-        return Round([task], {f"worker:{i}": address for i, address in enumerate(formed["members"])})
+        return Round([task], {f"worker:{i}": address.rpartition(":")[0] for i, address in enumerate(formed["workers"])})
 
     def check(self, round_: Round, signals: ForwardingSignals) -> Optional[RoundResult]:
         """The keeper's verdict on the running round, or its silence past lost_bound."""

@@ -19,7 +19,7 @@ Every judgement is on the keeper's clock (time.monotonic): a node is live
 while it beat within `lost_bound` seconds. Rounds form from the live agents
 waiting for one: MAX of them at once, MIN after `join_grace`; fewer than MIN
 for `below_min_timeout` stops the run (exit 9). A running round closes when
-a member is lost (no beat for lost_bound, or its agent ended or restarted),
+a member is lost (no beat for lost_bound, or its agent ended),
 when a member's task failed, when all are done, or when a node has waited
 `lost_bound` to join a round below MAX (its members then checkpoint). A node
 that was lost counts again once it has beaten lost_bound seconds without a
@@ -57,7 +57,7 @@ LOST, TASK_FAILED, GROW, FINISHED = "lost", "failed", "grow", "done"
 
 @dataclass
 class Node:
-    incarnation: str  # a restarted agent is another one: its old tasks are gone
+    address: str  # the host its worker is reached at (two agents may share one: a node per agent, named apart)
     port: int  # where its worker listens in the next round
     first_seen: float  # beating without a gap of STEADY_GAP_SECONDS since
     last_seen: float
@@ -70,18 +70,18 @@ class Node:
 @dataclass
 class Round:
     number: int
-    members: List[str]  # the nodes' addresses, worker:0 (the chief) first
+    members: List[str]  # the agents' names, worker:0 (the chief) first
+    addresses: List[str]
     ports: List[int]
-    incarnations: List[str]
     reason: str  # why it formed, as the round's line says
     why: Optional[str] = None  # None while it runs; else LOST, TASK_FAILED, GROW or FINISHED
     lost: Dict[str, str] = field(default_factory=dict)  # task -> address of the members lost
-    joining: List[str] = field(default_factory=list)
+    joining: List[str] = field(default_factory=list)  # their addresses
     code: int = 0  # TASK_FAILED: the failed task's exit code
 
     def view(self) -> dict:
         """The plain form an agent is sent."""
-        return {"number": self.number, "workers": [f"{a}:{p}" for a, p in zip(self.members, self.ports)], "members": self.members,
+        return {"number": self.number, "workers": [f"{a}:{p}" for a, p in zip(self.addresses, self.ports)], "members": self.members,
                 "reason": self.reason, "why": self.why, "lost": self.lost, "joining": self.joining, "code": self.code}
 
 
@@ -104,15 +104,16 @@ class RoundKeeper:
 
     # -- what an agent calls ------------------------------------------------
 
-    def beat(self, address: str, incarnation: str, port: int, status: str, round_number: int = 0, code: int = 0) -> dict:
-        """One beat of the agent at `address`: its status; what it is told
-        back: the current round, the run's end if it has ended."""
+    def beat(self, agent: str, address: str, port: int, status: str, round_number: int = 0, code: int = 0) -> dict:
+        """One beat of the agent named `agent` (a restarted agent has a new
+        name), on the host at `address`: its status; what it is told back:
+        the current round, the run's end if it has ended."""
         with self.lock:
             now = self.clock()
-            node = self.nodes.get(address)
-            if node is None or node.incarnation != incarnation or now - node.last_seen > self.lost_bound:
+            node = self.nodes.get(agent)
+            if node is None or now - node.last_seen > self.lost_bound:
                 was_lost = node is not None
-                node = self.nodes[address] = Node(incarnation, port, first_seen=now, last_seen=now, was_lost=was_lost)
+                node = self.nodes[agent] = Node(address, port, first_seen=now, last_seen=now, was_lost=was_lost)
             elif now - node.last_seen > STEADY_GAP_SECONDS:
                 node.first_seen = now
             node.last_seen, node.port, node.status, node.round, node.code = now, port, status, round_number, code
@@ -128,8 +129,8 @@ class RoundKeeper:
 
     # -- the decisions --------------------------------------------------------
 
-    def _live(self, address: str, now: float) -> bool:
-        node = self.nodes.get(address)
+    def _live(self, agent: str, now: float) -> bool:
+        node = self.nodes.get(agent)
         return node is not None and node.status != ENDED and now - node.last_seen <= self.lost_bound
 
     def _decide(self, now: float) -> None:
@@ -142,8 +143,7 @@ class RoundKeeper:
             self._maybe_form(current, now)
 
     def _check_running(self, current: Round, now: float) -> None:
-        lost = {f"worker:{i}": address for i, address in enumerate(current.members)
-                if not self._live(address, now) or self.nodes[address].incarnation != current.incarnations[i]}
+        lost = {f"worker:{i}": current.addresses[i] for i, agent in enumerate(current.members) if not self._live(agent, now)}
         members = [self.nodes[a] for a in current.members]
         in_round = [n for n in members if n.round == current.number]
         if lost:
@@ -157,12 +157,12 @@ class RoundKeeper:
         elif len(current.members) < self.high:
             joining = [a for a in self._waiting(now) if a not in current.members and self._held(a, now)]
             if joining:
-                current.why, current.joining = GROW, joining[:self.high - len(current.members)]
+                current.why, current.joining = GROW, [self.nodes[a].address for a in joining[:self.high - len(current.members)]]
                 self.next_reason = ", ".join(f"{address} joined" for address in current.joining)
 
-    def _held(self, address: str, now: float) -> bool:
+    def _held(self, agent: str, now: float) -> bool:
         """Beating, without a gap, for lost_bound seconds up to now."""
-        node = self.nodes[address]
+        node = self.nodes[agent]
         return now - node.last_seen <= STEADY_GAP_SECONDS and now - node.first_seen >= self.lost_bound
 
     def _waiting(self, now: float) -> List[str]:
@@ -192,11 +192,11 @@ class RoundKeeper:
     def _form(self, chosen: List[str], number: int) -> None:
         nodes = [self.nodes[a] for a in chosen]
         last = self.round
-        if last is not None and last.why == LOST and set(last.lost.values()) <= set(chosen):  # lost, and back before a round formed
+        if last is not None and last.why == LOST and set(last.lost.values()) <= {n.address for n in nodes}:  # lost, back before a round formed
             self.next_reason += ", back"
-        self.round = Round(number, chosen, [n.port for n in nodes], [n.incarnation for n in nodes], self.next_reason)
+        self.round = Round(number, chosen, [n.address for n in nodes], [n.port for n in nodes], self.next_reason)
         self.enough_since = None
-        self.on_round(number, {f"worker:{i}": a for i, a in enumerate(chosen)}, self.next_reason)
+        self.on_round(number, {f"worker:{i}": n.address for i, n in enumerate(nodes)}, self.next_reason)
 
 
 class _Server(ThreadingMixIn, SimpleXMLRPCServer):

@@ -10,6 +10,11 @@ sends USR1 to the batch shell `--notice` seconds before `--time` ends
 every task checkpoints and exits 42 (cluster.notice_signals, sigterm.py),
 and on 42 the job requeues itself and resumes from that checkpoint. The
 run is fixed-size: a task that fails ends the step (--kill-on-bad-exit).
+
+With `cluster.launch=agent` the script runs an agent on each node instead
+(cluster/agent.py): one Slurm task per node, MIN to MAX nodes for
+`cluster.workers=MIN:MAX`, and `--no-kill`, so that a failed node shrinks
+the run (the agents form a round without it) instead of ending the job.
 Only the script's text is written here; what it runs is the config's.
 """
 
@@ -25,7 +30,7 @@ from omegaconf import OmegaConf
 from tfdistx.cluster.placement import scheduled_tasks
 from tfdistx.commands.common import compose, one_line_errors
 from tfdistx.config import userconf
-from tfdistx.spec import elastic
+from tfdistx.spec import agent, elastic
 from tfdistx.spec.errors import EXIT_PREEMPTED, ConfigError
 from tfdistx.config.resolve import layout_of
 from tfdistx.spec.strategies import describe_jobs
@@ -66,21 +71,30 @@ def main(argv) -> int:
         if args.partition is not None and not _PARTITION.fullmatch(args.partition):
             raise ConfigError.one("--partition", args.partition, "a Slurm partition name (letters, digits, _ . -; several: a,b)")
         overrides = elastic.expand_shorthand(args.overrides)
-        cfg = compose(overrides)
+        given = {override.lstrip("+").partition("=")[0] for override in overrides}
+        # Under agents the script names the rendezvous (the allocation's first node), unless the overrides do:
+        # checked here with a stand-in, as a run would check the one the script gives.
+        stand_in = [] if "cluster.agent.store" in given else ["cluster.agent.store=first-node:1"]
+        cfg = compose([*overrides, *stand_in])
         layout = layout_of(cfg)
-        if layout.cluster.elastic:
+        agents = layout.cluster.launch == agent.LAUNCH
+        if agents and args.nodes:
+            raise ConfigError.one("--nodes", args.nodes, "with cluster.launch=agent there is one agent per node, and the nodes are "
+                                  f"cluster.workers={_node_range(layout.cluster)}: leave --nodes out")
+        if layout.cluster.elastic and not agents:
             raise ConfigError.one("cluster.elastic.min_workers", layout.cluster.elastic.min_workers,
                                   f"a Slurm step has a fixed number of tasks, and elastic rounds ({elastic.shown(layout.cluster)}) "
-                                  "are formed by tfdistx's local launcher: export with cluster.elastic.min_workers=null")
-        if layout.cluster.launch not in _PLACED_BY_SLURM:
+                                  "are formed by tfdistx's local launcher or its agents: export with cluster.launch=agent, "
+                                  "or cluster.elastic.min_workers=null")
+        if layout.cluster.launch not in (*_PLACED_BY_SLURM, agent.LAUNCH):
             raise ConfigError.one("cluster.launch", layout.cluster.launch, "the script's tasks are placed by the Slurm step: "
-                                  f"{' or '.join(_PLACED_BY_SLURM)}")
+                                  f"{', '.join(_PLACED_BY_SLURM)}, or agent (an agent on every node)")
         tasks = scheduled_tasks(layout)
         ntasks = sum(tasks.values())
         nodes = _positive("--nodes", args.nodes, ntasks, f"nodes, at most the {ntasks} task(s) of the step") if args.nodes else 1
-        given = {override.lstrip("+").partition("=")[0] for override in overrides}
         run_dir = OmegaConf.select(cfg, "hydra.run.dir") if "hydra.run.dir" in given else None  # as composed: Hydra's quotes gone
-        text = script(argv, overrides, tasks, nodes, args.time, notice, args.partition, os.environ.get(userconf.ENV), run_dir)
+        job = _agents(layout.cluster, given) if agents else _tasks(tasks, nodes)
+        text = script(argv, overrides, job, args.time, notice, args.partition, os.environ.get(userconf.ENV), run_dir)
         if args.out:
             _write_new(args.out, text)
     if args.out:
@@ -90,27 +104,66 @@ def main(argv) -> int:
     return 0
 
 
-def script(argv, overrides: List[str], tasks, nodes: int, time: Optional[str], notice: int, partition: Optional[str],
+class _Job:
+    """What differs between a step of one Slurm task per TensorFlow task and
+    a step of one agent per node: the script's words, its sbatch options,
+    its srun, what it adds to the command."""
+
+    def __init__(self, kind: str, about: List[str], sbatch: List[str], srun: str, added: List[str], setup: List[str], ended: List[str]):
+        self.kind, self.about, self.sbatch, self.srun, self.added, self.setup, self.ended = kind, about, sbatch, srun, added, setup, ended
+
+
+def _tasks(tasks, nodes: int) -> _Job:
+    ntasks = sum(tasks.values())
+    ranks = ", ".join(f"{job}:{index}" for job, n in tasks.items() for index in range(n))
+    return _Job("A fixed-size run (docs/clusters.md).", [f"# {describe_jobs(tasks)}: {ntasks} Slurm task(s), one per TensorFlow task, in rank order: {ranks}"],
+                [f"--nodes={nodes}", f"--ntasks={ntasks}"], "srun --kill-on-bad-exit=1", ["cluster.launch=slurm"], [], [])
+
+
+def _node_range(cluster) -> str:
+    low = cluster.elastic.min_workers if cluster.elastic else cluster.workers
+    return f"{low}:{cluster.workers}" if low != cluster.workers else str(cluster.workers)
+
+
+def _agents(cluster, given) -> _Job:
+    """An agent on each node: `--nodes=MIN-MAX`, one task a node; the rendezvous
+    on the first node of the allocation (cluster.agent.store, unless given),
+    on a port shifted per job as a fixed step's tasks' ports are."""
+    low = cluster.elastic.min_workers if cluster.elastic else cluster.workers
+    nodes = f"{low}-{cluster.workers}" if low != cluster.workers else str(cluster.workers)
+    setup, added = [], []
+    if "cluster.agent.store" not in given:
+        setup = ['store="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)'
+                 f':$(( {cluster.base_port} + 64 * (SLURM_JOB_ID % 500) ))"  # the rendezvous, kept by the first node\'s agent']
+        added = ['"cluster.agent.store=${store}"']
+    about = [f"# an agent on every node (cluster.launch=agent): {nodes} node(s), one Slurm task each, each starting its node's worker;",
+             "# --no-kill: a failed node leaves the job, and the agents go on without it while cluster.elastic.min_workers remain"]
+    # A lost node's agent may end the step with its own code after the others trained to the end: summary.json says they did.
+    ended = ['if [ "$code" -ne 42 ] && [ -f "${run_dir}/summary.json" ]; then',
+             "    code=0  # trained to the end (a lost node's agent may have ended otherwise)",
+             "fi"]
+    return _Job("An agent on every node (docs/elastic.md).", about, [f"--nodes={nodes}", "--ntasks-per-node=1", "--no-kill"], "srun --no-kill --kill-on-bad-exit=0 --ntasks-per-node=1",
+                added, setup, ended)
+
+
+def script(argv, overrides: List[str], job: _Job, time: Optional[str], notice: int, partition: Optional[str],
            config_path: Optional[str], run_dir: Optional[str] = None) -> str:
     """The batch script's text; every value in it shell-quoted. `run_dir`: the
     run dir the overrides set (else one fixed for the job, RUN_DIR)."""
-    ntasks = sum(tasks.values())
-    ranks = ", ".join(f"{job}:{index}" for job, n in tasks.items() for index in range(n))
     command = list(overrides)
     given = {override.lstrip("+").partition("=")[0] for override in overrides}
     if "cluster.launch" not in given:  # not a TF_CONFIG that sbatch carried over from the submitting shell
-        command.append("cluster.launch=slurm")
+        command += [added for added in job.added if added.startswith("cluster.launch=")]
     made_by = " ".join(shlex.quote(arg) for arg in ["tfdistx", "export", "slurm", *argv]).replace("\n", "\\n").replace("\r", "\\r")
-    sbatch = [f"--nodes={nodes}", f"--ntasks={ntasks}", *([f"--time={time}"] if time else []),
+    sbatch = [*job.sbatch, *([f"--time={time}"] if time else []),
               *([f"--partition={partition}"] if partition else []), "--requeue", "--open-mode=append", f"--signal=B:USR1@{notice}"]
     lines = [
         "#!/bin/bash",
         f"# {made_by}",
-        f"# {describe_jobs(tasks)}: {ntasks} Slurm task(s), one per TensorFlow task, in rank order: {ranks}",
+        *job.about,
         *(f"#SBATCH {shlex.quote(option)}" for option in sbatch),
         "",
-        "# A fixed-size run (docs/clusters.md). Slurm sends USR1 to this shell "
-        f"{notice} s before the time limit, and SIGTERM on a",
+        f"# {job.kind} Slurm sends USR1 to this shell {notice} s before the time limit, and SIGTERM on a",
         "# preemption or scancel: both are passed on to the step (srun passes them to every task), whose tasks checkpoint",
         f"# at their next loop boundary and exit {EXIT_PREEMPTED}. On {EXIT_PREEMPTED} the job requeues itself "
         "and resumes from that checkpoint in the same",
@@ -119,23 +172,26 @@ def script(argv, overrides: List[str], tasks, nodes: int, time: Optional[str], n
     ]
     if config_path:
         lines.append(f"export {userconf.ENV}={shlex.quote(config_path)}")
+    extra = [added for added in job.added if not added.startswith("cluster.launch=")]
     if run_dir is not None:
-        run = " ".join(shlex.quote(arg) for arg in command)
+        run = " ".join([*(shlex.quote(arg) for arg in command), *extra])
         lines.append(f"run_dir={shlex.quote(run_dir)}")
     else:
-        run = " ".join([*(shlex.quote(arg) for arg in command), '"hydra.run.dir=${run_dir}"'])
+        run = " ".join([*(shlex.quote(arg) for arg in command), *extra, '"hydra.run.dir=${run_dir}"'])
         lines.append(f'run_dir="{RUN_DIR}"  # the same for a requeued job: it resumes there')
     lines += [
+        *job.setup,
         "step=",
         "trap 'kill -USR1 \"$step\" 2>/dev/null' USR1  # Slurm's time-limit notice (--signal=B:USR1@...)",
         "trap 'kill -TERM \"$step\" 2>/dev/null' TERM  # a preemption, scancel",
-        f"srun --kill-on-bad-exit=1 python -m tfdistx {run} &",
+        f"{job.srun} python -m tfdistx {run} &",
         "step=$!",
         "while :; do",
         '    wait "$step"',
         "    code=$?",
         '    kill -0 "$step" 2>/dev/null || break  # the step ended (else a signal above cut the wait short)',
         "done",
+        *job.ended,
         f'if [ "$code" -eq {EXIT_PREEMPTED} ]; then',
         '    echo "tfdistx: preempted, checkpoint saved in ${run_dir}: requeueing job ${SLURM_JOB_ID} to resume it" >&2',
         '    scontrol requeue "$SLURM_JOB_ID"',
