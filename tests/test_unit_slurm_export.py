@@ -156,7 +156,7 @@ def test_an_agent_script_asks_for_min_to_max_nodes_one_agent_each_and_survives_a
     assert sbatch_options(text) == ["--nodes=2-4", "--ntasks-per-node=1", "--no-kill", "--requeue", "--open-mode=append",
                                     "--signal=B:USR1@120"]
     [line] = [line for line in text.splitlines() if line.startswith(AGENTS)]
-    body = (f'SLURM_JOB_ID=77\nSLURM_JOB_NODELIST=x\nscontrol() {{ echo node07; echo node08; }}\n'
+    body = ('SLURM_JOB_ID=77\nSLURM_JOB_NODELIST=x\nscontrol() { echo node07; echo node08; }\n'
             + "\n".join(l for l in text.splitlines() if l.startswith(("run_dir=", "store=")))
             + f'\nprintf "%s\\0" {line[len(AGENTS):-2]}\n')
     printed = subprocess.run(["bash", "-c", body], capture_output=True, check=True, cwd=tmp_path).stdout.decode().split("\0")[:-1]
