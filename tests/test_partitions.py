@@ -5,7 +5,11 @@ off (a worker, a parameter server, the coordinator, the tf.data service's
 dispatcher or data worker), every task of the cluster, the cut one
 included, ends within its bound (cluster.peer_timeout, here 8 s, after the
 cut, plus start-up and teardown) with its exit code, the survivors say in
-one line whom they lost, and no process is left."""
+one line whom they lost, and no process is left.
+
+Every cell ends in exit 5 on every task: a fixed cluster under TF_CONFIG
+stops, to be restarted from its newest checkpoint by whatever placed it
+(an agent on every node re-forms instead: test_agents.py)."""
 
 import json
 import subprocess
@@ -31,9 +35,16 @@ RUN = ["data=synthetic", "model=mlp", "trainer.steps=100000", "trainer.steps_per
 CELLS = {
     "multiworker, a worker cut off": (["strategy=multiworker", "cluster=2x1"], {"worker": 2}, "worker:1",
                                       {"worker:0": 5, "worker:1": 5}),
-    "parameter server, a worker cut off": (["strategy=parameter_server", "cluster=ps1w2", "trainer.steps=400"],
-                                           {"chief": 1, "ps": 1, "worker": 2}, "worker:1",
-                                           {"chief": 0, "ps:0": 0, "worker:0": 0, "worker:1": 5}),
+    "multiworker, the chief cut off": (["strategy=multiworker", "cluster=2x1"], {"worker": 2}, "worker:0",
+                                       {"worker:0": 5, "worker:1": 5}),
+    # Beside the training, never blocking it: the workers train to the end (400 steps). The evaluator needs no network
+    # (it reads the checkpoints from the run directory, on this test bed's one disk): it ends with the training.
+    "sidecar evaluator cut off": (["strategy=multiworker", "cluster=2x1", "cluster.evaluator=true", "trainer.steps=400"],
+                                  {"worker": 2, "evaluator": 1}, "evaluator:0", {"worker:0": 0, "worker:1": 0, "evaluator:0": 0}),
+    # The coordinator waits on the cut worker's steps (TensorFlow schedules around a dead worker, not a silent one):
+    # it stops, and its servers after it.
+    "parameter server, a worker cut off": (["strategy=parameter_server", "cluster=ps1w2"], {"chief": 1, "ps": 1, "worker": 2}, "worker:1",
+                                           {"chief": 5, "ps:0": 5, "worker:0": 5, "worker:1": 5}),
     "parameter server, the ps cut off": (["strategy=parameter_server", "cluster=ps1w2"], {"chief": 1, "ps": 1, "worker": 2}, "ps:0",
                                          {"chief": 5, "ps:0": 5, "worker:0": 5, "worker:1": 5}),
     "parameter server, the coordinator cut off": (["strategy=parameter_server", "cluster=ps1w2"], {"chief": 1, "ps": 1, "worker": 2}, "chief",
@@ -85,6 +96,9 @@ def test_a_partitioned_node_ends_every_task_within_its_bound(tmp_path, cell):
         for task, output in outputs.items():
             if codes[task] == 5 and task != cut:
                 assert "lost contact with" in output, (task, output[-2000:])
+        named = cut if ":" in cut else f"{cut}:0"
+        if set(got.values()) == {5}:  # a survivor says whom it lost
+            assert any(f"lost contact with {named}" in output for task, output in outputs.items() if task != cut), outputs
     wait_until(lambda: not processes_of(run_dir), 30, "no process left")
 
 

@@ -103,6 +103,20 @@ def test_the_watch_names_only_the_task_that_stopped_answering(dispatcher, frozen
     assert lost == ["dataworker:0"]
 
 
+def test_a_watch_of_tasks_waited_on_counts_silence_only_while_the_caller_is_stuck(frozen):
+    """The coordinator's watch of its workers (engine/preemption.watching_servers):
+    a silent worker ends the run only while no step is being done."""
+    lost, stuck = [], threading.Event()
+    with liveness.Watch({"worker:1": frozen}, timeout=0.5, on_lost=lost.extend, interval=0.1, waited_on=stuck.is_set):
+        time.sleep(2.0)
+        assert lost == []  # silent for 2 s, but the steps went on: TensorFlow scheduled around it
+        stuck.set()
+        deadline = time.monotonic() + 10
+        while not lost and time.monotonic() < deadline:
+            time.sleep(0.1)
+    assert lost == ["worker:1"]
+
+
 def test_servers_that_leave_are_waited_for_until_gone(dispatcher, frozen):
     assert liveness.wait_until_gone({"frozen": frozen}, time.monotonic() + 5) == []  # frozen counts as gone
     started = time.monotonic()

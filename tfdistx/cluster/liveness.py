@@ -62,12 +62,15 @@ class Watch:
     when some have not answered for `timeout` seconds in a row. With
     `unseen_timeout`, a task's silence counts only once it has answered
     (it may still be starting), and one that never answers is lost after
-    `unseen_timeout` seconds; `seen` holds those that answered."""
+    `unseen_timeout` seconds; `seen` holds those that answered. With
+    `waited_on`, a silent task counts as lost only while `waited_on()` says
+    the caller is stuck waiting (else the watch goes on)."""
 
     def __init__(self, tasks: Mapping[str, str], timeout: float, on_lost: Callable[[List[str]], None],
-                 interval: float = INTERVAL_SECONDS, unseen_timeout: Optional[float] = None):
+                 interval: float = INTERVAL_SECONDS, unseen_timeout: Optional[float] = None,
+                 waited_on: Callable[[], bool] = lambda: True):
         self.tasks, self.timeout, self.on_lost, self.interval = dict(tasks), timeout, on_lost, interval
-        self.unseen_timeout = unseen_timeout
+        self.unseen_timeout, self.waited_on = unseen_timeout, waited_on
         self.seen: set = set()
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
@@ -99,7 +102,7 @@ class Watch:
                           if (self.unseen_timeout is None or name in self.seen) and now - since >= self.timeout)
             if self.unseen_timeout is not None and now - started >= self.unseen_timeout:
                 lost = sorted({*lost, *(name for name in self.tasks if name not in self.seen)})
-            if lost and not self._stop.is_set():
+            if lost and not self._stop.is_set() and self.waited_on():
                 self.on_lost(lost)
                 return
             self._stop.wait(self.interval)

@@ -87,7 +87,8 @@ def train_loop(run: Run, runner: StepRunner, start: Start, notice: SigtermNotice
     synchronous_cluster = in_cluster and not run.facts.asynchronous
     with lost_peer_in_one_line(synchronous_cluster, parameter_servers=in_cluster and run.facts.asynchronous,
                                placement=run.placement, peer_timeout=spec.cluster.peer_timeout), \
-            watching_servers(run.placement, spec.cluster, coordinator=run.coordinator is not None), \
+            watching_servers(run.placement, spec.cluster, coordinator=run.coordinator is not None,
+                             progressed=lambda: getattr(runner, "progressed", time.monotonic())), \
             input_errors_in_one_line(run.source), \
             loggers.for_run(run.dir, spec.logger, run.total_steps, start.step, enabled=run.placement.is_chief,
                             config=_plain(spec.config)) as sinks:

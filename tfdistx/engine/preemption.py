@@ -20,6 +20,7 @@ import logging
 import os
 import re
 import sys
+import time
 from typing import Callable, List, Mapping, Optional, Sequence
 
 import tensorflow as tf
@@ -121,7 +122,7 @@ def lost_peer_in_one_line(synchronous_cluster: bool, parameter_servers: bool = F
             tf.errors.UnknownError, tf.errors.DeadlineExceededError) as error:
         text = str(error)
         if synchronous_cluster and re.search(r"unhealthy|heartbeat|[Cc]ollective ops is aborted|Socket closed|failed to connect", text):
-            peers = lost_tasks(text, placement.spec if placement else {})
+            peers = lost_tasks(text, placement.spec if placement else {}) or silent_peers(placement)
         elif parameter_servers and "/job:ps/" in text:
             peers = sorted(set(f"ps:{index}" for index in re.findall(r"/job:ps/replica:\d+/task:(\d+)", text)))
         else:
@@ -176,11 +177,23 @@ def lost_tasks(text: str, spec: Mapping[str, Sequence[str]]) -> list:
     return _names(_TASK.findall(" ".join(broken)))
 
 
+def silent_peers(placement: Optional[Placement]) -> list:
+    """The peers whose server does not answer now (cluster/liveness.py), when
+    TensorFlow's error names none: a collective that timed out on a peer cut
+    off by the network says only "Deadline Exceeded"."""
+    if placement is None:
+        return []
+    peers = {f"{job}:{index}": address for job, addresses in placement.spec.items() for index, address in enumerate(addresses)
+             if (job, index) != (placement.task_type, placement.task_index)}
+    return sorted(name for name, address in peers.items() if not liveness.answers(address))
+
+
 def _names(tasks) -> list:
     return sorted({f"{job}:{index}" for job, index in tasks})
 
 
-def watching_servers(placement: Placement, cluster, coordinator: bool) -> liveness.Watch:
+@contextlib.contextmanager
+def watching_servers(placement: Placement, cluster, coordinator: bool, progressed: Callable[[], float] = time.monotonic):
     """While open: the servers this trainer waits on, where TensorFlow would
     wait forever on one that is frozen (cluster/liveness.py), are asked now
     and then whether they are alive: the tf.data service's tasks, and (the
@@ -189,18 +202,32 @@ def watching_servers(placement: Placement, cluster, coordinator: bool) -> livene
     line and the lost-peer code, which the launcher or scheduler restarts
     from the newest checkpoint. The end comes from the watch's thread
     (os._exit, the logs flushed first): the main thread is then inside
-    TensorFlow, waiting on that server, and cannot be unwound."""
+    TensorFlow, waiting on that server, and cannot be unwound.
+
+    The coordinator also watches its workers. A dead one is TensorFlow's to
+    schedule around (its calls fail at once), but one cut off by the network
+    neither fails nor answers, and the coordinator's join waits on its steps
+    for as long as TCP does (measured: over 90 s, no step done). So a worker
+    silent for peer_timeout ends the coordinator the same way, but only
+    while no loop has finished for as long (`progressed`: when the last did)."""
     servers = {f"{job}:{index}": address for job, addresses in placement.service.items() for index, address in enumerate(addresses)}
+    workers = {}
     if coordinator:
         servers.update({f"ps:{index}": address for index, address in enumerate(placement.spec.get("ps", []))})
+        workers = {f"worker:{index}": address for index, address in enumerate(placement.spec.get("worker", []))}
 
-    def lost(names):
+    def lost(names, waiting=""):
         fault = RunFault(f"lost contact with {', '.join(names)} of the cluster: no answer for {cluster.peer_timeout:g}s "
-                         f"(cluster.peer_timeout), stopping (exit {EXIT_LOST_PEER}: a restart resumes from the newest checkpoint)",
+                         f"(cluster.peer_timeout){waiting}, stopping (exit {EXIT_LOST_PEER}: a restart resumes from the newest checkpoint)",
                          offset_exit(EXIT_LOST_PEER, cluster.retryable_exit_offset))
         end_process_now(fault)
 
-    return liveness.Watch(servers, cluster.peer_timeout, lost)
+    def stuck() -> bool:
+        return time.monotonic() - progressed() >= cluster.peer_timeout
+
+    with liveness.Watch(servers, cluster.peer_timeout, lost), \
+            liveness.Watch(workers, cluster.peer_timeout, lambda names: lost(names, ", and no step done meanwhile"), waited_on=stuck):
+        yield
 
 
 def end_process_now(fault: RunFault) -> None:

@@ -15,6 +15,7 @@ The outer loop (loop.py) decides how many steps to run between its actions.
 Knows nothing of Hydra.
 """
 
+import time
 from typing import Dict, Optional
 
 import numpy as np
@@ -192,6 +193,7 @@ class CoordinatorRunner(StepRunner):
         variables from the ps tasks)."""
         super().__init__(*args, **kwargs)
         self.coordinator, self.workers = coordinator, workers
+        self.progressed = time.monotonic()  # when the last loop's steps were all done (engine/preemption.watching_servers)
         self.iterator = iter(coordinator.create_per_worker_dataset(train_data)) if train_data is not None else None
         self.eval_data = eval_data
         self._evaluate = tf.function(self._evaluate_fn)
@@ -216,6 +218,7 @@ class CoordinatorRunner(StepRunner):
             args = (self.iterator, tf.constant(first_step + offset, tf.int64), tf.constant(n))
             remote.append(self.coordinator.schedule(self._train_loop, args=args))
         self.coordinator.join()
+        self.progressed = time.monotonic()
         return sum(value.fetch() for value in remote)
 
 

@@ -32,7 +32,8 @@ import tensorflow as tf
 
 from tfdistx.cluster import liveness
 from tfdistx.cluster.placement import Placement
-from tfdistx.spec.errors import EXIT_CLUSTER_DID_NOT_FORM, EXIT_LOST_PEER, RunFault
+from tfdistx.engine.preemption import end_process_now
+from tfdistx.spec.errors import EXIT_CLUSTER_DID_NOT_FORM, EXIT_LOST_PEER, RunFault, offset_exit
 from tfdistx.spec.run_spec import Cluster
 from tfdistx.spec.strategies import Strategy
 from tfdistx.sigterm import SigtermNotice, leave_preempted, reclaim
@@ -77,13 +78,18 @@ def until_trainers_leave(server, placement: Placement, facts: Strategy, cluster:
 
 
 def _stop_serving(placement: Placement, lost: List[str], seen: set, cluster: Cluster) -> None:
-    """The trainers this server serves are gone or cut off: it stops, in one line and its code."""
+    """The trainers this server serves are gone or cut off: it stops, in one
+    line and its code, at once. Nothing is left to save, and a server's own
+    teardown can wait on a peer that is cut off (a tf.data service data
+    worker on its dispatcher: measured, no end within 90 s)."""
     never = [name for name in lost if name not in seen]
     if never:
-        raise RunFault(f"{', '.join(never)} never answered within {cluster.startup_timeout:g}s (cluster.startup_timeout): "
-                       f"{placement.task_name} stops serving", EXIT_CLUSTER_DID_NOT_FORM)
-    raise RunFault(f"lost contact with {', '.join(lost)}: no answer for {cluster.peer_timeout:g}s (cluster.peer_timeout); "
-                   f"{placement.task_name} stops serving", EXIT_LOST_PEER)
+        fault = RunFault(f"{', '.join(never)} never answered within {cluster.startup_timeout:g}s (cluster.startup_timeout): "
+                         f"{placement.task_name} stops serving", offset_exit(EXIT_CLUSTER_DID_NOT_FORM, cluster.retryable_exit_offset))
+    else:
+        fault = RunFault(f"lost contact with {', '.join(lost)}: no answer for {cluster.peer_timeout:g}s (cluster.peer_timeout); "
+                         f"{placement.task_name} stops serving", offset_exit(EXIT_LOST_PEER, cluster.retryable_exit_offset))
+    end_process_now(fault)
 
 
 def trainer_addresses(placement: Placement, facts: Strategy) -> Dict[str, str]:

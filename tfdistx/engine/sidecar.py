@@ -28,6 +28,7 @@ Where it stands in a cluster is cluster/evaluator.py's.
 """
 
 import contextlib
+import glob
 import json
 import logging
 import os
@@ -134,7 +135,7 @@ class Sidecar:
         try:
             built.checkpointer.restore(path)  # whole, or refused, as `tfdistx evaluate` restores
         except (checkpointing.Damaged, ConfigError) as error:
-            if not os.path.exists(path + ".index"):  # deleted while it was read: checkpoint.max_to_keep rotated it out
+            if not _whole_on_disk(path):  # deleted while it was read (its files go one by one): checkpoint.max_to_keep rotated it out
                 log.warning("sidecar evaluator: %s was deleted (checkpoint.max_to_keep) before it could be read: skipped", name)
                 self.handled[step] = "deleted"
                 return
@@ -251,6 +252,13 @@ def evaluated_before(path: Path) -> Dict[int, float]:
         except (ValueError, KeyError, TypeError):
             continue  # a field of another type
     return done
+
+
+def _whole_on_disk(path: str) -> bool:
+    """A checkpoint's index and every data shard are on disk (a deletion, file by file, leaves some)."""
+    shards = glob.glob(glob.escape(path) + ".data-*-of-*")
+    wanted = {int(shard.rpartition("-of-")[2]) for shard in shards}
+    return os.path.exists(path + ".index") and len(wanted) == 1 and len(shards) == wanted.pop()
 
 
 def _mtime(path: str) -> float:
