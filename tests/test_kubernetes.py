@@ -17,6 +17,7 @@ import pytest
 import yaml
 
 from conftest import free_ports, steps_logged, tfdistx_env, workers_tf_config
+from tfdistx.spec.errors import PERMANENT
 
 K8S = Path(__file__).with_name("data") / "k8s"  # the controllers' own CRDs, unchanged (its README.md)
 CRD = K8S / "kubeflow.org_tfjobs.yaml"
@@ -111,6 +112,17 @@ def valid(manifest: dict, schema: dict) -> None:
     assert unknown_fields(manifest, schema) == []
 
 
+def valid_network_policy(policy: dict, name: str, namespace: str) -> None:
+    """Valid for the Kubernetes API (its own generated models, which refuse an
+    unknown field or a wrong type), and admitting the JobSet's own pods only."""
+    from kubernetes.client.models import V1NetworkPolicy
+
+    assert V1NetworkPolicy.model_validate(policy).model_dump(by_alias=True, exclude_none=True) == policy
+    own = {"matchLabels": {"jobset.sigs.k8s.io/jobset-name": name}}
+    assert (policy["metadata"]["namespace"], policy["spec"]) == (namespace, {"podSelector": own, "policyTypes": ["Ingress"],
+                                                                            "ingress": [{"from": [{"podSelector": own}]}]})
+
+
 @pytest.mark.parametrize("args, tasks, gpus", [
     (["strategy=multiworker", "cluster=2x1"], {"worker": 2}, None),
     (["strategy=multiworker", "cluster=4x8", "--gpus"], {"worker": 4}, 8),
@@ -121,8 +133,9 @@ def test_exported_jobset_and_trainjob_are_valid_for_their_controllers(jobset_sch
     common = [*args, "--image", "registry.example/tfdistx:0.1", "--volume", "pvc:runs", "--name", "mnist", "--namespace", "ml"]
     out = export(*common, kind="jobset")
     assert out.returncode == 0, out.stderr
-    jobset = yaml.safe_load(out.stdout)
+    jobset, policy = yaml.safe_load_all(out.stdout)
     valid(jobset, jobset_schemas["JobSet"])
+    valid_network_policy(policy, "mnist", "ml")
     assert (jobset["apiVersion"], jobset["kind"], jobset["metadata"]["name"]) == ("jobset.x-k8s.io/v1alpha2", "JobSet", "mnist")
     spec = jobset["spec"]
     assert spec["network"] == {"enableDNSHostnames": True}
@@ -237,7 +250,8 @@ def run_pods(tmp_path, name, overrides, kill=None, when="checkpoints/ckpt-400.in
     out = export(*overrides, "--image", "tfdistx:test", "--name", name, "--volume", f"hostPath:{volume}", kind=kind)
     assert out.returncode == 0, out.stderr
     manifest = tmp_path / f"{kind}.json"
-    exported = yaml.safe_load(out.stdout) if kind != "trainjob" else as_trainer_v2_runs_it(*yaml.safe_load_all(out.stdout))
+    documents = list(yaml.safe_load_all(out.stdout))
+    exported = as_trainer_v2_runs_it(*documents) if kind == "trainjob" else documents[0]  # a JobSet's NetworkPolicy: not simulated
     if edit:
         edit(exported)
     manifest.write_text(json.dumps(exported))
@@ -366,6 +380,35 @@ def test_multiworker_jobset_pods_place_themselves_and_train_as_a_local_cluster(t
     summary = json.loads((volume / "mw" / "summary.json").read_text())
     assert summary["step"] == 200 and summary["workers"] == 2
     assert summary["weights_sha256"] == local_weights(tmp_path, overrides)
+
+
+def test_an_agent_jobset_is_valid_and_its_pods_meet_at_pod_0_and_train_as_a_local_cluster(tmp_path, simulator, jobset_schemas):
+    """cluster.launch=agent: one Indexed Job of an agent per pod; pod 0's keeps the rounds at its DNS name,
+    the others find it there, and the run's weights are bitwise a local 2x1's. A lost pod is the agents'
+    (recreated, not counted, while no code says no restart can cure it): the set fails only on those codes."""
+    overrides = ["strategy=multiworker", "cluster=2x1", "cluster.launch=agent", *DETERMINISTIC, "trainer.steps=200",
+                 "cluster.elastic.join_grace=1"]
+    out = export(*overrides, "--image", "img", "--name", "ag", "--volume", "pvc:runs", kind="jobset")
+    assert out.returncode == 0, out.stderr
+    jobset, policy = yaml.safe_load_all(out.stdout)
+    valid(jobset, jobset_schemas["JobSet"])
+    valid_network_policy(policy, "ag", "default")
+    [job] = jobset["spec"]["replicatedJobs"]
+    spec = job["template"]["spec"]
+    assert (job["name"], spec["completions"], spec["parallelism"], spec["successPolicy"]) == ("worker", 2, 2, {"rules": [{"succeededIndexes": "0"}]})
+    rules = spec["podFailurePolicy"]["rules"]
+    assert [(r["action"], r.get("onExitCodes", {}).get("values")) for r in rules] == [("FailJob", list(PERMANENT)), ("Ignore", [42]),
+                                                                                      ("Ignore", None)]
+    args = spec["template"]["spec"]["containers"][0]["args"]
+    assert args.count("cluster.launch=agent") == 1 and args[-1] == "cluster.agent.store=ag-worker-0-0.ag:2222"
+
+    local = [o for o in overrides if o != "cluster.launch=agent"]
+    volume, events, logs = run_pods(tmp_path, "ag", overrides, kind="jobset")
+    assert exits(events, "ag-worker-0-0") == [0] and exits(events, "ag-worker-0-1") == [0], logs
+    assert "keeping the rounds at ag-worker-0-0.ag:2222" in logs["ag-worker-0-0"]
+    summary = json.loads((volume / "ag" / "summary.json").read_text())
+    assert summary["step"] == 200 and summary["workers"] == 2
+    assert summary["weights_sha256"] == local_weights(tmp_path, local)
 
 
 @pytest.mark.slow

@@ -302,3 +302,13 @@ def test_an_elastic_run_of_agents_needs_no_host_list_and_plan_shows_the_rendezvo
     assert ("agents        one per node, 2:4 workers, meeting at 10.0.0.1:29500 (its host's agent keeps the rounds); a round waits 10s "
             "past 2 agents for 4, a node silent 5s is lost, and the run stops after 300s below 2 (exit 9)") in plan, plan
     assert "placement     an agent on every node" in plan and "elastic       " not in plan, plan
+
+
+def test_agents_are_exported_as_a_jobset_only(capsys):
+    from tfdistx.commands import kubernetes
+
+    for kind in ("tfjob", "trainjob"):
+        with pytest.raises(SystemExit) as leaving:
+            kubernetes.export([*AGENT, "cluster=2x1", "--image", "img"], kind)
+        lines = capsys.readouterr().err.strip().splitlines()
+        assert leaving.value.code == 2 and len(lines) == 1 and "an agent on every node is exported as a JobSet" in lines[0], lines

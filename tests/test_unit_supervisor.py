@@ -79,7 +79,7 @@ def test_the_codes_no_restart_cures_are_one_list_for_the_launcher_a_jobset_and_a
 
     overrides = ["strategy=multiworker", "cluster=2x1", "--image", "img"]
     kubernetes.export(overrides, "jobset")
-    for job in yaml.safe_load(capsys.readouterr().out)["spec"]["replicatedJobs"]:
+    for job in next(yaml.safe_load_all(capsys.readouterr().out))["spec"]["replicatedJobs"]:
         assert job["template"]["spec"]["podFailurePolicy"]["rules"][0]["onExitCodes"]["values"] == list(PERMANENT)
     assert set(PERMANENT) <= set(NEVER_RESTART) and not set(PERMANENT) & set(RETRYABLE)
     # a TFJob's restartPolicy ExitCode retries 128-255 only: its pods move the retryable codes above 127, the permanent ones stay below

@@ -22,6 +22,15 @@ cluster.max_restarts times: a multi-worker cluster only resumes together,
 from the checkpoint on the volume. So no exit-code offset: the codes are
 listed as they are. The sidecar evaluator's pod restarts alone, in place:
 its failures never reach the set's rules.
+
+With `cluster.launch=agent` the JobSet runs an agent in each of MAX pods
+(cluster/agent.py) and the agents, not the JobSet, handle a lost pod: the
+Job recreates it (an eviction or a drained node does not count toward its
+backoffLimit) and its agent joins the next round, while the others go on
+with MIN or more. Only a code no restart can cure fails the set; the run is
+done when the keeper's pod (index 0) is. And every JobSet comes with a
+NetworkPolicy (network_policy) that admits its pods' traffic from its own
+pods only.
 """
 
 from typing import Dict, List, Optional, Sequence
@@ -44,8 +53,31 @@ def jobset_manifest(layout: Layout, overrides: List[str], name: str, image: str,
                     mount_path: str = DEFAULT_MOUNT_PATH, gpus: bool = False, config_dirs: Sequence[str] = (),
                     config_path: Optional[str] = None) -> Dict:
     """The JobSet (as a dict) whose pods run `layout` (arguments as kubernetes.tfjob's)."""
+    if layout.cluster.agent is not None:  # the pods say where they meet, not the user's stand-in
+        overrides = [o for o in overrides if o.lstrip("+").partition("=")[0] not in ("cluster.launch", "cluster.agent.store")]
     pods = Pods(layout, "a JobSet", overrides, name, image, volume, mount_path, gpus, config_dirs, config_path)
-    return {"apiVersion": JOBSET_API, "kind": "JobSet", "metadata": _metadata(name, namespace), "spec": _jobset_spec(pods, CONTAINER)}
+    spec = _agents_jobset_spec(pods, name) if layout.cluster.agent is not None else _jobset_spec(pods, CONTAINER)
+    return {"apiVersion": JOBSET_API, "kind": "JobSet", "metadata": _metadata(name, namespace), "spec": spec}
+
+
+def jobset_and_network_policy(layout: Layout, overrides: List[str], name: str, image: str, namespace: str = "default",
+                              *more, **keywords) -> List[Dict]:
+    """`tfdistx export jobset`: the JobSet (arguments as jobset_manifest's), and the NetworkPolicy that keeps others out of its pods."""
+    return [jobset_manifest(layout, overrides, name, image, namespace, *more, **keywords), network_policy(name, namespace)]
+
+
+def network_policy(name: str, namespace: str) -> Dict:
+    """Traffic into the JobSet's pods only from the same JobSet's pods.
+    TensorFlow's gRPC servers, the tf.data service and the agents' rendezvous
+    have no authentication: anyone who reaches a task's port can run
+    operations in it. Every port, since an agent's worker listens on a free
+    one; egress left open (the dataset downloads, W&B). It takes effect where
+    the cluster's network plugin enforces NetworkPolicy."""
+    def own() -> Dict:  # a dict each time: YAML would print a shared one as an anchor
+        return {"matchLabels": {jobset.NAME_LABEL: name}}
+
+    return {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy", "metadata": _metadata(f"{name}-tasks", namespace),
+            "spec": {"podSelector": own(), "policyTypes": ["Ingress"], "ingress": [{"from": [{"podSelector": own()}]}]}}
 
 
 def trainjob_manifests(layout: Layout, overrides: List[str], name: str, image: str, namespace: str = "default", volume: Optional[str] = None,
@@ -122,6 +154,39 @@ def _jobset_spec(pods: Pods, container_name: str) -> Dict:
         # The run is done when the chief (parameter servers) or every worker is: the ps tasks never end on their own.
         "successPolicy": {"operator": "All", "targetReplicatedJobs": primary},
         "replicatedJobs": replicated,
+    }
+
+
+def _agents_jobset_spec(pods: Pods, name: str) -> Dict:
+    """An agent in each of MAX pods of one Indexed Job (`worker`): pod 0's
+    keeps the rounds, at its DNS name on jobset.PORT."""
+    workers = pods.counts["worker"]
+    store = f"{jobset.hostname(name, 'worker', 0)}:{jobset.PORT}"
+    args = [*pods.args("agent"), f"cluster.agent.store={store}"]
+    container = pods.container(CONTAINER, "worker", args, ports=[{"name": "rendezvous", "containerPort": jobset.PORT}])
+    on_codes = lambda action, codes: {"action": action, "onExitCodes": {"containerName": CONTAINER, "operator": "In",  # noqa: E731
+                                                                        "values": list(codes)}}
+    job = {
+        "completionMode": "Indexed", "completions": workers, "parallelism": workers,
+        # A pod lost (killed, its node gone) is recreated and its agent joins again; this many such losses, then the set restarts.
+        "backoffLimit": max(pods.max_restarts, 1) * workers,
+        "podFailurePolicy": {"rules": [
+            on_codes("FailJob", PERMANENT),  # no restart cures these: the set fails
+            on_codes("Ignore", [EXIT_PREEMPTED]),  # its agent checkpointed with the others and left: recreated, not counted
+            {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget"}]},  # evicted, preempted, its node drained
+        ]},
+        "successPolicy": {"rules": [{"succeededIndexes": "0"}]},  # the keeper's pod ends when the training does
+        "template": {"spec": pods.spec(container, restartPolicy="Never")},  # podFailurePolicy's requirement
+    }
+    return {
+        "network": {"enableDNSHostnames": True},
+        "failurePolicy": {"maxRestarts": pods.max_restarts, "restartStrategy": "BlockingRecreate", "rules": [
+            {"name": PERMANENT_EXIT, "action": "FailJobSet", "onJobFailureReasons": ["PodFailurePolicy"], "targetReplicatedJobs": ["worker"]},
+            {"name": RESTART_AND_RESUME, "action": "RestartJobSet", "onJobFailureReasons": ["BackoffLimitExceeded"],
+             "targetReplicatedJobs": ["worker"]},
+        ]},
+        "successPolicy": {"operator": "All", "targetReplicatedJobs": ["worker"]},
+        "replicatedJobs": [{"name": "worker", "replicas": 1, "template": {"spec": job}}],
     }
 
 

@@ -25,7 +25,8 @@ from tfdistx.config.resolve import layout_of
 # kind -> (what it prints, for --help; the builder, returning one manifest or a list; the longest --name)
 KINDS = {
     "tfjob": ("a Kubeflow TFJob (kubeflow.org/v1, the training operator)", kubernetes.tfjob, kubernetes.MAX_NAME),
-    "jobset": ("a JobSet (jobset.x-k8s.io/v1alpha2, kubernetes-sigs/jobset)", jobset_manifest.jobset_manifest, jobset_manifest.MAX_NAME),
+    "jobset": ("a JobSet (jobset.x-k8s.io/v1alpha2, kubernetes-sigs/jobset) and the NetworkPolicy that admits its pods' traffic "
+               "from its own pods only", jobset_manifest.jobset_and_network_policy, jobset_manifest.MAX_NAME),
     "trainjob": ("a Kubeflow Trainer v2 TrainJob (trainer.kubeflow.org/v1alpha1) and the ClusterTrainingRuntime it names",
                  jobset_manifest.trainjob_manifests, jobset_manifest.MAX_NAME),
 }
@@ -67,12 +68,19 @@ def export(argv, kind: str) -> int:
         check_name("--namespace", args.namespace, 63)
         if not args.mount_path.startswith("/"):
             raise ConfigError.one("--mount-path", args.mount_path, "must be an absolute path")
-        cfg = compose(elastic.expand_shorthand(args.overrides))
+        overrides = elastic.expand_shorthand(args.overrides)
+        # Under agents the JobSet names the rendezvous (its first pod): checked here with a stand-in, unless given.
+        given = {override.lstrip("+").partition("=")[0] for override in overrides}
+        cfg = compose([*overrides, *([] if "cluster.agent.store" in given else ["cluster.agent.store=first-pod:1"])])
         layout = layout_of(cfg)  # what the manifests read (spec/run_spec.py)
-        if layout.cluster.elastic:  # its tasks would refuse to start (elastic.placed_by_a_scheduler): said here, at once
+        agents = layout.cluster.agent is not None
+        if agents and kind != "jobset":
+            raise ConfigError.one("cluster.launch", "agent", f"an agent on every node is exported as a JobSet: tfdistx export jobset "
+                                  f"(a {kind}'s controller places and restarts the tasks itself)")
+        if layout.cluster.elastic and not agents:  # its tasks would refuse to start (elastic.placed_by_a_scheduler): said here, at once
             raise ConfigError.one("cluster.elastic.min_workers", layout.cluster.elastic.min_workers, f"a {kind} has a fixed number of "
-                                  f"replicas, and elastic rounds ({elastic.shown(layout.cluster)}) are formed by tfdistx's local launcher: "
-                                  "export with cluster.elastic.min_workers=null")
+                                  f"replicas, and elastic rounds ({elastic.shown(layout.cluster)}) are formed by tfdistx's local launcher "
+                                  "or its agents: export a jobset with cluster.launch=agent, or cluster.elastic.min_workers=null")
         manifests = build(layout, args.overrides, args.name, args.image, args.namespace, args.volume, args.mount_path.rstrip("/") or "/",
                           args.gpus, config_dirs=config_dirs, config_path=config_path)
     if not args.volume:
