@@ -1,5 +1,6 @@
 """Bad input: exit code 2, one line naming the key and what is allowed, no traceback."""
 
+import re
 import sys
 
 import pytest
@@ -119,3 +120,15 @@ def test_evaluate_refuses_a_model_that_does_not_fit_and_unreadable_run_files(tfd
     unreadable = evaluate()
     assert unreadable.returncode == 2 and "Traceback" not in unreadable.stderr, unreadable.stderr[-2000:]
     assert "its .hydra/overrides.yaml cannot be read" in unreadable.stderr
+
+
+def test_an_agent_whose_rendezvous_host_does_not_resolve_stops_in_one_line_with_exit_4(tfdistx):
+    """The keeper's own DNS name may appear late (a JobSet pod's): the agent waits
+    for it, at most cluster.elastic.below_min_timeout, and then says so once."""
+    run = tfdistx("strategy=multiworker", "cluster=2x1", "cluster.launch=agent", "cluster.agent.store=no-such-host.invalid:5000",
+                  "cluster.elastic.below_min_timeout=1", *QUICK)
+    assert run.returncode == 4, run
+    said = [line for line in run.stderr.splitlines() if line.startswith("tfdistx: ")]
+    assert re.fullmatch(r"tfdistx: cluster\.agent\.store=no-such-host\.invalid:5000: no-such-host\.invalid does not resolve on this node "
+                        r"\(.+\) after 1s \(cluster\.elastic\.below_min_timeout\)", said[-1]), run.stderr
+    assert "Traceback" not in run.stderr and not (run.dir / "checkpoints").exists()

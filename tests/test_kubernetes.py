@@ -382,13 +382,14 @@ def test_multiworker_jobset_pods_place_themselves_and_train_as_a_local_cluster(t
     assert summary["weights_sha256"] == local_weights(tmp_path, overrides)
 
 
-def test_an_agent_jobset_is_valid_and_its_pods_meet_at_pod_0_and_train_as_a_local_cluster(tmp_path, simulator, jobset_schemas):
-    """cluster.launch=agent: one Indexed Job of an agent per pod; pod 0's keeps the rounds at its DNS name,
-    the others find it there, and the run's weights are bitwise a local 2x1's. A lost pod is the agents'
-    (recreated, not counted, while no code says no restart can cure it): the set fails only on those codes."""
-    overrides = ["strategy=multiworker", "cluster=2x1", "cluster.launch=agent", *DETERMINISTIC, "trainer.steps=200",
-                 "cluster.elastic.join_grace=1"]
-    out = export(*overrides, "--image", "img", "--name", "ag", "--volume", "pvc:runs", kind="jobset")
+AGENTS = ["strategy=multiworker", "cluster=2x1", "cluster.launch=agent", *DETERMINISTIC, "trainer.steps=200", "cluster.elastic.join_grace=1"]
+
+
+def test_an_agent_jobset_is_one_indexed_job_of_agents_meeting_at_pod_0_and_valid(jobset_schemas):
+    """cluster.launch=agent: one Indexed Job of an agent per pod; pod 0's keeps the rounds at its DNS name.
+    A lost pod is the agents' (recreated, not counted, while no code says no restart can cure it): the set
+    fails only on those codes, and is done when pod 0 is."""
+    out = export(*AGENTS, "--image", "img", "--name", "ag", "--volume", "pvc:runs", kind="jobset")
     assert out.returncode == 0, out.stderr
     jobset, policy = yaml.safe_load_all(out.stdout)
     valid(jobset, jobset_schemas["JobSet"])
@@ -402,8 +403,12 @@ def test_an_agent_jobset_is_valid_and_its_pods_meet_at_pod_0_and_train_as_a_loca
     args = spec["template"]["spec"]["containers"][0]["args"]
     assert args.count("cluster.launch=agent") == 1 and args[-1] == "cluster.agent.store=ag-worker-0-0.ag:2222"
 
-    local = [o for o in overrides if o != "cluster.launch=agent"]
-    volume, events, logs = run_pods(tmp_path, "ag", overrides, kind="jobset")
+
+@pytest.mark.slow  # the agents themselves are the default run's (test_agents.py): this is their JobSet
+def test_an_agent_jobsets_pods_simulated_train_as_a_local_cluster(tmp_path, simulator):
+    """The agents find pod 0 by its DNS name and train to a local 2x1 run's weights, bit for bit."""
+    local = [o for o in AGENTS if o != "cluster.launch=agent"]
+    volume, events, logs = run_pods(tmp_path, "ag", AGENTS, kind="jobset")
     assert exits(events, "ag-worker-0-0") == [0] and exits(events, "ag-worker-0-1") == [0], logs
     assert "keeping the rounds at ag-worker-0-0.ag:2222" in logs["ag-worker-0-0"]
     summary = json.loads((volume / "ag" / "summary.json").read_text())

@@ -24,7 +24,7 @@ STARTS = ("python -m tfdistx", ".venv/bin/python -m tfdistx", "tfdistx ", "TFDIS
 SMALL = ["trainer.steps=4", "trainer.steps_per_loop=2", "trainer.log_every=2", "trainer.eval_every=0", "trainer.eval_steps=1",
          "checkpoint.every_steps=0", "logger.tensorboard=false"]
 # `tfdistx export KIND` prints Kubernetes manifests: the kinds of the documents it prints, in order.
-MANIFESTS = {("export", "tfjob"): ["TFJob"], ("export", "jobset"): ["JobSet"], ("export", "trainjob"): ["ClusterTrainingRuntime", "TrainJob"]}
+MANIFESTS = {("export", "tfjob"): ["TFJob"], ("export", "jobset"): ["JobSet", "NetworkPolicy"], ("export", "trainjob"): ["ClusterTrainingRuntime", "TrainJob"]}
 SCRIPT = ("export", "slurm")  # prints a Slurm batch script
 OFFLINE = "the download site is unreachable"  # the documented answer for tensorflow-datasets data without network
 

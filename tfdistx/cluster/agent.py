@@ -37,7 +37,7 @@ from tfdistx.cluster.round_keeper import DONE, ENDED, FAILED, GROW, LOST, RUNNIN
 from tfdistx.cluster.rounds import Rounds
 from tfdistx.cluster.supervisor import POLL_SECONDS, Membership, NoRound, Round, RoundResult, Say, State, Supervisor
 from tfdistx.sigterm import SigtermNotice
-from tfdistx.spec.errors import EXIT_CLUSTER_DID_NOT_FORM, EXIT_LOST_PEER, EXIT_PREEMPTED
+from tfdistx.spec.errors import EXIT_CLUSTER_DID_NOT_FORM, EXIT_LOST_PEER, EXIT_PREEMPTED, RunFault
 
 BEAT_SECONDS = 1.0
 CALL_TIMEOUT_SECONDS = 2.0  # one beat's round trip at most: a cut link is a timeout, not a hang
@@ -246,13 +246,35 @@ def _hear_the_end(keeper: Optional[RoundKeeper], beats: Beats, code: int, most: 
         beats.beat()
 
 
+def _until_resolved(host: str, port: int, most: float, say: Say) -> None:
+    """Wait until the store's host name resolves: a pod's own DNS name (a
+    JobSet's headless service) appears only once the pod runs, and the
+    agent that keeps the rounds must not take its own name's absence for
+    another host's. At most `most` seconds, then exit 4 in one line."""
+    deadline, said = time.monotonic() + most, False
+    while True:
+        try:
+            socket.getaddrinfo(host, port)
+            return
+        except socket.gaierror as error:
+            if time.monotonic() >= deadline:
+                raise RunFault(f"cluster.agent.store={host}:{port}: {host} does not resolve on this node ({error.strerror}) "
+                               f"after {most:g}s (cluster.elastic.below_min_timeout)", EXIT_CLUSTER_DID_NOT_FORM) from None
+            if not said:
+                say(f"waiting for {host} (cluster.agent.store) to resolve, at most {most:g}s", quiet=True)
+                said = True
+            time.sleep(POLL_SECONDS)
+
+
 def _keep_rounds_if_here(bounds: dict, say: Say):
     """(the keeper, its server) if this node is the host `cluster.agent.store`
     names, else (None, None). The keeper records the rounds (logs/rounds.json)
     and says each in the run's log."""
+    host, port = split_address(bounds["store"])
+    _until_resolved(host, port, bounds["below_min_timeout"], say)
     keeper = RoundKeeper(bounds["min"], bounds["max"], bounds["join_grace"], bounds["lost_bound"], bounds["below_min_timeout"])
     try:
-        server = listen(keeper, *split_address(bounds["store"]))
+        server = listen(keeper, host, port)
     except OSError:  # not this host's address, or another agent here keeps them
         return None, None
     rounds = Rounds(bounds["rounds_file"], bounds["checkpoint_dir"], bounds["metrics_file"], say=say)
