@@ -4,11 +4,13 @@ private network namespace (or on loopback when the OS does not allow one)."""
 
 import hashlib
 import json
+import os
 import shutil
 import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -256,3 +258,33 @@ def test_a_local_cluster_larger_than_the_machine_is_refused_before_any_process_s
     run = tfdistx("strategy=multiworker", "cluster=999x1", "data.batch_size=999")
     line = refused_in_one_line(run, "cluster='999x1'", "a local cluster of 999 processes", "Slurm or Kubernetes")
     assert "at most" in line and not (run.dir / "logs").exists()
+
+
+def test_the_prefork_outlives_a_schedulers_signals_and_its_tasks_take_them_as_a_fresh_python(tmp_path):
+    """Slurm signals every process of a job at once (a preemption, the time limit's USR1): the prefork,
+    whose death would SIGKILL its tasks before they checkpoint, ignores those signals, and a task it forks
+    gets Python's own dispositions back (USR1 ends it, as it ends a fresh python)."""
+    from tfdistx.cluster.prefork import Prefork
+
+    (tmp_path / "probe_signals.py").write_text(
+        "import pathlib, signal, sys, time\n"
+        "said = {s.name: str(signal.getsignal(s)) for s in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2)}\n"
+        "pathlib.Path(sys.argv[1]).write_text(repr(said))\n"
+        "time.sleep(60)\n")
+    said = tmp_path / "said.txt"
+    prefork = Prefork([], str(tmp_path))
+    try:
+        wait_until(prefork.ready, 30, "the prefork")
+        task = prefork.spawn([sys.executable, "-m", "probe_signals", str(said)], dict(os.environ), "probe", cwd=str(tmp_path))
+        wait_until(said.exists, 30, "the task's dispositions")
+        for sig in (signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
+            os.kill(prefork.pid, sig)
+        time.sleep(1)
+        assert prefork.ready() and task.poll() is None  # both still there
+        default = str(signal.SIG_DFL)
+        assert eval(said.read_text()) == {"SIGTERM": default, "SIGHUP": default, "SIGUSR1": default, "SIGUSR2": default,
+                                          "SIGINT": str(signal.default_int_handler)}
+        task.send_signal(signal.SIGUSR1)
+        assert task.wait(timeout=30) == -signal.SIGUSR1
+    finally:
+        prefork.close()

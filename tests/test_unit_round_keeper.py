@@ -175,3 +175,9 @@ def test_agents_reach_a_real_keeper_over_the_network_and_a_silent_keeper_is_noti
     answered = beats.answered
     beats.beat()  # nobody answers: the last answer is kept, and how long ago it came
     assert beats.answered == answered
+
+
+def test_a_rerun_counts_its_rounds_on_from_those_the_run_had():
+    kept, clock, said = keeper(low=1, high=1)
+    kept.numbered_after = 2  # logs/rounds.json held two: a requeued job's agents say round 3
+    assert beat(kept, A)["round"]["number"] == 3 and said[-1][0] == 3

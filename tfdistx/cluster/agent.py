@@ -279,6 +279,7 @@ def _keep_rounds_if_here(bounds: dict, say: Say):
         return None, None
     rounds = Rounds(bounds["rounds_file"], bounds["checkpoint_dir"], bounds["metrics_file"], say=say)
     keeper.on_round = lambda number, members, reason: rounds.start(members, reason)
+    keeper.numbered_after = len(rounds.kept)  # the agents say the same number as the rounds file
     answer(server)
     say(f"keeping the rounds at {bounds['store']} for {bounds['min']}:{bounds['max']} workers", quiet=True)
     return keeper, server

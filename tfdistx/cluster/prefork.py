@@ -139,6 +139,10 @@ class Prefork:
             self._changed.wait_for(lambda: self._ready is not None, READY_TIMEOUT_SECONDS)
             return bool(self._ready) and not self._gone
 
+    @property
+    def pid(self) -> int:
+        return self._proc.pid
+
     def spawn(self, command: List[str], env: Dict[str, str], name: str, cwd: Optional[str] = None,
               outputs: Optional[Tuple[int, int]] = None) -> Optional[ForkedProcess]:
         """`command` (`python -m MODULE ARGS`) as a forked task named `name`, in `cwd` (the prefork's by
@@ -194,10 +198,20 @@ class Prefork:
             self._proc.wait()
 
 
+# A scheduler signals every process of a job at once (Slurm, through its cgroup: a preemption, the time
+# limit's USR1), the prefork too. It has nothing to save, and its death would take its tasks with it (their
+# parent-death signal) before they checkpoint (found under Slurm: USR1's default action ended it, and the
+# task was SIGKILLed at its next loop boundary). So it ignores them, and ends when its supervisor's channel
+# closes; each task takes Python's own dispositions back before it runs.
+_A_SCHEDULERS = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2)
+
+
 def serve(channel: socket.socket, preload: List[str]) -> int:
     """The prefork process: import `preload` ("module" or "module:function"
     to call), then fork a task for each request until the supervisor's end
     of `channel` closes, and report each task's exit code."""
+    for sig in _A_SCHEDULERS:
+        signal.signal(sig, signal.SIG_IGN)
     try:
         for name in preload:
             module, _, function = name.partition(":")
@@ -258,6 +272,8 @@ def _become_task(request: dict, outputs: List[int], channel: socket.socket, pare
     try:
         channel.close()
         os.setsid()
+        for sig in _A_SCHEDULERS:  # a fresh python's: Ctrl-C raises KeyboardInterrupt, the others end the process
+            signal.signal(sig, signal.default_int_handler if sig == signal.SIGINT else signal.SIG_DFL)
         die_with_parent()
         if os.getppid() != parent:  # the prefork died before the signal was asked for: it will not come
             os._exit(1)

@@ -94,6 +94,7 @@ class RoundKeeper:
                  on_round: Callable[[int, Dict[str, str], str], None] = lambda *a: None, clock: Callable[[], float] = time.monotonic):
         self.low, self.high, self.join_grace, self.lost_bound, self.below_min_timeout = low, high, join_grace, lost_bound, below_min_timeout
         self.on_round, self.clock = on_round, clock
+        self.numbered_after = 0  # the rounds a run in this directory had before (a rerun, a requeued job): counted on from them
         self.nodes: Dict[str, Node] = {}
         self.round: Optional[Round] = None
         self.next_reason = "started"
@@ -180,7 +181,7 @@ class RoundKeeper:
             self.enough_since = self.enough_since if self.enough_since is not None else now
             if len(chosen) < self.high and now - self.enough_since < self.join_grace:
                 return
-            self._form(chosen, (last.number if last else 0) + 1)
+            self._form(chosen, (last.number if last else self.numbered_after) + 1)
             return
         self.enough_since = None
         self.below_since = self.below_since if self.below_since is not None else now
