@@ -126,3 +126,22 @@ def test_a_fixed_run_whose_node_is_cut_off_waits_for_it_and_resumes_bitwise(node
     for mine, reference in zip(model_values(run_dir, 1), model_values(local, 1)):
         np.testing.assert_array_equal(mine, reference)
     wait_until(lambda: not processes_of(run_dir), 30, "every agent and task gone")
+
+
+@pytest.mark.slow  # the default run's test above loses a node by a cut link; this one, by its own preemption
+def test_a_preempted_node_checkpoints_with_the_others_who_go_on_without_it(nodes, tmp_path):
+    """2:3 on three nodes: SIGTERM to node 3's agent (its node preempted) checkpoints every worker at one
+    step (42), node 3's agent leaves with 42, and the two others form the next round from that checkpoint
+    and finish: every step logged once, steps x batch examples trained."""
+    run_dir = tmp_path / "run"
+    agents = start_agents(nodes, tmp_path, 3, "cluster.workers=2:3", "data.batch_size=24")
+    wait_until(lambda: max(steps_said_in_round(run_dir, 1), default=0) >= 2 * EVERY, 300, "round 1 trains", agents)
+    agents[2].send_signal(signal.SIGTERM)
+    all_ended(agents, 300, tmp_path)
+    assert [agent.returncode for agent in agents] == [0, 0, 42], [output(tmp_path, n)[-3000:] for n in range(1, 4)]
+    said = rounds(run_dir)
+    assert [workers(r["members"]) for r in said] == [3, 2] and Nodes.address(3) not in said[1]["members"].values(), said
+    assert "preempted at step" in output(tmp_path, 3) and said[1]["first_step"] > 1
+    assert steps_logged(run_dir) == list(range(EVERY, STEPS + 1, EVERY))
+    assert seen_counts(run_dir).sum() == STEPS * BATCH
+    wait_until(lambda: not processes_of(run_dir), 30, "every agent and task gone")
