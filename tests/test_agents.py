@@ -15,7 +15,7 @@ import sys
 import numpy as np
 import pytest
 
-from conftest import processes_of, steps_logged, tfdistx_env, wait_until
+from conftest import QUICK, processes_of, steps_logged, tfdistx_env, wait_until
 from engine_helpers import train
 from nodes import Nodes, can_make_nodes
 from test_elastic import ARGS, BATCH, EVERY, STEPS, rounds, steps_said_in_round, workers
@@ -27,9 +27,9 @@ STORE_PORT = 29555
 BOUNDS = ["cluster.elastic.join_grace=2", "cluster.elastic.lost_bound=3", "cluster.elastic.below_min_timeout=60"]
 
 
-def start_agents(nodes: Nodes, tmp_path, count: int, *args) -> list:
-    """An agent on each of nodes 1..count, the same command on each; node 1 keeps the rounds."""
-    command = [sys.executable, "-m", "tfdistx", *ARGS, "strategy=multiworker", "cluster.launch=agent",
+def start_agents(nodes: Nodes, tmp_path, count: int, *args, base=ARGS) -> list:
+    """An agent on each of nodes 1..count, the same command on each (`base`: the probe's run, paced); node 1 keeps the rounds."""
+    command = [sys.executable, "-m", "tfdistx", *base, "strategy=multiworker", "cluster.launch=agent",
                f"cluster.agent.store={Nodes.address(1)}:{STORE_PORT}", *BOUNDS, "+callbacks.pace._target_=user_plugins.Pace",
                "+callbacks.pace.seconds=0.5", *args, f"hydra.run.dir={tmp_path / 'run'}"]
     return [nodes.start(n, command, env=tfdistx_env(), stdout=open(tmp_path / f"node{n}.txt", "w"), stderr=subprocess.STDOUT)
@@ -144,4 +144,20 @@ def test_a_preempted_node_checkpoints_with_the_others_who_go_on_without_it(nodes
     assert "preempted at step" in output(tmp_path, 3) and said[1]["first_step"] > 1
     assert steps_logged(run_dir) == list(range(EVERY, STEPS + 1, EVERY))
     assert seen_counts(run_dir).sum() == STEPS * BATCH
+    wait_until(lambda: not processes_of(run_dir), 30, "every agent and task gone")
+
+
+def test_a_failing_worker_restarts_the_round_from_every_agents_budget_and_then_the_run_stops_with_its_code(nodes, tmp_path):
+    """2x1 on two nodes, the worker:1 of every round exiting 7 at its start (user_plugins.crashing_on_worker_1):
+    its node's failure closes the round for both agents, which start it again once (cluster.max_restarts=1),
+    then both stop with its code, in a bounded time, leaving no process."""
+    run_dir = tmp_path / "run"
+    agents = start_agents(nodes, tmp_path, 2, "cluster=2x1", "cluster.max_restarts=1", "data._target_=user_plugins.crashing_on_worker_1",
+                          base=QUICK)
+    all_ended(agents, 180, tmp_path)
+    assert [agent.returncode for agent in agents] == [7, 7], [output(tmp_path, n)[-3000:] for n in (1, 2)]
+    said = rounds(run_dir)
+    assert [r["reason"] for r in said] == ["started", "restart after exit code 7"] and said[0]["members"] == said[1]["members"], said
+    assert all("giving up: the cluster stopped after 1 restart(s) (cluster.max_restarts=1); last exit code 7" in output(tmp_path, n)
+               for n in (1, 2)), [output(tmp_path, n)[-2000:] for n in (1, 2)]
     wait_until(lambda: not processes_of(run_dir), 30, "every agent and task gone")

@@ -178,14 +178,15 @@ class AgentMembership(Membership):
         return None  # running, or FINISHED: this node's task ends on its own
 
     def failed(self, round_: Round, task: Task, code: int) -> RoundResult:
-        """This node's task failed. A peer's loss explains a lost peer
-        (exit 5) or a checkpoint (42): the keeper's verdict is waited for,
-        lost_bound at most, so that a lost node is a new round, not a restart."""
+        """This node's task failed. A peer's loss or failure explains a lost
+        peer (exit 5) or a checkpoint (42): the keeper's verdict is waited
+        for, lost_bound at most, so that a lost node is a new round, not a
+        restart, and another node's failure is the round's, said once."""
         if code in (EXIT_LOST_PEER, EXIT_PREEMPTED):
             deadline = time.monotonic() + self.bounds["lost_bound"] + 2 * BEAT_SECONDS
             while time.monotonic() < deadline:
                 verdict = self.check(round_, ForwardingSignals([]))
-                if verdict is not None and verdict.state is State.MEMBERSHIP_CHANGED:
+                if verdict is not None:
                     return verdict
                 time.sleep(POLL_SECONDS)
         self.beats.set(FAILED, self.number, code)
