@@ -24,17 +24,15 @@ list, no beats to miss): the difference in noticing is mostly that bound.
 `--quick`: 2 nodes, one repeat (about a minute).
 """
 
-import argparse
 import os
 import signal
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from bench_elastic import measure as measure_local, said, steps_in_round
+from bench_elastic import measure as measure_local, pause_arguments, pause_cells, said, steps_in_round
 from side_by_side import interruptible, say_estimate, wait_for
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
@@ -74,13 +72,7 @@ def measure(workers: int) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--workers", type=int, nargs="+", default=[2, 4])
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--quick", action="store_true", help="2 nodes, one repeat")
-    args = parser.parse_args()
-    if args.quick:
-        args.workers, args.repeats = [2], 1
+    args = pause_arguments(__doc__.splitlines()[0], "nodes")
     if not can_make_nodes():
         sys.exit("this machine does not allow unprivileged network namespaces: no nodes to run agents on")
     say_estimate([(2 * args.repeats * len(args.workers), 40 + 5 * max(args.workers), "a run that loses a node and gets it back")],
@@ -95,7 +87,7 @@ def main() -> None:
           f"(1-min load average {load:.1f} before, {os.getloadavg()[0]:.1f} after)")
     print(f"{'':<20}{'workers':<14}{'loss -> round':>15}{'round -> step':>15}{'return -> round':>17}{'round -> step':>15}")
     for (how, workers), runs in results.items():
-        cells = [statistics.median(run[kind][part] for run in runs) for kind in ("lost", "back") for part in (0, 1)]
+        cells = pause_cells(runs)
         print(f"{how:<20}{f'{workers} -> {workers - 1} -> {workers}':<14}{cells[0]:>15.1f}{cells[1]:>15.1f}{cells[2]:>17.1f}{cells[3]:>15.1f}")
 
 

@@ -89,14 +89,25 @@ def pid_on(host: str, launcher: int, run_dir: Path) -> int:
     return task_pid(launcher, task)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def pause_arguments(description: str, what: str):
+    """--workers, --repeats and --quick (2 `what`, one repeat), parsed: this benchmark's and bench_agents'."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--workers", type=int, nargs="+", default=[2, 4])
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--quick", action="store_true", help="2 workers, one repeat")
+    parser.add_argument("--quick", action="store_true", help=f"2 {what}, one repeat")
     args = parser.parse_args()
     if args.quick:
         args.workers, args.repeats = [2], 1
+    return args
+
+
+def pause_cells(runs: list) -> list:
+    """The medians of runs' pauses: loss -> round, round -> step, return -> round, round -> step."""
+    return [statistics.median(run[kind][part] for run in runs) for kind in ("lost", "back") for part in (0, 1)]
+
+
+def main() -> None:
+    args = pause_arguments(__doc__.splitlines()[0], "workers")
     say_estimate([(args.repeats * len(args.workers), 30 + 5 * max(args.workers), "a run that loses a host and gets it back")],
                  quick=args.quick)
     load = os.getloadavg()[0]
@@ -104,7 +115,7 @@ def main() -> None:
     print(f"elastic pauses, seconds, median of {args.repeats} (1-min load average {load:.1f} before, {os.getloadavg()[0]:.1f} after)")
     print(f"{'workers':<24}{'loss -> round':>16}{'round -> step':>16}{'return -> round':>18}{'round -> step':>16}")
     for workers, runs in results.items():
-        cells = [statistics.median(run[kind][part] for run in runs) for kind in ("lost", "back") for part in (0, 1)]
+        cells = pause_cells(runs)
         print(f"{f'{workers} -> {workers - 1} -> {workers}':<24}{cells[0]:>16.1f}{cells[1]:>16.1f}{cells[2]:>18.1f}{cells[3]:>16.1f}")
 
 

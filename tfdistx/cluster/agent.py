@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Optional, Tuple
 
 from tfdistx import rundir
+from tfdistx.cluster.liveness import split_address
 from tfdistx.cluster.prefork import Prefork, can_fork
 from tfdistx.cluster.processes import ForwardingSignals, SaidOnce, Task, shell_code
 from tfdistx.cluster.round_keeper import DONE, ENDED, FAILED, GROW, LOST, RUNNING, TASK_FAILED, WAITING, RoundKeeper, answer, listen
@@ -41,11 +42,6 @@ from tfdistx.spec.errors import EXIT_CLUSTER_DID_NOT_FORM, EXIT_LOST_PEER, EXIT_
 
 BEAT_SECONDS = 1.0
 CALL_TIMEOUT_SECONDS = 2.0  # one beat's round trip at most: a cut link is a timeout, not a hang
-
-
-def split_address(address: str) -> Tuple[str, int]:
-    host, _, port = address.rpartition(":")
-    return host.strip("[]"), int(port)
 
 
 def own_address(store: str) -> str:

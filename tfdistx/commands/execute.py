@@ -130,8 +130,28 @@ def _elastic_rounds(spec: RunSpec, mode: str) -> Optional[dict]:
         return None
     return {"min": keys.min_workers, "max": spec.cluster.workers, "hosts": keys.hosts, "discover": keys.discover,
             "join_grace": keys.join_grace, "lost_bound": keys.lost_bound, "below_min_timeout": keys.below_min_timeout,
-            "checkpoint_dir": spec.checkpoint.dir, "rounds_file": str(spec.run_dir / "logs" / "rounds.json"),
+            **_where_rounds_are_told(spec)}
+
+
+def _where_rounds_are_told(spec: RunSpec) -> dict:
+    """What the rounds' lines and file are read from and written to (cluster/rounds.py), elastic or agents'."""
+    return {"checkpoint_dir": spec.checkpoint.dir, "rounds_file": str(spec.run_dir / "logs" / "rounds.json"),
             "metrics_file": str(spec.run_dir / "metrics.jsonl")}
+
+
+def _objective_with_rounds(spec: RunSpec, rounds_file: Optional[str]):
+    """The run's objective from its summary.json, which gets the rounds that
+    trained (with_rounds) when `rounds_file` is given and there: the chief
+    wrote the summary of its last round; the launcher, or the agent that
+    kept the rounds, knows them all."""
+    summary_path = spec.run_dir / "summary.json"
+    summary = json.loads(summary_path.read_text())
+    if rounds_file and Path(rounds_file).is_file():
+        trained = with_rounds(summary, json.loads(Path(rounds_file).read_text()))
+        if trained != summary:
+            write_json(summary_path, trained)
+            summary = trained
+    return objective_value(spec.trainer.objective, summary)
 
 
 def with_rounds(summary: dict, rounds: list) -> dict:
@@ -177,19 +197,11 @@ def _run_agent(spec: RunSpec, mode: str, notice: Optional[SigtermNotice]):
                       "task_env": threads.environment(per_pool), "preload": list(TASK_PRELOAD) if cluster.prefork else [],
                       "agent": {"store": agent.store, "address": agent.address, "min": elastic_keys.min_workers if elastic_keys else cluster.workers,
                                 "max": cluster.workers, "join_grace": agent.join_grace, "lost_bound": agent.lost_bound,
-                                "below_min_timeout": agent.below_min_timeout, "checkpoint_dir": spec.checkpoint.dir,
-                                "rounds_file": str(run_dir / "logs" / "rounds.json"), "metrics_file": str(run_dir / "metrics.jsonl")}},
+                                "below_min_timeout": agent.below_min_timeout, **_where_rounds_are_told(spec)}},
                      notice)
     if code:
         sys.exit(code)
-    summary_path = run_dir / "summary.json"
-    rounds_path = run_dir / "logs" / "rounds.json"
-    summary = json.loads(summary_path.read_text())
-    if elastic_keys and rounds_path.is_file():  # the keeper's node knows the rounds; the chief wrote the summary of the last
-        trained = with_rounds(summary, json.loads(rounds_path.read_text()))
-        if trained != summary:
-            write_json(summary_path, trained)
-    return objective_value(spec.trainer.objective, json.loads(summary_path.read_text()))
+    return _objective_with_rounds(spec, _where_rounds_are_told(spec)["rounds_file"] if elastic_keys else None)
 
 
 def _run_local_cluster(spec: RunSpec, mode: str, step: Optional[int], notice: Optional[SigtermNotice]):
@@ -214,9 +226,4 @@ def _run_local_cluster(spec: RunSpec, mode: str, step: Optional[int], notice: Op
         sys.exit(code)
     if mode == "evaluate":
         return json.loads((run_dir / "evaluations.jsonl").read_text().splitlines()[-1])
-    if rounds:  # the chief wrote the summary of its last round; the launcher knows them all
-        summary = json.loads((run_dir / "summary.json").read_text())
-        trained = with_rounds(summary, json.loads(Path(rounds["rounds_file"]).read_text()))
-        if trained != summary:
-            write_json(run_dir / "summary.json", trained)
-    return objective_value(spec.trainer.objective, json.loads((run_dir / "summary.json").read_text()))
+    return _objective_with_rounds(spec, rounds["rounds_file"] if rounds else None)
