@@ -108,6 +108,21 @@ def test_each_task_trains_on_two_replicas(tmp_path, task):
     assert run.objective == run.summary["eval"][run.spec.trainer.objective]  # what a sweep is told
 
 
+def test_a_users_task_with_python_control_flow_on_tensors_trains_as_written(tmp_path):
+    """tfdistx traces its own steps without AutoGraph (as Keras' fit does);
+    a task of a user's own is still converted: its `if` and `for` on tensors
+    (user_plugins.GuardedSquaredHinge) train, on two replicas, to the weights
+    of the same loss written without them."""
+    args = ["task=binary", "data=synthetic_categorical", "model=wide_deep", "model.vocab_size=2000", "data.vocab_size=2000",
+            "model.hidden_units=[32]", "strategy=mirrored", "cluster=1x2", "trainer.objective=eval/margin_accuracy"]
+    plain = train(tmp_path / "plain", *args, "task._target_=user_plugins.SquaredHinge")
+    guarded = train(tmp_path / "guarded", *args, "task._target_=user_plugins.GuardedSquaredHinge")
+    assert guarded.summary["step"] == 40
+    assert guarded.summary["train"]["loss"] == pytest.approx(plain.summary["train"]["loss"], rel=1e-6)
+    for name, value in plain.weights().items():
+        np.testing.assert_allclose(guarded.weights()[name], value, rtol=1e-5, atol=1e-7)
+
+
 # -- checkpoints and the example order: a resumed run is the run that never stopped --
 
 

@@ -91,7 +91,7 @@ def sum_over_tasks(strategy: tf.distribute.Strategy) -> Callable[[List[float]], 
     cluster (float64), by one all-reduce that every task must call at the
     same point. A task's replicas each give its values divided by their
     number, so a task's values count once."""
-    @tf.function
+    @tf.function(autograph=False)
     def summed(values):
         per_replica = strategy.run(lambda: values / tf.cast(_local_replicas(strategy), tf.float64))
         return strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)

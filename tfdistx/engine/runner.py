@@ -16,7 +16,7 @@ Knows nothing of Hydra.
 """
 
 import time
-from typing import Dict, Optional
+from typing import Callable, Dict, Optional
 
 import numpy as np
 import tensorflow as tf
@@ -28,7 +28,7 @@ from tfdistx.engine.build import Run
 from tfdistx.engine.data_service import train_service
 from tfdistx.engine.metrics import MetricSet
 from tfdistx.engine.update import Update
-from tfdistx.tasks import Task
+from tfdistx.tasks import Task, traced
 
 
 class StepRunner:
@@ -38,7 +38,11 @@ class StepRunner:
         # One object, kept: tf.function keys the update's traces by it, and by a weak reference,
         # so a bound method made afresh at each call would never find the step traced before.
         self._state_of = self._metric_state
-        self._train_loop = tf.function(self._train_loop_fn)
+        self._metric_inputs, self._task_eval_step = traced(task, "metric_inputs"), traced(task, "eval_step")
+        # Traced without AutoGraph, as Keras' fit traces its steps: the loops here are
+        # TensorFlow's own (tf.while_loop, Dataset.reduce), and converting this code
+        # cost every process about 1.3 CPU s before its first step (tasks.traced).
+        self._train_loop = tf.function(self._train_loop_fn, autograph=False)
 
     # -- traced code -----------------------------------------------------------
 
@@ -46,12 +50,12 @@ class StepRunner:
         return self.update(batches, first_step, self._state_of, self.metrics.zeros())
 
     def _metric_state(self, labels, outputs, per_example):
-        return self.metrics.batch_state(*self.task.metric_inputs(labels, outputs), per_example)
+        return self.metrics.batch_state(*self._metric_inputs(labels, outputs), per_example)
 
     def _eval_step(self, batch):
         """(summed state, rows of batch_examples) of one replica's batch."""
-        labels, outputs, per_example = self.task.eval_step(self.model, batch)
-        labels, predictions = self.task.metric_inputs(labels, outputs)
+        labels, outputs, per_example = self._task_eval_step(self.model, batch)
+        labels, predictions = self._metric_inputs(labels, outputs)
         return self.metrics.batch_state(labels, predictions, per_example), self.metrics.batch_examples(labels, predictions)
 
     def _examples_array(self):
@@ -75,12 +79,10 @@ class StepRunner:
         the gradients' (benchmarks/bench_multiworker_step.py measures it)."""
         per_call = self.update.steps_per_call
         local = self.strategy.experimental_local_results(self.strategy.run(self.metrics.zeros))
-        for i in tf.range(num_steps // per_call):
-            local = self._steps(iterator, first_step + tf.cast(i * per_call, tf.int64), per_call, local)
+        local = _repeat(num_steps // per_call, lambda i, local: self._steps(iterator, first_step + tf.cast(i * per_call, tf.int64), per_call, local), local)
         if per_call > 1:
             done = num_steps // per_call * per_call
-            for i in tf.range(num_steps - done):
-                local = self._steps(iterator, first_step + tf.cast(done + i, tf.int64), 1, local)
+            local = _repeat(num_steps - done, lambda i, local: self._steps(iterator, first_step + tf.cast(done + i, tf.int64), 1, local), local)
         return self._sum_over_replicas(local)
 
     def _steps(self, iterator, first_step, count: int, local: tuple) -> tuple:
@@ -143,16 +145,20 @@ class SyncRunner(StepRunner):
         super().__init__(*args, **kwargs)
         self.iterator = iter(train_data) if train_data is not None else None
         self.eval_data = eval_data
-        self._evaluate = tf.function(self._evaluate_fn)
+        self._evaluate = tf.function(self._evaluate_fn, autograph=False)
 
     def _evaluate_fn(self, dataset):
-        totals, examples, i = self.metrics.zeros(), self._examples_array(), tf.constant(0)
-        for batch in dataset:
+        @tf.autograph.experimental.do_not_convert  # a plain tf.data.Dataset would have it converted
+        def add(summed, batch):
+            totals, examples, i = summed
             state, rows = self.strategy.run(self._eval_step, args=(batch,))
             totals += tf.cast(self.strategy.reduce(tf.distribute.ReduceOp.SUM, state, axis=None), tf.float64)
             if self.metrics.ranked:  # this worker's replicas' rows; other workers' are gathered once, at the end
                 examples = examples.write(i, self._real(tf.concat(self.strategy.experimental_local_results(rows), axis=0)))
                 i += 1
+            return totals, examples, i
+
+        totals, examples, _ = dataset.reduce((self.metrics.zeros(), self._examples_array(), tf.constant(0)), add)
         return totals, examples.concat()
 
     def _rows_of_every_worker(self, rows: tf.Tensor) -> tf.Tensor:
@@ -172,7 +178,7 @@ class SyncRunner(StepRunner):
             lambda ctx: rows if ctx.replica_id_in_sync_group % local == 0 else rows[:0])
         return self.strategy.experimental_local_results(self._gather_rows(given))[0]
 
-    @tf.function(reduce_retracing=True)
+    @tf.function(reduce_retracing=True, autograph=False)
     def _gather_rows(self, given):
         def padded_gather(rows):
             context = tf.distribute.get_replica_context()
@@ -196,15 +202,16 @@ class CoordinatorRunner(StepRunner):
         self.progressed = time.monotonic()  # when the last loop's steps were all done (engine/preemption.watching_servers)
         self.iterator = iter(coordinator.create_per_worker_dataset(train_data)) if train_data is not None else None
         self.eval_data = eval_data
-        self._evaluate = tf.function(self._evaluate_fn)
+        self._evaluate = tf.function(self._evaluate_fn, autograph=False)
 
     def _evaluate_fn(self, dataset):
-        totals, examples, i = self.metrics.zeros(), self._examples_array(), tf.constant(0)
-        for batch in dataset:
+        @tf.autograph.experimental.do_not_convert  # tf.data would have it converted
+        def add(summed, batch):
+            totals, examples, i = summed
             state, rows = self._eval_step(batch)
-            totals += tf.cast(state, tf.float64)
-            examples = examples.write(i, self._real(rows))
-            i += 1
+            return totals + tf.cast(state, tf.float64), examples.write(i, self._real(rows)), i + 1
+
+        totals, examples, _ = dataset.reduce((self.metrics.zeros(), self._examples_array(), tf.constant(0)), add)
         return totals, examples.concat()
 
     def train(self, first_step: int, num_steps: int) -> np.ndarray:
@@ -220,6 +227,13 @@ class CoordinatorRunner(StepRunner):
         self.coordinator.join()
         self.progressed = time.monotonic()
         return sum(value.fetch() for value in remote)
+
+
+def _repeat(times: tf.Tensor, body: Callable, state):
+    """`state = body(i, state)` for i in 0 .. times - 1, as a tf.while_loop
+    (what AutoGraph makes of `for i in tf.range(times)`)."""
+    _, state = tf.while_loop(lambda i, _: i < times, lambda i, state: (i + 1, body(i, state)), (tf.constant(0), state))
+    return state
 
 
 def make_runner(run: Run, skip_steps: int = 0, train: bool = True):

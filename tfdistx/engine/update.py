@@ -46,6 +46,7 @@ import tensorflow as tf
 
 from tfdistx.engine.all_reduce_dtype import cast_back, cast_down
 from tfdistx.engine.optim import LearningRateAtStep
+from tfdistx.tasks import traced
 
 
 class Update:
@@ -67,10 +68,12 @@ class Update:
         self.all_reduce_dtype = all_reduce_dtype  # strategy.all_reduce_dtype (strategy.py); None: the variables' dtype
         self.whole_step = bool(jit_compile and whole_step)
         self.steps_per_call = max(1, int(steps_per_xla_call)) if self.whole_step else 1
+        self._forward, self._loss = traced(task, "forward"), traced(task, "loss")
         partly = jit_compile and not self.whole_step
-        self._gradients = tf.function(self._gradients_fn, jit_compile=True) if partly else self._gradients_fn
-        self._one = tf.function(self._one_fn, jit_compile=True) if self.whole_step else self._one_fn
-        self._many = tf.function(self._many_fn, jit_compile=True) if self.steps_per_call > 1 else None
+        # Without AutoGraph, as the step runner's loop (runner.py): the loops here are tf.while_loops.
+        self._gradients = tf.function(self._gradients_fn, jit_compile=True, autograph=False) if partly else self._gradients_fn
+        self._one = tf.function(self._one_fn, jit_compile=True, autograph=False) if self.whole_step else self._one_fn
+        self._many = tf.function(self._many_fn, jit_compile=True, autograph=False) if self.steps_per_call > 1 else None
 
     def xla_failure(self, batch_spec, metric_state: Callable, state_spec: tf.TensorSpec) -> Optional[str]:
         """Why XLA cannot compile what this update compiles (None: it can, or
@@ -93,7 +96,8 @@ class Update:
         else:
             return None
         # Its arguments all specs (as experimental_get_compiler_ir takes them): the batch flattened.
-        lowered = tf.function(lambda step, zeros, *parts: call(tf.nest.pack_sequence_as(spec, parts), step, zeros), jit_compile=True)
+        lowered = tf.function(lambda step, zeros, *parts: call(tf.nest.pack_sequence_as(spec, parts), step, zeros), jit_compile=True,
+                              autograph=False)
         args = (tf.TensorSpec([], tf.int64), state_spec, *tf.nest.flatten(spec))
         lowered.get_concrete_function(*args)  # a step that cannot even be traced fails here, as it would at its first step
         # Named, the device is not looked up by TensorFlow with a random number (which would draw one);
@@ -130,11 +134,13 @@ class Update:
         return self._step_fn(batch, metric_state)
 
     def _many_fn(self, stacked, first_step, metric_state: Callable, zeros: tf.Tensor) -> tf.Tensor:
-        total = zeros
-        for k in tf.range(tf.shape(tf.nest.flatten(stacked)[0])[0]):
+        def add_step(k, total):
             batch = tf.nest.map_structure(lambda t: tf.gather(t, k), stacked)
             # Added in float64, as the loop adds one step's state to the next (runner.py): the sums of K=1.
-            total += tf.cast(self._one_fn(batch, first_step + tf.cast(k, tf.int64), metric_state), tf.float64)
+            return total + tf.cast(self._one_fn(batch, first_step + tf.cast(k, tf.int64), metric_state), tf.float64)
+
+        steps = tf.shape(tf.nest.flatten(stacked)[0])[0]
+        _, total = tf.while_loop(lambda k, _: k < steps, lambda k, total: (k + 1, add_step(k, total)), (tf.constant(0), zeros))
         return total
 
     def _step_fn(self, batch, metric_state: Callable) -> tf.Tensor:
@@ -151,10 +157,17 @@ class Update:
             # together, so they stay sparse; they grow with every micro-batch,
             # which only an unrolled loop allows.
             sparse = any(isinstance(g, tf.IndexedSlices) for g in sums)
-            for k in range(1, self.accumulate_steps) if sparse else tf.range(1, self.accumulate_steps):
+
+            def add_micro_batch(k, sums, state):
                 more, labels, outputs, per_example = self._gradients(micro_batches(k))
-                sums = [_add(total, more[i]) for total, i in zip(sums, present)]
-                state += metric_state(labels, outputs, per_example)
+                return [_add(total, more[i]) for total, i in zip(sums, present)], state + metric_state(labels, outputs, per_example)
+
+            if sparse:
+                for k in range(1, self.accumulate_steps):
+                    sums, state = add_micro_batch(k, sums, state)
+            else:
+                _, sums, state = tf.while_loop(lambda k, *_: k < self.accumulate_steps, lambda k, sums, state: (k + 1, *add_micro_batch(k, sums, state)),
+                                               (tf.constant(1), sums, state))
             grads = [None] * len(grads)
             for i, total in zip(present, sums):
                 grads[i] = total
@@ -171,8 +184,8 @@ class Update:
         """Gradients of one micro-batch's share of the global mean loss."""
         variables = self.model.trainable_variables if self.variables is None else self.variables
         with tf.GradientTape() as tape:
-            labels, outputs = self.task.forward(self.model, batch, training=True)
-            per_example = self.task.loss(labels, outputs)
+            labels, outputs = self._forward(self.model, batch, training=True)
+            per_example = self._loss(labels, outputs)
             # Scaled by the whole step's global batch: the micro-batches and replicas are summed.
             loss = tf.nn.compute_average_loss(per_example, global_batch_size=self.global_batch)
             if self.model.losses:  # once per step, shared by the replicas and micro-batches

@@ -64,7 +64,7 @@ def forward_op_types(model, feature_spec) -> set:
     it calls too), traced for a batch of `feature_spec` (one example's
     specs) and not run: no variable changes."""
     batch_spec = tf.nest.map_structure(lambda spec: tf.TensorSpec([None, *spec.shape], spec.dtype), feature_spec)
-    graph = tf.function(lambda features: model(features, training=True)).get_concrete_function(batch_spec).graph.as_graph_def()
+    graph = tf.function(lambda features: model(features, training=True), autograph=False).get_concrete_function(batch_spec).graph.as_graph_def()
     return {node.op for node in graph.node} | {node.op for function in graph.library.function for node in function.node_def}
 
 

@@ -30,7 +30,8 @@ is exact over the whole cluster and the same under every strategy.
 `tests/user_plugins.py` holds a complete example.
 """
 
-from typing import Dict, Sequence, Tuple
+import functools
+from typing import Callable, Dict, Sequence, Tuple
 
 import keras
 import tensorflow as tf
@@ -91,6 +92,23 @@ class Task:
     def eval_step(self, model, batch):
         labels, outputs = self.forward(model, batch, training=False)
         return labels, outputs, self.loss(labels, outputs)
+
+
+def traced(task: Task, name: str) -> Callable:
+    """The task's method `name` as tfdistx's traced steps call it.
+
+    tfdistx traces its steps without AutoGraph (its own traced code is
+    written in TensorFlow's control flow: converting it cost each process
+    about 1.3 CPU seconds before its first step, docs/performance.md), as
+    Keras' `fit` traces its steps. A task of tfdistx's own is called as it
+    is. A task of a user's own keeps what it had before: its methods are
+    converted by AutoGraph (a Python `if` or `for` on a tensor becomes
+    TensorFlow's), and whatever they call with them, as every traced call
+    was."""
+    method = getattr(task, name)
+    if type(task).__module__.startswith(__name__ + ".") or type(task).__module__ == __name__:
+        return method
+    return functools.partial(tf.autograph.to_graph(getattr(type(task), name)), task)
 
 
 def float32(outputs):
