@@ -28,7 +28,13 @@ fresh `python -m tfdistx _task ...` processes (`cluster.prefork=false`).
    is then stopped with SIGTERM (it checkpoints and exits 42). Ratios are
    prefork=false / prefork=true.
 
-    python benchmarks/bench_first_step.py [--repeats 3] [--steps 20] [--quick]
+    python benchmarks/bench_first_step.py [--repeats 3] [--steps 20] [--quick] [--against REV]
+
+`--against REV`: this checkout against another revision of tfdistx (a
+git worktree of REV in a temporary directory, on PYTHONPATH for its runs):
+part 1 for one_device, 2x1 and ps1w2 (prefork=true) and part 2, each of
+this checkout beside the same of REV, alternating. For a change to what a
+run does before its first step (REV: the commit before it).
 
 `--quick`: one repeat (64 s at load average 3; rough numbers).
 Contenders alternate (side_by_side.table); a run dir and TMPDIR per run in
@@ -37,6 +43,7 @@ killed with its process tree.
 """
 
 import argparse
+import contextlib
 import os
 import re
 import resource
@@ -60,26 +67,27 @@ FIRST = {
 }
 
 
-def env(scratch: str) -> dict:
+def env(scratch: str, tree: Path) -> dict:
     # TensorFlow's autograph files go to TMPDIR, and a killed task removes none: in the scratch dir, removed with it.
+    # `tree`: the checkout whose tfdistx runs (first on PYTHONPATH, before the installed one).
     return {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "TMPDIR": scratch,
-            "PYTHONPATH": os.pathsep.join(filter(None, [str(HERE.parent), os.environ.get("PYTHONPATH")]))}
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(tree), os.environ.get("PYTHONPATH")]))}
 
 
-def start(args, scratch: str, run_dir: Path) -> subprocess.Popen:
+def start(args, scratch: str, run_dir: Path, tree: Path = HERE.parent) -> subprocess.Popen:
     cmd = [sys.executable, "-m", "tfdistx", *COMMON, *args, f"hydra.run.dir={run_dir}"]
     return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
-                            start_new_session=True, env=env(scratch), cwd=scratch)
+                            start_new_session=True, env=env(scratch, tree), cwd=scratch)
 
 
-def first_step(args, steps: int) -> dict:
+def first_step(args, steps: int, tree: Path = HERE.parent) -> dict:
     """One short run: seconds to metrics.jsonl's first line, to the end, and the CPU seconds of its whole tree."""
     with tempfile.TemporaryDirectory() as scratch:
         run_dir = Path(scratch, "run")
         metrics = run_dir / "metrics.jsonl"
         cpu_before = resource.getrusage(resource.RUSAGE_CHILDREN)
         started = time.monotonic()
-        proc = start([*args, f"trainer.steps={steps}", "checkpoint.every_steps=0"], scratch, run_dir)
+        proc = start([*args, f"trainer.steps={steps}", "checkpoint.every_steps=0"], scratch, run_dir, tree)
         with killed_if_left(proc):
             first = wait_for(lambda: metrics.exists() and b"\n" in metrics.read_bytes(), proc, "its first step") - started
             code = proc.wait(timeout=PATIENCE_SECONDS)
@@ -91,12 +99,12 @@ def first_step(args, steps: int) -> dict:
     return {"first step": first, "end": ended, "cpu": cpu}
 
 
-def restart(prefork: bool) -> dict:
+def restart(prefork: bool, tree: Path = HERE.parent) -> dict:
     """One restart of a 2x1 run: seconds from worker:1's SIGKILL to the `restart 1 of 1` line, and from it to the first step."""
     with tempfile.TemporaryDirectory() as scratch:
         run_dir = Path(scratch, "run")
         proc = start(["strategy=multiworker", "cluster=2x1", f"cluster.prefork={str(prefork).lower()}", "cluster.max_restarts=1",
-                      "checkpoint.every_steps=5", "checkpoint.export=false", "trainer.steps=1000000"], scratch, run_dir)
+                      "checkpoint.every_steps=5", "checkpoint.export=false", "trainer.steps=1000000"], scratch, run_dir, tree)
         with killed_if_left(proc):
             wait_for(lambda: last_step(log_of(run_dir)) >= 7, proc, "step 7")
             victim = task_pid(proc.pid, "worker:1")
@@ -135,14 +143,69 @@ def replay(samples: dict, key: str) -> dict:
     return {name: (lambda queue=queue: queue.pop(0)) for name, queue in queues.items()}
 
 
+@contextlib.contextmanager
+def worktree(rev: str, where: Path):
+    """A git worktree of `rev` at `where`, removed after."""
+    subprocess.run(["git", "-C", str(HERE.parent), "worktree", "add", "--detach", "--quiet", str(where), rev], check=True)
+    try:
+        yield where
+    finally:
+        subprocess.run(["git", "-C", str(HERE.parent), "worktree", "remove", "--force", str(where)], check=False)
+
+
+def against(args, tree: Path) -> None:
+    """Part 1 (prefork=true) and part 2 of this checkout and of `tree` (REV's), alternating."""
+    rev = args.against
+    say_estimate([(args.repeats * 2, 10, "one_device to its end"), (args.repeats * 4, 16, "a local cluster to its end"),
+                  (args.repeats * 2, 30, "a 2x1 run restarted once")], quick=args.quick)
+    chosen = ["one_device", "multiworker 2x1, prefork=true", "parameter_server ps1w2, prefork=true"]
+    runs = {f"{name}{suffix}": (FIRST[name], where) for name in chosen for suffix, where in (("", HERE.parent), (" @ REV", tree))}
+    measured = {name: [] for name in runs}
+
+    def measure(name):
+        def once():
+            measured[name].append(first_step(*runs[name][:1], args.steps, runs[name][1]))
+            return measured[name][-1]["first step"]
+        return once
+
+    def vs_rev(medians, name):
+        mine = name.removesuffix(" @ REV")
+        return medians[f"{mine} @ REV"] / medians[mine]
+
+    print(f"Part 1, this checkout against REV = {rev}: {args.steps} steps of the default MLP on synthetic data, one a loop", flush=True)
+    table({name: measure(name) for name in runs}, args.repeats, "command -> first line of metrics.jsonl", "REV / this", vs_rev, unit="s")
+    table(replay(measured, "end"), args.repeats, f"command -> its end ({args.steps} steps)", "REV / this", vs_rev, unit="s")
+    table(replay(measured, "cpu"), args.repeats, "CPU seconds of the whole command", "REV / this", vs_rev, unit="s")
+
+    print(f"\nPart 2, this checkout against REV = {rev}: multiworker 2x1, worker:1 SIGKILLed after step 7", flush=True)
+    trees = {"2x1 restarted": HERE.parent, "2x1 restarted @ REV": tree}
+    restarts = {name: [] for name in trees}
+
+    def restarted(name):
+        def once():
+            restarts[name].append(restart(True, trees[name]))
+            return restarts[name][-1]["kill -> step"]
+        return once
+
+    table({name: restarted(name) for name in trees}, args.repeats, "SIGKILL of worker:1 -> the first step after the restart",
+          "REV / this", vs_rev, unit="s")
+    table(replay(restarts, "restart line -> step"), args.repeats, "restart line -> step", "REV / this", vs_rev, unit="s")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--steps", type=int, default=20, help="the steps of a run of the first part")
     parser.add_argument("--quick", action="store_true", help="one repeat")
+    parser.add_argument("--against", metavar="REV", help="this checkout against tfdistx at git revision REV, side by side")
     args = parser.parse_args()
     if args.quick:
         args.repeats = 1
+    if args.against:
+        with tempfile.TemporaryDirectory() as where:
+            with worktree(args.against, Path(where, "tree")) as tree:
+                against(args, tree)
+        return
     say_estimate([(args.repeats, 10, "one_device to its end"), (args.repeats * 4, 16, "a local cluster to its end"),
                   (args.repeats * 2, 30, "a 2x1 run restarted once")], quick=args.quick)
 
