@@ -89,6 +89,7 @@ def _array_batches(train: ArrayExamples, batch: int, seed: int, window: int, sta
                               "tf.data service (data.service): use a smaller batch")
     tensors = tf.nest.map_structure(tf.constant, train.arrays)
 
+    @tf.autograph.experimental.do_not_convert  # as order.ArrayExamples.batches' functions
     def at(k):
         positions = k * batch + tf.range(batch, dtype=tf.int64)
         epochs, within = positions // rows, positions % rows
