@@ -111,10 +111,9 @@ def test_each_task_trains_on_two_replicas(tmp_path, task):
 def test_a_users_task_with_python_control_flow_on_tensors_trains_as_written(tmp_path):
     """tfdistx traces its own steps without AutoGraph (as Keras' fit does);
     a task of a user's own is still converted: its `if` and `for` on tensors
-    (user_plugins.GuardedSquaredHinge) train, on two replicas, to the weights
-    of the same loss written without them."""
-    args = ["task=binary", "data=synthetic_categorical", "model=wide_deep", "model.vocab_size=2000", "data.vocab_size=2000",
-            "model.hidden_units=[32]", "strategy=mirrored", "cluster=1x2", "trainer.objective=eval/margin_accuracy"]
+    (user_plugins.GuardedSquaredHinge) train to the weights of the same loss
+    written without them."""
+    args = ["task=binary", "data=synthetic", "data.num_classes=2", "trainer.objective=eval/margin_accuracy"]
     plain = train(tmp_path / "plain", *args, "task._target_=user_plugins.SquaredHinge")
     guarded = train(tmp_path / "guarded", *args, "task._target_=user_plugins.GuardedSquaredHinge")
     assert guarded.summary["step"] == 40
