@@ -65,6 +65,7 @@ class Node:
     round: int = 0
     code: int = 0
     was_lost: bool = False  # it counts again once it has beaten lost_bound seconds without a gap
+    heard_the_end: bool = False  # it was answered with the run's end (finished, or stopped)
 
 
 @dataclass
@@ -119,14 +120,19 @@ class RoundKeeper:
                 node.first_seen = now
             node.last_seen, node.port, node.status, node.round, node.code = now, port, status, round_number, code
             self._decide(now)
-            return {"round": self.round.view() if self.round else None, "stopped": self.stopped,
+            told = {"round": self.round.view() if self.round else None, "stopped": self.stopped,
                     "finished": bool(self.round and self.round.why == FINISHED)}
+            node.heard_the_end = node.heard_the_end or bool(told["finished"] or told["stopped"])
+            return told
 
     def settled(self) -> bool:
-        """Every agent has heard how the run ended (or is gone): the keeper may stop."""
+        """Every agent has heard how the run ended, has ended on its own, or
+        is gone: the keeper may stop. An agent that is done is not enough: it
+        waits to hear that the others are too, and a keeper that stopped
+        first left it waiting out its bound (a minute after a finished run)."""
         with self.lock:
             now = self.clock()
-            return all(node.status in (ENDED, DONE) or now - node.last_seen > self.lost_bound for node in self.nodes.values())
+            return all(node.heard_the_end or node.status == ENDED or now - node.last_seen > self.lost_bound for node in self.nodes.values())
 
     # -- the decisions --------------------------------------------------------
 
