@@ -164,3 +164,22 @@ def test_a_failing_worker_restarts_the_round_from_every_agents_budget_and_then_t
                for n in (1, 2)), [output(tmp_path, n)[-2000:] for n in (1, 2)]
     wait_until(lambda: not processes_of(run_dir), 30, "every agent and task gone")
 
+
+@pytest.mark.slow  # the sidecar's evaluations are the default run's under the local launcher (test_sidecar_evaluator.py); here, its place
+def test_a_fixed_run_of_agents_runs_the_sidecar_evaluator_on_the_stores_node(nodes, tmp_path):
+    """2x1 on two nodes with cluster.evaluator=true: the agent that keeps the
+    rounds (node 1, the store's) runs the sidecar evaluator beside its worker,
+    the other agent none; one evaluations.jsonl line per checkpoint, marked as
+    the sidecar's; both agents exit 0 and leave no process."""
+    from test_sidecar_evaluator import EVERY_CHECKPOINT, checkpoint_steps, sidecar_lines
+
+    run_dir = tmp_path / "run"
+    agents = start_agents(nodes, tmp_path, 2, "cluster=2x1", *EVERY_CHECKPOINT, base=QUICK)
+    all_ended(agents, 300, tmp_path)
+    assert [agent.returncode for agent in agents] == [0, 0], [output(tmp_path, n)[-3000:] for n in (1, 2)]
+    lines = sidecar_lines(run_dir)
+    assert [line["step"] for line in lines] == checkpoint_steps(run_dir) == [10, 20, 30, 40], lines
+    assert "and the sidecar evaluator" in output(tmp_path, 1) and "sidecar evaluator" not in output(tmp_path, 2)
+    evaluator_log = run_dir / "logs" / f"node-{Nodes.address(1)}" / "evaluator-0.log"
+    assert "training is done; 4 checkpoint(s) evaluated" in evaluator_log.read_text()
+    wait_until(lambda: not processes_of(run_dir), 30, "every agent and task gone")

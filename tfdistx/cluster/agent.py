@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Optional, Tuple
 
 from tfdistx import rundir
+from tfdistx.cluster import evaluator as sidecars  # the sidecar evaluator's task
 from tfdistx.cluster.liveness import split_address
 from tfdistx.cluster.prefork import Prefork, can_fork
 from tfdistx.cluster.processes import ForwardingSignals, SaidOnce, Task, shell_code
@@ -106,11 +107,15 @@ class Beats:
 
 
 class AgentMembership(Membership):
-    """This node's worker in each round the keeper forms with it."""
+    """This node's worker in each round the keeper forms with it, and on the
+    keeper's node the sidecar evaluator beside it when the run has one."""
 
-    def __init__(self, spec: dict, beats: Beats, say: Say):
+    def __init__(self, spec: dict, beats: Beats, say: Say, keeps_rounds: bool = False):
         self.spec, self.beats, self.say = spec, beats, say
         self.bounds = spec["agent"]
+        # One evaluator for the run, on the node that also owns the run dir: it only reads checkpoints,
+        # so it is in no round's membership; each round starts it again, and it skips what it evaluated.
+        self.evaluator = keeps_rounds and bool(spec.get("evaluator"))
         self.refusals = SaidOnce()
         self.number = 0  # the round this node's task runs in
 
@@ -147,10 +152,12 @@ class AgentMembership(Membership):
         # of the same name on another node, in a later round, must not share while this one may still be ending.
         node_dir = Path(spec["log_dir"]) / f"node-{self.beats.address}"
         node_dir.mkdir(parents=True, exist_ok=True)
-        task = Task("worker", index, cluster, spec["command"], node_dir, spec.get("run_log"), self.refusals, spec.get("task_env", {}))
+        tasks = [Task(job, task_index, cluster, spec["command"], node_dir, spec.get("run_log"), self.refusals, spec.get("task_env", {}))
+                 for job, task_index in [("worker", index), *([(sidecars.EVALUATOR, 0)] if self.evaluator else [])]]
         self.beats.set(RUNNING, self.number)
-        self.say(f"round {self.number}: this node ({self.beats.address}) runs worker:{index} of {len(formed['members'])}", quiet=True)
-        return Round([task], {f"worker:{i}": address.rpartition(":")[0] for i, address in enumerate(formed["workers"])})
+        beside = " and the sidecar evaluator" if self.evaluator else ""
+        self.say(f"round {self.number}: this node ({self.beats.address}) runs worker:{index} of {len(formed['members'])}{beside}", quiet=True)
+        return Round(tasks, {f"worker:{i}": address.rpartition(":")[0] for i, address in enumerate(formed["workers"])})
 
     def check(self, round_: Round, signals: ForwardingSignals) -> Optional[RoundResult]:
         """The keeper's verdict on the running round, or its silence past lost_bound."""
@@ -219,7 +226,7 @@ def run_agent(spec: dict, notice: Optional[SigtermNotice] = None) -> int:
             with ForwardingSignals([], spec.get("notice_signals", ())) as signals:
                 if notice is not None and notice.received.is_set():
                     notice.leave_if_received("before this node's agent started")
-                code = Supervisor(spec, AgentMembership(spec, beats, say), signals, say, prefork).run()
+                code = Supervisor(spec, AgentMembership(spec, beats, say, keeps_rounds=keeper is not None), signals, say, prefork).run()
         finally:
             if prefork is not None:
                 prefork.close()

@@ -195,6 +195,7 @@ def _run_agent(spec: RunSpec, mode: str, notice: Optional[SigtermNotice]):
                       "stopped_task_timeout": cluster.stopped_task_timeout, "run_log": str(run_dir / "tfdistx.log"),
                       "preemption_grace": cluster.preemption_grace, "notice_signals": list(cluster.notice_signals),
                       "task_env": threads.environment(per_pool), "preload": list(TASK_PRELOAD) if cluster.prefork else [],
+                      "evaluator": cluster.evaluator,  # run by the agent that keeps the rounds
                       "agent": {"store": agent.store, "address": agent.address, "min": elastic_keys.min_workers if elastic_keys else cluster.workers,
                                 "max": cluster.workers, "join_grace": agent.join_grace, "lost_bound": agent.lost_bound,
                                 "below_min_timeout": agent.below_min_timeout, **_where_rounds_are_told(spec)}},

@@ -171,9 +171,13 @@ def _tasks(layout: Layout, placement) -> list:
         return lines
     if placement.source is Source.AGENT:
         per_pool, why = threads.task_threads(topo.task_threads, {"worker": 1})
-        return ["placement     an agent on every node (this process on this one): it starts the node's worker, placed by the",
-                "              TF_CONFIG of each round the agents form at cluster.agent.store, and restarts it (cluster.max_restarts)",
-                f"  threads     the node's worker: {threads.describe(per_pool)}; {why}"]
+        lines = ["placement     an agent on every node (this process on this one): it starts the node's worker, placed by the",
+                 "              TF_CONFIG of each round the agents form at cluster.agent.store, and restarts it (cluster.max_restarts)",
+                 f"  threads     the node's worker: {threads.describe(per_pool)}; {why}"]
+        if topo.evaluator:  # on the node whose agent keeps the rounds (cluster/agent.py)
+            lines.append("  task        evaluator:0  the sidecar evaluator, on the store's node beside its worker: TF_CONFIG task "
+                         "{'type': 'evaluator', 'index': 0}, in no cluster spec; evaluates each checkpoint")
+        return lines
     lines = [f"placement     {placement.source}; this process is {placement.task_name}{' (chief)' if placement.is_chief else ''}"]
     for job, addresses in placement.spec.items():
         for index, address in enumerate(addresses):

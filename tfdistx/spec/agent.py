@@ -3,7 +3,8 @@ what it needs and what it cannot do yet (cluster/agent.py runs it).
 
 Every node runs the same command; each node's agent starts one worker, and
 the agents meet at `cluster.agent.store`, host:port, kept by the agent on
-that host. With `cluster.workers=MIN:MAX` the run is elastic across the
+that host, which also runs the sidecar evaluator (`cluster.evaluator=true`,
+refused for an elastic run as the local launcher's elastic rounds refuse it). With `cluster.workers=MIN:MAX` the run is elastic across the
 nodes; without, it trains on cluster.workers nodes and waits for a lost one
 to come back (below_min_timeout).
 
@@ -45,9 +46,6 @@ def problems(cfg) -> List[Problem]:
     if data_service.workers(cfg.data):
         found.append(Problem("data.service.workers", data_service.workers(cfg.data), "the agents start training workers only: "
                              "use data.service.workers=0 with cluster.launch=agent"))
-    if cluster.get("evaluator"):
-        found.append(Problem("cluster.evaluator", True, "the agents start training workers only: evaluate with trainer.eval_every, "
-                             "or `tfdistx evaluate` afterwards"))
     elastic = cluster.get("elastic") or {}
     for key in ("hosts", "discover"):
         if elastic.get(key) is not None:
