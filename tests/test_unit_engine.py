@@ -122,6 +122,20 @@ def test_a_users_task_with_python_control_flow_on_tensors_trains_as_written(tmp_
         np.testing.assert_allclose(guarded.weights()[name], value, rtol=1e-5, atol=1e-7)
 
 
+def test_a_users_task_whose_source_cannot_be_read_runs_as_written(caplog):
+    """A task class made in a shell or by exec has no source for AutoGraph to
+    read: it runs as written, with one warning, as AutoGraph's own traced
+    calls ran it (not refused)."""
+    from tfdistx.tasks import traced
+
+    made = {}
+    exec("from tfdistx.tasks import Task\nimport tensorflow as tf\n"
+         "class Shell(Task):\n    def loss(self, labels, outputs):\n        return tf.abs(labels - outputs)\n", made)
+    loss = traced(made["Shell"](), "loss")
+    assert tf.function(lambda: loss(tf.ones([3]), tf.zeros([3])), autograph=False)().numpy().tolist() == [1.0, 1.0, 1.0]
+    assert any("AutoGraph could not convert Shell.loss; it runs as written" in r.getMessage() for r in caplog.records), caplog.records
+
+
 # -- checkpoints and the example order: a resumed run is the run that never stopped --
 
 

@@ -31,6 +31,7 @@ is exact over the whole cluster and the same under every strategy.
 """
 
 import functools
+import logging
 from typing import Callable, Dict, Sequence, Tuple
 
 import keras
@@ -108,7 +109,13 @@ def traced(task: Task, name: str) -> Callable:
     method = getattr(task, name)
     if type(task).__module__.startswith(__name__ + ".") or type(task).__module__ == __name__:
         return method
-    return functools.partial(tf.autograph.to_graph(getattr(type(task), name)), task)
+    try:
+        return functools.partial(tf.autograph.to_graph(getattr(type(task), name)), task)
+    except Exception as error:  # AutoGraph's ConversionError (not public): no source (a class made in a shell), or code it cannot read
+        # What AutoGraph did when it converted a traced call and could not: run it as written, with a warning.
+        logging.getLogger(__name__).warning("AutoGraph could not convert %s.%s; it runs as written (%s)", type(task).__name__, name,
+                                            str(error).splitlines()[0][:200])
+        return method
 
 
 def float32(outputs):
