@@ -113,9 +113,9 @@ class AgentMembership(Membership):
     def __init__(self, spec: dict, beats: Beats, say: Say, keeps_rounds: bool = False):
         self.spec, self.beats, self.say = spec, beats, say
         self.bounds = spec["agent"]
-        # One evaluator for the run, on the node that also owns the run dir: it only reads checkpoints,
-        # so it is in no round's membership; each round starts it again, and it skips what it evaluated.
-        self.evaluator = keeps_rounds and bool(spec.get("evaluator"))
+        # The run's sidecars (its evaluator), on the node that also owns the run dir: they only read checkpoints,
+        # so they are in no round's membership; each round starts them again, and they skip what they evaluated.
+        self.sidecars = sidecars.sidecar_jobs(spec) if keeps_rounds else {}
         self.refusals = SaidOnce()
         self.number = 0  # the round this node's task runs in
 
@@ -152,10 +152,10 @@ class AgentMembership(Membership):
         # of the same name on another node, in a later round, must not share while this one may still be ending.
         node_dir = Path(spec["log_dir"]) / f"node-{self.beats.address}"
         node_dir.mkdir(parents=True, exist_ok=True)
-        tasks = [Task(job, task_index, cluster, spec["command"], node_dir, spec.get("run_log"), self.refusals, spec.get("task_env", {}))
-                 for job, task_index in [("worker", index), *([(sidecars.EVALUATOR, 0)] if self.evaluator else [])]]
+        places = [("worker", index), *((job, n) for job, count in self.sidecars.items() for n in range(count))]
+        tasks = [Task(job, n, cluster, spec["command"], node_dir, spec.get("run_log"), self.refusals, spec.get("task_env", {})) for job, n in places]
         self.beats.set(RUNNING, self.number)
-        beside = " and the sidecar evaluator" if self.evaluator else ""
+        beside = " and the sidecar evaluator" if self.sidecars else ""
         self.say(f"round {self.number}: this node ({self.beats.address}) runs worker:{index} of {len(formed['members'])}{beside}", quiet=True)
         return Round(tasks, {f"worker:{i}": address.rpartition(":")[0] for i, address in enumerate(formed["workers"])})
 

@@ -166,8 +166,7 @@ def _tasks(layout: Layout, placement) -> list:
         per_pool, why = threads.task_threads(topo.task_threads, counts)
         lines.append(f"  threads     each task: {threads.describe(per_pool)}; {why}")
         if topo.evaluator:  # beside the cluster (cluster/evaluator.py)
-            lines.append("  task        evaluator:0  the sidecar evaluator: TF_CONFIG task {'type': 'evaluator', 'index': 0}, "
-                         "in no cluster spec; evaluates each checkpoint")
+            lines.append(_evaluator_line(""))
         return lines
     if placement.source is Source.AGENT:
         per_pool, why = threads.task_threads(topo.task_threads, {"worker": 1})
@@ -175,8 +174,7 @@ def _tasks(layout: Layout, placement) -> list:
                  "              TF_CONFIG of each round the agents form at cluster.agent.store, and restarts it (cluster.max_restarts)",
                  f"  threads     the node's worker: {threads.describe(per_pool)}; {why}"]
         if topo.evaluator:  # on the node whose agent keeps the rounds (cluster/agent.py)
-            lines.append("  task        evaluator:0  the sidecar evaluator, on the store's node beside its worker: TF_CONFIG task "
-                         "{'type': 'evaluator', 'index': 0}, in no cluster spec; evaluates each checkpoint")
+            lines.append(_evaluator_line(", on the store's node beside its worker"))
         return lines
     lines = [f"placement     {placement.source}; this process is {placement.task_name}{' (chief)' if placement.is_chief else ''}"]
     for job, addresses in placement.spec.items():
@@ -184,6 +182,11 @@ def _tasks(layout: Layout, placement) -> list:
             lines.append(f"  task        {job}:{index}  {address}")
     lines.append(f"  TF_CONFIG   {placement.tf_config()}")
     return lines
+
+
+def _evaluator_line(where: str) -> str:
+    return (f"  task        evaluator:0  the sidecar evaluator{where}: TF_CONFIG task {{'type': 'evaluator', 'index': 0}}, "
+            "in no cluster spec; evaluates each checkpoint")
 
 
 def _loggers(logger: Logger) -> list:
