@@ -270,10 +270,13 @@ def workers_tf_config(ports, index: int) -> str:
 # A quick run trains without XLA (on one device, auto compiles the step: about 1.1 of a quick run's 5-6 CPU
 # seconds), as the unit layer's quick runs do: XLA's claims (whole steps a call, bitwise equal, resumed) are
 # test_unit_fastest_step.py's and test_unit_compute.py's; the default run (test_training.py) and the kill
-# tests' long runs (test_fault_tolerance.LONG) keep the default, auto.
+# tests' long runs (test_fault_tolerance.LONG) keep the default, auto. Nor does a quick run export (about
+# 0.45 CPU s of a quick 2x1 run's 6.6, more on one device): a test whose claim is the export, or a command
+# that reads it, asks for it (`EXPORTED`), as the unit layer's quick runs do.
 QUICK = ["trainer.steps=40", "trainer.steps_per_loop=10", "trainer.log_every=20", "trainer.eval_every=0",
          "data.batch_size=32", "data.train_examples=512", "data.eval_examples=128", "logger.tensorboard=false",
-         "trainer.jit_compile=false"]
+         "trainer.jit_compile=false", "checkpoint.export=false"]
+EXPORTED = "checkpoint.export=true"  # after QUICK: the run's SavedModel, as a user's run writes it
 
 
 def whole_and_resumed(tfdistx, tmp_path, args, stop_at=30, steps=60):

@@ -9,7 +9,7 @@ import sys
 import numpy as np
 import pytest
 
-from conftest import QUICK, run_command, tfdistx_env
+from conftest import EXPORTED, QUICK, run_command, tfdistx_env
 from tfdistx.data import sources as data_lib
 
 # Runs in a fresh interpreter: plain TensorFlow + Keras, nothing of tfdistx.
@@ -49,7 +49,7 @@ def reproduce(export_dir, source, task, tmp_path):
 
 
 def test_multiworker_export_reproduces_the_eval_metrics(tfdistx, tmp_path):
-    run = tfdistx(*QUICK, "strategy=multiworker", "cluster=2x1")
+    run = tfdistx(*QUICK, EXPORTED, "strategy=multiworker", "cluster=2x1")
     assert run.returncode == 0, run
     source = data_lib.synthetic(train_examples=512, eval_examples=128)
     found = reproduce(run.dir / "export", source, "classification", tmp_path)
@@ -62,7 +62,7 @@ def test_multiworker_export_reproduces_the_eval_metrics(tfdistx, tmp_path):
                                       pytest.param(["strategy=mirrored", "cluster=1x2"], marks=pytest.mark.slow)])
 def test_binary_export_reproduces_the_exact_auc(tfdistx, tmp_path, strategy):
     # 300 eval examples: the last batches are uneven across replicas
-    run = tfdistx(*QUICK, *strategy, "data=synthetic_categorical", "model=wide_deep", "data.eval_examples=300",
+    run = tfdistx(*QUICK, EXPORTED, *strategy, "data=synthetic_categorical", "model=wide_deep", "data.eval_examples=300",
                   "model.vocab_size=1000", "data.vocab_size=1000", "model.hidden_units=[16]")
     assert run.returncode == 0, run
     source = data_lib.synthetic_categorical(vocab_size=1000, train_examples=512, eval_examples=300)

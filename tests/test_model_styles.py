@@ -12,7 +12,7 @@ cluster test's); the rest with -m slow."""
 import numpy as np
 import pytest
 
-from conftest import QUICK, steps_logged, whole_and_resumed
+from conftest import EXPORTED, QUICK, steps_logged, whole_and_resumed
 
 STYLES = {"functional": [], "sequential_without_input": ["model._target_=user_plugins.sequential_without_input"],
           "subclassed": ["model._target_=user_plugins.subclassed"]}
@@ -26,7 +26,7 @@ def cells(strategy):
 
 @pytest.mark.parametrize("style", cells("multiworker"))
 def test_every_model_style_trains_on_multiworker_and_resumes_bitwise(tfdistx, tmp_path, style):
-    args = [*QUICK, *EVERY_TEN, "strategy=multiworker", "cluster=2x1", "trainer.deterministic=true", *STYLES[style]]
+    args = [*QUICK, EXPORTED, *EVERY_TEN, "strategy=multiworker", "cluster=2x1", "trainer.deterministic=true", *STYLES[style]]
     whole, resumed = whole_and_resumed(tfdistx, tmp_path, args, stop_at=20, steps=40)
     assert resumed.summary["weights_sha256"] == whole.summary["weights_sha256"]
     assert [m["loss"] for m in resumed.metrics] == [m["loss"] for m in whole.metrics]
@@ -36,7 +36,7 @@ def test_every_model_style_trains_on_multiworker_and_resumes_bitwise(tfdistx, tm
 @pytest.mark.parametrize("style", cells("parameter_server"))
 def test_every_model_style_trains_on_parameter_servers_and_resumes_at_its_step(tfdistx, tmp_path, style):
     """Asynchronous workers: not bitwise, but resumed at the checkpoint's step, each step logged once."""
-    args = [*QUICK, *EVERY_TEN, "strategy=parameter_server", "cluster=ps1w2", *STYLES[style]]
+    args = [*QUICK, EXPORTED, *EVERY_TEN, "strategy=parameter_server", "cluster=ps1w2", *STYLES[style]]
     first = tfdistx(*args, "trainer.steps=20")
     resumed = tfdistx(*args, "trainer.steps=40")
     assert first.returncode == 0 and resumed.returncode == 0, resumed

@@ -6,7 +6,7 @@ import json
 import logging
 import sys
 
-from conftest import QUICK, files, refused_in_one_line, run_command, tfdistx_env
+from conftest import EXPORTED, QUICK, files, refused_in_one_line, run_command, tfdistx_env
 from tfdistx.commands import export as export_command
 
 
@@ -23,7 +23,7 @@ def export(*args) -> int:
 
 
 def test_export_never_replaces_a_run_or_its_checkpoints_and_keeps_earlier_exports(tfdistx, tmp_path, capsys):
-    run = tfdistx(*QUICK, "checkpoint.every_steps=20")
+    run = tfdistx(*QUICK, EXPORTED, "checkpoint.every_steps=20")
     assert run.returncode == 0, run
     before = files(run.dir)
     for out in (run.dir, run.dir / "checkpoints", run.dir / ".hydra", tmp_path):

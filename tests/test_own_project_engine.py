@@ -5,7 +5,7 @@ features in one process: test_unit_warm_start.py."""
 
 import json
 
-from conftest import QUICK
+from conftest import EXPORTED, QUICK
 from test_cluster import digests
 
 WORSENS = ["optimizer.lr=0.03", "trainer.eval_every=5", "trainer.log_every=5", "trainer.steps_per_loop=5", "trainer.deterministic=true"]
@@ -14,7 +14,7 @@ WORSENS = ["optimizer.lr=0.03", "trainer.eval_every=5", "trainer.log_every=5", "
 def test_a_multiworker_run_warm_starts_keeps_its_best_and_stops_early(tfdistx, tmp_path):
     source = tfdistx(*QUICK, "strategy=one_device", "checkpoint.export=false", run_dir=tmp_path / "source")
     assert source.returncode == 0, source
-    args = [*QUICK, *WORSENS, "strategy=multiworker", "cluster=2x1", f"checkpoint.init_from={source.dir}",
+    args = [*QUICK, EXPORTED, *WORSENS, "strategy=multiworker", "cluster=2x1", f"checkpoint.init_from={source.dir}",
             "checkpoint.init_skip=[head/]", "data.num_classes=5", "checkpoint.keep_best=true", "trainer.early_stopping.patience=2"]
     run = tfdistx(*args)
     assert run.returncode == 0, run

@@ -12,14 +12,14 @@ import sys
 import numpy as np
 import pytest
 
-from conftest import QUICK, tfdistx_env
+from conftest import EXPORTED, QUICK, tfdistx_env
 from test_unit_partitioner import SPLIT
 from tfdistx.spec import strategies
 
 # The default MLP: its 784x128 kernel is 401,408 of the model's 407,080 bytes (98.6%).
 MLP_SHAPES = [(784, 128), (128,), (128, 10), (10,)]
 MODEL_BYTES = 407_080
-RUN = [*QUICK, "checkpoint.every_steps=20"]
+RUN = [*QUICK, EXPORTED, "checkpoint.every_steps=20"]
 
 
 def ps_shares(summary) -> dict:
