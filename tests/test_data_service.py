@@ -81,7 +81,10 @@ class Straggler:
 def run_with_stragglers(tfdistx, run_dir, args, stragglers):
     slow = [Straggler(run_dir, job, index) for job, index in stragglers]
     try:
-        run = tfdistx(*args, run_dir=run_dir)
+        # Fresh: the stragglers find the tasks by the run dir their command line names, as `ps` shows a user's. A run
+        # forked from this pytest process's prefork forks its cluster's prefork from itself (cluster/prefork.py), so
+        # its tasks show the pytest prefork's command line.
+        run = tfdistx(*args, run_dir=run_dir, fresh=True)
     finally:
         for s in slow:
             s.close()

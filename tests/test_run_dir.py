@@ -63,15 +63,21 @@ def test_runs_started_together_get_their_own_directories(tmp_path):
 def test_a_killed_cluster_leaves_nothing_behind_once_it_runs_again(tmp_path):
     """SIGKILL to the launcher: its tasks die with it (PR_SET_PDEATHSIG), and
     worker 1's scratch checkpoints (in the run's logs/.scratch, never the
-    system temp dir) and the launcher's spec file stay behind until the
-    same run starts again, which removes them."""
+    system temp dir) stay behind until the same run starts again, which
+    removes them; the launcher leaves no file of its own (its supervisor is
+    a fork, given its spec in memory)."""
     scratch, run_dir = tmp_path / "tmp", tmp_path / "run"
     scratch.mkdir()
     args = ["strategy=multiworker", "cluster=2x1", *LONG, "checkpoint.every_steps=20"]
-    run_and_interrupt(args, run_dir, 2, lambda proc: proc.send_signal(signal.SIGKILL), env={"TMPDIR": str(scratch)})
-    wait_until(lambda: processes_of(run_dir) == [], 30, "the tasks to die with their launcher (their own SIGKILL)")
     left = run_dir / "logs" / ".scratch"
-    assert [p for p in left.rglob("*") if p.is_file()] and (run_dir / "logs" / ".cluster.json").exists()
+
+    def kill_once_worker_1_saved(proc):  # its first save may come after the chief's lines
+        wait_until(lambda: any(p.is_file() for p in left.rglob("*")), 120, "worker 1's first scratch checkpoint", [proc])
+        proc.send_signal(signal.SIGKILL)
+
+    run_and_interrupt(args, run_dir, 2, kill_once_worker_1_saved, env={"TMPDIR": str(scratch)})
+    wait_until(lambda: processes_of(run_dir) == [], 30, "the tasks to die with their launcher (their own SIGKILL)")
+    assert [p for p in left.rglob("*") if p.is_file()] and not (run_dir / "logs" / ".cluster.json").exists()
     rerun = run_command([sys.executable, "-m", "tfdistx", *args, steps_past_the_last_checkpoint(run_dir), f"hydra.run.dir={run_dir}"],
                            env=tfdistx_env(TMPDIR=str(scratch)), timeout=600)
     assert rerun.returncode == 0, rerun.stdout[-3000:]

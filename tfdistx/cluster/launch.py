@@ -8,31 +8,28 @@ jobs whose exit ends the cluster, and a directory for the tasks' logs.
 
 TensorFlow's gRPC servers listen on every interface and have no
 authentication, so the tasks run, where the OS allows it, in a private
-network namespace that has nothing but loopback (`unshare --user --net`, no
-privileges needed); the process that supervises them runs inside it too.
+network namespace that has nothing but loopback (as `unshare --user --net`,
+no privileges needed); the process that supervises them runs inside it too.
 
 Hand-written because no maintained library does this for tf.distribute:
 torchrun is PyTorch's, and TensorFlow ships no local multi-process launcher.
 """
 
 import json
-import os
 import shutil
 import signal
-import subprocess
 import sys
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
 from tfdistx.cluster import evaluator as sidecars  # the sidecar evaluator's task
 from tfdistx.cluster.elastic import HostListMembership
-from tfdistx.cluster.prefork import Prefork, can_fork
-from tfdistx.cluster.processes import SCRATCH_DIR, ForwardingSignals, can_isolate, die_with_parent, free_ports, loopback_up, shell_code
+from tfdistx.cluster.prefork import Prefork, can_fork, fork, imported_here
+from tfdistx.cluster.processes import SCRATCH_DIR, ForwardingSignals, can_isolate, enter_private_network, free_ports, loopback_up, shell_code
 from tfdistx.cluster.supervisor import Membership, Round, Say, Supervisor
 from tfdistx.spec.errors import ConfigError
 from tfdistx.spec.strategies import describe_jobs  # no training code: the job table's words
 from tfdistx.sigterm import SigtermNotice
-from tfdistx.whole_files import write_json
 
 
 def run_local_cluster(counts: Dict[str, int], command: List[str], log_dir: str, primary: List[str],
@@ -60,36 +57,38 @@ def run_local_cluster(counts: Dict[str, int], command: List[str], log_dir: str, 
     trains in rounds of as many workers as hosts are listed (cluster/elastic.py).
     """
     Path(log_dir).mkdir(parents=True, exist_ok=True)
-    # One fixed name, overwritten by each launch: one a SIGKILL left behind
-    # does not pile up (one launcher per run directory: rundir.py).
-    spec_path = os.path.join(log_dir, ".cluster.json")
-    write_json(spec_path, {"counts": counts, "command": command, "log_dir": log_dir, "primary": primary, "max_restarts": max_restarts,
-                           "restart_alone": list(restart_alone), "stopped_task_timeout": stopped_task_timeout,
-                           "run_log": run_log, "evaluator": evaluator, "preemption_grace": preemption_grace,
-                           "notice_signals": list(notice_signals), "task_env": task_env or {}, "preload": list(preload),
-                           "elastic": elastic})
-    supervisor = [sys.executable, "-m", "tfdistx.cluster.launch", spec_path]  # main(), below
+    spec = json.loads(json.dumps({"counts": counts, "command": command, "log_dir": log_dir, "primary": primary, "max_restarts": max_restarts,
+            "restart_alone": list(restart_alone), "stopped_task_timeout": stopped_task_timeout,
+            "run_log": run_log, "evaluator": evaluator, "preemption_grace": preemption_grace,
+            "notice_signals": list(notice_signals), "task_env": task_env or {}, "preload": list(preload),
+            "elastic": elastic}))  # plain data, as when the supervisor read it from a file
+    spec["preload_imported"] = imported_here(spec["preload"])  # asked here: in the supervisor, a fork, it would always seem so
     isolated = isolate is not False and can_isolate()
     if isolated:
-        supervisor = ["unshare", "--user", "--map-root-user", "--net", *supervisor, "--isolated"]
         print(f"tfdistx: local cluster ({describe_jobs(counts)}) in a private network namespace: loopback only", flush=True)
     elif isolate:
-        os.unlink(spec_path)
         raise ConfigError.one("cluster.isolate", True, "this machine does not allow a private network namespace (unshare --user --net failed)")
     else:
         print(f"tfdistx: WARNING: local cluster ({describe_jobs(counts)}) is NOT isolated: its TensorFlow gRPC servers listen on all "
               "interfaces without authentication while it runs. Allow unprivileged user namespaces, or firewall the ports.", file=sys.stderr, flush=True)
     with ForwardingSignals([], notice_signals) as forwarding:
         if notice is not None and notice.received.is_set():
-            os.unlink(spec_path)
             notice.leave_if_received("before the cluster started")
-        proc = subprocess.Popen(supervisor, preexec_fn=die_with_parent)
+        # The supervisor: a fork of this process, not a fresh interpreter (its imports are done; where this
+        # process has imported what the tasks preload, its prefork is a fork too: cluster/prefork.py).
+        proc = fork(lambda: _supervise(spec, isolated))
         forwarding.procs = [proc]
         if forwarding.received:  # came while it was starting
             proc.send_signal(signal.SIGTERM)
         code = proc.wait()
-    os.unlink(spec_path)
     return shell_code(code)
+
+
+def _supervise(spec: dict, isolated: bool) -> int:
+    """The supervisor's process, forked: into the private network namespace first, if the cluster has one."""
+    if isolated:
+        enter_private_network()
+    return main(spec, isolated)
 
 
 class FixedCounts(Membership):
@@ -118,7 +117,8 @@ def main(spec: dict, isolated: bool) -> int:
     scratch = Path(spec["log_dir"]) / SCRATCH_DIR  # what a launcher killed by SIGKILL left (one launcher per run directory)
     shutil.rmtree(scratch, ignore_errors=True)
     # The tasks' imports, done once (spec["preload"], named by the training side): forked from here on.
-    prefork = Prefork(spec["preload"], spec["log_dir"]) if spec.get("preload") and can_fork(spec["command"]) else None
+    prefork = (Prefork(spec["preload"], spec["log_dir"], fork_this=spec.get("preload_imported", False))
+               if spec.get("preload") and can_fork(spec["command"]) else None)
     try:
         with ForwardingSignals([], spec.get("notice_signals", ())) as signals:
             return Supervisor(spec, membership, signals, say, prefork).run()
@@ -127,6 +127,3 @@ def main(spec: dict, isolated: bool) -> int:
             prefork.close()
         shutil.rmtree(scratch, ignore_errors=True)
 
-
-if __name__ == "__main__":
-    sys.exit(main(json.loads(Path(sys.argv[1]).read_text()), isolated="--isolated" in sys.argv[2:]))

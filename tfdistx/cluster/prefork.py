@@ -20,6 +20,14 @@ are the prefork's; the task's own name is its command name (`ps -o comm`,
 `top`: "worker:1"), and its TF_CONFIG is in its environment as TensorFlow
 reads it. `cluster.prefork=false` starts each task as a fresh `python`.
 
+A supervisor forked from a command that had imported the preload and
+started no thread (as the tests' runs are: tests/conftest.py) makes the
+prefork a fork of itself instead: the same imports, not done again (2.4-3
+CPU seconds a run). What it holds that a fresh prefork would not is let go
+first: the supervisor's end of the channel, stdin and stdout, its logging
+handlers. Anywhere else (a user's command imports no TensorFlow before its
+cluster starts) the prefork is a fresh interpreter.
+
 Hand-written: multiprocessing's forkserver forks from a preloaded process
 too, but gives its children no stdout of the caller's choosing and no
 session of their own, and joins every child when the caller exits (a
@@ -28,6 +36,7 @@ stopped task would hold the supervisor forever).
 
 import ctypes
 import json
+import logging
 import os
 import runpy
 import select
@@ -37,8 +46,9 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 import traceback
-from typing import Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 READY_TIMEOUT_SECONDS = 300  # the imports of a loaded machine; past it, tasks start as fresh processes
 ANSWER_TIMEOUT_SECONDS = 60  # for the pid of a task asked for (a fork: milliseconds)
@@ -93,17 +103,133 @@ class ForkedProcess:
         self.send_signal(signal.SIGKILL)
 
 
+class ForkedChild:
+    """A child this process forked (`fork`), with what its callers use of subprocess.Popen."""
+
+    def __init__(self, pid: int):
+        self.pid = pid
+        self.returncode: Optional[int] = None
+
+    def poll(self) -> Optional[int]:
+        if self.returncode is None:
+            try:
+                pid, status = os.waitpid(self.pid, os.WNOHANG)
+            except ChildProcessError:  # reaped elsewhere: nothing more to learn
+                pid, status = self.pid, 1 << 8
+            if pid:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def wait(self, timeout: Optional[float] = None) -> int:
+        if timeout is None and self.returncode is None:
+            try:
+                self.returncode = os.waitstatus_to_exitcode(os.waitpid(self.pid, 0)[1])  # a signal's handler runs, then it waits on
+            except ChildProcessError:
+                self.returncode = 1
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if deadline is not None and time.monotonic() >= deadline:
+                raise subprocess.TimeoutExpired(str(self.pid), timeout)
+            time.sleep(0.05)
+        return self.returncode
+
+    def send_signal(self, sig: int) -> None:
+        if self.poll() is None:
+            os.kill(self.pid, sig)
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+
+def fork(run: Callable[[], int]) -> ForkedChild:
+    """`run()` in a child of this process, its exit code the child's: the
+    same process image, without a fresh interpreter's imports. The child
+    dies with this process (no orphan holds a run), and takes the default
+    action of each signal this process handles in Python (as a fresh process
+    would, until it sets its own)."""
+    for stream in (sys.stdout, sys.stderr):  # else what is buffered is written twice, by each side
+        stream.flush()
+    parent = os.getpid()
+    pid = os.fork()
+    if pid:
+        return ForkedChild(pid)
+
+    def child() -> int:
+        die_with_parent()
+        if os.getppid() != parent:  # the parent died before the signal was asked for: it will not come
+            return 1
+        for sig in signal.valid_signals():
+            if callable(signal.getsignal(sig)) and signal.getsignal(sig) is not signal.default_int_handler:
+                signal.signal(sig, signal.default_int_handler if sig == signal.SIGINT else signal.SIG_DFL)
+        return run()
+
+    _end_as_python_would(child)
+
+
+def _end_as_python_would(body: Callable[[], Optional[int]]) -> None:
+    """`body()` to this forked process's end, as a Python process ends: SystemExit's code (a message in it
+    printed, and 1), a traceback and 1 for anything else. Then its streams flushed and os._exit: nothing of
+    what the parent process left here is torn down."""
+    code = 1
+    try:
+        code = body() or 0
+    except SystemExit as leaving:
+        code = leaving.code if isinstance(leaving.code, int) else 0 if leaving.code is None else 1
+        if not isinstance(leaving.code, (int, type(None))):
+            print(leaving.code, file=sys.stderr)
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):
+                pass
+        os._exit(code)
+
+
+def imported_here(preload: List[str]) -> bool:
+    """Whether a fork of this process could be the prefork: `preload` imported, and no thread but this one
+    (/proc counts TensorFlow's threads, which Python does not see: none means its runtime has not started,
+    which a fork could not take along). Asked in the process itself: in a child forked from it, every
+    thread but the forking one is gone, and the answer would be yes whatever the runtime's state."""
+    return bool(preload) and all(name.partition(":")[0] in sys.modules for name in preload) and len(os.listdir("/proc/self/task")) == 1
+
+
+def _serve_as_forked(channel: socket.socket, supervisors_end: socket.socket, preload: List[str]) -> int:
+    """In a child forked to be the prefork: what the fresh prefork would be (its own session, no stdin or
+    stdout, no logging handler of the parent's), then `serve`. Its other open files stay open: what the
+    imports opened is among them (gRPC's eventfd: closed, a task's first RPC fails)."""
+    os.setsid()
+    supervisors_end.close()  # else the channel never closes when the supervisor goes
+    devnull = os.open(os.devnull, os.O_RDWR)
+    os.dup2(devnull, 0)
+    os.dup2(devnull, 1)
+    os.close(devnull)
+    for handlers in [logging.root.handlers] + [getattr(each, "handlers", []) for each in logging.root.manager.loggerDict.values()]:
+        handlers.clear()  # a task sets its own (commands/task.py), as in a fresh process
+    return serve(channel, preload)
+
+
 class Prefork:
     """The supervisor's side: the prefork process, the tasks it forked and their exit codes."""
 
-    def __init__(self, preload: List[str], log_dir: str, env: Optional[Dict[str, str]] = None):
+    def __init__(self, preload: List[str], log_dir: str, env: Optional[Dict[str, str]] = None, fork_this: bool = False):
         """`log_dir`: the run's, named in the command line the prefork and its tasks show (`ps`); `env`: the
-        prefork's environment (the caller's by default), which its imports and its tasks' `sys.path` see."""
+        prefork's environment (the caller's by default), which its imports and its tasks' `sys.path` see.
+        `fork_this`: the prefork is a fork of this process, which has imported `preload` (`imported_here`,
+        asked before any thread started: in this process, or in the one this process was forked from)."""
         self._socket, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         # Its own session: Ctrl-C at the terminal reaches the supervisor, which passes it on to the tasks (not to this).
-        self._proc = subprocess.Popen([sys.executable, "-m", "tfdistx.cluster.prefork", str(theirs.fileno()), log_dir, *preload],
-                                      pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                      start_new_session=True, preexec_fn=die_with_parent, env=env)
+        if fork_this and env is None:
+            self._proc = fork(lambda: _serve_as_forked(theirs, self._socket, preload))
+        else:
+            self._proc = subprocess.Popen([sys.executable, "-m", "tfdistx.cluster.prefork", str(theirs.fileno()), log_dir, *preload],
+                                          pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                          start_new_session=True, preexec_fn=die_with_parent, env=env)
         theirs.close()
         self._exits: Dict[int, int] = {}
         self._started: List[object] = []  # the replies to requests, in order ({"started": pid} or {"error": ...})
@@ -268,15 +394,15 @@ def _report_exits(children: set, channel: socket.socket) -> None:
 def _become_task(request: dict, outputs: List[int], channel: socket.socket, parent: int) -> None:
     """In the forked child: what `python -m MODULE ARGS` started by the supervisor would be.
     `outputs`: one fd for stdout and stderr, or one each."""
-    code = 1
-    try:
+
+    def task() -> int:
         channel.close()
         os.setsid()
         for sig in _A_SCHEDULERS:  # a fresh python's: Ctrl-C raises KeyboardInterrupt, the others end the process
             signal.signal(sig, signal.default_int_handler if sig == signal.SIGINT else signal.SIG_DFL)
         die_with_parent()
         if os.getppid() != parent:  # the prefork died before the signal was asked for: it will not come
-            os._exit(1)
+            return 1
         _set_name(request["name"])
         stdin = os.open(os.devnull, os.O_RDONLY)
         os.dup2(stdin, 0)
@@ -293,20 +419,9 @@ def _become_task(request: dict, outputs: List[int], channel: socket.socket, pare
         module, *args = request["argv"]
         sys.argv = [module, *args]
         runpy.run_module(module, run_name="__main__", alter_sys=True)
-        code = 0
-    except SystemExit as leaving:
-        code = leaving.code if isinstance(leaving.code, int) else 0 if leaving.code is None else 1
-        if not isinstance(leaving.code, (int, type(None))):
-            print(leaving.code, file=sys.stderr)
-    except BaseException:
-        traceback.print_exc()
-    finally:
-        for stream in (sys.stdout, sys.stderr):
-            try:
-                stream.flush()
-            except (OSError, ValueError):
-                pass
-        os._exit(code)
+        return 0
+
+    _end_as_python_would(task)
 
 
 if __name__ == "__main__":

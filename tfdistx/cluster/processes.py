@@ -8,6 +8,7 @@ its rounds, whichever membership they have, all use them. No TensorFlow
 here, and no training code.
 """
 
+import ctypes
 import json
 import os
 import re
@@ -259,6 +260,21 @@ def can_isolate() -> bool:
         return False
     probe = subprocess.run(["unshare", "--user", "--map-root-user", "--net", "true"], capture_output=True)
     return probe.returncode == 0
+
+
+def enter_private_network() -> None:
+    """This process into a new user and network namespace, as `unshare --user --map-root-user --net` puts the
+    command it runs: root inside is this user outside, and the network has only a loopback (down: loopback_up).
+    A single-threaded process only (a forked child): the kernel refuses a new user namespace to a threaded one.
+    ctypes, because os.unshare is Python 3.12's."""
+    CLONE_NEWUSER, CLONE_NEWNET = 0x10000000, 0x40000000
+    uid, gid = os.geteuid(), os.getegid()
+    if ctypes.CDLL(None, use_errno=True).unshare(CLONE_NEWUSER | CLONE_NEWNET) != 0:
+        error = ctypes.get_errno()
+        raise OSError(error, f"unshare(CLONE_NEWUSER | CLONE_NEWNET): {os.strerror(error)}")
+    for name, line in (("setgroups", "deny"), ("uid_map", f"0 {uid} 1"), ("gid_map", f"0 {gid} 1")):  # setgroups first, or gid_map is refused
+        with open(f"/proc/self/{name}", "w") as file:
+            file.write(line)
 
 
 def loopback_up() -> None:
