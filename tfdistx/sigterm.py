@@ -49,6 +49,7 @@ class SigtermNotice:
         self.signal_name = "SIGTERM"
         self._signals = tuple(signals)
         self._previous: Dict[int, object] = {}
+        self._saying: Optional[threading.Thread] = None
 
     def __enter__(self) -> "SigtermNotice":
         if threading.current_thread() is threading.main_thread():  # signal.signal works only there
@@ -60,6 +61,8 @@ class SigtermNotice:
         for signum, handler in self._previous.items():
             signal.signal(signum, handler)
         self._previous = {}
+        if self._saying is not None:  # the notice's line is out before the process ends
+            self._saying.join(timeout=5)
 
     def listen(self, signals: Sequence[str]) -> None:
         """The notice signals besides SIGTERM, as the composed config names
@@ -78,8 +81,10 @@ class SigtermNotice:
     def _on_notice(self, signum, frame) -> None:
         if not self.received.is_set():
             self.signal_name = signal.Signals(signum).name
-            if self.plan:
-                log.warning("%s: %s", self.signal_name, self.plan)
+            if self.plan:  # said by a thread: the handler runs between two bytecodes of the main thread, which may be
+                # inside a write to the same stream, whose buffer refuses a second (a "--- Logging error ---" traceback)
+                self._saying = threading.Thread(target=log.warning, args=("%s: %s", self.signal_name, self.plan), name="notice")
+                self._saying.start()
         self.received.set()
 
     def leave_if_received(self, where: str) -> None:
