@@ -190,6 +190,7 @@ def _run_agent(spec: RunSpec, mode: str, notice: Optional[SigtermNotice]):
     per_pool, why = threads.task_threads(cluster.task_threads, {"worker": 1})  # one worker on this node
     agent = cluster.agent
     elastic_keys = cluster.elastic
+    told = _where_rounds_are_told(spec)
     code = run_agent({"command": _task_command(spec, mode, None), "run_dir": str(run_dir), "log_dir": str(run_dir / "logs"),
                       "primary": list(layout.strategy.facts.primary_jobs), "max_restarts": cluster.max_restarts,
                       "stopped_task_timeout": cluster.stopped_task_timeout, "run_log": str(run_dir / "tfdistx.log"),
@@ -198,11 +199,11 @@ def _run_agent(spec: RunSpec, mode: str, notice: Optional[SigtermNotice]):
                       "evaluator": cluster.evaluator,  # run by the agent that keeps the rounds
                       "agent": {"store": agent.store, "address": agent.address, "min": elastic_keys.min_workers if elastic_keys else cluster.workers,
                                 "max": cluster.workers, "join_grace": agent.join_grace, "lost_bound": agent.lost_bound,
-                                "below_min_timeout": agent.below_min_timeout, **_where_rounds_are_told(spec)}},
+                                "below_min_timeout": agent.below_min_timeout, **told}},
                      notice)
     if code:
         sys.exit(code)
-    return _objective_with_rounds(spec, _where_rounds_are_told(spec)["rounds_file"] if elastic_keys else None)
+    return _objective_with_rounds(spec, told["rounds_file"] if elastic_keys else None)
 
 
 def _run_local_cluster(spec: RunSpec, mode: str, step: Optional[int], notice: Optional[SigtermNotice]):
