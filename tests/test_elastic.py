@@ -231,7 +231,9 @@ def test_a_flapping_host_changes_no_round_and_training_goes_on(tmp_path):
     round changes over the flapping (here none), the steps advance through
     it, and the run finishes, every step logged once."""
     run_dir = tmp_path / "run"
-    proc, listed = start_elastic(tmp_path, HOSTS[:3], "strategy=multiworker", "cluster.workers=2:3", "cluster.elastic.lost_bound=3")
+    steps = 3 * STEPS  # 36 loops of at least the pace's 0.5 s: the run outlasts the 12 s of flapping and two loops after
+    proc, listed = start_elastic(tmp_path, HOSTS[:3], "strategy=multiworker", "cluster.workers=2:3", "cluster.elastic.lost_bound=3",
+                                 f"trainer.steps={steps}")
     with ended(proc, 300):
         wait_until(lambda: max(steps_said_in_round(run_dir, 1), default=0) >= EVERY, 240, "round 1 trains", [proc])
         before = len(rounds(run_dir))
@@ -244,4 +246,4 @@ def test_a_flapping_host_changes_no_round_and_training_goes_on(tmp_path):
     output = (tmp_path / "out.txt").read_text()
     assert proc.returncode == 0, output[-4000:]
     assert "left the host list" not in output and len(rounds(run_dir)) == 1, rounds(run_dir)
-    assert steps_logged(run_dir) == list(range(EVERY, STEPS + 1, EVERY))
+    assert steps_logged(run_dir) == list(range(EVERY, steps + 1, EVERY))
