@@ -57,12 +57,13 @@ def run_local_cluster(counts: Dict[str, int], command: List[str], log_dir: str, 
     trains in rounds of as many workers as hosts are listed (cluster/elastic.py).
     """
     Path(log_dir).mkdir(parents=True, exist_ok=True)
-    spec = json.loads(json.dumps({"counts": counts, "command": command, "log_dir": log_dir, "primary": primary, "max_restarts": max_restarts,
+    spec = {"counts": counts, "command": command, "log_dir": log_dir, "primary": primary, "max_restarts": max_restarts,
             "restart_alone": list(restart_alone), "stopped_task_timeout": stopped_task_timeout,
             "run_log": run_log, "evaluator": evaluator, "preemption_grace": preemption_grace,
             "notice_signals": list(notice_signals), "task_env": task_env or {}, "preload": list(preload),
-            "elastic": elastic}))  # plain data, as when the supervisor read it from a file
-    spec["preload_imported"] = imported_here(spec["preload"])  # asked here: in the supervisor, a fork, it would always seem so
+            "elastic": elastic,
+            "preload_imported": imported_here(list(preload))}  # asked here: in the supervisor, a fork, it would always seem so
+    spec = json.loads(json.dumps(spec))  # plain data, as when the supervisor read it from a file
     isolated = isolate is not False and can_isolate()
     if isolated:
         print(f"tfdistx: local cluster ({describe_jobs(counts)}) in a private network namespace: loopback only", flush=True)
@@ -87,7 +88,11 @@ def run_local_cluster(counts: Dict[str, int], command: List[str], log_dir: str, 
 def _supervise(spec: dict, isolated: bool) -> int:
     """The supervisor's process, forked: into the private network namespace first, if the cluster has one."""
     if isolated:
-        enter_private_network()
+        try:
+            enter_private_network()
+        except OSError as error:  # can_isolate's probe passed a moment ago; as `unshare` said it: one line, exit 1
+            print(f"tfdistx: the local cluster could not enter its private network namespace: {error}", file=sys.stderr, flush=True)
+            return 1
     return main(spec, isolated)
 
 
