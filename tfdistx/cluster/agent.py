@@ -33,7 +33,7 @@ from typing import Optional, Tuple
 from tfdistx import rundir
 from tfdistx.cluster import evaluator as sidecars  # the sidecar evaluator's task
 from tfdistx.cluster.liveness import split_address
-from tfdistx.cluster.prefork import Prefork, can_fork, imported_here
+from tfdistx.cluster.prefork import Prefork, can_fork
 from tfdistx.cluster.processes import ForwardingSignals, SaidOnce, Task, shell_code
 from tfdistx.cluster.round_keeper import DONE, ENDED, FAILED, GROW, LOST, RUNNING, TASK_FAILED, WAITING, RoundKeeper, answer, listen
 from tfdistx.cluster.rounds import Rounds
@@ -221,8 +221,7 @@ def run_agent(spec: dict, notice: Optional[SigtermNotice] = None) -> int:
     with rundir.exclusive(spec["run_dir"]) if keeper else contextlib.nullcontext():  # the keeper's node owns the run directory
         beats.start()
         Path(spec["log_dir"]).mkdir(parents=True, exist_ok=True)
-        prefork = (Prefork(spec["preload"], spec["log_dir"], fork_this=imported_here(spec["preload"]))
-                   if spec.get("preload") and can_fork(spec["command"]) else None)
+        prefork = Prefork(spec["preload"], spec["log_dir"]) if spec.get("preload") and can_fork(spec["command"]) else None
         try:
             with ForwardingSignals([], spec.get("notice_signals", ())) as signals:
                 if notice is not None and notice.received.is_set():

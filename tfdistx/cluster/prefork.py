@@ -73,7 +73,21 @@ def can_fork(command: List[str]) -> bool:
     return len(command) >= 3 and command[0] == sys.executable and command[1] == "-m"
 
 
-class ForkedProcess:
+class _Signalled:
+    """What Popen gives of signalling a child, for a class with its `pid` and `poll()`."""
+
+    def send_signal(self, sig: int) -> None:
+        if self.poll() is None:  # as Popen: never a pid already reaped (and the kernel may give again)
+            os.kill(self.pid, sig)
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+
+class ForkedProcess(_Signalled):
     """A task forked by the prefork, with what the supervisor uses of
     subprocess.Popen: pid, stdout, returncode, poll, wait, send_signal."""
 
@@ -92,18 +106,8 @@ class ForkedProcess:
             raise subprocess.TimeoutExpired(self.args, timeout)
         return self.poll()
 
-    def send_signal(self, sig: int) -> None:
-        if self.poll() is None:  # as Popen: never a pid the prefork has reaped (and the kernel may give again)
-            os.kill(self.pid, sig)
 
-    def terminate(self) -> None:
-        self.send_signal(signal.SIGTERM)
-
-    def kill(self) -> None:
-        self.send_signal(signal.SIGKILL)
-
-
-class ForkedChild:
+class ForkedChild(_Signalled):
     """A child this process forked (`fork`), with what its callers use of subprocess.Popen."""
 
     def __init__(self, pid: int):
@@ -132,16 +136,6 @@ class ForkedChild:
                 raise subprocess.TimeoutExpired(str(self.pid), timeout)
             time.sleep(0.05)
         return self.returncode
-
-    def send_signal(self, sig: int) -> None:
-        if self.poll() is None:
-            os.kill(self.pid, sig)
-
-    def terminate(self) -> None:
-        self.send_signal(signal.SIGTERM)
-
-    def kill(self) -> None:
-        self.send_signal(signal.SIGKILL)
 
 
 def fork(run: Callable[[], int]) -> ForkedChild:
