@@ -43,7 +43,6 @@ killed with its process tree.
 """
 
 import argparse
-import contextlib
 import os
 import re
 import resource
@@ -54,7 +53,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from side_by_side import PATIENCE_SECONDS, interruptible, killed_if_left, log_of, say_estimate, table, task_pid, wait_for
+from side_by_side import PATIENCE_SECONDS, interruptible, killed_if_left, log_of, say_estimate, table, task_pid, wait_for, worktree
 
 HERE = Path(__file__).resolve().parent
 COMMON = ["data=synthetic", "trainer.steps_per_loop=1", "trainer.log_every=1", "logger.tensorboard=false"]
@@ -141,16 +140,6 @@ def replay(samples: dict, key: str) -> dict:
     """Contenders for `table` that hand back the samples already measured, in order."""
     queues = {name: [sample[key] for sample in runs] for name, runs in samples.items()}
     return {name: (lambda queue=queue: queue.pop(0)) for name, queue in queues.items()}
-
-
-@contextlib.contextmanager
-def worktree(rev: str, where: Path):
-    """A git worktree of `rev` at `where`, removed after."""
-    subprocess.run(["git", "-C", str(HERE.parent), "worktree", "add", "--detach", "--quiet", str(where), rev], check=True)
-    try:
-        yield where
-    finally:
-        subprocess.run(["git", "-C", str(HERE.parent), "worktree", "remove", "--force", str(where)], check=False)
 
 
 def against(args, tree: Path) -> None:

@@ -167,6 +167,18 @@ def task_pid(launcher: int, task: str) -> int:
 
 
 @contextlib.contextmanager
+def worktree(rev: str, where: Path):
+    """A git worktree of `rev` (of this checkout's repository) at `where`, removed after: another
+    revision of tfdistx to run side by side, first on PYTHONPATH for its runs."""
+    repo = Path(__file__).resolve().parent.parent
+    subprocess.run(["git", "-C", str(repo), "worktree", "add", "--detach", "--quiet", str(where), rev], check=True)
+    try:
+        yield where
+    finally:
+        subprocess.run(["git", "-C", str(repo), "worktree", "remove", "--force", str(where)], check=False)
+
+
+@contextlib.contextmanager
 def killed_if_left(proc):
     """Inside: what the benchmark does with a running `proc`; whatever of it is left after, failed or not, is killed."""
     try:

@@ -8,7 +8,7 @@ So the supervisor starts one *prefork* process per run: it imports what the
 tasks import (`preload`, named by the training side in the launcher's spec:
 this module knows no training code) and forks a child for each task asked
 for. The child becomes what `python -m MODULE ARGS` would be in the task's
-environment: a session of its own, stdin from /dev/null, stdout and stderr
+environment: a process group of its own, stdin from /dev/null, stdout and stderr
 into the pipe the supervisor reads, SIGKILL when its parent goes, the
 task's environment, MODULE run as __main__.
 
@@ -30,7 +30,7 @@ cluster starts) the prefork is a fresh interpreter.
 
 Hand-written: multiprocessing's forkserver forks from a preloaded process
 too, but gives its children no stdout of the caller's choosing and no
-session of their own, and joins every child when the caller exits (a
+process group of their own, and joins every child when the caller exits (a
 stopped task would hold the supervisor forever).
 """
 
@@ -54,6 +54,20 @@ READY_TIMEOUT_SECONDS = 300  # the imports of a loaded machine; past it, tasks s
 ANSWER_TIMEOUT_SECONDS = 60  # for the pid of a task asked for (a fork: milliseconds)
 _MESSAGE_BYTES = 1 << 20  # a request: the command and the environment, a few kB
 _NAME_BYTES = 15  # the kernel's limit on a command name (prctl PR_SET_NAME)
+
+
+def own_group_and_die_with_parent() -> None:
+    """In a child (before exec, or right after a fork): a process group of its own, so that Ctrl-C at
+    the terminal (sent to the foreground group) reaches the supervisor alone, which passes it on, and a
+    signal to the group reaches the task's own children too; SIGKILL if its parent dies.
+
+    A group, not a session (setsid): the kernel's autogroup scheduler, on in most distributions' kernels,
+    shares the cores fairly between sessions, so a task in a session of its own took as large a share as
+    everything else the user runs together: beside a 2x1 cluster on 2 cores, a busy program started from
+    another terminal got 71-75% of a core, and 90-101% with the tasks in the command's session, where a
+    local cluster takes one session's share (benchmarks/bench_neighbour.py, docs/multi-process.md)."""
+    os.setpgid(0, 0)
+    die_with_parent()
 
 
 def die_with_parent() -> None:
@@ -194,10 +208,10 @@ def imported_here(preload: List[str]) -> bool:
 
 
 def _serve_as_forked(channel: socket.socket, supervisors_end: socket.socket, preload: List[str]) -> int:
-    """In a child forked to be the prefork: what the fresh prefork would be (its own session, no stdin or
+    """In a child forked to be the prefork: what the fresh prefork would be (its own process group, no stdin or
     stdout, no logging handler of the parent's), then `serve`. Its other open files stay open: what the
     imports opened is among them (gRPC's eventfd: closed, a task's first RPC fails)."""
-    os.setsid()
+    os.setpgid(0, 0)
     supervisors_end.close()  # else the channel never closes when the supervisor goes
     devnull = os.open(os.devnull, os.O_RDWR)
     os.dup2(devnull, 0)
@@ -217,13 +231,13 @@ class Prefork:
         `fork_this`: the prefork is a fork of this process, which has imported `preload` (`imported_here`,
         asked before any thread started: in this process, or in the one this process was forked from)."""
         self._socket, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        # Its own session: Ctrl-C at the terminal reaches the supervisor, which passes it on to the tasks (not to this).
+        # Its own process group: Ctrl-C at the terminal reaches the supervisor, which passes it on to the tasks (not to this).
         if fork_this and env is None:
             self._proc = fork(lambda: _serve_as_forked(theirs, self._socket, preload))
         else:
             self._proc = subprocess.Popen([sys.executable, "-m", "tfdistx.cluster.prefork", str(theirs.fileno()), log_dir, *preload],
                                           pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                          start_new_session=True, preexec_fn=die_with_parent, env=env)
+                                          preexec_fn=own_group_and_die_with_parent, env=env)
         theirs.close()
         self._exits: Dict[int, int] = {}
         self._started: List[object] = []  # the replies to requests, in order ({"started": pid} or {"error": ...})
@@ -391,10 +405,9 @@ def _become_task(request: dict, outputs: List[int], channel: socket.socket, pare
 
     def task() -> int:
         channel.close()
-        os.setsid()
+        own_group_and_die_with_parent()
         for sig in _A_SCHEDULERS:  # a fresh python's: Ctrl-C raises KeyboardInterrupt, the others end the process
             signal.signal(sig, signal.default_int_handler if sig == signal.SIGINT else signal.SIG_DFL)
-        die_with_parent()
         if os.getppid() != parent:  # the prefork died before the signal was asked for: it will not come
             return 1
         _set_name(request["name"])

@@ -25,7 +25,7 @@ from typing import Dict, List, Optional, Sequence
 
 from tfdistx.checkpoint_files import SCRATCH_ENV  # file names only: no TensorFlow
 from tfdistx.cluster import evaluator as sidecars  # the sidecar evaluator's task
-from tfdistx.cluster.prefork import Prefork, die_with_parent
+from tfdistx.cluster.prefork import Prefork, own_group_and_die_with_parent
 from tfdistx.sigterm import signal_number
 
 SCRATCH_DIR = ".scratch"  # in the tasks' log directory: each task's scratch (its checkpoints, if not the chief), removed as it ends
@@ -52,7 +52,7 @@ class Task:
         self.proc = prefork.spawn(self.command, self.env, self.name) if prefork is not None else None
         if self.proc is None:
             self.proc = subprocess.Popen(self.command, env=self.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                         stdin=subprocess.DEVNULL, start_new_session=True, preexec_fn=die_with_parent)
+                                         stdin=subprocess.DEVNULL, preexec_fn=own_group_and_die_with_parent)
         thread = threading.Thread(target=pump, args=(self.proc, self.name, self.log_path, self.run_log, self.succeeded, self.refusals),
                                   daemon=True)
         thread.start()
