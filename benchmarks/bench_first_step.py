@@ -53,7 +53,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from side_by_side import PATIENCE_SECONDS, interruptible, killed_if_left, log_of, say_estimate, table, task_pid, wait_for, worktree
+from side_by_side import (PATIENCE_SECONDS, interruptible, killed_if_left, log_of, replay, say_estimate, table, task_pid, tree_env,
+                          wait_for, worktree)
 
 HERE = Path(__file__).resolve().parent
 COMMON = ["data=synthetic", "trainer.steps_per_loop=1", "trainer.log_every=1", "logger.tensorboard=false"]
@@ -66,17 +67,10 @@ FIRST = {
 }
 
 
-def env(scratch: str, tree: Path) -> dict:
-    # TensorFlow's autograph files go to TMPDIR, and a killed task removes none: in the scratch dir, removed with it.
-    # `tree`: the checkout whose tfdistx runs (first on PYTHONPATH, before the installed one).
-    return {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "TMPDIR": scratch,
-            "PYTHONPATH": os.pathsep.join(filter(None, [str(tree), os.environ.get("PYTHONPATH")]))}
-
-
 def start(args, scratch: str, run_dir: Path, tree: Path = HERE.parent) -> subprocess.Popen:
     cmd = [sys.executable, "-m", "tfdistx", *COMMON, *args, f"hydra.run.dir={run_dir}"]
     return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
-                            start_new_session=True, env=env(scratch, tree), cwd=scratch)
+                            start_new_session=True, env=tree_env(scratch, tree), cwd=scratch)
 
 
 def first_step(args, steps: int, tree: Path = HERE.parent) -> dict:
@@ -134,12 +128,6 @@ def steps_after_restart(log: str) -> int:
     return len(re.findall(r"^\[worker:0\] step ", after, re.M)) if found else 0
 
 
-
-
-def replay(samples: dict, key: str) -> dict:
-    """Contenders for `table` that hand back the samples already measured, in order."""
-    queues = {name: [sample[key] for sample in runs] for name, runs in samples.items()}
-    return {name: (lambda queue=queue: queue.pop(0)) for name, queue in queues.items()}
 
 
 def against(args, tree: Path) -> None:

@@ -32,8 +32,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from side_by_side import (PATIENCE_SECONDS, descendants, interruptible, killed_if_left, say_estimate, table, wait_for,
-                          worktree)
+from side_by_side import (PATIENCE_SECONDS, descendants, interruptible, killed_if_left, replay, say_estimate, table,
+                          tree_env, wait_for, worktree)
 
 HERE = Path(__file__).resolve().parent
 RUN = ["strategy=multiworker", "cluster=2x1", "data=synthetic", "trainer.steps=100000000", "trainer.log_every=500",
@@ -57,10 +57,9 @@ def sample(tree: Path) -> dict:
     """One run beside one neighbour: {"neighbour": % of a core, "cluster": % of a core}."""
     with tempfile.TemporaryDirectory() as scratch:
         run_dir = Path(scratch, "run")
-        env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "TMPDIR": scratch,
-               "PYTHONPATH": os.pathsep.join(filter(None, [str(tree), os.environ.get("PYTHONPATH")]))}
         proc = subprocess.Popen([sys.executable, "-m", "tfdistx", *RUN, f"hydra.run.dir={run_dir}"], stdout=subprocess.DEVNULL,
-                                stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL, start_new_session=True, env=env, cwd=scratch)
+                                stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL, start_new_session=True,
+                                env=tree_env(scratch, tree), cwd=scratch)
         with killed_if_left(proc):
             metrics = run_dir / "metrics.jsonl"
             wait_for(lambda: metrics.exists() and metrics.stat().st_size > 0, proc, "the first record")
@@ -104,9 +103,7 @@ def main() -> None:
             ratio = (lambda medians, name: medians[name] / medians["this checkout"])
             table({name: measure(name) for name in trees}, repeats, "a busy neighbour's CPU beside a 2x1 cluster",
                   "/ this checkout", ratio, unit="% of a core")
-            queues = {name: [s["cluster"] for s in runs] for name, runs in measured.items()}
-            table({name: (lambda q=q: q.pop(0)) for name, q in queues.items()}, repeats, "the cluster's CPU beside it",
-                  "/ this checkout", ratio, unit="% of a core")
+            table(replay(measured, "cluster"), repeats, "the cluster's CPU beside it", "/ this checkout", ratio, unit="% of a core")
 
 
 if __name__ == "__main__":

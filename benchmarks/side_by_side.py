@@ -61,6 +61,13 @@ def table(contenders: Dict[str, Callable[[], float]], repeats: int, title: str, 
 # -- the time it will take ---------------------------------------------------------
 
 
+def replay(samples: Dict[str, list], key: str) -> Dict[str, Callable[[], float]]:
+    """Contenders for `table` that hand back, in order, `key` of samples already measured
+    (dicts, a list per contender): another table of the same runs."""
+    queues = {name: [sample[key] for sample in runs] for name, runs in samples.items()}
+    return {name: (lambda queue=queue: queue.pop(0)) for name, queue in queues.items()}
+
+
 def say_estimate(plan: Iterable[Tuple[int, float, str]], quick: bool = False) -> float:
     """Print, before anything runs, how long the benchmark will take: `plan`
     is [(runs, expected seconds each, what)]. Returns the seconds estimated."""
@@ -164,6 +171,13 @@ def task_pid(launcher: int, task: str) -> int:
         if b"TFDISTX_LOCAL_TASK" in environ and wanted in environ:
             return pid
     sys.exit(f"no process of {task} under the launcher {launcher}")
+
+
+def tree_env(scratch: str, tree: Path) -> dict:
+    """The environment of a run of the tfdistx in checkout `tree` (first on PYTHONPATH, before the installed
+    one). TensorFlow's autograph files go to TMPDIR, and a killed task removes none: the run's scratch dir."""
+    return {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "TMPDIR": scratch,
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(tree), os.environ.get("PYTHONPATH")]))}
 
 
 @contextlib.contextmanager
