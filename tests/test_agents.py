@@ -27,9 +27,9 @@ STORE_PORT = 29555
 BOUNDS = ["cluster.elastic.join_grace=2", "cluster.elastic.lost_bound=3", "cluster.elastic.below_min_timeout=60"]
 
 
-def start_agents(nodes: Nodes, tmp_path, count: int, *args, base=ARGS) -> list:
+def start_agents(nodes: Nodes, tmp_path, count: int, *args, base=ARGS, strategy="multiworker") -> list:
     """An agent on each of nodes 1..count, the same command on each (`base`: the probe's run, paced); node 1 keeps the rounds."""
-    command = [sys.executable, "-m", "tfdistx", *base, "strategy=multiworker", "cluster.launch=agent",
+    command = [sys.executable, "-m", "tfdistx", *base, f"strategy={strategy}", "cluster.launch=agent",
                f"cluster.agent.store={Nodes.address(1)}:{STORE_PORT}", *BOUNDS, "+callbacks.pace._target_=user_plugins.Pace",
                "+callbacks.pace.seconds=0.5", *args, f"hydra.run.dir={tmp_path / 'run'}"]
     return [nodes.start(n, command, env=tfdistx_env(), stdout=open(tmp_path / f"node{n}.txt", "w"), stderr=subprocess.STDOUT)
@@ -97,6 +97,36 @@ def test_agents_on_four_nodes_lose_a_partitioned_node_go_on_and_grow_back(nodes,
     np.testing.assert_array_equal(seen, seen_counts(whole.dir))
     for mine, reference in zip(model_values(run_dir, 1), model_values(whole.dir, 1)):
         np.testing.assert_allclose(mine, reference, rtol=1e-4, atol=1e-6)
+    wait_until(lambda: not processes_of(run_dir), 30, "every agent and task gone")
+
+
+def test_parameter_servers_under_agents_lose_a_partitioned_worker_node_and_grow_back(nodes, tmp_path):
+    """ps1w3 at 2:3 across three nodes: the chief and the ps run on the node
+    that keeps the rounds (node 1), a worker on each node. A worker node's
+    link is cut mid-run: the two others form a round and go on from the
+    newest checkpoint; the link comes back and the run grows to three
+    workers again. Every step logged once and trained on one batch once
+    (asynchronous: which worker trains a step is timing's, so the examples
+    are counted in total), every agent exits 0, nothing left running."""
+    run_dir = tmp_path / "run"
+    agents = start_agents(nodes, tmp_path, 3, "cluster=ps1w3", "cluster.workers=2:3", strategy="parameter_server")
+    wait_until(lambda: max(steps_said_in_round(run_dir, 1), default=0) >= 2 * EVERY, 300, "round 1 trains", agents)
+    nodes.cut(3)
+    wait_until(lambda: steps_said_in_round(run_dir, 2), 300, "round 2 trains", agents)
+    nodes.join(3)
+    all_ended(agents, 300, tmp_path)
+    assert [agent.returncode for agent in agents] == [0, 0, 0], [output(tmp_path, n)[-3000:] for n in range(1, 4)]
+
+    said = rounds(run_dir)
+    assert [workers(r["members"]) for r in said] == [3, 2, 3], said
+    assert all(r["members"]["chief:0"] == r["members"]["ps:0"] == Nodes.address(1) for r in said), said
+    lost = Nodes.address(3)
+    assert re.fullmatch(rf"lost worker:\d at {re.escape(lost)}", said[1]["reason"]) and said[2]["reason"] == f"{lost} joined", said
+    assert "no answer from the rendezvous" in output(tmp_path, 3), output(tmp_path, 3)[-3000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["step"] == STEPS and summary["rounds"] == said
+    assert steps_logged(run_dir) == list(range(EVERY, STEPS + 1, EVERY))  # each step once, none lost
+    assert seen_counts(run_dir).sum() == STEPS * BATCH  # every step one batch, once
     wait_until(lambda: not processes_of(run_dir), 30, "every agent and task gone")
 
 

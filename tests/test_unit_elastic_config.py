@@ -285,7 +285,8 @@ AGENT = ["strategy=multiworker", "cluster.launch=agent", "cluster.agent.store=10
     (["strategy=multiworker", "cluster.launch=agent"], "cluster.agent.store=None: host:port of the rendezvous"),
     (["strategy=multiworker", "cluster.launch=agent", "cluster.agent.store=node1"], "cluster.agent.store='node1': host:port"),
     ([*AGENT, "cluster.agent.address=10.0.0.2:80"], "cluster.agent.address='10.0.0.2:80': this node's host name or IP address, without a port"),
-    ([*AGENT[1:], "strategy=parameter_server", "cluster=ps1w2"], "strategy='parameter_server': an agent on every node runs one multiworker"),
+    ([*AGENT[1:], "strategy=mirrored"], "strategy='mirrored': an agent on every node runs one worker per node, of a multi-worker "
+                                        "cluster: use strategy=multiworker or strategy=parameter_server"),
     ([*AGENT, "data.service.workers=1"], "data.service.workers=1: the agents start training workers only"),
     ([*AGENT, "cluster.workers=4", "cluster.elastic.min_workers=2", "data.batch_size=24", "cluster.evaluator=true"],
      "cluster.evaluator=True: the sidecar evaluator is not kept across an elastic run's rounds"),
@@ -303,6 +304,12 @@ def test_an_elastic_run_of_agents_needs_no_host_list_and_plan_shows_the_rendezvo
     assert ("agents        one per node, 2:4 workers, meeting at 10.0.0.1:29500 (its host's agent keeps the rounds); a round waits 10s "
             "past 2 agents for 4, a node silent 5s is lost, and the run stops after 300s below 2 (exit 9)") in plan, plan
     assert "placement     an agent on every node" in plan and "elastic       " not in plan, plan
+
+
+def test_parameter_servers_under_agents_run_the_chief_and_ps_on_the_stores_node(tmp_path):
+    plan = describe(compose_ok(tmp_path / "run", *AGENT[1:], "strategy=parameter_server", "cluster=ps2w3", "cluster.elastic.min_workers=2"))
+    assert "(its host's agent keeps the rounds and runs the chief and 2 ps task(s))" in plan, plan
+    assert "  servers     the chief and 2 ps task(s), on the store's node beside its worker" in plan, plan
 
 
 def test_a_fixed_run_of_agents_has_its_sidecar_evaluator_on_the_stores_node(tmp_path):

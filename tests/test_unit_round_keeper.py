@@ -164,6 +164,21 @@ def test_the_run_is_finished_once_every_member_is_done_and_nothing_forms_after()
     assert kept.round.number == 1
 
 
+def test_under_parameter_servers_the_keepers_node_is_in_every_round_with_the_servers_and_its_end_is_the_runs():
+    kept, clock, said = keeper(low=2, high=3, lost_bound=3, join_grace=5)
+    kept.finisher = C  # the agent that keeps the rounds, whose node runs the chief and the ps
+    kept.servers = lambda: {"chief": [f"{C}:8000"], "ps": [f"{C}:8001"]}
+    beat(kept, A), beat(kept, B)
+    advance(kept, clock, 10, **{A: (WAITING, 0), B: (WAITING, 0)})
+    assert kept.round is None  # two agents, but not the chief's node: no round can run
+    beat(kept, C)
+    formed = beat(kept, A)["round"]
+    assert formed["members"] == [C, A, B] and formed["servers"] == {"chief": [f"{C}:8000"], "ps": [f"{C}:8001"]}
+    assert said[-1][1] == {"chief:0": C, "ps:0": C, "worker:0": C, "worker:1": A, "worker:2": B}
+    beat(kept, C, DONE, 1)  # the chief finished: the other nodes' workers only served it
+    assert beat(kept, A, RUNNING, 1)["finished"] and beat(kept, B, RUNNING, 1)["round"]["why"] == "done"
+
+
 def test_agents_reach_a_real_keeper_over_the_network_and_a_silent_keeper_is_noticed():
     kept, clock, said = keeper(low=1, high=1)
     server = listen(kept, "127.0.0.1", 0)

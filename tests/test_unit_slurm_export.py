@@ -102,7 +102,7 @@ def test_an_override_with_spaces_and_quotes_reaches_the_step_intact(capsys, tmp_
     (["cluster.launch=local", "strategy=multiworker", "cluster=2x1"], "cluster.launch='local': the script's tasks are placed by the Slurm step"),
     (["strategy=multiworker", "cluster.workers=2:4", "data.batch_size=24", "cluster.elastic.hosts=/etc/hosts"],
      "cluster.elastic.min_workers=2: a Slurm step has a fixed number of tasks"),
-    (["strategy=parameter_server", "cluster=ps1w2", "cluster.launch=agent"], "strategy='parameter_server': an agent on every node"),
+    (["strategy=mirrored", "cluster.launch=agent"], "strategy='mirrored': an agent on every node"),
     (["cluster.notice_signals=[KILL]"], "cluster.notice_signals='KILL': a signal name as Slurm's --signal writes it"),
 ])
 def test_a_bad_option_is_one_line_naming_it_and_exit_2(capsys, args, said):

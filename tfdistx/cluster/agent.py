@@ -18,7 +18,13 @@ nodes, worker:0 (the chief) on the same node from round to round while it
 lives; each node's worker resumes from the newest checkpoint on the round's
 topology, as a local elastic round's does.
 
-Multiworker only, one worker per node. No TensorFlow here, and no training code.
+One worker per node, multiworker or parameter servers. Under parameter
+servers the keeper's node also runs the chief (the coordinator) and the ps
+tasks, in every round, as a local elastic run keeps them on the chief's
+host: the run lives as long as that node anyway. The training is done when
+its chief is; the other nodes' workers only serve it, and stop when told
+the run finished. A lost worker's node is a new round from the newest
+checkpoint, as under multiworker. No TensorFlow here, and no training code.
 """
 
 import contextlib
@@ -28,14 +34,14 @@ import threading
 import time
 import xmlrpc.client
 from pathlib import Path
-from typing import Optional, Tuple
+from typing import List, Optional, Tuple
 
 from tfdistx import rundir
 from tfdistx.cluster import evaluator as sidecars  # the sidecar evaluator's task
 from tfdistx.cluster.liveness import split_address
 from tfdistx.cluster.prefork import Prefork, can_fork
 from tfdistx.cluster.processes import ForwardingSignals, SaidOnce, Task, shell_code
-from tfdistx.cluster.round_keeper import DONE, ENDED, FAILED, GROW, LOST, RUNNING, TASK_FAILED, WAITING, RoundKeeper, answer, listen
+from tfdistx.cluster.round_keeper import DONE, ENDED, FAILED, FINISHED, GROW, LOST, RUNNING, TASK_FAILED, WAITING, RoundKeeper, answer, listen
 from tfdistx.cluster.rounds import Rounds
 from tfdistx.cluster.supervisor import POLL_SECONDS, Membership, NoRound, Round, RoundResult, Say, State, Supervisor
 from tfdistx.sigterm import SigtermNotice
@@ -54,9 +60,26 @@ def own_address(store: str) -> str:
 
 def free_port() -> int:
     """A port free on every interface of this node (TensorFlow's server binds them all)."""
-    with socket.socket() as sock:
-        sock.bind(("", 0))
-        return sock.getsockname()[1]
+    return free_ports_here(1)[0]
+
+
+def free_ports_here(count: int, taken: Tuple[int, ...] = ()) -> List[int]:
+    """`count` ports free on every interface of this node, none of them
+    `taken` (the port this node's worker was given): held open together
+    while chosen, so that no two are the same."""
+    held: List[socket.socket] = []
+    try:
+        ports: List[int] = []
+        while len(ports) < count:
+            sock = socket.socket()
+            held.append(sock)
+            sock.bind(("", 0))
+            if sock.getsockname()[1] not in taken:
+                ports.append(sock.getsockname()[1])
+        return ports
+    finally:
+        for sock in held:
+            sock.close()
 
 
 class _Timeout(xmlrpc.client.Transport):
@@ -108,10 +131,12 @@ class Beats:
 
 class AgentMembership(Membership):
     """This node's worker in each round the keeper forms with it, and on the
-    keeper's node the sidecar evaluator beside it when the run has one."""
+    keeper's node the chief and ps tasks (parameter servers) and the sidecar
+    evaluator beside it when the run has them."""
 
     def __init__(self, spec: dict, beats: Beats, say: Say, keeps_rounds: bool = False):
         self.spec, self.beats, self.say = spec, beats, say
+        self.keeps_rounds = keeps_rounds
         self.bounds = spec["agent"]
         # The run's sidecars (its evaluator), on the node that also owns the run dir: they only read checkpoints,
         # so they are in no round's membership; each round starts them again, and they skip what they evaluated.
@@ -146,18 +171,20 @@ class AgentMembership(Membership):
     def _placed(self, formed: dict) -> Round:
         self.number = formed["number"]
         index = formed["members"].index(self.beats.name)
-        cluster = {"worker": formed["workers"]}
+        servers = formed["servers"]  # the chief and ps tasks, on the keeper's node (parameter servers); else none
+        cluster = {**servers, "worker": formed["workers"]}
         spec = self.spec
         # Each node's own log directory: its worker's log and scratch (a non-chief's checkpoints), which a worker
         # of the same name on another node, in a later round, must not share while this one may still be ending.
         node_dir = Path(spec["log_dir"]) / f"node-{self.beats.address}"
         node_dir.mkdir(parents=True, exist_ok=True)
-        places = [("worker", index), *((job, n) for job, count in self.sidecars.items() for n in range(count))]
+        here = {**(servers if self.keeps_rounds else {}), **{job: [None] * count for job, count in self.sidecars.items()}}
+        places = [("worker", index), *((job, n) for job, on in here.items() for n in range(len(on)))]
         tasks = [Task(job, n, cluster, spec["command"], node_dir, spec.get("run_log"), self.refusals, spec.get("task_env", {})) for job, n in places]
         self.beats.set(RUNNING, self.number)
-        beside = " and the sidecar evaluator" if self.sidecars else ""
+        beside = "".join(f", {job}:{n}" for job, n in places[1:] if job in servers) + (" and the sidecar evaluator" if self.sidecars else "")
         self.say(f"round {self.number}: this node ({self.beats.address}) runs worker:{index} of {len(formed['members'])}{beside}", quiet=True)
-        return Round(tasks, {f"worker:{i}": address.rpartition(":")[0] for i, address in enumerate(formed["workers"])})
+        return Round(tasks, {f"{job}:{i}": address.rpartition(":")[0] for job, addresses in cluster.items() for i, address in enumerate(addresses)})
 
     def check(self, round_: Round, signals: ForwardingSignals) -> Optional[RoundResult]:
         """The keeper's verdict on the running round, or its silence past lost_bound."""
@@ -178,7 +205,9 @@ class AgentMembership(Membership):
             return RoundResult(State.MEMBERSHIP_CHANGED, EXIT_PREEMPTED, joined=current["joining"], asked_to_checkpoint=True)
         if current["why"] == TASK_FAILED:  # another node's task: this one is stopped, and the round restarts
             return RoundResult(State.FAILED, current["code"])
-        return None  # running, or FINISHED: this node's task ends on its own
+        if current["why"] == FINISHED:  # the chief's node is done (parameter servers): this node's worker served its last step
+            return RoundResult(State.SUCCEEDED)
+        return None  # running
 
     def failed(self, round_: Round, task: Task, code: int) -> RoundResult:
         """This node's task failed. A peer's loss or failure explains a lost
@@ -213,11 +242,18 @@ def run_agent(spec: dict, notice: Optional[SigtermNotice] = None) -> int:
     """This node's agent, to the run's end: 0 once the training is done, else
     the code it stopped with. `spec`: as a local cluster's
     (launch.run_local_cluster), with `agent`: the store, the bounds, and
-    where the rounds are recorded."""
+    where the rounds are recorded, and `servers`: the chief and ps tasks
+    per job under parameter servers (run on the keeper's node)."""
     bounds = spec["agent"]
     say = _AgentSay(spec.get("run_log"))
     keeper, server = _keep_rounds_if_here(bounds, say)
     beats = Beats(bounds["store"], bounds.get("address") or own_address(bounds["store"]))
+    servers = spec.get("servers") or {}
+    if servers and keeper is None:  # a node with a worker only: its worker serves the chief, and its end is this node's
+        spec = {**spec, "primary": ["worker"]}
+    if servers and keeper is not None:
+        keeper.finisher = beats.name
+        keeper.servers = lambda: _server_addresses(beats, servers)
     with rundir.exclusive(spec["run_dir"]) if keeper else contextlib.nullcontext():  # the keeper's node owns the run directory
         beats.start()
         Path(spec["log_dir"]).mkdir(parents=True, exist_ok=True)
@@ -237,6 +273,12 @@ def run_agent(spec: dict, notice: Optional[SigtermNotice] = None) -> int:
             server.shutdown()
             server.server_close()
     return code
+
+
+def _server_addresses(beats: Beats, servers: dict) -> dict:
+    """The chief and ps tasks' addresses for the next round: on this node (the keeper's), at fresh ports, none its worker's."""
+    ports = iter(free_ports_here(sum(servers.values()), taken=(beats.status[3],)))
+    return {job: [f"{beats.address}:{next(ports)}" for _ in range(count)] for job, count in servers.items()}
 
 
 def _hear_the_end(keeper: Optional[RoundKeeper], beats: Beats, code: int, most: float) -> None:

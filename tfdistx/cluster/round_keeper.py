@@ -79,17 +79,30 @@ class Round:
     lost: Dict[str, str] = field(default_factory=dict)  # task -> address of the members lost
     joining: List[str] = field(default_factory=list)  # their addresses
     code: int = 0  # TASK_FAILED: the failed task's exit code
+    servers: Dict[str, List[str]] = field(default_factory=dict)  # parameter servers: the chief and ps tasks, job -> ["host:port"]
 
     def view(self) -> dict:
         """The plain form an agent is sent."""
         return {"number": self.number, "workers": [f"{a}:{p}" for a, p in zip(self.addresses, self.ports)], "members": self.members,
-                "reason": self.reason, "why": self.why, "lost": self.lost, "joining": self.joining, "code": self.code}
+                "reason": self.reason, "why": self.why, "lost": self.lost, "joining": self.joining, "code": self.code,
+                "servers": self.servers}
+
+    def tasks(self) -> Dict[str, str]:
+        """task -> host, as the rounds file keeps them: the servers, then a worker on each member's node."""
+        servers = {f"{job}:{i}": address.rpartition(":")[0] for job, addresses in self.servers.items() for i, address in enumerate(addresses)}
+        return {**servers, **{f"worker:{i}": address for i, address in enumerate(self.addresses)}}
 
 
 class RoundKeeper:
     """The rounds of one run, for MIN to MAX workers (`low`, `high`; fixed:
     equal). `on_round(number, members, reason)`: said when a round forms
-    (members: task -> address). `clock`: seconds, monotonic."""
+    (members: task -> address). `clock`: seconds, monotonic.
+
+    Under parameter servers the keeper's own node also runs the chief and
+    the ps tasks, in every round: `servers()` gives their addresses for the
+    next round (fresh ports on that node), and the run is done once that
+    node's agent (`finisher`) is: its chief's end is the training's, and
+    the other nodes' workers only serve it."""
 
     def __init__(self, low: int, high: int, join_grace: float, lost_bound: float, below_min_timeout: float,
                  on_round: Callable[[int, Dict[str, str], str], None] = lambda *a: None, clock: Callable[[], float] = time.monotonic):
@@ -103,6 +116,8 @@ class RoundKeeper:
         self.enough_since: Optional[float] = None
         self.below_since: Optional[float] = None
         self.lock = threading.Lock()
+        self.servers: Callable[[], Dict[str, List[str]]] = dict  # set by the keeper's agent under parameter servers
+        self.finisher: Optional[str] = None  # that agent: the run is done when it is; None: when every member is
 
     # -- what an agent calls ------------------------------------------------
 
@@ -159,13 +174,18 @@ class RoundKeeper:
         elif any(n.status == FAILED for n in in_round):
             current.why, current.code = TASK_FAILED, next(n.code for n in in_round if n.status == FAILED)
             self.next_reason = f"restart after exit code {current.code}"
-        elif all(n.status == DONE and n.round == current.number for n in members):
+        elif all(n.status == DONE and n.round == current.number for n in self._finishers(current)):
             current.why = FINISHED
         elif len(current.members) < self.high:
             joining = [a for a in self._waiting(now) if a not in current.members and self._held(a, now)]
             if joining:
                 current.why, current.joining = GROW, [self.nodes[a].address for a in joining[:self.high - len(current.members)]]
                 self.next_reason = ", ".join(f"{address} joined" for address in current.joining)
+
+    def _finishers(self, current: Round) -> List[Node]:
+        """The members whose end is the training's: the chief's node under parameter servers, else every member."""
+        names = [self.finisher] if self.finisher in current.members else current.members
+        return [self.nodes[a] for a in names]
 
     def _held(self, agent: str, now: float) -> bool:
         """Beating, without a gap, for lost_bound seconds up to now."""
@@ -180,8 +200,12 @@ class RoundKeeper:
             return  # a member of the round that closed still runs its tasks (a checkpoint on its way)
         settled = [a for a in self._waiting(now) if not self.nodes[a].was_lost or self._held(a, now)]
         before = last.members if last else []
-        chosen = sorted(settled, key=lambda a: (a not in before, before.index(a) if a in before else 0, self.nodes[a].first_seen))
+        # The chief's node first under parameter servers (a round cannot run without it), then last round's members in their order.
+        chosen = sorted(settled, key=lambda a: (a != self.finisher, a not in before, before.index(a) if a in before else 0,
+                                                self.nodes[a].first_seen))
         chosen = chosen[:self.high]
+        if self.finisher is not None and self.finisher not in chosen:
+            chosen = []  # waits, as for too few: the run stops after below_min_timeout without the chief's node
         if len(chosen) >= self.low:
             self.below_since = None
             self.enough_since = self.enough_since if self.enough_since is not None else now
@@ -201,9 +225,9 @@ class RoundKeeper:
         last = self.round
         if last is not None and last.why == LOST and set(last.lost.values()) <= {n.address for n in nodes}:  # lost, back before a round formed
             self.next_reason += ", back"
-        self.round = Round(number, chosen, [n.address for n in nodes], [n.port for n in nodes], self.next_reason)
+        self.round = Round(number, chosen, [n.address for n in nodes], [n.port for n in nodes], self.next_reason, servers=self.servers())
         self.enough_since = None
-        self.on_round(number, {f"worker:{i}": n.address for i, n in enumerate(nodes)}, self.next_reason)
+        self.on_round(number, self.round.tasks(), self.next_reason)
 
 
 class _Server(ThreadingMixIn, SimpleXMLRPCServer):

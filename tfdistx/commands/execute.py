@@ -183,7 +183,8 @@ def _task_command(spec: RunSpec, mode: str, step: Optional[int]) -> list:
 
 def _run_agent(spec: RunSpec, mode: str, notice: Optional[SigtermNotice]):
     """This node's agent (cluster/agent.py): its worker in each round the
-    agents form; the agent that keeps the rounds finishes the summary."""
+    agents form (and, on the node that keeps the rounds, a parameter-server
+    run's chief and ps tasks); the agent that keeps the rounds finishes the summary."""
     if mode != "train":
         raise ConfigError.one("cluster.launch", "agent", "agents train; `tfdistx evaluate` runs with cluster.launch=local or tf_config")
     layout, run_dir, cluster = spec.layout, spec.run_dir, spec.cluster
@@ -192,7 +193,9 @@ def _run_agent(spec: RunSpec, mode: str, notice: Optional[SigtermNotice]):
     elastic_keys = cluster.elastic
     told = _where_rounds_are_told(spec)
     code = run_agent({"command": _task_command(spec, mode, None), "run_dir": str(run_dir), "log_dir": str(run_dir / "logs"),
-                      "primary": list(layout.strategy.facts.primary_jobs), "max_restarts": cluster.max_restarts,
+                      "primary": list(layout.strategy.facts.primary_jobs), "restart_alone": list(layout.strategy.facts.restartable_alone),
+                      "servers": {job: n for job, n in layout.training_jobs().items() if job != "worker"},
+                      "max_restarts": cluster.max_restarts,
                       "stopped_task_timeout": cluster.stopped_task_timeout, "run_log": str(run_dir / "tfdistx.log"),
                       "preemption_grace": cluster.preemption_grace, "notice_signals": list(cluster.notice_signals),
                       "task_env": threads.environment(per_pool), "preload": list(TASK_PRELOAD) if cluster.prefork else [],

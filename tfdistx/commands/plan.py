@@ -173,6 +173,9 @@ def _tasks(layout: Layout, placement) -> list:
         lines = ["placement     an agent on every node (this process on this one): it starts the node's worker, placed by the",
                  "              TF_CONFIG of each round the agents form at cluster.agent.store, and restarts it (cluster.max_restarts)",
                  f"  threads     the node's worker: {threads.describe(per_pool)}; {why}"]
+        if topo.ps:  # on the node whose agent keeps the rounds, in every round (cluster/agent.py)
+            lines.append(f"  servers     the chief and {topo.ps} ps task(s), on the store's node beside its worker: the run lives as "
+                         "long as that node")
         if topo.evaluator:  # on the node whose agent keeps the rounds (cluster/agent.py)
             lines.append(_evaluator_line(", on the store's node beside its worker"))
         return lines

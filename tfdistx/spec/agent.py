@@ -3,7 +3,8 @@ what it needs and what it cannot do yet (cluster/agent.py runs it).
 
 Every node runs the same command; each node's agent starts one worker, and
 the agents meet at `cluster.agent.store`, host:port, kept by the agent on
-that host, which also runs the sidecar evaluator (`cluster.evaluator=true`,
+that host, which also runs a parameter-server run's chief and ps tasks and
+the sidecar evaluator (`cluster.evaluator=true`,
 refused for an elastic run as the local launcher's elastic rounds refuse it). With `cluster.workers=MIN:MAX` the run is elastic across the
 nodes; without, it trains on cluster.workers nodes and waits for a lost one
 to come back (below_min_timeout).
@@ -19,6 +20,7 @@ from tfdistx.spec import data_service, strategies
 from tfdistx.spec.errors import Problem
 
 LAUNCH = "agent"
+AGENT_STRATEGIES = ("multiworker", "parameter_server")  # a worker per node; parameter servers' chief and ps on the store's node
 _HOST_PORT = re.compile(r"^(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9_.-]+):(\d{1,5})$")
 
 
@@ -40,9 +42,9 @@ def problems(cfg) -> List[Problem]:
         found.append(Problem("cluster.agent.address", address, "this node's host name or IP address, without a port; "
                              "or null: the address it reaches the store from"))
     name = cfg.strategy.get("name")
-    if name in strategies.NAMES and strategies.get(name, cluster.workers, cluster.devices_per_worker).name != "multiworker":
-        found.append(Problem("strategy", name, "an agent on every node runs one multiworker worker per node: use strategy=multiworker; "
-                             "a parameter-server cluster runs under cluster.launch=local, slurm, jobset or tf_config"))
+    if name in strategies.NAMES and strategies.get(name, cluster.workers, cluster.devices_per_worker).name not in AGENT_STRATEGIES:
+        found.append(Problem("strategy", name, "an agent on every node runs one worker per node, of a multi-worker cluster: "
+                             "use strategy=multiworker or strategy=parameter_server"))
     if data_service.workers(cfg.data):
         found.append(Problem("data.service.workers", data_service.workers(cfg.data), "the agents start training workers only: "
                              "use data.service.workers=0 with cluster.launch=agent"))
@@ -66,6 +68,7 @@ def plan_line(cluster) -> str:
     """--plan's line of a run with an agent on every node."""
     agent, low = cluster.agent, cluster.elastic.min_workers if cluster.elastic else cluster.workers
     grace = f"a round waits {agent.join_grace:g}s past {low} agents for {cluster.workers}, " if low < cluster.workers else ""
+    servers = f" and runs the chief and {cluster.ps} ps task(s)" if cluster.ps else ""
     return (f"agents        one per node, {low}:{cluster.workers} workers, meeting at {agent.store} (its host's agent keeps "
-            f"the rounds); {grace}a node silent {agent.lost_bound:g}s is lost, and the run stops after {agent.below_min_timeout:g}s "
+            f"the rounds{servers}); {grace}a node silent {agent.lost_bound:g}s is lost, and the run stops after {agent.below_min_timeout:g}s "
             f"below {low} (exit 9)")
