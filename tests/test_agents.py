@@ -20,6 +20,8 @@ from engine_helpers import train
 from nodes import Nodes, can_make_nodes
 from test_elastic import ARGS, BATCH, EVERY, STEPS, rounds, steps_said_in_round, workers
 from test_unit_topology_resume import model_values, seen_counts
+from test_data_service import BATCH as SERVICE_BATCH, STEPS as SERVICE_STEPS, probe_args as service_probe_args
+from test_data_split import seen_counts as service_seen_counts
 
 pytestmark = pytest.mark.skipif(not can_make_nodes(), reason="this machine does not allow unprivileged network namespaces")
 
@@ -157,6 +159,23 @@ def test_a_fixed_run_whose_node_is_cut_off_waits_for_it_and_resumes_bitwise(node
     assert done.returncode == 0, done.stderr[-3000:]
     for mine, reference in zip(model_values(run_dir, 1), model_values(local, 1)):
         np.testing.assert_array_equal(mine, reference)
+    wait_until(lambda: not processes_of(run_dir), 30, "every agent and task gone")
+
+
+@pytest.mark.slow  # the keeper's node runs the servers as under parameter servers (the default run's test above); the service's claim is test_data_service.py's
+def test_a_fixed_run_of_agents_on_the_tf_data_service_runs_it_on_the_stores_node(nodes, tmp_path):
+    """2x1 on two nodes with data.service.workers=1: the keeper's node runs
+    the dispatcher and the data worker beside its worker, both trainers read
+    from them, and each example of the epoch is trained at most once."""
+    run_dir = tmp_path / "run"
+    agents = start_agents(nodes, tmp_path, 2, "cluster=2x1", "data.service.workers=1", base=service_probe_args())
+    all_ended(agents, 300, tmp_path)
+    assert [agent.returncode for agent in agents] == [0, 0], [output(tmp_path, n)[-3000:] for n in (1, 2)]
+    said = rounds(run_dir)
+    assert len(said) == 1 and said[0]["members"]["dispatcher:0"] == said[0]["members"]["dataworker:0"] == Nodes.address(1), said
+    assert json.loads((run_dir / "summary.json").read_text())["step"] == SERVICE_STEPS
+    seen = service_seen_counts(run_dir)
+    assert seen.sum() == SERVICE_STEPS * SERVICE_BATCH and seen.max() <= 1
     wait_until(lambda: not processes_of(run_dir), 30, "every agent and task gone")
 
 

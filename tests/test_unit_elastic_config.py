@@ -287,7 +287,8 @@ AGENT = ["strategy=multiworker", "cluster.launch=agent", "cluster.agent.store=10
     ([*AGENT, "cluster.agent.address=10.0.0.2:80"], "cluster.agent.address='10.0.0.2:80': this node's host name or IP address, without a port"),
     ([*AGENT[1:], "strategy=mirrored"], "strategy='mirrored': an agent on every node runs one worker per node, of a multi-worker "
                                         "cluster: use strategy=multiworker or strategy=parameter_server"),
-    ([*AGENT, "data.service.workers=1"], "data.service.workers=1: the agents start training workers only"),
+    ([*AGENT, "cluster.workers=4", "cluster.elastic.min_workers=2", "data.batch_size=24", "data.service.workers=1"],
+     "data.service.workers=1: a tf.data service job cannot re-form its trainers between rounds"),
     ([*AGENT, "cluster.workers=4", "cluster.elastic.min_workers=2", "data.batch_size=24", "cluster.evaluator=true"],
      "cluster.evaluator=True: the sidecar evaluator is not kept across an elastic run's rounds"),
     ([*AGENT, "cluster.workers=4", "cluster.elastic.min_workers=2", "cluster.elastic.hosts=/etc/hosts", "data.batch_size=24"],
@@ -306,10 +307,12 @@ def test_an_elastic_run_of_agents_needs_no_host_list_and_plan_shows_the_rendezvo
     assert "placement     an agent on every node" in plan and "elastic       " not in plan, plan
 
 
-def test_parameter_servers_under_agents_run_the_chief_and_ps_on_the_stores_node(tmp_path):
+def test_under_agents_the_servers_run_on_the_stores_node(tmp_path):
     plan = describe(compose_ok(tmp_path / "run", *AGENT[1:], "strategy=parameter_server", "cluster=ps2w3", "cluster.elastic.min_workers=2"))
-    assert "(its host's agent keeps the rounds and runs the chief and 2 ps task(s))" in plan, plan
-    assert "  servers     the chief and 2 ps task(s), on the store's node beside its worker" in plan, plan
+    assert "(its host's agent keeps the rounds and runs 1 chief, 2 ps)" in plan, plan
+    assert "  servers     1 chief, 2 ps, on the store's node beside its worker" in plan, plan
+    plan = describe(compose_ok(tmp_path / "run", *AGENT, "cluster=2x1", "data.service.workers=2"))
+    assert "  servers     1 dispatcher, 2 dataworkers, on the store's node beside its worker" in plan, plan
 
 
 def test_a_fixed_run_of_agents_has_its_sidecar_evaluator_on_the_stores_node(tmp_path):

@@ -18,13 +18,15 @@ nodes, worker:0 (the chief) on the same node from round to round while it
 lives; each node's worker resumes from the newest checkpoint on the round's
 topology, as a local elastic round's does.
 
-One worker per node, multiworker or parameter servers. Under parameter
-servers the keeper's node also runs the chief (the coordinator) and the ps
-tasks, in every round, as a local elastic run keeps them on the chief's
-host: the run lives as long as that node anyway. The training is done when
-its chief is; the other nodes' workers only serve it, and stop when told
-the run finished. A lost worker's node is a new round from the newest
-checkpoint, as under multiworker. No TensorFlow here, and no training code.
+One worker per node, multiworker or parameter servers. The keeper's node
+also runs the run's servers, in every round: a parameter-server run's chief
+(the coordinator) and ps tasks, as a local elastic run keeps them on the
+chief's host, and the tf.data service's dispatcher and data workers (a
+fixed run's: no elastic run has the service); the run lives as long as that
+node anyway. Under parameter servers the training is done when its chief
+is; the other nodes' workers only serve it, and stop when told the run
+finished. A lost worker's node is a new round from the newest checkpoint,
+as under multiworker. No TensorFlow here, and no training code.
 """
 
 import contextlib
@@ -242,18 +244,20 @@ def run_agent(spec: dict, notice: Optional[SigtermNotice] = None) -> int:
     """This node's agent, to the run's end: 0 once the training is done, else
     the code it stopped with. `spec`: as a local cluster's
     (launch.run_local_cluster), with `agent`: the store, the bounds, and
-    where the rounds are recorded, and `servers`: the chief and ps tasks
-    per job under parameter servers (run on the keeper's node)."""
+    where the rounds are recorded, and `servers`: the tasks the keeper's
+    node runs beside its worker, per job (a parameter-server run's chief
+    and ps, the tf.data service's)."""
     bounds = spec["agent"]
     say = _AgentSay(spec.get("run_log"))
     keeper, server = _keep_rounds_if_here(bounds, say)
     beats = Beats(bounds["store"], bounds.get("address") or own_address(bounds["store"]))
     servers = spec.get("servers") or {}
-    if servers and keeper is None:  # a node with a worker only: its worker serves the chief, and its end is this node's
+    if servers and keeper is None:  # a node with a worker only: its end is this node's (a parameter-server worker serves the chief)
         spec = {**spec, "primary": ["worker"]}
     if servers and keeper is not None:
-        keeper.finisher = beats.name
         keeper.servers = lambda: _server_addresses(beats, servers)
+        if "chief" in servers:  # parameter servers: the chief's end is the training's
+            keeper.finisher = beats.name
     with rundir.exclusive(spec["run_dir"]) if keeper else contextlib.nullcontext():  # the keeper's node owns the run directory
         beats.start()
         Path(spec["log_dir"]).mkdir(parents=True, exist_ok=True)

@@ -194,7 +194,7 @@ def _run_agent(spec: RunSpec, mode: str, notice: Optional[SigtermNotice]):
     told = _where_rounds_are_told(spec)
     code = run_agent({"command": _task_command(spec, mode, None), "run_dir": str(run_dir), "log_dir": str(run_dir / "logs"),
                       "primary": list(layout.strategy.facts.primary_jobs), "restart_alone": list(layout.strategy.facts.restartable_alone),
-                      "servers": {job: n for job, n in layout.training_jobs().items() if job != "worker"},
+                      "servers": dict(layout.servers_beside_the_keeper()),
                       "max_restarts": cluster.max_restarts,
                       "stopped_task_timeout": cluster.stopped_task_timeout, "run_log": str(run_dir / "tfdistx.log"),
                       "preemption_grace": cluster.preemption_grace, "notice_signals": list(cluster.notice_signals),

@@ -28,7 +28,7 @@ def describe(cfg: DictConfig) -> str:
     lines = [f"strategy      {strategy}{chosen}: {facts.description}"]
     lines.append(f"cluster       {topo.name}: {topo.workers} worker(s) x {topo.devices_per_worker or 'all GPUs or 1 CPU'} device(s), {topo.ps} ps")
     if topo.agent is not None:
-        lines.append(agent.plan_line(topo))
+        lines.append(agent.plan_line(topo, layout.servers_beside_the_keeper()))
     elif elastic_line := elastic.plan_line(topo):
         lines.append(elastic_line)
     lines.append(f"devices       {machine.describe()}")  # this machine's: each of a scheduler's hosts has its own
@@ -173,9 +173,10 @@ def _tasks(layout: Layout, placement) -> list:
         lines = ["placement     an agent on every node (this process on this one): it starts the node's worker, placed by the",
                  "              TF_CONFIG of each round the agents form at cluster.agent.store, and restarts it (cluster.max_restarts)",
                  f"  threads     the node's worker: {threads.describe(per_pool)}; {why}"]
-        if topo.ps:  # on the node whose agent keeps the rounds, in every round (cluster/agent.py)
-            lines.append(f"  servers     the chief and {topo.ps} ps task(s), on the store's node beside its worker: the run lives as "
-                         "long as that node")
+        servers = layout.servers_beside_the_keeper()
+        if servers:  # on the node whose agent keeps the rounds, in every round (cluster/agent.py)
+            lines.append(f"  servers     {agent.servers_text(servers)}, on the store's node beside its worker: "
+                         "the run lives as long as that node")
         if topo.evaluator:  # on the node whose agent keeps the rounds (cluster/agent.py)
             lines.append(_evaluator_line(", on the store's node beside its worker"))
         return lines

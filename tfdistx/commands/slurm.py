@@ -93,7 +93,7 @@ def main(argv) -> int:
         ntasks = sum(tasks.values())
         nodes = _positive("--nodes", args.nodes, ntasks, f"nodes, at most the {ntasks} task(s) of the step") if args.nodes else 1
         run_dir = OmegaConf.select(cfg, "hydra.run.dir") if "hydra.run.dir" in given else None  # as composed: Hydra's quotes gone
-        job = _agents(layout.cluster, given) if agents else _tasks(tasks, nodes)
+        job = _agents(layout.cluster, layout.servers_beside_the_keeper(), given) if agents else _tasks(tasks, nodes)
         text = script(argv, overrides, job, args.time, notice, args.partition, os.environ.get(userconf.ENV), run_dir)
         if args.out:
             _write_new(args.out, text)
@@ -125,7 +125,7 @@ def _node_range(cluster) -> str:
     return f"{low}:{cluster.workers}" if low != cluster.workers else str(cluster.workers)
 
 
-def _agents(cluster, given) -> _Job:
+def _agents(cluster, servers, given) -> _Job:
     """An agent on each node: `--nodes=MIN-MAX`, one task a node; the rendezvous
     on the first node of the allocation (cluster.agent.store, unless given),
     on a port shifted per job as a fixed step's tasks' ports are."""
@@ -136,7 +136,7 @@ def _agents(cluster, given) -> _Job:
         setup = ['store="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)'
                  f':$(( {cluster.base_port} + 64 * (SLURM_JOB_ID % 500) ))"  # the rendezvous, kept by the first node\'s agent']
         added = ['"cluster.agent.store=${store}"']
-    servers = f" (the first node's also the chief and {cluster.ps} ps)" if cluster.ps else ""
+    servers = f" (the first node's also {agent.servers_text(servers)})" if servers else ""
     about = [f"# an agent on every node (cluster.launch=agent): {nodes} node(s), one Slurm task each, each starting its node's worker{servers};",
              "# --no-kill: a failed node leaves the job, and the agents go on without it while cluster.elastic.min_workers remain"]
     # A lost node's agent may end the step with its own code after the others trained to the end: summary.json says they did.

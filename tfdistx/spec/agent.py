@@ -3,8 +3,9 @@ what it needs and what it cannot do yet (cluster/agent.py runs it).
 
 Every node runs the same command; each node's agent starts one worker, and
 the agents meet at `cluster.agent.store`, host:port, kept by the agent on
-that host, which also runs a parameter-server run's chief and ps tasks and
-the sidecar evaluator (`cluster.evaluator=true`,
+that host, which also runs the servers of the run (a parameter-server
+run's chief and ps tasks, the tf.data service's dispatcher and data workers,
+`data.service.workers`, which no elastic run has) and the sidecar evaluator (`cluster.evaluator=true`,
 refused for an elastic run as the local launcher's elastic rounds refuse it). With `cluster.workers=MIN:MAX` the run is elastic across the
 nodes; without, it trains on cluster.workers nodes and waits for a lost one
 to come back (below_min_timeout).
@@ -45,9 +46,6 @@ def problems(cfg) -> List[Problem]:
     if name in strategies.NAMES and strategies.get(name, cluster.workers, cluster.devices_per_worker).name not in AGENT_STRATEGIES:
         found.append(Problem("strategy", name, "an agent on every node runs one worker per node, of a multi-worker cluster: "
                              "use strategy=multiworker or strategy=parameter_server"))
-    if data_service.workers(cfg.data):
-        found.append(Problem("data.service.workers", data_service.workers(cfg.data), "the agents start training workers only: "
-                             "use data.service.workers=0 with cluster.launch=agent"))
     elastic = cluster.get("elastic") or {}
     for key in ("hosts", "discover"):
         if elastic.get(key) is not None:
@@ -64,11 +62,16 @@ def _is_host(text: str) -> bool:
         return bool(re.fullmatch(r"[A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?)*", text))
 
 
-def plan_line(cluster) -> str:
-    """--plan's line of a run with an agent on every node."""
+def servers_text(servers) -> str:
+    """`1 chief, 1 ps, 1 dispatcher, 2 dataworkers`."""
+    return ", ".join(f"{n} {job}{'s' if n > 1 and job != 'ps' else ''}" for job, n in servers.items())
+
+
+def plan_line(cluster, servers) -> str:
+    """--plan's line of a run with an agent on every node (`servers`: the tasks its keeper's node runs beside its worker, per job)."""
     agent, low = cluster.agent, cluster.elastic.min_workers if cluster.elastic else cluster.workers
     grace = f"a round waits {agent.join_grace:g}s past {low} agents for {cluster.workers}, " if low < cluster.workers else ""
-    servers = f" and runs the chief and {cluster.ps} ps task(s)" if cluster.ps else ""
+    servers = f" and runs {servers_text(servers)}" if servers else ""
     return (f"agents        one per node, {low}:{cluster.workers} workers, meeting at {agent.store} (its host's agent keeps "
             f"the rounds{servers}); {grace}a node silent {agent.lost_bound:g}s is lost, and the run stops after {agent.below_min_timeout:g}s "
             f"below {low} (exit 9)")

@@ -182,6 +182,12 @@ class Layout:
         """The strategy's tasks per job; a one-process strategy's one trainer is a `worker`."""
         return self.strategy.facts.job_counts(self.cluster.workers, self.cluster.ps) or {"worker": 1}
 
+    def servers_beside_the_keeper(self) -> Mapping[str, int]:
+        """With an agent on every node (cluster/agent.py), the tasks the keeper's
+        node runs beside its worker, per job: a parameter-server run's chief
+        and ps tasks, the tf.data service's dispatcher and data workers."""
+        return {**{job: n for job, n in self.training_jobs().items() if job != "worker"}, **self.service_jobs()}
+
 
 @dataclass(frozen=True)
 class RunSpec:
