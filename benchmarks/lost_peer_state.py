@@ -11,8 +11,9 @@ model and optimizer could still be written (and how long it took).
 
     python benchmarks/lost_peer_state.py
 
-docs/elastic.md quotes it: why a survivor's save is not yet how tfdistx
-shortens what a lost node costs.
+docs/elastic.md quotes it: why the chief saves the copy it took at the
+last loop boundary (tfdistx/engine/commit.py), not what it holds when its
+call fails.
 """
 
 import json

@@ -29,6 +29,7 @@ from tfdistx.spec.run_spec import RunSpec
 from tfdistx.data.files import input_errors_in_one_line
 from tfdistx.engine import callbacks, checkpointing, loggers, process
 from tfdistx.engine.build import Run, build_run
+from tfdistx.engine.commit import Commit
 from tfdistx.engine.finish import finish, finish_finished_run
 from tfdistx.engine.join import Joined, join_cluster
 from tfdistx.engine.loop import CheckPreemption, Log, Loop, Result, SaveCheckpoints, Schedule
@@ -85,8 +86,11 @@ def train_loop(run: Run, runner: StepRunner, start: Start, notice: SigtermNotice
     schedule = Schedule(run.total_steps, spec.trainer.steps_per_loop, spec.trainer.log_every, spec.trainer.eval_every)
     in_cluster = run.placement.in_cluster
     synchronous_cluster = in_cluster and not run.facts.asynchronous
+    # A lost peer costs at most one loop: the chief saves the last loop boundary's state, kept in memory (commit.py).
+    commit = Commit(run.checkpointer.checkpoint) if synchronous_cluster and run.placement.is_chief else None
     with lost_peer_in_one_line(synchronous_cluster, parameter_servers=in_cluster and run.facts.asynchronous,
-                               placement=run.placement, peer_timeout=spec.cluster.peer_timeout), \
+                               placement=run.placement, peer_timeout=spec.cluster.peer_timeout,
+                               keep=(lambda: save_the_last_boundary(run, commit)) if commit else None), \
             watching_servers(run.placement, spec.cluster, coordinator=run.coordinator is not None,
                              progressed=lambda: getattr(runner, "progressed", time.monotonic())), \
             input_errors_in_one_line(run.source), \
@@ -97,12 +101,25 @@ def train_loop(run: Run, runner: StepRunner, start: Start, notice: SigtermNotice
         # The tracker first: it may save the best checkpoint, which every worker of a synchronous cluster does
         # at once, so no action that only the chief runs (its loggers, its callbacks) may come before it; and
         # before the saves, which carry its state.
-        actions = [*([start.tracker] if start.tracker else []), Log(sinks), *users_callbacks(run, schedule, synchronous_cluster),
+        actions = [*([commit] if commit else []),  # first: its copy is the boundary's, before any other before_steps
+                   *([start.tracker] if start.tracker else []), Log(sinks), *users_callbacks(run, schedule, synchronous_cluster),
                    SaveCheckpoints(run.checkpointer, spec.checkpoint.every_steps), CheckPreemption(preemption)]
         profile = profile_steps(run)
         with contextlib.closing(profile) if profile else contextlib.nullcontext():  # a failed run's trace is kept too
             return Loop(runner, schedule, run.step_counter, actions + ([profile] if profile else []),
                         learning_rate_at=run.learning_rate.at).run()
+
+
+def save_the_last_boundary(run: Run, commit: Commit) -> Optional[str]:
+    """After a lost peer: the last loop boundary's state put back and saved
+    as the run's checkpoint of that step (unless it is one already); what a
+    restart then resumes from, as the task's line says it."""
+    step = commit.restore()
+    if not step:
+        return None
+    saved_before = run.checkpointer.last_saved == step
+    run.checkpointer.save(step)
+    return f"from step {step}, the last loop boundary{'' if saved_before else ', saved now'}"
 
 
 def users_callbacks(run: Run, schedule: Schedule, synchronous_cluster: bool) -> list:

@@ -105,7 +105,7 @@ def _local_replicas(strategy) -> int:
 
 @contextlib.contextmanager
 def lost_peer_in_one_line(synchronous_cluster: bool, parameter_servers: bool = False, placement: Optional[Placement] = None,
-                          peer_timeout: Optional[float] = None):
+                          peer_timeout: Optional[float] = None, keep: Optional[Callable[[], Optional[str]]] = None):
     """A peer of a synchronous cluster that dies or freezes aborts the
     collectives of the others (a dead one at once, a frozen one once it has
     sent no heartbeat for `cluster.peer_timeout`): the task then stops with
@@ -115,7 +115,10 @@ def lost_peer_in_one_line(synchronous_cluster: bool, parameter_servers: bool = F
     variables with it: the coordinator stops the same way, to be restarted
     from the newest checkpoint (under Kubernetes' restartPolicy ExitCode a
     traceback's exit 1 would end the job). `placement`: the cluster spec, to
-    name a peer that TensorFlow names by its address."""
+    name a peer that TensorFlow names by its address. `keep`: for a
+    synchronous cluster's lost peer, saves what can be kept (the last loop
+    boundary's state, commit.py) before the task stops; what it saved, said
+    in the line."""
     try:
         yield
     except (tf.errors.UnavailableError, tf.errors.AbortedError, tf.errors.CancelledError, tf.errors.InternalError,
@@ -133,8 +136,20 @@ def lost_peer_in_one_line(synchronous_cluster: bool, parameter_servers: bool = F
             "heartbeat" in text else ""
         # Whether the cluster restarts is the launcher's or scheduler's call (not when the peer failed on bad input):
         # this task only says it can resume.
+        kept = _kept(keep) if synchronous_cluster and keep else None
+        resumes = kept or "from the newest checkpoint"
         raise RunFault(f"lost contact with {who} of the cluster{frozen}, stopping (exit {EXIT_LOST_PEER}: a restart resumes "
-                       f"from the newest checkpoint) (TensorFlow: {first})", EXIT_LOST_PEER) from None
+                       f"{resumes}) (TensorFlow: {first})", EXIT_LOST_PEER) from None
+
+
+def _kept(keep: Callable[[], Optional[str]]) -> Optional[str]:
+    """What `keep` saved, or None: a save that fails leaves the newest checkpoint as it was, said in a warning."""
+    try:
+        return keep()
+    except Exception as error:  # whatever the save met: the lost peer stays the line that counts
+        log.warning("could not save the last loop boundary's state (%s: %s): the run resumes from its newest checkpoint",
+                    type(error).__name__, str(error).strip().splitlines()[0][:200] if str(error).strip() else "")
+        return None
 
 
 _TASK = re.compile(r"/job:(\w+)(?:/replica:\d+)?/task:(\d+)")
