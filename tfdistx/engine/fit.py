@@ -112,14 +112,16 @@ def train_loop(run: Run, runner: StepRunner, start: Start, notice: SigtermNotice
 
 def save_the_last_boundary(run: Run, commit: Commit) -> Optional[str]:
     """After a lost peer: the last loop boundary's state put back and saved
-    as the run's checkpoint of that step (unless it is one already); what a
-    restart then resumes from, as the task's line says it."""
-    step = commit.restore()
-    if not step:
+    as the run's checkpoint of that step; what a restart then resumes from,
+    as the task's line says it. None when a checkpoint of that step or a
+    later one was saved already (the loop's end, say): the newest is the
+    one to resume from."""
+    step, last = commit.step, run.checkpointer.last_saved
+    if not step or (last is not None and last >= step):
         return None
-    saved_before = run.checkpointer.last_saved == step
+    commit.restore()
     run.checkpointer.save(step)
-    return f"from step {step}, the last loop boundary{'' if saved_before else ', saved now'}"
+    return f"from step {step}, the last loop boundary, saved now"
 
 
 def users_callbacks(run: Run, schedule: Schedule, synchronous_cluster: bool) -> list:
