@@ -133,8 +133,9 @@ class Beats:
 
 class AgentMembership(Membership):
     """This node's worker in each round the keeper forms with it, and on the
-    keeper's node the chief and ps tasks (parameter servers) and the sidecar
-    evaluator beside it when the run has them."""
+    keeper's node the run's servers (a parameter-server run's chief and ps,
+    the tf.data service's) and the sidecar evaluator beside it when the run
+    has them."""
 
     def __init__(self, spec: dict, beats: Beats, say: Say, keeps_rounds: bool = False):
         self.spec, self.beats, self.say = spec, beats, say
@@ -173,7 +174,7 @@ class AgentMembership(Membership):
     def _placed(self, formed: dict) -> Round:
         self.number = formed["number"]
         index = formed["members"].index(self.beats.name)
-        servers = formed["servers"]  # the chief and ps tasks, on the keeper's node (parameter servers); else none
+        servers = formed["servers"]  # the run's servers (a parameter-server run's chief and ps, the tf.data service's), on the keeper's node
         cluster = {**servers, "worker": formed["workers"]}
         spec = self.spec
         # Each node's own log directory: its worker's log and scratch (a non-chief's checkpoints), which a worker
@@ -280,7 +281,7 @@ def run_agent(spec: dict, notice: Optional[SigtermNotice] = None) -> int:
 
 
 def _server_addresses(beats: Beats, servers: dict) -> dict:
-    """The chief and ps tasks' addresses for the next round: on this node (the keeper's), at fresh ports, none its worker's."""
+    """The servers' addresses for the next round: on this node (the keeper's), at fresh ports, none its worker's."""
     ports = iter(free_ports_here(sum(servers.values()), taken=(beats.status[3],)))
     return {job: [f"{beats.address}:{next(ports)}" for _ in range(count)] for job, count in servers.items()}
 

@@ -79,7 +79,7 @@ class Round:
     lost: Dict[str, str] = field(default_factory=dict)  # task -> address of the members lost
     joining: List[str] = field(default_factory=list)  # their addresses
     code: int = 0  # TASK_FAILED: the failed task's exit code
-    servers: Dict[str, List[str]] = field(default_factory=dict)  # parameter servers: the chief and ps tasks, job -> ["host:port"]
+    servers: Dict[str, List[str]] = field(default_factory=dict)  # the servers on the keeper's node, job -> ["host:port"]
 
     def view(self) -> dict:
         """The plain form an agent is sent."""
@@ -98,11 +98,12 @@ class RoundKeeper:
     equal). `on_round(number, members, reason)`: said when a round forms
     (members: task -> address). `clock`: seconds, monotonic.
 
-    Under parameter servers the keeper's own node also runs the chief and
-    the ps tasks, in every round: `servers()` gives their addresses for the
-    next round (fresh ports on that node), and the run is done once that
-    node's agent (`finisher`) is: its chief's end is the training's, and
-    the other nodes' workers only serve it."""
+    The keeper's own node also runs the run's servers in every round (a
+    parameter-server run's chief and ps tasks, the tf.data service's):
+    `servers()` gives their addresses for the next round (fresh ports on
+    that node). Under parameter servers the run is done once that node's
+    agent (`finisher`) is: its chief's end is the training's, and the other
+    nodes' workers only serve it."""
 
     def __init__(self, low: int, high: int, join_grace: float, lost_bound: float, below_min_timeout: float,
                  on_round: Callable[[int, Dict[str, str], str], None] = lambda *a: None, clock: Callable[[], float] = time.monotonic):
@@ -116,7 +117,7 @@ class RoundKeeper:
         self.enough_since: Optional[float] = None
         self.below_since: Optional[float] = None
         self.lock = threading.Lock()
-        self.servers: Callable[[], Dict[str, List[str]]] = dict  # set by the keeper's agent under parameter servers
+        self.servers: Callable[[], Dict[str, List[str]]] = dict  # set by the keeper's agent when the run has servers
         self.finisher: Optional[str] = None  # that agent: the run is done when it is; None: when every member is
 
     # -- what an agent calls ------------------------------------------------
