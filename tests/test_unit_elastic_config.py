@@ -4,6 +4,7 @@ elastic refused in one line before TensorFlow starts. The rounds themselves,
 on a real local cluster: test_elastic.py."""
 
 import json
+import re
 import sys
 
 import pytest
@@ -311,6 +312,7 @@ def test_under_agents_the_servers_run_on_the_stores_node(tmp_path):
     plan = describe(compose_ok(tmp_path / "run", *AGENT[1:], "strategy=parameter_server", "cluster=ps2w3", "cluster.elastic.min_workers=2"))
     assert "(its host's agent keeps the rounds and runs 1 chief, 2 ps)" in plan, plan
     assert "  servers     1 chief, 2 ps, on the store's node beside its worker" in plan, plan
+    assert re.search(r"^  threads     the store's node's tasks: .*shared by 2 chief and worker task\(s\)", plan, re.M), plan  # its chief steps too
     plan = describe(compose_ok(tmp_path / "run", *AGENT, "cluster=2x1", "data.service.workers=2"))
     assert "  servers     1 dispatcher, 2 dataworkers, on the store's node beside its worker" in plan, plan
 

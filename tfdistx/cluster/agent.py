@@ -255,7 +255,8 @@ def run_agent(spec: dict, notice: Optional[SigtermNotice] = None) -> int:
     servers = spec.get("servers") or {}
     if servers and keeper is None:  # a node with a worker only: its end is this node's (a parameter-server worker serves the chief)
         spec = {**spec, "primary": ["worker"]}
-    if servers and keeper is not None:
+    if servers and keeper is not None:  # its tasks sized for the servers beside its worker (a chief steps too)
+        spec = {**spec, "task_env": spec.get("keeper_task_env", spec.get("task_env", {}))}
         keeper.servers = lambda: _server_addresses(beats, servers)
         if "chief" in servers:  # parameter servers: the chief's end is the training's
             keeper.finisher = beats.name
