@@ -146,3 +146,13 @@ def test_the_launcher_passes_a_notice_signal_on_to_its_tasks_as_sigterm(tmp_path
     finally:
         child.kill()
         child.wait()
+
+
+def test_a_machine_without_util_linux_unshare_is_probed_with_the_system_call_itself(tmp_path, monkeypatch):
+    """can_isolate asks `unshare` where it is installed; where it is not, it makes the namespace as the supervisor will
+    (enter_private_network), so a machine without util-linux is not taken for one that cannot isolate."""
+    from tfdistx.cluster.processes import can_isolate
+
+    with_the_binary = can_isolate()
+    monkeypatch.setenv("PATH", str(tmp_path))  # no `unshare` on it
+    assert can_isolate() == with_the_binary

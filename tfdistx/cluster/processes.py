@@ -256,10 +256,20 @@ def pump(proc, name: str, log_path: Path, run_log_path: Optional[str], succeeded
 
 
 def can_isolate() -> bool:
-    if not shutil.which("unshare"):
+    """Whether this user may make a private user and network namespace here:
+    util-linux's `unshare` asked (a few milliseconds), or, on a machine
+    without it, a fresh interpreter making one as the supervisor does
+    (enter_private_network: the same system call, no binary needed; not a
+    fork of this process, whose threads may hold the loader's lock)."""
+    if shutil.which("unshare"):
+        probe = ["unshare", "--user", "--map-root-user", "--net", "true"]
+    else:
+        probe = [sys.executable, "-c", "from tfdistx.cluster.processes import enter_private_network, loopback_up; "
+                                       "enter_private_network(); loopback_up()"]
+    try:
+        return subprocess.run(probe, capture_output=True, timeout=60).returncode == 0
+    except subprocess.TimeoutExpired:
         return False
-    probe = subprocess.run(["unshare", "--user", "--map-root-user", "--net", "true"], capture_output=True)
-    return probe.returncode == 0
 
 
 def enter_private_network() -> None:
