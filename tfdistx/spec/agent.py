@@ -17,7 +17,7 @@ import ipaddress
 import re
 from typing import List
 
-from tfdistx.spec import data_service, strategies
+from tfdistx.spec import strategies
 from tfdistx.spec.errors import Problem
 
 LAUNCH = "agent"
