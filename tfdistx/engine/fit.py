@@ -101,7 +101,9 @@ def train_loop(run: Run, runner: StepRunner, start: Start, notice: SigtermNotice
         # The tracker first: it may save the best checkpoint, which every worker of a synchronous cluster does
         # at once, so no action that only the chief runs (its loggers, its callbacks) may come before it; and
         # before the saves, which carry its state.
-        actions = [*([commit] if commit else []),  # first: its copy is the boundary's, before any other before_steps
+        # The commit first (the chief's alone, and nothing collective in it): its copy is the boundary's, taken before
+        # any other action's before_steps may change the state.
+        actions = [*([commit] if commit else []),
                    *([start.tracker] if start.tracker else []), Log(sinks), *users_callbacks(run, schedule, synchronous_cluster),
                    SaveCheckpoints(run.checkpointer, spec.checkpoint.every_steps), CheckPreemption(preemption)]
         profile = profile_steps(run)
