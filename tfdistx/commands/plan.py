@@ -176,7 +176,7 @@ def _tasks(layout: Layout, placement) -> list:
         servers = layout.servers_beside_the_keeper()
         if servers:  # on the node whose agent keeps the rounds, in every round (cluster/agent.py)
             keepers_pool, keepers_why = threads.task_threads(topo.task_threads, {"worker": 1, **servers})
-            lines.append(f"  servers     {agent.servers_text(servers)}, on the store's node beside its worker: "
+            lines.append(f"  servers     {strategies.describe_jobs(servers)}, on the store's node beside its worker: "
                          "the run lives as long as that node")
             lines.append(f"  threads     the store's node's tasks: {threads.describe(keepers_pool)}; {keepers_why}")
         if topo.evaluator:  # on the node whose agent keeps the rounds (cluster/agent.py)

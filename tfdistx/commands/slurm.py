@@ -136,7 +136,7 @@ def _agents(cluster, servers, given) -> _Job:
         setup = ['store="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)'
                  f':$(( {cluster.base_port} + 64 * (SLURM_JOB_ID % 500) ))"  # the rendezvous, kept by the first node\'s agent']
         added = ['"cluster.agent.store=${store}"']
-    servers = f" (the first node's also {agent.servers_text(servers)})" if servers else ""
+    servers = f" (the first node's also {describe_jobs(servers)})" if servers else ""
     about = [f"# an agent on every node (cluster.launch=agent): {nodes} node(s), one Slurm task each, each starting its node's worker{servers};",
              "# --no-kill: a failed node leaves the job, and the agents go on without it while cluster.elastic.min_workers remain"]
     # A lost node's agent may end the step with its own code after the others trained to the end: summary.json says they did.

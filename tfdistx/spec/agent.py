@@ -62,16 +62,11 @@ def _is_host(text: str) -> bool:
         return bool(re.fullmatch(r"[A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?)*", text))
 
 
-def servers_text(servers) -> str:
-    """`1 chief, 1 ps, 1 dispatcher, 2 dataworkers`."""
-    return ", ".join(f"{n} {job}{'s' if n > 1 and job != 'ps' else ''}" for job, n in servers.items())
-
-
 def plan_line(cluster, servers) -> str:
     """--plan's line of a run with an agent on every node (`servers`: the tasks its keeper's node runs beside its worker, per job)."""
     agent, low = cluster.agent, cluster.elastic.min_workers if cluster.elastic else cluster.workers
     grace = f"a round waits {agent.join_grace:g}s past {low} agents for {cluster.workers}, " if low < cluster.workers else ""
-    servers = f" and runs {servers_text(servers)}" if servers else ""
+    servers = f" and runs {strategies.describe_jobs(servers)}" if servers else ""
     return (f"agents        one per node, {low}:{cluster.workers} workers, meeting at {agent.store} (its host's agent keeps "
             f"the rounds{servers}); {grace}a node silent {agent.lost_bound:g}s is lost, and the run stops after {agent.below_min_timeout:g}s "
             f"below {low} (exit 9)")
