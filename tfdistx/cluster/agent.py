@@ -36,13 +36,13 @@ import threading
 import time
 import xmlrpc.client
 from pathlib import Path
-from typing import List, Optional, Tuple
+from typing import Optional, Tuple
 
 from tfdistx import rundir
 from tfdistx.cluster import evaluator as sidecars  # the sidecar evaluator's task
 from tfdistx.cluster.liveness import split_address
 from tfdistx.cluster.prefork import Prefork, can_fork
-from tfdistx.cluster.processes import ForwardingSignals, SaidOnce, Task, shell_code
+from tfdistx.cluster.processes import ForwardingSignals, SaidOnce, Task, free_ports, shell_code
 from tfdistx.cluster.round_keeper import DONE, ENDED, FAILED, FINISHED, GROW, LOST, RUNNING, TASK_FAILED, WAITING, RoundKeeper, answer, listen
 from tfdistx.cluster.rounds import Rounds
 from tfdistx.cluster.supervisor import POLL_SECONDS, Membership, NoRound, Round, RoundResult, Say, State, Supervisor
@@ -62,26 +62,7 @@ def own_address(store: str) -> str:
 
 def free_port() -> int:
     """A port free on every interface of this node (TensorFlow's server binds them all)."""
-    return free_ports_here(1)[0]
-
-
-def free_ports_here(count: int, taken: Tuple[int, ...] = ()) -> List[int]:
-    """`count` ports free on every interface of this node, none of them
-    `taken` (the port this node's worker was given): held open together
-    while chosen, so that no two are the same."""
-    held: List[socket.socket] = []
-    try:
-        ports: List[int] = []
-        while len(ports) < count:
-            sock = socket.socket()
-            held.append(sock)
-            sock.bind(("", 0))
-            if sock.getsockname()[1] not in taken:
-                ports.append(sock.getsockname()[1])
-        return ports
-    finally:
-        for sock in held:
-            sock.close()
+    return free_ports(1, host="")[0]
 
 
 class _Timeout(xmlrpc.client.Transport):
@@ -283,7 +264,7 @@ def run_agent(spec: dict, notice: Optional[SigtermNotice] = None) -> int:
 
 def _server_addresses(beats: Beats, servers: dict) -> dict:
     """The servers' addresses for the next round: on this node (the keeper's), at fresh ports, none its worker's."""
-    ports = iter(free_ports_here(sum(servers.values()), taken=(beats.status[3],)))
+    ports = iter(free_ports(sum(servers.values()), host="", taken=(beats.status[3],)))
     return {job: [f"{beats.address}:{next(ports)}" for _ in range(count)] for job, count in servers.items()}
 
 

@@ -298,14 +298,19 @@ def loopback_up() -> None:
         fcntl.ioctl(sock, SIOCSIFFLAGS, struct.pack("16sH14x", b"lo", flags | IFF_UP))
 
 
-def free_ports(n: int) -> List[int]:
-    sockets = []
+def free_ports(n: int, host: str = "127.0.0.1", taken: Sequence[int] = ()) -> List[int]:
+    """`n` ports free on `host` ("": every interface, which a TensorFlow server binds), none of them
+    `taken`: held open together while chosen, so that no two are the same."""
+    sockets: List[socket.socket] = []
     try:
-        for _ in range(n):
+        ports: List[int] = []
+        while len(ports) < n:
             sock = socket.socket()
-            sock.bind(("127.0.0.1", 0))
             sockets.append(sock)
-        return [sock.getsockname()[1] for sock in sockets]
+            sock.bind((host, 0))
+            if sock.getsockname()[1] not in taken:
+                ports.append(sock.getsockname()[1])
+        return ports
     finally:
         for sock in sockets:
             sock.close()
