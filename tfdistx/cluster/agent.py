@@ -40,7 +40,7 @@ from typing import Optional, Tuple
 
 from tfdistx import rundir
 from tfdistx.cluster import evaluator as sidecars  # the sidecar evaluator's task
-from tfdistx.cluster.liveness import split_address
+from tfdistx.cluster.liveness import split_address, task_hosts
 from tfdistx.cluster.prefork import Prefork, can_fork
 from tfdistx.cluster.processes import ForwardingSignals, SaidOnce, Task, free_ports, shell_code
 from tfdistx.cluster.round_keeper import DONE, ENDED, FAILED, FINISHED, GROW, LOST, RUNNING, TASK_FAILED, WAITING, RoundKeeper, answer, listen
@@ -168,7 +168,7 @@ class AgentMembership(Membership):
         self.beats.set(RUNNING, self.number)
         beside = "".join(f", {job}:{n}" for job, n in places[1:] if job in servers) + (" and the sidecar evaluator" if self.sidecars else "")
         self.say(f"round {self.number}: this node ({self.beats.address}) runs worker:{index} of {len(formed['members'])}{beside}", quiet=True)
-        return Round(tasks, {f"{job}:{i}": address.rpartition(":")[0] for job, addresses in cluster.items() for i, address in enumerate(addresses)})
+        return Round(tasks, task_hosts(cluster))
 
     def check(self, round_: Round, signals: ForwardingSignals) -> Optional[RoundResult]:
         """The keeper's verdict on the running round, or its silence past lost_bound."""

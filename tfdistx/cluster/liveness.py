@@ -56,6 +56,11 @@ def split_address(address: str) -> Tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
+def task_hosts(cluster: Mapping[str, List[str]]) -> Dict[str, str]:
+    """A TF_CONFIG cluster (job -> ["host:port", ...]) as task name -> the host it runs on."""
+    return {f"{job}:{index}": address.rpartition(":")[0] for job, addresses in cluster.items() for index, address in enumerate(addresses)}
+
+
 class Watch:
     """A daemon thread that probes `tasks` (name -> address) while open (a
     context manager), and calls `on_lost(names)` once, from that thread,

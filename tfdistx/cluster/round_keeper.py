@@ -38,6 +38,7 @@ from socketserver import ThreadingMixIn
 from typing import Callable, Dict, List, Optional
 from xmlrpc.server import SimpleXMLRPCServer
 
+from tfdistx.cluster.liveness import task_hosts
 from tfdistx.spec.errors import EXIT_TOO_FEW_WORKERS
 
 # A node's status, as its agent reports it at each beat.
@@ -81,16 +82,19 @@ class Round:
     code: int = 0  # TASK_FAILED: the failed task's exit code
     servers: Dict[str, List[str]] = field(default_factory=dict)  # the servers on the keeper's node, job -> ["host:port"]
 
+    def workers(self) -> List[str]:
+        """A worker on each member's node, "host:port", worker:0 first."""
+        return [f"{a}:{p}" for a, p in zip(self.addresses, self.ports)]
+
     def view(self) -> dict:
         """The plain form an agent is sent."""
-        return {"number": self.number, "workers": [f"{a}:{p}" for a, p in zip(self.addresses, self.ports)], "members": self.members,
+        return {"number": self.number, "workers": self.workers(), "members": self.members,
                 "reason": self.reason, "why": self.why, "lost": self.lost, "joining": self.joining, "code": self.code,
                 "servers": self.servers}
 
     def tasks(self) -> Dict[str, str]:
         """task -> host, as the rounds file keeps them: the servers, then a worker on each member's node."""
-        servers = {f"{job}:{i}": address.rpartition(":")[0] for job, addresses in self.servers.items() for i, address in enumerate(addresses)}
-        return {**servers, **{f"worker:{i}": address for i, address in enumerate(self.addresses)}}
+        return task_hosts({**self.servers, "worker": self.workers()})
 
 
 class RoundKeeper:

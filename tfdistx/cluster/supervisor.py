@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Dict, List, Optional
 
 from tfdistx.cluster import evaluator as sidecars  # the sidecar evaluator's task
+from tfdistx.cluster.liveness import task_hosts
 from tfdistx.cluster.prefork import Prefork
 from tfdistx.cluster.processes import ForwardingSignals, SaidOnce, Task, causes_first, shell_code, signal_group, teardown
 from tfdistx.spec.errors import EXIT_PREEMPTED, PERMANENT
@@ -111,7 +112,7 @@ class Round:
         jobs = {**{job: len(addresses) for job, addresses in cluster.items()}, **sidecar_jobs}
         tasks = [Task(job, index, cluster, spec["command"], Path(spec["log_dir"]), spec.get("run_log"), refusals, spec.get("task_env", {}))
                  for job, n in jobs.items() for index in range(n)]
-        hosts = {f"{job}:{index}": address.rpartition(":")[0] for job, addresses in cluster.items() for index, address in enumerate(addresses)}
+        hosts = task_hosts(cluster)
         return cls(tasks, hosts)
 
     def members(self) -> Dict[str, str]:
