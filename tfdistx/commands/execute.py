@@ -183,20 +183,20 @@ def _task_command(spec: RunSpec, mode: str, step: Optional[int]) -> list:
 
 def _run_agent(spec: RunSpec, mode: str, notice: Optional[SigtermNotice]):
     """This node's agent (cluster/agent.py): its worker in each round the
-    agents form (and, on the node that keeps the rounds, a parameter-server
-    run's chief and ps tasks); the agent that keeps the rounds finishes the summary."""
+    agents form (and, on the node that keeps the rounds, the run's servers:
+    a parameter-server run's chief and ps, the tf.data service's); the agent
+    that keeps the rounds finishes the summary."""
     if mode != "train":
         raise ConfigError.one("cluster.launch", "agent", "agents train; `tfdistx evaluate` runs with cluster.launch=local or tf_config")
     layout, run_dir, cluster = spec.layout, spec.run_dir, spec.cluster
-    servers = dict(layout.servers_beside_the_keeper())
-    per_pool, why = threads.task_threads(cluster.task_threads, {"worker": 1})  # one worker on this node
-    keepers_pool, _ = threads.task_threads(cluster.task_threads, {"worker": 1, **servers})  # the keeper's node: the servers too
+    per_pool, why = threads.task_threads(cluster.task_threads, layout.jobs_on_an_agents_node(keeper=False))
+    keepers_pool, _ = threads.task_threads(cluster.task_threads, layout.jobs_on_an_agents_node(keeper=True))
     agent = cluster.agent
     elastic_keys = cluster.elastic
     told = _where_rounds_are_told(spec)
     code = run_agent({"command": _task_command(spec, mode, None), "run_dir": str(run_dir), "log_dir": str(run_dir / "logs"),
                       "primary": list(layout.strategy.facts.primary_jobs), "restart_alone": list(layout.strategy.facts.restartable_alone),
-                      "servers": servers, "keeper_task_env": threads.environment(keepers_pool),
+                      "servers": dict(layout.servers_beside_the_keeper()), "keeper_task_env": threads.environment(keepers_pool),
                       "max_restarts": cluster.max_restarts,
                       "stopped_task_timeout": cluster.stopped_task_timeout, "run_log": str(run_dir / "tfdistx.log"),
                       "preemption_grace": cluster.preemption_grace, "notice_signals": list(cluster.notice_signals),

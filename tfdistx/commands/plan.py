@@ -169,13 +169,13 @@ def _tasks(layout: Layout, placement) -> list:
             lines.append(_evaluator_line(""))
         return lines
     if placement.source is Source.AGENT:
-        per_pool, why = threads.task_threads(topo.task_threads, {"worker": 1})
+        per_pool, why = threads.task_threads(topo.task_threads, layout.jobs_on_an_agents_node(keeper=False))
         lines = ["placement     an agent on every node (this process on this one): it starts the node's worker, placed by the",
                  "              TF_CONFIG of each round the agents form at cluster.agent.store, and restarts it (cluster.max_restarts)",
                  f"  threads     the node's worker: {threads.describe(per_pool)}; {why}"]
         servers = layout.servers_beside_the_keeper()
         if servers:  # on the node whose agent keeps the rounds, in every round (cluster/agent.py)
-            keepers_pool, keepers_why = threads.task_threads(topo.task_threads, {"worker": 1, **servers})
+            keepers_pool, keepers_why = threads.task_threads(topo.task_threads, layout.jobs_on_an_agents_node(keeper=True))
             lines.append(f"  servers     {strategies.describe_jobs(servers)}, on the store's node beside its worker: "
                          "the run lives as long as that node")
             lines.append(f"  threads     the store's node's tasks: {threads.describe(keepers_pool)}; {keepers_why}")

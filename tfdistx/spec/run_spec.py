@@ -188,6 +188,11 @@ class Layout:
         and ps tasks, the tf.data service's dispatcher and data workers."""
         return {**{job: n for job, n in self.training_jobs().items() if job != "worker"}, **self.service_jobs()}
 
+    def jobs_on_an_agents_node(self, keeper: bool) -> Mapping[str, int]:
+        """With an agent on every node, the tasks one node runs, per job (what its TensorFlow threads are sized
+        for): its worker, and on the keeper's node the servers beside it."""
+        return {"worker": 1, **(self.servers_beside_the_keeper() if keeper else {})}
+
 
 @dataclass(frozen=True)
 class RunSpec:
