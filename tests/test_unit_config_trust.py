@@ -4,11 +4,13 @@ silently accepted (a key that does nothing, a run that could never compute
 what it was asked for) is refused in one line before TensorFlow starts."""
 
 
+import threading
+
 import pytest
 import yaml
 
 from config_helpers import PREFIX, changed, compose_ok, problems, refused
-from tfdistx import cli
+from tfdistx import cli, rundir
 from tfdistx.commands import plan, recipes as recipes_command, run as run_command
 from tfdistx.config import userconf
 from tfdistx.spec.errors import ConfigError
@@ -74,6 +76,26 @@ def test_a_run_dir_of_unrelated_files_or_of_a_tfdistx_run_is_accepted(tmp_path):
     compose_ok(worker_first)
     (worker_first / ".hydra" / "hydra.yaml").write_text(yaml.safe_dump({"hydra": {"job": {"name": "tfdistx"}}}))
     compose_ok(worker_first)
+
+
+def test_a_run_dir_whose_hydra_file_another_node_is_rewriting_is_its_own(tmp_path):
+    """Every node's agent of a run starts Hydra in the one run dir; each
+    rewrites .hydra/hydra.yaml in place. A node that reads it truncated,
+    with another node's logs/ already there and the lock not yet taken,
+    still knows the run dir for its own run's."""
+    shared = tmp_path / "shared"
+    (shared / ".hydra").mkdir(parents=True)
+    (shared / "logs").mkdir()
+    (shared / "logs" / "train-config.yaml").write_text("")
+    (shared / ".hydra" / "hydra.yaml").write_text("")  # truncated by another node's Hydra, not yet written again
+    writer = threading.Timer(0.3, lambda: (shared / ".hydra" / "hydra.yaml").write_text(
+        yaml.safe_dump({"hydra": {"job": {"name": "tfdistx"}}})))
+    writer.start()
+    try:
+        assert rundir.in_the_way(str(shared)) == []  # what compose asks: read as the file was, it would be [logs/]
+    finally:
+        writer.join()
+    compose_ok(shared)
 
 
 def test_another_hydra_apps_run_dir_is_refused(tmp_path):

@@ -134,11 +134,27 @@ def _hydra_job(run: Path):
     """The job name a Hydra app recorded in RUN/.hydra/hydra.yaml, or None
     (none there, or not yet whole). With RUN/.lock, which the process that
     owns a run takes before it writes anything (`exclusive`), the mark of
-    a tfdistx run dir: another task of the run may get there first."""
-    try:
-        return yaml.safe_load((run / ".hydra" / "hydra.yaml").read_text())["hydra"]["job"]["name"]
-    except (OSError, UnicodeDecodeError, yaml.YAMLError, KeyError, TypeError):
-        return None
+    a tfdistx run dir: another task of the run may get there first.
+
+    Every node's agent of a run starts Hydra in the one run dir, and Hydra
+    rewrites .hydra/hydra.yaml in place (truncated, then written): a file
+    there that is not whole is read again until it is, for up to
+    HYDRA_FILE_WAIT seconds, or a node that read it at that moment would
+    take its own run dir for a stranger's."""
+    path = run / ".hydra" / "hydra.yaml"
+    deadline = time.monotonic() + HYDRA_FILE_WAIT
+    while True:
+        try:
+            return yaml.safe_load(path.read_text())["hydra"]["job"]["name"]
+        except FileNotFoundError:
+            return None
+        except (OSError, UnicodeDecodeError, yaml.YAMLError, KeyError, TypeError):
+            if time.monotonic() >= deadline:
+                return None
+            time.sleep(0.05)
+
+
+HYDRA_FILE_WAIT = 2.0  # Hydra writes the few kilobytes of hydra.yaml in milliseconds
 
 
 def _leave_no_stub(run_dir: Path, created: bool, code) -> None:
