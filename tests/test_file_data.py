@@ -4,13 +4,12 @@ bad files refused in one line. Real files on disk, real clusters."""
 
 import json
 import random
-import subprocess
 import sys
 
 import numpy as np
 import pytest
 
-from conftest import refused_in_one_line, tfdistx_env, whole_and_resumed
+from conftest import refused_in_one_line, run_command, tfdistx_env, whole_and_resumed
 from engine_helpers import train
 from test_data_split import BATCH, EXAMPLES, STEPS, seen_counts
 
@@ -19,7 +18,7 @@ def write_data(out, *overrides, shards=4, fmt="tfrecord", compression=None):
     cmd = [sys.executable, "-m", "tfdistx", "data", "write", *overrides, "--out", str(out), "--shards", str(shards), "--format", fmt]
     if compression:
         cmd += ["--compression", compression]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=tfdistx_env(), timeout=300)
+    proc = run_command(cmd, tfdistx_env(), timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return out
 

@@ -6,13 +6,12 @@ give for it (offline datasets)."""
 
 import re
 import shlex
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from conftest import tfdistx_env
+from conftest import run_command, tfdistx_env
 from tfdistx.spec.errors import EXIT_NO_NETWORK
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -92,7 +91,8 @@ def own_project(words, root: Path) -> None:
 
 
 def run(words, env, cwd, timeout=600):
-    return subprocess.run(words, capture_output=True, text=True, env=tfdistx_env(HOME=str(cwd), **env), cwd=cwd, timeout=timeout)
+    """The command as subprocess.run would run it, forked from the pytest process's prefork where that is a fresh start."""
+    return run_command(words, tfdistx_env(HOME=str(cwd), **env), cwd=cwd, timeout=timeout)
 
 
 EXAMPLES = commands()

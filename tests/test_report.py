@@ -3,7 +3,6 @@
 import json
 import re
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
@@ -46,7 +45,7 @@ def sweep(tmp_path_factory):
     """A real 3-job sweep over the learning rate."""
     sweep_dir = tmp_path_factory.mktemp("report") / "sweep"
     cmd = [sys.executable, "-m", "tfdistx", "-m", "optimizer=sgd", "optimizer.lr=0.003,0.03,0.3", *CURVES, f"hydra.sweep.dir={sweep_dir}"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=tfdistx_env(), cwd=sweep_dir.parent, timeout=600)
+    proc = run_command(cmd, tfdistx_env(), cwd=sweep_dir.parent, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return sweep_dir
 
