@@ -6,7 +6,7 @@ import json
 import logging
 import sys
 
-from conftest import EXPORTED, QUICK, files, refused_in_one_line, run_command, tfdistx_env
+from conftest import EXPORTED, QUICK, files, free_ports, refused_in_one_line, run_command, tfdistx_env
 from tfdistx.commands import export as export_command
 
 
@@ -101,3 +101,23 @@ def test_data_write_keeps_an_earlier_write_aside_and_refuses_other_directories(t
     refused = write(mine, 2)
     assert refused.returncode == 2 and "is not data written by tfdistx data write" in refused.stderr, refused.stderr[-2000:]
     assert [p.name for p in mine.iterdir()] == ["notes.txt"]
+
+
+def test_a_refused_rerun_under_agents_leaves_the_runs_config_as_the_run_wrote_it(tfdistx):
+    """Under agents every node starts Hydra in the one run dir, and the node
+    that owns it is known only later (the one keeping the rounds). A rerun
+    with another model is refused (exit 2, the checkpoint is another
+    model's) and the run's .hydra/ files, which that refusal tells the user
+    to read, are byte for byte the run's own; the run's own command then
+    goes on from its checkpoint. One agent, on loopback."""
+    agent = ["strategy=multiworker", "cluster.workers=1", "cluster.launch=agent", f"cluster.agent.store=127.0.0.1:{free_ports(1)[0]}"]
+    first = tfdistx(*QUICK, "checkpoint.every_steps=20", *agent)
+    assert first.returncode == 0, first
+    config = files(first.dir / ".hydra")
+    assert config and "- trainer.steps=40" in (first.dir / ".hydra" / "overrides.yaml").read_text()
+    refused = tfdistx(*QUICK, "model=cnn", "trainer.steps=60", *agent)
+    assert refused.returncode == 2 and "was saved by another model" in refused.stdout + refused.stderr, refused
+    assert files(first.dir / ".hydra") == config
+    again = tfdistx(*QUICK, "checkpoint.every_steps=20", "trainer.steps=60", *agent)
+    assert again.returncode == 0 and json.loads((first.dir / "summary.json").read_text())["step"] == 60, again
+    assert "- trainer.steps=60" in (first.dir / ".hydra" / "overrides.yaml").read_text()

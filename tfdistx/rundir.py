@@ -28,6 +28,7 @@ from typing import Optional
 import yaml  # PyYAML (no TensorFlow, no Hydra): a run's .hydra/hydra.yaml
 
 from tfdistx.spec import datafiles
+from tfdistx.whole_files import write_whole
 from tfdistx.spec.errors import EXIT_INVALID_CONFIG, EXIT_NOT_RETRYABLE, EXIT_PREEMPTED, EXIT_RUN_DIR_LOCKED, ConfigError, Problem, RunFault
 
 LOCK_NAME = ".lock"
@@ -65,20 +66,53 @@ def owned(run_dir: str):
     new = not Path(run_dir).exists() or {p.name for p in Path(run_dir).iterdir()} <= _STUB | {FAILED_NAME}
     with exclusive(run_dir):
         (Path(run_dir) / FAILED_NAME).unlink(missing_ok=True)  # this attempt decides
-        hydra_dir = Path(run_dir) / ".hydra"
-        before = {p: p.read_bytes() for p in hydra_dir.glob("*.yaml")} if hydra_dir.is_dir() else {}
+        before = config_files(run_dir)
         try:
             yield
         except SystemExit as exit:
-            if exit.code == EXIT_INVALID_CONFIG and before:
-                for path, content in before.items():
-                    path.write_bytes(content)
+            if exit.code == EXIT_INVALID_CONFIG:
+                put_back(before)
             if exit.code not in (0, None):
                 _leave_no_stub(Path(run_dir), new, exit.code)
             raise
         except BaseException:
             _leave_no_stub(Path(run_dir), new, 1)
             raise
+
+
+def config_files(run_dir) -> dict:
+    """The run's config as Hydra recorded it (RUN/.hydra/*.yaml): path -> bytes."""
+    hydra_dir = Path(run_dir) / ".hydra"
+    return {p: p.read_bytes() for p in hydra_dir.glob("*.yaml")} if hydra_dir.is_dir() else {}
+
+
+def put_back(before: dict) -> None:
+    """The config files `config_files` read, as they were (a refused rerun leaves the run's own)."""
+    for path, content in before.items():
+        path.write_bytes(content)
+
+
+def record_config(run_dir, texts: dict) -> dict:
+    """RUN/.hydra/NAME written with each text (what Hydra's run_job writes
+    there), by the one process that owns the run dir while it holds the
+    lock; returns what was there before, for `put_back`. A run whose every
+    node starts Hydra in the one run dir (agents) records its config so:
+    Hydra on each node would rewrite the files in place, in any order with
+    the owner's reading of them."""
+    before = config_files(run_dir)
+    for name, text in texts.items():
+        (Path(run_dir) / ".hydra").mkdir(parents=True, exist_ok=True)
+        write_whole(Path(run_dir) / ".hydra" / name, text)
+    return before
+
+
+def mark_as_a_runs(run_dir) -> None:
+    """RUN/.lock made, not taken: the mark of a tfdistx run dir
+    (`in_the_way`), for a run whose owner is known only later (an agent's
+    node, once it knows it keeps the rounds) while the other nodes already
+    write their logs there."""
+    Path(run_dir).mkdir(parents=True, exist_ok=True)
+    os.close(os.open(Path(run_dir) / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644))
 
 
 # What a run that failed before training wrote anything leaves: nothing worth keeping.

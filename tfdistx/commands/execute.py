@@ -36,16 +36,18 @@ from tfdistx.sigterm import SigtermNotice
 
 
 def execute(cfg: DictConfig, run_dir: str, mode: str, step: Optional[int] = None, process_ends_after: bool = False,
-            notice: Optional[SigtermNotice] = None, placement: Optional[Placement] = None):
+            notice: Optional[SigtermNotice] = None, placement: Optional[Placement] = None, config_record: Optional[dict] = None):
     """Train (mode "train") or evaluate (mode "evaluate") as `cfg` says, in
     `run_dir`. `notice`: the process's SIGTERM notice (sigterm.py), taken
     at its start; a training run without one takes it here. `placement`:
     where this process stands (placement_of), when the caller has it.
+    `config_record`: the run's .hydra/ files, which an agent's node records
+    if it keeps the rounds (commands/run.py).
     `process_ends_after`: the process ends as soon as this returns
     (cli.end_process), so what the run built is held until then."""
     if mode == "train" and notice is None:
         with SigtermNotice() as notice:
-            return execute(cfg, run_dir, mode, step, process_ends_after, notice, placement)
+            return execute(cfg, run_dir, mode, step, process_ends_after, notice, placement, config_record)
     spec = resolve(cfg, run_dir)  # the one reader of the config: from here on, the spec
     layout, training = spec.layout, mode == "train"
     if notice is not None:  # taken with the default signals before the config was known: now the config's
@@ -64,7 +66,7 @@ def execute(cfg: DictConfig, run_dir: str, mode: str, step: Optional[int] = None
         if placement.source is Source.LOCAL:
             return _run_local_cluster(spec, mode, step, notice)
         if placement.source is Source.AGENT:
-            return _run_agent(spec, mode, notice)
+            return _run_agent(spec, mode, notice, config_record)
         if placement.task_type == EVALUATOR and notice is not None:  # a SIGTERM while it starts is said as what it will do
             notice.plan = EVALUATOR_ON_SIGTERM
         conflict = machine.conflict()
@@ -181,11 +183,11 @@ def _task_command(spec: RunSpec, mode: str, step: Optional[int]) -> list:
     return [sys.executable, "-m", "tfdistx", "_task", mode, str(spec.run_dir), str(task_config), *([str(step)] if step is not None else [])]
 
 
-def _run_agent(spec: RunSpec, mode: str, notice: Optional[SigtermNotice]):
+def _run_agent(spec: RunSpec, mode: str, notice: Optional[SigtermNotice], config_record: Optional[dict] = None):
     """This node's agent (cluster/agent.py): its worker in each round the
     agents form (and, on the node that keeps the rounds, the run's servers:
     a parameter-server run's chief and ps, the tf.data service's); the agent
-    that keeps the rounds finishes the summary."""
+    that keeps the rounds records the run's config (`config_record`) and finishes the summary."""
     if mode != "train":
         raise ConfigError.one("cluster.launch", "agent", "agents train; `tfdistx evaluate` runs with cluster.launch=local or tf_config")
     layout, run_dir, cluster = spec.layout, spec.run_dir, spec.cluster
@@ -202,6 +204,7 @@ def _run_agent(spec: RunSpec, mode: str, notice: Optional[SigtermNotice]):
                       "preemption_grace": cluster.preemption_grace, "notice_signals": list(cluster.notice_signals),
                       "task_env": threads.environment(per_pool), "preload": list(TASK_PRELOAD) if cluster.prefork else [],
                       "evaluator": cluster.evaluator,  # run by the agent that keeps the rounds
+                      "config_record": config_record or {},  # written into .hydra/ by the agent that keeps the rounds
                       "agent": {"store": agent.store, "address": agent.address, "min": elastic_keys.min_workers if elastic_keys else cluster.workers,
                                 "max": cluster.workers, "join_grace": agent.join_grace, "lost_bound": agent.lost_bound,
                                 "below_min_timeout": agent.below_min_timeout, **told}},

@@ -9,6 +9,7 @@ to `hydra.main`.
 """
 
 import contextlib
+import copy
 import functools
 import logging
 import string
@@ -16,11 +17,11 @@ import sys
 from typing import Optional, Sequence
 
 import hydra
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 from tfdistx import rundir
 from tfdistx.commands.common import one_line_errors, refuse, register_config_names
-from tfdistx.cluster.placement import Placement
+from tfdistx.cluster.placement import Placement, Source
 from tfdistx.commands.execute import execute, placement_of
 from tfdistx.commands.plan import describe
 from tfdistx.spec import elastic
@@ -172,9 +173,11 @@ def _run_once(overrides, process_ends_after: bool = False, notice: Optional[Sigt
                                   str(error).strip().splitlines()[0]) from None
         context = HydraContext(config_loader=GlobalHydra.instance().config_loader(), callbacks=callbacks)
         placement = placement_of(layout_of(cfg))  # worked out once for the run
+        config_subdir = _recorded_by_the_owner_alone(cfg, placement)
         # Locked before run_job writes .hydra/ into the directory (rundir.py).
         with rundir.owned(cfg.hydra.run.dir) if placement.is_chief else contextlib.nullcontext():
-            job = functools.partial(_run, process_ends_after=process_ends_after, notice=notice, placement=placement)
+            job = functools.partial(_run, process_ends_after=process_ends_after, notice=notice, placement=placement,
+                                    config_subdir=config_subdir)
             try:
                 result = run_job(task_function=job, config=cfg, job_dir_key="hydra.run.dir", job_subdir_key=None, hydra_context=context)
             except KeyboardInterrupt:
@@ -183,21 +186,55 @@ def _run_once(overrides, process_ends_after: bool = False, notice: Optional[Sigt
             _ = result.return_value  # re-raises what the job raised
 
 
+def _recorded_by_the_owner_alone(cfg: DictConfig, placement: Placement) -> Optional[str]:
+    """Only the process that owns the run dir writes the run's config into
+    it (.hydra/): a refused rerun puts back the files it replaced
+    (rundir.owned), which another task's Hydra, rewriting them in any order
+    with that, would undo. The others' Hydra writes none (hydra.output_subdir
+    null for their job). Under agents the owner is known only later, to the
+    node that keeps the rounds, which then records the config itself: its
+    subdirectory is returned for that, and the run dir is marked as a run's
+    before any node writes its logs there."""
+    if placement.is_chief:
+        return None
+    subdir = cfg.hydra.output_subdir
+    with read_write(cfg.hydra), open_dict(cfg.hydra):
+        cfg.hydra.output_subdir = None
+    if placement.source is Source.AGENT:
+        rundir.mark_as_a_runs(cfg.hydra.run.dir)
+        return subdir
+    return None
+
+
+def _config_record(cfg: DictConfig, subdir: str) -> dict:
+    """What Hydra's run_job writes into RUN/SUBDIR for this job (hydra.core.utils.run_job):
+    the job's config, Hydra's own, and the overrides, by file name."""
+    from hydra.core.hydra_config import HydraConfig
+
+    hydra_cfg = copy.deepcopy(HydraConfig.instance().cfg)
+    with read_write(hydra_cfg.hydra), open_dict(hydra_cfg.hydra):
+        hydra_cfg.hydra.output_subdir = subdir  # as recorded by a run that wrote it itself
+    return {"config.yaml": OmegaConf.to_yaml(cfg), "hydra.yaml": OmegaConf.to_yaml(hydra_cfg),
+            "overrides.yaml": OmegaConf.to_yaml(hydra_cfg.hydra.overrides.task)}
+
+
 def _run(cfg: DictConfig, process_ends_after: bool = False, notice: Optional[SigtermNotice] = None,
-         placement: Optional[Placement] = None):
+         placement: Optional[Placement] = None, config_subdir: Optional[str] = None):
     """One Hydra job: train here, or start a local cluster whose tasks each
     run this job. Multirun jobs are composed by the sweeper, so checked here.
     `process_ends_after`: the process ends when the run does (_run_once);
     `notice`: its SIGTERM notice (a sweep's jobs take their own);
-    `placement`: where this process stands (a sweep's jobs: worked out here)."""
+    `placement`: where this process stands (a sweep's jobs: worked out here);
+    `config_subdir`: where an agent's node records the config if it turns out to own the run dir."""
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
     hydra_cfg = HydraConfig.get()
     with one_line_errors():
         if hydra_cfg.mode != RunMode.MULTIRUN:  # composed, checked and locked by _run_once, which then ends the process
+            record = _config_record(cfg, config_subdir) if config_subdir else None
             return execute(cfg, hydra_cfg.runtime.output_dir, "train", process_ends_after=process_ends_after, notice=notice,
-                           placement=placement)
+                           placement=placement, config_record=record)
         told = only_given_keys_for_user_targets(cfg, hydra_cfg.overrides.task)
         validate(cfg)
         say(told)
