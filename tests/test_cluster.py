@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import (QUICK, free_ports, metric_lines, processes_of, refused_in_one_line, start_tfdistx, tfdistx_env, wait_until,
+from conftest import (QUICK, files, free_ports, metric_lines, processes_of, refused_in_one_line, start_tfdistx, tfdistx_env, wait_until,
                       workers_tf_config)
 
 
@@ -103,25 +103,38 @@ def test_resumed_multiworker_run_continues_from_the_chiefs_checkpoint(tfdistx):
 
 @pytest.mark.skipif(not can_isolate(), reason="needs unprivileged user and network namespaces")
 def test_tf_config_passthrough(tmp_path):
-    """Start the two tasks ourselves, as Kubeflow would, each with its TF_CONFIG."""
+    """Start the two tasks ourselves, as Kubeflow would, each with its TF_CONFIG.
+    A rerun of both with another model is refused (exit 2), and the run's
+    .hydra/ files are the run's own: only the chief writes them, and it puts
+    back what the refused rerun replaced."""
     run_dir = tmp_path / "run"
+    proc, outputs = tf_config_tasks(tmp_path, *QUICK, "strategy=multiworker", "cluster=2x1", f"hydra.run.dir={run_dir}")
+    assert proc.returncode == 0, (proc.stderr, outputs)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert (summary["process"], summary["workers"], summary["step"]) == ("worker:0", 2, 40)
+    final = {i: [l for l in out.splitlines() if "final weights sha256" in l][0].rsplit(" ", 1)[1] for i, out in outputs.items()}
+    assert final[0] == final[1] == summary["weights_sha256"]
+    config = files(run_dir / ".hydra")
+    proc, outputs = tf_config_tasks(tmp_path, *QUICK, "strategy=multiworker", "cluster=2x1", "model=cnn", "trainer.steps=60",
+                                    f"hydra.run.dir={run_dir}")
+    assert all("was saved by another model" in out for out in outputs.values()), outputs
+    assert files(run_dir / ".hydra") == config
+
+
+def tf_config_tasks(tmp_path, *args):
+    """(the shell's result, each worker's output) of a 2x1 run's two tasks started
+    with their TF_CONFIG in a network namespace of their own, each `python -m tfdistx ARGS`."""
     spec = {"worker": ["127.0.0.1:23001", "127.0.0.1:23002"]}
-    args = " ".join(QUICK) + f" strategy=multiworker cluster=2x1 hydra.run.dir={run_dir}"
     tasks = [
         f"TF_CONFIG='{json.dumps({'cluster': spec, 'task': {'type': 'worker', 'index': i}})}' "
-        f"{sys.executable} -m tfdistx {args} > {tmp_path}/worker{i}.out 2>&1 & p{i}=$!;"
+        f"{sys.executable} -m tfdistx {' '.join(args)} > {tmp_path}/worker{i}.out 2>&1 & p{i}=$!;"
         for i in range(2)
     ]
     script = (f"{sys.executable} -c 'from tfdistx.cluster.processes import loopback_up; loopback_up()' && "
               + " ".join(tasks) + " wait $p0 && wait $p1")
     proc = subprocess.run(["unshare", "--user", "--map-root-user", "--net", "bash", "-c", script],
                           env=tfdistx_env(), timeout=600, capture_output=True, text=True)
-    outputs = {i: (tmp_path / f"worker{i}.out").read_text() for i in range(2)}
-    assert proc.returncode == 0, (proc.stderr, outputs)
-    summary = json.loads((run_dir / "summary.json").read_text())
-    assert (summary["process"], summary["workers"], summary["step"]) == ("worker:0", 2, 40)
-    final = {i: [l for l in out.splitlines() if "final weights sha256" in l][0].rsplit(" ", 1)[1] for i, out in outputs.items()}
-    assert final[0] == final[1] == summary["weights_sha256"]
+    return proc, {i: (tmp_path / f"worker{i}.out").read_text() for i in range(2)}
 
 
 def test_tasks_forked_from_the_prefork_train_as_fresh_processes_do(tfdistx, tmp_path):
