@@ -201,7 +201,7 @@ def test_a_preempted_node_checkpoints_with_the_others_who_go_on_without_it(nodes
 def test_a_failing_worker_restarts_the_round_from_every_agents_budget_and_then_the_run_stops_with_its_code(nodes, tmp_path):
     """2x1 on two nodes, the worker:1 of every round exiting 7 at its start (user_plugins.crashing_on_worker_1):
     its node's failure closes the round for both agents, which start it again once (cluster.max_restarts=1),
-    then both stop with its code, in a bounded time, leaving no process."""
+    then both stop with its code, in a bounded time, leaving no process, and the run marked failed."""
     run_dir = tmp_path / "run"
     agents = start_agents(nodes, tmp_path, 2, "cluster=2x1", "cluster.max_restarts=1", "data._target_=user_plugins.crashing_on_worker_1",
                           base=QUICK)
@@ -211,6 +211,7 @@ def test_a_failing_worker_restarts_the_round_from_every_agents_budget_and_then_t
     assert [r["reason"] for r in said] == ["started", "restart after exit code 7"] and said[0]["members"] == said[1]["members"], said
     assert all("giving up: the cluster stopped after 1 restart(s) (cluster.max_restarts=1); last exit code 7" in output(tmp_path, n)
                for n in (1, 2)), [output(tmp_path, n)[-2000:] for n in (1, 2)]
+    assert (run_dir / "FAILED").read_text() == "exit code 7\n"  # as `tfdistx report` shows a failed run
     wait_until(lambda: not processes_of(run_dir), 30, "every agent and task gone")
 
 

@@ -117,7 +117,7 @@ def test_a_refused_rerun_under_agents_leaves_the_runs_config_as_the_run_wrote_it
     assert config and "- trainer.steps=40" in (first.dir / ".hydra" / "overrides.yaml").read_text()
     refused = tfdistx(*QUICK, "model=cnn", "trainer.steps=60", *agent)
     assert refused.returncode == 2 and "was saved by another model" in refused.stdout + refused.stderr, refused
-    assert files(first.dir / ".hydra") == config
+    assert files(first.dir / ".hydra") == config and not (first.dir / "FAILED").exists()  # a run that was there is not a failed one
     again = tfdistx(*QUICK, "checkpoint.every_steps=20", "trainer.steps=60", *agent)
     assert again.returncode == 0 and json.loads((first.dir / "summary.json").read_text())["step"] == 60, again
     assert "- trainer.steps=60" in (first.dir / ".hydra" / "overrides.yaml").read_text()

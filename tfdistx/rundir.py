@@ -73,10 +73,10 @@ def owned(run_dir: str):
             if exit.code == EXIT_INVALID_CONFIG:
                 put_back(before)
             if exit.code not in (0, None):
-                _leave_no_stub(Path(run_dir), new, exit.code)
+                leave_no_stub(Path(run_dir), new, exit.code)
             raise
         except BaseException:
-            _leave_no_stub(Path(run_dir), new, 1)
+            leave_no_stub(Path(run_dir), new, 1)
             raise
 
 
@@ -95,10 +95,13 @@ def put_back(before: dict) -> None:
 def record_config(run_dir, texts: dict) -> dict:
     """RUN/.hydra/NAME written with each text (what Hydra's run_job writes
     there), by the one process that owns the run dir while it holds the
-    lock; returns what was there before, for `put_back`. A run whose every
+    lock; returns what was there before, for `put_back` (nothing: a new
+    run's dir, for `leave_no_stub`). A FAILED file of an earlier attempt
+    goes: this attempt decides. A run whose every
     node starts Hydra in the one run dir (agents) records its config so:
     Hydra on each node would rewrite the files in place, in any order with
     the owner's reading of them."""
+    (Path(run_dir) / FAILED_NAME).unlink(missing_ok=True)
     before = config_files(run_dir)
     for name, text in texts.items():
         (Path(run_dir) / ".hydra").mkdir(parents=True, exist_ok=True)
@@ -191,7 +194,7 @@ def _hydra_job(run: Path):
 HYDRA_FILE_WAIT = 2.0  # Hydra writes the few kilobytes of hydra.yaml in milliseconds
 
 
-def _leave_no_stub(run_dir: Path, created: bool, code) -> None:
+def leave_no_stub(run_dir: Path, created: bool, code) -> None:
     """A failed run is not left looking like a run: a directory it created
     and wrote nothing of its own into is removed (the error was on the
     terminal); one with more in it (a cluster's task logs, checkpoints)

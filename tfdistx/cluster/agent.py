@@ -254,8 +254,10 @@ def run_agent(spec: dict, notice: Optional[SigtermNotice] = None) -> int:
         finally:
             if prefork is not None:
                 prefork.close()
-        if code == EXIT_INVALID_CONFIG:  # a refused rerun leaves the run's own config (rundir.owned, for one owner)
+        if keeper is not None and code == EXIT_INVALID_CONFIG:  # a refused rerun leaves the run's own config (rundir.owned, for one owner)
             rundir.put_back(config_before)
+        if keeper is not None and code:  # a new run that failed says so to `tfdistx report` (rundir.owned, for one owner)
+            rundir.leave_no_stub(Path(spec["run_dir"]), not config_before, code)
         beats.set(DONE if code == 0 else ENDED, beats.status[1])
         _hear_the_end(keeper, beats, code, bounds["lost_bound"] + spec.get("preemption_grace", 60))
         beats.stop.set()
