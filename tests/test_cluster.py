@@ -117,7 +117,7 @@ def test_tf_config_passthrough(tmp_path):
     config = files(run_dir / ".hydra")
     proc, outputs = tf_config_tasks(tmp_path, *QUICK, "strategy=multiworker", "cluster=2x1", "model=cnn", "trainer.steps=60",
                                     f"hydra.run.dir={run_dir}")
-    assert all("was saved by another model" in out for out in outputs.values()), outputs
+    assert proc.returncode != 0 and all("was saved by another model" in out for out in outputs.values()), outputs
     assert files(run_dir / ".hydra") == config
 
 
@@ -131,7 +131,7 @@ def tf_config_tasks(tmp_path, *args):
         for i in range(2)
     ]
     script = (f"{sys.executable} -c 'from tfdistx.cluster.processes import loopback_up; loopback_up()' && "
-              + " ".join(tasks) + " wait $p0 && wait $p1")
+              + " ".join(tasks) + " wait $p0; r0=$?; wait $p1; r1=$?; [ $r0 -eq 0 ] && [ $r1 -eq 0 ]")  # both awaited, whatever the first's code
     proc = subprocess.run(["unshare", "--user", "--map-root-user", "--net", "bash", "-c", script],
                           env=tfdistx_env(), timeout=600, capture_output=True, text=True)
     return proc, {i: (tmp_path / f"worker{i}.out").read_text() for i in range(2)}
