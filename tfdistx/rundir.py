@@ -11,6 +11,7 @@ TensorFlow here.
 """
 
 import contextlib
+import dataclasses
 import errno
 import fcntl
 import json
@@ -59,54 +60,58 @@ def exclusive(run_dir: str):
 
 @contextlib.contextmanager
 def owned(run_dir: str):
-    """The run directory's lock, and if the run is refused as a bad config
-    (exit 2: a checkpoint of another model, say), the .hydra/ files it
-    replaced are put back, so the run that is there keeps its own config."""
+    """The run directory's lock, held for one attempt of the run (`Attempt`)."""
     # Nothing of a run there yet (Hydra writes .hydra/ first for a sweep's job; a failed attempt left FAILED).
     new = not Path(run_dir).exists() or {p.name for p in Path(run_dir).iterdir()} <= _STUB | {FAILED_NAME}
     with exclusive(run_dir):
-        (Path(run_dir) / FAILED_NAME).unlink(missing_ok=True)  # this attempt decides
-        before = config_files(run_dir)
+        attempt = Attempt.begin(run_dir, new=new)
         try:
             yield
         except SystemExit as exit:
-            if exit.code == EXIT_INVALID_CONFIG:
-                put_back(before)
-            if exit.code not in (0, None):
-                leave_no_stub(Path(run_dir), new, exit.code)
+            attempt.end(exit.code)
             raise
         except BaseException:
-            leave_no_stub(Path(run_dir), new, 1)
+            attempt.end(1)
             raise
 
 
-def config_files(run_dir) -> dict:
-    """The run's config as Hydra recorded it (RUN/.hydra/*.yaml): path -> bytes."""
-    hydra_dir = Path(run_dir) / ".hydra"
-    return {p: p.read_bytes() for p in hydra_dir.glob("*.yaml")} if hydra_dir.is_dir() else {}
+@dataclasses.dataclass(frozen=True)
+class Attempt:
+    """One attempt of a run, by the process that owns its run dir while it
+    holds the lock: a single run or a local cluster's launcher (`owned`), or
+    under agents the node that keeps the rounds. If the attempt is refused
+    as a bad config (exit 2: a checkpoint of another model, say), the
+    .hydra/ files it replaced are put back, so the run that is there keeps
+    its own config; a new run that failed is marked so (`_leave_no_stub`)."""
 
+    run_dir: Path
+    new: bool  # no run was there before this attempt
+    config_before: dict  # RUN/.hydra/*.yaml as they were: path -> bytes
 
-def put_back(before: dict) -> None:
-    """The config files `config_files` read, as they were (a refused rerun leaves the run's own)."""
-    for path, content in before.items():
-        path.write_bytes(content)
+    @classmethod
+    def begin(cls, run_dir, new: Optional[bool] = None, record: Optional[dict] = None) -> "Attempt":
+        """`record`: RUN/.hydra/NAME -> text, written here (what Hydra's run_job
+        writes there) by an owner known only once its run's other nodes have
+        started: under agents, every node starts Hydra in the one run dir, and
+        Hydra on each would rewrite the files in place, in any order with the
+        owner's reading of them. `new`: by default, whether no config was recorded there."""
+        run_dir = Path(run_dir)
+        (run_dir / FAILED_NAME).unlink(missing_ok=True)  # this attempt decides
+        hydra_dir = run_dir / ".hydra"
+        before = {p: p.read_bytes() for p in hydra_dir.glob("*.yaml")} if hydra_dir.is_dir() else {}
+        if record:
+            hydra_dir.mkdir(parents=True, exist_ok=True)
+            for name, text in record.items():
+                write_whole(hydra_dir / name, text)
+        return cls(run_dir, not before if new is None else new, before)
 
-
-def record_config(run_dir, texts: dict) -> dict:
-    """RUN/.hydra/NAME written with each text (what Hydra's run_job writes
-    there), by the one process that owns the run dir while it holds the
-    lock; returns what was there before, for `put_back` (nothing: a new
-    run's dir, for `leave_no_stub`). A FAILED file of an earlier attempt
-    goes: this attempt decides. A run whose every
-    node starts Hydra in the one run dir (agents) records its config so:
-    Hydra on each node would rewrite the files in place, in any order with
-    the owner's reading of them."""
-    (Path(run_dir) / FAILED_NAME).unlink(missing_ok=True)
-    before = config_files(run_dir)
-    for name, text in texts.items():
-        (Path(run_dir) / ".hydra").mkdir(parents=True, exist_ok=True)
-        write_whole(Path(run_dir) / ".hydra" / name, text)
-    return before
+    def end(self, code) -> None:
+        """The attempt ended with exit code `code` (0 or None: it did not fail)."""
+        if code == EXIT_INVALID_CONFIG:
+            for path, content in self.config_before.items():
+                path.write_bytes(content)
+        if code not in (0, None):
+            _leave_no_stub(self.run_dir, self.new, code)
 
 
 def mark_as_a_runs(run_dir) -> None:
@@ -135,8 +140,10 @@ def in_the_way(run_dir: str, checkpoint_dir=None, also=()) -> list:
     new directory, a tfdistx run dir (resumed), or one of unrelated files
     (a project's code and notes)."""
     run = Path(run_dir)
+    if not run.is_dir() or (run / LOCK_NAME).exists():
+        return []
     job = _hydra_job(run)
-    if not run.is_dir() or (run / LOCK_NAME).exists() or job == JOB_NAME:
+    if job == JOB_NAME:
         return []
     names = set(RUN_WRITES) | set(also)
     if checkpoint_dir and run.resolve() in Path(checkpoint_dir).resolve().parents:
@@ -194,7 +201,7 @@ def _hydra_job(run: Path):
 HYDRA_FILE_WAIT = 2.0  # Hydra writes the few kilobytes of hydra.yaml in milliseconds
 
 
-def leave_no_stub(run_dir: Path, created: bool, code) -> None:
+def _leave_no_stub(run_dir: Path, created: bool, code) -> None:
     """A failed run is not left looking like a run: a directory it created
     and wrote nothing of its own into is removed (the error was on the
     terminal); one with more in it (a cluster's task logs, checkpoints)

@@ -47,7 +47,7 @@ from tfdistx.cluster.round_keeper import DONE, ENDED, FAILED, FINISHED, GROW, LO
 from tfdistx.cluster.rounds import Rounds
 from tfdistx.cluster.supervisor import POLL_SECONDS, Membership, NoRound, Round, RoundResult, Say, State, Supervisor
 from tfdistx.sigterm import SigtermNotice
-from tfdistx.spec.errors import EXIT_CLUSTER_DID_NOT_FORM, EXIT_INVALID_CONFIG, EXIT_LOST_PEER, EXIT_PREEMPTED, RunFault
+from tfdistx.spec.errors import EXIT_CLUSTER_DID_NOT_FORM, EXIT_LOST_PEER, EXIT_PREEMPTED, RunFault
 
 BEAT_SECONDS = 1.0
 CALL_TIMEOUT_SECONDS = 2.0  # one beat's round trip at most: a cut link is a timeout, not a hang
@@ -242,7 +242,7 @@ def run_agent(spec: dict, notice: Optional[SigtermNotice] = None) -> int:
         if "chief" in servers:  # parameter servers: the chief's end is the training's
             keeper.finisher = beats.name
     with rundir.exclusive(spec["run_dir"]) if keeper else contextlib.nullcontext():  # the keeper's node owns the run directory
-        config_before = rundir.record_config(spec["run_dir"], spec.get("config_record") or {}) if keeper else {}
+        attempt = rundir.Attempt.begin(spec["run_dir"], record=spec.get("config_record")) if keeper else None
         beats.start()
         Path(spec["log_dir"]).mkdir(parents=True, exist_ok=True)
         prefork = Prefork(spec["preload"], spec["log_dir"]) if spec.get("preload") and can_fork(spec["command"]) else None
@@ -254,10 +254,8 @@ def run_agent(spec: dict, notice: Optional[SigtermNotice] = None) -> int:
         finally:
             if prefork is not None:
                 prefork.close()
-        if keeper is not None and code == EXIT_INVALID_CONFIG:  # a refused rerun leaves the run's own config (rundir.owned, for one owner)
-            rundir.put_back(config_before)
-        if keeper is not None and code:  # a new run that failed says so to `tfdistx report` (rundir.owned, for one owner)
-            rundir.leave_no_stub(Path(spec["run_dir"]), not config_before, code)
+        if attempt is not None:  # a refused rerun leaves the run's own config; a new run that failed says so to `tfdistx report`
+            attempt.end(code)
         beats.set(DONE if code == 0 else ENDED, beats.status[1])
         _hear_the_end(keeper, beats, code, bounds["lost_bound"] + spec.get("preemption_grace", 60))
         beats.stop.set()
