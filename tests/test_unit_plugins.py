@@ -31,7 +31,7 @@ def test_every_option_a_row_declares_composes_and_is_checked(tmp_path):
     cfg = compose_ok(tmp_path / "run", "strategy=mirrored", "strategy.cross_device_ops=reduction_to_one")
     assert cfg.strategy.cross_device_ops == "reduction_to_one"
     assert refused(tmp_path / "run", "strategy=multiworker", "cluster=2x1", "strategy.communication=carrier_pigeon") == [
-        PREFIX + "strategy.communication='carrier_pigeon': allowed: auto, ring, nccl"]
+        PREFIX + "strategy.communication='carrier_pigeon': allowed: auto, ring, nccl, mpi"]
 
 
 @pytest.fixture

@@ -25,7 +25,7 @@ from tfdistx.cluster.launch import run_local_cluster
 from tfdistx.cluster.rendezvous import LOCAL_CLUSTER_ENV
 from tfdistx.commands.ending import hold_until_exit
 from tfdistx.cluster.placement import Placement, Source
-from tfdistx.spec import data_service, elastic, threads
+from tfdistx.spec import data_service, elastic, mpi, threads
 from tfdistx.spec.errors import ConfigError, retryable_exits_offset_by
 from tfdistx.spec.objective import value as objective_value
 from tfdistx.config.resolve import resolve
@@ -220,6 +220,9 @@ def _run_local_cluster(spec: RunSpec, mode: str, step: Optional[int], notice: Op
     layout, run_dir = spec.layout, spec.run_dir
     counts, evaluator = local_tasks(layout, mode)
     command = _task_command(spec, mode, step)
+    under_mpi = spec.strategy.options.get("communication") == mpi.NAME
+    if under_mpi:  # each task a world of one of MPI's, which joins its peers (spec/mpi.py); not forked from a prefork then
+        command = mpi.task_command(command)
     per_pool, why = threads.task_threads(layout.cluster.task_threads, counts)  # an elastic run: sized for MAX workers
     into_log_files(f"tfdistx: each task's TensorFlow threads: {threads.describe(per_pool)}; {why}")  # the run's log, not the terminal
     rounds = _elastic_rounds(spec, mode)
@@ -229,7 +232,7 @@ def _run_local_cluster(spec: RunSpec, mode: str, step: Optional[int], notice: Op
                              max_restarts=cluster.max_restarts, restart_alone=list(facts.restartable_alone),
                              stopped_task_timeout=cluster.stopped_task_timeout, run_log=str(run_dir / "tfdistx.log"),
                              evaluator=evaluator, preemption_grace=cluster.preemption_grace, notice=notice,
-                             notice_signals=cluster.notice_signals, elastic=rounds, preload=TASK_PRELOAD if cluster.prefork else ())
+                             notice_signals=cluster.notice_signals, elastic=rounds, preload=TASK_PRELOAD if cluster.prefork and not under_mpi else ())
     if code == 130:  # Ctrl-C: the tasks stopped quietly (commands/task.py)
         print("tfdistx: interrupted", file=sys.stderr)
     if code:

@@ -144,7 +144,7 @@ def _mlp_shapes(cfg: DictConfig):
 def _collectives(options: DictConfig) -> str:
     packs = options.get("bytes_per_pack") or 0
     implementation = options.get("communication") or "auto"
-    how = {"auto": "ring over gRPC on CPUs, NCCL on GPUs", "ring": "ring over gRPC", "nccl": "NCCL"}[implementation]
+    how = strategies.COMMUNICATION_MEANS[implementation]
     return (f"collectives   each step: one all-reduce of every gradient, "
             f"{f'in packs of {packs} bytes' if packs else 'in one pack'} (strategy.bytes_per_pack), "
             f"{options.get('all_reduce_dtype') or 'float32'}; the metrics: one sum per tf.function call; "

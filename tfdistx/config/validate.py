@@ -15,7 +15,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from tfdistx import rundir
 from tfdistx.config import loggers, run_files, sources, tasks, topology
-from tfdistx.spec import agent, callbacks, compute, data_service, elastic, optimizers, static_targets, strategies, threads, warm_start
+from tfdistx.spec import agent, callbacks, compute, data_service, elastic, mpi, optimizers, static_targets, strategies, threads, warm_start
 from tfdistx.spec.errors import MAX_RETRYABLE_EXIT_OFFSET, NOTICE_SIGNALS, ConfigError, Problem
 from tfdistx.spec.objective import objective_problems, unevaluated_problems
 from tfdistx.config.schema import LAUNCH_MODES, OPTIMIZER_KEYS, PIPELINE_DEFAULTS, TASK_FACTS, TASK_KEYS, Config
@@ -121,6 +121,8 @@ def _strategy_and_cluster(strategy: DictConfig, cluster: DictConfig) -> list:
             problems.append(Problem(f"strategy.{key}", value, f"allowed: {', '.join(chosen.options[key].allowed)}"))
     if "partitioner" in chosen.options:
         problems += strategies.partitioner_problems(strategy.get("partitioner"))
+    if strategy.get("communication") == mpi.NAME:
+        problems += mpi.problems(cluster.launch, cluster.devices_per_worker, strategy.get("all_reduce_dtype"))
     pack = strategy.get("bytes_per_pack")
     if pack is not None and (not _is_int(pack) or pack < 0):
         problems.append(Problem("strategy.bytes_per_pack", pack, "must be a whole number of bytes, 0 or more (0: one pack)"))

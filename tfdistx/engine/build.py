@@ -20,6 +20,7 @@ import tensorflow as tf
 from tfdistx import machine
 from tfdistx.cluster.placement import Placement
 from tfdistx.spec import compute, strategies
+from tfdistx.spec import mpi as mpi_facts
 from tfdistx.spec.errors import ConfigError
 from tfdistx.spec.objective import objective_problems, unevaluated_problems
 from tfdistx.spec.run_spec import RunSpec
@@ -27,10 +28,11 @@ from tfdistx.spec.strategies import Strategy
 from tfdistx.data import input as input_lib
 from tfdistx.data.files import input_errors_in_one_line
 from tfdistx.data.sources import DataSource
-from tfdistx.engine import process, topology, xla
+from tfdistx.engine import mpi, process, topology, xla
 from tfdistx.engine import strategy as strategy_lib
 from tfdistx.engine.callbacks import CallbackStates
 from tfdistx.engine.checkpointing import Checkpointer, ObjectiveState
+from tfdistx.engine.mpi import MpiSum
 from tfdistx.engine.optim import LearningRateAtStep, schedule
 from tfdistx.engine.parts import (build_model, build_source, build_task, check_model_takes_data, optimizer_for_checkpoint,
                                   resplit_for, rng_states)
@@ -69,6 +71,7 @@ class Run:
     topology: dict  # what it runs on (engine/topology.py), recorded with each checkpoint
     train_variables: Optional[List[tf.Variable]] = None  # what the optimizer updates, when not the model's trainable ones (sharding.py)
     callback_states: Optional[CallbackStates] = None  # the callbacks' own state, saved with the checkpoint (callbacks.py)
+    gradient_sum: Optional[MpiSum] = None  # the gradients summed through MPI, not the strategy (strategy.communication=mpi)
 
     @property
     def dir(self):
@@ -102,6 +105,8 @@ def build_run(spec: RunSpec, placement: Placement) -> Run:
     facts = strategies.STRATEGIES[name]
     strategy = strategy_lib.build(name, spec.strategy.options, cluster.devices_per_worker, peer_timeout=cluster.peer_timeout)
     coordinator = tf.distribute.experimental.coordinator.ClusterCoordinator(strategy) if facts.asynchronous else None
+    # strategy.communication=mpi: the tasks join MPI now, before any variable's first value crosses the cluster (engine/mpi.py)
+    gradient_sum = mpi.join(strategy) if name == "multiworker" and spec.strategy.options.get("communication") == mpi_facts.NAME else None
     replicas = strategy.num_replicas_in_sync
     # A step trains on accumulate_steps batches of data.batch_size (update.py).
     global_batch = spec.pipeline.batch_size * trainer.accumulate_steps
@@ -148,7 +153,7 @@ def build_run(spec: RunSpec, placement: Placement) -> Run:
                step_counter=step_counter, checkpointer=checkpointer, objective_state=objective_state,
                global_batch=global_batch, per_replica_batch=per_replica, total_steps=total_steps, peak_lr=learning_rate.peak,
                jit_compile=jit, steps_per_xla_call=per_call, sample=sample, topology=run_topology,
-               train_variables=train_variables, callback_states=callback_states)
+               train_variables=train_variables, callback_states=callback_states, gradient_sum=gradient_sum)
 
 
 def _task_and_source(spec: RunSpec, global_batch: int):

@@ -251,7 +251,7 @@ def make_runner(run: Run, skip_steps: int = 0, train: bool = True):
                     whole_step=run.facts.xla_whole_step,
                     all_reduce_dtype=strategy_lib.all_reduce_dtype(run.strategy_name, spec.strategy.options),
                     variables=run.train_variables, learning_rate=run.learning_rate,
-                    steps_per_xla_call=run.steps_per_xla_call)
+                    steps_per_xla_call=run.steps_per_xla_call, gradient_sum=run.gradient_sum)
     parts = (run.strategy, run.task, run.model, update, metrics)
     eval_batch = pipeline.batch_size  # not the accumulated batch: what fits in memory
     if run.coordinator is None:

@@ -109,6 +109,7 @@ def _multiworker(options, devices_per_worker, peer_timeout: Optional[float] = No
         "auto": tf.distribute.experimental.CommunicationImplementation.AUTO,
         "ring": tf.distribute.experimental.CommunicationImplementation.RING,
         "nccl": tf.distribute.experimental.CommunicationImplementation.NCCL,
+        "mpi": tf.distribute.experimental.CommunicationImplementation.RING,  # all but the gradients (engine/mpi.py)
     }[options.get("communication") or "auto"]
     return tf.distribute.MultiWorkerMirroredStrategy(
         communication_options=tf.distribute.experimental.CommunicationOptions(implementation=implementation))

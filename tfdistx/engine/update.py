@@ -52,7 +52,8 @@ from tfdistx.tasks import traced
 class Update:
     def __init__(self, task, model, optimizer, global_batch: int, accumulate_steps: int = 1, jit_compile: bool = False,
                  all_reduce_options=None, whole_step: bool = False, all_reduce_dtype=None, variables=None,
-                 learning_rate: Optional[LearningRateAtStep] = None, steps_per_xla_call: int = 1):
+                 learning_rate: Optional[LearningRateAtStep] = None, steps_per_xla_call: int = 1,
+                 gradient_sum: Optional[Callable[[Sequence[tf.Tensor]], Sequence[tf.Tensor]]] = None):
         """`global_batch`: examples per step over all replicas (all micro-batches);
         `all_reduce_options`: tf.distribute CommunicationOptions for the sum (strategy.py);
         `whole_step`: with `jit_compile`, XLA compiles the whole step, update included
@@ -60,11 +61,14 @@ class Update:
         `variables`: what the gradients are taken by and the optimizer updates, when not the
         model's trainable variables (the shards of partitioned ones: sharding.py);
         `learning_rate`: the optimizer's, told each step's number;
-        `steps_per_xla_call`: steps in one compiled computation (only with the whole step compiled)."""
+        `steps_per_xla_call`: steps in one compiled computation (only with the whole step compiled);
+        `gradient_sum`: what sums the gradients over the replicas instead of the strategy's
+        all-reduce (MPI's, engine/mpi.py)."""
         self.task, self.model, self.optimizer = task, model, optimizer
         self.variables, self.learning_rate = variables, learning_rate
         self.global_batch, self.accumulate_steps = global_batch, accumulate_steps
         self.all_reduce_options = all_reduce_options
+        self.gradient_sum = gradient_sum
         self.all_reduce_dtype = all_reduce_dtype  # strategy.all_reduce_dtype (strategy.py); None: the variables' dtype
         self.whole_step = bool(jit_compile and whole_step)
         self.steps_per_call = max(1, int(steps_per_xla_call)) if self.whole_step else 1
@@ -174,7 +178,10 @@ class Update:
         pairs = [(g, v) for g, v in zip(grads, variables) if g is not None]
         # strategy.all_reduce_dtype: summed in 16 bits (half the bytes to move), back in the variables' dtype for the optimizer
         sent = [cast_down(g, self.all_reduce_dtype) for g, _ in pairs] if self.all_reduce_dtype else [g for g, _ in pairs]
-        summed = tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM, sent, options=self.all_reduce_options)
+        if self.gradient_sum is not None:
+            summed = self.gradient_sum(sent)
+        else:
+            summed = tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM, sent, options=self.all_reduce_options)
         if self.all_reduce_dtype:
             summed = [cast_back(s, g, v) for s, (g, v) in zip(summed, pairs)]
         self.optimizer.apply_gradients(zip(summed, [v for _, v in pairs]))

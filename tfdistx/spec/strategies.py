@@ -127,7 +127,10 @@ class Strategy:
 # https://www.tensorflow.org/xla/known_issues#tfvariable_on_a_different_device".
 _VARIABLES_ELSEWHERE = "its variables live {where}, away from the device that computes, and XLA compiles only steps whose variables are on their own device"
 CROSS_DEVICE_OPS = ("auto", "nccl", "hierarchical_copy", "reduction_to_one")
-COMMUNICATIONS = ("auto", "ring", "nccl")
+# strategy.communication: how multiworker's collectives cross processes (engine/strategy.py; mpi: spec/mpi.py).
+COMMUNICATION_MEANS = {"auto": "ring over gRPC on CPUs, NCCL on GPUs", "ring": "ring over gRPC", "nccl": "NCCL",
+                       "mpi": "the gradients through MPI, each task under mpiexec; the rest ring over gRPC"}
+COMMUNICATIONS = tuple(COMMUNICATION_MEANS)
 # The dtype tfdistx's one gradient all-reduce sums in (engine/update.py); the
 # synchronous strategies whose replicas all-reduce take it. The 16-bit ones
 # halve the bytes on the wire and round each gradient to 8 (bfloat16) or 11
@@ -158,7 +161,8 @@ STRATEGIES: Dict[str, Strategy] = {s.name: s for s in [
              not_in_tfjob="a TPU is reached through its own resolver (strategy.tpu), not a TFJob's TF_CONFIG: run it on a TPU VM",
              precisions=("float32", "mixed_bfloat16")),
     Strategy("multiworker", "MultiWorkerMirroredStrategy: synchronous all-reduce across worker processes",
-             ONE_PER_WORKER, {"communication": Option("the collectives' implementation across workers", "auto", COMMUNICATIONS),
+             ONE_PER_WORKER, {"communication": Option("the collectives' implementation across workers (mpi: the gradients' sum through MPI, "
+                                                             "on the local launcher; pip install 'tfdistx[mpi]')", "auto", COMMUNICATIONS),
                               "bytes_per_pack": Option("gradients all-reduced in packs of this many bytes, so the first packs can go "
                                                        "while the backward pass goes on (0: one pack)", 0),
                               "all_reduce_dtype": Option(_ALL_REDUCE_DTYPE.format(who="workers", where=" on the network"), "float32",

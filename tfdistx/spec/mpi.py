@@ -1,0 +1,61 @@
+"""strategy.communication=mpi, decided without TensorFlow: where it runs,
+and how a task is started so that it can join its peers.
+
+MultiWorkerMirroredStrategy's collectives on CPUs are a ring over gRPC,
+whose fixed cost is about 0.9 ms an all-reduce on one machine; MPI's
+all-reduce between processes of one host goes through shared memory, and
+called from the step it costs about 0.2 ms (docs/performance.md, measured
+by benchmarks/bench_mpi_in_step.py). With `mpi`, the gradients' one
+all-reduce of each step goes through MPI (engine/mpi.py); everything else
+(variables' first values, the metrics' sum, checkpoints) stays on
+TensorFlow's ring.
+
+An MPI process needs MPI's own launcher: a process started alone cannot
+connect to another (MPICH refuses two singletons: "Local and remote groups
+in MPI_Intercomm must be disjoint"). So the local launcher starts each task
+as `mpiexec -n 1 <its command>`: a world of one, which joins its peers
+through a port name; mpiexec passes the task's signals on (SIGTERM, SIGINT,
+SIGUSR1) and ends with its exit code, and a task whose mpiexec is killed
+dies with it. Only the local launcher does so: on Slurm, under TF_CONFIG,
+agents or Kubernetes, the scheduler starts the tasks, so `mpi` is refused
+there. MPICH and mpi4py install from PyPI as wheels: the `mpi` extra.
+"""
+
+import importlib.util
+import os
+import shutil
+import sys
+from typing import List, Optional, Sequence
+
+from tfdistx.spec.errors import Problem
+
+NAME = "mpi"
+INSTALL = "pip install 'tfdistx[mpi]'"
+LAUNCHES = ("local", "auto")  # auto: local unless a scheduler placed the process (config/placement)
+
+
+def mpiexec() -> Optional[str]:
+    """MPI's launcher: beside this Python first (the `mpich` wheel installs it in the venv), else on PATH."""
+    return shutil.which("mpiexec", path=os.path.dirname(sys.executable)) or shutil.which("mpiexec")
+
+
+def task_command(command: Sequence[str]) -> List[str]:
+    """`command` started as a world of one of MPI's, which can join its peers (engine/mpi.py)."""
+    return [mpiexec() or "mpiexec", "-n", "1", *command]
+
+
+def problems(launch: str, devices_per_worker: Optional[int], all_reduce_dtype: Optional[str]) -> List[Problem]:
+    """Why strategy.communication=mpi cannot run so (nothing when it can)."""
+    key = "strategy.communication"
+    found = []
+    if launch not in LAUNCHES:
+        found.append(Problem(key, NAME, f"MPI's tasks are started by tfdistx's local launcher (cluster.launch=local), not with "
+                                        f"cluster.launch={launch}: use strategy.communication=ring there"))
+    if devices_per_worker is not None and devices_per_worker != 1:
+        found.append(Problem(key, NAME, f"sums one replica a worker, and cluster.devices_per_worker={devices_per_worker}: "
+                                        "use cluster.devices_per_worker=1, or strategy.communication=ring"))
+    if all_reduce_dtype not in (None, "float32"):
+        found.append(Problem(key, NAME, f"sums float32 gradients, not strategy.all_reduce_dtype={all_reduce_dtype}: leave it float32"))
+    if importlib.util.find_spec("mpi4py") is None or mpiexec() is None:
+        found.append(Problem(key, NAME, f"needs MPI (mpi4py and an mpiexec): {INSTALL}"))
+    return found
