@@ -18,7 +18,9 @@ MLP at a global batch of 256:
    step: one_device (the same two cores in one process), multiworker Wx1
    with each task's threads as tfdistx sizes them (cluster.task_threads=auto)
    and as TensorFlow sizes them (=0), with the gradients summed in bfloat16
-   (strategy.all_reduce_dtype: half the bytes, rounded), and
+   (strategy.all_reduce_dtype: half the bytes, rounded), with the gradients
+   summed through MPI (strategy.communication=mpi, when the mpi extra is
+   installed; its alpha in the step: bench_mpi_in_step.py), and
    parameter_server ps1wW with both thread settings.
 
     python benchmarks/bench_multiworker_step.py [--workers 2 4] [--steps 3000] [--repeats 3] [--quick]
@@ -28,6 +30,7 @@ cluster.task_threads=auto would size them, as a run does.
 """
 
 import argparse
+import importlib.util
 import json
 import os
 import socket
@@ -164,6 +167,9 @@ def main():
                 lambda w=w, t=threads: tfdistx_run(["strategy=parameter_server", f"cluster=ps1w{w}", f"cluster.task_threads={t}"], args.steps))
         contenders[f"multiworker {w}x1, all_reduce_dtype=bfloat16"] = (
             lambda w=w: tfdistx_run(["strategy=multiworker", f"cluster={w}x1", "strategy.all_reduce_dtype=bfloat16"], args.steps))
+        if importlib.util.find_spec("mpi4py"):  # the mpi extra installed
+            contenders[f"multiworker {w}x1, communication=mpi"] = (
+                lambda w=w: tfdistx_run(["strategy=multiworker", f"cluster={w}x1", "strategy.communication=mpi"], args.steps))
     print()
     medians = table(contenders, args.repeats, f"\nWhole runs: the default MLP, global batch {BATCH}, {args.steps} steps",
                     "/ one_device", lambda m, name: m[name] / m["one_device"])
@@ -173,6 +179,10 @@ def main():
     for w in args.workers:
         mw, ps = medians[f"multiworker {w}x1, task_threads=auto"], medians[f"parameter_server ps1w{w}, task_threads=auto"]
         print(f"  ps1w{w} / multiworker {w}x1 (task_threads=auto): {ps / mw:.2f}")
+    if importlib.util.find_spec("mpi4py"):  # alpha in the step, TensorFlow's collective against MPI's, at the same worker counts
+        print("\nThe gradients' sum in the step, gRPC against MPI (bench_mpi_in_step.py):", flush=True)
+        subprocess.run([sys.executable, str(HERE / "bench_mpi_in_step.py"), "--workers", *map(str, args.workers),
+                        "--steps", str(100 if args.quick else 500)], check=True)
 
 
 if __name__ == "__main__":
