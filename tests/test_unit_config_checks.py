@@ -134,6 +134,8 @@ def refused(*overrides) -> list:
      ["one replica a worker", "cluster.devices_per_worker=2"]),
     (["strategy=multiworker", "cluster=2x1", "strategy.communication=mpi", "strategy.all_reduce_dtype=bfloat16"],
      "strategy.communication='mpi'", ["sums float32 gradients", "all_reduce_dtype=bfloat16"]),
+    (["strategy=multiworker", "cluster.workers=3", "cluster.elastic.min_workers=2", "strategy.communication=mpi"], "strategy.communication='mpi'",
+     ["a fixed set of workers", "elastic"]),
     (["strategy=multiworker", "cluster=ps1w2"], "strategy='multiworker'", ["use strategy=parameter_server"]),
     (["strategy=mirrored", "cluster=2x1"], "strategy='mirrored'", ["use strategy=multiworker"]),
     (["strategy=central_storage", "cluster=2x1"], "strategy='central_storage'", ["use strategy=multiworker"]),

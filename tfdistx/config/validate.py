@@ -122,7 +122,7 @@ def _strategy_and_cluster(strategy: DictConfig, cluster: DictConfig) -> list:
     if "partitioner" in chosen.options:
         problems += strategies.partitioner_problems(strategy.get("partitioner"))
     if strategy.get("communication") == mpi.NAME:
-        problems += mpi.problems(cluster.launch, cluster.devices_per_worker, strategy.get("all_reduce_dtype"))
+        problems += mpi.problems(cluster.launch, cluster.devices_per_worker, strategy.get("all_reduce_dtype"), elastic.is_elastic(cluster))
     pack = strategy.get("bytes_per_pack")
     if pack is not None and (not _is_int(pack) or pack < 0):
         problems.append(Problem("strategy.bytes_per_pack", pack, "must be a whole number of bytes, 0 or more (0: one pack)"))

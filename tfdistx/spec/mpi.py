@@ -44,10 +44,13 @@ def task_command(command: Sequence[str]) -> List[str]:
     return [mpiexec() or "mpiexec", "-n", "1", *command]
 
 
-def problems(launch: str, devices_per_worker: Optional[int], all_reduce_dtype: Optional[str]) -> List[Problem]:
+def problems(launch: str, devices_per_worker: Optional[int], all_reduce_dtype: Optional[str], elastic: bool = False) -> List[Problem]:
     """Why strategy.communication=mpi cannot run so (nothing when it can)."""
     key = "strategy.communication"
     found = []
+    if elastic:  # each round would form a new communicator; not built, nor tested
+        found.append(Problem(key, NAME, "sums over a fixed set of workers, and cluster.workers asks for an elastic run: "
+                                        "use strategy.communication=ring there"))
     if launch not in LAUNCHES:
         found.append(Problem(key, NAME, f"MPI's tasks are started by tfdistx's local launcher (cluster.launch=local), not with "
                                         f"cluster.launch={launch}: use strategy.communication=ring there"))
