@@ -14,8 +14,9 @@ does with MPI's own collective; nothing here sums by hand.
 The sum is MPI's, in its own order: a run trains the same as under
 `ring` to rounding, not bitwise (an MPI run resumed ends bitwise equal to
 an MPI run that never stopped). A peer lost in the middle of an
-`Allreduce` aborts the survivors' MPI (no hang): the launcher's restart
-or its end follows, as for any lost task.
+`Allreduce` may leave the survivors waiting in it: the launcher's teardown
+stops them (SIGKILL after its grace), and its restart or its end follows,
+as for any lost task.
 """
 
 import os
@@ -70,12 +71,27 @@ def join(strategy: tf.distribute.Strategy) -> MpiSum:
     rank = tasks.index((resolver.task_type, resolver.task_id))
     port = MPI.Open_port() if rank == 0 else ""
     port = _from_the_first(strategy, port)
-    comm = MPI.COMM_WORLD if rank == 0 else MPI.COMM_WORLD.Connect(port).Merge(high=True)
-    while comm.Get_size() < len(tasks):  # everyone joined so far accepts the next, whoever connects first
-        comm = comm.Accept(port, root=0).Merge(high=False)
+    # One task joins at a time, in the tasks' order: the others wait on the strategy's collective meanwhile. Tasks that
+    # connected at once crashed MPICH 5.0.2 inside the group's Accept (measured: 4 workers, a segfault, every run).
+    comm, barrier = MPI.COMM_WORLD, _barrier(strategy)
+    for joiner in range(1, len(tasks)):
+        if rank < joiner:
+            comm = comm.Accept(port, root=0).Merge(high=False)
+        elif rank == joiner:
+            comm = MPI.COMM_WORLD.Connect(port).Merge(high=True)
+        barrier()
     if rank == 0:
         MPI.Close_port(port)
-    return MpiSum(comm.Split(0, rank))  # ranks in the tasks' order, whatever order they connected in
+    return MpiSum(comm.Split(0, rank))  # ranks in the tasks' order
+
+
+def _barrier(strategy: tf.distribute.Strategy):
+    """A call that returns on a task once every task has made it: a sum of nothing over the strategy's replicas."""
+    @tf.function(autograph=False)
+    def meet():
+        return strategy.run(lambda: tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM, tf.zeros([1])))
+
+    return lambda: strategy.experimental_local_results(meet())[0].numpy()
 
 
 def _from_the_first(strategy: tf.distribute.Strategy, text: str) -> str:

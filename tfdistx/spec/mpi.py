@@ -16,7 +16,9 @@ in MPI_Intercomm must be disjoint"). So the local launcher starts each task
 as `mpiexec -n 1 <its command>`: a world of one, which joins its peers
 through a port name; mpiexec passes the task's signals on (SIGTERM, SIGINT,
 SIGUSR1) and ends with its exit code, and a task whose mpiexec is killed
-dies with it. Only the local launcher does so: on Slurm, under TF_CONFIG,
+dies with it (mpiexec's file of the machine's topology, /tmp/hydra_hwloc_xmlfile_*,
+is removed when mpiexec ends by itself, not when it is killed: MPICH writes it
+in /tmp whatever TMPDIR says). Only the local launcher does so: on Slurm, under TF_CONFIG,
 agents or Kubernetes, the scheduler starts the tasks, so `mpi` is refused
 there. MPICH and mpi4py install from PyPI as wheels: the `mpi` extra.
 """
