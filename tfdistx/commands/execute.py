@@ -220,7 +220,7 @@ def _run_local_cluster(spec: RunSpec, mode: str, step: Optional[int], notice: Op
     layout, run_dir = spec.layout, spec.run_dir
     counts, evaluator = local_tasks(layout, mode)
     command = _task_command(spec, mode, step)
-    under_mpi = spec.strategy.options.get("communication") == mpi.NAME
+    under_mpi = mpi.chosen(spec.strategy.options)
     if under_mpi:  # each task a world of one of MPI's, which joins its peers (spec/mpi.py); not forked from a prefork then
         command = mpi.task_command(command)
     per_pool, why = threads.task_threads(layout.cluster.task_threads, counts)  # an elastic run: sized for MAX workers

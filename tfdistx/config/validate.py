@@ -121,7 +121,7 @@ def _strategy_and_cluster(strategy: DictConfig, cluster: DictConfig) -> list:
             problems.append(Problem(f"strategy.{key}", value, f"allowed: {', '.join(chosen.options[key].allowed)}"))
     if "partitioner" in chosen.options:
         problems += strategies.partitioner_problems(strategy.get("partitioner"))
-    if strategy.get("communication") == mpi.NAME:
+    if mpi.chosen(strategy):
         problems += mpi.problems(cluster.launch, cluster.devices_per_worker, strategy.get("all_reduce_dtype"), elastic.is_elastic(cluster))
     pack = strategy.get("bytes_per_pack")
     if pack is not None and (not _is_int(pack) or pack < 0):

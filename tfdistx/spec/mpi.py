@@ -27,13 +27,18 @@ import importlib.util
 import os
 import shutil
 import sys
-from typing import List, Optional, Sequence
+from typing import Any, List, Mapping, Optional, Sequence
 
 from tfdistx.spec.errors import Problem
 
 NAME = "mpi"
 INSTALL = "pip install 'tfdistx[mpi]'"
 LAUNCHES = ("local", "auto")  # auto: local unless a scheduler placed the process (config/placement)
+
+
+def chosen(strategy_options: Mapping[str, Any]) -> bool:
+    """Whether the run's strategy options ask for MPI (validation refuses them on any strategy but multiworker)."""
+    return strategy_options.get("communication") == NAME
 
 
 def mpiexec() -> Optional[str]:
