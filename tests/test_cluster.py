@@ -220,6 +220,38 @@ def test_ctrl_c_stops_every_task(tmp_path):
         proc.kill()  # if the test failed: the launcher's tasks die with it (PR_SET_PDEATHSIG)
 
 
+def test_a_niced_cluster_yields_in_a_session_of_its_own_and_is_stopped_and_resumed_as_any(tmp_path):
+    """cluster.nice=10: the supervisor, the prefork and both workers run at nice 10 in one session of their
+    own, whose autogroup (the scheduler's share between sessions) has nice 10 too; the command stays in the
+    caller's session, untouched. A SIGTERM to the command still reaches the tasks (42), and the same command
+    then finishes the run from its checkpoint."""
+    run_dir = tmp_path / "run"
+    args = ["strategy=multiworker", "cluster=2x1", "cluster.nice=10", "trainer.steps=1000000", "trainer.steps_per_loop=10",
+            "trainer.log_every=10", "logger.tensorboard=false", "checkpoint.export=false"]
+    proc = start_tfdistx(args, run_dir)
+    try:
+        wait_until(lambda: metric_lines(run_dir) >= 1, 300, "a first metrics line", [proc])
+        ours = Path("/proc/self/autogroup").read_text()
+        assert Path(f"/proc/{proc.pid}/autogroup").read_text() == ours and os.getsid(proc.pid) == os.getsid(0)
+        cluster = [pid for pid in processes_of(run_dir) if pid != proc.pid]
+        assert len(cluster) >= 4  # the supervisor, the prefork, two workers
+        for pid in cluster:
+            assert os.getsid(pid) != os.getsid(0) and os.getpriority(os.PRIO_PROCESS, pid) == 10, pid
+            assert Path(f"/proc/{pid}/autogroup").read_text().split()[-2:] == ["nice", "10"], pid
+        assert len({os.getsid(pid) for pid in cluster}) == 1
+        proc.send_signal(signal.SIGTERM)
+        said, _ = proc.communicate(timeout=120)
+        assert proc.returncode == 42, said[-3000:]
+        wait_until(lambda: processes_of(run_dir) == [], 30, "every process of the run gone")
+    finally:
+        proc.kill()
+    stopped_at = json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[-1])["step"]
+    again = subprocess.run([sys.executable, "-m", "tfdistx", *args, f"trainer.steps={stopped_at + 20}", f"hydra.run.dir={run_dir}"],
+                           env=tfdistx_env(), capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert json.loads((run_dir / "summary.json").read_text())["step"] == stopped_at + 20
+
+
 # -- a missing peer: exit 4 in time (placement from a scheduler's environment, and a bad one refused: test_unit_config_cluster.py) --
 
 

@@ -101,6 +101,8 @@ def test_plan_leaves_remote_files_to_tensorflow(tmp_path):
     (["strategy=multiworker", "cluster=2x1", "cluster.task_threads=3"], "  threads     each task: 3 intra-op, 3 inter-op, idle threads sleep (no spinning); cluster.task_threads=3"),
     (["strategy=parameter_server", "cluster=ps1w2", "cluster.task_threads=1"],
      "  threads     each task: 1 intra-op, 2 inter-op, idle threads sleep (no spinning); cluster.task_threads=1"),
+    (["strategy=multiworker", "cluster=2x1", "cluster.nice=10"],
+     "  priority    nice 10, in a session of its own: the cores go to this machine's other work first"),
     (["strategy=multiworker", "cluster=2x1", "strategy.communication=mpi"],
      "collectives   each step: one all-reduce of every gradient, in one pack (strategy.bytes_per_pack), float32; the metrics: one sum per "
      "tf.function call; strategy.communication=mpi (the gradients through MPI, each task under mpiexec; the rest ring over gRPC)"),

@@ -25,7 +25,8 @@ from typing import Dict, List, Optional, Sequence
 from tfdistx.cluster import evaluator as sidecars  # the sidecar evaluator's task
 from tfdistx.cluster.elastic import HostListMembership
 from tfdistx.cluster.prefork import Prefork, can_fork, fork, imported_here
-from tfdistx.cluster.processes import SCRATCH_DIR, ForwardingSignals, can_isolate, enter_private_network, free_ports, loopback_up, shell_code
+from tfdistx.cluster.processes import (SCRATCH_DIR, ForwardingSignals, can_isolate, enter_private_network, free_ports, loopback_up,
+                                       shell_code, yield_the_cores)
 from tfdistx.cluster.supervisor import Membership, Round, Say, Supervisor
 from tfdistx.spec.errors import ConfigError
 from tfdistx.spec.strategies import describe_jobs  # no training code: the job table's words
@@ -36,7 +37,8 @@ def run_local_cluster(counts: Dict[str, int], command: List[str], log_dir: str, 
                       isolate: Optional[bool] = None, max_restarts: int = 0, restart_alone: List[str] = (),
                       stopped_task_timeout: float = 60, run_log: Optional[str] = None, evaluator: bool = False,
                       preemption_grace: float = 60, notice: Optional[SigtermNotice] = None, notice_signals: Sequence[str] = (),
-                      task_env: Optional[Dict[str, str]] = None, elastic: Optional[dict] = None, preload: Sequence[str] = ()) -> int:
+                      task_env: Optional[Dict[str, str]] = None, elastic: Optional[dict] = None, preload: Sequence[str] = (),
+                      nice: int = 0) -> int:
     """Run the cluster to its end; the exit code of the first task that failed, else 0.
 
     `isolate`: None isolates when possible (and says so when not), True
@@ -55,13 +57,15 @@ def run_local_cluster(counts: Dict[str, int], command: List[str], log_dir: str, 
     `notice`: the process's SIGTERM notice (sigterm.py): one that came
     before the cluster started ends the run here. `elastic`: the run
     trains in rounds of as many workers as hosts are listed (cluster/elastic.py).
+    `nice`: above 0, the cluster's processes run at that lower priority, in a
+    session of their own (processes.yield_the_cores).
     """
     Path(log_dir).mkdir(parents=True, exist_ok=True)
     spec = {"counts": counts, "command": command, "log_dir": log_dir, "primary": primary, "max_restarts": max_restarts,
             "restart_alone": list(restart_alone), "stopped_task_timeout": stopped_task_timeout,
             "run_log": run_log, "evaluator": evaluator, "preemption_grace": preemption_grace,
             "notice_signals": list(notice_signals), "task_env": task_env or {}, "preload": list(preload),
-            "elastic": elastic,
+            "elastic": elastic, "nice": nice,
             "preload_imported": imported_here(list(preload))}  # asked here: in the supervisor, a fork, it would always seem so
     spec = json.loads(json.dumps(spec))  # plain data, as when the supervisor read it from a file
     isolated = isolate is not False and can_isolate()
@@ -86,7 +90,10 @@ def run_local_cluster(counts: Dict[str, int], command: List[str], log_dir: str, 
 
 
 def _supervise(spec: dict, isolated: bool) -> int:
-    """The supervisor's process, forked: into the private network namespace first, if the cluster has one."""
+    """The supervisor's process, forked: at the priority asked (`cluster.nice`), then into the private network
+    namespace, if the cluster has one."""
+    if spec.get("nice"):
+        yield_the_cores(spec["nice"])
     if isolated:
         try:
             enter_private_network()

@@ -232,7 +232,8 @@ def _run_local_cluster(spec: RunSpec, mode: str, step: Optional[int], notice: Op
                              max_restarts=cluster.max_restarts, restart_alone=list(facts.restartable_alone),
                              stopped_task_timeout=cluster.stopped_task_timeout, run_log=str(run_dir / "tfdistx.log"),
                              evaluator=evaluator, preemption_grace=cluster.preemption_grace, notice=notice,
-                             notice_signals=cluster.notice_signals, elastic=rounds, preload=TASK_PRELOAD if cluster.prefork and not under_mpi else ())
+                             notice_signals=cluster.notice_signals, elastic=rounds, preload=TASK_PRELOAD if cluster.prefork and not under_mpi else (),
+                             nice=cluster.nice)
     if code == 130:  # Ctrl-C: the tasks stopped quietly (commands/task.py)
         print("tfdistx: interrupted", file=sys.stderr)
     if code:

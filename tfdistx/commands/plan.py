@@ -165,6 +165,8 @@ def _tasks(layout: Layout, placement) -> list:
                 lines.append(f"  task        {job}:{index}  TF_CONFIG task {{'type': '{job}', 'index': {index}}}")
         per_pool, why = threads.task_threads(topo.task_threads, counts)
         lines.append(f"  threads     each task: {threads.describe(per_pool)}; {why}")
+        if topo.nice:  # cluster/processes.yield_the_cores
+            lines.append(f"  priority    nice {topo.nice}, in a session of its own: the cores go to this machine's other work first")
         if topo.evaluator:  # beside the cluster (cluster/evaluator.py)
             lines.append(_evaluator_line(""))
         return lines

@@ -120,6 +120,7 @@ class ClusterConfig:
     retryable_exit_offset: int = 0  # added to exit codes 4, 5 and 42: 128 for Kubernetes' restartPolicy ExitCode
     evaluator: bool = False  # a sidecar evaluator task beside the cluster (multi-process strategies; cluster/evaluator.py)
     task_threads: Any = "auto"  # local clusters: TensorFlow threads per pool in each task (spec/threads.py)
+    nice: int = 0  # local clusters: above 0, the cluster's processes yield the cores to the machine's other work (0-19)
     elastic: ElasticConfig = field(default_factory=ElasticConfig)
     agent: AgentConfig = field(default_factory=AgentConfig)
 

@@ -109,6 +109,7 @@ def _strategy_and_cluster(strategy: DictConfig, cluster: DictConfig) -> list:
         problems.append(Problem("cluster.evaluator", True, f"a sidecar evaluator is a task beside a multi-process cluster, and "
                                 f"strategy={shown} trains in one process, which evaluates itself (trainer.eval_every): "
                                 "use strategy=multiworker or strategy=parameter_server, or leave cluster.evaluator=false"))
+    problems += _nice_problems(cluster, chosen.multi_process, name)
     for key, value in strategy.items():
         if key == "name":
             continue
@@ -397,3 +398,21 @@ def _is_number(value) -> bool:
 
 def _is_int(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+NICE_RANGE = range(0, 20)  # nice(2)'s: 19 yields the most; below 0 would need privileges
+
+
+def _nice_problems(cluster, multi_process: bool, strategy_name: str) -> list:
+    """cluster.nice: a local cluster's priority (cluster/processes.yield_the_cores), where tfdistx starts the processes."""
+    nice = cluster.get("nice", 0)
+    if not _is_int(nice) or nice not in NICE_RANGE:
+        return [Problem("cluster.nice", nice, "a whole number from 0 (as any program) to 19 (yield the cores the most)")]
+    if nice and not multi_process:
+        return [Problem("cluster.nice", nice, f"a local cluster's priority, and strategy={strategy_name} trains in this process: "
+                        f"start it so, `nice -n {nice} python -m tfdistx ...`")]
+    if nice and cluster.launch not in ("local", "auto"):
+        return [Problem("cluster.nice", nice, f"a local cluster's priority, and cluster.launch={cluster.launch} has the processes "
+                        "started elsewhere: ask their scheduler (Slurm's --nice, a pod's priority)")]
+    return []
+

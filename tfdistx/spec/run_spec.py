@@ -108,6 +108,7 @@ class Cluster:
     stopped_task_timeout: float
     evaluator: bool  # a sidecar evaluator task beside the cluster
     task_threads: Union[int, str]  # a local cluster's TensorFlow threads per pool in each task, or "auto" (spec/threads.py)
+    nice: int  # a local cluster's priority: 0 as any program, up to 19 (cluster/processes.yield_the_cores)
     elastic: Optional[Elastic]  # None: a fixed cluster
     agent: Optional[Agent]  # None: not cluster.launch=agent
 
