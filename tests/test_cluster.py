@@ -220,13 +220,15 @@ def test_ctrl_c_stops_every_task(tmp_path):
         proc.kill()  # if the test failed: the launcher's tasks die with it (PR_SET_PDEATHSIG)
 
 
-def test_a_niced_cluster_yields_in_a_session_of_its_own_and_is_stopped_and_resumed_as_any(tmp_path):
-    """cluster.nice=10: the supervisor, the prefork and both workers run at nice 10 in one session of their
+@pytest.mark.parametrize("strategy", [["strategy=multiworker", "cluster=2x1"], ["strategy=parameter_server", "cluster=ps1w2"]],
+                         ids=["multiworker", "parameter_server"])
+def test_a_niced_cluster_yields_in_a_session_of_its_own_and_is_stopped_and_resumed_as_any(tmp_path, strategy):
+    """cluster.nice=10: the supervisor, the prefork and every task run at nice 10 in one session of their
     own, whose autogroup (the scheduler's share between sessions) has nice 10 too; the command stays in the
     caller's session, untouched. A SIGTERM to the command still reaches the tasks (42), and the same command
     then finishes the run from its checkpoint."""
     run_dir = tmp_path / "run"
-    args = ["strategy=multiworker", "cluster=2x1", "cluster.nice=10", "trainer.steps=1000000", "trainer.steps_per_loop=10",
+    args = [*strategy, "cluster.nice=10", "trainer.steps=1000000", "trainer.steps_per_loop=10",
             "trainer.log_every=10", "logger.tensorboard=false", "checkpoint.export=false"]
     proc = start_tfdistx(args, run_dir)
     try:
@@ -234,7 +236,7 @@ def test_a_niced_cluster_yields_in_a_session_of_its_own_and_is_stopped_and_resum
         ours = Path("/proc/self/autogroup").read_text()
         assert Path(f"/proc/{proc.pid}/autogroup").read_text() == ours and os.getsid(proc.pid) == os.getsid(0)
         cluster = [pid for pid in processes_of(run_dir) if pid != proc.pid]
-        assert len(cluster) >= 4  # the supervisor, the prefork, two workers
+        assert len(cluster) >= 4  # the supervisor, the prefork, two workers (and a ps and a chief)
         for pid in cluster:
             assert os.getsid(pid) != os.getsid(0) and os.getpriority(os.PRIO_PROCESS, pid) == 10, pid
             assert Path(f"/proc/{pid}/autogroup").read_text().split()[-2:] == ["nice", "10"], pid
