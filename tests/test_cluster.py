@@ -254,6 +254,14 @@ def test_a_niced_cluster_yields_in_a_session_of_its_own_and_is_stopped_and_resum
     assert json.loads((run_dir / "summary.json").read_text())["step"] == stopped_at + 20
 
 
+def test_a_nice_for_a_task_a_scheduler_placed_is_refused_in_one_line(tfdistx):
+    """cluster.nice under TF_CONFIG (cluster.launch=auto): the scheduler started the process, so nothing would be niced."""
+    run = tfdistx("strategy=multiworker", "cluster=2x1", "cluster.nice=10", *QUICK, env={"TF_CONFIG": workers_tf_config(free_ports(2), 0)})
+    assert run.returncode == 2 and "Traceback" not in run.stderr, run
+    assert ("tfdistx: invalid config: cluster.nice=10: a local cluster's priority, and this task was placed by a scheduler: "
+            "ask it (Slurm's --nice, a pod's priority), and leave cluster.nice=0 here") in run.stderr, run.stderr[-2000:]
+
+
 # -- a missing peer: exit 4 in time (placement from a scheduler's environment, and a bad one refused: test_unit_config_cluster.py) --
 
 

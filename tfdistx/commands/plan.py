@@ -7,7 +7,7 @@ from tfdistx.cluster import placement as cluster_lib
 from tfdistx.cluster.placement import Source
 from tfdistx.commands.execute import local_tasks
 from tfdistx.config import sources
-from tfdistx.spec import agent, builtin_loggers, compute, elastic, strategies, threads
+from tfdistx.spec import agent, builtin_loggers, compute, elastic, priority, strategies, threads
 from tfdistx.config.resolve import resolve
 from tfdistx.spec.run_spec import Layout, Logger, Optimizer
 from tfdistx.spec.targets import Target
@@ -165,8 +165,8 @@ def _tasks(layout: Layout, placement) -> list:
                 lines.append(f"  task        {job}:{index}  TF_CONFIG task {{'type': '{job}', 'index': {index}}}")
         per_pool, why = threads.task_threads(topo.task_threads, counts)
         lines.append(f"  threads     each task: {threads.describe(per_pool)}; {why}")
-        if topo.nice:  # cluster/processes.yield_the_cores
-            lines.append(f"  priority    nice {topo.nice}, in a session of its own: the cores go to this machine's other work first")
+        if topo.nice:
+            lines.append(priority.plan_line(topo.nice))
         if topo.evaluator:  # beside the cluster (cluster/evaluator.py)
             lines.append(_evaluator_line(""))
         return lines

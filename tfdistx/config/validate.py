@@ -15,7 +15,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from tfdistx import rundir
 from tfdistx.config import loggers, run_files, sources, tasks, topology
-from tfdistx.spec import agent, callbacks, compute, data_service, elastic, mpi, optimizers, static_targets, strategies, threads, warm_start
+from tfdistx.spec import (agent, callbacks, compute, data_service, elastic, mpi, optimizers, priority, static_targets, strategies, threads,
+                          warm_start)
 from tfdistx.spec.errors import MAX_RETRYABLE_EXIT_OFFSET, NOTICE_SIGNALS, ConfigError, Problem
 from tfdistx.spec.objective import objective_problems, unevaluated_problems
 from tfdistx.config.schema import LAUNCH_MODES, OPTIMIZER_KEYS, PIPELINE_DEFAULTS, TASK_FACTS, TASK_KEYS, Config
@@ -109,7 +110,7 @@ def _strategy_and_cluster(strategy: DictConfig, cluster: DictConfig) -> list:
         problems.append(Problem("cluster.evaluator", True, f"a sidecar evaluator is a task beside a multi-process cluster, and "
                                 f"strategy={shown} trains in one process, which evaluates itself (trainer.eval_every): "
                                 "use strategy=multiworker or strategy=parameter_server, or leave cluster.evaluator=false"))
-    problems += _nice_problems(cluster, chosen.multi_process, name)
+    problems += priority.problems(cluster.get("nice", 0), chosen.multi_process, cluster.launch, name)
     for key, value in strategy.items():
         if key == "name":
             continue
@@ -398,21 +399,4 @@ def _is_number(value) -> bool:
 
 def _is_int(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
-
-
-NICE_RANGE = range(0, 20)  # nice(2)'s: 19 yields the most; below 0 would need privileges
-
-
-def _nice_problems(cluster, multi_process: bool, strategy_name: str) -> list:
-    """cluster.nice: a local cluster's priority (cluster/processes.yield_the_cores), where tfdistx starts the processes."""
-    nice = cluster.get("nice", 0)
-    if not _is_int(nice) or nice not in NICE_RANGE:
-        return [Problem("cluster.nice", nice, "a whole number from 0 (as any program) to 19 (yield the cores the most)")]
-    if nice and not multi_process:
-        return [Problem("cluster.nice", nice, f"a local cluster's priority, and strategy={strategy_name} trains in this process: "
-                        f"start it so, `nice -n {nice} python -m tfdistx ...`")]
-    if nice and cluster.launch not in ("local", "auto"):
-        return [Problem("cluster.nice", nice, f"a local cluster's priority, and cluster.launch={cluster.launch} has the processes "
-                        "started elsewhere: ask their scheduler (Slurm's --nice, a pod's priority)")]
-    return []
 

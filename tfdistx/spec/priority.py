@@ -1,0 +1,45 @@
+"""`cluster.nice`: a local cluster's priority, decided without TensorFlow.
+
+Above 0, the local launcher's supervisor leaves the command's session for
+one of its own and nices it and itself; the prefork, the tasks and the
+sidecars it starts inherit both (cluster/processes.yield_the_cores). So a
+training beside the user's other work (tests, a build) yields the cores to
+it, and alone trains as fast. Only where tfdistx starts the processes: a
+one-process run is started with `nice -n N`, and a scheduler's tasks
+(TF_CONFIG, Slurm, a JobSet, agents) have its priority.
+"""
+
+from typing import List
+
+from tfdistx.spec.errors import Problem
+
+NICE_RANGE = range(0, 20)  # nice(2)'s: 19 yields the most; below 0 would need privileges
+LOCAL_LAUNCHES = ("local", "auto")  # auto: a local cluster when no scheduler placed this process
+
+
+def problems(nice, multi_process: bool, launch: str, strategy_name: str) -> List[Problem]:
+    """What is wrong with cluster.nice for this strategy and launch ([] when nothing)."""
+    if isinstance(nice, bool) or not isinstance(nice, int) or nice not in NICE_RANGE:
+        return [Problem("cluster.nice", nice, "a whole number from 0 (as any program) to 19 (yield the cores the most)")]
+    if nice and not multi_process:
+        return [Problem("cluster.nice", nice, f"a local cluster's priority, and strategy={strategy_name} trains in this process: "
+                        f"start it so, `nice -n {nice} python -m tfdistx ...`")]
+    if nice and launch not in LOCAL_LAUNCHES:
+        return [Problem("cluster.nice", nice, f"a local cluster's priority, and cluster.launch={launch} has the processes "
+                        "started elsewhere: ask their scheduler (Slurm's --nice, a pod's priority)")]
+    return []
+
+
+def placed_by_a_scheduler(nice: int, launched_by_tfdistx: bool) -> List[Problem]:
+    """cluster.nice in a task a scheduler placed (TF_CONFIG, Slurm, a JobSet, with cluster.launch=auto): refused, as
+    cluster.launch=tf_config is, rather than run at the scheduler's priority unsaid. The local launcher's own tasks
+    were niced by it."""
+    if not nice or launched_by_tfdistx:
+        return []
+    return [Problem("cluster.nice", nice, "a local cluster's priority, and this task was placed by a scheduler: ask it "
+                    "(Slurm's --nice, a pod's priority), and leave cluster.nice=0 here")]
+
+
+def plan_line(nice: int) -> str:
+    """--plan's line of a niced local cluster."""
+    return f"  priority    nice {nice}, in a session of its own: the cores go to this machine's other work first"
