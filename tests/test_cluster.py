@@ -233,13 +233,14 @@ def test_a_niced_cluster_yields_in_a_session_of_its_own_and_is_stopped_and_resum
     proc = start_tfdistx(args, run_dir)
     try:
         wait_until(lambda: metric_lines(run_dir) >= 1, 300, "a first metrics line", [proc])
-        ours = Path("/proc/self/autogroup").read_text()
-        assert Path(f"/proc/{proc.pid}/autogroup").read_text() == ours and os.getsid(proc.pid) == os.getsid(0)
+        autogroup = Path("/proc/self/autogroup").exists()  # a kernel built without it has the processes' nice alone
+        assert os.getsid(proc.pid) == os.getsid(0)
+        assert not autogroup or Path(f"/proc/{proc.pid}/autogroup").read_text() == Path("/proc/self/autogroup").read_text()
         cluster = [pid for pid in processes_of(run_dir) if pid != proc.pid]
         assert len(cluster) >= 4  # the supervisor, the prefork, two workers (and a ps and a chief)
         for pid in cluster:
             assert os.getsid(pid) != os.getsid(0) and os.getpriority(os.PRIO_PROCESS, pid) == 10, pid
-            assert Path(f"/proc/{pid}/autogroup").read_text().split()[-2:] == ["nice", "10"], pid
+            assert not autogroup or Path(f"/proc/{pid}/autogroup").read_text().split()[-2:] == ["nice", "10"], pid
         assert len({os.getsid(pid) for pid in cluster}) == 1
         proc.send_signal(signal.SIGTERM)
         said, _ = proc.communicate(timeout=120)
