@@ -18,6 +18,7 @@ from typing import List, Optional, Sequence, Tuple
 
 from tfdistx.spec import data_service, strategies
 from tfdistx.spec.errors import ConfigError, Problem
+from tfdistx.spec.run_spec import LOCAL_LAUNCHES
 
 # torchrun's --nnodes=MIN:MAX, written as Hydra's override of the cluster's workers: any value with one colon
 # (not an interpolation, ${oc.env:N}, nor a sweep) is meant as one, and is refused in its own words unless it is.
@@ -87,7 +88,7 @@ def problems(cfg) -> List[Problem]:
     if cluster.get("evaluator"):
         found.append(Problem("cluster.evaluator", True, f"the sidecar evaluator is not kept across an elastic run's rounds ({shown_range}): "
                              "evaluate with trainer.eval_every, or `tfdistx evaluate` afterwards"))
-    if cluster.launch not in ("auto", "local", "agent"):
+    if cluster.launch not in (*LOCAL_LAUNCHES, "agent"):
         found.append(Problem("cluster.launch", cluster.launch, f"elastic rounds ({shown_range}) are formed by tfdistx's local launcher "
                              "or by an agent on every node: use cluster.launch=local, auto or agent"))
     found += _hosts(elastic) if cluster.launch != "agent" else []  # the agents that reach the rendezvous are the hosts (spec/agent.py)

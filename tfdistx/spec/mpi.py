@@ -30,10 +30,10 @@ import sys
 from typing import Any, List, Mapping, Optional, Sequence
 
 from tfdistx.spec.errors import Problem
+from tfdistx.spec.run_spec import LOCAL_LAUNCHES
 
 NAME = "mpi"
 INSTALL = "pip install 'tfdistx[mpi]'"
-LAUNCHES = ("local", "auto")  # auto: local unless a scheduler placed the process (config/placement)
 
 
 def chosen(strategy_options: Mapping[str, Any]) -> bool:
@@ -58,7 +58,7 @@ def problems(launch: str, devices_per_worker: Optional[int], all_reduce_dtype: O
     if elastic:  # each round would form a new communicator; not built, nor tested
         found.append(Problem(key, NAME, "sums over a fixed set of workers, and cluster.workers asks for an elastic run: "
                                         "use strategy.communication=ring there"))
-    if launch not in LAUNCHES:
+    if launch not in LOCAL_LAUNCHES:
         found.append(Problem(key, NAME, f"MPI's tasks are started by tfdistx's local launcher (cluster.launch=local), not with "
                                         f"cluster.launch={launch}: use strategy.communication=ring there"))
     if devices_per_worker is not None and devices_per_worker != 1:

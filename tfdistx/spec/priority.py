@@ -12,9 +12,9 @@ one-process run is started with `nice -n N`, and a scheduler's tasks
 from typing import List
 
 from tfdistx.spec.errors import Problem
+from tfdistx.spec.run_spec import LOCAL_LAUNCHES
 
 NICE_RANGE = range(0, 20)  # nice(2)'s: 19 yields the most; below 0 would need privileges
-LOCAL_LAUNCHES = ("local", "auto")  # auto: a local cluster when no scheduler placed this process
 
 
 def problems(nice, multi_process: bool, launch: str, strategy_name: str) -> List[Problem]:

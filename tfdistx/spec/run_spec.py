@@ -15,6 +15,10 @@ from typing import Any, Mapping, Optional, Tuple, Union
 from tfdistx.spec import data_service, strategies
 from tfdistx.spec.targets import Target
 
+# The cluster.launch values under which tfdistx's own local launcher starts the processes (auto: unless a
+# scheduler placed this one: cluster/placement.py). What only it can do (MPI's tasks, a niced session) asks for one.
+LOCAL_LAUNCHES = ("local", "auto")
+
 
 @dataclass(frozen=True)
 class EarlyStopping:
