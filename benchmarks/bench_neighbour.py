@@ -100,8 +100,9 @@ def sample(tree: Path, overrides=(), busy: int = 1) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--against", metavar="REV", help="this checkout against tfdistx at git revision REV, side by side")
-    parser.add_argument("--nice", type=int, metavar="N", help="the cluster at cluster.nice=0 against cluster.nice=N, side by side")
+    against = parser.add_mutually_exclusive_group()  # one contender beside this checkout
+    against.add_argument("--against", metavar="REV", help="this checkout against tfdistx at git revision REV, side by side")
+    against.add_argument("--nice", type=int, metavar="N", help="the cluster at cluster.nice=0 against cluster.nice=N, side by side")
     parser.add_argument("--busy", type=int, default=1, metavar="N", help="the neighbour: N busy loops (default 1)")
     parser.add_argument("--quick", action="store_true", help="one repeat")
     args = parser.parse_args()
