@@ -12,8 +12,8 @@ import pytest
 from config_helpers import PREFIX, compose_ok, refused
 from engine_helpers import train, whole_and_resumed
 from tfdistx.spec.errors import RunFault
-from tfdistx.engine.progress import ConsoleProgress
-from tfdistx.engine.sinks import CsvLogger
+from tfdistx.loggers.progress import ConsoleProgress
+from tfdistx.loggers.sinks import CsvLogger
 
 pytestmark = pytest.mark.unit
 
@@ -81,7 +81,7 @@ def test_metrics_jsonl_is_written_a_whole_line_at_a_time_under_a_file_size_limit
     import logging
     import resource
 
-    from tfdistx.engine.sinks import JsonlLogger
+    from tfdistx.loggers.sinks import JsonlLogger
     from tfdistx.log_files import into_log_files
 
     logger, handler = JsonlLogger(str(tmp_path / "metrics.jsonl")), logging.FileHandler(tmp_path / "tfdistx.log")
@@ -115,7 +115,7 @@ def test_mlflow_gets_each_step_once_its_checkpoint_is_saved_so_a_resumed_run_sen
     from mlflow import MlflowClient
 
     from tfdistx.whole_files import append_jsonl
-    from tfdistx.engine.mlflow_logger import MlflowLogger
+    from tfdistx.loggers.mlflow_logger import MlflowLogger
 
     run_dir, checkpoints = tmp_path / "run", tmp_path / "run" / "checkpoints"
     checkpoints.mkdir(parents=True)
@@ -151,7 +151,7 @@ def test_mlflow_gets_each_step_once_its_checkpoint_is_saved_so_a_resumed_run_sen
 
 
 def test_step_lines_print_their_numbers_in_columns_that_line_up():
-    from tfdistx.engine.progress import fixed_width
+    from tfdistx.loggers.progress import fixed_width
 
     stream = io.StringIO()
     progress = ConsoleProgress(200, stream=stream, live=False)

@@ -149,7 +149,7 @@ def refused(*overrides) -> list:
     (["strategy=tpu", "trainer.precision=mixed_float16"], "trainer.precision='mixed_float16'", ["bfloat16"]),
     (["+foo=1"], "foo=1", ["not a tfdistx key", "trainer"]),
     (["model.nonsense=3"], "model.nonsense", ["model has no key 'nonsense'; its keys: _target_, hidden_units, dropout"]),
-    (["logger.nope=1"], "logger.nope='1'", ["its keys: console, tensorboard, csv, wandb, mlflow"]),
+    (["logger.nope=1"], "logger.nope='1'", ["its keys: console, tensorboard, csv, mlflow, wandb"]),
     (["data.train_examples=0"], "data.train_examples=0", ["at least 1"]),
     (["data.eval_examples=0"], "data.eval_examples=0", ["at least 1"]),
     (["data.num_classes=1"], "data.num_classes=1", ["at least 2"]),

@@ -89,7 +89,7 @@ def test_step_lines_reach_the_runs_log_file_once(tmp_path, capsys):
     """A single run's tfdistx.log (Hydra's file handler) holds the step lines the terminal shows."""
     import logging
 
-    from tfdistx.engine.progress import ConsoleProgress
+    from tfdistx.loggers.progress import ConsoleProgress
 
     handler = logging.FileHandler(tmp_path / "tfdistx.log")
     logging.getLogger().addHandler(handler)

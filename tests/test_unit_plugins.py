@@ -125,49 +125,113 @@ def test_a_users_own_source_gets_no_checks_of_the_built_in_ones(tmp_path):
     assert sources.of(cfg.data) == sources.Source()
 
 
-# -- loggers: a built-in logger is its class and its row of spec/builtin_loggers.py (issue 44) --------------------
+# -- loggers: a built-in logger is one class of tfdistx/loggers/ and one YAML file (issue 44) --------------------
 
 
-def test_each_built_in_logger_is_a_row_of_the_default_logger_yaml_and_its_class_takes_its_keys():
-    """Every row's switch is in conf/logger/default.yaml (a block's as `enabled: false`) and nothing else is;
-    its target is found, without TensorFlow, and takes the row's keys."""
-    import inspect
+def test_each_built_in_logger_is_a_class_and_its_yaml_shows_its_keys_and_defaults():
+    """Every built-in logger has its YAML: its own conf/logger/NAME.yaml, or default.yaml for those on by default
+    (and default.yaml names no other). A YAML's keys are the class's, at the class's defaults; found without TensorFlow."""
     import sys
 
-    from tfdistx.spec import builtin_loggers
+    from tfdistx import loggers
     from tfdistx.spec.paths import config_dir
     from tfdistx.spec.targets import locate
 
-    default = OmegaConf.to_container(OmegaConf.load(config_dir() / "logger" / "default.yaml"))
-    assert default == {row.name: row.on if row.keys is None else {"enabled": False} for row in builtin_loggers.BUILT_IN}
     had_tensorflow = "tensorflow" in sys.modules
-    for row in builtin_loggers.BUILT_IN:
-        parameters = inspect.signature(locate(row.target)).parameters
-        assert set(row.keys or ()) <= set(parameters), row.name
-        assert set(row.seconds) <= set(row.keys or ()), row.name
+    found = loggers.built_in()
+    assert [row.name for row in found] == ["console", "tensorboard", "csv", "mlflow", "wandb"]
     assert had_tensorflow or "tensorflow" not in sys.modules
+    default = OmegaConf.to_container(OmegaConf.load(config_dir() / "logger" / "default.yaml"))
+    assert default == {row.name: True for row in found if row.on}
+    for row in found:
+        assert locate(row.target()) == row.maker(), row.name
+        assert set(row.seconds) <= set(row.keys() or ()), row.name
+        if row.on:
+            continue
+        own = OmegaConf.to_container(OmegaConf.load(config_dir() / "logger" / f"{row.name}.yaml"))
+        if row.keys() is None:
+            assert own == {row.name: True}
+        else:
+            keys = dict(own[row.name])
+            assert keys.pop("enabled") is True
+            assert {key: tuple(v) if isinstance(v, list) else v for key, v in keys.items()} == dict(row.keys()), row.name
 
 
-def test_a_new_built_in_logger_is_one_row_and_its_class(tmp_path, monkeypatch):
-    """A row added to the table (its class: a user's logger here) is composed with
-    its keys, checked, shown by --plan, and opened by the engine's for_run."""
+LINES_LOGGER = """
+from tfdistx.loggers import BuiltInLogger
+
+
+class LinesLogger(BuiltInLogger):
+    \"\"\"A line per record in <run dir>/NAME.\"\"\"
+
+    name, files = "lines", ("lines.txt",)
+
+    def __init__(self, run_dir, name: str = "lines.txt"):
+        self.file = open(f"{run_dir}/{name}", "a")
+
+    @classmethod
+    def shown(cls, keys):
+        return f"lines ({keys['name']})"
+
+    def __call__(self, step, metrics):
+        self.file.write(f"{step} {metrics['loss']}\\n")
+
+    def close(self):
+        self.file.close()
+"""
+
+
+@pytest.fixture
+def one_more_logger_module(tmp_path, monkeypatch):
+    """A module of one more built-in logger beside tfdistx/loggers/' own (the package's path is a list:
+    the module is found there as `tfdistx.loggers.lines`, as a file put in the package would be)."""
+    import sys
+
+    from tfdistx import loggers
+
+    (tmp_path / "package").mkdir()
+    (tmp_path / "package" / "lines.py").write_text(LINES_LOGGER)
+    monkeypatch.setattr(loggers, "__path__", [*loggers.__path__, str(tmp_path / "package")])
+    loggers.built_in.cache_clear()
+    yield
+    sys.modules.pop("tfdistx.loggers.lines", None)
+    monkeypatch.undo()
+    loggers.built_in.cache_clear()
+
+
+def test_a_new_built_in_logger_is_one_class(tmp_path, one_more_logger_module):
+    """A class added to the package is composed with its keys (no YAML needed to set them), checked,
+    shown by --plan, and opened by the engine's for_run."""
     from tfdistx.commands.plan import _loggers
-    from tfdistx.spec import builtin_loggers
     from tfdistx.config.resolve import resolve
     from tfdistx.engine.loggers import for_run
 
-    row = builtin_loggers.BuiltInLogger("lines", "user_plugins.LinesLogger", lambda keys: f"lines ({keys['name']})",
-                                        keys={"name": "lines.txt"}, files=("lines.txt",))
-    monkeypatch.setattr(builtin_loggers, "BUILT_IN", (*builtin_loggers.BUILT_IN, row))
     off = ["logger.console=false", "logger.tensorboard=false"]
-    assert refused(tmp_path / "bad", *off, "++logger.lines.enabled=true", "++logger.lines.nam=x") == [
+    assert refused(tmp_path / "bad", *off, "logger.lines.enabled=true", "logger.lines.nam=x") == [
         f"{PREFIX}logger.lines.nam='x': logger.lines has no such key; its keys: enabled, name"]
     run_dir = tmp_path / "run"
     run_dir.mkdir()
-    spec = resolve(compose_ok(run_dir, *off, "++logger.lines.enabled=true", "++logger.lines.name=mine.txt"), str(run_dir))
+    spec = resolve(compose_ok(run_dir, *off, "logger.lines.enabled=true", "logger.lines.name=mine.txt"), str(run_dir))
     assert _loggers(spec.logger) == ["metrics.jsonl", "lines (mine.txt)"]
     with for_run(run_dir, spec.logger, total_steps=10, start_step=0) as sinks:
         assert [sink.key for sink in sinks] == ["metrics.jsonl", "logger.lines"]
         for sink in sinks:
             sink(5, {"loss": 0.5})
     assert (run_dir / "mine.txt").read_text() == "5 0.5\n"
+
+
+def test_a_logger_entry_that_is_neither_built_in_nor_the_users_is_refused_in_one_line(tmp_path):
+    """`logger.foo.bar=1` (no _target_) would do nothing; it is refused, naming the loggers there are."""
+    assert refused(tmp_path / "run", "logger.foo.bar=1") == [
+        f"{PREFIX}logger.foo='{{...}}': no such logger; the built-in: console, tensorboard, csv, mlflow, wandb; "
+        "or your own: logger.foo._target_=your.Logger"]
+
+
+def test_a_built_in_logger_off_by_default_is_set_by_its_key_beside_any_option(tmp_path):
+    """default.yaml names only the loggers on by default; logger.csv=true and logger.console=false still compose, with any option."""
+    from tfdistx.commands.plan import _loggers
+    from tfdistx.config.resolve import resolve
+
+    spec = resolve(compose_ok(tmp_path / "run", "logger=csv", "logger.console=false", "logger.wandb.enabled=true"), str(tmp_path / "run"))
+    assert _loggers(spec.logger) == ["metrics.jsonl", "tensorboard", "metrics.csv", "wandb"]
+    assert dict(spec.logger.on["wandb"].kwargs) == {"project": "tfdistx", "entity": None, "mode": None, "tags": (), "init_timeout": 30.0}

@@ -7,7 +7,8 @@ from tfdistx.cluster import placement as cluster_lib
 from tfdistx.cluster.placement import Source
 from tfdistx.commands.execute import local_tasks
 from tfdistx.config import sources
-from tfdistx.spec import agent, builtin_loggers, compute, elastic, priority, strategies, threads
+from tfdistx import loggers as builtin_loggers
+from tfdistx.spec import agent, compute, elastic, priority, strategies, threads
 from tfdistx.config.resolve import resolve
 from tfdistx.spec.run_spec import Layout, Logger, Optimizer
 from tfdistx.spec.targets import Target

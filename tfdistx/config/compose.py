@@ -25,7 +25,8 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
 from tfdistx.config import recipes, topology, userconf
-from tfdistx.spec import builtin_loggers, strategies
+from tfdistx import loggers as builtin_loggers
+from tfdistx.spec import strategies
 from tfdistx.spec.paths import config_dir
 from tfdistx.config.schema import OPTIMIZER_KEYS, PIPELINE_KEYS, TASK_FACTS, TASK_KEYS, Config
 from tfdistx.config.validate import validate
@@ -81,9 +82,11 @@ def keys_for_own_targets(overrides: Sequence[str]) -> list:
         group, _, rest = override.partition(".")
         if group == "callbacks" and not override.startswith(("+", "~")):  # every callback is the user's: callbacks.NAME.KEY=V adds it
             return "=" in rest
-        if group == "logger" and not override.startswith(("+", "~")):  # logger.NAME.KEY=V adds a logger of the user's,
-            blocks = [row.name for row in builtin_loggers.blocks()]  # unless NAME is a built-in logger with keys
-            return "." in rest.partition("=")[0] and rest.partition(".")[0] not in blocks
+        if group == "logger" and not override.startswith(("+", "~")):  # conf/logger/default.yaml names only the loggers on
+            # by default: logger.NAME=V sets or adds a built-in logger's switch, logger.NAME.KEY=V a key of a built-in
+            # logger's block or of the user's own logger (config/loggers.py refuses a key or a NAME that is neither)
+            key = rest.partition("=")[0]
+            return "=" in rest and ("." in key or builtin_loggers.named(key) is not None)
         # optimizer._target_ too: the shipped optimizer files name their class by `name`, and have no _target_ to set.
         return not override.startswith(("+", "~")) and group in own and "=" in rest and \
             (not rest.startswith("_target_=") or group == "optimizer")
@@ -251,7 +254,10 @@ def _with_valid_keys(error: ConfigError, overrides: Sequence[str]) -> ConfigErro
                                     f"set {parent}.KEY=VALUE without {parent}={shown}")])
     if not OmegaConf.is_dict(node):
         return error
-    keys = ", ".join(str(k) for k in node.keys())
+    names = list(node.keys())
+    if parent == "logger":  # the built-in loggers, beside what the config composed (the user's own)
+        names = [row.name for row in builtin_loggers.built_in()] + [name for name in names if builtin_loggers.named(name) is None]
+    keys = ", ".join(str(k) for k in names)
     given = next((o.lstrip("+~").partition("=") for o in overrides if under(o)), None)
     key, value = (given[0], given[2]) if given else (problem.key, problem.value)
     name = problem.key.rpartition(".")[2]

@@ -13,7 +13,7 @@ from urllib.parse import unquote, urlparse
 
 from omegaconf import DictConfig, OmegaConf
 
-from tfdistx.spec import builtin_loggers
+from tfdistx import loggers as builtin_loggers
 from tfdistx.spec.errors import Problem
 
 MAX_EXPERIMENT_NAME = 500  # MLflow's limit on an experiment's name
@@ -26,14 +26,22 @@ def problems(logger: DictConfig) -> List[Problem]:
     found = [Problem(f"logger.{row.name}", logger[row.name], "allowed: true, false") for row in builtin_loggers.switches()
              if row.name in logger and not isinstance(logger[row.name], bool)]
     for row in builtin_loggers.blocks():
-        found += _service_keys(logger, row.name, row.keys)
-    for key in [f"{row.name}.{seconds}" for row in builtin_loggers.BUILT_IN for seconds in row.seconds]:
+        found += _service_keys(logger, row.name, row.keys())
+    found += [_not_a_logger(name, logger[name]) for name in logger
+              if builtin_loggers.named(name) is None and not (OmegaConf.is_dict(logger[name]) and "_target_" in logger[name])]
+    for key in [f"{row.name}.{seconds}" for row in builtin_loggers.built_in() for seconds in row.seconds]:
         timeout = OmegaConf.select(logger, key)
         if timeout is not None and not (_is_number(timeout) and timeout > 0):
             found.append(Problem(f"logger.{key}", timeout, "seconds, more than 0"))
     if OmegaConf.select(logger, "mlflow.enabled") is True:
         found += _mlflow(logger.mlflow)
     return found
+
+
+def _not_a_logger(name: str, value) -> Problem:
+    """`logger.foo.bar=1`: neither a built-in logger nor one of the user's (no _target_), which would do nothing."""
+    built_in = ", ".join(row.name for row in builtin_loggers.built_in())
+    return Problem(f"logger.{name}", _shown(value), f"no such logger; the built-in: {built_in}; or your own: logger.{name}._target_=your.Logger")
 
 
 def _service_keys(logger: DictConfig, service: str, defaults: dict) -> List[Problem]:
@@ -52,7 +60,7 @@ def _service_keys(logger: DictConfig, service: str, defaults: dict) -> List[Prob
 
 def _mlflow(keys: DictConfig) -> List[Problem]:
     found = []
-    experiment = keys.get("experiment", builtin_loggers.named("mlflow").keys["experiment"])
+    experiment = keys.get("experiment", builtin_loggers.named("mlflow").keys()["experiment"])
     if not isinstance(experiment, str) or not experiment.strip() or len(experiment) > MAX_EXPERIMENT_NAME:
         found.append(Problem("logger.mlflow.experiment", experiment, f"the name of an MLflow experiment: 1 to {MAX_EXPERIMENT_NAME} characters"))
     run_name = keys.get("run_name")

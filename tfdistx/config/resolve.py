@@ -3,7 +3,7 @@
 The config side (Hydra, OmegaConf, validation) ends here: interpolations
 are resolved, every key a group may leave out gets its default (from the
 schema's dataclasses and the defaults beside them in schema.py, and the
-built-in loggers' in builtin_loggers.py: the one place each is set), and
+built-in loggers' in their classes' signatures, tfdistx/loggers/: the one place each is set), and
 the groups become typed, frozen data. The engine is handed the RunSpec
 and never sees a DictConfig.
 """
@@ -15,7 +15,8 @@ from typing import Any, Mapping, Optional
 
 from omegaconf import DictConfig, OmegaConf
 
-from tfdistx.spec import builtin_loggers, data_service, optimizers, strategies, warm_start
+from tfdistx import loggers as builtin_loggers
+from tfdistx.spec import data_service, optimizers, strategies, warm_start
 from tfdistx.spec import elastic as elastic_spec
 from tfdistx.config.compose import saved_config
 from tfdistx.spec.errors import ConfigError
@@ -123,10 +124,10 @@ def _optimizer(group: Mapping[str, Any]) -> Optimizer:
 
 
 def _logger(group: Mapping[str, Any]) -> Logger:
-    """The built-in loggers that are on (spec/builtin_loggers.py's table: each
-    a Target of its class, with its keys), and the user's own."""
-    on = {row.name: Target(f"logger.{row.name}", row.target, _frozen(keys))
-          for row in builtin_loggers.BUILT_IN if (keys := builtin_loggers.settings(row, group)) is not None}
+    """The built-in loggers that are on (tfdistx/loggers/: each a Target of
+    its class, with its keys), and the user's own."""
+    on = {row.name: Target(f"logger.{row.name}", row.target(), _frozen(keys))
+          for row in builtin_loggers.built_in() if (keys := row.settings(group)) is not None}
     return Logger(on=_frozen(on),
                   own=_frozen({name: Target.of(f"logger.{name}", keys) for name, keys in group.items() if _own_logger(keys)}))
 

@@ -19,7 +19,7 @@ from typing import List, Optional
 from omegaconf import DictConfig, OmegaConf
 
 from tfdistx import rundir
-from tfdistx.spec import builtin_loggers
+from tfdistx import loggers as builtin_loggers
 from tfdistx.spec.errors import Problem
 from tfdistx.spec.targets import current
 
@@ -41,8 +41,9 @@ def problems(cfg: DictConfig, run_dir: Optional[str]) -> List[Problem]:
 
 def names(cfg: DictConfig) -> List[str]:
     """The first names of the paths the configured loggers and shipped callbacks write in the run dir."""
-    # What each built-in logger writes, when the key that turns it on is true (builtin_loggers.py).
-    written = [name for row in builtin_loggers.BUILT_IN if OmegaConf.select(cfg.logger, row.switch) is True for name in row.files]
+    # What each built-in logger writes, when it is on (its class says: tfdistx/loggers/).
+    group = OmegaConf.to_container(cfg.logger) if OmegaConf.is_dict(cfg.logger) else {}
+    written = [name for row in builtin_loggers.built_in() if row.settings(group) is not None for name in row.files]
     for _, callback in _callbacks(cfg):
         key, default = CALLBACK_FILES[current(callback.get("_target_"))]
         value = callback.get(key, default)

@@ -38,7 +38,7 @@ TASK_FACTS = ("offers", "labels")
 # The optimizer group is free-form (an optimizer class takes keys of its
 # own); tfdistx's keys of it, with their defaults for an option that does not
 # set them (conf/optimizer/*.yaml shows them; resolve.py fills them in). The
-# logger group's built-in loggers and their defaults are spec/builtin_loggers.py's.
+# logger group's built-in loggers and their defaults are their classes' (tfdistx/loggers/).
 OPTIMIZER_DEFAULTS = {"schedule": "constant", "warmup_steps": 0, "min_lr_ratio": 0.0, "scale_lr_with_replicas": False,
                       "clip_norm": None, "global_clip_norm": None}
 OPTIMIZER_KEYS = ("name", "lr", *OPTIMIZER_DEFAULTS)

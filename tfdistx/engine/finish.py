@@ -39,7 +39,7 @@ def finish(run: Run, start: Start, result: Result, started: float) -> Optional[f
         if run.spec.checkpoint.export and kept:
             export_checkpoint(run.spec, kept, str(run.dir / "export"))
             if "mlflow" in run.spec.logger.on:
-                from tfdistx.engine.mlflow_logger import log_export  # MLflow's client only when it is on
+                from tfdistx.loggers.mlflow_logger import log_export  # MLflow's client only when it is on
 
                 log_export(run.dir)
         log.info("done at step %d: %s", result.step, run.dir.resolve())

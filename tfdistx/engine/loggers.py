@@ -3,10 +3,9 @@
 Each logger is a callable `(step, metrics)`; the training loop calls them
 all at every log or eval step and knows none of them. `for_run` opens the
 ones a run's `logger` config asks for: metrics.jsonl, the built-in ones
-that are on (spec/builtin_loggers.py's table names each one's class, in
-progress.py, sinks.py or mlflow_logger.py: opened by its dotted path, as a
-user's logger is, with its keys and what it takes of the run's run_dir,
-config, total_steps and start_step), and the user's own, each named, so
+that are on (each a class of tfdistx/loggers/: opened by its dotted path,
+as a user's logger is, with its keys and what it takes of the run's
+run_dir, config, total_steps and start_step), and the user's own, each named, so
 that one that raises stops the run in one line naming it. The run directory's other files are
 written by whole_files.py; the log file is log_files.py's.
 """
@@ -20,7 +19,8 @@ from typing import Callable, List, Optional
 from tfdistx.spec.errors import ConfigError, PluginFailed, RunFault, interrupted
 from tfdistx.spec.run_spec import Logger
 from tfdistx.spec.targets import Target, locate
-from tfdistx.engine.sinks import JsonlLogger
+from tfdistx.loggers import RUNTIME
+from tfdistx.loggers.sinks import JsonlLogger
 from tfdistx.log_files import log_files
 from tfdistx.rundir import cannot_write
 
@@ -43,8 +43,8 @@ def for_run(run_dir: Path, asked: Logger, total_steps: int, start_step: int, ena
     try:
         if enabled:
             opened(JSONL_KEY, JsonlLogger, str(run_dir / "metrics.jsonl"), resume_step=start_step)
-            runtime = dict(run_dir=run_dir, config=config or {}, total_steps=total_steps, start_step=start_step)
-            for name, target in asked.on.items():  # spec/builtin_loggers.py's, in its order
+            runtime = dict(zip(RUNTIME, (run_dir, config or {}, total_steps, start_step)))
+            for name, target in asked.on.items():  # tfdistx/loggers/' built_in() order
                 make = locate(target.path)
                 opened(f"logger.{name}", make, **target.kwargs, **_taken(make, runtime))
             for name, target in asked.own.items():

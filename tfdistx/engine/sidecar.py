@@ -49,7 +49,8 @@ from tfdistx.cluster.placement import Placement, Source
 from tfdistx.spec import strategies
 from tfdistx.spec.errors import EXIT_CLUSTER_DID_NOT_FORM, ConfigError, RunFault
 from tfdistx.spec.run_spec import RunSpec, Strategy
-from tfdistx.engine import checkpointing, process, sinks
+from tfdistx.engine import checkpointing, process
+from tfdistx.loggers import sinks
 from tfdistx.engine.build import Run, build_run
 from tfdistx.engine.runner import make_runner
 from tfdistx.sigterm import SigtermNotice

@@ -1,8 +1,8 @@
 """The loggers that keep a run's metrics: metrics.jsonl, metrics.csv,
-TensorBoard and Weights & Biases (MLflow's is mlflow_logger.py). Each is a
-callable `(step, metrics)` with a `close()`; loggers.py opens the ones a
-run asks for, each by the callable its row of spec/builtin_loggers.py
-names (a `for_run` where the class takes a path of the run dir)."""
+TensorBoard and Weights & Biases (MLflow's is mlflow_logger.py, the
+terminal's progress.py). Each is a callable `(step, metrics)` with a
+`close()`; engine/loggers.py opens the ones a run asks for, each by its
+maker (a `for_run` where the class takes a path of the run dir)."""
 
 import csv
 import json
@@ -12,6 +12,7 @@ import os
 from pathlib import Path
 from typing import Optional, Sequence
 
+from tfdistx.loggers import BuiltInLogger
 from tfdistx.whole_files import append_whole, keep_steps_up_to, replacing
 
 log = logging.getLogger(__name__)
@@ -39,12 +40,14 @@ class JsonlLogger:
         os.close(self.fd)
 
 
-class CsvLogger:
-    """metrics.csv: a row per log step, a column per metric (`step` first),
+class CsvLogger(BuiltInLogger):
+    """logger.csv: metrics.csv: a row per log step, a column per metric (`step` first),
     for a spreadsheet. A metric first seen after the first row (the eval
     metrics, at the first evaluation) adds a column: the file is rewritten
     once, whole, with the rows so far empty in it. On resume, rows past the
     restored step are dropped first, as metrics.jsonl's lines are."""
+
+    name, files = "csv", ("metrics.csv",)
 
     def __init__(self, path: Path, resume_step: int = 0):
         self.path = path
@@ -58,6 +61,10 @@ class CsvLogger:
     def for_run(cls, run_dir: Path, start_step: int = 0) -> "CsvLogger":
         """logger.csv: the run dir's metrics.csv."""
         return cls(Path(run_dir) / "metrics.csv", resume_step=start_step)
+
+    @classmethod
+    def shown(cls, keys) -> str:
+        return "metrics.csv"
 
     def __call__(self, step: int, metrics: dict) -> None:
         row = {"step": step, **metrics}
@@ -90,7 +97,11 @@ def _int_or_none(text):
         return None
 
 
-class TensorBoardLogger:
+class TensorBoardLogger(BuiltInLogger):
+    """logger.tensorboard (on unless turned off): event files TensorBoard reads."""
+
+    name, on = "tensorboard", True
+
     def __init__(self, logdir: str):
         import tensorflow as tf
 
@@ -113,8 +124,8 @@ class TensorBoardLogger:
         self.writer.close()
 
 
-class WandbLogger:
-    """Weights & Biases, offline unless an API key is configured.
+class WandbLogger(BuiltInLogger):
+    """logger.wandb: Weights & Biases, offline unless an API key is configured.
 
     Offline runs write under <run dir>/wandb and upload later with
     `wandb sync`; tfdistx never needs the network. An online run that cannot
@@ -122,8 +133,10 @@ class WandbLogger:
     back to offline with one warning line: training never waits on it.
     """
 
-    def __init__(self, run_dir: Path, config: dict, project: str, entity: Optional[str], mode: Optional[str], tags: Sequence[str],
-                 init_timeout: float):
+    name, seconds, files = "wandb", ("init_timeout",), ("wandb",)
+
+    def __init__(self, run_dir: Path, config: dict, project: str = "tfdistx", entity: Optional[str] = None, mode: Optional[str] = None,
+                 tags: Sequence[str] = (), init_timeout: float = 30.0):
         import wandb
 
         self.wandb = wandb

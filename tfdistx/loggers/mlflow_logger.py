@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any, List, Mapping, Optional, Sequence, Tuple
 
 from tfdistx.checkpoint_files import newest_step
+from tfdistx.loggers import BuiltInLogger
 from tfdistx.whole_files import read_jsonl, write_whole
 
 log = logging.getLogger(__name__)
@@ -45,7 +46,11 @@ def local_store(run_dir: Path) -> str:
     return f"sqlite:///{(Path(run_dir) / STORE_FILE).resolve()}"
 
 
-class MlflowLogger:
+class MlflowLogger(BuiltInLogger):
+    """logger.mlflow (see above)."""
+
+    name, seconds, files = "mlflow", ("timeout",), (RUN_FILE, STORE_FILE, ARTIFACTS_DIR)
+
     def __init__(self, run_dir: Path, config: Mapping[str, Any], experiment: str, tracking_uri: Optional[str],
                  run_name: Optional[str], timeout: float, checkpoint_dir: Optional[Path] = None, logged: Sequence[dict] = ()):
         """`logged`: the records metrics.jsonl holds as the run starts (a resumed run's, up to its checkpoint)."""
@@ -69,13 +74,17 @@ class MlflowLogger:
         self._catch_up(logged)
 
     @classmethod
-    def for_run(cls, run_dir: Path, config: Mapping[str, Any], experiment: str, tracking_uri: Optional[str], run_name: Optional[str],
-                timeout: float) -> "MlflowLogger":
+    def for_run(cls, run_dir: Path, config: Mapping[str, Any], experiment: str = "tfdistx", tracking_uri: Optional[str] = None,
+                run_name: Optional[str] = None, timeout: float = 30.0) -> "MlflowLogger":
         """logger.mlflow: checkpoints where the run's resolved config says
         (checkpoint.dir, else the run dir's), and the records metrics.jsonl holds as the run starts."""
         checkpoint_dir = Path((config.get("checkpoint") or {}).get("dir") or Path(run_dir) / "checkpoints")
         return cls(Path(run_dir), config, experiment, tracking_uri, run_name, timeout, checkpoint_dir=checkpoint_dir,
                    logged=[record for _, record in read_jsonl(Path(run_dir) / "metrics.jsonl")])
+
+    @classmethod
+    def shown(cls, keys: Mapping[str, Any]) -> str:
+        return f"mlflow ({keys['tracking_uri'] or 'MLFLOW_TRACKING_URI, else <run dir>/mlflow.db'})"
 
     def _catch_up(self, logged: Sequence[dict]) -> None:
         """The points metrics.jsonl holds up to the newest checkpoint that this

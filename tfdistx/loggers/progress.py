@@ -8,9 +8,10 @@ import time
 from typing import Optional, Tuple
 
 from tfdistx.log_files import into_log_files
+from tfdistx.loggers import BuiltInLogger
 
 
-class ConsoleProgress:
+class ConsoleProgress(BuiltInLogger):
     """One line per log step: step, loss, metrics, examples/s and ETA.
 
     Plain lines (no carriage returns or colours), so the output reads the
@@ -22,6 +23,8 @@ class ConsoleProgress:
     last one done, and its rate and time left are measured over the steps
     done so far in this process.
     """
+
+    name, on = "console", True
 
     def __init__(self, total_steps: int, stream=None, start_step: int = 0, live: Optional[bool] = None):
         self.total_steps = total_steps
@@ -35,6 +38,15 @@ class ConsoleProgress:
         self.lock, self.stopped = threading.Lock(), threading.Event()
         if self.live:
             threading.Thread(target=self._redraw_every_second, name="tfdistx-progress", daemon=True).start()
+
+    @classmethod
+    def for_run(cls, total_steps: int, start_step: int = 0) -> "ConsoleProgress":
+        """logger.console: on standard output, a status line where that is a terminal."""
+        return cls(total_steps, start_step=start_step)
+
+    @classmethod
+    def shown(cls, keys) -> str:
+        return "terminal"
 
     def __call__(self, step: int, metrics: dict) -> None:
         now = time.monotonic()
