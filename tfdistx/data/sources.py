@@ -130,6 +130,17 @@ def in_memory(train, evaluation, **info) -> DataSource:
     return DataSource(train=ArrayExamples(train), eval=ArrayExamples(evaluation), **info)
 
 
+def generated(make: Callable, train_examples: int, eval_examples: int, **info) -> DataSource:
+    """A synthetic source: `make(n)` draws n examples, the train split's first
+    (so a seed gives the same splits whatever else changes), then eval's."""
+    return in_memory(make(train_examples), make(eval_examples), train_examples=train_examples, **info)
+
+
+def _normal(rng: np.random.Generator, *shape: int) -> np.ndarray:
+    """Standard normal float32s: the synthetic sources' features and weights."""
+    return rng.standard_normal(shape).astype(np.float32)
+
+
 def synthetic(
     image_shape: Sequence[int] = (28, 28, 1),
     num_classes: int = 10,
@@ -144,14 +155,14 @@ def synthetic(
     """
     rng = np.random.default_rng(seed)
     shape = tuple(int(d) for d in image_shape)
-    rule = rng.standard_normal((int(np.prod(shape)), num_classes)).astype(np.float32)
+    rule = _normal(rng, int(np.prod(shape)), num_classes)
 
     def make(n: int):
         images = rng.random((n, *shape), dtype=np.float32)
         labels = np.argmax((images.reshape(n, -1) - 0.5) @ rule, axis=1).astype(np.int64)
         return images, labels
 
-    return in_memory(make(train_examples), make(eval_examples), num_classes=num_classes, train_examples=train_examples)
+    return generated(make, train_examples, eval_examples, num_classes=num_classes)
 
 
 def synthetic_categorical(
@@ -171,17 +182,17 @@ def synthetic_categorical(
     not 1.0.
     """
     rng = np.random.default_rng(seed)
-    id_weights = rng.standard_normal(vocab_size).astype(np.float32)
-    dense_weights = rng.standard_normal(dense_features).astype(np.float32)
+    id_weights = _normal(rng, vocab_size)
+    dense_weights = _normal(rng, dense_features)
 
     def make(n: int):
         ids = (rng.zipf(1.3, size=(n, num_fields)) % vocab_size).astype(np.int64)
-        dense = rng.standard_normal((n, dense_features)).astype(np.float32)
+        dense = _normal(rng, n, dense_features)
         logit = id_weights[ids].sum(axis=1) / np.sqrt(num_fields) + dense @ dense_weights / np.sqrt(max(dense_features, 1))
         clicks = (rng.random(n) < 1.0 / (1.0 + np.exp(-2.0 * logit))).astype(np.float32)
         return {"categorical": ids, "dense": dense}, clicks
 
-    return in_memory(make(train_examples), make(eval_examples), train_examples=train_examples)
+    return generated(make, train_examples, eval_examples)
 
 
 def synthetic_multilabel(
@@ -197,14 +208,14 @@ def synthetic_multilabel(
     per-label threshold, so labels are correlated and unevenly frequent.
     """
     rng = np.random.default_rng(seed)
-    projection = rng.standard_normal((num_features, num_labels)).astype(np.float32) / np.sqrt(num_features)
+    projection = _normal(rng, num_features, num_labels) / np.sqrt(num_features)
     thresholds = rng.uniform(-0.5, 1.0, num_labels).astype(np.float32)
 
     def make(n: int):
-        x = rng.standard_normal((n, num_features)).astype(np.float32)
+        x = _normal(rng, n, num_features)
         return x, (x @ projection > thresholds).astype(np.float32)
 
-    return in_memory(make(train_examples), make(eval_examples), train_examples=train_examples)
+    return generated(make, train_examples, eval_examples)
 
 
 def synthetic_regression(
@@ -218,15 +229,15 @@ def synthetic_regression(
     """Feature vectors and real targets: a fixed random smooth function plus
     Gaussian noise. One target is a scalar label; several, a vector."""
     rng = np.random.default_rng(seed)
-    w1 = rng.standard_normal((num_features, 32)).astype(np.float32) / np.sqrt(num_features)
-    w2 = rng.standard_normal((32, num_targets)).astype(np.float32) / np.sqrt(32)
+    w1 = _normal(rng, num_features, 32) / np.sqrt(num_features)
+    w2 = _normal(rng, 32, num_targets) / np.sqrt(32)
 
     def make(n: int):
-        x = rng.standard_normal((n, num_features)).astype(np.float32)
-        y = np.tanh(x @ w1) @ w2 + noise * rng.standard_normal((n, num_targets)).astype(np.float32)
+        x = _normal(rng, n, num_features)
+        y = np.tanh(x @ w1) @ w2 + noise * _normal(rng, n, num_targets)
         return x, (y[:, 0] if num_targets == 1 else y)
 
-    return in_memory(make(train_examples), make(eval_examples), train_examples=train_examples)
+    return generated(make, train_examples, eval_examples)
 
 
 def tfds(
