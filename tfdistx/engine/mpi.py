@@ -20,7 +20,7 @@ as for any lost task.
 """
 
 import os
-from typing import List, Sequence
+from typing import Callable, List, Sequence
 
 import numpy as np
 import tensorflow as tf
@@ -85,13 +85,19 @@ def join(strategy: tf.distribute.Strategy) -> MpiSum:
     return MpiSum(comm.Split(0, rank))  # ranks in the tasks' order
 
 
-def _barrier(strategy: tf.distribute.Strategy):
-    """A call that returns on a task once every task has made it: a sum of nothing over the strategy's replicas."""
+def _summed_over_replicas(strategy: tf.distribute.Strategy, value) -> Callable[[], np.ndarray]:
+    """A call that returns, on every task, `value` summed over the strategy's replicas
+    (each task's own `value`): it returns once every task has made it."""
     @tf.function(autograph=False)
-    def meet():
-        return strategy.run(lambda: tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM, tf.zeros([1])))
+    def summed():
+        return strategy.run(lambda: tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM, value))
 
-    return lambda: strategy.experimental_local_results(meet())[0].numpy()
+    return lambda: strategy.experimental_local_results(summed())[0].numpy()
+
+
+def _barrier(strategy: tf.distribute.Strategy):
+    """A call that returns on a task once every task has made it: a sum of nothing."""
+    return _summed_over_replicas(strategy, tf.zeros([1]))
 
 
 def _from_the_first(strategy: tf.distribute.Strategy, text: str) -> str:
@@ -100,11 +106,5 @@ def _from_the_first(strategy: tf.distribute.Strategy, text: str) -> str:
     raw = np.frombuffer(text.encode(), np.uint8)
     codes = np.zeros(PORT_BYTES, np.int32)
     codes[:raw.size] = raw
-    mine = tf.constant(codes)
-
-    @tf.function(autograph=False)
-    def share():
-        return strategy.run(lambda: tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM, mine))
-
-    summed = strategy.experimental_local_results(share())[0].numpy()
+    summed = _summed_over_replicas(strategy, tf.constant(codes))()
     return bytes(summed[summed > 0].astype(np.uint8)).decode()
