@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import List, Optional, Sequence
 
 from tfdistx.spec.objective import lower_is_better
+from tfdistx.spec.values import is_whole
 from tfdistx.rundir import FAILED_NAME
 
 EXIT_BAD_INPUT = 2
@@ -157,7 +158,7 @@ def _metrics(path: Path) -> List[dict]:
 
 
 def _is_step(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+    return is_whole(value) and value >= 0
 
 
 def _skipped(path: Path, reason: str) -> None:

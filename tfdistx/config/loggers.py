@@ -5,7 +5,6 @@ with MLflow's own exception). No TensorFlow, no MLflow here.
 """
 
 import importlib.util
-import math
 import os
 from pathlib import Path
 from typing import List
@@ -15,6 +14,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from tfdistx import loggers as builtin_loggers
 from tfdistx.spec.errors import Problem
+from tfdistx.spec.values import is_number
 
 MAX_EXPERIMENT_NAME = 500  # MLflow's limit on an experiment's name
 MAX_RUN_NAME = 250  # the length MLflow's SQL stores keep a run's name in
@@ -31,7 +31,7 @@ def problems(logger: DictConfig) -> List[Problem]:
               if builtin_loggers.named(name) is None and not (OmegaConf.is_dict(logger[name]) and "_target_" in logger[name])]
     for key in [f"{row.name}.{seconds}" for row in builtin_loggers.built_in() for seconds in row.seconds]:
         timeout = OmegaConf.select(logger, key)
-        if timeout is not None and not (_is_number(timeout) and timeout > 0):
+        if timeout is not None and not (is_number(timeout) and timeout > 0):
             found.append(Problem(f"logger.{key}", timeout, "seconds, more than 0"))
     if OmegaConf.select(logger, "mlflow.enabled") is True:
         found += _mlflow(logger.mlflow)
@@ -101,7 +101,3 @@ def store_problems(key: str, uri) -> List[Problem]:
 
 def _shown(value):
     return "{...}" if OmegaConf.is_config(value) else value
-
-
-def _is_number(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)

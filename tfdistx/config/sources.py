@@ -20,6 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 from tfdistx.spec import datafiles
 from tfdistx.spec.errors import Problem
 from tfdistx.spec.targets import current
+from tfdistx.spec.values import is_whole
 
 # Sizes the built-in sources take, and their least sensible value: checked
 # here so that a 0 is named, not answered by numpy from deep inside.
@@ -31,10 +32,10 @@ def size_problems(data: DictConfig) -> list:
     problems = []
     for key, least in SIZES.items():
         value = data.get(key)
-        if value is not None and (not _is_int(value) or value < least):
+        if value is not None and (not is_whole(value) or value < least):
             problems.append(Problem(f"data.{key}", value, f"must be a whole number, at least {least}"))
     shape = data.get("image_shape")
-    if shape is not None and (not OmegaConf.is_list(shape) or not shape or not all(_is_int(d) and d >= 1 for d in shape)):
+    if shape is not None and (not OmegaConf.is_list(shape) or not shape or not all(is_whole(d) and d >= 1 for d in shape)):
         problems.append(Problem("data.image_shape", shape, "must be a list of positive sizes, e.g. [28, 28, 1]"))
     return problems
 
@@ -86,7 +87,3 @@ def no_eval_split(data: DictConfig) -> Optional[str]:
     user's source (known once built: engine/build.py)."""
     key = of(data).eval_key
     return f"data.{key}" if key and not data.get(key) else None
-
-
-def _is_int(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)

@@ -16,12 +16,13 @@ starts (validate.py). A task whose YAML declares no `offers` (a user's
 from omegaconf import DictConfig, OmegaConf
 
 from tfdistx.spec.errors import Problem
+from tfdistx.spec.values import is_whole
 
 # The settings a task's metrics take, checked in any task that declares
 # `offers`: the key means the same in every task that has it.
 SETTINGS = {
-    "top_k": (lambda v: _is_int(v) and v >= 1, "must be a whole number, at least 1 (and below the number of classes)"),
-    "auc_thresholds": (lambda v: _is_int(v) and v >= 3, "must be a whole number, at least 3"),
+    "top_k": (lambda v: is_whole(v) and v >= 1, "must be a whole number, at least 1 (and below the number of classes)"),
+    "auc_thresholds": (lambda v: is_whole(v) and v >= 3, "must be a whole number, at least 3"),
     "threshold": (lambda v: isinstance(v, (int, float)) and 0 < v < 1, "must be a number between 0 and 1"),
 }
 
@@ -55,7 +56,3 @@ def _is_list(value) -> bool:
 
 def _plain(value):
     return OmegaConf.to_container(value) if OmegaConf.is_config(value) else value
-
-
-def _is_int(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)

@@ -21,6 +21,7 @@ from tfdistx.spec.errors import MAX_RETRYABLE_EXIT_OFFSET, NOTICE_SIGNALS, Confi
 from tfdistx.spec.objective import objective_problems, unevaluated_problems
 from tfdistx.config.schema import LAUNCH_MODES, OPTIMIZER_KEYS, PIPELINE_DEFAULTS, TASK_FACTS, TASK_KEYS, Config
 from tfdistx.spec.targets import current
+from tfdistx.spec.values import is_number, is_whole
 
 FLOAT32_MAX = 3.4028234663852886e38  # the learning rate lives in a float32 variable
 MAX_STEPS = 2**62  # the step counter is an int64; a count past this cannot be saved with the checkpoint
@@ -126,7 +127,7 @@ def _strategy_and_cluster(strategy: DictConfig, cluster: DictConfig) -> list:
     if mpi.chosen(strategy):
         problems += mpi.problems(cluster.launch, cluster.devices_per_worker, strategy.get("all_reduce_dtype"), elastic.is_elastic(cluster))
     pack = strategy.get("bytes_per_pack")
-    if pack is not None and (not _is_int(pack) or pack < 0):
+    if pack is not None and (not is_whole(pack) or pack < 0):
         problems.append(Problem("strategy.bytes_per_pack", pack, "must be a whole number of bytes, 0 or more (0: one pack)"))
     return problems
 
@@ -135,7 +136,7 @@ def _data(data: DictConfig, replicas: Optional[int]) -> list:
     problems = sources.of(data).checks(data)  # the source's own keys
     problems += data_service.problems(data)
     batch = data.get("batch_size")
-    if not _is_int(batch) or batch < 1:
+    if not is_whole(batch) or batch < 1:
         return problems + [Problem("data.batch_size", batch, "must be a positive integer (the global batch, split across replicas)")]
     if replicas and batch % replicas:
         problems.append(Problem("data.batch_size", batch, f"the global batch must divide across {replicas} replicas: use a multiple of {replicas}"))
@@ -184,7 +185,7 @@ def _optimizer(opt: DictConfig) -> list:
         problems.append(Problem("optimizer.name", name, f"allowed: {', '.join(optimizers.CLASSES)}; or any class by "
                                                         "optimizer._target_ (docs/own-project.md)"))
     lr = opt.get("lr")
-    if not _is_number(lr) or not 0 < lr <= FLOAT32_MAX:
+    if not is_number(lr) or not 0 < lr <= FLOAT32_MAX:
         problems.append(Problem("optimizer.lr", lr, "must be a positive, finite number (a float32: at most 3.4e38)"))
     schedule = opt.get("schedule", "constant")
     if OmegaConf.is_dict(schedule) and not isinstance(schedule.get("_target_"), str):
@@ -194,21 +195,21 @@ def _optimizer(opt: DictConfig) -> list:
         problems.append(Problem("optimizer.schedule", schedule, f"allowed: {', '.join(optimizers.SCHEDULES)}, or a mapping "
                                                                 "with the _target_ of a LearningRateSchedule"))
     warmup = opt.get("warmup_steps", 0)
-    if not _is_int(warmup) or warmup < 0:
+    if not is_whole(warmup) or warmup < 0:
         problems.append(Problem("optimizer.warmup_steps", warmup, "must be a whole number, 0 or more"))
     problems += [Problem(f"optimizer.{key}", opt[key], allowed) for key, allowed, ok in (
-        ("beta_1", "a decay rate: at least 0, below 1", lambda v: _is_number(v) and 0 <= v < 1),
-        ("beta_2", "a decay rate: at least 0, below 1", lambda v: _is_number(v) and 0 <= v < 1),
-        ("epsilon", "must be a positive, finite number", lambda v: _is_number(v) and 0 < v < math.inf),
-        ("weight_decay", "must be a finite number, 0 or more", lambda v: _is_number(v) and 0 <= v < math.inf),
-        ("momentum", "at least 0, below 1", lambda v: _is_number(v) and 0 <= v < 1),
-        ("min_lr_ratio", "a fraction of optimizer.lr: from 0 to 1", lambda v: _is_number(v) and 0 <= v <= 1),
+        ("beta_1", "a decay rate: at least 0, below 1", lambda v: is_number(v) and 0 <= v < 1),
+        ("beta_2", "a decay rate: at least 0, below 1", lambda v: is_number(v) and 0 <= v < 1),
+        ("epsilon", "must be a positive, finite number", lambda v: is_number(v) and v > 0),
+        ("weight_decay", "must be a finite number, 0 or more", lambda v: is_number(v) and v >= 0),
+        ("momentum", "at least 0, below 1", lambda v: is_number(v) and 0 <= v < 1),
+        ("min_lr_ratio", "a fraction of optimizer.lr: from 0 to 1", lambda v: is_number(v) and 0 <= v <= 1),
         ("nesterov", "allowed: true, false", lambda v: isinstance(v, bool)),
         ("scale_lr_with_replicas", "allowed: true, false", lambda v: isinstance(v, bool)),
     ) if key in opt and not ok(opt[key])]
     for key in ("clip_norm", "global_clip_norm"):
         value = opt.get(key)
-        if value is not None and (not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 < value < math.inf):
+        if value is not None and not (is_number(value) and value > 0):
             problems.append(Problem(f"optimizer.{key}", value, "must be a positive, finite number (or null: no clipping)"))
     problems += [Problem(f"optimizer.{key}", opt[key], f"tfdistx sets it: set {instead}") for key, instead in optimizers.SET_BY_TFDISTX.items()
                  if key in opt]
@@ -236,7 +237,7 @@ def _trainer(trainer: DictConfig) -> list:
     if trainer.jit_compile not in compute.JIT_COMPILE or isinstance(trainer.jit_compile, int) and not isinstance(trainer.jit_compile, bool):
         problems.append(Problem("trainer.jit_compile", trainer.jit_compile, "allowed: true, false, auto"))
     per_call = trainer.get("steps_per_xla_call", "auto")
-    if per_call != "auto" and not (_is_int(per_call) and per_call >= 1):
+    if per_call != "auto" and not (is_whole(per_call) and per_call >= 1):
         problems.append(Problem("trainer.steps_per_xla_call", per_call, "allowed: auto, or a whole number of steps, at least 1"))
     if trainer.precision not in compute.PRECISIONS:
         problems.append(Problem("trainer.precision", trainer.precision, f"allowed: {', '.join(compute.PRECISIONS)}"))
@@ -254,10 +255,10 @@ def _profile_steps(trainer: DictConfig) -> list:
     if value is None:
         return []
     shown = OmegaConf.to_container(value) if OmegaConf.is_config(value) else value
-    steps = trainer.steps if _is_int(trainer.steps) else None
+    steps = trainer.steps if is_whole(trainer.steps) else None
     end = f"END <= trainer.steps={steps}" if steps is not None else "END"
     allowed = f"[START, END]: two whole steps, 0 <= START < {end} (the trace covers the steps between), or null: no trace"
-    if not OmegaConf.is_list(value) or len(value) != 2 or not all(_is_int(v) for v in value):
+    if not OmegaConf.is_list(value) or len(value) != 2 or not all(is_whole(v) for v in value):
         return [Problem("trainer.profile_steps", shown, allowed)]
     start, stop = value
     if not 0 <= start < stop or (steps is not None and stop > steps):
@@ -269,7 +270,7 @@ def _early_stopping(trainer: DictConfig) -> list:
     stopping = trainer.early_stopping
     if stopping.patience is not None and stopping.patience < 1:
         return [Problem("trainer.early_stopping.patience", stopping.patience, "evaluations without an improvement: at least 1 (or null: never stop early)")]
-    if not _is_number(stopping.min_delta) or stopping.min_delta < 0:
+    if not is_number(stopping.min_delta) or stopping.min_delta < 0:
         return [Problem("trainer.early_stopping.min_delta", stopping.min_delta, "must be a finite number, 0 or more")]
     if stopping.min_delta and stopping.patience is None:  # a key that would do nothing
         return [Problem("trainer.early_stopping.min_delta", stopping.min_delta, "applies only with trainer.early_stopping.patience, "
@@ -391,11 +392,3 @@ def _not_a_runs(run_dir: str, checkpoint_dir: Optional[str], also=()) -> list:
         return []
     return [Problem("hydra.run.dir", run_dir, f"holds {', '.join(found)}, which a run writes, and tfdistx did not make it "
                     f"(no {rundir.LOCK_NAME}): name a new directory, or move them (nothing was changed)")]
-
-
-def _is_number(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-
-
-def _is_int(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)

@@ -13,13 +13,14 @@ from typing import List
 
 from tfdistx.spec.errors import Problem
 from tfdistx.spec.run_spec import LOCAL_LAUNCHES
+from tfdistx.spec.values import is_whole
 
 NICE_RANGE = range(0, 20)  # nice(2)'s: 19 yields the most; below 0 would need privileges
 
 
 def problems(nice, multi_process: bool, launch: str, strategy_name: str) -> List[Problem]:
     """What is wrong with cluster.nice for this strategy and launch ([] when nothing)."""
-    if isinstance(nice, bool) or not isinstance(nice, int) or nice not in NICE_RANGE:
+    if not is_whole(nice) or nice not in NICE_RANGE:
         return [Problem("cluster.nice", nice, "a whole number from 0 (as any program) to 19 (yield the cores the most)")]
     if nice and not multi_process:
         return [Problem("cluster.nice", nice, f"a local cluster's priority, and strategy={strategy_name} trains in this process: "

@@ -41,6 +41,7 @@ import os
 from typing import Mapping, Optional, Tuple
 
 from tfdistx.spec.errors import Problem
+from tfdistx.spec.values import is_whole
 
 AUTO = "auto"
 ENV = ("TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS")
@@ -49,7 +50,7 @@ STEP_JOBS = ("chief", "worker")  # the tasks that run training steps; ps, tf.dat
 
 
 def problem(setting) -> Optional[Problem]:
-    if setting == AUTO or isinstance(setting, int) and not isinstance(setting, bool) and setting >= 0:
+    if setting == AUTO or is_whole(setting) and setting >= 0:
         return None
     return Problem("cluster.task_threads", setting, "allowed: auto, or a whole number of threads (0: TensorFlow's own, every core)")
 
