@@ -42,7 +42,7 @@ def problems(cfg: DictConfig, run_dir: Optional[str]) -> List[Problem]:
 def names(cfg: DictConfig) -> List[str]:
     """The first names of the paths the configured loggers and shipped callbacks write in the run dir."""
     # What each built-in logger writes, when it is on (its class says: tfdistx/loggers/).
-    group = OmegaConf.to_container(cfg.logger) if OmegaConf.is_dict(cfg.logger) else {}
+    group = OmegaConf.to_container(cfg.logger, resolve=True) if OmegaConf.is_dict(cfg.logger) else {}
     written = [name for row in builtin_loggers.built_in() if row.settings(group) is not None for name in row.files]
     for _, callback in _callbacks(cfg):
         key, default = CALLBACK_FILES[current(callback.get("_target_"))]
