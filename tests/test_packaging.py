@@ -4,6 +4,7 @@ install selects: test_unit_packaging.py.)"""
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -13,7 +14,12 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_wheel_ships_configs_and_recipes_and_runs_from_elsewhere(tmp_path):
-    build = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(tmp_path), str(ROOT)],
+    # Built from a copy: setuptools writes build/ and *.egg-info beside the sources, and a build/lib left in the
+    # checkout would outlive the suite and put its stale modules into the next wheel.
+    source = tmp_path / "source"
+    shutil.copytree(ROOT, source, symlinks=True, ignore=shutil.ignore_patterns(
+        ".git", ".venv", "build", "dist", "*.egg-info", "outputs", "multirun", "wandb", "site", "__pycache__", ".*_cache"))
+    build = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(tmp_path), str(source)],
                            capture_output=True, text=True, timeout=600)
     assert build.returncode == 0, build.stderr[-3000:]
     wheel = next(tmp_path.glob("tfdistx-*.whl"))
