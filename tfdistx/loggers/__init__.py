@@ -59,11 +59,6 @@ class BuiltInLogger:
         return taken or None
 
     @classmethod
-    def switch(cls) -> str:
-        """The key that turns it on: `csv`, or `wandb.enabled`."""
-        return cls.name if cls.keys() is None else f"{cls.name}.enabled"
-
-    @classmethod
     def settings(cls, group: Mapping[str, Any]) -> Optional[dict]:
         """The keys it is built with, as the logger group (plain data) sets
         them, with its defaults; None when it is off."""

@@ -162,7 +162,7 @@ class Optimizer:
 @dataclass(frozen=True)
 class Logger:
     """The logger group: the built-in loggers a run has (tfdistx/loggers/'s
-    classes, each a Target of its class and keys, in the table's order), and the
+    classes, each a Target of its class and keys, in built_in()'s order), and the
     user's own. metrics.jsonl is every chief's, and not here."""
 
     on: Mapping[str, Target]  # logger.NAME of a built-in logger that is on -> its class and keys
