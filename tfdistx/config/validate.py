@@ -234,7 +234,7 @@ def _trainer(trainer: DictConfig) -> list:
             problems.append(Problem(f"trainer.{key}", trainer[key], "must be at least 1"))
     if trainer.eval_every < 0:
         problems.append(Problem("trainer.eval_every", trainer.eval_every, "must be 0 (only at the end) or more"))
-    if trainer.jit_compile not in compute.JIT_COMPILE or isinstance(trainer.jit_compile, int) and not isinstance(trainer.jit_compile, bool):
+    if trainer.jit_compile not in compute.JIT_COMPILE or is_whole(trainer.jit_compile):
         problems.append(Problem("trainer.jit_compile", trainer.jit_compile, "allowed: true, false, auto"))
     per_call = trainer.get("steps_per_xla_call", "auto")
     if per_call != "auto" and not (is_whole(per_call) and per_call >= 1):
