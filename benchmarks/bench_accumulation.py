@@ -30,17 +30,37 @@ RATE, OVERHEAD = 60_000, 8
 
 def tfdistx_run(batch: int, accumulate: int, steps: int, steps_per_loop: int, *extra: str) -> float:
     with tempfile.TemporaryDirectory() as run_dir:
-        cmd = [sys.executable, "-m", "tfdistx", "strategy=one_device", "model=mlp", "data=synthetic",
-               f"data.batch_size={batch}", f"trainer.accumulate_steps={accumulate}", f"trainer.steps={steps}",
-               f"trainer.steps_per_loop={steps_per_loop}", f"trainer.log_every={steps}", "trainer.eval_every=0",
-               "trainer.eval_steps=1", "checkpoint.every_steps=0", "checkpoint.export=false", "logger.console=false",
-               "logger.tensorboard=false", f"hydra.run.dir={run_dir}", *extra]
+        cmd = [
+            sys.executable,
+            "-m",
+            "tfdistx",
+            "strategy=one_device",
+            "model=mlp",
+            "data=synthetic",
+            f"data.batch_size={batch}",
+            f"trainer.accumulate_steps={accumulate}",
+            f"trainer.steps={steps}",
+            f"trainer.steps_per_loop={steps_per_loop}",
+            f"trainer.log_every={steps}",
+            "trainer.eval_every=0",
+            "trainer.eval_steps=1",
+            "checkpoint.every_steps=0",
+            "checkpoint.export=false",
+            "logger.console=false",
+            "logger.tensorboard=false",
+            f"hydra.run.dir={run_dir}",
+            *extra,
+        ]
         run(cmd, env=_env())
         return json.loads((Path(run_dir) / "summary.json").read_text())["examples_per_sec"]
 
 
 def _env():
-    return {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONPATH": os.pathsep.join([str(HERE.parent), os.environ.get("PYTHONPATH", "")])}
+    return {
+        **os.environ,
+        "TF_CPP_MIN_LOG_LEVEL": "2",
+        "PYTHONPATH": os.pathsep.join([str(HERE.parent), os.environ.get("PYTHONPATH", "")]),
+    }
 
 
 def main():
@@ -58,17 +78,27 @@ def main():
     contenders = {
         "auto": lambda: tfdistx_run(b, n, steps, loop),
         "jit_compile=false": lambda: tfdistx_run(b, n, steps, loop, "trainer.jit_compile=false"),
-        "jit_compile=true, 1 step per XLA call": lambda: tfdistx_run(b, n, steps, loop, "trainer.jit_compile=true",
-                                                                     "trainer.steps_per_xla_call=1"),
-        "jit_compile=true, 10 steps per XLA call": lambda: tfdistx_run(b, n, steps, loop, "trainer.jit_compile=true",
-                                                                       "trainer.steps_per_xla_call=10"),
-        f"one batch of {b * n}, jit_compile=false": lambda: tfdistx_run(b * n, 1, steps, loop, "trainer.jit_compile=false"),
-        f"one batch of {b * n}, jit_compile=true": lambda: tfdistx_run(b * n, 1, steps, loop, "trainer.jit_compile=true",
-                                                                      "trainer.steps_per_xla_call=1"),
+        "jit_compile=true, 1 step per XLA call": lambda: tfdistx_run(
+            b, n, steps, loop, "trainer.jit_compile=true", "trainer.steps_per_xla_call=1"
+        ),
+        "jit_compile=true, 10 steps per XLA call": lambda: tfdistx_run(
+            b, n, steps, loop, "trainer.jit_compile=true", "trainer.steps_per_xla_call=10"
+        ),
+        f"one batch of {b * n}, jit_compile=false": lambda: tfdistx_run(
+            b * n, 1, steps, loop, "trainer.jit_compile=false"
+        ),
+        f"one batch of {b * n}, jit_compile=true": lambda: tfdistx_run(
+            b * n, 1, steps, loop, "trainer.jit_compile=true", "trainer.steps_per_xla_call=1"
+        ),
     }
     say_estimate([(len(contenders) * args.repeats, OVERHEAD + steps * b * n / RATE, "tfdistx")], args.quick)
     print(f"{os.cpu_count()} cores", flush=True)
-    compare(contenders, args.repeats, f"MLP 784-128-10, one device, {n} micro-batches of {b} a step, {steps} steps", ours="auto")
+    compare(
+        contenders,
+        args.repeats,
+        f"MLP 784-128-10, one device, {n} micro-batches of {b} a step, {steps} steps",
+        ours="auto",
+    )
 
 
 if __name__ == "__main__":

@@ -45,14 +45,32 @@ def measure(workers: int) -> dict:
     """One run's pauses across `workers` namespace nodes, in seconds: lost and back, each (to the round line, to the first step)."""
     with tempfile.TemporaryDirectory() as scratch, Nodes(workers) as nodes:
         run_dir = Path(scratch, "run")
-        cmd = [sys.executable, "-m", "tfdistx", "strategy=multiworker", f"cluster.workers={workers // 2}:{workers}", "cluster.launch=agent",
-               f"cluster.agent.store={Nodes.address(1)}:{STORE_PORT}", "cluster.elastic.join_grace=1", "cluster.elastic.lost_bound=3",
-               "data=synthetic", "data.batch_size=48", "trainer.steps=1000000", "trainer.steps_per_loop=1", "trainer.log_every=1",
-               "trainer.eval_every=0", "checkpoint.every_steps=50", "checkpoint.export=false", "logger.tensorboard=false",
-               f"hydra.run.dir={run_dir}"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "tfdistx",
+            "strategy=multiworker",
+            f"cluster.workers={workers // 2}:{workers}",
+            "cluster.launch=agent",
+            f"cluster.agent.store={Nodes.address(1)}:{STORE_PORT}",
+            "cluster.elastic.join_grace=1",
+            "cluster.elastic.lost_bound=3",
+            "data=synthetic",
+            "data.batch_size=48",
+            "trainer.steps=1000000",
+            "trainer.steps_per_loop=1",
+            "trainer.log_every=1",
+            "trainer.eval_every=0",
+            "checkpoint.every_steps=50",
+            "checkpoint.export=false",
+            "logger.tensorboard=false",
+            f"hydra.run.dir={run_dir}",
+        ]
         env = {**os.environ, "TMPDIR": scratch}  # TensorFlow's autograph files: removed with the scratch dir
-        agents = [nodes.start(n, cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
-                  for n in range(1, workers + 1)]
+        agents = [
+            nodes.start(n, cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
+            for n in range(1, workers + 1)
+        ]
         keeper = agents[0]
         wait_for(lambda: steps_in_round(run_dir, 1) >= 5, keeper, "round 1's fifth step")
         lost = time.monotonic()
@@ -75,20 +93,34 @@ def main() -> None:
     args = pause_arguments(__doc__.splitlines()[0], "nodes")
     if not can_make_nodes():
         sys.exit("this machine does not allow unprivileged network namespaces: no nodes to run agents on")
-    say_estimate([(2 * args.repeats * len(args.workers), 40 + 5 * max(args.workers), "a run that loses a node and gets it back")],
-                 quick=args.quick)
+    say_estimate(
+        [
+            (
+                2 * args.repeats * len(args.workers),
+                40 + 5 * max(args.workers),
+                "a run that loses a node and gets it back",
+            )
+        ],
+        quick=args.quick,
+    )
     load = os.getloadavg()[0]
     results = {}
     for workers in args.workers:
         for _ in range(args.repeats):  # alternating, so that the machine's load falls on both alike
             results.setdefault(("agents, link cut", workers), []).append(measure(workers))
             results.setdefault(("local launcher", workers), []).append(measure_local(workers))
-    print(f"pauses of a lost and a returning node, seconds, median of {args.repeats} "
-          f"(1-min load average {load:.1f} before, {os.getloadavg()[0]:.1f} after)")
-    print(f"{'':<20}{'workers':<14}{'loss -> round':>15}{'round -> step':>15}{'return -> round':>17}{'round -> step':>15}")
+    print(
+        f"pauses of a lost and a returning node, seconds, median of {args.repeats} "
+        f"(1-min load average {load:.1f} before, {os.getloadavg()[0]:.1f} after)"
+    )
+    print(
+        f"{'':<20}{'workers':<14}{'loss -> round':>15}{'round -> step':>15}{'return -> round':>17}{'round -> step':>15}"
+    )
     for (how, workers), runs in results.items():
         cells = pause_cells(runs)
-        print(f"{how:<20}{f'{workers} -> {workers - 1} -> {workers}':<14}{cells[0]:>15.1f}{cells[1]:>15.1f}{cells[2]:>17.1f}{cells[3]:>15.1f}")
+        print(
+            f"{how:<20}{f'{workers} -> {workers - 1} -> {workers}':<14}{cells[0]:>15.1f}{cells[1]:>15.1f}{cells[2]:>17.1f}{cells[3]:>15.1f}"
+        )
 
 
 if __name__ == "__main__":

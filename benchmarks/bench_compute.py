@@ -32,7 +32,13 @@ HERE = Path(__file__).resolve().parent
 MODELS = {
     # name: (tfdistx overrides, keras_fit_baseline.py arguments, batch, steps, steps per tf.function call)
     "mlp": (["model=mlp", "model.hidden_units=[1024,1024]"], ["--model=mlp", "--hidden=1024,1024"], 1024, 200, 20),
-    "resnet": (["model=resnet", "data.image_shape=[32,32,3]"], ["--model=resnet", "--image-shape=32,32,3"], 128, 60, 10),
+    "resnet": (
+        ["model=resnet", "data.image_shape=[32,32,3]"],
+        ["--model=resnet", "--image-shape=32,32,3"],
+        128,
+        60,
+        10,
+    ),
 }
 QUICK_DIVISOR = 4  # --quick: steps and steps per call divided by this
 # For the estimate, measured on this project's 2-core machine (docs/performance.md): examples/s in float32, and the
@@ -53,11 +59,26 @@ def tfdistx_run(model: str, *extra: str, quick: bool = False) -> float:
     if quick:
         steps, per_loop = steps // QUICK_DIVISOR, max(per_loop // QUICK_DIVISOR, 1)
     with tempfile.TemporaryDirectory() as run_dir:
-        cmd = [sys.executable, "-m", "tfdistx", "strategy=one_device", "data=synthetic", *overrides, *extra,
-               f"data.batch_size={batch}", f"trainer.steps={steps}", f"trainer.steps_per_loop={per_loop}",
-               f"trainer.log_every={steps}", "trainer.eval_every=0", "trainer.eval_steps=1",
-               "checkpoint.every_steps=0", "checkpoint.export=false", "logger.console=false", "logger.tensorboard=false",
-               f"hydra.run.dir={run_dir}"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "tfdistx",
+            "strategy=one_device",
+            "data=synthetic",
+            *overrides,
+            *extra,
+            f"data.batch_size={batch}",
+            f"trainer.steps={steps}",
+            f"trainer.steps_per_loop={per_loop}",
+            f"trainer.log_every={steps}",
+            "trainer.eval_every=0",
+            "trainer.eval_steps=1",
+            "checkpoint.every_steps=0",
+            "checkpoint.export=false",
+            "logger.console=false",
+            "logger.tensorboard=false",
+            f"hydra.run.dir={run_dir}",
+        ]
         run(cmd, env=_env())
         return json.loads((Path(run_dir) / "summary.json").read_text())["examples_per_sec"]
 
@@ -65,8 +86,14 @@ def tfdistx_run(model: str, *extra: str, quick: bool = False) -> float:
 def keras_fit(model: str, steps_per_execution: int, jit_compile: bool = True, quick: bool = False) -> float:
     _, arguments, batch, steps, _ = MODELS[model]
     steps = steps // QUICK_DIVISOR if quick else steps
-    cmd = [sys.executable, str(HERE / "keras_fit_baseline.py"), *arguments, f"--batch={batch}", f"--steps={steps}",
-           f"--steps-per-execution={steps_per_execution}"] + (["--jit-compile"] if jit_compile else [])
+    cmd = [
+        sys.executable,
+        str(HERE / "keras_fit_baseline.py"),
+        *arguments,
+        f"--batch={batch}",
+        f"--steps={steps}",
+        f"--steps-per-execution={steps_per_execution}",
+    ] + (["--jit-compile"] if jit_compile else [])
     out = run(cmd, env=_env())
     return json.loads(out.stdout.strip().splitlines()[-1])["examples_per_sec"]
 
@@ -78,13 +105,20 @@ def matmul_gflops() -> float:
 
 def tuned_steps_per_execution(model: str, candidates) -> int:
     speeds = {spe: keras_fit(model, spe) for spe in candidates}
-    print(f"{model}: keras fit (XLA) examples/s by steps_per_execution: "
-          + ", ".join(f"{spe}: {v:,.0f}" for spe, v in speeds.items()), flush=True)
+    print(
+        f"{model}: keras fit (XLA) examples/s by steps_per_execution: "
+        + ", ".join(f"{spe}: {v:,.0f}" for spe, v in speeds.items()),
+        flush=True,
+    )
     return max(speeds, key=speeds.get)
 
 
 def _env():
-    return {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONPATH": os.pathsep.join([str(HERE.parent), os.environ.get("PYTHONPATH", "")])}
+    return {
+        **os.environ,
+        "TF_CPP_MIN_LOG_LEVEL": "2",
+        "PYTHONPATH": os.pathsep.join([str(HERE.parent), os.environ.get("PYTHONPATH", "")]),
+    }
 
 
 def main():
@@ -105,10 +139,15 @@ def main():
         seconds = lambda steps: OVERHEAD[model] + steps * batch / RATE[model]  # noqa: E731
         warm_up = lambda spe: max(2 * spe, 20)  # keras_fit_baseline.py's untimed first fit  # noqa: E731
         if len(candidates) > 1:
-            estimate += [(1, seconds(steps + warm_up(spe)), f"{model}, tuning fit, steps_per_execution={spe}") for spe in candidates]
+            estimate += [
+                (1, seconds(steps + warm_up(spe)), f"{model}, tuning fit, steps_per_execution={spe}")
+                for spe in candidates
+            ]
         ours, fits = ((1, 1) if model == "resnet" else (2, 2)) if args.quick else (3, 2)
-        estimate += [(ours * args.repeats, seconds(steps), f"{model}, tfdistx, {steps} steps"),
-                     (fits * args.repeats, seconds(steps + warm_up(max(candidates))), f"{model}, keras fit, {steps} steps")]
+        estimate += [
+            (ours * args.repeats, seconds(steps), f"{model}, tfdistx, {steps} steps"),
+            (fits * args.repeats, seconds(steps + warm_up(max(candidates))), f"{model}, keras fit, {steps} steps"),
+        ]
     estimate.append((args.repeats if "mlp" in models else 0, 8, "the matmul rate"))
     say_estimate(estimate, args.quick)
     print(f"{os.cpu_count()} cores", flush=True)
@@ -120,7 +159,9 @@ def main():
         contenders = {
             "tfdistx": lambda: tfdistx_run(model, "trainer.jit_compile=false", quick=quick),
             "tfdistx XLA": lambda: tfdistx_run(model, "trainer.jit_compile=true", quick=quick),
-            "tfdistx XLA mixed_bfloat16": lambda: tfdistx_run(model, "trainer.jit_compile=true", "trainer.precision=mixed_bfloat16"),
+            "tfdistx XLA mixed_bfloat16": lambda: tfdistx_run(
+                model, "trainer.jit_compile=true", "trainer.precision=mixed_bfloat16"
+            ),
             f"keras fit XLA (steps_per_execution={spe})": lambda: keras_fit(model, spe, quick=quick),
             f"keras fit (steps_per_execution={spe})": lambda: keras_fit(model, spe, jit_compile=False, quick=quick),
         }
@@ -132,12 +173,16 @@ def main():
             contenders["matmul rate (as MLP examples/s)"] = lambda: matmul_gflops() * 1e9 / mlp_training_flops()
         _, _, batch, steps, _ = MODELS[model]
         steps = steps // QUICK_DIVISOR if quick else steps
-        medians = compare(contenders, args.repeats, f"{model}, one device, batch {batch}, {steps} steps", ours="tfdistx")
+        medians = compare(
+            contenders, args.repeats, f"{model}, one device, batch {batch}, {steps} steps", ours="tfdistx"
+        )
         if model == "mlp":
             peak = medians["matmul rate (as MLP examples/s)"]
             for name in (n for n in ("tfdistx", "tfdistx XLA", "tfdistx XLA mixed_bfloat16") if n in medians):
                 gflops = medians[name] * mlp_training_flops() / 1e9
-                print(f"  {name}: {gflops:,.1f} GFLOP/s = {medians[name] / peak:.2f} of the fp32 matmul rate ({peak * mlp_training_flops() / 1e9:,.1f} GFLOP/s)")
+                print(
+                    f"  {name}: {gflops:,.1f} GFLOP/s = {medians[name] / peak:.2f} of the fp32 matmul rate ({peak * mlp_training_flops() / 1e9:,.1f} GFLOP/s)"
+                )
 
 
 if __name__ == "__main__":

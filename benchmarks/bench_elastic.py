@@ -35,21 +35,41 @@ from pathlib import Path
 from side_by_side import interruptible, killed_if_left, log_of, say_estimate, task_pid, wait_for
 
 
-
 def measure(workers: int) -> dict:
     """One run's pauses, in seconds: lost (edit -> round line -> first step), back (the same)."""
     hosts = [f"127.0.0.{n}" for n in range(1, workers + 1)]
     with tempfile.TemporaryDirectory() as scratch:
         listed, run_dir = Path(scratch, "hosts"), Path(scratch, "run")
         listed.write_text("\n".join(hosts) + "\n")
-        cmd = [sys.executable, "-m", "tfdistx", "strategy=multiworker", f"cluster.workers={workers // 2}:{workers}",
-               f"cluster.elastic.hosts={listed}", "cluster.elastic.join_grace=1", "cluster.elastic.lost_bound=1",
-               "data=synthetic", "data.batch_size=48", "trainer.steps=1000000", "trainer.steps_per_loop=1", "trainer.log_every=1",
-               "trainer.eval_every=0", "checkpoint.every_steps=50", "checkpoint.export=false", "logger.tensorboard=false",
-               f"hydra.run.dir={run_dir}"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "tfdistx",
+            "strategy=multiworker",
+            f"cluster.workers={workers // 2}:{workers}",
+            f"cluster.elastic.hosts={listed}",
+            "cluster.elastic.join_grace=1",
+            "cluster.elastic.lost_bound=1",
+            "data=synthetic",
+            "data.batch_size=48",
+            "trainer.steps=1000000",
+            "trainer.steps_per_loop=1",
+            "trainer.log_every=1",
+            "trainer.eval_every=0",
+            "checkpoint.every_steps=50",
+            "checkpoint.export=false",
+            "logger.tensorboard=false",
+            f"hydra.run.dir={run_dir}",
+        ]
         # TensorFlow's autograph files go to TMPDIR, and a killed task removes none: in the scratch dir, removed with it.
-        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
-                                start_new_session=True, env={**os.environ, "TMPDIR": scratch})
+        proc = subprocess.Popen(
+            cmd,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            env={**os.environ, "TMPDIR": scratch},
+        )
         with killed_if_left(proc):
             wait_for(lambda: steps_in_round(run_dir, 1) >= 5, proc, "round 1's fifth step")
             lost = time.monotonic()
@@ -65,10 +85,6 @@ def measure(workers: int) -> dict:
             proc.send_signal(signal.SIGTERM)  # checkpoint and leave (exit 42)
             proc.wait(timeout=120)
     return {"lost": (lost_said - lost, lost_trains - lost_said), "back": (back_said - back, back_trains - back_said)}
-
-
-
-
 
 
 def said(run_dir: Path, number: int) -> bool:
@@ -108,15 +124,21 @@ def pause_cells(runs: list) -> list:
 
 def main() -> None:
     args = pause_arguments(__doc__.splitlines()[0], "workers")
-    say_estimate([(args.repeats * len(args.workers), 30 + 5 * max(args.workers), "a run that loses a host and gets it back")],
-                 quick=args.quick)
+    say_estimate(
+        [(args.repeats * len(args.workers), 30 + 5 * max(args.workers), "a run that loses a host and gets it back")],
+        quick=args.quick,
+    )
     load = os.getloadavg()[0]
     results = {workers: [measure(workers) for _ in range(args.repeats)] for workers in args.workers}
-    print(f"elastic pauses, seconds, median of {args.repeats} (1-min load average {load:.1f} before, {os.getloadavg()[0]:.1f} after)")
+    print(
+        f"elastic pauses, seconds, median of {args.repeats} (1-min load average {load:.1f} before, {os.getloadavg()[0]:.1f} after)"
+    )
     print(f"{'workers':<24}{'loss -> round':>16}{'round -> step':>16}{'return -> round':>18}{'round -> step':>16}")
     for workers, runs in results.items():
         cells = pause_cells(runs)
-        print(f"{f'{workers} -> {workers - 1} -> {workers}':<24}{cells[0]:>16.1f}{cells[1]:>16.1f}{cells[2]:>18.1f}{cells[3]:>16.1f}")
+        print(
+            f"{f'{workers} -> {workers - 1} -> {workers}':<24}{cells[0]:>16.1f}{cells[1]:>16.1f}{cells[2]:>18.1f}{cells[3]:>16.1f}"
+        )
 
 
 if __name__ == "__main__":

@@ -38,10 +38,25 @@ def env():
 
 def training(data: list, model: str, steps: int) -> float:
     with tempfile.TemporaryDirectory() as run_dir:
-        cmd = [sys.executable, "-m", "tfdistx", "strategy=one_device", f"model={model}", *data, "data.batch_size=128",
-               f"trainer.steps={steps}", "trainer.steps_per_loop=100", f"trainer.log_every={steps}", "trainer.eval_every=0",
-               "trainer.eval_steps=1", "checkpoint.every_steps=0", "checkpoint.export=false", "logger.console=false",
-               "logger.tensorboard=false", f"hydra.run.dir={run_dir}"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "tfdistx",
+            "strategy=one_device",
+            f"model={model}",
+            *data,
+            "data.batch_size=128",
+            f"trainer.steps={steps}",
+            "trainer.steps_per_loop=100",
+            f"trainer.log_every={steps}",
+            "trainer.eval_every=0",
+            "trainer.eval_steps=1",
+            "checkpoint.every_steps=0",
+            "checkpoint.export=false",
+            "logger.console=false",
+            "logger.tensorboard=false",
+            f"hydra.run.dir={run_dir}",
+        ]
         run(cmd, env=env())
         return json.loads((Path(run_dir) / "summary.json").read_text())["examples_per_sec"]
 
@@ -89,37 +104,82 @@ def main():
     # and source, tabular rows at about 350k whatever the source but CSV (150k); `data write` takes ~5 s a format.
     speeds = {"mlp": (90_000, 77_000, 5_400), "cnn": (5_000, 5_000, 4_000)}
     examples = args.steps * 128
-    say_estimate([(4, 5, "data write"),
-                  *[(args.repeats, 5 + examples / speed, f"{model}, {source}") for model in models
-                    for source, speed in zip(("in memory", "TFRecord", "CSV"), speeds[model])],
-                  (2 * args.repeats, 5 + examples / 350_000, "tabular, memory and TFRecord"),
-                  (args.repeats, 5 + examples / 150_000, "tabular, CSV"),
-                  (6 * args.repeats, 4.5 + alone * 128 / 100_000, "input alone")], args.quick)
+    say_estimate(
+        [
+            (4, 5, "data write"),
+            *[
+                (args.repeats, 5 + examples / speed, f"{model}, {source}")
+                for model in models
+                for source, speed in zip(("in memory", "TFRecord", "CSV"), speeds[model])
+            ],
+            (2 * args.repeats, 5 + examples / 350_000, "tabular, memory and TFRecord"),
+            (args.repeats, 5 + examples / 150_000, "tabular, CSV"),
+            (6 * args.repeats, 4.5 + alone * 128 / 100_000, "input alone"),
+        ],
+        args.quick,
+    )
 
     with tempfile.TemporaryDirectory(prefix="bench-input-") as scratch:
         images = sources(Path(scratch) / "images", "data=synthetic", csv_extra=["data.feature_shape=[28,28,1]"])
         rows = sources(Path(scratch) / "rows", "data=synthetic_regression", extra=["task=regression"])
         relative = lambda medians, name: medians[name] / medians["in memory"]  # noqa: E731
         for model in models:
-            table({name: (lambda d=data: training(d, model, args.steps)) for name, data in images.items()}, args.repeats,
-                  f"Training, model={model}, MNIST-shaped rows (784 floats), one device, batch 128, {args.steps} steps "
-                  f"({os.cpu_count()} cores)", "vs in memory", relative)
+            table(
+                {name: (lambda d=data: training(d, model, args.steps)) for name, data in images.items()},
+                args.repeats,
+                f"Training, model={model}, MNIST-shaped rows (784 floats), one device, batch 128, {args.steps} steps "
+                f"({os.cpu_count()} cores)",
+                "vs in memory",
+                relative,
+            )
             print()
-        table({name: (lambda d=data: training(d, "mlp", args.steps)) for name, data in rows.items()}, args.repeats,
-              f"Training, model=mlp, tabular rows (16 floats, regression), one device, batch 128, {args.steps} steps",
-              "vs in memory", relative)
+        table(
+            {name: (lambda d=data: training(d, "mlp", args.steps)) for name, data in rows.items()},
+            args.repeats,
+            f"Training, model=mlp, tabular rows (16 floats, regression), one device, batch 128, {args.steps} steps",
+            "vs in memory",
+            relative,
+        )
         print()
-        table({name: (lambda d=data: input_alone(d, alone)) for name, data in {**images, **{f"{k}, tabular": v for k, v in rows.items()}}.items()},
-              args.repeats, f"Input alone (no model): {alone} batches of 128 after 50 of warm-up", "vs in memory", relative)
+        table(
+            {
+                name: (lambda d=data: input_alone(d, alone))
+                for name, data in {**images, **{f"{k}, tabular": v for k, v in rows.items()}}.items()
+            },
+            args.repeats,
+            f"Input alone (no model): {alone} batches of 128 after 50 of warm-up",
+            "vs in memory",
+            relative,
+        )
 
 
 def sources(out: Path, data: str, extra=(), csv_extra=()) -> dict:
     """The in-memory source and the same examples written as TFRecord and CSV files."""
     found = {"in memory": [data, *extra]}
     for fmt, name in (("tfrecord", "TFRecord files"), ("csv", "CSV files")):
-        run([sys.executable, "-m", "tfdistx", "data", "write", data, "--out", str(out / fmt), "--shards", "8",
-             "--format", fmt], env=env())
-        found[name] = [f"data={fmt}", f"data.train_files={out / fmt}/train-*", *extra, *(csv_extra if fmt == "csv" else [])]
+        run(
+            [
+                sys.executable,
+                "-m",
+                "tfdistx",
+                "data",
+                "write",
+                data,
+                "--out",
+                str(out / fmt),
+                "--shards",
+                "8",
+                "--format",
+                fmt,
+            ],
+            env=env(),
+        )
+        found[name] = [
+            f"data={fmt}",
+            f"data.train_files={out / fmt}/train-*",
+            *extra,
+            *(csv_extra if fmt == "csv" else []),
+        ]
     return found
 
 

@@ -52,17 +52,45 @@ def main() -> int:
     if mpiexec is None:
         print("needs MPI's launcher: pip install mpich mpi4py", file=sys.stderr)
         return 2
-    one = json.loads(subprocess.run([sys.executable, __file__, "--rank-of", "1", "--steps", str(args.steps)],
-                                    env={**os.environ, "BENCH_ONE_PROCESS": "1"}, check=True, capture_output=True, text=True).stdout)
+    one = json.loads(
+        subprocess.run(
+            [sys.executable, __file__, "--rank-of", "1", "--steps", str(args.steps)],
+            env={**os.environ, "BENCH_ONE_PROCESS": "1"},
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout
+    )
     print(f"one process, batch {BATCH}: {one['none']:.3f} ms a step\n")
-    print(f"{'workers':>7} | " + " | ".join(f"{mode:>12}" for mode in MODES) + " | alpha grpc | alpha mpi | grpc / one | mpi / one")
+    print(
+        f"{'workers':>7} | "
+        + " | ".join(f"{mode:>12}" for mode in MODES)
+        + " | alpha grpc | alpha mpi | grpc / one | mpi / one"
+    )
     for workers in args.workers:
-        out = subprocess.run([mpiexec, "-n", str(workers), sys.executable, __file__, "--rank-of", str(workers), "--steps", str(args.steps)],
-                             check=True, capture_output=True, text=True).stdout
+        out = subprocess.run(
+            [
+                mpiexec,
+                "-n",
+                str(workers),
+                sys.executable,
+                __file__,
+                "--rank-of",
+                str(workers),
+                "--steps",
+                str(args.steps),
+            ],
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout
         ms = json.loads(out.strip().splitlines()[-1])
-        print(f"{workers:>7} | " + " | ".join(f"{ms[mode]:>12.3f}" for mode in MODES)
-              + f" | {ms['1 float grpc'] - ms['none']:>10.3f} | {ms['1 float mpi'] - ms['none']:>9.3f}"
-              + f" | {one['none'] / ms['grpc']:>9.2f}x | {one['none'] / ms['mpi']:>8.2f}x")
+        print(
+            f"{workers:>7} | "
+            + " | ".join(f"{ms[mode]:>12.3f}" for mode in MODES)
+            + f" | {ms['1 float grpc'] - ms['none']:>10.3f} | {ms['1 float mpi'] - ms['none']:>9.3f}"
+            + f" | {one['none'] / ms['grpc']:>9.2f}x | {one['none'] / ms['mpi']:>8.2f}x"
+        )
     print("\nms a step (least of three calls); the ratios are examples/s against one process with the whole batch")
     return 0
 
@@ -74,11 +102,17 @@ def worker(workers: int, steps: int) -> int:
         rank, comm = 0, None
     else:
         from mpi4py import MPI
+
         comm, rank = MPI.COMM_WORLD, MPI.COMM_WORLD.rank
-        os.environ["TF_CONFIG"] = json.dumps({"cluster": {"worker": [f"127.0.0.1:{24500 + i}" for i in range(workers)]},
-                                              "task": {"type": "worker", "index": rank}})
+        os.environ["TF_CONFIG"] = json.dumps(
+            {
+                "cluster": {"worker": [f"127.0.0.1:{24500 + i}" for i in range(workers)]},
+                "task": {"type": "worker", "index": rank},
+            }
+        )
         sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
         from tfdistx.spec.threads import environment, task_threads
+
         threads, _ = task_threads("auto", {"worker": workers})
         os.environ.update(environment(threads))  # as tfdistx's launcher gives a local cluster's task
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
@@ -87,6 +121,7 @@ def worker(workers: int, steps: int) -> int:
 
     if not alone:
         from tfdistx.internals.tensorflow import disable_thread_spinning
+
         disable_thread_spinning()  # as a local cluster's task (engine/join.py)
     strategy = tf.distribute.get_strategy() if alone else tf.distribute.MultiWorkerMirroredStrategy()
     rng = np.random.default_rng(rank)
@@ -94,7 +129,10 @@ def worker(workers: int, steps: int) -> int:
     x = tf.constant(rng.standard_normal((per_worker, 784)), tf.float32)
     y = tf.constant(rng.integers(0, 10, per_worker), tf.int32)
     with strategy.scope():
-        variables = [tf.Variable(rng.standard_normal(shape).astype(np.float32) * 0.01) for shape in ((784, 128), (128,), (128, 10), (10,))]
+        variables = [
+            tf.Variable(rng.standard_normal(shape).astype(np.float32) * 0.01)
+            for shape in ((784, 128), (128,), (128, 10), (10,))
+        ]
     sizes = [int(np.prod(v.shape)) for v in variables]
     summed = np.empty(sum(sizes), np.float32)
     one = np.empty(1, np.float32)
@@ -112,7 +150,9 @@ def worker(workers: int, steps: int) -> int:
     def step(mode):
         with tf.GradientTape() as tape:
             hidden = tf.nn.relu(x @ variables[0] + variables[1])
-            loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(y, hidden @ variables[2] + variables[3]))
+            loss = tf.reduce_mean(
+                tf.nn.sparse_softmax_cross_entropy_with_logits(y, hidden @ variables[2] + variables[3])
+            )
         grads = tape.gradient(loss, variables)
         context = tf.distribute.get_replica_context()
         if mode == "grpc":
@@ -121,7 +161,11 @@ def worker(workers: int, steps: int) -> int:
             flat = mpi(tf.concat([tf.reshape(g, [-1]) for g in grads], 0))
             grads = [tf.reshape(part, v.shape) for part, v in zip(tf.split(flat, sizes), variables)]
         elif mode.startswith("1 float"):  # one all-reduce of one float, added to every gradient
-            tiny = context.all_reduce(tf.distribute.ReduceOp.SUM, tf.zeros([1])) if mode == "1 float grpc" else mpi(tf.zeros([1]))
+            tiny = (
+                context.all_reduce(tf.distribute.ReduceOp.SUM, tf.zeros([1]))
+                if mode == "1 float grpc"
+                else mpi(tf.zeros([1]))
+            )
             grads = [g + tiny[0] for g in grads]
         for v, g in zip(variables, grads):
             v.assign_sub(0.01 * g)
@@ -129,7 +173,10 @@ def worker(workers: int, steps: int) -> int:
     def loop_of(mode):
         @tf.function(autograph=False)
         def loop(n):
-            return tf.while_loop(lambda i: i < n, lambda i: (strategy.run(step, args=(mode,)), i + 1)[1], [tf.constant(0)])
+            return tf.while_loop(
+                lambda i: i < n, lambda i: (strategy.run(step, args=(mode,)), i + 1)[1], [tf.constant(0)]
+            )
+
         return loop
 
     modes = ("none",) if alone else MODES

@@ -61,10 +61,22 @@ def ensure_tf_keras_venv() -> None:
 def tfdistx_run(batch: int, steps: int, steps_per_loop: int) -> float:
     with tempfile.TemporaryDirectory() as run_dir:
         cmd = [
-            sys.executable, "-m", "tfdistx", "strategy=multiworker", f"cluster={WORKERS}x1", "model=mlp", "data=synthetic",
-            f"data.batch_size={batch}", f"trainer.steps={steps}", f"trainer.steps_per_loop={steps_per_loop}",
-            f"trainer.log_every={steps}", "trainer.eval_every=0", "trainer.eval_steps=1",
-            "checkpoint.every_steps=0", "logger.console=false", "logger.tensorboard=false",
+            sys.executable,
+            "-m",
+            "tfdistx",
+            "strategy=multiworker",
+            f"cluster={WORKERS}x1",
+            "model=mlp",
+            "data=synthetic",
+            f"data.batch_size={batch}",
+            f"trainer.steps={steps}",
+            f"trainer.steps_per_loop={steps_per_loop}",
+            f"trainer.log_every={steps}",
+            "trainer.eval_every=0",
+            "trainer.eval_steps=1",
+            "checkpoint.every_steps=0",
+            "logger.console=false",
+            "logger.tensorboard=false",
             f"hydra.run.dir={run_dir}",
         ]
         _run(cmd)
@@ -72,13 +84,20 @@ def tfdistx_run(batch: int, steps: int, steps_per_loop: int) -> float:
 
 
 def tf_keras_fit(batch: int, steps: int, steps_per_execution: int) -> float:
-    worker = [str(VENV_PYTHON), str(HERE / "tf_keras_multiworker_worker.py"), f"--batch={batch}", f"--steps={steps}",
-              f"--steps-per-execution={steps_per_execution}"]
+    worker = [
+        str(VENV_PYTHON),
+        str(HERE / "tf_keras_multiworker_worker.py"),
+        f"--batch={batch}",
+        f"--steps={steps}",
+        f"--steps-per-execution={steps_per_execution}",
+    ]
     with tempfile.TemporaryDirectory() as log_dir:
         # The launcher tfdistx itself uses (isolation, TF_CONFIG, teardown), in
         # a child process so that the tasks' output goes to their log files only.
-        launch = (f"import sys; from tfdistx.cluster.launch import run_local_cluster; "
-                  f"sys.exit(run_local_cluster({{'worker': {WORKERS}}}, {worker!r}, {log_dir!r}, ['worker']))")
+        launch = (
+            f"import sys; from tfdistx.cluster.launch import run_local_cluster; "
+            f"sys.exit(run_local_cluster({{'worker': {WORKERS}}}, {worker!r}, {log_dir!r}, ['worker']))"
+        )
         _run([sys.executable, "-c", launch])
         lines = (Path(log_dir) / "worker-0.log").read_text().splitlines()
         result = json.loads([line for line in lines if line.startswith("{")][-1])
@@ -91,8 +110,11 @@ def tf_keras_fit(batch: int, steps: int, steps_per_execution: int) -> float:
 def _run(cmd) -> None:
     out = run(cmd, check=False, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
     if "NOT isolated" in out.stderr:
-        print("  WARNING: no private network namespace here: the workers' gRPC servers were reachable from the network",
-              file=sys.stderr, flush=True)
+        print(
+            "  WARNING: no private network namespace here: the workers' gRPC servers were reachable from the network",
+            file=sys.stderr,
+            flush=True,
+        )
     if out.returncode:
         sys.exit(f"failed ({out.returncode}): {' '.join(cmd)}\n{out.stdout[-3000:]}{out.stderr[-3000:]}")
 
@@ -101,7 +123,12 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batch", type=int, default=256, help="global batch, split across the 2 workers")
     parser.add_argument("--steps", type=int, default=2000)
-    parser.add_argument("--steps-per-loop", type=int, default=100, help="tfdistx steps per tf.function call, and tuned fit's steps_per_execution")
+    parser.add_argument(
+        "--steps-per-loop",
+        type=int,
+        default=100,
+        help="tfdistx steps per tf.function call, and tuned fit's steps_per_execution",
+    )
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--quick", action="store_true", help="300 steps, one repeat: rough numbers")
     args = parser.parse_args()
@@ -111,19 +138,33 @@ def main():
     # ~29k examples/s, tf-keras 12-30k (after a warm-up fit of 50 or 2 x steps_per_execution steps). The venv: 25 s here,
     # with a fast network to PyPI.
     examples = args.steps * args.batch
-    say_estimate([(0 if (VENV / ".installed").exists() else 1, 60, f"making {VENV.name}, once"),
-                  (args.repeats, 6 + examples / 29_000, "tfdistx, 2 workers"),
-                  *[(args.repeats, 6 + (examples + max(2 * spe, 50) * args.batch) / 20_000, f"tf-keras fit, spe={spe}")
-                    for spe in (1, args.steps_per_loop)]], args.quick)
+    say_estimate(
+        [
+            (0 if (VENV / ".installed").exists() else 1, 60, f"making {VENV.name}, once"),
+            (args.repeats, 6 + examples / 29_000, "tfdistx, 2 workers"),
+            *[
+                (args.repeats, 6 + (examples + max(2 * spe, 50) * args.batch) / 20_000, f"tf-keras fit, spe={spe}")
+                for spe in (1, args.steps_per_loop)
+            ],
+        ],
+        args.quick,
+    )
     ensure_tf_keras_venv()
 
     contenders = {
         "tfdistx": lambda: tfdistx_run(args.batch, args.steps, args.steps_per_loop),
         "tf-keras fit (steps_per_execution=1)": lambda: tf_keras_fit(args.batch, args.steps, 1),
-        f"tf-keras fit (steps_per_execution={args.steps_per_loop})": lambda: tf_keras_fit(args.batch, args.steps, args.steps_per_loop),
+        f"tf-keras fit (steps_per_execution={args.steps_per_loop})": lambda: tf_keras_fit(
+            args.batch, args.steps, args.steps_per_loop
+        ),
     }
-    compare(contenders, args.repeats, f"MLP 784-128-10, MultiWorkerMirroredStrategy, {WORKERS} workers x 1 CPU replica, "
-                                      f"global batch {args.batch}, {args.steps} steps")
+    compare(
+        contenders,
+        args.repeats,
+        f"MLP 784-128-10, MultiWorkerMirroredStrategy, {WORKERS} workers x 1 CPU replica, "
+        f"global batch {args.batch}, {args.steps} steps",
+    )
+
 
 if __name__ == "__main__":
     interruptible(main)

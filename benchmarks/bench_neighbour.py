@@ -43,12 +43,30 @@ import tempfile
 import time
 from pathlib import Path
 
-from side_by_side import (PATIENCE_SECONDS, descendants, interruptible, killed_if_left, replay, say_estimate, table,
-                          tree_env, wait_for, worktree)
+from side_by_side import (
+    PATIENCE_SECONDS,
+    descendants,
+    interruptible,
+    killed_if_left,
+    replay,
+    say_estimate,
+    table,
+    tree_env,
+    wait_for,
+    worktree,
+)
 
 HERE = Path(__file__).resolve().parent
-RUN = ["strategy=multiworker", "cluster=2x1", "data=synthetic", "trainer.steps=100000000", "trainer.log_every=100",
-       "logger.tensorboard=false", "checkpoint.every_steps=0", "checkpoint.export=false"]
+RUN = [
+    "strategy=multiworker",
+    "cluster=2x1",
+    "data=synthetic",
+    "trainer.steps=100000000",
+    "trainer.log_every=100",
+    "logger.tensorboard=false",
+    "checkpoint.every_steps=0",
+    "checkpoint.export=false",
+]
 SETTLE, WARM, WINDOW = 2.0, 3.0, 6.0  # after the first record; after the neighbour starts; the measured window (s)
 TICKS = os.sysconf("SC_CLK_TCK")
 
@@ -73,9 +91,15 @@ def sample(tree: Path, overrides=(), busy: int = 1) -> dict:
     """One run beside one neighbour: {"alone": steps/s before the neighbour, "neighbour": % of a core, "cluster": % of a core}."""
     with tempfile.TemporaryDirectory() as scratch:
         run_dir = Path(scratch, "run")
-        proc = subprocess.Popen([sys.executable, "-m", "tfdistx", *RUN, *overrides, f"hydra.run.dir={run_dir}"], stdout=subprocess.DEVNULL,
-                                stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL, start_new_session=True,
-                                env=tree_env(scratch, tree), cwd=scratch)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "tfdistx", *RUN, *overrides, f"hydra.run.dir={run_dir}"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            env=tree_env(scratch, tree),
+            cwd=scratch,
+        )
         with killed_if_left(proc):
             metrics = run_dir / "metrics.jsonl"
             wait_for(lambda: metrics.exists() and metrics.stat().st_size > 0, proc, "the first record")
@@ -101,14 +125,20 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
     against = parser.add_mutually_exclusive_group()  # one contender beside this checkout
-    against.add_argument("--against", metavar="REV", help="this checkout against tfdistx at git revision REV, side by side")
-    against.add_argument("--nice", type=int, metavar="N", help="the cluster at cluster.nice=0 against cluster.nice=N, side by side")
+    against.add_argument(
+        "--against", metavar="REV", help="this checkout against tfdistx at git revision REV, side by side"
+    )
+    against.add_argument(
+        "--nice", type=int, metavar="N", help="the cluster at cluster.nice=0 against cluster.nice=N, side by side"
+    )
     parser.add_argument("--busy", type=int, default=1, metavar="N", help="the neighbour: N busy loops (default 1)")
     parser.add_argument("--quick", action="store_true", help="one repeat")
     args = parser.parse_args()
     repeats = 1 if args.quick else args.repeats
     autogroup = Path("/proc/sys/kernel/sched_autogroup_enabled")
-    print(f"{os.cpu_count()} cores; autogroup scheduler: {autogroup.read_text().strip() if autogroup.exists() else 'absent'}")
+    print(
+        f"{os.cpu_count()} cores; autogroup scheduler: {autogroup.read_text().strip() if autogroup.exists() else 'absent'}"
+    )
     with tempfile.TemporaryDirectory() as where:
         trees = {"this checkout": (HERE.parent, [])}
         if args.against:
@@ -123,14 +153,34 @@ def main() -> None:
                 def once():
                     measured[name].append(sample(*trees[name], busy=args.busy))
                     return measured[name][-1]["neighbour"]
+
                 return once
 
-            ratio = (lambda medians, name: medians[name] / medians["this checkout"])
-            table({name: measure(name) for name in trees}, repeats, "a busy neighbour's CPU beside a 2x1 cluster",
-                  "/ this checkout", ratio, unit="% of a core")
-            table(replay(measured, "cluster"), repeats, "the cluster's CPU beside it", "/ this checkout", ratio, unit="% of a core")
-            table(replay(measured, "alone"), repeats, "the cluster's steps/s alone, before the neighbour", "/ this checkout", ratio,
-                  unit="steps/s")
+            ratio = lambda medians, name: medians[name] / medians["this checkout"]
+            table(
+                {name: measure(name) for name in trees},
+                repeats,
+                "a busy neighbour's CPU beside a 2x1 cluster",
+                "/ this checkout",
+                ratio,
+                unit="% of a core",
+            )
+            table(
+                replay(measured, "cluster"),
+                repeats,
+                "the cluster's CPU beside it",
+                "/ this checkout",
+                ratio,
+                unit="% of a core",
+            )
+            table(
+                replay(measured, "alone"),
+                repeats,
+                "the cluster's steps/s alone, before the neighbour",
+                "/ this checkout",
+                ratio,
+                unit="steps/s",
+            )
 
 
 if __name__ == "__main__":

@@ -25,9 +25,20 @@ from pathlib import Path
 from side_by_side import interruptible, run, say_estimate
 
 HERE = Path(__file__).resolve().parent
-COMMON = ["strategy=parameter_server", "trainer.steps_per_loop=20", "trainer.log_every=1000", "trainer.eval_every=0",
-          "trainer.eval_steps=1", "checkpoint.every_steps=0", "checkpoint.export=false", "logger.tensorboard=false",
-          "logger.console=false", "cluster.max_restarts=0", "data.train_examples=4096", "data.eval_examples=256"]
+COMMON = [
+    "strategy=parameter_server",
+    "trainer.steps_per_loop=20",
+    "trainer.log_every=1000",
+    "trainer.eval_every=0",
+    "trainer.eval_steps=1",
+    "checkpoint.every_steps=0",
+    "checkpoint.export=false",
+    "logger.tensorboard=false",
+    "logger.console=false",
+    "cluster.max_restarts=0",
+    "data.train_examples=4096",
+    "data.eval_examples=256",
+]
 MODELS = {
     "mlp 784-128-10": ["model=mlp", "data.batch_size=128"],
     "mlp 784-1024-1024-10": ["model=mlp", "model.hidden_units=[1024,1024]", "data.batch_size=128"],
@@ -38,8 +49,10 @@ PARTITIONER = {"mlp 784-128-10": ["strategy.partitioner.min_shard_bytes=65536"]}
 
 
 def tfdistx(*args, run_dir) -> dict:
-    run([sys.executable, "-m", "tfdistx", *COMMON, *args, f"hydra.run.dir={run_dir}"],
-        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
+    run(
+        [sys.executable, "-m", "tfdistx", *COMMON, *args, f"hydra.run.dir={run_dir}"],
+        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"},
+    )
     return json.loads((Path(run_dir) / "summary.json").read_text())
 
 
@@ -47,7 +60,11 @@ def ways(model: str, ps: int) -> dict:
     """The contenders for one model: {name: overrides}."""
     split = PARTITIONER.get(model, ["strategy.partitioner=true"])
     if model.startswith("wide_deep"):  # model.shards follows cluster.ps unless given: 1 is "whole"
-        return {"whole": ["model.shards=1"], "partitioner": ["model.shards=1", *split], "by hand (model.shards=P)": [f"model.shards={ps}"]}
+        return {
+            "whole": ["model.shards=1"],
+            "partitioner": ["model.shards=1", *split],
+            "by hand (model.shards=P)": [f"model.shards={ps}"],
+        }
     return {"whole": [], "partitioner": split}
 
 
@@ -68,17 +85,31 @@ def main():
         for ps in counts:
             for model, overrides in MODELS.items():
                 for way, extra in ways(model, ps).items():
-                    summary = tfdistx(*overrides, *extra, f"cluster=ps{ps}w1", f"trainer.steps={args.steps}",
-                                      run_dir=Path(scratch) / f"{model.split()[0]}-{ps}-{len(rows)}")
+                    summary = tfdistx(
+                        *overrides,
+                        *extra,
+                        f"cluster=ps{ps}w1",
+                        f"trainer.steps={args.steps}",
+                        run_dir=Path(scratch) / f"{model.split()[0]}-{ps}-{len(rows)}",
+                    )
                     held = summary["variable_bytes"]
                     rows.append((model, ps, way, sum(held.values()), max(held.values()), summary["examples_per_sec"]))
-                    print(f"  {model}, {ps} ps, {way}: busiest ps {max(held.values()):,} of {sum(held.values()):,} bytes",
-                          file=sys.stderr, flush=True)
-    print(f"Bytes of variables per ps task (1-min load average {os.getloadavg()[0]:.1f} at the end; {os.cpu_count()} cores)")
-    print(f"{'model':<24}{'P':>3}  {'variables':<26}{'model bytes':>13}{'busiest ps':>13}{'share':>8}{'whole / it':>12}{'examples/s':>12}")
+                    print(
+                        f"  {model}, {ps} ps, {way}: busiest ps {max(held.values()):,} of {sum(held.values()):,} bytes",
+                        file=sys.stderr,
+                        flush=True,
+                    )
+    print(
+        f"Bytes of variables per ps task (1-min load average {os.getloadavg()[0]:.1f} at the end; {os.cpu_count()} cores)"
+    )
+    print(
+        f"{'model':<24}{'P':>3}  {'variables':<26}{'model bytes':>13}{'busiest ps':>13}{'share':>8}{'whole / it':>12}{'examples/s':>12}"
+    )
     for model, ps, way, total, busiest, speed in rows:
         whole = next(b for m, p, w, _, b, _ in rows if (m, p, w) == (model, ps, "whole"))
-        print(f"{model:<24}{ps:>3}  {way:<26}{total:>13,}{busiest:>13,}{busiest / total:>8.1%}{whole / busiest:>11.2f}x{speed:>12,.0f}")
+        print(
+            f"{model:<24}{ps:>3}  {way:<26}{total:>13,}{busiest:>13,}{busiest / total:>8.1%}{whole / busiest:>11.2f}x{speed:>12,.0f}"
+        )
 
 
 if __name__ == "__main__":

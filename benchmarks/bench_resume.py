@@ -33,15 +33,32 @@ from pathlib import Path
 from side_by_side import interruptible, run, say_estimate
 
 HERE = Path(__file__).resolve().parent
-COMMON = ["model=mlp", "model.hidden_units=[16]", "data.batch_size=32", "trainer.steps_per_loop=1000", "trainer.log_every=1000",
-          "trainer.eval_every=0", "trainer.eval_steps=1", "checkpoint.every_steps=0", "checkpoint.export=false",
-          "logger.tensorboard=false", "logger.console=false", "cluster.max_restarts=0"]
+COMMON = [
+    "model=mlp",
+    "model.hidden_units=[16]",
+    "data.batch_size=32",
+    "trainer.steps_per_loop=1000",
+    "trainer.log_every=1000",
+    "trainer.eval_every=0",
+    "trainer.eval_steps=1",
+    "checkpoint.every_steps=0",
+    "checkpoint.export=false",
+    "logger.tensorboard=false",
+    "logger.console=false",
+    "cluster.max_restarts=0",
+]
 SYNTHETIC = ["data.image_shape=[8]", "data.train_examples=65536", "data.eval_examples=1024"]
 
 
 def tfdistx(*args, run_dir) -> dict:
-    run([sys.executable, "-m", "tfdistx", *COMMON, *args, f"hydra.run.dir={run_dir}"],
-        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])})
+    run(
+        [sys.executable, "-m", "tfdistx", *COMMON, *args, f"hydra.run.dir={run_dir}"],
+        env={
+            **os.environ,
+            "TF_CPP_MIN_LOG_LEVEL": "2",
+            "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]),
+        },
+    )
     return json.loads((Path(run_dir) / "summary.json").read_text())
 
 
@@ -57,19 +74,48 @@ def main():
     # Measured on this project's 2-core machine: a process takes ~4.5 s besides its steps and trains this tiny MLP at ~7,000 steps/s
     # (1,000 a call); a resumed "before" reads and drops 32-example batches at ~20k/s in memory, ~12k/s from files.
     prepare = sum(4.5 + (target - previous) / 7000 for previous, target in zip([0, *targets], targets))
-    say_estimate([(1, 5, "data write"), (2, prepare, f"training to step {targets[-1]:,} in stages"),
-                  (2 * len(targets) * args.repeats, 4.5, "resumes, after"),
-                  *[(args.repeats, 4.5 + target / 20_000, f"resumes, before, in memory, step {target:,}") for target in targets],
-                  *[(args.repeats, 4.5 + target / 12_000, f"resumes, before, files, step {target:,}") for target in targets]], args.quick)
+    say_estimate(
+        [
+            (1, 5, "data write"),
+            (2, prepare, f"training to step {targets[-1]:,} in stages"),
+            (2 * len(targets) * args.repeats, 4.5, "resumes, after"),
+            *[
+                (args.repeats, 4.5 + target / 20_000, f"resumes, before, in memory, step {target:,}")
+                for target in targets
+            ],
+            *[(args.repeats, 4.5 + target / 12_000, f"resumes, before, files, step {target:,}") for target in targets],
+        ],
+        args.quick,
+    )
 
     with tempfile.TemporaryDirectory(prefix="bench-resume-") as scratch:
         scratch = Path(scratch)
-        run([sys.executable, "-m", "tfdistx", "data", "write", "data=synthetic", *SYNTHETIC, "--out", str(scratch / "files"),
-             "--shards", "8"], env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
+        run(
+            [
+                sys.executable,
+                "-m",
+                "tfdistx",
+                "data",
+                "write",
+                "data=synthetic",
+                *SYNTHETIC,
+                "--out",
+                str(scratch / "files"),
+                "--shards",
+                "8",
+            ],
+            env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"},
+        )
         files = [f"data.train_files={scratch}/files/train-*", f"data.eval_files={scratch}/files/eval-*"]
         kinds = {
-            "in memory": (["data=synthetic", *SYNTHETIC], ["data=synthetic", "data._target_=plain_pipelines.synthetic", *SYNTHETIC]),
-            "TFRecord files": (["data=tfrecord", *files], ["data=tfrecord", "data._target_=plain_pipelines.tfrecord", *files]),
+            "in memory": (
+                ["data=synthetic", *SYNTHETIC],
+                ["data=synthetic", "data._target_=plain_pipelines.synthetic", *SYNTHETIC],
+            ),
+            "TFRecord files": (
+                ["data=tfrecord", *files],
+                ["data=tfrecord", "data._target_=plain_pipelines.tfrecord", *files],
+            ),
         }
         snapshots = {}
         for kind, (after, _) in kinds.items():
@@ -77,7 +123,11 @@ def main():
             for target in targets:
                 started = time.perf_counter()
                 tfdistx(*after, f"trainer.steps={target}", run_dir=base)
-                print(f"  {kind}: trained to step {target} in {time.perf_counter() - started:.1f} s", file=sys.stderr, flush=True)
+                print(
+                    f"  {kind}: trained to step {target} in {time.perf_counter() - started:.1f} s",
+                    file=sys.stderr,
+                    flush=True,
+                )
                 snapshots[kind, target] = scratch / f"{base.name}-{target}"
                 shutil.copytree(base, snapshots[kind, target])
 
@@ -89,19 +139,31 @@ def main():
                 shutil.rmtree(run_dir, ignore_errors=True)
                 shutil.copytree(snapshots[kind, target], run_dir)
                 after, before = kinds[kind]
-                summary = tfdistx(*(after if way == "after" else before), f"trainer.steps={target + 1}", run_dir=run_dir)
+                summary = tfdistx(
+                    *(after if way == "after" else before), f"trainer.steps={target + 1}", run_dir=run_dir
+                )
                 assert summary["resumed_from_step"] == target, summary
                 values.append(summary["train_wall_time_sec"])
-                print(f"  repeat {repeat + 1}: {kind}, {way}, step {target}: {values[-1]:.2f} s", file=sys.stderr, flush=True)
+                print(
+                    f"  repeat {repeat + 1}: {kind}, {way}, step {target}: {values[-1]:.2f} s",
+                    file=sys.stderr,
+                    flush=True,
+                )
 
     medians = {key: statistics.median(values) for key, values in samples.items()}
-    print(f"Resume to first step (s in the training loop), median of {args.repeats} "
-          f"(1-min load average {load_before:.1f} before, {os.getloadavg()[0]:.1f} after; {os.cpu_count()} cores)")
-    print(f"{'data':<16}{'step':>8}{'before (skip)':>15}{'after':>9}{'before / after':>16}{'after / after@' + str(targets[0]):>20}")
+    print(
+        f"Resume to first step (s in the training loop), median of {args.repeats} "
+        f"(1-min load average {load_before:.1f} before, {os.getloadavg()[0]:.1f} after; {os.cpu_count()} cores)"
+    )
+    print(
+        f"{'data':<16}{'step':>8}{'before (skip)':>15}{'after':>9}{'before / after':>16}{'after / after@' + str(targets[0]):>20}"
+    )
     for kind in kinds:
         for target in targets:
             before, after = medians[kind, "before", target], medians[kind, "after", target]
-            print(f"{kind:<16}{target:>8,}{before:>15.2f}{after:>9.2f}{before / after:>15.1f}x{after / medians[kind, 'after', targets[0]]:>19.2f}x")
+            print(
+                f"{kind:<16}{target:>8,}{before:>15.2f}{after:>9.2f}{before / after:>15.1f}x{after / medians[kind, 'after', targets[0]]:>19.2f}x"
+            )
 
 
 if __name__ == "__main__":

@@ -77,7 +77,13 @@ from side_by_side import interruptible, kill_tree, say_estimate
 BATCH = 128  # data=synthetic's global batch
 LOOP = 100  # trainer.steps_per_loop and trainer.log_every (the defaults)
 EVERY = 500  # checkpoint.every_steps (the default)
-COMMON = ["model=mlp", "data=synthetic", "logger.tensorboard=false", f"trainer.steps_per_loop={LOOP}", f"trainer.log_every={LOOP}"]
+COMMON = [
+    "model=mlp",
+    "data=synthetic",
+    "logger.tensorboard=false",
+    f"trainer.steps_per_loop={LOOP}",
+    f"trainer.log_every={LOOP}",
+]
 TOPOLOGIES = {"one process": ["strategy=one_device"], "2-worker cluster": ["strategy=multiworker", "cluster=2x1"]}
 
 CHIEF = r"^(?!\[worker:[1-9])(?:\[worker:0\] )?"  # a line of the single process, or of worker 0
@@ -100,8 +106,13 @@ class Run:
         self.started = time.time()
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "tfdistx", *args, f"hydra.run.dir={run_dir}"],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True,
-            env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONUNBUFFERED": "1"}, start_new_session=True)
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            text=True,
+            env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONUNBUFFERED": "1"},
+            start_new_session=True,
+        )
         RUNS.append(self)
         self.reader = threading.Thread(target=self._read, daemon=True)
         self.reader.start()
@@ -234,8 +245,11 @@ def restart_phases(run: Run, restart: float, started) -> dict:
 def with_tracing(phases: dict, summary: dict) -> dict:
     """Add the first call's time beyond 100 steps at the run's steady speed, and TF start-up + that."""
     tracing = phases["  first loop call (tracing + 100 steps)"] - LOOP * BATCH / summary["examples_per_sec"]
-    return {**phases, "    of which beyond 100 steps (tracing)": tracing,
-            "  TF start-up + tracing": phases["  start-up to restored"] + tracing}
+    return {
+        **phases,
+        "    of which beyond 100 steps (tracing)": tracing,
+        "  TF start-up + tracing": phases["  start-up to restored"] + tracing,
+    }
 
 
 def check_saved_after(seen: int, saved: int, run: Run) -> None:
@@ -250,7 +264,7 @@ def preempt_single(tmp: Path, steps: int) -> dict:
     sent, seen = sigterm_mid_loop(first, lambda: first.proc.pid)
     exited = exit_times([first.proc.pid])[first.proc.pid]
     first.finish(expect=42)
-    (t_saved, m), = first.find(PREEMPTED)
+    ((t_saved, m),) = first.find(PREEMPTED)
     check_saved_after(seen, int(m[2]), first)
     reached = max([int(m[2])] + [row["step"] for row in first.metrics()])
 
@@ -260,7 +274,9 @@ def preempt_single(tmp: Path, steps: int) -> dict:
     summary = rerun.summary()
     return {
         "steps lost per preemption": reached - summary["resumed_from_step"],
-        "metrics.jsonl: every step once": int([r["step"] for r in rerun.metrics()] == list(range(LOOP, steps + 1, LOOP))),
+        "metrics.jsonl: every step once": int(
+            [r["step"] for r in rerun.metrics()] == list(range(LOOP, steps + 1, LOOP))
+        ),
         "saved at step (SIGTERM at ~250)": int(m[2]),
         "SIGTERM -> checkpoint saved": t_saved - sent,
         "SIGTERM -> signalled process exited": exited - sent,
@@ -278,11 +294,13 @@ def preempt_cluster(tmp: Path, steps: int) -> dict:
             deadline = time.time() + 30
             while not pids_of(run_dir, index) and time.time() < deadline:
                 time.sleep(0.05)
-            workers[index], = pids_of(run_dir, index)
+            (workers[index],) = pids_of(run_dir, index)
         return workers[1]
 
     def restarted():  # the later start of the two new worker processes
-        return max(started_at(pid) for index in (0, 1) for pid in pids_of(run_dir, index) if pid not in workers.values())
+        return max(
+            started_at(pid) for index in (0, 1) for pid in pids_of(run_dir, index) if pid not in workers.values()
+        )
 
     sent, seen = sigterm_mid_loop(run, worker_1)  # the scheduler preempts worker 1 only
     exited = exit_times(workers.values())
@@ -311,8 +329,16 @@ def preempt_cluster(tmp: Path, steps: int) -> dict:
 
 
 def throughput(tmp: Path, topology: str, steps: int, every: int) -> dict:
-    run = Run([*TOPOLOGIES[topology], *COMMON, f"trainer.steps={steps}", "trainer.eval_every=0",
-               f"checkpoint.every_steps={every}"], tmp / f"throughput-{every}-{topology.replace(' ', '-')}")
+    run = Run(
+        [
+            *TOPOLOGIES[topology],
+            *COMMON,
+            f"trainer.steps={steps}",
+            "trainer.eval_every=0",
+            f"checkpoint.every_steps={every}",
+        ],
+        tmp / f"throughput-{every}-{topology.replace(' ', '-')}",
+    )
     run.finish()
     summary = run.summary()
     arrivals = {int(m[1]): t for t, m in run.find(STEP)}
@@ -351,10 +377,15 @@ def main():
     # here (the step lines cost), a 2-worker cluster ~8 s and ~30k; a preempted run is two runs, a cluster's a restart.
     single = lambda steps: 4 + steps * BATCH / 65_000  # noqa: E731
     cluster = lambda steps: 8 + steps * BATCH / 30_000  # noqa: E731
-    say_estimate([(args.repeats, 2 * single(args.preempt_steps), "one process preempted and rerun"),
-                  (args.repeats, 2 * cluster(args.preempt_steps), "2-worker cluster preempted and restarted"),
-                  (2 * args.repeats, single(args.single_steps), f"one process, {args.single_steps} steps"),
-                  (2 * args.repeats, cluster(args.cluster_steps), f"2-worker cluster, {args.cluster_steps} steps")], args.quick)
+    say_estimate(
+        [
+            (args.repeats, 2 * single(args.preempt_steps), "one process preempted and rerun"),
+            (args.repeats, 2 * cluster(args.preempt_steps), "2-worker cluster preempted and restarted"),
+            (2 * args.repeats, single(args.single_steps), f"one process, {args.single_steps} steps"),
+            (2 * args.repeats, cluster(args.cluster_steps), f"2-worker cluster, {args.cluster_steps} steps"),
+        ],
+        args.quick,
+    )
     began, load_before = time.time(), os.getloadavg()
 
     preempt = {"one process": [], "2-worker cluster": []}
@@ -367,19 +398,29 @@ def main():
                 preempt["one process"].append(preempt_single(rdir, args.preempt_steps))
                 preempt["2-worker cluster"].append(preempt_cluster(rdir, args.preempt_steps))
                 for topology in TOPOLOGIES:
-                    for every in ((EVERY, 0) if repeat % 2 == 0 else (0, EVERY)):  # alternate which goes first
+                    for every in (EVERY, 0) if repeat % 2 == 0 else (0, EVERY):  # alternate which goes first
                         speed[topology, every].append(throughput(rdir, topology, steps[topology], every))
-                progress = {t: (p[-1]["steps lost per preemption"], round(p[-1]["SIGTERM -> signalled process exited"], 2)) for t, p in preempt.items()}
-                print(f"  repeat {repeat + 1}/{args.repeats} done at {time.time() - began:.0f} s: (lost, exit s) {progress}",
-                      file=sys.stderr, flush=True)
+                progress = {
+                    t: (p[-1]["steps lost per preemption"], round(p[-1]["SIGTERM -> signalled process exited"], 2))
+                    for t, p in preempt.items()
+                }
+                print(
+                    f"  repeat {repeat + 1}/{args.repeats} done at {time.time() - began:.0f} s: (lost, exit s) {progress}",
+                    file=sys.stderr,
+                    flush=True,
+                )
         finally:
             for run in RUNS:
                 run.kill()
 
     names, width = list(TOPOLOGIES), 46
-    print(f"tfdistx fault tolerance, {time.strftime('%Y-%m-%d %H:%M:%S %Z')}, {os.cpu_count()} CPUs, "
-          f"load average {load_before[0]:.2f} at start, {os.getloadavg()[0]:.2f} at end, {time.time() - began:.0f} s")
-    print(f"MLP 784-128-10, synthetic data, global batch {BATCH}, steps_per_loop {LOOP}, median (min..max) of {args.repeats}")
+    print(
+        f"tfdistx fault tolerance, {time.strftime('%Y-%m-%d %H:%M:%S %Z')}, {os.cpu_count()} CPUs, "
+        f"load average {load_before[0]:.2f} at start, {os.getloadavg()[0]:.2f} at end, {time.time() - began:.0f} s"
+    )
+    print(
+        f"MLP 784-128-10, synthetic data, global batch {BATCH}, steps_per_loop {LOOP}, median (min..max) of {args.repeats}"
+    )
     print(f"{'preemption (SIGTERM)':<{width}}{names[0]:>28}{names[1]:>28}   target")
     targets = {"steps lost per preemption": "0", "metrics.jsonl: every step once": "1 (yes)"}
     for key in preempt["2-worker cluster"][0]:
@@ -387,22 +428,41 @@ def main():
         row = [cell([r.get(key) for r in preempt[t]], "{:.0f}" if counted else "{:.2f}") for t in names]
         print(f"{key + ('' if counted else ' (s)'):<{width}}{row[0]:>28}{row[1]:>28}   {targets.get(key, '')}")
 
-    print(f"checkpoint.every_steps={EVERY} against 0, eval_every=0, {args.single_steps} / {args.cluster_steps} steps; "
-          "ratios and costs are paired within a repeat")
+    print(
+        f"checkpoint.every_steps={EVERY} against 0, eval_every=0, {args.single_steps} / {args.cluster_steps} steps; "
+        "ratios and costs are paired within a repeat"
+    )
     rows = {}
     for t in names:
         ckpt, none = speed[t, EVERY], speed[t, 0]
         for every, runs in ((0, none), (EVERY, ckpt)):
-            rows.setdefault(f"summary examples/s, every {every}", []).append(cell([r["summary examples/s"] for r in runs], "{:,.0f}"))
+            rows.setdefault(f"summary examples/s, every {every}", []).append(
+                cell([r["summary examples/s"] for r in runs], "{:,.0f}")
+            )
         rows.setdefault(f"  every {EVERY} / every 0 (cannot see saves)", []).append(
-            cell([c["summary examples/s"] / n["summary examples/s"] for c, n in zip(ckpt, none)], "{:.3f}"))
+            cell([c["summary examples/s"] / n["summary examples/s"] for c, n in zip(ckpt, none)], "{:.3f}")
+        )
         for every, runs in ((0, none), (EVERY, ckpt)):
-            rows.setdefault(f"wall-clock examples/s, every {every}", []).append(cell([r["wall examples/s"] for r in runs], "{:,.0f}"))
+            rows.setdefault(f"wall-clock examples/s, every {every}", []).append(
+                cell([r["wall examples/s"] for r in runs], "{:,.0f}")
+            )
         rows.setdefault("  cost = 1 - wall-clock ratio (%)", []).append(
-            cell([100 * (1 - c["wall examples/s"] / n["wall examples/s"]) for c, n in zip(ckpt, none)], "{:.1f}"))
-        rows.setdefault("one save, in-run estimate (ms)", []).append(cell([1000 * r["save seconds (in-run)"] for r in ckpt], "{:.0f}"))
-        rows.setdefault(f"  cost of one save per {EVERY} steps (%)", []).append(cell(
-            [100 * r["save seconds (in-run)"] / (r["save seconds (in-run)"] + EVERY * BATCH / r["summary examples/s"]) for r in ckpt], "{:.1f}"))
+            cell([100 * (1 - c["wall examples/s"] / n["wall examples/s"]) for c, n in zip(ckpt, none)], "{:.1f}")
+        )
+        rows.setdefault("one save, in-run estimate (ms)", []).append(
+            cell([1000 * r["save seconds (in-run)"] for r in ckpt], "{:.0f}")
+        )
+        rows.setdefault(f"  cost of one save per {EVERY} steps (%)", []).append(
+            cell(
+                [
+                    100
+                    * r["save seconds (in-run)"]
+                    / (r["save seconds (in-run)"] + EVERY * BATCH / r["summary examples/s"])
+                    for r in ckpt
+                ],
+                "{:.1f}",
+            )
+        )
     for key, (a, b) in rows.items():
         print(f"{key:<{width}}{a:>28}{b:>28}   {'< 3' if '(%)' in key else ''}")
 

@@ -31,8 +31,13 @@ def main():
     keras.utils.set_random_seed(0)
     shape = tuple(int(d) for d in args.image_shape.split(","))
     source = synthetic(image_shape=shape, num_classes=10, train_examples=8192)
-    ds = (source.train(None).shuffle(8192, seed=0).repeat()
-          .batch(args.batch, drop_remainder=True).prefetch(tf.data.AUTOTUNE))
+    ds = (
+        source.train(None)
+        .shuffle(8192, seed=0)
+        .repeat()
+        .batch(args.batch, drop_remainder=True)
+        .prefetch(tf.data.AUTOTUNE)
+    )
     if args.model == "mlp":
         model = mlp(shape, source.num_classes, hidden_units=[int(w) for w in args.hidden.split(",")])
     else:

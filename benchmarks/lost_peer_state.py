@@ -29,8 +29,9 @@ LOSS_AT_CALL = 5
 
 
 def worker(index: int, ports: list, out: str) -> None:
-    os.environ["TF_CONFIG"] = json.dumps({"cluster": {"worker": [f"127.0.0.1:{p}" for p in ports]},
-                                          "task": {"type": "worker", "index": index}})
+    os.environ["TF_CONFIG"] = json.dumps(
+        {"cluster": {"worker": [f"127.0.0.1:{p}" for p in ports]}, "task": {"type": "worker", "index": index}}
+    )
     import keras
     import numpy as np
     import tensorflow as tf
@@ -40,7 +41,11 @@ def worker(index: int, ports: list, out: str) -> None:
         model = keras.Sequential([keras.Input((10,)), keras.layers.Dense(64), keras.layers.Dense(1)])
         optimizer = keras.optimizers.Adam(1e-3)
         optimizer.build(model.trainable_variables)
-    batches = iter(strategy.experimental_distribute_dataset(tf.data.Dataset.from_tensors((tf.ones([8, 10]), tf.ones([8, 1]))).repeat()))
+    batches = iter(
+        strategy.experimental_distribute_dataset(
+            tf.data.Dataset.from_tensors((tf.ones([8, 10]), tf.ones([8, 1]))).repeat()
+        )
+    )
 
     def one(x, y):
         with tf.GradientTape() as tape:
@@ -61,9 +66,16 @@ def worker(index: int, ports: list, out: str) -> None:
             train(tf.constant(STEPS_PER_CALL))
             steps += STEPS_PER_CALL
         except tf.errors.OpError as error:
-            found = {"failed_call": call, "error": type(error).__name__, "steps_counted": steps,
-                     "optimizer_iterations": int(optimizer.iterations.numpy()), "iterations_before_the_call": iterations,
-                     "weights_changed": [bool(not np.array_equal(a, v.numpy())) for a, v in zip(held, model.trainable_variables)]}
+            found = {
+                "failed_call": call,
+                "error": type(error).__name__,
+                "steps_counted": steps,
+                "optimizer_iterations": int(optimizer.iterations.numpy()),
+                "iterations_before_the_call": iterations,
+                "weights_changed": [
+                    bool(not np.array_equal(a, v.numpy())) for a, v in zip(held, model.trainable_variables)
+                ],
+            }
             started = time.perf_counter()
             try:
                 tf.train.Checkpoint(model=model, optimizer=optimizer).write(os.path.join(out, "ckpt"))
@@ -84,18 +96,31 @@ def main() -> None:
         sock.close()
     with tempfile.TemporaryDirectory() as out:
         env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
-        procs = [subprocess.Popen([sys.executable, __file__, "--worker", str(i), ",".join(map(str, ports)), out], env=env,
-                                  stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True) for i in range(2)]
+        procs = [
+            subprocess.Popen(
+                [sys.executable, __file__, "--worker", str(i), ",".join(map(str, ports)), out],
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.DEVNULL,
+                text=True,
+            )
+            for i in range(2)
+        ]
         output, _ = procs[0].communicate(timeout=300)
         procs[1].wait(timeout=60)
     found = json.loads(output.strip().splitlines()[-1])
     print(f"worker 0, after worker 1 left before call {LOSS_AT_CALL} ({STEPS_PER_CALL} steps a call):")
     print(f"  the call failed: {found['error']}")
-    print(f"  steps the loop counted: {found['steps_counted']}; the optimizer's iterations: {found['optimizer_iterations']} "
-          f"({found['optimizer_iterations'] - found['iterations_before_the_call']} in the failed call)")
+    print(
+        f"  steps the loop counted: {found['steps_counted']}; the optimizer's iterations: {found['optimizer_iterations']} "
+        f"({found['optimizer_iterations'] - found['iterations_before_the_call']} in the failed call)"
+    )
     print(f"  weights the failed call changed: {found['weights_changed']}")
-    print(f"  a checkpoint written after the loss: {found.get('saved_in_seconds', 'no')} s" if "saved_in_seconds" in found
-          else f"  the checkpoint could not be written: {found['save_failed']}")
+    print(
+        f"  a checkpoint written after the loss: {found.get('saved_in_seconds', 'no')} s"
+        if "saved_in_seconds" in found
+        else f"  the checkpoint could not be written: {found['save_failed']}"
+    )
 
 
 if __name__ == "__main__":

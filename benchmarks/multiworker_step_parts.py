@@ -107,7 +107,10 @@ def main():
     optimizer = tf.keras.optimizers.Adam(1e-3)
     update = Update(task, local_model, optimizer, per_replica)
     rng = np.random.default_rng(0)
-    batch = (tf.constant(rng.random((per_replica, 28, 28, 1), dtype=np.float32)), tf.constant(rng.integers(0, 10, per_replica)))
+    batch = (
+        tf.constant(rng.random((per_replica, 28, 28, 1), dtype=np.float32)),
+        tf.constant(rng.integers(0, 10, per_replica)),
+    )
     state = lambda labels, outputs, per_example: tf.reduce_sum(per_example)  # noqa: E731
 
     @tf.function

@@ -8,9 +8,12 @@ from tfdistx.data.files import tfrecord as _tfrecord
 
 
 def _plain(source: DataSource) -> DataSource:
-    return DataSource(train=lambda ctx: source.train(ctx), eval=(lambda ctx: source.eval(ctx)) if source.eval else None,
-                      
-                      num_classes=source.num_classes, train_examples=source.train_examples)
+    return DataSource(
+        train=lambda ctx: source.train(ctx),
+        eval=(lambda ctx: source.eval(ctx)) if source.eval else None,
+        num_classes=source.num_classes,
+        train_examples=source.train_examples,
+    )
 
 
 def synthetic(**kwargs) -> DataSource:

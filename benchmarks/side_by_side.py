@@ -31,25 +31,38 @@ from typing import Callable, Dict, Iterable, Optional, Tuple
 POLL_SECONDS = 0.05  # how often a benchmark looks at a run's files
 PATIENCE_SECONDS = 600  # the longest any one run, or any stage of one, is waited for
 
-QUICK_NOTE = ("--quick: fewer repeats, steps and candidates; its numbers are rough (a check that the benchmark works, "
-              "and a first look), not measurements to quote")
+QUICK_NOTE = (
+    "--quick: fewer repeats, steps and candidates; its numbers are rough (a check that the benchmark works, "
+    "and a first look), not measurements to quote"
+)
 
 
-def compare(contenders: Dict[str, Callable[[], float]], repeats: int, title: str, ours: str = "tfdistx") -> Dict[str, float]:
+def compare(
+    contenders: Dict[str, Callable[[], float]], repeats: int, title: str, ours: str = "tfdistx"
+) -> Dict[str, float]:
     """Print each contender's median and tfdistx's speed relative to it; returns the medians."""
     return table(contenders, repeats, title, f"{ours} / it", lambda medians, name: medians[ours] / medians[name])
 
 
-def table(contenders: Dict[str, Callable[[], float]], repeats: int, title: str, ratio_name: str,
-          ratio: Callable[[Dict[str, float], str], float], unit: str = "examples/s") -> Dict[str, float]:
+def table(
+    contenders: Dict[str, Callable[[], float]],
+    repeats: int,
+    title: str,
+    ratio_name: str,
+    ratio: Callable[[Dict[str, float], str], float],
+    unit: str = "examples/s",
+) -> Dict[str, float]:
     samples = {name: [] for name in contenders}
     load_before = os.getloadavg()[0]
     for repeat in range(repeats):
         for name, run in contenders.items():
             started = time.monotonic()
             samples[name].append(run())
-            print(f"  repeat {repeat + 1}: {name}: {samples[name][-1]:,.2f} {unit} ({time.monotonic() - started:.0f} s)",
-                  file=sys.stderr, flush=True)
+            print(
+                f"  repeat {repeat + 1}: {name}: {samples[name][-1]:,.2f} {unit} ({time.monotonic() - started:.0f} s)",
+                file=sys.stderr,
+                flush=True,
+            )
     medians = {name: statistics.median(values) for name, values in samples.items()}
     print(f"{title}, median of {repeats} (1-min load average {load_before:.1f} before, {os.getloadavg()[0]:.1f} after)")
     print(f"{'contender':<42}{unit:>12}{ratio_name:>16}")
@@ -74,9 +87,11 @@ def say_estimate(plan: Iterable[Tuple[int, float, str]], quick: bool = False) ->
     plan = [(n, seconds, what) for n, seconds, what in plan if n]
     total = sum(n * seconds for n, seconds, _ in plan)
     parts = " + ".join(f"{n} x ~{seconds:.0f} s ({what})" for n, seconds, what in plan)
-    print(f"Estimated time: about {duration(total)}. An estimate from the plan, {parts}, at the speeds measured on a "
-          f"quiet 2-core machine ({os.cpu_count()} cores here, load average {os.getloadavg()[0]:.1f}); a busier one takes longer.",
-          flush=True)
+    print(
+        f"Estimated time: about {duration(total)}. An estimate from the plan, {parts}, at the speeds measured on a "
+        f"quiet 2-core machine ({os.cpu_count()} cores here, load average {os.getloadavg()[0]:.1f}); a busier one takes longer.",
+        flush=True,
+    )
     if quick:
         print(QUICK_NOTE, flush=True)
     return total
@@ -112,8 +127,12 @@ def interruptible(main: Callable[[], Optional[int]]) -> None:
         main()
     except KeyboardInterrupt:
         signum = received[0] if received else signal.SIGINT
-        print(f"interrupted ({signal.Signals(signum).name}) after {duration(time.monotonic() - started)}: the running child "
-              "was killed and the temporary directories deleted", file=sys.stderr, flush=True)
+        print(
+            f"interrupted ({signal.Signals(signum).name}) after {duration(time.monotonic() - started)}: the running child "
+            "was killed and the temporary directories deleted",
+            file=sys.stderr,
+            flush=True,
+        )
         sys.exit(128 + signum)
     print(f"took {duration(time.monotonic() - started)}", file=sys.stderr, flush=True)
 
@@ -123,8 +142,16 @@ def run(cmd, *, env=None, check: bool = True, timeout: Optional[float] = None, c
     exception here (an interrupt, a timeout) the child's whole process tree
     is killed before the exception goes on. `check`: a failure exits with
     the command and the end of its output."""
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True, env=env,
-                            cwd=cwd, start_new_session=True)
+    proc = subprocess.Popen(
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+        text=True,
+        env=env,
+        cwd=cwd,
+        start_new_session=True,
+    )
     try:
         out, err = proc.communicate(timeout=timeout)
     except BaseException:
@@ -144,8 +171,10 @@ def wait_for(done: Callable[[], bool], proc, what: str) -> float:
     deadline = time.monotonic() + PATIENCE_SECONDS
     while not done():
         if proc.poll() is not None or time.monotonic() > deadline:
-            sys.exit(f"the run {'ended with exit code ' + str(proc.returncode) if proc.poll() is not None else 'stalled'} "
-                     f"before {what}")
+            sys.exit(
+                f"the run {'ended with exit code ' + str(proc.returncode) if proc.poll() is not None else 'stalled'} "
+                f"before {what}"
+            )
         time.sleep(POLL_SECONDS)
     return time.monotonic()
 
@@ -176,8 +205,12 @@ def task_pid(launcher: int, task: str) -> int:
 def tree_env(scratch: str, tree: Path) -> dict:
     """The environment of a run of the tfdistx in checkout `tree` (first on PYTHONPATH, before the installed
     one). TensorFlow's autograph files go to TMPDIR, and a killed task removes none: the run's scratch dir."""
-    return {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "TMPDIR": scratch,
-            "PYTHONPATH": os.pathsep.join(filter(None, [str(tree), os.environ.get("PYTHONPATH")]))}
+    return {
+        **os.environ,
+        "TF_CPP_MIN_LOG_LEVEL": "2",
+        "TMPDIR": scratch,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(tree), os.environ.get("PYTHONPATH")])),
+    }
 
 
 @contextlib.contextmanager

@@ -13,7 +13,9 @@ from tfdistx.data import DataSource, shard
 def heavy(examples: int = 8192, rounds: int = 8, seed: int = 0) -> DataSource:
     rng = np.random.default_rng(seed)
     images = rng.random((examples, 28, 28), dtype=np.float32)
-    labels = (images.reshape(examples, -1) @ rng.standard_normal((784, 10)).astype(np.float32)).argmax(1).astype(np.int64)
+    labels = (
+        (images.reshape(examples, -1) @ rng.standard_normal((784, 10)).astype(np.float32)).argmax(1).astype(np.int64)
+    )
     mix = tf.constant((rng.standard_normal((28, 28)) / np.sqrt(28)).astype(np.float32))
 
     def preprocess(image, label):

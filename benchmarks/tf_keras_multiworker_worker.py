@@ -52,18 +52,21 @@ def main():
 
     ds = strategy.distribute_datasets_from_function(dataset_fn)
     with strategy.scope():
-        model = keras.Sequential([
-            keras.Input(shape=(28, 28, 1)),
-            keras.layers.Flatten(),
-            keras.layers.Dense(128, activation="relu"),
-            keras.layers.Dense(10),
-        ])
+        model = keras.Sequential(
+            [
+                keras.Input(shape=(28, 28, 1)),
+                keras.layers.Flatten(),
+                keras.layers.Dense(128, activation="relu"),
+                keras.layers.Dense(10),
+            ]
+        )
         model.compile(
             optimizer=keras.optimizers.Adam(1e-3),
             loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
             metrics=["accuracy"],
             steps_per_execution=args.steps_per_execution,
         )
+
     def barrier():
         # The workers leave a fit seconds apart (measured: worker 0 timed 3.4 s
         # for a fit worker 1 timed 5.2 s). A tiny all-reduce on both sides of
@@ -80,13 +83,18 @@ def main():
     barrier()
     elapsed = time.perf_counter() - start
     if strategy.cluster_resolver.task_id == 0:
-        print(json.dumps({
-            "examples_per_sec": args.steps * args.batch / elapsed,
-            "replicas": strategy.num_replicas_in_sync,
-            "retraced": model.train_function.experimental_get_tracing_count() != traces,
-            "tf": tf.__version__,
-            "tf_keras": keras.__version__,
-        }), flush=True)
+        print(
+            json.dumps(
+                {
+                    "examples_per_sec": args.steps * args.batch / elapsed,
+                    "replicas": strategy.num_replicas_in_sync,
+                    "retraced": model.train_function.experimental_get_tracing_count() != traces,
+                    "tf": tf.__version__,
+                    "tf_keras": keras.__version__,
+                }
+            ),
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

@@ -70,22 +70,34 @@ class Run:
 
 def files(run_dir: Path) -> dict:
     """Every file of a run but its log (which each attempt appends to)."""
-    return {p.relative_to(run_dir): p.read_bytes() for p in run_dir.rglob("*") if p.is_file() and p.name not in ("tfdistx.log", ".lock")}
+    return {
+        p.relative_to(run_dir): p.read_bytes()
+        for p in run_dir.rglob("*")
+        if p.is_file() and p.name not in ("tfdistx.log", ".lock")
+    }
 
 
 def steps_logged(run_dir: Path) -> list:
     return [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
-def start_tfdistx(args, run_dir: Path = None, env=None, cwd=None, stdout=subprocess.PIPE, stderr=subprocess.STDOUT) -> subprocess.Popen:
+def start_tfdistx(
+    args, run_dir: Path = None, env=None, cwd=None, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+) -> subprocess.Popen:
     """`python -m tfdistx ARGS hydra.run.dir=RUN_DIR`, started (run_dir None:
     ARGS alone, for a command that takes no run dir, or a run in the default
     outputs/ of `cwd`); by default its output, stdout and stderr together, on
     a pipe. The caller ends it. With wait_until, the way a test starts a
     process and waits for what it does: no sleep stands in for a condition."""
     run_dir_arg = [] if run_dir is None else [f"hydra.run.dir={run_dir}"]
-    return subprocess.Popen([sys.executable, "-m", "tfdistx", *args, *run_dir_arg], env=tfdistx_env(**(env or {})),
-                            stdout=stdout, stderr=stderr, text=True, cwd=cwd)
+    return subprocess.Popen(
+        [sys.executable, "-m", "tfdistx", *args, *run_dir_arg],
+        env=tfdistx_env(**(env or {})),
+        stdout=stdout,
+        stderr=stderr,
+        text=True,
+        cwd=cwd,
+    )
 
 
 def wait_until(done, timeout: float, what: str, procs=()) -> None:
@@ -95,7 +107,9 @@ def wait_until(done, timeout: float, what: str, procs=()) -> None:
     while not done():
         ended = [proc.returncode for proc in procs if proc.poll() is not None]
         if ended or time.monotonic() > deadline:
-            raise AssertionError(f"{what}: not within {timeout:g}s" + (f" (a process exited with {ended[0]})" if ended else ""))
+            raise AssertionError(
+                f"{what}: not within {timeout:g}s" + (f" (a process exited with {ended[0]})" if ended else "")
+            )
         time.sleep(0.1)
 
 
@@ -121,9 +135,15 @@ def processes_of(run_dir: Path, task: str = None) -> list:
         if not proc.name.isdigit() or int(proc.name) == os.getpid():
             continue
         try:
-            if (str(run_dir).encode() not in (proc / "cmdline").read_bytes()
-                    or (proc / "stat").read_text().rpartition(")")[2].split()[0] == "Z"
-                    or (wanted and wanted not in (proc / "environ").read_bytes() and not named.match((proc / "comm").read_text().strip()))):
+            if (
+                str(run_dir).encode() not in (proc / "cmdline").read_bytes()
+                or (proc / "stat").read_text().rpartition(")")[2].split()[0] == "Z"
+                or (
+                    wanted
+                    and wanted not in (proc / "environ").read_bytes()
+                    and not named.match((proc / "comm").read_text().strip())
+                )
+            ):
                 continue
         except OSError:  # gone meanwhile, or not ours
             continue
@@ -218,7 +238,9 @@ def _run_forked(cmd, env: dict, cwd, timeout: float):
             proc.kill()
             proc.wait()
             raise
-        text = [io.TextIOWrapper(io.BytesIO((file.seek(0), file.read())[1])).read() for file in (out, err)]  # as text=True reads
+        text = [
+            io.TextIOWrapper(io.BytesIO((file.seek(0), file.read())[1])).read() for file in (out, err)
+        ]  # as text=True reads
     return subprocess.CompletedProcess(cmd, proc.returncode, *text)
 
 
@@ -263,7 +285,9 @@ def free_ports(n: int) -> list:
 
 def workers_tf_config(ports, index: int) -> str:
     """A TF_CONFIG for a cluster of workers on these loopback ports, as worker `index`."""
-    return json.dumps({"cluster": {"worker": [f"127.0.0.1:{p}" for p in ports]}, "task": {"type": "worker", "index": index}})
+    return json.dumps(
+        {"cluster": {"worker": [f"127.0.0.1:{p}" for p in ports]}, "task": {"type": "worker", "index": index}}
+    )
 
 
 # Short real runs: few steps, small batches, the built-in synthetic data.
@@ -273,9 +297,18 @@ def workers_tf_config(ports, index: int) -> str:
 # tests' long runs (test_fault_tolerance.LONG) keep the default, auto. Nor does a quick run export (about
 # 0.45 CPU s of a quick 2x1 run's 6.6, more on one device): a test whose claim is the export, or a command
 # that reads it, asks for it (`EXPORTED`), as the unit layer's quick runs do.
-QUICK = ["trainer.steps=40", "trainer.steps_per_loop=10", "trainer.log_every=20", "trainer.eval_every=0",
-         "data.batch_size=32", "data.train_examples=512", "data.eval_examples=128", "logger.tensorboard=false",
-         "trainer.jit_compile=false", "checkpoint.export=false"]
+QUICK = [
+    "trainer.steps=40",
+    "trainer.steps_per_loop=10",
+    "trainer.log_every=20",
+    "trainer.eval_every=0",
+    "data.batch_size=32",
+    "data.train_examples=512",
+    "data.eval_examples=128",
+    "logger.tensorboard=false",
+    "trainer.jit_compile=false",
+    "checkpoint.export=false",
+]
 EXPORTED = "checkpoint.export=true"  # after QUICK: the run's SavedModel, as a user's run writes it
 
 
@@ -334,12 +367,15 @@ def pytest_collection_modifyitems(config, items):
     machine (Slurm's packages, /etc, daemons) or read files outside the
     checkout: they run only when asked for with `-m system`, and otherwise
     show as skipped, with the reason."""
-    config.stash[LAYOUT_PROBLEMS] = layout_problems((item.nodeid, item.path.name, item.get_closest_marker("unit") is not None)
-                                                    for item in items)
+    config.stash[LAYOUT_PROBLEMS] = layout_problems(
+        (item.nodeid, item.path.name, item.get_closest_marker("unit") is not None) for item in items
+    )
     if "system" in (config.getoption("markexpr") or ""):
         return
-    skip = pytest.mark.skip(reason="a system test (installs or starts system services, or needs files outside the checkout): "
-                                   "run with pytest -m system")
+    skip = pytest.mark.skip(
+        reason="a system test (installs or starts system services, or needs files outside the checkout): "
+        "run with pytest -m system"
+    )
     for item in items:
         if "system" in item.keywords:
             item.add_marker(skip)
@@ -378,7 +414,13 @@ def pytest_runtest_protocol(item, nextitem):
     children = lambda: sum(getattr(resource.getrusage(resource.RUSAGE_CHILDREN), f) for f in ("ru_utime", "ru_stime"))  # noqa: E731
     started, own, spawned = time.time(), time.process_time(), children()
     yield
-    line = {"test": item.nodeid, "worker": os.environ.get("PYTEST_XDIST_WORKER", "main"), "start": round(started, 2),
-            "end": round(time.time(), 2), "cpu": round(time.process_time() - own, 2), "children_cpu": round(children() - spawned, 2)}
+    line = {
+        "test": item.nodeid,
+        "worker": os.environ.get("PYTEST_XDIST_WORKER", "main"),
+        "start": round(started, 2),
+        "end": round(time.time(), 2),
+        "cpu": round(time.process_time() - own, 2),
+        "children_cpu": round(children() - spawned, 2),
+    }
     with open(_TIMES, "a") as file:
         file.write(json.dumps(line) + "\n")

@@ -28,8 +28,16 @@ assert len(tf.config.list_logical_devices("CPU")) == 4
 # with false). What XLA does to a run is tested where it is the claim: test_unit_fastest_step.py and
 # test_unit_compute.py train with the default (XLA_DEFAULT below), and every real-process test trains
 # with the default too.
-QUICK = ["trainer.jit_compile=false", "trainer.steps=40", "trainer.steps_per_loop=10", "trainer.log_every=20",
-         "trainer.eval_every=0", "data.batch_size=32", "logger.tensorboard=false", "checkpoint.export=false"]
+QUICK = [
+    "trainer.jit_compile=false",
+    "trainer.steps=40",
+    "trainer.steps_per_loop=10",
+    "trainer.log_every=20",
+    "trainer.eval_every=0",
+    "data.batch_size=32",
+    "logger.tensorboard=false",
+    "checkpoint.export=false",
+]
 XLA_DEFAULT = "trainer.jit_compile=auto"  # the default a user has, after QUICK's
 SMALL = ["data.train_examples=512", "data.eval_examples=128"]  # a synthetic source's sizes (file sources have none)
 
@@ -50,7 +58,9 @@ class Trained:
         reader = tf.train.load_checkpoint(tf.train.latest_checkpoint(str(self.dir / "checkpoints")))
         names = reader.get_variable_to_shape_map()
         through_optimizer = [name for name in names if "/_trainable_variables/" in name]
-        chosen = through_optimizer or [name for name in names if name.startswith("model/") and "seed_generator" not in name]
+        chosen = through_optimizer or [
+            name for name in names if name.startswith("model/") and "seed_generator" not in name
+        ]
         return {name: reader.get_tensor(name) for name in chosen}
 
 
@@ -65,7 +75,9 @@ def train(run_dir, *overrides, sizes=SMALL, xla_default: bool = False) -> Traine
     """`xla_default`: train with the default trainer.jit_compile (auto), not QUICK's false."""
     composed_with = [*QUICK, *sizes, *([XLA_DEFAULT] if xla_default else []), *overrides]
     spec = resolve(compose_ok(run_dir, *composed_with), str(run_dir))
-    with rundir.exclusive(str(run_dir)):  # as the command line holds it: its .lock marks a run dir to resume in (rundir.in_the_way)
+    with rundir.exclusive(
+        str(run_dir)
+    ):  # as the command line holds it: its .lock marks a run dir to resume in (rundir.in_the_way)
         trained = fit.train(spec)
     RUNNERS.append(trained.runner)
     # Everything alive now out of the collector's walks: with every run held, each full collection walked

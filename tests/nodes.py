@@ -21,15 +21,23 @@ SUBNET = "10.77.0"
 
 def can_make_nodes() -> bool:
     try:
-        return subprocess.run(["unshare", "--user", "--map-root-user", "--net", "ip", "link", "add", "b0", "type", "bridge"],
-                              capture_output=True, timeout=10).returncode == 0
+        return (
+            subprocess.run(
+                ["unshare", "--user", "--map-root-user", "--net", "ip", "link", "add", "b0", "type", "bridge"],
+                capture_output=True,
+                timeout=10,
+            ).returncode
+            == 0
+        )
     except (OSError, subprocess.TimeoutExpired):
         return False
 
 
 class Nodes:
     def __init__(self, count: int):
-        self.holder = subprocess.Popen(["unshare", "--user", "--map-root-user", "--net", "sleep", "infinity"], start_new_session=True)
+        self.holder = subprocess.Popen(
+            ["unshare", "--user", "--map-root-user", "--net", "sleep", "infinity"], start_new_session=True
+        )
         self.nodes: List[subprocess.Popen] = []
         self.started: List[subprocess.Popen] = []
         self._wait_for_namespace(self.holder.pid)
@@ -38,15 +46,20 @@ class Nodes:
         self._outer("ip", "link", "set", "br0", "up")
         self._outer("ip", "link", "set", "lo", "up")
         for n in range(1, count + 1):
-            node = subprocess.Popen([*self._enter(self.holder.pid), "unshare", "--net", "sleep", "infinity"], start_new_session=True)
+            node = subprocess.Popen(
+                [*self._enter(self.holder.pid), "unshare", "--net", "sleep", "infinity"], start_new_session=True
+            )
             self._wait_for_namespace(node.pid)
             self.nodes.append(node)
             self._outer("ip", "link", "add", f"n{n}", "type", "veth", "peer", "name", f"n{n}in")
             self._outer("ip", "link", "set", f"n{n}in", "netns", str(node.pid))
             self._outer("ip", "link", "set", f"n{n}", "master", "br0")
             self._outer("ip", "link", "set", f"n{n}", "up")
-            for command in (["ip", "addr", "add", f"{self.address(n)}/24", "dev", f"n{n}in"], ["ip", "link", "set", f"n{n}in", "up"],
-                            ["ip", "link", "set", "lo", "up"]):
+            for command in (
+                ["ip", "addr", "add", f"{self.address(n)}/24", "dev", f"n{n}in"],
+                ["ip", "link", "set", f"n{n}in", "up"],
+                ["ip", "link", "set", "lo", "up"],
+            ):
                 subprocess.run([*self._enter(node.pid), *command], check=True, capture_output=True)
 
     @staticmethod
@@ -101,4 +114,3 @@ class Nodes:
 
     def __exit__(self, *exc) -> None:
         self.close()
-

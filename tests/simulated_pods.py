@@ -102,11 +102,23 @@ class Pod:
         command += list(self.container.get("args", []))
         cwd = self.workdir / "pods" / self.name
         (cwd / "tmp").mkdir(parents=True, exist_ok=True)
-        env = {**os.environ, **{e["name"]: self.env_value(e) for e in self.container.get("env", [])}, **self.env,
-               "HOSTNAME": self.name, "TMPDIR": str(cwd / "tmp")}  # a container's /tmp is its own (TensorFlow leaves autograph files there when killed)
+        env = {
+            **os.environ,
+            **{e["name"]: self.env_value(e) for e in self.container.get("env", [])},
+            **self.env,
+            "HOSTNAME": self.name,
+            "TMPDIR": str(cwd / "tmp"),
+        }  # a container's /tmp is its own (TensorFlow leaves autograph files there when killed)
         log = open(self.workdir / "logs" / f"{self.name}.log", "ab")
-        self.proc = subprocess.Popen(["ip", "netns", "exec", netns, *command], cwd=cwd, env=env, stdout=log,
-                                     stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=_die_with_parent)
+        self.proc = subprocess.Popen(
+            ["ip", "netns", "exec", netns, *command],
+            cwd=cwd,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            preexec_fn=_die_with_parent,
+        )
         log.close()
         emit(event="started", pod=self.name, address=address, restarts=self.restarts)
 
@@ -158,14 +170,23 @@ class TFJobOperator:
         specs = tfjob["spec"]["tfReplicaSpecs"]
         self.backoff_limit = tfjob["spec"].get("runPolicy", {}).get("backoffLimit", 6)
         self.network = network
-        cluster = {rtype.lower(): [f"{name}-{rtype.lower()}-{i}.{namespace}.svc:{PORT}" for i in range(spec["replicas"])]
-                   for rtype, spec in specs.items()}
+        cluster = {
+            rtype.lower(): [f"{name}-{rtype.lower()}-{i}.{namespace}.svc:{PORT}" for i in range(spec["replicas"])]
+            for rtype, spec in specs.items()
+        }
         self.pods = []
         for rtype, spec in specs.items():
             for i in range(spec["replicas"]):
                 task = {"cluster": cluster, "task": {"type": rtype.lower(), "index": i}, "environment": "cloud"}
-                self.pods.append(Pod(f"{name}-{rtype.lower()}-{i}", f"{name}-{rtype.lower()}-{i}.{namespace}.svc",
-                                     spec["template"]["spec"], workdir, {"TF_CONFIG": json.dumps(task)}))
+                self.pods.append(
+                    Pod(
+                        f"{name}-{rtype.lower()}-{i}",
+                        f"{name}-{rtype.lower()}-{i}.{namespace}.svc",
+                        spec["template"]["spec"],
+                        workdir,
+                        {"TF_CONFIG": json.dumps(task)},
+                    )
+                )
         self.primary = f"{name}-{'chief' if 'Chief' in specs else 'worker'}-0"
         self.pod_spec = next(iter(specs.values()))["template"]["spec"]
         self.restarts = 0
@@ -194,20 +215,35 @@ class JobSetController:
         self.policy = spec.get("failurePolicy", {})
         self.success = spec.get("successPolicy", {"operator": "All"})
         self.pods, self.jobs = [], {}  # jobs: (replicatedJob, job index) -> its Job spec
-        for global_index, (rjob, index) in enumerate((r["name"], j) for r in spec["replicatedJobs"] for j in range(r.get("replicas", 1))):
+        for global_index, (rjob, index) in enumerate(
+            (r["name"], j) for r in spec["replicatedJobs"] for j in range(r.get("replicas", 1))
+        ):
             job = next(r for r in spec["replicatedJobs"] if r["name"] == rjob)["template"]["spec"]
             self.jobs[(rjob, index)] = dict(job, failed=0)
             for pod_index in range(job.get("parallelism", 1)):
-                labels = {"jobset.sigs.k8s.io/jobset-name": name, "jobset.sigs.k8s.io/replicatedjob-name": rjob,
-                          "jobset.sigs.k8s.io/job-index": str(index), "jobset.sigs.k8s.io/job-global-index": str(global_index),
-                          "jobset.sigs.k8s.io/restart-attempt": "0", "batch.kubernetes.io/job-completion-index": str(pod_index)}
+                labels = {
+                    "jobset.sigs.k8s.io/jobset-name": name,
+                    "jobset.sigs.k8s.io/replicatedjob-name": rjob,
+                    "jobset.sigs.k8s.io/job-index": str(index),
+                    "jobset.sigs.k8s.io/job-global-index": str(global_index),
+                    "jobset.sigs.k8s.io/restart-attempt": "0",
+                    "batch.kubernetes.io/job-completion-index": str(pod_index),
+                }
                 env = {"JOB_COMPLETION_INDEX": str(pod_index)} if job.get("completionMode") == "Indexed" else {}
-                pod = Pod(f"{name}-{rjob}-{index}-{pod_index}", f"{name}-{rjob}-{index}-{pod_index}.{subdomain}",
-                          job["template"]["spec"], workdir, env, labels)
+                pod = Pod(
+                    f"{name}-{rjob}-{index}-{pod_index}",
+                    f"{name}-{rjob}-{index}-{pod_index}.{subdomain}",
+                    job["template"]["spec"],
+                    workdir,
+                    env,
+                    labels,
+                )
                 pod.job = (rjob, index)
                 self.pods.append(pod)
         self.pod_spec = spec["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]  # its volumes are every pod's
-        self.restarts = self.counted_restarts = 0  # every restart (the pods' restart-attempt), and those toward maxRestarts
+        self.restarts = self.counted_restarts = (
+            0  # every restart (the pods' restart-attempt), and those toward maxRestarts
+        )
 
     def exited(self, pod: Pod, code: int):
         job = self.jobs[pod.job]
@@ -231,10 +267,26 @@ class JobSetController:
                 self.network.recreate([pod])
                 return None
             reason = "BackoffLimitExceeded"
-        rule = next((r for r in self.policy.get("rules", []) if reason in (r.get("onJobFailureReasons") or [reason])
-                     and (not r.get("onJobFailureMessagePatterns") or any(re.search(m, message) for m in r["onJobFailureMessagePatterns"]))
-                     and pod.job[0] in (r.get("targetReplicatedJobs") or [pod.job[0]])), {"action": "RestartJobSet", "name": "default"})
-        emit(event="job failed", job=f"{pod.job[0]}-{pod.job[1]}", reason=reason, rule=rule["name"], action=rule["action"])
+        rule = next(
+            (
+                r
+                for r in self.policy.get("rules", [])
+                if reason in (r.get("onJobFailureReasons") or [reason])
+                and (
+                    not r.get("onJobFailureMessagePatterns")
+                    or any(re.search(m, message) for m in r["onJobFailureMessagePatterns"])
+                )
+                and pod.job[0] in (r.get("targetReplicatedJobs") or [pod.job[0]])
+            ),
+            {"action": "RestartJobSet", "name": "default"},
+        )
+        emit(
+            event="job failed",
+            job=f"{pod.job[0]}-{pod.job[1]}",
+            reason=reason,
+            rule=rule["name"],
+            action=rule["action"],
+        )
         if rule["action"] == "FailJobSet":
             return f"Failed: {pod.name} exited {code}: {reason}, rule {rule['name']}"
         counted = "IgnoreMaxRestarts" not in rule["action"]
@@ -257,7 +309,11 @@ def _pod_failure_action(policy: dict, container: str, code: int) -> str:
     """The first podFailurePolicy rule that matches the exit code: its action and index (Count without one)."""
     for index, rule in enumerate(policy.get("rules", [])):
         on = rule.get("onExitCodes")
-        if on and on.get("containerName", container) == container and (code in on["values"]) == (on["operator"] == "In"):
+        if (
+            on
+            and on.get("containerName", container) == container
+            and (code in on["values"]) == (on["operator"] == "In")
+        ):
             return rule["action"], index
     return "Count", None
 

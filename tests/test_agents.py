@@ -23,7 +23,9 @@ from test_unit_topology_resume import model_values, seen_counts
 from test_data_service import BATCH as SERVICE_BATCH, STEPS as SERVICE_STEPS, probe_args as service_probe_args
 from test_data_split import seen_counts as service_seen_counts
 
-pytestmark = pytest.mark.skipif(not can_make_nodes(), reason="this machine does not allow unprivileged network namespaces")
+pytestmark = pytest.mark.skipif(
+    not can_make_nodes(), reason="this machine does not allow unprivileged network namespaces"
+)
 
 STORE_PORT = 29555
 BOUNDS = ["cluster.elastic.join_grace=2", "cluster.elastic.lost_bound=3", "cluster.elastic.below_min_timeout=60"]
@@ -31,16 +33,33 @@ BOUNDS = ["cluster.elastic.join_grace=2", "cluster.elastic.lost_bound=3", "clust
 
 def start_agents(nodes: Nodes, tmp_path, count: int, *args, base=ARGS, strategy="multiworker") -> list:
     """An agent on each of nodes 1..count, the same command on each (`base`: the probe's run, paced); node 1 keeps the rounds."""
-    command = [sys.executable, "-m", "tfdistx", *base, f"strategy={strategy}", "cluster.launch=agent",
-               f"cluster.agent.store={Nodes.address(1)}:{STORE_PORT}", *BOUNDS, "+callbacks.pace._target_=user_plugins.Pace",
-               "+callbacks.pace.seconds=0.5", *args, f"hydra.run.dir={tmp_path / 'run'}"]
-    return [nodes.start(n, command, env=tfdistx_env(), stdout=open(tmp_path / f"node{n}.txt", "w"), stderr=subprocess.STDOUT)
-            for n in range(1, count + 1)]
+    command = [
+        sys.executable,
+        "-m",
+        "tfdistx",
+        *base,
+        f"strategy={strategy}",
+        "cluster.launch=agent",
+        f"cluster.agent.store={Nodes.address(1)}:{STORE_PORT}",
+        *BOUNDS,
+        "+callbacks.pace._target_=user_plugins.Pace",
+        "+callbacks.pace.seconds=0.5",
+        *args,
+        f"hydra.run.dir={tmp_path / 'run'}",
+    ]
+    return [
+        nodes.start(
+            n, command, env=tfdistx_env(), stdout=open(tmp_path / f"node{n}.txt", "w"), stderr=subprocess.STDOUT
+        )
+        for n in range(1, count + 1)
+    ]
 
 
 def worker_at(round_: dict, n: int) -> int:
     """The index of node n's worker in a round of the rounds file."""
-    return next(int(task.partition(":")[2]) for task, address in round_["members"].items() if address == Nodes.address(n))
+    return next(
+        int(task.partition(":")[2]) for task, address in round_["members"].items() if address == Nodes.address(n)
+    )
 
 
 def output(tmp_path, n: int) -> str:
@@ -54,7 +73,9 @@ def all_ended(agents, timeout: float, tmp_path) -> None:
     except subprocess.TimeoutExpired:
         for agent in agents:
             os.killpg(agent.pid, signal.SIGKILL)
-        raise AssertionError("an agent did not end: " + "\n".join(output(tmp_path, n)[-2000:] for n in range(1, len(agents) + 1)))
+        raise AssertionError(
+            "an agent did not end: " + "\n".join(output(tmp_path, n)[-2000:] for n in range(1, len(agents) + 1))
+        )
 
 
 @pytest.fixture
@@ -84,16 +105,27 @@ def test_agents_on_four_nodes_lose_a_partitioned_node_go_on_and_grow_back(nodes,
     said = rounds(run_dir)
     assert [workers(r["members"]) for r in said] == [4, 3, 4], said
     lost = Nodes.address(cut)
-    assert re.fullmatch(rf"lost worker:\d at {re.escape(lost)}", said[1]["reason"]) and said[2]["reason"] == f"{lost} joined", said
+    assert (
+        re.fullmatch(rf"lost worker:\d at {re.escape(lost)}", said[1]["reason"])
+        and said[2]["reason"] == f"{lost} joined"
+    ), said
     assert lost not in said[1]["members"].values() and said[0]["members"]["worker:0"] == said[1]["members"]["worker:0"]
     log = (run_dir / "tfdistx.log").read_text()
-    assert re.search(rf"^tfdistx: round 2: 4 -> 3 workers \(lost worker:\d at {re.escape(lost)}\), resuming from step \d+$", log, re.M), log
-    assert "no answer from the rendezvous" in output(tmp_path, cut), output(tmp_path, cut)[-3000:]  # the cut node said why it stopped
+    assert re.search(
+        rf"^tfdistx: round 2: 4 -> 3 workers \(lost worker:\d at {re.escape(lost)}\), resuming from step \d+$",
+        log,
+        re.M,
+    ), log
+    assert "no answer from the rendezvous" in output(tmp_path, cut), output(tmp_path, cut)[
+        -3000:
+    ]  # the cut node said why it stopped
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["step"] == STEPS and summary["workers"] == 4 and summary["rounds"] == said
     assert steps_logged(run_dir) == list(range(EVERY, STEPS + 1, EVERY))  # each step once, none lost
 
-    whole = train(tmp_path / "whole", *ARGS, "strategy=one_device", sizes=[])  # one example order on every synchronous topology
+    whole = train(
+        tmp_path / "whole", *ARGS, "strategy=one_device", sizes=[]
+    )  # one example order on every synchronous topology
     seen = seen_counts(run_dir)
     assert seen.sum() == STEPS * BATCH
     np.testing.assert_array_equal(seen, seen_counts(whole.dir))
@@ -123,7 +155,10 @@ def test_parameter_servers_under_agents_lose_a_partitioned_worker_node_and_grow_
     assert [workers(r["members"]) for r in said] == [3, 2, 3], said
     assert all(r["members"]["chief:0"] == r["members"]["ps:0"] == Nodes.address(1) for r in said), said
     lost = Nodes.address(3)
-    assert re.fullmatch(rf"lost worker:\d at {re.escape(lost)}", said[1]["reason"]) and said[2]["reason"] == f"{lost} joined", said
+    assert (
+        re.fullmatch(rf"lost worker:\d at {re.escape(lost)}", said[1]["reason"])
+        and said[2]["reason"] == f"{lost} joined"
+    ), said
     assert "no answer from the rendezvous" in output(tmp_path, 3), output(tmp_path, 3)[-3000:]
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["step"] == STEPS and summary["rounds"] == said
@@ -142,8 +177,15 @@ def test_a_fixed_run_whose_node_is_cut_off_waits_for_it_and_resumes_bitwise(node
     agents = start_agents(nodes, tmp_path, 2, "cluster=2x1")
     wait_until(lambda: max(steps_said_in_round(run_dir, 1), default=0) >= 2 * EVERY, 300, "round 1 trains", agents)
     nodes.cut(2)
-    wait_until(lambda: "tfdistx: round 1: this node" in output(tmp_path, 2) and "no answer from the rendezvous" in output(tmp_path, 2),
-               120, "node 2 stops its task", agents)
+    wait_until(
+        lambda: (
+            "tfdistx: round 1: this node" in output(tmp_path, 2)
+            and "no answer from the rendezvous" in output(tmp_path, 2)
+        ),
+        120,
+        "node 2 stops its task",
+        agents,
+    )
     nodes.join(2)
     all_ended(agents, 300, tmp_path)
     assert [agent.returncode for agent in agents] == [0, 0], [output(tmp_path, n)[-3000:] for n in (1, 2)]
@@ -154,8 +196,13 @@ def test_a_fixed_run_whose_node_is_cut_off_waits_for_it_and_resumes_bitwise(node
     assert seen_counts(run_dir).sum() == STEPS * BATCH
 
     local = tmp_path / "local"
-    done = subprocess.run([sys.executable, "-m", "tfdistx", *ARGS, "strategy=multiworker", "cluster=2x1", f"hydra.run.dir={local}"],
-                          env=tfdistx_env(), capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-m", "tfdistx", *ARGS, "strategy=multiworker", "cluster=2x1", f"hydra.run.dir={local}"],
+        env=tfdistx_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     for mine, reference in zip(model_values(run_dir, 1), model_values(local, 1)):
         np.testing.assert_array_equal(mine, reference)
@@ -172,7 +219,9 @@ def test_a_fixed_run_of_agents_on_the_tf_data_service_runs_it_on_the_stores_node
     all_ended(agents, 300, tmp_path)
     assert [agent.returncode for agent in agents] == [0, 0], [output(tmp_path, n)[-3000:] for n in (1, 2)]
     said = rounds(run_dir)
-    assert len(said) == 1 and said[0]["members"]["dispatcher:0"] == said[0]["members"]["dataworker:0"] == Nodes.address(1), said
+    assert len(said) == 1 and said[0]["members"]["dispatcher:0"] == said[0]["members"]["dataworker:0"] == Nodes.address(
+        1
+    ), said
     assert json.loads((run_dir / "summary.json").read_text())["step"] == SERVICE_STEPS
     seen = service_seen_counts(run_dir)
     assert seen.sum() == SERVICE_STEPS * SERVICE_BATCH and seen.max() <= 1
@@ -198,19 +247,33 @@ def test_a_preempted_node_checkpoints_with_the_others_who_go_on_without_it(nodes
     wait_until(lambda: not processes_of(run_dir), 30, "every agent and task gone")
 
 
-def test_a_failing_worker_restarts_the_round_from_every_agents_budget_and_then_the_run_stops_with_its_code(nodes, tmp_path):
+def test_a_failing_worker_restarts_the_round_from_every_agents_budget_and_then_the_run_stops_with_its_code(
+    nodes, tmp_path
+):
     """2x1 on two nodes, the worker:1 of every round exiting 7 at its start (user_plugins.crashing_on_worker_1):
     its node's failure closes the round for both agents, which start it again once (cluster.max_restarts=1),
     then both stop with its code, in a bounded time, leaving no process, and the run marked failed."""
     run_dir = tmp_path / "run"
-    agents = start_agents(nodes, tmp_path, 2, "cluster=2x1", "cluster.max_restarts=1", "data._target_=user_plugins.crashing_on_worker_1",
-                          base=QUICK)
+    agents = start_agents(
+        nodes,
+        tmp_path,
+        2,
+        "cluster=2x1",
+        "cluster.max_restarts=1",
+        "data._target_=user_plugins.crashing_on_worker_1",
+        base=QUICK,
+    )
     all_ended(agents, 180, tmp_path)
     assert [agent.returncode for agent in agents] == [7, 7], [output(tmp_path, n)[-3000:] for n in (1, 2)]
     said = rounds(run_dir)
-    assert [r["reason"] for r in said] == ["started", "restart after exit code 7"] and said[0]["members"] == said[1]["members"], said
-    assert all("giving up: the cluster stopped after 1 restart(s) (cluster.max_restarts=1); last exit code 7" in output(tmp_path, n)
-               for n in (1, 2)), [output(tmp_path, n)[-2000:] for n in (1, 2)]
+    assert [r["reason"] for r in said] == ["started", "restart after exit code 7"] and said[0]["members"] == said[1][
+        "members"
+    ], said
+    assert all(
+        "giving up: the cluster stopped after 1 restart(s) (cluster.max_restarts=1); last exit code 7"
+        in output(tmp_path, n)
+        for n in (1, 2)
+    ), [output(tmp_path, n)[-2000:] for n in (1, 2)]
     assert (run_dir / "FAILED").read_text() == "exit code 7\n"  # as `tfdistx report` shows a failed run
     wait_until(lambda: not processes_of(run_dir), 30, "every agent and task gone")
 

@@ -19,7 +19,15 @@ def test_validation_imports_no_tensorflow():
 def test_help_is_tfdistx_own_and_orients():
     run = subprocess.run([sys.executable, "-m", "tfdistx", "--help"], capture_output=True, text=True, timeout=60)
     assert run.returncode == 0, run.stderr
-    for must in ("strategy: auto, central_storage, mirrored, multiworker, one_device, parameter_server, tpu",
-                 "WxD", "psPwW", "tfdistx recipes", "tfdistx report", "--plan", "outputs/DATE/TIME", "== Examples =="):
+    for must in (
+        "strategy: auto, central_storage, mirrored, multiworker, one_device, parameter_server, tpu",
+        "WxD",
+        "psPwW",
+        "tfdistx recipes",
+        "tfdistx report",
+        "--plan",
+        "outputs/DATE/TIME",
+        "== Examples ==",
+    ):
         assert must in run.stdout, must
     assert "powered by Hydra" not in run.stdout

@@ -15,8 +15,18 @@ from pathlib import Path
 
 import pytest
 
-from conftest import (QUICK, files, free_ports, metric_lines, processes_of, refused_in_one_line, start_tfdistx, tfdistx_env, wait_until,
-                      workers_tf_config)
+from conftest import (
+    QUICK,
+    files,
+    free_ports,
+    metric_lines,
+    processes_of,
+    refused_in_one_line,
+    start_tfdistx,
+    tfdistx_env,
+    wait_until,
+    workers_tf_config,
+)
 
 
 def digests(run_dir: Path) -> dict:
@@ -30,8 +40,11 @@ def digests(run_dir: Path) -> dict:
 
 
 def can_isolate() -> bool:
-    return shutil.which("unshare") is not None and subprocess.run(
-        ["unshare", "--user", "--map-root-user", "--net", "true"], capture_output=True).returncode == 0
+    return (
+        shutil.which("unshare") is not None
+        and subprocess.run(["unshare", "--user", "--map-root-user", "--net", "true"], capture_output=True).returncode
+        == 0
+    )
 
 
 def test_two_workers_end_with_identical_weights(tfdistx, tmp_path):
@@ -46,20 +59,29 @@ def test_two_workers_end_with_identical_weights(tfdistx, tmp_path):
     planted = [scratch / f"tfdistx-{key}-worker1", scratch / f"tfdistx-{key}-worker1-planted"]
     for link in planted:
         link.symlink_to(victim)
-    run = tfdistx(*QUICK, "strategy=multiworker", "cluster=2x1", "checkpoint.every_steps=20", env={"TMPDIR": str(scratch)})
+    run = tfdistx(
+        *QUICK, "strategy=multiworker", "cluster=2x1", "checkpoint.every_steps=20", env={"TMPDIR": str(scratch)}
+    )
     assert run.returncode == 0, run
     assert (victim / "precious").read_text() == "mine" and sorted(scratch.iterdir()) == planted
     for link in planted:
         link.unlink()
     summary = run.summary
-    assert (summary["strategy"], summary["workers"], summary["replicas"], summary["per_replica_batch"]) == ("multiworker", 2, 2, 16)
+    assert (summary["strategy"], summary["workers"], summary["replicas"], summary["per_replica_batch"]) == (
+        "multiworker",
+        2,
+        2,
+        16,
+    )
     assert summary["step"] == 40 and summary["process"] == "worker:0"
     found = digests(run.dir)
     assert set(found) == {"worker-0", "worker-1"} and len(set(found.values())) == 1, found
     assert found["worker-0"] == summary["weights_sha256"]
     # the chief's checkpoints in the run dir; the other worker's scratch copies removed
     assert (run.dir / "checkpoints" / "ckpt-40.index").exists()
-    assert list(scratch.iterdir()) == [] and not (run.dir / "logs" / ".scratch").exists()  # the launcher's scratch place: gone too
+    assert (
+        list(scratch.iterdir()) == [] and not (run.dir / "logs" / ".scratch").exists()
+    )  # the launcher's scratch place: gone too
     assert "[worker:1]" in run.stdout and "[worker:0] step 40/40" in run.stdout
     run_log = (run.dir / "tfdistx.log").read_text()  # the whole run in one file
     assert "[worker:0] step 40/40" in run_log and "[worker:1] task worker:1: final weights" in run_log
@@ -112,11 +134,21 @@ def test_tf_config_passthrough(tmp_path):
     assert proc.returncode == 0, (proc.stderr, outputs)
     summary = json.loads((run_dir / "summary.json").read_text())
     assert (summary["process"], summary["workers"], summary["step"]) == ("worker:0", 2, 40)
-    final = {i: [l for l in out.splitlines() if "final weights sha256" in l][0].rsplit(" ", 1)[1] for i, out in outputs.items()}
+    final = {
+        i: [l for l in out.splitlines() if "final weights sha256" in l][0].rsplit(" ", 1)[1]
+        for i, out in outputs.items()
+    }
     assert final[0] == final[1] == summary["weights_sha256"]
     config = files(run_dir / ".hydra")
-    proc, outputs = tf_config_tasks(tmp_path, *QUICK, "strategy=multiworker", "cluster=2x1", "model=cnn", "trainer.steps=60",
-                                    f"hydra.run.dir={run_dir}")
+    proc, outputs = tf_config_tasks(
+        tmp_path,
+        *QUICK,
+        "strategy=multiworker",
+        "cluster=2x1",
+        "model=cnn",
+        "trainer.steps=60",
+        f"hydra.run.dir={run_dir}",
+    )
     assert proc.returncode != 0 and all("was saved by another model" in out for out in outputs.values()), outputs
     assert files(run_dir / ".hydra") == config
 
@@ -130,10 +162,18 @@ def tf_config_tasks(tmp_path, *args):
         f"{sys.executable} -m tfdistx {' '.join(args)} > {tmp_path}/worker{i}.out 2>&1 & p{i}=$!;"
         for i in range(2)
     ]
-    script = (f"{sys.executable} -c 'from tfdistx.cluster.processes import loopback_up; loopback_up()' && "
-              + " ".join(tasks) + " wait $p0; r0=$?; wait $p1; r1=$?; [ $r0 -eq 0 ] && [ $r1 -eq 0 ]")  # both awaited, whatever the first's code
-    proc = subprocess.run(["unshare", "--user", "--map-root-user", "--net", "bash", "-c", script],
-                          env=tfdistx_env(), timeout=600, capture_output=True, text=True)
+    script = (
+        f"{sys.executable} -c 'from tfdistx.cluster.processes import loopback_up; loopback_up()' && "
+        + " ".join(tasks)
+        + " wait $p0; r0=$?; wait $p1; r1=$?; [ $r0 -eq 0 ] && [ $r1 -eq 0 ]"
+    )  # both awaited, whatever the first's code
+    proc = subprocess.run(
+        ["unshare", "--user", "--map-root-user", "--net", "bash", "-c", script],
+        env=tfdistx_env(),
+        timeout=600,
+        capture_output=True,
+        text=True,
+    )
     return proc, {i: (tmp_path / f"worker{i}.out").read_text() for i in range(2)}
 
 
@@ -157,7 +197,10 @@ def test_tasks_forked_from_the_prefork_train_as_fresh_processes_do(tfdistx, tmp_
     assert processes_of(forked_dir) == []  # the prefork went with the run
     fresh = tfdistx(*args, "cluster.prefork=false", run_dir=tmp_path / "fresh")
     assert fresh.returncode == 0, fresh
-    assert digests(forked_dir) == digests(fresh.dir) and len(set(digests(fresh.dir).values())) == 1, (digests(forked_dir), digests(fresh.dir))
+    assert digests(forked_dir) == digests(fresh.dir) and len(set(digests(fresh.dir).values())) == 1, (
+        digests(forked_dir),
+        digests(fresh.dir),
+    )
 
 
 def test_parameter_servers_whose_coordinator_is_gone_stop_on_their_own(tmp_path):
@@ -167,36 +210,63 @@ def test_parameter_servers_whose_coordinator_is_gone_stop_on_their_own(tmp_path)
     cluster.peer_timeout with one line naming it, exit 5, and none is left."""
     run_dir = tmp_path / "run"
     spec = {"chief": ["127.0.0.1:23101"], "ps": ["127.0.0.1:23102"], "worker": ["127.0.0.1:23103", "127.0.0.1:23104"]}
-    args = (f"strategy=parameter_server cluster=ps1w2 trainer.steps=1000000 trainer.steps_per_loop=10 trainer.log_every=10 "
-            f"checkpoint.every_steps=0 logger.tensorboard=false cluster.peer_timeout=4 hydra.run.dir={run_dir}")
+    args = (
+        f"strategy=parameter_server cluster=ps1w2 trainer.steps=1000000 trainer.steps_per_loop=10 trainer.log_every=10 "
+        f"checkpoint.every_steps=0 logger.tensorboard=false cluster.peer_timeout=4 hydra.run.dir={run_dir}"
+    )
     tasks = [(job, index) for job, addresses in spec.items() for index in range(len(addresses))]
-    start = " ".join(f"TF_CONFIG='{json.dumps({'cluster': spec, 'task': {'type': job, 'index': index}})}' "
-                     f"{sys.executable} -m tfdistx {args} > {tmp_path}/{job}{index}.out 2>&1 & {job}{index}=$!;" for job, index in tasks)
+    start = " ".join(
+        f"TF_CONFIG='{json.dumps({'cluster': spec, 'task': {'type': job, 'index': index}})}' "
+        f"{sys.executable} -m tfdistx {args} > {tmp_path}/{job}{index}.out 2>&1 & {job}{index}=$!;"
+        for job, index in tasks
+    )
     servers = [(job, index) for job, index in tasks if job != "chief"]
     # Once the chief has logged a step: SIGKILL it, then time each server's own end (bounded: 120 s, then killed).
-    script = (f"{sys.executable} -c 'from tfdistx.cluster.processes import loopback_up; loopback_up()' || exit 9; {start} "
-              f"for i in $(seq 600); do [ -s {run_dir}/metrics.jsonl ] && break; sleep 0.5; done; "
-              f"[ -s {run_dir}/metrics.jsonl ] || {{ echo 'no step logged'; kill -9 $chief0 " + " ".join(f"${j}{i}" for j, i in servers) + "; exit 9; }; "
-              "kill -9 $chief0; killed=$(date +%s); "
-              # The watchdog's sleep goes with it: an orphaned sleep would hold this script's output open for 120 s.
-              "( trap 'kill $s 2>/dev/null; exit 0' TERM; sleep 120 & s=$!; wait $s; kill -9 "
-              + " ".join(f"${j}{i}" for j, i in servers) + " 2>/dev/null ) >/dev/null 2>&1 & watchdog=$!; "
-              + " ".join(f"wait ${j}{i}; echo {j}{i} $? $(( $(date +%s) - killed ));" for j, i in servers)
-              + " kill $watchdog 2>/dev/null; wait $watchdog; true")
-    proc = subprocess.run(["unshare", "--user", "--map-root-user", "--net", "bash", "-c", script],
-                          env=tfdistx_env(), timeout=900, capture_output=True, text=True)
+    script = (
+        f"{sys.executable} -c 'from tfdistx.cluster.processes import loopback_up; loopback_up()' || exit 9; {start} "
+        f"for i in $(seq 600); do [ -s {run_dir}/metrics.jsonl ] && break; sleep 0.5; done; "
+        f"[ -s {run_dir}/metrics.jsonl ] || {{ echo 'no step logged'; kill -9 $chief0 "
+        + " ".join(f"${j}{i}" for j, i in servers)
+        + "; exit 9; }; "
+        "kill -9 $chief0; killed=$(date +%s); "
+        # The watchdog's sleep goes with it: an orphaned sleep would hold this script's output open for 120 s.
+        "( trap 'kill $s 2>/dev/null; exit 0' TERM; sleep 120 & s=$!; wait $s; kill -9 "
+        + " ".join(f"${j}{i}" for j, i in servers)
+        + " 2>/dev/null ) >/dev/null 2>&1 & watchdog=$!; "
+        + " ".join(f"wait ${j}{i}; echo {j}{i} $? $(( $(date +%s) - killed ));" for j, i in servers)
+        + " kill $watchdog 2>/dev/null; wait $watchdog; true"
+    )
+    proc = subprocess.run(
+        ["unshare", "--user", "--map-root-user", "--net", "bash", "-c", script],
+        env=tfdistx_env(),
+        timeout=900,
+        capture_output=True,
+        text=True,
+    )
     outputs = {f"{job}{index}": (tmp_path / f"{job}{index}.out").read_text() for job, index in tasks}
-    ended = {line.split()[0]: (int(line.split()[1]), int(line.split()[2])) for line in proc.stdout.splitlines() if len(line.split()) == 3}
+    ended = {
+        line.split()[0]: (int(line.split()[1]), int(line.split()[2]))
+        for line in proc.stdout.splitlines()
+        if len(line.split()) == 3
+    }
     assert set(ended) == {"ps0", "worker0", "worker1"}, (proc.stdout, proc.stderr, outputs)
     for name, (code, seconds) in ended.items():
         assert code == 5 and seconds <= 4 + 30, (name, code, seconds, outputs[name][-2000:])
         said = [line for line in outputs[name].splitlines() if line.startswith("tfdistx: lost contact")]
-        assert said == [f"tfdistx: lost contact with chief:0: no answer for 4s (cluster.peer_timeout); {name[:-1]}:{name[-1]} stops serving"], outputs[name][-2000:]
+        assert said == [
+            f"tfdistx: lost contact with chief:0: no answer for 4s (cluster.peer_timeout); {name[:-1]}:{name[-1]} stops serving"
+        ], outputs[name][-2000:]
 
 
 def test_a_failing_task_stops_the_cluster(tfdistx):
-    run = tfdistx(*QUICK, "strategy=multiworker", "cluster=2x1", "data._target_=user_plugins.broken_on_worker_1",
-                  "trainer.steps=100000", timeout=300)
+    run = tfdistx(
+        *QUICK,
+        "strategy=multiworker",
+        "cluster=2x1",
+        "data._target_=user_plugins.broken_on_worker_1",
+        "trainer.steps=100000",
+        timeout=300,
+    )
     assert run.returncode == 2, run
     assert "worker 1 cannot read its data" in run.stdout and "task worker:1 exited with code 2" in run.stderr
     assert processes_of(run.dir) == []
@@ -204,8 +274,14 @@ def test_a_failing_task_stops_the_cluster(tfdistx):
 
 def test_ctrl_c_stops_every_task(tmp_path):
     run_dir = tmp_path / "run"
-    args = ["strategy=multiworker", "cluster=2x1", "trainer.steps=1000000", "trainer.steps_per_loop=10", "trainer.log_every=10",
-            "logger.tensorboard=false"]
+    args = [
+        "strategy=multiworker",
+        "cluster=2x1",
+        "trainer.steps=1000000",
+        "trainer.steps_per_loop=10",
+        "trainer.log_every=10",
+        "logger.tensorboard=false",
+    ]
     proc = start_tfdistx(args, run_dir)
     try:
         wait_until(lambda: metric_lines(run_dir) >= 1, 300, "a first metrics line", [proc])
@@ -220,22 +296,34 @@ def test_ctrl_c_stops_every_task(tmp_path):
         proc.kill()  # if the test failed: the launcher's tasks die with it (PR_SET_PDEATHSIG)
 
 
-@pytest.mark.parametrize("strategy", [["strategy=multiworker", "cluster=2x1"], ["strategy=parameter_server", "cluster=ps1w2"]],
-                         ids=["multiworker", "parameter_server"])
+@pytest.mark.parametrize(
+    "strategy",
+    [["strategy=multiworker", "cluster=2x1"], ["strategy=parameter_server", "cluster=ps1w2"]],
+    ids=["multiworker", "parameter_server"],
+)
 def test_a_niced_cluster_yields_in_a_session_of_its_own_and_is_stopped_and_resumed_as_any(tmp_path, strategy):
     """cluster.nice=10: the supervisor, the prefork and every task run at nice 10 in one session of their
     own, whose autogroup (the scheduler's share between sessions) has nice 10 too; the command stays in the
     caller's session, untouched. A SIGTERM to the command still reaches the tasks (42), and the same command
     then finishes the run from its checkpoint."""
     run_dir = tmp_path / "run"
-    args = [*strategy, "cluster.nice=10", "trainer.steps=1000000", "trainer.steps_per_loop=10",
-            "trainer.log_every=10", "logger.tensorboard=false", "checkpoint.export=false"]
+    args = [
+        *strategy,
+        "cluster.nice=10",
+        "trainer.steps=1000000",
+        "trainer.steps_per_loop=10",
+        "trainer.log_every=10",
+        "logger.tensorboard=false",
+        "checkpoint.export=false",
+    ]
     proc = start_tfdistx(args, run_dir)
     try:
         wait_until(lambda: metric_lines(run_dir) >= 1, 300, "a first metrics line", [proc])
         autogroup = Path("/proc/self/autogroup").exists()  # a kernel built without it has the processes' nice alone
         assert os.getsid(proc.pid) == os.getsid(0)
-        assert not autogroup or Path(f"/proc/{proc.pid}/autogroup").read_text() == Path("/proc/self/autogroup").read_text()
+        assert (
+            not autogroup or Path(f"/proc/{proc.pid}/autogroup").read_text() == Path("/proc/self/autogroup").read_text()
+        )
         cluster = [pid for pid in processes_of(run_dir) if pid != proc.pid]
         assert len(cluster) >= 4  # the supervisor, the prefork, two workers (and a ps and a chief)
         for pid in cluster:
@@ -249,18 +337,31 @@ def test_a_niced_cluster_yields_in_a_session_of_its_own_and_is_stopped_and_resum
     finally:
         proc.kill()
     stopped_at = json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[-1])["step"]
-    again = subprocess.run([sys.executable, "-m", "tfdistx", *args, f"trainer.steps={stopped_at + 20}", f"hydra.run.dir={run_dir}"],
-                           env=tfdistx_env(), capture_output=True, text=True, timeout=600)
+    again = subprocess.run(
+        [sys.executable, "-m", "tfdistx", *args, f"trainer.steps={stopped_at + 20}", f"hydra.run.dir={run_dir}"],
+        env=tfdistx_env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert again.returncode == 0, again.stderr[-3000:]
     assert json.loads((run_dir / "summary.json").read_text())["step"] == stopped_at + 20
 
 
 def test_a_nice_for_a_task_a_scheduler_placed_is_refused_in_one_line(tfdistx):
     """cluster.nice under TF_CONFIG (cluster.launch=auto): the scheduler started the process, so nothing would be niced."""
-    run = tfdistx("strategy=multiworker", "cluster=2x1", "cluster.nice=10", *QUICK, env={"TF_CONFIG": workers_tf_config(free_ports(2), 0)})
+    run = tfdistx(
+        "strategy=multiworker",
+        "cluster=2x1",
+        "cluster.nice=10",
+        *QUICK,
+        env={"TF_CONFIG": workers_tf_config(free_ports(2), 0)},
+    )
     assert run.returncode == 2 and "Traceback" not in run.stderr, run
-    assert ("tfdistx: invalid config: cluster.nice=10: a local cluster's priority, and this task was placed by a scheduler: "
-            "ask it (Slurm's --nice, a pod's priority), and leave cluster.nice=0 here") in run.stderr, run.stderr[-2000:]
+    assert (
+        "tfdistx: invalid config: cluster.nice=10: a local cluster's priority, and this task was placed by a scheduler: "
+        "ask it (Slurm's --nice, a pod's priority), and leave cluster.nice=0 here"
+    ) in run.stderr, run.stderr[-2000:]
 
 
 # -- a missing peer: exit 4 in time (placement from a scheduler's environment, and a bad one refused: test_unit_config_cluster.py) --
@@ -268,10 +369,18 @@ def test_a_nice_for_a_task_a_scheduler_placed_is_refused_in_one_line(tfdistx):
 
 def test_a_peer_that_never_starts_ends_the_task_in_time_naming_it(tfdistx):
     ports = free_ports(2)
-    run = tfdistx("strategy=multiworker", "cluster=2x1", "cluster.startup_timeout=3", *QUICK, env={"TF_CONFIG": workers_tf_config(ports, 0)})
+    run = tfdistx(
+        "strategy=multiworker",
+        "cluster=2x1",
+        "cluster.startup_timeout=3",
+        *QUICK,
+        env={"TF_CONFIG": workers_tf_config(ports, 0)},
+    )
     assert run.returncode == 4 and "Traceback" not in run.stderr, run
-    assert (f"tfdistx: the cluster did not form within cluster.startup_timeout=3s: no answer from worker:1 at 127.0.0.1:{ports[1]}"
-            in run.stderr), run
+    assert (
+        f"tfdistx: the cluster did not form within cluster.startup_timeout=3s: no answer from worker:1 at 127.0.0.1:{ports[1]}"
+        in run.stderr
+    ), run
     assert "listens on port" in run.stderr and "ALL of this host's interfaces" in run.stderr  # the exposure warning
 
 
@@ -282,30 +391,64 @@ def test_a_port_in_use_is_named_with_its_task(tfdistx):
         taken.listen()
         run = tfdistx("strategy=multiworker", "cluster=2x1", *QUICK, env={"TF_CONFIG": workers_tf_config(ports, 0)})
     assert run.returncode == 6, run.stderr[-2000:]  # a fault of the machine, which a retry may cure: not a bad config
-    assert f"tfdistx: TF_CONFIG='127.0.0.1:{ports[0]}': task worker:0 cannot listen on port {ports[0]}: it is already in use" in run.stderr
+    assert (
+        f"tfdistx: TF_CONFIG='127.0.0.1:{ports[0]}': task worker:0 cannot listen on port {ports[0]}: it is already in use"
+        in run.stderr
+    )
     assert "Traceback" not in run.stderr
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("extra", [["trainer.precision=mixed_float16"], ["trainer.jit_compile=true", "trainer.accumulate_steps=2",
-                                                                          "optimizer.global_clip_norm=1.0", "strategy.bytes_per_pack=65536"]])
+@pytest.mark.parametrize(
+    "extra",
+    [
+        ["trainer.precision=mixed_float16"],
+        [
+            "trainer.jit_compile=true",
+            "trainer.accumulate_steps=2",
+            "optimizer.global_clip_norm=1.0",
+            "strategy.bytes_per_pack=65536",
+        ],
+    ],
+)
 def test_multiworker_runs_mixed_float16_and_xla_with_accumulation(tfdistx, extra):
     """How a step computes, under a real cluster (in one process: test_unit_compute.py)."""
-    run = tfdistx(*QUICK, "data=synthetic", "strategy=multiworker", "cluster=2x1", *extra, "trainer.steps=80", "trainer.eval_every=80",
-                  timeout=300)
+    run = tfdistx(
+        *QUICK,
+        "data=synthetic",
+        "strategy=multiworker",
+        "cluster=2x1",
+        *extra,
+        "trainer.steps=80",
+        "trainer.eval_every=80",
+        timeout=300,
+    )
     assert run.returncode == 0, run
     assert run.summary["step"] == 80 and run.summary["train"]["loss"] < 2.1
 
 
 @pytest.mark.slow  # the default run checks both ps tasks hold variables in test_tasks' wide_deep_ps run
 def test_wide_deep_tables_are_sharded_across_parameter_servers(tfdistx):
-    run = tfdistx("recipe=wide_deep_ps", "trainer.steps=60", "trainer.steps_per_loop=20", "trainer.log_every=20",
-                  "trainer.eval_every=0", "data.batch_size=64", "data.train_examples=2048", "model.vocab_size=20000",
-                  "data.vocab_size=20000", "model.hidden_units=[32]", "logger.tensorboard=false")
+    run = tfdistx(
+        "recipe=wide_deep_ps",
+        "trainer.steps=60",
+        "trainer.steps_per_loop=20",
+        "trainer.log_every=20",
+        "trainer.eval_every=0",
+        "data.batch_size=64",
+        "data.train_examples=2048",
+        "model.vocab_size=20000",
+        "data.vocab_size=20000",
+        "model.hidden_units=[32]",
+        "logger.tensorboard=false",
+    )
     assert run.returncode == 0, run
     summary = run.summary
     assert (summary["strategy"], summary["ps"], summary["workers"], summary["step"]) == ("parameter_server", 2, 2, 60)
-    assert summary["variable_devices"] == ["/job:ps/replica:0/task:0/device:CPU:0", "/job:ps/replica:0/task:1/device:CPU:0"]
+    assert summary["variable_devices"] == [
+        "/job:ps/replica:0/task:0/device:CPU:0",
+        "/job:ps/replica:0/task:1/device:CPU:0",
+    ]
     losses = [m["loss"] for m in run.metrics]
     assert losses[-1] < losses[0]
 
@@ -326,20 +469,28 @@ def test_the_prefork_outlives_a_schedulers_signals_and_its_tasks_take_them_as_a_
         "import pathlib, signal, sys, time\n"
         "said = {s.name: str(signal.getsignal(s)) for s in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2)}\n"
         "pathlib.Path(sys.argv[1]).write_text(repr(said))\n"
-        "time.sleep(60)\n")
+        "time.sleep(60)\n"
+    )
     said = tmp_path / "said.txt"
     prefork = Prefork([], str(tmp_path))
     try:
         wait_until(prefork.ready, 30, "the prefork")
-        task = prefork.spawn([sys.executable, "-m", "probe_signals", str(said)], dict(os.environ), "probe", cwd=str(tmp_path))
+        task = prefork.spawn(
+            [sys.executable, "-m", "probe_signals", str(said)], dict(os.environ), "probe", cwd=str(tmp_path)
+        )
         wait_until(said.exists, 30, "the task's dispositions")
         for sig in (signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
             os.kill(prefork.pid, sig)
         time.sleep(1)
         assert prefork.ready() and task.poll() is None  # both still there
         default = str(signal.SIG_DFL)
-        assert eval(said.read_text()) == {"SIGTERM": default, "SIGHUP": default, "SIGUSR1": default, "SIGUSR2": default,
-                                          "SIGINT": str(signal.default_int_handler)}
+        assert eval(said.read_text()) == {
+            "SIGTERM": default,
+            "SIGHUP": default,
+            "SIGUSR1": default,
+            "SIGUSR2": default,
+            "SIGINT": str(signal.default_int_handler),
+        }
         task.send_signal(signal.SIGUSR1)
         assert task.wait(timeout=30) == -signal.SIGUSR1
     finally:

@@ -83,13 +83,20 @@ def test_every_refusal_of_export_predict_evaluate_and_data_write_comes_before_te
         (["data", "write", "data=synthetic", "--out", mine], "exists and is not data written by tfdistx data write"),
         (["data", "write", "data=synthetic", "--out", "/proc/x"], "--out='/proc/x': cannot be written"),
     ]
-    proc = subprocess.run([sys.executable, "-c", IN_A_FRESH_PROCESS, json.dumps([[str(a) for a in argv] for argv, _ in refusals])],
-                          capture_output=True, text=True, env=tfdistx_env(), timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-c", IN_A_FRESH_PROCESS, json.dumps([[str(a) for a in argv] for argv, _ in refusals])],
+        capture_output=True,
+        text=True,
+        env=tfdistx_env(),
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     found = json.loads(proc.stdout.strip().splitlines()[-1])
     for (argv, phrase), (code, err) in zip(refusals, found["results"]):
         lines = err.strip().splitlines()
-        assert code == 2 and len(lines) == 1 and lines[0].startswith("tfdistx: invalid config: ") and phrase in lines[0], (argv, code, err)
+        assert (
+            code == 2 and len(lines) == 1 and lines[0].startswith("tfdistx: invalid config: ") and phrase in lines[0]
+        ), (argv, code, err)
     assert found["tensorflow"] is False  # not one of them started TensorFlow: each took a fraction of a second
     assert files(run) == before and [p.name for p in mine.iterdir()] == ["notes.txt"] and not os.path.exists("/proc/x")
 
@@ -109,7 +116,9 @@ mount -o remount,ro "$DISK"
 """
 
 
-def test_a_full_or_read_only_disk_under_evaluate_export_and_predict_is_exit_3_in_one_line_and_leaves_nothing(run, tmp_path):
+def test_a_full_or_read_only_disk_under_evaluate_export_and_predict_is_exit_3_in_one_line_and_leaves_nothing(
+    run, tmp_path
+):
     """A real full file system: a tmpfs mounted in a user namespace of its
     own (no privileges needed, nothing left mounted), holding a copy of the run."""
     disk, out, copy = tmp_path / "disk", tmp_path / "out", tmp_path / "run"
@@ -121,19 +130,40 @@ def test_a_full_or_read_only_disk_under_evaluate_export_and_predict_is_exit_3_in
     # an evaluation's line must take a new page of the full disk: its record cut short would join the next one appended
     (copy / "evaluations.jsonl").write_text(json.dumps({"step": 0, "padding": "x" * 4063}) + "\n")  # 4090 bytes
     before = files(copy)
-    subprocess.run(["unshare", "--user", "--map-root-user", "--mount", "sh", "-c", FULL_DISK, "sh", sys.executable, "-m", "tfdistx"],
-                   env=tfdistx_env(DISK=str(disk), OUT=str(out), RUN=str(copy)), timeout=600, check=True)
+    subprocess.run(
+        [
+            "unshare",
+            "--user",
+            "--map-root-user",
+            "--mount",
+            "sh",
+            "-c",
+            FULL_DISK,
+            "sh",
+            sys.executable,
+            "-m",
+            "tfdistx",
+        ],
+        env=tfdistx_env(DISK=str(disk), OUT=str(out), RUN=str(copy)),
+        timeout=600,
+        check=True,
+    )
     full = "No space left on device"
-    for name, expected in (("evaluate", f"the run ({full}): the evaluation stopped; evaluations.jsonl is as it was."),
-                           ("export", f"--out='{disk}/e' ({full}): nothing was written."),
-                           ("predict", f"--out='{disk}/p' ({full}): nothing was written."),
-                           ("readonly", f"--out='{disk}/e' (Read-only file system): nothing was written")):
+    for name, expected in (
+        ("evaluate", f"the run ({full}): the evaluation stopped; evaluations.jsonl is as it was."),
+        ("export", f"--out='{disk}/e' ({full}): nothing was written."),
+        ("predict", f"--out='{disk}/p' ({full}): nothing was written."),
+        ("readonly", f"--out='{disk}/e' (Read-only file system): nothing was written"),
+    ):
         text = (out / f"{name}.txt").read_text()
         assert (out / f"{name}.rc").read_text().strip() == "3", text[-3000:]
         lines = [line for line in text.splitlines() if line.startswith("tfdistx:") and "predict: " not in line]
         assert len(lines) == 1 and lines[0].startswith(f"tfdistx: cannot write {expected}"), text
         assert "Traceback" not in text and "Error" not in text, text
-    assert (out / "left.txt").read_text().split() == ["fill", "run"]  # no SavedModel, no predictions, no .e.tmp-*, no .p.tmp-*
+    assert (out / "left.txt").read_text().split() == [
+        "fill",
+        "run",
+    ]  # no SavedModel, no predictions, no .e.tmp-*, no .p.tmp-*
     assert files(out / "run") == before  # evaluations.jsonl as it was: no line cut short
 
 
@@ -141,24 +171,41 @@ def test_a_full_or_read_only_disk_under_evaluate_export_and_predict_is_exit_3_in
 def test_a_file_size_limit_under_export_is_exit_3_in_one_line_and_leaves_nothing(run, tmp_path):
     """EFBIG (RLIMIT_FSIZE, as a batch system sets it): Python ignores
     SIGXFSZ, so the write fails instead of killing the process."""
+
     def limited():
         resource.setrlimit(resource.RLIMIT_FSIZE, (10_000, 10_000))  # below each of the SavedModel's two main files
 
-    proc = subprocess.run([sys.executable, "-m", "tfdistx", "export", str(run), "--out", str(tmp_path / "e")], preexec_fn=limited,
-                          capture_output=True, text=True, env=tfdistx_env(), timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-m", "tfdistx", "export", str(run), "--out", str(tmp_path / "e")],
+        preexec_fn=limited,
+        capture_output=True,
+        text=True,
+        env=tfdistx_env(),
+        timeout=300,
+    )
     assert proc.returncode == 3 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
-    assert [line for line in proc.stderr.splitlines() if line.startswith("tfdistx:")] == \
-        [f"tfdistx: cannot write --out='{tmp_path / 'e'}' (File too large): nothing was written. Free some space and run the command again."]
+    assert [line for line in proc.stderr.splitlines() if line.startswith("tfdistx:")] == [
+        f"tfdistx: cannot write --out='{tmp_path / 'e'}' (File too large): nothing was written. Free some space and run the command again."
+    ]
     assert list(tmp_path.iterdir()) == []
 
 
 def test_a_killed_predict_leaves_its_temporary_directory_to_the_next_predict_which_removes_it(run, tmp_path):
     rows = np.random.default_rng(0).random((3000, 6), dtype=np.float32)
-    np.savetxt(tmp_path / "rows.csv", rows, delimiter=",", header=",".join(f"features_{j}" for j in range(6)), comments="", fmt="%.6g")
+    np.savetxt(
+        tmp_path / "rows.csv",
+        rows,
+        delimiter=",",
+        header=",".join(f"features_{j}" for j in range(6)),
+        comments="",
+        fmt="%.6g",
+    )
     out = tmp_path / "p"
     # --batch-size 1: a call of the model a row, seconds of predicting to be killed in
-    killed = start_tfdistx(["predict", str(run), "--data-files", str(tmp_path / "rows.csv"), "--out", str(out), "--batch-size", "1"],
-                           stdout=subprocess.DEVNULL)
+    killed = start_tfdistx(
+        ["predict", str(run), "--data-files", str(tmp_path / "rows.csv"), "--out", str(out), "--batch-size", "1"],
+        stdout=subprocess.DEVNULL,
+    )
     try:
         wait_until(lambda: list(tmp_path.glob(".p.tmp-*")), 120, "predict's temporary directory", [killed])
         killed.send_signal(signal.SIGKILL)
@@ -178,10 +225,25 @@ def test_a_warm_start_from_a_run_still_training_is_never_refused_as_a_bad_config
     loads the newest, or after a few tries stops with a retryable RunFault;
     never exit 2."""
     source = tmp_path / "source"
-    training = start_tfdistx([*RUN_QUICK, "trainer.steps=100000000", "trainer.log_every=1000", "checkpoint.every_steps=10",
-                              "checkpoint.max_to_keep=1", "checkpoint.export=false"], source, stdout=subprocess.DEVNULL)
+    training = start_tfdistx(
+        [
+            *RUN_QUICK,
+            "trainer.steps=100000000",
+            "trainer.log_every=1000",
+            "checkpoint.every_steps=10",
+            "checkpoint.max_to_keep=1",
+            "checkpoint.export=false",
+        ],
+        source,
+        stdout=subprocess.DEVNULL,
+    )
     try:
-        wait_until(lambda: list((source / "checkpoints").glob("ckpt-*.index")), 120, "the source run's first checkpoint", [training])
+        wait_until(
+            lambda: list((source / "checkpoints").glob("ckpt-*.index")),
+            120,
+            "the source run's first checkpoint",
+            [training],
+        )
         assert training.poll() is None, "the source run ended"
         outcomes = []
         for k in range(2):
@@ -211,7 +273,9 @@ with new_directory("--out", sys.argv[1]) as tmp:
 
 def test_a_temporary_directory_is_removed_by_the_next_command_only_once_its_writer_is_gone(tmp_path):
     target = tmp_path / "export"
-    writer = subprocess.Popen([sys.executable, "-c", WRITING, str(target)], stdout=subprocess.PIPE, text=True, env=tfdistx_env())
+    writer = subprocess.Popen(
+        [sys.executable, "-c", WRITING, str(target)], stdout=subprocess.PIPE, text=True, env=tfdistx_env()
+    )
     try:
         its_tmp = writer.stdout.readline().strip()
         assert os.path.basename(its_tmp).startswith(".export.tmp-"), its_tmp
@@ -224,7 +288,10 @@ def test_a_temporary_directory_is_removed_by_the_next_command_only_once_its_writ
             (Path(tmp) / "saved_model.pb").write_text("second")
         assert not os.path.exists(its_tmp)  # the killed command's: removed by the next that writes there
         assert (target / "saved_model.pb").read_text() == "second"
-        assert sorted(p.name.split(".")[0] for p in tmp_path.iterdir()) == ["export", "export"]  # and the first, kept aside
+        assert sorted(p.name.split(".")[0] for p in tmp_path.iterdir()) == [
+            "export",
+            "export",
+        ]  # and the first, kept aside
     finally:
         writer.kill()
         writer.wait()
@@ -235,24 +302,45 @@ def test_a_temporary_directory_is_removed_by_the_next_command_only_once_its_writ
 
 def test_the_default_input_is_the_runs_eval_split(run):
     """A real process, as a user starts it: no --data-files."""
-    proc = run_command([sys.executable, "-m", "tfdistx", "predict", str(run)],
-                          env=tfdistx_env(), timeout=300)
+    proc = run_command([sys.executable, "-m", "tfdistx", "predict", str(run)], env=tfdistx_env(), timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = run / "predictions"
-    assert proc.stderr.strip().splitlines()[-1] == \
-        f"tfdistx: predict: 100 rows of the eval split of the run's data (tfdistx.data.synthetic) predicted into {out}"
+    assert (
+        proc.stderr.strip().splitlines()[-1]
+        == f"tfdistx: predict: 100 rows of the eval split of the run's data (tfdistx.data.synthetic) predicted into {out}"
+    )
     assert "tfdistx: predict: 100 rows\n" in proc.stderr and "Traceback" not in proc.stderr
     manifest = json.loads((out / "predictions.json").read_text())
-    assert manifest["inputs"] == [{"source": "the eval split of the run's data (tfdistx.data.synthetic)", "rows": 100,
-                                   "predictions": "predictions-00000-of-00001.csv"}]
+    assert manifest["inputs"] == [
+        {
+            "source": "the eval split of the run's data (tfdistx.data.synthetic)",
+            "rows": 100,
+            "predictions": "predictions-00000-of-00001.csv",
+        }
+    ]
     features, _ = sources.synthetic(image_shape=[6], train_examples=256, eval_examples=100).eval.arrays
     header, found = csv_rows(out / "predictions-00000-of-00001.csv")
     assert header == CLASSIFIED_COLUMNS
-    np.testing.assert_allclose(found, expected_columns(serving(run / "export")(features=tf.constant(features))), rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(
+        found, expected_columns(serving(run / "export")(features=tf.constant(features))), rtol=1e-6, atol=1e-6
+    )
 
 
-def test_a_refusal_from_the_command_line(run, data, tmp_path):
-    proc = run_command([sys.executable, "-m", "tfdistx", "predict", str(run), "--data-files", str(data / "clicks-tfrecord" / "eval-*"),
-                           "--out", str(tmp_path / "p")], env=tfdistx_env(), timeout=300)
+def test_a_refusal_from_the_command_line(run, data, tmp_path):  # noqa: F811 (data: the fixture imported above)
+    proc = run_command(
+        [
+            sys.executable,
+            "-m",
+            "tfdistx",
+            "predict",
+            str(run),
+            "--data-files",
+            str(data / "clicks-tfrecord" / "eval-*"),
+            "--out",
+            str(tmp_path / "p"),
+        ],
+        env=tfdistx_env(),
+        timeout=300,
+    )
     refused_in_one_line(Run(proc, run), "eval-00000-of-00001.tfrecord", "no feature 'features'")
     assert not (tmp_path / "p").exists()

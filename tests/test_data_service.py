@@ -31,10 +31,20 @@ STEPS = 24
 
 
 def probe_args(steps=STEPS, loop=4):
-    return ["data._target_=service_plugins.indexed_arrays", f"data.examples={EXAMPLES}", "model._target_=user_plugins.counting_model",
-            f"model.examples={EXAMPLES}", f"data.batch_size={BATCH}", f"trainer.steps={steps}", f"trainer.steps_per_loop={loop}",
-            f"trainer.log_every={loop}", "trainer.eval_every=0", "logger.tensorboard=false", "checkpoint.export=false",
-            "cluster.max_restarts=0"]
+    return [
+        "data._target_=service_plugins.indexed_arrays",
+        f"data.examples={EXAMPLES}",
+        "model._target_=user_plugins.counting_model",
+        f"model.examples={EXAMPLES}",
+        f"data.batch_size={BATCH}",
+        f"trainer.steps={steps}",
+        f"trainer.steps_per_loop={loop}",
+        f"trainer.log_every={loop}",
+        "trainer.eval_every=0",
+        "logger.tensorboard=false",
+        "checkpoint.export=false",
+        "cluster.max_restarts=0",
+    ]
 
 
 class Straggler:
@@ -103,8 +113,12 @@ def test_parameter_servers_with_a_straggling_worker_train_each_example_at_most_o
     batch of the run's order to one trainer only, so within the epoch no
     example is trained twice, however the workers share the batches."""
     run_dir = tmp_path / "ps"
-    run = run_with_stragglers(tfdistx, run_dir, ["strategy=parameter_server", "cluster=ps1w2", "data.service.workers=2", *probe_args()],
-                              [("worker", 1), ("dataworker", 1)])
+    run = run_with_stragglers(
+        tfdistx,
+        run_dir,
+        ["strategy=parameter_server", "cluster=ps1w2", "data.service.workers=2", *probe_args()],
+        [("worker", 1), ("dataworker", 1)],
+    )
     seen = seen_counts(run.dir)
     assert seen.sum() == STEPS * BATCH
     assert seen.max() <= 1, f"{(seen > 1).sum()} examples trained twice"
@@ -114,7 +128,9 @@ def test_parameter_servers_with_a_straggling_worker_train_each_example_at_most_o
 @pytest.mark.slow
 @pytest.mark.parametrize("strategy", [["strategy=one_device"], ["strategy=multiworker", "cluster=2x1"]])
 def test_synchronous_strategies_on_the_service_train_each_example_at_most_once(tfdistx, tmp_path, strategy):
-    run = run_with_stragglers(tfdistx, tmp_path / "run", [*strategy, "data.service.workers=2", *probe_args()], [("dataworker", 1)])
+    run = run_with_stragglers(
+        tfdistx, tmp_path / "run", [*strategy, "data.service.workers=2", *probe_args()], [("dataworker", 1)]
+    )
     seen = seen_counts(run.dir)
     assert seen.sum() == STEPS * BATCH and seen.max() <= 1
 
@@ -124,7 +140,12 @@ def test_parallel_epochs_samples_the_data_on_every_worker(tfdistx, tmp_path):
     """Each data worker runs the whole pipeline in an order of its own
     (what parallel_epochs is: sampling; how many examples repeat depends on
     when the second worker joins, so only the steps are counted here)."""
-    run = tfdistx("data.service.workers=2", "data.service.mode=parallel_epochs", *probe_args(steps=32, loop=8), run_dir=tmp_path / "run")
+    run = tfdistx(
+        "data.service.workers=2",
+        "data.service.mode=parallel_epochs",
+        *probe_args(steps=32, loop=8),
+        run_dir=tmp_path / "run",
+    )
     assert run.returncode == 0, run
     assert seen_counts(run.dir).sum() == 32 * BATCH
     assert not processes_of(run.dir)
@@ -155,13 +176,23 @@ def test_deterministic_with_the_service_warns_once_that_resume_is_not_exact(tfdi
 
 
 @pytest.mark.slow
-def test_tfjob_pods_run_the_service_and_training_outlives_a_killed_data_worker(tmp_path, simulator):
+def test_tfjob_pods_run_the_service_and_training_outlives_a_killed_data_worker(tmp_path, simulator):  # noqa: F811 (simulator: the fixture imported above)
     """The exported TFJob's pods, as the operator runs them (tests/simulated_pods.py): the Dispatcher and
     DataWorker pods serve, the trainer finds them in its TF_CONFIG; a data worker pod killed mid-run is
     recreated at a new address, and training, fed by the other one meanwhile, finishes."""
-    volume, events, logs = run_tfjob(tmp_path, "ds", ["strategy=one_device", "data=synthetic", "data.service.workers=2",
-                                                      "trainer.steps=600", "checkpoint.every_steps=200"],
-                                     kill="ds-dataworker-0", when="checkpoints/ckpt-200.index")
+    volume, events, logs = run_tfjob(
+        tmp_path,
+        "ds",
+        [
+            "strategy=one_device",
+            "data=synthetic",
+            "data.service.workers=2",
+            "trainer.steps=600",
+            "checkpoint.every_steps=200",
+        ],
+        kill="ds-dataworker-0",
+        when="checkpoints/ckpt-200.index",
+    )
     assert exits(events, "ds-dataworker-0")[0] == 137
     assert events[-1] == {**events[-1], "event": "job", "status": "Succeeded"}
     assert json.loads((volume / "ds" / "summary.json").read_text())["step"] == 600

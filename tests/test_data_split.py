@@ -19,20 +19,34 @@ def seen_counts(run_dir):
 
 
 def probe(tfdistx, tmp_path, name, *args, examples=EXAMPLES):
-    run = tfdistx("data._target_=user_plugins.indexed_data", "model._target_=user_plugins.counting_model",
-                  f"+data.examples={examples}", f"+model.examples={examples}", f"trainer.steps={STEPS}",
-                  f"trainer.steps_per_loop={STEPS}", f"trainer.log_every={STEPS}", "trainer.eval_every=0",
-                  f"data.batch_size={BATCH}", "logger.tensorboard=false", "checkpoint.export=false",
-                  "cluster.max_restarts=0", *args, run_dir=tmp_path / name)
+    run = tfdistx(
+        "data._target_=user_plugins.indexed_data",
+        "model._target_=user_plugins.counting_model",
+        f"+data.examples={examples}",
+        f"+model.examples={examples}",
+        f"trainer.steps={STEPS}",
+        f"trainer.steps_per_loop={STEPS}",
+        f"trainer.log_every={STEPS}",
+        "trainer.eval_every=0",
+        f"data.batch_size={BATCH}",
+        "logger.tensorboard=false",
+        "checkpoint.export=false",
+        "cluster.max_restarts=0",
+        *args,
+        run_dir=tmp_path / name,
+    )
     assert run.returncode == 0, run
     return seen_counts(run.dir)
 
 
-@pytest.mark.parametrize("strategy", [
-    pytest.param(["strategy=one_device"], marks=pytest.mark.slow),
-    pytest.param(["strategy=mirrored", "cluster=1x2"], marks=pytest.mark.slow),
-    ["strategy=multiworker", "cluster=2x1"],
-])
+@pytest.mark.parametrize(
+    "strategy",
+    [
+        pytest.param(["strategy=one_device"], marks=pytest.mark.slow),
+        pytest.param(["strategy=mirrored", "cluster=1x2"], marks=pytest.mark.slow),
+        ["strategy=multiworker", "cluster=2x1"],
+    ],
+)
 def test_synchronous_strategies_see_each_example_once_per_epoch(tfdistx, tmp_path, strategy):
     seen = probe(tfdistx, tmp_path, "run", *strategy)
     assert seen.sum() == STEPS * BATCH
@@ -58,18 +72,38 @@ def expected_bias(steps: int, lr: float) -> float:
     return float(np.sum(lr * 0.5 * (1 + np.cos(np.pi * t / steps))))
 
 
-@pytest.mark.parametrize("strategy", [
-    pytest.param(["strategy=one_device"], marks=pytest.mark.slow),
-    pytest.param(["strategy=mirrored", "cluster=1x2"], marks=pytest.mark.slow),
-    pytest.param(["strategy=multiworker", "cluster=2x1"], marks=pytest.mark.slow),
-    ["strategy=parameter_server", "cluster=ps1w2"],  # its workers count the true step apart from optimizer.iterations
-])
+@pytest.mark.parametrize(
+    "strategy",
+    [
+        pytest.param(["strategy=one_device"], marks=pytest.mark.slow),
+        pytest.param(["strategy=mirrored", "cluster=1x2"], marks=pytest.mark.slow),
+        pytest.param(["strategy=multiworker", "cluster=2x1"], marks=pytest.mark.slow),
+        [
+            "strategy=parameter_server",
+            "cluster=ps1w2",
+        ],  # its workers count the true step apart from optimizer.iterations
+    ],
+)
 def test_cosine_schedule_follows_the_true_step(tfdistx, tmp_path, strategy):
     steps, lr = 300, 0.01
-    run = tfdistx("data._target_=user_plugins.far_targets", "model._target_=user_plugins.bias_only", "task=regression",
-                  "task.loss=mae", "optimizer=sgd", "optimizer.momentum=0.0", f"optimizer.lr={lr}", "optimizer.schedule=cosine",
-                  f"trainer.steps={steps}", "trainer.steps_per_loop=20", "trainer.log_every=20", "trainer.eval_every=0",
-                  "data.batch_size=16", "logger.tensorboard=false", "cluster.max_restarts=0", *strategy)
+    run = tfdistx(
+        "data._target_=user_plugins.far_targets",
+        "model._target_=user_plugins.bias_only",
+        "task=regression",
+        "task.loss=mae",
+        "optimizer=sgd",
+        "optimizer.momentum=0.0",
+        f"optimizer.lr={lr}",
+        "optimizer.schedule=cosine",
+        f"trainer.steps={steps}",
+        "trainer.steps_per_loop=20",
+        "trainer.log_every=20",
+        "trainer.eval_every=0",
+        "data.batch_size=16",
+        "logger.tensorboard=false",
+        "cluster.max_restarts=0",
+        *strategy,
+    )
     assert run.returncode == 0, run
     assert run.metrics[-1]["step"] == steps and run.metrics[-1]["lr"] == pytest.approx(0.0, abs=1e-9)
     # The bias the workers trained holds the learning rate of every step they took.

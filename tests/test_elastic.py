@@ -25,8 +25,13 @@ from test_unit_topology_resume import PROBE, model_values, seen_counts
 BATCH, STEPS, EVERY = 24, 48, 4  # 24 divides across 2, 3 and 4 workers: every round keeps the global batch
 HOSTS = [f"127.0.0.{n}" for n in range(1, 5)]
 ARGS = [arg for arg in PROBE if not arg.startswith("data.batch_size=")] + [
-    f"data.batch_size={BATCH}", f"trainer.steps={STEPS}", f"trainer.steps_per_loop={EVERY}", f"trainer.log_every={EVERY}",
-    f"checkpoint.every_steps={EVERY}", "checkpoint.max_to_keep=20"]
+    f"data.batch_size={BATCH}",
+    f"trainer.steps={STEPS}",
+    f"trainer.steps_per_loop={EVERY}",
+    f"trainer.log_every={EVERY}",
+    f"checkpoint.every_steps={EVERY}",
+    "checkpoint.max_to_keep=20",
+]
 
 
 def rounds(run_dir) -> list:
@@ -50,8 +55,19 @@ def start_elastic(tmp_path, hosts: list, *args):
     listed = tmp_path / "hosts"
     listed.write_text("\n".join(hosts) + "\n")
     with open(tmp_path / "out.txt", "w") as out:
-        return start_tfdistx([*ARGS, *args, f"cluster.elastic.hosts={listed}", "cluster.elastic.join_grace=1", "cluster.elastic.lost_bound=1",
-                              "+callbacks.pace._target_=user_plugins.Pace", "+callbacks.pace.seconds=0.5"], tmp_path / "run", stdout=out), listed
+        return start_tfdistx(
+            [
+                *ARGS,
+                *args,
+                f"cluster.elastic.hosts={listed}",
+                "cluster.elastic.join_grace=1",
+                "cluster.elastic.lost_bound=1",
+                "+callbacks.pace._target_=user_plugins.Pace",
+                "+callbacks.pace.seconds=0.5",
+            ],
+            tmp_path / "run",
+            stdout=out,
+        ), listed
 
 
 def lose_and_get_back(tmp_path, proc, listed, hosts: list, back=lambda: True) -> str:
@@ -79,7 +95,9 @@ def reached_again(run_dir) -> bool:
     if "tfdistx: round 3:" not in said:
         return False
     done = len(re.findall(r"^\[chief:0\] step", said.partition("tfdistx: round 3:")[0], re.M))
-    loops = re.split(r"^step ", (run_dir / "logs" / "chief-0.log").read_text(), flags=re.M)[1:-1]  # each step line to the next
+    loops = re.split(r"^step ", (run_dir / "logs" / "chief-0.log").read_text(), flags=re.M)[
+        1:-1
+    ]  # each step line to the next
     return any("Connection refused" not in loop for loop in loops[done:])
 
 
@@ -97,19 +115,27 @@ def test_a_multiworker_run_loses_a_host_goes_on_and_grows_back(tmp_path):
     costs at most one loop all the same, since the chief saves the last loop
     boundary's state it kept in memory (engine/commit.py) as it stops."""
     run_dir = tmp_path / "run"
-    proc, listed = start_elastic(tmp_path, HOSTS, "strategy=multiworker", "cluster.workers=2:4", f"checkpoint.every_steps={STEPS}")
+    proc, listed = start_elastic(
+        tmp_path, HOSTS, "strategy=multiworker", "cluster.workers=2:4", f"checkpoint.every_steps={STEPS}"
+    )
     output = lose_and_get_back(tmp_path, proc, listed, HOSTS)
 
     said = rounds(run_dir)
     assert [workers(r["members"]) for r in said] == [4, 3, 4], said
     assert said[1]["reason"] == "lost worker:3 at 127.0.0.4" and said[2]["reason"] == "127.0.0.4 joined", said
     assert "127.0.0.4" not in said[1]["members"].values()
-    assert re.search(r"^tfdistx: round 2: 4 -> 3 workers \(lost worker:3 at 127\.0\.0\.4\), resuming from step \d+$", output, re.M), output
+    assert re.search(
+        r"^tfdistx: round 2: 4 -> 3 workers \(lost worker:3 at 127\.0\.0\.4\), resuming from step \d+$", output, re.M
+    ), output
     before_the_loss = (run_dir / "tfdistx.log").read_text().partition("tfdistx: round 2:")[0]
     last_said = max(int(m) for m in re.findall(r"^\[worker:0\] step +(\d+)/", before_the_loss, re.M))
     assert said[1]["first_step"] - 1 >= last_said - EVERY, said  # at most one loop lost, though no checkpoint was due
-    assert re.search(r"lost contact with worker:3 .*a restart resumes from step \d+, the last loop boundary, saved now", output), output
-    assert re.search(r"^tfdistx: round 3: 3 -> 4 workers \(127\.0\.0\.4 joined\), resuming from step \d+$", output, re.M), output
+    assert re.search(
+        r"lost contact with worker:3 .*a restart resumes from step \d+, the last loop boundary, saved now", output
+    ), output
+    assert re.search(
+        r"^tfdistx: round 3: 3 -> 4 workers \(127\.0\.0\.4 joined\), resuming from step \d+$", output, re.M
+    ), output
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["rounds"] == said and summary["step"] == STEPS and summary["workers"] == 4
     assert steps_logged(run_dir) == list(range(EVERY, STEPS + 1, EVERY))  # each step once, none lost
@@ -121,7 +147,11 @@ def test_a_multiworker_run_loses_a_host_goes_on_and_grows_back(tmp_path):
     for mine, reference in zip(model_values(run_dir, 1), model_values(whole.dir, 1)):
         np.testing.assert_allclose(mine, reference, rtol=1e-4, atol=1e-6)
     for key, value in whole.summary["eval"].items():
-        assert abs(summary["eval"][key] - value) <= 1e-4 * max(1.0, abs(value)), (key, summary["eval"], whole.summary["eval"])
+        assert abs(summary["eval"][key] - value) <= 1e-4 * max(1.0, abs(value)), (
+            key,
+            summary["eval"],
+            whole.summary["eval"],
+        )
 
 
 def test_below_min_for_its_bound_stops_in_one_line_with_exit_9(tfdistx, tmp_path):
@@ -130,10 +160,19 @@ def test_below_min_for_its_bound_stops_in_one_line_with_exit_9(tfdistx, tmp_path
     code, in one line (after the one saying it waits)."""
     hosts = tmp_path / "hosts"
     hosts.write_text("127.0.0.1\n")
-    run = tfdistx(*ARGS, "strategy=multiworker", "cluster.workers=2:4", f"cluster.elastic.hosts={hosts}",
-                  "cluster.elastic.below_min_timeout=1")
+    run = tfdistx(
+        *ARGS,
+        "strategy=multiworker",
+        "cluster.workers=2:4",
+        f"cluster.elastic.hosts={hosts}",
+        "cluster.elastic.below_min_timeout=1",
+    )
     assert run.returncode == 9, run
-    lines = [line for line in run.stderr.splitlines() if line.startswith("tfdistx: ") and not line.startswith("tfdistx: note:")]
+    lines = [
+        line
+        for line in run.stderr.splitlines()
+        if line.startswith("tfdistx: ") and not line.startswith("tfdistx: note:")
+    ]
     assert len(lines) == 2 and "waiting for more, at most 1s" in lines[0], run  # a quiet wait is said, once
     assert "fewer than cluster.elastic.min_workers=2 for 1s" in lines[1] and "exit 9" in lines[1], run
     assert not (run.dir / "checkpoints").exists() and not processes_of(run.dir)
@@ -145,8 +184,14 @@ def test_a_parameter_server_run_drops_a_lost_worker_and_takes_it_back(tmp_path):
     in its place and given steps again. Asynchronous: which worker trains
     which step is timing's, so the examples are counted in total."""
     run_dir, steps = tmp_path / "run", 2 * STEPS  # time for the worker that comes back to start TensorFlow
-    proc, listed = start_elastic(tmp_path, HOSTS[:3], "strategy=parameter_server", "cluster=ps1w3", "cluster.workers=2:3",
-                                 f"trainer.steps={steps}")
+    proc, listed = start_elastic(
+        tmp_path,
+        HOSTS[:3],
+        "strategy=parameter_server",
+        "cluster=ps1w3",
+        "cluster.workers=2:3",
+        f"trainer.steps={steps}",
+    )
     output = lose_and_get_back(tmp_path, proc, listed, HOSTS[:3], back=lambda: reached_again(run_dir))
 
     said = rounds(run_dir)
@@ -161,9 +206,14 @@ def test_a_parameter_server_run_drops_a_lost_worker_and_takes_it_back(tmp_path):
 
 
 @pytest.mark.slow  # the path of a fixed cluster's restart (test_fault_tolerance), through the elastic launcher
-@pytest.mark.parametrize("topology, task", [(["strategy=multiworker", "cluster.workers=2:3"], "worker:1"),
-                                            (["strategy=parameter_server", "cluster=ps1w2", "cluster.workers=1:2"], "ps:0")],
-                         ids=["a worker", "a ps"])
+@pytest.mark.parametrize(
+    "topology, task",
+    [
+        (["strategy=multiworker", "cluster.workers=2:3"], "worker:1"),
+        (["strategy=parameter_server", "cluster=ps1w2", "cluster.workers=1:2"], "ps:0"),
+    ],
+    ids=["a worker", "a ps"],
+)
 def test_a_task_lost_on_a_host_still_listed_restarts_the_round_from_the_checkpoint(tmp_path, topology, task):
     """Not elastic: its host is still there, so the same round starts again
     from the newest checkpoint (cluster.max_restarts). A ps always does: the
@@ -214,12 +264,21 @@ def test_a_sigterm_as_the_next_round_starts_is_a_preemption_and_a_lost_worker_le
     the launcher: exit 42 (checkpointed, or nothing to save, said so), never 143;
     no task left, and no scratch directory of any worker, the stopped one's included."""
     run_dir = tmp_path / "run"
-    proc, listed = start_elastic(tmp_path, HOSTS[:3], "strategy=multiworker", "cluster.workers=2:3", "cluster.preemption_grace=30")
+    proc, listed = start_elastic(
+        tmp_path, HOSTS[:3], "strategy=multiworker", "cluster.workers=2:3", "cluster.preemption_grace=30"
+    )
     with ended(proc, 120):
         wait_until(lambda: max(steps_said_in_round(run_dir, 1), default=0) >= EVERY, 240, "round 1 trains", [proc])
-        wait_until(lambda: len(scratch_left(run_dir)) >= 2, 60, "the workers' scratch", [proc])  # each non-chief saved once
+        wait_until(
+            lambda: len(scratch_left(run_dir)) >= 2, 60, "the workers' scratch", [proc]
+        )  # each non-chief saved once
         listed.write_text("\n".join(HOSTS[:2]) + "\n")
-        wait_until(lambda: "tfdistx: round 2: 3 -> 2 workers" in (tmp_path / "out.txt").read_text(), 120, "round 2 forms", [proc])
+        wait_until(
+            lambda: "tfdistx: round 2: 3 -> 2 workers" in (tmp_path / "out.txt").read_text(),
+            120,
+            "round 2 forms",
+            [proc],
+        )
         proc.send_signal(signal.SIGTERM)
     output = (tmp_path / "out.txt").read_text()
     assert proc.returncode == 42, output[-4000:]
@@ -238,9 +297,17 @@ def test_a_flapping_host_changes_no_round_and_training_goes_on(tmp_path):
     round changes over the flapping (here none), the steps advance through
     it, and the run finishes, every step logged once."""
     run_dir = tmp_path / "run"
-    steps = 3 * STEPS  # 36 loops of at least the pace's 0.5 s: the run outlasts the 12 s of flapping and two loops after
-    proc, listed = start_elastic(tmp_path, HOSTS[:3], "strategy=multiworker", "cluster.workers=2:3", "cluster.elastic.lost_bound=3",
-                                 f"trainer.steps={steps}")
+    steps = (
+        3 * STEPS
+    )  # 36 loops of at least the pace's 0.5 s: the run outlasts the 12 s of flapping and two loops after
+    proc, listed = start_elastic(
+        tmp_path,
+        HOSTS[:3],
+        "strategy=multiworker",
+        "cluster.workers=2:3",
+        "cluster.elastic.lost_bound=3",
+        f"trainer.steps={steps}",
+    )
     with ended(proc, 300):
         wait_until(lambda: max(steps_said_in_round(run_dir, 1), default=0) >= EVERY, 240, "round 1 trains", [proc])
         before = len(rounds(run_dir))
@@ -249,7 +316,12 @@ def test_a_flapping_host_changes_no_round_and_training_goes_on(tmp_path):
             listed.write_text("\n".join(HOSTS[:2] if flap % 2 == 0 else HOSTS[:3]) + "\n")
             going_on_for(proc, 1)
         assert len(rounds(run_dir)) - before <= 2, rounds(run_dir)
-        wait_until(lambda: max(steps_logged(run_dir)) >= step_before + 2 * EVERY, 120, "steps advance after the flapping", [proc])
+        wait_until(
+            lambda: max(steps_logged(run_dir)) >= step_before + 2 * EVERY,
+            120,
+            "steps advance after the flapping",
+            [proc],
+        )
     output = (tmp_path / "out.txt").read_text()
     assert proc.returncode == 0, output[-4000:]
     assert "left the host list" not in output and len(rounds(run_dir)) == 1, rounds(run_dir)

@@ -37,11 +37,19 @@ print(json.dumps({"metrics": result, "tfdistx_loaded": "tfdistx" in sys.modules}
 
 def reproduce(export_dir, source, task, tmp_path):
     features, labels = next(iter(source.eval(None).batch(1_000_000)))
-    arrays = {k: v.numpy() for k, v in features.items()} if isinstance(features, dict) else {"features": features.numpy()}
+    arrays = (
+        {k: v.numpy() for k, v in features.items()} if isinstance(features, dict) else {"features": features.numpy()}
+    )
     np.savez(tmp_path / "eval.npz", labels=labels.numpy(), **arrays)
     env = {k: v for k, v in tfdistx_env().items() if k != "PYTHONPATH"}
-    proc = subprocess.run([sys.executable, "-c", REPRODUCE, str(export_dir), str(tmp_path / "eval.npz"), task],
-                          capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-c", REPRODUCE, str(export_dir), str(tmp_path / "eval.npz"), task],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     found = json.loads(proc.stdout.strip().splitlines()[-1])
     assert found["tfdistx_loaded"] is False
@@ -57,13 +65,27 @@ def test_multiworker_export_reproduces_the_eval_metrics(tfdistx, tmp_path):
     assert found["eval/loss"] == pytest.approx(run.summary["eval"]["eval/loss"], rel=1e-4)
 
 
-@pytest.mark.parametrize("strategy", [["strategy=parameter_server", "cluster=ps1w2"],
-                                      pytest.param(["strategy=multiworker", "cluster=2x1"], marks=pytest.mark.slow),
-                                      pytest.param(["strategy=mirrored", "cluster=1x2"], marks=pytest.mark.slow)])
+@pytest.mark.parametrize(
+    "strategy",
+    [
+        ["strategy=parameter_server", "cluster=ps1w2"],
+        pytest.param(["strategy=multiworker", "cluster=2x1"], marks=pytest.mark.slow),
+        pytest.param(["strategy=mirrored", "cluster=1x2"], marks=pytest.mark.slow),
+    ],
+)
 def test_binary_export_reproduces_the_exact_auc(tfdistx, tmp_path, strategy):
     # 300 eval examples: the last batches are uneven across replicas
-    run = tfdistx(*QUICK, EXPORTED, *strategy, "data=synthetic_categorical", "model=wide_deep", "data.eval_examples=300",
-                  "model.vocab_size=1000", "data.vocab_size=1000", "model.hidden_units=[16]")
+    run = tfdistx(
+        *QUICK,
+        EXPORTED,
+        *strategy,
+        "data=synthetic_categorical",
+        "model=wide_deep",
+        "data.eval_examples=300",
+        "model.vocab_size=1000",
+        "data.vocab_size=1000",
+        "model.hidden_units=[16]",
+    )
     assert run.returncode == 0, run
     source = data_lib.synthetic_categorical(vocab_size=1000, train_examples=512, eval_examples=300)
     found = reproduce(run.dir / "export", source, "binary", tmp_path)
@@ -78,22 +100,27 @@ def test_export_any_kept_checkpoint_afterwards(tfdistx, tmp_path):
     run = tfdistx(*QUICK, "checkpoint.every_steps=20", "checkpoint.export=false")
     assert run.returncode == 0, run
     assert not (run.dir / "export").exists()
-    proc = run_command([sys.executable, "-m", "tfdistx", "export", str(run.dir), "--step", "20", "--out", str(tmp_path / "at20")],
-                          env=tfdistx_env(), timeout=300)
+    proc = run_command(
+        [sys.executable, "-m", "tfdistx", "export", str(run.dir), "--step", "20", "--out", str(tmp_path / "at20")],
+        env=tfdistx_env(),
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert (tmp_path / "at20" / "saved_model.pb").exists()
-    missing = run_command([sys.executable, "-m", "tfdistx", "export", str(run.dir), "--step", "7"],
-                             env=tfdistx_env(), timeout=300)
+    missing = run_command(
+        [sys.executable, "-m", "tfdistx", "export", str(run.dir), "--step", "7"], env=tfdistx_env(), timeout=300
+    )
     assert missing.returncode == 2 and "--step=7" in missing.stderr and "Traceback" not in missing.stderr
 
 
 def test_evaluate_a_kept_checkpoint(tfdistx, tmp_path):
     run = tfdistx(*QUICK, "checkpoint.every_steps=20")
     assert run.returncode == 0, run
-    proc = run_command([sys.executable, "-m", "tfdistx", "evaluate", str(run.dir), "--step", "40"],
-                          env=tfdistx_env(), timeout=300)
+    proc = run_command(
+        [sys.executable, "-m", "tfdistx", "evaluate", str(run.dir), "--step", "40"], env=tfdistx_env(), timeout=300
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    record = json.loads(proc.stdout[proc.stdout.index("{"):])
+    record = json.loads(proc.stdout[proc.stdout.index("{") :])
     assert record["step"] == 40 and record["checkpoint"] == "ckpt-40"
     assert record["eval/accuracy"] == pytest.approx(run.summary["eval"]["eval/accuracy"], abs=1e-6)
     written = [json.loads(l) for l in (run.dir / "evaluations.jsonl").read_text().splitlines()]

@@ -14,19 +14,32 @@ import pytest
 
 from conftest import EXPORTED, QUICK, steps_logged, whole_and_resumed
 
-STYLES = {"functional": [], "sequential_without_input": ["model._target_=user_plugins.sequential_without_input"],
-          "subclassed": ["model._target_=user_plugins.subclassed"]}
+STYLES = {
+    "functional": [],
+    "sequential_without_input": ["model._target_=user_plugins.sequential_without_input"],
+    "subclassed": ["model._target_=user_plugins.subclassed"],
+}
 EVERY_TEN = ["trainer.steps_per_loop=10", "trainer.log_every=10", "checkpoint.every_steps=10"]
 DEFAULT_RUN = {("multiworker", "subclassed"), ("parameter_server", "sequential_without_input")}
 
 
 def cells(strategy):
-    return [style if (strategy, style) in DEFAULT_RUN else pytest.param(style, marks=pytest.mark.slow) for style in STYLES]
+    return [
+        style if (strategy, style) in DEFAULT_RUN else pytest.param(style, marks=pytest.mark.slow) for style in STYLES
+    ]
 
 
 @pytest.mark.parametrize("style", cells("multiworker"))
 def test_every_model_style_trains_on_multiworker_and_resumes_bitwise(tfdistx, tmp_path, style):
-    args = [*QUICK, EXPORTED, *EVERY_TEN, "strategy=multiworker", "cluster=2x1", "trainer.deterministic=true", *STYLES[style]]
+    args = [
+        *QUICK,
+        EXPORTED,
+        *EVERY_TEN,
+        "strategy=multiworker",
+        "cluster=2x1",
+        "trainer.deterministic=true",
+        *STYLES[style],
+    ]
     whole, resumed = whole_and_resumed(tfdistx, tmp_path, args, stop_at=20, steps=40)
     assert resumed.summary["weights_sha256"] == whole.summary["weights_sha256"]
     assert [m["loss"] for m in resumed.metrics] == [m["loss"] for m in whole.metrics]

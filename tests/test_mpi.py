@@ -43,7 +43,9 @@ def test_mpi_trains_as_one_device_does_and_resumes_bitwise(tfdistx, tmp_path):
     one = tfdistx(*QUICK, "strategy=one_device", "trainer.steps=60", "trainer.eval_every=60", run_dir=tmp_path / "one")
     assert one.returncode == 0, one
     ours, theirs = whole.summary["eval"], one.summary["eval"]
-    assert ours.keys() == theirs.keys() and all(abs(ours[k] - theirs[k]) <= 1e-4 * max(1.0, abs(theirs[k])) for k in ours), (ours, theirs)
+    assert ours.keys() == theirs.keys() and all(
+        abs(ours[k] - theirs[k]) <= 1e-4 * max(1.0, abs(theirs[k])) for k in ours
+    ), (ours, theirs)
 
 
 def test_a_killed_mpi_worker_restarts_the_cluster_and_a_preempted_one_resumes(tmp_path):
@@ -55,14 +57,27 @@ def test_a_killed_mpi_worker_restarts_the_cluster_and_a_preempted_one_resumes(tm
     Every step logged once."""
     run_dir = tmp_path / "run"
     topology_files = set(glob.glob(HWLOC_FILES))
-    args = [*MPI, "trainer.steps=1000", "trainer.steps_per_loop=20", "trainer.log_every=20", "trainer.eval_every=0",
-            "checkpoint.every_steps=100", "logger.tensorboard=false", "checkpoint.export=false", "cluster.max_restarts=1"]
+    args = [
+        *MPI,
+        "trainer.steps=1000",
+        "trainer.steps_per_loop=20",
+        "trainer.log_every=20",
+        "trainer.eval_every=0",
+        "checkpoint.every_steps=100",
+        "logger.tensorboard=false",
+        "checkpoint.export=false",
+        "cluster.max_restarts=1",
+    ]
     proc = start_tfdistx(args, run_dir)
     try:
         wait_until(lambda: metric_lines(run_dir) >= 8, 300, "8 metric lines", [proc])  # past the checkpoint at step 100
         os.kill(python_of(run_dir, "worker:1"), signal.SIGKILL)  # the task under its mpiexec, which ends and says so
-        wait_until(lambda: "restart 1 of 1" in (run_dir / "tfdistx.log").read_text() and metric_lines(run_dir) >= 5, 300,
-                   "the restarted round trains", [proc])
+        wait_until(
+            lambda: "restart 1 of 1" in (run_dir / "tfdistx.log").read_text() and metric_lines(run_dir) >= 5,
+            300,
+            "the restarted round trains",
+            [proc],
+        )
         before = metric_lines(run_dir)
         wait_until(lambda: metric_lines(run_dir) > before, 300, "a step more", [proc])
         proc.send_signal(signal.SIGTERM)
@@ -78,5 +93,7 @@ def test_a_killed_mpi_worker_restarts_the_cluster_and_a_preempted_one_resumes(tm
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["step"] == 1000 and summary["resumed"]
     assert steps_logged(run_dir) == list(range(20, 1001, 20))  # nothing lost, nothing twice
-    for left in set(glob.glob(HWLOC_FILES)) - topology_files:  # by the mpiexec the teardown killed (spec/mpi.py): this test's own
+    for left in (
+        set(glob.glob(HWLOC_FILES)) - topology_files
+    ):  # by the mpiexec the teardown killed (spec/mpi.py): this test's own
         os.remove(left)

@@ -19,7 +19,9 @@ def export(*args) -> int:
     except SystemExit as refused:
         return refused.code
     finally:
-        logging.getLogger("tensorflow").setLevel(level)  # a refusal quietens TensorFlow's logger for the rest of its process
+        logging.getLogger("tensorflow").setLevel(
+            level
+        )  # a refusal quietens TensorFlow's logger for the rest of its process
 
 
 def test_export_never_replaces_a_run_or_its_checkpoints_and_keeps_earlier_exports(tfdistx, tmp_path, capsys):
@@ -35,7 +37,9 @@ def test_export_never_replaces_a_run_or_its_checkpoints_and_keeps_earlier_export
     # --step N writes beside the run's own export, which stays the final step's
     assert export(run.dir, "--step", 20) == 0, capsys.readouterr().err[-2000:]
     assert (run.dir / "export-step-20" / "saved_model.pb").is_file()
-    assert files(run.dir / "export") == {k.relative_to("export"): v for k, v in before.items() if k.parts[0] == "export"}
+    assert files(run.dir / "export") == {
+        k.relative_to("export"): v for k, v in before.items() if k.parts[0] == "export"
+    }
 
     # writing over an earlier export keeps it aside, whole
     assert export(run.dir, "--step", 40, "--out", run.dir / "export-step-20") == 0, capsys.readouterr().err[-2000:]
@@ -54,7 +58,9 @@ def test_rerunning_a_finished_run_keeps_its_summary_and_export(tfdistx):
     after = files(first.dir)
     evaluations = after.pop(next(k for k in after if k.name == "evaluations.jsonl"))
     assert after == before  # summary.json, metrics.jsonl, checkpoints and export byte for byte
-    restored = json.loads(evaluations.decode().splitlines()[-1])  # the final checkpoint restored evaluates as the run did
+    restored = json.loads(
+        evaluations.decode().splitlines()[-1]
+    )  # the final checkpoint restored evaluates as the run did
     assert restored["step"] == 40 and {k: restored[k] for k in first.summary["eval"]} == first.summary["eval"]
 
 
@@ -84,14 +90,32 @@ def test_an_empty_run_dir_is_refused_and_nothing_is_written_here(tfdistx, tmp_pa
 
 def test_data_write_keeps_an_earlier_write_aside_and_refuses_other_directories(tmp_path):
     def write(out, shards):
-        return run_command([sys.executable, "-m", "tfdistx", "data", "write", "data=synthetic", "data.train_examples=64",
-                               "data.eval_examples=16", "--out", str(out), "--shards", str(shards)],
-                              env=tfdistx_env(), timeout=300)
+        return run_command(
+            [
+                sys.executable,
+                "-m",
+                "tfdistx",
+                "data",
+                "write",
+                "data=synthetic",
+                "data.train_examples=64",
+                "data.eval_examples=16",
+                "--out",
+                str(out),
+                "--shards",
+                str(shards),
+            ],
+            env=tfdistx_env(),
+            timeout=300,
+        )
 
     out = tmp_path / "data"
     assert write(out, 4).returncode == 0
     assert write(out, 2).returncode == 0
-    assert sorted(p.name for p in out.glob("train-*")) == ["train-00000-of-00002.tfrecord", "train-00001-of-00002.tfrecord"]
+    assert sorted(p.name for p in out.glob("train-*")) == [
+        "train-00000-of-00002.tfrecord",
+        "train-00001-of-00002.tfrecord",
+    ]
     kept = list(tmp_path.glob("data.replaced-*"))
     assert len(kept) == 1 and len(list(kept[0].glob("train-*"))) == 4  # the first write, whole, not mixed in
 
@@ -99,7 +123,9 @@ def test_data_write_keeps_an_earlier_write_aside_and_refuses_other_directories(t
     mine.mkdir()
     (mine / "notes.txt").write_text("mine")
     refused = write(mine, 2)
-    assert refused.returncode == 2 and "is not data written by tfdistx data write" in refused.stderr, refused.stderr[-2000:]
+    assert refused.returncode == 2 and "is not data written by tfdistx data write" in refused.stderr, refused.stderr[
+        -2000:
+    ]
     assert [p.name for p in mine.iterdir()] == ["notes.txt"]
 
 
@@ -110,14 +136,21 @@ def test_a_refused_rerun_under_agents_leaves_the_runs_config_as_the_run_wrote_it
     model's) and the run's .hydra/ files, which that refusal tells the user
     to read, are byte for byte the run's own; the run's own command then
     goes on from its checkpoint. One agent, on loopback."""
-    agent = ["strategy=multiworker", "cluster.workers=1", "cluster.launch=agent", f"cluster.agent.store=127.0.0.1:{free_ports(1)[0]}"]
+    agent = [
+        "strategy=multiworker",
+        "cluster.workers=1",
+        "cluster.launch=agent",
+        f"cluster.agent.store=127.0.0.1:{free_ports(1)[0]}",
+    ]
     first = tfdistx(*QUICK, "checkpoint.every_steps=20", *agent)
     assert first.returncode == 0, first
     config = files(first.dir / ".hydra")
     assert config and "- trainer.steps=40" in (first.dir / ".hydra" / "overrides.yaml").read_text()
     refused = tfdistx(*QUICK, "model=cnn", "trainer.steps=60", *agent)
     assert refused.returncode == 2 and "was saved by another model" in refused.stdout + refused.stderr, refused
-    assert files(first.dir / ".hydra") == config and not (first.dir / "FAILED").exists()  # a run that was there is not a failed one
+    assert (
+        files(first.dir / ".hydra") == config and not (first.dir / "FAILED").exists()
+    )  # a run that was there is not a failed one
     again = tfdistx(*QUICK, "checkpoint.every_steps=20", "trainer.steps=60", *agent)
     assert again.returncode == 0 and json.loads((first.dir / "summary.json").read_text())["step"] == 60, again
     assert "- trainer.steps=60" in (first.dir / ".hydra" / "overrides.yaml").read_text()

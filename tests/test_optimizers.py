@@ -11,15 +11,26 @@ import pytest
 from engine_helpers import whole_and_resumed
 from tfdistx.spec import optimizers
 
-MIRRORED = ["strategy=mirrored", "cluster=1x2", "trainer.deterministic=true", "checkpoint.every_steps=25", "trainer.log_every=25",
-            "trainer.steps_per_loop=25"]
+MIRRORED = [
+    "strategy=mirrored",
+    "cluster=1x2",
+    "trainer.deterministic=true",
+    "checkpoint.every_steps=25",
+    "trainer.log_every=25",
+    "trainer.steps_per_loop=25",
+]
 
 
 DEFAULT_RUN = ("lion", "muon", "adafactor")
 
 
-@pytest.mark.parametrize("name", [name if name in DEFAULT_RUN else pytest.param(name, marks=pytest.mark.slow)
-                                  for name in sorted(optimizers.CLASSES)])
+@pytest.mark.parametrize(
+    "name",
+    [
+        name if name in DEFAULT_RUN else pytest.param(name, marks=pytest.mark.slow)
+        for name in sorted(optimizers.CLASSES)
+    ],
+)
 def test_every_keras_optimizer_trains_under_mirrored_and_resumes_exactly(tmp_path, name):
     """The default MLP (784-128-10) for 50 steps on two replicas, whole and
     stopped at 25 then resumed: the same weights bit for bit, so the slots

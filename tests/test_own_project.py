@@ -91,7 +91,9 @@ def tfdistx(project, *args, timeout=600):
     """`python -m tfdistx ARGS` from the project's directory, as its user runs it."""
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "TFDISTX_CONFIG_PATH")}  # nothing of tests/
     env["TF_CPP_MIN_LOG_LEVEL"] = "2"
-    proc = subprocess.run([sys.executable, "-m", "tfdistx", *args], cwd=project, env=env, capture_output=True, text=True, timeout=timeout)
+    proc = subprocess.run(
+        [sys.executable, "-m", "tfdistx", *args], cwd=project, env=env, capture_output=True, text=True, timeout=timeout
+    )
     return proc
 
 
@@ -111,7 +113,9 @@ def trainable(checkpoint_dir: Path, step=None) -> list:
     path = str(checkpoint_dir / f"ckpt-{step}") if step else tf.train.latest_checkpoint(str(checkpoint_dir))
     reader = tf.train.load_checkpoint(path)
     prefix = "optimizer/_trainable_variables/"
-    names = sorted((n for n in reader.get_variable_to_shape_map() if n.startswith(prefix)), key=lambda n: int(n.split("/")[2]))
+    names = sorted(
+        (n for n in reader.get_variable_to_shape_map() if n.startswith(prefix)), key=lambda n: int(n.split("/")[2])
+    )
     return [reader.get_tensor(n) for n in names]
 
 
@@ -121,14 +125,36 @@ def test_a_project_of_its_own(project):
     # its experiment, under one device and under multiworker 2x1
     ok(tfdistx(project, "--config-dir", "conf", "experiment=mine", f"hydra.run.dir={first}"))
     assert summary(first)["step"] == 60 and summary(first)["eval"]["eval/accuracy"] > 0.4
-    ok(tfdistx(project, "--config-dir", "conf", "experiment=mine", "strategy=multiworker", "cluster=2x1", "trainer.steps=20",
-               f"hydra.run.dir={multi}"))
+    ok(
+        tfdistx(
+            project,
+            "--config-dir",
+            "conf",
+            "experiment=mine",
+            "strategy=multiworker",
+            "cluster=2x1",
+            "trainer.steps=20",
+            f"hydra.run.dir={multi}",
+        )
+    )
     assert (summary(multi)["strategy"], summary(multi)["replicas"], summary(multi)["step"]) == ("multiworker", 2, 20)
 
     # a warm start from the first run with a new head (3 classes): the body starts from the first run's weights.
     # A learning rate of 1e-9 leaves them where they started, to the tolerance below.
-    ok(tfdistx(project, "--config-dir", "conf", "experiment=mine", "data=digits3", f"checkpoint.init_from={first}",
-               "checkpoint.init_skip=[head]", "optimizer.lr=1e-9", "trainer.steps=10", f"hydra.run.dir={warm}"))
+    ok(
+        tfdistx(
+            project,
+            "--config-dir",
+            "conf",
+            "experiment=mine",
+            "data=digits3",
+            f"checkpoint.init_from={first}",
+            "checkpoint.init_skip=[head]",
+            "optimizer.lr=1e-9",
+            "trainer.steps=10",
+            f"hydra.run.dir={warm}",
+        )
+    )
     assert summary(warm)["init_from"] == str(first) and summary(warm)["step"] == 10
     body_kernel, body_bias, head_kernel, _ = trainable(warm / "checkpoints")
     source = trainable(first / "checkpoints")
@@ -138,24 +164,62 @@ def test_a_project_of_its_own(project):
 
     # the best checkpoint kept and exported; early stopping: no improvement of a whole 1.0 in accuracy is possible,
     # so after the first evaluation (step 20) two more (40, 60) without one stop the run at 60 of 400
-    ok(tfdistx(project, "--config-dir", "conf", "experiment=mine", "checkpoint.keep_best=true", "trainer.steps=400",
-               "trainer.early_stopping.patience=2", "trainer.early_stopping.min_delta=1.0", f"hydra.run.dir={best}"))
+    ok(
+        tfdistx(
+            project,
+            "--config-dir",
+            "conf",
+            "experiment=mine",
+            "checkpoint.keep_best=true",
+            "trainer.steps=400",
+            "trainer.early_stopping.patience=2",
+            "trainer.early_stopping.min_delta=1.0",
+            f"hydra.run.dir={best}",
+        )
+    )
     result = summary(best)
     assert result["step"] == 60 and result["stopped_early"]["step"] == 60, result
     evals = [m for m in map(json.loads, (best / "metrics.jsonl").read_text().splitlines()) if "eval/accuracy" in m]
     assert [m["step"] for m in evals] == [20, 40, 60]
     # the best is the best evaluation (the first of equals), whatever early stopping's min_delta asks of an improvement
     best_eval = max(evals, key=lambda m: (m["eval/accuracy"], -m["step"]))
-    assert (result["best"]["step"], result["best"]["value"]) == (best_eval["step"], pytest.approx(best_eval["eval/accuracy"]))
+    assert (result["best"]["step"], result["best"]["value"]) == (
+        best_eval["step"],
+        pytest.approx(best_eval["eval/accuracy"]),
+    )
     assert (best / "export" / "saved_model.pb").is_file() and Path(result["best"]["checkpoint"] + ".index").is_file()
     # `tfdistx export` of that run takes the same checkpoint the run exported: the best, not the newest
     again = ok(tfdistx(project, "export", str(best), "--out", str(project / "export-again")))
     assert f"exported ckpt-{best_eval['step']} " in again.stderr, again.stderr
 
     # predictions of files written from the project's own data, in input order, equal to the SavedModel's
-    ok(tfdistx(project, "data", "write", "--config-dir", "conf", "data=digits", "--out", str(project / "files"), "--shards", "2"))
-    predicted = ok(tfdistx(project, "predict", str(best), "--data-files", str(project / "files" / "train-*"),
-                           "--out", str(project / "predictions"), "--format", "csv"))
+    ok(
+        tfdistx(
+            project,
+            "data",
+            "write",
+            "--config-dir",
+            "conf",
+            "data=digits",
+            "--out",
+            str(project / "files"),
+            "--shards",
+            "2",
+        )
+    )
+    predicted = ok(
+        tfdistx(
+            project,
+            "predict",
+            str(best),
+            "--data-files",
+            str(project / "files" / "train-*"),
+            "--out",
+            str(project / "predictions"),
+            "--format",
+            "csv",
+        )
+    )
     shards = sorted((project / "predictions").glob("predictions-*.csv"))
     assert len(shards) == 2, predicted.stderr
     import tensorflow as tf

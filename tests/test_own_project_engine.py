@@ -8,25 +8,47 @@ import json
 from conftest import EXPORTED, QUICK
 from test_cluster import digests
 
-WORSENS = ["optimizer.lr=0.03", "trainer.eval_every=5", "trainer.log_every=5", "trainer.steps_per_loop=5", "trainer.deterministic=true"]
+WORSENS = [
+    "optimizer.lr=0.03",
+    "trainer.eval_every=5",
+    "trainer.log_every=5",
+    "trainer.steps_per_loop=5",
+    "trainer.deterministic=true",
+]
 
 
 def test_a_multiworker_run_warm_starts_keeps_its_best_and_stops_early(tfdistx, tmp_path):
     source = tfdistx(*QUICK, "strategy=one_device", "checkpoint.export=false", run_dir=tmp_path / "source")
     assert source.returncode == 0, source
-    args = [*QUICK, EXPORTED, *WORSENS, "strategy=multiworker", "cluster=2x1", f"checkpoint.init_from={source.dir}",
-            "checkpoint.init_skip=[head/]", "data.num_classes=5", "checkpoint.keep_best=true", "trainer.early_stopping.patience=2"]
+    args = [
+        *QUICK,
+        EXPORTED,
+        *WORSENS,
+        "strategy=multiworker",
+        "cluster=2x1",
+        f"checkpoint.init_from={source.dir}",
+        "checkpoint.init_skip=[head/]",
+        "data.num_classes=5",
+        "checkpoint.keep_best=true",
+        "trainer.early_stopping.patience=2",
+    ]
     run = tfdistx(*args)
     assert run.returncode == 0, run
     logs = {task: (run.dir / "logs" / f"{task}.log").read_text() for task in ("worker-0", "worker-1")}
     for text in logs.values():  # each worker loaded the source itself
-        assert "warm start from ckpt-40 of" in text and "2 variables loaded, 2 left freshly initialised" in text, text[-2000:]
+        assert "warm start from ckpt-40 of" in text and "2 variables loaded, 2 left freshly initialised" in text, text[
+            -2000:
+        ]
     history = [(m["step"], m["eval/accuracy"]) for m in run.metrics if "eval/accuracy" in m]
     best_step, best_value = history[[v for _, v in history].index(max(v for _, v in history))]
     summary = run.summary
     assert summary["init_from"] == str(source.dir) and summary["workers"] == 2
-    assert summary["best"] == {"step": best_step, "value": best_value, "objective": "eval/accuracy",
-                               "checkpoint": str(run.dir / "checkpoints" / "best" / f"ckpt-{best_step}")}
+    assert summary["best"] == {
+        "step": best_step,
+        "value": best_value,
+        "objective": "eval/accuracy",
+        "checkpoint": str(run.dir / "checkpoints" / "best" / f"ckpt-{best_step}"),
+    }
     stop = summary["stopped_early"]["step"]
     assert stop == summary["step"] == history[-1][0] < 40 and stop > best_step
     for text in logs.values():  # both stopped there, with equal weights

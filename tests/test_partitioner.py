@@ -31,14 +31,21 @@ def ps_shares(summary) -> dict:
 
 def predictions(export_dir, tmp_path) -> np.ndarray:
     """The export's logits for 64 fixed images, computed in a fresh process with plain TensorFlow."""
-    script = ("import sys, numpy as np, tensorflow as tf\n"
-              "serve = tf.saved_model.load(sys.argv[1]).signatures['serving_default']\n"
-              "x = np.random.default_rng(0).random((64, 28, 28, 1), dtype=np.float32)\n"
-              "name = list(serve.structured_input_signature[1])[0]\n"
-              "np.save(sys.argv[2], serve(**{name: tf.constant(x)})['logits'].numpy())\n")
+    script = (
+        "import sys, numpy as np, tensorflow as tf\n"
+        "serve = tf.saved_model.load(sys.argv[1]).signatures['serving_default']\n"
+        "x = np.random.default_rng(0).random((64, 28, 28, 1), dtype=np.float32)\n"
+        "name = list(serve.structured_input_signature[1])[0]\n"
+        "np.save(sys.argv[2], serve(**{name: tf.constant(x)})['logits'].numpy())\n"
+    )
     out = tmp_path / f"{export_dir.parent.name}-{len(list(tmp_path.glob('*.npy')))}.npy"
-    proc = subprocess.run([sys.executable, "-c", script, str(export_dir), str(out)], capture_output=True, text=True,
-                          env=tfdistx_env(), timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-c", script, str(export_dir), str(out)],
+        capture_output=True,
+        text=True,
+        env=tfdistx_env(),
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return np.load(out)
 
@@ -52,7 +59,8 @@ def test_a_kernel_split_across_two_ps_trains_resumes_on_one_and_exports(tfdistx,
     assert len(shares) == 2 and max(shares.values()) <= 0.6, shares
     # --plan computes the same bytes without TensorFlow
     assert list(first.summary["variable_bytes"].values()) == strategies.ps_bytes(
-        MLP_SHAPES, 2, strategies.partitioner_settings({"min_shard_bytes": 65536, "max_shards": 2}, 2))
+        MLP_SHAPES, 2, strategies.partitioner_settings({"min_shard_bytes": 65536, "max_shards": 2}, 2)
+    )
 
     # One ps (the slow tests resume onto three): the split kernel's checkpoint restores whole.
     resumed = tfdistx(*RUN, *SPLIT, "cluster=ps1w2", "trainer.steps=80")
@@ -66,13 +74,17 @@ def test_a_kernel_split_across_two_ps_trains_resumes_on_one_and_exports(tfdistx,
     from test_export import reproduce
     from tfdistx.data import sources as data_lib
 
-    found = reproduce(resumed.dir / "export", data_lib.synthetic(train_examples=512, eval_examples=128), "classification", tmp_path)
+    found = reproduce(
+        resumed.dir / "export", data_lib.synthetic(train_examples=512, eval_examples=128), "classification", tmp_path
+    )
     assert found["eval/loss"] == pytest.approx(summary["eval"]["eval/loss"], rel=1e-4)
     assert found["eval/accuracy"] == pytest.approx(summary["eval"]["eval/accuracy"], abs=1e-6)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("there, ps", [(["cluster=ps1w2"], 1), (["cluster=ps3w2", "strategy.partitioner.max_shards=3"], 3)])
+@pytest.mark.parametrize(
+    "there, ps", [(["cluster=ps1w2"], 1), (["cluster=ps3w2", "strategy.partitioner.max_shards=3"], 3)]
+)
 def test_resume_onto_another_ps_count_restores_every_weight_exactly(tfdistx, tmp_path, there, ps):
     """Trained split in two, resumed with one ps (nothing split) or split in
     three: with a learning rate too small to move a float32 weight, the
@@ -85,18 +97,31 @@ def test_resume_onto_another_ps_count_restores_every_weight_exactly(tfdistx, tmp
     assert resumed.summary["resumed_from_step"] == 40 and resumed.summary["step"] == 60
     assert [m["step"] for m in resumed.metrics] == [20, 40, 60]
     shares = ps_shares(resumed.summary)
-    assert len(shares) == ps and (ps == 1 or max(shares.values()) <= 0.4), shares  # three shards of the kernel on three ps
+    assert len(shares) == ps and (ps == 1 or max(shares.values()) <= 0.4), (
+        shares
+    )  # three shards of the kernel on three ps
     np.testing.assert_allclose(predictions(resumed.dir / "export", tmp_path), before, rtol=0, atol=1e-6)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("shards", [["model.shards=1"], []], ids=["split-by-the-partitioner", "split-by-hand-and-again"])
+@pytest.mark.parametrize(
+    "shards", [["model.shards=1"], []], ids=["split-by-the-partitioner", "split-by-hand-and-again"]
+)
 def test_wide_deep_tables_resume_onto_another_ps_count(tfdistx, tmp_path, shards):
     """model.shards=1: the tables are split by TF's partitioner alone; by
     default wide_deep splits them into one shard per ps itself, and the
     partitioner splits each of those again (640 kB with 2 ps, 427 kB with 3)."""
-    args = [*RUN, "strategy=parameter_server", "strategy.partitioner.min_shard_bytes=262144", "data=synthetic_categorical", "model=wide_deep",
-            *shards, "model.vocab_size=20000", "data.vocab_size=20000", "model.hidden_units=[16]"]
+    args = [
+        *RUN,
+        "strategy=parameter_server",
+        "strategy.partitioner.min_shard_bytes=262144",
+        "data=synthetic_categorical",
+        "model=wide_deep",
+        *shards,
+        "model.vocab_size=20000",
+        "data.vocab_size=20000",
+        "model.hidden_units=[16]",
+    ]
     first = tfdistx(*args, "cluster=ps2w2")
     assert first.returncode == 0, first
     # 20,000 x 16 floats (1.28 MB) in two shards of 640 kB: neither ps holds more than 60%
@@ -112,4 +137,3 @@ def test_wide_deep_tables_resume_onto_another_ps_count(tfdistx, tmp_path, shards
     source = data_lib.synthetic_categorical(vocab_size=20000, train_examples=512, eval_examples=128)
     found = reproduce(resumed.dir / "export", source, "binary", tmp_path)
     assert found["eval/auc"] == pytest.approx(resumed.summary["eval"]["eval/auc"], abs=1e-6)
-

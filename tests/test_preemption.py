@@ -23,23 +23,51 @@ from pathlib import Path
 
 import pytest
 
-from conftest import free_ports, metric_lines, run_command, start_tfdistx, steps_logged, task_pid, tfdistx_env, wait_until
+from conftest import (
+    free_ports,
+    metric_lines,
+    run_command,
+    start_tfdistx,
+    steps_logged,
+    task_pid,
+    tfdistx_env,
+    wait_until,
+)
 
 # Long enough never to finish; a line every 10 steps, so the signal lands mid-run.
-ENDLESS = ["trainer.steps=1000000", "trainer.steps_per_loop=10", "trainer.log_every=10", "trainer.eval_every=0",
-           "checkpoint.every_steps=100000", "data.batch_size=32", "data.train_examples=512", "data.eval_examples=64",
-           "logger.tensorboard=false", "cluster.max_restarts=0", "cluster.startup_timeout=120"]
+ENDLESS = [
+    "trainer.steps=1000000",
+    "trainer.steps_per_loop=10",
+    "trainer.log_every=10",
+    "trainer.eval_every=0",
+    "checkpoint.every_steps=100000",
+    "data.batch_size=32",
+    "data.train_examples=512",
+    "data.eval_examples=64",
+    "logger.tensorboard=false",
+    "cluster.max_restarts=0",
+    "cluster.startup_timeout=120",
+]
 STRATEGIES = {
     "one_device": ["strategy=one_device"],
     "mirrored": ["strategy=mirrored", "cluster=1x2"],
     "multiworker": ["strategy=multiworker", "cluster=2x1"],
     "parameter_server": ["strategy=parameter_server", "cluster=ps1w2"],
 }
-TRAINERS = {"one_device": ("worker",), "mirrored": ("worker",), "multiworker": ("worker",), "parameter_server": ("chief",)}
+TRAINERS = {
+    "one_device": ("worker",),
+    "mirrored": ("worker",),
+    "multiworker": ("worker",),
+    "parameter_server": ("chief",),
+}
 CHIEF = {"one_device": "worker:0", "mirrored": "worker:0", "multiworker": "worker:0", "parameter_server": "chief:0"}
 # What a scheduler's TF_CONFIG holds for each (the service's jobs added when on).
-JOBS = {"one_device": {"worker": 1}, "mirrored": {"worker": 1}, "multiworker": {"worker": 2},
-        "parameter_server": {"chief": 1, "ps": 1, "worker": 2}}
+JOBS = {
+    "one_device": {"worker": 1},
+    "mirrored": {"worker": 1},
+    "multiworker": {"worker": 2},
+    "parameter_server": {"chief": 1, "ps": 1, "worker": 2},
+}
 SERVICE = ["data.service.workers=1"]
 ERROR_LEVEL = re.compile(r"Traceback|^\S*\s*E\d{4} |\bERROR\b|tfdistx: error|invalid config", re.MULTILINE)
 
@@ -107,15 +135,20 @@ def assert_preempted_cleanly(result: Preempted, run_dir: Path, expect: dict) -> 
     assert not (run_dir / "FAILED").exists()
     saved = sorted(int(p.name[5:-6]) for p in (run_dir / "checkpoints").glob("ckpt-*.index"))
     assert saved and saved[-1] == result.step, (saved, result.step)
-    assert not ERROR_LEVEL.search(result.output), ERROR_LEVEL.search(result.output).group(0) + "\n" + result.output[-5000:]
+    assert not ERROR_LEVEL.search(result.output), (
+        ERROR_LEVEL.search(result.output).group(0) + "\n" + result.output[-5000:]
+    )
 
 
 def resume(args, run_dir: Path, step: int, steps_after: int = 20) -> dict:
     """The same command (one process, or the local launcher) on to `step` +
     `steps_after`: exit 0, no step lost or twice. Returns summary.json."""
     total = step + steps_after
-    rerun = run_command([sys.executable, "-m", "tfdistx", *args, f"trainer.steps={total}", f"hydra.run.dir={run_dir}"],
-                           env=tfdistx_env(), timeout=600)
+    rerun = run_command(
+        [sys.executable, "-m", "tfdistx", *args, f"trainer.steps={total}", f"hydra.run.dir={run_dir}"],
+        env=tfdistx_env(),
+        timeout=600,
+    )
     assert rerun.returncode == 0, rerun.stdout[-3000:] + rerun.stderr[-3000:]
     summary = json.loads((run_dir / "summary.json").read_text())
     assert (summary["resumed_from_step"], summary["step"]) == (step, total)
@@ -124,15 +157,29 @@ def resume(args, run_dir: Path, step: int, steps_after: int = 20) -> dict:
 
 
 def assert_bitwise_as_never_stopped(args, tmp_path: Path, summary: dict) -> None:
-    whole = run_command([sys.executable, "-m", "tfdistx", *args, f"trainer.steps={summary['step']}",
-                            f"hydra.run.dir={tmp_path / 'whole'}"], env=tfdistx_env(), timeout=600)
+    whole = run_command(
+        [
+            sys.executable,
+            "-m",
+            "tfdistx",
+            *args,
+            f"trainer.steps={summary['step']}",
+            f"hydra.run.dir={tmp_path / 'whole'}",
+        ],
+        env=tfdistx_env(),
+        timeout=600,
+    )
     assert whole.returncode == 0, whole.stderr[-3000:]
     assert json.loads((tmp_path / "whole" / "summary.json").read_text())["weights_sha256"] == summary["weights_sha256"]
 
 
 def _cells():
     """(strategy, service, whom) for the whole matrix; a representative row by default."""
-    default = {("parameter_server", False, "launcher"), ("multiworker", True, "launcher"), ("parameter_server", True, "every task")}
+    default = {
+        ("parameter_server", False, "launcher"),
+        ("multiworker", True, "launcher"),
+        ("parameter_server", True, "every task"),
+    }
     for strategy in STRATEGIES:
         for service in (False, True):
             placements = ["launcher", "every task", "chief alone"]
@@ -140,15 +187,25 @@ def _cells():
                 placements = ["launcher"]  # one process: whoever is signalled, it is that one
             for whom in placements:
                 marks = () if (strategy, service, whom) in default else (pytest.mark.slow,)
-                yield pytest.param(strategy, service, whom, marks=marks,
-                                   id=f"{strategy}-{'service' if service else 'no_service'}-{whom.replace(' ', '_')}")
+                yield pytest.param(
+                    strategy,
+                    service,
+                    whom,
+                    marks=marks,
+                    id=f"{strategy}-{'service' if service else 'no_service'}-{whom.replace(' ', '_')}",
+                )
 
 
 @pytest.mark.parametrize("strategy, service, whom", list(_cells()))
 def test_preemption_checkpoints_at_the_signal_exits_42_and_resumes_exactly(tmp_path, strategy, service, whom):
     run_dir = tmp_path / "run"
     exact = not service and strategy != "parameter_server"  # the README's bitwise promise
-    args = [*STRATEGIES[strategy], *ENDLESS, *(SERVICE if service else []), *(["trainer.deterministic=true"] if exact else [])]
+    args = [
+        *STRATEGIES[strategy],
+        *ENDLESS,
+        *(SERVICE if service else []),
+        *(["trainer.deterministic=true"] if exact else []),
+    ]
     if whom == "launcher":
         result, expect = preempt_by_launcher(args, run_dir), {"launcher": 42}
     else:
@@ -160,7 +217,9 @@ def test_preemption_checkpoints_at_the_signal_exits_42_and_resumes_exactly(tmp_p
         ending = signalled | (trainers if strategy == "multiworker" else set())
         result, expect = preempt_by_scheduler(args, run_dir, jobs, signalled, ending), {name: 42 for name in ending}
     assert_preempted_cleanly(result, run_dir, expect)
-    local = [a for a in args if not a.startswith("cluster.max_restarts")]  # the rerun: a local launch of the same command
+    local = [
+        a for a in args if not a.startswith("cluster.max_restarts")
+    ]  # the rerun: a local launch of the same command
     summary = resume(local, run_dir, result.step)
     if exact:
         assert_bitwise_as_never_stopped(local, tmp_path, summary)
@@ -193,7 +252,14 @@ def test_a_frozen_dispatcher_is_noticed_by_the_trainers_themselves(tmp_path):
     stopped_task_timeout is set out of reach, as under TF_CONFIG, Slurm or
     Kubernetes), say so in one line and leave with exit 5."""
     run_dir = tmp_path / "run"
-    args = ["strategy=multiworker", "cluster=2x1", *ENDLESS, *SERVICE, "cluster.peer_timeout=5", "cluster.stopped_task_timeout=3600"]
+    args = [
+        "strategy=multiworker",
+        "cluster=2x1",
+        *ENDLESS,
+        *SERVICE,
+        "cluster.peer_timeout=5",
+        "cluster.stopped_task_timeout=3600",
+    ]
     proc = start_tfdistx(args, run_dir)
     try:
         wait_until(lambda: metric_lines(run_dir) >= 1, 300, "a first metrics line", [proc])
@@ -207,8 +273,11 @@ def test_a_frozen_dispatcher_is_noticed_by_the_trainers_themselves(tmp_path):
     assert proc.returncode == 5, out[-3000:]
     # Whichever trainer's watch fires first names the dispatcher; the other may
     # then see its collective aborted by that trainer's exit and say so instead.
-    assert re.search(r"\[worker:[01]\] tfdistx: lost contact with dispatcher:0 of the cluster: no answer for 5s "
-                     r"\(cluster\.peer_timeout\), stopping \(exit 5: a restart resumes from the newest checkpoint\)\n", out), out[-3000:]
+    assert re.search(
+        r"\[worker:[01]\] tfdistx: lost contact with dispatcher:0 of the cluster: no answer for 5s "
+        r"\(cluster\.peer_timeout\), stopping \(exit 5: a restart resumes from the newest checkpoint\)\n",
+        out,
+    ), out[-3000:]
     assert waited < 60 and "Traceback" not in out
 
 
@@ -216,11 +285,23 @@ def test_a_sidecar_evaluator_with_no_training_stops_in_one_line(tfdistx):
     """An evaluator placed by TF_CONFIG whose chief never answers (no
     training started, or it is gone): it stops after cluster.startup_timeout
     with one line and exit 4, instead of polling forever."""
-    cluster = {"chief": [f"127.0.0.1:{port}" for port in free_ports(1)], "ps": ["127.0.0.1:2"], "worker": ["127.0.0.1:3", "127.0.0.1:4"]}
+    cluster = {
+        "chief": [f"127.0.0.1:{port}" for port in free_ports(1)],
+        "ps": ["127.0.0.1:2"],
+        "worker": ["127.0.0.1:3", "127.0.0.1:4"],
+    }
     tf_config = json.dumps({"cluster": cluster, "task": {"type": "evaluator", "index": 0}})
-    run = tfdistx("strategy=parameter_server", "cluster=ps1w2", "cluster.evaluator=true", "cluster.startup_timeout=3",
-                  env={"TF_CONFIG": tf_config}, timeout=300)
+    run = tfdistx(
+        "strategy=parameter_server",
+        "cluster=ps1w2",
+        "cluster.evaluator=true",
+        "cluster.startup_timeout=3",
+        env={"TF_CONFIG": tf_config},
+        timeout=300,
+    )
     assert run.returncode == 4, run
-    assert (f"tfdistx: the sidecar evaluator stops: no training to evaluate (chief:0 at {cluster['chief'][0]} did not answer "
-            "within 3s (cluster.startup_timeout)); 0 checkpoint(s) evaluated (exit 4)") in run.stderr
+    assert (
+        f"tfdistx: the sidecar evaluator stops: no training to evaluate (chief:0 at {cluster['chief'][0]} did not answer "
+        "within 3s (cluster.startup_timeout)); 0 checkpoint(s) evaluated (exit 4)"
+    ) in run.stderr
     assert "Traceback" not in run.stderr

@@ -20,10 +20,21 @@ SITE = sorted((ROOT / "docs").glob("*.md"))  # the site's pages (docs/config.md 
 # Every page a user reads: the README, CONTRIBUTING.md and the site's.
 PAGES = [README, ROOT / "CONTRIBUTING.md", *SITE]
 STARTS = ("python -m tfdistx", ".venv/bin/python -m tfdistx", "tfdistx ", "TFDISTX_RECIPES=")
-SMALL = ["trainer.steps=4", "trainer.steps_per_loop=2", "trainer.log_every=2", "trainer.eval_every=0", "trainer.eval_steps=1",
-         "checkpoint.every_steps=0", "logger.tensorboard=false"]
+SMALL = [
+    "trainer.steps=4",
+    "trainer.steps_per_loop=2",
+    "trainer.log_every=2",
+    "trainer.eval_every=0",
+    "trainer.eval_steps=1",
+    "checkpoint.every_steps=0",
+    "logger.tensorboard=false",
+]
 # `tfdistx export KIND` prints Kubernetes manifests: the kinds of the documents it prints, in order.
-MANIFESTS = {("export", "tfjob"): ["TFJob"], ("export", "jobset"): ["JobSet", "NetworkPolicy"], ("export", "trainjob"): ["ClusterTrainingRuntime", "TrainJob"]}
+MANIFESTS = {
+    ("export", "tfjob"): ["TFJob"],
+    ("export", "jobset"): ["JobSet", "NetworkPolicy"],
+    ("export", "trainjob"): ["ClusterTrainingRuntime", "TrainJob"],
+}
 SCRIPT = ("export", "slurm")  # prints a Slurm batch script
 OFFLINE = "the download site is unreachable"  # the documented answer for tensorflow-datasets data without network
 
@@ -72,13 +83,13 @@ def argv(command: str, home: Path):
 PROJECT = {
     "mypkg/__init__.py": "",
     "mypkg/models.py": "from tfdistx.models import mlp\n\n\ndef small(input_shape, num_outputs, filters=8):\n"
-                       "    return mlp(input_shape, num_outputs, hidden_units=(filters,))\n",
+    "    return mlp(input_shape, num_outputs, hidden_units=(filters,))\n",
     "mypkg/data.py": "from tfdistx.data import synthetic\n\n\ndef digits(num_classes=5):\n"
-                     "    return synthetic(num_classes=num_classes, train_examples=512, eval_examples=128)\n",
+    "    return synthetic(num_classes=num_classes, train_examples=512, eval_examples=128)\n",
     "conf/model/small.yaml": "_target_: mypkg.models.small\nfilters: 16\n",
     "conf/data/digits.yaml": "_target_: mypkg.data.digits\nbatch_size: 64\n",
     "conf/experiment/mine.yaml": "# @package _global_\n# digits on the small model, 2,000 steps\ndefaults:\n"
-                                 "  - override /model: small\n  - override /data: digits\ntrainer:\n  steps: 2000\n",
+    "  - override /model: small\n  - override /data: digits\ntrainer:\n  steps: 2000\n",
 }
 
 
@@ -109,12 +120,14 @@ def test_every_readme_command_composes(line, command, tmp_path):
     words = _placeholder_files(words, tmp_path)
     own_project(words, tmp_path)
     if tuple(words[3:5]) in MANIFESTS:  # prints manifests: no run needed
-        words = words[:words.index(">")] if ">" in words else words
+        words = words[: words.index(">")] if ">" in words else words
         result = run(words, env, tmp_path, timeout=120)
-        assert result.returncode == 0 and re.findall(r"^kind: (\w+)$", result.stdout, re.M) == MANIFESTS[tuple(words[3:5])], result.stderr
+        assert (
+            result.returncode == 0 and re.findall(r"^kind: (\w+)$", result.stdout, re.M) == MANIFESTS[tuple(words[3:5])]
+        ), result.stderr
         return
     if tuple(words[3:5]) == SCRIPT:  # prints a batch script: no run needed
-        words = words[:words.index(">")] if ">" in words else words
+        words = words[: words.index(">")] if ">" in words else words
         result = run(words, env, tmp_path, timeout=120)
         assert result.returncode == 0 and result.stdout.startswith("#!/bin/bash\n"), result.stderr
         return
@@ -129,7 +142,11 @@ def test_every_readme_command_composes(line, command, tmp_path):
     if "-m" in words[3:]:
         pytest.skip("a sweep: composed per job (run by test_every_readme_command_runs, slow)")
     if env.get("TFDISTX_RECIPES"):
-        run([sys.executable, "-m", "tfdistx", "recipes", "copy", "mnist_mlp", str(tmp_path / "my_recipes")], {}, tmp_path)
+        run(
+            [sys.executable, "-m", "tfdistx", "recipes", "copy", "mnist_mlp", str(tmp_path / "my_recipes")],
+            {},
+            tmp_path,
+        )
     plan = words if ("--plan" in words or "--cfg" in words) else [*words, "--plan"]
     result = run(plan, env, tmp_path, timeout=120)
     if "mypkg" in command:  # the pages' placeholder package: refused, naming it
@@ -145,17 +162,31 @@ def test_every_readme_command_runs(line, command, tmp_path):
     network fails with the documented one line instead."""
     words, env = argv(command, tmp_path)
     tool = words[3] if len(words) > 3 and words[2] == "tfdistx" else None
-    if "mypkg" in command or "--plan" in words or "--cfg" in words or tool == "recipes" or tuple(words[3:5]) in MANIFESTS \
-            or tuple(words[3:5]) == SCRIPT:
+    if (
+        "mypkg" in command
+        or "--plan" in words
+        or "--cfg" in words
+        or tool == "recipes"
+        or tuple(words[3:5]) in MANIFESTS
+        or tuple(words[3:5]) == SCRIPT
+    ):
         pytest.skip("checked by test_every_readme_command_composes")
     if "/data/" in command or "'a-*" in command:
-        pytest.skip("names a user's own files (/data/...): composed with stand-ins by test_every_readme_command_composes")
+        pytest.skip(
+            "names a user's own files (/data/...): composed with stand-ins by test_every_readme_command_composes"
+        )
     if "cluster.launch=agent" in words:
-        pytest.skip("the same command on every node, which names the host that keeps the rounds: test_agents.py runs it "
-                    "on namespace nodes; composed by test_every_readme_command_composes")
+        pytest.skip(
+            "the same command on every node, which names the host that keeps the rounds: test_agents.py runs it "
+            "on namespace nodes; composed by test_every_readme_command_composes"
+        )
     own_project(words, tmp_path)
     if tool in ("export", "evaluate", "report", "predict"):
-        first = run([sys.executable, "-m", "tfdistx", *SMALL, "checkpoint.every_steps=2", f"hydra.run.dir={tmp_path / 'run'}"], {}, tmp_path)
+        first = run(
+            [sys.executable, "-m", "tfdistx", *SMALL, "checkpoint.every_steps=2", f"hydra.run.dir={tmp_path / 'run'}"],
+            {},
+            tmp_path,
+        )
         assert first.returncode == 0, first.stderr
         words = [w if not re.match(r"(outputs|multirun)/", w) else str(tmp_path / "run") for w in words]
         words = [w if w != "500" else "2" for w in words]  # --step 500 -> a step the small run kept
@@ -163,7 +194,11 @@ def test_every_readme_command_runs(line, command, tmp_path):
         assert result.returncode == 0, f"{line}: {command}\n{result.stderr[-2000:]}"
         return
     if env.get("TFDISTX_RECIPES"):
-        run([sys.executable, "-m", "tfdistx", "recipes", "copy", "mnist_mlp", str(tmp_path / "my_recipes")], {}, tmp_path)
+        run(
+            [sys.executable, "-m", "tfdistx", "recipes", "copy", "mnist_mlp", str(tmp_path / "my_recipes")],
+            {},
+            tmp_path,
+        )
     if "hydra.sweeper.n_trials=20" in words:
         words = [w.replace("n_trials=20", "n_trials=2") for w in words]
     small = [*SMALL, "data.batch_size=32"]  # after the command's own: the last one given wins
@@ -172,7 +207,9 @@ def test_every_readme_command_runs(line, command, tmp_path):
     if "download_check_url" in data.stdout:  # tensorflow-datasets data: never reach for the network in a test
         small.append("data.download_check_url=http://127.0.0.1:9")
     result = run([*words, *small], env, tmp_path, timeout=900)
-    if result.returncode == EXIT_NO_NETWORK and OFFLINE in result.stdout + result.stderr:  # a local cluster's task says it on stdout, [worker:N]
+    if (
+        result.returncode == EXIT_NO_NETWORK and OFFLINE in result.stdout + result.stderr
+    ):  # a local cluster's task says it on stdout, [worker:N]
         return  # documented: offline, tensorflow-datasets data is refused in one line
     assert result.returncode == 0, f"{line}: {command}\n{result.stderr[-3000:]}"
 

@@ -12,8 +12,9 @@ from tfdistx.config import recipes
 
 
 def tfdistx_cli(*args, env=None, cwd=None, timeout=300):
-    return run_command([sys.executable, "-m", "tfdistx", *args],
-                          env=tfdistx_env(**(env or {})), cwd=cwd, timeout=timeout)
+    return run_command(
+        [sys.executable, "-m", "tfdistx", *args], env=tfdistx_env(**(env or {})), cwd=cwd, timeout=timeout
+    )
 
 
 def assert_one_clean_line(proc):
@@ -29,7 +30,12 @@ def test_mnist_mlp_recipe_trains_on_synthetic_data(tfdistx):
     run = tfdistx("recipe=mnist_mlp", "data=synthetic", *QUICK)
     assert run.returncode == 0, run
     summary = run.summary
-    assert (summary["step"], summary["strategy"], summary["replicas"], summary["global_batch"]) == (40, "one_device", 1, 32)
+    assert (summary["step"], summary["strategy"], summary["replicas"], summary["global_batch"]) == (
+        40,
+        "one_device",
+        1,
+        32,
+    )
     config = yaml.safe_load((run.dir / ".hydra" / "config.yaml").read_text())
     assert config["model"]["hidden_units"] == [128] and config["data"]["_target_"] == "tfdistx.data.synthetic"
     assert "recipe=mnist_mlp" in (run.dir / ".hydra" / "overrides.yaml").read_text()
@@ -59,8 +65,12 @@ def test_recipes_show_prints_the_composed_config_with_overrides():
     proc = tfdistx_cli("recipes", "show", "mnist_mirrored", "cluster=1x2", "trainer.epochs=1")
     assert proc.returncode == 0, proc.stderr
     cfg = yaml.safe_load(proc.stdout)
-    assert (cfg["strategy"]["name"], cfg["cluster"]["devices_per_worker"], cfg["data"]["batch_size"], cfg["trainer"]["epochs"]) == (
-        "mirrored", 2, 512, 1)
+    assert (
+        cfg["strategy"]["name"],
+        cfg["cluster"]["devices_per_worker"],
+        cfg["data"]["batch_size"],
+        cfg["trainer"]["epochs"],
+    ) == ("mirrored", 2, 512, 1)
     assert "hydra" not in cfg
 
 
@@ -85,7 +95,9 @@ def test_recipes_copy_writes_the_file_for_editing(tmp_path):
     forced = tfdistx_cli("recipes", "copy", "cifar10_resnet", str(tmp_path / "mine"), "--force")
     assert forced.returncode == 0 and copied.read_text() == recipes.find("cifar10_resnet").read_text()
     kept = list((tmp_path / "mine").glob("cifar10_resnet.yaml.replaced-*"))  # not a *.yaml: not listed as a recipe
-    assert len(kept) == 1 and kept[0].read_text().endswith("# my edit\n")  # --force replaced the file, and kept the edits
+    assert len(kept) == 1 and kept[0].read_text().endswith(
+        "# my edit\n"
+    )  # --force replaced the file, and kept the edits
     renamed = tfdistx_cli("recipes", "copy", "cifar10_resnet", str(tmp_path / "mine" / "resnet56.yaml"))
     assert renamed.returncode == 0 and (tmp_path / "mine" / "resnet56.yaml").is_file()
 
@@ -120,7 +132,11 @@ def test_a_user_recipe_dir_is_listed_shown_and_run(tfdistx, tmp_path):
 
     run = tfdistx("recipe=two_sgd", *QUICK, env=env)
     assert run.returncode == 0, run
-    assert (run.summary["strategy"], run.summary["replicas"], run.summary["learning_rate"]) == ("mirrored", 2, pytest.approx(0.02))
+    assert (run.summary["strategy"], run.summary["replicas"], run.summary["learning_rate"]) == (
+        "mirrored",
+        2,
+        pytest.approx(0.02),
+    )
 
 
 def test_an_edited_copy_shadows_the_shipped_recipe(tmp_path):
@@ -135,4 +151,3 @@ def test_an_edited_copy_shadows_the_shipped_recipe(tmp_path):
     composed = tfdistx_cli("recipe=mnist_mlp", "data=synthetic", "--cfg", "job", env=env)
     assert composed.returncode == 0, composed.stderr
     assert yaml.safe_load(composed.stdout)["optimizer"]["lr"] == 0.005
-

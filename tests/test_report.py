@@ -15,8 +15,7 @@ CURVES = [*QUICK, "trainer.eval_every=20"]
 
 
 def report(*args):
-    return run_command([sys.executable, "-m", "tfdistx", "report", *map(str, args)],
-                          env=tfdistx_env(), timeout=300)
+    return run_command([sys.executable, "-m", "tfdistx", "report", *map(str, args)], env=tfdistx_env(), timeout=300)
 
 
 def assert_picture(path: Path):
@@ -44,7 +43,16 @@ def table(markdown: str) -> list:
 def sweep(tmp_path_factory):
     """A real 3-job sweep over the learning rate."""
     sweep_dir = tmp_path_factory.mktemp("report") / "sweep"
-    cmd = [sys.executable, "-m", "tfdistx", "-m", "optimizer=sgd", "optimizer.lr=0.003,0.03,0.3", *CURVES, f"hydra.sweep.dir={sweep_dir}"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "tfdistx",
+        "-m",
+        "optimizer=sgd",
+        "optimizer.lr=0.003,0.03,0.3",
+        *CURVES,
+        f"hydra.sweep.dir={sweep_dir}",
+    ]
     proc = run_command(cmd, tfdistx_env(), cwd=sweep_dir.parent, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return sweep_dir
@@ -130,7 +138,9 @@ def test_report_reads_past_binary_and_wrongly_typed_files(tfdistx, tmp_path):
     assert "1/metrics.jsonl: left out" in proc.stderr
     assert (sweep / "final_metric.png").is_file()
     only_bad = report(sweep / "1")
-    assert only_bad.returncode == 2 and "no runs in" in only_bad.stderr and "Traceback" not in only_bad.stderr, only_bad.stderr
+    assert only_bad.returncode == 2 and "no runs in" in only_bad.stderr and "Traceback" not in only_bad.stderr, (
+        only_bad.stderr
+    )
 
 
 def test_runs_without_overrides_are_labelled_so_not_by_their_run_dir(tfdistx, tmp_path):

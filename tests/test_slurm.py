@@ -56,20 +56,45 @@ def _end_our_jobs(timeout: float = 60) -> None:
 
 def test_srun_two_tasks_train_one_multiworker_cluster(slurm, tmp_path):
     run_dir = tmp_path / "run"
-    cmd = ["srun", "-n", "2", "--overcommit", "--kill-on-bad-exit=1", sys.executable, "-m", "tfdistx", *QUICK,
-           "strategy=multiworker", "cluster=2x1", f"hydra.run.dir={run_dir}"]
+    cmd = [
+        "srun",
+        "-n",
+        "2",
+        "--overcommit",
+        "--kill-on-bad-exit=1",
+        sys.executable,
+        "-m",
+        "tfdistx",
+        *QUICK,
+        "strategy=multiworker",
+        "cluster=2x1",
+        f"hydra.run.dir={run_dir}",
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=tfdistx_env(), timeout=600, cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     summary = json.loads((run_dir / "summary.json").read_text())
     assert (summary["workers"], summary["replicas"], summary["step"], summary["process"]) == (2, 2, 40, "worker:0")
-    digests = {line.rsplit(" ", 1)[1] for line in (proc.stdout + proc.stderr).splitlines() if "final weights sha256" in line}
+    digests = {
+        line.rsplit(" ", 1)[1] for line in (proc.stdout + proc.stderr).splitlines() if "final weights sha256" in line
+    }
     assert digests == {summary["weights_sha256"]}
 
 
 def test_the_tasks_of_a_step_share_one_default_run_dir(slurm, tmp_path):
     """No hydra.run.dir: the run dir comes from the job and step ids, not each task's clock."""
-    cmd = ["srun", "-n", "2", "--overcommit", "--kill-on-bad-exit=1", sys.executable, "-m", "tfdistx", *QUICK,
-           "strategy=multiworker", "cluster=2x1"]
+    cmd = [
+        "srun",
+        "-n",
+        "2",
+        "--overcommit",
+        "--kill-on-bad-exit=1",
+        sys.executable,
+        "-m",
+        "tfdistx",
+        *QUICK,
+        "strategy=multiworker",
+        "cluster=2x1",
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=tfdistx_env(), timeout=600, cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     runs = [p for p in (tmp_path / "outputs").rglob(".hydra")]
@@ -78,8 +103,18 @@ def test_the_tasks_of_a_step_share_one_default_run_dir(slurm, tmp_path):
 
 
 def test_srun_with_the_wrong_number_of_tasks_is_refused(slurm, tmp_path):
-    cmd = ["srun", "-n", "3", "--overcommit", sys.executable, "-m", "tfdistx", "strategy=multiworker", "cluster=2x1",
-           f"hydra.run.dir={tmp_path / 'run'}"]
+    cmd = [
+        "srun",
+        "-n",
+        "3",
+        "--overcommit",
+        sys.executable,
+        "-m",
+        "tfdistx",
+        "strategy=multiworker",
+        "cluster=2x1",
+        f"hydra.run.dir={tmp_path / 'run'}",
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=tfdistx_env(), timeout=300, cwd=tmp_path)
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert "srun -n 2" in proc.stderr and "Traceback" not in proc.stderr
@@ -87,9 +122,20 @@ def test_srun_with_the_wrong_number_of_tasks_is_refused(slurm, tmp_path):
 
 def test_submitit_sweep_runs_each_job_as_a_slurm_cluster(slurm, tmp_path):
     sweep = tmp_path / "sweep"
-    cmd = [sys.executable, "-m", "tfdistx", "-m", "hydra/launcher=tfdistx_slurm", "hydra.launcher.partition=debug",
-           f"hydra.launcher.submitit_folder={tmp_path / 'submitit'}", "strategy=multiworker", "cluster=2x1", *QUICK,
-           "optimizer.lr=0.001,0.01", f"hydra.sweep.dir={sweep}"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "tfdistx",
+        "-m",
+        "hydra/launcher=tfdistx_slurm",
+        "hydra.launcher.partition=debug",
+        f"hydra.launcher.submitit_folder={tmp_path / 'submitit'}",
+        "strategy=multiworker",
+        "cluster=2x1",
+        *QUICK,
+        "optimizer.lr=0.001,0.01",
+        f"hydra.sweep.dir={sweep}",
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=tfdistx_env(), timeout=900, cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     summaries = [json.loads((sweep / str(job) / "summary.json").read_text()) for job in (0, 1)]
@@ -97,8 +143,11 @@ def test_submitit_sweep_runs_each_job_as_a_slurm_cluster(slurm, tmp_path):
     assert all((s["workers"], s["step"]) == (2, 40) for s in summaries)
 
 
-@pytest.mark.parametrize("placed", [["cluster=2x1"], ["cluster.workers=1:2", "cluster.launch=agent", "cluster.elastic.join_grace=1"]],
-                         ids=["two tasks of one step", "an agent on every node"])
+@pytest.mark.parametrize(
+    "placed",
+    [["cluster=2x1"], ["cluster.workers=1:2", "cluster.launch=agent", "cluster.elastic.join_grace=1"]],
+    ids=["two tasks of one step", "an agent on every node"],
+)
 def test_the_exported_script_checkpoints_at_slurms_notice_requeues_itself_and_resumes(slurm, tmp_path, placed):
     """`tfdistx export slurm`'s script, sbatch'ed: the notice Slurm gives the batch shell before the time limit
     (--signal=B:USR1@N; sent here at once, as `scancel --signal=USR1 --batch` sends it) reaches every task
@@ -106,14 +155,35 @@ def test_the_exported_script_checkpoints_at_slurms_notice_requeues_itself_and_re
     exit 42, the job requeues itself, and its next start resumes from that step in the same run dir and
     finishes: every step logged once. This Slurm has one node: the agents' script (1 to 2 nodes) gets one."""
     run_dir, script, steps = tmp_path / "run", tmp_path / "train.sbatch", 6000
-    args = ["strategy=multiworker", *placed, *QUICK, f"trainer.steps={steps}", "trainer.steps_per_loop=10",
-            "trainer.log_every=10", f"hydra.run.dir={run_dir}"]
-    env = tfdistx_env(PATH=os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]))  # `python`: this one
-    export = subprocess.run([sys.executable, "-m", "tfdistx", "export", "slurm", *args, "--out", str(script), "--notice", "60"],
-                            capture_output=True, text=True, env=env, timeout=120, cwd=tmp_path)
+    args = [
+        "strategy=multiworker",
+        *placed,
+        *QUICK,
+        f"trainer.steps={steps}",
+        "trainer.steps_per_loop=10",
+        "trainer.log_every=10",
+        f"hydra.run.dir={run_dir}",
+    ]
+    env = tfdistx_env(
+        PATH=os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
+    )  # `python`: this one
+    export = subprocess.run(
+        [sys.executable, "-m", "tfdistx", "export", "slurm", *args, "--out", str(script), "--notice", "60"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+        cwd=tmp_path,
+    )
     assert export.returncode == 0, export.stderr
-    submitted = subprocess.run(["sbatch", "--parsable", "--overcommit", str(script)], capture_output=True, text=True, env=env,
-                               timeout=60, cwd=tmp_path)
+    submitted = subprocess.run(
+        ["sbatch", "--parsable", "--overcommit", str(script)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+        cwd=tmp_path,
+    )
     assert submitted.returncode == 0, submitted.stderr
     job = submitted.stdout.strip().split(";")[0]
     wait_until(lambda: metric_lines(run_dir) >= 1, 600, "the job's first metrics line")
@@ -122,9 +192,14 @@ def test_the_exported_script_checkpoints_at_slurms_notice_requeues_itself_and_re
     summary = run_dir / "summary.json"
     wait_until(summary.exists, 900, "the requeued job's summary")
     output = (tmp_path / f"slurm-{job}.out").read_text()  # --open-mode=append: both starts of the job
-    assert re.search(r"SIG(USR1|TERM): checkpointing at the next loop boundary", output) and f"requeueing job {job}" in output, output[-3000:]
+    assert (
+        re.search(r"SIG(USR1|TERM): checkpointing at the next loop boundary", output)
+        and f"requeueing job {job}" in output
+    ), output[-3000:]
     result = json.loads(summary.read_text())
     assert result["step"] == steps and 0 < result["resumed_from_step"] < steps, result
     # resumed from the checkpoint saved at the notice (since rotated out by checkpoint.max_to_keep: the run went on)
-    assert {int(step) for step in re.findall(r"preempted at step (\d+): checkpoint saved", output)} == {result["resumed_from_step"]}, output[-3000:]
+    assert {int(step) for step in re.findall(r"preempted at step (\d+): checkpoint saved", output)} == {
+        result["resumed_from_step"]
+    }, output[-3000:]
     assert steps_logged(run_dir) == list(range(10, steps + 1, 10))

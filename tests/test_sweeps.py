@@ -42,17 +42,28 @@ def test_multirun_runs_every_combination_in_its_own_dir(tmp_path):
     assert (sweep / "multirun.yaml").is_file()
 
 
-@pytest.mark.parametrize("objective, best", [("eval/accuracy", max), pytest.param("eval/loss", min, marks=pytest.mark.slow)])
+@pytest.mark.parametrize(
+    "objective, best", [("eval/accuracy", max), pytest.param("eval/loss", min, marks=pytest.mark.slow)]
+)
 def test_optuna_sweep_optimizes_the_objective_the_right_way(tmp_path, objective, best):
     """No hydra.sweeper.direction given: accuracy is maximized, a loss minimized,
     and `tfdistx report` names the same best job as Optuna."""
     pytest.importorskip("hydra_plugins.hydra_optuna_sweeper", reason="pip install '.[test]' (hydra-optuna-sweeper)")
     sweep = tmp_path / "optuna"
-    proc = multirun(sweep, "hydra/sweeper=optuna", "hydra.sweeper.n_trials=3", "hydra.sweeper.sampler.seed=0",
-                    "optimizer.lr=interval(0.0005,0.05)", f"trainer.objective={objective}", *QUICK)
+    proc = multirun(
+        sweep,
+        "hydra/sweeper=optuna",
+        "hydra.sweeper.n_trials=3",
+        "hydra.sweeper.sampler.seed=0",
+        "optimizer.lr=interval(0.0005,0.05)",
+        f"trainer.objective={objective}",
+        *QUICK,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert f"Directions: ['{'maximize' if best is max else 'minimize'}']" in proc.stdout + proc.stderr
-    assert "setup plugin alembic" not in proc.stdout + proc.stderr and "\x1b[" not in proc.stdout + proc.stderr  # plain, quiet logs
+    assert (
+        "setup plugin alembic" not in proc.stdout + proc.stderr and "\x1b[" not in proc.stdout + proc.stderr
+    )  # plain, quiet logs
     found = jobs(sweep)
     assert sorted(found) == ["0", "1", "2"]
     # the entrypoint returned trainer.objective and optuna kept the best
@@ -63,7 +74,9 @@ def test_optuna_sweep_optimizes_the_objective_the_right_way(tmp_path, objective,
     assert results["best_params"]["optimizer.lr"] == pytest.approx(found[winner][2]["optimizer"]["lr"])
     lrs = [cfg["optimizer"]["lr"] for _, _, cfg in found.values()]
     assert all(0.0005 <= lr <= 0.05 for lr in lrs) and len(set(lrs)) == 3
-    report = subprocess.run([sys.executable, "-m", "tfdistx", "report", str(sweep)], capture_output=True, text=True, env=tfdistx_env())
+    report = subprocess.run(
+        [sys.executable, "-m", "tfdistx", "report", str(sweep)], capture_output=True, text=True, env=tfdistx_env()
+    )
     assert report.returncode == 0, report.stderr
     assert f"**Best: job {winner}**" in (sweep / "report.md").read_text()
 
@@ -74,11 +87,24 @@ def test_joblib_launcher_runs_recipe_jobs_in_parallel_processes(tmp_path):
     sweep = tmp_path / "joblib"
     # Bounded well under loky's 300 s idle timeout: a sweep that ended without stopping joblib's
     # worker pool waited that long on its idle workers after the last job was done.
-    proc = multirun(sweep, "hydra/launcher=joblib", "hydra.launcher.n_jobs=2", "recipe=mnist_mlp,mnist_mirrored", "data=synthetic", *QUICK,
-                    timeout=200)
+    proc = multirun(
+        sweep,
+        "hydra/launcher=joblib",
+        "hydra.launcher.n_jobs=2",
+        "recipe=mnist_mlp,mnist_mirrored",
+        "data=synthetic",
+        *QUICK,
+        timeout=200,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     found = {overrides[0]: summary for summary, overrides, _ in jobs(sweep).values()}
     assert set(found) == {"recipe=mnist_mlp", "recipe=mnist_mirrored"}
-    assert (found["recipe=mnist_mlp"]["replicas"], found["recipe=mnist_mlp"]["learning_rate"]) == (1, pytest.approx(1e-3))
-    assert (found["recipe=mnist_mirrored"]["replicas"], found["recipe=mnist_mirrored"]["learning_rate"]) == (4, pytest.approx(4e-3))
+    assert (found["recipe=mnist_mlp"]["replicas"], found["recipe=mnist_mlp"]["learning_rate"]) == (
+        1,
+        pytest.approx(1e-3),
+    )
+    assert (found["recipe=mnist_mirrored"]["replicas"], found["recipe=mnist_mirrored"]["learning_rate"]) == (
+        4,
+        pytest.approx(4e-3),
+    )
     assert "joblib" in (sweep / "multirun.yaml").read_text()

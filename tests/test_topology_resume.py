@@ -26,8 +26,9 @@ def resume_across(tfdistx, tmp_path, whole, before: str, after: str) -> float:
 
 
 # The default run: a cluster onto one device (test_partitioner's default test resumes ps2w2 onto ps1w2).
-@pytest.mark.parametrize("before, after", [("multiworker_2x1", "one_device"),
-                                           pytest.param("ps1w2", "mirrored_1x2", marks=pytest.mark.slow)])
+@pytest.mark.parametrize(
+    "before, after", [("multiworker_2x1", "one_device"), pytest.param("ps1w2", "mirrored_1x2", marks=pytest.mark.slow)]
+)
 def test_a_cluster_run_resumes_on_another_topology(tfdistx, tmp_path, topology_whole, before, after):
     resume_across(tfdistx, tmp_path, topology_whole, before, after)
 

@@ -15,7 +15,9 @@ from conftest import QUICK, run_command, start_tfdistx, tfdistx_env, wait_until
 
 
 def test_default_run_learns_and_writes_its_run_dir(tfdistx):
-    run = tfdistx("trainer.steps=300", "trainer.log_every=100", "trainer.eval_every=100", fresh=True)  # as a user starts it
+    run = tfdistx(
+        "trainer.steps=300", "trainer.log_every=100", "trainer.eval_every=100", fresh=True
+    )  # as a user starts it
     assert run.returncode == 0, run
     summary = run.summary
     assert summary["step"] == 300
@@ -56,22 +58,35 @@ def test_tensorboard_holds_the_logged_scalars(tfdistx):
 def test_user_model_and_data_targets(tfdistx):
     # a target's own keys are given as any group's (no `+`); a key it does not take is refused (test_unit_config_own.py)
     quick = [o for o in QUICK if not o.startswith(("data.train_examples", "data.eval_examples"))]
-    run = tfdistx(*quick, "model._target_=user_plugins.tiny_model", "data._target_=user_plugins.constant_data",
-                  "data.examples=256", "optimizer.lr=0.05")
+    run = tfdistx(
+        *quick,
+        "model._target_=user_plugins.tiny_model",
+        "data._target_=user_plugins.constant_data",
+        "data.examples=256",
+        "optimizer.lr=0.05",
+    )
     assert run.returncode == 0, run
     assert run.summary["step"] == 40
     assert run.summary["eval"]["eval/accuracy"] > 0.8
     # a command-line target gets only the keys given: the mlp's own are left out, and said so
-    assert "model._target_=user_plugins.tiny_model gets only the model keys you give (not the default group's hidden_units, dropout)" \
+    assert (
+        "model._target_=user_plugins.tiny_model gets only the model keys you give (not the default group's hidden_units, dropout)"
         in run.stderr
+    )
 
 
 def test_killed_run_resumes_without_repeating_steps(tmp_path):
     """SIGKILL mid-run, rerun the same command: it continues from the last
     checkpoint (fit.train's resume, in this process: test_unit_run_dir.py)."""
     run_dir = tmp_path / "run"
-    args = ["trainer.steps=4000", "trainer.steps_per_loop=20", "trainer.log_every=20", "trainer.eval_every=0", "checkpoint.every_steps=100",
-            "logger.tensorboard=false"]
+    args = [
+        "trainer.steps=4000",
+        "trainer.steps_per_loop=20",
+        "trainer.log_every=20",
+        "trainer.eval_every=0",
+        "checkpoint.every_steps=100",
+        "logger.tensorboard=false",
+    ]
     proc = start_tfdistx(args, run_dir, stdout=subprocess.DEVNULL)
     try:
         # A checkpoint counts once CheckpointManager has recorded it in the
@@ -84,8 +99,9 @@ def test_killed_run_resumes_without_repeating_steps(tmp_path):
     killed_lines = (run_dir / "metrics.jsonl").read_text().splitlines()
     assert 0 < len(killed_lines) < 200, "the run ended before it could be killed"
 
-    rerun = run_command([sys.executable, "-m", "tfdistx", *args, f"hydra.run.dir={run_dir}"],
-                           env=tfdistx_env(), timeout=600)
+    rerun = run_command(
+        [sys.executable, "-m", "tfdistx", *args, f"hydra.run.dir={run_dir}"], env=tfdistx_env(), timeout=600
+    )
     assert rerun.returncode == 0, rerun.stderr[-3000:]
     import json
 
@@ -119,9 +135,17 @@ def test_the_tfdistx_script_imports_a_users_target_from_the_current_directory(tm
     script = Path(sys.executable).with_name("tfdistx")
     if not script.exists():
         pytest.skip("the tfdistx console script is not installed beside this python")
-    (tmp_path / "my_data.py").write_text("from tfdistx.data import synthetic\n\ndef load(**kwargs):\n    return synthetic(**kwargs)\n")
-    run = subprocess.run([str(script), *QUICK, "data._target_=my_data.load", f"hydra.run.dir={tmp_path / 'run'}"],
-                         capture_output=True, text=True, cwd=tmp_path, env=tfdistx_env(), timeout=600)
+    (tmp_path / "my_data.py").write_text(
+        "from tfdistx.data import synthetic\n\ndef load(**kwargs):\n    return synthetic(**kwargs)\n"
+    )
+    run = subprocess.run(
+        [str(script), *QUICK, "data._target_=my_data.load", f"hydra.run.dir={tmp_path / 'run'}"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=tfdistx_env(),
+        timeout=600,
+    )
     assert run.returncode == 0, run.stderr[-3000:]
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["step"] == 40
 
@@ -132,8 +156,18 @@ def test_a_finished_run_exits_promptly_after_its_last_line(tmp_path):
     Asserted loosely (a shared machine); the closing note has the figures."""
     scratch = tmp_path / "tmp"
     scratch.mkdir()
-    proc = start_tfdistx(["trainer.steps=300", "trainer.log_every=100", "trainer.eval_every=0", "logger.tensorboard=false", "strategy=mirrored",
-                          "cluster=1x4"], tmp_path / "run", env={"TMPDIR": str(scratch)})
+    proc = start_tfdistx(
+        [
+            "trainer.steps=300",
+            "trainer.log_every=100",
+            "trainer.eval_every=0",
+            "logger.tensorboard=false",
+            "strategy=mirrored",
+            "cluster=1x4",
+        ],
+        tmp_path / "run",
+        env={"TMPDIR": str(scratch)},
+    )
     last, lines = None, []
     for line in proc.stdout:
         last = time.monotonic()
@@ -148,8 +182,13 @@ def test_a_finished_run_exits_promptly_after_its_last_line(tmp_path):
     assert f"run dir: {tmp_path / 'run'}" in out and f"done at step 300: {tmp_path / 'run'}" in out
     # The lines a local cluster's task shows, without its [worker:0]: no Hydra [time][logger][INFO] prefix; the log keeps it.
     assert not [line for line in lines if line.startswith("[")], out[-2000:]
-    assert re.match(r"\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+\]\[tfdistx[.\w]*\]\[INFO\] - ", (tmp_path / "run" / "tfdistx.log").read_text())
-    first, second = [line for line in lines if line.startswith("step ")][:2]  # a number's column has one width from line to line
+    assert re.match(
+        r"\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+\]\[tfdistx[.\w]*\]\[INFO\] - ",
+        (tmp_path / "run" / "tfdistx.log").read_text(),
+    )
+    first, second = [line for line in lines if line.startswith("step ")][
+        :2
+    ]  # a number's column has one width from line to line
     assert first.index(" ex/s") == second.index(" ex/s"), (first, second)
     assert list(scratch.iterdir()) == []  # what exit handlers remove (TensorFlow's autograph files) is removed
 
@@ -174,7 +213,9 @@ def test_a_second_tensorflow_installed_is_one_warning_line(tfdistx, tmp_path):
     run = tfdistx(*QUICK, "trainer.steps=2", env=env)
     assert run.returncode == 0, run
     warned = [line for line in run.stderr.splitlines() if "installed together" in line]
-    assert len(warned) == 1 and warned[0].startswith("tfdistx: warning: tensorflow 2.21.0, tensorflow-cpu 2.21.0 are installed together"), run
+    assert len(warned) == 1 and warned[0].startswith(
+        "tfdistx: warning: tensorflow 2.21.0, tensorflow-cpu 2.21.0 are installed together"
+    ), run
     assert "pip uninstall -y tensorflow tensorflow-cpu" in warned[0]
     plan = tfdistx("--plan", env=env)
     assert "WARNING       tensorflow 2.21.0, tensorflow-cpu 2.21.0 are installed together" in plan.stdout, plan

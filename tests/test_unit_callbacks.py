@@ -24,36 +24,65 @@ def test_a_keras_callback_stops_the_run_where_it_says_and_keras_csv_logger_write
     """StopBelow stops at the first record under its loss; Keras' CSVLogger
     has a row per record, its epoch numbered as Keras numbers them, its step
     column the step; the summary says who stopped it."""
-    run = train(tmp_path / "run", *EVERY_TEN, "trainer.steps=200", "+callbacks.stop._target_=user_plugins.StopBelow",
-                "+callbacks.stop.loss=2.1", "+callbacks.csv._target_=keras.callbacks.CSVLogger", f"+callbacks.csv.filename={tmp_path / 'keras.csv'}",
-                "logger.csv=true")
+    run = train(
+        tmp_path / "run",
+        *EVERY_TEN,
+        "trainer.steps=200",
+        "+callbacks.stop._target_=user_plugins.StopBelow",
+        "+callbacks.stop.loss=2.1",
+        "+callbacks.csv._target_=keras.callbacks.CSVLogger",
+        f"+callbacks.csv.filename={tmp_path / 'keras.csv'}",
+        "logger.csv=true",
+    )
     first_below = next(m["step"] for m in run.metrics if m["loss"] < 2.1)
     assert run.summary["step"] == first_below < 200 and run.metrics[-1]["step"] == first_below
-    assert run.summary["stopped_early"] == {"step": first_below, "reason": "callbacks.stop: StopBelow set model.stop_training"}
+    assert run.summary["stopped_early"] == {
+        "step": first_below,
+        "reason": "callbacks.stop: StopBelow set model.stop_training",
+    }
     rows = list(csv.DictReader(open(tmp_path / "keras.csv")))
     assert [int(r["epoch"]) for r in rows] == list(range(len(run.metrics)))  # Keras' numbering: one epoch per record
     assert [int(float(r["step"])) for r in rows] == [m["step"] for m in run.metrics]
     assert [float(r["loss"]) for r in rows] == pytest.approx([m["loss"] for m in run.metrics])
     ours = list(csv.DictReader(open(run.dir / "metrics.csv")))
-    assert [int(r["step"]) for r in ours] == [m["step"] for m in run.metrics] and float(ours[-1]["loss"]) == run.metrics[-1]["loss"]
+    assert [int(r["step"]) for r in ours] == [m["step"] for m in run.metrics] and float(
+        ours[-1]["loss"]
+    ) == run.metrics[-1]["loss"]
 
 
 def test_a_tfdistx_action_stops_the_run_at_its_own_step(tmp_path):
-    run = train(tmp_path / "run", *EVERY_TEN, "trainer.steps=100", "+callbacks.at._target_=user_plugins.StopAtStep", "+callbacks.at.step=35")
+    run = train(
+        tmp_path / "run",
+        *EVERY_TEN,
+        "trainer.steps=100",
+        "+callbacks.at._target_=user_plugins.StopAtStep",
+        "+callbacks.at.step=35",
+    )
     assert run.summary["stopped_early"] == {"step": 35, "reason": "callbacks.at: step 35 reached"}
 
 
 def test_terminate_on_nan_stops_a_run_whose_loss_is_nan(tmp_path):
-    run = train(tmp_path / "run", *EVERY_TEN, "trainer.steps=100", "optimizer=sgd", "optimizer.lr=1e30", "callbacks=terminate_on_nan")
-    assert run.summary["stopped_early"]["reason"] == "callbacks.terminate_on_nan: TerminateOnNaN set model.stop_training"
+    run = train(
+        tmp_path / "run",
+        *EVERY_TEN,
+        "trainer.steps=100",
+        "optimizer=sgd",
+        "optimizer.lr=1e30",
+        "callbacks=terminate_on_nan",
+    )
+    assert (
+        run.summary["stopped_early"]["reason"] == "callbacks.terminate_on_nan: TerminateOnNaN set model.stop_training"
+    )
     assert run.summary["step"] < 100
 
 
 def test_a_callback_that_raises_stops_the_run_in_one_line_naming_it_and_keeps_the_checkpoints(tmp_path):
     with pytest.raises(RunFault) as raised:
         train(tmp_path / "run", *EVERY_TEN, "trainer.steps=100", "+callbacks.chat._target_=user_plugins.Raises")
-    assert str(raised.value) == ("callbacks.chat (user_plugins.Raises) raised ValueError in on_epoch_end at step 20: the chat "
-                                 "server said no; the steps trained are saved (step 20), and a rerun resumes from there")
+    assert str(raised.value) == (
+        "callbacks.chat (user_plugins.Raises) raised ValueError in on_epoch_end at step 20: the chat "
+        "server said no; the steps trained are saved (step 20), and a rerun resumes from there"
+    )
     assert raised.value.code == 1
     assert (tmp_path / "run" / "checkpoints" / "ckpt-20.index").exists()
 
@@ -63,14 +92,24 @@ def test_a_logger_that_raises_stops_the_run_in_one_line_naming_it_as_a_callback_
     record: the run stops with a line naming it and the step, the steps
     trained saved; one that raises as it closes is named too."""
     with pytest.raises(RunFault) as raised:
-        train(tmp_path / "run", *EVERY_TEN, "trainer.steps=100", "logger.boom._target_=user_plugins.RaisingLogger", "logger.boom.at=20")
-    assert str(raised.value) == ("logger.boom (user_plugins.RaisingLogger) raised ValueError at step 20: logger boom; "
-                                 "the steps trained are saved (step 20), and a rerun resumes from there")
+        train(
+            tmp_path / "run",
+            *EVERY_TEN,
+            "trainer.steps=100",
+            "logger.boom._target_=user_plugins.RaisingLogger",
+            "logger.boom.at=20",
+        )
+    assert str(raised.value) == (
+        "logger.boom (user_plugins.RaisingLogger) raised ValueError at step 20: logger boom; "
+        "the steps trained are saved (step 20), and a rerun resumes from there"
+    )
     assert raised.value.code == 1
     assert (tmp_path / "run" / "checkpoints" / "ckpt-20.index").exists()
     with pytest.raises(RunFault) as raised:
         train(tmp_path / "closing", *EVERY_TEN, "trainer.steps=20", "logger.boom._target_=user_plugins.RaisingLogger")
-    assert str(raised.value).startswith("logger.boom (user_plugins.RaisingLogger) raised ValueError at step 20: logger boom; ")
+    assert str(raised.value).startswith(
+        "logger.boom (user_plugins.RaisingLogger) raised ValueError at step 20: logger boom; "
+    )
 
 
 def test_metrics_jsonl_is_written_a_whole_line_at_a_time_under_a_file_size_limit(tmp_path, capsys):
@@ -102,7 +141,9 @@ def test_metrics_jsonl_is_written_a_whole_line_at_a_time_under_a_file_size_limit
     assert (tmp_path / "metrics.jsonl").read_text() == '{"step": 10, "loss": 1.0}\n'
     err = capsys.readouterr().err
     assert "Logging error" not in err and "Traceback" not in err
-    assert err.count(f"{tmp_path / 'tfdistx.log'} cannot be written (File too large)") == 1  # once (an earlier in-process run's log may say so too)
+    assert (
+        err.count(f"{tmp_path / 'tfdistx.log'} cannot be written (File too large)") == 1
+    )  # once (an earlier in-process run's log may say so too)
 
 
 def test_mlflow_gets_each_step_once_its_checkpoint_is_saved_so_a_resumed_run_sends_no_step_twice(tmp_path):
@@ -124,8 +165,12 @@ def test_mlflow_gets_each_step_once_its_checkpoint_is_saved_so_a_resumed_run_sen
     def attempt(records, saved_after, resumed_from=0):
         """A run's attempt from `resumed_from`: each record logged (metrics.jsonl, then MLflow), then its checkpoint if saved."""
         lines = [line for line in (run_dir / "metrics.jsonl").read_text().splitlines()] if resumed_from else []
-        (run_dir / "metrics.jsonl").write_text("".join(line + "\n" for line in lines if json.loads(line)["step"] <= resumed_from))
-        logged = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]  # as the run's loggers pass it
+        (run_dir / "metrics.jsonl").write_text(
+            "".join(line + "\n" for line in lines if json.loads(line)["step"] <= resumed_from)
+        )
+        logged = [
+            json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()
+        ]  # as the run's loggers pass it
         logger = MlflowLogger(run_dir, {"trainer": {"steps": 40}}, logged=logged, **keys)
         for step, loss in records:
             append_jsonl(run_dir / "metrics.jsonl", {"step": step, "loss": loss})
@@ -145,9 +190,16 @@ def test_mlflow_gets_each_step_once_its_checkpoint_is_saved_so_a_resumed_run_sen
     last = attempt([(40, 1.0)], saved_after={40}, resumed_from=30)
     last.close()  # the end's checkpoint makes the last point final
     client = MlflowClient(tracking_uri=f"sqlite:///{run_dir / 'mlflow.db'}")
-    assert [(m.step, m.value) for m in client.get_metric_history(last.run_id, "loss")] == [(10, 3.0), (20, 2.5), (30, 1.5), (40, 1.0)]
+    assert [(m.step, m.value) for m in client.get_metric_history(last.run_id, "loss")] == [
+        (10, 3.0),
+        (20, 2.5),
+        (30, 1.5),
+        (40, 1.0),
+    ]
     assert client.get_run(last.run_id).info.artifact_uri.startswith((run_dir / "mlartifacts").as_uri())
-    assert len(client.search_runs([client.get_experiment_by_name("tfdistx").experiment_id])) == 1  # each attempt logged on into it
+    assert (
+        len(client.search_runs([client.get_experiment_by_name("tfdistx").experiment_id])) == 1
+    )  # each attempt logged on into it
 
 
 def test_step_lines_print_their_numbers_in_columns_that_line_up():
@@ -161,23 +213,42 @@ def test_step_lines_print_their_numbers_in_columns_that_line_up():
     assert first == "step 100/200  loss   1.300  accuracy  0.5000    9,876 ex/s"
     assert second.startswith("step 200/200  loss  0.9639  accuracy  0.5123  123,456 ex/s  ETA ")
     assert [fixed_width(v) for v in (0.06391, 12.35, 1234.0, 0.0002, 9.99996)] == [
-        "0.06391", "  12.35", "   1234", "2.000e-04", "  10.00"]
+        "0.06391",
+        "  12.35",
+        "   1234",
+        "2.000e-04",
+        "  10.00",
+    ]
 
 
 def test_a_run_with_callbacks_lion_and_a_schedule_resumes_bitwise(tmp_path):
-    args = [*EVERY_TEN, "strategy=mirrored", "cluster=1x2", "trainer.deterministic=true", "optimizer._target_=keras.optimizers.Lion",
-            "optimizer.schedule={_target_:keras.optimizers.schedules.PiecewiseConstantDecay,boundaries:[20],values:[0.001,0.0003]}",
-            "+callbacks.stop._target_=user_plugins.StopBelow", "+callbacks.stop.loss=0.0", "logger.csv=true"]
+    args = [
+        *EVERY_TEN,
+        "strategy=mirrored",
+        "cluster=1x2",
+        "trainer.deterministic=true",
+        "optimizer._target_=keras.optimizers.Lion",
+        "optimizer.schedule={_target_:keras.optimizers.schedules.PiecewiseConstantDecay,boundaries:[20],values:[0.001,0.0003]}",
+        "+callbacks.stop._target_=user_plugins.StopBelow",
+        "+callbacks.stop.loss=0.0",
+        "logger.csv=true",
+    ]
     whole, resumed = whole_and_resumed(tmp_path, args, stop_at=20, steps=40)
     assert resumed.summary["weights_sha256"] == whole.summary["weights_sha256"]
     assert (resumed.dir / "metrics.csv").read_text().count("\n") == 1 + 4  # the header, and steps 10..40 once each
 
 
-@pytest.mark.parametrize("override, message", [
-    ("+callbacks.x._target_=nosuchpkg.Cb", "callbacks.x._target_='nosuchpkg.Cb': no module named 'nosuchpkg' is importable"),
-    ("callbacks=nope", "callbacks"),
-    ("logger.csv=maybe", "logger.csv"),
-])
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        (
+            "+callbacks.x._target_=nosuchpkg.Cb",
+            "callbacks.x._target_='nosuchpkg.Cb': no module named 'nosuchpkg' is importable",
+        ),
+        ("callbacks=nope", "callbacks"),
+        ("logger.csv=maybe", "logger.csv"),
+    ],
+)
 def test_a_bad_callback_or_logger_key_is_refused_before_tensorflow(tmp_path, override, message):
     assert any(message in line for line in refused(tmp_path, override))
 
@@ -185,14 +256,23 @@ def test_a_bad_callback_or_logger_key_is_refused_before_tensorflow(tmp_path, ove
 INSIDE = "a file inside the run dir, e.g. keras_log.csv or logs/keras.csv"
 
 
-@pytest.mark.parametrize("overrides, line", [
-    (["callbacks.csv_logger.filename=../mine.csv", "callbacks.csv_logger.append=false"],
-     f"callbacks.csv_logger.filename='../mine.csv': would be written outside the run dir, where tfdistx does not write: name {INSIDE}"),
-    (["callbacks.csv_logger.filename=/tmp/mine.csv"],
-     f"callbacks.csv_logger.filename='/tmp/mine.csv': would be written outside the run dir, where tfdistx does not write: name {INSIDE}"),
-    (["callbacks.csv_logger.filename=metrics.jsonl"],
-     f"callbacks.csv_logger.filename='metrics.jsonl': is the run's own metrics.jsonl, which this file would replace: name {INSIDE}"),
-])
+@pytest.mark.parametrize(
+    "overrides, line",
+    [
+        (
+            ["callbacks.csv_logger.filename=../mine.csv", "callbacks.csv_logger.append=false"],
+            f"callbacks.csv_logger.filename='../mine.csv': would be written outside the run dir, where tfdistx does not write: name {INSIDE}",
+        ),
+        (
+            ["callbacks.csv_logger.filename=/tmp/mine.csv"],
+            f"callbacks.csv_logger.filename='/tmp/mine.csv': would be written outside the run dir, where tfdistx does not write: name {INSIDE}",
+        ),
+        (
+            ["callbacks.csv_logger.filename=metrics.jsonl"],
+            f"callbacks.csv_logger.filename='metrics.jsonl': is the run's own metrics.jsonl, which this file would replace: name {INSIDE}",
+        ),
+    ],
+)
 def test_a_shipped_callbacks_file_outside_the_run_dir_or_over_its_files_is_refused(tmp_path, overrides, line):
     assert refused(tmp_path / "run", "callbacks=[csv_logger]", *overrides) == [PREFIX + line]
 
@@ -202,7 +282,9 @@ def test_a_shipped_callbacks_file_through_a_link_out_of_the_run_dir_is_refused(t
     (tmp_path / "run" / ".lock").write_text("")  # a run dir of tfdistx's, resumed
     (tmp_path / "run" / "out").symlink_to(tmp_path)
     assert refused(tmp_path / "run", "callbacks=[csv_logger]", "callbacks.csv_logger.filename=out/mine.csv") == [
-        PREFIX + f"callbacks.csv_logger.filename='out/mine.csv': leads outside the run dir (to {tmp_path / 'mine.csv'}): name {INSIDE}"]
+        PREFIX
+        + f"callbacks.csv_logger.filename='out/mine.csv': leads outside the run dir (to {tmp_path / 'mine.csv'}): name {INSIDE}"
+    ]
 
 
 def test_a_directory_tfdistx_did_not_make_holding_a_file_a_logger_writes_is_refused_as_a_run_dir(tmp_path):
@@ -210,8 +292,10 @@ def test_a_directory_tfdistx_did_not_make_holding_a_file_a_logger_writes_is_refu
     (tmp_path / "mine" / "keras_log.csv").write_text("my own rows\n")
     (tmp_path / "mine" / "metrics.csv").write_text("my own rows\n")
     assert refused(tmp_path / "mine", "callbacks=[csv_logger]", "logger=[default,csv]") == [
-        PREFIX + f"hydra.run.dir='{tmp_path / 'mine'}': holds keras_log.csv, metrics.csv, which a run writes, and tfdistx did not make it "
-                 "(no .lock): name a new directory, or move them (nothing was changed)"]
+        PREFIX
+        + f"hydra.run.dir='{tmp_path / 'mine'}': holds keras_log.csv, metrics.csv, which a run writes, and tfdistx did not make it "
+        "(no .lock): name a new directory, or move them (nothing was changed)"
+    ]
     compose_ok(tmp_path / "mine")  # without those loggers the directory is no run's
 
 
@@ -225,16 +309,26 @@ def test_the_csv_logger_keeps_a_file_there_aside_when_told_not_to_append(tmp_pat
     assert len(list(csv.DictReader(open(tmp_path / "run" / "keras_log.csv")))) == 1  # the resumed run's one record
 
 
-@pytest.mark.parametrize("overrides, line", [
-    (['logger.mlflow.experiment=""'], "logger.mlflow.experiment='': the name of an MLflow experiment: 1 to 500 characters"),
-    (["logger.mlflow.run_name=''"], "logger.mlflow.run_name='': 1 to 250 characters, or null: the run dir's name"),
-    (["logger.mlflow.tracking_uri=file:///tmp/mlruns"],
-     "logger.mlflow.tracking_uri='file:///tmp/mlruns': is MLflow's file store, which MLflow 3 refuses unless MLFLOW_ALLOW_FILE_STORE=true: "
-     "name a SQLite store (sqlite:///PATH/mlflow.db) or a server, or leave it null for the run's own store"),
-    (["logger.mlflow.tracking_uri=sqlite:////nowhere/at/all/mlflow.db"],
-     "logger.mlflow.tracking_uri='sqlite:////nowhere/at/all/mlflow.db': its directory /nowhere/at/all does not exist: make it, or name another"),
-    (["logger.mlflow.enabled=maybe"], "logger.mlflow.enabled='maybe': allowed: true, false"),
-])
+@pytest.mark.parametrize(
+    "overrides, line",
+    [
+        (
+            ['logger.mlflow.experiment=""'],
+            "logger.mlflow.experiment='': the name of an MLflow experiment: 1 to 500 characters",
+        ),
+        (["logger.mlflow.run_name=''"], "logger.mlflow.run_name='': 1 to 250 characters, or null: the run dir's name"),
+        (
+            ["logger.mlflow.tracking_uri=file:///tmp/mlruns"],
+            "logger.mlflow.tracking_uri='file:///tmp/mlruns': is MLflow's file store, which MLflow 3 refuses unless MLFLOW_ALLOW_FILE_STORE=true: "
+            "name a SQLite store (sqlite:///PATH/mlflow.db) or a server, or leave it null for the run's own store",
+        ),
+        (
+            ["logger.mlflow.tracking_uri=sqlite:////nowhere/at/all/mlflow.db"],
+            "logger.mlflow.tracking_uri='sqlite:////nowhere/at/all/mlflow.db': its directory /nowhere/at/all does not exist: make it, or name another",
+        ),
+        (["logger.mlflow.enabled=maybe"], "logger.mlflow.enabled='maybe': allowed: true, false"),
+    ],
+)
 def test_a_bad_mlflow_key_is_refused_before_tensorflow(tmp_path, monkeypatch, overrides, line):
     monkeypatch.delenv("MLFLOW_ALLOW_FILE_STORE", raising=False)
     assert refused(tmp_path / "run", "logger=[default,mlflow]", *overrides) == [PREFIX + line]
@@ -248,7 +342,9 @@ def test_an_unknown_logger_in_a_list_is_named_with_the_loggers_there_are(tmp_pat
     (own / "mine.yaml").write_text("csv: true\n")
     monkeypatch.setenv(userconf.ENV, str(tmp_path / "conf"))
     assert refused(tmp_path / "run", "logger=[default,nope]") == [
-        PREFIX + "logger='nope': allowed: csv, default, mine, mlflow, wandb; or your own: --config-dir DIR with DIR/logger/nope.yaml"]
+        PREFIX
+        + "logger='nope': allowed: csv, default, mine, mlflow, wandb; or your own: --config-dir DIR with DIR/logger/nope.yaml"
+    ]
 
 
 def test_metrics_csv_drops_the_rows_after_the_step_a_run_resumes_from_and_adds_columns_as_metrics_appear(tmp_path):
@@ -257,7 +353,12 @@ def test_metrics_csv_drops_the_rows_after_the_step_a_run_resumes_from_and_adds_c
     logger(10, {"loss": 1.0})
     logger(20, {"loss": 0.5, "eval/loss": 0.7})  # a new column: the file is rewritten with it
     logger(30, {"loss": 0.25})
-    assert list(csv.reader(open(path))) == [["step", "loss", "eval/loss"], ["10", "1.0", ""], ["20", "0.5", "0.7"], ["30", "0.25", ""]]
+    assert list(csv.reader(open(path))) == [
+        ["step", "loss", "eval/loss"],
+        ["10", "1.0", ""],
+        ["20", "0.5", "0.7"],
+        ["30", "0.25", ""],
+    ]
     CsvLogger(path, resume_step=20)(30, {"loss": 0.3})
     assert list(csv.reader(open(path)))[1:] == [["10", "1.0", ""], ["20", "0.5", "0.7"], ["30", "0.3", ""]]
 
@@ -271,21 +372,37 @@ def test_the_terminal_status_line_is_redrawn_in_place_under_the_step_lines():
     progress.close()
     text = stream.getvalue()
     assert "\r\x1b[Kstep  20/100  loss   1.500\n" in text  # the record's line replaces the status line, and stays
-    assert "\r\x1b[Kstep  10/100" in text and "steps/s  ETA" in text  # drawn after each call, with a rate from the second
+    assert (
+        "\r\x1b[Kstep  10/100" in text and "steps/s  ETA" in text
+    )  # drawn after each call, with a rate from the second
     assert text.endswith("\r\x1b[K")  # closed: the status line is cleared
 
 
 def test_a_lambda_callback_calls_a_function_given_with_partial(tmp_path):
     """Hydra's `_partial_: true`: the function itself, its `path` bound, is LambdaCallback's on_epoch_end."""
     notes = tmp_path / "notes.txt"
-    run = train(tmp_path / "run", *EVERY_TEN, "trainer.steps=30", "+callbacks.notes._target_=keras.callbacks.LambdaCallback",
-                f"+callbacks.notes.on_epoch_end={{_target_:user_plugins.note_loss,_partial_:true,path:'{notes}'}}")
-    assert [line.split()[0] for line in notes.read_text().splitlines()] == ["0", "1", "2"]  # Keras' epochs: one per record
+    run = train(
+        tmp_path / "run",
+        *EVERY_TEN,
+        "trainer.steps=30",
+        "+callbacks.notes._target_=keras.callbacks.LambdaCallback",
+        f"+callbacks.notes.on_epoch_end={{_target_:user_plugins.note_loss,_partial_:true,path:'{notes}'}}",
+    )
+    assert [line.split()[0] for line in notes.read_text().splitlines()] == [
+        "0",
+        "1",
+        "2",
+    ]  # Keras' epochs: one per record
     assert float(notes.read_text().splitlines()[-1].split()[1]) == pytest.approx(run.metrics[-1]["loss"])
 
 
-PLATEAU = ["+callbacks.plateau._target_=keras.callbacks.ReduceLROnPlateau", "+callbacks.plateau.monitor=loss",
-           "+callbacks.plateau.factor=0.5", "+callbacks.plateau.patience=0", "+callbacks.plateau.min_delta=10"]  # halves at each record after the first
+PLATEAU = [
+    "+callbacks.plateau._target_=keras.callbacks.ReduceLROnPlateau",
+    "+callbacks.plateau.monitor=loss",
+    "+callbacks.plateau.factor=0.5",
+    "+callbacks.plateau.patience=0",
+    "+callbacks.plateau.min_delta=10",
+]  # halves at each record after the first
 
 
 def test_reduce_lr_on_plateau_sets_the_rate_and_a_resumed_run_keeps_it(tmp_path):
@@ -295,13 +412,23 @@ def test_reduce_lr_on_plateau_sets_the_rate_and_a_resumed_run_keeps_it(tmp_path)
     its best): a run resumed at step 20 has the same rates after it."""
     args = [*EVERY_TEN, "trainer.deterministic=true", *PLATEAU]
     whole, resumed = whole_and_resumed(tmp_path, args, stop_at=20, steps=40)
-    assert [m["lr"] for m in whole.metrics] == pytest.approx([0.001, 0.001, 0.0005, 0.00025])  # set after each record's line
+    assert [m["lr"] for m in whole.metrics] == pytest.approx(
+        [0.001, 0.001, 0.0005, 0.00025]
+    )  # set after each record's line
     assert [m["lr"] for m in resumed.metrics if m["step"] > 20] == pytest.approx([0.0005, 0.00025])
     assert resumed.summary["weights_sha256"] == whole.summary["weights_sha256"]
 
 
 def test_a_users_logger_by_target_gets_every_record_and_is_closed(tmp_path):
-    run = train(tmp_path / "run", *EVERY_TEN, "trainer.steps=30", "logger.lines._target_=user_plugins.LinesLogger", "logger.lines.name=l.txt")
+    run = train(
+        tmp_path / "run",
+        *EVERY_TEN,
+        "trainer.steps=30",
+        "logger.lines._target_=user_plugins.LinesLogger",
+        "logger.lines.name=l.txt",
+    )
     assert [line.split()[0] for line in (run.dir / "l.txt").read_text().splitlines()] == ["10", "20", "30"]
-    assert any("logger.nope._target_='nosuchpkg.L': no module named 'nosuchpkg'" in line
-               for line in refused(tmp_path, "logger.nope._target_=nosuchpkg.L"))
+    assert any(
+        "logger.nope._target_='nosuchpkg.L': no module named 'nosuchpkg'" in line
+        for line in refused(tmp_path, "logger.nope._target_=nosuchpkg.L")
+    )

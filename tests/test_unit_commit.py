@@ -34,7 +34,9 @@ def test_restore_puts_back_every_variable_the_checkpoint_holds_as_it_was_before_
 
 def test_a_variable_synchronized_on_read_means_no_copy():
     """Reading it is an all-reduce over every worker, which the chief alone cannot do."""
-    summed = tf.Variable(0.0, synchronization=tf.VariableSynchronization.ON_READ, aggregation=tf.VariableAggregation.SUM)
+    summed = tf.Variable(
+        0.0, synchronization=tf.VariableSynchronization.ON_READ, aggregation=tf.VariableAggregation.SUM
+    )
     commit = Commit(tf.train.Checkpoint(summed=summed))
     commit.before_steps(10)
     assert commit.variables == [] and commit.restore() is None

@@ -83,12 +83,18 @@ def test_a_micro_batch_a_loop_picks_has_the_shape_xla_compiles_for():
     for k in range(8):
         features, labels = pick(tf.constant(k))
         np.testing.assert_array_equal(labels, np.arange(8 * k, 8 * k + 8))
-        np.testing.assert_array_equal(features, batch[0][8 * k:8 * k + 8])
+        np.testing.assert_array_equal(features, batch[0][8 * k : 8 * k + 8])
 
 
 @pytest.mark.unit
 def test_accumulated_embedding_gradients_stay_sparse_and_train_the_same_weights(tmp_path):
-    wide_deep = [*EXACT, "data=synthetic_categorical", "model=wide_deep", "model.vocab_size=1000", "data.vocab_size=1000"]
+    wide_deep = [
+        *EXACT,
+        "data=synthetic_categorical",
+        "model=wide_deep",
+        "model.vocab_size=1000",
+        "data.vocab_size=1000",
+    ]
     accumulated = train(tmp_path / "acc", *wide_deep, "data.batch_size=32", "trainer.accumulate_steps=4")
     large = train(tmp_path / "large", *wide_deep, "data.batch_size=128")
     assert_same_weights(accumulated, large)
@@ -111,15 +117,26 @@ def test_global_clipping_clips_the_gradient_summed_over_replicas(tmp_path, plain
 @pytest.mark.parametrize("compute", [["trainer.jit_compile=true"], ["trainer.precision=mixed_float16"]])
 def test_stopped_and_resumed_run_ends_bitwise_equal_with_xla_and_with_loss_scaling(tmp_path, compute):
     """float32 under XLA; and mixed_float16, whose loss scale is checkpointed with the optimizer."""
-    whole, resumed = whole_and_resumed(tmp_path, ["data=synthetic", *compute, "trainer.deterministic=true"], stop_at=20, steps=40)
+    whole, resumed = whole_and_resumed(
+        tmp_path, ["data=synthetic", *compute, "trainer.deterministic=true"], stop_at=20, steps=40
+    )
     assert whole.summary["weights_sha256"] == resumed.summary["weights_sha256"]
 
 
 @pytest.mark.unit
 def test_mixed_precision_trains_like_float32_under_mirrored_replicas(tmp_path):
-    runs = {precision: train(tmp_path / precision, "data=synthetic", "strategy=mirrored", "cluster=1x2", f"trainer.precision={precision}",
-                             "trainer.steps=80", "checkpoint.export=true")
-            for precision in ("float32", "mixed_bfloat16", "mixed_float16")}
+    runs = {
+        precision: train(
+            tmp_path / precision,
+            "data=synthetic",
+            "strategy=mirrored",
+            "cluster=1x2",
+            f"trainer.precision={precision}",
+            "trainer.steps=80",
+            "checkpoint.export=true",
+        )
+        for precision in ("float32", "mixed_bfloat16", "mixed_float16")
+    }
     for precision, run in runs.items():
         assert run.summary["precision"] == precision
         assert (run.dir / "export" / "saved_model.pb").exists()
@@ -134,6 +151,8 @@ def test_auto_xla_follows_the_devices_and_the_strategy_table():
     """The GPU branch of the choice, exercised on a machine without GPUs."""
     default = compose("data=synthetic")
     assert compute.jit_compile(default, gpus=True)[0] is True
-    assert compute.jit_compile(default, gpus=False)[0] is None  # on CPUs: decided by the model's layers, once it is built
+    assert (
+        compute.jit_compile(default, gpus=False)[0] is None
+    )  # on CPUs: decided by the model's layers, once it is built
     assert compute.jit_compile(compose("data=synthetic", "strategy=central_storage"), gpus=True)[0] is False
     assert compute.jit_compile(compose("data=synthetic", "trainer.jit_compile=false"), gpus=True)[0] is False

@@ -51,7 +51,12 @@ def test_single_process_strategies_compose(strategy):
 def test_defaults_are_the_documented_ones():
     cfg = compose()
     assert (cfg.strategy.name, cfg.cluster.name, cfg.model._target_, cfg.data._target_, cfg.optimizer.name) == (
-        "auto", "local", "tfdistx.models.mlp", "tfdistx.data.synthetic", "adam")
+        "auto",
+        "local",
+        "tfdistx.models.mlp",
+        "tfdistx.data.synthetic",
+        "adam",
+    )
 
 
 @pytest.mark.unit
@@ -63,7 +68,7 @@ def test_the_config_reference_is_generated_and_lists_every_key():
 
     from tfdistx.config import reference
 
-    committed = (config_dir().parent / "docs" / "config.md")
+    committed = config_dir().parent / "docs" / "config.md"
     if not committed.is_file():
         pytest.skip("docs/ is not shipped in the wheel")
     text = committed.read_text()
@@ -72,8 +77,11 @@ def test_the_config_reference_is_generated_and_lists_every_key():
     fits = {"multiworker": ["cluster=2x1"], "parameter_server": ["cluster=ps1w2"]}
     for group in ("checkpoint", "cluster", "data", "logger", "model", "optimizer", "strategy", "task", "trainer"):
         for option in options(group):
-            cfg = compose(f"{group}={option}", *fits.get(option if group == "strategy" else "", []),
-                          *REQUIRED.get(f"{group}={option}", ()))
+            cfg = compose(
+                f"{group}={option}",
+                *fits.get(option if group == "strategy" else "", []),
+                *REQUIRED.get(f"{group}={option}", ()),
+            )
             flat = OmegaConf.to_container(cfg[group])
             for key in _leaf_keys(flat):
                 assert f"| `{group}.{key}` |" in text, f"{group}.{key} (option {option}) is not in docs/config.md"

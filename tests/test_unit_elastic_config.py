@@ -37,27 +37,46 @@ def no_scheduler(monkeypatch):
 
 def test_min_colon_max_is_the_most_workers_and_the_fewest():
     assert elastic.expand_shorthand(["strategy=multiworker", "cluster.workers=2:4", "cluster.workers=3"]) == [
-        "strategy=multiworker", "cluster.workers=4", "cluster.elastic.min_workers=2", "cluster.workers=3"]
+        "strategy=multiworker",
+        "cluster.workers=4",
+        "cluster.elastic.min_workers=2",
+        "cluster.workers=3",
+    ]
 
 
 @pytest.mark.parametrize("typed", ["4:2", "3:2", "2:x", ":4", "0:2"])
 def test_a_min_colon_max_that_is_not_one_is_refused_as_typed(typed):
     with pytest.raises(ConfigError) as refused_here:
         elastic.expand_shorthand(["strategy=multiworker", f"cluster.workers={typed}"])
-    assert refused_here.value.lines() == [f"tfdistx: invalid config: cluster.workers={typed!r}: MIN:MAX with MIN <= MAX, both whole "
-                                          "numbers >= 1 (an elastic run of MIN to MAX workers), or one number of workers"]
+    assert refused_here.value.lines() == [
+        f"tfdistx: invalid config: cluster.workers={typed!r}: MIN:MAX with MIN <= MAX, both whole "
+        "numbers >= 1 (an elastic run of MIN to MAX workers), or one number of workers"
+    ]
 
 
 def test_an_elastic_run_composes_and_plan_shows_its_range_and_bounds(tmp_path, hosts):
-    cfg = compose_ok(tmp_path / "run", *elastic.expand_shorthand(["strategy=multiworker", "cluster.workers=2:4"]),
-                     f"cluster.elastic.hosts={hosts}", "data.batch_size=24", "cluster.elastic.lost_bound=7")
+    cfg = compose_ok(
+        tmp_path / "run",
+        *elastic.expand_shorthand(["strategy=multiworker", "cluster.workers=2:4"]),
+        f"cluster.elastic.hosts={hosts}",
+        "data.batch_size=24",
+        "cluster.elastic.lost_bound=7",
+    )
     assert elastic.is_elastic(cfg.cluster) and elastic.worker_range(cfg.cluster) == (2, 4)
     line = next(line for line in describe(cfg).splitlines() if line.startswith("elastic"))
-    assert f"2:4 workers, one per host listed in {hosts}" in line and "a lost host 7s" in line and "exit 9" in line, line
+    assert f"2:4 workers, one per host listed in {hosts}" in line and "a lost host 7s" in line and "exit 9" in line, (
+        line
+    )
     assert not elastic.is_elastic(compose_ok(tmp_path / "run", "strategy=multiworker", "cluster=2x1").cluster)
     # parameter servers: any batch (each step is one worker's whole batch)
-    cfg = compose_ok(tmp_path / "run", "strategy=parameter_server", "cluster=ps1w3", "cluster.elastic.min_workers=2",
-                     f"cluster.elastic.hosts={hosts}", "data.batch_size=32")
+    cfg = compose_ok(
+        tmp_path / "run",
+        "strategy=parameter_server",
+        "cluster=ps1w3",
+        "cluster.elastic.min_workers=2",
+        f"cluster.elastic.hosts={hosts}",
+        "data.batch_size=32",
+    )
     assert elastic.worker_range(cfg.cluster) == (2, 3)
     elastic.for_round(cfg.cluster, 2)
     assert cfg.cluster.name == "ps1w2"
@@ -69,25 +88,62 @@ def test_a_round_s_task_config_is_its_topology(tmp_path, hosts):
     assert (cfg.cluster.workers, cfg.cluster.name) == (3, "3x1")
 
 
-@pytest.mark.parametrize("overrides, said", [
-    (["strategy=one_device", "cluster.elastic.min_workers=1"], "strategy='one_device': trains in one process"),
-    (["strategy=mirrored", "cluster.elastic.min_workers=1"], "strategy='mirrored': trains in one process"),
-    (["strategy=central_storage", "cluster.elastic.min_workers=1"], "strategy='central_storage': trains in one process"),
-    (["strategy=tpu", "cluster.elastic.min_workers=1"], "strategy='tpu': trains in one process"),
-    ([*ELASTIC, "data.service.workers=1"], "data.service.workers=1: a tf.data service job cannot re-form its trainers"),
-    ([*ELASTIC, "cluster.evaluator=true"], "cluster.evaluator=True: the sidecar evaluator is not kept"),
-    ([*ELASTIC, "cluster.launch=slurm"], "cluster.launch='slurm': elastic rounds (cluster.workers=2:4) are formed by tfdistx's local launcher"),
-    ([*ELASTIC[:-1], "data.batch_size=32"], "data.batch_size=32: an elastic run keeps its global batch on every round, "
-                                           "split across 2, 3, 4 replicas: use a multiple of 12"),
-    (["strategy=multiworker", "cluster.workers=3", "cluster.elastic.min_workers=2", "data.batch_size=128"],  # not even MAX's multiple:
-     "data.batch_size=128: an elastic run keeps its global batch on every round, split across 2, 3 replicas: use a multiple of 6"),
-    ([*ELASTIC, "optimizer.scale_lr_with_replicas=true"], "optimizer.scale_lr_with_replicas=True: an elastic run's rounds"),
-    ([*ELASTIC, "cluster.elastic.join_grace=0"], "cluster.elastic.join_grace=0.0: seconds, more than 0"),
-    (["strategy=multiworker", "cluster.workers=4", "cluster.elastic.min_workers=5"], "cluster.elastic.min_workers=5: from 1 to cluster.workers=4"),
-    (["strategy=multiworker", "cluster.workers=4", "cluster.elastic.min_workers=0"], "cluster.elastic.min_workers=0: from 1 to cluster.workers=4"),
-    ([*ELASTIC, "cluster.elastic.hosts=/nonexistent/hosts"], "cluster.elastic.hosts='/nonexistent/hosts': no such file"),
-    ([*ELASTIC, "cluster.elastic.discover='echo 127.0.0.1'"], "cluster.elastic.discover='echo 127.0.0.1': set with cluster.elastic.hosts="),
-])
+@pytest.mark.parametrize(
+    "overrides, said",
+    [
+        (["strategy=one_device", "cluster.elastic.min_workers=1"], "strategy='one_device': trains in one process"),
+        (["strategy=mirrored", "cluster.elastic.min_workers=1"], "strategy='mirrored': trains in one process"),
+        (
+            ["strategy=central_storage", "cluster.elastic.min_workers=1"],
+            "strategy='central_storage': trains in one process",
+        ),
+        (["strategy=tpu", "cluster.elastic.min_workers=1"], "strategy='tpu': trains in one process"),
+        (
+            [*ELASTIC, "data.service.workers=1"],
+            "data.service.workers=1: a tf.data service job cannot re-form its trainers",
+        ),
+        ([*ELASTIC, "cluster.evaluator=true"], "cluster.evaluator=True: the sidecar evaluator is not kept"),
+        (
+            [*ELASTIC, "cluster.launch=slurm"],
+            "cluster.launch='slurm': elastic rounds (cluster.workers=2:4) are formed by tfdistx's local launcher",
+        ),
+        (
+            [*ELASTIC[:-1], "data.batch_size=32"],
+            "data.batch_size=32: an elastic run keeps its global batch on every round, "
+            "split across 2, 3, 4 replicas: use a multiple of 12",
+        ),
+        (
+            [
+                "strategy=multiworker",
+                "cluster.workers=3",
+                "cluster.elastic.min_workers=2",
+                "data.batch_size=128",
+            ],  # not even MAX's multiple:
+            "data.batch_size=128: an elastic run keeps its global batch on every round, split across 2, 3 replicas: use a multiple of 6",
+        ),
+        (
+            [*ELASTIC, "optimizer.scale_lr_with_replicas=true"],
+            "optimizer.scale_lr_with_replicas=True: an elastic run's rounds",
+        ),
+        ([*ELASTIC, "cluster.elastic.join_grace=0"], "cluster.elastic.join_grace=0.0: seconds, more than 0"),
+        (
+            ["strategy=multiworker", "cluster.workers=4", "cluster.elastic.min_workers=5"],
+            "cluster.elastic.min_workers=5: from 1 to cluster.workers=4",
+        ),
+        (
+            ["strategy=multiworker", "cluster.workers=4", "cluster.elastic.min_workers=0"],
+            "cluster.elastic.min_workers=0: from 1 to cluster.workers=4",
+        ),
+        (
+            [*ELASTIC, "cluster.elastic.hosts=/nonexistent/hosts"],
+            "cluster.elastic.hosts='/nonexistent/hosts': no such file",
+        ),
+        (
+            [*ELASTIC, "cluster.elastic.discover='echo 127.0.0.1'"],
+            "cluster.elastic.discover='echo 127.0.0.1': set with cluster.elastic.hosts=",
+        ),
+    ],
+)
 def test_what_cannot_be_elastic_is_refused_in_one_line(tmp_path, hosts, overrides, said):
     given_hosts = [] if any("hosts=" in o for o in overrides) else [f"cluster.elastic.hosts={hosts}"]
     lines = refused(tmp_path / "run", *overrides, *given_hosts)
@@ -123,7 +179,12 @@ def test_a_task_a_scheduler_placed_is_refused_not_trained_on_max_workers(tmp_pat
     refused_here = elastic.placed_by_a_scheduler(cfg.cluster, launched_by_tfdistx=False)
     assert len(refused_here) == 1 and "placed by a scheduler" in str(refused_here[0]), refused_here
     assert elastic.placed_by_a_scheduler(cfg.cluster, launched_by_tfdistx=True) == []  # a round's task
-    assert elastic.placed_by_a_scheduler(compose_ok(tmp_path / "run", "strategy=multiworker", "cluster=2x1").cluster, False) == []
+    assert (
+        elastic.placed_by_a_scheduler(
+            compose_ok(tmp_path / "run", "strategy=multiworker", "cluster=2x1").cluster, False
+        )
+        == []
+    )
 
 
 def test_the_rounds_go_on_counting_and_a_damaged_record_is_kept_aside(tmp_path):
@@ -132,11 +193,14 @@ def test_the_rounds_go_on_counting_and_a_damaged_record_is_kept_aside(tmp_path):
     (tmp_path / "checkpoints").mkdir()
     (tmp_path / "checkpoints" / "ckpt-12.index").touch()
     Rounds(str(path), str(tmp_path / "checkpoints"), str(tmp_path / "metrics.jsonl"), said.append).start(
-        {"worker:0": "127.0.0.1", "worker:1": "127.0.0.2"}, "started")
+        {"worker:0": "127.0.0.1", "worker:1": "127.0.0.2"}, "started"
+    )
     again = Rounds(str(path), str(tmp_path / "checkpoints"), str(tmp_path / "metrics.jsonl"), said.append)
     again.start({"worker:0": "127.0.0.1"}, "lost worker:1 at 127.0.0.2")
-    assert said == ["round 1: 2 workers (started), resuming from step 12",
-                    "round 2: 2 -> 1 workers (lost worker:1 at 127.0.0.2), resuming from step 12"]
+    assert said == [
+        "round 1: 2 workers (started), resuming from step 12",
+        "round 2: 2 -> 1 workers (lost worker:1 at 127.0.0.2), resuming from step 12",
+    ]
     assert [r["first_step"] for r in json.loads(path.read_text())] == [13, 13]
     path.write_text("{not json")
     Rounds(str(path), str(tmp_path / "checkpoints"), str(tmp_path / "metrics.jsonl"), said.append)
@@ -149,11 +213,22 @@ def test_an_elastic_run_is_not_exported_to_kubernetes(capsys, kind):
     from tfdistx.commands import kubernetes
 
     with pytest.raises(SystemExit) as leaving:
-        kubernetes.export(["strategy=multiworker", "cluster.workers=2:4", "cluster.elastic.discover=echo 127.0.0.1", "data.batch_size=24",
-                           "--image", "tfdistx:test"], kind)
+        kubernetes.export(
+            [
+                "strategy=multiworker",
+                "cluster.workers=2:4",
+                "cluster.elastic.discover=echo 127.0.0.1",
+                "data.batch_size=24",
+                "--image",
+                "tfdistx:test",
+            ],
+            kind,
+        )
     lines = capsys.readouterr().err.strip().splitlines()
     assert leaving.value.code == 2 and len(lines) == 1, lines
-    assert lines[0].startswith("tfdistx: invalid config: cluster.elastic.min_workers=2: a " + kind + " has a fixed number of replicas")
+    assert lines[0].startswith(
+        "tfdistx: invalid config: cluster.elastic.min_workers=2: a " + kind + " has a fixed number of replicas"
+    )
 
 
 def test_summary_json_keeps_the_rounds_that_trained():
@@ -170,7 +245,11 @@ def test_summary_json_keeps_the_rounds_that_trained():
 def test_a_discover_that_is_not_a_command_is_refused_not_run(tmp_path, value):
     """`cluster.elastic.discover=false` is YAML's boolean: refused in one line, not run as a command named False."""
     lines = refused(tmp_path / "run", *ELASTIC, f"cluster.elastic.discover={value}")
-    assert len(lines) == 1 and lines[0].startswith("tfdistx: invalid config: cluster.elastic.discover=") and "(a string), or null" in lines[0]
+    assert (
+        len(lines) == 1
+        and lines[0].startswith("tfdistx: invalid config: cluster.elastic.discover=")
+        and "(a string), or null" in lines[0]
+    )
 
 
 def test_a_host_the_launcher_cannot_use_is_left_out_said_once_with_what_is_allowed(tmp_path, capsys):
@@ -187,13 +266,21 @@ def test_a_host_the_launcher_cannot_use_is_left_out_said_once_with_what_is_allow
     said = dict(zip(["8.8.8.8", "garbage!!host", "127.0.0.1:2222", "127.0.0.2", "localhost"], lines))
     for host, line in said.items():
         assert line.startswith(f"tfdistx: warning: {path}: host ") and host in line, line
-    assert "'8.8.8.8' left out: not an address of this machine: a loopback address of this machine, 127.0.0.N" in said["8.8.8.8"]
-    assert "left out: not an IPv4 address" in said["garbage!!host"] and "left out: not an IPv4 address" in said["localhost"]
+    assert (
+        "'8.8.8.8' left out: not an address of this machine: a loopback address of this machine, 127.0.0.N"
+        in said["8.8.8.8"]
+    )
+    assert (
+        "left out: not an IPv4 address" in said["garbage!!host"]
+        and "left out: not an IPv4 address" in said["localhost"]
+    )
     assert "left out: a host, not host:port, is expected" in said["127.0.0.1:2222"]
     assert "127.0.0.2 is listed more than once: one worker runs there" in said["127.0.0.2"]
     command = HostList(None, "echo 8.8.8.8; echo 127.0.0.3")
     assert command.read() == ["127.0.0.3"]
-    assert capsys.readouterr().err.startswith("tfdistx: warning: `echo 8.8.8.8; echo 127.0.0.3`: host '8.8.8.8' left out")
+    assert capsys.readouterr().err.startswith(
+        "tfdistx: warning: `echo 8.8.8.8; echo 127.0.0.3`: host '8.8.8.8' left out"
+    )
 
 
 def test_bad_hosts_leave_too_few_and_the_usual_wait_below_min_applies(tmp_path):
@@ -205,9 +292,12 @@ def test_bad_hosts_leave_too_few_and_the_usual_wait_below_min_applies(tmp_path):
     path = tmp_path / "hosts"
     path.write_text("127.0.0.1\n8.8.8.8\n")
     said = []
-    membership = HostListMembership(elastic_spec(tmp_path, below_min_timeout=0.3), HostList(str(path), None, say=said.append),
-                                    Rounds(str(tmp_path / "rounds.json"), str(tmp_path), str(tmp_path / "metrics.jsonl"), said.append),
-                                    said.append)
+    membership = HostListMembership(
+        elastic_spec(tmp_path, below_min_timeout=0.3),
+        HostList(str(path), None, say=said.append),
+        Rounds(str(tmp_path / "rounds.json"), str(tmp_path), str(tmp_path / "metrics.jsonl"), said.append),
+        said.append,
+    )
     with pytest.raises(NoRound) as none, ForwardingSignals([]) as signals:
         membership.form("started", signals)
     assert none.value.code == 9 and "host '8.8.8.8' left out" in said[0], said
@@ -216,8 +306,13 @@ def test_bad_hosts_leave_too_few_and_the_usual_wait_below_min_applies(tmp_path):
 
 def elastic_spec(tmp_path, **elastic_keys) -> dict:
     sleeper = [sys.executable, "-c", "import time; time.sleep(120)"]
-    return {"counts": {"worker": 3}, "command": sleeper, "log_dir": str(tmp_path), "primary": ["worker"],
-            "elastic": {"min": 2, "max": 3, "join_grace": 0.1, "lost_bound": 3, "below_min_timeout": 30, **elastic_keys}}
+    return {
+        "counts": {"worker": 3},
+        "command": sleeper,
+        "log_dir": str(tmp_path),
+        "primary": ["worker"],
+        "elastic": {"min": 2, "max": 3, "join_grace": 0.1, "lost_bound": 3, "below_min_timeout": 30, **elastic_keys},
+    }
 
 
 def test_a_change_of_the_list_counts_once_it_has_held_its_bound():
@@ -248,9 +343,12 @@ def test_a_flapping_host_changes_no_round_and_its_worker_keeps_running(tmp_path)
     hosts = ["127.0.0.1", "127.0.0.2", "127.0.0.3"]
     path.write_text("\n".join(hosts) + "\n")
     now = [100.0]
-    membership = HostListMembership(elastic_spec(tmp_path), HostList(str(path), None, say=said.append),
-                                    Rounds(str(tmp_path / "rounds.json"), str(tmp_path), str(tmp_path / "metrics.jsonl"), said.append),
-                                    said.append)
+    membership = HostListMembership(
+        elastic_spec(tmp_path),
+        HostList(str(path), None, say=said.append),
+        Rounds(str(tmp_path / "rounds.json"), str(tmp_path), str(tmp_path / "metrics.jsonl"), said.append),
+        said.append,
+    )
     membership.settled.clock = lambda: now[0]
     real_clock = elastic_launcher.time.monotonic
     with ForwardingSignals([]) as signals:
@@ -282,37 +380,88 @@ def test_a_flapping_host_changes_no_round_and_its_worker_keeps_running(tmp_path)
 AGENT = ["strategy=multiworker", "cluster.launch=agent", "cluster.agent.store=10.0.0.1:29500"]
 
 
-@pytest.mark.parametrize("overrides, said", [
-    (["strategy=multiworker", "cluster.launch=agent"], "cluster.agent.store=None: host:port of the rendezvous"),
-    (["strategy=multiworker", "cluster.launch=agent", "cluster.agent.store=node1"], "cluster.agent.store='node1': host:port"),
-    ([*AGENT, "cluster.agent.address=10.0.0.2:80"], "cluster.agent.address='10.0.0.2:80': this node's host name or IP address, without a port"),
-    ([*AGENT[1:], "strategy=mirrored"], "strategy='mirrored': an agent on every node runs one worker per node, of a multi-worker "
-                                        "cluster: use strategy=multiworker or strategy=parameter_server"),
-    ([*AGENT, "cluster.workers=4", "cluster.elastic.min_workers=2", "data.batch_size=24", "data.service.workers=1"],
-     "data.service.workers=1: a tf.data service job cannot re-form its trainers between rounds"),
-    ([*AGENT, "cluster.workers=4", "cluster.elastic.min_workers=2", "data.batch_size=24", "cluster.evaluator=true"],
-     "cluster.evaluator=True: the sidecar evaluator is not kept across an elastic run's rounds"),
-    ([*AGENT, "cluster.workers=4", "cluster.elastic.min_workers=2", "cluster.elastic.hosts=/etc/hosts", "data.batch_size=24"],
-     "cluster.elastic.hosts='/etc/hosts': with cluster.launch=agent the nodes are the agents"),
-])
+@pytest.mark.parametrize(
+    "overrides, said",
+    [
+        (["strategy=multiworker", "cluster.launch=agent"], "cluster.agent.store=None: host:port of the rendezvous"),
+        (
+            ["strategy=multiworker", "cluster.launch=agent", "cluster.agent.store=node1"],
+            "cluster.agent.store='node1': host:port",
+        ),
+        (
+            [*AGENT, "cluster.agent.address=10.0.0.2:80"],
+            "cluster.agent.address='10.0.0.2:80': this node's host name or IP address, without a port",
+        ),
+        (
+            [*AGENT[1:], "strategy=mirrored"],
+            "strategy='mirrored': an agent on every node runs one worker per node, of a multi-worker "
+            "cluster: use strategy=multiworker or strategy=parameter_server",
+        ),
+        (
+            [
+                *AGENT,
+                "cluster.workers=4",
+                "cluster.elastic.min_workers=2",
+                "data.batch_size=24",
+                "data.service.workers=1",
+            ],
+            "data.service.workers=1: a tf.data service job cannot re-form its trainers between rounds",
+        ),
+        (
+            [
+                *AGENT,
+                "cluster.workers=4",
+                "cluster.elastic.min_workers=2",
+                "data.batch_size=24",
+                "cluster.evaluator=true",
+            ],
+            "cluster.evaluator=True: the sidecar evaluator is not kept across an elastic run's rounds",
+        ),
+        (
+            [
+                *AGENT,
+                "cluster.workers=4",
+                "cluster.elastic.min_workers=2",
+                "cluster.elastic.hosts=/etc/hosts",
+                "data.batch_size=24",
+            ],
+            "cluster.elastic.hosts='/etc/hosts': with cluster.launch=agent the nodes are the agents",
+        ),
+    ],
+)
 def test_what_agents_cannot_run_is_refused_in_one_line(tmp_path, overrides, said):
     lines = refused(tmp_path / "run", *overrides)
     assert len(lines) == 1 and said in lines[0], lines
 
 
 def test_an_elastic_run_of_agents_needs_no_host_list_and_plan_shows_the_rendezvous(tmp_path):
-    cfg = compose_ok(tmp_path / "run", *AGENT, "cluster.workers=4", "cluster.elastic.min_workers=2", "data.batch_size=24", "cluster.elastic.lost_bound=5")
+    cfg = compose_ok(
+        tmp_path / "run",
+        *AGENT,
+        "cluster.workers=4",
+        "cluster.elastic.min_workers=2",
+        "data.batch_size=24",
+        "cluster.elastic.lost_bound=5",
+    )
     plan = describe(cfg)
-    assert ("agents        one per node, 2:4 workers, meeting at 10.0.0.1:29500 (its host's agent keeps the rounds); a round waits 10s "
-            "past 2 agents for 4, a node silent 5s is lost, and the run stops after 300s below 2 (exit 9)") in plan, plan
+    assert (
+        "agents        one per node, 2:4 workers, meeting at 10.0.0.1:29500 (its host's agent keeps the rounds); a round waits 10s "
+        "past 2 agents for 4, a node silent 5s is lost, and the run stops after 300s below 2 (exit 9)"
+    ) in plan, plan
     assert "placement     an agent on every node" in plan and "elastic       " not in plan, plan
 
 
 def test_under_agents_the_servers_run_on_the_stores_node(tmp_path):
-    plan = describe(compose_ok(tmp_path / "run", *AGENT[1:], "strategy=parameter_server", "cluster=ps2w3", "cluster.elastic.min_workers=2"))
+    plan = describe(
+        compose_ok(
+            tmp_path / "run", *AGENT[1:], "strategy=parameter_server", "cluster=ps2w3", "cluster.elastic.min_workers=2"
+        )
+    )
     assert "(its host's agent keeps the rounds and runs 1 chief, 2 ps)" in plan, plan
     assert "  servers     1 chief, 2 ps, on the store's node beside its worker" in plan, plan
-    assert re.search(r"^  threads     the store's node's tasks: .*shared by 2 chief and worker task\(s\)", plan, re.M), plan  # its chief steps too
+    assert re.search(
+        r"^  threads     the store's node's tasks: .*shared by 2 chief and worker task\(s\)", plan, re.M
+    ), plan  # its chief steps too
     plan = describe(compose_ok(tmp_path / "run", *AGENT, "cluster=2x1", "data.service.workers=2"))
     assert "  servers     1 dispatcher, 2 dataworkers, on the store's node beside its worker" in plan, plan
 
@@ -329,4 +478,6 @@ def test_agents_are_exported_as_a_jobset_only(capsys):
         with pytest.raises(SystemExit) as leaving:
             kubernetes.export([*AGENT, "cluster=2x1", "--image", "img"], kind)
         lines = capsys.readouterr().err.strip().splitlines()
-        assert leaving.value.code == 2 and len(lines) == 1 and "an agent on every node is exported as a JobSet" in lines[0], lines
+        assert (
+            leaving.value.code == 2 and len(lines) == 1 and "an agent on every node is exported as a JobSet" in lines[0]
+        ), lines

@@ -23,8 +23,11 @@ def test_mirrored_on_four_logical_cpus_follows_one_device(tmp_path):
     """Same seed, same global batch: 4 replicas of 8 follow one device of 32."""
     mirrored = train(tmp_path / "mirrored", "strategy=mirrored", "cluster=1x4")
     single = train(tmp_path / "single", "strategy=one_device")
-    assert (mirrored.summary["strategy_class"], mirrored.summary["replicas"], mirrored.summary["per_replica_batch"]) == (
-        "MirroredStrategy", 4, 8)
+    assert (
+        mirrored.summary["strategy_class"],
+        mirrored.summary["replicas"],
+        mirrored.summary["per_replica_batch"],
+    ) == ("MirroredStrategy", 4, 8)
     assert [m["step"] for m in mirrored.metrics] == [m["step"] for m in single.metrics] == [20, 40]
     for m, s in zip(mirrored.metrics, single.metrics):
         assert m["loss"] == pytest.approx(s["loss"], rel=1e-3)
@@ -42,13 +45,20 @@ def test_mirrored_runs_of_two_sizes_in_one_process(tmp_path):
     assert (four.summary["replicas"], two.summary["replicas"], two.summary["step"]) == (4, 2, 10)
 
 
-@pytest.mark.parametrize("overrides, strategy_class, replicas", [
-    (["strategy=central_storage", "cluster=1x2"], "CentralStorageStrategy", 2),
-    (["cluster=1x2"], "MirroredStrategy", 2),  # auto: several devices on one worker
-])
+@pytest.mark.parametrize(
+    "overrides, strategy_class, replicas",
+    [
+        (["strategy=central_storage", "cluster=1x2"], "CentralStorageStrategy", 2),
+        (["cluster=1x2"], "MirroredStrategy", 2),  # auto: several devices on one worker
+    ],
+)
 def test_a_strategy_runs_its_replicas(tmp_path, overrides, strategy_class, replicas):
     run = train(tmp_path / "run", *overrides)
-    assert (run.summary["strategy_class"], run.summary["replicas"], run.summary["step"]) == (strategy_class, replicas, 40)
+    assert (run.summary["strategy_class"], run.summary["replicas"], run.summary["step"]) == (
+        strategy_class,
+        replicas,
+        40,
+    )
 
 
 # -- optimizers and schedules (accumulation, clipping, precision: test_unit_compute.py) --
@@ -56,8 +66,13 @@ def test_a_strategy_runs_its_replicas(tmp_path, overrides, strategy_class, repli
 
 @pytest.mark.parametrize("optimizer, schedule", [("sgd", "warmup_cosine"), ("adamw", "cosine"), ("adam", "constant")])
 def test_optimizers_and_schedules(tmp_path, optimizer, schedule):
-    run = train(tmp_path / "run", f"optimizer={optimizer}", f"optimizer.schedule={schedule}", "optimizer.warmup_steps=10",
-                "optimizer.lr=0.01")
+    run = train(
+        tmp_path / "run",
+        f"optimizer={optimizer}",
+        f"optimizer.schedule={schedule}",
+        "optimizer.warmup_steps=10",
+        "optimizer.lr=0.01",
+    )
     lrs = [m["lr"] for m in run.metrics]
     if schedule == "constant":
         assert lrs == pytest.approx([0.01, 0.01])
@@ -66,7 +81,13 @@ def test_optimizers_and_schedules(tmp_path, optimizer, schedule):
 
 
 def test_linear_lr_scaling_with_replicas(tmp_path):
-    run = train(tmp_path / "run", "strategy=mirrored", "cluster=1x2", "optimizer.lr=0.001", "optimizer.scale_lr_with_replicas=true")
+    run = train(
+        tmp_path / "run",
+        "strategy=mirrored",
+        "cluster=1x2",
+        "optimizer.lr=0.001",
+        "optimizer.scale_lr_with_replicas=true",
+    )
     assert run.summary["learning_rate"] == pytest.approx(0.002)
     assert run.metrics[0]["lr"] == pytest.approx(0.002)
 
@@ -76,10 +97,13 @@ def test_epochs_instead_of_steps(tmp_path):
     assert run.summary["step"] == 32
 
 
-@pytest.mark.parametrize("model, overrides", [
-    ("cnn", ["data.image_shape=[28,28,1]", "model.filters=[8,16]", "model.dense_units=32"]),
-    ("resnet", ["data.image_shape=[32,32,3]", "model.depth=8", "model.width=8"]),
-])
+@pytest.mark.parametrize(
+    "model, overrides",
+    [
+        ("cnn", ["data.image_shape=[28,28,1]", "model.filters=[8,16]", "model.dense_units=32"]),
+        ("resnet", ["data.image_shape=[32,32,3]", "model.depth=8", "model.width=8"]),
+    ],
+)
 def test_models(tmp_path, model, overrides):
     run = train(tmp_path / "run", f"model={model}", *overrides, "trainer.steps=20")
     assert run.summary["step"] == 20 and np.isfinite(run.summary["eval"]["eval/loss"])
@@ -88,9 +112,20 @@ def test_models(tmp_path, model, overrides):
 # -- tasks: each trains on two replicas, and reports what it offers ----------------
 
 TASKS = {
-    "binary": (["data=synthetic_categorical", "model=wide_deep", "model.vocab_size=2000", "data.vocab_size=2000", "model.hidden_units=[32]"],
-               {"eval/auc": 0.7, "eval/accuracy": 0.6}),
-    "regression": (["data=synthetic_regression", "model.hidden_units=[32]"], {"eval/rmse": -0.6}),  # negative: lower is better
+    "binary": (
+        [
+            "data=synthetic_categorical",
+            "model=wide_deep",
+            "model.vocab_size=2000",
+            "data.vocab_size=2000",
+            "model.hidden_units=[32]",
+        ],
+        {"eval/auc": 0.7, "eval/accuracy": 0.6},
+    ),
+    "regression": (
+        ["data=synthetic_regression", "model.hidden_units=[32]"],
+        {"eval/rmse": -0.6},
+    ),  # negative: lower is better
     "multilabel": (["data=synthetic_multilabel", "model.hidden_units=[32]"], {"eval/micro_f1": 0.7, "eval/auc": 0.8}),
     "classification": ([], {"eval/accuracy": 0.15}),  # 10 classes: chance is 0.1
 }
@@ -99,8 +134,17 @@ TASKS = {
 @pytest.mark.parametrize("task", list(TASKS))
 def test_each_task_trains_on_two_replicas(tmp_path, task):
     overrides, bounds = TASKS[task]
-    run = train(tmp_path / "run", f"task={task}", *overrides, "strategy=mirrored", "cluster=1x2", "data.batch_size=128",
-                "trainer.steps=160", "trainer.steps_per_loop=40", "trainer.log_every=40")
+    run = train(
+        tmp_path / "run",
+        f"task={task}",
+        *overrides,
+        "strategy=mirrored",
+        "cluster=1x2",
+        "data.batch_size=128",
+        "trainer.steps=160",
+        "trainer.steps_per_loop=40",
+        "trainer.log_every=40",
+    )
     assert (run.summary["task"], run.summary["replicas"], run.summary["step"]) == (task, 2, 160)
     for name, bound in bounds.items():
         value = run.summary["eval"][name]
@@ -129,18 +173,29 @@ def test_a_users_task_whose_source_cannot_be_read_runs_as_written(caplog):
     from tfdistx.tasks import traced
 
     made = {}
-    exec("from tfdistx.tasks import Task\nimport tensorflow as tf\n"
-         "class Shell(Task):\n    def loss(self, labels, outputs):\n        return tf.abs(labels - outputs)\n", made)
+    exec(
+        "from tfdistx.tasks import Task\nimport tensorflow as tf\n"
+        "class Shell(Task):\n    def loss(self, labels, outputs):\n        return tf.abs(labels - outputs)\n",
+        made,
+    )
     loss = traced(made["Shell"](), "loss")
     assert tf.function(lambda: loss(tf.ones([3]), tf.zeros([3])), autograph=False)().numpy().tolist() == [1.0, 1.0, 1.0]
-    assert any("AutoGraph could not convert Shell.loss; it runs as written" in r.getMessage() for r in caplog.records), caplog.records
+    assert any(
+        "AutoGraph could not convert Shell.loss; it runs as written" in r.getMessage() for r in caplog.records
+    ), caplog.records
 
 
 # -- checkpoints and the example order: a resumed run is the run that never stopped --
 
 
 def test_a_resumed_run_ends_bitwise_equal_to_one_that_never_stopped(tmp_path):
-    args = ["strategy=mirrored", "cluster=1x2", "trainer.deterministic=true", "model.dropout=0.2", "checkpoint.every_steps=10"]
+    args = [
+        "strategy=mirrored",
+        "cluster=1x2",
+        "trainer.deterministic=true",
+        "model.dropout=0.2",
+        "checkpoint.every_steps=10",
+    ]
     whole, resumed = whole_and_resumed(tmp_path, args, stop_at=20, steps=40)
     assert (resumed.summary["step"], resumed.summary["resumed"]) == (40, True)
     assert resumed.summary["weights_sha256"] == whole.summary["weights_sha256"]
@@ -163,8 +218,19 @@ def test_an_example_order_starts_at_any_position_without_reading_the_ones_before
     np.testing.assert_array_equal(from_ten, from_zero[10:46])
     # The pipelines deal one order of all the rows out batch by batch (order.py): this one's
     # batches are every `pipelines`-th, and in one epoch all of them take every row once.
-    epoch = [np.concatenate(list(ArrayExamples(arrays).batches(tf.distribute.InputContext(pipelines, i), 4, seed=7, window=16)
-                                 .take(6).as_numpy_iterator())) for i in range(pipelines)]
+    epoch = [
+        np.concatenate(
+            list(
+                ArrayExamples(arrays)
+                .batches(tf.distribute.InputContext(pipelines, i), 4, seed=7, window=16)
+                .take(6)
+                .as_numpy_iterator()
+            )
+        )
+        for i in range(pipelines)
+    ]
     np.testing.assert_array_equal(epoch[index], from_zero[:24])
     assert sorted(np.concatenate(epoch)) == list(arrays)
-    assert list(from_zero[:24]) != list(from_zero[24:48])  # and each pipeline's batches differ from one epoch to the next
+    assert list(from_zero[:24]) != list(
+        from_zero[24:48]
+    )  # and each pipeline's batches differ from one epoch to the next

@@ -30,13 +30,20 @@ def train(run_dir, *overrides, **kwargs):
 def whole_and_resumed(tmp_path, args, **kwargs):
     return engine_helpers.whole_and_resumed(tmp_path, args, xla_default=True, **kwargs)
 
-unit = pytest.mark.unit  # every test (wide_deep's all-reduce case, in-process but ~23 s: test_fastest_step.py, the default run)
+
+unit = (
+    pytest.mark.unit
+)  # every test (wide_deep's all-reduce case, in-process but ~23 s: test_fastest_step.py, the default run)
 
 TIMES = ("examples_per_sec", "train_wall_time_sec", "wall_time_sec")  # what a profiler may change: how long it took
 
 
 def _without_times(summary: dict) -> dict:
-    return {k: ({m: v for m, v in s.items() if m not in TIMES} if isinstance(s, dict) else s) for k, s in summary.items() if k not in TIMES}
+    return {
+        k: ({m: v for m, v in s.items() if m not in TIMES} if isinstance(s, dict) else s)
+        for k, s in summary.items()
+        if k not in TIMES
+    }
 
 
 # -- trainer.steps_per_xla_call ----------------------------------------------
@@ -49,20 +56,31 @@ def test_steps_in_one_xla_call_train_bitwise_what_one_step_a_call_trains(tmp_pat
     changes the rate every step, and 2 micro-batches a step. The weights,
     every logged metric and the evaluation equal one step a call's; so does
     a run stopped at step 21 and resumed (its calls fall on other steps)."""
-    args = ["strategy=one_device", "trainer.jit_compile=true", "trainer.steps=45", "optimizer.schedule=warmup_cosine",
-            "optimizer.warmup_steps=30", "trainer.accumulate_steps=2", "trainer.log_every=15"]
+    args = [
+        "strategy=one_device",
+        "trainer.jit_compile=true",
+        "trainer.steps=45",
+        "optimizer.schedule=warmup_cosine",
+        "optimizer.warmup_steps=30",
+        "trainer.accumulate_steps=2",
+        "trainer.log_every=15",
+    ]
     one = train(tmp_path / "one", *args, "trainer.steps_per_xla_call=1")
     eight = train(tmp_path / "eight", *args, "trainer.steps_per_xla_call=8")
     assert (one.summary["steps_per_xla_call"], eight.summary["steps_per_xla_call"]) == (1, 8)
     assert eight.summary["weights_sha256"] == one.summary["weights_sha256"]
     drop = {"examples_per_sec"}
     assert [{k: v for k, v in m.items() if k not in drop} for m in eight.metrics] == [
-        {k: v for k, v in m.items() if k not in drop} for m in one.metrics]
+        {k: v for k, v in m.items() if k not in drop} for m in one.metrics
+    ]
     assert [m["step"] for m in one.metrics] == [15, 30, 45]
     assert eight.summary["eval"] == one.summary["eval"]
     train(tmp_path / "split", *args, "trainer.steps_per_xla_call=8", "trainer.steps=21")
     resumed = train(tmp_path / "split", *args, "trainer.steps_per_xla_call=8")
-    assert resumed.summary["resumed_from_step"] == 21 and resumed.summary["weights_sha256"] == one.summary["weights_sha256"]
+    assert (
+        resumed.summary["resumed_from_step"] == 21
+        and resumed.summary["weights_sha256"] == one.summary["weights_sha256"]
+    )
 
 
 @unit
@@ -91,7 +109,9 @@ def test_auto_leaves_xla_off_for_accumulated_steps_on_cpus(tmp_path):
 # -- trainer.jit_compile=auto: what the model really holds, and a step XLA cannot compile ------------
 
 
-HISTOGRAM = ["model._target_=user_plugins.histogram_model"]  # Dense sublayers, a weight of its own, a bincount in its call
+HISTOGRAM = [
+    "model._target_=user_plugins.histogram_model"
+]  # Dense sublayers, a weight of its own, a bincount in its call
 BALANCED = ["task._target_=user_plugins.BalancedClassification"]  # the default MLP; a bincount in the loss
 
 
@@ -105,8 +125,9 @@ def test_auto_reads_every_weight_and_every_op_of_the_model():
     assert xla.weighted_layer_kinds(histogram) == {"Dense", "HistogramModel"}
     ops = xla.forward_op_types(histogram, spec)
     assert "DenseBincount" in ops and not {"MatMul", "Relu"} - ops
-    assert compute.decide_jit("auto", strategies.get("one_device"), False, xla.weighted_layer_kinds(histogram), ops) == (
-        False, "off (auto): on CPUs, and this model has HistogramModel weights and DenseBincount, GatherV2, Size ops")
+    assert compute.decide_jit(
+        "auto", strategies.get("one_device"), False, xla.weighted_layer_kinds(histogram), ops
+    ) == (False, "off (auto): on CPUs, and this model has HistogramModel weights and DenseBincount, GatherV2, Size ops")
     seeds = mlp((28, 28, 1), 10, hidden_units=[128], dropout=0.5)
     assert xla.weighted_layer_kinds(seeds) == {"Dense"}
     assert xla.forward_op_types(seeds, spec) <= compute.DENSE_MODEL_OPS
@@ -141,8 +162,11 @@ def test_a_step_xla_cannot_compile_trains_without_it_under_auto_and_says_so_once
     said = _warnings(caplog)
     assert len(said) == 3  # once for each of the three runs compiled under auto: whole, stopped, resumed
     for line in said:  # TensorFlow's own first line, naming the op (its node's name depends on where it was traced)
-        assert re.fullmatch(r"trainer.jit_compile=auto: XLA cannot compile this run's step \(Input 1 to node `\S*bincount/DenseBincount` "
-                            r"with op DenseBincount must be a compile-time constant.\): training without XLA", line), line
+        assert re.fullmatch(
+            r"trainer.jit_compile=auto: XLA cannot compile this run's step \(Input 1 to node `\S*bincount/DenseBincount` "
+            r"with op DenseBincount must be a compile-time constant.\): training without XLA",
+            line,
+        ), line
 
 
 @unit
@@ -150,24 +174,40 @@ def test_jit_compile_true_on_a_step_xla_cannot_compile_is_refused_in_one_line(tm
     """Not exit 1 with "Graph execution error" at the first step: exit 2, the
     key named, before any step; no checkpoint is written."""
     with pytest.raises(ConfigError) as refused:
-        train(tmp_path / "run", "strategy=one_device", *BALANCED, "trainer.jit_compile=true", "trainer.steps_per_xla_call=1")
+        train(
+            tmp_path / "run",
+            "strategy=one_device",
+            *BALANCED,
+            "trainer.jit_compile=true",
+            "trainer.steps_per_xla_call=1",
+        )
     lines = refused.value.lines()
-    assert len(lines) == 1 and re.fullmatch(r"tfdistx: invalid config: trainer.jit_compile=True: XLA cannot compile this run's step: "
-                                            r"Input 1 to node `\S*bincount/DenseBincount` with op DenseBincount must be a compile-time "
-                                            r"constant: use false or auto", lines[0]), lines
+    assert len(lines) == 1 and re.fullmatch(
+        r"tfdistx: invalid config: trainer.jit_compile=True: XLA cannot compile this run's step: "
+        r"Input 1 to node `\S*bincount/DenseBincount` with op DenseBincount must be a compile-time "
+        r"constant: use false or auto",
+        lines[0],
+    ), lines
     assert not (tmp_path / "run" / "checkpoints").exists() or not any((tmp_path / "run" / "checkpoints").iterdir())
 
 
 @unit
-@pytest.mark.parametrize("overrides, line", [
-    # Issue 32 (16): auto leaves XLA off for a convolutional model on CPUs, and N became 1 silently.
-    (["model=cnn", "trainer.steps_per_xla_call=7"],
-     "trainer.steps_per_xla_call=7: more than 1 only where XLA compiles the whole step, and XLA is off (auto): on CPUs, and this "
-     "model has Conv2D weights and Conv2D, MaxPool ops: set trainer.jit_compile=true to compile it anyway, or trainer.steps_per_xla_call=1"),
-    ([*BALANCED, "trainer.steps_per_xla_call=5"],
-     "trainer.steps_per_xla_call=5: more than 1 only where XLA compiles the whole step, and XLA is off: it cannot compile this "
-     "run's step: set trainer.steps_per_xla_call=1 or auto"),
-])
+@pytest.mark.parametrize(
+    "overrides, line",
+    [
+        # Issue 32 (16): auto leaves XLA off for a convolutional model on CPUs, and N became 1 silently.
+        (
+            ["model=cnn", "trainer.steps_per_xla_call=7"],
+            "trainer.steps_per_xla_call=7: more than 1 only where XLA compiles the whole step, and XLA is off (auto): on CPUs, and this "
+            "model has Conv2D weights and Conv2D, MaxPool ops: set trainer.jit_compile=true to compile it anyway, or trainer.steps_per_xla_call=1",
+        ),
+        (
+            [*BALANCED, "trainer.steps_per_xla_call=5"],
+            "trainer.steps_per_xla_call=5: more than 1 only where XLA compiles the whole step, and XLA is off: it cannot compile this "
+            "run's step: set trainer.steps_per_xla_call=1 or auto",
+        ),
+    ],
+)
 def test_steps_per_xla_call_above_1_where_auto_does_not_compile_the_step_is_refused(tmp_path, overrides, line):
     with pytest.raises(ConfigError) as refused:
         train(tmp_path / "run", "strategy=one_device", *overrides)
@@ -190,7 +230,8 @@ def test_a_profile_of_chosen_steps_is_in_the_runs_tensorboard_dir_and_changes_no
     assert traced.summary["weights_sha256"] == plain.summary["weights_sha256"]
     assert _without_times(traced.summary) == _without_times(plain.summary)
     assert [{k: v for k, v in m.items() if k not in TIMES} for m in traced.metrics] == [
-        {k: v for k, v in m.items() if k not in TIMES} for m in plain.metrics]
+        {k: v for k, v in m.items() if k not in TIMES} for m in plain.metrics
+    ]
 
 
 class _Runner:
@@ -225,14 +266,22 @@ class _Counter:
 
 
 @unit
-@pytest.mark.parametrize("first_step, calls", [
-    (0, [(0, 5, False), (5, 10, True), (15, 5, False), (20, 10, False), (30, 10, False)]),
-    (10, [(10, 5, True), (15, 5, False), (20, 10, False), (30, 10, False)]),  # resumed inside the span: traced from there
-])
+@pytest.mark.parametrize(
+    "first_step, calls",
+    [
+        (0, [(0, 5, False), (5, 10, True), (15, 5, False), (20, 10, False), (30, 10, False)]),
+        (
+            10,
+            [(10, 5, True), (15, 5, False), (20, 10, False), (30, 10, False)],
+        ),  # resumed inside the span: traced from there
+    ],
+)
 def test_the_trace_brackets_exactly_the_steps_asked_for(tmp_path, first_step, calls):
     action = ProfileSteps(5, 15, tmp_path / "tensorboard")
     runner = _Runner(action)
-    Loop(runner, Schedule(steps=40, steps_per_loop=10, log_every=20, eval_every=0), _Counter(first_step), [action]).run()
+    Loop(
+        runner, Schedule(steps=40, steps_per_loop=10, log_every=20, eval_every=0), _Counter(first_step), [action]
+    ).run()
     assert runner.calls == calls
     assert len(list((tmp_path / "tensorboard" / "plugins" / "profile").glob("*/*.xplane.pb"))) == 1
 
@@ -246,9 +295,16 @@ def test_the_trace_brackets_exactly_the_steps_asked_for(tmp_path, first_step, ca
 # bfloat16 keeps 8 significant bits and float16 11: after one step the difference is the rounding of one update
 # (SGD: at most 5e-5 here); over 40 steps the runs' paths part further. The tolerances are ~20% above what was measured.
 MLP = []
-WIDE_DEEP = ["data=synthetic_categorical", "model=wide_deep", "model.vocab_size=1000", "data.vocab_size=1000", "task=binary"]
+WIDE_DEEP = [
+    "data=synthetic_categorical",
+    "model=wide_deep",
+    "model.vocab_size=1000",
+    "data.vocab_size=1000",
+    "task=binary",
+]
 TOLERANCES = {  # (model, dtype): (max abs difference, relative difference)
-    ("mlp", "bfloat16"): (0.01, 0.012), ("mlp", "float16"): (4e-4, 8e-5),
+    ("mlp", "bfloat16"): (0.01, 0.012),
+    ("mlp", "float16"): (4e-4, 8e-5),
     ("wide_deep", "bfloat16"): (0.01, 0.0045),
 }
 
@@ -283,7 +339,11 @@ def assert_16_bit_all_reduce_trains_close_to_float32(tmp_path, model, overrides,
         run = train(tmp_path / dtype, *args, f"strategy.all_reduce_dtype={dtype}")
         worst, relative = _difference(run, float32)
         tolerance, relative_tolerance = TOLERANCES[model, dtype]
-        assert 0 < worst < tolerance and relative < relative_tolerance, (dtype, worst, relative)  # 0 <: it was not float32
+        assert 0 < worst < tolerance and relative < relative_tolerance, (
+            dtype,
+            worst,
+            relative,
+        )  # 0 <: it was not float32
 
 
 @unit

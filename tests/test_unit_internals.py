@@ -61,8 +61,10 @@ def foreign_private(name: str, own: set) -> bool:
 
 def private_module(dotted: str) -> bool:
     parts = dotted.split(".")
-    return parts[0] in WATCHED and (any(p.startswith("_") for p in parts[1:])
-                                    or (len(parts) > 1 and parts[1] in PRIVATE_SUBPACKAGES.get(parts[0], ())))
+    return parts[0] in WATCHED and (
+        any(p.startswith("_") for p in parts[1:])
+        or (len(parts) > 1 and parts[1] in PRIVATE_SUBPACKAGES.get(parts[0], ()))
+    )
 
 
 def package_files(root: Path) -> list:
@@ -88,7 +90,11 @@ def foreign_private_names() -> set:
         if name.split(".")[0] in WATCHED and module is not None:
             for value in list(vars(module).values()):
                 if inspect.isclass(value) and value.__module__ == name:
-                    names |= {attribute for attribute in vars(value) if private_name(attribute) and not attribute.startswith("__")}
+                    names |= {
+                        attribute
+                        for attribute in vars(value)
+                        if private_name(attribute) and not attribute.startswith("__")
+                    }
     return names
 
 
@@ -98,16 +104,44 @@ def hooks(tree, foreign: set) -> list:
     derived from one of theirs (or the room's), or of a class that type(...)
     makes a base, or a key of the namespace given to type(...), named as one
     of theirs."""
-    theirs = bound_to_watched(tree) | {a.asname or a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)
-                                       and (n.module or "").startswith("tfdistx.internals") for a in n.names}
-    made = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == "type" and len(n.args) == 3]
-    mixins = {e.id for call in made if isinstance(call.args[1], ast.Tuple) for e in call.args[1].elts if isinstance(e, ast.Name)}
-    derived = {node.name for node in ast.walk(tree) if isinstance(node, ast.ClassDef)
-               and any(isinstance(root, ast.Name) and root.id in theirs for root in (unchain(base)[0] for base in node.bases))}
-    found = [(item, item.name) for node in ast.walk(tree) if isinstance(node, ast.ClassDef) and node.name in derived | mixins
-             for item in node.body if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)) and item.name in foreign]
-    return found + [(key, key.value) for call in made if isinstance(call.args[2], ast.Dict)
-                    for key in call.args[2].keys if isinstance(key, ast.Constant) and key.value in foreign]
+    theirs = bound_to_watched(tree) | {
+        a.asname or a.name
+        for n in ast.walk(tree)
+        if isinstance(n, ast.ImportFrom) and (n.module or "").startswith("tfdistx.internals")
+        for a in n.names
+    }
+    made = [
+        n
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == "type" and len(n.args) == 3
+    ]
+    mixins = {
+        e.id
+        for call in made
+        if isinstance(call.args[1], ast.Tuple)
+        for e in call.args[1].elts
+        if isinstance(e, ast.Name)
+    }
+    derived = {
+        node.name
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ClassDef)
+        and any(isinstance(root, ast.Name) and root.id in theirs for root in (unchain(base)[0] for base in node.bases))
+    }
+    found = [
+        (item, item.name)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ClassDef) and node.name in derived | mixins
+        for item in node.body
+        if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)) and item.name in foreign
+    ]
+    return found + [
+        (key, key.value)
+        for call in made
+        if isinstance(call.args[2], ast.Dict)
+        for key in call.args[2].keys
+        if isinstance(key, ast.Constant) and key.value in foreign
+    ]
 
 
 def own_private_names(trees, foreign: set) -> set:
@@ -125,7 +159,11 @@ def own_private_names(trees, foreign: set) -> set:
                     for leaf in ast.walk(target):
                         if isinstance(leaf, ast.Name):
                             own.add(leaf.id)
-                        elif isinstance(leaf, ast.Attribute) and isinstance(leaf.value, ast.Name) and leaf.value.id in ("self", "cls"):
+                        elif (
+                            isinstance(leaf, ast.Attribute)
+                            and isinstance(leaf.value, ast.Name)
+                            and leaf.value.id in ("self", "cls")
+                        ):
                             own.add(leaf.attr)
             elif isinstance(node, ast.alias) and node.asname:
                 own.add(node.asname)
@@ -168,8 +206,11 @@ def private_uses(path: Path, tree, own: set, foreign: set) -> list:
         elif isinstance(node, ast.ImportFrom) and not node.level:
             module = node.module or ""
             for alias in node.names:
-                if private_module(module) or (module.split(".")[0] in WATCHED and private_name(alias.name)) \
-                        or private_module(f"{module}.{alias.name}"):
+                if (
+                    private_module(module)
+                    or (module.split(".")[0] in WATCHED and private_name(alias.name))
+                    or private_module(f"{module}.{alias.name}")
+                ):
                     hit(node, f"from {module} import {alias.name}")
         elif isinstance(node, ast.Attribute):
             if node.attr == "__class__" and isinstance(node.ctx, ast.Store):
@@ -184,13 +225,20 @@ def private_uses(path: Path, tree, own: set, foreign: set) -> list:
             others = [a for a in attrs if foreign_private(a, own)]
             if others:
                 hit(node, f".{others[0]} (a name tfdistx does not define)")
-        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("getattr", "hasattr", "setattr", "delattr"):
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id in ("getattr", "hasattr", "setattr", "delattr")
+        ):
             if len(node.args) > 1 and isinstance(node.args[1], ast.Constant) and isinstance(node.args[1].value, str):
                 name = node.args[1].value
                 if foreign_private(name, own):
                     hit(node, f"{node.func.id}(..., {name!r})")
-        elif isinstance(node, ast.Call) and isinstance(node.func, (ast.Name, ast.Attribute)) \
-                and (node.func.id if isinstance(node.func, ast.Name) else node.func.attr) == "import_module":
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, (ast.Name, ast.Attribute))
+            and (node.func.id if isinstance(node.func, ast.Name) else node.func.attr) == "import_module"
+        ):
             if node.args and isinstance(node.args[0], ast.Constant) and private_module(str(node.args[0].value)):
                 hit(node, f"import_module({node.args[0].value!r})")
         elif isinstance(node, ast.Constant) and isinstance(node.value, str) and ".ATTRIBUTES/" in node.value:
@@ -264,18 +312,28 @@ def test_the_scan_finds_each_kind_of_private_use():
     """The scan itself, on a module that does each thing the room exists for
     (and tfdistx's own privates, which it must leave alone)."""
     tree, foreign = ast.parse(STAND_IN), foreign_private_names()
-    found = [line.split(": ", 1)[1] for line in private_uses(PACKAGE / "mod.py", tree, own_private_names([tree], foreign), foreign)]
+    found = [
+        line.split(": ", 1)[1]
+        for line in private_uses(PACKAGE / "mod.py", tree, own_private_names([tree], foreign), foreign)
+    ]
     assert found == [
-        "from hydra._internal.utils import get_args_parser", "from tensorflow.python.framework import config",
+        "from hydra._internal.utils import get_args_parser",
+        "from tensorflow.python.framework import config",
         "defines _trackable_children, a private method of TensorFlow, Keras or Hydra",
         "defines _all_reduce_sum_gradients, a private method of TensorFlow, Keras or Hydra",
-        "tf.__internal__.distribute.ShardedVariable", "._trainable_variables (a name tfdistx does not define)",
-        "__class__ assigned", "ConfigSource._get_header_dict", "atexit._run_exitfuncs",
+        "tf.__internal__.distribute.ShardedVariable",
+        "._trainable_variables (a name tfdistx does not define)",
+        "__class__ assigned",
+        "ConfigSource._get_header_dict",
+        "atexit._run_exitfuncs",
         "a TensorFlow checkpoint key 'optimizer/_trainable_variables/0/.ATTRIBUTES/VARIABLE_VALUE'",
-        "getattr(..., '_variables')", "._trackable_children (a name tfdistx does not define)",
-        "hasattr(..., '_all_reduce_sum_gradients')", "._gather_saveables_for_checkpoint (a name tfdistx does not define)",
+        "getattr(..., '_variables')",
+        "._trackable_children (a name tfdistx does not define)",
+        "hasattr(..., '_all_reduce_sum_gradients')",
+        "._gather_saveables_for_checkpoint (a name tfdistx does not define)",
         "defines _gather_saveables_for_checkpoint, a private method of TensorFlow, Keras or Hydra",
-        "tf.distribute.MirroredStrategy._collective_key_base"]
+        "tf.distribute.MirroredStrategy._collective_key_base",
+    ]
 
 
 # -- the probes ---------------------------------------------------------------------
@@ -300,11 +358,16 @@ def test_a_missing_internal_is_one_line_naming_the_package_its_version_and_the_i
     with pytest.raises(Gone) as gone:
         internal.check(WithoutIt)
     (line,) = gone.value.lines()
-    name, version = {"tensorflow": ("TensorFlow", tf.__version__), "keras": ("Keras", keras.__version__),
-                     "hydra-core": ("Hydra", internals.installed_version("hydra-core")),
-                     "python": ("Python", ".".join(map(str, sys.version_info[:3])))}[internal.distribution]
-    assert line == (f"tfdistx: this {name} ({version}) has no {internal.name}, which tfdistx uses {internal.use}: "
-                    f"install {internals.PINS[internal.distribution]} (docs/development.md: Moving the pinned versions)")
+    name, version = {
+        "tensorflow": ("TensorFlow", tf.__version__),
+        "keras": ("Keras", keras.__version__),
+        "hydra-core": ("Hydra", internals.installed_version("hydra-core")),
+        "python": ("Python", ".".join(map(str, sys.version_info[:3]))),
+    }[internal.distribution]
+    assert line == (
+        f"tfdistx: this {name} ({version}) has no {internal.name}, which tfdistx uses {internal.use}: "
+        f"install {internals.PINS[internal.distribution]} (docs/development.md: Moving the pinned versions)"
+    )
     assert gone.value.code == EXIT_UNSUPPORTED_VERSION == 8
 
 
@@ -326,8 +389,10 @@ def test_a_command_stops_in_one_line_with_exit_8_when_hydra_lacks_an_internal(mo
         main([f"hydra.run.dir={tmp_path / 'run'}", "trainer.steps=1"])
     assert leaving.value.code == 8
     (line,) = capsys.readouterr().err.strip().splitlines()
-    assert line.startswith(f"tfdistx: this Hydra ({internals.installed_version('hydra-core')}) has no "
-                           "hydra.plugins.config_source.ConfigSource._get_header_dict, which tfdistx uses")
+    assert line.startswith(
+        f"tfdistx: this Hydra ({internals.installed_version('hydra-core')}) has no "
+        "hydra.plugins.config_source.ConfigSource._get_header_dict, which tfdistx uses"
+    )
     assert not (tmp_path / "run").exists()
 
 
@@ -344,9 +409,11 @@ def test_a_command_stops_in_one_line_with_exit_8_when_keras_lacks_an_internal(mo
         main(["data", "write", "data=synthetic", "--out", str(tmp_path / "out")])
     assert leaving.value.code == 8
     (line,) = capsys.readouterr().err.strip().splitlines()
-    assert line == (f"tfdistx: this Keras ({keras.__version__}) has no keras.optimizers.Optimizer._get_variable_index, which "
-                    "tfdistx uses to re-split embedding tables for another number of ps tasks: install keras>=3.15,<3.16 "
-                    "(docs/development.md: Moving the pinned versions)")
+    assert line == (
+        f"tfdistx: this Keras ({keras.__version__}) has no keras.optimizers.Optimizer._get_variable_index, which "
+        "tfdistx uses to re-split embedding tables for another number of ps tasks: install keras>=3.15,<3.16 "
+        "(docs/development.md: Moving the pinned versions)"
+    )
     assert not (tmp_path / "out").exists()
 
 
@@ -366,8 +433,14 @@ def test_the_pins_are_pyprojects():
 
 
 def adam_on_a_model():
-    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(4, name="hidden"), keras.layers.Dropout(0.5, seed=1),
-                              keras.layers.Dense(2, name="out")])
+    model = keras.Sequential(
+        [
+            keras.Input((3,)),
+            keras.layers.Dense(4, name="hidden"),
+            keras.layers.Dropout(0.5, seed=1),
+            keras.layers.Dense(2, name="out"),
+        ]
+    )
     optimizer = keras.optimizers.Adam()
     optimizer.build(model.trainable_variables)
     return model, optimizer
@@ -379,7 +452,9 @@ def test_a_keras_optimizers_lists_indices_and_slot_names():
     assert [id(v) for v in tf_internals.trainable_variables_of(optimizer)] == [id(v) for v in variables]
     assert [id(v) for v in tf_internals.own_variables_of(optimizer)] == [id(v) for v in optimizer.variables]
     slots = tf_internals.slot_lists(optimizer)
-    assert len(slots) == 2 and all(len(lists) == len(variables) for lists in slots.values())  # Adam: momentums, velocities
+    assert len(slots) == 2 and all(
+        len(lists) == len(variables) for lists in slots.values()
+    )  # Adam: momentums, velocities
     for index, variable in enumerate(variables):
         assert tf_internals.slot_index(optimizer, variable) == index
         for lists in slots.values():
@@ -387,7 +462,9 @@ def test_a_keras_optimizers_lists_indices_and_slot_names():
             assert lists[index].shape == variable.shape
     scaled = keras.optimizers.LossScaleOptimizer(keras.optimizers.Adam())
     scaled.build(variables)
-    assert {id(v) for v in tf_internals.own_variables_of(scaled)}.isdisjoint({id(v) for v in scaled.inner_optimizer.variables})
+    assert {id(v) for v in tf_internals.own_variables_of(scaled)}.isdisjoint(
+        {id(v) for v in scaled.inner_optimizer.variables}
+    )
 
 
 def test_the_key_of_an_optimizers_variable_in_a_checkpoint(tmp_path):
@@ -405,10 +482,17 @@ def test_an_object_checkpointed_with_fixed_children_restores_into_the_optimizer(
     for variable in optimizer.variables:
         variable.assign(tf.fill(variable.shape, tf.cast(7, variable.dtype)))
     children = tf_internals.checkpoint_children(optimizer)
-    assert children and not {tf_internals.OPTIMIZER_TRAINABLE_VARIABLES, tf_internals.OPTIMIZER_VARIABLES} & children.keys()
-    state = tf_internals.FixedChildren({**children,
-                                        tf_internals.OPTIMIZER_TRAINABLE_VARIABLES: tf_internals.tracked(list(model.trainable_variables)),
-                                        tf_internals.OPTIMIZER_VARIABLES: tf_internals.tracked(list(optimizer.variables))})
+    assert (
+        children
+        and not {tf_internals.OPTIMIZER_TRAINABLE_VARIABLES, tf_internals.OPTIMIZER_VARIABLES} & children.keys()
+    )
+    state = tf_internals.FixedChildren(
+        {
+            **children,
+            tf_internals.OPTIMIZER_TRAINABLE_VARIABLES: tf_internals.tracked(list(model.trainable_variables)),
+            tf_internals.OPTIMIZER_VARIABLES: tf_internals.tracked(list(optimizer.variables)),
+        }
+    )
     path = tf.train.Checkpoint(model=model, optimizer=state).write(str(tmp_path / "ckpt"))
     fresh_model, fresh = adam_on_a_model()
     tf.train.Checkpoint(model=fresh_model, optimizer=fresh).read(path).assert_existing_objects_matched()
@@ -431,11 +515,15 @@ def test_a_sharded_variable_is_told_apart_and_built_from_shards():
 
 def test_seed_generator_states_and_auc_counts_are_found_by_their_keras_names():
     model, _ = adam_on_a_model()
-    assert len([v for v in model.non_trainable_variables if tf_internals.is_seed_generator_state(v)]) == 1  # the Dropout's
+    assert (
+        len([v for v in model.non_trainable_variables if tf_internals.is_seed_generator_state(v)]) == 1
+    )  # the Dropout's
     auc = keras.metrics.AUC(num_thresholds=5)
     auc.update_state([0, 1, 1, 0], [0.1, 0.8, 0.4, 0.6])
     tp, fp, fn, tn = tf_internals.auc_counts(auc, [v.numpy() for v in auc.variables])
-    for counts, variable in zip((tp, fp, fn, tn), (auc.true_positives, auc.false_positives, auc.false_negatives, auc.true_negatives)):
+    for counts, variable in zip(
+        (tp, fp, fn, tn), (auc.true_positives, auc.false_positives, auc.false_negatives, auc.true_negatives)
+    ):
         np.testing.assert_array_equal(counts, variable.numpy())
 
 

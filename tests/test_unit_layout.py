@@ -18,10 +18,13 @@ def test_every_test_collected_keeps_the_layout(request):
 
 @pytest.mark.unit
 def test_a_unit_test_outside_a_test_unit_file_and_any_other_test_inside_one_are_named():
-    tests = [("tests/test_unit_a.py::test_in_place", "test_unit_a.py", True),
-             ("tests/test_b.py::test_in_place", "test_b.py", False),
-             ("tests/test_b.py::test_unit_elsewhere", "test_b.py", True),
-             ("tests/test_unit_a.py::test_slow_case[wide_deep]", "test_unit_a.py", False)]
+    tests = [
+        ("tests/test_unit_a.py::test_in_place", "test_unit_a.py", True),
+        ("tests/test_b.py::test_in_place", "test_b.py", False),
+        ("tests/test_b.py::test_unit_elsewhere", "test_b.py", True),
+        ("tests/test_unit_a.py::test_slow_case[wide_deep]", "test_unit_a.py", False),
+    ]
     assert layout_problems(tests) == [
         "tests/test_b.py::test_unit_elsewhere: marked unit, in a file not named test_unit_*.py",
-        "tests/test_unit_a.py::test_slow_case[wide_deep]: not marked unit, in a test_unit_*.py file"]
+        "tests/test_unit_a.py::test_slow_case[wide_deep]: not marked unit, in a test_unit_*.py file",
+    ]

@@ -31,12 +31,16 @@ def test_the_loop_stops_at_every_due_action():
 
 
 @pytest.mark.unit
-@pytest.mark.parametrize("steps_done, replicas, pipelines, skipped", [
-    (0, 1, 1, 0), (100, 1, 1, 100),  # one device: a batch a step
-    (100, 4, 1, 400),  # mirrored over 4: one pipeline feeds 4 replica batches a step
-    (100, 2, 2, 100),  # 2 workers: each pipeline feeds its own replica
-    (100, 1, 2, 50),  # 2 parameter-server workers: each has done half the steps
-])
+@pytest.mark.parametrize(
+    "steps_done, replicas, pipelines, skipped",
+    [
+        (0, 1, 1, 0),
+        (100, 1, 1, 100),  # one device: a batch a step
+        (100, 4, 1, 400),  # mirrored over 4: one pipeline feeds 4 replica batches a step
+        (100, 2, 2, 100),  # 2 workers: each pipeline feeds its own replica
+        (100, 1, 2, 50),  # 2 parameter-server workers: each has done half the steps
+    ],
+)
 def test_batches_skipped_on_resume(steps_done, replicas, pipelines, skipped):
     assert input_lib.batches_to_skip(steps_done, replicas, pipelines) == skipped
 
@@ -60,17 +64,41 @@ def test_loop_runs_steps_logs_evaluates_and_saves():
     task = Classification(metrics=("accuracy",))
     model = mlp((4, 4, 1), 3, hidden_units=(8,))
     learning_rate = LearningRateAtStep(0.01)
-    optimizer = build_optimizer(Optimizer("sgd", target="keras.optimizers.SGD", lr=0.01, schedule="constant", warmup_steps=0, min_lr_ratio=0.0,
-                                          scale_lr_with_replicas=False, clip_norm=None, global_clip_norm=None, options={}), learning_rate)
+    optimizer = build_optimizer(
+        Optimizer(
+            "sgd",
+            target="keras.optimizers.SGD",
+            lr=0.01,
+            schedule="constant",
+            warmup_steps=0,
+            min_lr_ratio=0.0,
+            scale_lr_with_replicas=False,
+            clip_norm=None,
+            global_clip_norm=None,
+            options={},
+        ),
+        learning_rate,
+    )
     metrics = MetricSet(task.metrics())
     features, labels = next(iter(source.train(None).batch(2)))
     metrics.build(*task.metric_inputs(labels, model(features)))
-    runner = SyncRunner(strategy, task, model, Update(task, model, optimizer, global_batch=32, learning_rate=learning_rate), metrics,
-                        train_data=input_lib.train_dataset(strategy, source, 32, seed=0, shuffle_buffer=256),
-                        eval_data=input_lib.eval_dataset(strategy, source.eval, 32))
+    runner = SyncRunner(
+        strategy,
+        task,
+        model,
+        Update(task, model, optimizer, global_batch=32, learning_rate=learning_rate),
+        metrics,
+        train_data=input_lib.train_dataset(strategy, source, 32, seed=0, shuffle_buffer=256),
+        eval_data=input_lib.eval_dataset(strategy, source.eval, 32),
+    )
     counter, recorder = tf.Variable(0, dtype=tf.int64), Recorder()
-    result = Loop(runner, Schedule(steps=50, steps_per_loop=20, log_every=20, eval_every=25), counter,
-                  [Log([recorder]), SaveCheckpoints(recorder, every=40)], learning_rate_at=learning_rate.at).run()
+    result = Loop(
+        runner,
+        Schedule(steps=50, steps_per_loop=20, log_every=20, eval_every=25),
+        counter,
+        [Log([recorder]), SaveCheckpoints(recorder, every=40)],
+        learning_rate_at=learning_rate.at,
+    ).run()
 
     assert result.step == 50 and int(counter.numpy()) == 50
     assert [step for step, _ in recorder.records] == [20, 25, 40, 50]
@@ -106,7 +134,9 @@ def test_step_lines_reach_the_runs_log_file_once(tmp_path, capsys):
 
 
 @pytest.mark.unit
-@pytest.mark.parametrize("steps, log_every, eval_every", [(250, 30, 100), (100, 10, 0), (95, 10, 25), (40, 40, 0), (12, 4, 6)])
+@pytest.mark.parametrize(
+    "steps, log_every, eval_every", [(250, 30, 100), (100, 10, 0), (95, 10, 25), (40, 40, 0), (12, 4, 6)]
+)
 def test_keras_epochs_count_the_records_made_whatever_step_a_run_starts_from(steps, log_every, eval_every):
     """records_until and epoch_start against the records counted one step at a time."""
     schedule = Schedule(steps=steps, steps_per_loop=7, log_every=log_every, eval_every=eval_every)

@@ -17,17 +17,26 @@ from engine_helpers import train, whole_and_resumed
 pytestmark = pytest.mark.unit
 
 # The third style, functional, is the default MLP's: every other engine test trains and resumes it.
-STYLES = {"sequential_without_input": ["model._target_=user_plugins.sequential_without_input"],
-          "subclassed": ["model._target_=user_plugins.subclassed"]}
+STYLES = {
+    "sequential_without_input": ["model._target_=user_plugins.sequential_without_input"],
+    "subclassed": ["model._target_=user_plugins.subclassed"],
+}
 STRATEGIES = {"one_device": ["strategy=one_device"], "mirrored_1x2": ["strategy=mirrored", "cluster=1x2"]}
-EVERY_TEN = ["trainer.deterministic=true", "trainer.steps_per_loop=10", "trainer.log_every=10", "checkpoint.every_steps=10",
-             "checkpoint.export=true"]
+EVERY_TEN = [
+    "trainer.deterministic=true",
+    "trainer.steps_per_loop=10",
+    "trainer.log_every=10",
+    "checkpoint.every_steps=10",
+    "checkpoint.export=true",
+]
 
 
 @pytest.mark.parametrize("strategy", STRATEGIES)
 @pytest.mark.parametrize("style", STYLES)
 def test_every_model_style_trains_resumes_bitwise_and_exports(tmp_path, style, strategy):
-    whole, resumed = whole_and_resumed(tmp_path, [*EVERY_TEN, *STRATEGIES[strategy], *STYLES[style]], stop_at=20, steps=40)
+    whole, resumed = whole_and_resumed(
+        tmp_path, [*EVERY_TEN, *STRATEGIES[strategy], *STYLES[style]], stop_at=20, steps=40
+    )
     assert whole.summary["step"] == 40 and np.isfinite(whole.metrics[-1]["loss"])
     assert whole.metrics[-1]["loss"] < whole.metrics[0]["loss"]
     assert resumed.summary["weights_sha256"] == whole.summary["weights_sha256"]
@@ -37,7 +46,9 @@ def test_every_model_style_trains_resumes_bitwise_and_exports(tmp_path, style, s
     if style == "subclassed":  # its own weight, made in build(), is trained and saved with the rest
         weights = list(whole.weights().values())
         assert len(weights) == 5  # two Dense layers' kernels and biases, and the scale
-        assert any(w.shape == (10,) and np.all(np.abs(w - 1) < 0.5) and np.any(w != 1) for w in weights)  # the scale, trained from 1
+        assert any(
+            w.shape == (10,) and np.all(np.abs(w - 1) < 0.5) and np.any(w != 1) for w in weights
+        )  # the scale, trained from 1
 
 
 def test_a_model_whose_first_call_fails_is_refused_in_one_line_naming_it(tmp_path):

@@ -42,10 +42,15 @@ def handed_a_config(work) -> list:
         if event != "call":
             return
         code = frame.f_code
-        if not (code.co_filename.startswith(str(PLAIN_SIDE))
-                or (code.co_filename == execute.__file__ and code.co_name in ("placement_of", "local_tasks", "_run_local_cluster"))):
+        if not (
+            code.co_filename.startswith(str(PLAIN_SIDE))
+            or (
+                code.co_filename == execute.__file__
+                and code.co_name in ("placement_of", "local_tasks", "_run_local_cluster")
+            )
+        ):
             return
-        for name in code.co_varnames[:code.co_argcount + code.co_kwonlyargcount]:
+        for name in code.co_varnames[: code.co_argcount + code.co_kwonlyargcount]:
             if isinstance(frame.f_locals.get(name), (DictConfig, ListConfig)):
                 found.append(f"{Path(code.co_filename).name}:{code.co_name}({name}=DictConfig)")
 
@@ -58,7 +63,13 @@ def handed_a_config(work) -> list:
 
 
 def test_plan_places_a_local_cluster_from_the_spec(tmp_path):
-    cfg = compose_ok(tmp_path / "run", "strategy=parameter_server", "cluster=ps1w2", "cluster.evaluator=true", "data.service.workers=1")
+    cfg = compose_ok(
+        tmp_path / "run",
+        "strategy=parameter_server",
+        "cluster=ps1w2",
+        "cluster.evaluator=true",
+        "data.service.workers=1",
+    )
     lines = []
     assert handed_a_config(lambda: lines.extend(describe(cfg).splitlines())) == []
     assert any(line.startswith("  task        evaluator:0") for line in lines)  # read from the spec's cluster
@@ -68,11 +79,19 @@ def test_plan_places_a_local_cluster_from_the_spec(tmp_path):
 def test_plan_of_an_elastic_run_reads_the_spec(tmp_path):
     hosts = tmp_path / "hosts"
     hosts.write_text("127.0.0.1\n127.0.0.2\n")
-    cfg = compose_ok(tmp_path / "run", "strategy=multiworker", "cluster.workers=4", "cluster.elastic.min_workers=2",
-                     f"cluster.elastic.hosts={hosts}", "data.batch_size=96")
+    cfg = compose_ok(
+        tmp_path / "run",
+        "strategy=multiworker",
+        "cluster.workers=4",
+        "cluster.elastic.min_workers=2",
+        f"cluster.elastic.hosts={hosts}",
+        "data.batch_size=96",
+    )
     lines = []
     assert handed_a_config(lambda: lines.extend(describe(cfg).splitlines())) == []
-    assert next(line for line in lines if line.startswith("elastic")).startswith("elastic       2:4 workers, one per host listed in")
+    assert next(line for line in lines if line.startswith("elastic")).startswith(
+        "elastic       2:4 workers, one per host listed in"
+    )
 
 
 def test_manifests_are_written_from_the_spec(tmp_path):
@@ -91,13 +110,25 @@ def test_manifests_are_written_from_the_spec(tmp_path):
 
 def test_the_slurm_script_is_written_from_the_spec(capsys):
     """`tfdistx export slurm` counts the step's tasks with placement's own scheduled_tasks, handed the Layout."""
+
     def export():
         with pytest.raises(SystemExit) as leaving:
-            cli.main(["export", "slurm", "strategy=parameter_server", "cluster=ps1w2", "cluster.evaluator=true", "data.service.workers=1"])
+            cli.main(
+                [
+                    "export",
+                    "slurm",
+                    "strategy=parameter_server",
+                    "cluster=ps1w2",
+                    "cluster.evaluator=true",
+                    "data.service.workers=1",
+                ]
+            )
         assert leaving.value.code == 0
 
     assert handed_a_config(export) == []
-    assert "#SBATCH --ntasks=7" in capsys.readouterr().out.splitlines()  # chief, ps, 2 workers, dispatcher, data worker, evaluator
+    assert (
+        "#SBATCH --ntasks=7" in capsys.readouterr().out.splitlines()
+    )  # chief, ps, 2 workers, dispatcher, data worker, evaluator
 
 
 def test_placement_refuses_to_be_handed_the_composed_config(tmp_path):

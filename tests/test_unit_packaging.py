@@ -29,8 +29,14 @@ def selected(extras, platform) -> list:
     chosen = []
     for extra in ["", *extras]:
         lines = project["dependencies"] if not extra else project["optional-dependencies"][extra]
-        env = {"python_version": "3.11", "python_full_version": "3.11.7", "os_name": "posix", "implementation_name": "cpython",
-               **PLATFORMS[platform], "extra": extra}
+        env = {
+            "python_version": "3.11",
+            "python_full_version": "3.11.7",
+            "os_name": "posix",
+            "implementation_name": "cpython",
+            **PLATFORMS[platform],
+            "extra": extra,
+        }
         chosen += [r for r in map(Requirement, lines) if r.marker is None or r.marker.evaluate(env)]
     return chosen
 

@@ -30,8 +30,9 @@ def test_every_option_a_row_declares_composes_and_is_checked(tmp_path):
     no `+`), and a value outside its allowed ones is refused in one line."""
     cfg = compose_ok(tmp_path / "run", "strategy=mirrored", "strategy.cross_device_ops=reduction_to_one")
     assert cfg.strategy.cross_device_ops == "reduction_to_one"
-    assert refused(tmp_path / "run", "strategy=multiworker", "cluster=2x1", "strategy.communication=carrier_pigeon") == [
-        PREFIX + "strategy.communication='carrier_pigeon': allowed: auto, ring, nccl, mpi"]
+    assert refused(
+        tmp_path / "run", "strategy=multiworker", "cluster=2x1", "strategy.communication=carrier_pigeon"
+    ) == [PREFIX + "strategy.communication='carrier_pigeon': allowed: auto, ring, nccl, mpi"]
 
 
 @pytest.fixture
@@ -50,15 +51,23 @@ def test_a_users_strategy_file_named_like_a_row_is_refused(own_conf, tmp_path):
     shadow = own_conf / "mirrored.yaml"
     shadow.write_text("name: mirrored\ncross_device_ops: nccl\n")
     assert refused(tmp_path / "run", "trainer.steps=5") == [
-        PREFIX + f"--config-dir (TFDISTX_CONFIG_PATH)={str(shadow)!r}: has the name of the shipped option strategy=mirrored, which it "
-                 "would replace in every run: rename it, e.g. strategy/my_mirrored.yaml (and pick it with strategy=my_mirrored)"]
+        PREFIX
+        + f"--config-dir (TFDISTX_CONFIG_PATH)={str(shadow)!r}: has the name of the shipped option strategy=mirrored, which it "
+        "would replace in every run: rename it, e.g. strategy/my_mirrored.yaml (and pick it with strategy=my_mirrored)"
+    ]
     assert [o["refused"] is not None for o in userconf.options()["strategy"]] == [True]
 
 
 def test_a_users_own_strategy_option_composes(own_conf, tmp_path):
-    (own_conf / "reduced.yaml").write_text("name: mirrored\ncross_device_ops: reduction_to_one\nall_reduce_dtype: bfloat16\n")
+    (own_conf / "reduced.yaml").write_text(
+        "name: mirrored\ncross_device_ops: reduction_to_one\nall_reduce_dtype: bfloat16\n"
+    )
     cfg = compose_ok(tmp_path / "run", "strategy=reduced", "cluster=1x2")
-    assert OmegaConf.to_container(cfg.strategy) == {"name": "mirrored", "cross_device_ops": "reduction_to_one", "all_reduce_dtype": "bfloat16"}
+    assert OmegaConf.to_container(cfg.strategy) == {
+        "name": "mirrored",
+        "cross_device_ops": "reduction_to_one",
+        "all_reduce_dtype": "bfloat16",
+    }
 
 
 # -- tasks: the class and its YAML, which says what the config side checks --------------
@@ -68,12 +77,15 @@ def test_a_tasks_yaml_says_what_task_metrics_may_name(own_conf, tmp_path):
     """The check before TensorFlow reads the option's `offers`, whatever the class."""
     tasks = own_conf.parent / "task"
     tasks.mkdir()
-    (tasks / "ctr.yaml").write_text("_target_: tfdistx.tasks.binary.Binary\nname: ctr\nmetrics: [auc]\noffers: [auc]\n"
-                                    "auc_thresholds: 200\nobjective: eval/auc\n")
+    (tasks / "ctr.yaml").write_text(
+        "_target_: tfdistx.tasks.binary.Binary\nname: ctr\nmetrics: [auc]\noffers: [auc]\n"
+        "auc_thresholds: 200\nobjective: eval/auc\n"
+    )
     assert compose_ok(tmp_path / "run", "task=ctr").task.offers == ["auc"]
     assert refused(tmp_path / "run", "task=ctr", "task.metrics=[auc,accuracy]", "task.auc_thresholds=2") == [
         PREFIX + "task.metrics=['auc', 'accuracy']: task=ctr offers auc",
-        PREFIX + "task.auc_thresholds=2: must be a whole number, at least 3"]
+        PREFIX + "task.auc_thresholds=2: must be a whole number, at least 3",
+    ]
 
 
 def test_a_task_target_of_the_command_line_gets_none_of_the_options_facts(tmp_path, capsys):
@@ -82,8 +94,14 @@ def test_a_task_target_of_the_command_line_gets_none_of_the_options_facts(tmp_pa
     the task checks its metrics once built."""
     from tfdistx.commands.common import compose
 
-    cfg = compose(["task=binary", "task._target_=user_plugins.SquaredHinge", "trainer.objective=eval/margin_accuracy",
-                   f"hydra.run.dir={tmp_path / 'run'}"])
+    cfg = compose(
+        [
+            "task=binary",
+            "task._target_=user_plugins.SquaredHinge",
+            "trainer.objective=eval/margin_accuracy",
+            f"hydra.run.dir={tmp_path / 'run'}",
+        ]
+    )
     assert sorted(cfg.task) == ["_target_", "name", "objective"]
     assert "(not the default group's metrics, auc_thresholds)" in capsys.readouterr().err
 
@@ -98,15 +116,18 @@ def test_what_a_task_declares_is_not_passed_to_its_class(tmp_path):
 # -- data sources: the function and its YAML, whose keys say what is checked ----------------
 
 
-@pytest.mark.parametrize("option, checks, plan_line, eval_key, labels", [
-    ("synthetic", "size_problems", None, None, None),
-    ("synthetic_categorical", "size_problems", None, None, None),
-    ("synthetic_multilabel", "size_problems", None, None, None),
-    ("synthetic_regression", "size_problems", None, None, "real values"),
-    ("mnist", "size_problems", None, "eval_split", None),
-    ("tfrecord", "file_problems", "files_plan", "eval_files", None),
-    ("csv", "file_problems", "files_plan", "eval_files", None),
-])
+@pytest.mark.parametrize(
+    "option, checks, plan_line, eval_key, labels",
+    [
+        ("synthetic", "size_problems", None, None, None),
+        ("synthetic_categorical", "size_problems", None, None, None),
+        ("synthetic_multilabel", "size_problems", None, None, None),
+        ("synthetic_regression", "size_problems", None, None, "real values"),
+        ("mnist", "size_problems", None, "eval_split", None),
+        ("tfrecord", "file_problems", "files_plan", "eval_files", None),
+        ("csv", "file_problems", "files_plan", "eval_files", None),
+    ],
+)
 def test_each_shipped_source_gets_the_checks_its_keys_call_for(tmp_path, option, checks, plan_line, eval_key, labels):
     from tfdistx.config import sources
 
@@ -114,14 +135,23 @@ def test_each_shipped_source_gets_the_checks_its_keys_call_for(tmp_path, option,
     task = ["task=regression"] if option == "synthetic_regression" else []
     facts = sources.of(compose_ok(tmp_path / "run", f"data={option}", *files, *task).data)
     assert (facts.checks.__name__, getattr(facts.plan_line, "__name__", None), facts.eval_key, facts.labels) == (
-        checks, plan_line, eval_key, labels)
+        checks,
+        plan_line,
+        eval_key,
+        labels,
+    )
 
 
 def test_a_users_own_source_gets_no_checks_of_the_built_in_ones(tmp_path):
     from tfdistx.config import sources
 
     # a file source's key, which a built-in file source would check: here it is only the user's function's (**kwargs)
-    cfg = compose_ok(tmp_path / "run", "data._target_=user_plugins.two_classes_by_default", "data.num_classes=1", "data.train_files=nope")
+    cfg = compose_ok(
+        tmp_path / "run",
+        "data._target_=user_plugins.two_classes_by_default",
+        "data.num_classes=1",
+        "data.train_files=nope",
+    )
     assert sources.of(cfg.data) == sources.Source()
 
 
@@ -154,7 +184,9 @@ def test_each_built_in_logger_is_a_class_and_its_yaml_shows_its_keys_and_default
         else:
             keys = dict(own[row.name])
             assert keys.pop("enabled") is True
-            assert {key: tuple(v) if isinstance(v, list) else v for key, v in keys.items()} == dict(row.keys()), row.name
+            assert {key: tuple(v) if isinstance(v, list) else v for key, v in keys.items()} == dict(row.keys()), (
+                row.name
+            )
 
 
 LINES_LOGGER = """
@@ -208,7 +240,8 @@ def test_a_new_built_in_logger_is_one_class(tmp_path, one_more_logger_module):
 
     off = ["logger.console=false", "logger.tensorboard=false"]
     assert refused(tmp_path / "bad", *off, "logger.lines.enabled=true", "logger.lines.nam=x") == [
-        f"{PREFIX}logger.lines.nam='x': logger.lines has no such key; its keys: enabled, name"]
+        f"{PREFIX}logger.lines.nam='x': logger.lines has no such key; its keys: enabled, name"
+    ]
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     spec = resolve(compose_ok(run_dir, *off, "logger.lines.enabled=true", "logger.lines.name=mine.txt"), str(run_dir))
@@ -224,7 +257,8 @@ def test_a_logger_entry_that_is_neither_built_in_nor_the_users_is_refused_in_one
     """`logger.foo.bar=1` (no _target_) would do nothing; it is refused, naming the loggers there are."""
     assert refused(tmp_path / "run", "logger.foo.bar=1") == [
         f"{PREFIX}logger.foo='{{...}}': no such logger; the built-in: console, tensorboard, csv, mlflow, wandb; "
-        "or your own: logger.foo._target_=your.Logger"]
+        "or your own: logger.foo._target_=your.Logger"
+    ]
 
 
 def test_a_built_in_logger_off_by_default_is_set_by_its_key_beside_any_option(tmp_path):
@@ -232,6 +266,15 @@ def test_a_built_in_logger_off_by_default_is_set_by_its_key_beside_any_option(tm
     from tfdistx.commands.plan import _loggers
     from tfdistx.config.resolve import resolve
 
-    spec = resolve(compose_ok(tmp_path / "run", "logger=csv", "logger.console=false", "logger.wandb.enabled=true"), str(tmp_path / "run"))
+    spec = resolve(
+        compose_ok(tmp_path / "run", "logger=csv", "logger.console=false", "logger.wandb.enabled=true"),
+        str(tmp_path / "run"),
+    )
     assert _loggers(spec.logger) == ["metrics.jsonl", "tensorboard", "metrics.csv", "wandb"]
-    assert dict(spec.logger.on["wandb"].kwargs) == {"project": "tfdistx", "entity": None, "mode": None, "tags": (), "init_timeout": 30.0}
+    assert dict(spec.logger.on["wandb"].kwargs) == {
+        "project": "tfdistx",
+        "entity": None,
+        "mode": None,
+        "tags": (),
+        "init_timeout": 30.0,
+    }

@@ -24,9 +24,23 @@ from tfdistx.engine import fit
 
 SIZES = ["data.train_examples=256", "data.eval_examples=100"]
 MLP = ["data.image_shape=[6]", *SIZES]
-WIDE_DEEP = ["data=synthetic_categorical", "model=wide_deep", "data.vocab_size=100", "model.vocab_size=100", "model.hidden_units=[8]", *SIZES]
-QUICK = ["trainer.steps=20", "trainer.steps_per_loop=10", "trainer.log_every=10", "trainer.eval_every=0", "data.batch_size=32",
-         "checkpoint.every_steps=10", "logger.tensorboard=false"]
+WIDE_DEEP = [
+    "data=synthetic_categorical",
+    "model=wide_deep",
+    "data.vocab_size=100",
+    "model.vocab_size=100",
+    "model.hidden_units=[8]",
+    *SIZES,
+]
+QUICK = [
+    "trainer.steps=20",
+    "trainer.steps_per_loop=10",
+    "trainer.log_every=10",
+    "trainer.eval_every=0",
+    "data.batch_size=32",
+    "checkpoint.every_steps=10",
+    "logger.tensorboard=false",
+]
 
 
 def train_run(run_dir, *overrides):
@@ -86,8 +100,11 @@ def csv_rows(path):
 
 IMAGE = {"features": tf.io.FixedLenFeature([6], tf.float32)}
 CLICK = {"categorical": tf.io.FixedLenFeature([8], tf.int64), "dense": tf.io.FixedLenFeature([4], tf.float32)}
-CLASSIFIED = {"classes": tf.io.FixedLenFeature([], tf.int64), "logits": tf.io.FixedLenFeature([10], tf.float32),
-              "probabilities": tf.io.FixedLenFeature([10], tf.float32)}
+CLASSIFIED = {
+    "classes": tf.io.FixedLenFeature([], tf.int64),
+    "logits": tf.io.FixedLenFeature([10], tf.float32),
+    "probabilities": tf.io.FixedLenFeature([10], tf.float32),
+}
 CLASSIFIED_COLUMNS = ["classes", *(f"logits_{j}" for j in range(10)), *(f"probabilities_{j}" for j in range(10))]
 
 
@@ -106,15 +123,25 @@ def expected_columns(outputs: dict) -> np.ndarray:
 @pytest.mark.unit
 def test_tfrecord_files_predict_what_the_saved_model_does_in_order(run, data, tmp_path):
     inputs = sorted((data / "images-tfrecord").glob("train-*"))
-    assert predict(run, "--data-files", data / "images-tfrecord" / "train-*", "--format", "tfrecord", "--out", tmp_path / "p") == 0
+    assert (
+        predict(
+            run, "--data-files", data / "images-tfrecord" / "train-*", "--format", "tfrecord", "--out", tmp_path / "p"
+        )
+        == 0
+    )
     serve = serving(run / "export")
     manifest = json.loads((tmp_path / "p" / "predictions.json").read_text())
-    assert [(i["file"], i["rows"], i["predictions"]) for i in manifest["inputs"]] == \
-        [(str(inputs[0]), 150, "predictions-00000-of-00002.tfrecord"), (str(inputs[1]), 150, "predictions-00001-of-00002.tfrecord")]
+    assert [(i["file"], i["rows"], i["predictions"]) for i in manifest["inputs"]] == [
+        (str(inputs[0]), 150, "predictions-00000-of-00002.tfrecord"),
+        (str(inputs[1]), 150, "predictions-00001-of-00002.tfrecord"),
+    ]
     assert manifest["rows"] == 300 and manifest["format"] == "tfrecord"
     assert manifest["export"]["path"] == str(run / "export") and manifest["export"]["checkpoint_step"] is None
-    assert manifest["outputs"] == {"classes": {"shape": [], "dtype": "int64"}, "logits": {"shape": [10], "dtype": "float32"},
-                                   "probabilities": {"shape": [10], "dtype": "float32"}}
+    assert manifest["outputs"] == {
+        "classes": {"shape": [], "dtype": "int64"},
+        "logits": {"shape": [10], "dtype": "float32"},
+        "probabilities": {"shape": [10], "dtype": "float32"},
+    }
     for k, path in enumerate(inputs):  # row i of shard k is row i of file k
         expected = {name: value.numpy() for name, value in serve(**tfrecord_rows(path, IMAGE)).items()}
         assert_same(tfrecord_rows(tmp_path / "p" / f"predictions-{k:05d}-of-00002.tfrecord", CLASSIFIED), expected)
@@ -122,21 +149,37 @@ def test_tfrecord_files_predict_what_the_saved_model_does_in_order(run, data, tm
 
 @pytest.mark.unit
 def test_csv_files_in_csv_predictions_out(run, data, tmp_path):
-    assert predict(run, "--data-files", data / "images-csv" / "train-00001-*", data / "images-csv" / "train-00000-*",
-                   "--out", tmp_path / "p", "--batch-size", 64) == 0  # the globs' order; batches never span two files
+    assert (
+        predict(
+            run,
+            "--data-files",
+            data / "images-csv" / "train-00001-*",
+            data / "images-csv" / "train-00000-*",
+            "--out",
+            tmp_path / "p",
+            "--batch-size",
+            64,
+        )
+        == 0
+    )  # the globs' order; batches never span two files
     serve = serving(run / "export")
     for k, name in enumerate(["train-00001-of-00002.csv", "train-00000-of-00002.csv"]):
         header, rows = csv_rows(data / "images-csv" / name)
         assert header[-1] == "label"
         header, found = csv_rows(tmp_path / "p" / f"predictions-{k:05d}-of-00002.csv")
         assert header == CLASSIFIED_COLUMNS and len(found) == 150
-        np.testing.assert_allclose(found, expected_columns(serve(features=tf.constant(rows[:, :-1], tf.float32))), rtol=1e-6, atol=1e-6)
+        np.testing.assert_allclose(
+            found, expected_columns(serve(features=tf.constant(rows[:, :-1], tf.float32))), rtol=1e-6, atol=1e-6
+        )
 
 
 @pytest.mark.unit
 def test_dict_features_from_tfrecord_and_csv(wide_deep, data, tmp_path):
     serve = serving(wide_deep / "export")
-    assert predict(wide_deep, "--data-files", data / "clicks-tfrecord" / "train-*", "--out", tmp_path / "from-tfrecord") == 0
+    assert (
+        predict(wide_deep, "--data-files", data / "clicks-tfrecord" / "train-*", "--out", tmp_path / "from-tfrecord")
+        == 0
+    )
     assert predict(wide_deep, "--data-files", data / "clicks-csv" / "train-*", "--out", tmp_path / "from-csv") == 0
     for k in range(2):
         rows = tfrecord_rows(data / "clicks-tfrecord" / f"train-{k:05d}-of-00002.tfrecord", CLICK)
@@ -164,8 +207,9 @@ def test_step_n_exports_that_checkpoint_once_and_predicts_with_it(run, data, tmp
     assert predict(run, "--step", 10, "--data-files", eval_file, "--out", tmp_path / "again") == 0
     assert "exported" not in capsys.readouterr().err
     assert (run / "export-step-10" / "saved_model.pb").stat().st_mtime_ns == stamp
-    assert (tmp_path / "again" / "predictions-00000-of-00001.csv").read_text() == \
-        (run / "predictions-step-10" / "predictions-00000-of-00001.csv").read_text()
+    assert (tmp_path / "again" / "predictions-00000-of-00001.csv").read_text() == (
+        run / "predictions-step-10" / "predictions-00000-of-00001.csv"
+    ).read_text()
 
 
 @pytest.mark.unit
@@ -176,7 +220,11 @@ def test_a_rerun_keeps_the_earlier_predictions_aside(run, data, tmp_path):
     assert predict(run, "--data-files", data / "images-tfrecord" / "train-*", "--out", out) == 0
     kept = [p for p in tmp_path.iterdir() if p.name.startswith("p.replaced-")]
     assert len(kept) == 1 and (kept[0] / "predictions-00000-of-00001.csv").read_text() == first
-    assert sorted(p.name for p in out.iterdir()) == ["predictions-00000-of-00002.csv", "predictions-00001-of-00002.csv", "predictions.json"]
+    assert sorted(p.name for p in out.iterdir()) == [
+        "predictions-00000-of-00002.csv",
+        "predictions-00001-of-00002.csv",
+        "predictions.json",
+    ]
 
 
 @pytest.mark.unit
@@ -186,20 +234,35 @@ def test_a_one_tensor_model_reads_the_feature_by_the_runs_own_name(run, tmp_path
     copy = tmp_path / "run"
     shutil.copytree(run, copy, ignore=shutil.ignore_patterns("predictions*", "export-step-*"))
     config = OmegaConf.load(copy / ".hydra" / "config.yaml")
-    config.data = {"_target_": "tfdistx.data.tfrecord", "train_files": "unused", "label": "y",
-                   "features": {"pixels": {"dtype": "float32", "shape": [6]}, "y": {"dtype": "int64", "shape": []}}}
+    config.data = {
+        "_target_": "tfdistx.data.tfrecord",
+        "train_files": "unused",
+        "label": "y",
+        "features": {"pixels": {"dtype": "float32", "shape": [6]}, "y": {"dtype": "int64", "shape": []}},
+    }
     OmegaConf.save(config, copy / ".hydra" / "config.yaml")
     rows = np.random.default_rng(0).random((40, 6), dtype=np.float32)
     with tf.io.TFRecordWriter(str(tmp_path / "rows.tfrecord")) as writer:
         for i, row in enumerate(rows):
-            feature = {"pixels": tf.train.Feature(float_list=tf.train.FloatList(value=row)),
-                       "y": tf.train.Feature(int64_list=tf.train.Int64List(value=[i % 10]))}
+            feature = {
+                "pixels": tf.train.Feature(float_list=tf.train.FloatList(value=row)),
+                "y": tf.train.Feature(int64_list=tf.train.Int64List(value=[i % 10])),
+            }
             writer.write(tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString())
-    np.savetxt(tmp_path / "rows.csv", np.c_[rows, np.arange(40)], delimiter=",", header="a,b,c,d,e,f,y", comments="", fmt="%.9g")
+    np.savetxt(
+        tmp_path / "rows.csv",
+        np.c_[rows, np.arange(40)],
+        delimiter=",",
+        header="a,b,c,d,e,f,y",
+        comments="",
+        fmt="%.9g",
+    )
     assert predict(copy, "--data-files", tmp_path / "rows.tfrecord", tmp_path / "rows.csv") == 0
     expected = expected_columns(serving(copy / "export")(features=tf.constant(rows)))
     for k in range(2):  # the CSV's label is the run's data.label, y: every other column is a feature
-        np.testing.assert_allclose(csv_rows(copy / "predictions" / f"predictions-{k:05d}-of-00002.csv")[1], expected, rtol=1e-6, atol=1e-6)
+        np.testing.assert_allclose(
+            csv_rows(copy / "predictions" / f"predictions-{k:05d}-of-00002.csv")[1], expected, rtol=1e-6, atol=1e-6
+        )
 
 
 def refused(capsys, *argv) -> str:
@@ -218,9 +281,17 @@ def test_bad_input_is_refused_in_one_line_and_writes_nothing(run, wide_deep, dat
     line = refused(capsys, run, "--data-files", tmp_path / "none-*.tfrecord", *out)
     assert "--data-files=" in line and "none-*.tfrecord" in line and "no file matches" in line
     line = refused(capsys, run, "--data-files", data / "clicks-tfrecord" / "train-*", *out)
-    assert "train-00000-of-00002.tfrecord" in line and "no feature 'features'" in line and "categorical, dense, label" in line
+    assert (
+        "train-00000-of-00002.tfrecord" in line
+        and "no feature 'features'" in line
+        and "categorical, dense, label" in line
+    )
     line = refused(capsys, wide_deep, "--data-files", data / "images-csv" / "train-*", *out)
-    assert "train-00000-of-00002.csv" in line and "no column 'categorical_0'" in line and "'categorical' (int64 [8])" in line
+    assert (
+        "train-00000-of-00002.csv" in line
+        and "no column 'categorical_0'" in line
+        and "'categorical' (int64 [8])" in line
+    )
     line = refused(capsys, run, "--data-files", data / "clicks-csv" / "eval-*", *out)
     assert "has 12 column(s) besides the label" in line and "float32 [6]: 6 value(s)" in line
     (tmp_path / "junk.tfrecord").write_bytes(b"not a record at all, but long enough")
@@ -231,7 +302,9 @@ def test_bad_input_is_refused_in_one_line_and_writes_nothing(run, wide_deep, dat
     assert "is inside" in refused(capsys, run, "--out", run / "checkpoints" / "p")
     (tmp_path / "mine").mkdir()
     (tmp_path / "mine" / "notes.txt").write_text("mine")
-    assert "exists and is not predictions written by tfdistx predict" in refused(capsys, run, "--out", tmp_path / "mine")
+    assert "exists and is not predictions written by tfdistx predict" in refused(
+        capsys, run, "--out", tmp_path / "mine"
+    )
     assert "--step=7: no such checkpoint" in refused(capsys, run, "--step", 7, *out)
     without_export = tmp_path / "no-export"
     shutil.copytree(run, without_export, ignore=shutil.ignore_patterns("export*", "predictions*"))
@@ -259,9 +332,11 @@ def test_a_step_never_writes_over_the_runs_own_export(run, tmp_path, capsys):
     for out in (run / "export", run / "checkpoints" / ".." / "export", tmp_path / "link"):
         assert export(run, "--step", 10, "--out", out) == 2, out
         [line] = capsys.readouterr().err.strip().splitlines()
-        assert line == (f"tfdistx: invalid config: --out='{out}': is the run's own export, which stays the model the run exported "
-                        f"(summary.json describes it): --step 10 writes {run / 'export-step-10'} by default; name another directory "
-                        "(nothing was changed)")
+        assert line == (
+            f"tfdistx: invalid config: --out='{out}': is the run's own export, which stays the model the run exported "
+            f"(summary.json describes it): --step 10 writes {run / 'export-step-10'} by default; name another directory "
+            "(nothing was changed)"
+        )
         assert "is inside" in refused(capsys, run, "--step", 10, "--out", out)
     assert export(run, "--out", run / "export" / "again") == 2
     assert "is inside" in capsys.readouterr().err
@@ -272,10 +347,14 @@ def test_a_step_never_writes_over_the_runs_own_export(run, tmp_path, capsys):
 def test_a_refused_predict_with_step_leaves_no_export_behind(run, data, tmp_path, capsys):
     copy = tmp_path / "run"
     shutil.copytree(run, copy, ignore=shutil.ignore_patterns("predictions*", "export-step-*"))
-    line = refused(capsys, copy, "--step", 20, "--data-files", data / "clicks-tfrecord" / "eval-*", "--out", tmp_path / "new" / "p")
+    line = refused(
+        capsys, copy, "--step", 20, "--data-files", data / "clicks-tfrecord" / "eval-*", "--out", tmp_path / "new" / "p"
+    )
     assert "no feature 'features'" in line  # found once the export of ckpt-20 could be read: then removed again
     assert not (tmp_path / "new").exists()  # nor the parent made for --out
-    assert sorted(p.name for p in copy.iterdir()) == sorted(p.name for p in run.iterdir() if not p.name.startswith(("predictions", "export-step-")))
+    assert sorted(p.name for p in copy.iterdir()) == sorted(
+        p.name for p in run.iterdir() if not p.name.startswith(("predictions", "export-step-"))
+    )
 
 
 @pytest.mark.unit
@@ -307,5 +386,7 @@ def test_the_progress_line(monkeypatch):
     line(0, 3, 600, False)  # 20.1: within a quarter second
     line(1, 3, 1000, True)  # 22.0
     line.end()
-    assert tty.text == "\r\x1b[Ktfdistx: predict: 0/3 files, 500 rows\r\x1b[Ktfdistx: predict: 1/3 files, 1,000 rows\r\x1b[K"
-
+    assert (
+        tty.text
+        == "\r\x1b[Ktfdistx: predict: 0/3 files, 500 rows\r\x1b[Ktfdistx: predict: 1/3 files, 1,000 rows\r\x1b[K"
+    )

@@ -98,7 +98,9 @@ def test_the_watch_names_only_the_task_that_stopped_answering(dispatcher, frozen
         lost.extend(names)
         found.set()
 
-    with liveness.Watch({"dispatcher:0": dispatcher, "dataworker:0": frozen}, timeout=1.0, on_lost=on_lost, interval=0.2):
+    with liveness.Watch(
+        {"dispatcher:0": dispatcher, "dataworker:0": frozen}, timeout=1.0, on_lost=on_lost, interval=0.2
+    ):
         assert found.wait(30)
     assert lost == ["dataworker:0"]
 
@@ -127,37 +129,46 @@ def test_servers_that_leave_are_waited_for_until_gone(dispatcher, frozen):
 # -- which peers an error names: texts from real 3x1 and 4x1 multiworker clusters (TF 2.21) --
 
 # worker:2 of 4 SIGKILLed: worker:1's error. Worker:0 and worker:3 relay the abort; only worker:2's socket closed.
-RING_ABORT = '''Collective ops is aborted by: Collective ops is aborted by: Collective ops is aborted by: Socket closed
+RING_ABORT = """Collective ops is aborted by: Collective ops is aborted by: Collective ops is aborted by: Socket closed
 Additional GRPC error information from remote target /job:worker/replica:0/task:2 while calling /tensorflow.WorkerService/RecvBuf:
 :UNKNOWN:Error received from peer  {grpc_status:14, grpc_message:"Socket closed"}
 Additional GRPC error information from remote target /job:worker/replica:0/task:3 while calling /tensorflow.WorkerService/RecvBuf:
 :UNKNOWN:Error received from peer  {grpc_message:"Collective ops is aborted by: Socket closed\\nAdditional GRPC error information from remote target /job:worker/replica:0/task:2 while calling /tensorflow.WorkerService/RecvBuf:\\n:UNKNOWN:Error received from peer  {grpc_status:14, grpc_message:\\"Socket closed\\"}", grpc_status:14}
 Additional GRPC error information from remote target /job:worker/replica:0/task:0 while calling /tensorflow.WorkerService/RecvBuf:
 :UNKNOWN:Error received from peer  {grpc_message:"Collective ops is aborted by: Collective ops is aborted by: Socket closed\\nAdditional GRPC error information from remote target /job:worker/replica:0/task:2 while calling /tensorflow.WorkerService/RecvBuf:\\n:UNKNOWN:Error received from peer  {grpc_status:14, grpc_message:\\"Socket closed\\"}", grpc_status:14}
-'''
+"""
 # worker:2 of 3 stopped (SIGSTOP) past the heartbeat timeout.
-HEARTBEAT = '''Collective ops is aborted by: Error reported from /job:worker/task:2: The following tasks are unhealthy (stopped sending heartbeats):
+HEARTBEAT = """Collective ops is aborted by: Error reported from /job:worker/task:2: The following tasks are unhealthy (stopped sending heartbeats):
 The tasks have crashed. Check the task logs for an earlier error, or scheduler events (e.g. preemption, eviction) to debug further.
 Additional GRPC error information from remote target /job:worker/replica:0/task:0 while calling /tensorflow.WorkerService/RecvBuf:
-:UNKNOWN:Error received from peer  {grpc_message:"CANCELLED", grpc_status:1}'''
+:UNKNOWN:Error received from peer  {grpc_message:"CANCELLED", grpc_status:1}"""
 # worker:2 of 3 SIGKILLed before a call: its address refuses connections.
-REFUSED = '''Collective ops is aborted by: failed to connect to all addresses; last error: UNKNOWN: ipv4:127.0.0.1:54439: Failed to connect to remote host: Connection refused
+REFUSED = """Collective ops is aborted by: failed to connect to all addresses; last error: UNKNOWN: ipv4:127.0.0.1:54439: Failed to connect to remote host: Connection refused
 Additional GRPC error information from remote target /job:worker/replica:0/task:2 while calling /tensorflow.WorkerService/RecvBuf:
-:UNKNOWN:Error received from peer  {grpc_status:14, grpc_message:"failed to connect to all addresses; last error: UNKNOWN: ipv4:127.0.0.1:54439: Failed to connect to remote host: Connection refused"}'''
+:UNKNOWN:Error received from peer  {grpc_status:14, grpc_message:"failed to connect to all addresses; last error: UNKNOWN: ipv4:127.0.0.1:54439: Failed to connect to remote host: Connection refused"}"""
 
 # worker:1 of 2 SIGKILLed and recreated as a pod (a new process at its name) before worker:0 noticed: its error.
-RESTARTED = ("Collective ops is aborted by: Error reported from /job:worker/task:1: /job:worker/replica:0/task:1 unexpectedly tried "
-             "to connect with a different incarnation. It has likely restarted.")
+RESTARTED = (
+    "Collective ops is aborted by: Error reported from /job:worker/task:1: /job:worker/replica:0/task:1 unexpectedly tried "
+    "to connect with a different incarnation. It has likely restarted."
+)
 
 
-@pytest.mark.parametrize("text, spec, lost", [
-    (RESTARTED, {"worker": ["mw-worker-0.ml.svc:2222", "mw-worker-1.ml.svc:2222"]}, ["worker:1"]),
-    (RING_ABORT, {"worker": ["127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3", "127.0.0.1:4"]}, ["worker:2"]),
-    (HEARTBEAT, {}, ["worker:2"]),
-    ("The following tasks are unhealthy (stopped sending heartbeats):\n/job:worker/replica:0/task:1\n/job:worker/replica:0/task:3\n"
-     "The tasks have crashed.", {}, ["worker:1", "worker:3"]),
-    (REFUSED, {"worker": ["127.0.0.1:54437", "127.0.0.1:54438", "127.0.0.1:54439"]}, ["worker:2"]),
-])
+@pytest.mark.parametrize(
+    "text, spec, lost",
+    [
+        (RESTARTED, {"worker": ["mw-worker-0.ml.svc:2222", "mw-worker-1.ml.svc:2222"]}, ["worker:1"]),
+        (RING_ABORT, {"worker": ["127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3", "127.0.0.1:4"]}, ["worker:2"]),
+        (HEARTBEAT, {}, ["worker:2"]),
+        (
+            "The following tasks are unhealthy (stopped sending heartbeats):\n/job:worker/replica:0/task:1\n/job:worker/replica:0/task:3\n"
+            "The tasks have crashed.",
+            {},
+            ["worker:1", "worker:3"],
+        ),
+        (REFUSED, {"worker": ["127.0.0.1:54437", "127.0.0.1:54438", "127.0.0.1:54439"]}, ["worker:2"]),
+    ],
+)
 def test_a_lost_peer_message_names_only_the_lost(text, spec, lost):
     from tfdistx.engine.preemption import lost_tasks  # deferred: it imports TensorFlow
 

@@ -13,6 +13,7 @@ import pytest
 from conftest import TESTS
 from test_readme import EXAMPLES, PAGES, README, ROOT, SITE
 
+
 def page_id(page) -> str:
     return str(page.relative_to(ROOT))
 
@@ -24,7 +25,11 @@ PROJECT_DIRS = ("tfdistx/", "tests/", "benchmarks/", "conf/", "recipes/", "docs/
 @pytest.mark.unit
 def test_the_pages_have_examples():
     assert len(EXAMPLES) > 25, EXAMPLES
-    assert {where.partition(":")[0] for where, _ in EXAMPLES} >= {"README.md", "docs/getting-started.md", "docs/multi-process.md"}
+    assert {where.partition(":")[0] for where, _ in EXAMPLES} >= {
+        "README.md",
+        "docs/getting-started.md",
+        "docs/multi-process.md",
+    }
 
 
 @pytest.mark.unit
@@ -37,7 +42,9 @@ def test_the_readme_fits_on_a_few_screens_and_links_every_page():
 
 def defined_tests() -> dict:
     """file name -> the names of the test functions it defines (read, not imported)."""
-    return {path.name: re.findall(r"^\s*def (test_\w+)", path.read_text(), re.MULTILINE) for path in TESTS.glob("test_*.py")}
+    return {
+        path.name: re.findall(r"^\s*def (test_\w+)", path.read_text(), re.MULTILINE) for path in TESTS.glob("test_*.py")
+    }
 
 
 @pytest.mark.unit
@@ -45,7 +52,9 @@ def defined_tests() -> dict:
 def test_every_test_a_page_cites_exists(page):
     tests, missing = defined_tests(), []
     for cited in re.findall(r"`(?:tests/)?(test_[^`\s]*)`", page.read_text()):
-        file, _, name = cited.rpartition("::") if "::" in cited else ((cited, "", "") if cited.endswith(".py") else ("", "", cited))
+        file, _, name = (
+            cited.rpartition("::") if "::" in cited else ((cited, "", "") if cited.endswith(".py") else ("", "", cited))
+        )
         files = fnmatch.filter(tests, file) if file else list(tests)  # a file, or a pattern of them (`test_unit_*.py`)
         if not files or (name and not any(fnmatch.filter(tests[f], name.replace("…", "*")) for f in files)):
             missing.append(cited)
@@ -58,10 +67,17 @@ def test_every_file_a_page_names_exists(page):
     """`tfdistx/engine/sharding.py`, `benchmarks/bench_scaling.py`, `conf/task/NAME.yaml`:
     a path of the project in backticks is there (a placeholder in capitals,
     a pattern or a directory of a run excepted)."""
-    named = {word.rstrip(".,:;") for span in re.findall(r"`([^`]+)`", page.read_text()) for word in span.split()
-             if word.startswith(PROJECT_DIRS)}
-    missing = sorted(path for path in named
-                     if not re.search(r"[A-Z]{3,}|[*<{…]", path) and not (ROOT / path.split("::")[0].split("#")[0]).exists())
+    named = {
+        word.rstrip(".,:;")
+        for span in re.findall(r"`([^`]+)`", page.read_text())
+        for word in span.split()
+        if word.startswith(PROJECT_DIRS)
+    }
+    missing = sorted(
+        path
+        for path in named
+        if not re.search(r"[A-Z]{3,}|[*<{…]", path) and not (ROOT / path.split("::")[0].split("#")[0]).exists()
+    )
     assert missing == [], f"{page.name} names files the project does not have: {missing}"
 
 
@@ -69,7 +85,15 @@ GROUPS = ("checkpoint", "cluster", "data", "logger", "model", "optimizer", "stra
 KEY = re.compile(rf"(?<![\w./+-])((?:{'|'.join(GROUPS)})(?:\.[A-Za-z_]\w*)+)")
 # Words that look like keys and are not: Keras' API, a file, Kubeflow Trainer's API group, the placeholder of a logger of
 # your own, and the misspelt keys the pages show being refused.
-NOT_KEYS = {"logger.NAME._target_", "model.fit", "model.trainable_variables", "strategy.py", "trainer.kubeflow.org", "model.filtrs", "model.nonsense"}
+NOT_KEYS = {
+    "logger.NAME._target_",
+    "model.fit",
+    "model.trainable_variables",
+    "strategy.py",
+    "trainer.kubeflow.org",
+    "model.filtrs",
+    "model.nonsense",
+}
 
 
 @pytest.mark.unit
@@ -82,6 +106,9 @@ def test_every_key_a_page_names_is_in_the_config_reference(page):
     text = page.read_text()
     spans = re.findall(r"`([^`]+)`", text) + [line for line in text.splitlines() if line.startswith("    ")]
     named = {match for span in spans for match in KEY.findall(span)} - NOT_KEYS
-    unknown = sorted(key for key in named
-                     if not any(known == key or known.startswith(key + ".") or key.startswith(known + ".") for known in reference))
+    unknown = sorted(
+        key
+        for key in named
+        if not any(known == key or known.startswith(key + ".") or key.startswith(known + ".") for known in reference)
+    )
     assert unknown == [], f"{page.name} names keys the config does not have: {unknown}"

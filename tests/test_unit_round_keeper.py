@@ -6,7 +6,19 @@ a real keeper over the network as the agents do."""
 import pytest
 
 from tfdistx.cluster.agent import Beats
-from tfdistx.cluster.round_keeper import DONE, ENDED, FAILED, GROW, LOST, RUNNING, TASK_FAILED, WAITING, RoundKeeper, answer, listen
+from tfdistx.cluster.round_keeper import (
+    DONE,
+    ENDED,
+    FAILED,
+    GROW,
+    LOST,
+    RUNNING,
+    TASK_FAILED,
+    WAITING,
+    RoundKeeper,
+    answer,
+    listen,
+)
 
 pytestmark = pytest.mark.unit
 
@@ -23,7 +35,9 @@ class Clock:
 
 def keeper(low=2, high=3, join_grace=5, lost_bound=3, below_min_timeout=60):
     clock, said = Clock(), []
-    kept = RoundKeeper(low, high, join_grace, lost_bound, below_min_timeout, on_round=lambda *a: said.append(a), clock=clock)
+    kept = RoundKeeper(
+        low, high, join_grace, lost_bound, below_min_timeout, on_round=lambda *a: said.append(a), clock=clock
+    )
     return kept, clock, said
 
 

@@ -58,8 +58,10 @@ def test_fewer_steps_than_the_run_has_done_is_refused(tmp_path):
     before = files(first.dir)
     with pytest.raises(ConfigError) as refused:
         train(tmp_path / "run", "trainer.steps=20")
-    assert refused.value.lines() == ["tfdistx: invalid config: trainer.steps=20: the run in this directory is already at step 40 "
-                                     "(ckpt-40): ask for 40 steps or more, or use another hydra.run.dir"]
+    assert refused.value.lines() == [
+        "tfdistx: invalid config: trainer.steps=20: the run in this directory is already at step 40 "
+        "(ckpt-40): ask for 40 steps or more, or use another hydra.run.dir"
+    ]
     assert files(first.dir) == before  # summary.json, metrics.jsonl and checkpoints as they were
 
 
@@ -92,10 +94,15 @@ def test_restore_false_keeps_the_previous_run_aside(tmp_path, finished):
     fresh = train(tmp_path / "run", "trainer.steps=20", "checkpoint.restore=false", "checkpoint.every_steps=20")
     assert fresh.summary["step"] == 20 and not fresh.summary["resumed"]
     assert [m["step"] for m in fresh.metrics] == [20]
-    assert sorted(p.name for p in (fresh.dir / "checkpoints").glob("*.index")) == ["ckpt-20.index"]  # no old ones mixed in
+    assert sorted(p.name for p in (fresh.dir / "checkpoints").glob("*.index")) == [
+        "ckpt-20.index"
+    ]  # no old ones mixed in
     kept = list(fresh.dir.glob("metrics.replaced-*.jsonl"))
     assert len(kept) == 1 and kept[0].read_text() == old_metrics
-    assert sorted(p.name for p in next(fresh.dir.glob("checkpoints.replaced-*")).glob("*.index")) == ["ckpt-20.index", "ckpt-40.index"]
+    assert sorted(p.name for p in next(fresh.dir.glob("checkpoints.replaced-*")).glob("*.index")) == [
+        "ckpt-20.index",
+        "ckpt-40.index",
+    ]
 
 
 @pytest.mark.unit

@@ -32,22 +32,37 @@ def modules(*places: str) -> list:
 
 def loaded(names: list, forbidden: tuple) -> list:
     """Which of `forbidden` a fresh interpreter has loaded after importing `names`."""
-    code = (f"import importlib, sys\n"
-            f"for name in {names!r}:\n    importlib.import_module(name)\n"
-            f"print(' '.join(m for m in {forbidden!r} if m in sys.modules))")
+    code = (
+        f"import importlib, sys\n"
+        f"for name in {names!r}:\n    importlib.import_module(name)\n"
+        f"print(' '.join(m for m in {forbidden!r} if m in sys.modules))"
+    )
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-3000:]
     return run.stdout.split()
 
 
-@pytest.mark.parametrize("places, forbidden", [
-    (("engine", "data", "tasks", "models.py"), ("hydra", "omegaconf")),
-    (("config", "spec", "cluster", "rundir.py", "sigterm.py", "machine.py"), ("tensorflow", "keras")),
-    (("spec", "checkpoint_files.py", "whole_files.py", "log_files.py"), ("tensorflow", "keras", "hydra", "omegaconf")),
-], ids=["the engine loads no Hydra", "the config side loads no TensorFlow", "the spec and the files both sides share load neither"])
+@pytest.mark.parametrize(
+    "places, forbidden",
+    [
+        (("engine", "data", "tasks", "models.py"), ("hydra", "omegaconf")),
+        (("config", "spec", "cluster", "rundir.py", "sigterm.py", "machine.py"), ("tensorflow", "keras")),
+        (
+            ("spec", "checkpoint_files.py", "whole_files.py", "log_files.py"),
+            ("tensorflow", "keras", "hydra", "omegaconf"),
+        ),
+    ],
+    ids=[
+        "the engine loads no Hydra",
+        "the config side loads no TensorFlow",
+        "the spec and the files both sides share load neither",
+    ],
+)
 def test_each_side_of_the_seam_loads_nothing_of_the_other(places, forbidden):
     names = modules(*places)
-    assert names and loaded(names, forbidden) == [], {name: found for name in names if (found := loaded([name], forbidden))}
+    assert names and loaded(names, forbidden) == [], {
+        name: found for name in names if (found := loaded([name], forbidden))
+    }
 
 
 def test_the_engine_and_the_launcher_read_the_spec_never_the_config_side():
@@ -62,7 +77,16 @@ def test_the_engine_and_the_launcher_read_the_spec_never_the_config_side():
         path = PACKAGE.parent / (name.replace(".", "/") + ".py")
         path = path if path.exists() else path.with_suffix("") / "__init__.py"
         for node in ast.walk(ast.parse(path.read_text())):
-            imported = [node.module or ""] if isinstance(node, ast.ImportFrom) else \
-                [alias.name for alias in node.names] if isinstance(node, ast.Import) else []
-            offenders += [f"{name}:{node.lineno} {m}" for m in imported if m == "tfdistx.config" or m.startswith("tfdistx.config.")]
+            imported = (
+                [node.module or ""]
+                if isinstance(node, ast.ImportFrom)
+                else [alias.name for alias in node.names]
+                if isinstance(node, ast.Import)
+                else []
+            )
+            offenders += [
+                f"{name}:{node.lineno} {m}"
+                for m in imported
+                if m == "tfdistx.config" or m.startswith("tfdistx.config.")
+            ]
     assert offenders == []

@@ -36,15 +36,27 @@ def test_under_tf_config_the_evaluator_is_outside_the_cluster_spec_every_task_se
     it), and the evaluator's own task is placed outside the cluster, writing
     none of the chief's files."""
     cfg = compose_ok(tmp_path / "run", "strategy=parameter_server", "cluster=ps1w2", "cluster.evaluator=true")
-    cluster = {"chief": ["j-chief-0:2222"], "ps": ["j-ps-0:2222"], "worker": ["j-worker-0:2222", "j-worker-1:2222"],
-               "evaluator": ["j-evaluator-0:2222"]}
+    cluster = {
+        "chief": ["j-chief-0:2222"],
+        "ps": ["j-ps-0:2222"],
+        "worker": ["j-worker-0:2222", "j-worker-1:2222"],
+        "evaluator": ["j-evaluator-0:2222"],
+    }
     for task_type, index in (("chief", 0), ("worker", 1), ("evaluator", 0)):
-        env = {"TF_CONFIG": json.dumps({"cluster": cluster, "task": {"type": task_type, "index": index}, "environment": "cloud"})}
+        env = {
+            "TF_CONFIG": json.dumps(
+                {"cluster": cluster, "task": {"type": task_type, "index": index}, "environment": "cloud"}
+            )
+        }
         placed = _placed(cfg, env)
         assert "evaluator" not in placed.spec and "evaluator" not in json.loads(placed.tf_config())["cluster"]
         assert (placed.task_type, placed.is_chief) == (task_type, task_type == "chief")
     # TensorFlow's own form (the evaluator not in the cluster at all) places it the same way
-    env = {"TF_CONFIG": json.dumps({"cluster": {k: v for k, v in cluster.items() if k != "evaluator"}, "task": {"type": "evaluator"}})}
+    env = {
+        "TF_CONFIG": json.dumps(
+            {"cluster": {k: v for k, v in cluster.items() if k != "evaluator"}, "task": {"type": "evaluator"}}
+        )
+    }
     assert _placed(cfg, env).task_name == "evaluator:0"
     with pytest.raises(Exception, match="at most one evaluator"):
         _placed(cfg, {"TF_CONFIG": json.dumps({"cluster": cluster, "task": {"type": "evaluator", "index": 1}})})
@@ -53,7 +65,12 @@ def test_under_tf_config_the_evaluator_is_outside_the_cluster_spec_every_task_se
 @pytest.mark.unit
 def test_under_slurm_the_evaluator_is_the_steps_last_task(tmp_path):
     cfg = compose_ok(tmp_path / "run", "strategy=multiworker", "cluster=2x1", "cluster.evaluator=true")
-    step = {"SLURM_JOB_ID": "0", "SLURM_STEP_NUM_TASKS": "3", "SLURM_STEP_NODELIST": "n1", "SLURM_STEP_TASKS_PER_NODE": "3"}
+    step = {
+        "SLURM_JOB_ID": "0",
+        "SLURM_STEP_NUM_TASKS": "3",
+        "SLURM_STEP_NODELIST": "n1",
+        "SLURM_STEP_TASKS_PER_NODE": "3",
+    }
     worker = _placed(cfg, {**step, "SLURM_PROCID": "1"})
     assert worker.spec == {"worker": ["n1:29400", "n1:29401"]} and worker.task_name == "worker:1"
     evaluator = _placed(cfg, {**step, "SLURM_PROCID": "2"})
@@ -61,13 +78,23 @@ def test_under_slurm_the_evaluator_is_the_steps_last_task(tmp_path):
     with pytest.raises(Exception, match="srun -n 3"):  # a step without its task
         _placed(cfg, {**step, "SLURM_PROCID": "0", "SLURM_STEP_NUM_TASKS": "2", "SLURM_STEP_TASKS_PER_NODE": "2"})
     # the Slurm sweep launcher's tasks_per_node counts it (conf/hydra/launcher/tfdistx_slurm.yaml)
-    assert schema.tasks_per_job("parameter_server", 2, 1, True) == 5 and schema.tasks_per_job("parameter_server", 2, 1) == 4
+    assert (
+        schema.tasks_per_job("parameter_server", 2, 1, True) == 5
+        and schema.tasks_per_job("parameter_server", 2, 1) == 4
+    )
 
 
 @pytest.mark.unit
 def test_the_tfjob_has_an_evaluator_replica_only_when_asked(tmp_path):
     overrides = ["strategy=parameter_server", "cluster=ps1w2", "cluster.evaluator=true"]
-    manifest = tfjob(layout_of(compose_ok(tmp_path / "run", *overrides)), overrides, "job", "tfdistx:test", volume="pvc:runs", gpus=True)
+    manifest = tfjob(
+        layout_of(compose_ok(tmp_path / "run", *overrides)),
+        overrides,
+        "job",
+        "tfdistx:test",
+        volume="pvc:runs",
+        gpus=True,
+    )
     replicas = manifest["spec"]["tfReplicaSpecs"]
     assert list(replicas) == ["Chief", "PS", "Worker", "Evaluator"]
     evaluator = replicas["Evaluator"]

@@ -38,7 +38,7 @@ def srun_arguments(text: str, tmp_path) -> list:
     line run with printf in its place, run_dir and SLURM_JOB_ID set)."""
     [line] = [line for line in text.splitlines() if line.startswith(SRUN)]
     assert line.endswith(" &")
-    body = f'SLURM_JOB_ID=77\nrun_dir="outputs/slurm/${{SLURM_JOB_ID}}"\nprintf "%s\\0" {line[len(SRUN):-2]}\n'
+    body = f'SLURM_JOB_ID=77\nrun_dir="outputs/slurm/${{SLURM_JOB_ID}}"\nprintf "%s\\0" {line[len(SRUN) : -2]}\n'
     printed = subprocess.run(["bash", "-c", body], capture_output=True, check=True, cwd=tmp_path).stdout
     return printed.decode().split("\0")[:-1]
 
@@ -57,25 +57,57 @@ def test_a_2x1_multiworker_script_asks_for_two_tasks_passes_the_notice_on_and_re
     assert sbatch_options(text) == ["--nodes=1", "--ntasks=2", "--requeue", "--open-mode=append", "--signal=B:USR1@120"]
     lines = text.splitlines()
     # the notice and a SIGTERM reach the step, whose srun passes them to every task; the wait goes on after either
-    assert "trap 'kill -USR1 \"$step\" 2>/dev/null' USR1" in text and "trap 'kill -TERM \"$step\" 2>/dev/null' TERM" in text
+    assert (
+        "trap 'kill -USR1 \"$step\" 2>/dev/null' USR1" in text
+        and "trap 'kill -TERM \"$step\" 2>/dev/null' TERM" in text
+    )
     assert lines.index("step=$!") == lines.index(next(line for line in lines if line.startswith(SRUN))) + 1
-    assert 'if [ "$code" -eq 42 ]; then' in lines and '    scontrol requeue "$SLURM_JOB_ID"' in lines and lines[-1] == 'exit "$code"'
+    assert (
+        'if [ "$code" -eq 42 ]; then' in lines
+        and '    scontrol requeue "$SLURM_JOB_ID"' in lines
+        and lines[-1] == 'exit "$code"'
+    )
     # the overrides, placed from the step, in a run dir that a requeued job (same id) finds again
-    assert srun_arguments(text, tmp_path) == ["strategy=multiworker", "cluster=2x1", "data=synthetic", "cluster.launch=slurm",
-                                              "hydra.run.dir=outputs/slurm/77"]
+    assert srun_arguments(text, tmp_path) == [
+        "strategy=multiworker",
+        "cluster=2x1",
+        "data=synthetic",
+        "cluster.launch=slurm",
+        "hydra.run.dir=outputs/slurm/77",
+    ]
     bash_reads(text, tmp_path)
 
 
 def test_ps1w2_with_its_evaluator_asks_for_every_task_and_each_rank_of_that_step_is_placed(capsys, tmp_path, configs):
     args = ["strategy=parameter_server", "cluster=ps1w2", "cluster.evaluator=true"]
-    code, text, _ = export(capsys, *args, "--time", "1-00:00:00", "--partition", "gpu", "--nodes", "2", "--notice", "300")
+    code, text, _ = export(
+        capsys, *args, "--time", "1-00:00:00", "--partition", "gpu", "--nodes", "2", "--notice", "300"
+    )
     assert code == 0
-    assert sbatch_options(text) == ["--nodes=2", "--ntasks=5", "--time=1-00:00:00", "--partition=gpu", "--requeue",
-                                    "--open-mode=append", "--signal=B:USR1@300"]
+    assert sbatch_options(text) == [
+        "--nodes=2",
+        "--ntasks=5",
+        "--time=1-00:00:00",
+        "--partition=gpu",
+        "--requeue",
+        "--open-mode=append",
+        "--signal=B:USR1@300",
+    ]
     assert "in rank order: chief:0, ps:0, worker:0, worker:1, evaluator:0" in text
     layout = layout_of(configs(*args))
-    places = [placement.detect(layout, {"SLURM_PROCID": str(rank), "SLURM_NTASKS": "5", "SLURM_TASKS_PER_NODE": "3,2",
-                                        "SLURM_JOB_NODELIST": "n[1-2]", "SLURM_JOB_ID": "7"}).task_name for rank in range(5)]
+    places = [
+        placement.detect(
+            layout,
+            {
+                "SLURM_PROCID": str(rank),
+                "SLURM_NTASKS": "5",
+                "SLURM_TASKS_PER_NODE": "3,2",
+                "SLURM_JOB_NODELIST": "n[1-2]",
+                "SLURM_JOB_ID": "7",
+            },
+        ).task_name
+        for rank in range(5)
+    ]
     assert places == ["chief:0", "ps:0", "worker:0", "worker:1", "evaluator:0"]
     bash_reads(text, tmp_path)
 
@@ -85,26 +117,41 @@ def test_an_override_with_spaces_and_quotes_reaches_the_step_intact(capsys, tmp_
     override = 'hydra.run.dir="' + run_dir.replace('"', '\\"') + '"'
     code, text, _ = export(capsys, "data=synthetic", override)
     assert code == 0
-    assert srun_arguments(text, tmp_path) == ["data=synthetic", override, "cluster.launch=slurm"]  # the user's run dir, not the job's
+    assert srun_arguments(text, tmp_path) == [
+        "data=synthetic",
+        override,
+        "cluster.launch=slurm",
+    ]  # the user's run dir, not the job's
     assert f"run_dir={shlex.quote(run_dir)}" in text.splitlines()  # as composed, for the requeue's line
     bash_reads(text, tmp_path)
 
 
-@pytest.mark.parametrize("args, said", [
-    (["--time", "abc"], "--time='abc': allowed: MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS (Slurm's --time)"),
-    (["--time", "1:2:3:4"], "--time='1:2:3:4': allowed: MM, MM:SS"),
-    (["--notice", "0"], "--notice='0': a whole number from 1 to 65535 (seconds)"),
-    (["--notice", "1.5"], "--notice='1.5': a whole number from 1 to 65535"),
-    (["--notice", "x"], "--notice='x': a whole number from 1 to 65535"),
-    (["--time", "2", "--notice", "120"], "--notice='120': must be shorter than --time=2 (120 s)"),
-    (["--partition", "a;b"], "--partition='a;b': a Slurm partition name"),
-    (["--nodes", "3", "strategy=multiworker", "cluster=2x1"], "--nodes='3': a whole number from 1 to 2"),
-    (["cluster.launch=local", "strategy=multiworker", "cluster=2x1"], "cluster.launch='local': the script's tasks are placed by the Slurm step"),
-    (["strategy=multiworker", "cluster.workers=2:4", "data.batch_size=24", "cluster.elastic.hosts=/etc/hosts"],
-     "cluster.elastic.min_workers=2: a Slurm step has a fixed number of tasks"),
-    (["strategy=mirrored", "cluster.launch=agent"], "strategy='mirrored': an agent on every node"),
-    (["cluster.notice_signals=[KILL]"], "cluster.notice_signals='KILL': a signal name as Slurm's --signal writes it"),
-])
+@pytest.mark.parametrize(
+    "args, said",
+    [
+        (["--time", "abc"], "--time='abc': allowed: MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS (Slurm's --time)"),
+        (["--time", "1:2:3:4"], "--time='1:2:3:4': allowed: MM, MM:SS"),
+        (["--notice", "0"], "--notice='0': a whole number from 1 to 65535 (seconds)"),
+        (["--notice", "1.5"], "--notice='1.5': a whole number from 1 to 65535"),
+        (["--notice", "x"], "--notice='x': a whole number from 1 to 65535"),
+        (["--time", "2", "--notice", "120"], "--notice='120': must be shorter than --time=2 (120 s)"),
+        (["--partition", "a;b"], "--partition='a;b': a Slurm partition name"),
+        (["--nodes", "3", "strategy=multiworker", "cluster=2x1"], "--nodes='3': a whole number from 1 to 2"),
+        (
+            ["cluster.launch=local", "strategy=multiworker", "cluster=2x1"],
+            "cluster.launch='local': the script's tasks are placed by the Slurm step",
+        ),
+        (
+            ["strategy=multiworker", "cluster.workers=2:4", "data.batch_size=24", "cluster.elastic.hosts=/etc/hosts"],
+            "cluster.elastic.min_workers=2: a Slurm step has a fixed number of tasks",
+        ),
+        (["strategy=mirrored", "cluster.launch=agent"], "strategy='mirrored': an agent on every node"),
+        (
+            ["cluster.notice_signals=[KILL]"],
+            "cluster.notice_signals='KILL': a signal name as Slurm's --signal writes it",
+        ),
+    ],
+)
 def test_a_bad_option_is_one_line_naming_it_and_exit_2(capsys, args, said):
     code, out, err = export(capsys, *args)
     assert code == 2 and out == ""
@@ -143,29 +190,59 @@ def test_the_script_docs_clusters_md_shows_is_the_one_the_command_prints(capsys)
         shown.append(line[4:])
     made_by = shlex.split(shown[1][2:])
     code, text, _ = export(capsys, *made_by[3:])
-    assert code == 0 and text.splitlines() == shown[:-1 if shown[-1] == "" else None]
+    assert code == 0 and text.splitlines() == shown[: -1 if shown[-1] == "" else None]
 
 
 AGENTS = "srun --no-kill --kill-on-bad-exit=0 --ntasks-per-node=1 python -m tfdistx "
 
 
 def test_an_agent_script_asks_for_min_to_max_nodes_one_agent_each_and_survives_a_lost_node(capsys, tmp_path):
-    code, text, err = export(capsys, "strategy=multiworker", "cluster.workers=2:4", "cluster.launch=agent", "data.batch_size=24",
-                             "data=synthetic")
+    code, text, err = export(
+        capsys,
+        "strategy=multiworker",
+        "cluster.workers=2:4",
+        "cluster.launch=agent",
+        "data.batch_size=24",
+        "data=synthetic",
+    )
     assert code == 0 and err == ""
-    assert sbatch_options(text) == ["--nodes=2-4", "--ntasks-per-node=1", "--no-kill", "--requeue", "--open-mode=append",
-                                    "--signal=B:USR1@120"]
+    assert sbatch_options(text) == [
+        "--nodes=2-4",
+        "--ntasks-per-node=1",
+        "--no-kill",
+        "--requeue",
+        "--open-mode=append",
+        "--signal=B:USR1@120",
+    ]
     [line] = [line for line in text.splitlines() if line.startswith(AGENTS)]
-    body = ('SLURM_JOB_ID=77\nSLURM_JOB_NODELIST=x\nscontrol() { echo node07; echo node08; }\n'
-            + "\n".join(l for l in text.splitlines() if l.startswith(("run_dir=", "store=")))
-            + f'\nprintf "%s\\0" {line[len(AGENTS):-2]}\n')
-    printed = subprocess.run(["bash", "-c", body], capture_output=True, check=True, cwd=tmp_path).stdout.decode().split("\0")[:-1]
+    body = (
+        "SLURM_JOB_ID=77\nSLURM_JOB_NODELIST=x\nscontrol() { echo node07; echo node08; }\n"
+        + "\n".join(l for l in text.splitlines() if l.startswith(("run_dir=", "store=")))
+        + f'\nprintf "%s\\0" {line[len(AGENTS) : -2]}\n'
+    )
+    printed = (
+        subprocess.run(["bash", "-c", body], capture_output=True, check=True, cwd=tmp_path)
+        .stdout.decode()
+        .split("\0")[:-1]
+    )
     # the rendezvous on the allocation's first node, on a port shifted per job (29400 + 64 x (77 % 500))
-    assert printed == ["strategy=multiworker", "cluster.workers=4", "cluster.elastic.min_workers=2", "cluster.launch=agent",
-                       "data.batch_size=24", "data=synthetic", "cluster.agent.store=node07:34328", "hydra.run.dir=outputs/slurm/77"]
-    assert 'if [ "$code" -ne 42 ] && [ -f "${run_dir}/summary.json" ]; then' in text  # a lost node's code does not fail a finished run
+    assert printed == [
+        "strategy=multiworker",
+        "cluster.workers=4",
+        "cluster.elastic.min_workers=2",
+        "cluster.launch=agent",
+        "data.batch_size=24",
+        "data=synthetic",
+        "cluster.agent.store=node07:34328",
+        "hydra.run.dir=outputs/slurm/77",
+    ]
+    assert (
+        'if [ "$code" -ne 42 ] && [ -f "${run_dir}/summary.json" ]; then' in text
+    )  # a lost node's code does not fail a finished run
     bash_reads(text, tmp_path)
     code, out, err = export(capsys, "strategy=multiworker", "cluster=2x1", "cluster.launch=agent", "--nodes", "2")
     assert code == 2 and out == "" and "--nodes='2': with cluster.launch=agent there is one agent per node" in err, err
-    code, text, _ = export(capsys, "strategy=multiworker", "cluster=2x1", "cluster.launch=agent", "cluster.agent.store=head:5000")
+    code, text, _ = export(
+        capsys, "strategy=multiworker", "cluster=2x1", "cluster.launch=agent", "cluster.agent.store=head:5000"
+    )
     assert "--nodes=2" in sbatch_options(text) and "\nstore=" not in text and "cluster.agent.store=head:5000" in text

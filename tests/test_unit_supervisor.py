@@ -23,8 +23,14 @@ pytestmark = pytest.mark.unit
 
 
 def spec_of(tmp_path, code: int, max_restarts: int = 0) -> dict:
-    return {"counts": {"worker": 2}, "command": [sys.executable, "-c", f"import sys; sys.exit({code})"], "log_dir": str(tmp_path),
-            "primary": ["worker"], "max_restarts": max_restarts, "run_log": str(tmp_path / "tfdistx.log")}
+    return {
+        "counts": {"worker": 2},
+        "command": [sys.executable, "-c", f"import sys; sys.exit({code})"],
+        "log_dir": str(tmp_path),
+        "primary": ["worker"],
+        "max_restarts": max_restarts,
+        "run_log": str(tmp_path / "tfdistx.log"),
+    }
 
 
 def supervise(spec: dict, membership: Membership) -> int:
@@ -36,9 +42,14 @@ def test_a_failed_round_is_restarted_from_the_budget_then_given_up_on(tmp_path, 
     spec = spec_of(tmp_path, 5, max_restarts=1)
     assert supervise(spec, FixedCounts(spec)) == 5
     said = capsys.readouterr().err
-    assert "restart 1 of 1 in 1s" in said and "giving up: the cluster stopped after 1 restart(s) (cluster.max_restarts=1)" in said
+    assert (
+        "restart 1 of 1 in 1s" in said
+        and "giving up: the cluster stopped after 1 restart(s) (cluster.max_restarts=1)" in said
+    )
     assert said.count("exited with code 5; stopping the cluster") == 2
-    assert said in (tmp_path / "tfdistx.log").read_text()  # the supervisor's lines: the terminal's and the run's log's alike
+    assert (
+        said in (tmp_path / "tfdistx.log").read_text()
+    )  # the supervisor's lines: the terminal's and the run's log's alike
 
 
 def test_a_permanent_exit_code_is_never_restarted_and_success_is_zero(tmp_path, capsys):
@@ -85,7 +96,10 @@ def test_the_codes_no_restart_cures_are_one_list_for_the_launcher_a_jobset_and_a
     # a TFJob's restartPolicy ExitCode retries 128-255 only: its pods move the retryable codes above 127, the permanent ones stay below
     kubernetes.export(overrides, "tfjob")
     worker = yaml.safe_load(capsys.readouterr().out)["spec"]["tfReplicaSpecs"]["Worker"]
-    assert f"cluster.retryable_exit_offset={RETRYABLE_EXIT_OFFSET_FOR_KUBERNETES}" in worker["template"]["spec"]["containers"][0]["args"]
+    assert (
+        f"cluster.retryable_exit_offset={RETRYABLE_EXIT_OFFSET_FOR_KUBERNETES}"
+        in worker["template"]["spec"]["containers"][0]["args"]
+    )
     assert all(offset_exit(code, RETRYABLE_EXIT_OFFSET_FOR_KUBERNETES) == code < 128 for code in PERMANENT)
     assert all(128 <= offset_exit(code, RETRYABLE_EXIT_OFFSET_FOR_KUBERNETES) <= 255 for code in RETRYABLE)
 
@@ -114,27 +128,42 @@ def test_a_sigterm_between_rounds_is_a_preemption_with_nothing_to_save(tmp_path,
     policy = SigtermAt(spec_of(tmp_path, 5), then=spec_of(tmp_path, 0), when="regroup")
     assert supervise(spec_of(tmp_path, 5), policy) == 42
     said = capsys.readouterr().err
-    assert "tfdistx: preempted (SIGTERM) between rounds: no task of the next round had started, so there was nothing to save; " \
-           "exit 42: rerun the same command to resume from the newest checkpoint" in said, said
+    assert (
+        "tfdistx: preempted (SIGTERM) between rounds: no task of the next round had started, so there was nothing to save; "
+        "exit 42: rerun the same command to resume from the newest checkpoint" in said
+    ), said
     assert len(policy.reasons) == 1, policy.reasons
 
 
 def test_a_sigterm_as_the_round_s_tasks_start_is_a_preemption_not_143(tmp_path, capsys):
     """The tasks were still starting (the signal's default ended them): none had trained, so exit 42, said so."""
-    spec = {**spec_of(tmp_path, 0), "command": [sys.executable, "-c", "import time; time.sleep(60)"], "preemption_grace": 30}
+    spec = {
+        **spec_of(tmp_path, 0),
+        "command": [sys.executable, "-c", "import time; time.sleep(60)"],
+        "preemption_grace": 30,
+    }
     policy = SigtermAt(spec, then=spec, when="check")
     assert supervise(spec, policy) == 42
     said = capsys.readouterr().err
-    assert "preempted (SIGTERM) as the round's tasks were starting: none had begun training, so there was nothing to save; exit 42" in said
+    assert (
+        "preempted (SIGTERM) as the round's tasks were starting: none had begun training, so there was nothing to save; exit 42"
+        in said
+    )
 
 
 def test_the_launcher_passes_a_notice_signal_on_to_its_tasks_as_sigterm(tmp_path):
     """A USR1 to the local launcher (cluster.notice_signals) reaches each task as the SIGTERM it checkpoints on,
     and is remembered as one (the supervisor's preemption path, unchanged)."""
     ready = tmp_path / "ready"
-    child = subprocess.Popen([sys.executable, "-c", "import signal, sys, time, pathlib; "
-                              "signal.signal(signal.SIGTERM, lambda *a: sys.exit(42)); "
-                              f"pathlib.Path({str(ready)!r}).touch(); time.sleep(60); sys.exit(1)"])
+    child = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import signal, sys, time, pathlib; "
+            "signal.signal(signal.SIGTERM, lambda *a: sys.exit(42)); "
+            f"pathlib.Path({str(ready)!r}).touch(); time.sleep(60); sys.exit(1)",
+        ]
+    )
     try:
         with ForwardingSignals([child], ["USR1"]) as signals:
             deadline = time.monotonic() + 30

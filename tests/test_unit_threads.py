@@ -14,12 +14,15 @@ from tfdistx.spec import threads
 pytestmark = pytest.mark.unit
 
 
-@pytest.mark.parametrize("counts, cores, expected", [
-    ({"worker": 2}, 2, 1),                        # multiworker 2x1 on two cores: one each
-    ({"worker": 4}, 2, 1),                        # never fewer than one
-    ({"chief": 1, "worker": 3, "ps": 2}, 8, 2),   # ps tasks mostly wait: the chief and workers share the cores
-    ({"worker": 1, "dispatcher": 1, "data_worker": 1}, 4, 4),  # one trainer beside a tf.data service
-])
+@pytest.mark.parametrize(
+    "counts, cores, expected",
+    [
+        ({"worker": 2}, 2, 1),  # multiworker 2x1 on two cores: one each
+        ({"worker": 4}, 2, 1),  # never fewer than one
+        ({"chief": 1, "worker": 3, "ps": 2}, 8, 2),  # ps tasks mostly wait: the chief and workers share the cores
+        ({"worker": 1, "dispatcher": 1, "data_worker": 1}, 4, 4),  # one trainer beside a tf.data service
+    ],
+)
 def test_auto_divides_the_cores_among_the_tasks_that_run_steps(counts, cores, expected):
     got, why = threads.task_threads("auto", counts, available=cores, environ={})
     assert got == expected
@@ -32,9 +35,17 @@ def test_a_number_is_taken_as_it_is_and_zero_is_tensorflows_own():
     assert got is None and "TensorFlow's own" in why
     assert threads.environment(None) == {}
     # Sized to their share of the cores, the tasks' idle threads sleep instead of spinning.
-    assert threads.environment(4) == {"TF_NUM_INTRAOP_THREADS": "4", "TF_NUM_INTEROP_THREADS": "4", threads.NO_SPINNING_ENV: "1"}
+    assert threads.environment(4) == {
+        "TF_NUM_INTRAOP_THREADS": "4",
+        "TF_NUM_INTEROP_THREADS": "4",
+        threads.NO_SPINNING_ENV: "1",
+    }
     # One inter-op thread hangs a parameter-server worker's first step: never fewer than two.
-    assert threads.environment(1) == {"TF_NUM_INTRAOP_THREADS": "1", "TF_NUM_INTEROP_THREADS": "2", threads.NO_SPINNING_ENV: "1"}
+    assert threads.environment(1) == {
+        "TF_NUM_INTRAOP_THREADS": "1",
+        "TF_NUM_INTEROP_THREADS": "2",
+        threads.NO_SPINNING_ENV: "1",
+    }
 
 
 def test_the_users_own_environment_wins():
@@ -49,14 +60,22 @@ def test_a_bad_value_is_refused_in_one_line(tmp_path, value):
 
 
 def test_a_good_value_composes(tmp_path):
-    assert compose_ok(tmp_path, "strategy=multiworker", "cluster=2x1", "cluster.task_threads=2").cluster.task_threads == 2
+    assert (
+        compose_ok(tmp_path, "strategy=multiworker", "cluster=2x1", "cluster.task_threads=2").cluster.task_threads == 2
+    )
 
 
 def test_the_launcher_gives_every_task_its_threads(tmp_path):
     """Real task processes of a real local cluster print what their environment holds."""
     show = "import os; print('threads', os.environ['TF_NUM_INTRAOP_THREADS'], os.environ['TF_NUM_INTEROP_THREADS'])"
-    code = run_local_cluster({"worker": 2}, [sys.executable, "-c", show], str(tmp_path), ["worker"], isolate=False,
-                             task_env=threads.environment(1))
+    code = run_local_cluster(
+        {"worker": 2},
+        [sys.executable, "-c", show],
+        str(tmp_path),
+        ["worker"],
+        isolate=False,
+        task_env=threads.environment(1),
+    )
     assert code == 0
     for index in (0, 1):
         assert "threads 1 2" in (tmp_path / f"worker-{index}.log").read_text()
@@ -68,12 +87,19 @@ def test_a_task_told_so_runs_tensorflow_without_spinning(tmp_path):
     then says so, and ops still run; a process not told so keeps the default."""
     import subprocess
 
-    code = ("import os, tensorflow as tf\n"
-            "from tensorflow.python.eager import context\n"
-            "from tfdistx.internals import tensorflow as internals\n"
-            f"if os.environ.get({threads.NO_SPINNING_ENV!r}) == '1':\n    internals.disable_thread_spinning()\n"
-            "print(int(tf.reduce_sum(tf.range(10))), context.context().config.experimental.disable_thread_spinning)")
+    code = (
+        "import os, tensorflow as tf\n"
+        "from tensorflow.python.eager import context\n"
+        "from tfdistx.internals import tensorflow as internals\n"
+        f"if os.environ.get({threads.NO_SPINNING_ENV!r}) == '1':\n    internals.disable_thread_spinning()\n"
+        "print(int(tf.reduce_sum(tf.range(10))), context.context().config.experimental.disable_thread_spinning)"
+    )
     for told, says in (("1", "45 True"), ("", "45 False")):
-        run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
-                             env={**os.environ, threads.NO_SPINNING_ENV: told, "TF_CPP_MIN_LOG_LEVEL": "2"})
+        run = subprocess.run(
+            [sys.executable, "-c", code],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            env={**os.environ, threads.NO_SPINNING_ENV: told, "TF_CPP_MIN_LOG_LEVEL": "2"},
+        )
         assert run.returncode == 0 and run.stdout.split("\n")[-2] == says, run.stderr[-2000:]

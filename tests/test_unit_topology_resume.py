@@ -25,10 +25,21 @@ from tfdistx.engine import topology
 from tfdistx.engine.export import export_checkpoint
 
 EXAMPLES, BATCH, STOP, STEPS = 256, 32, 6, 12  # 8 steps an epoch: stopped in the first, ended in the second
-PROBE = ["data._target_=user_plugins.indexed_clicks", "model._target_=user_plugins.counting_wide_deep", "task=binary",
-         f"+data.examples={EXAMPLES}", f"+model.examples={EXAMPLES}", "+model.shards=${cluster.ps}", f"data.batch_size={BATCH}",
-         "trainer.steps_per_loop=2", "trainer.log_every=2", "trainer.eval_every=0", "logger.tensorboard=false",
-         "checkpoint.export=false", "cluster.max_restarts=0"]
+PROBE = [
+    "data._target_=user_plugins.indexed_clicks",
+    "model._target_=user_plugins.counting_wide_deep",
+    "task=binary",
+    f"+data.examples={EXAMPLES}",
+    f"+model.examples={EXAMPLES}",
+    "+model.shards=${cluster.ps}",
+    f"data.batch_size={BATCH}",
+    "trainer.steps_per_loop=2",
+    "trainer.log_every=2",
+    "trainer.eval_every=0",
+    "logger.tensorboard=false",
+    "checkpoint.export=false",
+    "cluster.max_restarts=0",
+]
 
 TOPOLOGIES = {  # name -> (overrides, strategy, model shards)
     "one_device": (["strategy=one_device"], "one_device", 1),
@@ -51,11 +62,11 @@ def model_values(run_dir, shards: int) -> list:
     (its `shards` pieces put together), so that runs of any split compare."""
     reader = tf.train.load_checkpoint(tf.train.latest_checkpoint(str(run_dir / "checkpoints")))
     prefix = "optimizer/_trainable_variables/"
-    count = len({k[len(prefix):].split("/")[0] for k in reader.get_variable_to_shape_map() if k.startswith(prefix)})
+    count = len({k[len(prefix) :].split("/")[0] for k in reader.get_variable_to_shape_map() if k.startswith(prefix)})
     values = [reader.get_tensor(f"{prefix}{i}/.ATTRIBUTES/VARIABLE_VALUE") for i in range(count)]
     # wide_deep's variables: the deep table's shards, then the wide table's, then the dense layers'
-    tables = [np.concatenate(values[k * shards:(k + 1) * shards])[:1000] for k in range(2)]
-    return tables + values[2 * shards:]
+    tables = [np.concatenate(values[k * shards : (k + 1) * shards])[:1000] for k in range(2)]
+    return tables + values[2 * shards :]
 
 
 def train_whole(run_dir):
@@ -73,7 +84,10 @@ def check_resumed(run_dir, summary: dict, before: str, after: str, whole_dir, ou
     assert summary["resumed_from_topology"]["strategy"] == TOPOLOGIES[before][1], summary["resumed_from_topology"]
     assert summary["strategy"] == TOPOLOGIES[after][1]
     assert steps_logged(run_dir) == list(range(2, STEPS + 1, 2))
-    assert sorted(json.loads((run_dir / "checkpoints" / topology.FILE).read_text())) == [f"ckpt-{STEPS}", f"ckpt-{STOP}"]
+    assert sorted(json.loads((run_dir / "checkpoints" / topology.FILE).read_text())) == [
+        f"ckpt-{STEPS}",
+        f"ckpt-{STOP}",
+    ]
     if output is not None:
         line = next((line for line in output.splitlines() if "resuming on another topology" in line), None)
         assert line and f"-> {summary['strategy']}" in line and f"from step {STOP}" in line, output[-3000:]
@@ -92,7 +106,9 @@ def check_resumed(run_dir, summary: dict, before: str, after: str, whole_dir, ou
 def stopped_on_one_device(tmp_path_factory):
     """The probe's first part on one device, stopped at STOP: trained once a module in each pytest worker,
     and copied (engine_helpers.copied) by each test that resumes it or refuses its resume."""
-    return train(tmp_path_factory.mktemp("stopped") / "run", *PROBE, "strategy=one_device", f"trainer.steps={STOP}", sizes=[])
+    return train(
+        tmp_path_factory.mktemp("stopped") / "run", *PROBE, "strategy=one_device", f"trainer.steps={STOP}", sizes=[]
+    )
 
 
 def first_part(tmp_path, before: str, stopped_on_one_device):
@@ -104,7 +120,9 @@ def first_part(tmp_path, before: str, stopped_on_one_device):
 
 @pytest.mark.unit
 @pytest.mark.parametrize("before, after", [("one_device", "mirrored_1x2"), ("mirrored_1x2", "one_device")])
-def test_one_device_and_mirrored_resume_onto_each_other(tmp_path, topology_whole, caplog, before, after, stopped_on_one_device):
+def test_one_device_and_mirrored_resume_onto_each_other(
+    tmp_path, topology_whole, caplog, before, after, stopped_on_one_device
+):
     caplog.set_level(logging.INFO, logger="tfdistx")
     first_part(tmp_path, before, stopped_on_one_device)
     resumed = train(tmp_path / "run", *PROBE, *TOPOLOGIES[after][0], f"trainer.steps={STEPS}", sizes=[])
@@ -145,7 +163,14 @@ def test_a_changed_global_batch_is_refused_in_one_line_and_nothing_is_touched(tm
     first = first_part(tmp_path, "one_device", stopped_on_one_device)
     before = {path.name: path.stat().st_mtime_ns for path in (first.dir / "checkpoints").iterdir()}
     with pytest.raises(ConfigError) as refused:
-        train(tmp_path / "run", *PROBE, *TOPOLOGIES["mirrored_1x2"][0], "data.batch_size=64", f"trainer.steps={STEPS}", sizes=[])
+        train(
+            tmp_path / "run",
+            *PROBE,
+            *TOPOLOGIES["mirrored_1x2"][0],
+            "data.batch_size=64",
+            f"trainer.steps={STEPS}",
+            sizes=[],
+        )
     line = str(refused.value)
     assert "\n" not in line and line.startswith("data.batch_size=64"), line
     assert "global batch of 32" in line and "set data.batch_size=32" in line and "checkpoint.init_from=" in line
@@ -155,10 +180,23 @@ def test_a_changed_global_batch_is_refused_in_one_line_and_nothing_is_touched(tm
 
 @pytest.mark.unit
 def test_scaled_learning_rate_would_change_mid_run_and_is_refused(tmp_path):
-    train(tmp_path / "run", *PROBE, "strategy=one_device", "optimizer.scale_lr_with_replicas=true", f"trainer.steps={STOP}", sizes=[])
+    train(
+        tmp_path / "run",
+        *PROBE,
+        "strategy=one_device",
+        "optimizer.scale_lr_with_replicas=true",
+        f"trainer.steps={STOP}",
+        sizes=[],
+    )
     with pytest.raises(ConfigError) as refused:
-        train(tmp_path / "run", *PROBE, *TOPOLOGIES["mirrored_1x2"][0], "optimizer.scale_lr_with_replicas=true",
-              f"trainer.steps={STEPS}", sizes=[])
+        train(
+            tmp_path / "run",
+            *PROBE,
+            *TOPOLOGIES["mirrored_1x2"][0],
+            "optimizer.scale_lr_with_replicas=true",
+            f"trainer.steps={STEPS}",
+            sizes=[],
+        )
     assert "optimizer.scale_lr_with_replicas=false optimizer.lr=" in str(refused.value), str(refused.value)
 
 
@@ -184,32 +222,70 @@ def test_the_record_keeps_the_checkpoints_on_disk_and_a_damaged_one_is_kept_asid
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no temporary file left
     (tmp_path / topology.FILE).write_text("{not json")
     assert topology.written_under(str(tmp_path / "ckpt-20")) is None  # unknown: resumes unchecked
-    topology.record(str(tmp_path), 40, {"strategy": "one_device"})  # the chief's next save keeps the damaged record aside
+    topology.record(
+        str(tmp_path), 40, {"strategy": "one_device"}
+    )  # the chief's next save keeps the damaged record aside
     assert [p.read_text() for p in tmp_path.glob("topology.replaced-*.json")] == ["{not json"]
     assert sorted(json.loads((tmp_path / topology.FILE).read_text())) == ["ckpt-40"]
 
 
 def _topology(strategy, workers, ps=0, replicas=None, batch=64):
     replicas = replicas or workers
-    return topology.describe(strategy=strategy, cluster=f"{workers}x1", workers=workers, ps=ps, replicas=replicas,
-                             input_pipelines=workers, global_batch=batch, per_replica_batch=batch // (1 if ps else replicas),
-                             learning_rate=0.001)
+    return topology.describe(
+        strategy=strategy,
+        cluster=f"{workers}x1",
+        workers=workers,
+        ps=ps,
+        replicas=replicas,
+        input_pipelines=workers,
+        global_batch=batch,
+        per_replica_batch=batch // (1 if ps else replicas),
+        learning_rate=0.001,
+    )
 
 
 @pytest.mark.unit
-@pytest.mark.parametrize("before, in_memory, note", [
-    (_topology("multiworker", 2), True, None),  # one order on every topology
-    (_topology("multiworker", 2), False, "split per input pipeline"),  # files: each pipeline its own
-    (_topology("parameter_server", 2, ps=1), True, "only in expectation"),
-])
+@pytest.mark.parametrize(
+    "before, in_memory, note",
+    [
+        (_topology("multiworker", 2), True, None),  # one order on every topology
+        (_topology("multiworker", 2), False, "split per input pipeline"),  # files: each pipeline its own
+        (_topology("parameter_server", 2, ps=1), True, "only in expectation"),
+    ],
+)
 def test_what_the_log_says_of_the_data_after_a_resume(caplog, before, in_memory, note):
     caplog.set_level(logging.INFO, logger="tfdistx")
     now = _topology("one_device", 1)
-    said = topology.on_resume(before, now, batch_size=64, accumulate_steps=1, scale_lr_with_replicas=False, checkpoint="/r/ckpt-600",
-                              run_dir="/r", start_step=600, in_memory=in_memory, log_it=True)
+    said = topology.on_resume(
+        before,
+        now,
+        batch_size=64,
+        accumulate_steps=1,
+        scale_lr_with_replicas=False,
+        checkpoint="/r/ckpt-600",
+        run_dir="/r",
+        start_step=600,
+        in_memory=in_memory,
+        log_it=True,
+    )
     assert said == before
     lines = [r.getMessage() for r in caplog.records]
-    assert lines[0].startswith(f"resuming on another topology: {topology.text(before)} -> {topology.text(now)}, from step 600")
+    assert lines[0].startswith(
+        f"resuming on another topology: {topology.text(before)} -> {topology.text(now)}, from step 600"
+    )
     assert len(lines) == (2 if note else 1) and (note is None or note in lines[1]), lines
-    assert topology.on_resume(now, now, batch_size=64, accumulate_steps=1, scale_lr_with_replicas=False, checkpoint="/r/ckpt-600",
-                              run_dir="/r", start_step=600, in_memory=in_memory, log_it=True) is None  # unchanged: nothing said
+    assert (
+        topology.on_resume(
+            now,
+            now,
+            batch_size=64,
+            accumulate_steps=1,
+            scale_lr_with_replicas=False,
+            checkpoint="/r/ckpt-600",
+            run_dir="/r",
+            start_step=600,
+            in_memory=in_memory,
+            log_it=True,
+        )
+        is None
+    )  # unchanged: nothing said

@@ -27,9 +27,18 @@ from tfdistx.engine.parts import model_from_checkpoint
 
 pytestmark = pytest.mark.unit
 
-TINY_STEP = ["optimizer.lr=1e-9", "trainer.steps=1"]  # one step that moves no weight by more than ~1e-9: the weights a run starts with
+TINY_STEP = [
+    "optimizer.lr=1e-9",
+    "trainer.steps=1",
+]  # one step that moves no weight by more than ~1e-9: the weights a run starts with
 # eval/accuracy peaks early, then the high learning rate loses it (deterministic: the same history every time)
-WORSENS = ["optimizer.lr=0.03", "trainer.eval_every=5", "trainer.log_every=5", "trainer.steps_per_loop=5", "trainer.deterministic=true"]
+WORSENS = [
+    "optimizer.lr=0.03",
+    "trainer.eval_every=5",
+    "trainer.log_every=5",
+    "trainer.steps_per_loop=5",
+    "trainer.deterministic=true",
+]
 
 
 def source_run(run_dir, *overrides):
@@ -71,8 +80,15 @@ def evals(run, name="eval/accuracy") -> list:
 # -- warm starts ------------------------------------------------------------------
 
 
-WIDE_DEEP = ["task=binary", "data=synthetic_categorical", "model=wide_deep", "model.vocab_size=2000", "data.vocab_size=2000",
-             "model.hidden_units=[32]", "model.shards=2"]  # table shards the checkpoint reaches only through the optimizer
+WIDE_DEEP = [
+    "task=binary",
+    "data=synthetic_categorical",
+    "model=wide_deep",
+    "model.vocab_size=2000",
+    "data.vocab_size=2000",
+    "model.hidden_units=[32]",
+    "model.shards=2",
+]  # table shards the checkpoint reaches only through the optimizer
 
 
 @pytest.mark.parametrize("model", [[], WIDE_DEEP], ids=["mlp", "wide_deep"])
@@ -83,7 +99,9 @@ def test_a_warm_start_begins_at_the_source_runs_final_weights_with_fresh_optimiz
     for there, here in zip(by_position(source), by_position(warm), strict=True):
         np.testing.assert_allclose(here, there, atol=1e-6)
     reader = tf.train.load_checkpoint(str(tmp_path / "warm" / "checkpoints" / "ckpt-1"))
-    assert reader.get_tensor("optimizer/_iterations/.ATTRIBUTES/VARIABLE_VALUE") == 1  # the source's 40 steps are not carried over
+    assert (
+        reader.get_tensor("optimizer/_iterations/.ATTRIBUTES/VARIABLE_VALUE") == 1
+    )  # the source's 40 steps are not carried over
 
 
 def test_a_warm_start_of_a_schedule_free_optimizer_trains_from_the_loaded_weights(tmp_path, mlp_source):
@@ -92,8 +110,14 @@ def test_a_warm_start_of_a_schedule_free_optimizer_trains_from_the_loaded_weight
     weights, or its first step interpolates back to the fresh ones (0.47
     off the source after one step, before the fix)."""
     source = mlp_source
-    warm = train(tmp_path / "warm", f"checkpoint.init_from={source.dir}", "optimizer.name=schedulefreeadamw",
-                 "strategy=mirrored", "cluster=1x2", *TINY_STEP)
+    warm = train(
+        tmp_path / "warm",
+        f"checkpoint.init_from={source.dir}",
+        "optimizer.name=schedulefreeadamw",
+        "strategy=mirrored",
+        "cluster=1x2",
+        *TINY_STEP,
+    )
     for there, here in zip(by_position(source), by_position(warm), strict=True):
         np.testing.assert_allclose(here, there, atol=1e-6)
 
@@ -111,7 +135,10 @@ def test_a_warm_start_with_a_new_head_keeps_the_head_fresh(tmp_path, strategy, c
         np.testing.assert_allclose(here[index], there[index], atol=1e-6)
     for index in (2, 3):  # the head: as a fresh run starts it
         np.testing.assert_allclose(here[index], initial[index], atol=1e-6)
-    assert "2 variables loaded, 2 left freshly initialised (checkpoint.init_skip: mlp/head/kernel, mlp/head/bias)" in caplog.text
+    assert (
+        "2 variables loaded, 2 left freshly initialised (checkpoint.init_skip: mlp/head/kernel, mlp/head/bias)"
+        in caplog.text
+    )
 
 
 def test_a_shape_mismatch_is_refused_naming_the_variables(tmp_path, mlp_source):
@@ -119,7 +146,11 @@ def test_a_shape_mismatch_is_refused_naming_the_variables(tmp_path, mlp_source):
         train(tmp_path / "warm", f"checkpoint.init_from={mlp_source.dir}", "data.num_classes=5")
     [line] = caught.value.lines()
     assert line.startswith(f"tfdistx: invalid config: checkpoint.init_from='{mlp_source.dir}': 2 variables of ckpt-40")
-    assert "mlp/head/kernel (128, 5) here" in line and "(128, 10) there" in line and "checkpoint.init_skip=['head/']" in line
+    assert (
+        "mlp/head/kernel (128, 5) here" in line
+        and "(128, 10) there" in line
+        and "checkpoint.init_skip=['head/']" in line
+    )
     assert not (tmp_path / "warm" / "checkpoints").exists() or not any((tmp_path / "warm" / "checkpoints").iterdir())
 
 
@@ -147,19 +178,25 @@ def test_keras_files_that_are_damaged_or_of_another_model_are_refused_in_one_lin
     with zipfile.ZipFile(tmp_path / "other.keras", "w") as archive:
         archive.writestr("notes.txt", "not a model")
     (tmp_path / "random.weights.h5").write_bytes(bytes(range(256)) * 8)
-    for name, why in [("random.keras", "is not a Keras .keras file (not a zip archive: damaged, or another kind of file)"),
-                      ("other.keras", "is not a Keras .keras file (a zip archive without the config.json of a Keras model)"),
-                      ("random.weights.h5", "is not a Keras .weights.h5 file (not HDF5: damaged, or another kind of file)")]:
-        [line] = refused(tmp_path / "run", f"checkpoint.init_from={tmp_path / name}")  # before TensorFlow: the config's own check
+    for name, why in [
+        ("random.keras", "is not a Keras .keras file (not a zip archive: damaged, or another kind of file)"),
+        ("other.keras", "is not a Keras .keras file (a zip archive without the config.json of a Keras model)"),
+        ("random.weights.h5", "is not a Keras .weights.h5 file (not HDF5: damaged, or another kind of file)"),
+    ]:
+        [line] = refused(
+            tmp_path / "run", f"checkpoint.init_from={tmp_path / name}"
+        )  # before TensorFlow: the config's own check
         assert line.startswith(f"tfdistx: invalid config: checkpoint.init_from='{tmp_path / name}': {why}"), line
     small = keras.Sequential([keras.Input((6,)), keras.layers.Dense(4), keras.layers.Dense(3)])
     small.save_weights(tmp_path / "small.weights.h5")
     with pytest.raises(ConfigError) as caught:
         train(tmp_path / "warm", f"checkpoint.init_from={tmp_path / 'small.weights.h5'}")
     [line] = caught.value.lines()
-    assert line.startswith(f"tfdistx: invalid config: checkpoint.init_from='{tmp_path / 'small.weights.h5'}': cannot be loaded into "
-                           "this run's model: it holds 4 arrays ((6, 4), (4,), (4, 3), (3,)), this run's model 4 ((784, 128), "
-                           "(128,), (128, 10), (10,)); a .weights.h5 is read as this run's model"), line
+    assert line.startswith(
+        f"tfdistx: invalid config: checkpoint.init_from='{tmp_path / 'small.weights.h5'}': cannot be loaded into "
+        "this run's model: it holds 4 arrays ((6, 4), (4,), (4, 3), (3,)), this run's model 4 ((784, 128), "
+        "(128,), (128, 10), (10,)); a .weights.h5 is read as this run's model"
+    ), line
     assert "\n" not in line
 
 
@@ -177,15 +214,19 @@ def test_a_source_checkpoint_rotated_away_while_read_is_taken_again_at_the_newes
         if rotations[0]:
             rotations[0] -= 1
             newer = str(checkpoints / f"ckpt-{int(path.rsplit('-', 1)[1]) + 10}")
-            for part in sorted(checkpoints.glob(f"{os.path.basename(path)}.*"), key=lambda p: not p.name.endswith(".index")):
-                shutil.copy(part, newer + part.name[len(os.path.basename(path)):])
+            for part in sorted(
+                checkpoints.glob(f"{os.path.basename(path)}.*"), key=lambda p: not p.name.endswith(".index")
+            ):
+                shutil.copy(part, newer + part.name[len(os.path.basename(path)) :])
                 part.unlink()
         return warm_start_lib.restored(spec, path, given, into)
 
     caplog.set_level("WARNING", logger="tfdistx")
     path, model = warm_start_lib.newest_restored(source.spec, str(tmp_path / "source"), restore=rotated_first)
     assert path == str(checkpoints / "ckpt-50") and "ckpt-40 was removed while it was read" in caplog.text
-    for there, here in zip(expected, [w.numpy() for w in model.trainable_weights], strict=True):  # ckpt-40's values, now in ckpt-50
+    for there, here in zip(
+        expected, [w.numpy() for w in model.trainable_weights], strict=True
+    ):  # ckpt-40's values, now in ckpt-50
         np.testing.assert_allclose(here, there)
 
     rotations[0] = 3
@@ -208,15 +249,32 @@ def test_a_rerun_of_a_warm_started_run_resumes_and_does_not_initialise_again(tmp
     assert first.summary["weights_sha256"] != resumed.summary["weights_sha256"]
 
 
-@pytest.mark.parametrize("overrides, phrase", [
-    (["checkpoint.init_from=/nonexistent/run"], "checkpoint.init_from='/nonexistent/run': does not exist; allowed: a tfdistx run directory"),
-    (["checkpoint.init_from=/tmp", "checkpoint.init_skip=[head/]"], "is a directory, but not a tfdistx run directory (no .hydra/config.yaml)"),
-    (["checkpoint.init_skip=[head/]"], "checkpoint.init_skip=['head/']: only applies with checkpoint.init_from"),
-    (["trainer.early_stopping.patience=0"], "trainer.early_stopping.patience=0: evaluations without an improvement: at least 1"),
-    (["trainer.early_stopping.min_delta=-1"], "trainer.early_stopping.min_delta=-1.0: must be a finite number, 0 or more"),
-    (["trainer.early_stopping.patience=3", "trainer.eval_every=0"],
-     "trainer.early_stopping.patience=3: counts evaluations of trainer.objective=eval/accuracy, and trainer.eval_every=0"),
-])
+@pytest.mark.parametrize(
+    "overrides, phrase",
+    [
+        (
+            ["checkpoint.init_from=/nonexistent/run"],
+            "checkpoint.init_from='/nonexistent/run': does not exist; allowed: a tfdistx run directory",
+        ),
+        (
+            ["checkpoint.init_from=/tmp", "checkpoint.init_skip=[head/]"],
+            "is a directory, but not a tfdistx run directory (no .hydra/config.yaml)",
+        ),
+        (["checkpoint.init_skip=[head/]"], "checkpoint.init_skip=['head/']: only applies with checkpoint.init_from"),
+        (
+            ["trainer.early_stopping.patience=0"],
+            "trainer.early_stopping.patience=0: evaluations without an improvement: at least 1",
+        ),
+        (
+            ["trainer.early_stopping.min_delta=-1"],
+            "trainer.early_stopping.min_delta=-1.0: must be a finite number, 0 or more",
+        ),
+        (
+            ["trainer.early_stopping.patience=3", "trainer.eval_every=0"],
+            "trainer.early_stopping.patience=3: counts evaluations of trainer.objective=eval/accuracy, and trainer.eval_every=0",
+        ),
+    ],
+)
 def test_bad_warm_start_and_early_stopping_keys_are_refused_before_tensorflow(tmp_path, overrides, phrase):
     [line] = refused(tmp_path / "run", *overrides)
     assert phrase in line, line
@@ -229,7 +287,9 @@ def test_a_run_without_checkpoints_a_directory_of_checkpoints_and_a_bad_regex_ar
     [line] = refused(tmp_path / "new", f"checkpoint.init_from={tmp_path / 'run'}")
     assert "that run has no checkpoint yet" in line, line
     (tmp_path / "run" / "checkpoints" / "ckpt-5.index").write_text("")
-    lines = refused(tmp_path / "new", f"checkpoint.init_from={tmp_path / 'run' / 'checkpoints'}", "checkpoint.init_skip=['(']")
+    lines = refused(
+        tmp_path / "new", f"checkpoint.init_from={tmp_path / 'run' / 'checkpoints'}", "checkpoint.init_skip=['(']"
+    )
     assert len(lines) == 2 and "is a directory of checkpoints: name one" in lines[0], lines
     assert "checkpoint.init_skip='(': is not a regular expression" in lines[1], lines
 
@@ -238,21 +298,42 @@ def test_a_run_without_checkpoints_a_directory_of_checkpoints_and_a_bad_regex_ar
 
 
 def test_keep_best_keeps_the_best_evaluation_and_exports_it(tmp_path):
-    run = train(tmp_path / "run", *WORSENS, "checkpoint.keep_best=true", "checkpoint.export=true", "checkpoint.max_to_keep=1",
-                "checkpoint.every_steps=5")
+    run = train(
+        tmp_path / "run",
+        *WORSENS,
+        "checkpoint.keep_best=true",
+        "checkpoint.export=true",
+        "checkpoint.max_to_keep=1",
+        "checkpoint.every_steps=5",
+    )
     history = evals(run)
-    best_step, best_value = history[int(np.argmax([v for _, v in history]))]  # the first of equals: only a strict improvement replaces it
+    best_step, best_value = history[
+        int(np.argmax([v for _, v in history]))
+    ]  # the first of equals: only a strict improvement replaces it
     assert best_step < 40, history  # the construction: accuracy peaks early, then the high learning rate loses it
     best_dir = tmp_path / "run" / "checkpoints" / "best"
-    assert run.summary["best"] == {"step": best_step, "value": best_value, "objective": "eval/accuracy",
-                                   "checkpoint": str(best_dir / f"ckpt-{best_step}")}
-    assert sorted(p.name for p in best_dir.glob("*.index")) == [f"ckpt-{best_step}.index"]  # max_to_keep=1 did not rotate it away
+    assert run.summary["best"] == {
+        "step": best_step,
+        "value": best_value,
+        "objective": "eval/accuracy",
+        "checkpoint": str(best_dir / f"ckpt-{best_step}"),
+    }
+    assert sorted(p.name for p in best_dir.glob("*.index")) == [
+        f"ckpt-{best_step}.index"
+    ]  # max_to_keep=1 did not rotate it away
     assert run.objective == best_value  # what a sweep is told: the kept model's value
-    assert checkpointing.find(str(tmp_path / "run" / "checkpoints"), best_step) == str(best_dir / f"ckpt-{best_step}")  # --step N
+    assert checkpointing.find(str(tmp_path / "run" / "checkpoints"), best_step) == str(
+        best_dir / f"ckpt-{best_step}"
+    )  # --step N
     # the export is the best checkpoint's model, not the last
     features = tf.random.stateless_uniform((8, 28, 28, 1), seed=(1, 2))
-    exported = tf.saved_model.load(str(tmp_path / "run" / "export")).signatures["serving_default"](features=features)["logits"]
-    for checkpoint, same in ((best_dir / f"ckpt-{best_step}", True), (tmp_path / "run" / "checkpoints" / "ckpt-40", False)):
+    exported = tf.saved_model.load(str(tmp_path / "run" / "export")).signatures["serving_default"](features=features)[
+        "logits"
+    ]
+    for checkpoint, same in (
+        (best_dir / f"ckpt-{best_step}", True),
+        (tmp_path / "run" / "checkpoints" / "ckpt-40", False),
+    ):
         model, *_ = model_from_checkpoint(run.spec, str(checkpoint))
         assert np.allclose(exported, model(features), atol=1e-5) == same, checkpoint
 
@@ -264,7 +345,9 @@ def test_the_best_survives_a_resume(tmp_path):
     history = evals(resumed)  # both parts: the lines before the checkpoint are kept
     assert [step for step, _ in history] == [5, 10, 15, 20, 25, 30, 35, 40]
     best_step, best_value = history[int(np.argmax([v for _, v in history]))]
-    assert best_step <= 20, history  # the construction: a resume that took its first evaluation for the best would keep a later step
+    assert best_step <= 20, (
+        history
+    )  # the construction: a resume that took its first evaluation for the best would keep a later step
     assert (resumed.summary["best"]["step"], resumed.summary["best"]["value"]) == (best_step, best_value)
     assert [p.name for p in (tmp_path / "run" / "checkpoints" / "best").glob("*.index")] == [f"ckpt-{best_step}.index"]
 
@@ -279,8 +362,9 @@ def test_a_checkpoint_written_before_the_objective_state_still_restores(tmp_path
     old = {name: value for name, value in run.checkpointer.trackables.items() if name != "objective"}
     run.checkpointer.close()
     shutil.rmtree(tmp_path / "run" / "checkpoints")
-    tf.train.CheckpointManager(tf.train.Checkpoint(**old), str(tmp_path / "run" / "checkpoints"), max_to_keep=3,
-                               checkpoint_name="ckpt").save(checkpoint_number=20)
+    tf.train.CheckpointManager(
+        tf.train.Checkpoint(**old), str(tmp_path / "run" / "checkpoints"), max_to_keep=3, checkpoint_name="ckpt"
+    ).save(checkpoint_number=20)
     assert not [k for k in tf.train.load_checkpoint(path).get_variable_to_shape_map() if k.startswith("objective/")]
     resumed = train(tmp_path / "run", *WORSENS, "checkpoint.keep_best=true")
     assert resumed.summary["resumed_from_step"] == 20
@@ -295,7 +379,9 @@ def stops_at(history, patience, lower_is_better=False, min_delta=0.0):
     """Keras' EarlyStopping rule over an eval history: the step it stops at, or None."""
     reference, waited = None, 0
     for step, value in history:
-        better = reference is None or (value < reference - min_delta if lower_is_better else value > reference + min_delta)
+        better = reference is None or (
+            value < reference - min_delta if lower_is_better else value > reference + min_delta
+        )
         reference, waited = (value, 0) if better else (reference, waited + 1)
         if waited >= patience:
             return step
@@ -307,11 +393,17 @@ def test_early_stopping_stops_where_the_eval_history_says_and_a_rerun_trains_not
     run = train(tmp_path / "run", *args)
     history = evals(run)
     stop = stops_at(history, patience=2)
-    assert stop is not None and stop < 40 and history[-1][0] == stop, history  # the construction, and no evaluation after it
+    assert stop is not None and stop < 40 and history[-1][0] == stop, (
+        history
+    )  # the construction, and no evaluation after it
     assert run.summary["step"] == stop and run.summary["stopped_early"]["step"] == stop
     assert "eval/accuracy has not improved by more than 0 for 2 evaluations" in run.summary["stopped_early"]["reason"]
-    assert run.summary["best"]["checkpoint"] is None and run.summary["best"]["step"] < stop  # no keep_best: no best/ checkpoint
-    assert [p.name for p in (tmp_path / "run" / "checkpoints").glob("*.index")] == [f"ckpt-{stop}.index"]  # the final save, there
+    assert (
+        run.summary["best"]["checkpoint"] is None and run.summary["best"]["step"] < stop
+    )  # no keep_best: no best/ checkpoint
+    assert [p.name for p in (tmp_path / "run" / "checkpoints").glob("*.index")] == [
+        f"ckpt-{stop}.index"
+    ]  # the final save, there
 
     before = {name: (tmp_path / "run" / name).read_text() for name in ("summary.json", "metrics.jsonl")}
     caplog.set_level("INFO", logger="tfdistx")
@@ -323,8 +415,15 @@ def test_early_stopping_stops_where_the_eval_history_says_and_a_rerun_trains_not
 
 
 def test_early_stopping_with_keep_best_on_two_replicas_exports_the_best(tmp_path):
-    run = train(tmp_path / "run", *WORSENS, "strategy=mirrored", "cluster=1x2", "trainer.early_stopping.patience=2",
-                "checkpoint.keep_best=true", "checkpoint.export=true")
+    run = train(
+        tmp_path / "run",
+        *WORSENS,
+        "strategy=mirrored",
+        "cluster=1x2",
+        "trainer.early_stopping.patience=2",
+        "checkpoint.keep_best=true",
+        "checkpoint.export=true",
+    )
     history = evals(run)
     best_step = history[int(np.argmax([v for _, v in history]))][0]
     assert run.summary["stopped_early"]["step"] == stops_at(history, 2) == history[-1][0] < 40
@@ -394,12 +493,18 @@ def test_the_loop_stops_when_an_action_asks_and_saves_there():
     # 1.95 is a new best (kept) but not by more than min_delta; NaN never improves: patience spent at step 40
     assert result.stopped_early["step"] == result.step == 40 and saves.saved == [40]
     assert saved_best == [10, 20, 30]
-    assert tracker.state.read() == {"best": 1.95, "best_step": 30, "reference": 2.0, "waited": 2} and tracker.exhausted()
+    assert (
+        tracker.state.read() == {"best": 1.95, "best_step": 30, "reference": 2.0, "waited": 2} and tracker.exhausted()
+    )
 
 
 def test_a_training_objective_counts_log_steps_and_the_stop_is_evaluated():
     runner = Runner([3.0, 3.5, 3.2, 1.0], train=True)
     tracker = TrackObjective("loss", True, State(), patience=2)
     result = Loop(runner, Schedule(50, 10, 10, 0), Counter(), [tracker]).run()
-    assert result.stopped_early["step"] == result.step == 30 and "loss has not improved" in result.stopped_early["reason"]
-    assert runner.evaluations == 1 and result.eval == {"eval/loss": 0.0}  # eval_every=0: evaluated once, where it stopped
+    assert (
+        result.stopped_early["step"] == result.step == 30 and "loss has not improved" in result.stopped_early["reason"]
+    )
+    assert runner.evaluations == 1 and result.eval == {
+        "eval/loss": 0.0
+    }  # eval_every=0: evaluated once, where it stopped

@@ -37,9 +37,19 @@ def test_a_resumed_run_keeps_the_lines_up_to_its_step_and_drops_a_line_cut_short
     assert [record for _, record in read_jsonl(path)] == [{"step": 10}, {"step": 20}]
 
 
-@pytest.mark.parametrize("name, step", [("ckpt-150", 150), ("/run/checkpoints/ckpt-150", 150), ("ckpt-150.index", 150),
-                                        ("ckpt-7.data-00000-of-00001", 7), ("ckpt-150_temp", None), ("ckpt-.index", None),
-                                        ("checkpoint", None), ("best", None)])
+@pytest.mark.parametrize(
+    "name, step",
+    [
+        ("ckpt-150", 150),
+        ("/run/checkpoints/ckpt-150", 150),
+        ("ckpt-150.index", 150),
+        ("ckpt-7.data-00000-of-00001", 7),
+        ("ckpt-150_temp", None),
+        ("ckpt-.index", None),
+        ("checkpoint", None),
+        ("best", None),
+    ],
+)
 def test_a_checkpoints_step_is_read_from_its_name(name, step):
     assert step_of(name) == step
 

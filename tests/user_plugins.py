@@ -10,12 +10,20 @@ from tfdistx.data import DataSource, shard
 
 
 def tiny_model(input_shape, num_classes):
-    return keras.Sequential([keras.Input(shape=tuple(input_shape)), keras.layers.Flatten(), keras.layers.Dense(num_classes)])
+    return keras.Sequential(
+        [keras.Input(shape=tuple(input_shape)), keras.layers.Flatten(), keras.layers.Dense(num_classes)]
+    )
 
 
 def tiny_cnn(input_shape, num_classes, filters=8):
-    return keras.Sequential([keras.Input(shape=tuple(input_shape)), keras.layers.Conv2D(filters, 3), keras.layers.Flatten(),
-                             keras.layers.Dense(num_classes)])
+    return keras.Sequential(
+        [
+            keras.Input(shape=tuple(input_shape)),
+            keras.layers.Conv2D(filters, 3),
+            keras.layers.Flatten(),
+            keras.layers.Dense(num_classes),
+        ]
+    )
 
 
 def ten_logits(input_shape):
@@ -68,7 +76,10 @@ def crashing_on_worker_1(**kwargs):
 def indexed_data(examples: int = 512, features: int = 4):
     """Each example carries its own index as a feature."""
     rng = np.random.default_rng(0)
-    x = {"x": rng.standard_normal((examples, features)).astype(np.float32), "index": np.arange(examples, dtype=np.int64)}
+    x = {
+        "x": rng.standard_normal((examples, features)).astype(np.float32),
+        "index": np.arange(examples, dtype=np.int64),
+    }
     y = (x["x"][:, 0] > 0).astype(np.int64)
     return DataSource(
         train=lambda ctx: shard(tf.data.Dataset.from_tensor_slices((x, y)), ctx),
@@ -87,18 +98,28 @@ class CountExamples(keras.layers.Layer):
         self.examples = examples
 
     def build(self, input_shape):
-        self.seen = self.add_weight(shape=(self.examples,), initializer="zeros", trainable=False, aggregation="sum", name="seen")
+        self.seen = self.add_weight(
+            shape=(self.examples,), initializer="zeros", trainable=False, aggregation="sum", name="seen"
+        )
 
     def call(self, index, training=False):
         if training:
-            counts = tf.math.bincount(tf.cast(tf.reshape(index, [-1]), tf.int32), minlength=self.examples, maxlength=self.examples, dtype=tf.float32)
+            counts = tf.math.bincount(
+                tf.cast(tf.reshape(index, [-1]), tf.int32),
+                minlength=self.examples,
+                maxlength=self.examples,
+                dtype=tf.float32,
+            )
             # The TF variable's own assign_add: one atomic op, also on a parameter server.
             self.seen.value.assign_add(counts)
         return tf.zeros_like(tf.cast(index, tf.float32))
 
 
 def counting_model(feature_spec, num_outputs, examples: int = 512):
-    inputs = {name: keras.Input(shape=tuple(spec.shape), dtype=spec.dtype.name, name=name) for name, spec in feature_spec.items()}
+    inputs = {
+        name: keras.Input(shape=tuple(spec.shape), dtype=spec.dtype.name, name=name)
+        for name, spec in feature_spec.items()
+    }
     logits = keras.layers.Dense(num_outputs)(inputs["x"])
     marker = CountExamples(examples, name="count_examples")(inputs["index"])
     return keras.Model(inputs, keras.layers.Add()([logits, keras.layers.Reshape((1,))(marker)]))
@@ -206,7 +227,10 @@ def counting_wide_deep(feature_spec, num_outputs, examples: int = 256, vocab_siz
 
     inner_spec = {name: spec for name, spec in feature_spec.items() if name != "index"}
     inner = wide_deep(inner_spec, num_outputs, vocab_size=vocab_size, embedding_dim=4, hidden_units=(8,), shards=shards)
-    inputs = {name: keras.Input(shape=tuple(spec.shape), dtype=spec.dtype.name, name=name) for name, spec in feature_spec.items()}
+    inputs = {
+        name: keras.Input(shape=tuple(spec.shape), dtype=spec.dtype.name, name=name)
+        for name, spec in feature_spec.items()
+    }
     logits = inner({name: inputs[name] for name in inner_spec})
     marker = CountExamples(examples, name="count_examples")(inputs["index"])
     return keras.Model(inputs, keras.layers.Add()([logits, keras.layers.Reshape((num_outputs,))(marker)]))
@@ -226,8 +250,12 @@ def train_only_data(features: int = 8, examples: int = 256):
     """Training examples and no eval split (eval=None)."""
     x = np.random.default_rng(0).standard_normal((examples, features)).astype(np.float32)
     y = (x[:, 0] > 0).astype(np.int64)
-    return DataSource(train=lambda ctx: shard(tf.data.Dataset.from_tensor_slices((x, y)), ctx), eval=None, num_classes=2,
-                      train_examples=examples)
+    return DataSource(
+        train=lambda ctx: shard(tf.data.Dataset.from_tensor_slices((x, y)), ctx),
+        eval=None,
+        num_classes=2,
+        train_examples=examples,
+    )
 
 
 # -- what trainer.jit_compile=auto must look into (issue 32): a model's own weight, its ops, a loss XLA cannot compile --
@@ -272,7 +300,9 @@ class BalancedClassification(Classification):
     def loss(self, labels, outputs):
         ids = self._ids(labels)
         counts = tf.math.bincount(tf.cast(ids, tf.int32), dtype=tf.float32)
-        weights = tf.cast(tf.size(ids), tf.float32) / (tf.gather(counts, ids) * tf.cast(tf.math.count_nonzero(counts), tf.float32))
+        weights = tf.cast(tf.size(ids), tf.float32) / (
+            tf.gather(counts, ids) * tf.cast(tf.math.count_nonzero(counts), tf.float32)
+        )
         return super().loss(labels, outputs) * weights
 
 
@@ -387,7 +417,9 @@ def subclassed(num_outputs):
 
 def sequential_without_input(num_outputs):
     """`keras.Sequential` without a `keras.Input`: its weights are made at its first call."""
-    return keras.Sequential([keras.layers.Flatten(), keras.layers.Dense(32, activation="relu"), keras.layers.Dense(num_outputs)])
+    return keras.Sequential(
+        [keras.layers.Flatten(), keras.layers.Dense(32, activation="relu"), keras.layers.Dense(num_outputs)]
+    )
 
 
 class Recorder(keras.callbacks.Callback):
@@ -395,8 +427,18 @@ class Recorder(keras.callbacks.Callback):
     line each in `path`: the same callback is run under Keras' fit and under
     tfdistx, and the two records compared (test_unit_keras_callbacks.py)."""
 
-    HOOKS = ("on_train_begin", "on_train_end", "on_epoch_begin", "on_epoch_end", "on_train_batch_begin", "on_train_batch_end",
-             "on_test_begin", "on_test_end", "on_test_batch_begin", "on_test_batch_end")
+    HOOKS = (
+        "on_train_begin",
+        "on_train_end",
+        "on_epoch_begin",
+        "on_epoch_end",
+        "on_train_batch_begin",
+        "on_train_batch_end",
+        "on_test_begin",
+        "on_test_end",
+        "on_test_batch_begin",
+        "on_test_batch_end",
+    )
 
     def __init__(self, path):
         super().__init__()
@@ -413,6 +455,7 @@ class Recorder(keras.callbacks.Callback):
             numbers = [a for a in args if isinstance(a, int)]
             logs = kwargs.get("logs", next((a for a in args if isinstance(a, dict)), None))
             self._note([hook, *numbers, sorted(logs) if logs is not None else None])
+
         return note
 
     def _note(self, line):
@@ -440,9 +483,12 @@ class FailsIn(keras.callbacks.Callback):
         def failing(*args):
             hook(*args)
             if self.done >= self.step and self.interrupted:
-                raise SystemError("<built-in method __array__> returned a result with an exception set") from KeyboardInterrupt()
+                raise SystemError(
+                    "<built-in method __array__> returned a result with an exception set"
+                ) from KeyboardInterrupt()
             if self.done >= self.step:
                 raise RuntimeError("boom")
+
         return failing
 
 
@@ -455,6 +501,7 @@ def note_step(step, record, path):
     if record:
         with open(path, "a") as file:
             file.write(f"{step}\n")
+
 
 # -- learning-rate schedules whose rate stops being a number (test_unit_optimizers.py) --
 

@@ -49,7 +49,9 @@ def find(directory: str, step: Optional[int] = None, prefer_best: bool = False) 
     `step` (the user's `--step`, which may also name the one in best/);
     ConfigError when there is none."""
     paths = on_disk(directory)
-    best = on_disk(os.path.join(directory, BEST))  # the best checkpoint (keep_best), which max_to_keep may have rotated out of paths
+    best = on_disk(
+        os.path.join(directory, BEST)
+    )  # the best checkpoint (keep_best), which max_to_keep may have rotated out of paths
     if step is None and prefer_best and best:
         return best[-1]
     if step is None and paths:
@@ -58,7 +60,9 @@ def find(directory: str, step: Optional[int] = None, prefer_best: bool = False) 
     if found is None:
         kept = ", ".join(str(step_of(p)) for p in paths) or "none"
         kept += f"; the best: {step_of(best[-1])}" if best else ""
-        raise ConfigError.one("--step" if step is not None else "checkpoint.dir", step if step is not None else directory,
-                              f"no such checkpoint in {directory} (steps kept: {kept})")
+        raise ConfigError.one(
+            "--step" if step is not None else "checkpoint.dir",
+            step if step is not None else directory,
+            f"no such checkpoint in {directory} (steps kept: {kept})",
+        )
     return found
-

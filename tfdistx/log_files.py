@@ -47,5 +47,9 @@ class _SaidOnceWhenUnwritable:
             logging.Handler.handleError(self.handler, record)
         elif not self.said:
             self.said = True
-            print(f"tfdistx: warning: {getattr(self.handler, 'baseFilename', 'the log file')} cannot be written ({cause}): "
-                  "the run's lines go on to the terminal only", file=sys.stderr, flush=True)
+            print(
+                f"tfdistx: warning: {getattr(self.handler, 'baseFilename', 'the log file')} cannot be written ({cause}): "
+                "the run's lines go on to the terminal only",
+                file=sys.stderr,
+                flush=True,
+            )

@@ -17,7 +17,14 @@ from typing import Dict, Optional
 # Distributions that install the `tensorflow` module itself. tfdistx asks
 # for `tensorflow` alone (pyproject.toml); the rest arrive from elsewhere
 # (an older tfdistx asked for tensorflow-cpu, some images ship their own).
-TENSORFLOW_DISTRIBUTIONS = ("tensorflow", "tensorflow-cpu", "tensorflow-gpu", "tensorflow-macos", "tf-nightly", "tf-nightly-cpu")
+TENSORFLOW_DISTRIBUTIONS = (
+    "tensorflow",
+    "tensorflow-cpu",
+    "tensorflow-gpu",
+    "tensorflow-macos",
+    "tf-nightly",
+    "tf-nightly-cpu",
+)
 # Without a GPU in TensorFlow's wheel, whatever the machine has.
 CPU_ONLY = ("tensorflow-cpu", "tf-nightly-cpu")
 # Two of the CUDA libraries `tensorflow[and-cuda]` (the `gpu` extra) installs from pip.
@@ -67,11 +74,15 @@ def conflict() -> Optional[str]:
         return None
     names = " ".join(found)
     listed = ", ".join(f"{name} {version}" for name, version in found.items())
-    return (f"{listed} are installed together: they write the same tensorflow/ files, so the one that runs is whichever pip "
-            f"installed last: pip uninstall -y {names}, then reinstall tfdistx (on a GPU machine: {GPU_INSTALL})")
+    return (
+        f"{listed} are installed together: they write the same tensorflow/ files, so the one that runs is whichever pip "
+        f"installed last: pip uninstall -y {names}, then reinstall tfdistx (on a GPU machine: {GPU_INSTALL})"
+    )
 
 
-def unseen_gpus(tensorflow_sees_gpus: bool, built_with_cuda: bool, gpus: Optional[int] = None, environ=os.environ) -> Optional[str]:
+def unseen_gpus(
+    tensorflow_sees_gpus: bool, built_with_cuda: bool, gpus: Optional[int] = None, environ=os.environ
+) -> Optional[str]:
     """One line when the machine has NVIDIA GPUs (`gpus`: found here) that
     TensorFlow does not see, so the run trains on the CPU, with the fix."""
     gpus = nvidia_gpus() if gpus is None else gpus
@@ -98,6 +109,9 @@ def describe(gpus: Optional[int] = None, environ=os.environ) -> str:
         return f"{text}, hidden by CUDA_VISIBLE_DEVICES={environ['CUDA_VISIBLE_DEVICES']!r}: replicas run on CPU devices; {tensorflow}"
     if not found or set(found) <= set(CPU_ONLY):
         return f"{text}; {tensorflow} has no CUDA kernels: the run would train on the CPU: {GPU_INSTALL}"
-    libraries = "CUDA libraries from pip (the gpu extra)" if cuda_from_pip() else "no CUDA libraries from pip: the system's are used, if any"
+    libraries = (
+        "CUDA libraries from pip (the gpu extra)"
+        if cuda_from_pip()
+        else "no CUDA libraries from pip: the system's are used, if any"
+    )
     return f"{text}; {tensorflow}, {libraries}"
-

@@ -20,23 +20,37 @@ from tfdistx.spec.errors import ConfigError
 def _one_tensor(input_shape, model: str) -> tuple:
     """The shape of the one feature tensor these models take (None: the data's features are a dict)."""
     if input_shape is None:
-        raise ConfigError.one("model", model, "takes one feature tensor, but the data's features are a dict of several: "
-                              "use model=wide_deep, a model._target_ that takes feature_spec, or data with one feature besides the label")
+        raise ConfigError.one(
+            "model",
+            model,
+            "takes one feature tensor, but the data's features are a dict of several: "
+            "use model=wide_deep, a model._target_ that takes feature_spec, or data with one feature besides the label",
+        )
     return tuple(input_shape)
 
 
-def mlp(input_shape: Sequence[int], num_outputs: int, hidden_units: Sequence[int] = (128,), dropout: float = 0.0) -> keras.Model:
+def mlp(
+    input_shape: Sequence[int], num_outputs: int, hidden_units: Sequence[int] = (128,), dropout: float = 0.0
+) -> keras.Model:
     """The default network: 784-128-10 for MNIST."""
     model = keras.Sequential([keras.Input(shape=_one_tensor(input_shape, "mlp")), layers.Flatten()], name="mlp")
     for units in hidden_units:
         model.add(layers.Dense(units, activation="relu"))
         if dropout:
             model.add(layers.Dropout(dropout))
-    model.add(layers.Dense(num_outputs, name="head"))  # named: checkpoint.init_skip=['head/'] leaves it fresh for a new task
+    model.add(
+        layers.Dense(num_outputs, name="head")
+    )  # named: checkpoint.init_skip=['head/'] leaves it fresh for a new task
     return model
 
 
-def cnn(input_shape: Sequence[int], num_outputs: int, filters: Sequence[int] = (32, 64), dense_units: int = 128, dropout: float = 0.25) -> keras.Model:
+def cnn(
+    input_shape: Sequence[int],
+    num_outputs: int,
+    filters: Sequence[int] = (32, 64),
+    dense_units: int = 128,
+    dropout: float = 0.25,
+) -> keras.Model:
     model = keras.Sequential([keras.Input(shape=_one_tensor(input_shape, "cnn"))], name="cnn")
     for width in filters:
         model.add(layers.Conv2D(width, 3, padding="same", activation="relu"))
@@ -49,7 +63,9 @@ def cnn(input_shape: Sequence[int], num_outputs: int, filters: Sequence[int] = (
     return model
 
 
-def resnet(input_shape: Sequence[int], num_outputs: int, depth: int = 20, width: int = 16, weight_decay: float = 1e-4) -> keras.Model:
+def resnet(
+    input_shape: Sequence[int], num_outputs: int, depth: int = 20, width: int = 16, weight_decay: float = 1e-4
+) -> keras.Model:
     """CIFAR ResNet (He et al. 2016, section 4.2): 3 stages of (depth-2)/6 basic blocks."""
     if (depth - 2) % 6:
         raise ConfigError.one("model.depth", depth, "a CIFAR ResNet has depth 6n+2: 20, 32, 44, 56, 110")
@@ -95,8 +111,10 @@ class ShardedEmbedding(layers.Layer):
         self.initializer = keras.initializers.get(embeddings_initializer)
 
     def build(self, input_shape):
-        self.tables = [self.add_weight(shape=(self.rows, self.dim), initializer=self.initializer, name=f"shard_{i}")
-                       for i in range(self.shards)]
+        self.tables = [
+            self.add_weight(shape=(self.rows, self.dim), initializer=self.initializer, name=f"shard_{i}")
+            for i in range(self.shards)
+        ]
 
     def call(self, ids):
         import tensorflow as tf
@@ -130,8 +148,14 @@ def _lookup_in_parts(parts, ids):
     return tf.reshape(found, tf.concat([tf.shape(ids), tf.shape(found)[1:]], 0))
 
 
-def wide_deep(feature_spec, num_outputs: int, vocab_size: int = 100_000, embedding_dim: int = 16,
-              hidden_units: Sequence[int] = (256, 128), shards: int = 1) -> keras.Model:
+def wide_deep(
+    feature_spec,
+    num_outputs: int,
+    vocab_size: int = 100_000,
+    embedding_dim: int = 16,
+    hidden_units: Sequence[int] = (256, 128),
+    shards: int = 1,
+) -> keras.Model:
     """Wide & deep (Cheng et al. 2016) over named inputs.
 
     Integer features are hashed categorical ids in [0, vocab_size): the deep
@@ -143,12 +167,22 @@ def wide_deep(feature_spec, num_outputs: int, vocab_size: int = 100_000, embeddi
     """
     single = not isinstance(feature_spec, Mapping)
     specs = {"categorical": feature_spec} if single else feature_spec
-    inputs = {name: keras.Input(shape=tuple(spec.shape), dtype=spec.dtype.name, name=name) for name, spec in specs.items()}
+    inputs = {
+        name: keras.Input(shape=tuple(spec.shape), dtype=spec.dtype.name, name=name) for name, spec in specs.items()
+    }
     ids = [x for x in inputs.values() if "int" in x.dtype]
     dense = [x for x in inputs.values() if "int" not in x.dtype]
     if not ids:
-        have = ", ".join(f"{k}: {v.dtype.name} {tuple(v.shape)}" for k, v in specs.items()) if single else f"{feature_spec.dtype.name} {tuple(feature_spec.shape)}"
-        raise ConfigError.one("model", "wide_deep", f"needs integer (categorical id) features; the data's features are {have}: use data=synthetic_categorical or ids of your own")
+        have = (
+            ", ".join(f"{k}: {v.dtype.name} {tuple(v.shape)}" for k, v in specs.items())
+            if single
+            else f"{feature_spec.dtype.name} {tuple(feature_spec.shape)}"
+        )
+        raise ConfigError.one(
+            "model",
+            "wide_deep",
+            f"needs integer (categorical id) features; the data's features are {have}: use data=synthetic_categorical or ids of your own",
+        )
     deep_table = ShardedEmbedding(vocab_size, embedding_dim, shards, name="deep_embedding")
     wide_table = ShardedEmbedding(vocab_size, num_outputs, shards, embeddings_initializer="zeros", name="wide_weights")
     ids = ids[0] if len(ids) == 1 else layers.Concatenate()(ids)
@@ -164,7 +198,9 @@ def wide_deep(feature_spec, num_outputs: int, vocab_size: int = 100_000, embeddi
     if flat_dense:
         numbers = layers.Concatenate(name="wide_inputs")(flat_dense) if len(flat_dense) > 1 else flat_dense[0]
         wide = layers.Add(name="wide")([wide, layers.Dense(num_outputs, use_bias=False, name="wide_dense")(numbers)])
-    return keras.Model(inputs["categorical"] if single else inputs, layers.Add(name="logits")([deep, wide]), name="wide_deep")
+    return keras.Model(
+        inputs["categorical"] if single else inputs, layers.Add(name="logits")([deep, wide]), name="wide_deep"
+    )
 
 
 class SumOverFields(layers.Layer):

@@ -30,7 +30,15 @@ import yaml  # PyYAML (no TensorFlow, no Hydra): a run's .hydra/hydra.yaml
 
 from tfdistx.spec import datafiles
 from tfdistx.whole_files import write_whole
-from tfdistx.spec.errors import EXIT_INVALID_CONFIG, EXIT_NOT_RETRYABLE, EXIT_PREEMPTED, EXIT_RUN_DIR_LOCKED, ConfigError, Problem, RunFault
+from tfdistx.spec.errors import (
+    EXIT_INVALID_CONFIG,
+    EXIT_NOT_RETRYABLE,
+    EXIT_PREEMPTED,
+    EXIT_RUN_DIR_LOCKED,
+    ConfigError,
+    Problem,
+    RunFault,
+)
 
 LOCK_NAME = ".lock"
 FAILED_NAME = "FAILED"  # in a run dir whose run failed; read by `tfdistx report`
@@ -48,11 +56,23 @@ def exclusive(run_dir: str):
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             holder = os.read(fd, 4096).decode(errors="replace").strip() or "unknown"
-            raise RunFault(f"hydra.run.dir={str(run_dir)!r}: another run is using this directory ({_describe(holder)}): "
-                           f"wait for it to end, or pick another hydra.run.dir (exit {EXIT_RUN_DIR_LOCKED})", EXIT_RUN_DIR_LOCKED) from None
+            raise RunFault(
+                f"hydra.run.dir={str(run_dir)!r}: another run is using this directory ({_describe(holder)}): "
+                f"wait for it to end, or pick another hydra.run.dir (exit {EXIT_RUN_DIR_LOCKED})",
+                EXIT_RUN_DIR_LOCKED,
+            ) from None
         os.ftruncate(fd, 0)
-        os.write(fd, json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "started": time.strftime("%Y-%m-%d %H:%M:%S"),
-                                 "command": " ".join(sys.argv)}).encode())
+        os.write(
+            fd,
+            json.dumps(
+                {
+                    "pid": os.getpid(),
+                    "host": socket.gethostname(),
+                    "started": time.strftime("%Y-%m-%d %H:%M:%S"),
+                    "command": " ".join(sys.argv),
+                }
+            ).encode(),
+        )
         yield
     finally:
         os.close(fd)  # releases the lock
@@ -128,7 +148,17 @@ _STUB = {".hydra", LOG_NAME, LOCK_NAME}
 
 # What a run (and `tfdistx evaluate`, `export`, `predict` of it) writes in its directory. Not tfdistx.log:
 # Hydra appends to it, and every task of a run opens it first thing, before the owner takes the lock.
-RUN_WRITES = (".hydra", "metrics.jsonl", "summary.json", "checkpoints", "export", "tensorboard", "evaluations.jsonl", "logs", FAILED_NAME)
+RUN_WRITES = (
+    ".hydra",
+    "metrics.jsonl",
+    "summary.json",
+    "checkpoints",
+    "export",
+    "tensorboard",
+    "evaluations.jsonl",
+    "logs",
+    FAILED_NAME,
+)
 RUN_WRITES_PREFIXES = ("predictions", "export-step-")
 JOB_NAME = "tfdistx"  # hydra.job.name (conf/config.yaml), which Hydra records in .hydra/hydra.yaml
 
@@ -148,10 +178,15 @@ def in_the_way(run_dir: str, checkpoint_dir=None, also=()) -> list:
     names = set(RUN_WRITES) | set(also)
     if checkpoint_dir and run.resolve() in Path(checkpoint_dir).resolve().parents:
         names.add(Path(checkpoint_dir).resolve().relative_to(run.resolve()).parts[0])
-    if job is None:  # no other Hydra app's: a task of this run writing its .hydra/ this moment (hydra.yaml comes second)
+    if (
+        job is None
+    ):  # no other Hydra app's: a task of this run writing its .hydra/ this moment (hydra.yaml comes second)
         names.discard(".hydra")
-    return sorted(f"{p.name}/" if p.is_dir() else p.name for p in run.iterdir()
-                  if p.name in names or p.name.startswith(RUN_WRITES_PREFIXES))
+    return sorted(
+        f"{p.name}/" if p.is_dir() else p.name
+        for p in run.iterdir()
+        if p.name in names or p.name.startswith(RUN_WRITES_PREFIXES)
+    )
 
 
 def why_not_in_run_dir(filename, run_dir: Optional[str] = None) -> Optional[str]:
@@ -256,7 +291,9 @@ def _output_problems(key: str, directory: str, protected, made_by) -> list:
     target = Path(directory).resolve()
     for kept in map(lambda p: Path(p).resolve(), protected):
         if target == kept or target in kept.parents:
-            return [Problem(key, str(directory), f"would replace {kept}, which holds the run's files: name a new directory")]
+            return [
+                Problem(key, str(directory), f"would replace {kept}, which holds the run's files: name a new directory")
+            ]
     if not target.exists() or (target.is_dir() and not any(target.iterdir())):
         return []
     if target.is_dir() and (target / made_by[0]).is_file():
@@ -287,9 +324,15 @@ def check_new_directory(key: str, directory: str, protected=(), made_by=SAVED_MO
     except OSError as error:
         cause = cannot_write(error)
         if cause:
-            raise RunFault(f"cannot write {key}={str(directory)!r} ({cause}): nothing was written", EXIT_NOT_RETRYABLE) from None
-        raise ConfigError.one(key, str(directory), f"cannot be written: making a directory in {place} fails "
-                              f"({error.strerror or type(error).__name__}): name a directory you can write (nothing was changed)") from None
+            raise RunFault(
+                f"cannot write {key}={str(directory)!r} ({cause}): nothing was written", EXIT_NOT_RETRYABLE
+            ) from None
+        raise ConfigError.one(
+            key,
+            str(directory),
+            f"cannot be written: making a directory in {place} fails "
+            f"({error.strerror or type(error).__name__}): name a directory you can write (nothing was changed)",
+        ) from None
 
 
 @contextlib.contextmanager
@@ -305,7 +348,9 @@ def new_directory(key: str, directory: str, protected=(), made_by=SAVED_MODEL):
     the next command that writes NAME removes it."""
     check_new_directory(key, directory, protected, made_by)
     parent, name = os.path.split(os.path.abspath(directory))
-    made = [p for p in [Path(parent), *Path(parent).parents] if not os.path.lexists(p)]  # deepest first: removed on a failure
+    made = [
+        p for p in [Path(parent), *Path(parent).parents] if not os.path.lexists(p)
+    ]  # deepest first: removed on a failure
     os.makedirs(parent, exist_ok=True)
     prefix = f".{name}.tmp-"
     _remove_left_behind(parent, prefix)
@@ -315,7 +360,9 @@ def new_directory(key: str, directory: str, protected=(), made_by=SAVED_MODEL):
         yield tmp
         if os.path.exists(directory):
             if any(Path(directory).iterdir()):
-                logging.getLogger(__name__).warning("%s held an earlier one: kept as %s", directory, keep_aside(Path(directory)))
+                logging.getLogger(__name__).warning(
+                    "%s held an earlier one: kept as %s", directory, keep_aside(Path(directory))
+                )
             else:
                 os.rmdir(directory)
         os.replace(tmp, directory)
@@ -324,9 +371,12 @@ def new_directory(key: str, directory: str, protected=(), made_by=SAVED_MODEL):
         cause = None if isinstance(error, (ConfigError, RunFault)) else cannot_write(error)
         if cause is None:
             raise
-        raise RunFault(f"cannot write {key}={str(directory)!r} ({cause}): nothing was written"
-                       f"{' (the one there is unchanged)' if os.path.exists(directory) else ''}. "
-                       "Free some space and run the command again.", EXIT_NOT_RETRYABLE) from None
+        raise RunFault(
+            f"cannot write {key}={str(directory)!r} ({cause}): nothing was written"
+            f"{' (the one there is unchanged)' if os.path.exists(directory) else ''}. "
+            "Free some space and run the command again.",
+            EXIT_NOT_RETRYABLE,
+        ) from None
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
         os.close(lock)  # releases the lock
@@ -372,8 +422,12 @@ def _remove_left_behind(parent: str, prefix: str) -> None:
 
 
 # The OS's word for a disk nothing more can be written to, as Python and TensorFlow report it.
-_CANNOT_WRITE = {errno.ENOSPC: "No space left on device", errno.EDQUOT: "Disk quota exceeded", errno.EROFS: "Read-only file system",
-                 errno.EFBIG: "File too large"}
+_CANNOT_WRITE = {
+    errno.ENOSPC: "No space left on device",
+    errno.EDQUOT: "Disk quota exceeded",
+    errno.EROFS: "Read-only file system",
+    errno.EFBIG: "File too large",
+}
 
 
 def cannot_write(error: BaseException) -> Optional[str]:

@@ -83,7 +83,9 @@ class SigtermNotice:
             self.signal_name = signal.Signals(signum).name
             if self.plan:  # said by a thread: the handler runs between two bytecodes of the main thread, which may be
                 # inside a write to the same stream, whose buffer refuses a second (a "--- Logging error ---" traceback)
-                self._saying = threading.Thread(target=log.warning, args=("%s: %s", self.signal_name, self.plan), name="notice")
+                self._saying = threading.Thread(
+                    target=log.warning, args=("%s: %s", self.signal_name, self.plan), name="notice"
+                )
                 self._saying.start()
         self.received.set()
 
@@ -91,7 +93,9 @@ class SigtermNotice:
         """Where nothing has started that could save (nothing is trained, and
         no peer waits on this process yet): a SIGTERM means leave now."""
         if self.received.is_set():
-            leave_preempted(f"preempted ({self.signal_name}) {where}: nothing was trained to save; rerun the same command to resume")
+            leave_preempted(
+                f"preempted ({self.signal_name}) {where}: nothing was trained to save; rerun the same command to resume"
+            )
 
 
 def signal_number(name: str) -> int:

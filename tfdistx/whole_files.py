@@ -74,7 +74,7 @@ def append_whole(fd: int, line: bytes) -> None:
     size = os.fstat(fd).st_size
     try:
         while line:
-            line = line[os.write(fd, line):]
+            line = line[os.write(fd, line) :]
     except OSError:
         os.ftruncate(fd, size)
         raise

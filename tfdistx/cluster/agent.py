@@ -43,7 +43,20 @@ from tfdistx.cluster import evaluator as sidecars  # the sidecar evaluator's tas
 from tfdistx.cluster.liveness import split_address, task_hosts
 from tfdistx.cluster.prefork import Prefork, can_fork
 from tfdistx.cluster.processes import ForwardingSignals, SaidOnce, Task, free_ports, shell_code
-from tfdistx.cluster.round_keeper import DONE, ENDED, FAILED, FINISHED, GROW, LOST, RUNNING, TASK_FAILED, WAITING, RoundKeeper, answer, listen
+from tfdistx.cluster.round_keeper import (
+    DONE,
+    ENDED,
+    FAILED,
+    FINISHED,
+    GROW,
+    LOST,
+    RUNNING,
+    TASK_FAILED,
+    WAITING,
+    RoundKeeper,
+    answer,
+    listen,
+)
 from tfdistx.cluster.rounds import Rounds
 from tfdistx.cluster.supervisor import POLL_SECONDS, Membership, NoRound, Round, RoundResult, Say, State, Supervisor
 from tfdistx.sigterm import SigtermNotice
@@ -81,7 +94,9 @@ class Beats:
         self.store, self.address, self.name = store, address, f"{address}/{secrets.token_hex(4)}"
         self.status: Tuple[str, int, int, int] = (WAITING, 0, 0, 0)  # status, round, code, port
         self.last: Optional[dict] = None
-        self.answered = time.monotonic()  # the agent starts as if just answered: it waits lost_bound before it says otherwise
+        self.answered = (
+            time.monotonic()
+        )  # the agent starts as if just answered: it waits lost_bound before it says otherwise
         self.lock, self.stop = threading.Lock(), threading.Event()
         self.thread = threading.Thread(target=self._run, name="beats", daemon=True)
 
@@ -137,8 +152,10 @@ class AgentMembership(Membership):
         while True:
             answer = self.beats.last
             if answer and answer["stopped"]:
-                self.say(f"{answer['stopped']['why']}: stopping (exit {answer['stopped']['code']}); "
-                         "rerun the same command on every node to resume from the newest checkpoint")
+                self.say(
+                    f"{answer['stopped']['why']}: stopping (exit {answer['stopped']['code']}); "
+                    "rerun the same command on every node to resume from the newest checkpoint"
+                )
                 raise NoRound(answer["stopped"]["code"])
             if answer and answer["finished"]:
                 raise NoRound(0)  # trained to its end by the others: nothing left for this node
@@ -146,8 +163,10 @@ class AgentMembership(Membership):
             if now and now["why"] is None and now["number"] > self.number and self.beats.name in now["members"]:
                 return self._placed(now)
             if self.beats.silent_for() > silent_limit:
-                self.say(f"no answer from the rendezvous at {store} for {silent_limit:g}s (cluster.elastic.below_min_timeout): "
-                         f"stopping (exit {EXIT_CLUSTER_DID_NOT_FORM}); is the agent on its host running?")
+                self.say(
+                    f"no answer from the rendezvous at {store} for {silent_limit:g}s (cluster.elastic.below_min_timeout): "
+                    f"stopping (exit {EXIT_CLUSTER_DID_NOT_FORM}); is the agent on its host running?"
+                )
                 raise NoRound(EXIT_CLUSTER_DID_NOT_FORM)
             if signals.wait(POLL_SECONDS):
                 raise NoRound(shell_code(-signals.received[0]))
@@ -155,27 +174,44 @@ class AgentMembership(Membership):
     def _placed(self, formed: dict) -> Round:
         self.number = formed["number"]
         index = formed["members"].index(self.beats.name)
-        servers = formed["servers"]  # the run's servers (a parameter-server run's chief and ps, the tf.data service's), on the keeper's node
+        servers = formed[
+            "servers"
+        ]  # the run's servers (a parameter-server run's chief and ps, the tf.data service's), on the keeper's node
         cluster = {**servers, "worker": formed["workers"]}
         spec = self.spec
         # Each node's own log directory: its worker's log and scratch (a non-chief's checkpoints), which a worker
         # of the same name on another node, in a later round, must not share while this one may still be ending.
         node_dir = Path(spec["log_dir"]) / f"node-{self.beats.address}"
         node_dir.mkdir(parents=True, exist_ok=True)
-        here = {**(servers if self.keeps_rounds else {}), **{job: [None] * count for job, count in self.sidecars.items()}}
+        here = {
+            **(servers if self.keeps_rounds else {}),
+            **{job: [None] * count for job, count in self.sidecars.items()},
+        }
         places = [("worker", index), *((job, n) for job, on in here.items() for n in range(len(on)))]
-        tasks = [Task(job, n, cluster, spec["command"], node_dir, spec.get("run_log"), self.refusals, spec.get("task_env", {})) for job, n in places]
+        tasks = [
+            Task(
+                job, n, cluster, spec["command"], node_dir, spec.get("run_log"), self.refusals, spec.get("task_env", {})
+            )
+            for job, n in places
+        ]
         self.beats.set(RUNNING, self.number)
-        beside = "".join(f", {job}:{n}" for job, n in places[1:] if job in servers) + (" and the sidecar evaluator" if self.sidecars else "")
-        self.say(f"round {self.number}: this node ({self.beats.address}) runs worker:{index} of {len(formed['members'])}{beside}", quiet=True)
+        beside = "".join(f", {job}:{n}" for job, n in places[1:] if job in servers) + (
+            " and the sidecar evaluator" if self.sidecars else ""
+        )
+        self.say(
+            f"round {self.number}: this node ({self.beats.address}) runs worker:{index} of {len(formed['members'])}{beside}",
+            quiet=True,
+        )
         return Round(tasks, task_hosts(cluster))
 
     def check(self, round_: Round, signals: ForwardingSignals) -> Optional[RoundResult]:
         """The keeper's verdict on the running round, or its silence past lost_bound."""
         silent, bound = self.beats.silent_for(), self.bounds["lost_bound"]
         if silent > bound:
-            self.say(f"no answer from the rendezvous at {self.beats.store} for {silent:.0f}s (cluster.elastic.lost_bound): "
-                     "stopping this node's task; waiting for the rendezvous")
+            self.say(
+                f"no answer from the rendezvous at {self.beats.store} for {silent:.0f}s (cluster.elastic.lost_bound): "
+                "stopping this node's task; waiting for the rendezvous"
+            )
             return RoundResult(State.MEMBERSHIP_CHANGED, EXIT_LOST_PEER, lost={"rendezvous": self.beats.store})
         current = (self.beats.last or {}).get("round")
         if current is None:
@@ -186,10 +222,14 @@ class AgentMembership(Membership):
             return RoundResult(State.MEMBERSHIP_CHANGED, EXIT_LOST_PEER, lost=current["lost"])
         if current["why"] == GROW:
             round_.ask_to_checkpoint()
-            return RoundResult(State.MEMBERSHIP_CHANGED, EXIT_PREEMPTED, joined=current["joining"], asked_to_checkpoint=True)
+            return RoundResult(
+                State.MEMBERSHIP_CHANGED, EXIT_PREEMPTED, joined=current["joining"], asked_to_checkpoint=True
+            )
         if current["why"] == TASK_FAILED:  # another node's task: this one is stopped, and the round restarts
             return RoundResult(State.FAILED, current["code"])
-        if current["why"] == FINISHED:  # the chief's node is done (parameter servers): this node's worker served its last step
+        if (
+            current["why"] == FINISHED
+        ):  # the chief's node is done (parameter servers): this node's worker served its last step
             return RoundResult(State.SUCCEEDED)
         return None  # running
 
@@ -234,27 +274,37 @@ def run_agent(spec: dict, notice: Optional[SigtermNotice] = None) -> int:
     keeper, server = _keep_rounds_if_here(bounds, say)
     beats = Beats(bounds["store"], bounds.get("address") or own_address(bounds["store"]))
     servers = spec.get("servers") or {}
-    if servers and keeper is None:  # a node with a worker only: its end is this node's (a parameter-server worker serves the chief)
+    if (
+        servers and keeper is None
+    ):  # a node with a worker only: its end is this node's (a parameter-server worker serves the chief)
         spec = {**spec, "primary": ["worker"]}
     if servers and keeper is not None:  # its tasks sized for the servers beside its worker (a chief steps too)
         spec = {**spec, "task_env": spec.get("keeper_task_env", spec.get("task_env", {}))}
         keeper.servers = lambda: _server_addresses(beats, servers)
         if "chief" in servers:  # parameter servers: the chief's end is the training's
             keeper.finisher = beats.name
-    with rundir.exclusive(spec["run_dir"]) if keeper else contextlib.nullcontext():  # the keeper's node owns the run directory
+    with (
+        rundir.exclusive(spec["run_dir"]) if keeper else contextlib.nullcontext()
+    ):  # the keeper's node owns the run directory
         attempt = rundir.Attempt.begin(spec["run_dir"], record=spec.get("config_record")) if keeper else None
         beats.start()
         Path(spec["log_dir"]).mkdir(parents=True, exist_ok=True)
-        prefork = Prefork(spec["preload"], spec["log_dir"]) if spec.get("preload") and can_fork(spec["command"]) else None
+        prefork = (
+            Prefork(spec["preload"], spec["log_dir"]) if spec.get("preload") and can_fork(spec["command"]) else None
+        )
         try:
             with ForwardingSignals([], spec.get("notice_signals", ())) as signals:
                 if notice is not None and notice.received.is_set():
                     notice.leave_if_received("before this node's agent started")
-                code = Supervisor(spec, AgentMembership(spec, beats, say, keeps_rounds=keeper is not None), signals, say, prefork).run()
+                code = Supervisor(
+                    spec, AgentMembership(spec, beats, say, keeps_rounds=keeper is not None), signals, say, prefork
+                ).run()
         finally:
             if prefork is not None:
                 prefork.close()
-        if attempt is not None:  # a refused rerun leaves the run's own config; a new run that failed says so to `tfdistx report`
+        if (
+            attempt is not None
+        ):  # a refused rerun leaves the run's own config; a new run that failed says so to `tfdistx report`
             attempt.end(code)
         beats.set(DONE if code == 0 else ENDED, beats.status[1])
         _hear_the_end(keeper, beats, code, bounds["lost_bound"] + spec.get("preemption_grace", 60))
@@ -294,8 +344,11 @@ def _until_resolved(host: str, port: int, most: float, say: Say) -> None:
             return
         except socket.gaierror as error:
             if time.monotonic() >= deadline:
-                raise RunFault(f"cluster.agent.store={host}:{port}: {host} does not resolve on this node ({error.strerror}) "
-                               f"after {most:g}s (cluster.elastic.below_min_timeout)", EXIT_CLUSTER_DID_NOT_FORM) from None
+                raise RunFault(
+                    f"cluster.agent.store={host}:{port}: {host} does not resolve on this node ({error.strerror}) "
+                    f"after {most:g}s (cluster.elastic.below_min_timeout)",
+                    EXIT_CLUSTER_DID_NOT_FORM,
+                ) from None
             if not said:
                 say(f"waiting for {host} (cluster.agent.store) to resolve, at most {most:g}s", quiet=True)
                 said = True
@@ -308,7 +361,9 @@ def _keep_rounds_if_here(bounds: dict, say: Say):
     and says each in the run's log."""
     host, port = split_address(bounds["store"])
     _until_resolved(host, port, bounds["below_min_timeout"], say)
-    keeper = RoundKeeper(bounds["min"], bounds["max"], bounds["join_grace"], bounds["lost_bound"], bounds["below_min_timeout"])
+    keeper = RoundKeeper(
+        bounds["min"], bounds["max"], bounds["join_grace"], bounds["lost_bound"], bounds["below_min_timeout"]
+    )
     try:
         server = listen(keeper, host, port)
     except OSError:  # not this host's address, or another agent here keeps them

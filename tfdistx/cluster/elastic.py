@@ -72,17 +72,25 @@ class HostListMembership(Membership):
     @classmethod
     def of(cls, spec: dict, say: Say) -> "HostListMembership":
         elastic = spec["elastic"]
-        return cls(spec, HostList(elastic.get("hosts"), elastic.get("discover"), say=say),
-                   Rounds(elastic["rounds_file"], elastic["checkpoint_dir"], elastic["metrics_file"], say=say), say)
+        return cls(
+            spec,
+            HostList(elastic.get("hosts"), elastic.get("discover"), say=say),
+            Rounds(elastic["rounds_file"], elastic["checkpoint_dir"], elastic["metrics_file"], say=say),
+            say,
+        )
 
     def form(self, reason: str, signals: ForwardingSignals) -> Round:
         """The round's tasks: a worker on each member host, and the chief
         and the ps tasks (parameter servers) on the chief's host."""
         self.members = self._wait_for_hosts(signals)
         self.chief = self.members[0]
-        placed = {job: (self.members if job == "worker" else [self.chief] * n) for job, n in self.spec["counts"].items() if n}
+        placed = {
+            job: (self.members if job == "worker" else [self.chief] * n) for job, n in self.spec["counts"].items() if n
+        }
         ports = iter(free_ports(sum(map(len, placed.values()))))
-        round_ = Round.placed(self.spec, {job: [f"{host}:{next(ports)}" for host in on] for job, on in placed.items()}, {})
+        round_ = Round.placed(
+            self.spec, {job: [f"{host}:{next(ports)}" for host in on] for job, on in placed.items()}, {}
+        )
         self.rounds.start(round_.members(), reason)
         self.next_read = 0.0
         return round_
@@ -107,14 +115,22 @@ class HostListMembership(Membership):
             else:
                 enough_since = None
                 if not waiting_said:  # a wait of minutes, said once, so that a quiet terminal is not taken for a hang
-                    self.say(f"{len(chosen)} host(s) usable from {self.hosts.where}, fewer than cluster.elastic.min_workers={low}: "
-                             f"waiting for more, at most {elastic['below_min_timeout']:g}s (cluster.elastic.below_min_timeout)")
+                    self.say(
+                        f"{len(chosen)} host(s) usable from {self.hosts.where}, fewer than cluster.elastic.min_workers={low}: "
+                        f"waiting for more, at most {elastic['below_min_timeout']:g}s (cluster.elastic.below_min_timeout)"
+                    )
                     waiting_said = True
                 if now - started >= elastic["below_min_timeout"]:
-                    chief_note = f" (the chief's host {self.chief} is not listed)" if self.chief and self.chief not in listed else ""
-                    self.say(f"{len(chosen)} host(s) usable from {self.hosts.where}{chief_note}, fewer than cluster.elastic.min_workers={low} "
-                             f"for {elastic['below_min_timeout']:g}s (cluster.elastic.below_min_timeout): stopping (exit {EXIT_TOO_FEW_WORKERS}); "
-                             "rerun the same command to resume from the newest checkpoint")
+                    chief_note = (
+                        f" (the chief's host {self.chief} is not listed)"
+                        if self.chief and self.chief not in listed
+                        else ""
+                    )
+                    self.say(
+                        f"{len(chosen)} host(s) usable from {self.hosts.where}{chief_note}, fewer than cluster.elastic.min_workers={low} "
+                        f"for {elastic['below_min_timeout']:g}s (cluster.elastic.below_min_timeout): stopping (exit {EXIT_TOO_FEW_WORKERS}); "
+                        "rerun the same command to resume from the newest checkpoint"
+                    )
                     raise NoRound(EXIT_TOO_FEW_WORKERS)
             if signals.wait(POLL_SECONDS):
                 raise NoRound(shell_code(-signals.received[0]))
@@ -134,8 +150,10 @@ class HostListMembership(Membership):
             if host == self.chief:  # fixed for the whole run
                 continue
             if host not in listed and task.proc.poll() is None:
-                self.say(f"{host} left the host list (for {self.elastic['lost_bound']:g}s, cluster.elastic.lost_bound): "
-                         f"stopping {task.name}, which ran there")
+                self.say(
+                    f"{host} left the host list (for {self.elastic['lost_bound']:g}s, cluster.elastic.lost_bound): "
+                    f"stopping {task.name}, which ran there"
+                )
                 signal_group(task.proc, signal.SIGKILL)  # what the host's loss would do
                 task.proc.wait()
                 task.clear_scratch()
@@ -147,13 +165,26 @@ class HostListMembership(Membership):
                 self._take_back(round_, task, host, signals)
         live = sum(name.startswith("worker:") for name in round_.members())
         if round_.dropped and live < self.elastic["min"]:
-            self.say(f"{live} live worker(s), fewer than cluster.elastic.min_workers={self.elastic['min']}: the trainers checkpoint and stop")
+            self.say(
+                f"{live} live worker(s), fewer than cluster.elastic.min_workers={self.elastic['min']}: the trainers checkpoint and stop"
+            )
             round_.ask_to_checkpoint()
-            return RoundResult(State.MEMBERSHIP_CHANGED, EXIT_PREEMPTED, lost=dict(round_.dropped), asked_to_checkpoint=True)
-        joining = [host for host in listed if host in now_listed and host not in self.members][:self.elastic["max"] - len(self.members)]
-        if joining and not round_.lost and not round_.dropped and all(task.proc.poll() is None for task in round_.tasks):
-            self.say(f"{', '.join(joining)} listed: the trainers checkpoint at their next loop boundary and stop, "
-                     f"for a round of {len(self.members) + len(joining)} workers")
+            return RoundResult(
+                State.MEMBERSHIP_CHANGED, EXIT_PREEMPTED, lost=dict(round_.dropped), asked_to_checkpoint=True
+            )
+        joining = [host for host in listed if host in now_listed and host not in self.members][
+            : self.elastic["max"] - len(self.members)
+        ]
+        if (
+            joining
+            and not round_.lost
+            and not round_.dropped
+            and all(task.proc.poll() is None for task in round_.tasks)
+        ):
+            self.say(
+                f"{', '.join(joining)} listed: the trainers checkpoint at their next loop boundary and stop, "
+                f"for a round of {len(self.members) + len(joining)} workers"
+            )
             round_.ask_to_checkpoint()
             return RoundResult(State.MEMBERSHIP_CHANGED, EXIT_PREEMPTED, joined=joining, asked_to_checkpoint=True)
         return None
@@ -171,7 +202,9 @@ class HostListMembership(Membership):
         round without it; any other, a restart of the same round. A trainer
         that left with 42 by itself checkpointed: its peers get the time to."""
         listed = self._listed()
-        round_.lost.update({name: host for name, host in round_.hosts.items() if host not in listed and host != self.chief})
+        round_.lost.update(
+            {name: host for name, host in round_.hosts.items() if host not in listed and host != self.chief}
+        )
         state = State.MEMBERSHIP_CHANGED if round_.lost else State.FAILED
         return RoundResult(state, code, lost=dict(round_.lost), asked_to_checkpoint=code == EXIT_PREEMPTED)
 

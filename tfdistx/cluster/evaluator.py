@@ -40,12 +40,15 @@ def is_sidecar(job: str) -> bool:
 
 def report_exit(task_name: str, code: int, say: Callable[[str], None]) -> None:
     """The one line a failed evaluator gets (`say`: the supervisor's): the run carries on without it."""
-    say(f"the sidecar evaluator ({task_name}) exited with code {code}; training goes on without it "
-        f"(its log: logs/{task_name.replace(':', '-')}.log)")
+    say(
+        f"the sidecar evaluator ({task_name}) exited with code {code}; training goes on without it "
+        f"(its log: logs/{task_name.replace(':', '-')}.log)"
+    )
 
 
-def let_finish(procs: List, interrupted: Callable[[], bool], say: Callable[[str], None],
-               seconds: float = FINAL_EVALUATION_SECONDS) -> None:
+def let_finish(
+    procs: List, interrupted: Callable[[], bool], say: Callable[[str], None], seconds: float = FINAL_EVALUATION_SECONDS
+) -> None:
     """Training has ended: give the evaluators `seconds` to evaluate the final
     checkpoint and exit by themselves (a signal from outside ends the wait)."""
     running = [p for p in procs if p.poll() is None]

@@ -50,13 +50,17 @@ class HostList:
             if self.path is not None:
                 text = Path(self.path).read_text()
             else:
-                done = subprocess.run(self.command, shell=True, capture_output=True, text=True, timeout=DISCOVER_TIMEOUT_SECONDS)
+                done = subprocess.run(
+                    self.command, shell=True, capture_output=True, text=True, timeout=DISCOVER_TIMEOUT_SECONDS
+                )
                 if done.returncode != 0:
                     raise OSError(f"exit code {done.returncode}: {done.stderr.strip()[:200]}")
                 text = done.stdout
         except (OSError, subprocess.TimeoutExpired) as error:
             if not self.failing:
-                self.say(f"cannot read the hosts from {self.where} ({error}): keeping the last list, {', '.join(self.last) or 'empty'}")
+                self.say(
+                    f"cannot read the hosts from {self.where} ({error}): keeping the last list, {', '.join(self.last) or 'empty'}"
+                )
             self.failing = True
             return list(self.last)
         self.failing = False
@@ -91,7 +95,9 @@ class Settled:
     def __init__(self, bound: float, clock: Callable[[], float] = time.monotonic):
         self.bound, self.clock = bound, clock
         self.since: Dict[str, Tuple[bool, float]] = {}  # host -> (listed at the last read, since when)
-        self.hosts: Optional[List[str]] = None  # the hosts that count, in the list's order (those on their way out last)
+        self.hosts: Optional[List[str]] = (
+            None  # the hosts that count, in the list's order (those on their way out last)
+        )
 
     def update(self, listed: List[str]) -> List[str]:
         now = self.clock()
@@ -102,8 +108,9 @@ class Settled:
             self.hosts = list(listed)
             return list(listed)
         held = {host for host, (_, since) in self.since.items() if now - since >= self.bound}
-        self.hosts = ([host for host in listed if host in self.hosts or host in held]
-                      + [host for host in self.hosts if host not in listed and host not in held])
+        self.hosts = [host for host in listed if host in self.hosts or host in held] + [
+            host for host in self.hosts if host not in listed and host not in held
+        ]
         return list(self.hosts)
 
 

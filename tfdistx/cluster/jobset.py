@@ -57,21 +57,37 @@ def place(env: Mapping[str, str], counts: Mapping[str, int]):
     line naming the label and what the config allows."""
     jobset = env.get(NAME_ENV, "")
     if not jobset:
-        raise ConfigError.one("cluster.launch", "jobset", f"this pod has no {NAME_ENV} (the manifest's downward API gives it the "
-                                                          f"label {NAME_LABEL}): export the manifest with `tfdistx export jobset`")
-    check_name(NAME_LABEL, jobset, LONGEST_NAME)  # every address is built from it: a bad one would wait for peers that never answer
+        raise ConfigError.one(
+            "cluster.launch",
+            "jobset",
+            f"this pod has no {NAME_ENV} (the manifest's downward API gives it the "
+            f"label {NAME_LABEL}): export the manifest with `tfdistx export jobset`",
+        )
+    check_name(
+        NAME_LABEL, jobset, LONGEST_NAME
+    )  # every address is built from it: a bad one would wait for peers that never answer
     wanted = {job: n for job, n in counts.items() if n}
     job = env.get(REPLICATED_JOB_ENV, "")
     if job not in wanted:
-        raise ConfigError.one(REPLICATED_JOB_LABEL, job, f"the config's cluster has the replicatedJobs {', '.join(wanted)}: "
-                                                         "make cluster= match the manifest")
+        raise ConfigError.one(
+            REPLICATED_JOB_LABEL,
+            job,
+            f"the config's cluster has the replicatedJobs {', '.join(wanted)}: make cluster= match the manifest",
+        )
     if env.get(JOB_INDEX_ENV, "0") != "0":
-        raise ConfigError.one(JOB_INDEX_LABEL, env[JOB_INDEX_ENV], "allowed: 0 (tfdistx runs each task type as one Indexed Job "
-                                                                   "with a pod per task: replicas: 1)")
+        raise ConfigError.one(
+            JOB_INDEX_LABEL,
+            env[JOB_INDEX_ENV],
+            "allowed: 0 (tfdistx runs each task type as one Indexed Job with a pod per task: replicas: 1)",
+        )
     raw = env.get(POD_INDEX_ENV, "")
     if not raw.isdigit() or int(raw) >= wanted[job]:
-        raise ConfigError.one(POD_INDEX_LABEL, raw, f"the config's cluster has {wanted[job]} {job} task(s): allowed 0..{wanted[job] - 1}")
-    spec = cluster_spec(jobset, {name: n for name, n in wanted.items() if name != EVALUATOR})  # not in the cluster (cluster/evaluator.py)
+        raise ConfigError.one(
+            POD_INDEX_LABEL, raw, f"the config's cluster has {wanted[job]} {job} task(s): allowed 0..{wanted[job] - 1}"
+        )
+    spec = cluster_spec(
+        jobset, {name: n for name, n in wanted.items() if name != EVALUATOR}
+    )  # not in the cluster (cluster/evaluator.py)
     training, service = data_service.split(spec)
     return training, job, int(raw), service
 
@@ -79,5 +95,9 @@ def place(env: Mapping[str, str], counts: Mapping[str, int]):
 def check_name(key: str, value: str, longest: int) -> None:
     """A Kubernetes object's name, as a DNS label (a JobSet's, a TFJob's, a namespace)."""
     if not _DNS_LABEL.fullmatch(value) or len(value) > longest:
-        raise ConfigError.one(key, value, f"must be a DNS label: lowercase letters, digits and '-', starting with a letter, "
-                                          f"at most {longest} characters")
+        raise ConfigError.one(
+            key,
+            value,
+            f"must be a DNS label: lowercase letters, digits and '-', starting with a letter, "
+            f"at most {longest} characters",
+        )

@@ -49,21 +49,36 @@ ANCESTOR = "trainer.kubeflow.org/trainjob-ancestor-step"  # Trainer v2's label f
 MAX_NAME = jobset.LONGEST_NAME  # its pods' hostnames are built from the name
 
 
-def jobset_manifest(layout: Layout, overrides: List[str], name: str, image: str, namespace: str = "default", volume: Optional[str] = None,
-                    mount_path: str = DEFAULT_MOUNT_PATH, gpus: bool = False, config_dirs: Sequence[str] = (),
-                    config_path: Optional[str] = None) -> Dict:
+def jobset_manifest(
+    layout: Layout,
+    overrides: List[str],
+    name: str,
+    image: str,
+    namespace: str = "default",
+    volume: Optional[str] = None,
+    mount_path: str = DEFAULT_MOUNT_PATH,
+    gpus: bool = False,
+    config_dirs: Sequence[str] = (),
+    config_path: Optional[str] = None,
+) -> Dict:
     """The JobSet (as a dict) whose pods run `layout` (arguments as kubernetes.tfjob's)."""
     if layout.cluster.agent is not None:  # the pods say where they meet, not the user's stand-in
-        overrides = [o for o in overrides if o.lstrip("+").partition("=")[0] not in ("cluster.launch", "cluster.agent.store")]
+        overrides = [
+            o for o in overrides if o.lstrip("+").partition("=")[0] not in ("cluster.launch", "cluster.agent.store")
+        ]
     pods = Pods(layout, "a JobSet", overrides, name, image, volume, mount_path, gpus, config_dirs, config_path)
     spec = _agents_jobset_spec(pods, name) if layout.cluster.agent is not None else _jobset_spec(pods, CONTAINER)
     return {"apiVersion": JOBSET_API, "kind": "JobSet", "metadata": _metadata(name, namespace), "spec": spec}
 
 
-def jobset_and_network_policy(layout: Layout, overrides: List[str], name: str, image: str, namespace: str = "default",
-                              *more, **keywords) -> List[Dict]:
+def jobset_and_network_policy(
+    layout: Layout, overrides: List[str], name: str, image: str, namespace: str = "default", *more, **keywords
+) -> List[Dict]:
     """`tfdistx export jobset`: the JobSet (arguments as jobset_manifest's), and the NetworkPolicy that keeps others out of its pods."""
-    return [jobset_manifest(layout, overrides, name, image, namespace, *more, **keywords), network_policy(name, namespace)]
+    return [
+        jobset_manifest(layout, overrides, name, image, namespace, *more, **keywords),
+        network_policy(name, namespace),
+    ]
 
 
 def network_policy(name: str, namespace: str) -> Dict:
@@ -73,16 +88,30 @@ def network_policy(name: str, namespace: str) -> Dict:
     operations in it. Every port, since an agent's worker listens on a free
     one; egress left open (the dataset downloads, W&B). It takes effect where
     the cluster's network plugin enforces NetworkPolicy."""
+
     def own() -> Dict:  # a dict each time: YAML would print a shared one as an anchor
         return {"matchLabels": {jobset.NAME_LABEL: name}}
 
-    return {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy", "metadata": _metadata(f"{name}-tasks", namespace),
-            "spec": {"podSelector": own(), "policyTypes": ["Ingress"], "ingress": [{"from": [{"podSelector": own()}]}]}}
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": _metadata(f"{name}-tasks", namespace),
+        "spec": {"podSelector": own(), "policyTypes": ["Ingress"], "ingress": [{"from": [{"podSelector": own()}]}]},
+    }
 
 
-def trainjob_manifests(layout: Layout, overrides: List[str], name: str, image: str, namespace: str = "default", volume: Optional[str] = None,
-                       mount_path: str = DEFAULT_MOUNT_PATH, gpus: bool = False, config_dirs: Sequence[str] = (),
-                       config_path: Optional[str] = None) -> List[Dict]:
+def trainjob_manifests(
+    layout: Layout,
+    overrides: List[str],
+    name: str,
+    image: str,
+    namespace: str = "default",
+    volume: Optional[str] = None,
+    mount_path: str = DEFAULT_MOUNT_PATH,
+    gpus: bool = False,
+    config_dirs: Sequence[str] = (),
+    config_path: Optional[str] = None,
+) -> List[Dict]:
     """[the ClusterTrainingRuntime, the TrainJob naming it]. The runtime is
     this run's shape (its task types and counts) with the image and args in
     every task type; the TrainJob sets the trainer step's image, args,
@@ -101,15 +130,22 @@ def trainjob_manifests(layout: Layout, overrides: List[str], name: str, image: s
         "spec": {"mlPolicy": {"numNodes": workers}, "template": {"spec": spec}},
     }
     container = trainer_step["template"]["spec"]["template"]["spec"]["containers"][0]
-    trainer = {"image": image, "command": list(container["command"]), "args": list(container["args"]), "numNodes": workers}
+    trainer = {
+        "image": image,
+        "command": list(container["command"]),
+        "args": list(container["args"]),
+        "numNodes": workers,
+    }
     if gpus:
         trainer["resourcesPerNode"] = pods.resources()
     trainjob = {
         "apiVersion": TRAINER_API,
         "kind": "TrainJob",
         "metadata": _metadata(name, namespace),
-        "spec": {"runtimeRef": {"name": runtime_name, "kind": "ClusterTrainingRuntime", "apiGroup": "trainer.kubeflow.org"},
-                 "trainer": trainer},
+        "spec": {
+            "runtimeRef": {"name": runtime_name, "kind": "ClusterTrainingRuntime", "apiGroup": "trainer.kubeflow.org"},
+            "trainer": trainer,
+        },
     }
     return [runtime, trainjob]
 
@@ -131,26 +167,60 @@ def _jobset_spec(pods: Pods, container_name: str) -> Dict:
     args = pods.args("jobset")
     replicated = []
     for job, n in pods.counts.items():
-        container = pods.container(container_name, job, args, env=_labels_as_env(),
-                                   ports=[{"name": "tfdistx", "containerPort": jobset.PORT}])
-        replicated.append({"name": job, "replicas": 1, "template": {"spec": {
-            "completionMode": "Indexed", "completions": n, "parallelism": n,
-            **(_evaluator_job(pods, container) if job == EVALUATOR else _training_job(pods, container, container_name)),
-        }}})
+        container = pods.container(
+            container_name, job, args, env=_labels_as_env(), ports=[{"name": "tfdistx", "containerPort": jobset.PORT}]
+        )
+        replicated.append(
+            {
+                "name": job,
+                "replicas": 1,
+                "template": {
+                    "spec": {
+                        "completionMode": "Indexed",
+                        "completions": n,
+                        "parallelism": n,
+                        **(
+                            _evaluator_job(pods, container)
+                            if job == EVALUATOR
+                            else _training_job(pods, container, container_name)
+                        ),
+                    }
+                },
+            }
+        )
     training = [job for job in pods.counts if job != EVALUATOR]
     primary = [job for job in pods.primary_jobs if job in pods.counts] or ["worker"]
     return {
         "network": {"enableDNSHostnames": True},  # <name>-<job>-0-<i>.<name>: the addresses cluster/jobset.py derives
         # BlockingRecreate: every pod of an attempt is gone before the next starts, so none still holds the run dir.
-        "failurePolicy": {"maxRestarts": pods.max_restarts, "restartStrategy": "BlockingRecreate", "rules": [
-            # A preemption (exit 42: checkpointed at the signal) costs nothing: it does not count toward maxRestarts.
-            {"name": PREEMPTED, "action": "RestartJobSetAndIgnoreMaxRestarts", "onJobFailureReasons": ["PodFailurePolicy"],
-             "onJobFailureMessagePatterns": [f"with exit code {EXIT_PREEMPTED} matching FailJob rule at index {PREEMPTED_RULE}$"],
-             "targetReplicatedJobs": training},
-            {"name": PERMANENT_EXIT, "action": "FailJobSet", "onJobFailureReasons": ["PodFailurePolicy"], "targetReplicatedJobs": training},
-            {"name": RESTART_AND_RESUME, "action": "RestartJobSet", "onJobFailureReasons": ["BackoffLimitExceeded"],
-             "targetReplicatedJobs": training},
-        ]},
+        "failurePolicy": {
+            "maxRestarts": pods.max_restarts,
+            "restartStrategy": "BlockingRecreate",
+            "rules": [
+                # A preemption (exit 42: checkpointed at the signal) costs nothing: it does not count toward maxRestarts.
+                {
+                    "name": PREEMPTED,
+                    "action": "RestartJobSetAndIgnoreMaxRestarts",
+                    "onJobFailureReasons": ["PodFailurePolicy"],
+                    "onJobFailureMessagePatterns": [
+                        f"with exit code {EXIT_PREEMPTED} matching FailJob rule at index {PREEMPTED_RULE}$"
+                    ],
+                    "targetReplicatedJobs": training,
+                },
+                {
+                    "name": PERMANENT_EXIT,
+                    "action": "FailJobSet",
+                    "onJobFailureReasons": ["PodFailurePolicy"],
+                    "targetReplicatedJobs": training,
+                },
+                {
+                    "name": RESTART_AND_RESUME,
+                    "action": "RestartJobSet",
+                    "onJobFailureReasons": ["BackoffLimitExceeded"],
+                    "targetReplicatedJobs": training,
+                },
+            ],
+        },
         # The run is done when the chief (parameter servers) or every worker is: the ps tasks never end on their own.
         "successPolicy": {"operator": "All", "targetReplicatedJobs": primary},
         "replicatedJobs": replicated,
@@ -164,27 +234,55 @@ def _agents_jobset_spec(pods: Pods, name: str) -> Dict:
     store = f"{jobset.hostname(name, 'worker', 0)}:{jobset.PORT}"
     args = [*pods.args("agent"), f"cluster.agent.store={store}"]
     container = pods.container(CONTAINER, "worker", args, ports=[{"name": "rendezvous", "containerPort": jobset.PORT}])
-    on_codes = lambda action, codes: {"action": action, "onExitCodes": {"containerName": CONTAINER, "operator": "In",  # noqa: E731
-                                                                        "values": list(codes)}}
+    on_codes = lambda action, codes: {
+        "action": action,
+        "onExitCodes": {
+            "containerName": CONTAINER,
+            "operator": "In",  # noqa: E731
+            "values": list(codes),
+        },
+    }
     job = {
-        "completionMode": "Indexed", "completions": workers, "parallelism": workers,
+        "completionMode": "Indexed",
+        "completions": workers,
+        "parallelism": workers,
         # A pod lost (killed, its node gone) is recreated and its agent joins again; this many such losses, then the set restarts.
         "backoffLimit": max(pods.max_restarts, 1) * workers,
-        "podFailurePolicy": {"rules": [
-            on_codes("FailJob", PERMANENT),  # no restart cures these: the set fails
-            on_codes("Ignore", [EXIT_PREEMPTED]),  # its agent checkpointed with the others and left: recreated, not counted
-            {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget"}]},  # evicted, preempted, its node drained
-        ]},
+        "podFailurePolicy": {
+            "rules": [
+                on_codes("FailJob", PERMANENT),  # no restart cures these: the set fails
+                on_codes(
+                    "Ignore", [EXIT_PREEMPTED]
+                ),  # its agent checkpointed with the others and left: recreated, not counted
+                {
+                    "action": "Ignore",
+                    "onPodConditions": [{"type": "DisruptionTarget"}],
+                },  # evicted, preempted, its node drained
+            ]
+        },
         "successPolicy": {"rules": [{"succeededIndexes": "0"}]},  # the keeper's pod ends when the training does
         "template": {"spec": pods.spec(container, restartPolicy="Never")},  # podFailurePolicy's requirement
     }
     return {
         "network": {"enableDNSHostnames": True},
-        "failurePolicy": {"maxRestarts": pods.max_restarts, "restartStrategy": "BlockingRecreate", "rules": [
-            {"name": PERMANENT_EXIT, "action": "FailJobSet", "onJobFailureReasons": ["PodFailurePolicy"], "targetReplicatedJobs": ["worker"]},
-            {"name": RESTART_AND_RESUME, "action": "RestartJobSet", "onJobFailureReasons": ["BackoffLimitExceeded"],
-             "targetReplicatedJobs": ["worker"]},
-        ]},
+        "failurePolicy": {
+            "maxRestarts": pods.max_restarts,
+            "restartStrategy": "BlockingRecreate",
+            "rules": [
+                {
+                    "name": PERMANENT_EXIT,
+                    "action": "FailJobSet",
+                    "onJobFailureReasons": ["PodFailurePolicy"],
+                    "targetReplicatedJobs": ["worker"],
+                },
+                {
+                    "name": RESTART_AND_RESUME,
+                    "action": "RestartJobSet",
+                    "onJobFailureReasons": ["BackoffLimitExceeded"],
+                    "targetReplicatedJobs": ["worker"],
+                },
+            ],
+        },
         "successPolicy": {"operator": "All", "targetReplicatedJobs": ["worker"]},
         "replicatedJobs": [{"name": "worker", "replicas": 1, "template": {"spec": job}}],
     }
@@ -194,21 +292,36 @@ def _training_job(pods: Pods, container: Dict, container_name: str) -> Dict:
     """A training task's Job: any failure fails it (backoffLimit 0), and the
     JobSet's rules decide: a permanent code fails the set, a preemption
     restarts it without counting, anything else restarts it, counted."""
-    def fail_job_on(codes) -> Dict:
-        return {"action": "FailJob", "onExitCodes": {"containerName": container_name, "operator": "In", "values": list(codes)}}
 
-    rules = [fail_job_on(PERMANENT), fail_job_on([EXIT_PREEMPTED])]  # the second at PREEMPTED_RULE: the JobSet's rule reads its index
-    return {"backoffLimit": 0, "podFailurePolicy": {"rules": rules},
-            "template": {"spec": pods.spec(container, restartPolicy="Never")}}  # podFailurePolicy's requirement
+    def fail_job_on(codes) -> Dict:
+        return {
+            "action": "FailJob",
+            "onExitCodes": {"containerName": container_name, "operator": "In", "values": list(codes)},
+        }
+
+    rules = [
+        fail_job_on(PERMANENT),
+        fail_job_on([EXIT_PREEMPTED]),
+    ]  # the second at PREEMPTED_RULE: the JobSet's rule reads its index
+    return {
+        "backoffLimit": 0,
+        "podFailurePolicy": {"rules": rules},
+        "template": {"spec": pods.spec(container, restartPolicy="Never")},
+    }  # podFailurePolicy's requirement
 
 
 def _evaluator_job(pods: Pods, container: Dict) -> Dict:
     """The sidecar evaluator's Job: a failure restarts its container in place
     (OnFailure), never failing the Job, so the training's rules never see it."""
-    return {"backoffLimit": EVALUATOR_BACKOFF_LIMIT, "template": {"spec": pods.spec(container, restartPolicy="OnFailure")}}
+    return {
+        "backoffLimit": EVALUATOR_BACKOFF_LIMIT,
+        "template": {"spec": pods.spec(container, restartPolicy="OnFailure")},
+    }
 
 
 def _labels_as_env() -> List[Dict]:
     """The JobSet labels cluster/jobset.py places the pod by, through the downward API."""
-    return [{"name": env, "valueFrom": {"fieldRef": {"fieldPath": f"metadata.labels['{label}']"}}}
-            for env, label in jobset.DOWNWARD_API.items()]
+    return [
+        {"name": env, "valueFrom": {"fieldRef": {"fieldPath": f"metadata.labels['{label}']"}}}
+        for env, label in jobset.DOWNWARD_API.items()
+    ]

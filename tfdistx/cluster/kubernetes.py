@@ -29,7 +29,12 @@ from tfdistx.spec.run_spec import Layout
 API_VERSION = "kubeflow.org/v1"
 PORT = 2222  # the operator's default, taken from the container port named tfjob-port
 CONTAINER = "tensorflow"  # the operator's default container name
-REPLICA_TYPES = {"chief": "Chief", "ps": "PS", "worker": "Worker", EVALUATOR: "Evaluator"}  # TF_CONFIG job -> TFJob replica type
+REPLICA_TYPES = {
+    "chief": "Chief",
+    "ps": "PS",
+    "worker": "Worker",
+    EVALUATOR: "Evaluator",
+}  # TF_CONFIG job -> TFJob replica type
 # data.service's tasks: the operator puts them in TF_CONFIG as `dispatcher` and `dataworker` (cluster/data_service.py takes them out)
 REPLICA_TYPES.update({data_service.DISPATCHER: "Dispatcher", data_service.WORKER: "DataWorker"})
 VOLUME_NAME = "tfdistx-runs"
@@ -37,12 +42,23 @@ DEFAULT_MOUNT_PATH = "/mnt/tfdistx"
 # The operator names services <job>-<replica type>-<index>: the longest, "-worker-NNN", must stay a DNS label.
 MAX_NAME = 63 - len("-worker-999")
 CREATED_BY = {"app.kubernetes.io/created-by": "tfdistx"}
-_DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")  # a claim's name (RFC 1123)
+_DNS_SUBDOMAIN = re.compile(
+    r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*"
+)  # a claim's name (RFC 1123)
 
 
-def tfjob(layout: Layout, overrides: List[str], name: str, image: str, namespace: str = "default", volume: Optional[str] = None,
-          mount_path: str = DEFAULT_MOUNT_PATH, gpus: bool = False, config_dirs: Sequence[str] = (),
-          config_path: Optional[str] = None) -> Dict:
+def tfjob(
+    layout: Layout,
+    overrides: List[str],
+    name: str,
+    image: str,
+    namespace: str = "default",
+    volume: Optional[str] = None,
+    mount_path: str = DEFAULT_MOUNT_PATH,
+    gpus: bool = False,
+    config_dirs: Sequence[str] = (),
+    config_path: Optional[str] = None,
+) -> Dict:
     """The TFJob (as a dict) whose pods run the run laid out as `layout`, composed from `overrides`
     and the user's config dirs: `config_dirs` given as `--config-dir`, and
     `config_path` the TFDISTX_CONFIG_PATH, both as the user gave them (each
@@ -53,7 +69,11 @@ def tfjob(layout: Layout, overrides: List[str], name: str, image: str, namespace
     replica_specs = {}
     for job, replicas in pods.counts.items():
         container = pods.container(CONTAINER, job, args, ports=[{"name": "tfjob-port", "containerPort": PORT}])
-        replica_specs[REPLICA_TYPES[job]] = {"replicas": replicas, "restartPolicy": "ExitCode", "template": {"spec": pods.spec(container)}}
+        replica_specs[REPLICA_TYPES[job]] = {
+            "replicas": replicas,
+            "restartPolicy": "ExitCode",
+            "template": {"spec": pods.spec(container)},
+        }
     return {
         "apiVersion": API_VERSION,
         "kind": "TFJob",
@@ -72,11 +92,24 @@ class Pods:
     TFJob here, a JobSet or TrainJob in jobset_manifest.py): its tasks per
     job, its command and args, environment, volume and grace period."""
 
-    def __init__(self, layout: Layout, kind: str, overrides: List[str], name: str, image: str, volume: Optional[str], mount_path: str,
-                 gpus: bool, config_dirs: Sequence[str], config_path: Optional[str]):
+    def __init__(
+        self,
+        layout: Layout,
+        kind: str,
+        overrides: List[str],
+        name: str,
+        image: str,
+        volume: Optional[str],
+        mount_path: str,
+        gpus: bool,
+        config_dirs: Sequence[str],
+        config_path: Optional[str],
+    ):
         topo, facts = layout.cluster, layout.strategy.facts
         if facts.not_in_tfjob:
-            raise ConfigError.one("strategy", layout.strategy.name, f"cannot be exported as {kind}: {facts.not_in_tfjob}")
+            raise ConfigError.one(
+                "strategy", layout.strategy.name, f"cannot be exported as {kind}: {facts.not_in_tfjob}"
+            )
         counts = layout.training_jobs()  # a one-process strategy: one pod
         if topo.evaluator:  # the sidecar evaluator's pod: its task type is "evaluator"
             counts = {**counts, EVALUATOR: 1}
@@ -86,7 +119,13 @@ class Pods:
         self.primary_jobs = facts.primary_jobs  # the jobs whose end is the run's end
         # A one-process strategy without the tf.data service is one pod that needs no placing.
         self.placed = facts.multi_process or bool(service)
-        self.overrides, self.image, self.volume, self.mount_path, self.gpus = list(overrides), image, volume, mount_path, gpus
+        self.overrides, self.image, self.volume, self.mount_path, self.gpus = (
+            list(overrides),
+            image,
+            volume,
+            mount_path,
+            gpus,
+        )
         self.run_dir = f"{mount_path}/{name}" if volume else None
         self.config_dirs = list(config_dirs)
         self.env = [{"name": "PYTHONUNBUFFERED", "value": "1"}]  # kubectl logs shows each line as it is written
@@ -100,9 +139,12 @@ class Pods:
     def args(self, launch: str, exit_offset: int = 0) -> List[str]:
         """The container's args: the config dirs, then pod_args."""
         return [arg for directory in self.config_dirs for arg in ("--config-dir", directory)] + pod_args(
-            self.overrides, launch if self.placed else None, self.run_dir, exit_offset)
+            self.overrides, launch if self.placed else None, self.run_dir, exit_offset
+        )
 
-    def container(self, name: str, job: str, args: List[str], env: Sequence[Dict] = (), ports: Sequence[Dict] = ()) -> Dict:
+    def container(
+        self, name: str, job: str, args: List[str], env: Sequence[Dict] = (), ports: Sequence[Dict] = ()
+    ) -> Dict:
         container = {
             "name": name,
             "image": self.image,
@@ -134,7 +176,9 @@ def pod_args(overrides: List[str], launch: Optional[str], run_dir: Optional[str]
     the exit-code offset its restart policy wants, the run dir on the volume."""
     args = list(overrides)
     if launch:
-        args.append(f"cluster.launch={launch}")  # a pod that was not placed says so, instead of launching a local cluster
+        args.append(
+            f"cluster.launch={launch}"
+        )  # a pod that was not placed says so, instead of launching a local cluster
     if exit_offset:
         args.append(f"cluster.retryable_exit_offset={exit_offset}")
     if run_dir and given_value("hydra.run.dir", overrides) is None:
@@ -145,13 +189,17 @@ def pod_args(overrides: List[str], launch: Optional[str], run_dir: Optional[str]
 def volume_source(spec: str) -> Dict:
     """`pvc:CLAIM` (or just CLAIM) or `hostPath:/PATH` -> the pod volume's source."""
     kind, _, value = spec.partition(":") if ":" in spec else ("pvc", "", spec)
-    if kind == "pvc" and value and not (_DNS_SUBDOMAIN.fullmatch(value) and len(value) <= 253):  # else no pod would start
-        raise ConfigError.one("--volume", spec, "a claim's name: lowercase letters, digits, '-' and '.', starting and ending "
-                                                "with a letter or digit, at most 253 characters")
+    if (
+        kind == "pvc" and value and not (_DNS_SUBDOMAIN.fullmatch(value) and len(value) <= 253)
+    ):  # else no pod would start
+        raise ConfigError.one(
+            "--volume",
+            spec,
+            "a claim's name: lowercase letters, digits, '-' and '.', starting and ending "
+            "with a letter or digit, at most 253 characters",
+        )
     if kind == "pvc" and value:
         return {"persistentVolumeClaim": {"claimName": value}}
     if kind == "hostPath" and value.startswith("/"):
         return {"hostPath": {"path": value, "type": "DirectoryOrCreate"}}
     raise ConfigError.one("--volume", spec, "allowed: pvc:CLAIM_NAME (or CLAIM_NAME) or hostPath:/ABSOLUTE/PATH")
-
-

@@ -25,20 +25,41 @@ from typing import Dict, List, Optional, Sequence
 from tfdistx.cluster import evaluator as sidecars  # the sidecar evaluator's task
 from tfdistx.cluster.elastic import HostListMembership
 from tfdistx.cluster.prefork import Prefork, can_fork, fork, imported_here
-from tfdistx.cluster.processes import (SCRATCH_DIR, ForwardingSignals, can_isolate, enter_private_network, free_ports, loopback_up,
-                                       shell_code, yield_the_cores)
+from tfdistx.cluster.processes import (
+    SCRATCH_DIR,
+    ForwardingSignals,
+    can_isolate,
+    enter_private_network,
+    free_ports,
+    loopback_up,
+    shell_code,
+    yield_the_cores,
+)
 from tfdistx.cluster.supervisor import Membership, Round, Say, Supervisor
 from tfdistx.spec.errors import ConfigError
 from tfdistx.spec.strategies import describe_jobs  # no training code: the job table's words
 from tfdistx.sigterm import SigtermNotice
 
 
-def run_local_cluster(counts: Dict[str, int], command: List[str], log_dir: str, primary: List[str],
-                      isolate: Optional[bool] = None, max_restarts: int = 0, restart_alone: List[str] = (),
-                      stopped_task_timeout: float = 60, run_log: Optional[str] = None, evaluator: bool = False,
-                      preemption_grace: float = 60, notice: Optional[SigtermNotice] = None, notice_signals: Sequence[str] = (),
-                      task_env: Optional[Dict[str, str]] = None, elastic: Optional[dict] = None, preload: Sequence[str] = (),
-                      nice: int = 0) -> int:
+def run_local_cluster(
+    counts: Dict[str, int],
+    command: List[str],
+    log_dir: str,
+    primary: List[str],
+    isolate: Optional[bool] = None,
+    max_restarts: int = 0,
+    restart_alone: List[str] = (),
+    stopped_task_timeout: float = 60,
+    run_log: Optional[str] = None,
+    evaluator: bool = False,
+    preemption_grace: float = 60,
+    notice: Optional[SigtermNotice] = None,
+    notice_signals: Sequence[str] = (),
+    task_env: Optional[Dict[str, str]] = None,
+    elastic: Optional[dict] = None,
+    preload: Sequence[str] = (),
+    nice: int = 0,
+) -> int:
     """Run the cluster to its end; the exit code of the first task that failed, else 0.
 
     `isolate`: None isolates when possible (and says so when not), True
@@ -61,21 +82,44 @@ def run_local_cluster(counts: Dict[str, int], command: List[str], log_dir: str, 
     session of their own (processes.yield_the_cores).
     """
     Path(log_dir).mkdir(parents=True, exist_ok=True)
-    spec = {"counts": counts, "command": command, "log_dir": log_dir, "primary": primary, "max_restarts": max_restarts,
-            "restart_alone": list(restart_alone), "stopped_task_timeout": stopped_task_timeout,
-            "run_log": run_log, "evaluator": evaluator, "preemption_grace": preemption_grace,
-            "notice_signals": list(notice_signals), "task_env": task_env or {}, "preload": list(preload),
-            "elastic": elastic, "nice": nice,
-            "preload_imported": imported_here(list(preload))}  # asked here: in the supervisor, a fork, it would always seem so
+    spec = {
+        "counts": counts,
+        "command": command,
+        "log_dir": log_dir,
+        "primary": primary,
+        "max_restarts": max_restarts,
+        "restart_alone": list(restart_alone),
+        "stopped_task_timeout": stopped_task_timeout,
+        "run_log": run_log,
+        "evaluator": evaluator,
+        "preemption_grace": preemption_grace,
+        "notice_signals": list(notice_signals),
+        "task_env": task_env or {},
+        "preload": list(preload),
+        "elastic": elastic,
+        "nice": nice,
+        "preload_imported": imported_here(list(preload)),
+    }  # asked here: in the supervisor, a fork, it would always seem so
     spec = json.loads(json.dumps(spec))  # plain data, as when the supervisor read it from a file
     isolated = isolate is not False and can_isolate()
     if isolated:
-        print(f"tfdistx: local cluster ({describe_jobs(counts)}) in a private network namespace: loopback only", flush=True)
+        print(
+            f"tfdistx: local cluster ({describe_jobs(counts)}) in a private network namespace: loopback only",
+            flush=True,
+        )
     elif isolate:
-        raise ConfigError.one("cluster.isolate", True, "this machine does not allow a private network namespace (unshare --user --net failed)")
+        raise ConfigError.one(
+            "cluster.isolate",
+            True,
+            "this machine does not allow a private network namespace (unshare --user --net failed)",
+        )
     else:
-        print(f"tfdistx: WARNING: local cluster ({describe_jobs(counts)}) is NOT isolated: its TensorFlow gRPC servers listen on all "
-              "interfaces without authentication while it runs. Allow unprivileged user namespaces, or firewall the ports.", file=sys.stderr, flush=True)
+        print(
+            f"tfdistx: WARNING: local cluster ({describe_jobs(counts)}) is NOT isolated: its TensorFlow gRPC servers listen on all "
+            "interfaces without authentication while it runs. Allow unprivileged user namespaces, or firewall the ports.",
+            file=sys.stderr,
+            flush=True,
+        )
     with ForwardingSignals([], notice_signals) as forwarding:
         if notice is not None and notice.received.is_set():
             notice.leave_if_received("before the cluster started")
@@ -98,7 +142,11 @@ def _supervise(spec: dict, isolated: bool) -> int:
         try:
             enter_private_network()
         except OSError as error:  # can_isolate's probe passed a moment ago; as `unshare` said it: one line, exit 1
-            print(f"tfdistx: the local cluster could not enter its private network namespace: {error}", file=sys.stderr, flush=True)
+            print(
+                f"tfdistx: the local cluster could not enter its private network namespace: {error}",
+                file=sys.stderr,
+                flush=True,
+            )
             return 1
     return main(spec, isolated)
 
@@ -126,11 +174,16 @@ def main(spec: dict, isolated: bool) -> int:
         loopback_up()
     say = Say(spec.get("run_log"))
     membership = HostListMembership.of(spec, say) if spec.get("elastic") else FixedCounts(spec)
-    scratch = Path(spec["log_dir"]) / SCRATCH_DIR  # what a launcher killed by SIGKILL left (one launcher per run directory)
+    scratch = (
+        Path(spec["log_dir"]) / SCRATCH_DIR
+    )  # what a launcher killed by SIGKILL left (one launcher per run directory)
     shutil.rmtree(scratch, ignore_errors=True)
     # The tasks' imports, done once (spec["preload"], named by the training side): forked from here on.
-    prefork = (Prefork(spec["preload"], spec["log_dir"], fork_this=spec.get("preload_imported", False))
-               if spec.get("preload") and can_fork(spec["command"]) else None)
+    prefork = (
+        Prefork(spec["preload"], spec["log_dir"], fork_this=spec.get("preload_imported", False))
+        if spec.get("preload") and can_fork(spec["command"])
+        else None
+    )
     try:
         with ForwardingSignals([], spec.get("notice_signals", ())) as signals:
             return Supervisor(spec, membership, signals, say, prefork).run()
@@ -138,4 +191,3 @@ def main(spec: dict, isolated: bool) -> int:
         if prefork is not None:
             prefork.close()
         shutil.rmtree(scratch, ignore_errors=True)
-

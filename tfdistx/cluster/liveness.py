@@ -58,7 +58,11 @@ def split_address(address: str) -> Tuple[str, int]:
 
 def task_hosts(cluster: Mapping[str, List[str]]) -> Dict[str, str]:
     """A TF_CONFIG cluster (job -> ["host:port", ...]) as task name -> the host it runs on."""
-    return {f"{job}:{index}": address.rpartition(":")[0] for job, addresses in cluster.items() for index, address in enumerate(addresses)}
+    return {
+        f"{job}:{index}": address.rpartition(":")[0]
+        for job, addresses in cluster.items()
+        for index, address in enumerate(addresses)
+    }
 
 
 class Watch:
@@ -71,9 +75,15 @@ class Watch:
     `waited_on`, a silent task counts as lost only while `waited_on()` says
     the caller is stuck waiting (else the watch goes on)."""
 
-    def __init__(self, tasks: Mapping[str, str], timeout: float, on_lost: Callable[[List[str]], None],
-                 interval: float = INTERVAL_SECONDS, unseen_timeout: Optional[float] = None,
-                 waited_on: Callable[[], bool] = lambda: True):
+    def __init__(
+        self,
+        tasks: Mapping[str, str],
+        timeout: float,
+        on_lost: Callable[[List[str]], None],
+        interval: float = INTERVAL_SECONDS,
+        unseen_timeout: Optional[float] = None,
+        waited_on: Callable[[], bool] = lambda: True,
+    ):
         self.tasks, self.timeout, self.on_lost, self.interval = dict(tasks), timeout, on_lost, interval
         self.unseen_timeout, self.waited_on = unseen_timeout, waited_on
         self.seen: set = set()
@@ -103,8 +113,11 @@ class Watch:
                 else:
                     silent_since.setdefault(name, now)
             now = time.monotonic()
-            lost = sorted(name for name, since in silent_since.items()
-                          if (self.unseen_timeout is None or name in self.seen) and now - since >= self.timeout)
+            lost = sorted(
+                name
+                for name, since in silent_since.items()
+                if (self.unseen_timeout is None or name in self.seen) and now - since >= self.timeout
+            )
             if self.unseen_timeout is not None and now - started >= self.unseen_timeout:
                 lost = sorted({*lost, *(name for name in self.tasks if name not in self.seen)})
             if lost and not self._stop.is_set() and self.waited_on():

@@ -85,8 +85,15 @@ def detect(layout: Layout, env: Mapping[str, str] = os.environ, training: bool =
     counts = {**layout.training_jobs(), **service_jobs}
     mode = cluster.launch
     if mode == "auto":
-        mode = ("tf_config" if env.get("TF_CONFIG") else "jobset" if jobset.in_jobset(env)
-                else "slurm" if "SLURM_PROCID" in env else "local")
+        mode = (
+            "tf_config"
+            if env.get("TF_CONFIG")
+            else "jobset"
+            if jobset.in_jobset(env)
+            else "slurm"
+            if "SLURM_PROCID" in env
+            else "local"
+        )
     if mode == "local":
         return Placement(Source.LOCAL, spec={k: [""] * n for k, n in counts.items() if n})
     if mode == "agent":
@@ -96,7 +103,9 @@ def detect(layout: Layout, env: Mapping[str, str] = os.environ, training: bool =
     elif mode == "jobset":
         placement = Placement(Source.JOBSET, *jobset.place(env, scheduled_tasks(layout, training)))
     else:
-        placement = from_slurm(env, scheduled_tasks(layout, training), cluster.base_port)  # the evaluator: the step's last rank
+        placement = from_slurm(
+            env, scheduled_tasks(layout, training), cluster.base_port
+        )  # the evaluator: the step's last rank
     check_topology(placement, counts)
     if not strategy.multi_process and placement.task_type not in placement.service:
         return Placement(Source.SINGLE, service=placement.service)  # the trainer: one process, fed by the service
@@ -116,12 +125,15 @@ def scheduled_tasks(layout: Layout, training: bool = True) -> Dict[str, int]:
 def from_tf_config(raw: str) -> Placement:
     try:
         config = json.loads(raw)
-        spec, service = data_service.split({job: list(addresses) for job, addresses in config["cluster"].items()
-                                             if addresses and job != EVALUATOR})  # not part of the cluster (cluster/evaluator.py)
+        spec, service = data_service.split(
+            {job: list(addresses) for job, addresses in config["cluster"].items() if addresses and job != EVALUATOR}
+        )  # not part of the cluster (cluster/evaluator.py)
         task = config["task"]
         return Placement(Source.TF_CONFIG, spec, task["type"], int(task.get("index", 0)), service)
     except (ValueError, KeyError, TypeError) as error:
-        raise ConfigError.one("TF_CONFIG", raw[:80], f"is not a TF_CONFIG with 'cluster' and 'task' ({error})") from None
+        raise ConfigError.one(
+            "TF_CONFIG", raw[:80], f"is not a TF_CONFIG with 'cluster' and 'task' ({error})"
+        ) from None
 
 
 def check_topology(placement: Placement, wanted: Dict[str, int]) -> None:
@@ -134,17 +146,30 @@ def check_topology(placement: Placement, wanted: Dict[str, int]) -> None:
         have["worker"] = have.get("worker", 0) + have.pop("chief")
     if have != want:
         where = {Source.TF_CONFIG: "TF_CONFIG", Source.JOBSET: "the JobSet"}.get(placement.source, "the Slurm step")
-        raise ConfigError([Problem(where, _describe(have), f"the config's cluster asks for {_describe(want)}: make cluster= match it")])
+        raise ConfigError(
+            [
+                Problem(
+                    where, _describe(have), f"the config's cluster asks for {_describe(want)}: make cluster= match it"
+                )
+            ]
+        )
     if placement.task_type == EVALUATOR:  # beside the cluster, not in its spec (cluster/evaluator.py)
         if placement.task_index != 0:
-            raise ConfigError.one("TF_CONFIG task", placement.task_name, "a cluster has at most one evaluator: evaluator:0")
+            raise ConfigError.one(
+                "TF_CONFIG task", placement.task_name, "a cluster has at most one evaluator: evaluator:0"
+            )
     elif placement.task_type not in jobs or not 0 <= placement.task_index < len(jobs[placement.task_type]):
         listed = ", ".join(f"{job}:0..{len(addresses) - 1}" for job, addresses in jobs.items())
         raise ConfigError.one("TF_CONFIG task", placement.task_name, f"this task is not in the cluster spec ({listed})")
     for job, addresses in jobs.items():
         for address in addresses:
-            if not re.fullmatch(r"[^\s:]+:\d{1,5}|\[[0-9a-fA-F:.]+\]:\d{1,5}", address) or not 0 < int(address.rpartition(":")[2]) < 65536:
-                raise ConfigError.one(f"TF_CONFIG cluster.{job}", address, "every address must be host:port, with a port from 1 to 65535")
+            if (
+                not re.fullmatch(r"[^\s:]+:\d{1,5}|\[[0-9a-fA-F:.]+\]:\d{1,5}", address)
+                or not 0 < int(address.rpartition(":")[2]) < 65536
+            ):
+                raise ConfigError.one(
+                    f"TF_CONFIG cluster.{job}", address, "every address must be host:port, with a port from 1 to 65535"
+                )
 
 
 def from_slurm(env: Mapping[str, str], counts: Dict[str, int], base_port: int) -> Placement:
@@ -163,20 +188,29 @@ def from_slurm(env: Mapping[str, str], counts: Dict[str, int], base_port: int) -
         nodelist_key = "SLURM_STEP_NODELIST" if env.get("SLURM_STEP_NODELIST") else "SLURM_JOB_NODELIST"
         nodelist = env[nodelist_key]
     except (KeyError, ValueError) as error:
-        raise ConfigError.one("cluster.launch", "slurm", f"this is not a Slurm step with the usual variables ({error})") from None
+        raise ConfigError.one(
+            "cluster.launch", "slurm", f"this is not a Slurm step with the usual variables ({error})"
+        ) from None
     try:
         nodes = expand_hostlist(nodelist)
     except ValueError:
         raise ConfigError.one(nodelist_key, nodelist, "is not a Slurm host list (e.g. node[01-03,7],gpu5)") from None
     if len(nodes) != len(per_node) or sum(per_node) != total:
-        raise ConfigError.one(nodelist_key, nodelist, f"{len(nodes)} node(s) for tasks per node {per_node} and {total} task(s): "
-                              "the Slurm variables disagree")
+        raise ConfigError.one(
+            nodelist_key,
+            nodelist,
+            f"{len(nodes)} node(s) for tasks per node {per_node} and {total} task(s): the Slurm variables disagree",
+        )
     job_id = env.get("SLURM_JOB_ID", "0")
     if not job_id.isdigit():
         raise ConfigError.one("SLURM_JOB_ID", job_id, "must be a number (Slurm's job id)")
     wanted = sum(counts.values())
     if total != wanted:
-        raise ConfigError.one("cluster", _describe(counts), f"the Slurm step has {total} task(s); the config needs {wanted}: srun -n {wanted}")
+        raise ConfigError.one(
+            "cluster",
+            _describe(counts),
+            f"the Slurm step has {total} task(s); the config needs {wanted}: srun -n {wanted}",
+        )
     base_port += 64 * (int(job_id) % 500)
     addresses = [f"{node}:{base_port + local}" for node, n in zip(nodes, per_node) for local in range(n)]
     roles = [(job, index) for job, n in counts.items() for index in range(n)]

@@ -141,7 +141,9 @@ class ForkedChild(_Signalled):
     def wait(self, timeout: Optional[float] = None) -> int:
         if timeout is None and self.returncode is None:
             try:
-                self.returncode = os.waitstatus_to_exitcode(os.waitpid(self.pid, 0)[1])  # a signal's handler runs, then it waits on
+                self.returncode = os.waitstatus_to_exitcode(
+                    os.waitpid(self.pid, 0)[1]
+                )  # a signal's handler runs, then it waits on
             except ChildProcessError:
                 self.returncode = 1
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -204,7 +206,11 @@ def imported_here(preload: List[str]) -> bool:
     (/proc counts TensorFlow's threads, which Python does not see: none means its runtime has not started,
     which a fork could not take along). Asked in the process itself: in a child forked from it, every
     thread but the forking one is gone, and the answer would be yes whatever the runtime's state."""
-    return bool(preload) and all(name.partition(":")[0] in sys.modules for name in preload) and len(os.listdir("/proc/self/task")) == 1
+    return (
+        bool(preload)
+        and all(name.partition(":")[0] in sys.modules for name in preload)
+        and len(os.listdir("/proc/self/task")) == 1
+    )
 
 
 def _serve_as_forked(channel: socket.socket, supervisors_end: socket.socket, preload: List[str]) -> int:
@@ -217,7 +223,9 @@ def _serve_as_forked(channel: socket.socket, supervisors_end: socket.socket, pre
     os.dup2(devnull, 0)
     os.dup2(devnull, 1)
     os.close(devnull)
-    for handlers in [logging.root.handlers] + [getattr(each, "handlers", []) for each in logging.root.manager.loggerDict.values()]:
+    for handlers in [logging.root.handlers] + [
+        getattr(each, "handlers", []) for each in logging.root.manager.loggerDict.values()
+    ]:
         handlers.clear()  # a task sets its own (commands/task.py), as in a fresh process
     return serve(channel, preload)
 
@@ -235,9 +243,14 @@ class Prefork:
         if fork_this and env is None:
             self._proc = fork(lambda: _serve_as_forked(theirs, self._socket, preload))
         else:
-            self._proc = subprocess.Popen([sys.executable, "-m", "tfdistx.cluster.prefork", str(theirs.fileno()), log_dir, *preload],
-                                          pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                          preexec_fn=own_group_and_die_with_parent, env=env)
+            self._proc = subprocess.Popen(
+                [sys.executable, "-m", "tfdistx.cluster.prefork", str(theirs.fileno()), log_dir, *preload],
+                pass_fds=(theirs.fileno(),),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                preexec_fn=own_group_and_die_with_parent,
+                env=env,
+            )
         theirs.close()
         self._exits: Dict[int, int] = {}
         self._started: List[object] = []  # the replies to requests, in order ({"started": pid} or {"error": ...})
@@ -277,8 +290,14 @@ class Prefork:
     def pid(self) -> int:
         return self._proc.pid
 
-    def spawn(self, command: List[str], env: Dict[str, str], name: str, cwd: Optional[str] = None,
-              outputs: Optional[Tuple[int, int]] = None) -> Optional[ForkedProcess]:
+    def spawn(
+        self,
+        command: List[str],
+        env: Dict[str, str],
+        name: str,
+        cwd: Optional[str] = None,
+        outputs: Optional[Tuple[int, int]] = None,
+    ) -> Optional[ForkedProcess]:
         """`command` (`python -m MODULE ARGS`) as a forked task named `name`, in `cwd` (the prefork's by
         default); None if the prefork cannot. Its stdout and stderr go together into a pipe (the
         ForkedProcess's `stdout`), or to the two open files `outputs` (then `stdout` is None)."""
@@ -321,7 +340,9 @@ class Prefork:
     def close(self) -> None:
         """Stop the prefork (its tasks have ended: the supervisor's teardown): it leaves once its socket closes."""
         try:
-            self._socket.shutdown(socket.SHUT_RDWR)  # close() alone neither wakes the reader thread nor tells the prefork
+            self._socket.shutdown(
+                socket.SHUT_RDWR
+            )  # close() alone neither wakes the reader thread nor tells the prefork
         except OSError:
             pass
         self._socket.close()

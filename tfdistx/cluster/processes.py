@@ -34,14 +34,27 @@ SCRATCH_DIR = ".scratch"  # in the tasks' log directory: each task's scratch (it
 class Task:
     """One process of the cluster, which can be started again in its place."""
 
-    def __init__(self, job: str, index: int, cluster: dict, command: List[str], log_dir: Path, run_log: Optional[str],
-                 refusals: "SaidOnce", env: Dict[str, str]):
+    def __init__(
+        self,
+        job: str,
+        index: int,
+        cluster: dict,
+        command: List[str],
+        log_dir: Path,
+        run_log: Optional[str],
+        refusals: "SaidOnce",
+        env: Dict[str, str],
+    ):
         self.job, self.name = job, f"{job}:{index}"
         self.refusals = refusals  # shared by the cluster's tasks
         self.scratch = log_dir / SCRATCH_DIR / f"{job}-{index}"
-        self.env = {**os.environ, **env, "TF_CONFIG": json.dumps({"cluster": cluster, "task": {"type": job, "index": index}}),
-                    SCRATCH_ENV: str(self.scratch),
-                    "TFDISTX_LOCAL_TASK": "1"}  # rendezvous.py: no exposure warning, the launcher gave its own
+        self.env = {
+            **os.environ,
+            **env,
+            "TF_CONFIG": json.dumps({"cluster": cluster, "task": {"type": job, "index": index}}),
+            SCRATCH_ENV: str(self.scratch),
+            "TFDISTX_LOCAL_TASK": "1",
+        }  # rendezvous.py: no exposure warning, the launcher gave its own
         self.command, self.log_path, self.run_log = command, log_dir / f"{job}-{index}.log", run_log
         self.succeeded = threading.Event()  # set once the cluster's primary tasks have all exited 0
         self.proc, self.pumps = None, []
@@ -51,10 +64,19 @@ class Task:
         given and able, else a fresh process: the same task either way."""
         self.proc = prefork.spawn(self.command, self.env, self.name) if prefork is not None else None
         if self.proc is None:
-            self.proc = subprocess.Popen(self.command, env=self.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                         stdin=subprocess.DEVNULL, preexec_fn=own_group_and_die_with_parent)
-        thread = threading.Thread(target=pump, args=(self.proc, self.name, self.log_path, self.run_log, self.succeeded, self.refusals),
-                                  daemon=True)
+            self.proc = subprocess.Popen(
+                self.command,
+                env=self.env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                preexec_fn=own_group_and_die_with_parent,
+            )
+        thread = threading.Thread(
+            target=pump,
+            args=(self.proc, self.name, self.log_path, self.run_log, self.succeeded, self.refusals),
+            daemon=True,
+        )
         thread.start()
         self.pumps.append(thread)
         self.stopped_since = None
@@ -183,8 +205,10 @@ def signal_group(proc, sig) -> None:
 
 # TensorFlow's C++ log (glog: `E0000 00:00:1764190403.460497  4567 ring_alg.cc:291] ...`) of a collective or an
 # RPC that failed because a peer is gone: `Aborting RingReduce with UNAVAILABLE`, a cancelled receive ...
-_TF_CPP_LOST_PEER = (r"^[EWF]\d{4} \S+\s+\d+ \S+:\d+\] .*"
-                     r"(UNAVAILABLE|CANCELLED|DEADLINE_EXCEEDED|ABORTED|Aborting|Connection reset|Socket closed|connection refused)")
+_TF_CPP_LOST_PEER = (
+    r"^[EWF]\d{4} \S+\s+\d+ \S+:\d+\] .*"
+    r"(UNAVAILABLE|CANCELLED|DEADLINE_EXCEEDED|ABORTED|Aborting|Connection reset|Socket closed|connection refused)"
+)
 # TensorFlow errors known to be harmless, kept in the task's own log but not
 # shown: the coordinator's eval loop releases a remote function handle, which
 # TF 2.21 has not implemented (every evaluation of a parameter-server run) ...
@@ -193,11 +217,13 @@ _ALWAYS_HARMLESS = re.compile(r"Failed to clear function handle cache: UNIMPLEME
 # TensorFlow's C++ log of a collective aborted because a peer is lost (its
 # cause is the one line tfdistx prints; a multi-line message's task list).
 # A parameter-server coordinator whose worker is gone (an elastic run's dropped worker) says the last of these at each loop.
-_HARMLESS_ONCE_DONE = re.compile(r"coordination service|unhealthy|heartbeat|Failed to send RPC|leader task|Error received from peer|"
-                                 r"This could happen if the remote target has been disconnected from the client|"
-                                 r"Additional GRPC error information|failed to connect to all addresses|The tasks have crashed|"
-                                 r"Collective ops is aborted|StartAbort|The error could be from a previous operation|"
-                                 r"^/job:\w+/replica:\d+/task:\d+\s*$|" + _TF_CPP_LOST_PEER)
+_HARMLESS_ONCE_DONE = re.compile(
+    r"coordination service|unhealthy|heartbeat|Failed to send RPC|leader task|Error received from peer|"
+    r"This could happen if the remote target has been disconnected from the client|"
+    r"Additional GRPC error information|failed to connect to all addresses|The tasks have crashed|"
+    r"Collective ops is aborted|StartAbort|The error could be from a previous operation|"
+    r"^/job:\w+/replica:\d+/task:\d+\s*$|" + _TF_CPP_LOST_PEER
+)
 
 
 class SaidOnce:
@@ -219,12 +245,15 @@ class SaidOnce:
 REFUSAL = "tfdistx: invalid config:"
 
 
-def pump(proc, name: str, log_path: Path, run_log_path: Optional[str], succeeded: threading.Event, refusals: SaidOnce) -> None:
+def pump(
+    proc, name: str, log_path: Path, run_log_path: Optional[str], succeeded: threading.Event, refusals: SaidOnce
+) -> None:
     """Copy a task's output to its log file, and prefixed by its name to the
     terminal and to the run's log (the whole run in one file, as the terminal
     shows it; appends of whole lines do not interleave), less known noise
     and a refusal another task has shown."""
     with open(log_path, "ab") as logfile, open(run_log_path or os.devnull, "ab") as run_log:
+
         def show(text: str) -> None:
             prefixed = f"[{name}] {text}"
             run_log.write(prefixed.encode())
@@ -275,8 +304,12 @@ def yield_the_cores(nice: int) -> None:
             return
         except BlockingIOError:
             time.sleep(0.05)
-    print(f"tfdistx: WARNING: the local cluster's session could not be niced ({nice}): the kernel kept refusing; "
-          "its processes are niced alone", file=sys.stderr, flush=True)
+    print(
+        f"tfdistx: WARNING: the local cluster's session could not be niced ({nice}): the kernel kept refusing; "
+        "its processes are niced alone",
+        file=sys.stderr,
+        flush=True,
+    )
 
 
 def can_isolate() -> bool:
@@ -288,8 +321,12 @@ def can_isolate() -> bool:
     if shutil.which("unshare"):
         probe = ["unshare", "--user", "--map-root-user", "--net", "true"]
     else:
-        probe = [sys.executable, "-c", "from tfdistx.cluster.processes import enter_private_network, loopback_up; "
-                                       "enter_private_network(); loopback_up()"]
+        probe = [
+            sys.executable,
+            "-c",
+            "from tfdistx.cluster.processes import enter_private_network, loopback_up; "
+            "enter_private_network(); loopback_up()",
+        ]
     try:
         return subprocess.run(probe, capture_output=True, timeout=60).returncode == 0
     except subprocess.TimeoutExpired:
@@ -306,7 +343,11 @@ def enter_private_network() -> None:
     if ctypes.CDLL(None, use_errno=True).unshare(CLONE_NEWUSER | CLONE_NEWNET) != 0:
         error = ctypes.get_errno()
         raise OSError(error, f"unshare(CLONE_NEWUSER | CLONE_NEWNET): {os.strerror(error)}")
-    for name, line in (("setgroups", "deny"), ("uid_map", f"0 {uid} 1"), ("gid_map", f"0 {gid} 1")):  # setgroups first, or gid_map is refused
+    for name, line in (
+        ("setgroups", "deny"),
+        ("uid_map", f"0 {uid} 1"),
+        ("gid_map", f"0 {gid} 1"),
+    ):  # setgroups first, or gid_map is refused
         with open(f"/proc/self/{name}", "w") as file:
             file.write(line)
 
@@ -338,4 +379,3 @@ def free_ports(n: int, host: str = "127.0.0.1", taken: Sequence[int] = ()) -> Li
     finally:
         for sock in sockets:
             sock.close()
-

@@ -42,8 +42,12 @@ def meet_peers(placement: Placement, timeout: float, wait: bool = True, notice: 
     me = _address(placement.spec[placement.task_type][placement.task_index])
     listener = _listen(me[1], placement)
     if not os.environ.get(LOCAL_CLUSTER_ENV):  # the launcher's own tasks are isolated, or it has warned
-        print(f"tfdistx: WARNING: task {placement.task_name} listens on port {me[1]} on ALL of this host's interfaces "
-              f"(TensorFlow's gRPC server, no authentication), whatever host {placement.source} names: firewall it", file=sys.stderr, flush=True)
+        print(
+            f"tfdistx: WARNING: task {placement.task_name} listens on port {me[1]} on ALL of this host's interfaces "
+            f"(TensorFlow's gRPC server, no authentication), whatever host {placement.source} names: firewall it",
+            file=sys.stderr,
+            flush=True,
+        )
     try:
         if not wait:
             return
@@ -57,16 +61,23 @@ def meet_peers(placement: Placement, timeout: float, wait: bool = True, notice: 
                 notice.leave_if_received("while the cluster was forming")
             if time.monotonic() >= deadline:
                 where = ", ".join(f"{name} at {host}:{port}" for name, (host, port) in missing.items())
-                raise RunFault(f"the cluster did not form within cluster.startup_timeout={timeout:g}s: no answer from {where} "
-                               "(was every task started, with the same cluster?)", EXIT_CLUSTER_DID_NOT_FORM)
+                raise RunFault(
+                    f"the cluster did not form within cluster.startup_timeout={timeout:g}s: no answer from {where} "
+                    "(was every task started, with the same cluster?)",
+                    EXIT_CLUSTER_DID_NOT_FORM,
+                )
             time.sleep(POLL_SECONDS)
     finally:
         listener.close()
 
 
 def _peers(placement: Placement) -> Dict[str, Tuple[str, int]]:
-    return {f"{job}:{index}": _address(address) for job, addresses in placement.spec.items()
-            for index, address in enumerate(addresses) if (job, index) != (placement.task_type, placement.task_index)}
+    return {
+        f"{job}:{index}": _address(address)
+        for job, addresses in placement.spec.items()
+        for index, address in enumerate(addresses)
+        if (job, index) != (placement.task_type, placement.task_index)
+    }
 
 
 def _listen(port: int, placement: Placement) -> socket.socket:
@@ -80,10 +91,15 @@ def _listen(port: int, placement: Placement) -> socket.socket:
         sock.close()
         if error.errno != errno.EADDRINUSE:
             raise
-        key = {Source.SLURM: "cluster.base_port", Source.JOBSET: "the JobSet's address"}.get(placement.source, "TF_CONFIG")
+        key = {Source.SLURM: "cluster.base_port", Source.JOBSET: "the JobSet's address"}.get(
+            placement.source, "TF_CONFIG"
+        )
         address = placement.spec[placement.task_type][placement.task_index]
-        raise RunFault(f"{key}={address!r}: task {placement.task_name} cannot listen on port {port}: it is already in use on this host "
-                       f"(exit {EXIT_PORT_IN_USE}: a restart may find it free)", EXIT_PORT_IN_USE) from None
+        raise RunFault(
+            f"{key}={address!r}: task {placement.task_name} cannot listen on port {port}: it is already in use on this host "
+            f"(exit {EXIT_PORT_IN_USE}: a restart may find it free)",
+            EXIT_PORT_IN_USE,
+        ) from None
     return sock
 
 
@@ -98,4 +114,3 @@ def _answers(address: Tuple[str, int]) -> bool:
 def _address(address: str) -> Tuple[str, int]:
     host, _, port = address.rpartition(":")
     return host.strip("[]"), int(port)
-

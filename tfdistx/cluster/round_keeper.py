@@ -80,7 +80,9 @@ class Round:
     lost: Dict[str, str] = field(default_factory=dict)  # task -> address of the members lost
     joining: List[str] = field(default_factory=list)  # their addresses
     code: int = 0  # TASK_FAILED: the failed task's exit code
-    servers: Dict[str, List[str]] = field(default_factory=dict)  # the servers on the keeper's node, job -> ["host:port"]
+    servers: Dict[str, List[str]] = field(
+        default_factory=dict
+    )  # the servers on the keeper's node, job -> ["host:port"]
 
     def workers(self) -> List[str]:
         """A worker on each member's node, "host:port", worker:0 first."""
@@ -88,9 +90,17 @@ class Round:
 
     def view(self) -> dict:
         """The plain form an agent is sent."""
-        return {"number": self.number, "workers": self.workers(), "members": self.members,
-                "reason": self.reason, "why": self.why, "lost": self.lost, "joining": self.joining, "code": self.code,
-                "servers": self.servers}
+        return {
+            "number": self.number,
+            "workers": self.workers(),
+            "members": self.members,
+            "reason": self.reason,
+            "why": self.why,
+            "lost": self.lost,
+            "joining": self.joining,
+            "code": self.code,
+            "servers": self.servers,
+        }
 
     def tasks(self) -> Dict[str, str]:
         """task -> host, as the rounds file keeps them: the servers, then a worker on each member's node."""
@@ -109,11 +119,27 @@ class RoundKeeper:
     agent (`finisher`) is: its chief's end is the training's, and the other
     nodes' workers only serve it."""
 
-    def __init__(self, low: int, high: int, join_grace: float, lost_bound: float, below_min_timeout: float,
-                 on_round: Callable[[int, Dict[str, str], str], None] = lambda *a: None, clock: Callable[[], float] = time.monotonic):
-        self.low, self.high, self.join_grace, self.lost_bound, self.below_min_timeout = low, high, join_grace, lost_bound, below_min_timeout
+    def __init__(
+        self,
+        low: int,
+        high: int,
+        join_grace: float,
+        lost_bound: float,
+        below_min_timeout: float,
+        on_round: Callable[[int, Dict[str, str], str], None] = lambda *a: None,
+        clock: Callable[[], float] = time.monotonic,
+    ):
+        self.low, self.high, self.join_grace, self.lost_bound, self.below_min_timeout = (
+            low,
+            high,
+            join_grace,
+            lost_bound,
+            below_min_timeout,
+        )
         self.on_round, self.clock = on_round, clock
-        self.numbered_after = 0  # the rounds a run in this directory had before (a rerun, a requeued job): counted on from them
+        self.numbered_after = (
+            0  # the rounds a run in this directory had before (a rerun, a requeued job): counted on from them
+        )
         self.nodes: Dict[str, Node] = {}
         self.round: Optional[Round] = None
         self.next_reason = "started"
@@ -140,8 +166,11 @@ class RoundKeeper:
                 node.first_seen = now
             node.last_seen, node.port, node.status, node.round, node.code = now, port, status, round_number, code
             self._decide(now)
-            told = {"round": self.round.view() if self.round else None, "stopped": self.stopped,
-                    "finished": bool(self.round and self.round.why == FINISHED)}
+            told = {
+                "round": self.round.view() if self.round else None,
+                "stopped": self.stopped,
+                "finished": bool(self.round and self.round.why == FINISHED),
+            }
             node.heard_the_end = node.heard_the_end or bool(told["finished"] or told["stopped"])
             return told
 
@@ -152,7 +181,10 @@ class RoundKeeper:
         first left it waiting out its bound (a minute after a finished run)."""
         with self.lock:
             now = self.clock()
-            return all(node.heard_the_end or node.status == ENDED or now - node.last_seen > self.lost_bound for node in self.nodes.values())
+            return all(
+                node.heard_the_end or node.status == ENDED or now - node.last_seen > self.lost_bound
+                for node in self.nodes.values()
+            )
 
     # -- the decisions --------------------------------------------------------
 
@@ -170,7 +202,9 @@ class RoundKeeper:
             self._maybe_form(current, now)
 
     def _check_running(self, current: Round, now: float) -> None:
-        lost = {f"worker:{i}": current.addresses[i] for i, agent in enumerate(current.members) if not self._live(agent, now)}
+        lost = {
+            f"worker:{i}": current.addresses[i] for i, agent in enumerate(current.members) if not self._live(agent, now)
+        }
         members = [self.nodes[a] for a in current.members]
         in_round = [n for n in members if n.round == current.number]
         if lost:
@@ -184,7 +218,10 @@ class RoundKeeper:
         elif len(current.members) < self.high:
             joining = [a for a in self._waiting(now) if a not in current.members and self._held(a, now)]
             if joining:
-                current.why, current.joining = GROW, [self.nodes[a].address for a in joining[:self.high - len(current.members)]]
+                current.why, current.joining = (
+                    GROW,
+                    [self.nodes[a].address for a in joining[: self.high - len(current.members)]],
+                )
                 self.next_reason = ", ".join(f"{address} joined" for address in current.joining)
 
     def _finishers(self, current: Round) -> List[Node]:
@@ -206,9 +243,16 @@ class RoundKeeper:
         settled = [a for a in self._waiting(now) if not self.nodes[a].was_lost or self._held(a, now)]
         before = last.members if last else []
         # The chief's node first under parameter servers (a round cannot run without it), then last round's members in their order.
-        chosen = sorted(settled, key=lambda a: (a != self.finisher, a not in before, before.index(a) if a in before else 0,
-                                                self.nodes[a].first_seen))
-        chosen = chosen[:self.high]
+        chosen = sorted(
+            settled,
+            key=lambda a: (
+                a != self.finisher,
+                a not in before,
+                before.index(a) if a in before else 0,
+                self.nodes[a].first_seen,
+            ),
+        )
+        chosen = chosen[: self.high]
         if self.finisher is not None and self.finisher not in chosen:
             chosen = []  # waits, as for too few: the run stops after below_min_timeout without the chief's node
         if len(chosen) >= self.low:
@@ -221,16 +265,27 @@ class RoundKeeper:
         self.enough_since = None
         self.below_since = self.below_since if self.below_since is not None else now
         if now - self.below_since >= self.below_min_timeout:
-            self.stopped = {"code": EXIT_TOO_FEW_WORKERS,
-                            "why": f"{len(chosen)} agent(s) ready, fewer than the {self.low} a round needs, for "
-                                   f"{self.below_min_timeout:g}s (cluster.elastic.below_min_timeout)"}
+            self.stopped = {
+                "code": EXIT_TOO_FEW_WORKERS,
+                "why": f"{len(chosen)} agent(s) ready, fewer than the {self.low} a round needs, for "
+                f"{self.below_min_timeout:g}s (cluster.elastic.below_min_timeout)",
+            }
 
     def _form(self, chosen: List[str], number: int) -> None:
         nodes = [self.nodes[a] for a in chosen]
         last = self.round
-        if last is not None and last.why == LOST and set(last.lost.values()) <= {n.address for n in nodes}:  # lost, back before a round formed
+        if (
+            last is not None and last.why == LOST and set(last.lost.values()) <= {n.address for n in nodes}
+        ):  # lost, back before a round formed
             self.next_reason += ", back"
-        self.round = Round(number, chosen, [n.address for n in nodes], [n.port for n in nodes], self.next_reason, servers=self.servers())
+        self.round = Round(
+            number,
+            chosen,
+            [n.address for n in nodes],
+            [n.port for n in nodes],
+            self.next_reason,
+            servers=self.servers(),
+        )
         self.enough_since = None
         self.on_round(number, self.round.tasks(), self.next_reason)
 

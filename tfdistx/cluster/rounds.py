@@ -18,7 +18,12 @@ from tfdistx.whole_files import write_whole
 
 class Rounds:
     def __init__(self, path: str, checkpoint_dir: str, metrics_file: str, say: Callable[[str], None]):
-        self.path, self.checkpoint_dir, self.metrics_file, self.say = Path(path), checkpoint_dir, Path(metrics_file), say
+        self.path, self.checkpoint_dir, self.metrics_file, self.say = (
+            Path(path),
+            checkpoint_dir,
+            Path(metrics_file),
+            say,
+        )
         self.kept: List[dict] = self._read()  # a rerun goes on counting
 
     def _read(self) -> List[dict]:

@@ -26,10 +26,20 @@ from typing import Dict, List, Optional
 from tfdistx.cluster import evaluator as sidecars  # the sidecar evaluator's task
 from tfdistx.cluster.liveness import task_hosts
 from tfdistx.cluster.prefork import Prefork
-from tfdistx.cluster.processes import ForwardingSignals, SaidOnce, Task, causes_first, shell_code, signal_group, teardown
+from tfdistx.cluster.processes import (
+    ForwardingSignals,
+    SaidOnce,
+    Task,
+    causes_first,
+    shell_code,
+    signal_group,
+    teardown,
+)
 from tfdistx.spec.errors import EXIT_PREEMPTED, PERMANENT
 
-QUICK_GRACE_SECONDS = 5  # between SIGTERM and SIGKILL after Ctrl-C, or when a task has died (a preemption has cluster.preemption_grace)
+QUICK_GRACE_SECONDS = (
+    5  # between SIGTERM and SIGKILL after Ctrl-C, or when a task has died (a preemption has cluster.preemption_grace)
+)
 MAX_BACKOFF_SECONDS = 30  # restarts wait 1, 2, 4, ... seconds, at most this
 POLL_SECONDS = 0.2
 # What a restart would fail the same way (spec/errors.py's PERMANENT, the
@@ -73,7 +83,9 @@ class State(Enum):
 
     SUCCEEDED = "succeeded"  # every primary task exited 0: the run is done
     FAILED = "failed"  # a task failed with the membership unchanged: the same round again, from the restart budget
-    MEMBERSHIP_CHANGED = "membership changed"  # a member lost or a host asking to join: the next round forms, no restart spent
+    MEMBERSHIP_CHANGED = (
+        "membership changed"  # a member lost or a host asking to join: the next round forms, no restart spent
+    )
     STOPPED = "stopped"  # a signal from outside: the run ends
 
 
@@ -110,8 +122,20 @@ class Round:
         get the cluster's TF_CONFIG with their own task type, and no address in it."""
         refusals = SaidOnce()  # every task refuses a bad config alike: its line is shown once
         jobs = {**{job: len(addresses) for job, addresses in cluster.items()}, **sidecar_jobs}
-        tasks = [Task(job, index, cluster, spec["command"], Path(spec["log_dir"]), spec.get("run_log"), refusals, spec.get("task_env", {}))
-                 for job, n in jobs.items() for index in range(n)]
+        tasks = [
+            Task(
+                job,
+                index,
+                cluster,
+                spec["command"],
+                Path(spec["log_dir"]),
+                spec.get("run_log"),
+                refusals,
+                spec.get("task_env", {}),
+            )
+            for job, n in jobs.items()
+            for index in range(n)
+        ]
         hosts = task_hosts(cluster)
         return cls(tasks, hosts)
 
@@ -161,7 +185,14 @@ class Supervisor:
     and a membership policy; `signals` from outside are passed on to the
     tasks; `prefork`, if given, forks them (cluster/prefork.py)."""
 
-    def __init__(self, spec: dict, membership: Membership, signals: ForwardingSignals, say: Say, prefork: Optional[Prefork] = None):
+    def __init__(
+        self,
+        spec: dict,
+        membership: Membership,
+        signals: ForwardingSignals,
+        say: Say,
+        prefork: Optional[Prefork] = None,
+    ):
         self.membership, self.signals, self.say, self.prefork = membership, signals, say, prefork
         self.restarts = Budget(spec.get("max_restarts", 0))
         self.primary, self.alone = spec["primary"], spec.get("restart_alone", [])
@@ -179,18 +210,26 @@ class Supervisor:
             if self.signals.received:  # came as the round formed: none of its tasks started
                 return self._between_rounds()
             result = self._run_round(round_)
-            if result.state in (State.SUCCEEDED, State.STOPPED) or self.signals.received or result.code in NEVER_RESTART:
+            if (
+                result.state in (State.SUCCEEDED, State.STOPPED)
+                or self.signals.received
+                or result.code in NEVER_RESTART
+            ):
                 return result.code
             if result.state is State.FAILED:
                 if not self.restarts.take():
                     if self.restarts.total:
-                        self.say(f"giving up: the cluster stopped after {self.restarts.total} restart(s) "
-                                 f"(cluster.max_restarts={self.restarts.total}); last exit code {result.code}")
+                        self.say(
+                            f"giving up: the cluster stopped after {self.restarts.total} restart(s) "
+                            f"(cluster.max_restarts={self.restarts.total}); last exit code {result.code}"
+                        )
                     return result.code
                 used, total = self.restarts.used, self.restarts.total
                 delay = min(2 ** (used - 1), MAX_BACKOFF_SECONDS)
-                self.say(f"the cluster stopped with exit code {result.code}; restart {used} of {total} in {delay}s, "
-                         "resuming from the latest checkpoint")
+                self.say(
+                    f"the cluster stopped with exit code {result.code}; restart {used} of {total} in {delay}s, "
+                    "resuming from the latest checkpoint"
+                )
                 if self.signals.wait(delay):  # a signal during the back-off ends it
                     return self._between_rounds()
                 reason = f"restart {used} of {total} after exit code {result.code}"
@@ -208,14 +247,18 @@ class Supervisor:
         received = self.signals.received[0]
         if received == signal.SIGINT:
             return shell_code(-received)
-        self.say(f"preempted ({signal.Signals(received).name}) between rounds: no task of the next round had started, so there "
-                 f"was nothing to save; exit {EXIT_PREEMPTED}: rerun the same command to resume from the newest checkpoint")
+        self.say(
+            f"preempted ({signal.Signals(received).name}) between rounds: no task of the next round had started, so there "
+            f"was nothing to save; exit {EXIT_PREEMPTED}: rerun the same command to resume from the newest checkpoint"
+        )
         return EXIT_PREEMPTED
 
     def _run_round(self, round_: Round) -> RoundResult:
         for task in round_.tasks:
             task.start(self.prefork)
-            self.signals.procs = [t.proc for t in round_.tasks if t.proc is not None]  # a signal from here on reaches it
+            self.signals.procs = [
+                t.proc for t in round_.tasks if t.proc is not None
+            ]  # a signal from here on reaches it
         self.signals.pass_on_again()  # one that came as a task was starting, before it was in the list
         return self._end(round_, self._watch(round_))
 
@@ -237,8 +280,10 @@ class Supervisor:
                 return changed
             for task in round_.tasks:
                 if task.stopped_for() > self.stopped_limit:
-                    self.say(f"task {task.name} has been stopped for more than {self.stopped_limit:g}s "
-                             "(cluster.stopped_task_timeout): treating it as lost")
+                    self.say(
+                        f"task {task.name} has been stopped for more than {self.stopped_limit:g}s "
+                        "(cluster.stopped_task_timeout): treating it as lost"
+                    )
                     signal_group(task.proc, signal.SIGKILL)
                     task.proc.wait()
             for task in round_.tasks:  # never restarted, never stop the cluster: said once if they failed
@@ -256,8 +301,10 @@ class Supervisor:
                     if self.membership.goes_on_without(round_, task):
                         continue
                     if self.restarts.take():
-                        self.say(f"task {task.name} exited with code {shell_code(code)}; restarting it alone "
-                                 f"(restart {self.restarts.used} of {self.restarts.total})")
+                        self.say(
+                            f"task {task.name} exited with code {shell_code(code)}; restarting it alone "
+                            f"(restart {self.restarts.used} of {self.restarts.total})"
+                        )
                         round_.restart(task, self.signals, self.prefork)
                         continue
                 result = self.membership.failed(round_, task, shell_code(code))
@@ -273,7 +320,9 @@ class Supervisor:
         """Stop every task of the round; the result, with the tasks' own verdict after a signal."""
         signals = self.signals
         if result.state is State.SUCCEEDED and not signals.received:  # the evaluator evaluates the final checkpoint
-            sidecars.let_finish([t.proc for t in round_.tasks if sidecars.is_sidecar(t.job)], lambda: bool(signals.received), self.say)
+            sidecars.let_finish(
+                [t.proc for t in round_.tasks if sidecars.is_sidecar(t.job)], lambda: bool(signals.received), self.say
+            )
         if result.state is State.SUCCEEDED and not signals.received:
             for task in round_.tasks:
                 task.succeeded.set()
@@ -288,17 +337,24 @@ class Supervisor:
         preempted = (signals.received and signal.SIGINT not in signals.received) or result.asked_to_checkpoint
         broken = result.lost or (result.state is State.FAILED and result.code != EXIT_PREEMPTED)
         grace = self.preemption_grace if preempted else 0 if broken and not self.alone else QUICK_GRACE_SECONDS
-        teardown(round_.tasks, self.primary, grace=grace, signalled=bool(signals.received) or result.asked_to_checkpoint)
+        teardown(
+            round_.tasks, self.primary, grace=grace, signalled=bool(signals.received) or result.asked_to_checkpoint
+        )
         if signals.received:  # the tasks' own verdict if they gave one (42: checkpointed), else 128 + signal
-            own = [t.proc.returncode for t in round_.tasks
-                   if t.proc.returncode not in (0, -signal.SIGKILL) and not sidecars.is_sidecar(t.job)]
+            own = [
+                t.proc.returncode
+                for t in round_.tasks
+                if t.proc.returncode not in (0, -signal.SIGKILL) and not sidecars.is_sidecar(t.job)
+            ]
             result = RoundResult(State.STOPPED, shell_code(own[0] if own else -signals.received[0]))
             if signal.SIGINT not in signals.received and own and set(own) <= {EXIT_PREEMPTED, -signal.SIGTERM}:
                 # A task the SIGTERM ended was still starting (a task takes the signal over from its start, sigterm.py):
                 # it had trained nothing. Those that had started checkpointed (42); if none had, there was nothing to save.
                 if EXIT_PREEMPTED not in own:
-                    self.say(f"preempted (SIGTERM) as the round's tasks were starting: none had begun training, so there was "
-                             f"nothing to save; exit {EXIT_PREEMPTED}: rerun the same command to resume from the newest checkpoint")
+                    self.say(
+                        f"preempted (SIGTERM) as the round's tasks were starting: none had begun training, so there was "
+                        f"nothing to save; exit {EXIT_PREEMPTED}: rerun the same command to resume from the newest checkpoint"
+                    )
                 result = RoundResult(State.STOPPED, EXIT_PREEMPTED)
         elif result.asked_to_checkpoint:  # a trainer that did not checkpoint and leave as asked: a failure
             refused = [t for t in round_.tasks if t.job in self.primary and t.proc.returncode != EXIT_PREEMPTED]

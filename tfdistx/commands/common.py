@@ -133,5 +133,3 @@ def _nothing_more_from_tensorflow() -> None:
     resume's restore, say, lists every value it did not restore when the
     process exits (its restore coordinator's deleter)."""
     logging.getLogger("tensorflow").setLevel(logging.ERROR)
-
-

@@ -17,10 +17,13 @@ def main(argv) -> int:
     parser = argparse.ArgumentParser(
         prog="tfdistx data write",
         description="Write the composed data source (data=synthetic, data=mnist, a data._target_ ...) as sharded "
-                    "TFRecord or CSV files plus a manifest.json, for data=tfrecord / data=csv.")
+        "TFRecord or CSV files plus a manifest.json, for data=tfrecord / data=csv.",
+    )
     parser.add_argument("overrides", nargs="*", help="config overrides choosing the data: data=mnist data.data_dir=...")
     parser.add_argument("--out", required=True, help="directory to write into")
-    parser.add_argument("--shards", type=int, default=8, help="train files (default 8: at least as many as input pipelines)")
+    parser.add_argument(
+        "--shards", type=int, default=8, help="train files (default 8: at least as many as input pipelines)"
+    )
     parser.add_argument("--eval-shards", type=int, default=1, help="eval files (default 1)")
     parser.add_argument("--format", choices=datafiles.FORMATS, default="tfrecord")
     parser.add_argument("--compression", choices=[c for c in datafiles.COMPRESSIONS if c], default=None)
@@ -40,6 +43,9 @@ def main(argv) -> int:
     for split, info in manifest["splits"].items():
         print(f"{split}: {sum(info['files'].values())} examples in {len(info['files'])} file(s)")
     pattern = os.path.join(args.out, "train-*")
-    print(f"wrote {args.out}; train on it with: python -m tfdistx data={args.format} data.train_files='{pattern}'"
-          + (f" data.eval_files='{os.path.join(args.out, 'eval-*')}'" if "eval" in manifest["splits"] else ""), file=sys.stderr)
+    print(
+        f"wrote {args.out}; train on it with: python -m tfdistx data={args.format} data.train_files='{pattern}'"
+        + (f" data.eval_files='{os.path.join(args.out, 'eval-*')}'" if "eval" in manifest["splits"] else ""),
+        file=sys.stderr,
+    )
     return 0

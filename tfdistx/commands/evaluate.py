@@ -24,10 +24,16 @@ HELD = {"model": ("model", "model._target_"), "optimizer": ("optimizer.name", "o
 
 
 def main(argv) -> int:
-    parser = argparse.ArgumentParser(prog="tfdistx evaluate", description="Evaluate a run's checkpoint on the configured eval data.")
+    parser = argparse.ArgumentParser(
+        prog="tfdistx evaluate", description="Evaluate a run's checkpoint on the configured eval data."
+    )
     parser.add_argument("run_dir")
-    parser.add_argument("--step", type=int, default=None, help="the checkpoint saved at this step (default: the newest)")
-    parser.add_argument("overrides", nargs="*", help="config overrides on top of the run's own, e.g. strategy=one_device")
+    parser.add_argument(
+        "--step", type=int, default=None, help="the checkpoint saved at this step (default: the newest)"
+    )
+    parser.add_argument(
+        "overrides", nargs="*", help="config overrides on top of the run's own, e.g. strategy=one_device"
+    )
     args = parser.parse_intermixed_args(argv)  # overrides may follow --step N
     with one_line_errors():
         # An evaluation has no sidecar evaluator: the run's cluster.evaluator=true must not refuse strategy=one_device here.
@@ -36,7 +42,9 @@ def main(argv) -> int:
         with_hydra.pop("hydra", None)
         plain = OmegaConf.create(with_hydra)
         _no_other_model(args.run_dir, plain, args.overrides)
-        find(resolve(plain, os.path.abspath(args.run_dir)).checkpoint.dir, args.step)  # --step N, checked before TensorFlow starts
+        find(
+            resolve(plain, os.path.abspath(args.run_dir)).checkpoint.dir, args.step
+        )  # --step N, checked before TensorFlow starts
         logging.basicConfig(stream=sys.stderr, level=logging.INFO, format="[%(name)s][%(levelname)s] - %(message)s")
         record = execute(plain, os.path.abspath(args.run_dir), "evaluate", args.step)
     print(json.dumps(record, indent=2, default=float))
@@ -56,10 +64,19 @@ def _no_other_model(run_dir: str, cfg, overrides) -> None:
         if plain_value(cfg, held) == plain_value(saved, held):
             continue
         choice = _choice(run_dir, group)
-        trained = (f"{key}={plain_value(saved, key)!r}" if "." in key else f"{group}={choice}" if choice
-                   else f"{name}={plain_value(saved, name)}")
-        raise ConfigError.one(key, value, f"this run was trained with {trained}, which its checkpoints hold: evaluate takes the "
-                              f"run's own {group}; drop this override (nothing was changed)")
+        trained = (
+            f"{key}={plain_value(saved, key)!r}"
+            if "." in key
+            else f"{group}={choice}"
+            if choice
+            else f"{name}={plain_value(saved, name)}"
+        )
+        raise ConfigError.one(
+            key,
+            value,
+            f"this run was trained with {trained}, which its checkpoints hold: evaluate takes the "
+            f"run's own {group}; drop this override (nothing was changed)",
+        )
 
 
 def _choice(run_dir: str, group: str):

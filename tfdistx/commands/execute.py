@@ -35,8 +35,16 @@ from tfdistx.whole_files import write_json, write_whole
 from tfdistx.sigterm import SigtermNotice
 
 
-def execute(cfg: DictConfig, run_dir: str, mode: str, step: Optional[int] = None, process_ends_after: bool = False,
-            notice: Optional[SigtermNotice] = None, placement: Optional[Placement] = None, config_record: Optional[dict] = None):
+def execute(
+    cfg: DictConfig,
+    run_dir: str,
+    mode: str,
+    step: Optional[int] = None,
+    process_ends_after: bool = False,
+    notice: Optional[SigtermNotice] = None,
+    placement: Optional[Placement] = None,
+    config_record: Optional[dict] = None,
+):
     """Train (mode "train") or evaluate (mode "evaluate") as `cfg` says, in
     `run_dir`. `notice`: the process's SIGTERM notice (sigterm.py), taken
     at its start; a training run without one takes it here. `placement`:
@@ -53,15 +61,22 @@ def execute(cfg: DictConfig, run_dir: str, mode: str, step: Optional[int] = None
     if notice is not None:  # taken with the default signals before the config was known: now the config's
         notice.listen(layout.cluster.notice_signals)
     placement = placement or placement_of(layout, mode)
-    if training and placement.is_chief and placement.source is not Source.LOCAL:  # once: by the task that trains, not its launcher
-        for warning in (layout.strategy.facts.stale_gradients_warning(layout.cluster.workers, spec.trainer.steps),
-                        data_service.mode_resume_warning(layout.service.mode if layout.service else None, spec.trainer.deterministic)):
+    if (
+        training and placement.is_chief and placement.source is not Source.LOCAL
+    ):  # once: by the task that trains, not its launcher
+        for warning in (
+            layout.strategy.facts.stale_gradients_warning(layout.cluster.workers, spec.trainer.steps),
+            data_service.mode_resume_warning(
+                layout.service.mode if layout.service else None, spec.trainer.deterministic
+            ),
+        ):
             if warning:
                 warn(warning)
     if placement.in_cluster:
         launched_by_tfdistx = bool(os.environ.get(LOCAL_CLUSTER_ENV))
-        refused = (elastic.placed_by_a_scheduler(layout.cluster, launched_by_tfdistx)
-                   + priority.placed_by_a_scheduler(layout.cluster.nice, launched_by_tfdistx))
+        refused = elastic.placed_by_a_scheduler(layout.cluster, launched_by_tfdistx) + priority.placed_by_a_scheduler(
+            layout.cluster.nice, launched_by_tfdistx
+        )
         if refused:
             raise ConfigError(refused)
     with retryable_exits_offset_by(layout.cluster.retryable_exit_offset):
@@ -69,7 +84,9 @@ def execute(cfg: DictConfig, run_dir: str, mode: str, step: Optional[int] = None
             return _run_local_cluster(spec, mode, step, notice)
         if placement.source is Source.AGENT:
             return _run_agent(spec, mode, notice, config_record)
-        if placement.task_type == EVALUATOR and notice is not None:  # a SIGTERM while it starts is said as what it will do
+        if (
+            placement.task_type == EVALUATOR and notice is not None
+        ):  # a SIGTERM while it starts is said as what it will do
             notice.plan = EVALUATOR_ON_SIGTERM
         conflict = machine.conflict()
         if conflict:
@@ -81,7 +98,9 @@ def execute(cfg: DictConfig, run_dir: str, mode: str, step: Optional[int] = None
             from tfdistx.engine.data_service import serve  # deferred: it imports TensorFlow
 
             return serve(placement, layout.strategy.facts, spec.cluster, notice)
-        if placement.task_type == EVALUATOR:  # the sidecar evaluator (cluster.evaluator): beside the training, never failing it
+        if (
+            placement.task_type == EVALUATOR
+        ):  # the sidecar evaluator (cluster.evaluator): beside the training, never failing it
             from tfdistx.engine import sidecar  # deferred: it imports TensorFlow
 
             return sidecar.run(spec, placement, notice) if training else None
@@ -120,9 +139,13 @@ def local_tasks(layout: Layout, mode: str) -> Tuple[Dict[str, int], bool]:
     evaluator = mode == "train" and layout.cluster.evaluator  # `tfdistx evaluate` needs no sidecar
     processes, most = sum(counts.values()) + evaluator, max(8, 4 * (os.cpu_count() or 1))
     if processes > most:  # each task is a whole TensorFlow process (docs/performance.md: peak RSS per task)
-        raise ConfigError.one("cluster", layout.cluster.name, f"a local cluster of {processes} processes"
-                              f"{' (with the sidecar evaluator)' if evaluator else ''} on this machine's {os.cpu_count()} cores: "
-                              f"at most {most} here; a larger cluster runs under Slurm or Kubernetes")
+        raise ConfigError.one(
+            "cluster",
+            layout.cluster.name,
+            f"a local cluster of {processes} processes"
+            f"{' (with the sidecar evaluator)' if evaluator else ''} on this machine's {os.cpu_count()} cores: "
+            f"at most {most} here; a larger cluster runs under Slurm or Kubernetes",
+        )
     return counts, evaluator
 
 
@@ -132,15 +155,25 @@ def _elastic_rounds(spec: RunSpec, mode: str) -> Optional[dict]:
     keys = spec.cluster.elastic
     if mode != "train" or keys is None:
         return None
-    return {"min": keys.min_workers, "max": spec.cluster.workers, "hosts": keys.hosts, "discover": keys.discover,
-            "join_grace": keys.join_grace, "lost_bound": keys.lost_bound, "below_min_timeout": keys.below_min_timeout,
-            **_where_rounds_are_told(spec)}
+    return {
+        "min": keys.min_workers,
+        "max": spec.cluster.workers,
+        "hosts": keys.hosts,
+        "discover": keys.discover,
+        "join_grace": keys.join_grace,
+        "lost_bound": keys.lost_bound,
+        "below_min_timeout": keys.below_min_timeout,
+        **_where_rounds_are_told(spec),
+    }
 
 
 def _where_rounds_are_told(spec: RunSpec) -> dict:
     """What the rounds' lines and file are read from and written to (cluster/rounds.py), elastic or agents'."""
-    return {"checkpoint_dir": spec.checkpoint.dir, "rounds_file": str(spec.run_dir / "logs" / "rounds.json"),
-            "metrics_file": str(spec.run_dir / "metrics.jsonl")}
+    return {
+        "checkpoint_dir": spec.checkpoint.dir,
+        "rounds_file": str(spec.run_dir / "logs" / "rounds.json"),
+        "metrics_file": str(spec.run_dir / "metrics.jsonl"),
+    }
 
 
 def _objective_with_rounds(spec: RunSpec, rounds_file: Optional[str]):
@@ -167,8 +200,13 @@ def with_rounds(summary: dict, rounds: list) -> dict:
 
 # What every task of a local cluster imports before it knows its place: imported once, in the
 # process the launcher forks the tasks from (cluster/prefork.py), TensorFlow's runtime not started.
-TASK_PRELOAD = ("tfdistx.engine.quiet_import:import_before_fork", "tfdistx.cli", "tfdistx.commands.task", "tfdistx.engine.fit",
-                "tfdistx.models")
+TASK_PRELOAD = (
+    "tfdistx.engine.quiet_import:import_before_fork",
+    "tfdistx.cli",
+    "tfdistx.commands.task",
+    "tfdistx.engine.fit",
+    "tfdistx.models",
+)
 
 
 def _task_command(spec: RunSpec, mode: str, step: Optional[int]) -> list:
@@ -182,7 +220,16 @@ def _task_command(spec: RunSpec, mode: str, step: Optional[int]) -> list:
     resolved["cluster"]["launch"] = "tf_config"
     resolved["cluster"].pop("agent", None)
     write_whole(task_config, OmegaConf.to_yaml(resolved))
-    return [sys.executable, "-m", "tfdistx", "_task", mode, str(spec.run_dir), str(task_config), *([str(step)] if step is not None else [])]
+    return [
+        sys.executable,
+        "-m",
+        "tfdistx",
+        "_task",
+        mode,
+        str(spec.run_dir),
+        str(task_config),
+        *([str(step)] if step is not None else []),
+    ]
 
 
 def _run_agent(spec: RunSpec, mode: str, notice: Optional[SigtermNotice], config_record: Optional[dict] = None):
@@ -191,26 +238,46 @@ def _run_agent(spec: RunSpec, mode: str, notice: Optional[SigtermNotice], config
     a parameter-server run's chief and ps, the tf.data service's); the agent
     that keeps the rounds records the run's config (`config_record`) and finishes the summary."""
     if mode != "train":
-        raise ConfigError.one("cluster.launch", "agent", "agents train; `tfdistx evaluate` runs with cluster.launch=local or tf_config")
+        raise ConfigError.one(
+            "cluster.launch", "agent", "agents train; `tfdistx evaluate` runs with cluster.launch=local or tf_config"
+        )
     layout, run_dir, cluster = spec.layout, spec.run_dir, spec.cluster
     per_pool, why = threads.task_threads(cluster.task_threads, layout.jobs_on_an_agents_node(keeper=False))
     keepers_pool, _ = threads.task_threads(cluster.task_threads, layout.jobs_on_an_agents_node(keeper=True))
     agent = cluster.agent
     elastic_keys = cluster.elastic
     told = _where_rounds_are_told(spec)
-    code = run_agent({"command": _task_command(spec, mode, None), "run_dir": str(run_dir), "log_dir": str(run_dir / "logs"),
-                      "primary": list(layout.strategy.facts.primary_jobs), "restart_alone": list(layout.strategy.facts.restartable_alone),
-                      "servers": dict(layout.servers_beside_the_keeper()), "keeper_task_env": threads.environment(keepers_pool),
-                      "max_restarts": cluster.max_restarts,
-                      "stopped_task_timeout": cluster.stopped_task_timeout, "run_log": str(run_dir / "tfdistx.log"),
-                      "preemption_grace": cluster.preemption_grace, "notice_signals": list(cluster.notice_signals),
-                      "task_env": threads.environment(per_pool), "preload": list(TASK_PRELOAD) if cluster.prefork else [],
-                      "evaluator": cluster.evaluator,  # run by the agent that keeps the rounds
-                      "config_record": config_record or {},  # written into .hydra/ by the agent that keeps the rounds
-                      "agent": {"store": agent.store, "address": agent.address, "min": elastic_keys.min_workers if elastic_keys else cluster.workers,
-                                "max": cluster.workers, "join_grace": agent.join_grace, "lost_bound": agent.lost_bound,
-                                "below_min_timeout": agent.below_min_timeout, **told}},
-                     notice)
+    code = run_agent(
+        {
+            "command": _task_command(spec, mode, None),
+            "run_dir": str(run_dir),
+            "log_dir": str(run_dir / "logs"),
+            "primary": list(layout.strategy.facts.primary_jobs),
+            "restart_alone": list(layout.strategy.facts.restartable_alone),
+            "servers": dict(layout.servers_beside_the_keeper()),
+            "keeper_task_env": threads.environment(keepers_pool),
+            "max_restarts": cluster.max_restarts,
+            "stopped_task_timeout": cluster.stopped_task_timeout,
+            "run_log": str(run_dir / "tfdistx.log"),
+            "preemption_grace": cluster.preemption_grace,
+            "notice_signals": list(cluster.notice_signals),
+            "task_env": threads.environment(per_pool),
+            "preload": list(TASK_PRELOAD) if cluster.prefork else [],
+            "evaluator": cluster.evaluator,  # run by the agent that keeps the rounds
+            "config_record": config_record or {},  # written into .hydra/ by the agent that keeps the rounds
+            "agent": {
+                "store": agent.store,
+                "address": agent.address,
+                "min": elastic_keys.min_workers if elastic_keys else cluster.workers,
+                "max": cluster.workers,
+                "join_grace": agent.join_grace,
+                "lost_bound": agent.lost_bound,
+                "below_min_timeout": agent.below_min_timeout,
+                **told,
+            },
+        },
+        notice,
+    )
     if code:
         sys.exit(code)
     return _objective_with_rounds(spec, told["rounds_file"] if elastic_keys else None)
@@ -223,19 +290,35 @@ def _run_local_cluster(spec: RunSpec, mode: str, step: Optional[int], notice: Op
     counts, evaluator = local_tasks(layout, mode)
     command = _task_command(spec, mode, step)
     under_mpi = mpi.chosen(spec.strategy.options)
-    if under_mpi:  # each task a world of one of MPI's, which joins its peers (spec/mpi.py); not forked from a prefork then
+    if (
+        under_mpi
+    ):  # each task a world of one of MPI's, which joins its peers (spec/mpi.py); not forked from a prefork then
         command = mpi.task_command(command)
     per_pool, why = threads.task_threads(layout.cluster.task_threads, counts)  # an elastic run: sized for MAX workers
-    into_log_files(f"tfdistx: each task's TensorFlow threads: {threads.describe(per_pool)}; {why}")  # the run's log, not the terminal
+    into_log_files(
+        f"tfdistx: each task's TensorFlow threads: {threads.describe(per_pool)}; {why}"
+    )  # the run's log, not the terminal
     rounds = _elastic_rounds(spec, mode)
     facts, cluster = layout.strategy.facts, layout.cluster
-    code = run_local_cluster(counts, command, str(run_dir / "logs"), task_env=threads.environment(per_pool),
-                             primary=list(facts.primary_jobs), isolate=cluster.isolate,
-                             max_restarts=cluster.max_restarts, restart_alone=list(facts.restartable_alone),
-                             stopped_task_timeout=cluster.stopped_task_timeout, run_log=str(run_dir / "tfdistx.log"),
-                             evaluator=evaluator, preemption_grace=cluster.preemption_grace, notice=notice,
-                             notice_signals=cluster.notice_signals, elastic=rounds, preload=TASK_PRELOAD if cluster.prefork and not under_mpi else (),
-                             nice=cluster.nice)
+    code = run_local_cluster(
+        counts,
+        command,
+        str(run_dir / "logs"),
+        task_env=threads.environment(per_pool),
+        primary=list(facts.primary_jobs),
+        isolate=cluster.isolate,
+        max_restarts=cluster.max_restarts,
+        restart_alone=list(facts.restartable_alone),
+        stopped_task_timeout=cluster.stopped_task_timeout,
+        run_log=str(run_dir / "tfdistx.log"),
+        evaluator=evaluator,
+        preemption_grace=cluster.preemption_grace,
+        notice=notice,
+        notice_signals=cluster.notice_signals,
+        elastic=rounds,
+        preload=TASK_PRELOAD if cluster.prefork and not under_mpi else (),
+        nice=cluster.nice,
+    )
     if code == 130:  # Ctrl-C: the tasks stopped quietly (commands/task.py)
         print("tfdistx: interrupted", file=sys.stderr)
     if code:

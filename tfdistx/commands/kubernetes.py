@@ -25,10 +25,17 @@ from tfdistx.config.resolve import layout_of
 # kind -> (what it prints, for --help; the builder, returning one manifest or a list; the longest --name)
 KINDS = {
     "tfjob": ("a Kubeflow TFJob (kubeflow.org/v1, the training operator)", kubernetes.tfjob, kubernetes.MAX_NAME),
-    "jobset": ("a JobSet (jobset.x-k8s.io/v1alpha2, kubernetes-sigs/jobset) and the NetworkPolicy that admits its pods' traffic "
-               "from its own pods only", jobset_manifest.jobset_and_network_policy, jobset_manifest.MAX_NAME),
-    "trainjob": ("a Kubeflow Trainer v2 TrainJob (trainer.kubeflow.org/v1alpha1) and the ClusterTrainingRuntime it names",
-                 jobset_manifest.trainjob_manifests, jobset_manifest.MAX_NAME),
+    "jobset": (
+        "a JobSet (jobset.x-k8s.io/v1alpha2, kubernetes-sigs/jobset) and the NetworkPolicy that admits its pods' traffic "
+        "from its own pods only",
+        jobset_manifest.jobset_and_network_policy,
+        jobset_manifest.MAX_NAME,
+    ),
+    "trainjob": (
+        "a Kubeflow Trainer v2 TrainJob (trainer.kubeflow.org/v1alpha1) and the ClusterTrainingRuntime it names",
+        jobset_manifest.trainjob_manifests,
+        jobset_manifest.MAX_NAME,
+    ),
 }
 
 
@@ -48,17 +55,32 @@ def export(argv, kind: str) -> int:
     what, build, longest = KINDS[kind]
     parser = argparse.ArgumentParser(
         prog=f"tfdistx export {kind}",
-        description=f"Print {what} whose pods run `python -m tfdistx OVERRIDES`: kubectl apply -f it. See docs/clusters.md.")
+        description=f"Print {what} whose pods run `python -m tfdistx OVERRIDES`: kubectl apply -f it. See docs/clusters.md.",
+    )
     parser.add_argument("overrides", nargs="*", help="config overrides, as for a run: strategy=multiworker cluster=4x8")
     parser.add_argument("--image", required=True, help="a container image with tfdistx installed (docs/clusters.md)")
-    parser.add_argument("--name", default="tfdistx", help=f"the {kind}'s name (default: tfdistx); also the run dir's on the volume")
+    parser.add_argument(
+        "--name", default="tfdistx", help=f"the {kind}'s name (default: tfdistx); also the run dir's on the volume"
+    )
     parser.add_argument("--namespace", default="default")
-    parser.add_argument("--volume", help="where the run dir lives, shared by the pods: pvc:CLAIM or hostPath:/PATH. "
-                                         "Without it each pod writes its own, lost with the pod")
-    parser.add_argument("--mount-path", default=DEFAULT_MOUNT_PATH, help=f"where the volume is mounted (default: {DEFAULT_MOUNT_PATH})")
-    parser.add_argument("--gpus", action="store_true", help="each training pod asks for cluster.devices_per_worker GPUs (nvidia.com/gpu)")
-    parser.add_argument("--config-dir", help="your config dir (docs/own-project.md), given to the pods as it is given here: "
-                                             "the image or the volume must hold it at that path (repeatable)")
+    parser.add_argument(
+        "--volume",
+        help="where the run dir lives, shared by the pods: pvc:CLAIM or hostPath:/PATH. "
+        "Without it each pod writes its own, lost with the pod",
+    )
+    parser.add_argument(
+        "--mount-path", default=DEFAULT_MOUNT_PATH, help=f"where the volume is mounted (default: {DEFAULT_MOUNT_PATH})"
+    )
+    parser.add_argument(
+        "--gpus",
+        action="store_true",
+        help="each training pod asks for cluster.devices_per_worker GPUs (nvidia.com/gpu)",
+    )
+    parser.add_argument(
+        "--config-dir",
+        help="your config dir (docs/own-project.md), given to the pods as it is given here: "
+        "the image or the volume must hold it at that path (repeatable)",
+    )
     config_path = os.environ.get(userconf.ENV) or None  # as the user set it, for the pods' environment
     with one_line_errors():
         rest, config_dirs = userconf.split_flags(argv)
@@ -75,32 +97,71 @@ def export(argv, kind: str) -> int:
         layout = layout_of(cfg)  # what the manifests read (spec/run_spec.py)
         agents = layout.cluster.agent is not None
         if agents and kind != "jobset":
-            raise ConfigError.one("cluster.launch", "agent", f"an agent on every node is exported as a JobSet: tfdistx export jobset "
-                                  f"(a {kind}'s controller places and restarts the tasks itself)")
-        if layout.cluster.elastic and not agents:  # its tasks would refuse to start (elastic.placed_by_a_scheduler): said here, at once
-            raise ConfigError.one("cluster.elastic.min_workers", layout.cluster.elastic.min_workers, f"a {kind} has a fixed number of "
-                                  f"replicas, and elastic rounds ({elastic.shown(layout.cluster)}) are formed by tfdistx's local launcher "
-                                  "or its agents: export a jobset with cluster.launch=agent, or cluster.elastic.min_workers=null")
-        manifests = build(layout, args.overrides, args.name, args.image, args.namespace, args.volume, args.mount_path.rstrip("/") or "/",
-                          args.gpus, config_dirs=config_dirs, config_path=config_path)
+            raise ConfigError.one(
+                "cluster.launch",
+                "agent",
+                f"an agent on every node is exported as a JobSet: tfdistx export jobset "
+                f"(a {kind}'s controller places and restarts the tasks itself)",
+            )
+        if (
+            layout.cluster.elastic and not agents
+        ):  # its tasks would refuse to start (elastic.placed_by_a_scheduler): said here, at once
+            raise ConfigError.one(
+                "cluster.elastic.min_workers",
+                layout.cluster.elastic.min_workers,
+                f"a {kind} has a fixed number of "
+                f"replicas, and elastic rounds ({elastic.shown(layout.cluster)}) are formed by tfdistx's local launcher "
+                "or its agents: export a jobset with cluster.launch=agent, or cluster.elastic.min_workers=null",
+            )
+        manifests = build(
+            layout,
+            args.overrides,
+            args.name,
+            args.image,
+            args.namespace,
+            args.volume,
+            args.mount_path.rstrip("/") or "/",
+            args.gpus,
+            config_dirs=config_dirs,
+            config_path=config_path,
+        )
     if not args.volume:
-        print("tfdistx: WARNING: no --volume: each pod writes its run dir inside itself, and a restarted pod loses "
-              "its checkpoints: give --volume pvc:CLAIM", file=sys.stderr)
+        print(
+            "tfdistx: WARNING: no --volume: each pod writes its run dir inside itself, and a restarted pod loses "
+            "its checkpoints: give --volume pvc:CLAIM",
+            file=sys.stderr,
+        )
     carried = [*(f"--config-dir {d}" for d in config_dirs), *([f"{userconf.ENV}={config_path}"] if config_path else [])]
     if carried:  # this machine's directories: the pods read theirs
-        print(f"tfdistx: WARNING: the pods compose with {' and '.join(carried)}: the image (or the volume) must hold each of "
-              "these directories at that path, relative to the pod's working directory", file=sys.stderr)
+        print(
+            f"tfdistx: WARNING: the pods compose with {' and '.join(carried)}: the image (or the volume) must hold each of "
+            "these directories at that path, relative to the pod's working directory",
+            file=sys.stderr,
+        )
     imported = _code_the_image_must_have(cfg)
     if imported:  # composing in the pod finds the config; building the run imports these
-        print(f"tfdistx: WARNING: the pods import {', '.join(f'{m} ({k})' for m, k in imported.items())}, which tfdistx does not install: "
-              "the image must have each (installed, or on the pods' PYTHONPATH)", file=sys.stderr)
+        print(
+            f"tfdistx: WARNING: the pods import {', '.join(f'{m} ({k})' for m, k in imported.items())}, which tfdistx does not install: "
+            "the image must have each (installed, or on the pods' PYTHONPATH)",
+            file=sys.stderr,
+        )
     print(f"# tfdistx export {kind} {' '.join(argv)}")
     print(yaml.safe_dump_all(manifests if isinstance(manifests, list) else [manifests], sort_keys=False), end="")
     return 0
 
 
 # What the image has when it has tfdistx: the package and what it installs.
-_INSTALLED_WITH_TFDISTX = ("tfdistx", "keras", "tensorflow", "tensorflow_datasets", "numpy", "hydra", "omegaconf", "wandb", "mlflow")
+_INSTALLED_WITH_TFDISTX = (
+    "tfdistx",
+    "keras",
+    "tensorflow",
+    "tensorflow_datasets",
+    "numpy",
+    "hydra",
+    "omegaconf",
+    "wandb",
+    "mlflow",
+)
 
 
 def _code_the_image_must_have(cfg) -> Dict[str, str]:

@@ -27,7 +27,9 @@ def describe(cfg: DictConfig) -> str:
     if strategy == strategies.AUTO and placement.source is Source.SINGLE:
         chosen += " (mirrored instead when several GPUs are visible)"
     lines = [f"strategy      {strategy}{chosen}: {facts.description}"]
-    lines.append(f"cluster       {topo.name}: {topo.workers} worker(s) x {topo.devices_per_worker or 'all GPUs or 1 CPU'} device(s), {topo.ps} ps")
+    lines.append(
+        f"cluster       {topo.name}: {topo.workers} worker(s) x {topo.devices_per_worker or 'all GPUs or 1 CPU'} device(s), {topo.ps} ps"
+    )
     if topo.agent is not None:
         lines.append(agent.plan_line(topo, layout.servers_beside_the_keeper()))
     elif elastic_line := elastic.plan_line(topo):
@@ -37,54 +39,84 @@ def describe(cfg: DictConfig) -> str:
         lines.append(f"WARNING       {machine.conflict()}")
     lines += _tasks(layout, placement)
     task = spec.config["task"]
-    lines.append(f"task          {task.get('name', task['_target_'])}: metrics {', '.join(task.get('metrics') or ['(the task reports them)'])}; "
-                 f"objective {trainer.objective}")
+    lines.append(
+        f"task          {task.get('name', task['_target_'])}: metrics {', '.join(task.get('metrics') or ['(the task reports them)'])}; "
+        f"objective {trainer.objective}"
+    )
 
     replicas = facts.planned_replicas(topo.workers, topo.devices_per_worker)
     batch = spec.pipeline.batch_size
     if facts.asynchronous:
-        lines.append(f"replicas      {topo.workers} workers, asynchronous: each step trains one worker on a whole batch")
+        lines.append(
+            f"replicas      {topo.workers} workers, asynchronous: each step trains one worker on a whole batch"
+        )
         lines.append(f"batch         {batch} per step")
-        lines.append(f"data          each worker reads its own 1/{topo.workers} of the examples (sharded by worker index); "
-                     "a resumed worker skips its expected share of the steps done")
+        lines.append(
+            f"data          each worker reads its own 1/{topo.workers} of the examples (sharded by worker index); "
+            "a resumed worker skips its expected share of the steps done"
+        )
         lines += _ps_variables(cfg, topo.ps)
         stale = facts.stale_gradients_warning(topo.workers, trainer.steps)
         if stale:
             lines.append(f"WARNING       {stale}")
     elif replicas:
-        note = " (one replica per worker without GPUs; W x GPUs with them)" if placement.source is not Source.SINGLE else ""
+        note = (
+            " (one replica per worker without GPUs; W x GPUs with them)"
+            if placement.source is not Source.SINGLE
+            else ""
+        )
         lines.append(f"replicas      {replicas}{note}")
-        lines.append(f"batch         global {batch}, per replica {batch // replicas if batch % replicas == 0 else 'does not divide!'}")
+        lines.append(
+            f"batch         global {batch}, per replica {batch // replicas if batch % replicas == 0 else 'does not divide!'}"
+        )
     else:
         lines.append("replicas      decided by the GPUs visible at start (else 1 per worker)")
         lines.append(f"batch         global {batch}, split evenly across the replicas")
     if facts.name == "multiworker":
         lines.append(_collectives(layout.strategy.options))
     if trainer.accumulate_steps > 1:
-        lines.append(f"accumulate    {trainer.accumulate_steps} batches of {batch} per step: the gradients of {batch * trainer.accumulate_steps} "
-                     f"examples, the activations of {batch} in memory")
-    lines.append(f"compute       {trainer.precision}; XLA {compute.planned_jit(trainer, facts)[1]}; "
-                 f"steps per XLA call {compute.planned_steps_per_xla_call(trainer, spec.checkpoint, facts)[1]}")
+        lines.append(
+            f"accumulate    {trainer.accumulate_steps} batches of {batch} per step: the gradients of {batch * trainer.accumulate_steps} "
+            f"examples, the activations of {batch} in memory"
+        )
+    lines.append(
+        f"compute       {trainer.precision}; XLA {compute.planned_jit(trainer, facts)[1]}; "
+        f"steps per XLA call {compute.planned_steps_per_xla_call(trainer, spec.checkpoint, facts)[1]}"
+    )
     plan_line = sources.of(cfg.data).plan_line  # a data source's own line, from its own keys
     if plan_line:
-        lines = [line for line in lines if not line.startswith("data ")] + [plan_line(cfg.data, topo.workers if facts.multi_process else 1)]
+        lines = [line for line in lines if not line.startswith("data ")] + [
+            plan_line(cfg.data, topo.workers if facts.multi_process else 1)
+        ]
     service = layout.service
     if service:
-        lines.append(f"data service  a tf.data service: 1 dispatcher, {service.workers} worker(s), {service.mode} "
-                     f"(tasks dispatcher:0 and dataworker:0..{service.workers - 1}; docs/multi-process.md: data.service)")
+        lines.append(
+            f"data service  a tf.data service: 1 dispatcher, {service.workers} worker(s), {service.mode} "
+            f"(tasks dispatcher:0 and dataworker:0..{service.workers - 1}; docs/multi-process.md: data.service)"
+        )
     lines.append(f"optimizer     {_optimizer(spec.optimizer, replicas)}")
     if spec.callbacks:
-        lines.append("callbacks     " + ", ".join(f"{name} ({callback.path})" for name, callback in spec.callbacks.items())
-                     + ", on the chief (docs/own-project.md)")
+        lines.append(
+            "callbacks     "
+            + ", ".join(f"{name} ({callback.path})" for name, callback in spec.callbacks.items())
+            + ", on the chief (docs/own-project.md)"
+        )
     lines.append(f"loggers       {', '.join(_loggers(spec.logger))}")
     steps = trainer.steps if trainer.steps is not None else f"{trainer.epochs} epoch(s)"
-    lines.append(f"steps         {steps}; {trainer.steps_per_loop} per tf.function call; log every {trainer.log_every}; "
-                 f"eval every {trainer.eval_every or 'end only'}")
+    lines.append(
+        f"steps         {steps}; {trainer.steps_per_loop} per tf.function call; log every {trainer.log_every}; "
+        f"eval every {trainer.eval_every or 'end only'}"
+    )
     every = spec.checkpoint.every_steps
-    lines.append(f"checkpoints   every {every or 'end only'} steps, keep {spec.checkpoint.max_to_keep}, in {spec.checkpoint.dir}")
+    lines.append(
+        f"checkpoints   every {every or 'end only'} steps, keep {spec.checkpoint.max_to_keep}, in {spec.checkpoint.dir}"
+    )
     run_dir = OmegaConf.select(cfg, "hydra.run.dir")
     if run_dir:
-        lines.append(f"run dir       {run_dir}: .hydra/, metrics.jsonl, summary.json, checkpoints/, tensorboard/" + (", logs/<task>.log" if placement.source is Source.LOCAL else ""))
+        lines.append(
+            f"run dir       {run_dir}: .hydra/, metrics.jsonl, summary.json, checkpoints/, tensorboard/"
+            + (", logs/<task>.log" if placement.source is Source.LOCAL else "")
+        )
     return "\n".join(lines)
 
 
@@ -92,8 +124,14 @@ def _optimizer(optimizer: Optimizer, replicas) -> str:
     """The optimizer, its learning rate as the run scales it, its schedule and clipping."""
     scale, lr = optimizer.scale_lr_with_replicas, optimizer.lr
     lr_text = f"{lr} x replicas = {lr * replicas}" if scale and replicas else f"{lr}" + (" x replicas" if scale else "")
-    clip = next((f"; clip {key} {value} after the sum over replicas" for key, value in
-                 (("clip_norm", optimizer.clip_norm), ("global_clip_norm", optimizer.global_clip_norm)) if value is not None), "")
+    clip = next(
+        (
+            f"; clip {key} {value} after the sum over replicas"
+            for key, value in (("clip_norm", optimizer.clip_norm), ("global_clip_norm", optimizer.global_clip_norm))
+            if value is not None
+        ),
+        "",
+    )
     schedule = optimizer.schedule
     if isinstance(schedule, Target):  # a LearningRateSchedule's _target_: its own rates, not optimizer.lr
         lr_text, schedule = ("x replicas" if scale else "its own"), schedule.path
@@ -108,9 +146,11 @@ def _ps_variables(cfg: DictConfig, ps: int) -> list:
     the default MLP on images of a known shape, the bytes on each ps task."""
     settings = strategies.partitioner_settings(cfg.strategy.get("partitioner"), ps)
     if settings:
-        line = (f"variables     strategy.partitioner: a variable of more than {settings['min_shard_bytes']:,} bytes in "
-                f"ceil(bytes / {settings['min_shard_bytes']:,}) shards, at most {settings['max_shards']}; variables and shards "
-                f"round-robin over {ps} ps")
+        line = (
+            f"variables     strategy.partitioner: a variable of more than {settings['min_shard_bytes']:,} bytes in "
+            f"ceil(bytes / {settings['min_shard_bytes']:,}) shards, at most {settings['max_shards']}; variables and shards "
+            f"round-robin over {ps} ps"
+        )
     else:
         line = f"variables     whole, round-robin over {ps} ps (strategy.partitioner splits large ones)"
     shapes = _mlp_shapes(cfg)
@@ -146,10 +186,12 @@ def _collectives(options: DictConfig) -> str:
     packs = options.get("bytes_per_pack") or 0
     implementation = options.get("communication") or "auto"
     how = strategies.COMMUNICATION_MEANS[implementation]
-    return (f"collectives   each step: one all-reduce of every gradient, "
-            f"{f'in packs of {packs} bytes' if packs else 'in one pack'} (strategy.bytes_per_pack), "
-            f"{options.get('all_reduce_dtype') or 'float32'}; the metrics: one sum per tf.function call; "
-            f"strategy.communication={implementation} ({how})")
+    return (
+        f"collectives   each step: one all-reduce of every gradient, "
+        f"{f'in packs of {packs} bytes' if packs else 'in one pack'} (strategy.bytes_per_pack), "
+        f"{options.get('all_reduce_dtype') or 'float32'}; the metrics: one sum per tf.function call; "
+        f"strategy.communication={implementation} ({how})"
+    )
 
 
 def _tasks(layout: Layout, placement) -> list:
@@ -159,8 +201,10 @@ def _tasks(layout: Layout, placement) -> list:
     if placement.source is Source.LOCAL:
         counts = layout.strategy.facts.job_counts(topo.workers, topo.ps)
         local_tasks(layout, "train")  # refused as the run would be: more processes than this machine holds
-        lines = ["placement     local cluster launched by tfdistx: one process per task on free 127.0.0.1 ports,",
-                 "              in a private network namespace when the OS allows it (cluster.isolate)"]
+        lines = [
+            "placement     local cluster launched by tfdistx: one process per task on free 127.0.0.1 ports,",
+            "              in a private network namespace when the OS allows it (cluster.isolate)",
+        ]
         for job, n in counts.items():
             for index in range(n):
                 lines.append(f"  task        {job}:{index}  TF_CONFIG task {{'type': '{job}', 'index': {index}}}")
@@ -173,19 +217,27 @@ def _tasks(layout: Layout, placement) -> list:
         return lines
     if placement.source is Source.AGENT:
         per_pool, why = threads.task_threads(topo.task_threads, layout.jobs_on_an_agents_node(keeper=False))
-        lines = ["placement     an agent on every node (this process on this one): it starts the node's worker, placed by the",
-                 "              TF_CONFIG of each round the agents form at cluster.agent.store, and restarts it (cluster.max_restarts)",
-                 f"  threads     the node's worker: {threads.describe(per_pool)}; {why}"]
+        lines = [
+            "placement     an agent on every node (this process on this one): it starts the node's worker, placed by the",
+            "              TF_CONFIG of each round the agents form at cluster.agent.store, and restarts it (cluster.max_restarts)",
+            f"  threads     the node's worker: {threads.describe(per_pool)}; {why}",
+        ]
         servers = layout.servers_beside_the_keeper()
         if servers:  # on the node whose agent keeps the rounds, in every round (cluster/agent.py)
-            keepers_pool, keepers_why = threads.task_threads(topo.task_threads, layout.jobs_on_an_agents_node(keeper=True))
-            lines.append(f"  servers     {strategies.describe_jobs(servers)}, on the store's node beside its worker: "
-                         "the run lives as long as that node")
+            keepers_pool, keepers_why = threads.task_threads(
+                topo.task_threads, layout.jobs_on_an_agents_node(keeper=True)
+            )
+            lines.append(
+                f"  servers     {strategies.describe_jobs(servers)}, on the store's node beside its worker: "
+                "the run lives as long as that node"
+            )
             lines.append(f"  threads     the store's node's tasks: {threads.describe(keepers_pool)}; {keepers_why}")
         if topo.evaluator:  # on the node whose agent keeps the rounds (cluster/agent.py)
             lines.append(_evaluator_line(", on the store's node beside its worker"))
         return lines
-    lines = [f"placement     {placement.source}; this process is {placement.task_name}{' (chief)' if placement.is_chief else ''}"]
+    lines = [
+        f"placement     {placement.source}; this process is {placement.task_name}{' (chief)' if placement.is_chief else ''}"
+    ]
     for job, addresses in placement.spec.items():
         for index, address in enumerate(addresses):
             lines.append(f"  task        {job}:{index}  {address}")
@@ -194,8 +246,10 @@ def _tasks(layout: Layout, placement) -> list:
 
 
 def _evaluator_line(where: str) -> str:
-    return (f"  task        evaluator:0  the sidecar evaluator{where}: TF_CONFIG task {{'type': 'evaluator', 'index': 0}}, "
-            "in no cluster spec; evaluates each checkpoint")
+    return (
+        f"  task        evaluator:0  the sidecar evaluator{where}: TF_CONFIG task {{'type': 'evaluator', 'index': 0}}, "
+        "in no cluster spec; evaluates each checkpoint"
+    )
 
 
 def _loggers(logger: Logger) -> list:

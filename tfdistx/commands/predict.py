@@ -43,18 +43,41 @@ DEFAULT_BATCH = 512
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="tfdistx predict", description="Predictions of a run's export, as sharded files in input order.")
+    parser = argparse.ArgumentParser(
+        prog="tfdistx predict", description="Predictions of a run's export, as sharded files in input order."
+    )
     parser.add_argument("run_dir", help="a run directory (with .hydra/config.yaml and export/)")
-    parser.add_argument("--data-files", nargs="+", action="extend", default=None, metavar="GLOB",
-                        help="TFRecord files of tf.train.Example, or CSV files with a header (.csv, .csv.gz); GZIP by .gz "
-                        "(default: the run's data source's eval split)")
-    parser.add_argument("--step", type=int, default=None, help="the checkpoint saved at this step, exported into "
-                        "RUN_DIR/export-step-N unless it is there (default: RUN_DIR/export)")
-    parser.add_argument("--out", default=None, help="a new directory, or an earlier predict's, which is kept aside "
-                        "(default: RUN_DIR/predictions, or RUN_DIR/predictions-step-N with --step)")
-    parser.add_argument("--format", default="csv", help="of the predictions: csv (a header, a row per row) or tfrecord "
-                        "(a tf.train.Example per row, a feature per output); default csv")
-    parser.add_argument("--batch-size", type=int, default=DEFAULT_BATCH, help=f"rows per call of the model (default {DEFAULT_BATCH})")
+    parser.add_argument(
+        "--data-files",
+        nargs="+",
+        action="extend",
+        default=None,
+        metavar="GLOB",
+        help="TFRecord files of tf.train.Example, or CSV files with a header (.csv, .csv.gz); GZIP by .gz "
+        "(default: the run's data source's eval split)",
+    )
+    parser.add_argument(
+        "--step",
+        type=int,
+        default=None,
+        help="the checkpoint saved at this step, exported into "
+        "RUN_DIR/export-step-N unless it is there (default: RUN_DIR/export)",
+    )
+    parser.add_argument(
+        "--out",
+        default=None,
+        help="a new directory, or an earlier predict's, which is kept aside "
+        "(default: RUN_DIR/predictions, or RUN_DIR/predictions-step-N with --step)",
+    )
+    parser.add_argument(
+        "--format",
+        default="csv",
+        help="of the predictions: csv (a header, a row per row) or tfrecord "
+        "(a tf.train.Example per row, a feature per output); default csv",
+    )
+    parser.add_argument(
+        "--batch-size", type=int, default=DEFAULT_BATCH, help=f"rows per call of the model (default {DEFAULT_BATCH})"
+    )
     return parser
 
 
@@ -84,7 +107,9 @@ def predict(args, progress=None):
     checkpoints = plain_value(cfg, "checkpoint.dir") or os.path.join(run_dir, "checkpoints")
     own_export = os.path.join(run_dir, "export")
     export_dir = own_export if args.step is None else os.path.join(run_dir, f"export-step-{args.step}")
-    out = os.path.abspath(args.out or os.path.join(run_dir, "predictions" if args.step is None else f"predictions-step-{args.step}"))
+    out = os.path.abspath(
+        args.out or os.path.join(run_dir, "predictions" if args.step is None else f"predictions-step-{args.step}")
+    )
     protected = [run_dir, checkpoints, own_export, export_dir]
     _not_inside(out, protected[1:])
     check_new_directory("--out", out, protected, made_by=PREDICTIONS)
@@ -94,8 +119,12 @@ def predict(args, progress=None):
     spec = checkpoint = None
     if args.step is None:
         if not Path(export_dir, "saved_model.pb").is_file():
-            raise ConfigError.one("run_dir", args.run_dir, "has no export/ (the run had checkpoint.export=false, or has not finished): "
-                                  "run `tfdistx export RUN_DIR` first, or give --step N")
+            raise ConfigError.one(
+                "run_dir",
+                args.run_dir,
+                "has no export/ (the run had checkpoint.export=false, or has not finished): "
+                "run `tfdistx export RUN_DIR` first, or give --step N",
+            )
     elif not Path(export_dir, "saved_model.pb").is_file():
         spec = _spec(run_dir)
         checkpoint = find(spec.checkpoint.dir, args.step)
@@ -132,16 +161,24 @@ def _predict_with(export_dir: str, args, cfg, spec, out: str, protected, progres
         what = f"the eval split of the run's data ({spec.data.path})"
 
         def parts():
-            return [engine.Part(what, engine.source_rows(build_source(spec), export, args.batch_size, what), is_file=False)]
+            return [
+                engine.Part(what, engine.source_rows(build_source(spec), export, args.batch_size, what), is_file=False)
+            ]
 
-    about = {"run_dir": os.path.abspath(args.run_dir), "export": {"checkpoint_step": args.step}, "data_files": args.data_files,
-             "batch_size": args.batch_size}
+    about = {
+        "run_dir": os.path.abspath(args.run_dir),
+        "export": {"checkpoint_step": args.step},
+        "data_files": args.data_files,
+        "batch_size": args.batch_size,
+    }
     return engine.predict(export, parts, out, args.format, protected=protected, progress=progress, about=about)
 
 
 def _matches_a_file(pattern: str) -> None:
     """A local glob that matches no file is refused now (a remote one, gs://, once TensorFlow can list it)."""
-    if not datafiles.is_remote(pattern) and not any(os.path.isfile(name) for name in glob.glob(os.path.expanduser(pattern))):
+    if not datafiles.is_remote(pattern) and not any(
+        os.path.isfile(name) for name in glob.glob(os.path.expanduser(pattern))
+    ):
         raise ConfigError.one("--data-files", os.path.abspath(os.path.expanduser(pattern)), "no file matches")
 
 
@@ -162,9 +199,11 @@ def row_names(cfg):
     inputs = [name for name in features if name != label]
     from tfdistx.engine.predict import RowNames  # deferred: it imports TensorFlow
 
-    return RowNames(aliases={"features": inputs[0]} if len(inputs) == 1 else {},
-                           labels=tuple(dict.fromkeys(["label", label])),
-                           var_len=tuple(name for name in inputs if isinstance(features[name], dict) and features[name].get("var_len")))
+    return RowNames(
+        aliases={"features": inputs[0]} if len(inputs) == 1 else {},
+        labels=tuple(dict.fromkeys(["label", label])),
+        var_len=tuple(name for name in inputs if isinstance(features[name], dict) and features[name].get("var_len")),
+    )
 
 
 def _not_inside(out: str, kept) -> None:
@@ -172,7 +211,9 @@ def _not_inside(out: str, kept) -> None:
     target = Path(out).resolve()
     for path in map(lambda p: Path(p).resolve(), kept):
         if path == target or path in target.parents:
-            raise ConfigError.one("--out", out, f"is inside {path}, which holds the run's model: name another directory")
+            raise ConfigError.one(
+                "--out", out, f"is inside {path}, which holds the run's model: name another directory"
+            )
 
 
 class Progress:
@@ -190,7 +231,11 @@ class Progress:
         if now - self.last < (0.25 if self.tty else 1.0) or not (self.tty or finished):
             return
         self.last = now
-        line = f"tfdistx: predict: {done}/{total} files, {rows:,} rows" if self.files else f"tfdistx: predict: {rows:,} rows"
+        line = (
+            f"tfdistx: predict: {done}/{total} files, {rows:,} rows"
+            if self.files
+            else f"tfdistx: predict: {rows:,} rows"
+        )
         if self.tty:
             print(f"\r\x1b[K{line}", end="", file=self.stream, flush=True)
             self.shown = True

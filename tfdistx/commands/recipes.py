@@ -17,11 +17,23 @@ from tfdistx.config import userconf
 from tfdistx.config.compose import as_config_error
 from tfdistx.spec.errors import EXIT_INVALID_CONFIG, ConfigError, RunFault
 from tfdistx.spec.paths import config_dir
-from tfdistx.config.recipes import ENV, GROUP, available, describe, downloads, find, is_global, register, search_dirs, shipped_dir, unknown, user_dirs
+from tfdistx.config.recipes import (
+    ENV,
+    GROUP,
+    available,
+    describe,
+    downloads,
+    find,
+    is_global,
+    register,
+    search_dirs,
+    shipped_dir,
+    unknown,
+    user_dirs,
+)
 from tfdistx.config.validate import validate
 from tfdistx.internals import hydra as internals
 from tfdistx.rundir import keep_aside
-
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -67,7 +79,12 @@ def _parser() -> argparse.ArgumentParser:
     copy = commands.add_parser("copy", help="copy a recipe's file out for editing")
     copy.add_argument("name")
     copy.add_argument("dest", help="a directory (the file keeps its name) or a file name ending in .yaml")
-    copy.add_argument("-f", "--force", action="store_true", help="replace an existing file, keeping it aside as NAME.yaml.replaced-STAMP")
+    copy.add_argument(
+        "-f",
+        "--force",
+        action="store_true",
+        help="replace an existing file, keeping it aside as NAME.yaml.replaced-STAMP",
+    )
     return parser
 
 
@@ -100,7 +117,9 @@ def _list_user_configs() -> None:
     """The user's own config dirs: their experiments and options, by group."""
     options = userconf.options()
     if not userconf.dirs():
-        print(f"your own groups and experiments: --config-dir DIR or {userconf.ENV}=DIR (DIR/data/NAME.yaml, DIR/experiment/NAME.yaml)")
+        print(
+            f"your own groups and experiments: --config-dir DIR or {userconf.ENV}=DIR (DIR/data/NAME.yaml, DIR/experiment/NAME.yaml)"
+        )
         return
     print(f"\nyour config dirs ({userconf.ENV}, --config-dir): {', '.join(map(str, userconf.dirs()))}")
     if not options:

@@ -129,8 +129,11 @@ def _summary(path: Path) -> Optional[dict]:
         summary = json.loads(path.read_text())
     except (OSError, ValueError) as error:  # UnicodeDecodeError is a ValueError: a binary file
         return _skipped(path, str(error).splitlines()[0][:100])
-    if not isinstance(summary, dict) or not _is_step(summary.get("step", 0)) or not all(
-            isinstance(summary.get(section) or {}, dict) for section in ("train", "eval")):
+    if (
+        not isinstance(summary, dict)
+        or not _is_step(summary.get("step", 0))
+        or not all(isinstance(summary.get(section) or {}, dict) for section in ("train", "eval"))
+    ):
         return _skipped(path, "not a tfdistx summary (a JSON object with a whole-number step and train/eval metrics)")
     return summary
 
@@ -268,7 +271,9 @@ def plot_run(job: Job, path: Path) -> None:
                 style = style.replace("--o", "o").replace("-", "o")
             if steps:
                 ax.plot(steps, values, style, label=f"{name} {family}", markersize=4, linewidth=2)
-                ax.annotate(f"{values[-1]:.4g}", (steps[-1], values[-1]), textcoords="offset points", xytext=(4, 4), fontsize=9)
+                ax.annotate(
+                    f"{values[-1]:.4g}", (steps[-1], values[-1]), textcoords="offset points", xytext=(4, 4), fontsize=9
+                )
         ax.set_title(family)
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)
@@ -324,16 +329,35 @@ def plot_curves(jobs: List[Job], objective: str, path: Path) -> None:
             for key, style in ((family, "-"), (f"eval/{family}", "--")):
                 steps, values = _series(job, key)
                 if steps:
-                    ax.plot(steps, values, style, color=job.color, linewidth=3 if bold else 1.4, alpha=1.0 if bold else 0.75,
-                            marker="o" if style == "--" or len(steps) == 1 else None, markersize=3 if len(steps) > 1 else 6)
+                    ax.plot(
+                        steps,
+                        values,
+                        style,
+                        color=job.color,
+                        linewidth=3 if bold else 1.4,
+                        alpha=1.0 if bold else 0.75,
+                        marker="o" if style == "--" or len(steps) == 1 else None,
+                        markersize=3 if len(steps) > 1 else 6,
+                    )
                     shown.append(values)
         _focus(ax, shown)
         ax.set_title(family)
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)
-    handles = [Line2D([], [], color=j.color, linewidth=3 if j is best else 1.5,
-                      label=_ellipsize(f"job {j.name}: {j.label}" + ("  (best)" if j is best else ""), 60)) for j in jobs]
-    handles += [Line2D([], [], color="black", linestyle="-", label="train"), Line2D([], [], color="black", linestyle="--", marker="o", markersize=3, label="eval")]
+    handles = [
+        Line2D(
+            [],
+            [],
+            color=j.color,
+            linewidth=3 if j is best else 1.5,
+            label=_ellipsize(f"job {j.name}: {j.label}" + ("  (best)" if j is best else ""), 60),
+        )
+        for j in jobs
+    ]
+    handles += [
+        Line2D([], [], color="black", linestyle="-", label="train"),
+        Line2D([], [], color="black", linestyle="--", marker="o", markersize=3, label="eval"),
+    ]
     columns = min(3, len(handles))
     fig.legend(handles=handles, loc="lower center", ncol=columns, fontsize=9, frameon=False)
     rows = math.ceil(len(handles) / columns)
@@ -382,7 +406,10 @@ def run_markdown(job: Job) -> str:
         (f"objective ({job.objective_name})", _fmt(job.objective)),
         ("examples/s", _fmt(s.get("examples_per_sec"), ",.0f")),
         ("wall time", _duration(s.get("wall_time_sec"))),
-        ("strategy", f"{s.get('strategy', '—')} ({s.get('replicas', '?')} replica(s), {s.get('workers', '?')} worker(s))"),
+        (
+            "strategy",
+            f"{s.get('strategy', '—')} ({s.get('replicas', '?')} replica(s), {s.get('workers', '?')} worker(s))",
+        ),
         ("global batch", _fmt(s.get("global_batch"), "d")),
         ("resumed", str(s.get("resumed", "—"))),
     ]
@@ -409,18 +436,33 @@ def sweep_markdown(root: Path, jobs: List[Job], shared: List[str], objective: st
     lines += [""]
     if best is not None:
         tied = [j.name for j in jobs[1:] if j.finished and j.objective == best.objective]
-        lines += [f"**Best: job {best.name}** — `{best.label}` — {objective} {_fmt(best.objective)} (run dir `{_rel(best.dir, root)}`)"
-                  + (f", tied with job {', '.join(tied)}" if tied else "")]
+        lines += [
+            f"**Best: job {best.name}** — `{best.label}` — {objective} {_fmt(best.objective)} (run dir `{_rel(best.dir, root)}`)"
+            + (f", tied with job {', '.join(tied)}" if tied else "")
+        ]
     else:
         lines += ["**No job has finished with a result for the objective.**"]
     lines += ["", "![final metric per job](final_metric.png)", "", "![curves of all jobs](curves.png)", ""]
     extra = objective not in ("eval/accuracy",)
-    header = ["rank", "job", "overrides", "final step", "final train loss", "eval accuracy"] + ([objective] if extra else []) + ["examples/s", "wall time"]
-    lines += ["| " + " | ".join(header) + " |", "|" + "|".join("---:" if h not in ("job", "overrides") else "---" for h in header) + "|"]
+    header = (
+        ["rank", "job", "overrides", "final step", "final train loss", "eval accuracy"]
+        + ([objective] if extra else [])
+        + ["examples/s", "wall time"]
+    )
+    lines += [
+        "| " + " | ".join(header) + " |",
+        "|" + "|".join("---:" if h not in ("job", "overrides") else "---" for h in header) + "|",
+    ]
     for rank, job in enumerate(jobs, 1):
         s = job.summary or {}
-        cells = [str(rank), f"{job.name}" + job.unfinished_text, f"`{job.label}`".replace("|", "\\|"),
-                 _fmt(job.step, "d"), _fmt(job.value("loss")), _fmt(job.value("eval/accuracy"))]
+        cells = [
+            str(rank),
+            f"{job.name}" + job.unfinished_text,
+            f"`{job.label}`".replace("|", "\\|"),
+            _fmt(job.step, "d"),
+            _fmt(job.value("loss")),
+            _fmt(job.value("eval/accuracy")),
+        ]
         cells += [_fmt(job.objective)] if extra else []
         cells += [_fmt(s.get("examples_per_sec"), ",.0f"), _duration(s.get("wall_time_sec"))]
         lines.append("| " + " | ".join(cells) + " |")
@@ -437,9 +479,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     )
     parser.add_argument("path", help="a run dir (outputs/DATE/TIME) or a sweep dir (multirun/DATE/TIME)")
     parser.add_argument("--out", help="where to write the report (default: into PATH)")
-    parser.add_argument("--objective", help="metric to rank jobs by (default: the runs' trainer.objective, e.g. eval/accuracy)")
-    parser.add_argument("--lower-is-better", action="store_true", default=None,
-                        help="rank ascending (default: ascending for losses and errors, else descending)")
+    parser.add_argument(
+        "--objective", help="metric to rank jobs by (default: the runs' trainer.objective, e.g. eval/accuracy)"
+    )
+    parser.add_argument(
+        "--lower-is-better",
+        action="store_true",
+        default=None,
+        help="rank ascending (default: ascending for losses and errors, else descending)",
+    )
     args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
     try:
         for path in report(Path(args.path), Path(args.out) if args.out else None, args.objective, args.lower_is_better):
@@ -450,7 +498,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     return 0
 
 
-def report(root: Path, out: Optional[Path] = None, objective: Optional[str] = None, lower: Optional[bool] = None) -> List[Path]:
+def report(
+    root: Path, out: Optional[Path] = None, objective: Optional[str] = None, lower: Optional[bool] = None
+) -> List[Path]:
     """Write the report for a run or sweep dir; returns the files written."""
     if not root.exists():
         raise ReportError(f"no such directory: {root}")

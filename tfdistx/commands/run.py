@@ -25,7 +25,13 @@ from tfdistx.cluster.placement import Placement, Source
 from tfdistx.commands.execute import execute, placement_of
 from tfdistx.commands.plan import describe
 from tfdistx.spec import elastic
-from tfdistx.config.compose import compose_and_validate, composed, keys_for_own_targets, only_given_keys_for_user_targets, say
+from tfdistx.config.compose import (
+    compose_and_validate,
+    composed,
+    keys_for_own_targets,
+    only_given_keys_for_user_targets,
+    say,
+)
 from tfdistx.spec.errors import ConfigError, RunFault
 from tfdistx.spec.objective import direction
 from tfdistx.config.resolve import layout_of
@@ -43,7 +49,9 @@ def main(argv: Sequence[str], process_ends_after: bool = False):
     argv = [arg for arg in argv if arg != "--plan"]  # cli.py has taken --config-dir DIR (userconf.take_flags)
     try:
         internals.probe()  # Hydra's internals tfdistx uses, before any of them is
-        argv = keys_for_own_targets(elastic.expand_shorthand(argv))  # model._target_=mine model.filters=32, for a sweep's jobs too
+        argv = keys_for_own_targets(
+            elastic.expand_shorthand(argv)
+        )  # model._target_=mine model.filters=32, for a sweep's jobs too
         args = internals.args_parser().parse_args(argv)
         register_config_names(args.overrides)
         if plan:
@@ -64,7 +72,10 @@ def main(argv: Sequence[str], process_ends_after: bool = False):
         try:
             with SigtermNotice() as notice:  # from here a SIGTERM is a preemption (sigterm.py)
                 return _run_once(args.overrides, process_ends_after=process_ends_after, notice=notice)
-        except (ConfigError, RunFault) as error:  # composition, the run dir's lock; what the run itself refuses, _run reports
+        except (
+            ConfigError,
+            RunFault,
+        ) as error:  # composition, the run dir's lock; what the run itself refuses, _run reports
             refuse(error)
 
     _quiet_sweep_plugins(argv)
@@ -88,10 +99,13 @@ def _help(overrides) -> str:
     from hydra.types import RunMode
 
     with initialize_config_dir(config_dir=str(config_dir()), version_base=None, job_name="tfdistx"):
-        cfg = GlobalHydra.instance().hydra.compose_config("config", overrides=list(overrides), run_mode=RunMode.RUN,
-                                                          with_log_configuration=False)
+        cfg = GlobalHydra.instance().hydra.compose_config(
+            "config", overrides=list(overrides), run_mode=RunMode.RUN, with_log_configuration=False
+        )
         loader = GlobalHydra.instance().config_loader()
-        options = {group: sorted(loader.get_group_options(group)) for group in loader.list_groups("") if group != "hydra"}
+        options = {
+            group: sorted(loader.get_group_options(group)) for group in loader.list_groups("") if group != "hydra"
+        }
         groups = "".join(f"{group}: {', '.join(names)}\n" for group, names in sorted(options.items()) if names)
         return string.Template(cfg.hydra.help.template).substitute(APP_CONFIG_GROUPS=groups)
 
@@ -169,17 +183,29 @@ def _run_once(overrides, process_ends_after: bool = False, notice: Optional[Sigt
         try:  # hydra.callbacks are instantiated here
             callbacks = internals.callbacks(cfg)  # what Hydra.run builds for run_job
         except Exception as error:
-            raise ConfigError.one("hydra.callbacks", OmegaConf.to_container(cfg.hydra.callbacks),
-                                  str(error).strip().splitlines()[0]) from None
+            raise ConfigError.one(
+                "hydra.callbacks", OmegaConf.to_container(cfg.hydra.callbacks), str(error).strip().splitlines()[0]
+            ) from None
         context = HydraContext(config_loader=GlobalHydra.instance().config_loader(), callbacks=callbacks)
         placement = placement_of(layout_of(cfg))  # worked out once for the run
         config_subdir = _recorded_by_the_owner_alone(cfg, placement)
         # Locked before run_job writes .hydra/ into the directory (rundir.py).
         with rundir.owned(cfg.hydra.run.dir) if placement.is_chief else contextlib.nullcontext():
-            job = functools.partial(_run, process_ends_after=process_ends_after, notice=notice, placement=placement,
-                                    config_subdir=config_subdir)
+            job = functools.partial(
+                _run,
+                process_ends_after=process_ends_after,
+                notice=notice,
+                placement=placement,
+                config_subdir=config_subdir,
+            )
             try:
-                result = run_job(task_function=job, config=cfg, job_dir_key="hydra.run.dir", job_subdir_key=None, hydra_context=context)
+                result = run_job(
+                    task_function=job,
+                    config=cfg,
+                    job_dir_key="hydra.run.dir",
+                    job_subdir_key=None,
+                    hydra_context=context,
+                )
             except KeyboardInterrupt:
                 print("tfdistx: interrupted", file=sys.stderr)
                 sys.exit(130)
@@ -214,12 +240,20 @@ def _config_record(cfg: DictConfig, subdir: str) -> dict:
     hydra_cfg = copy.deepcopy(HydraConfig.instance().cfg)
     with read_write(hydra_cfg.hydra), open_dict(hydra_cfg.hydra):
         hydra_cfg.hydra.output_subdir = subdir  # as recorded by a run that wrote it itself
-    return {"config.yaml": OmegaConf.to_yaml(cfg), "hydra.yaml": OmegaConf.to_yaml(hydra_cfg),
-            "overrides.yaml": OmegaConf.to_yaml(hydra_cfg.hydra.overrides.task)}
+    return {
+        "config.yaml": OmegaConf.to_yaml(cfg),
+        "hydra.yaml": OmegaConf.to_yaml(hydra_cfg),
+        "overrides.yaml": OmegaConf.to_yaml(hydra_cfg.hydra.overrides.task),
+    }
 
 
-def _run(cfg: DictConfig, process_ends_after: bool = False, notice: Optional[SigtermNotice] = None,
-         placement: Optional[Placement] = None, config_subdir: Optional[str] = None):
+def _run(
+    cfg: DictConfig,
+    process_ends_after: bool = False,
+    notice: Optional[SigtermNotice] = None,
+    placement: Optional[Placement] = None,
+    config_subdir: Optional[str] = None,
+):
     """One Hydra job: train here, or start a local cluster whose tasks each
     run this job. Multirun jobs are composed by the sweeper, so checked here.
     `process_ends_after`: the process ends when the run does (_run_once);
@@ -233,8 +267,15 @@ def _run(cfg: DictConfig, process_ends_after: bool = False, notice: Optional[Sig
     with one_line_errors():
         if hydra_cfg.mode != RunMode.MULTIRUN:  # composed, checked and locked by _run_once, which then ends the process
             record = _config_record(cfg, config_subdir) if config_subdir else None
-            return execute(cfg, hydra_cfg.runtime.output_dir, "train", process_ends_after=process_ends_after, notice=notice,
-                           placement=placement, config_record=record)
+            return execute(
+                cfg,
+                hydra_cfg.runtime.output_dir,
+                "train",
+                process_ends_after=process_ends_after,
+                notice=notice,
+                placement=placement,
+                config_record=record,
+            )
         told = only_given_keys_for_user_targets(cfg, hydra_cfg.overrides.task)
         validate(cfg)
         say(told)

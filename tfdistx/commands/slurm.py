@@ -51,13 +51,17 @@ def main(argv) -> int:
     parser = argparse.ArgumentParser(
         prog="tfdistx export slurm",
         description="Print a Slurm batch script that runs `python -m tfdistx OVERRIDES` as one srun step, one Slurm task per "
-                    "TensorFlow task; Slurm's time-limit notice and a preemption checkpoint the run, and the job requeues "
-                    "itself to resume it. For fixed-size runs. sbatch it. See docs/clusters.md.")
+        "TensorFlow task; Slurm's time-limit notice and a preemption checkpoint the run, and the job requeues "
+        "itself to resume it. For fixed-size runs. sbatch it. See docs/clusters.md.",
+    )
     parser.add_argument("overrides", nargs="*", help="config overrides, as for a run: strategy=multiworker cluster=2x1")
     parser.add_argument("--time", help=f"the job's time limit: {TIME_FORMATS} (default: the partition's)")
-    parser.add_argument("--notice", default=str(DEFAULT_NOTICE),
-                        help=f"seconds before the time limit at which Slurm sends USR1: the run checkpoints and the job "
-                             f"requeues (default: {DEFAULT_NOTICE})")
+    parser.add_argument(
+        "--notice",
+        default=str(DEFAULT_NOTICE),
+        help=f"seconds before the time limit at which Slurm sends USR1: the run checkpoints and the job "
+        f"requeues (default: {DEFAULT_NOTICE})",
+    )
     parser.add_argument("--partition", help="the Slurm partition (default: the cluster's default)")
     parser.add_argument("--nodes", help="nodes the tasks are spread over (default: 1)")
     parser.add_argument("--out", help="write the script to this new file (never replacing one) instead of printing it")
@@ -66,10 +70,16 @@ def main(argv) -> int:
         notice = _positive("--notice", args.notice, MOST_NOTICE, "seconds")
         limit = _seconds(args.time) if args.time is not None else None
         if limit and notice >= limit:
-            raise ConfigError.one("--notice", args.notice, f"must be shorter than --time={args.time} ({limit} s): the notice "
-                                  "comes that many seconds before the limit")
+            raise ConfigError.one(
+                "--notice",
+                args.notice,
+                f"must be shorter than --time={args.time} ({limit} s): the notice "
+                "comes that many seconds before the limit",
+            )
         if args.partition is not None and not _PARTITION.fullmatch(args.partition):
-            raise ConfigError.one("--partition", args.partition, "a Slurm partition name (letters, digits, _ . -; several: a,b)")
+            raise ConfigError.one(
+                "--partition", args.partition, "a Slurm partition name (letters, digits, _ . -; several: a,b)"
+            )
         overrides = elastic.expand_shorthand(args.overrides)
         given = {override.lstrip("+").partition("=")[0] for override in overrides}
         # Under agents the script names the rendezvous (the allocation's first node), unless the overrides do:
@@ -79,20 +89,37 @@ def main(argv) -> int:
         layout = layout_of(cfg)
         agents = layout.cluster.launch == agent.LAUNCH
         if agents and args.nodes:
-            raise ConfigError.one("--nodes", args.nodes, "with cluster.launch=agent there is one agent per node, and the nodes are "
-                                  f"cluster.workers={_node_range(layout.cluster)}: leave --nodes out")
+            raise ConfigError.one(
+                "--nodes",
+                args.nodes,
+                "with cluster.launch=agent there is one agent per node, and the nodes are "
+                f"cluster.workers={_node_range(layout.cluster)}: leave --nodes out",
+            )
         if layout.cluster.elastic and not agents:
-            raise ConfigError.one("cluster.elastic.min_workers", layout.cluster.elastic.min_workers,
-                                  f"a Slurm step has a fixed number of tasks, and elastic rounds ({elastic.shown(layout.cluster)}) "
-                                  "are formed by tfdistx's local launcher or its agents: export with cluster.launch=agent, "
-                                  "or cluster.elastic.min_workers=null")
+            raise ConfigError.one(
+                "cluster.elastic.min_workers",
+                layout.cluster.elastic.min_workers,
+                f"a Slurm step has a fixed number of tasks, and elastic rounds ({elastic.shown(layout.cluster)}) "
+                "are formed by tfdistx's local launcher or its agents: export with cluster.launch=agent, "
+                "or cluster.elastic.min_workers=null",
+            )
         if layout.cluster.launch not in (*_PLACED_BY_SLURM, agent.LAUNCH):
-            raise ConfigError.one("cluster.launch", layout.cluster.launch, "the script's tasks are placed by the Slurm step: "
-                                  f"{', '.join(_PLACED_BY_SLURM)}, or agent (an agent on every node)")
+            raise ConfigError.one(
+                "cluster.launch",
+                layout.cluster.launch,
+                "the script's tasks are placed by the Slurm step: "
+                f"{', '.join(_PLACED_BY_SLURM)}, or agent (an agent on every node)",
+            )
         tasks = scheduled_tasks(layout)
         ntasks = sum(tasks.values())
-        nodes = _positive("--nodes", args.nodes, ntasks, f"nodes, at most the {ntasks} task(s) of the step") if args.nodes else 1
-        run_dir = OmegaConf.select(cfg, "hydra.run.dir") if "hydra.run.dir" in given else None  # as composed: Hydra's quotes gone
+        nodes = (
+            _positive("--nodes", args.nodes, ntasks, f"nodes, at most the {ntasks} task(s) of the step")
+            if args.nodes
+            else 1
+        )
+        run_dir = (
+            OmegaConf.select(cfg, "hydra.run.dir") if "hydra.run.dir" in given else None
+        )  # as composed: Hydra's quotes gone
         job = _agents(layout.cluster, layout.servers_beside_the_keeper(), given) if agents else _tasks(tasks, nodes)
         text = script(argv, overrides, job, args.time, notice, args.partition, os.environ.get(userconf.ENV), run_dir)
         if args.out:
@@ -109,15 +136,39 @@ class _Job:
     a step of one agent per node: the script's words, its sbatch options,
     its srun, what it adds to the command."""
 
-    def __init__(self, kind: str, about: List[str], sbatch: List[str], srun: str, added: List[str], setup: List[str], ended: List[str]):
-        self.kind, self.about, self.sbatch, self.srun, self.added, self.setup, self.ended = kind, about, sbatch, srun, added, setup, ended
+    def __init__(
+        self,
+        kind: str,
+        about: List[str],
+        sbatch: List[str],
+        srun: str,
+        added: List[str],
+        setup: List[str],
+        ended: List[str],
+    ):
+        self.kind, self.about, self.sbatch, self.srun, self.added, self.setup, self.ended = (
+            kind,
+            about,
+            sbatch,
+            srun,
+            added,
+            setup,
+            ended,
+        )
 
 
 def _tasks(tasks, nodes: int) -> _Job:
     ntasks = sum(tasks.values())
     ranks = ", ".join(f"{job}:{index}" for job, n in tasks.items() for index in range(n))
-    return _Job("A fixed-size run (docs/clusters.md).", [f"# {describe_jobs(tasks)}: {ntasks} Slurm task(s), one per TensorFlow task, in rank order: {ranks}"],
-                [f"--nodes={nodes}", f"--ntasks={ntasks}"], "srun --kill-on-bad-exit=1", ["cluster.launch=slurm"], [], [])
+    return _Job(
+        "A fixed-size run (docs/clusters.md).",
+        [f"# {describe_jobs(tasks)}: {ntasks} Slurm task(s), one per TensorFlow task, in rank order: {ranks}"],
+        [f"--nodes={nodes}", f"--ntasks={ntasks}"],
+        "srun --kill-on-bad-exit=1",
+        ["cluster.launch=slurm"],
+        [],
+        [],
+    )
 
 
 def _node_range(cluster) -> str:
@@ -133,31 +184,62 @@ def _agents(cluster, servers, given) -> _Job:
     nodes = f"{low}-{cluster.workers}" if low != cluster.workers else str(cluster.workers)
     setup, added = [], []
     if "cluster.agent.store" not in given:
-        setup = ['store="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)'
-                 f':$(( {cluster.base_port} + 64 * (SLURM_JOB_ID % 500) ))"  # the rendezvous, kept by the first node\'s agent']
+        setup = [
+            'store="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)'
+            f":$(( {cluster.base_port} + 64 * (SLURM_JOB_ID % 500) ))\"  # the rendezvous, kept by the first node's agent"
+        ]
         added = ['"cluster.agent.store=${store}"']
     servers = f" (the first node's also {describe_jobs(servers)})" if servers else ""
-    about = [f"# an agent on every node (cluster.launch=agent): {nodes} node(s), one Slurm task each, each starting its node's worker{servers};",
-             "# --no-kill: a failed node leaves the job, and the agents go on without it while cluster.elastic.min_workers remain"]
+    about = [
+        f"# an agent on every node (cluster.launch=agent): {nodes} node(s), one Slurm task each, each starting its node's worker{servers};",
+        "# --no-kill: a failed node leaves the job, and the agents go on without it while cluster.elastic.min_workers remain",
+    ]
     # A lost node's agent may end the step with its own code after the others trained to the end: summary.json says they did.
-    ended = ['if [ "$code" -ne 42 ] && [ -f "${run_dir}/summary.json" ]; then',
-             "    code=0  # trained to the end (a lost node's agent may have ended otherwise)",
-             "fi"]
-    return _Job("An agent on every node (docs/elastic.md).", about, [f"--nodes={nodes}", "--ntasks-per-node=1", "--no-kill"], "srun --no-kill --kill-on-bad-exit=0 --ntasks-per-node=1",
-                added, setup, ended)
+    ended = [
+        'if [ "$code" -ne 42 ] && [ -f "${run_dir}/summary.json" ]; then',
+        "    code=0  # trained to the end (a lost node's agent may have ended otherwise)",
+        "fi",
+    ]
+    return _Job(
+        "An agent on every node (docs/elastic.md).",
+        about,
+        [f"--nodes={nodes}", "--ntasks-per-node=1", "--no-kill"],
+        "srun --no-kill --kill-on-bad-exit=0 --ntasks-per-node=1",
+        added,
+        setup,
+        ended,
+    )
 
 
-def script(argv, overrides: List[str], job: _Job, time: Optional[str], notice: int, partition: Optional[str],
-           config_path: Optional[str], run_dir: Optional[str] = None) -> str:
+def script(
+    argv,
+    overrides: List[str],
+    job: _Job,
+    time: Optional[str],
+    notice: int,
+    partition: Optional[str],
+    config_path: Optional[str],
+    run_dir: Optional[str] = None,
+) -> str:
     """The batch script's text; every value in it shell-quoted. `run_dir`: the
     run dir the overrides set (else one fixed for the job, RUN_DIR)."""
     command = list(overrides)
     given = {override.lstrip("+").partition("=")[0] for override in overrides}
     if "cluster.launch" not in given:  # not a TF_CONFIG that sbatch carried over from the submitting shell
         command += [added for added in job.added if added.startswith("cluster.launch=")]
-    made_by = " ".join(shlex.quote(arg) for arg in ["tfdistx", "export", "slurm", *argv]).replace("\n", "\\n").replace("\r", "\\r")
-    sbatch = [*job.sbatch, *([f"--time={time}"] if time else []),
-              *([f"--partition={partition}"] if partition else []), "--requeue", "--open-mode=append", f"--signal=B:USR1@{notice}"]
+    made_by = (
+        " ".join(shlex.quote(arg) for arg in ["tfdistx", "export", "slurm", *argv])
+        .replace("\n", "\\n")
+        .replace("\r", "\\r")
+    )
+    sbatch = [
+        *job.sbatch,
+        *([f"--time={time}"] if time else []),
+        *([f"--partition={partition}"] if partition else []),
+        "--requeue",
+        "--open-mode=append",
+        f"--signal=B:USR1@{notice}",
+    ]
     lines = [
         "#!/bin/bash",
         f"# {made_by}",
@@ -229,6 +311,8 @@ def _write_new(path: str, text: str) -> None:
         with open(path, "x") as out:
             out.write(text)
     except FileExistsError:
-        raise ConfigError.one("--out", path, "already exists: tfdistx export slurm never replaces a file; give a new name") from None
+        raise ConfigError.one(
+            "--out", path, "already exists: tfdistx export slurm never replaces a file; give a new name"
+        ) from None
     except OSError as error:
         raise ConfigError.one("--out", path, f"cannot be written ({error.strerror})") from None

@@ -26,8 +26,14 @@ def main(argv) -> int:
     try:
         with one_line_errors(), SigtermNotice() as notice:  # from here a SIGTERM is a preemption (sigterm.py)
             # The task's process ends with it (cli.end_process): its input pipelines need no teardown.
-            execute(cfg, run_dir, mode, int(rest[0]) if rest else None, process_ends_after=True,
-                    notice=notice if mode == "train" else None)
+            execute(
+                cfg,
+                run_dir,
+                mode,
+                int(rest[0]) if rest else None,
+                process_ends_after=True,
+                notice=notice if mode == "train" else None,
+            )
     except KeyboardInterrupt:  # Ctrl-C reaches every task (launch.py): the launcher says "interrupted", once
         sys.exit(130)
     return 0

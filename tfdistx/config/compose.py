@@ -42,13 +42,16 @@ def composed(overrides: Sequence[str], notes: bool = True) -> Iterator[DictConfi
     with initialize_config_dir(config_dir=str(config_dir()), version_base=None, job_name="tfdistx"):
         try:
             cfg = GlobalHydra.instance().hydra.compose_config(
-                "config", overrides=list(overrides), run_mode=RunMode.RUN, with_log_configuration=False)
+                "config", overrides=list(overrides), run_mode=RunMode.RUN, with_log_configuration=False
+            )
         except (HydraException, OmegaConfBaseException) as error:
             raise _with_valid_keys(as_config_error(error, overrides), overrides) from None
         except yaml.YAMLError as error:  # a user's recipe or config file that is not YAML
             where = getattr(error, "problem_mark", None)
             place = f"{where.name}, line {where.line + 1}" if where else "a config file"
-            raise ConfigError.one("config file", place, f"is not valid YAML: {getattr(error, 'problem', None) or error}") from None
+            raise ConfigError.one(
+                "config file", place, f"is not valid YAML: {getattr(error, 'problem', None) or error}"
+            ) from None
         try:  # an interpolation is resolved where it is read: ${nope.nope}, ${oc.env:UNSET}
             told = only_given_keys_for_user_targets(cfg, overrides)
             validate(cfg, run_dir=OmegaConf.select(cfg, "hydra.run.dir"))
@@ -78,18 +81,27 @@ def keys_for_own_targets(overrides: Sequence[str]) -> list:
         option = chosen_option(group, overrides)
         if f"{group}._target_" in given or (option and not (config_dir() / group / f"{option}.yaml").is_file()):
             own.add(group)
+
     def own_key(override: str) -> bool:
         group, _, rest = override.partition(".")
-        if group == "callbacks" and not override.startswith(("+", "~")):  # every callback is the user's: callbacks.NAME.KEY=V adds it
+        if group == "callbacks" and not override.startswith(
+            ("+", "~")
+        ):  # every callback is the user's: callbacks.NAME.KEY=V adds it
             return "=" in rest
-        if group == "logger" and not override.startswith(("+", "~")):  # conf/logger/default.yaml names only the loggers on
+        if group == "logger" and not override.startswith(
+            ("+", "~")
+        ):  # conf/logger/default.yaml names only the loggers on
             # by default: logger.NAME=V sets or adds a built-in logger's switch, logger.NAME.KEY=V a key of a built-in
             # logger's block or of the user's own logger (config/loggers.py refuses a key or a NAME that is neither)
             key = rest.partition("=")[0]
             return "=" in rest and ("." in key or builtin_loggers.named(key) is not None)
         # optimizer._target_ too: the shipped optimizer files name their class by `name`, and have no _target_ to set.
-        return not override.startswith(("+", "~")) and group in own and "=" in rest and \
-            (not rest.startswith("_target_=") or group == "optimizer")
+        return (
+            not override.startswith(("+", "~"))
+            and group in own
+            and "=" in rest
+            and (not rest.startswith("_target_=") or group == "optimizer")
+        )
 
     return [f"++{o}" if own_key(o) else o for o in overrides]
 
@@ -102,7 +114,10 @@ def chosen_option(group: str, overrides: Sequence[str]):
     if option is not None:
         return option
     experiment, recipe = given_value(userconf.EXPERIMENT, overrides), given_value(recipes.GROUP, overrides)
-    for path in (userconf.experiments().get(experiment) if experiment else None, recipes.find(recipe) if recipe else None):
+    for path in (
+        userconf.experiments().get(experiment) if experiment else None,
+        recipes.find(recipe) if recipe else None,
+    ):
         picked = recipes.options_in(path, group) if path else []
         if picked:
             return picked[-1]
@@ -125,9 +140,20 @@ def only_given_keys_for_user_targets(cfg: DictConfig, overrides: Sequence[str]) 
     chosen = OmegaConf.select(cfg, "hydra.runtime.choices.optimizer")
     renamed = "optimizer.name" in given and cfg.optimizer.get("name") != chosen
     notes = []
-    kept_by_group = (("data", PIPELINE_KEYS), ("model", ()), ("task", TASK_KEYS), ("optimizer", tuple(k for k in OPTIMIZER_KEYS if k != "name")))
+    kept_by_group = (
+        ("data", PIPELINE_KEYS),
+        ("model", ()),
+        ("task", TASK_KEYS),
+        ("optimizer", tuple(k for k in OPTIMIZER_KEYS if k != "name")),
+    )
     for group, kept in kept_by_group:
-        named = f"{group}._target_" if f"{group}._target_" in given else "optimizer.name" if group == "optimizer" and renamed else None
+        named = (
+            f"{group}._target_"
+            if f"{group}._target_" in given
+            else "optimizer.name"
+            if group == "optimizer" and renamed
+            else None
+        )
         if named is None:
             continue
         dropped = [key for key in cfg[group] if key != "_target_" and key not in kept and f"{group}.{key}" not in given]
@@ -135,10 +161,16 @@ def only_given_keys_for_user_targets(cfg: DictConfig, overrides: Sequence[str]) 
             for key in dropped:
                 del cfg[group][key]
         # Unsaid: the task's facts, and the optimizer's shortcut `name` that its _target_ replaces.
-        told = [key for key in dropped if not (group == "task" and key in TASK_FACTS or group == "optimizer" and key == "name")]
+        told = [
+            key
+            for key in dropped
+            if not (group == "task" and key in TASK_FACTS or group == "optimizer" and key == "name")
+        ]
         if told:
-            notes.append(f"tfdistx: note: {named}={OmegaConf.select(cfg, named)} gets only the {group} keys you give "
-                         f"(not the default group's {', '.join(told)}): set them with {group}.KEY=VALUE")
+            notes.append(
+                f"tfdistx: note: {named}={OmegaConf.select(cfg, named)} gets only the {group} keys you give "
+                f"(not the default group's {', '.join(told)}): set them with {group}.KEY=VALUE"
+            )
     return notes
 
 
@@ -190,7 +222,11 @@ def as_config_error(error: Exception, overrides: Sequence[str]) -> ConfigError:
     if isinstance(error, MissingConfigException) and error.options is not None:
         group = error.missing_cfg_file.split("/")[0] if error.missing_cfg_file else "?"
         value = given_value(group, overrides)
-        allowed = topology.FORMS if group == "cluster" else "allowed: " + ", ".join(sorted(error.options)) + userconf.hint(group, value)
+        allowed = (
+            topology.FORMS
+            if group == "cluster"
+            else "allowed: " + ", ".join(sorted(error.options)) + userconf.hint(group, value)
+        )
         if group == "hydra":  # hydra/sweeper=..., hydra/launcher=...
             group = "/".join(error.missing_cfg_file.split("/")[:2])
             value = given_value(group, overrides) or error.missing_cfg_file.split("/")[-1]
@@ -203,17 +239,37 @@ def as_config_error(error: Exception, overrides: Sequence[str]) -> ConfigError:
     missing_plugin = re.search(r"Could not load 'hydra/(sweeper|launcher)/(\w+)'", str(error))
     if missing_plugin and missing_plugin[2] in SWEEP_EXTRA_PLUGINS:  # e.g. tfdistx_slurm's own default, submitit_slurm
         group = f"hydra/{missing_plugin[1]}"
-        return ConfigError([Problem(group, given_value(group, overrides), "its Hydra plugin is not installed: pip install 'tfdistx[sweep]'")])
+        return ConfigError(
+            [
+                Problem(
+                    group,
+                    given_value(group, overrides),
+                    "its Hydra plugin is not installed: pip install 'tfdistx[sweep]'",
+                )
+            ]
+        )
     already = re.search(r"Could not append to config\. An item is already at '([^']+)'", str(error))
     if already:  # `+KEY=V` for a key the config has: Hydra's answer offers a `++KEY=V` the user never wrote
         key = already[1]
         value = given_value(key, overrides)
-        return ConfigError([Problem(key, value, f"the config has this key already: set it without the leading +, as {key}={value} "
-                                                "(+KEY=VALUE adds a key the config does not have)")])
+        return ConfigError(
+            [
+                Problem(
+                    key,
+                    value,
+                    f"the config has this key already: set it without the leading +, as {key}={value} "
+                    "(+KEY=VALUE adds a key the config does not have)",
+                )
+            ]
+        )
     missing_option = re.search(r"Could not load '(\w+)/([^'/]+)'", str(error))
-    if missing_option and missing_option[1] != "hydra":  # an option in a list (logger=[default,nope]): Hydra names no options then
+    if (
+        missing_option and missing_option[1] != "hydra"
+    ):  # an option in a list (logger=[default,nope]): Hydra names no options then
         group, value = missing_option[1], missing_option[2]
-        return ConfigError([Problem(group, value, f"allowed: {', '.join(group_options(group))}{userconf.hint(group, value)}")])
+        return ConfigError(
+            [Problem(group, value, f"allowed: {', '.join(group_options(group))}{userconf.hint(group, value)}")]
+        )
     # Type errors come wrapped: Hydra's "Error merging override k=v" caused by
     # OmegaConf's "Value 'abc' ... could not be converted to Integer".
     cause = error.__cause__ or error
@@ -243,28 +299,47 @@ def _with_valid_keys(error: ConfigError, overrides: Sequence[str]) -> ConfigErro
     under = lambda o: o.lstrip("+~").partition("=")[0] == problem.key or o.lstrip("+~").startswith(problem.key + ".")
     rest = [o for o in overrides if not under(o)]
     try:
-        node = OmegaConf.select(GlobalHydra.instance().hydra.compose_config("config", overrides=rest, run_mode=RunMode.RUN,
-                                                                             with_log_configuration=False), parent)
+        node = OmegaConf.select(
+            GlobalHydra.instance().hydra.compose_config(
+                "config", overrides=rest, run_mode=RunMode.RUN, with_log_configuration=False
+            ),
+            parent,
+        )
     except Exception:  # another bad override: the first answer stands
         return error
     if node is not None and not OmegaConf.is_config(node) and any(under(o) for o in overrides):
         # strategy.partitioner=true strategy.partitioner.max_shards=3: the first made it a value, not a mapping
         shown = str(node).lower() if isinstance(node, bool) else node  # as written on a command line
-        return ConfigError([Problem(problem.key, problem.value, f"{parent} is {shown} here, not a mapping of keys: "
-                                    f"set {parent}.KEY=VALUE without {parent}={shown}")])
+        return ConfigError(
+            [
+                Problem(
+                    problem.key,
+                    problem.value,
+                    f"{parent} is {shown} here, not a mapping of keys: set {parent}.KEY=VALUE without {parent}={shown}",
+                )
+            ]
+        )
     if not OmegaConf.is_dict(node):
         return error
     names = list(node.keys())
     if parent == "logger":  # the built-in loggers, beside what the config composed (the user's own)
-        names = [row.name for row in builtin_loggers.built_in()] + [name for name in names if builtin_loggers.named(name) is None]
+        names = [row.name for row in builtin_loggers.built_in()] + [
+            name for name in names if builtin_loggers.named(name) is None
+        ]
     keys = ", ".join(str(k) for k in names)
     given = next((o.lstrip("+~").partition("=") for o in overrides if under(o)), None)
     key, value = (given[0], given[2]) if given else (problem.key, problem.value)
     name = problem.key.rpartition(".")[2]
     # An option of another strategy: which strategies take it is a fact of the strategy table.
-    elsewhere = f" (strategy.{name} is for strategy={', '.join(strategies.taking(name))})" if parent == "strategy" and strategies.taking(name) else ""
+    elsewhere = (
+        f" (strategy.{name} is for strategy={', '.join(strategies.taking(name))})"
+        if parent == "strategy" and strategies.taking(name)
+        else ""
+    )
     target = str(node.get("_target_") or "")
-    if parent in USER_TARGET_GROUPS and target and not target.startswith("tfdistx."):  # the user's function may take it: Hydra's `+` adds it
+    if (
+        parent in USER_TARGET_GROUPS and target and not target.startswith("tfdistx.")
+    ):  # the user's function may take it: Hydra's `+` adds it
         elsewhere += f"; for your own target {target}, add it with +{key}={value} (or put it in the YAML)"
     return ConfigError([Problem(key, value, f"{parent} has no key {name!r}; its keys: {keys}{elsewhere}")])
 
@@ -272,14 +347,28 @@ def _with_valid_keys(error: ConfigError, overrides: Sequence[str]) -> ConfigErro
 def _not_a_group(problem: Problem, overrides: Sequence[str]) -> ConfigError:
     """`modle=cnn`: OmegaConf says only that 'modle' is not in 'Config'; the
     groups are named, and the closest of them."""
-    groups = [f.name for f in dataclasses.fields(Config)] + [recipes.GROUP] + ([userconf.EXPERIMENT] if userconf.experiments() else [])
+    groups = (
+        [f.name for f in dataclasses.fields(Config)]
+        + [recipes.GROUP]
+        + ([userconf.EXPERIMENT] if userconf.experiments() else [])
+    )
     top = problem.key.lstrip("+~")
     # as typed: `modle=cnn`, or `trainr.steps=3` (a key under the misspelt group)
-    key, value = next(((name, value) for name, _, value in (o.lstrip("+~").partition("=") for o in reversed(overrides))
-                       if name == top or name.startswith(top + ".")), (top, None))
+    key, value = next(
+        (
+            (name, value)
+            for name, _, value in (o.lstrip("+~").partition("=") for o in reversed(overrides))
+            if name == top or name.startswith(top + ".")
+        ),
+        (top, None),
+    )
     closest = difflib.get_close_matches(top, groups, n=1)
-    hint = f"; the closest: {closest[0] + key[len(top):]}" + (f"={value}" if value is not None else "") if closest else ""
-    return ConfigError([Problem(key, value, f"not a group or key of the config: the groups are {', '.join(sorted(groups))}{hint}")])
+    hint = (
+        f"; the closest: {closest[0] + key[len(top) :]}" + (f"={value}" if value is not None else "") if closest else ""
+    )
+    return ConfigError(
+        [Problem(key, value, f"not a group or key of the config: the groups are {', '.join(sorted(groups))}{hint}")]
+    )
 
 
 def _override_key(message: str):

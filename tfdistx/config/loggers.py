@@ -23,12 +23,18 @@ TRACKING_ENV = "MLFLOW_TRACKING_URI"
 
 
 def problems(logger: DictConfig) -> List[Problem]:
-    found = [Problem(f"logger.{row.name}", logger[row.name], "allowed: true, false") for row in builtin_loggers.switches()
-             if row.name in logger and not isinstance(logger[row.name], bool)]
+    found = [
+        Problem(f"logger.{row.name}", logger[row.name], "allowed: true, false")
+        for row in builtin_loggers.switches()
+        if row.name in logger and not isinstance(logger[row.name], bool)
+    ]
     for row in builtin_loggers.blocks():
         found += _service_keys(logger, row.name, row.keys())
-    found += [_not_a_logger(name, logger[name]) for name in logger
-              if builtin_loggers.named(name) is None and not (OmegaConf.is_dict(logger[name]) and "_target_" in logger[name])]
+    found += [
+        _not_a_logger(name, logger[name])
+        for name in logger
+        if builtin_loggers.named(name) is None and not (OmegaConf.is_dict(logger[name]) and "_target_" in logger[name])
+    ]
     for key in [f"{row.name}.{seconds}" for row in builtin_loggers.built_in() for seconds in row.seconds]:
         timeout = OmegaConf.select(logger, key)
         if timeout is not None and not (is_number(timeout) and timeout > 0):
@@ -41,7 +47,11 @@ def problems(logger: DictConfig) -> List[Problem]:
 def _not_a_logger(name: str, value) -> Problem:
     """`logger.foo.bar=1`: neither a built-in logger nor one of the user's (no _target_), which would do nothing."""
     built_in = ", ".join(row.name for row in builtin_loggers.built_in())
-    return Problem(f"logger.{name}", _shown(value), f"no such logger; the built-in: {built_in}; or your own: logger.{name}._target_=your.Logger")
+    return Problem(
+        f"logger.{name}",
+        _shown(value),
+        f"no such logger; the built-in: {built_in}; or your own: logger.{name}._target_=your.Logger",
+    )
 
 
 def _service_keys(logger: DictConfig, service: str, defaults: dict) -> List[Problem]:
@@ -53,8 +63,15 @@ def _service_keys(logger: DictConfig, service: str, defaults: dict) -> List[Prob
     if "enabled" in keys and not isinstance(keys.enabled, bool):
         found.append(Problem(f"logger.{service}.enabled", keys.enabled, "allowed: true, false"))
     takes = ["enabled", *defaults]
-    found += [Problem(f"logger.{service}.{key}", _shown(keys[key]), f"logger.{service} has no such key; its keys: {', '.join(takes)}")
-              for key in keys if key not in takes]
+    found += [
+        Problem(
+            f"logger.{service}.{key}",
+            _shown(keys[key]),
+            f"logger.{service} has no such key; its keys: {', '.join(takes)}",
+        )
+        for key in keys
+        if key not in takes
+    ]
     return found
 
 
@@ -62,17 +79,33 @@ def _mlflow(keys: DictConfig) -> List[Problem]:
     found = []
     experiment = keys.get("experiment", builtin_loggers.named("mlflow").keys()["experiment"])
     if not isinstance(experiment, str) or not experiment.strip() or len(experiment) > MAX_EXPERIMENT_NAME:
-        found.append(Problem("logger.mlflow.experiment", experiment, f"the name of an MLflow experiment: 1 to {MAX_EXPERIMENT_NAME} characters"))
+        found.append(
+            Problem(
+                "logger.mlflow.experiment",
+                experiment,
+                f"the name of an MLflow experiment: 1 to {MAX_EXPERIMENT_NAME} characters",
+            )
+        )
     run_name = keys.get("run_name")
     if run_name is not None and (not isinstance(run_name, str) or not run_name.strip() or len(run_name) > MAX_RUN_NAME):
-        found.append(Problem("logger.mlflow.run_name", run_name, f"1 to {MAX_RUN_NAME} characters, or null: the run dir's name"))
+        found.append(
+            Problem("logger.mlflow.run_name", run_name, f"1 to {MAX_RUN_NAME} characters, or null: the run dir's name")
+        )
     if importlib.util.find_spec("mlflow") is None:
         return found + [Problem("logger.mlflow.enabled", True, f"needs the MLflow client: {INSTALL}")]
     uri = keys.get("tracking_uri")
     if uri is not None and (not isinstance(uri, str) or not uri.strip()):
-        return found + [Problem("logger.mlflow.tracking_uri", uri, f"a tracking server (http://HOST:5000), a store (sqlite:///PATH/mlflow.db), "
-                                                                   f"or null: {TRACKING_ENV}, else the run's own store")]
-    key, uri = ("logger.mlflow.tracking_uri", uri) if uri is not None else (TRACKING_ENV, os.environ.get(TRACKING_ENV) or None)
+        return found + [
+            Problem(
+                "logger.mlflow.tracking_uri",
+                uri,
+                f"a tracking server (http://HOST:5000), a store (sqlite:///PATH/mlflow.db), "
+                f"or null: {TRACKING_ENV}, else the run's own store",
+            )
+        ]
+    key, uri = (
+        ("logger.mlflow.tracking_uri", uri) if uri is not None else (TRACKING_ENV, os.environ.get(TRACKING_ENV) or None)
+    )
     return found + store_problems(key, uri)
 
 
@@ -84,18 +117,32 @@ def store_problems(key: str, uri) -> List[Problem]:
     if uri is None or uri.startswith("sqlite:"):
         missing = [name for name in ("sqlalchemy", "alembic") if importlib.util.find_spec(name) is None]
         if missing:
-            return [Problem(key, uri or "the run's own sqlite:///<run dir>/mlflow.db", f"a SQLite store needs {' and '.join(missing)}: {INSTALL}")]
+            return [
+                Problem(
+                    key,
+                    uri or "the run's own sqlite:///<run dir>/mlflow.db",
+                    f"a SQLite store needs {' and '.join(missing)}: {INSTALL}",
+                )
+            ]
         if uri is None:
             return []
-        path = unquote(uri[len("sqlite:///"):]) if uri.startswith("sqlite:///") else ""  # sqlite:///rel.db, sqlite:////abs.db
+        path = (
+            unquote(uri[len("sqlite:///") :]) if uri.startswith("sqlite:///") else ""
+        )  # sqlite:///rel.db, sqlite:////abs.db
         if path and path != ":memory:" and not Path(path).absolute().parent.is_dir():
             return [Problem(key, uri, f"its directory {Path(path).parent} does not exist: make it, or name another")]
         return []
     scheme = urlparse(uri).scheme
     is_file_store = scheme in ("", "file") and uri != "databricks"  # a path, or file:: MLflow's file store
     if is_file_store and os.environ.get("MLFLOW_ALLOW_FILE_STORE", "").lower() not in ("true", "1"):
-        return [Problem(key, uri, "is MLflow's file store, which MLflow 3 refuses unless MLFLOW_ALLOW_FILE_STORE=true: name a SQLite store "
-                                  "(sqlite:///PATH/mlflow.db) or a server, or leave it null for the run's own store")]
+        return [
+            Problem(
+                key,
+                uri,
+                "is MLflow's file store, which MLflow 3 refuses unless MLFLOW_ALLOW_FILE_STORE=true: name a SQLite store "
+                "(sqlite:///PATH/mlflow.db) or a server, or leave it null for the run's own store",
+            )
+        ]
     return []
 
 

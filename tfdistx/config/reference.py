@@ -23,14 +23,21 @@ _SKIPPED_GROUPS = ("hydra", "recipe")  # Hydra's own; recipes are listed by `tfd
 
 def render(root: Path = None) -> str:
     root = Path(root or config_dir())
-    out = ["# Configuration reference", "",
-           "Generated from `conf/` and the strategy table (`tfdistx/spec/strategies.py`) by",
-           "`python -m tfdistx.config.reference` (do not edit: a test compares).",
-           "Pick an option with `GROUP=OPTION`; set a key with `GROUP.KEY=VALUE`. `cluster` also takes",
-           "`WxD` and `psPwW` topology names, which set `workers`, `devices_per_worker` and `ps` and keep the",
-           "other cluster keys' defaults below. Recipes: `tfdistx recipes`.", ""]
-    groups = {p.name: [(option.stem, *_option(p.name, option)) for option in sorted(p.glob("*.yaml"))]
-              for p in root.iterdir() if p.is_dir() and p.name not in _SKIPPED_GROUPS}
+    out = [
+        "# Configuration reference",
+        "",
+        "Generated from `conf/` and the strategy table (`tfdistx/spec/strategies.py`) by",
+        "`python -m tfdistx.config.reference` (do not edit: a test compares).",
+        "Pick an option with `GROUP=OPTION`; set a key with `GROUP.KEY=VALUE`. `cluster` also takes",
+        "`WxD` and `psPwW` topology names, which set `workers`, `devices_per_worker` and `ps` and keep the",
+        "other cluster keys' defaults below. Recipes: `tfdistx recipes`.",
+        "",
+    ]
+    groups = {
+        p.name: [(option.stem, *_option(p.name, option)) for option in sorted(p.glob("*.yaml"))]
+        for p in root.iterdir()
+        if p.is_dir() and p.name not in _SKIPPED_GROUPS
+    }
     groups["strategy"] = _strategy_options()
     for group, options in sorted(groups.items()):
         out += [f"## {group}", ""]
@@ -43,7 +50,10 @@ def render(root: Path = None) -> str:
             out += [f"### {group}={option}", ""] + ([about, ""] if about else [])
             if rows:
                 out += ["| key | default | meaning |", "|---|---|---|"]
-                out += [f"| `{key}` | `{value}` | {(comment or meaning.get(key, '')).replace('|', '/')} |" for key, value, comment in rows]
+                out += [
+                    f"| `{key}` | `{value}` | {(comment or meaning.get(key, '')).replace('|', '/')} |"
+                    for key, value, comment in rows
+                ]
                 out.append("")
     return "\n".join(out).rstrip() + "\n"
 
@@ -52,8 +62,14 @@ def _strategy_options() -> List[Tuple[str, str, List[Tuple[str, str, str]]]]:
     """The strategy group's options, from the table's rows: (name, description, rows)."""
     found = [(strategies.AUTO, strategies.AUTO_DESCRIPTION, {})]
     found += [(name, row.description, row.options) for name, row in strategies.STRATEGIES.items()]
-    return [(name, f"{about[0].upper()}{about[1:]}.", [("strategy.name", name, strategies.NAME_MEANING), *_option_rows("strategy", options)])
-            for name, about, options in sorted(found)]
+    return [
+        (
+            name,
+            f"{about[0].upper()}{about[1:]}.",
+            [("strategy.name", name, strategies.NAME_MEANING), *_option_rows("strategy", options)],
+        )
+        for name, about, options in sorted(found)
+    ]
 
 
 def _option_rows(prefix: str, options: Mapping[str, strategies.Option]) -> Iterator[Tuple[str, str, str]]:
@@ -81,7 +97,7 @@ def _option(group: str, path: Path) -> Tuple[str, List[Tuple[str, str, str]]]:
         header.append(line)
     about = " ".join(line.lstrip("#").strip() for line in header if not line.startswith("# @"))
     rows, parents, in_defaults = [], [], False
-    for line in lines[len(header):]:
+    for line in lines[len(header) :]:
         match = _KEY.match(line)
         if not match:
             continue

@@ -20,10 +20,35 @@ from tfdistx.spec import data_service, optimizers, strategies, warm_start
 from tfdistx.spec import elastic as elastic_spec
 from tfdistx.config.compose import saved_config
 from tfdistx.spec.errors import ConfigError
-from tfdistx.config.schema import (OPTIMIZER_DEFAULTS, OPTIMIZER_KEYS, PIPELINE_DEFAULTS, TASK_FACTS, TASK_KEYS, AgentConfig, CheckpointConfig,
-                                   ClusterConfig, EarlyStoppingConfig, ElasticConfig, TrainerConfig)
-from tfdistx.spec.run_spec import (Agent, Checkpoint, Cluster, DataService, EarlyStopping, Elastic, InitFrom, Layout, Logger, Optimizer,
-                                 Pipeline, RunSpec, Strategy, Trainer)
+from tfdistx.config.schema import (
+    OPTIMIZER_DEFAULTS,
+    OPTIMIZER_KEYS,
+    PIPELINE_DEFAULTS,
+    TASK_FACTS,
+    TASK_KEYS,
+    AgentConfig,
+    CheckpointConfig,
+    ClusterConfig,
+    EarlyStoppingConfig,
+    ElasticConfig,
+    TrainerConfig,
+)
+from tfdistx.spec.run_spec import (
+    Agent,
+    Checkpoint,
+    Cluster,
+    DataService,
+    EarlyStopping,
+    Elastic,
+    InitFrom,
+    Layout,
+    Logger,
+    Optimizer,
+    Pipeline,
+    RunSpec,
+    Strategy,
+    Trainer,
+)
 from tfdistx.spec.targets import Target, current
 
 
@@ -42,13 +67,25 @@ def resolve(cfg: DictConfig, run_dir: str = ".", follow_init_from: bool = True) 
     layout = _layout(plain)
     return RunSpec(
         run_dir=Path(run_dir),
-        trainer=Trainer(**{**trainer, "early_stopping": EarlyStopping(**_with_defaults(trainer["early_stopping"], EarlyStoppingConfig)),
-                           "profile_steps": tuple(profile) if profile is not None else None}),
-        checkpoint=Checkpoint(dir=checkpoint_dir, every_steps=ckpt["every_steps"], max_to_keep=ckpt["max_to_keep"],
-                              restore=ckpt["restore"], export=ckpt["export"], keep_best=bool(ckpt["keep_best"]),
-                              init_from=_init_from(ckpt["init_from"], warm_start.resumes(checkpoint_dir, ckpt["restore"]))
-                              if follow_init_from else None,
-                              init_skip=tuple(ckpt["init_skip"] or ())),
+        trainer=Trainer(
+            **{
+                **trainer,
+                "early_stopping": EarlyStopping(**_with_defaults(trainer["early_stopping"], EarlyStoppingConfig)),
+                "profile_steps": tuple(profile) if profile is not None else None,
+            }
+        ),
+        checkpoint=Checkpoint(
+            dir=checkpoint_dir,
+            every_steps=ckpt["every_steps"],
+            max_to_keep=ckpt["max_to_keep"],
+            restore=ckpt["restore"],
+            export=ckpt["export"],
+            keep_best=bool(ckpt["keep_best"]),
+            init_from=_init_from(ckpt["init_from"], warm_start.resumes(checkpoint_dir, ckpt["restore"]))
+            if follow_init_from
+            else None,
+            init_skip=tuple(ckpt["init_skip"] or ()),
+        ),
         cluster=layout.cluster,
         strategy=layout.strategy,
         pipeline=_pipeline(data),
@@ -58,7 +95,9 @@ def resolve(cfg: DictConfig, run_dir: str = ".", follow_init_from: bool = True) 
         optimizer=_optimizer(plain["optimizer"]),
         logger=_logger(plain["logger"]),
         config=_frozen(plain),
-        callbacks=_frozen({name: Target.of(f"callbacks.{name}", keys) for name, keys in (plain.get("callbacks") or {}).items()}),
+        callbacks=_frozen(
+            {name: Target.of(f"callbacks.{name}", keys) for name, keys in (plain.get("callbacks") or {}).items()}
+        ),
     )
 
 
@@ -73,30 +112,46 @@ def layout_of(cfg: DictConfig) -> Layout:
 def _plain(cfg: DictConfig, keys) -> dict:
     """Each group resolved in place (interpolations see the whole config).
     Never the hydra node: outside a Hydra job its runtime keys (hydra.job.num) have no value."""
-    return {key: OmegaConf.to_container(cfg[key], resolve=True) if OmegaConf.is_config(cfg[key]) else cfg[key] for key in keys}
+    return {
+        key: OmegaConf.to_container(cfg[key], resolve=True) if OmegaConf.is_config(cfg[key]) else cfg[key]
+        for key in keys
+    }
 
 
 def _layout(plain: Mapping[str, Any]) -> Layout:
     cluster = _with_defaults(plain["cluster"], ClusterConfig)
     elastic = cluster["elastic"]
-    elastic = dataclasses.asdict(elastic) if dataclasses.is_dataclass(elastic) else _with_defaults(elastic, ElasticConfig)
+    elastic = (
+        dataclasses.asdict(elastic) if dataclasses.is_dataclass(elastic) else _with_defaults(elastic, ElasticConfig)
+    )
     agent = cluster["agent"]
     agent = dataclasses.asdict(agent) if dataclasses.is_dataclass(agent) else _with_defaults(agent, AgentConfig)
     strategy = dict(plain["strategy"])
     name = strategy.pop("name")
     return Layout(
-        strategy=Strategy(name, _frozen(strategy), strategies.get(name, cluster["workers"], cluster["devices_per_worker"])),
-        cluster=Cluster(**{**{key: cluster[key] for key in _names(Cluster)}, "notice_signals": tuple(cluster["notice_signals"]),
-                           "elastic": Elastic(**elastic) if elastic["min_workers"] is not None else None,
-                           "agent": Agent(**agent, **{key: elastic[key] for key in elastic_spec.TIMEOUT_KEYS})
-                           if cluster["launch"] == "agent" else None}),
-        service=_service_of(plain["data"]))
+        strategy=Strategy(
+            name, _frozen(strategy), strategies.get(name, cluster["workers"], cluster["devices_per_worker"])
+        ),
+        cluster=Cluster(
+            **{
+                **{key: cluster[key] for key in _names(Cluster)},
+                "notice_signals": tuple(cluster["notice_signals"]),
+                "elastic": Elastic(**elastic) if elastic["min_workers"] is not None else None,
+                "agent": Agent(**agent, **{key: elastic[key] for key in elastic_spec.TIMEOUT_KEYS})
+                if cluster["launch"] == "agent"
+                else None,
+            }
+        ),
+        service=_service_of(plain["data"]),
+    )
 
 
 def _with_defaults(given: Optional[Mapping[str, Any]], schema) -> dict:
     """`given` with every field of the schema's dataclass it lacks at its default."""
-    defaults = {f.name: f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
-                for f in dataclasses.fields(schema)}
+    defaults = {
+        f.name: f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+        for f in dataclasses.fields(schema)
+    }
     return {**defaults, **(given or {})}
 
 
@@ -117,19 +172,27 @@ def _service_of(data: Mapping[str, Any]) -> Optional[DataService]:
 def _optimizer(group: Mapping[str, Any]) -> Optimizer:
     keys = {**OPTIMIZER_DEFAULTS, **group}
     schedule = keys["schedule"]
-    return Optimizer(**{key: keys[key] for key in OPTIMIZER_KEYS if key not in ("name", "schedule")},
-                     name=optimizers.shown_name(group), target=current(optimizers.target_of(group)),
-                     schedule=Target.of("optimizer.schedule", schedule) if isinstance(schedule, Mapping) else schedule,
-                     options=_frozen({key: value for key, value in group.items() if key not in (*OPTIMIZER_KEYS, "_target_")}))
+    return Optimizer(
+        **{key: keys[key] for key in OPTIMIZER_KEYS if key not in ("name", "schedule")},
+        name=optimizers.shown_name(group),
+        target=current(optimizers.target_of(group)),
+        schedule=Target.of("optimizer.schedule", schedule) if isinstance(schedule, Mapping) else schedule,
+        options=_frozen({key: value for key, value in group.items() if key not in (*OPTIMIZER_KEYS, "_target_")}),
+    )
 
 
 def _logger(group: Mapping[str, Any]) -> Logger:
     """The built-in loggers that are on (tfdistx/loggers/: each a Target of
     its class, with its keys), and the user's own."""
-    on = {row.name: Target(f"logger.{row.name}", row.target(), _frozen(keys))
-          for row in builtin_loggers.built_in() if (keys := row.settings(group)) is not None}
-    return Logger(on=_frozen(on),
-                  own=_frozen({name: Target.of(f"logger.{name}", keys) for name, keys in group.items() if _own_logger(keys)}))
+    on = {
+        row.name: Target(f"logger.{row.name}", row.target(), _frozen(keys))
+        for row in builtin_loggers.built_in()
+        if (keys := row.settings(group)) is not None
+    }
+    return Logger(
+        on=_frozen(on),
+        own=_frozen({name: Target.of(f"logger.{name}", keys) for name, keys in group.items() if _own_logger(keys)}),
+    )
 
 
 def _own_logger(keys) -> bool:

@@ -57,5 +57,10 @@ def _callbacks(cfg: DictConfig):
     callbacks = cfg.get("callbacks")
     if not OmegaConf.is_dict(callbacks):
         return []
-    return [(name, callback) for name, callback in callbacks.items()
-            if OmegaConf.is_dict(callback) and isinstance(callback.get("_target_"), str) and current(callback.get("_target_")) in CALLBACK_FILES]
+    return [
+        (name, callback)
+        for name, callback in callbacks.items()
+        if OmegaConf.is_dict(callback)
+        and isinstance(callback.get("_target_"), str)
+        and current(callback.get("_target_")) in CALLBACK_FILES
+    ]

@@ -39,8 +39,14 @@ TASK_FACTS = ("offers", "labels")
 # own); tfdistx's keys of it, with their defaults for an option that does not
 # set them (conf/optimizer/*.yaml shows them; resolve.py fills them in). The
 # logger group's built-in loggers and their defaults are their classes' (tfdistx/loggers/).
-OPTIMIZER_DEFAULTS = {"schedule": "constant", "warmup_steps": 0, "min_lr_ratio": 0.0, "scale_lr_with_replicas": False,
-                      "clip_norm": None, "global_clip_norm": None}
+OPTIMIZER_DEFAULTS = {
+    "schedule": "constant",
+    "warmup_steps": 0,
+    "min_lr_ratio": 0.0,
+    "scale_lr_with_replicas": False,
+    "clip_norm": None,
+    "global_clip_norm": None,
+}
 OPTIMIZER_KEYS = ("name", "lr", *OPTIMIZER_DEFAULTS)
 
 
@@ -84,11 +90,16 @@ class CheckpointConfig:
 @dataclass
 class ElasticConfig:
     """Elastic training (spec/elastic.py): as many workers as hosts are up, from min_workers to cluster.workers."""
-    min_workers: Optional[int] = None  # null: not elastic; else the fewest workers a round trains with (cluster.workers: the most)
+
+    min_workers: Optional[int] = (
+        None  # null: not elastic; else the fewest workers a round trains with (cluster.workers: the most)
+    )
     # Any, not str: a YAML boolean or number (`discover=false`) is refused as one (spec/elastic.py), not run as a command named False
     hosts: Any = None  # a file listing the hosts workers may run on, one a line, read whenever it changes
     discover: Any = None  # or a command printing them, one a line (as Horovod's --host-discovery-script)
-    join_grace: float = 10.0  # seconds a round forming with min_workers or more waits for the rest, up to cluster.workers
+    join_grace: float = (
+        10.0  # seconds a round forming with min_workers or more waits for the rest, up to cluster.workers
+    )
     lost_bound: float = 10.0  # seconds a lost worker's host has to be listed again before a round forms without it; also how long a change of the list must hold
     below_min_timeout: float = 300.0  # seconds the run waits with fewer hosts than min_workers before it stops (exit 9)
 
@@ -96,8 +107,11 @@ class ElasticConfig:
 @dataclass
 class AgentConfig:
     """cluster.launch=agent: one agent per node, meeting at a rendezvous (spec/agent.py)."""
+
     store: Any = None  # host:port of the rendezvous, kept by the agent on that host
-    address: Any = None  # this node's address, which its peers reach its worker at; null: the one it reaches the store from
+    address: Any = (
+        None  # this node's address, which its peers reach its worker at; null: the one it reaches the store from
+    )
 
 
 @dataclass
@@ -118,7 +132,9 @@ class ClusterConfig:
     # Signals that, like SIGTERM, mean checkpoint and exit 42 (spec/errors.NOTICE_SIGNALS): USR1, Slurm's time-limit notice
     notice_signals: List[str] = field(default_factory=lambda: list(DEFAULT_NOTICE_SIGNALS))
     retryable_exit_offset: int = 0  # added to exit codes 4, 5 and 42: 128 for Kubernetes' restartPolicy ExitCode
-    evaluator: bool = False  # a sidecar evaluator task beside the cluster (multi-process strategies; cluster/evaluator.py)
+    evaluator: bool = (
+        False  # a sidecar evaluator task beside the cluster (multi-process strategies; cluster/evaluator.py)
+    )
     task_threads: Any = "auto"  # local clusters: TensorFlow threads per pool in each task (spec/threads.py)
     nice: int = 0  # local clusters: above 0, the cluster's processes yield the cores to the machine's other work (0-19)
     elastic: ElasticConfig = field(default_factory=ElasticConfig)
@@ -144,7 +160,11 @@ def tasks_per_job(strategy: str, workers: int, ps: int, evaluator: bool = False,
     sidecar evaluator is one more task, the step's last; data.service adds
     a dispatcher and its workers)."""
     service = 1 + int(service_workers) if int(service_workers or 0) > 0 else 0
-    return max(sum(strategies.get(strategy, int(workers)).job_counts(int(workers), int(ps)).values()), 1) + bool(evaluator) + service
+    return (
+        max(sum(strategies.get(strategy, int(workers)).job_counts(int(workers), int(ps)).values()), 1)
+        + bool(evaluator)
+        + service
+    )
 
 
 def run_name(env=os.environ) -> str:

@@ -24,8 +24,18 @@ from tfdistx.spec.values import is_whole
 
 # Sizes the built-in sources take, and their least sensible value: checked
 # here so that a 0 is named, not answered by numpy from deep inside.
-SIZES = {"train_examples": 1, "eval_examples": 1, "num_classes": 2, "num_labels": 1, "num_targets": 1, "num_features": 1,
-         "num_fields": 1, "dense_features": 0, "vocab_size": 2, "shuffle_buffer": 1}
+SIZES = {
+    "train_examples": 1,
+    "eval_examples": 1,
+    "num_classes": 2,
+    "num_labels": 1,
+    "num_targets": 1,
+    "num_features": 1,
+    "num_fields": 1,
+    "dense_features": 0,
+    "vocab_size": 2,
+    "shuffle_buffer": 1,
+}
 
 
 def size_problems(data: DictConfig) -> list:
@@ -35,7 +45,9 @@ def size_problems(data: DictConfig) -> list:
         if value is not None and (not is_whole(value) or value < least):
             problems.append(Problem(f"data.{key}", value, f"must be a whole number, at least {least}"))
     shape = data.get("image_shape")
-    if shape is not None and (not OmegaConf.is_list(shape) or not shape or not all(is_whole(d) and d >= 1 for d in shape)):
+    if shape is not None and (
+        not OmegaConf.is_list(shape) or not shape or not all(is_whole(d) and d >= 1 for d in shape)
+    ):
         problems.append(Problem("data.image_shape", shape, "must be a list of positive sizes, e.g. [28, 28, 1]"))
     return problems
 
@@ -76,9 +88,12 @@ def of(data: DictConfig) -> Source:
     if not current(data.get("_target_", "")).startswith(BUILT_IN):
         return Source()
     files = FILE_KEY in data
-    return Source(file_problems if files else size_problems, files_plan if files else None,
-                  eval_key=next((key for key in EVAL_KEYS if key in data), None),
-                  labels="real values" if REAL_VALUES_KEY in data else None)
+    return Source(
+        file_problems if files else size_problems,
+        files_plan if files else None,
+        eval_key=next((key for key in EVAL_KEYS if key in data), None),
+        labels="real values" if REAL_VALUES_KEY in data else None,
+    )
 
 
 def no_eval_split(data: DictConfig) -> Optional[str]:

@@ -36,7 +36,11 @@ def problems(task: DictConfig) -> list:
     metrics = task.get("metrics")
     if metrics is not None and (not _is_list(metrics) or any(m not in offered for m in metrics)):
         found.append(Problem("task.metrics", _plain(metrics), f"task={task.get('name')} offers {', '.join(offered)}"))
-    found += [Problem(f"task.{key}", task[key], allowed) for key, (ok, allowed) in SETTINGS.items() if key in task and not ok(task[key])]
+    found += [
+        Problem(f"task.{key}", task[key], allowed)
+        for key, (ok, allowed) in SETTINGS.items()
+        if key in task and not ok(task[key])
+    ]
     return found
 
 
@@ -46,8 +50,14 @@ def real_values_problems(task: DictConfig, labels: str, data_name: str) -> list:
     takes = task.get("labels")
     if not labels or not takes or takes == labels:
         return []
-    return [Problem("task", task.get("name"), f"the labels of data={data_name} are {labels}; "
-                    f"{task.get('name')} takes labels {takes}: use task=regression")]
+    return [
+        Problem(
+            "task",
+            task.get("name"),
+            f"the labels of data={data_name} are {labels}; "
+            f"{task.get('name')} takes labels {takes}: use task=regression",
+        )
+    ]
 
 
 def _is_list(value) -> bool:

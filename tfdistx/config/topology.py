@@ -22,8 +22,11 @@ _PS = re.compile(r"^ps(\d+)w(\d+)$")  # parameter servers, workers
 
 # The cluster keys a topology name does not set keep the schema's defaults
 # (those of conf/cluster/local.yaml).
-_PLACEMENT = {key: value for key, value in dataclasses.asdict(ClusterConfig()).items()
-              if key not in ("name", "workers", "devices_per_worker", "ps")}
+_PLACEMENT = {
+    key: value
+    for key, value in dataclasses.asdict(ClusterConfig()).items()
+    if key not in ("name", "workers", "devices_per_worker", "ps")
+}
 
 FORMS = "local, WxD (W workers x D devices each, e.g. 1x4, 4x8) or psPwW (e.g. ps2w4)"
 

@@ -85,8 +85,12 @@ def add(directories: Sequence[Path]) -> None:
 def check() -> None:
     for directory in dirs():
         if not directory.is_dir():
-            raise ConfigError.one(KEY, str(directory), "is not a directory: a config dir holds "
-                                  "GROUP/NAME.yaml files, e.g. data/mine.yaml, experiment/mine.yaml")
+            raise ConfigError.one(
+                KEY,
+                str(directory),
+                "is not a directory: a config dir holds "
+                "GROUP/NAME.yaml files, e.g. data/mine.yaml, experiment/mine.yaml",
+            )
 
 
 def shadowing() -> List[Problem]:
@@ -96,8 +100,12 @@ def shadowing() -> List[Problem]:
     run that never names it. Refused: an option of one's own takes a name
     of its own."""
     shipped = shipped_files() if dirs() else []
-    return [shadow_problem(directory / relative, relative) for directory in dirs() for relative in shipped
-            if (directory / relative).is_file()]
+    return [
+        shadow_problem(directory / relative, relative)
+        for directory in dirs()
+        for relative in shipped
+        if (directory / relative).is_file()
+    ]
 
 
 def shipped_files() -> List[Path]:
@@ -106,8 +114,12 @@ def shipped_files() -> List[Path]:
     and strategy/NAME.yaml for each strategy, an option though not a file
     (schema.register stores the strategy table's rows)."""
     root = config_dir()
-    files = [Path(folder, name).relative_to(root) for folder, _, names in os.walk(root, followlinks=True)
-             for name in names if name.endswith(".yaml")]
+    files = [
+        Path(folder, name).relative_to(root)
+        for folder, _, names in os.walk(root, followlinks=True)
+        for name in names
+        if name.endswith(".yaml")
+    ]
     return sorted(files + [Path("strategy", f"{name}.yaml") for name in strategies.NAMES])
 
 
@@ -116,7 +128,10 @@ def shadow_problem(path: Path, relative: Path) -> Problem:
     if group == ".":
         shadowed, fix = f"tfdistx's primary config {relative.name}", f"rename it, e.g. my_{relative.name}"
     else:
-        shadowed, fix = f"the shipped option {group}={name}", f"rename it, e.g. {group}/my_{name}.yaml (and pick it with {group}=my_{name})"
+        shadowed, fix = (
+            f"the shipped option {group}={name}",
+            f"rename it, e.g. {group}/my_{name}.yaml (and pick it with {group}=my_{name})",
+        )
     return Problem(KEY, str(path), f"has the name of {shadowed}, which it would replace in every run: {fix}")
 
 
@@ -125,7 +140,9 @@ class UserConfigSearchPath(SearchPathPlugin):
 
     def manipulate_search_path(self, search_path) -> None:
         for directory in dirs():
-            search_path.prepend(provider=PROVIDER, path=f"file://{directory}", anchor=SearchPathQuery(provider="schema"))
+            search_path.prepend(
+                provider=PROVIDER, path=f"file://{directory}", anchor=SearchPathQuery(provider="schema")
+            )
 
 
 def register(overrides: Sequence[str] = ()) -> None:
@@ -142,11 +159,21 @@ def register(overrides: Sequence[str] = ()) -> None:
     for name in topology.requested_names(overrides, EXPERIMENT):
         if name not in known and name != "null":
             where = ", ".join(str(d) for d in dirs()) or "none given"
-            raise ConfigError.one(EXPERIMENT, name, (f"allowed: {', '.join(sorted(known))}" if known else "no experiments found")
-                                  + f" (your {EXPERIMENT}/NAME.yaml files in --config-dir DIR or {ENV}: {where})")
-        if name in known and not is_global(known[name]):  # Hydra would nest its keys under `experiment.` and fail saying nothing of why
-            raise ConfigError.one(EXPERIMENT, name, f"{known[name]} does not start with '{GLOBAL_HEADER}': an experiment's keys "
-                                  "are the run's top level (trainer:, data: ...): make that its first line")
+            raise ConfigError.one(
+                EXPERIMENT,
+                name,
+                (f"allowed: {', '.join(sorted(known))}" if known else "no experiments found")
+                + f" (your {EXPERIMENT}/NAME.yaml files in --config-dir DIR or {ENV}: {where})",
+            )
+        if name in known and not is_global(
+            known[name]
+        ):  # Hydra would nest its keys under `experiment.` and fail saying nothing of why
+            raise ConfigError.one(
+                EXPERIMENT,
+                name,
+                f"{known[name]} does not start with '{GLOBAL_HEADER}': an experiment's keys "
+                "are the run's top level (trainer:, data: ...): make that its first line",
+            )
 
 
 def experiments() -> Dict[str, Path]:

@@ -15,8 +15,20 @@ from omegaconf import DictConfig, OmegaConf
 
 from tfdistx import rundir
 from tfdistx.config import loggers, run_files, sources, tasks, topology
-from tfdistx.spec import (agent, callbacks, compute, data_service, elastic, mpi, optimizers, priority, static_targets, strategies, threads,
-                          warm_start)
+from tfdistx.spec import (
+    agent,
+    callbacks,
+    compute,
+    data_service,
+    elastic,
+    mpi,
+    optimizers,
+    priority,
+    static_targets,
+    strategies,
+    threads,
+    warm_start,
+)
 from tfdistx.spec.errors import MAX_RETRYABLE_EXIT_OFFSET, NOTICE_SIGNALS, ConfigError, Problem
 from tfdistx.spec.objective import objective_problems, unevaluated_problems
 from tfdistx.config.schema import LAUNCH_MODES, OPTIMIZER_KEYS, PIPELINE_DEFAULTS, TASK_FACTS, TASK_KEYS, Config
@@ -35,14 +47,18 @@ def validate(cfg: DictConfig, run_dir: Optional[str] = None) -> None:
     problems += agent.problems(cfg)
     problems += elastic_problems
     data_problems = _data(cfg.data, planned_replicas(cfg))
-    if any(problem.key == "data.batch_size" for problem in elastic_problems):  # one line: the multiple every round needs, not MAX's alone
+    if any(
+        problem.key == "data.batch_size" for problem in elastic_problems
+    ):  # one line: the multiple every round needs, not MAX's alone
         data_problems = [problem for problem in data_problems if problem.key != "data.batch_size"]
     problems += data_problems
     problems += _optimizer(cfg.optimizer)
     problems += _trainer(cfg.trainer)
     problems += compute.problems(cfg)
     task_problems = tasks.problems(cfg.task)
-    problems += task_problems or _objective(cfg.trainer.objective, cfg.task)  # the objective is checked against known metrics
+    problems += task_problems or _objective(
+        cfg.trainer.objective, cfg.task
+    )  # the objective is checked against known metrics
     problems += _task_and_data(cfg.task, cfg.data) + _evaluated(cfg)
     problems += _checkpoint(cfg.checkpoint, run_dir)
     problems += _targets(cfg) + callbacks.problems(cfg.get("callbacks"))
@@ -77,7 +93,13 @@ def _strategy_and_cluster(strategy: DictConfig, cluster: DictConfig) -> list:
     if cluster.workers < 1:
         problems.append(Problem("cluster.workers", cluster.workers, "must be at least 1"))
     if cluster.devices_per_worker is not None and cluster.devices_per_worker < 1:
-        problems.append(Problem("cluster.devices_per_worker", cluster.devices_per_worker, "must be at least 1 (or null: all GPUs, else one CPU)"))
+        problems.append(
+            Problem(
+                "cluster.devices_per_worker",
+                cluster.devices_per_worker,
+                "must be at least 1 (or null: all GPUs, else one CPU)",
+            )
+        )
     if cluster.max_restarts < 0:
         problems.append(Problem("cluster.max_restarts", cluster.max_restarts, "must be 0 or more"))
     for key in ("startup_timeout", "stopped_task_timeout", "peer_timeout", "preemption_grace"):
@@ -88,29 +110,54 @@ def _strategy_and_cluster(strategy: DictConfig, cluster: DictConfig) -> list:
     if cluster.ps < 0:
         problems.append(Problem("cluster.ps", cluster.ps, "must be 0 or more"))
     if not 0 <= cluster.retryable_exit_offset <= MAX_RETRYABLE_EXIT_OFFSET:
-        problems.append(Problem("cluster.retryable_exit_offset", cluster.retryable_exit_offset,
-                                f"from 0 to {MAX_RETRYABLE_EXIT_OFFSET} (exit codes stop at 255); 128 for Kubernetes' restartPolicy ExitCode"))
+        problems.append(
+            Problem(
+                "cluster.retryable_exit_offset",
+                cluster.retryable_exit_offset,
+                f"from 0 to {MAX_RETRYABLE_EXIT_OFFSET} (exit codes stop at 255); 128 for Kubernetes' restartPolicy ExitCode",
+            )
+        )
     if topology.is_parameter_server_name(cluster.name) and cluster.ps < 1:
-        problems.append(Problem("cluster", cluster.name, "a psPwW cluster needs at least one parameter server (P >= 1): "
-                                "use e.g. ps1w2, or cluster=2x1 for workers only"))
+        problems.append(
+            Problem(
+                "cluster",
+                cluster.name,
+                "a psPwW cluster needs at least one parameter server (P >= 1): "
+                "use e.g. ps1w2, or cluster=2x1 for workers only",
+            )
+        )
     if threads_problem := threads.problem(cluster.get("task_threads", threads.AUTO)):
         problems.append(threads_problem)
     if cluster.launch not in LAUNCH_MODES:
         problems.append(Problem("cluster.launch", cluster.launch, f"allowed: {', '.join(LAUNCH_MODES)}"))
     for notice in cluster.get("notice_signals", ()):
         if notice not in NOTICE_SIGNALS:  # SIGTERM always is one; INT and HUP stop a run (sigterm.py)
-            problems.append(Problem("cluster.notice_signals", notice, f"a signal name as Slurm's --signal writes it, one of "
-                                    f"{', '.join(NOTICE_SIGNALS)} (SIGTERM always is a notice; [] for none besides it)"))
+            problems.append(
+                Problem(
+                    "cluster.notice_signals",
+                    notice,
+                    f"a signal name as Slurm's --signal writes it, one of "
+                    f"{', '.join(NOTICE_SIGNALS)} (SIGTERM always is a notice; [] for none besides it)",
+                )
+            )
     if problems:
         return problems
 
     chosen = strategies.get(name, cluster.workers, cluster.devices_per_worker)
     problems += chosen.topology_problems(name, cluster.workers, cluster.devices_per_worker, cluster.ps, cluster.name)
-    if cluster.get("evaluator") and not chosen.multi_process:  # a sidecar of one process would only evaluate what it evaluates itself
+    if (
+        cluster.get("evaluator") and not chosen.multi_process
+    ):  # a sidecar of one process would only evaluate what it evaluates itself
         shown = name if name == chosen.name else f"{name} (here {chosen.name})"
-        problems.append(Problem("cluster.evaluator", True, f"a sidecar evaluator is a task beside a multi-process cluster, and "
-                                f"strategy={shown} trains in one process, which evaluates itself (trainer.eval_every): "
-                                "use strategy=multiworker or strategy=parameter_server, or leave cluster.evaluator=false"))
+        problems.append(
+            Problem(
+                "cluster.evaluator",
+                True,
+                f"a sidecar evaluator is a task beside a multi-process cluster, and "
+                f"strategy={shown} trains in one process, which evaluates itself (trainer.eval_every): "
+                "use strategy=multiworker or strategy=parameter_server, or leave cluster.evaluator=false",
+            )
+        )
     problems += priority.problems(cluster.get("nice", 0), chosen.multi_process, cluster.launch, name)
     for key, value in strategy.items():
         if key == "name":
@@ -119,16 +166,22 @@ def _strategy_and_cluster(strategy: DictConfig, cluster: DictConfig) -> list:
             takes = ", ".join(f"strategy.{k}" for k in chosen.options) or "no options"
             others = strategies.taking(key)
             elsewhere = f" (strategy.{key} is for strategy={', '.join(others)})" if others else ""
-            problems.append(Problem(f"strategy.{key}", _shown(value), f"strategy={chosen.name} takes {takes}{elsewhere}"))
+            problems.append(
+                Problem(f"strategy.{key}", _shown(value), f"strategy={chosen.name} takes {takes}{elsewhere}")
+            )
         elif chosen.options[key].allowed is not None and value not in chosen.options[key].allowed and value is not None:
             problems.append(Problem(f"strategy.{key}", value, f"allowed: {', '.join(chosen.options[key].allowed)}"))
     if "partitioner" in chosen.options:
         problems += strategies.partitioner_problems(strategy.get("partitioner"))
     if mpi.chosen(strategy):
-        problems += mpi.problems(cluster.launch, cluster.devices_per_worker, strategy.get("all_reduce_dtype"), elastic.is_elastic(cluster))
+        problems += mpi.problems(
+            cluster.launch, cluster.devices_per_worker, strategy.get("all_reduce_dtype"), elastic.is_elastic(cluster)
+        )
     pack = strategy.get("bytes_per_pack")
     if pack is not None and (not is_whole(pack) or pack < 0):
-        problems.append(Problem("strategy.bytes_per_pack", pack, "must be a whole number of bytes, 0 or more (0: one pack)"))
+        problems.append(
+            Problem("strategy.bytes_per_pack", pack, "must be a whole number of bytes, 0 or more (0: one pack)")
+        )
     return problems
 
 
@@ -137,9 +190,17 @@ def _data(data: DictConfig, replicas: Optional[int]) -> list:
     problems += data_service.problems(data)
     batch = data.get("batch_size")
     if not is_whole(batch) or batch < 1:
-        return problems + [Problem("data.batch_size", batch, "must be a positive integer (the global batch, split across replicas)")]
+        return problems + [
+            Problem("data.batch_size", batch, "must be a positive integer (the global batch, split across replicas)")
+        ]
     if replicas and batch % replicas:
-        problems.append(Problem("data.batch_size", batch, f"the global batch must divide across {replicas} replicas: use a multiple of {replicas}"))
+        problems.append(
+            Problem(
+                "data.batch_size",
+                batch,
+                f"the global batch must divide across {replicas} replicas: use a multiple of {replicas}",
+            )
+        )
     return problems
 
 
@@ -147,8 +208,15 @@ def _top_level(cfg: DictConfig) -> list:
     """`+foo=1` or `+trainer.foo=1` would be composed and then ignored:
     refused, with the keys there are."""
     known = {f.name for f in dataclasses.fields(Config)} | {"hydra"}
-    problems = [Problem(key, _shown(cfg[key]), f"not a tfdistx key: the config has {', '.join(f.name for f in dataclasses.fields(Config))}")
-                for key in cfg.keys() if key not in known]
+    problems = [
+        Problem(
+            key,
+            _shown(cfg[key]),
+            f"not a tfdistx key: the config has {', '.join(f.name for f in dataclasses.fields(Config))}",
+        )
+        for key in cfg.keys()
+        if key not in known
+    ]
     for group in dataclasses.fields(Config):
         problems += _unknown_keys(group.name, group.default_factory, cfg.get(group.name))
     return problems
@@ -160,8 +228,11 @@ def _unknown_keys(path: str, schema, node) -> list:
     if not dataclasses.is_dataclass(schema) or not OmegaConf.is_dict(node):
         return []
     fields = {f.name: f.default_factory for f in dataclasses.fields(schema)}
-    problems = [Problem(f"{path}.{key}", _shown(node[key]), f"{path} has no such key; its keys: {', '.join(fields)}")
-                for key in node.keys() if key not in fields]
+    problems = [
+        Problem(f"{path}.{key}", _shown(node[key]), f"{path} has no such key; its keys: {', '.join(fields)}")
+        for key in node.keys()
+        if key not in fields
+    ]
     for key, inner in fields.items():
         if key in node:
             problems += _unknown_keys(f"{path}.{key}", inner, node[key])
@@ -176,46 +247,83 @@ def _optimizer(opt: DictConfig) -> list:
     problems = []
     name, target = opt.get("name"), opt.get("_target_")
     if target is not None and name is not None:
-        problems.append(Problem("optimizer.name", name, f"set with optimizer._target_={target}: name the class once, by one of them"))
+        problems.append(
+            Problem(
+                "optimizer.name", name, f"set with optimizer._target_={target}: name the class once, by one of them"
+            )
+        )
     elif target is not None and not (isinstance(target, str) and target):
-        problems.append(Problem("optimizer._target_", target, "the dotted path of an optimizer class, e.g. keras.optimizers.Lion"))
+        problems.append(
+            Problem("optimizer._target_", target, "the dotted path of an optimizer class, e.g. keras.optimizers.Lion")
+        )
     elif target in optimizers.REFUSED:
-        problems.append(Problem("optimizer._target_", target, f"not an optimizer tfdistx builds: {optimizers.REFUSED[target]}"))
+        problems.append(
+            Problem("optimizer._target_", target, f"not an optimizer tfdistx builds: {optimizers.REFUSED[target]}")
+        )
     elif target is None and name not in optimizers.CLASSES:
-        problems.append(Problem("optimizer.name", name, f"allowed: {', '.join(optimizers.CLASSES)}; or any class by "
-                                                        "optimizer._target_ (docs/own-project.md)"))
+        problems.append(
+            Problem(
+                "optimizer.name",
+                name,
+                f"allowed: {', '.join(optimizers.CLASSES)}; or any class by optimizer._target_ (docs/own-project.md)",
+            )
+        )
     lr = opt.get("lr")
     if not is_number(lr) or not 0 < lr <= FLOAT32_MAX:
         problems.append(Problem("optimizer.lr", lr, "must be a positive, finite number (a float32: at most 3.4e38)"))
     schedule = opt.get("schedule", "constant")
     if OmegaConf.is_dict(schedule) and not isinstance(schedule.get("_target_"), str):
-        problems.append(Problem("optimizer.schedule._target_", schedule.get("_target_"),
-                                "the dotted path of a learning-rate schedule, e.g. keras.optimizers.schedules.PiecewiseConstantDecay"))
+        problems.append(
+            Problem(
+                "optimizer.schedule._target_",
+                schedule.get("_target_"),
+                "the dotted path of a learning-rate schedule, e.g. keras.optimizers.schedules.PiecewiseConstantDecay",
+            )
+        )
     elif not OmegaConf.is_dict(schedule) and schedule not in optimizers.SCHEDULES:
-        problems.append(Problem("optimizer.schedule", schedule, f"allowed: {', '.join(optimizers.SCHEDULES)}, or a mapping "
-                                                                "with the _target_ of a LearningRateSchedule"))
+        problems.append(
+            Problem(
+                "optimizer.schedule",
+                schedule,
+                f"allowed: {', '.join(optimizers.SCHEDULES)}, or a mapping with the _target_ of a LearningRateSchedule",
+            )
+        )
     warmup = opt.get("warmup_steps", 0)
     if not is_whole(warmup) or warmup < 0:
         problems.append(Problem("optimizer.warmup_steps", warmup, "must be a whole number, 0 or more"))
-    problems += [Problem(f"optimizer.{key}", opt[key], allowed) for key, allowed, ok in (
-        ("beta_1", "a decay rate: at least 0, below 1", lambda v: is_number(v) and 0 <= v < 1),
-        ("beta_2", "a decay rate: at least 0, below 1", lambda v: is_number(v) and 0 <= v < 1),
-        ("epsilon", "must be a positive, finite number", lambda v: is_number(v) and v > 0),
-        ("weight_decay", "must be a finite number, 0 or more", lambda v: is_number(v) and v >= 0),
-        ("momentum", "at least 0, below 1", lambda v: is_number(v) and 0 <= v < 1),
-        ("min_lr_ratio", "a fraction of optimizer.lr: from 0 to 1", lambda v: is_number(v) and 0 <= v <= 1),
-        ("nesterov", "allowed: true, false", lambda v: isinstance(v, bool)),
-        ("scale_lr_with_replicas", "allowed: true, false", lambda v: isinstance(v, bool)),
-    ) if key in opt and not ok(opt[key])]
+    problems += [
+        Problem(f"optimizer.{key}", opt[key], allowed)
+        for key, allowed, ok in (
+            ("beta_1", "a decay rate: at least 0, below 1", lambda v: is_number(v) and 0 <= v < 1),
+            ("beta_2", "a decay rate: at least 0, below 1", lambda v: is_number(v) and 0 <= v < 1),
+            ("epsilon", "must be a positive, finite number", lambda v: is_number(v) and v > 0),
+            ("weight_decay", "must be a finite number, 0 or more", lambda v: is_number(v) and v >= 0),
+            ("momentum", "at least 0, below 1", lambda v: is_number(v) and 0 <= v < 1),
+            ("min_lr_ratio", "a fraction of optimizer.lr: from 0 to 1", lambda v: is_number(v) and 0 <= v <= 1),
+            ("nesterov", "allowed: true, false", lambda v: isinstance(v, bool)),
+            ("scale_lr_with_replicas", "allowed: true, false", lambda v: isinstance(v, bool)),
+        )
+        if key in opt and not ok(opt[key])
+    ]
     for key in ("clip_norm", "global_clip_norm"):
         value = opt.get(key)
         if value is not None and not (is_number(value) and value > 0):
-            problems.append(Problem(f"optimizer.{key}", value, "must be a positive, finite number (or null: no clipping)"))
-    problems += [Problem(f"optimizer.{key}", opt[key], f"tfdistx sets it: set {instead}") for key, instead in optimizers.SET_BY_TFDISTX.items()
-                 if key in opt]
+            problems.append(
+                Problem(f"optimizer.{key}", value, "must be a positive, finite number (or null: no clipping)")
+            )
+    problems += [
+        Problem(f"optimizer.{key}", opt[key], f"tfdistx sets it: set {instead}")
+        for key, instead in optimizers.SET_BY_TFDISTX.items()
+        if key in opt
+    ]
     if opt.get("clip_norm") is not None and opt.get("global_clip_norm") is not None:
-        problems.append(Problem("optimizer.global_clip_norm", opt.global_clip_norm,
-                                f"set with optimizer.clip_norm={opt.clip_norm}: clip each gradient or all together, not both"))
+        problems.append(
+            Problem(
+                "optimizer.global_clip_norm",
+                opt.global_clip_norm,
+                f"set with optimizer.clip_norm={opt.clip_norm}: clip each gradient or all together, not both",
+            )
+        )
     return problems
 
 
@@ -238,11 +346,15 @@ def _trainer(trainer: DictConfig) -> list:
         problems.append(Problem("trainer.jit_compile", trainer.jit_compile, "allowed: true, false, auto"))
     per_call = trainer.get("steps_per_xla_call", "auto")
     if per_call != "auto" and not (is_whole(per_call) and per_call >= 1):
-        problems.append(Problem("trainer.steps_per_xla_call", per_call, "allowed: auto, or a whole number of steps, at least 1"))
+        problems.append(
+            Problem("trainer.steps_per_xla_call", per_call, "allowed: auto, or a whole number of steps, at least 1")
+        )
     if trainer.precision not in compute.PRECISIONS:
         problems.append(Problem("trainer.precision", trainer.precision, f"allowed: {', '.join(compute.PRECISIONS)}"))
     if trainer.accumulate_steps < 1:
-        problems.append(Problem("trainer.accumulate_steps", trainer.accumulate_steps, "must be at least 1 (1: no accumulation)"))
+        problems.append(
+            Problem("trainer.accumulate_steps", trainer.accumulate_steps, "must be at least 1 (1: no accumulation)")
+        )
     return problems + _early_stopping(trainer) + _profile_steps(trainer)
 
 
@@ -257,7 +369,9 @@ def _profile_steps(trainer: DictConfig) -> list:
     shown = OmegaConf.to_container(value) if OmegaConf.is_config(value) else value
     steps = trainer.steps if is_whole(trainer.steps) else None
     end = f"END <= trainer.steps={steps}" if steps is not None else "END"
-    allowed = f"[START, END]: two whole steps, 0 <= START < {end} (the trace covers the steps between), or null: no trace"
+    allowed = (
+        f"[START, END]: two whole steps, 0 <= START < {end} (the trace covers the steps between), or null: no trace"
+    )
     if not OmegaConf.is_list(value) or len(value) != 2 or not all(is_whole(v) for v in value):
         return [Problem("trainer.profile_steps", shown, allowed)]
     start, stop = value
@@ -269,17 +383,34 @@ def _profile_steps(trainer: DictConfig) -> list:
 def _early_stopping(trainer: DictConfig) -> list:
     stopping = trainer.early_stopping
     if stopping.patience is not None and stopping.patience < 1:
-        return [Problem("trainer.early_stopping.patience", stopping.patience, "evaluations without an improvement: at least 1 (or null: never stop early)")]
+        return [
+            Problem(
+                "trainer.early_stopping.patience",
+                stopping.patience,
+                "evaluations without an improvement: at least 1 (or null: never stop early)",
+            )
+        ]
     if not is_number(stopping.min_delta) or stopping.min_delta < 0:
         return [Problem("trainer.early_stopping.min_delta", stopping.min_delta, "must be a finite number, 0 or more")]
     if stopping.min_delta and stopping.patience is None:  # a key that would do nothing
-        return [Problem("trainer.early_stopping.min_delta", stopping.min_delta, "applies only with trainer.early_stopping.patience, "
-                        "which is null (never stop early): set the patience too, or leave min_delta out")]
+        return [
+            Problem(
+                "trainer.early_stopping.min_delta",
+                stopping.min_delta,
+                "applies only with trainer.early_stopping.patience, "
+                "which is null (never stop early): set the patience too, or leave min_delta out",
+            )
+        ]
     # eval_every=0 evaluates once, at the end: patience would count nothing (keep_best only warns: its best is the last)
     if stopping.patience is not None and trainer.eval_every == 0 and str(trainer.objective).startswith("eval/"):
-        return [Problem("trainer.early_stopping.patience", stopping.patience,
-                        f"counts evaluations of trainer.objective={trainer.objective}, and trainer.eval_every=0 evaluates only at "
-                        "the end: set trainer.eval_every, or a training metric as the objective (e.g. trainer.objective=loss)")]
+        return [
+            Problem(
+                "trainer.early_stopping.patience",
+                stopping.patience,
+                f"counts evaluations of trainer.objective={trainer.objective}, and trainer.eval_every=0 evaluates only at "
+                "the end: set trainer.eval_every, or a training metric as the objective (e.g. trainer.objective=loss)",
+            )
+        ]
     return []
 
 
@@ -306,7 +437,9 @@ def _evaluated(cfg: DictConfig) -> list:
     if key is None:
         return []
     no_eval = f"data={current(cfg.data._target_)} has no eval split ({key}={cfg.data.get(key.partition('.')[2])})"
-    return unevaluated_problems(cfg.trainer.objective, cfg.checkpoint.keep_best, cfg.trainer.early_stopping.patience, no_eval, f"give {key}")
+    return unevaluated_problems(
+        cfg.trainer.objective, cfg.checkpoint.keep_best, cfg.trainer.early_stopping.patience, no_eval, f"give {key}"
+    )
 
 
 def _checkpoint(ckpt: DictConfig, run_dir: Optional[str] = None) -> list:
@@ -316,13 +449,21 @@ def _checkpoint(ckpt: DictConfig, run_dir: Optional[str] = None) -> list:
     if ckpt.max_to_keep < 1:
         problems.append(Problem("checkpoint.max_to_keep", ckpt.max_to_keep, "must be at least 1"))
     checkpoint_dir = ckpt.dir or (os.path.join(run_dir, "checkpoints") if run_dir else None)
-    set_aside = (run_dir, checkpoint_dir) if run_dir and not ckpt.restore else ()  # what fit.train keeps aside before it starts
-    return problems + warm_start.problems(ckpt.init_from, ckpt.init_skip, warm_start.resumes(checkpoint_dir, ckpt.restore), set_aside)
+    set_aside = (
+        (run_dir, checkpoint_dir) if run_dir and not ckpt.restore else ()
+    )  # what fit.train keeps aside before it starts
+    return problems + warm_start.problems(
+        ckpt.init_from, ckpt.init_skip, warm_start.resumes(checkpoint_dir, ckpt.restore), set_aside
+    )
 
 
 # The keywords tfdistx passes a group's target itself, where it takes them (engine/parts.py, callbacks.py, loggers.py, optim.py).
-RUNTIME = {"model": ("input_shape", "feature_spec", "num_outputs", "num_classes"), "optimizer": ("learning_rate", "clipnorm", "global_clipnorm"),
-           "callbacks": ("run_dir",), "logger": ("run_dir", "config")}
+RUNTIME = {
+    "model": ("input_shape", "feature_spec", "num_outputs", "num_classes"),
+    "optimizer": ("learning_rate", "clipnorm", "global_clipnorm"),
+    "callbacks": ("run_dir",),
+    "logger": ("run_dir", "config"),
+}
 
 
 def _targets(cfg: DictConfig) -> list:
@@ -335,18 +476,32 @@ def _targets(cfg: DictConfig) -> list:
     callbacks = cfg.get("callbacks")
     callbacks = {} if callbacks is None else callbacks  # callbacks=none: a file of comments only
     if not OmegaConf.is_dict(callbacks) and not isinstance(callbacks, dict):
-        return [Problem("callbacks", _shown(callbacks), "a mapping of NAME: {_target_: ..., its keys}, or a list of "
-                                                        "options: callbacks=[terminate_on_nan,csv_logger]")]
-    targets = [("task", cfg.task, TASK_KEYS + TASK_FACTS, ()), ("data", cfg.data, tuple(PIPELINE_DEFAULTS), ()),
-               ("model", cfg.model, (), RUNTIME["model"])]
+        return [
+            Problem(
+                "callbacks",
+                _shown(callbacks),
+                "a mapping of NAME: {_target_: ..., its keys}, or a list of "
+                "options: callbacks=[terminate_on_nan,csv_logger]",
+            )
+        ]
+    targets = [
+        ("task", cfg.task, TASK_KEYS + TASK_FACTS, ()),
+        ("data", cfg.data, tuple(PIPELINE_DEFAULTS), ()),
+        ("model", cfg.model, (), RUNTIME["model"]),
+    ]
     target = optimizers.target_of(cfg.optimizer)
     if target and target not in optimizers.REFUSED:  # else refused by _optimizer
-        targets.append(("optimizer", {**cfg.optimizer, "_target_": target}, (*OPTIMIZER_KEYS, "name"), RUNTIME["optimizer"]))
+        targets.append(
+            ("optimizer", {**cfg.optimizer, "_target_": target}, (*OPTIMIZER_KEYS, "name"), RUNTIME["optimizer"])
+        )
     if OmegaConf.is_dict(cfg.optimizer.get("schedule")) and isinstance(cfg.optimizer.schedule.get("_target_"), str):
         targets.append(("optimizer.schedule", cfg.optimizer.schedule, (), ()))
     targets += [(f"callbacks.{name}", callback, (), RUNTIME["callbacks"]) for name, callback in callbacks.items()]
-    targets += [(f"logger.{name}", own, (), RUNTIME["logger"]) for name, own in cfg.logger.items()
-                if OmegaConf.is_dict(own) and "_target_" in own]  # the user's own loggers
+    targets += [
+        (f"logger.{name}", own, (), RUNTIME["logger"])
+        for name, own in cfg.logger.items()
+        if OmegaConf.is_dict(own) and "_target_" in own
+    ]  # the user's own loggers
     problems = []
     for key, group, exclude, runtime in targets:
         problems += _target(key, group, exclude, runtime)
@@ -357,7 +512,13 @@ def _target(key: str, group, exclude: tuple = (), runtime: tuple = ()) -> list:
     """One target's problems, and those of the targets inside its keys (LambdaCallback's functions)."""
     target = group.get("_target_") if OmegaConf.is_dict(group) or isinstance(group, dict) else group
     if not isinstance(target, str) or "." not in target:
-        return [Problem(f"{key}._target_", _shown(target), "must be a dotted path to a function or class, e.g. mypkg.models.build")]
+        return [
+            Problem(
+                f"{key}._target_",
+                _shown(target),
+                "must be a dotted path to a function or class, e.g. mypkg.models.build",
+            )
+        ]
     keys = {name: _shown(group[name]) for name in group if name not in ("_target_", "_partial_", *exclude)}
     problems = static_targets.problems(key, current(target), keys, runtime)
     for name in keys:
@@ -370,7 +531,9 @@ def _target(key: str, group, exclude: tuple = (), runtime: tuple = ()) -> list:
 def writable(key: str, path: str) -> list:
     """`path` must be given, and its nearest existing ancestor a writable directory."""
     if path is None or not str(path).strip():  # os.path.abspath("") is the current directory
-        return [Problem(key, path, "must name a directory: an empty one would write the run into the current directory")]
+        return [
+            Problem(key, path, "must name a directory: an empty one would write the run into the current directory")
+        ]
     probe = os.path.abspath(path)
     while not os.path.exists(probe):
         probe = os.path.dirname(probe)
@@ -390,5 +553,11 @@ def _not_a_runs(run_dir: str, checkpoint_dir: Optional[str], also=()) -> list:
     found = rundir.in_the_way(run_dir, checkpoint_dir, also)
     if not found:
         return []
-    return [Problem("hydra.run.dir", run_dir, f"holds {', '.join(found)}, which a run writes, and tfdistx did not make it "
-                    f"(no {rundir.LOCK_NAME}): name a new directory, or move them (nothing was changed)")]
+    return [
+        Problem(
+            "hydra.run.dir",
+            run_dir,
+            f"holds {', '.join(found)}, which a run writes, and tfdistx did not make it "
+            f"(no {rundir.LOCK_NAME}): name a new directory, or move them (nothing was changed)",
+        )
+    ]

@@ -7,8 +7,28 @@ here because config files name them as `tfdistx.data.NAME`.
 """
 
 from tfdistx.data.files import csv, tfrecord
-from tfdistx.data.sources import (DataSource, PipelineFn, in_memory, shard, synthetic, synthetic_categorical, synthetic_multilabel,
-                                  synthetic_regression, tfds)
+from tfdistx.data.sources import (
+    DataSource,
+    PipelineFn,
+    in_memory,
+    shard,
+    synthetic,
+    synthetic_categorical,
+    synthetic_multilabel,
+    synthetic_regression,
+    tfds,
+)
 
-__all__ = ["DataSource", "PipelineFn", "csv", "in_memory", "shard", "synthetic", "synthetic_categorical", "synthetic_multilabel",
-           "synthetic_regression", "tfds", "tfrecord"]
+__all__ = [
+    "DataSource",
+    "PipelineFn",
+    "csv",
+    "in_memory",
+    "shard",
+    "synthetic",
+    "synthetic_categorical",
+    "synthetic_multilabel",
+    "synthetic_regression",
+    "tfds",
+    "tfrecord",
+]

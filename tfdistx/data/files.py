@@ -38,8 +38,14 @@ log = logging.getLogger(__name__)
 _FEATURE_IN_ERROR = re.compile(r"(?:Feature|Key|Name): ([\w./-]+)")
 
 
-def tfrecord(train_files, eval_files=None, features: Optional[dict] = None, label: str = "label",
-             compression: Optional[str] = None, num_classes: Optional[int] = None) -> DataSource:
+def tfrecord(
+    train_files,
+    eval_files=None,
+    features: Optional[dict] = None,
+    label: str = "label",
+    compression: Optional[str] = None,
+    num_classes: Optional[int] = None,
+) -> DataSource:
     """tf.train.Example records. `features`: name -> {dtype, shape, var_len}
     (None: the manifest's); `label`: which of them is the label. The other
     features are the model's input: one tensor when there is one, else a
@@ -49,8 +55,12 @@ def tfrecord(train_files, eval_files=None, features: Optional[dict] = None, labe
     compression = compression or (manifest or {}).get("compression")
     if features is None:
         if not manifest or manifest.get("format") != "tfrecord":
-            raise ConfigError.one("data.features", None, f"no {datafiles.MANIFEST} of tfdistx data write beside {train[0]}: "
-                                  "give data.features (name -> {dtype, shape}) and data.label")
+            raise ConfigError.one(
+                "data.features",
+                None,
+                f"no {datafiles.MANIFEST} of tfdistx data write beside {train[0]}: "
+                "give data.features (name -> {dtype, shape}) and data.label",
+            )
         features, label = manifest["features"], manifest["label"]
         num_classes = num_classes or manifest.get("num_classes")
     problems = datafiles.feature_problems(features, label)
@@ -64,9 +74,17 @@ def tfrecord(train_files, eval_files=None, features: Optional[dict] = None, labe
     return _source(train, eval_files, read, decode, manifest, num_classes, compression)
 
 
-def csv(train_files, eval_files=None, columns: Optional[dict] = None, label: str = "label", header: bool = True,
-        label_dtype: str = "int64", feature_shape: Optional[List[int]] = None, compression: Optional[str] = None,
-        num_classes: Optional[int] = None) -> DataSource:
+def csv(
+    train_files,
+    eval_files=None,
+    columns: Optional[dict] = None,
+    label: str = "label",
+    header: bool = True,
+    label_dtype: str = "int64",
+    feature_shape: Optional[List[int]] = None,
+    compression: Optional[str] = None,
+    num_classes: Optional[int] = None,
+) -> DataSource:
     """Comma-separated rows. `columns`: name -> dtype in file order (None:
     the names from the header, every one float32 but the label, which is
     `label_dtype`). The other columns are the model's input: one float32
@@ -80,17 +98,28 @@ def csv(train_files, eval_files=None, columns: Optional[dict] = None, label: str
         num_classes = num_classes or manifest.get("num_classes")
     if columns is None:
         if not header:
-            raise ConfigError.one("data.columns", None, "give the columns (name -> dtype) when the files have no header")
+            raise ConfigError.one(
+                "data.columns", None, "give the columns (name -> dtype) when the files have no header"
+            )
         names = _header(train[0], compression)
         columns = {name: (label_dtype if name == label else "float32") for name in names}
     problems = datafiles.feature_problems({n: {"dtype": d} for n, d in columns.items()}, label)
     if problems:
-        raise ConfigError([type(p)(p.key.replace("data.features", "data.columns").replace(".dtype", ""), p.value, p.allowed) for p in problems])
+        raise ConfigError(
+            [
+                type(p)(p.key.replace("data.features", "data.columns").replace(".dtype", ""), p.value, p.allowed)
+                for p in problems
+            ]
+        )
     names, dtypes = list(columns), [tf.as_dtype(d) for d in columns.values()]
     numeric = all(d != tf.string for n, d in zip(names, dtypes) if n != label)
     if feature_shape and (not numeric or int(np.prod(feature_shape)) != len(names) - 1):
-        raise ConfigError.one("data.feature_shape", list(feature_shape), f"must hold the {len(names) - 1} feature columns "
-                              f"({'all numbers' if numeric else 'some are strings: no shape applies'})")
+        raise ConfigError.one(
+            "data.feature_shape",
+            list(feature_shape),
+            f"must hold the {len(names) - 1} feature columns "
+            f"({'all numbers' if numeric else 'some are strings: no shape applies'})",
+        )
 
     def decode(lines):
         values = tf.io.decode_csv(lines, record_defaults=[tf.constant([], d) for d in dtypes])  # every column required
@@ -104,6 +133,7 @@ def csv(train_files, eval_files=None, columns: Optional[dict] = None, label: str
     def read(files):
         def lines(name):
             return tf.data.TextLineDataset(name, compression_type=compression or "").skip(int(header))
+
         return tf.data.Dataset.from_tensor_slices(files).flat_map(lines)
 
     return _source(train, eval_files, read, decode, manifest, num_classes, compression)
@@ -139,7 +169,9 @@ def _source(train: List[str], eval_files, read, decode, manifest, num_classes, c
         _check_first_record(files[0], read, decode, compression)
     return DataSource(
         train=FileExamples(train, read, decode, train_counts),
-        eval=FileExamples(evaluation, read, decode, datafiles.manifest_counts(manifest, evaluation)) if evaluation else None,
+        eval=FileExamples(evaluation, read, decode, datafiles.manifest_counts(manifest, evaluation))
+        if evaluation
+        else None,
         num_classes=num_classes,
         train_examples=sum(train_counts) if train_counts else None,
     )
@@ -188,26 +220,39 @@ def _labels_checked(decode, num_classes: int):
     naming the file (input_errors_in_one_line), not deep in the loss: the
     loss on CPU fails with no file named, and on a GPU it silently trains
     on garbage."""
+
     def checked(records):
         features, labels = decode(records)
         if labels.dtype.is_integer:
             tf.debugging.assert_non_negative(labels, message="label: a class id below 0")
-            tf.debugging.assert_less(labels, tf.cast(num_classes, labels.dtype),
-                                     message=f"label: a class id of {num_classes} or more (data.num_classes={num_classes})")
+            tf.debugging.assert_less(
+                labels,
+                tf.cast(num_classes, labels.dtype),
+                message=f"label: a class id of {num_classes} or more (data.num_classes={num_classes})",
+            )
         return features, labels
+
     return checked
 
 
 def _bad_file(path: str, error: Exception, compression) -> ConfigError:
     reason = (getattr(error, "message", None) or str(error)).strip().splitlines()[0]
     reason = re.sub(r"\{\{function_node [^}]*\}\}|\[Op:\w+\]( name:)?", "", reason).strip()  # TensorFlow's op names
-    reason = re.sub(r"^Error in user-defined function passed to \w+:\d+ transformation with iterator: [\w:]+: ", "", reason)
+    reason = re.sub(
+        r"^Error in user-defined function passed to \w+:\d+ transformation with iterator: [\w:]+: ", "", reason
+    )
     reason = re.sub(r"assertion failed: \[([^\]]*)\].*", r"\1", reason)  # _labels_checked's message, not the tensors
     if isinstance(error, tf.errors.DataLossError) or "corrupted record" in reason:
         if "corrupted record at 0" in reason:
-            return ConfigError.one("data file", path, f"not readable as TFRecord from its first byte ({reason}): "
-                                   f"not TFRecord, or not compressed as data.compression={compression or 'null'} says")
-        return ConfigError.one("data file", path, f"a corrupt record, not readable as TFRecord ({reason.replace('at ', 'at byte ')})")
+            return ConfigError.one(
+                "data file",
+                path,
+                f"not readable as TFRecord from its first byte ({reason}): "
+                f"not TFRecord, or not compressed as data.compression={compression or 'null'} says",
+            )
+        return ConfigError.one(
+            "data file", path, f"a corrupt record, not readable as TFRecord ({reason.replace('at ', 'at byte ')})"
+        )
     named = _FEATURE_IN_ERROR.search(reason)
     key = f"data.features.{named.group(1)}" if named else "data file"
     return ConfigError.one(key, path, f"its records do not match the config: {reason[:300]}")
@@ -231,8 +276,14 @@ def input_errors_in_one_line(source: DataSource):
 # -- the writer: tfdistx data write --------------------------------------------
 
 
-def write(source: DataSource, out: str, shards: int, eval_shards: int = 1, fmt: str = "tfrecord",
-          compression: Optional[str] = None) -> dict:
+def write(
+    source: DataSource,
+    out: str,
+    shards: int,
+    eval_shards: int = 1,
+    fmt: str = "tfrecord",
+    compression: Optional[str] = None,
+) -> dict:
     """Write `source`'s train (and eval) examples into `shards` files each
     (round robin, so shard sizes differ by at most one), plus a manifest.
     Returns the manifest. `out` must be new, empty or an earlier `data
@@ -243,8 +294,14 @@ def write(source: DataSource, out: str, shards: int, eval_shards: int = 1, fmt: 
         names = _feature_names(feature_spec)
         features = {name: _spec_entry(spec) for name, spec in zip(names, tf.nest.flatten(feature_spec))}
         features["label"] = _spec_entry(label_spec)
-        manifest = {"format": fmt, "compression": compression, "features": features, "label": "label",
-                    "num_classes": source.num_classes, "splits": {}}
+        manifest = {
+            "format": fmt,
+            "compression": compression,
+            "features": features,
+            "label": "label",
+            "num_classes": source.num_classes,
+            "splits": {},
+        }
         suffix = {"tfrecord": ".tfrecord", "csv": ".csv"}[fmt] + {None: "", "GZIP": ".gz", "ZLIB": ".zz"}[compression]
         for split, make, n in (("train", source.train, shards), ("eval", source.eval, eval_shards)):
             if make is None:

@@ -25,7 +25,11 @@ from tfdistx.spec.errors import ConfigError
 
 def per_replica_batch(global_batch: int, replicas: int) -> int:
     if global_batch % replicas:
-        raise ConfigError.one("data.batch_size", global_batch, f"the global batch must divide across {replicas} replicas: use a multiple of {replicas}")
+        raise ConfigError.one(
+            "data.batch_size",
+            global_batch,
+            f"the global batch must divide across {replicas} replicas: use a multiple of {replicas}",
+        )
     return global_batch // replicas
 
 
@@ -57,12 +61,21 @@ def train_dataset(
         if ps_workers:
             worker = tf.distribute.coordinator.experimental_get_current_worker_index()
             # Each step is one worker's whole batch: one "replica" per step.
-            ctx = tf.distribute.InputContext(num_input_pipelines=ps_workers, input_pipeline_id=worker, num_replicas_in_sync=1)
+            ctx = tf.distribute.InputContext(
+                num_input_pipelines=ps_workers, input_pipeline_id=worker, num_replicas_in_sync=1
+            )
         if service is not None:  # every step takes one batch per replica from the run's one stream
             ds = service_lib.train_batches(
-                service, source.train, ctx, ctx.get_per_replica_batch_size(global_batch), seed=seed, window=shuffle_buffer, cache=cache,
+                service,
+                source.train,
+                ctx,
+                ctx.get_per_replica_batch_size(global_batch),
+                seed=seed,
+                window=shuffle_buffer,
+                cache=cache,
                 start_batch=skip_steps * ctx.num_replicas_in_sync,
-                skip_batches=batches_to_skip(skip_steps, ctx.num_replicas_in_sync, ctx.num_input_pipelines))
+                skip_batches=batches_to_skip(skip_steps, ctx.num_replicas_in_sync, ctx.num_input_pipelines),
+            )
             return _without_autoshard(ds).prefetch(tf.data.AUTOTUNE)
         if hasattr(source.train, "batches"):  # it can start at any example (order.py)
             done = batches_to_skip(skip_steps, ctx.num_replicas_in_sync, ctx.num_input_pipelines)
@@ -100,9 +113,11 @@ def fed_plainly(strategy: tf.distribute.Strategy) -> bool:
     replica the plain tensors as they are: the same batches, in the same
     order. With several replicas (or a GPU, where the iterator prefetches
     onto the device) the distributed iterator stays."""
-    return (isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy)
-            and len(strategy.extended.worker_devices) == 1
-            and "GPU" not in strategy.extended.worker_devices[0].upper())
+    return (
+        isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy)
+        and len(strategy.extended.worker_devices) == 1
+        and "GPU" not in strategy.extended.worker_devices[0].upper()
+    )
 
 
 def batches_to_skip(steps_done: int, replicas: int, input_pipelines: int) -> int:
@@ -138,7 +153,9 @@ def eval_dataset(
     return strategy.distribute_datasets_from_function(dataset_fn)
 
 
-def local_eval_dataset(make: Optional[PipelineFn], global_batch: int, *, steps: Optional[int] = None, cache: bool = False):
+def local_eval_dataset(
+    make: Optional[PipelineFn], global_batch: int, *, steps: Optional[int] = None, cache: bool = False
+):
     """The eval split as a plain dataset, for evaluation on a coordinator."""
     if make is None:
         return None

@@ -50,7 +50,9 @@ def epoch_permutation(n, seed: int, epoch, shuffle: bool):
     order = tf.range(tf.cast(n, tf.int64), dtype=tf.int64)
     if not shuffle:
         return order
-    return tf.random.experimental.stateless_shuffle(order, seed=tf.stack([tf.constant(seed, tf.int64), tf.cast(epoch, tf.int64)]))
+    return tf.random.experimental.stateless_shuffle(
+        order, seed=tf.stack([tf.constant(seed, tf.int64), tf.cast(epoch, tf.int64)])
+    )
 
 
 class ArrayExamples:
@@ -97,14 +99,19 @@ class ArrayExamples:
             mine = tf.logical_and(positions // chunk % stride == phase, positions >= first)
             # Handed on in chunks of up to `batch` indices: tf.data's overhead per element,
             # paid for every row, would be most of a small model's input time.
-            return tf.data.Dataset.from_tensor_slices(tf.boolean_mask(epoch_permutation(count, seed, e, shuffle), mine)).batch(batch)
+            return tf.data.Dataset.from_tensor_slices(
+                tf.boolean_mask(epoch_permutation(count, seed, e, shuffle), mine)
+            ).batch(batch)
 
         tensors = tf.nest.map_structure(tf.constant, self.arrays)
         indices = tf.data.Dataset.range(first_epoch, _ENDLESS).flat_map(epoch)
         # rebatch: whole batches across the end of an epoch, as one stream of rows would give.
         return indices.rebatch(batch, drop_remainder=True).map(
-            tf.autograph.experimental.do_not_convert(lambda picked: tf.nest.map_structure(lambda a: tf.gather(a, picked), tensors)),
-            num_parallel_calls=tf.data.AUTOTUNE)
+            tf.autograph.experimental.do_not_convert(
+                lambda picked: tf.nest.map_structure(lambda a: tf.gather(a, picked), tensors)
+            ),
+            num_parallel_calls=tf.data.AUTOTUNE,
+        )
 
 
 class FileExamples:
@@ -125,8 +132,13 @@ class FileExamples:
     @property
     def counts(self) -> List[int]:
         if self._counts is None:
-            log.info("counting the records of %d file(s) to resume (no manifest beside them; `tfdistx data write` writes one)", len(self.files))
-            self._counts = [int(self.read(tf.constant([f])).reduce(np.int64(0), lambda n, _: n + 1)) for f in self.files]
+            log.info(
+                "counting the records of %d file(s) to resume (no manifest beside them; `tfdistx data write` writes one)",
+                len(self.files),
+            )
+            self._counts = [
+                int(self.read(tf.constant([f])).reduce(np.int64(0), lambda n, _: n + 1)) for f in self.files
+            ]
         return self._counts
 
     def find_bad_file(self):
@@ -153,8 +165,14 @@ class FileExamples:
             mine = tf.range(index, len(self.files), pipelines)
             return tf.gather(files, mine), None if counts is None else tf.gather(counts, mine), 1, 0
         if not self._warned:
-            log.warning("%d input pipelines share %d file(s): each reads them all and keeps every %d-th record "
-                        "(write at least %d files to split them by file)", pipelines, len(self.files), pipelines, pipelines)
+            log.warning(
+                "%d input pipelines share %d file(s): each reads them all and keeps every %d-th record "
+                "(write at least %d files to split them by file)",
+                pipelines,
+                len(self.files),
+                pipelines,
+                pipelines,
+            )
             self._warned = True
         return files, counts, pipelines, index
 
@@ -177,9 +195,11 @@ class FileExamples:
         window = max(int(window), 1)
         shuffle = window > 1
         if counts is None:  # a fresh run without counts: no position to find
+
             def epoch(e):
                 ds = self.read(tf.gather(files, epoch_permutation(tf.size(files), seed, e, shuffle)))
                 return _chunks(ds.shard(stride, phase) if stride > 1 else ds, self.decode, window, seed, e)
+
             chunks = tf.data.Dataset.range(0, _ENDLESS).flat_map(epoch)
         else:
             per_epoch = (tf.reduce_sum(counts) - phase + stride - 1) // stride  # this pipeline's records
@@ -205,7 +225,9 @@ class FileExamples:
         return chunks.rebatch(batch, drop_remainder=True)
 
 
-def _chunks(records: tf.data.Dataset, decode: Callable, window: int, seed: int, epoch, first_window=0, skip=0) -> tf.data.Dataset:
+def _chunks(
+    records: tf.data.Dataset, decode: Callable, window: int, seed: int, epoch, first_window=0, skip=0
+) -> tf.data.Dataset:
     """The records decoded in chunks: each run of `window` records decoded
     at once and its rows shuffled by a seed of its own (epoch, window), so
     that a resumed run sees the same windows in the same order whichever it
@@ -218,8 +240,10 @@ def _chunks(records: tf.data.Dataset, decode: Callable, window: int, seed: int, 
     def shuffled(k, chunk):
         rows = decode(chunk)
         key = tf.cast(epoch, tf.int64) * (1 << 32) + k
-        order = tf.random.experimental.stateless_shuffle(tf.range(tf.size(chunk)), seed=tf.stack([tf.constant(seed, tf.int64), key]))
-        order = order[tf.where(k == first_window, skip, 0):]
+        order = tf.random.experimental.stateless_shuffle(
+            tf.range(tf.size(chunk)), seed=tf.stack([tf.constant(seed, tf.int64), key])
+        )
+        order = order[tf.where(k == first_window, skip, 0) :]
         return tf.nest.map_structure(lambda column: tf.gather(column, order), rows)
 
     return records.batch(window).enumerate(start=first_window).map(shuffled, num_parallel_calls=tf.data.AUTOTUNE)

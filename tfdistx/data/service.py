@@ -38,8 +38,18 @@ class Service:
     job_name: str  # distributed_epoch: the job shared by the run's trainers
 
 
-def train_batches(service: Service, train, ctx, batch: int, *, seed: int, window: int, cache: bool, start_batch: int,
-                  skip_batches: int) -> tf.data.Dataset:
+def train_batches(
+    service: Service,
+    train,
+    ctx,
+    batch: int,
+    *,
+    seed: int,
+    window: int,
+    cache: bool,
+    start_batch: int,
+    skip_batches: int,
+) -> tf.data.Dataset:
     """The endless per-replica batches this trainer reads from the service.
 
     `start_batch`: batches all trainers together trained on before (a
@@ -48,8 +58,12 @@ def train_batches(service: Service, train, ctx, batch: int, *, seed: int, window
     experimental = tf.data.experimental.service
     if service.mode == DISTRIBUTED_EPOCH:
         if isinstance(train, ArrayExamples):
-            return _distribute(_array_batches(train, batch, seed, window, start_batch), experimental.ShardingPolicy.DYNAMIC,
-                               service, service.job_name)
+            return _distribute(
+                _array_batches(train, batch, seed, window, start_batch),
+                experimental.ShardingPolicy.DYNAMIC,
+                service,
+                service.job_name,
+            )
         ds = train(None)  # the whole data: the dispatcher shares it out
         if cache:
             ds = ds.cache()
@@ -69,7 +83,11 @@ def train_batches(service: Service, train, ctx, batch: int, *, seed: int, window
         graph = tf.compat.v1.get_default_graph()
         saved, graph.seed = graph.seed, None
         try:
-            return mine.shuffle(max(window, 2), seed=drawn, reshuffle_each_iteration=True).repeat().batch(batch, drop_remainder=True)
+            return (
+                mine.shuffle(max(window, 2), seed=drawn, reshuffle_each_iteration=True)
+                .repeat()
+                .batch(batch, drop_remainder=True)
+            )
         finally:
             graph.seed = saved
 
@@ -85,8 +103,12 @@ def _array_batches(train: ArrayExamples, batch: int, seed: int, window: int, sta
     indices, which the dispatcher splits one index at a time."""
     rows, shuffle = train.count, window > 1
     if batch > rows:
-        raise ConfigError.one("data.batch_size", batch, f"a per-replica batch larger than the {rows} examples cannot be read from the "
-                              "tf.data service (data.service): use a smaller batch")
+        raise ConfigError.one(
+            "data.batch_size",
+            batch,
+            f"a per-replica batch larger than the {rows} examples cannot be read from the "
+            "tf.data service (data.service): use a smaller batch",
+        )
     tensors = tf.nest.map_structure(tf.constant, train.arrays)
 
     @tf.autograph.experimental.do_not_convert  # as order.ArrayExamples.batches' functions
@@ -94,13 +116,17 @@ def _array_batches(train: ArrayExamples, batch: int, seed: int, window: int, sta
         positions = k * batch + tf.range(batch, dtype=tf.int64)
         epochs, within = positions // rows, positions % rows
         first = epochs[0]  # a batch spans at most two epochs (batch <= rows)
-        index = tf.where(epochs == first, tf.gather(epoch_permutation(rows, seed, first, shuffle), within),
-                         tf.gather(epoch_permutation(rows, seed, first + 1, shuffle), within))
+        index = tf.where(
+            epochs == first,
+            tf.gather(epoch_permutation(rows, seed, first, shuffle), within),
+            tf.gather(epoch_permutation(rows, seed, first + 1, shuffle), within),
+        )
         return tf.nest.map_structure(lambda a: tf.gather(a, index), tensors)
 
     return tf.data.Dataset.range(start_batch, _ENDLESS).map(at, num_parallel_calls=tf.data.AUTOTUNE)
 
 
 def _distribute(ds: tf.data.Dataset, policy, service: Service, job) -> tf.data.Dataset:
-    return ds.prefetch(tf.data.AUTOTUNE).apply(tf.data.experimental.service.distribute(
-        processing_mode=policy, service=service.address, job_name=job))
+    return ds.prefetch(tf.data.AUTOTUNE).apply(
+        tf.data.experimental.service.distribute(processing_mode=policy, service=service.address, job_name=job)
+    )

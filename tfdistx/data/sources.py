@@ -107,9 +107,13 @@ def single_examples(source: DataSource, target: str) -> DataSource:
     again, and the model would fail on its kernel's shape, blamed on it."""
     shapes = [spec.shape for spec in tf.nest.flatten(source.element_spec)]
     if shapes and all(shape.rank and shape[0] is None for shape in shapes):
-        raise ConfigError.one("data._target_", target, f"its pipeline yields batches (the first dimension of every part of its "
-                              f"elements is of unknown size: {', '.join(str(tuple(shape)) for shape in shapes)}); a pipeline "
-                              "function must yield single examples, which tfdistx batches: remove its .batch()")
+        raise ConfigError.one(
+            "data._target_",
+            target,
+            f"its pipeline yields batches (the first dimension of every part of its "
+            f"elements is of unknown size: {', '.join(str(tuple(shape)) for shape in shapes)}); a pipeline "
+            "function must yield single examples, which tfdistx batches: remove its .batch()",
+        )
     return source
 
 
@@ -188,7 +192,9 @@ def synthetic_categorical(
     def make(n: int):
         ids = (rng.zipf(1.3, size=(n, num_fields)) % vocab_size).astype(np.int64)
         dense = _normal(rng, n, dense_features)
-        logit = id_weights[ids].sum(axis=1) / np.sqrt(num_fields) + dense @ dense_weights / np.sqrt(max(dense_features, 1))
+        logit = id_weights[ids].sum(axis=1) / np.sqrt(num_fields) + dense @ dense_weights / np.sqrt(
+            max(dense_features, 1)
+        )
         clicks = (rng.random(n) < 1.0 / (1.0 + np.exp(-2.0 * logit))).astype(np.float32)
         return {"categorical": ids, "dense": dense}, clicks
 
@@ -258,7 +264,11 @@ def tfds(
             prepared = builder.is_prepared()
             builder_dir = builder.data_dir
     except tensorflow_datasets.core.registered.DatasetNotFoundError:
-        raise ConfigError.one("data.name", name, "not a tensorflow-datasets dataset (see `tfds.list_builders()`); tfdistx ships mnist, fashion_mnist, cifar10") from None
+        raise ConfigError.one(
+            "data.name",
+            name,
+            "not a tensorflow-datasets dataset (see `tfds.list_builders()`); tfdistx ships mnist, fashion_mnist, cifar10",
+        ) from None
     if download and not prepared:
         _ensure_reachable(name, builder_dir, download_check_url)
         builder.download_and_prepare()
@@ -268,8 +278,12 @@ def tfds(
     # (a dataset built without supervised_keys, like tfds.testing's DummyMnist).
     supervised = builder.info.supervised_keys is not None
     if not supervised and not {"image", "label"} <= set(features.keys()):
-        raise ConfigError.one("data.name", name, f"has no (features, label) pair (supervised_keys) and no image and label features "
-                              f"(it has {', '.join(features.keys())}): use a data._target_ of your own for it")
+        raise ConfigError.one(
+            "data.name",
+            name,
+            f"has no (features, label) pair (supervised_keys) and no image and label features "
+            f"(it has {', '.join(features.keys())}): use a data._target_ of your own for it",
+        )
 
     def pipeline(split: str) -> PipelineFn:
         def make(ctx):
@@ -278,11 +292,17 @@ def tfds(
             by_file = ctx if ctx is None or isinstance(ctx.input_pipeline_id, int) else None
             read_config = tensorflow_datasets.ReadConfig(input_context=by_file, shuffle_seed=seed)
             try:
-                ds = builder.as_dataset(split=split, as_supervised=supervised, shuffle_files=True, read_config=read_config)
+                ds = builder.as_dataset(
+                    split=split, as_supervised=supervised, shuffle_files=True, read_config=read_config
+                )
                 if not supervised:
                     ds = ds.map(lambda example: (example["image"], example["label"]))
             except AssertionError as error:  # tfds' way of saying "not prepared"
-                raise ConfigError.one("data.download", download, f"{name} is not prepared in {builder.data_dir} ({error}); set data.download=true or data.data_dir") from None
+                raise ConfigError.one(
+                    "data.download",
+                    download,
+                    f"{name} is not prepared in {builder.data_dir} ({error}); set data.download=true or data.data_dir",
+                ) from None
             if by_file is None:
                 ds = shard(ds, ctx)
             return ds.map(lambda x, y: (tf.cast(x, tf.float32) / 255.0, y), num_parallel_calls=tf.data.AUTOTUNE)
@@ -338,6 +358,9 @@ def _ensure_reachable(name: str, data_dir: str, url: str) -> None:
         requests.head(url, timeout=5)
     except requests.RequestException as error:  # the machine's fault, not the config's: its own exit code, not 2
         reason = type(error).__name__
-        raise RunFault(f"data={name} is not downloaded to {data_dir}, and the download site is unreachable from this machine "
-                       f"({reason}): download it once on a machine with a network and set data.data_dir to that copy, "
-                       f"or use data=synthetic (exit {EXIT_NO_NETWORK})", EXIT_NO_NETWORK) from None
+        raise RunFault(
+            f"data={name} is not downloaded to {data_dir}, and the download site is unreachable from this machine "
+            f"({reason}): download it once on a machine with a network and set data.data_dir to that copy, "
+            f"or use data=synthetic (exit {EXIT_NO_NETWORK})",
+            EXIT_NO_NETWORK,
+        ) from None

@@ -34,8 +34,15 @@ from tfdistx.engine.callbacks import CallbackStates
 from tfdistx.engine.checkpointing import Checkpointer, ObjectiveState
 from tfdistx.engine.mpi import MpiSum
 from tfdistx.engine.optim import LearningRateAtStep, schedule
-from tfdistx.engine.parts import (build_model, build_source, build_task, check_model_takes_data, optimizer_for_checkpoint,
-                                  resplit_for, rng_states)
+from tfdistx.engine.parts import (
+    build_model,
+    build_source,
+    build_task,
+    check_model_takes_data,
+    optimizer_for_checkpoint,
+    resplit_for,
+    rng_states,
+)
 from tfdistx.tasks import Task
 
 log = logging.getLogger(__name__)
@@ -69,9 +76,15 @@ class Run:
     steps_per_xla_call: int  # consecutive steps in one XLA computation (update.py)
     sample: tuple  # (labels, model outputs) of two training examples, to build the metrics with
     topology: dict  # what it runs on (engine/topology.py), recorded with each checkpoint
-    train_variables: Optional[List[tf.Variable]] = None  # what the optimizer updates, when not the model's trainable ones (sharding.py)
-    callback_states: Optional[CallbackStates] = None  # the callbacks' own state, saved with the checkpoint (callbacks.py)
-    gradient_sum: Optional[MpiSum] = None  # the gradients summed through MPI, not the strategy (strategy.communication=mpi)
+    train_variables: Optional[List[tf.Variable]] = (
+        None  # what the optimizer updates, when not the model's trainable ones (sharding.py)
+    )
+    callback_states: Optional[CallbackStates] = (
+        None  # the callbacks' own state, saved with the checkpoint (callbacks.py)
+    )
+    gradient_sum: Optional[MpiSum] = (
+        None  # the gradients summed through MPI, not the strategy (strategy.communication=mpi)
+    )
 
     @property
     def dir(self):
@@ -103,7 +116,9 @@ def build_run(spec: RunSpec, placement: Placement) -> Run:
     trainer, cluster = spec.trainer, spec.cluster
     name = strategy_lib.concrete_name(spec.strategy.name, cluster.workers, cluster.devices_per_worker)
     facts = strategies.STRATEGIES[name]
-    strategy = strategy_lib.build(name, spec.strategy.options, cluster.devices_per_worker, peer_timeout=cluster.peer_timeout)
+    strategy = strategy_lib.build(
+        name, spec.strategy.options, cluster.devices_per_worker, peer_timeout=cluster.peer_timeout
+    )
     coordinator = tf.distribute.experimental.coordinator.ClusterCoordinator(strategy) if facts.asynchronous else None
     # strategy.communication=mpi: the tasks join MPI now, before any variable's first value crosses the cluster (engine/mpi.py)
     gradient_sum = mpi.join(strategy) if name == "multiworker" and mpi_facts.chosen(spec.strategy.options) else None
@@ -131,42 +146,99 @@ def build_run(spec: RunSpec, placement: Placement) -> Run:
         learning_rate.scale = tf.Variable(1.0, dtype=tf.float32, trainable=False, name="learning_rate_scale")
         learning_rate.steps_done = step_counter
         objective_state = ObjectiveState()  # beside the step: a variable of every worker, restored with it
-    with input_errors_in_one_line(source):  # its first examples come through a shuffle window: a bad record may be in it
+    with input_errors_in_one_line(
+        source
+    ):  # its first examples come through a shuffle window: a bad record may be in it
         sample = check_model_takes_data(model, task, source, spec, num_outputs)
     task.check_labels(source.num_classes)
     jit, per_call = xla.decide(trainer, spec.checkpoint, facts, gpus, model, feature_spec)  # and says so in the log
 
     workers = worker_count(placement)
-    run_topology = topology.describe(  # recorded with each checkpoint; a resume on another topology is checked against it
-        strategy=name, cluster=cluster.name, workers=workers, ps=cluster.ps, replicas=workers if facts.asynchronous else replicas,
-        input_pipelines=workers, global_batch=global_batch, per_replica_batch=per_replica,
-        learning_rate=learning_rate.peak)
+    run_topology = (
+        topology.describe(  # recorded with each checkpoint; a resume on another topology is checked against it
+            strategy=name,
+            cluster=cluster.name,
+            workers=workers,
+            ps=cluster.ps,
+            replicas=workers if facts.asynchronous else replicas,
+            input_pipelines=workers,
+            global_batch=global_batch,
+            per_replica_batch=per_replica,
+            learning_rate=learning_rate.peak,
+        )
+    )
     callback_states = CallbackStates()
     checkpointer = Checkpointer(
-        spec.checkpoint.dir, max_to_keep=spec.checkpoint.max_to_keep, is_chief=placement.is_chief, task_name=placement.task_name,
-        model=model, optimizer=saved_optimizer, rng=rng_states(model), step=step_counter, objective=objective_state,
-        learning_rate_scale=learning_rate.scale, callbacks=callback_states,
-        optional=["objective", "learning_rate_scale", "callbacks"],  # checkpoints written before they were saved restore without them
-        topology=run_topology, resplit=resplit_for(spec, model, feature_spec, num_outputs))
-    return Run(spec=spec, placement=placement, facts=facts, strategy_name=name, strategy=strategy, coordinator=coordinator,
-               task=task, source=source, model=model, optimizer=optimizer, learning_rate=learning_rate,
-               step_counter=step_counter, checkpointer=checkpointer, objective_state=objective_state,
-               global_batch=global_batch, per_replica_batch=per_replica, total_steps=total_steps, peak_lr=learning_rate.peak,
-               jit_compile=jit, steps_per_xla_call=per_call, sample=sample, topology=run_topology,
-               train_variables=train_variables, callback_states=callback_states, gradient_sum=gradient_sum)
+        spec.checkpoint.dir,
+        max_to_keep=spec.checkpoint.max_to_keep,
+        is_chief=placement.is_chief,
+        task_name=placement.task_name,
+        model=model,
+        optimizer=saved_optimizer,
+        rng=rng_states(model),
+        step=step_counter,
+        objective=objective_state,
+        learning_rate_scale=learning_rate.scale,
+        callbacks=callback_states,
+        optional=[
+            "objective",
+            "learning_rate_scale",
+            "callbacks",
+        ],  # checkpoints written before they were saved restore without them
+        topology=run_topology,
+        resplit=resplit_for(spec, model, feature_spec, num_outputs),
+    )
+    return Run(
+        spec=spec,
+        placement=placement,
+        facts=facts,
+        strategy_name=name,
+        strategy=strategy,
+        coordinator=coordinator,
+        task=task,
+        source=source,
+        model=model,
+        optimizer=optimizer,
+        learning_rate=learning_rate,
+        step_counter=step_counter,
+        checkpointer=checkpointer,
+        objective_state=objective_state,
+        global_batch=global_batch,
+        per_replica_batch=per_replica,
+        total_steps=total_steps,
+        peak_lr=learning_rate.peak,
+        jit_compile=jit,
+        steps_per_xla_call=per_call,
+        sample=sample,
+        topology=run_topology,
+        train_variables=train_variables,
+        callback_states=callback_states,
+        gradient_sum=gradient_sum,
+    )
 
 
 def _task_and_source(spec: RunSpec, global_batch: int):
     """The task and the data source, checked against each other and the run."""
     task, source = build_task(spec), build_source(spec)
     if source.train_examples and global_batch > source.train_examples:  # a step could never fill its batch
-        raise ConfigError.one("data.batch_size", spec.pipeline.batch_size, f"a step's {global_batch} examples are more than the "
-                              f"{source.train_examples} training examples of data={spec.data.path}")
+        raise ConfigError.one(
+            "data.batch_size",
+            spec.pipeline.batch_size,
+            f"a step's {global_batch} examples are more than the "
+            f"{source.train_examples} training examples of data={spec.data.path}",
+        )
     trainer = spec.trainer
     problems = objective_problems(trainer.objective, task.name, task.metrics())
-    if source.eval is None:  # a user's source without eval data: known only now (a built-in one's config says so: validate.py)
-        problems += unevaluated_problems(trainer.objective, spec.checkpoint.keep_best, trainer.early_stopping.patience,
-                                         f"data={spec.data.path} has no eval split (its DataSource's eval is None)", "give it an eval pipeline")
+    if (
+        source.eval is None
+    ):  # a user's source without eval data: known only now (a built-in one's config says so: validate.py)
+        problems += unevaluated_problems(
+            trainer.objective,
+            spec.checkpoint.keep_best,
+            trainer.early_stopping.patience,
+            f"data={spec.data.path} has no eval split (its DataSource's eval is None)",
+            "give it an eval pipeline",
+        )
     if problems:
         raise ConfigError(problems)
     return task, source
@@ -187,5 +259,9 @@ def _total_steps(spec: RunSpec, train_examples, global_batch: int) -> int:
     if spec.trainer.steps is not None:
         return spec.trainer.steps
     if not train_examples:
-        raise ConfigError.one("trainer.epochs", spec.trainer.epochs, "the dataset does not say how many examples it has: set trainer.steps")
+        raise ConfigError.one(
+            "trainer.epochs",
+            spec.trainer.epochs,
+            "the dataset does not say how many examples it has: set trainer.steps",
+        )
     return spec.trainer.epochs * max(train_examples // global_batch, 1)

@@ -49,12 +49,27 @@ from tfdistx.rundir import keep_aside, why_not_in_run_dir
 log = logging.getLogger(__name__)
 
 _DEFERRED = ("before_loop", "before_steps", "after_steps", "train_metrics")  # held until the call's steps are done
-_NOT_CALLED = ("on_test_begin", "on_test_end", "on_test_batch_begin", "on_test_batch_end", "on_predict_begin", "on_predict_end",
-               "on_predict_batch_begin", "on_predict_batch_end")
+_NOT_CALLED = (
+    "on_test_begin",
+    "on_test_end",
+    "on_test_batch_begin",
+    "on_test_batch_end",
+    "on_predict_begin",
+    "on_predict_end",
+    "on_predict_batch_begin",
+    "on_predict_batch_end",
+)
 
 
-def build(callbacks: Mapping[str, Target], model, optimizer, schedule: Schedule, run_dir: Path, states: "CallbackStates",
-          evaluates: bool) -> List["Guarded"]:
+def build(
+    callbacks: Mapping[str, Target],
+    model,
+    optimizer,
+    schedule: Schedule,
+    run_dir: Path,
+    states: "CallbackStates",
+    evaluates: bool,
+) -> List["Guarded"]:
     """The user's callbacks as loop actions, in their order, their state
     given back from the checkpoint resumed from. A target that takes
     `run_dir` is given the run directory. `evaluates`: whether the run has
@@ -64,14 +79,20 @@ def build(callbacks: Mapping[str, Target], model, optimizer, schedule: Schedule,
         built = _action_function(target) or target.build(object, run_dir=run_dir)
         if isinstance(built, keras.callbacks.Callback):
             keras_classes = [cls.__name__ for cls in type(built).__mro__ if cls.__module__.startswith("keras.")]
-            refusal = keras_facts.refusal(keras_classes, target.kwargs)  # a subclass of one that config/ refuses by name
+            refusal = keras_facts.refusal(
+                keras_classes, target.kwargs
+            )  # a subclass of one that config/ refuses by name
             if refusal:
                 raise ConfigError.one(f"callbacks.{name}._target_", target.path, refusal)
             _say_what_is_not_called(name, built, schedule.steps_per_loop)
             built = KerasCallback(built, trained, schedule, evaluates)
         elif not callable(built):
-            raise ConfigError.one(f"callbacks.{name}._target_", target.path, "must build a keras.callbacks.Callback or a tfdistx "
-                                  "action: a callable (step, record) with the loop's optional hooks (docs/own-project.md)")
+            raise ConfigError.one(
+                f"callbacks.{name}._target_",
+                target.path,
+                "must build a keras.callbacks.Callback or a tfdistx "
+                "action: a callable (step, record) with the loop's optional hooks (docs/own-project.md)",
+            )
         guarded = Guarded(name, target.path, built)
         states.track(name, guarded)
         actions.append(guarded)
@@ -91,8 +112,11 @@ def _action_function(target: Target) -> Optional[Callable]:
         left = inspect.signature(function).bind_partial(**target.kwargs).signature.parameters
     except TypeError:
         return None
-    required = [p for n, p in left.items() if n not in target.kwargs and p.default is p.empty
-                and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    required = [
+        p
+        for n, p in left.items()
+        if n not in target.kwargs and p.default is p.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+    ]
     return functools.partial(function, **target.kwargs) if len(required) == 2 else None
 
 
@@ -100,11 +124,22 @@ def _say_what_is_not_called(name: str, callback, steps_per_loop: int) -> None:
     own = lambda hook: getattr(type(callback), hook, None) is not getattr(keras.callbacks.Callback, hook)  # noqa: E731
     unused = [hook for hook in _NOT_CALLED if own(hook)]
     if unused:
-        log.warning("callbacks.%s: %s not called: tfdistx evaluates without Keras' evaluate and predict", name, ", ".join(unused))
-    batch = [hook for hook in ("on_train_batch_begin", "on_train_batch_end", "on_batch_begin", "on_batch_end") if own(hook)]
+        log.warning(
+            "callbacks.%s: %s not called: tfdistx evaluates without Keras' evaluate and predict",
+            name,
+            ", ".join(unused),
+        )
+    batch = [
+        hook for hook in ("on_train_batch_begin", "on_train_batch_end", "on_batch_begin", "on_batch_end") if own(hook)
+    ]
     if batch and steps_per_loop > 1:
-        log.warning("callbacks.%s: %s run once per call of %d steps (trainer.steps_per_loop), not every step: "
-                    "trainer.steps_per_loop=1 calls them every step", name, " and ".join(batch), steps_per_loop)
+        log.warning(
+            "callbacks.%s: %s run once per call of %d steps (trainer.steps_per_loop), not every step: "
+            "trainer.steps_per_loop=1 calls them every step",
+            name,
+            " and ".join(batch),
+            steps_per_loop,
+        )
 
 
 class CSVLogger(keras.callbacks.CSVLogger):
@@ -178,13 +213,16 @@ class Guarded:
                         raise KeyboardInterrupt from None
                     self.held = self._failure(error, getattr(self.action, "hook", None), step)
                     self.held.__cause__ = error
+
         return held
 
     def _failure(self, error: Exception, hook: Optional[str], step: Optional[int]) -> PluginFailed:
         message = str(error).strip().splitlines()[0] if str(error).strip() else ""
         where = (f" in {hook}" if hook else "") + (f" at step {step}" if step is not None else "")
-        return PluginFailed(f"callbacks.{self.name} ({self.path}) raised {type(error).__name__}{where}"
-                            f"{': ' + message[:300] if message else ''}")
+        return PluginFailed(
+            f"callbacks.{self.name} ({self.path}) raised {type(error).__name__}{where}"
+            f"{': ' + message[:300] if message else ''}"
+        )
 
 
 class AgreeWithTheChief:
@@ -197,8 +235,21 @@ class AgreeWithTheChief:
     (preemption.sum_over_tasks), at every call when there are callbacks
     (`every_call`), else at records only (loggers run only then)."""
 
-    def __init__(self, share: Callable[[List[float]], List[float]], callbacks: List[Guarded], scale, is_chief: bool, every_call: bool):
-        self.share, self.callbacks, self.scale, self.is_chief, self.every_call = share, callbacks, scale, is_chief, every_call
+    def __init__(
+        self,
+        share: Callable[[List[float]], List[float]],
+        callbacks: List[Guarded],
+        scale,
+        is_chief: bool,
+        every_call: bool,
+    ):
+        self.share, self.callbacks, self.scale, self.is_chief, self.every_call = (
+            share,
+            callbacks,
+            scale,
+            is_chief,
+            every_call,
+        )
         self.stop_requested: Optional[str] = None
         self.shared_at: Optional[int] = None
         self.finished = False
@@ -217,9 +268,13 @@ class AgreeWithTheChief:
 
     def _agree(self, step: int, failed: bool) -> None:
         asked = [callback.stop_requested for callback in self.callbacks if callback.stop_requested]
-        stop, scale, chief_failed = self.share([float(bool(asked)), float(self.scale.numpy()) if self.is_chief else 0.0, float(failed)])
+        stop, scale, chief_failed = self.share(
+            [float(bool(asked)), float(self.scale.numpy()) if self.is_chief else 0.0, float(failed)]
+        )
         self.shared_at = step
-        if chief_failed and not failed:  # a worker: the chief's line names what failed; the loop saves with it, then stops
+        if (
+            chief_failed and not failed
+        ):  # a worker: the chief's line names what failed; the loop saves with it, then stops
             raise PluginFailed(f"the chief's callbacks or loggers failed at step {step} (the chief's line names them)")
         if float(self.scale.numpy()) != scale:
             self.scale.assign(scale)
@@ -245,7 +300,11 @@ class CallbackStates(tf.train.experimental.PythonState):
             callback.set_state(self.restored[name])
 
     def serialize(self) -> str:
-        states = {name: callback.get_state() for name, callback in self.tracked.items()} if self.tracked else dict(self.restored)
+        states = (
+            {name: callback.get_state() for name, callback in self.tracked.items()}
+            if self.tracked
+            else dict(self.restored)
+        )
         try:
             return json.dumps({name: state for name, state in states.items() if state is not None})
         except (TypeError, ValueError) as error:

@@ -33,8 +33,18 @@ log = logging.getLogger(__name__)
 
 
 class Checkpointer:
-    def __init__(self, directory: str, *, max_to_keep: int, is_chief: bool = True, task_name: str = "main",
-                 optional: Sequence[str] = (), topology: Optional[dict] = None, resplit=None, **trackables):
+    def __init__(
+        self,
+        directory: str,
+        *,
+        max_to_keep: int,
+        is_chief: bool = True,
+        task_name: str = "main",
+        optional: Sequence[str] = (),
+        topology: Optional[dict] = None,
+        resplit=None,
+        **trackables,
+    ):
         """Restores from `directory`; saves there on the chief, elsewhere on the
         others. `optional`: names among `trackables` that a checkpoint written
         before tfdistx saved them lacks (restored without them: they keep their
@@ -45,7 +55,9 @@ class Checkpointer:
         self.topology, self.resplit = topology, resplit
         self.resplit_from: Optional[int] = None  # the restored checkpoint's shards, when they were re-split
         self.is_chief, self.task_name = is_chief, task_name
-        self.scratch: Optional[str] = None  # a non-chief's own directory, made at its first save (a process that only reads makes none)
+        self.scratch: Optional[str] = (
+            None  # a non-chief's own directory, made at its first save (a process that only reads makes none)
+        )
         if is_chief:
             _set_aside_bad_state_file(directory)  # CheckpointManager would fail on it, or manage ghosts
         self.trackables, self.optional = trackables, tuple(optional)
@@ -60,13 +72,16 @@ class Checkpointer:
         whose damaged checkpoints were moved aside."""
         self._manager = None  # made at the first use
         self.last_saved: Optional[int] = None
-        self.best_manager = None  # made at the first save_best: it deletes the best/ checkpoint it finds when it saves a better one
+        self.best_manager = (
+            None  # made at the first save_best: it deletes the best/ checkpoint it finds when it saves a better one
+        )
 
     @property
     def manager(self) -> tf.train.CheckpointManager:
         if self._manager is None:
-            self._manager = tf.train.CheckpointManager(self.checkpoint, self._save_directory(), max_to_keep=self.max_to_keep,
-                                                       checkpoint_name="ckpt")
+            self._manager = tf.train.CheckpointManager(
+                self.checkpoint, self._save_directory(), max_to_keep=self.max_to_keep, checkpoint_name="ckpt"
+            )
         return self._manager
 
     def _save_directory(self) -> str:
@@ -96,7 +111,9 @@ class Checkpointer:
                 continue
             if path != candidates[0]:
                 log.warning("restored %s, the newest intact checkpoint", path)
-            if "step" in self.trackables:  # what the run resumes from is saved: a save at this step (a preemption) adds nothing
+            if (
+                "step" in self.trackables
+            ):  # what the run resumes from is saved: a save at this step (a preemption) adds nothing
                 self.last_saved = int(self.trackables["step"].numpy())
             return path
         self.only_damaged = bool(candidates)
@@ -140,8 +157,12 @@ class Checkpointer:
                 status.expect_partial()  # the model and optimizer, restored above
             except Exception as error:
                 raise _refusal(path, self.checkpoint, error, _readable(path)) from None
-        log.info("%s: its embedding tables were saved in %d shard(s) and are re-split into %d (model.shards)",
-                 os.path.basename(path), saved_shards, shards)
+        log.info(
+            "%s: its embedding tables were saved in %d shard(s) and are re-split into %d (model.shards)",
+            os.path.basename(path),
+            saved_shards,
+            shards,
+        )
         self.resplit_from = saved_shards
 
     def _optional_lacking_in(self, path: str) -> list:
@@ -165,8 +186,9 @@ class Checkpointer:
         replacing the earlier best (every worker of a synchronous cluster calls
         it at the same step: non-chiefs save into their scratch directory)."""
         if self.best_manager is None:
-            self.best_manager = tf.train.CheckpointManager(self.checkpoint, os.path.join(self._save_directory(), BEST),
-                                                           max_to_keep=1, checkpoint_name="ckpt")
+            self.best_manager = tf.train.CheckpointManager(
+                self.checkpoint, os.path.join(self._save_directory(), BEST), max_to_keep=1, checkpoint_name="ckpt"
+            )
         return self.best_manager.save(checkpoint_number=step)
 
     @property
@@ -196,13 +218,23 @@ class ObjectiveState(tf.Module):
         super().__init__(name="objective")
         self.best = tf.Variable(float("nan"), dtype=tf.float64, trainable=False, name="best")
         self.best_step = tf.Variable(-1, dtype=tf.int64, trainable=False, name="best_step")
-        self.reference = tf.Variable(float("nan"), dtype=tf.float64, trainable=False, name="reference")  # early stopping's best
+        self.reference = tf.Variable(
+            float("nan"), dtype=tf.float64, trainable=False, name="reference"
+        )  # early stopping's best
         self.waited = tf.Variable(0, dtype=tf.int64, trainable=False, name="waited")  # evaluations since it improved
 
     def read(self) -> dict:
-        best, reference, best_step = float(self.best.numpy()), float(self.reference.numpy()), int(self.best_step.numpy())
-        return {"best": None if math.isnan(best) else best, "best_step": None if best_step < 0 else best_step,
-                "reference": None if math.isnan(reference) else reference, "waited": int(self.waited.numpy())}
+        best, reference, best_step = (
+            float(self.best.numpy()),
+            float(self.reference.numpy()),
+            int(self.best_step.numpy()),
+        )
+        return {
+            "best": None if math.isnan(best) else best,
+            "best_step": None if best_step < 0 else best_step,
+            "reference": None if math.isnan(reference) else reference,
+            "waited": int(self.waited.numpy()),
+        }
 
     def write(self, state: dict) -> None:
         nan = float("nan")
@@ -238,24 +270,34 @@ def _readable(path: str) -> bool:
 def _mismatch(path: str, checkpoint: tf.train.Checkpoint, error: Exception) -> str:
     """What differs between a readable checkpoint and this run, and what to do."""
     saved = tf.train.load_checkpoint(path).get_variable_to_shape_map()
-    trainable = sorted((int(k.split("/")[2]), tuple(v)) for k, v in saved.items() if k.startswith("optimizer/_trainable_variables/"))
+    trainable = sorted(
+        (int(k.split("/")[2]), tuple(v)) for k, v in saved.items() if k.startswith("optimizer/_trainable_variables/")
+    )
     here = [tuple(v.shape) for v in checkpoint.model.trainable_variables] if hasattr(checkpoint, "model") else []
     there = [shape for _, shape in trainable]
-    if not trainable and hasattr(checkpoint, "model"):  # a subclassed model's weights are reached through its attributes, by name
+    if not trainable and hasattr(
+        checkpoint, "model"
+    ):  # a subclassed model's weights are reached through its attributes, by name
         there = sorted(tuple(v) for k, v in saved.items() if k.startswith("model/"))
         here = sorted(tuple(v.shape) for v in checkpoint.model.variables if not internals.is_seed_generator_state(v))
     if there != here:
         differ = [f"#{i}: {a} there, {b} here" for i, (a, b) in enumerate(zip(there, here)) if a != b][:3]
-        what = (f"the model's weights differ: {len(there)} trainable variables there, {len(here)} here"
-                + (f"; {'; '.join(differ)}" if differ else ""))
+        what = f"the model's weights differ: {len(there)} trainable variables there, {len(here)} here" + (
+            f"; {'; '.join(differ)}" if differ else ""
+        )
     else:
         slots = sum(1 for k in saved if k.startswith("optimizer/_variables/"))
         mine = len(checkpoint.optimizer.variables) - 1 if hasattr(checkpoint, "optimizer") else 0  # less `iterations`
-        what = (f"the optimizer differs: {slots} optimizer values there, {mine} here (another optimizer, e.g. adam and sgd)"
-                if slots != mine else str(error).strip().splitlines()[0][:200])
-    return (f"was saved by another model or optimizer than this run's ({what}). A run is resumed or evaluated only with the "
-            "model and optimizer it was trained with (its .hydra/overrides.yaml): drop the overrides that change them, or use "
-            "another hydra.run.dir for this config")
+        what = (
+            f"the optimizer differs: {slots} optimizer values there, {mine} here (another optimizer, e.g. adam and sgd)"
+            if slots != mine
+            else str(error).strip().splitlines()[0][:200]
+        )
+    return (
+        f"was saved by another model or optimizer than this run's ({what}). A run is resumed or evaluated only with the "
+        "model and optimizer it was trained with (its .hydra/overrides.yaml): drop the overrides that change them, or use "
+        "another hydra.run.dir for this config"
+    )
 
 
 def _scratch_dir(directory: str, task_name: str) -> str:
@@ -297,16 +339,26 @@ def stops_cleanly_when_unwritable(checkpoint_dir: str, evaluating: bool = False)
         if cause is None:
             raise
         if evaluating:
-            raise RunFault(f"cannot write the run ({cause}): the evaluation stopped; evaluations.jsonl is as it was. "
-                           "Free some space and run the command again.", EXIT_NOT_RETRYABLE) from None
+            raise RunFault(
+                f"cannot write the run ({cause}): the evaluation stopped; evaluations.jsonl is as it was. "
+                "Free some space and run the command again.",
+                EXIT_NOT_RETRYABLE,
+            ) from None
         directory = Path(checkpoint_dir)
         for place in (directory, directory / BEST):
             for partial in [*place.glob("*_temp"), *place.glob("*.tempstate*"), *place.glob("checkpoint.tmp*")]:
                 shutil.rmtree(partial, ignore_errors=True) if partial.is_dir() else partial.unlink(missing_ok=True)
         kept = on_disk(checkpoint_dir)
-        kept = f"the newest checkpoint is {os.path.basename(kept[-1])} in {directory}" if kept else "no checkpoint was written"
-        raise RunFault(f"cannot write the run ({cause}): training stopped; {kept}. "
-                       "Free some space and rerun the same command to resume.", EXIT_NOT_RETRYABLE) from None
+        kept = (
+            f"the newest checkpoint is {os.path.basename(kept[-1])} in {directory}"
+            if kept
+            else "no checkpoint was written"
+        )
+        raise RunFault(
+            f"cannot write the run ({cause}): training stopped; {kept}. "
+            "Free some space and rerun the same command to resume.",
+            EXIT_NOT_RETRYABLE,
+        ) from None
 
 
 def _set_aside_bad_state_file(directory: str) -> None:

@@ -37,7 +37,9 @@ class Commit:
     def __init__(self, checkpoint: tf.train.Checkpoint):
         # Each variable once, however many paths reach it (TrackableView walks the same graph a save does): Keras'
         # own (a keras.Variable is not a tf.Variable: it holds one, which is not reached twice) and TensorFlow's.
-        self.variables = [v for v in tf.train.TrackableView(checkpoint).descendants() if isinstance(v, (tf.Variable, keras.Variable))]
+        self.variables = [
+            v for v in tf.train.TrackableView(checkpoint).descendants() if isinstance(v, (tf.Variable, keras.Variable))
+        ]
         self.values: Optional[List[np.ndarray]] = None
         self.step: Optional[int] = None
         # Reading a variable synchronized on read (a sum or mean over the replicas) is an all-reduce over every

@@ -40,7 +40,9 @@ def serve(placement: Placement, facts: Strategy, cluster: Cluster, notice: Sigte
         log.info("tf.data service dispatcher on %s", address)
     else:
         dispatcher = service[config_service.DISPATCHER][0]
-        server = experimental.WorkerServer(experimental.WorkerConfig(dispatcher_address=dispatcher, worker_address=address, port=port))
+        server = experimental.WorkerServer(
+            experimental.WorkerConfig(dispatcher_address=dispatcher, worker_address=address, port=port)
+        )
         log.info("tf.data service worker %s on %s, dispatcher %s", placement.task_name, address, dispatcher)
     until_trainers_leave(server, placement, facts, cluster, notice)
 
@@ -53,8 +55,12 @@ def train_service(asked: Optional[DataService], placement: Placement, start_step
         return None
     address = cluster_service.dispatcher_address(placement.service)
     if address is None:  # validated configs place the service; a hand-written TF_CONFIG may not
-        raise ConfigError.one("data.service.workers", asked.workers, f"this task's cluster (TF_CONFIG or the Slurm step) has "
-                              f"no `{config_service.DISPATCHER}` task: add the dispatcher and data workers (docs/multi-process.md: data.service)")
+        raise ConfigError.one(
+            "data.service.workers",
+            asked.workers,
+            f"this task's cluster (TF_CONFIG or the Slurm step) has "
+            f"no `{config_service.DISPATCHER}` task: add the dispatcher and data workers (docs/multi-process.md: data.service)",
+        )
     return Service(address=address, mode=asked.mode, job_name=f"tfdistx-train-from-step-{start_step}")
 
 
@@ -66,5 +72,8 @@ def _check_port_free(port: int, task: str, address: str) -> None:
         except OSError as error:
             if error.errno != errno.EADDRINUSE:
                 raise
-            raise RunFault(f"TF_CONFIG={address!r}: task {task} cannot listen on port {port}: it is already in use on this host "
-                           f"(exit {EXIT_PORT_IN_USE}: a restart may find it free)", EXIT_PORT_IN_USE) from None
+            raise RunFault(
+                f"TF_CONFIG={address!r}: task {task} cannot listen on port {port}: it is already in use on this host "
+                f"(exit {EXIT_PORT_IN_USE}: a restart may find it free)",
+                EXIT_PORT_IN_USE,
+            ) from None

@@ -46,8 +46,9 @@ def export_saved_model(model, task, feature_spec, directory: str, protected=()) 
             signature = {name: tf.TensorSpec(spec.shape, spec.dtype, name=name) for name, spec in signature.items()}
         archive = keras.export.ExportArchive()
         archive.track(model)
-        archive.add_endpoint("serve", lambda features: task.serving_outputs(model(features, training=False)),
-                             input_signature=[signature])
+        archive.add_endpoint(
+            "serve", lambda features: task.serving_outputs(model(features, training=False)), input_signature=[signature]
+        )
         archive.write_out(tmp, verbose=False)
 
 

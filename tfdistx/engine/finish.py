@@ -35,7 +35,11 @@ def finish(run: Run, start: Start, result: Result, started: float) -> Optional[f
     summary = _summary(run, start, result, time.time() - started)
     if run.placement.is_chief:
         whole_files.write_json(run.dir / "summary.json", summary)
-        kept = run.checkpointer.best if run.spec.checkpoint.keep_best and run.checkpointer.best else run.checkpointer.latest
+        kept = (
+            run.checkpointer.best
+            if run.spec.checkpoint.keep_best and run.checkpointer.best
+            else run.checkpointer.latest
+        )
         if run.spec.checkpoint.export and kept:
             export_checkpoint(run.spec, kept, str(run.dir / "export"))
             if "mlflow" in run.spec.logger.on:
@@ -59,24 +63,45 @@ def finish_finished_run(run: Run, start: Start, started: float) -> Optional[floa
     what is missing, and only that."""
     step, restored = start.step, start.restored
     if start.finished == STOPPED_EARLY:
-        log.info("the run in this directory stopped early at step %d (%s): trainer.early_stopping.patience=%d evaluations without "
-                 "an improvement were spent; nothing to train; its summary, checkpoints and export are kept. To train on, start "
-                 "a new run from it (checkpoint.init_from=%s).", step, os.path.basename(restored),
-                 run.spec.trainer.early_stopping.patience, run.dir)
+        log.info(
+            "the run in this directory stopped early at step %d (%s): trainer.early_stopping.patience=%d evaluations without "
+            "an improvement were spent; nothing to train; its summary, checkpoints and export are kept. To train on, start "
+            "a new run from it (checkpoint.init_from=%s).",
+            step,
+            os.path.basename(restored),
+            run.spec.trainer.early_stopping.patience,
+            run.dir,
+        )
     else:
-        log.info("the run in this directory finished at step %d (%s): nothing to train; its summary, checkpoints and export "
-                 "are kept. Ask for more trainer.steps to train on.", run.total_steps, os.path.basename(restored))
+        log.info(
+            "the run in this directory finished at step %d (%s): nothing to train; its summary, checkpoints and export "
+            "are kept. Ask for more trainer.steps to train on.",
+            run.total_steps,
+            os.path.basename(restored),
+        )
     metrics = make_runner(run, train=False).evaluate()
     log.info("evaluated the final checkpoint: %s", ", ".join(f"{k} {v:.6g}" for k, v in metrics.items()))
     if not run.placement.is_chief:
         return None
-    whole_files.append_jsonl(run.dir / "evaluations.jsonl", {"checkpoint": os.path.basename(restored), "step": step,
-                                                         "strategy": run.strategy_name, "replicas": run.replicas, **metrics})
+    whole_files.append_jsonl(
+        run.dir / "evaluations.jsonl",
+        {
+            "checkpoint": os.path.basename(restored),
+            "step": step,
+            "strategy": run.strategy_name,
+            "replicas": run.replicas,
+            **metrics,
+        },
+    )
     summary_path = run.dir / "summary.json"
     if not summary_path.is_file():
         reason = start.tracker.reason(run.objective_state.read()) if start.finished == STOPPED_EARLY else None
-        result = Result(step=step, train=last_logged_train(run.dir, step), eval=metrics,
-                        stopped_early={"step": step, "reason": reason} if reason else None)
+        result = Result(
+            step=step,
+            train=last_logged_train(run.dir, step),
+            eval=metrics,
+            stopped_early={"step": step, "reason": reason} if reason else None,
+        )
         whole_files.write_json(summary_path, _summary(run, start, result, time.time() - started))
         log.info("the run had stopped after its last checkpoint, before its summary: written now (%s)", summary_path)
     final_checkpoint = run.checkpointer.best if run.spec.checkpoint.keep_best and run.checkpointer.best else restored
@@ -94,15 +119,20 @@ def leave_after_the_other_workers(run: Run, most_seconds: float = 10.0) -> None:
     have left, at most `most_seconds`."""
     if not run.placement.in_cluster or run.facts.asynchronous:
         return
-    others = {name: address for name, address in trainer_addresses(run.placement, run.facts).items()
-              if name != run.placement.task_name}
+    others = {
+        name: address
+        for name, address in trainer_addresses(run.placement, run.facts).items()
+        if name != run.placement.task_name
+    }
     liveness.wait_until_gone(others, time.monotonic() + most_seconds)
 
 
 def last_logged_train(run_dir, step: int) -> dict:
     """The train metrics metrics.jsonl holds for `step` (the loop logs the
     last step always), without the evaluation's; {} when it has none."""
-    for _, record in reversed(whole_files.read_jsonl(run_dir / "metrics.jsonl")):  # the kill may have cut its last line short
+    for _, record in reversed(
+        whole_files.read_jsonl(run_dir / "metrics.jsonl")
+    ):  # the kill may have cut its last line short
         if record.get("step") == step:
             return {k: v for k, v in record.items() if k != "step" and not k.startswith("eval/")}
     return {}
@@ -113,18 +143,34 @@ def _summary(run: Run, start: Start, result: Result, wall_time: float) -> dict:
     digest = weights_digest(run.model)
     log.info("task %s: final weights sha256 %s", run.placement.task_name, digest)
     return {
-        "step": result.step, "train": result.train, "eval": result.eval, "examples_per_sec": result.examples_per_sec,
-        "task": run.task.name, "replicas": run.replicas, "workers": spec.cluster.workers, "ps": spec.cluster.ps,
-        "strategy": run.strategy_name, "strategy_class": type(run.strategy).__name__,
-        "global_batch": run.global_batch, "per_replica_batch": run.per_replica_batch,
-        "accumulate_steps": spec.trainer.accumulate_steps, "precision": spec.trainer.precision, "jit_compile": run.jit_compile,
+        "step": result.step,
+        "train": result.train,
+        "eval": result.eval,
+        "examples_per_sec": result.examples_per_sec,
+        "task": run.task.name,
+        "replicas": run.replicas,
+        "workers": spec.cluster.workers,
+        "ps": spec.cluster.ps,
+        "strategy": run.strategy_name,
+        "strategy_class": type(run.strategy).__name__,
+        "global_batch": run.global_batch,
+        "per_replica_batch": run.per_replica_batch,
+        "accumulate_steps": spec.trainer.accumulate_steps,
+        "precision": spec.trainer.precision,
+        "jit_compile": run.jit_compile,
         "steps_per_xla_call": run.steps_per_xla_call,
-        "learning_rate": run.peak_lr, "resumed": bool(start.restored), "resumed_from_step": start.step if start.restored else None,
-        "train_wall_time_sec": result.wall_time_sec, "wall_time_sec": wall_time,
-        "process": run.placement.task_name, "weights_sha256": digest, "variable_devices": variable_devices(run.model),
+        "learning_rate": run.peak_lr,
+        "resumed": bool(start.restored),
+        "resumed_from_step": start.step if start.restored else None,
+        "train_wall_time_sec": result.wall_time_sec,
+        "wall_time_sec": wall_time,
+        "process": run.placement.task_name,
+        "weights_sha256": digest,
+        "variable_devices": variable_devices(run.model),
         "variable_bytes": variable_bytes(run.model),
         "init_from": spec.checkpoint.init_from.path if spec.checkpoint.init_from else None,
-        "best": _best(run), "stopped_early": result.stopped_early,
+        "best": _best(run),
+        "stopped_early": result.stopped_early,
         "resumed_from_topology": start.resumed_from_topology,
     }
 
@@ -135,8 +181,12 @@ def _best(run: Run) -> Optional[dict]:
     state = run.objective_state.read()
     if (not spec.checkpoint.keep_best and spec.trainer.early_stopping.patience is None) or state["best_step"] is None:
         return None
-    return {"step": state["best_step"], "value": state["best"], "objective": spec.trainer.objective,
-            "checkpoint": run.checkpointer.best if spec.checkpoint.keep_best else None}
+    return {
+        "step": state["best_step"],
+        "value": state["best"],
+        "objective": spec.trainer.objective,
+        "checkpoint": run.checkpointer.best if spec.checkpoint.keep_best else None,
+    }
 
 
 def weights_digest(model) -> str:

@@ -79,8 +79,14 @@ def train_loop(run: Run, runner: StepRunner, start: Start, notice: SigtermNotice
     checkpoint, early stopping), checkpoint, stop cleanly when preempted,
     and (in a cluster) when a peer or a server it waits on is lost."""
     spec = run.spec
-    log.info("%s: %s, global batch %d, %d steps, task %s", run.strategy_name, run.replicas_text, run.global_batch,
-             run.total_steps, run.task.name)
+    log.info(
+        "%s: %s, global batch %d, %d steps, task %s",
+        run.strategy_name,
+        run.replicas_text,
+        run.global_batch,
+        run.total_steps,
+        run.task.name,
+    )
     if run.placement.is_chief:
         log.info("run dir: %s", run.dir.resolve())
     schedule = Schedule(run.total_steps, spec.trainer.steps_per_loop, spec.trainer.log_every, spec.trainer.eval_every)
@@ -88,14 +94,30 @@ def train_loop(run: Run, runner: StepRunner, start: Start, notice: SigtermNotice
     synchronous_cluster = in_cluster and not run.facts.asynchronous
     # A lost peer costs at most one loop: the chief saves the last loop boundary's state, kept in memory (commit.py).
     commit = Commit(run.checkpointer.checkpoint) if synchronous_cluster and run.placement.is_chief else None
-    with lost_peer_in_one_line(synchronous_cluster, parameter_servers=in_cluster and run.facts.asynchronous,
-                               placement=run.placement, peer_timeout=spec.cluster.peer_timeout,
-                               keep=(lambda: save_the_last_boundary(run, commit)) if commit else None), \
-            watching_servers(run.placement, spec.cluster, coordinator=run.coordinator is not None,
-                             progressed=lambda: getattr(runner, "progressed", time.monotonic())), \
-            input_errors_in_one_line(run.source), \
-            loggers.for_run(run.dir, spec.logger, run.total_steps, start.step, enabled=run.placement.is_chief,
-                            config=_plain(spec.config)) as sinks:
+    with (
+        lost_peer_in_one_line(
+            synchronous_cluster,
+            parameter_servers=in_cluster and run.facts.asynchronous,
+            placement=run.placement,
+            peer_timeout=spec.cluster.peer_timeout,
+            keep=(lambda: save_the_last_boundary(run, commit)) if commit else None,
+        ),
+        watching_servers(
+            run.placement,
+            spec.cluster,
+            coordinator=run.coordinator is not None,
+            progressed=lambda: getattr(runner, "progressed", time.monotonic()),
+        ),
+        input_errors_in_one_line(run.source),
+        loggers.for_run(
+            run.dir,
+            spec.logger,
+            run.total_steps,
+            start.step,
+            enabled=run.placement.is_chief,
+            config=_plain(spec.config),
+        ) as sinks,
+    ):
         # A SIGTERM checkpoints and exits 42 (parameter servers: the coordinator saves alone).
         preemption = PreemptionWatcher(run.strategy, run.checkpointer, synchronous_cluster, notice)
         # The tracker first: it may save the best checkpoint, which every worker of a synchronous cluster does
@@ -103,13 +125,23 @@ def train_loop(run: Run, runner: StepRunner, start: Start, notice: SigtermNotice
         # before the saves, which carry its state.
         # The commit first (the chief's alone, and nothing collective in it): its copy is the boundary's, taken before
         # any other action's before_steps may change the state.
-        actions = [*([commit] if commit else []),
-                   *([start.tracker] if start.tracker else []), Log(sinks), *users_callbacks(run, schedule, synchronous_cluster),
-                   SaveCheckpoints(run.checkpointer, spec.checkpoint.every_steps), CheckPreemption(preemption)]
+        actions = [
+            *([commit] if commit else []),
+            *([start.tracker] if start.tracker else []),
+            Log(sinks),
+            *users_callbacks(run, schedule, synchronous_cluster),
+            SaveCheckpoints(run.checkpointer, spec.checkpoint.every_steps),
+            CheckPreemption(preemption),
+        ]
         profile = profile_steps(run)
         with contextlib.closing(profile) if profile else contextlib.nullcontext():  # a failed run's trace is kept too
-            return Loop(runner, schedule, run.step_counter, actions + ([profile] if profile else []),
-                        learning_rate_at=run.learning_rate.at).run()
+            return Loop(
+                runner,
+                schedule,
+                run.step_counter,
+                actions + ([profile] if profile else []),
+                learning_rate_at=run.learning_rate.at,
+            ).run()
 
 
 def save_the_last_boundary(run: Run, commit: Commit) -> Optional[str]:
@@ -130,11 +162,30 @@ def users_callbacks(run: Run, schedule: Schedule, synchronous_cluster: bool) -> 
     """The `callbacks` group's, built on the chief (engine/callbacks.py);
     in a synchronous cluster, every task follows what they and the chief's
     loggers did (a stop, a learning rate, a failure)."""
-    built = callbacks.build(run.spec.callbacks, run.model, run.optimizer, schedule, run.dir, run.callback_states,
-                            evaluates=run.source.eval is not None) if run.placement.is_chief else []
+    built = (
+        callbacks.build(
+            run.spec.callbacks,
+            run.model,
+            run.optimizer,
+            schedule,
+            run.dir,
+            run.callback_states,
+            evaluates=run.source.eval is not None,
+        )
+        if run.placement.is_chief
+        else []
+    )
     if synchronous_cluster:
-        return [*built, callbacks.AgreeWithTheChief(sum_over_tasks(run.strategy), built, run.learning_rate.scale,
-                                                    run.placement.is_chief, every_call=bool(run.spec.callbacks))]
+        return [
+            *built,
+            callbacks.AgreeWithTheChief(
+                sum_over_tasks(run.strategy),
+                built,
+                run.learning_rate.scale,
+                run.placement.is_chief,
+                every_call=bool(run.spec.callbacks),
+            ),
+        ]
     return built
 
 
@@ -148,7 +199,9 @@ def profile_steps(run: Run) -> Optional[ProfileSteps]:
         return None
     start, end = spec.trainer.profile_steps
     if end > run.total_steps and run.placement.is_chief:  # trainer.epochs: validation could not know the steps
-        log.warning("trainer.profile_steps=[%d, %d]: the run has %d steps; the trace ends with it", start, end, run.total_steps)
+        log.warning(
+            "trainer.profile_steps=[%d, %d]: the run has %d steps; the trace ends with it", start, end, run.total_steps
+        )
     note = "" if "tensorboard" in spec.logger.on else " (logger.tensorboard=false: the directory holds only the trace)"
     return ProfileSteps(start, end, (run.dir / "tensorboard").resolve(), writes=run.placement.is_chief, note=note)
 
@@ -168,8 +221,13 @@ def evaluate(spec: RunSpec, placement: Optional[Placement] = None, step: Optiona
             except checkpointing.Damaged as damage:
                 raise ConfigError.one("checkpoint", path, f"cannot be read: {damage}") from None
             metrics = make_runner(run, train=False).evaluate()
-    record = {"checkpoint": os.path.basename(path), "step": int(run.step_counter.numpy()), "strategy": run.strategy_name,
-              "replicas": run.replicas, **metrics}
+    record = {
+        "checkpoint": os.path.basename(path),
+        "step": int(run.step_counter.numpy()),
+        "strategy": run.strategy_name,
+        "replicas": run.replicas,
+        **metrics,
+    }
     if run.placement.is_chief:
         whole_files.append_jsonl(run.dir / "evaluations.jsonl", record)
     return record

@@ -40,7 +40,9 @@ def join_cluster(cluster: Cluster, facts: Strategy, placement: Placement, notice
         internals.disable_thread_spinning()  # before TF starts its devices
     strategy_lib.configure_devices(cluster.devices_per_worker, multi_worker=in_cluster)  # before TF starts its devices
     if in_cluster:  # TensorFlow would wait for a missing task forever (rendezvous.py)
-        meet_peers(placement, cluster.startup_timeout, wait=placement.task_type not in facts.serving_jobs, notice=notice)
+        meet_peers(
+            placement, cluster.startup_timeout, wait=placement.task_type not in facts.serving_jobs, notice=notice
+        )
     if placement.task_type in facts.serving_jobs:  # the coordinator drives training; this task lends its devices
         serve_strategy_task(placement, facts, cluster, notice)
         return Joined.SERVED

@@ -56,8 +56,11 @@ _NOT_KERAS = ("examples_per_sec",)
 def keras_logs(record: Metrics) -> Dict[str, float]:
     """A record as Keras names its metrics in callbacks' logs."""
     renamed = {"lr": "learning_rate"}
-    return {renamed.get(key, "val_" + key[len("eval/"):] if key.startswith("eval/") else key): value
-            for key, value in record.items() if key not in _NOT_KERAS}
+    return {
+        renamed.get(key, "val_" + key[len("eval/") :] if key.startswith("eval/") else key): value
+        for key, value in record.items()
+        if key not in _NOT_KERAS
+    }
 
 
 class TrainedModel:
@@ -84,7 +87,9 @@ class KerasCallback:
         callback.set_model(model)
         # What fit tells its callbacks (ProgbarLogger draws its bar from them): the epochs, and the batches
         # of one epoch when every epoch has as many (None otherwise, as fit gives for data of unknown length).
-        callback.set_params({"verbose": 1, "epochs": schedule.records_until(schedule.steps), "steps": _steps_per_epoch(schedule)})
+        callback.set_params(
+            {"verbose": 1, "epochs": schedule.records_until(schedule.steps), "steps": _steps_per_epoch(schedule)}
+        )
         self.epoch: Optional[int] = None  # the open epoch's number (None: between epochs)
         self.epoch_start = 0  # the steps done when it began
         self.running: Dict[str, float] = {}  # the training metrics since it began, Keras' names
@@ -100,7 +105,11 @@ class KerasCallback:
 
     def before_steps(self, step: int) -> None:
         if self.epoch is None:
-            self.epoch, self.epoch_start, self.running = self.schedule.records_until(step), self.schedule.epoch_start(step), {}
+            self.epoch, self.epoch_start, self.running = (
+                self.schedule.records_until(step),
+                self.schedule.epoch_start(step),
+                {},
+            )
             self._call("on_epoch_begin", self.epoch, {})
         self._call("on_train_batch_begin", step - self.epoch_start, {})
 
@@ -108,7 +117,9 @@ class KerasCallback:
         self.running = {**keras_logs(metrics), "step": step}
 
     def __call__(self, step: int, record: Metrics) -> None:
-        stopping = self.model.stop_training  # the model's flag is every callback's: this one's stop is the change it made
+        stopping = (
+            self.model.stop_training
+        )  # the model's flag is every callback's: this one's stop is the change it made
         self._call("on_train_batch_end", step - 1 - self.epoch_start, dict(self.running))
         if self.schedule.records_at(step):
             self._end_epoch(step, record)

@@ -30,7 +30,9 @@ JSONL_KEY = "metrics.jsonl"  # the logger every chief has (no key turns it off):
 
 
 @contextlib.contextmanager
-def for_run(run_dir: Path, asked: Logger, total_steps: int, start_step: int, enabled: bool = True, config: Optional[dict] = None):
+def for_run(
+    run_dir: Path, asked: Logger, total_steps: int, start_step: int, enabled: bool = True, config: Optional[dict] = None
+):
     """The loggers the logger group asks for, each Named (one that raises
     stops the run in one line naming it), closed on exit; none unless
     `enabled` (only the chief writes the run directory)."""
@@ -48,7 +50,9 @@ def for_run(run_dir: Path, asked: Logger, total_steps: int, start_step: int, ena
                 make = locate(target.path)
                 opened(f"logger.{name}", make, **target.kwargs, **_taken(make, runtime))
             for name, target in asked.own.items():
-                sinks.append(Named(f"logger.{name}", target.path, own_logger(name, target, run_dir, config or {}), start_step))
+                sinks.append(
+                    Named(f"logger.{name}", target.path, own_logger(name, target, run_dir, config or {}), start_step)
+                )
     except BaseException:
         _close_all(sinks, failing=True)
         raise
@@ -77,7 +81,10 @@ def _close_all(sinks: List["Named"], failing: bool) -> None:
             sink.close()
         except Exception as error:  # PluginFailed; a full disk as a logger closes (its own line, from the run's guard)
             if failing:
-                log.warning("%s", error if isinstance(error, PluginFailed) else f"{sink.key} could not close: {_first_line(error)}")
+                log.warning(
+                    "%s",
+                    error if isinstance(error, PluginFailed) else f"{sink.key} could not close: {_first_line(error)}",
+                )
             else:
                 faults.append(error)
     if faults:
@@ -148,11 +155,14 @@ class Named:
                     self._raising(call, step)
                 except PluginFailed as failure:
                     self.held = failure
+
         return held
 
     def _failure(self, error: Exception, when: str) -> PluginFailed:
         message = _first_line(error)
-        return PluginFailed(f"{self.key} ({self.target}) raised {type(error).__name__} {when}{': ' + message[:300] if message else ''}")
+        return PluginFailed(
+            f"{self.key} ({self.target}) raised {type(error).__name__} {when}{': ' + message[:300] if message else ''}"
+        )
 
 
 def _first_line(error: BaseException) -> str:
@@ -167,5 +177,7 @@ def own_logger(name: str, target: Target, run_dir: Path, config: dict):
     with its `close()` if it has one."""
     built = target.build(object, run_dir=run_dir, config=config)
     if not callable(built):
-        raise ConfigError.one(f"logger.{name}._target_", target.path, "must build a callable (step, metrics), with an optional close()")
+        raise ConfigError.one(
+            f"logger.{name}._target_", target.path, "must build a callable (step, metrics), with an optional close()"
+        )
     return built

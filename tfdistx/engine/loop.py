@@ -88,8 +88,12 @@ class SaveCheckpoints:
         loss = metrics.get("loss")
         if self.broken_since is None and loss is not None and not math.isfinite(loss):
             self.broken_since = step
-            log.warning("step %d: the loss is %s; no checkpoint is saved from here on (the newest stays %s)",
-                        step, loss, self._newest())
+            log.warning(
+                "step %d: the loss is %s; no checkpoint is saved from here on (the newest stays %s)",
+                step,
+                loss,
+                self._newest(),
+            )
 
     def __call__(self, step: int, record: Metrics) -> None:
         if self.every and step % self.every == 0 and self.broken_since is None:
@@ -140,8 +144,16 @@ class TrackObjective:
     `min_delta`; the best checkpoint is the strictly best value.
     """
 
-    def __init__(self, objective: str, lower_is_better: bool, state, *, save_best: Optional[Callable[[int], object]] = None,
-                 patience: Optional[int] = None, min_delta: float = 0.0):
+    def __init__(
+        self,
+        objective: str,
+        lower_is_better: bool,
+        state,
+        *,
+        save_best: Optional[Callable[[int], object]] = None,
+        patience: Optional[int] = None,
+        min_delta: float = 0.0,
+    ):
         self.objective, self.lower_is_better, self.state = objective, lower_is_better, state
         self.save_best, self.patience, self.min_delta = save_best, patience, min_delta
         self.stop_requested: Optional[str] = None
@@ -175,9 +187,13 @@ class TrackObjective:
 
     def reason(self, state: dict) -> str:
         """Why the run stopped early, as its summary says it."""
-        best = f"best {state['best']:.6g} at step {state['best_step']}" if state["best"] is not None else "never a number"
-        return (f"{self.objective} has not improved by more than {self.min_delta:g} for {self.patience} "
-                f"evaluation{'s' if self.patience != 1 else ''} ({best})")
+        best = (
+            f"best {state['best']:.6g} at step {state['best_step']}" if state["best"] is not None else "never a number"
+        )
+        return (
+            f"{self.objective} has not improved by more than {self.min_delta:g} for {self.patience} "
+            f"evaluation{'s' if self.patience != 1 else ''} ({best})"
+        )
 
 
 @dataclass
@@ -215,7 +231,11 @@ class Schedule:
         made = step // self.log_every
         if self.eval_every:
             made += step // self.eval_every - step // math.lcm(self.log_every, self.eval_every)
-        if step >= self.steps and self.steps % self.log_every and not (self.eval_every and self.steps % self.eval_every == 0):
+        if (
+            step >= self.steps
+            and self.steps % self.log_every
+            and not (self.eval_every and self.steps % self.eval_every == 0)
+        ):
             made += 1  # the last step records, whatever the cadence
         return made
 
@@ -240,8 +260,15 @@ class Result:
 
 
 class Loop:
-    def __init__(self, runner, schedule: Schedule, step_counter, actions: Iterable[Action] = (), *,
-                 learning_rate_at: Optional[Callable[[int], float]] = None):
+    def __init__(
+        self,
+        runner,
+        schedule: Schedule,
+        step_counter,
+        actions: Iterable[Action] = (),
+        *,
+        learning_rate_at: Optional[Callable[[int], float]] = None,
+    ):
         """`step_counter`: steps completed, saved with the checkpoint (a
         tf.Variable). `actions` are called in order after each call of the runner."""
         self.runner, self.schedule, self.step_counter = runner, schedule, step_counter
@@ -262,7 +289,9 @@ class Loop:
         step = int(self.step_counter.numpy())
         result = Result(step=step)
         window, window_time, evaluated_at = None, 0.0, None
-        epoch = None  # the metrics' state since the last record (a Keras epoch), for the actions that take train_metrics
+        epoch = (
+            None  # the metrics' state since the last record (a Keras epoch), for the actions that take train_metrics
+        )
         steady_examples, steady_time, first_call = 0.0, 0.0, True
         watching = [action for action in self.actions if hasattr(action, "train_metrics")]
         self._each("before_loop", step)
@@ -306,16 +335,22 @@ class Loop:
                     action(step, record)
             except PluginFailed as failure:
                 raise self._kept_after(failure, step) from failure.__cause__
-            reasons = [reason for reason in (getattr(action, "stop_requested", None) for action in self.actions) if reason]
+            reasons = [
+                reason for reason in (getattr(action, "stop_requested", None) for action in self.actions) if reason
+            ]
             if reasons:
                 result.stopped_early = {"step": step, "reason": reasons[0]}
                 break
 
         result.step = step
-        if not result.eval or (result.stopped_early and evaluated_at != step):  # resumed a finished run; stopped between evaluations
+        if not result.eval or (
+            result.stopped_early and evaluated_at != step
+        ):  # resumed a finished run; stopped between evaluations
             result.eval = runner.evaluate()
         failures = []
-        for action in self.actions:  # every one: a callback's failed on_train_end does not keep the last save from being made
+        for (
+            action
+        ) in self.actions:  # every one: a callback's failed on_train_end does not keep the last save from being made
             if hasattr(action, "finish"):
                 try:
                     action.finish(step)
@@ -323,7 +358,9 @@ class Loop:
                     failures.append(failure)
         if failures:
             raise self._kept_after(failures[0], step)
-        result.examples_per_sec = steady_examples / steady_time if steady_time > 0 else result.train.get("examples_per_sec", 0.0)
+        result.examples_per_sec = (
+            steady_examples / steady_time if steady_time > 0 else result.train.get("examples_per_sec", 0.0)
+        )
         result.wall_time_sec = time.perf_counter() - start
         return result
 

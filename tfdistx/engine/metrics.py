@@ -84,8 +84,10 @@ class MetricSet:
 
     def batch_state(self, labels, predictions, per_example_loss) -> tf.Tensor:
         """This batch's flat state vector (float32), on one replica."""
-        parts = [tf.cast(tf.reshape(tf.size(per_example_loss), [1]), tf.float32),
-                 tf.reshape(tf.reduce_sum(tf.cast(per_example_loss, tf.float32)), [1])]
+        parts = [
+            tf.cast(tf.reshape(tf.size(per_example_loss), [1]), tf.float32),
+            tf.reshape(tf.reduce_sum(tf.cast(per_example_loss, tf.float32)), [1]),
+        ]
         for metric in self.metrics.values():
             zeros = [tf.zeros(v.shape, v.dtype) for v in metric.variables]
             for value in metric.stateless_update_state(zeros, labels, predictions):
@@ -99,8 +101,13 @@ class MetricSet:
         if not self.ranked:
             return tf.zeros([batch, 0], tf.float32)
         width = self.example_width // 2
-        return tf.concat([tf.reshape(tf.cast(predictions, tf.float32), [batch, width]),
-                          tf.reshape(tf.cast(labels, tf.float32), [batch, width])], axis=1)
+        return tf.concat(
+            [
+                tf.reshape(tf.cast(predictions, tf.float32), [batch, width]),
+                tf.reshape(tf.cast(labels, tf.float32), [batch, width]),
+            ],
+            axis=1,
+        )
 
     def zeros(self) -> tf.Tensor:
         return tf.zeros([self.size], tf.float64)
@@ -120,12 +127,14 @@ class MetricSet:
             state: List[tf.Tensor] = []
             for shape, dtype in zip(shapes, dtypes):
                 n = int(np.prod(shape))
-                state.append(tf.constant(totals[offset:offset + n].reshape(shape), dtype=dtype))
+                state.append(tf.constant(totals[offset : offset + n].reshape(shape), dtype=dtype))
                 offset += n
             if name not in self.ranked:
                 values[f"{prefix}{name}"] = float(metric.stateless_result(state))
             elif rows is not None:
-                values[f"{prefix}{name}"] = float(np.mean([exact_auc(scores[:, i], labels[:, i]) for i in range(width)]))
+                values[f"{prefix}{name}"] = float(
+                    np.mean([exact_auc(scores[:, i], labels[:, i]) for i in range(width)])
+                )
             else:
                 values[f"{prefix}{name}"] = float(metric.stateless_result(state))
                 values[f"{prefix}{name}_error"] = auc_error_bound(metric, state)

@@ -43,7 +43,9 @@ class MpiSum:
         dense = [tf.convert_to_tensor(t) for t in tensors]  # an embedding's IndexedSlices summed as its dense gradient
         dtypes = {t.dtype for t in dense}
         if len(dtypes) != 1:
-            raise ValueError(f"strategy.communication=mpi sums gradients of one dtype, and these are {sorted(d.name for d in dtypes)}")
+            raise ValueError(
+                f"strategy.communication=mpi sums gradients of one dtype, and these are {sorted(d.name for d in dtypes)}"
+            )
         flat = tf.concat([tf.reshape(t, [-1]) for t in dense], 0)
         summed = tf.numpy_function(self._sum, [flat], flat.dtype, stateful=True)
         summed.set_shape(flat.shape)
@@ -60,14 +62,19 @@ def join(strategy: tf.distribute.Strategy) -> MpiSum:
     """This task's MPI communicator with its peers', for a multiworker
     strategy whose cluster has formed; every task calls it at the same point."""
     if not any(name in os.environ for name in STARTED_BY_MPI):
-        raise ConfigError.one("strategy.communication", mpi_facts.NAME,
-                              "this task was not started by MPI's launcher, and only tfdistx's local launcher starts tasks so "
-                              "(cluster.launch=local): use strategy.communication=ring")
+        raise ConfigError.one(
+            "strategy.communication",
+            mpi_facts.NAME,
+            "this task was not started by MPI's launcher, and only tfdistx's local launcher starts tasks so "
+            "(cluster.launch=local): use strategy.communication=ring",
+        )
     from mpi4py import MPI  # only here: a run without mpi never needs it installed
 
     resolver = strategy.cluster_resolver
     cluster = resolver.cluster_spec()
-    tasks = [(job, index) for job in ("chief", "worker") if job in cluster.jobs for index in range(cluster.num_tasks(job))]
+    tasks = [
+        (job, index) for job in ("chief", "worker") if job in cluster.jobs for index in range(cluster.num_tasks(job))
+    ]
     rank = tasks.index((resolver.task_type, resolver.task_id))
     port = MPI.Open_port() if rank == 0 else ""
     port = _from_the_first(strategy, port)
@@ -88,6 +95,7 @@ def join(strategy: tf.distribute.Strategy) -> MpiSum:
 def _summed_over_replicas(strategy: tf.distribute.Strategy, value) -> Callable[[], np.ndarray]:
     """A call that returns, on every task, `value` summed over the strategy's replicas
     (each task's own `value`): it returns once every task has made it."""
+
     @tf.function(autograph=False)
     def summed():
         return strategy.run(lambda: tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM, value))
@@ -105,6 +113,6 @@ def _from_the_first(strategy: tf.distribute.Strategy, text: str) -> str:
     replicas in which only the first adds anything."""
     raw = np.frombuffer(text.encode(), np.uint8)
     codes = np.zeros(PORT_BYTES, np.int32)
-    codes[:raw.size] = raw
+    codes[: raw.size] = raw
     summed = _summed_over_replicas(strategy, tf.constant(codes))()
     return bytes(summed[summed > 0].astype(np.uint8)).decode()

@@ -38,8 +38,13 @@ def _gradients_arrive_summed(cls, path: str):
     Anything but an optimizer class is refused: tfdistx builds it in the
     strategy's scope, and wraps it for loss scaling itself."""
     if not (isinstance(cls, type) and issubclass(cls, keras.optimizers.Optimizer)):
-        raise ConfigError.one("optimizer._target_", path, "must name a keras.optimizers.Optimizer class, e.g. keras.optimizers.Lion")
-    for refused, why in ((keras.optimizers.LossScaleOptimizer, LOSS_SCALE_OPTIMIZER), (keras.optimizers.MultiOptimizer, MULTI_OPTIMIZER)):
+        raise ConfigError.one(
+            "optimizer._target_", path, "must name a keras.optimizers.Optimizer class, e.g. keras.optimizers.Lion"
+        )
+    for refused, why in (
+        (keras.optimizers.LossScaleOptimizer, LOSS_SCALE_OPTIMIZER),
+        (keras.optimizers.MultiOptimizer, MULTI_OPTIMIZER),
+    ):
         if issubclass(cls, refused):  # by class: a path the config side does not know by name (a subclass, keras.src's)
             raise ConfigError.one("optimizer._target_", path, f"not an optimizer tfdistx builds: {why}")
     if cls is keras.optimizers.Optimizer:
@@ -57,7 +62,11 @@ def _keywords(cls) -> list:
         if init is None or klass is object:
             continue
         params = inspect.signature(init).parameters.values()
-        names += [p.name for p in params if p.name not in ("self", *names, *SET_BY_TFDISTX) and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+        names += [
+            p.name
+            for p in params
+            if p.name not in ("self", *names, *SET_BY_TFDISTX) and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
+        ]
         if not any(p.kind is p.VAR_KEYWORD for p in params):
             break
     return names
@@ -74,14 +83,22 @@ def schedule(optimizer: Optimizer, replicas: int, total_steps: int) -> "Learning
         return LearningRateAtStep(rate, peak=float(own(0)) * scale, source=optimizer.schedule.path)
     peak = float(optimizer.lr) * scale
     if optimizer.schedule == "constant":
-        return LearningRateAtStep(WarmUp(peak, int(optimizer.warmup_steps)) if optimizer.warmup_steps else peak, peak=peak)
+        return LearningRateAtStep(
+            WarmUp(peak, int(optimizer.warmup_steps)) if optimizer.warmup_steps else peak, peak=peak
+        )
     warmup = int(optimizer.warmup_steps) if optimizer.schedule == "warmup_cosine" else 0
     alpha = float(optimizer.min_lr_ratio)
     if warmup == 0:
-        return LearningRateAtStep(keras.optimizers.schedules.CosineDecay(peak, decay_steps=max(total_steps, 1), alpha=alpha), peak=peak)
+        return LearningRateAtStep(
+            keras.optimizers.schedules.CosineDecay(peak, decay_steps=max(total_steps, 1), alpha=alpha), peak=peak
+        )
     # Keras' CosineDecay warms up linearly from initial_learning_rate to warmup_target.
-    return LearningRateAtStep(keras.optimizers.schedules.CosineDecay(
-        0.0, decay_steps=max(total_steps - warmup, 1), alpha=alpha, warmup_target=peak, warmup_steps=warmup), peak=peak)
+    return LearningRateAtStep(
+        keras.optimizers.schedules.CosineDecay(
+            0.0, decay_steps=max(total_steps - warmup, 1), alpha=alpha, warmup_target=peak, warmup_steps=warmup
+        ),
+        peak=peak,
+    )
 
 
 def refuse_non_finite(rate, total_steps: int, path: str) -> None:
@@ -115,8 +132,12 @@ def refuse_non_finite(rate, total_steps: int, path: str) -> None:
 
 
 def non_finite(path: str, step: int, value: float) -> ConfigError:
-    return ConfigError.one("optimizer.schedule._target_", path, f"its learning rate at step {step} is {value}: a schedule must give a "
-                           "finite rate at every step of the run (a rate that is not a number trains a model that is not one)")
+    return ConfigError.one(
+        "optimizer.schedule._target_",
+        path,
+        f"its learning rate at step {step} is {value}: a schedule must give a "
+        "finite rate at every step of the run (a rate that is not a number trains a model that is not one)",
+    )
 
 
 class WarmUp(keras.optimizers.schedules.LearningRateSchedule):
@@ -147,9 +168,15 @@ class LearningRateAtStep:
     `peak`: its largest planned value (the summary and the topology record it)."""
 
     def __init__(self, rate, peak: float = 0.0, source: str = "optimizer.lr"):
-        self.rate, self.peak, self.source = rate, peak, source  # source: what the rate comes from, as the config names it
+        self.rate, self.peak, self.source = (
+            rate,
+            peak,
+            source,
+        )  # source: what the rate comes from, as the config names it
         self.step = None  # a step tensor, set by the step runner while it traces
-        self.scale: Optional[tf.Variable] = None  # 1.0 until a callback sets the rate (build.py makes it in the strategy's scope)
+        self.scale: Optional[tf.Variable] = (
+            None  # 1.0 until a callback sets the rate (build.py makes it in the strategy's scope)
+        )
         self.steps_done: Optional[tf.Variable] = None  # the loop's step counter: where the rate is read between steps
 
     def __call__(self):
@@ -181,12 +208,22 @@ class LearningRateAtStep:
         return float(self.rate(step)) if callable(self.rate) else float(self.rate)
 
 
-def build_optimizer(spec: Optimizer, learning_rate: LearningRateAtStep, loss_scaling: bool = False) -> keras.optimizers.Optimizer:
+def build_optimizer(
+    spec: Optimizer, learning_rate: LearningRateAtStep, loss_scaling: bool = False
+) -> keras.optimizers.Optimizer:
     """The optimizer group's own keys (`options`) go to the class, checked
     against what it takes. Clipping is Keras' own, on gradients already
     summed over replicas. `loss_scaling` (mixed_float16): wrapped in Keras'
     dynamic loss scaling."""
-    optimizer = build("optimizer", spec.target, dict(spec.options), keras.optimizers.Optimizer, takes=_keywords,
-                      wrap=lambda cls: _gradients_arrive_summed(cls, spec.target), learning_rate=learning_rate, clipnorm=spec.clip_norm,
-                      global_clipnorm=spec.global_clip_norm)
+    optimizer = build(
+        "optimizer",
+        spec.target,
+        dict(spec.options),
+        keras.optimizers.Optimizer,
+        takes=_keywords,
+        wrap=lambda cls: _gradients_arrive_summed(cls, spec.target),
+        learning_rate=learning_rate,
+        clipnorm=spec.clip_norm,
+        global_clipnorm=spec.global_clip_norm,
+    )
     return keras.optimizers.LossScaleOptimizer(optimizer) if loss_scaling else optimizer

@@ -30,7 +30,9 @@ def build_task(spec: RunSpec) -> Task:
 
 def build_source(spec: RunSpec) -> DataSource:
     source = spec.data.build(expect=DataSource)
-    return source if spec.data.path.startswith("tfdistx.") else single_examples(source, spec.data.path)  # the built-in ones do not batch
+    return (
+        source if spec.data.path.startswith("tfdistx.") else single_examples(source, spec.data.path)
+    )  # the built-in ones do not batch
 
 
 def build_model(spec: RunSpec, feature_spec, num_outputs: int, **given) -> keras.Model:
@@ -47,14 +49,24 @@ def build_model(spec: RunSpec, feature_spec, num_outputs: int, **given) -> keras
     caller's strategy scope: the weights are made where the strategy puts
     them."""
     shape = tuple(feature_spec.shape) if isinstance(feature_spec, tf.TensorSpec) else None
-    model = spec.model.build(expect=keras.Model, input_shape=shape, feature_spec=feature_spec,
-                             num_outputs=num_outputs, num_classes=num_outputs, **given)
+    model = spec.model.build(
+        expect=keras.Model,
+        input_shape=shape,
+        feature_spec=feature_spec,
+        num_outputs=num_outputs,
+        num_classes=num_outputs,
+        **given,
+    )
     if not model.built:
         try:
             model(zeros_like_examples(feature_spec), training=False)
         except Exception as error:
-            raise ConfigError.one("model", spec.model.path, f"does not fit data={spec.data.path} (features "
-                                  f"{_describe_features(feature_spec)}): its first call failed: {_first_line(error)}") from None
+            raise ConfigError.one(
+                "model",
+                spec.model.path,
+                f"does not fit data={spec.data.path} (features "
+                f"{_describe_features(feature_spec)}): its first call failed: {_first_line(error)}",
+            ) from None
     return model
 
 
@@ -62,9 +74,11 @@ def zeros_like_examples(feature_spec, batch: int = 2):
     """A batch of `batch` zero (or empty-string) examples of `feature_spec`
     (a TensorSpec or a dict of them, one example's shape): what a model is
     first called on to make its weights. Dimensions the data leaves open are 1."""
+
     def zeros(spec):
         shape = [batch, *(1 if size is None else size for size in spec.shape)]
         return tf.fill(shape, "") if spec.dtype == tf.string else tf.zeros(shape, spec.dtype)
+
     return tf.nest.map_structure(zeros, feature_spec)
 
 
@@ -85,14 +99,18 @@ def model_from_checkpoint(spec: RunSpec, checkpoint_path: str):
     # the checkpoint only through the optimizer's variables, and a restore of
     # the model alone would silently leave it at its initial value.
     _, saved_optimizer, _ = optimizer_for_checkpoint(spec, model, LearningRateAtStep(0.0))  # the checkpoint's structure
-    status = resplit.restore({"model": model, "optimizer": saved_optimizer}, checkpoint_path,
-                             resplit_for(spec, model, feature_spec, num_outputs))  # a checkpoint of another number of ps
+    status = resplit.restore(
+        {"model": model, "optimizer": saved_optimizer},
+        checkpoint_path,
+        resplit_for(spec, model, feature_spec, num_outputs),
+    )  # a checkpoint of another number of ps
     return model, task, feature_spec, status
 
 
 def resplit_for(spec: RunSpec, model, feature_spec, num_outputs: int) -> Optional[resplit.Resplit]:
     """What re-splits the model's tables from a checkpoint of another number
     of shards (resplit.py); None for a model without such tables."""
+
     def rebuild(shards):  # the model and optimizer outside any strategy, its tables in `shards` pieces
         with process.precision(spec.trainer.precision):
             plain = build_model(spec, feature_spec, num_outputs, **({} if shards is None else {"shards": shards}))
@@ -114,13 +132,17 @@ def optimizer_for_checkpoint(spec: RunSpec, model, learning_rate: LearningRateAt
     try:
         return optimizer, sharding.OptimizerState(optimizer, model_groups), variables
     except ValueError as error:  # a loss-scaled (mixed_float16) optimizer keeps its slots in an inner one
-        raise ConfigError.one("trainer.precision", spec.trainer.precision, f"not with variables split across ps tasks: {error}") from None
+        raise ConfigError.one(
+            "trainer.precision", spec.trainer.precision, f"not with variables split across ps tasks: {error}"
+        ) from None
 
 
 def build_optimizer_for(spec: RunSpec, model, learning_rate: LearningRateAtStep, variables=None):
     """The configured optimizer, built for the model's trainable variables (or `variables`)."""
     try:
-        optimizer = build_optimizer(spec.optimizer, learning_rate, loss_scaling=spec.trainer.precision == "mixed_float16")
+        optimizer = build_optimizer(
+            spec.optimizer, learning_rate, loss_scaling=spec.trainer.precision == "mixed_float16"
+        )
     except (TypeError, ValueError) as error:  # Keras' answer to an unknown or bad keyword
         raise ConfigError.one("optimizer", spec.optimizer.name, f"bad option: {error}") from None
     optimizer.build(model.trainable_variables if variables is None else variables)
@@ -136,13 +158,18 @@ def check_model_takes_data(model, task, source, spec: RunSpec, num_outputs: int)
     try:
         outputs = float32(model(features, training=False))
         if tuple(outputs.shape[1:]) != (num_outputs,):
-            raise ValueError(f"it outputs shape {tuple(outputs.shape[1:])} per example; task={task.name} needs {num_outputs}")
+            raise ValueError(
+                f"it outputs shape {tuple(outputs.shape[1:])} per example; task={task.name} needs {num_outputs}"
+            )
         task.loss(labels, outputs)
         return labels, outputs
     except Exception as error:
-        raise ConfigError.one("model", spec.model.path,
-                              f"does not fit data={spec.data.path} (features {_describe_features(features, batched=True)}, "
-                              f"labels {tuple(labels.shape[1:])} {labels.dtype.name}): {_first_line(error)}") from None
+        raise ConfigError.one(
+            "model",
+            spec.model.path,
+            f"does not fit data={spec.data.path} (features {_describe_features(features, batched=True)}, "
+            f"labels {tuple(labels.shape[1:])} {labels.dtype.name}): {_first_line(error)}",
+        ) from None
 
 
 def _first_line(error: Exception) -> str:

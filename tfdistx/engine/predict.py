@@ -61,10 +61,15 @@ def load_export(path: str) -> Export:
     loaded = tf.saved_model.load(path)
     serve = loaded.signatures.get("serving_default")
     if serve is None:
-        raise ConfigError.one("export", path, f"has no serving_default signature (it has: {', '.join(loaded.signatures) or 'none'})")
+        raise ConfigError.one(
+            "export", path, f"has no serving_default signature (it has: {', '.join(loaded.signatures) or 'none'})"
+        )
     _, named = serve.structured_input_signature
     inputs = {name: tf.TensorSpec(spec.shape[1:], spec.dtype, name=name) for name, spec in sorted(named.items())}
-    outputs = {name: tf.TensorSpec(spec.shape[1:], spec.dtype, name=name) for name, spec in sorted(serve.structured_outputs.items())}
+    outputs = {
+        name: tf.TensorSpec(spec.shape[1:], spec.dtype, name=name)
+        for name, spec in sorted(serve.structured_outputs.items())
+    }
     return Export(path, serve, inputs, outputs, loaded)
 
 
@@ -104,7 +109,9 @@ class RowNames:
     """How the rows of files name what the model takes, beyond the
     signature's own names: the run's configuration says (commands/predict.py)."""
 
-    aliases: Mapping[str, str] = field(default_factory=dict)  # serving input -> the name in the files (`features` -> `image`)
+    aliases: Mapping[str, str] = field(
+        default_factory=dict
+    )  # serving input -> the name in the files (`features` -> `image`)
     labels: Sequence[str] = ("label",)  # CSV columns never taken as features
     var_len: Sequence[str] = ()  # features of variable length in the records, padded or cut to the input's shape
 
@@ -115,8 +122,11 @@ def file_rows(path: str, export: Export, batch: int, names: RowNames = RowNames(
     a feature the model takes and the file lacks is refused, naming both."""
     fmt, compression = file_format(path)
     decode = (_csv_decoder if fmt == "csv" else _tfrecord_decoder)(path, compression, export, names)
-    records = (tf.data.TextLineDataset(path, compression_type=compression or "").skip(1) if fmt == "csv"
-               else tf.data.TFRecordDataset(path, compression_type=compression or ""))
+    records = (
+        tf.data.TextLineDataset(path, compression_type=compression or "").skip(1)
+        if fmt == "csv"
+        else tf.data.TFRecordDataset(path, compression_type=compression or "")
+    )
     return records.batch(batch).map(decode, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True).prefetch(2)
 
 
@@ -130,8 +140,12 @@ def source_rows(source: DataSource, export: Export, batch: int, what: str) -> tf
     if isinstance(features, dict):
         missing = [name for name in export.inputs if name not in features]
         if missing:
-            raise ConfigError.one("data", what, f"gives no feature {missing[0]!r}, which the model takes "
-                                  f"({export.describe(missing[0])}); it gives: {', '.join(sorted(features))}")
+            raise ConfigError.one(
+                "data",
+                what,
+                f"gives no feature {missing[0]!r}, which the model takes "
+                f"({export.describe(missing[0])}); it gives: {', '.join(sorted(features))}",
+            )
         pick = lambda x: {name: x[name] for name in export.inputs}  # noqa: E731
     elif len(export.inputs) == 1:
         pick = lambda x: {next(iter(export.inputs)): x}  # noqa: E731
@@ -162,8 +176,12 @@ def _shape(shape) -> str:
 
 def _fixed(export: Export, name: str, path: str) -> None:
     if not export.inputs[name].shape.is_fully_defined():
-        raise ConfigError.one(FILES_KEY, path, f"the model's input {name!r} has shape {_shape(export.inputs[name].shape)}: "
-                              "predict reads rows of a fixed shape from files (predict from the run's data source instead)")
+        raise ConfigError.one(
+            FILES_KEY,
+            path,
+            f"the model's input {name!r} has shape {_shape(export.inputs[name].shape)}: "
+            "predict reads rows of a fixed shape from files (predict from the run's data source instead)",
+        )
 
 
 def _first_record(path: str, compression: Optional[str]) -> Optional[bytes]:
@@ -171,11 +189,19 @@ def _first_record(path: str, compression: Optional[str]) -> Optional[bytes]:
         for record in tf.data.TFRecordDataset(path, compression_type=compression or "").take(1):
             return record.numpy()
     except (tf.errors.DataLossError, tf.errors.InvalidArgumentError) as error:
-        raise ConfigError.one(FILES_KEY, path, f"not readable as TFRecord ({_reason(error)}): a TFRecord file "
-                              f"{'compressed with ' + compression if compression else 'not compressed'}, or a .csv/.csv.gz with a header") from None
+        raise ConfigError.one(
+            FILES_KEY,
+            path,
+            f"not readable as TFRecord ({_reason(error)}): a TFRecord file "
+            f"{'compressed with ' + compression if compression else 'not compressed'}, or a .csv/.csv.gz with a header",
+        ) from None
     if tf.io.gfile.stat(path).length:  # a few bytes that are not a whole record: not an empty TFRecord file
-        raise ConfigError.one(FILES_KEY, path, f"holds {tf.io.gfile.stat(path).length} bytes but no TFRecord record: not TFRecord "
-                              f"({'compressed with ' + compression if compression else 'not compressed'}), or a .csv/.csv.gz with a header")
+        raise ConfigError.one(
+            FILES_KEY,
+            path,
+            f"holds {tf.io.gfile.stat(path).length} bytes but no TFRecord record: not TFRecord "
+            f"({'compressed with ' + compression if compression else 'not compressed'}), or a .csv/.csv.gz with a header",
+        )
     return None
 
 
@@ -192,18 +218,28 @@ def _tfrecord_decoder(path: str, compression: Optional[str], export: Export, nam
     for name, want in export.inputs.items():
         key = name if name in held or first is None else names.aliases.get(name, name)
         if first is not None and key not in held:
-            raise ConfigError.one(FILES_KEY, path, f"its records have no feature {name!r}, which the model takes "
-                                  f"({export.describe(name)}); they hold: {', '.join(sorted(held)) or 'no features'}")
+            raise ConfigError.one(
+                FILES_KEY,
+                path,
+                f"its records have no feature {name!r}, which the model takes "
+                f"({export.describe(name)}); they hold: {', '.join(sorted(held)) or 'no features'}",
+            )
         _fixed(export, name, path)
         var_len = key in names.var_len or name in names.var_len
         if key in held:
             kind = held[key].WhichOneof("kind")
             values = len(getattr(held[key], kind).value) if kind else 0
             if kind and kind != _kind(want.dtype):
-                raise ConfigError.one(FILES_KEY, path, f"feature {key!r} holds {_KINDS[kind]}; the model takes {export.describe(name)}")
+                raise ConfigError.one(
+                    FILES_KEY, path, f"feature {key!r} holds {_KINDS[kind]}; the model takes {export.describe(name)}"
+                )
             if not var_len and kind and values != _size(want.shape):
-                raise ConfigError.one(FILES_KEY, path, f"feature {key!r} holds {values} value(s) per record; the model takes "
-                                      f"{export.describe(name)}: {_size(want.shape)}")
+                raise ConfigError.one(
+                    FILES_KEY,
+                    path,
+                    f"feature {key!r} holds {values} value(s) per record; the model takes "
+                    f"{export.describe(name)}: {_size(want.shape)}",
+                )
         keys[name] = key
         if var_len and want.shape.rank == 1:
             spec[key], lengths[name] = tf.io.RaggedFeature(_parsed_as(want.dtype)), want.shape[0]
@@ -227,8 +263,12 @@ def _csv_header(path: str, compression: Optional[str]) -> List[str]:
     try:
         line = next(iter(tf.data.TextLineDataset(path, compression_type=compression or "").take(1)), None)
     except (tf.errors.DataLossError, tf.errors.InvalidArgumentError) as error:
-        raise ConfigError.one(FILES_KEY, path, f"cannot be read as {'GZIP' if compression == 'GZIP' else 'ZLIB' if compression else 'plain'} "
-                              f"text ({_reason(error)})") from None
+        raise ConfigError.one(
+            FILES_KEY,
+            path,
+            f"cannot be read as {'GZIP' if compression == 'GZIP' else 'ZLIB' if compression else 'plain'} "
+            f"text ({_reason(error)})",
+        ) from None
     if line is None:
         raise ConfigError.one(FILES_KEY, path, "is empty: a CSV file starts with a header row naming its columns")
     return [name.strip() for name in line.numpy().decode(errors="replace").split(",")]
@@ -254,14 +294,22 @@ def _csv_columns(path: str, header: List[str], export: Export, names: RowNames) 
         if len(export.inputs) == 1:
             rest = [c for c in header if c not in set(names.labels)]
             if len(rest) != size:
-                raise ConfigError.one(FILES_KEY, path, f"has {len(rest)} column(s) besides the label ({_listed(rest)}); the model takes "
-                                      f"{export.describe(name)}: {size} value(s) (columns {wanted[0]}..., or every column but "
-                                      f"{' and '.join(names.labels)})")
+                raise ConfigError.one(
+                    FILES_KEY,
+                    path,
+                    f"has {len(rest)} column(s) besides the label ({_listed(rest)}); the model takes "
+                    f"{export.describe(name)}: {size} value(s) (columns {wanted[0]}..., or every column but "
+                    f"{' and '.join(names.labels)})",
+                )
             columns[name] = rest
             continue
         missing = next(c for c in wanted if c not in header)
-        raise ConfigError.one(FILES_KEY, path, f"has no column {missing!r} for the model's input {name!r} ({export.describe(name)}); "
-                              f"its header: {_listed(header)}")
+        raise ConfigError.one(
+            FILES_KEY,
+            path,
+            f"has no column {missing!r} for the model's input {name!r} ({export.describe(name)}); "
+            f"its header: {_listed(header)}",
+        )
     return columns
 
 
@@ -294,8 +342,15 @@ def _csv_decoder(path: str, compression: Optional[str], export: Export, names: R
 
 
 def _csv_dtype(dtype: tf.DType) -> tf.DType:
-    return tf.string if dtype == tf.string else tf.float64 if dtype == tf.float64 else tf.float32 if dtype.is_floating \
+    return (
+        tf.string
+        if dtype == tf.string
+        else tf.float64
+        if dtype == tf.float64
+        else tf.float32
+        if dtype.is_floating
         else tf.int64
+    )
 
 
 def _reason(error: Exception) -> str:
@@ -333,7 +388,9 @@ class _CsvShard:
 def _text(block: np.ndarray) -> np.ndarray:
     """Cells as text: floats in their shortest form that reads back to the same float32."""
     if block.dtype == object or block.dtype.kind == "S":
-        return np.vectorize(lambda v: v.decode() if isinstance(v, bytes) else str(v), otypes=[object])(block).astype(str)
+        return np.vectorize(lambda v: v.decode() if isinstance(v, bytes) else str(v), otypes=[object])(block).astype(
+            str
+        )
     if block.dtype == bool:
         block = block.astype(np.int64)
     return block.astype(str)
@@ -372,8 +429,15 @@ class Part:
     is_file: bool = True
 
 
-def predict(export: Export, parts: Callable[[], List[Part]], out: str, fmt: str, protected=(),
-            progress: Optional[Callable[[int, int, int, bool], None]] = None, about: Optional[dict] = None) -> dict:
+def predict(
+    export: Export,
+    parts: Callable[[], List[Part]],
+    out: str,
+    fmt: str,
+    protected=(),
+    progress: Optional[Callable[[int, int, int, bool], None]] = None,
+    about: Optional[dict] = None,
+) -> dict:
     """Write one shard of predictions per part, in order, and predictions.json;
     returns that manifest. `parts` is called once the output directory is
     known to be writable (it reads every file's first record or header, so
@@ -386,8 +450,12 @@ def predict(export: Export, parts: Callable[[], List[Part]], out: str, fmt: str,
     if fmt == "csv":
         unknown = [name for name, spec in export.outputs.items() if not spec.shape.is_fully_defined()]
         if unknown:
-            raise ConfigError.one("--format", fmt, f"the model's output {unknown[0]!r} has shape "
-                                  f"{_shape(export.outputs[unknown[0]].shape)}, not a fixed number of columns: use --format tfrecord")
+            raise ConfigError.one(
+                "--format",
+                fmt,
+                f"the model's output {unknown[0]!r} has shape "
+                f"{_shape(export.outputs[unknown[0]].shape)}, not a fixed number of columns: use --format tfrecord",
+            )
     progress = progress or (lambda *_: None)
     with new_directory(OUT_KEY, out, protected, made_by=PREDICTIONS) as tmp:
         found = parts()
@@ -405,8 +473,9 @@ def predict(export: Export, parts: Callable[[], List[Part]], out: str, fmt: str,
                     rows += len(arrays[0])
                     progress(k, total, rows_so_far + rows, False)
             except (tf.errors.DataLossError, tf.errors.InvalidArgumentError) as error:
-                raise ConfigError.one(FILES_KEY if part.is_file else "data", part.name,
-                                      f"cannot be read to its end: {_reason(error)}") from None
+                raise ConfigError.one(
+                    FILES_KEY if part.is_file else "data", part.name, f"cannot be read to its end: {_reason(error)}"
+                ) from None
             finally:
                 writer.close()
             rows_so_far += rows
@@ -414,12 +483,20 @@ def predict(export: Export, parts: Callable[[], List[Part]], out: str, fmt: str,
             progress(k + 1, total, rows_so_far, True)
         manifest = {
             **(about or {}),
-            "export": {"path": os.path.abspath(export.path), **((about or {}).get("export") or {}), "saved_model_checksum": fingerprint(export.path)},
+            "export": {
+                "path": os.path.abspath(export.path),
+                **((about or {}).get("export") or {}),
+                "saved_model_checksum": fingerprint(export.path),
+            },
             "format": fmt,
             "rows": rows_so_far,
             "inputs": written,
-            "model_inputs": {name: {"shape": spec.shape.as_list(), "dtype": spec.dtype.name} for name, spec in export.inputs.items()},
-            "outputs": {name: {"shape": spec.shape.as_list(), "dtype": spec.dtype.name} for name, spec in export.outputs.items()},
+            "model_inputs": {
+                name: {"shape": spec.shape.as_list(), "dtype": spec.dtype.name} for name, spec in export.inputs.items()
+            },
+            "outputs": {
+                name: {"shape": spec.shape.as_list(), "dtype": spec.dtype.name} for name, spec in export.outputs.items()
+            },
             "seconds": round(time.monotonic() - started, 3),
         }
         with open(os.path.join(tmp, MANIFEST), "w") as f:

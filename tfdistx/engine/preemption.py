@@ -48,8 +48,13 @@ class PreemptionWatcher:
     exit 42 at a loop boundary that every worker of a synchronous cluster
     agrees on: `check(step)` before the first step and after every loop call."""
 
-    def __init__(self, strategy: tf.distribute.Strategy, checkpointer: Checkpointer, synchronous_cluster: bool,
-                 notice: SigtermNotice):
+    def __init__(
+        self,
+        strategy: tf.distribute.Strategy,
+        checkpointer: Checkpointer,
+        synchronous_cluster: bool,
+        notice: SigtermNotice,
+    ):
         self.checkpointer, self.notice = checkpointer, notice
         notice.plan = SigtermNotice.TRAINER
         self._anyone = any_task(strategy) if synchronous_cluster else None
@@ -74,9 +79,16 @@ class PreemptionWatcher:
         here while the others exit 42 failed a local elastic round)."""
         try:
             self._anyone(True)
-        except (tf.errors.UnavailableError, tf.errors.AbortedError, tf.errors.CancelledError,
-                tf.errors.InternalError, tf.errors.UnknownError) as error:
-            log.info("a peer left the all-reduce after the preemption checkpoint first: %s", str(error).splitlines()[0][:200])
+        except (
+            tf.errors.UnavailableError,
+            tf.errors.AbortedError,
+            tf.errors.CancelledError,
+            tf.errors.InternalError,
+            tf.errors.UnknownError,
+        ) as error:
+            log.info(
+                "a peer left the all-reduce after the preemption checkpoint first: %s", str(error).splitlines()[0][:200]
+            )
 
 
 def any_task(strategy: tf.distribute.Strategy) -> Callable[[bool], bool]:
@@ -91,6 +103,7 @@ def sum_over_tasks(strategy: tf.distribute.Strategy) -> Callable[[List[float]], 
     cluster (float64), by one all-reduce that every task must call at the
     same point. A task's replicas each give its values divided by their
     number, so a task's values count once."""
+
     @tf.function(autograph=False)
     def summed(values):
         per_replica = strategy.run(lambda: values / tf.cast(_local_replicas(strategy), tf.float64))
@@ -104,8 +117,13 @@ def _local_replicas(strategy) -> int:
 
 
 @contextlib.contextmanager
-def lost_peer_in_one_line(synchronous_cluster: bool, parameter_servers: bool = False, placement: Optional[Placement] = None,
-                          peer_timeout: Optional[float] = None, keep: Optional[Callable[[], Optional[str]]] = None):
+def lost_peer_in_one_line(
+    synchronous_cluster: bool,
+    parameter_servers: bool = False,
+    placement: Optional[Placement] = None,
+    peer_timeout: Optional[float] = None,
+    keep: Optional[Callable[[], Optional[str]]] = None,
+):
     """A peer of a synchronous cluster that dies or freezes aborts the
     collectives of the others (a dead one at once, a frozen one once it has
     sent no heartbeat for `cluster.peer_timeout`): the task then stops with
@@ -121,25 +139,41 @@ def lost_peer_in_one_line(synchronous_cluster: bool, parameter_servers: bool = F
     in the line."""
     try:
         yield
-    except (tf.errors.UnavailableError, tf.errors.AbortedError, tf.errors.CancelledError, tf.errors.InternalError,
-            tf.errors.UnknownError, tf.errors.DeadlineExceededError) as error:
+    except (
+        tf.errors.UnavailableError,
+        tf.errors.AbortedError,
+        tf.errors.CancelledError,
+        tf.errors.InternalError,
+        tf.errors.UnknownError,
+        tf.errors.DeadlineExceededError,
+    ) as error:
         text = str(error)
-        if synchronous_cluster and re.search(r"unhealthy|heartbeat|[Cc]ollective ops is aborted|Socket closed|failed to connect", text):
+        if synchronous_cluster and re.search(
+            r"unhealthy|heartbeat|[Cc]ollective ops is aborted|Socket closed|failed to connect", text
+        ):
             peers = lost_tasks(text, placement.spec if placement else {}) or silent_peers(placement)
         elif parameter_servers and "/job:ps/" in text:
             peers = sorted(set(f"ps:{index}" for index in re.findall(r"/job:ps/replica:\d+/task:(\d+)", text)))
         else:
             raise
         who = ", ".join(peers) or "a peer"
-        first = next((line.strip() for line in text.splitlines() if re.search(r"unhealthy|abort|heartbeat|connect", line)), "")[:200]
-        frozen = " (a frozen peer counts as lost after cluster.peer_timeout={:g}s)".format(peer_timeout) if peer_timeout and \
-            "heartbeat" in text else ""
+        first = next(
+            (line.strip() for line in text.splitlines() if re.search(r"unhealthy|abort|heartbeat|connect", line)), ""
+        )[:200]
+        frozen = (
+            " (a frozen peer counts as lost after cluster.peer_timeout={:g}s)".format(peer_timeout)
+            if peer_timeout and "heartbeat" in text
+            else ""
+        )
         # Whether the cluster restarts is the launcher's or scheduler's call (not when the peer failed on bad input):
         # this task only says it can resume.
         kept = _kept(keep) if synchronous_cluster and keep else None
         resumes = kept or "from the newest checkpoint"
-        raise RunFault(f"lost contact with {who} of the cluster{frozen}, stopping (exit {EXIT_LOST_PEER}: a restart resumes "
-                       f"{resumes}) (TensorFlow: {first})", EXIT_LOST_PEER) from None
+        raise RunFault(
+            f"lost contact with {who} of the cluster{frozen}, stopping (exit {EXIT_LOST_PEER}: a restart resumes "
+            f"{resumes}) (TensorFlow: {first})",
+            EXIT_LOST_PEER,
+        ) from None
 
 
 def _kept(keep: Callable[[], Optional[str]]) -> Optional[str]:
@@ -147,8 +181,11 @@ def _kept(keep: Callable[[], Optional[str]]) -> Optional[str]:
     try:
         return keep()
     except Exception as error:  # whatever the save met: the lost peer stays the line that counts
-        log.warning("could not save the last loop boundary's state (%s: %s): the run resumes from its newest checkpoint",
-                    type(error).__name__, str(error).strip().splitlines()[0][:200] if str(error).strip() else "")
+        log.warning(
+            "could not save the last loop boundary's state (%s: %s): the run resumes from its newest checkpoint",
+            type(error).__name__,
+            str(error).strip().splitlines()[0][:200] if str(error).strip() else "",
+        )
         return None
 
 
@@ -183,12 +220,21 @@ def lost_tasks(text: str, spec: Mapping[str, Sequence[str]]) -> list:
         named = naming.findall(text)
         if named:
             return _names(_TASK.findall(" ".join(named)))
-    by_address = {address: f"{job}:{index}" for job, addresses in spec.items() for index, address in enumerate(addresses)}
-    refused = {f"{host.strip('[]')}:{port}" for host, port in re.findall(r"ipv[46]:([^\s,;]+):(\d+): Failed to connect", text)}
+    by_address = {
+        address: f"{job}:{index}" for job, addresses in spec.items() for index, address in enumerate(addresses)
+    }
+    refused = {
+        f"{host.strip('[]')}:{port}" for host, port in re.findall(r"ipv[46]:([^\s,;]+):(\d+): Failed to connect", text)
+    }
     if refused & set(by_address):
         return sorted(by_address[address] for address in refused & set(by_address))
-    broken = [target for target, message in re.findall(r'remote target (/job:\S+) while calling [^\n]*\n[^\n]*?grpc_message:"([^"]*)', text)
-              if not message.startswith("Collective ops is aborted")]
+    broken = [
+        target
+        for target, message in re.findall(
+            r'remote target (/job:\S+) while calling [^\n]*\n[^\n]*?grpc_message:"([^"]*)', text
+        )
+        if not message.startswith("Collective ops is aborted")
+    ]
     return _names(_TASK.findall(" ".join(broken)))
 
 
@@ -198,8 +244,12 @@ def silent_peers(placement: Optional[Placement]) -> list:
     off by the network says only "Deadline Exceeded"."""
     if placement is None:
         return []
-    peers = {f"{job}:{index}": address for job, addresses in placement.spec.items() for index, address in enumerate(addresses)
-             if (job, index) != (placement.task_type, placement.task_index)}
+    peers = {
+        f"{job}:{index}": address
+        for job, addresses in placement.spec.items()
+        for index, address in enumerate(addresses)
+        if (job, index) != (placement.task_type, placement.task_index)
+    }
     return sorted(name for name, address in peers.items() if not liveness.answers(address))
 
 
@@ -208,7 +258,9 @@ def _names(tasks) -> list:
 
 
 @contextlib.contextmanager
-def watching_servers(placement: Placement, cluster, coordinator: bool, progressed: Callable[[], float] = time.monotonic):
+def watching_servers(
+    placement: Placement, cluster, coordinator: bool, progressed: Callable[[], float] = time.monotonic
+):
     """While open: the servers this trainer waits on, where TensorFlow would
     wait forever on one that is frozen (cluster/liveness.py), are asked now
     and then whether they are alive: the tf.data service's tasks, and (the
@@ -225,23 +277,33 @@ def watching_servers(placement: Placement, cluster, coordinator: bool, progresse
     for as long as TCP does (measured: over 90 s, no step done). So a worker
     silent for peer_timeout ends the coordinator the same way, but only
     while no loop has finished for as long (`progressed`: when the last did)."""
-    servers = {f"{job}:{index}": address for job, addresses in placement.service.items() for index, address in enumerate(addresses)}
+    servers = {
+        f"{job}:{index}": address
+        for job, addresses in placement.service.items()
+        for index, address in enumerate(addresses)
+    }
     workers = {}
     if coordinator:
         servers.update({f"ps:{index}": address for index, address in enumerate(placement.spec.get("ps", []))})
         workers = {f"worker:{index}": address for index, address in enumerate(placement.spec.get("worker", []))}
 
     def lost(names, waiting=""):
-        fault = RunFault(f"lost contact with {', '.join(names)} of the cluster: no answer for {cluster.peer_timeout:g}s "
-                         f"(cluster.peer_timeout){waiting}, stopping (exit {EXIT_LOST_PEER}: a restart resumes from the newest checkpoint)",
-                         offset_exit(EXIT_LOST_PEER, cluster.retryable_exit_offset))
+        fault = RunFault(
+            f"lost contact with {', '.join(names)} of the cluster: no answer for {cluster.peer_timeout:g}s "
+            f"(cluster.peer_timeout){waiting}, stopping (exit {EXIT_LOST_PEER}: a restart resumes from the newest checkpoint)",
+            offset_exit(EXIT_LOST_PEER, cluster.retryable_exit_offset),
+        )
         end_process_now(fault)
 
     def stuck() -> bool:
         return time.monotonic() - progressed() >= cluster.peer_timeout
 
-    with liveness.Watch(servers, cluster.peer_timeout, lost), \
-            liveness.Watch(workers, cluster.peer_timeout, lambda names: lost(names, ", and no step done meanwhile"), waited_on=stuck):
+    with (
+        liveness.Watch(servers, cluster.peer_timeout, lost),
+        liveness.Watch(
+            workers, cluster.peer_timeout, lambda names: lost(names, ", and no step done meanwhile"), waited_on=stuck
+        ),
+    ):
         yield
 
 

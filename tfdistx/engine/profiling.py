@@ -46,14 +46,22 @@ class ProfileSteps:
             try:
                 tf.profiler.experimental.start(self.logdir)
             except tf.errors.AlreadyExistsError:  # a profiler of the user's own runs in this process
-                log.warning("trainer.profile_steps: another profiler is running in this process; no trace of steps %d to %d",
-                            self.start, self.end)
+                log.warning(
+                    "trainer.profile_steps: another profiler is running in this process; no trace of steps %d to %d",
+                    self.start,
+                    self.end,
+                )
                 self.done = True
                 return
             self.tracing_from = step
             if step != self.start:
-                log.info("trainer.profile_steps: the run resumed at step %d, inside [%d, %d]: tracing from step %d",
-                         step, self.start, self.end, step)
+                log.info(
+                    "trainer.profile_steps: the run resumed at step %d, inside [%d, %d]: tracing from step %d",
+                    step,
+                    self.start,
+                    self.end,
+                    step,
+                )
 
     def after_steps(self, step: int) -> None:
         if self.tracing_from is not None and step >= self.end:
@@ -66,7 +74,11 @@ class ProfileSteps:
         if self.tracing_from is not None:  # the run ended before END: stopped early, or its epochs were fewer steps
             self._stop(step)
         elif self.writes and not self.done:
-            ran = f"trained from step {self.first_step} to step {step}" if self.first_step is not None else "trained no step"
+            ran = (
+                f"trained from step {self.first_step} to step {step}"
+                if self.first_step is not None
+                else "trained no step"
+            )
             log.info("trainer.profile_steps=[%d, %d]: no trace: this run %s", self.start, self.end, ran)
 
     def close(self) -> None:
@@ -81,4 +93,10 @@ class ProfileSteps:
         runs = sorted((Path(self.logdir) / "plugins" / "profile").glob("*/"), key=lambda p: p.stat().st_mtime)
         where = runs[-1] if runs else Path(self.logdir) / "plugins" / "profile"
         steps = f"steps {started} to {step}" if step is not None else f"from step {started} until the run failed"
-        log.info("profile of %s written to %s: `tensorboard --logdir %s`, Profile tab%s", steps, where, self.logdir, self.note)
+        log.info(
+            "profile of %s written to %s: `tensorboard --logdir %s`, Profile tab%s",
+            steps,
+            where,
+            self.logdir,
+            self.note,
+        )

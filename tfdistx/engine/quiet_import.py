@@ -25,8 +25,10 @@ import tempfile
 
 from tfdistx import machine
 
-_BANNER = re.compile(r"All log messages before absl::InitializeLog|oneDNN custom operations are on|cpu_feature_guard"
-                     r"|To enable the following instructions|rebuild TensorFlow with the appropriate compiler flags")
+_BANNER = re.compile(
+    r"All log messages before absl::InitializeLog|oneDNN custom operations are on|cpu_feature_guard"
+    r"|To enable the following instructions|rebuild TensorFlow with the appropriate compiler flags"
+)
 _NO_GPU_HERE = re.compile(r"Could not find cuda drivers on your machine|failed call to cuInit")
 
 
@@ -52,8 +54,11 @@ def import_before_fork() -> None:
 
 def _import_quietly(list_devices: bool) -> None:
     global _devices_listed
-    if os.environ.get("TF_CPP_MIN_LOG_LEVEL", "0") == "0" or ("tensorflow" in sys.modules and (_devices_listed or not list_devices)):
+    if os.environ.get("TF_CPP_MIN_LOG_LEVEL", "0") == "0" or (
+        "tensorflow" in sys.modules and (_devices_listed or not list_devices)
+    ):
         import tensorflow  # noqa: F401
+
         return
     sys.stderr.flush()
     saved = os.dup(2)
@@ -64,7 +69,9 @@ def _import_quietly(list_devices: bool) -> None:
             import tensorflow
 
             if list_devices:
-                tensorflow.config.list_physical_devices("GPU")  # CUDA's first look, caught here; the runtime is not started yet
+                tensorflow.config.list_physical_devices(
+                    "GPU"
+                )  # CUDA's first look, caught here; the runtime is not started yet
                 _devices_listed = True
         finally:
             os.dup2(saved, 2)

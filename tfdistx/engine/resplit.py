@@ -85,8 +85,12 @@ def restore(parts: dict, path: str, resplit: Optional[Resplit]):
             status.assert_existing_objects_matched()  # read now, while the converted files are there
         except Exception:  # not a re-split after all (another vocab_size, say): the first error says what differs
             raise mismatch from None
-    log.info("%s: its embedding tables were saved in %d shard(s) and are re-split into %d (model.shards)",
-             os.path.basename(path), saved, tables(resplit.model)[0].shards)
+    log.info(
+        "%s: its embedding tables were saved in %d shard(s) and are re-split into %d (model.shards)",
+        os.path.basename(path),
+        saved,
+        tables(resplit.model)[0].shards,
+    )
     return status
 
 
@@ -109,11 +113,16 @@ def _copy(donor, donor_optimizer, model, optimizer) -> None:
     pairs = []  # (variable here, its donor variables, how their values make its value)
     for there, here in zip(_leaves(donor), _leaves(model)):
         if _is_table(here) and there.shards != here.shards:
-            pairs += [(table, list(there.tables), _piece(here.vocab_size, here.rows, k)) for k, table in enumerate(here.tables)]
+            pairs += [
+                (table, list(there.tables), _piece(here.vocab_size, here.rows, k))
+                for k, table in enumerate(here.tables)
+            ]
         elif len(there.weights) == len(here.weights):
             pairs += [(mine, [theirs], _whole) for mine, theirs in zip(here.weights, there.weights)]
         else:
-            raise ValueError(f"layer {here.name} has {len(here.weights)} weights here and {len(there.weights)} in the checkpoint")
+            raise ValueError(
+                f"layer {here.name} has {len(here.weights)} weights here and {len(there.weights)} in the checkpoint"
+            )
     covered = {id(variable) for variable, _, _ in pairs}
     outside = [v.path for v in model.weights if id(v) not in covered]
     if outside:
@@ -146,12 +155,14 @@ def _whole(values):
 def _piece(vocab_size: int, rows: int, k: int):
     """Rows [k rows, (k+1) rows) of the whole table (its ids < vocab_size),
     padded with zeros where the last shard runs past the ids."""
+
     def make(values):
         whole = np.concatenate(values)[:vocab_size]
-        piece = whole[k * rows:(k + 1) * rows]
+        piece = whole[k * rows : (k + 1) * rows]
         if len(piece) < rows:
             piece = np.concatenate([piece, np.zeros((rows - len(piece), *piece.shape[1:]), piece.dtype)])
         return piece
+
     return make
 
 

@@ -56,13 +56,20 @@ class StepRunner:
         """(summed state, rows of batch_examples) of one replica's batch."""
         labels, outputs, per_example = self._task_eval_step(self.model, batch)
         labels, predictions = self._metric_inputs(labels, outputs)
-        return self.metrics.batch_state(labels, predictions, per_example), self.metrics.batch_examples(labels, predictions)
+        return self.metrics.batch_state(labels, predictions, per_example), self.metrics.batch_examples(
+            labels, predictions
+        )
 
     def _examples_array(self):
         """Every eval batch's rows (batch_examples, and a last column of 1
         for a real example, 0 for padding), added in order."""
-        return tf.TensorArray(tf.float32, size=0, dynamic_size=True, infer_shape=False,
-                              element_shape=tf.TensorShape([None, self.metrics.example_width + 1]))
+        return tf.TensorArray(
+            tf.float32,
+            size=0,
+            dynamic_size=True,
+            infer_shape=False,
+            element_shape=tf.TensorShape([None, self.metrics.example_width + 1]),
+        )
 
     @staticmethod
     def _real(rows: tf.Tensor) -> tf.Tensor:
@@ -79,25 +86,37 @@ class StepRunner:
         the gradients' (benchmarks/bench_multiworker_step.py measures it)."""
         per_call = self.update.steps_per_call
         local = self.strategy.experimental_local_results(self.strategy.run(self.metrics.zeros))
-        local = _repeat(num_steps // per_call, lambda i, local: self._steps(iterator, first_step + tf.cast(i * per_call, tf.int64), per_call, local), local)
+        local = _repeat(
+            num_steps // per_call,
+            lambda i, local: self._steps(iterator, first_step + tf.cast(i * per_call, tf.int64), per_call, local),
+            local,
+        )
         if per_call > 1:
             done = num_steps // per_call * per_call
-            local = _repeat(num_steps - done, lambda i, local: self._steps(iterator, first_step + tf.cast(done + i, tf.int64), 1, local), local)
+            local = _repeat(
+                num_steps - done,
+                lambda i, local: self._steps(iterator, first_step + tf.cast(done + i, tf.int64), 1, local),
+                local,
+            )
         return self._sum_over_replicas(local)
 
     def _steps(self, iterator, first_step, count: int, local: tuple) -> tuple:
         """`local` (this process's replicas' states) plus theirs of `count` more steps."""
         batches = tuple(next(iterator) for _ in range(count))
         per_replica = self.strategy.run(self._train_steps, args=(batches, first_step))
-        return tuple(total + tf.cast(state, tf.float64)
-                     for total, state in zip(local, self.strategy.experimental_local_results(per_replica)))
+        return tuple(
+            total + tf.cast(state, tf.float64)
+            for total, state in zip(local, self.strategy.experimental_local_results(per_replica))
+        )
 
     def _sum_over_replicas(self, local: tuple) -> tf.Tensor:
         if self.strategy.num_replicas_in_sync == len(local):  # every replica is in this process: no collective
             return tf.add_n(list(local))
         # Replica r of a worker is its (r mod local)-th local one (a worker's replicas are numbered together).
         count = len(local)
-        given = self.strategy.experimental_distribute_values_from_function(lambda ctx: local[ctx.replica_id_in_sync_group % count])
+        given = self.strategy.experimental_distribute_values_from_function(
+            lambda ctx: local[ctx.replica_id_in_sync_group % count]
+        )
         return self.strategy.reduce(tf.distribute.ReduceOp.SUM, given, axis=None)
 
     def xla_failure(self, batch_spec) -> Optional[str]:
@@ -154,7 +173,9 @@ class SyncRunner(StepRunner):
             state, rows = self.strategy.run(self._eval_step, args=(batch,))
             totals += tf.cast(self.strategy.reduce(tf.distribute.ReduceOp.SUM, state, axis=None), tf.float64)
             if self.metrics.ranked:  # this worker's replicas' rows; other workers' are gathered once, at the end
-                examples = examples.write(i, self._real(tf.concat(self.strategy.experimental_local_results(rows), axis=0)))
+                examples = examples.write(
+                    i, self._real(tf.concat(self.strategy.experimental_local_results(rows), axis=0))
+                )
                 i += 1
             return totals, examples, i
 
@@ -175,7 +196,8 @@ class SyncRunner(StepRunner):
         if self.strategy.num_replicas_in_sync == local:  # a cluster of one
             return rows
         given = self.strategy.experimental_distribute_values_from_function(
-            lambda ctx: rows if ctx.replica_id_in_sync_group % local == 0 else rows[:0])
+            lambda ctx: rows if ctx.replica_id_in_sync_group % local == 0 else rows[:0]
+        )
         return self.strategy.experimental_local_results(self._gather_rows(given))[0]
 
     @tf.function(reduce_retracing=True, autograph=False)
@@ -199,7 +221,9 @@ class CoordinatorRunner(StepRunner):
         variables from the ps tasks)."""
         super().__init__(*args, **kwargs)
         self.coordinator, self.workers = coordinator, workers
-        self.progressed = time.monotonic()  # when the last loop's steps were all done (engine/preemption.watching_servers)
+        self.progressed = (
+            time.monotonic()
+        )  # when the last loop's steps were all done (engine/preemption.watching_servers)
         self.iterator = iter(coordinator.create_per_worker_dataset(train_data)) if train_data is not None else None
         self.eval_data = eval_data
         self._evaluate = tf.function(self._evaluate_fn, autograph=False)
@@ -241,25 +265,51 @@ def make_runner(run: Run, skip_steps: int = 0, train: bool = True):
     spec, pipeline = run.spec, run.spec.pipeline
     metrics = MetricSet(run.task.metrics())
     metrics.build(*run.task.metric_inputs(*run.sample))
-    train_data = input_lib.train_dataset(
-        run.strategy, run.source, run.global_batch, seed=spec.trainer.seed, shuffle_buffer=pipeline.shuffle_buffer,
-        cache=pipeline.cache, skip_steps=skip_steps, ps_workers=run.workers if run.facts.asynchronous else 0,
-        service=train_service(pipeline.service, run.placement, skip_steps)) if train else None
+    train_data = (
+        input_lib.train_dataset(
+            run.strategy,
+            run.source,
+            run.global_batch,
+            seed=spec.trainer.seed,
+            shuffle_buffer=pipeline.shuffle_buffer,
+            cache=pipeline.cache,
+            skip_steps=skip_steps,
+            ps_workers=run.workers if run.facts.asynchronous else 0,
+            service=train_service(pipeline.service, run.placement, skip_steps),
+        )
+        if train
+        else None
+    )
     eval_steps = spec.trainer.eval_steps
-    update = Update(run.task, run.model, run.optimizer, run.global_batch, spec.trainer.accumulate_steps, jit_compile=run.jit_compile,
-                    all_reduce_options=strategy_lib.all_reduce_options(run.strategy_name, spec.strategy.options),
-                    whole_step=run.facts.xla_whole_step,
-                    all_reduce_dtype=strategy_lib.all_reduce_dtype(run.strategy_name, spec.strategy.options),
-                    variables=run.train_variables, learning_rate=run.learning_rate,
-                    steps_per_xla_call=run.steps_per_xla_call, gradient_sum=run.gradient_sum)
+    update = Update(
+        run.task,
+        run.model,
+        run.optimizer,
+        run.global_batch,
+        spec.trainer.accumulate_steps,
+        jit_compile=run.jit_compile,
+        all_reduce_options=strategy_lib.all_reduce_options(run.strategy_name, spec.strategy.options),
+        whole_step=run.facts.xla_whole_step,
+        all_reduce_dtype=strategy_lib.all_reduce_dtype(run.strategy_name, spec.strategy.options),
+        variables=run.train_variables,
+        learning_rate=run.learning_rate,
+        steps_per_xla_call=run.steps_per_xla_call,
+        gradient_sum=run.gradient_sum,
+    )
     parts = (run.strategy, run.task, run.model, update, metrics)
     eval_batch = pipeline.batch_size  # not the accumulated batch: what fits in memory
     if run.coordinator is None:
-        eval_data = input_lib.eval_dataset(run.strategy, run.source.eval, eval_batch, steps=eval_steps, cache=pipeline.cache)
+        eval_data = input_lib.eval_dataset(
+            run.strategy, run.source.eval, eval_batch, steps=eval_steps, cache=pipeline.cache
+        )
         runner = SyncRunner(*parts, train_data=train_data, eval_data=eval_data)
         if train:
-            xla.compile_or_fall_back(run, runner)  # before the first step: a step XLA cannot compile never starts compiled
+            xla.compile_or_fall_back(
+                run, runner
+            )  # before the first step: a step XLA cannot compile never starts compiled
         return runner
     # evaluated inline on the coordinator, reading the variables from the ps tasks
     eval_data = input_lib.local_eval_dataset(run.source.eval, eval_batch, steps=eval_steps, cache=pipeline.cache)
-    return CoordinatorRunner(*parts, coordinator=run.coordinator, workers=run.workers, train_data=train_data, eval_data=eval_data)
+    return CoordinatorRunner(
+        *parts, coordinator=run.coordinator, workers=run.workers, train_data=train_data, eval_data=eval_data
+    )

@@ -45,12 +45,19 @@ def serve_strategy_task(placement: Placement, facts: Strategy, cluster: Cluster,
     """A parameter-server cluster's ps or worker task: TensorFlow's server
     for the coordinator to use (it lends its devices and holds variables)."""
     resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
-    server = tf.distribute.Server(resolver.cluster_spec(), job_name=resolver.task_type, task_index=resolver.task_id,
-                                  protocol=resolver.rpc_layer or "grpc", start=True)
+    server = tf.distribute.Server(
+        resolver.cluster_spec(),
+        job_name=resolver.task_type,
+        task_index=resolver.task_id,
+        protocol=resolver.rpc_layer or "grpc",
+        start=True,
+    )
     until_trainers_leave(server, placement, facts, cluster, notice)
 
 
-def until_trainers_leave(server, placement: Placement, facts: Strategy, cluster: Cluster, notice: SigtermNotice) -> None:
+def until_trainers_leave(
+    server, placement: Placement, facts: Strategy, cluster: Cluster, notice: SigtermNotice
+) -> None:
     """Let `server` serve (it runs in TensorFlow's threads; held here, as a
     collected server stops) until SIGTERM, then until the trainers have
     left; exits with the preemption code. A server whose trainers are gone
@@ -72,8 +79,12 @@ def until_trainers_leave(server, placement: Placement, facts: Strategy, cluster:
         time.sleep(max(deadline - time.monotonic(), 0))
         staying = ["the trainer"]
     if staying:
-        log.warning("%s still running %gs after SIGTERM (cluster.preemption_grace): %s stops serving",
-                    ", ".join(staying), cluster.preemption_grace, placement.task_name)
+        log.warning(
+            "%s still running %gs after SIGTERM (cluster.preemption_grace): %s stops serving",
+            ", ".join(staying),
+            cluster.preemption_grace,
+            placement.task_name,
+        )
     leave_preempted()
 
 
@@ -84,11 +95,17 @@ def _stop_serving(placement: Placement, lost: List[str], seen: set, cluster: Clu
     worker on its dispatcher: measured, no end within 90 s)."""
     never = [name for name in lost if name not in seen]
     if never:
-        fault = RunFault(f"{', '.join(never)} never answered within {cluster.startup_timeout:g}s (cluster.startup_timeout): "
-                         f"{placement.task_name} stops serving", offset_exit(EXIT_CLUSTER_DID_NOT_FORM, cluster.retryable_exit_offset))
+        fault = RunFault(
+            f"{', '.join(never)} never answered within {cluster.startup_timeout:g}s (cluster.startup_timeout): "
+            f"{placement.task_name} stops serving",
+            offset_exit(EXIT_CLUSTER_DID_NOT_FORM, cluster.retryable_exit_offset),
+        )
     else:
-        fault = RunFault(f"lost contact with {', '.join(lost)}: no answer for {cluster.peer_timeout:g}s (cluster.peer_timeout); "
-                         f"{placement.task_name} stops serving", offset_exit(EXIT_LOST_PEER, cluster.retryable_exit_offset))
+        fault = RunFault(
+            f"lost contact with {', '.join(lost)}: no answer for {cluster.peer_timeout:g}s (cluster.peer_timeout); "
+            f"{placement.task_name} stops serving",
+            offset_exit(EXIT_LOST_PEER, cluster.retryable_exit_offset),
+        )
     end_process_now(fault)
 
 

@@ -63,8 +63,15 @@ def groups(model) -> list:
     for variable in model.trainable_variables:
         if is_sharded(variable):
             # A Keras variable given a tf.Variable wraps it (no copy); named after its variable and shard.
-            out.append((variable, [keras.Variable(part, trainable=True, name=f"{variable.path.replace('/', '_')}_part_{i}")
-                                   for i, part in enumerate(variable.value.variables)]))
+            out.append(
+                (
+                    variable,
+                    [
+                        keras.Variable(part, trainable=True, name=f"{variable.path.replace('/', '_')}_part_{i}")
+                        for i, part in enumerate(variable.value.variables)
+                    ],
+                )
+            )
         else:
             out.append((variable, [variable]))
     return out
@@ -98,7 +105,11 @@ class OptimizerState(internals.FixedChildren):
         slots_of = {id(v): [] for v in variables}
         first = len(own)
         for index, slot in enumerate(own):
-            owner = max((v for v in variables if slot.name.startswith(prefixes[id(v)])), key=lambda v: len(prefixes[id(v)]), default=None)
+            owner = max(
+                (v for v in variables if slot.name.startswith(prefixes[id(v)])),
+                key=lambda v: len(prefixes[id(v)]),
+                default=None,
+            )
             if owner is not None:
                 slots_of[id(owner)].append(slot)
                 first = min(first, index)
@@ -109,13 +120,22 @@ class OptimizerState(internals.FixedChildren):
         grouped = []
         for _, parts in model_groups:
             slots = [slots_of[id(v)] for v in parts]
-            grouped += [internals.sharded_variable([s[k].value for s in slots]) for k in range(per)] if len(parts) > 1 else slots[0]
+            grouped += (
+                [internals.sharded_variable([s[k].value for s in slots]) for k in range(per)]
+                if len(parts) > 1
+                else slots[0]
+            )
         # Every other child of the optimizer as it is (its iterations, learning rate ...); its lists and
         # dicts (momentums, velocities, indices) hold the per-shard slots again, or nothing to save.
         others = internals.checkpoint_children(optimizer)
         variables_list = own[:first] + grouped
-        super().__init__({**others, internals.OPTIMIZER_TRAINABLE_VARIABLES: internals.tracked(logical),
-                          internals.OPTIMIZER_VARIABLES: internals.tracked(variables_list)})
+        super().__init__(
+            {
+                **others,
+                internals.OPTIMIZER_TRAINABLE_VARIABLES: internals.tracked(logical),
+                internals.OPTIMIZER_VARIABLES: internals.tracked(variables_list),
+            }
+        )
         self._variables_list = variables_list
 
     @property

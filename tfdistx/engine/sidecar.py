@@ -77,7 +77,11 @@ def run(spec: RunSpec, placement: Placement, notice: SigtermNotice) -> None:
             traceback.print_exc()
         text = str(error).strip()
         reason = f"{type(error).__name__}: {text.splitlines()[0][:300]}" if text else type(error).__name__
-        print(f"tfdistx: the sidecar evaluator stopped ({reason}); training goes on without it", file=sys.stderr, flush=True)
+        print(
+            f"tfdistx: the sidecar evaluator stopped ({reason}); training goes on without it",
+            file=sys.stderr,
+            flush=True,
+        )
 
 
 class Sidecar:
@@ -105,15 +109,23 @@ class Sidecar:
             board = sinks.TensorBoardLogger(str(built.dir / "tensorboard" / TENSORBOARD_DIR))
         with contextlib.closing(built.checkpointer), contextlib.closing(board) if board else contextlib.nullcontext():
             runner = make_runner(built, train=False)
-            log.info("sidecar evaluator: evaluating each checkpoint in %s as it is saved, to step %d", self.directory, built.total_steps)
+            log.info(
+                "sidecar evaluator: evaluating each checkpoint in %s as it is saved, to step %d",
+                self.directory,
+                built.total_steps,
+            )
             while True:
-                ended = self.training_ended(built)  # looked at before the last scan: the final checkpoint precedes the summary
+                ended = self.training_ended(
+                    built
+                )  # looked at before the last scan: the final checkpoint precedes the summary
                 todo = []
                 for path in complete_checkpoints(self.directory):
                     step = step_of(path)
                     if step in self.handled or _mtime(path) < self.not_before:
                         continue
-                    if history.get(step, -1.0) >= _mtime(path):  # a restarted evaluator: this one is in evaluations.jsonl
+                    if history.get(step, -1.0) >= _mtime(
+                        path
+                    ):  # a restarted evaluator: this one is in evaluations.jsonl
                         self.handled[step] = "evaluated before"
                         continue
                     todo.append((path, step))
@@ -129,15 +141,23 @@ class Sidecar:
             if self.stopping:
                 log.info("sidecar evaluator: stopped by SIGTERM after evaluating the newest checkpoint")
         evaluated = sum(1 for why in self.handled.values() if why == "evaluated")
-        log.info("sidecar evaluator: training is done; %d checkpoint(s) evaluated into %s", evaluated, built.dir / "evaluations.jsonl")
+        log.info(
+            "sidecar evaluator: training is done; %d checkpoint(s) evaluated into %s",
+            evaluated,
+            built.dir / "evaluations.jsonl",
+        )
 
     def evaluate(self, built: Run, runner, path: str, step: int, board) -> None:
         name = os.path.basename(path)
         try:
             built.checkpointer.restore(path)  # whole, or refused, as `tfdistx evaluate` restores
         except (checkpointing.Damaged, ConfigError) as error:
-            if not _whole_on_disk(path):  # deleted while it was read (its files go one by one): checkpoint.max_to_keep rotated it out
-                log.warning("sidecar evaluator: %s was deleted (checkpoint.max_to_keep) before it could be read: skipped", name)
+            if not _whole_on_disk(
+                path
+            ):  # deleted while it was read (its files go one by one): checkpoint.max_to_keep rotated it out
+                log.warning(
+                    "sidecar evaluator: %s was deleted (checkpoint.max_to_keep) before it could be read: skipped", name
+                )
                 self.handled[step] = "deleted"
                 return
             if isinstance(error, ConfigError):  # another model's checkpoint: training refuses it as well
@@ -146,13 +166,25 @@ class Sidecar:
             self.handled[step] = "damaged"
             return
         metrics = runner.evaluate()
-        record = {"checkpoint": name, "step": int(built.step_counter.numpy()), "strategy": built.strategy_name,
-                  "replicas": built.replicas, **metrics, "sidecar": True, "evaluated_at": round(time.time(), 3)}
+        record = {
+            "checkpoint": name,
+            "step": int(built.step_counter.numpy()),
+            "strategy": built.strategy_name,
+            "replicas": built.replicas,
+            **metrics,
+            "sidecar": True,
+            "evaluated_at": round(time.time(), 3),
+        }
         whole_files.append_jsonl(built.dir / "evaluations.jsonl", record)
         if board:
             board(record["step"], metrics)
         self.handled[step] = "evaluated"
-        log.info("sidecar evaluator: %s (step %d): %s", name, record["step"], ", ".join(f"{k} {v:.6g}" for k, v in metrics.items()))
+        log.info(
+            "sidecar evaluator: %s (step %d): %s",
+            name,
+            record["step"],
+            ", ".join(f"{k} {v:.6g}" for k, v in metrics.items()),
+        )
 
     @property
     def stopping(self) -> bool:
@@ -206,8 +238,11 @@ class Training:
             silence = f"did not answer within {self.startup_timeout:g}s (cluster.startup_timeout)"
         else:
             return
-        raise RunFault(f"the sidecar evaluator stops: no training to evaluate ({self.name} at {self.address} {silence}); "
-                       f"{evaluated} checkpoint(s) evaluated (exit {EXIT_CLUSTER_DID_NOT_FORM})", EXIT_CLUSTER_DID_NOT_FORM)
+        raise RunFault(
+            f"the sidecar evaluator stops: no training to evaluate ({self.name} at {self.address} {silence}); "
+            f"{evaluated} checkpoint(s) evaluated (exit {EXIT_CLUSTER_DID_NOT_FORM})",
+            EXIT_CLUSTER_DID_NOT_FORM,
+        )
 
 
 def _chief(placement: Placement):
@@ -221,8 +256,11 @@ def _chief(placement: Placement):
 def alone(spec: RunSpec) -> RunSpec:
     """The run's spec for one process on one device: the model, data, task and
     checkpoints are the run's; the strategy is one_device, whatever trained."""
-    return replace(spec, strategy=Strategy("one_device", MappingProxyType({}), strategies.STRATEGIES["one_device"]),
-                   cluster=replace(spec.cluster, workers=1, ps=0, devices_per_worker=None))
+    return replace(
+        spec,
+        strategy=Strategy("one_device", MappingProxyType({}), strategies.STRATEGIES["one_device"]),
+        cluster=replace(spec.cluster, workers=1, ps=0, devices_per_worker=None),
+    )
 
 
 def complete_checkpoints(directory: str) -> List[str]:

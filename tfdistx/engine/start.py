@@ -43,8 +43,12 @@ def restore_or_warm_start(run: Run) -> Start:
     restored = run.checkpointer.restore_latest() if spec.checkpoint.restore else None
     step = int(run.step_counter.numpy())
     if step > run.total_steps:  # nothing to train, and a summary of nothing would replace the run's
-        raise ConfigError.one("trainer.steps", run.total_steps, f"the run in this directory is already at step {step} "
-                              f"({os.path.basename(restored)}): ask for {step} steps or more, or use another hydra.run.dir")
+        raise ConfigError.one(
+            "trainer.steps",
+            run.total_steps,
+            f"the run in this directory is already at step {step} "
+            f"({os.path.basename(restored)}): ask for {step} steps or more, or use another hydra.run.dir",
+        )
     start = Start(step, restored, objective_tracker(run))
     if restored and step == run.total_steps:
         start.finished = FINISHED
@@ -54,8 +58,11 @@ def restore_or_warm_start(run: Run) -> Start:
         log.info("resuming from step %d (%s)", step, restored)
         start.resumed_from_topology = resumed_from_topology(run, restored, step)
         if spec.checkpoint.init_from:  # a rerun of a warm-started run resumes, never re-initialises
-            log.info("checkpoint.init_from=%s is not applied: it initialises a new run, and this one resumes from its own "
-                     "checkpoint", spec.checkpoint.init_from.path)
+            log.info(
+                "checkpoint.init_from=%s is not applied: it initialises a new run, and this one resumes from its own "
+                "checkpoint",
+                spec.checkpoint.init_from.path,
+            )
     else:
         if spec.checkpoint.init_from:
             warm_start(run)
@@ -70,12 +77,25 @@ def objective_tracker(run: Run) -> Optional[TrackObjective]:
     objective, patience = spec.trainer.objective, spec.trainer.early_stopping.patience
     if not spec.checkpoint.keep_best and patience is None:
         return None
-    if spec.checkpoint.keep_best and objective.startswith("eval/") and not spec.trainer.eval_every and run.placement.is_chief:
-        log.warning("checkpoint.keep_best: %s is evaluated only at the end (trainer.eval_every=0), so the best checkpoint is "
-                    "the last one; set trainer.eval_every to choose among several", objective)
-    return TrackObjective(objective, lower_is_better(objective), run.objective_state,
-                          save_best=run.checkpointer.save_best if spec.checkpoint.keep_best else None,
-                          patience=patience, min_delta=spec.trainer.early_stopping.min_delta)
+    if (
+        spec.checkpoint.keep_best
+        and objective.startswith("eval/")
+        and not spec.trainer.eval_every
+        and run.placement.is_chief
+    ):
+        log.warning(
+            "checkpoint.keep_best: %s is evaluated only at the end (trainer.eval_every=0), so the best checkpoint is "
+            "the last one; set trainer.eval_every to choose among several",
+            objective,
+        )
+    return TrackObjective(
+        objective,
+        lower_is_better(objective),
+        run.objective_state,
+        save_best=run.checkpointer.save_best if spec.checkpoint.keep_best else None,
+        patience=patience,
+        min_delta=spec.trainer.early_stopping.min_delta,
+    )
 
 
 def resumed_from_topology(run: Run, restored: str, start_step: int) -> Optional[dict]:
@@ -84,11 +104,18 @@ def resumed_from_topology(run: Run, restored: str, start_step: int) -> Optional[
     refused (engine/topology.py)."""
     spec = run.spec
     return topology.on_resume(
-        topology.written_under(restored), run.topology, batch_size=spec.pipeline.batch_size,
-        accumulate_steps=spec.trainer.accumulate_steps, scale_lr_with_replicas=spec.optimizer.scale_lr_with_replicas,
-        checkpoint=restored, run_dir=run.dir, start_step=start_step, log_it=run.placement.is_chief,
+        topology.written_under(restored),
+        run.topology,
+        batch_size=spec.pipeline.batch_size,
+        accumulate_steps=spec.trainer.accumulate_steps,
+        scale_lr_with_replicas=spec.optimizer.scale_lr_with_replicas,
+        checkpoint=restored,
+        run_dir=run.dir,
+        start_step=start_step,
+        log_it=run.placement.is_chief,
         in_memory=bool(getattr(run.source.train, "same_order_on_any_topology", False))
-        and spec.pipeline.service is None)  # the tf.data service shares it out its own way
+        and spec.pipeline.service is None,
+    )  # the tf.data service shares it out its own way
 
 
 def start_over_beside_previous_run(run: Run) -> None:
@@ -98,8 +125,11 @@ def start_over_beside_previous_run(run: Run) -> None:
     if run.checkpointer.only_damaged:
         log.warning("no checkpoint in %s can be read: starting from scratch", run.checkpointer.directory)
     if run.placement.is_chief:
-        why = "the previous run's files are kept as %s" if run.checkpointer.only_damaged else \
-            "checkpoint.restore=false: the previous run's files are kept as %s"
+        why = (
+            "the previous run's files are kept as %s"
+            if run.checkpointer.only_damaged
+            else "checkpoint.restore=false: the previous run's files are kept as %s"
+        )
         for kept in set_aside_previous_run(str(run.dir), run.checkpointer.directory):
             log.warning(why, kept)
     run.checkpointer.start_over()

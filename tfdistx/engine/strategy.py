@@ -35,9 +35,12 @@ def configure_devices(devices_per_worker: Optional[int], multi_worker: bool = Fa
     except RuntimeError:  # TensorFlow already started in this process
         have = len(tf.config.list_logical_devices("CPU"))
         if have < wanted:
-            raise ConfigError.one("cluster.devices_per_worker", devices_per_worker,
-                                  f"TensorFlow already runs in this process with {have} CPU device(s) (an earlier job of a sweep); "
-                                  "sweeping over device counts needs a process per job: add hydra/launcher=joblib") from None
+            raise ConfigError.one(
+                "cluster.devices_per_worker",
+                devices_per_worker,
+                f"TensorFlow already runs in this process with {have} CPU device(s) (an earlier job of a sweep); "
+                "sweeping over device counts needs a process per job: add hydra/launcher=joblib",
+            ) from None
 
 
 def local_devices(devices_per_worker: Optional[int]) -> list:
@@ -45,7 +48,9 @@ def local_devices(devices_per_worker: Optional[int]) -> list:
     gpus = [d.name for d in tf.config.list_logical_devices("GPU")]
     if gpus:
         if devices_per_worker and devices_per_worker > len(gpus):
-            raise ConfigError.one("cluster.devices_per_worker", devices_per_worker, f"only {len(gpus)} GPU(s) are visible on this machine")
+            raise ConfigError.one(
+                "cluster.devices_per_worker", devices_per_worker, f"only {len(gpus)} GPU(s) are visible on this machine"
+            )
         return gpus[: devices_per_worker or len(gpus)]
     cpus = [d.name for d in tf.config.list_logical_devices("CPU")]
     return cpus[: devices_per_worker or 1]
@@ -58,8 +63,9 @@ def concrete_name(name: str, workers: int, devices_per_worker: Optional[int]) ->
     return strategies.resolve(name, workers, len(local_devices(devices_per_worker)))
 
 
-def build(name: str, options: Mapping, devices_per_worker: Optional[int] = None,
-          peer_timeout: Optional[float] = None) -> tf.distribute.Strategy:
+def build(
+    name: str, options: Mapping, devices_per_worker: Optional[int] = None, peer_timeout: Optional[float] = None
+) -> tf.distribute.Strategy:
     """A concrete strategy name (see `concrete_name`) and its options -> the strategy.
 
     Multi-process strategies read TF_CONFIG, which the launcher, the
@@ -93,11 +99,15 @@ def _mirrored(options, devices_per_worker, **_):
     # tests set the same class attribute for the same reason. The first
     # strategy of a process keeps TF's numbering.
     internals.number_mirrored_collectives_from(1000 * next(_mirrored_built))
-    return tf.distribute.MirroredStrategy(local_devices(devices_per_worker), cross_device_ops=_cross_device_ops(options.get("cross_device_ops")))
+    return tf.distribute.MirroredStrategy(
+        local_devices(devices_per_worker), cross_device_ops=_cross_device_ops(options.get("cross_device_ops"))
+    )
 
 
 def _central_storage(options, devices_per_worker, **_):
-    return tf.distribute.experimental.CentralStorageStrategy(compute_devices=local_devices(devices_per_worker), parameter_device="/cpu:0")
+    return tf.distribute.experimental.CentralStorageStrategy(
+        compute_devices=local_devices(devices_per_worker), parameter_device="/cpu:0"
+    )
 
 
 def _multiworker(options, devices_per_worker, peer_timeout: Optional[float] = None):
@@ -112,7 +122,8 @@ def _multiworker(options, devices_per_worker, peer_timeout: Optional[float] = No
         "mpi": tf.distribute.experimental.CommunicationImplementation.RING,  # all but the gradients (engine/mpi.py)
     }[options.get("communication") or "auto"]
     return tf.distribute.MultiWorkerMirroredStrategy(
-        communication_options=tf.distribute.experimental.CommunicationOptions(implementation=implementation))
+        communication_options=tf.distribute.experimental.CommunicationOptions(implementation=implementation)
+    )
 
 
 def _coordination_service(peer_timeout: float) -> None:
@@ -166,7 +177,11 @@ def _tpu(options, devices_per_worker, **_) -> tf.distribute.Strategy:
     # metadata servers over the network.
     tpu = options.get("tpu") or os.environ.get("TPU_NAME")
     if not tpu and not os.path.exists("/dev/accel0") and not os.path.exists("/dev/vfio/0"):
-        raise ConfigError.one("strategy.tpu", tpu, "no TPU is reachable: set strategy.tpu (a TPU name or grpc:// address) or $TPU_NAME, or run on a TPU VM")
+        raise ConfigError.one(
+            "strategy.tpu",
+            tpu,
+            "no TPU is reachable: set strategy.tpu (a TPU name or grpc:// address) or $TPU_NAME, or run on a TPU VM",
+        )
     try:
         resolver = tf.distribute.cluster_resolver.TPUClusterResolver(tpu=tpu or "local")
         tf.config.experimental_connect_to_cluster(resolver)

@@ -36,12 +36,30 @@ FILE = "topology.json"
 _SAME = ("strategy", "workers", "ps", "replicas")  # what makes two topologies the same
 
 
-def describe(*, strategy: str, cluster: str, workers: int, ps: int, replicas: int, input_pipelines: int, global_batch: int,
-             per_replica_batch: int, learning_rate: float) -> dict:
+def describe(
+    *,
+    strategy: str,
+    cluster: str,
+    workers: int,
+    ps: int,
+    replicas: int,
+    input_pipelines: int,
+    global_batch: int,
+    per_replica_batch: int,
+    learning_rate: float,
+) -> dict:
     """A run's topology as the record and the summary hold it."""
-    return {"strategy": strategy, "cluster": cluster, "workers": workers, "ps": ps, "replicas": replicas,
-            "input_pipelines": input_pipelines, "global_batch": global_batch, "per_replica_batch": per_replica_batch,
-            "learning_rate": learning_rate}
+    return {
+        "strategy": strategy,
+        "cluster": cluster,
+        "workers": workers,
+        "ps": ps,
+        "replicas": replicas,
+        "input_pipelines": input_pipelines,
+        "global_batch": global_batch,
+        "per_replica_batch": per_replica_batch,
+        "learning_rate": learning_rate,
+    }
 
 
 def text(topology: dict) -> str:
@@ -62,8 +80,11 @@ def record(checkpoint_dir: str, step: int, topology: dict) -> None:
     """Add the entry of ckpt-`step`, dropping those of checkpoints no longer
     on disk (CheckpointManager rotated them out). The chief alone writes."""
     directory = Path(checkpoint_dir)
-    entries = {name: entry for name, entry in _read(directory, keep_damaged_aside=True).items()
-               if (directory / f"{name}.index").exists()}
+    entries = {
+        name: entry
+        for name, entry in _read(directory, keep_damaged_aside=True).items()
+        if (directory / f"{name}.index").exists()
+    }
     entries[f"ckpt-{step}"] = topology
     whole_files.write_json(directory / FILE, entries)  # whole or not at all
 
@@ -92,8 +113,19 @@ def _read(directory: Path, keep_damaged_aside: bool = False) -> dict:
     return {}
 
 
-def on_resume(before: Optional[dict], now: dict, *, batch_size: int, accumulate_steps: int, scale_lr_with_replicas: bool,
-              checkpoint: str, run_dir, start_step: int, in_memory: bool, log_it: bool) -> Optional[dict]:
+def on_resume(
+    before: Optional[dict],
+    now: dict,
+    *,
+    batch_size: int,
+    accumulate_steps: int,
+    scale_lr_with_replicas: bool,
+    checkpoint: str,
+    run_dir,
+    start_step: int,
+    in_memory: bool,
+    log_it: bool,
+) -> Optional[dict]:
     """Check a resume from a checkpoint written under `before` (None: not
     recorded) on the topology `now`; say it when they differ. `in_memory`:
     the data's order is the same under any topology (order.ArrayExamples).
@@ -104,29 +136,55 @@ def on_resume(before: Optional[dict], now: dict, *, batch_size: int, accumulate_
     name = os.path.basename(checkpoint)
     if before.get("global_batch") not in (None, now["global_batch"]):
         was = before["global_batch"]
-        fix = (f"set data.batch_size={was // accumulate_steps}" if was % accumulate_steps == 0 else
-               f"set data.batch_size and trainer.accumulate_steps so that their product is {was}")
-        raise ConfigError.one("data.batch_size", batch_size, (
-            f"the run in this directory was checkpointed ({name}) with a global batch of {was} examples a step, and this run "
-            f"has {now['global_batch']} (data.batch_size x trainer.accumulate_steps={accumulate_steps}); a resumed run keeps its "
-            f"global batch, whatever the topology (data.batch_size is the global batch, split across the replicas): {fix}, "
-            f"or start a new run from this one with checkpoint.init_from={run_dir} and another hydra.run.dir"))
+        fix = (
+            f"set data.batch_size={was // accumulate_steps}"
+            if was % accumulate_steps == 0
+            else f"set data.batch_size and trainer.accumulate_steps so that their product is {was}"
+        )
+        raise ConfigError.one(
+            "data.batch_size",
+            batch_size,
+            (
+                f"the run in this directory was checkpointed ({name}) with a global batch of {was} examples a step, and this run "
+                f"has {now['global_batch']} (data.batch_size x trainer.accumulate_steps={accumulate_steps}); a resumed run keeps its "
+                f"global batch, whatever the topology (data.batch_size is the global batch, split across the replicas): {fix}, "
+                f"or start a new run from this one with checkpoint.init_from={run_dir} and another hydra.run.dir"
+            ),
+        )
     lr_before = before.get("learning_rate")
     if scale_lr_with_replicas and not same(before, now) and lr_before is not None and lr_before != now["learning_rate"]:
-        raise ConfigError.one("optimizer.scale_lr_with_replicas", True, (
-            f"the run in this directory was checkpointed ({name}) on {text(before)} at a peak learning rate of {lr_before:g}, "
-            f"and {text(now)} would change it mid-run to {now['learning_rate']:g}: keep it with "
-            f"optimizer.scale_lr_with_replicas=false optimizer.lr={lr_before:g}"))
+        raise ConfigError.one(
+            "optimizer.scale_lr_with_replicas",
+            True,
+            (
+                f"the run in this directory was checkpointed ({name}) on {text(before)} at a peak learning rate of {lr_before:g}, "
+                f"and {text(now)} would change it mid-run to {now['learning_rate']:g}: keep it with "
+                f"optimizer.scale_lr_with_replicas=false optimizer.lr={lr_before:g}"
+            ),
+        )
     if same(before, now):
         return None
     if log_it:
         was, per_replica = before.get("per_replica_batch"), now["per_replica_batch"]
-        log.info("resuming on another topology: %s -> %s, from step %d (%s); the global batch stays %d%s", text(before), text(now),
-                 start_step, name, now["global_batch"], f" ({was} -> {per_replica} per replica)" if was != per_replica else "")
+        log.info(
+            "resuming on another topology: %s -> %s, from step %d (%s); the global batch stays %d%s",
+            text(before),
+            text(now),
+            start_step,
+            name,
+            now["global_batch"],
+            f" ({was} -> {per_replica} per replica)" if was != per_replica else "",
+        )
         note = _order_note(before, now, in_memory)
         if note:
-            log.warning("the data goes on after the first %d examples (%d steps x %d), but not with exactly the examples "
-                        "the run would have trained next: %s", start_step * now["global_batch"], start_step, now["global_batch"], note)
+            log.warning(
+                "the data goes on after the first %d examples (%d steps x %d), but not with exactly the examples "
+                "the run would have trained next: %s",
+                start_step * now["global_batch"],
+                start_step,
+                now["global_batch"],
+                note,
+            )
     return before
 
 
@@ -135,7 +193,9 @@ def _order_note(before: dict, now: dict, in_memory: bool) -> Optional[str]:
     if "parameter_server" in (before.get("strategy"), now["strategy"]):
         return "parameter servers give a step to whichever worker is free, so a worker's share of the data is kept only in expectation"
     if not in_memory and before.get("input_pipelines") != now["input_pipelines"]:
-        return (f"this data is split per input pipeline (by file, by its own pipeline function, or by the tf.data service), "
-                f"and there are {now['input_pipelines']} now, {before.get('input_pipelines')} before (in-memory data read by the "
-                f"run itself keeps its order exactly)")
+        return (
+            f"this data is split per input pipeline (by file, by its own pipeline function, or by the tf.data service), "
+            f"and there are {now['input_pipelines']} now, {before.get('input_pipelines')} before (in-memory data read by the "
+            f"run itself keeps its order exactly)"
+        )
     return None

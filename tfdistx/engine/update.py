@@ -50,10 +50,22 @@ from tfdistx.tasks import traced
 
 
 class Update:
-    def __init__(self, task, model, optimizer, global_batch: int, accumulate_steps: int = 1, jit_compile: bool = False,
-                 all_reduce_options=None, whole_step: bool = False, all_reduce_dtype=None, variables=None,
-                 learning_rate: Optional[LearningRateAtStep] = None, steps_per_xla_call: int = 1,
-                 gradient_sum: Optional[Callable[[Sequence[tf.Tensor]], Sequence[tf.Tensor]]] = None):
+    def __init__(
+        self,
+        task,
+        model,
+        optimizer,
+        global_batch: int,
+        accumulate_steps: int = 1,
+        jit_compile: bool = False,
+        all_reduce_options=None,
+        whole_step: bool = False,
+        all_reduce_dtype=None,
+        variables=None,
+        learning_rate: Optional[LearningRateAtStep] = None,
+        steps_per_xla_call: int = 1,
+        gradient_sum: Optional[Callable[[Sequence[tf.Tensor]], Sequence[tf.Tensor]]] = None,
+    ):
         """`global_batch`: examples per step over all replicas (all micro-batches);
         `all_reduce_options`: tf.distribute CommunicationOptions for the sum (strategy.py);
         `whole_step`: with `jit_compile`, XLA compiles the whole step, update included
@@ -75,7 +87,9 @@ class Update:
         self._forward, self._loss = traced(task, "forward"), traced(task, "loss")
         partly = jit_compile and not self.whole_step
         # Without AutoGraph, as the step runner's loop (runner.py): the loops here are tf.while_loops.
-        self._gradients = tf.function(self._gradients_fn, jit_compile=True, autograph=False) if partly else self._gradients_fn
+        self._gradients = (
+            tf.function(self._gradients_fn, jit_compile=True, autograph=False) if partly else self._gradients_fn
+        )
         self._one = tf.function(self._one_fn, jit_compile=True, autograph=False) if self.whole_step else self._one_fn
         self._many = tf.function(self._many_fn, jit_compile=True, autograph=False) if self.steps_per_call > 1 else None
 
@@ -95,15 +109,22 @@ class Update:
             spec = batch_spec
             call = lambda batch, step, zeros: self._one(batch, step, metric_state)  # noqa: E731
         elif self._gradients is not self._gradients_fn:
-            spec = tf.nest.map_structure(lambda s: tf.TensorSpec([s.shape[0] // self.accumulate_steps, *s.shape[1:]], s.dtype), batch_spec)
+            spec = tf.nest.map_structure(
+                lambda s: tf.TensorSpec([s.shape[0] // self.accumulate_steps, *s.shape[1:]], s.dtype), batch_spec
+            )
             call = lambda batch, step, zeros: self._gradients(batch)  # noqa: E731
         else:
             return None
         # Its arguments all specs (as experimental_get_compiler_ir takes them): the batch flattened.
-        lowered = tf.function(lambda step, zeros, *parts: call(tf.nest.pack_sequence_as(spec, parts), step, zeros), jit_compile=True,
-                              autograph=False)
+        lowered = tf.function(
+            lambda step, zeros, *parts: call(tf.nest.pack_sequence_as(spec, parts), step, zeros),
+            jit_compile=True,
+            autograph=False,
+        )
         args = (tf.TensorSpec([], tf.int64), state_spec, *tf.nest.flatten(spec))
-        lowered.get_concrete_function(*args)  # a step that cannot even be traced fails here, as it would at its first step
+        lowered.get_concrete_function(
+            *args
+        )  # a step that cannot even be traced fails here, as it would at its first step
         # Named, the device is not looked up by TensorFlow with a random number (which would draw one);
         # device_name is deprecated in favour of platform_name, which looks it up all the same.
         device = tf.zeros([]).device
@@ -111,7 +132,10 @@ class Update:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", category=UserWarning)
                 lowered.experimental_get_compiler_ir(*args)(stage="hlo", device_name=device)
-        except (ValueError, tf.errors.OpError) as error:  # "Failed getting HLO text: ...", "Detected unsupported operations ..."
+        except (
+            ValueError,
+            tf.errors.OpError,
+        ) as error:  # "Failed getting HLO text: ...", "Detected unsupported operations ..."
             return _first_line(error)
         return None
 
@@ -144,7 +168,9 @@ class Update:
             return total + tf.cast(self._one_fn(batch, first_step + tf.cast(k, tf.int64), metric_state), tf.float64)
 
         steps = tf.shape(tf.nest.flatten(stacked)[0])[0]
-        _, total = tf.while_loop(lambda k, _: k < steps, lambda k, total: (k + 1, add_step(k, total)), (tf.constant(0), zeros))
+        _, total = tf.while_loop(
+            lambda k, _: k < steps, lambda k, total: (k + 1, add_step(k, total)), (tf.constant(0), zeros)
+        )
         return total
 
     def _step_fn(self, batch, metric_state: Callable) -> tf.Tensor:
@@ -164,24 +190,33 @@ class Update:
 
             def add_micro_batch(k, sums, state):
                 more, labels, outputs, per_example = self._gradients(micro_batches(k))
-                return [_add(total, more[i]) for total, i in zip(sums, present)], state + metric_state(labels, outputs, per_example)
+                return [_add(total, more[i]) for total, i in zip(sums, present)], state + metric_state(
+                    labels, outputs, per_example
+                )
 
             if sparse:
                 for k in range(1, self.accumulate_steps):
                     sums, state = add_micro_batch(k, sums, state)
             else:
-                _, sums, state = tf.while_loop(lambda k, *_: k < self.accumulate_steps, lambda k, sums, state: (k + 1, *add_micro_batch(k, sums, state)),
-                                               (tf.constant(1), sums, state))
+                _, sums, state = tf.while_loop(
+                    lambda k, *_: k < self.accumulate_steps,
+                    lambda k, sums, state: (k + 1, *add_micro_batch(k, sums, state)),
+                    (tf.constant(1), sums, state),
+                )
             grads = [None] * len(grads)
             for i, total in zip(present, sums):
                 grads[i] = total
         pairs = [(g, v) for g, v in zip(grads, variables) if g is not None]
         # strategy.all_reduce_dtype: summed in 16 bits (half the bytes to move), back in the variables' dtype for the optimizer
-        sent = [cast_down(g, self.all_reduce_dtype) for g, _ in pairs] if self.all_reduce_dtype else [g for g, _ in pairs]
+        sent = (
+            [cast_down(g, self.all_reduce_dtype) for g, _ in pairs] if self.all_reduce_dtype else [g for g, _ in pairs]
+        )
         if self.gradient_sum is not None:
             summed = self.gradient_sum(sent)
         else:
-            summed = tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM, sent, options=self.all_reduce_options)
+            summed = tf.distribute.get_replica_context().all_reduce(
+                tf.distribute.ReduceOp.SUM, sent, options=self.all_reduce_options
+            )
         if self.all_reduce_dtype:
             summed = [cast_back(s, g, v) for s, (g, v) in zip(summed, pairs)]
         self.optimizer.apply_gradients(zip(summed, [v for _, v in pairs]))
@@ -209,7 +244,9 @@ def _first_line(error: Exception) -> str:
 
 def _add(total, more):
     if isinstance(total, tf.IndexedSlices):  # rows listed twice add up when applied (scatter-add)
-        return tf.IndexedSlices(tf.concat([total.values, more.values], 0), tf.concat([total.indices, more.indices], 0), total.dense_shape)
+        return tf.IndexedSlices(
+            tf.concat([total.values, more.values], 0), tf.concat([total.indices, more.indices], 0), total.dense_shape
+        )
     return total + more
 
 

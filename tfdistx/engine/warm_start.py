@@ -33,16 +33,26 @@ TRIES = 3  # reads of a source run's newest checkpoint, which a run still traini
 def warm_start(run: Run) -> dict:
     """Load the source's weights into the run's model; what was done, for the log and tests."""
     init, skip = run.spec.checkpoint.init_from, run.spec.checkpoint.init_skip
-    if init.kind is None:  # left unresolved because the run was to resume (spec.py), but its checkpoints could not be read
-        raise ConfigError.one(KEY, init.path, f"cannot be read ({kinds.kind(init.path)[1] or 'its run config cannot be resolved'}), "
-                              "and this run starts afresh: its own checkpoints could not be read (they are kept aside)")
+    if (
+        init.kind is None
+    ):  # left unresolved because the run was to resume (spec.py), but its checkpoints could not be read
+        raise ConfigError.one(
+            KEY,
+            init.path,
+            f"cannot be read ({kinds.kind(init.path)[1] or 'its run config cannot be resolved'}), "
+            "and this run starts afresh: its own checkpoints could not be read (they are kept aside)",
+        )
     source, described = _source_weights(run)
     targets = _weights(run.model)
     patterns = [re.compile(pattern) for pattern in skip]
     if len(source) != len(targets):
-        raise ConfigError.one(KEY, init.path, f"{described} has {len(source)} variables, this run's model {len(targets)}: a warm start "
-                              "copies them in order, so the models must have the same layers (a layer of another size is fine: "
-                              "leave it freshly initialised with checkpoint.init_skip=['REGEX'])")
+        raise ConfigError.one(
+            KEY,
+            init.path,
+            f"{described} has {len(source)} variables, this run's model {len(targets)}: a warm start "
+            "copies them in order, so the models must have the same layers (a layer of another size is fine: "
+            "leave it freshly initialised with checkpoint.init_skip=['REGEX'])",
+        )
     skipped, differ, used = [], [], set()
     for target, (source_path, value) in zip(targets, source):
         hits = [pattern for pattern in patterns if pattern.search(target.path)]
@@ -51,14 +61,28 @@ def warm_start(run: Run) -> dict:
             used.update(pattern.pattern for pattern in hits)
         elif tuple(target.shape) != tuple(value.shape):
             differ.append(f"{target.path} {tuple(target.shape)} here, {source_path} {tuple(value.shape)} there")
-    problems = [Problem("checkpoint.init_skip", pattern.pattern, "matches no variable of this run's model; its variables: "
-                        + ", ".join(v.path for v in targets[:8]) + (", ..." if len(targets) > 8 else ""))
-                for pattern in patterns if pattern.pattern not in used]
+    problems = [
+        Problem(
+            "checkpoint.init_skip",
+            pattern.pattern,
+            "matches no variable of this run's model; its variables: "
+            + ", ".join(v.path for v in targets[:8])
+            + (", ..." if len(targets) > 8 else ""),
+        )
+        for pattern in patterns
+        if pattern.pattern not in used
+    ]
     if differ:
         layer = differ[0].split(" ", 1)[0].rsplit("/", 1)[0].rsplit("/", 1)[-1]
-        problems.append(Problem(KEY, init.path, f"{len(differ)} variable{'s' if len(differ) != 1 else ''} of {described} differ in "
-                                f"shape from this run's: {'; '.join(differ[:3])}{'; ...' if len(differ) > 3 else ''}. Leave them "
-                                f"freshly initialised with checkpoint.init_skip=['REGEX'] (e.g. checkpoint.init_skip=['{layer}/'])"))
+        problems.append(
+            Problem(
+                KEY,
+                init.path,
+                f"{len(differ)} variable{'s' if len(differ) != 1 else ''} of {described} differ in "
+                f"shape from this run's: {'; '.join(differ[:3])}{'; ...' if len(differ) > 3 else ''}. Leave them "
+                f"freshly initialised with checkpoint.init_skip=['REGEX'] (e.g. checkpoint.init_skip=['{layer}/'])",
+            )
+        )
     if problems:
         raise ConfigError(problems)
     with run.strategy.scope():  # the cross-replica context: each assignment reaches every replica's (or the ps') copy
@@ -67,8 +91,14 @@ def warm_start(run: Run) -> dict:
                 target.assign(value)
     slots_for_the_loaded_weights(run)
     loaded = len(targets) - len(skipped)
-    log.info("warm start from %s: %d variable%s loaded, %d left freshly initialised%s", described, loaded, "s" if loaded != 1 else "",
-             len(skipped), f" (checkpoint.init_skip: {', '.join(skipped)})" if skipped else "")
+    log.info(
+        "warm start from %s: %d variable%s loaded, %d left freshly initialised%s",
+        described,
+        loaded,
+        "s" if loaded != 1 else "",
+        len(skipped),
+        f" (checkpoint.init_skip: {', '.join(skipped)})" if skipped else "",
+    )
     return {"path": init.path, "source": described, "loaded": loaded, "skipped": skipped}
 
 
@@ -101,10 +131,15 @@ def _source_weights(run: Run) -> Tuple[List[Tuple[str, object]], str]:
             try:
                 model = restored(spec, path, init.path, into="its run" if init.spec else "this run")
             except Vanished:
-                raise RunFault(f"{KEY}={init.path!r}: was removed while it was read (its run, still training, keeps only its "
-                               f"checkpoint.max_to_keep newest): name that run's directory, for its newest checkpoint, or one it keeps "
-                               f"(exit {EXIT_RUN_DIR_LOCKED})", EXIT_RUN_DIR_LOCKED) from None
-        described = f"{os.path.basename(path)} of {init.spec.run_dir if init.spec else 'a checkpoint read as this run'}'s model"
+                raise RunFault(
+                    f"{KEY}={init.path!r}: was removed while it was read (its run, still training, keeps only its "
+                    f"checkpoint.max_to_keep newest): name that run's directory, for its newest checkpoint, or one it keeps "
+                    f"(exit {EXIT_RUN_DIR_LOCKED})",
+                    EXIT_RUN_DIR_LOCKED,
+                ) from None
+        described = (
+            f"{os.path.basename(path)} of {init.spec.run_dir if init.spec else 'a checkpoint read as this run'}'s model"
+        )
     else:
         described = f"{os.path.basename(init.path)}"
         model = _keras_model(init.path) if init.kind == kinds.KERAS else _model_with_weights_file(run, init.path)
@@ -126,9 +161,13 @@ def _model_with_weights_file(run: Run, path: str):
     try:
         model.load_weights(os.path.expanduser(path))
     except Exception as error:
-        raise ConfigError.one(KEY, path, f"cannot be loaded into this run's model: {_other_weights(path, model) or _first_line(error)}; "
-                              "a .weights.h5 is read as this run's model: give one saved from a model built as this run's is, "
-                              "or a .keras file (it brings its own model)") from None
+        raise ConfigError.one(
+            KEY,
+            path,
+            f"cannot be loaded into this run's model: {_other_weights(path, model) or _first_line(error)}; "
+            "a .weights.h5 is read as this run's model: give one saved from a model built as this run's is, "
+            "or a .keras file (it brings its own model)",
+        ) from None
     return model
 
 
@@ -152,7 +191,9 @@ def restored(spec, path: str, given: str, into: str):
     except Exception as error:
         if not os.path.exists(f"{path}.index"):  # CheckpointManager removes a checkpoint's .index first
             raise Vanished(path) from None
-        raise ConfigError.one(KEY, given, f"{os.path.basename(path)} cannot be restored into {into}'s model: {_first_line(error)}") from None
+        raise ConfigError.one(
+            KEY, given, f"{os.path.basename(path)} cannot be restored into {into}'s model: {_first_line(error)}"
+        ) from None
 
 
 def newest_restored(spec, given: str, restore=restored) -> Tuple[str, object]:
@@ -168,10 +209,16 @@ def newest_restored(spec, given: str, restore=restored) -> Tuple[str, object]:
             return path, restore(spec, path, given, "its run")
         except Vanished:
             gone.append(os.path.basename(path))
-            log.warning("warm start: %s was removed while it was read (its run is still training); taking the newest again", path)
-    raise RunFault(f"{KEY}={given!r}: its newest checkpoint was removed while it was read, {TRIES} times ({', '.join(gone)}): that "
-                   "run is still training and rotates its checkpoints away (checkpoint.max_to_keep). Run again, or give one it keeps "
-                   f"(RUN/checkpoints/best/ckpt-N, with checkpoint.keep_best) (exit {EXIT_RUN_DIR_LOCKED})", EXIT_RUN_DIR_LOCKED)
+            log.warning(
+                "warm start: %s was removed while it was read (its run is still training); taking the newest again",
+                path,
+            )
+    raise RunFault(
+        f"{KEY}={given!r}: its newest checkpoint was removed while it was read, {TRIES} times ({', '.join(gone)}): that "
+        "run is still training and rotates its checkpoints away (checkpoint.max_to_keep). Run again, or give one it keeps "
+        f"(RUN/checkpoints/best/ckpt-N, with checkpoint.keep_best) (exit {EXIT_RUN_DIR_LOCKED})",
+        EXIT_RUN_DIR_LOCKED,
+    )
 
 
 def _other_weights(path: str, model) -> Optional[str]:
@@ -183,7 +230,9 @@ def _other_weights(path: str, model) -> Optional[str]:
     try:
         with h5py.File(os.path.expanduser(path), "r") as weights_file:
             there = []
-            weights_file.visititems(lambda _, item: there.append(tuple(item.shape)) if isinstance(item, h5py.Dataset) else None)
+            weights_file.visititems(
+                lambda _, item: there.append(tuple(item.shape)) if isinstance(item, h5py.Dataset) else None
+            )
     except Exception:  # unreadable: Keras' own words say so
         return None
     here = [tuple(v.shape) for v in _weights(model)]

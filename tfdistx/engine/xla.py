@@ -36,9 +36,17 @@ def decide(trainer, checkpoint, facts, gpus: bool, model, feature_spec) -> Tuple
     layers = weighted_layer_kinds(model)
     ops = forward_op_types(model, feature_spec) if compute.decided_by_the_model(asked, facts, gpus, accumulate) else ()
     jit, why = compute.decide_jit(asked, facts, gpus=gpus, layers=layers, ops=ops, accumulate_steps=accumulate)
-    per_call, per_call_why = compute.decide_steps_per_xla_call(trainer.steps_per_xla_call, jit, facts, trainer.steps_per_loop,
-                                                               compute.loop_periods(trainer, checkpoint), gpus=gpus, layers=layers,
-                                                               ops=ops, accumulate_steps=accumulate)
+    per_call, per_call_why = compute.decide_steps_per_xla_call(
+        trainer.steps_per_xla_call,
+        jit,
+        facts,
+        trainer.steps_per_loop,
+        compute.loop_periods(trainer, checkpoint),
+        gpus=gpus,
+        layers=layers,
+        ops=ops,
+        accumulate_steps=accumulate,
+    )
     refused = compute.steps_per_xla_call_problem(trainer.steps_per_xla_call, jit, why)
     if refused:
         raise ConfigError([refused])
@@ -53,7 +61,11 @@ def weighted_layer_kinds(model) -> set:
     sublayers is that model's or layer's (a custom class is its own kind)."""
     kinds = set()
     for layer in internals.sublayers(model, include_self=True, recursive=True):
-        inside = {id(weight) for sublayer in internals.sublayers(layer, include_self=False, recursive=False) for weight in sublayer.weights}
+        inside = {
+            id(weight)
+            for sublayer in internals.sublayers(layer, include_self=False, recursive=False)
+            for weight in sublayer.weights
+        }
         if any(id(weight) not in inside for weight in layer.weights):
             kinds.add(type(layer).__name__)
     return kinds
@@ -64,8 +76,14 @@ def forward_op_types(model, feature_spec) -> set:
     it calls too), traced for a batch of `feature_spec` (one example's
     specs) and not run: no variable changes."""
     batch_spec = tf.nest.map_structure(lambda spec: tf.TensorSpec([None, *spec.shape], spec.dtype), feature_spec)
-    graph = tf.function(lambda features: model(features, training=True), autograph=False).get_concrete_function(batch_spec).graph.as_graph_def()
-    return {node.op for node in graph.node} | {node.op for function in graph.library.function for node in function.node_def}
+    graph = (
+        tf.function(lambda features: model(features, training=True), autograph=False)
+        .get_concrete_function(batch_spec)
+        .graph.as_graph_def()
+    )
+    return {node.op for node in graph.node} | {
+        node.op for function in graph.library.function for node in function.node_def
+    }
 
 
 def compile_or_fall_back(run, runner) -> None:
@@ -80,9 +98,15 @@ def compile_or_fall_back(run, runner) -> None:
         return
     trainer = run.spec.trainer
     if trainer.jit_compile is True:
-        raise ConfigError.one("trainer.jit_compile", True, f"XLA cannot compile this run's step: {failure.rstrip('.')}: use false or auto")
-    problem = compute.steps_per_xla_call_problem(trainer.steps_per_xla_call, False, "off: it cannot compile this run's step",
-                                                 fix="set trainer.steps_per_xla_call=1 or auto")
+        raise ConfigError.one(
+            "trainer.jit_compile", True, f"XLA cannot compile this run's step: {failure.rstrip('.')}: use false or auto"
+        )
+    problem = compute.steps_per_xla_call_problem(
+        trainer.steps_per_xla_call,
+        False,
+        "off: it cannot compile this run's step",
+        fix="set trainer.steps_per_xla_call=1 or auto",
+    )
     if problem:
         raise ConfigError([problem])
     if run.placement.is_chief:
@@ -93,4 +117,6 @@ def compile_or_fall_back(run, runner) -> None:
 
 def replica_batch_spec(run) -> tuple:
     """The specs of one replica's batch of the run's training data: what the step is compiled for."""
-    return tf.nest.map_structure(lambda spec: tf.TensorSpec([run.per_replica_batch, *spec.shape], spec.dtype), run.source.element_spec)
+    return tf.nest.map_structure(
+        lambda spec: tf.TensorSpec([run.per_replica_batch, *spec.shape], spec.dtype), run.source.element_spec
+    )

@@ -49,8 +49,11 @@ class Gone(RunFault):
     one line, and exit code 8 (no retry cures it: the install must change)."""
 
     def __init__(self, distribution: str, internal: str, use: str):
-        super().__init__(f"this {_NAMES[distribution]} ({installed_version(distribution)}) has no {internal}, which tfdistx "
-                         f"uses {use}: install {PINS[distribution]} (docs/development.md: Moving the pinned versions)", EXIT_UNSUPPORTED_VERSION)
+        super().__init__(
+            f"this {_NAMES[distribution]} ({installed_version(distribution)}) has no {internal}, which tfdistx "
+            f"uses {use}: install {PINS[distribution]} (docs/development.md: Moving the pinned versions)",
+            EXIT_UNSUPPORTED_VERSION,
+        )
 
 
 def installed_version(distribution: str) -> str:
@@ -101,9 +104,13 @@ class Internal:
         found: Optional[Any] = None
         parts = self.owner.split(".")
         for depth, part in enumerate(parts):
-            path = ".".join(parts[:depth + 1])
+            path = ".".join(parts[: depth + 1])
             try:  # a module's attribute, else a submodule not yet imported
-                found = getattr(found, part) if found is not None and hasattr(found, part) else importlib.import_module(path)
+                found = (
+                    getattr(found, part)
+                    if found is not None and hasattr(found, part)
+                    else importlib.import_module(path)
+                )
             except ImportError:
                 raise Gone(self.distribution, self.owner, self.use) from None
         return found

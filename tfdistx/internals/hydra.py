@@ -13,20 +13,33 @@ from tfdistx.internals import Internal
 # ...). Hydra parses sys.argv inside hydra.main only; tfdistx must read the
 # same command line before it (to check a run's config before TensorFlow, and
 # a sweep's before its first job).
-_ARGS_PARSER = Internal("hydra-core", "hydra._internal.utils", "get_args_parser",
-                        "to read Hydra's command line before hydra.main does")
+_ARGS_PARSER = Internal(
+    "hydra-core", "hydra._internal.utils", "get_args_parser", "to read Hydra's command line before hydra.main does"
+)
 # What Hydra.run builds from `hydra.callbacks` and hands to run_job: tfdistx
 # runs a single run's job itself (composed once), as Hydra's own `run` does.
-_CALLBACKS = Internal("hydra-core", "hydra._internal.callbacks", "Callbacks",
-                      "to run a single run's job (and its hydra.callbacks) as Hydra's own run does")
+_CALLBACKS = Internal(
+    "hydra-core",
+    "hydra._internal.callbacks",
+    "Callbacks",
+    "to run a single run's job (and its hydra.callbacks) as Hydra's own run does",
+)
 # A config file's header (`# @package _global_`), as Hydra reads it. A
 # ConfigSource plugin (config/recipes.py) must hand it to Hydra with the
 # file's config, and reads it to tell an experiment from a group option.
-_HEADER = Internal("hydra-core", "hydra.plugins.config_source.ConfigSource", "_get_header_dict",
-                   "to read a config file's `# @package` header")
+_HEADER = Internal(
+    "hydra-core",
+    "hydra.plugins.config_source.ConfigSource",
+    "_get_header_dict",
+    "to read a config file's `# @package` header",
+)
 # NAME -> NAME.yaml, as Hydra's own config sources name a config's file.
-_FILE_NAME = Internal("hydra-core", "hydra.plugins.config_source.ConfigSource", "_normalize_file_name",
-                      "to find a recipe's file as Hydra's own config sources do")
+_FILE_NAME = Internal(
+    "hydra-core",
+    "hydra.plugins.config_source.ConfigSource",
+    "_normalize_file_name",
+    "to find a recipe's file as Hydra's own config sources do",
+)
 
 
 def args_parser():

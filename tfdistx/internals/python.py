@@ -11,7 +11,9 @@ from tfdistx.internals import Internal
 # os._exit (cli.end_process: without Python's teardown, which can wait
 # minutes on tf.data's threads) must still run them, and only this runs
 # them before the interpreter's own exit.
-_RUN_EXIT_FUNCTIONS = Internal("python", "atexit", "_run_exitfuncs", "to end a process without waiting on its input pipelines")
+_RUN_EXIT_FUNCTIONS = Internal(
+    "python", "atexit", "_run_exitfuncs", "to end a process without waiting on its input pipelines"
+)
 
 
 # The functions registered with threading._register_atexit, which Python's
@@ -20,8 +22,12 @@ _RUN_EXIT_FUNCTIONS = Internal("python", "atexit", "_run_exitfuncs", "to end a p
 # uses) stop their workers there. Skipped, multiprocessing's atexit function
 # then waits on loky's idle workers until they time out (300 s: a joblib
 # sweep that had finished sat there five minutes).
-_THREADING_EXIT_FUNCTIONS = Internal("python", "threading", "_threading_atexits",
-                                     "to stop the worker pools (a joblib sweep's processes) before a process ends with os._exit")
+_THREADING_EXIT_FUNCTIONS = Internal(
+    "python",
+    "threading",
+    "_threading_atexits",
+    "to stop the worker pools (a joblib sweep's processes) before a process ends with os._exit",
+)
 
 
 def run_exit_functions() -> None:
@@ -37,4 +43,3 @@ PROBES = (_RUN_EXIT_FUNCTIONS, _THREADING_EXIT_FUNCTIONS)
 
 def probe() -> None:
     internals.probe(PROBES)
-

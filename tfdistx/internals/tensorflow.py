@@ -27,13 +27,21 @@ _KEEPS_DETERMINISM_TO_ITS_RUN = "to keep trainer.deterministic to one run of a s
 # What ParameterServerStrategy makes of a variable its `variable_partitioner`
 # splits. TensorFlow exports the class only in tf.__internal__ (its API for
 # Keras); tfdistx must tell such variables apart and build one from shards.
-_SHARDED_VARIABLE = Internal("tensorflow", "tensorflow.__internal__.distribute", "ShardedVariable",
-                             "to train and checkpoint the variables strategy.partitioner splits")
+_SHARDED_VARIABLE = Internal(
+    "tensorflow",
+    "tensorflow.__internal__.distribute",
+    "ShardedVariable",
+    "to train and checkpoint the variables strategy.partitioner splits",
+)
 # How a ShardedVariable saves itself: one tensor, each shard a slice of it.
 # TensorFlow's saver asks a trackable for it before `_serialize_to_tensors`
 # (what a Keras variable defines), when its class defines it nearer in the MRO.
-_GATHER_SAVEABLES = Internal("tensorflow", "tensorflow.__internal__.distribute.ShardedVariable", "_gather_saveables_for_checkpoint",
-                             "to save a split variable as one tensor, restorable onto any number of ps tasks")
+_GATHER_SAVEABLES = Internal(
+    "tensorflow",
+    "tensorflow.__internal__.distribute.ShardedVariable",
+    "_gather_saveables_for_checkpoint",
+    "to save a split variable as one tensor, restorable onto any number of ps tasks",
+)
 
 
 def is_sharded_variable(value) -> bool:
@@ -66,8 +74,11 @@ def _saved_as_slices(cls):
     def _gather_saveables_for_checkpoint(self):
         return self.value._gather_saveables_for_checkpoint()
 
-    return type(cls.__name__, (cls,), {"_gather_saveables_for_checkpoint": _gather_saveables_for_checkpoint,
-                                       "__module__": __name__})
+    return type(
+        cls.__name__,
+        (cls,),
+        {"_gather_saveables_for_checkpoint": _gather_saveables_for_checkpoint, "__module__": __name__},
+    )
 
 
 # --- Checkpoints: what an object saves, and under which names ------------------
@@ -76,11 +87,14 @@ def _saved_as_slices(cls):
 # it (TensorFlow's Trackable); no public method lists an object's checkpoint
 # dependencies, nor lets an object choose them.
 _TRACKABLE_CHILDREN = Internal("tensorflow", "tensorflow.Module", "_trackable_children", _CHECKPOINTS_SPLIT_OPTIMIZER)
-_OPTIMIZER_CHILDREN = Internal("keras", "keras.optimizers.Optimizer", "_trackable_children", _CHECKPOINTS_SPLIT_OPTIMIZER)
+_OPTIMIZER_CHILDREN = Internal(
+    "keras", "keras.optimizers.Optimizer", "_trackable_children", _CHECKPOINTS_SPLIT_OPTIMIZER
+)
 # What TensorFlow's tracking makes of a plain list or dict set on a trackable
 # (ListWrapper, _DictWrapper ...), and the function that makes one: tf.__internal__ only.
-_DATA_STRUCTURE = Internal("tensorflow", "tensorflow.__internal__.tracking", "TrackableDataStructure",
-                           _CHECKPOINTS_SPLIT_OPTIMIZER)
+_DATA_STRUCTURE = Internal(
+    "tensorflow", "tensorflow.__internal__.tracking", "TrackableDataStructure", _CHECKPOINTS_SPLIT_OPTIMIZER
+)
 _WRAP = Internal("tensorflow", "tensorflow.__internal__.tracking", "wrap", _CHECKPOINTS_SPLIT_OPTIMIZER)
 
 
@@ -117,8 +131,9 @@ def tracked(value):
 # checkpoints under their own names.
 OPTIMIZER_TRAINABLE_VARIABLES = "_trainable_variables"
 OPTIMIZER_VARIABLES = "_variables"
-_TRAINABLE_VARIABLES = Internal("keras", "keras.optimizers.Optimizer", OPTIMIZER_TRAINABLE_VARIABLES,
-                                _RESPLITS_TABLES, instance=True)
+_TRAINABLE_VARIABLES = Internal(
+    "keras", "keras.optimizers.Optimizer", OPTIMIZER_TRAINABLE_VARIABLES, _RESPLITS_TABLES, instance=True
+)
 _OWN_VARIABLES = Internal("keras", "keras.optimizers.Optimizer", OPTIMIZER_VARIABLES, _RESPLITS_TABLES, instance=True)
 
 
@@ -131,6 +146,7 @@ def saved_trainable_variable_key(index: int, optimizer: str = "optimizer") -> st
 
 
 # --- A Keras optimizer's slots --------------------------------------------------
+
 
 # Keras names a slot `<its variable's path, / as _>_<slot>` (add_variable_from_reference:
 # adam/dense_kernel_momentum); no public map from a variable to its slots exists.
@@ -164,9 +180,15 @@ def slot_lists(optimizer) -> dict:
     attribute name (Adam's _momentums and _velocities): Keras keeps them in
     private attributes of each optimizer class, and nothing public lists them."""
     count = len(trainable_variables_of(optimizer))
-    return {name: value for name, value in vars(optimizer).items()
-            if name not in (OPTIMIZER_VARIABLES, OPTIMIZER_TRAINABLE_VARIABLES) and isinstance(value, list) and len(value) == count and count
-            and all(isinstance(v, keras.Variable) for v in value)}
+    return {
+        name: value
+        for name, value in vars(optimizer).items()
+        if name not in (OPTIMIZER_VARIABLES, OPTIMIZER_TRAINABLE_VARIABLES)
+        and isinstance(value, list)
+        and len(value) == count
+        and count
+        and all(isinstance(v, keras.Variable) for v in value)
+    }
 
 
 # --- Gradients summed before the optimizer (engine/optim.py, update.py) ---------
@@ -176,8 +198,12 @@ def slot_lists(optimizer) -> dict:
 # (keras/src/backend/tensorflow/optimizer.py); tfdistx sums them before
 # (update.py says why), so the optimizer must not sum them again. No option
 # turns the sum off.
-_ALL_REDUCE_SUM = Internal("keras", "keras.optimizers.Optimizer", "_all_reduce_sum_gradients",
-                           "to keep the optimizer from summing gradients tfdistx has already summed over replicas")
+_ALL_REDUCE_SUM = Internal(
+    "keras",
+    "keras.optimizers.Optimizer",
+    "_all_reduce_sum_gradients",
+    "to keep the optimizer from summing gradients tfdistx has already summed over replicas",
+)
 
 
 class _GradientsArriveSummed:
@@ -197,8 +223,12 @@ def gradients_arrive_summed(cls):
 # Keras 3 lists the sublayers of any layer (a custom layer's too, where
 # `.layers` is only a Model's) and the layer itself only by this method,
 # which trainer.jit_compile=auto reads to find which layer holds each weight.
-_FLATTEN_LAYERS = Internal("keras", "keras.layers.Layer", "_flatten_layers", "to tell which layer holds each of a model's weights "
-                           "(trainer.jit_compile=auto)")
+_FLATTEN_LAYERS = Internal(
+    "keras",
+    "keras.layers.Layer",
+    "_flatten_layers",
+    "to tell which layer holds each of a model's weights (trainer.jit_compile=auto)",
+)
 
 
 def sublayers(layer, include_self: bool, recursive: bool) -> list:
@@ -235,10 +265,12 @@ def auc_counts(metric, state: Iterable) -> List[np.ndarray]:
 # tf.config.experimental exports enable_op_determinism alone: a later job of a
 # multirun in the same process can only be given its own setting back through
 # these two, in tensorflow.python.
-_DETERMINISM_ENABLED = Internal("tensorflow", "tensorflow.python.framework.config", "is_op_determinism_enabled",
-                                _KEEPS_DETERMINISM_TO_ITS_RUN)
-_DISABLE_DETERMINISM = Internal("tensorflow", "tensorflow.python.framework.config", "disable_op_determinism",
-                                _KEEPS_DETERMINISM_TO_ITS_RUN)
+_DETERMINISM_ENABLED = Internal(
+    "tensorflow", "tensorflow.python.framework.config", "is_op_determinism_enabled", _KEEPS_DETERMINISM_TO_ITS_RUN
+)
+_DISABLE_DETERMINISM = Internal(
+    "tensorflow", "tensorflow.python.framework.config", "disable_op_determinism", _KEEPS_DETERMINISM_TO_ITS_RUN
+)
 
 
 def op_determinism_enabled() -> bool:
@@ -252,8 +284,12 @@ def disable_op_determinism() -> None:
 # TF numbers a MirroredStrategy's collective groups from this class
 # attribute, and its runtime remembers each group's size for the life of the
 # process; no option of the strategy moves it (TF's own tests set it too).
-_COLLECTIVE_KEY_BASE = Internal("tensorflow", "tensorflow.distribute.MirroredStrategy", "_collective_key_base",
-                                "to give each MirroredStrategy of a process its own collective groups")
+_COLLECTIVE_KEY_BASE = Internal(
+    "tensorflow",
+    "tensorflow.distribute.MirroredStrategy",
+    "_collective_key_base",
+    "to give each MirroredStrategy of a process its own collective groups",
+)
 
 
 def number_mirrored_collectives_from(base: int) -> None:
@@ -267,13 +303,16 @@ def number_mirrored_collectives_from(base: int) -> None:
 # configured (its heartbeat timeout) through TensorFlow's eager context, with
 # the leader named as the strategy names it and the jobs as protos: none of
 # them is exported.
-_CONFIGURE_COORDINATION = Internal("tensorflow", "tensorflow.python.eager.context.Context", "configure_coordination_service",
-                                   _SETS_PEER_TIMEOUT)
+_CONFIGURE_COORDINATION = Internal(
+    "tensorflow", "tensorflow.python.eager.context.Context", "configure_coordination_service", _SETS_PEER_TIMEOUT
+)
 _CONTEXT = Internal("tensorflow", "tensorflow.python.eager.context", "context", _SETS_PEER_TIMEOUT)
-_COORDINATION_LEADER = Internal("tensorflow", "tensorflow.python.distribute.multi_worker_util", "coordination_leader",
-                                _SETS_PEER_TIMEOUT)
-_COORDINATED_JOB = Internal("tensorflow", "tensorflow.compiler.xla.tsl.protobuf.coordination_config_pb2", "CoordinatedJob",
-                            _SETS_PEER_TIMEOUT)
+_COORDINATION_LEADER = Internal(
+    "tensorflow", "tensorflow.python.distribute.multi_worker_util", "coordination_leader", _SETS_PEER_TIMEOUT
+)
+_COORDINATED_JOB = Internal(
+    "tensorflow", "tensorflow.compiler.xla.tsl.protobuf.coordination_config_pb2", "CoordinatedJob", _SETS_PEER_TIMEOUT
+)
 
 
 def configure_coordination_service(cluster_spec, jobs: Mapping[str, int], heartbeat_timeout_ms: int) -> None:
@@ -281,9 +320,11 @@ def configure_coordination_service(cluster_spec, jobs: Mapping[str, int], heartb
     (name -> tasks), with this heartbeat timeout; before the strategy is built."""
     coordinated_job = _COORDINATED_JOB.get()
     _CONTEXT.get()().configure_coordination_service(
-        service_type="standalone", service_leader=_COORDINATION_LEADER.get()(cluster_spec),
+        service_type="standalone",
+        service_leader=_COORDINATION_LEADER.get()(cluster_spec),
         coordinated_jobs=[coordinated_job(name=name, num_tasks=tasks) for name, tasks in jobs.items()],
-        heartbeat_timeout_in_ms=heartbeat_timeout_ms)
+        heartbeat_timeout_in_ms=heartbeat_timeout_ms,
+    )
 
 
 # --- Thread pools that sleep when idle (a local cluster's tasks, spec/threads.py) ---
@@ -292,8 +333,13 @@ def configure_coordination_service(cluster_spec, jobs: Mapping[str, int], heartb
 # experimental.disable_thread_spinning is set, and TF2 takes that config
 # only from its eager context's own, before the runtime starts (and passes
 # it on to the server a multi-worker strategy starts): no public setter.
-_CONTEXT_CONFIG = Internal("tensorflow", "tensorflow.python.eager.context.Context", "_config",
-                           "to keep a local cluster's tasks from spinning on the cores they share", instance=True)
+_CONTEXT_CONFIG = Internal(
+    "tensorflow",
+    "tensorflow.python.eager.context.Context",
+    "_config",
+    "to keep a local cluster's tasks from spinning on the cores they share",
+    instance=True,
+)
 
 
 def disable_thread_spinning() -> None:
@@ -313,10 +359,20 @@ def disable_thread_spinning() -> None:
 # counted in two attributes it keeps to itself: saved with a run's
 # checkpoint, so that a resumed run saves at the batches an uninterrupted
 # one does. Set in its __init__: checked on the object.
-_CHECKPOINT_BATCHES_SEEN = Internal("keras", "keras.callbacks.ModelCheckpoint", "_batches_seen_since_last_saving",
-                                    "to resume a ModelCheckpoint callback's count of batches", instance=True)
-_CHECKPOINT_LAST_BATCH = Internal("keras", "keras.callbacks.ModelCheckpoint", "_last_batch_seen",
-                                  "to resume a ModelCheckpoint callback's count of batches", instance=True)
+_CHECKPOINT_BATCHES_SEEN = Internal(
+    "keras",
+    "keras.callbacks.ModelCheckpoint",
+    "_batches_seen_since_last_saving",
+    "to resume a ModelCheckpoint callback's count of batches",
+    instance=True,
+)
+_CHECKPOINT_LAST_BATCH = Internal(
+    "keras",
+    "keras.callbacks.ModelCheckpoint",
+    "_last_batch_seen",
+    "to resume a ModelCheckpoint callback's count of batches",
+    instance=True,
+)
 
 
 def model_checkpoint_batches(callback) -> list:
@@ -331,13 +387,30 @@ def set_model_checkpoint_batches(callback, batches: list) -> None:
     setattr(callback, _CHECKPOINT_LAST_BATCH.attribute, batches[1])
 
 
-PROBES = (_SHARDED_VARIABLE, _GATHER_SAVEABLES, _TRACKABLE_CHILDREN, _OPTIMIZER_CHILDREN, _DATA_STRUCTURE, _WRAP,
-          _TRAINABLE_VARIABLES, _OWN_VARIABLES, _VARIABLE_INDEX, _ALL_REDUCE_SUM, _DETERMINISM_ENABLED, _DISABLE_DETERMINISM,
-          _COLLECTIVE_KEY_BASE, _CONFIGURE_COORDINATION, _CONTEXT, _COORDINATION_LEADER, _COORDINATED_JOB, _FLATTEN_LAYERS,
-          _CHECKPOINT_BATCHES_SEEN, _CHECKPOINT_LAST_BATCH)  # _CONTEXT_CONFIG: an instance's, checked where it is used
+PROBES = (
+    _SHARDED_VARIABLE,
+    _GATHER_SAVEABLES,
+    _TRACKABLE_CHILDREN,
+    _OPTIMIZER_CHILDREN,
+    _DATA_STRUCTURE,
+    _WRAP,
+    _TRAINABLE_VARIABLES,
+    _OWN_VARIABLES,
+    _VARIABLE_INDEX,
+    _ALL_REDUCE_SUM,
+    _DETERMINISM_ENABLED,
+    _DISABLE_DETERMINISM,
+    _COLLECTIVE_KEY_BASE,
+    _CONFIGURE_COORDINATION,
+    _CONTEXT,
+    _COORDINATION_LEADER,
+    _COORDINATED_JOB,
+    _FLATTEN_LAYERS,
+    _CHECKPOINT_BATCHES_SEEN,
+    _CHECKPOINT_LAST_BATCH,
+)  # _CONTEXT_CONFIG: an instance's, checked where it is used
 
 
 def probe() -> None:
     """Every internal above that can be looked for without building anything (Gone: the first missing)."""
     internals.probe(PROBES)
-

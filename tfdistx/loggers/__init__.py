@@ -54,8 +54,11 @@ class BuiltInLogger:
     @classmethod
     def keys(cls) -> Optional[Mapping[str, Any]]:
         """Its keys and their defaults, from its signature; None: a switch."""
-        taken = {name: parameter.default for name, parameter in inspect.signature(cls.maker()).parameters.items()
-                 if name not in RUNTIME and parameter.kind in (parameter.POSITIONAL_OR_KEYWORD, parameter.KEYWORD_ONLY)}
+        taken = {
+            name: parameter.default
+            for name, parameter in inspect.signature(cls.maker()).parameters.items()
+            if name not in RUNTIME and parameter.kind in (parameter.POSITIONAL_OR_KEYWORD, parameter.KEYWORD_ONLY)
+        }
         return taken or None
 
     @classmethod
@@ -80,7 +83,12 @@ def built_in() -> Tuple[type, ...]:
     found = {}
     for module in pkgutil.iter_modules(__path__, f"{__name__}."):
         for value in vars(importlib.import_module(module.name)).values():
-            if isinstance(value, type) and issubclass(value, BuiltInLogger) and value.name and value.__module__ == module.name:
+            if (
+                isinstance(value, type)
+                and issubclass(value, BuiltInLogger)
+                and value.name
+                and value.__module__ == module.name
+            ):
                 found[value.name] = value
     return tuple(sorted(found.values(), key=lambda logger: (not logger.on, logger.name)))
 

@@ -51,13 +51,25 @@ class MlflowLogger(BuiltInLogger):
 
     name, seconds, files = "mlflow", ("timeout",), (RUN_FILE, STORE_FILE, ARTIFACTS_DIR)
 
-    def __init__(self, run_dir: Path, config: Mapping[str, Any], experiment: str, tracking_uri: Optional[str],
-                 run_name: Optional[str], timeout: float, checkpoint_dir: Optional[Path] = None, logged: Sequence[dict] = ()):
+    def __init__(
+        self,
+        run_dir: Path,
+        config: Mapping[str, Any],
+        experiment: str,
+        tracking_uri: Optional[str],
+        run_name: Optional[str],
+        timeout: float,
+        checkpoint_dir: Optional[Path] = None,
+        logged: Sequence[dict] = (),
+    ):
         """`logged`: the records metrics.jsonl holds as the run starts (a resumed run's, up to its checkpoint)."""
         # Bounded waits: MLflow's HTTP client otherwise retries for minutes (7 tries, 120 s each).
         os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", str(max(1, int(timeout))))
         os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
-        for name in ("mlflow.store.db.utils", "alembic"):  # "Creating initial MLflow database tables...": a new store's chatter
+        for name in (
+            "mlflow.store.db.utils",
+            "alembic",
+        ):  # "Creating initial MLflow database tables...": a new store's chatter
             logging.getLogger(name).setLevel(logging.WARNING)
         self.run_dir = run_dir
         checkpoints = Path(checkpoint_dir or Path(run_dir) / "checkpoints")
@@ -74,13 +86,28 @@ class MlflowLogger(BuiltInLogger):
         self._catch_up(logged)
 
     @classmethod
-    def for_run(cls, run_dir: Path, config: Mapping[str, Any], experiment: str = "tfdistx", tracking_uri: Optional[str] = None,
-                run_name: Optional[str] = None, timeout: float = 30.0) -> "MlflowLogger":
+    def for_run(
+        cls,
+        run_dir: Path,
+        config: Mapping[str, Any],
+        experiment: str = "tfdistx",
+        tracking_uri: Optional[str] = None,
+        run_name: Optional[str] = None,
+        timeout: float = 30.0,
+    ) -> "MlflowLogger":
         """logger.mlflow: checkpoints where the run's resolved config says
         (checkpoint.dir, else the run dir's), and the records metrics.jsonl holds as the run starts."""
         checkpoint_dir = Path((config.get("checkpoint") or {}).get("dir") or Path(run_dir) / "checkpoints")
-        return cls(Path(run_dir), config, experiment, tracking_uri, run_name, timeout, checkpoint_dir=checkpoint_dir,
-                   logged=[record for _, record in read_jsonl(Path(run_dir) / "metrics.jsonl")])
+        return cls(
+            Path(run_dir),
+            config,
+            experiment,
+            tracking_uri,
+            run_name,
+            timeout,
+            checkpoint_dir=checkpoint_dir,
+            logged=[record for _, record in read_jsonl(Path(run_dir) / "metrics.jsonl")],
+        )
 
     @classmethod
     def shown(cls, keys: Mapping[str, Any]) -> str:
@@ -127,7 +154,7 @@ class MlflowLogger(BuiltInLogger):
 
         params = [Param(key, str(value)[:_MAX_PARAM_VALUE]) for key, value in sorted(_flat(config).items())]
         for at in range(0, len(params), _MAX_PARAMS_PER_CALL):
-            client.log_batch(run_id, params=params[at:at + _MAX_PARAMS_PER_CALL])
+            client.log_batch(run_id, params=params[at : at + _MAX_PARAMS_PER_CALL])
         return client, run_id
 
     def __call__(self, step: int, metrics: dict) -> None:
@@ -148,14 +175,17 @@ class MlflowLogger(BuiltInLogger):
 
         metrics = [Metric(key, float(value), at, step) for step, at, values in final for key, value in values.items()]
         for start in range(0, len(metrics), _MAX_METRICS_PER_CALL):
-            self.client.log_batch(self.run_id, metrics=metrics[start:start + _MAX_METRICS_PER_CALL])
-        self.pending = self.pending[len(final):]
+            self.client.log_batch(self.run_id, metrics=metrics[start : start + _MAX_METRICS_PER_CALL])
+        self.pending = self.pending[len(final) :]
         self._keep(self.uri, self.run_id, sent_up_to=final[-1][0])
 
     def _keep(self, uri: str, run_id: str, sent_up_to: int) -> None:
         """<run dir>/mlflow.json: the MLflow run a resumed run logs on into, and the last step it was sent."""
         # whole or not at all: a kill mid-write leaves the last one
-        write_whole(self.run_dir / RUN_FILE, json.dumps({"tracking_uri": uri, "run_id": run_id, "sent_up_to": sent_up_to}) + "\n")
+        write_whole(
+            self.run_dir / RUN_FILE,
+            json.dumps({"tracking_uri": uri, "run_id": run_id, "sent_up_to": sent_up_to}) + "\n",
+        )
 
 
 def kept_run(run_dir: Path) -> Optional[dict]:

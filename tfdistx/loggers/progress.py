@@ -34,7 +34,9 @@ class ConsoleProgress(BuiltInLogger):
         self.last_step: Optional[int] = None
         self.live = _is_a_terminal(self.stream) if live is None else live
         self.step, self.started = start_step, time.monotonic()
-        self.first: Optional[Tuple[int, float]] = None  # (step, time) of the first call's end: the rate leaves out tracing
+        self.first: Optional[Tuple[int, float]] = (
+            None  # (step, time) of the first call's end: the rate leaves out tracing
+        )
         self.lock, self.stopped = threading.Lock(), threading.Event()
         if self.live:
             threading.Thread(target=self._redraw_every_second, name="tfdistx-progress", daemon=True).start()

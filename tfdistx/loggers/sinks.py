@@ -55,7 +55,9 @@ class CsvLogger(BuiltInLogger):
         if path.exists():
             columns, rows = self._read()
             self.columns = columns or self.columns
-            self._rewrite([row for row in rows if _int_or_none(row.get("step")) is not None and int(row["step"]) <= resume_step])
+            self._rewrite(
+                [row for row in rows if _int_or_none(row.get("step")) is not None and int(row["step"]) <= resume_step]
+            )
 
     @classmethod
     def for_run(cls, run_dir: Path, start_step: int = 0) -> "CsvLogger":
@@ -135,22 +137,37 @@ class WandbLogger(BuiltInLogger):
 
     name, seconds, files = "wandb", ("init_timeout",), ("wandb",)
 
-    def __init__(self, run_dir: Path, config: dict, project: str = "tfdistx", entity: Optional[str] = None, mode: Optional[str] = None,
-                 tags: Sequence[str] = (), init_timeout: float = 30.0):
+    def __init__(
+        self,
+        run_dir: Path,
+        config: dict,
+        project: str = "tfdistx",
+        entity: Optional[str] = None,
+        mode: Optional[str] = None,
+        tags: Sequence[str] = (),
+        init_timeout: float = 30.0,
+    ):
         import wandb
 
         self.wandb = wandb
         mode = mode or ("online" if _wandb_key_configured() else "offline")
-        init = dict(project=project, entity=entity, dir=str(run_dir), config=config, tags=list(tags), reinit="finish_previous")
+        init = dict(
+            project=project, entity=entity, dir=str(run_dir), config=config, tags=list(tags), reinit="finish_previous"
+        )
         if mode != "online":
             self.run = wandb.init(mode=mode, **init)
             return
         try:  # quiet: its retries would print a screenful; the outcome is said below
-            self.run = wandb.init(mode="online", settings=wandb.Settings(init_timeout=init_timeout, silent=True), **init)
+            self.run = wandb.init(
+                mode="online", settings=wandb.Settings(init_timeout=init_timeout, silent=True), **init
+            )
             log.info("W&B run: %s", self.run.url)
         except Exception as error:  # wandb's CommError, UsageError, a timeout: all mean "not now"
-            log.warning("W&B is unreachable (%s): logging offline to %s/wandb instead; `wandb sync` uploads it later",
-                        str(error).strip().splitlines()[0][:160], run_dir)
+            log.warning(
+                "W&B is unreachable (%s): logging offline to %s/wandb instead; `wandb sync` uploads it later",
+                str(error).strip().splitlines()[0][:160],
+                run_dir,
+            )
             self.run = wandb.init(mode="offline", settings=wandb.Settings(silent=True), **init)
 
     def __call__(self, step: int, metrics: dict) -> None:

@@ -21,7 +21,10 @@ from tfdistx.spec import strategies
 from tfdistx.spec.errors import Problem
 
 LAUNCH = "agent"
-AGENT_STRATEGIES = ("multiworker", "parameter_server")  # a worker per node; parameter servers' chief and ps on the store's node
+AGENT_STRATEGIES = (
+    "multiworker",
+    "parameter_server",
+)  # a worker per node; parameter servers' chief and ps on the store's node
 _HOST_PORT = re.compile(r"^(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9_.-]+):(\d{1,5})$")
 
 
@@ -36,21 +39,46 @@ def problems(cfg) -> List[Problem]:
     store = agent.get("store")
     m = _HOST_PORT.match(store) if isinstance(store, str) else None
     if m is None or not 0 < int(m[2]) < 65536:
-        found.append(Problem("cluster.agent.store", store, "host:port of the rendezvous (a port from 1 to 65535), the same on every "
-                             "node; the agent on that host keeps the rounds"))
+        found.append(
+            Problem(
+                "cluster.agent.store",
+                store,
+                "host:port of the rendezvous (a port from 1 to 65535), the same on every "
+                "node; the agent on that host keeps the rounds",
+            )
+        )
     address = agent.get("address")
     if address is not None and not (isinstance(address, str) and _is_host(address)):
-        found.append(Problem("cluster.agent.address", address, "this node's host name or IP address, without a port; "
-                             "or null: the address it reaches the store from"))
+        found.append(
+            Problem(
+                "cluster.agent.address",
+                address,
+                "this node's host name or IP address, without a port; or null: the address it reaches the store from",
+            )
+        )
     name = cfg.strategy.get("name")
-    if name in strategies.NAMES and strategies.get(name, cluster.workers, cluster.devices_per_worker).name not in AGENT_STRATEGIES:
-        found.append(Problem("strategy", name, "an agent on every node runs one worker per node, of a multi-worker cluster: "
-                             "use strategy=multiworker or strategy=parameter_server"))
+    if (
+        name in strategies.NAMES
+        and strategies.get(name, cluster.workers, cluster.devices_per_worker).name not in AGENT_STRATEGIES
+    ):
+        found.append(
+            Problem(
+                "strategy",
+                name,
+                "an agent on every node runs one worker per node, of a multi-worker cluster: "
+                "use strategy=multiworker or strategy=parameter_server",
+            )
+        )
     elastic = cluster.get("elastic") or {}
     for key in ("hosts", "discover"):
         if elastic.get(key) is not None:
-            found.append(Problem(f"cluster.elastic.{key}", elastic.get(key), "with cluster.launch=agent the nodes are the agents that "
-                                 "reach the rendezvous: leave it null"))
+            found.append(
+                Problem(
+                    f"cluster.elastic.{key}",
+                    elastic.get(key),
+                    "with cluster.launch=agent the nodes are the agents that reach the rendezvous: leave it null",
+                )
+            )
     return found
 
 
@@ -59,14 +87,22 @@ def _is_host(text: str) -> bool:
         ipaddress.ip_address(text)
         return True
     except ValueError:
-        return bool(re.fullmatch(r"[A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?)*", text))
+        return bool(
+            re.fullmatch(r"[A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?)*", text)
+        )
 
 
 def plan_line(cluster, servers) -> str:
     """--plan's line of a run with an agent on every node (`servers`: the tasks its keeper's node runs beside its worker, per job)."""
     agent, low = cluster.agent, cluster.elastic.min_workers if cluster.elastic else cluster.workers
-    grace = f"a round waits {agent.join_grace:g}s past {low} agents for {cluster.workers}, " if low < cluster.workers else ""
+    grace = (
+        f"a round waits {agent.join_grace:g}s past {low} agents for {cluster.workers}, "
+        if low < cluster.workers
+        else ""
+    )
     servers = f" and runs {strategies.describe_jobs(servers)}" if servers else ""
-    return (f"agents        one per node, {low}:{cluster.workers} workers, meeting at {agent.store} (its host's agent keeps "
-            f"the rounds{servers}); {grace}a node silent {agent.lost_bound:g}s is lost, and the run stops after {agent.below_min_timeout:g}s "
-            f"below {low} (exit 9)")
+    return (
+        f"agents        one per node, {low}:{cluster.workers} workers, meeting at {agent.store} (its host's agent keeps "
+        f"the rounds{servers}); {grace}a node silent {agent.lost_bound:g}s is lost, and the run stops after {agent.below_min_timeout:g}s "
+        f"below {low} (exit 9)"
+    )

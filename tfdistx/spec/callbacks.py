@@ -17,15 +17,18 @@ _KERAS_PREFIXES = ("keras.callbacks.", "tf.keras.callbacks.", "tensorflow.keras.
 # Refused whatever their keys: tfdistx does their job itself, and running them would undo it.
 REFUSED = {
     "BackupAndRestore": "tfdistx resumes every run from its own checkpoints, exactly (weights, optimizer, step, data "
-                        "position, callbacks' state): drop it; checkpoint.every_steps sets how often a checkpoint is saved",
+    "position, callbacks' state): drop it; checkpoint.every_steps sets how often a checkpoint is saved",
     "SwapEMAWeights": "it swaps the optimizer's averages in for Keras' evaluate (on_test_begin), which tfdistx does not "
-                      "call: not supported",
+    "call: not supported",
 }
 # Refused with one key set so: (key, value, why and what to use instead).
 REFUSED_WITH = {
-    "EarlyStopping": ("restore_best_weights", True,
-                      "tfdistx keeps the best weights itself, on every worker and across a resume: set checkpoint.keep_best=true "
-                      "(its export is the best checkpoint's, by trainer.objective) and drop restore_best_weights"),
+    "EarlyStopping": (
+        "restore_best_weights",
+        True,
+        "tfdistx keeps the best weights itself, on every worker and across a resume: set checkpoint.keep_best=true "
+        "(its export is the best checkpoint's, by trainer.objective) and drop restore_best_weights",
+    ),
 }
 
 
@@ -52,7 +55,7 @@ def refusal(names: Iterable[str], keys: Mapping) -> Optional[str]:
 def problems(callbacks: Optional[Mapping]) -> list:
     """The `callbacks` group's entries that name a refused Keras callback."""
     found = []
-    for name, entry in (callbacks.items() if isinstance(callbacks, Mapping) else ()):
+    for name, entry in callbacks.items() if isinstance(callbacks, Mapping) else ():
         if not isinstance(entry, Mapping) or "_target_" not in entry:
             continue
         keras_class = keras_name(str(entry["_target_"]))

@@ -48,17 +48,85 @@ FASTER_UNDER_XLA_ON_CPU = frozenset({"Dense"})
 # arithmetic and activations, reductions, shapes, casts (mixed precision), variable reads and the
 # stateless random numbers of dropout; what XLA fuses. Any other op (a convolution, a gather, a
 # bincount, control flow) means the model is not one `auto` compiles on CPUs.
-DENSE_MODEL_OPS = frozenset({
-    "Placeholder", "Const", "Identity", "IdentityN", "NoOp", "PartitionedCall", "StatefulPartitionedCall",
-    "ReadVariableOp", "AssignVariableOp", "Cast", "MatMul", "BatchMatMulV2", "BiasAdd",
-    "AddV2", "Sub", "Mul", "RealDiv", "Neg", "Maximum", "Minimum", "Abs", "Square", "Sqrt", "Rsqrt", "Exp", "Log",
-    "Log1p", "Pow", "Erf", "Erfc", "FloorMod", "Sign", "Relu", "Relu6", "Elu", "Selu", "LeakyRelu", "Sigmoid", "Tanh",
-    "Softplus", "Softsign", "Softmax", "LogSoftmax", "Greater", "GreaterEqual", "Less", "LessEqual", "Equal", "NotEqual",
-    "LogicalAnd", "LogicalOr", "LogicalNot", "Select", "SelectV2", "Sum", "Mean", "Max", "Min",
-    "Reshape", "Squeeze", "ExpandDims", "Transpose", "ConcatV2", "Pack", "StridedSlice", "Shape", "Fill", "ZerosLike",
-    "OnesLike", "StatelessRandomGetKeyCounter", "StatelessRandomUniformV2", "StatelessRandomNormalV2",
-})
-_CPU_RULE = "on CPUs XLA pays only for a dense model's whole step, and slows convolutions and embeddings (docs/performance.md)"
+DENSE_MODEL_OPS = frozenset(
+    {
+        "Placeholder",
+        "Const",
+        "Identity",
+        "IdentityN",
+        "NoOp",
+        "PartitionedCall",
+        "StatefulPartitionedCall",
+        "ReadVariableOp",
+        "AssignVariableOp",
+        "Cast",
+        "MatMul",
+        "BatchMatMulV2",
+        "BiasAdd",
+        "AddV2",
+        "Sub",
+        "Mul",
+        "RealDiv",
+        "Neg",
+        "Maximum",
+        "Minimum",
+        "Abs",
+        "Square",
+        "Sqrt",
+        "Rsqrt",
+        "Exp",
+        "Log",
+        "Log1p",
+        "Pow",
+        "Erf",
+        "Erfc",
+        "FloorMod",
+        "Sign",
+        "Relu",
+        "Relu6",
+        "Elu",
+        "Selu",
+        "LeakyRelu",
+        "Sigmoid",
+        "Tanh",
+        "Softplus",
+        "Softsign",
+        "Softmax",
+        "LogSoftmax",
+        "Greater",
+        "GreaterEqual",
+        "Less",
+        "LessEqual",
+        "Equal",
+        "NotEqual",
+        "LogicalAnd",
+        "LogicalOr",
+        "LogicalNot",
+        "Select",
+        "SelectV2",
+        "Sum",
+        "Mean",
+        "Max",
+        "Min",
+        "Reshape",
+        "Squeeze",
+        "ExpandDims",
+        "Transpose",
+        "ConcatV2",
+        "Pack",
+        "StridedSlice",
+        "Shape",
+        "Fill",
+        "ZerosLike",
+        "OnesLike",
+        "StatelessRandomGetKeyCounter",
+        "StatelessRandomUniformV2",
+        "StatelessRandomNormalV2",
+    }
+)
+_CPU_RULE = (
+    "on CPUs XLA pays only for a dense model's whole step, and slows convolutions and embeddings (docs/performance.md)"
+)
 
 
 def jit_compile(cfg, gpus: Optional[bool] = None) -> Tuple[Optional[bool], str]:
@@ -71,8 +139,14 @@ def planned_jit(trainer, facts: strategies.Strategy, gpus: Optional[bool] = None
     return decide_jit(trainer.jit_compile, facts, gpus, accumulate_steps=trainer.accumulate_steps)
 
 
-def decide_jit(asked, facts: strategies.Strategy, gpus: Optional[bool] = None, layers: Optional[Iterable[str]] = None,
-               ops: Iterable[str] = (), accumulate_steps: int = 1) -> Tuple[Optional[bool], str]:
+def decide_jit(
+    asked,
+    facts: strategies.Strategy,
+    gpus: Optional[bool] = None,
+    layers: Optional[Iterable[str]] = None,
+    ops: Iterable[str] = (),
+    accumulate_steps: int = 1,
+) -> Tuple[Optional[bool], str]:
     """(compile with XLA?, why) for `trainer.jit_compile` = `asked`; `gpus`:
     whether TensorFlow found GPUs, `layers`: the class names of the layers
     that hold the model's weights (None: not known yet, and the answer may be
@@ -82,20 +156,30 @@ def decide_jit(asked, facts: strategies.Strategy, gpus: Optional[bool] = None, l
     if asked is False:
         return False, "off (trainer.jit_compile=false)"
     if facts.no_xla:  # only `auto` gets here: `true` is refused by problems()
-        return False, (f"off (auto): strategy={facts.name}: {facts.no_xla}" if layers is None
-                       else f"off (auto): strategy={facts.name} cannot use it")
+        return False, (
+            f"off (auto): strategy={facts.name}: {facts.no_xla}"
+            if layers is None
+            else f"off (auto): strategy={facts.name} cannot use it"
+        )
     if asked is True:
-        return True, "on (trainer.jit_compile=true)" + ("" if facts.xla_whole_step else ": the gradients; the sum and update outside")
+        return True, "on (trainer.jit_compile=true)" + (
+            "" if facts.xla_whole_step else ": the gradients; the sum and update outside"
+        )
     if gpus:
         return True, "on (auto): GPUs"
     if not facts.xla_whole_step:
-        return False, (f"off (auto): {_CPU_RULE}, and strategy={facts.name} compiles only the gradients" if layers is None
-                       else f"off (auto): on CPUs, and strategy={facts.name} would compile only the gradients")
+        return False, (
+            f"off (auto): {_CPU_RULE}, and strategy={facts.name} compiles only the gradients"
+            if layers is None
+            else f"off (auto): on CPUs, and strategy={facts.name} would compile only the gradients"
+        )
     if accumulate_steps > 1:
         return (False if gpus is False else None), (
-            f"off (auto): on CPUs, with trainer.accumulate_steps={accumulate_steps}" if layers is not None
+            f"off (auto): on CPUs, with trainer.accumulate_steps={accumulate_steps}"
+            if layers is not None
             else f"auto: on with GPUs; off on CPUs with trainer.accumulate_steps={accumulate_steps} (a step of {accumulate_steps} "
-                 "micro-batches trained slower compiled: docs/performance.md)")
+            "micro-batches trained slower compiled: docs/performance.md)"
+        )
     if gpus is None or layers is None:
         return None, f"auto: on with GPUs; on CPUs on for a model of Dense layers only, else off ({_CPU_RULE})"
     beyond = beyond_dense(layers, ops)
@@ -130,11 +214,19 @@ def steps_per_xla_call(cfg, gpus: Optional[bool] = None) -> Tuple[Optional[int],
     return planned_steps_per_xla_call(cfg.trainer, cfg.checkpoint, _facts(cfg), gpus)
 
 
-def planned_steps_per_xla_call(trainer, checkpoint, facts: strategies.Strategy, gpus: Optional[bool] = None) -> Tuple[Optional[int], str]:
+def planned_steps_per_xla_call(
+    trainer, checkpoint, facts: strategies.Strategy, gpus: Optional[bool] = None
+) -> Tuple[Optional[int], str]:
     """steps_per_xla_call of a config's or a RunSpec's `trainer` and `checkpoint` (what --plan says)."""
-    return decide_steps_per_xla_call(getattr(trainer, "steps_per_xla_call", "auto"), planned_jit(trainer, facts, gpus)[0], facts,
-                                     trainer.steps_per_loop, loop_periods(trainer, checkpoint), gpus,
-                                     accumulate_steps=trainer.accumulate_steps)
+    return decide_steps_per_xla_call(
+        getattr(trainer, "steps_per_xla_call", "auto"),
+        planned_jit(trainer, facts, gpus)[0],
+        facts,
+        trainer.steps_per_loop,
+        loop_periods(trainer, checkpoint),
+        gpus,
+        accumulate_steps=trainer.accumulate_steps,
+    )
 
 
 def loop_periods(trainer, checkpoint) -> Tuple[int, int, int]:
@@ -143,9 +235,17 @@ def loop_periods(trainer, checkpoint) -> Tuple[int, int, int]:
     return trainer.log_every, trainer.eval_every, checkpoint.every_steps
 
 
-def decide_steps_per_xla_call(asked, jit: Optional[bool], facts: strategies.Strategy, steps_per_loop: int, every: Iterable[int] = (),
-                              gpus: Optional[bool] = None, layers: Optional[Iterable[str]] = None,
-                              ops: Iterable[str] = (), accumulate_steps: int = 1) -> Tuple[Optional[int], str]:
+def decide_steps_per_xla_call(
+    asked,
+    jit: Optional[bool],
+    facts: strategies.Strategy,
+    steps_per_loop: int,
+    every: Iterable[int] = (),
+    gpus: Optional[bool] = None,
+    layers: Optional[Iterable[str]] = None,
+    ops: Iterable[str] = (),
+    accumulate_steps: int = 1,
+) -> Tuple[Optional[int], str]:
     """(consecutive steps in one XLA computation, why) for `trainer.steps_per_xla_call` = `asked`,
     once `decide_jit` has said `jit`. `every`: the loop's other periods (logging, evaluation,
     checkpoints; 0: none). At most `steps_per_loop`. `auto` takes the most steps, up to
@@ -161,31 +261,45 @@ def decide_steps_per_xla_call(asked, jit: Optional[bool], facts: strategies.Stra
         return (steps if jit else None), f"{steps} (trainer.steps_per_xla_call={asked}{capped})"
     if gpus:
         return 1, "1 (auto): with GPUs (the saving is shown on CPUs: docs/performance.md)"
-    if accumulate_steps > 1:  # slower at 10 than at 1 in benchmarks/bench_accumulation.py: K steps of N micro-batches stacked
+    if (
+        accumulate_steps > 1
+    ):  # slower at 10 than at 1 in benchmarks/bench_accumulation.py: K steps of N micro-batches stacked
         return 1, f"1 (auto): a step of {accumulate_steps} micro-batches is long beside a call's cost"
     periods = [steps_per_loop, *(n for n in every if n)]
     steps = max(k for k in range(1, MOST_STEPS_PER_XLA_CALL + 1) if all(n % k == 0 for n in periods))
     if gpus is None or layers is None:
-        return None, (f"auto: {steps} for the whole step of a model of Dense layers on CPUs ({_PER_CALL_RULE}; the most, up to "
-                      f"{MOST_STEPS_PER_XLA_CALL}, that divide the steps per loop, log, eval and checkpoint), else 1")
+        return None, (
+            f"auto: {steps} for the whole step of a model of Dense layers on CPUs ({_PER_CALL_RULE}; the most, up to "
+            f"{MOST_STEPS_PER_XLA_CALL}, that divide the steps per loop, log, eval and checkpoint), else 1"
+        )
     if beyond_dense(layers, ops):
         return 1, "1 (auto): a model beyond Dense layers"
     return steps, f"{steps} (auto)"
 
 
-def steps_per_xla_call_problem(asked, jit: bool, jit_why: str, fix: str = "set trainer.jit_compile=true to compile it anyway, "
-                               "or trainer.steps_per_xla_call=1") -> Optional[Problem]:
+def steps_per_xla_call_problem(
+    asked,
+    jit: bool,
+    jit_why: str,
+    fix: str = "set trainer.jit_compile=true to compile it anyway, or trainer.steps_per_xla_call=1",
+) -> Optional[Problem]:
     """N > 1 steps per XLA call where `trainer.jit_compile=auto` did not compile the whole step:
     what problems() refuses where the config says so, found once the model is built."""
     if asked != "auto" and int(asked) > 1 and not jit:
-        return Problem("trainer.steps_per_xla_call", asked, f"more than 1 only where XLA compiles the whole step, and XLA is {jit_why}: {fix}")
+        return Problem(
+            "trainer.steps_per_xla_call",
+            asked,
+            f"more than 1 only where XLA compiles the whole step, and XLA is {jit_why}: {fix}",
+        )
     return None
 
 
 def precision_warning(precision: str, gpus: bool) -> Optional[str]:
     if precision == "mixed_float16" and not gpus:
-        return ("trainer.precision=mixed_float16 without GPUs: CPUs emulate float16 arithmetic, many times slower than float32 "
-                "(docs/performance.md; mixed_bfloat16 is the CPU's and TPU's half precision)")
+        return (
+            "trainer.precision=mixed_float16 without GPUs: CPUs emulate float16 arithmetic, many times slower than float32 "
+            "(docs/performance.md; mixed_bfloat16 is the CPU's and TPU's half precision)"
+        )
     return None
 
 
@@ -195,14 +309,28 @@ def problems(cfg) -> List[Problem]:
         return []  # named by the strategy check
     facts, trainer, found = _facts(cfg), cfg.trainer, []
     if trainer.jit_compile is True and facts.no_xla:
-        found.append(Problem("trainer.jit_compile", True, f"strategy={facts.name} cannot use XLA: {facts.no_xla}; use false or auto"))
+        found.append(
+            Problem(
+                "trainer.jit_compile", True, f"strategy={facts.name} cannot use XLA: {facts.no_xla}; use false or auto"
+            )
+        )
     per_call = trainer.get("steps_per_xla_call", "auto")
     if isinstance(per_call, int) and per_call > 1 and (trainer.jit_compile is False or not facts.xla_whole_step):
-        found.append(Problem("trainer.steps_per_xla_call", per_call,
-                             "more than 1 only where XLA compiles the whole step: strategy=one_device, trainer.jit_compile true or auto"))
+        found.append(
+            Problem(
+                "trainer.steps_per_xla_call",
+                per_call,
+                "more than 1 only where XLA compiles the whole step: strategy=one_device, trainer.jit_compile true or auto",
+            )
+        )
     if trainer.precision in PRECISIONS and trainer.precision not in facts.precisions:
-        found.append(Problem("trainer.precision", trainer.precision,
-                             f"strategy={facts.name} runs {', '.join(facts.precisions)} (TPUs compute in bfloat16)"))
+        found.append(
+            Problem(
+                "trainer.precision",
+                trainer.precision,
+                f"strategy={facts.name} runs {', '.join(facts.precisions)} (TPUs compute in bfloat16)",
+            )
+        )
     return found
 
 

@@ -54,18 +54,33 @@ def problems(data) -> list:
         return []
     if not hasattr(service, "keys"):
         return [Problem("data.service", service, "a group of keys: data.service.workers=N (0: off), data.service.mode")]
-    found = [Problem(f"data.service.{key}", service[key], f"data.service has no such key; its keys: {', '.join(KEYS)}")
-             for key in service.keys() if key not in KEYS]
+    found = [
+        Problem(f"data.service.{key}", service[key], f"data.service has no such key; its keys: {', '.join(KEYS)}")
+        for key in service.keys()
+        if key not in KEYS
+    ]
     n = service.get("workers", 0)
     if not isinstance(n, int) or isinstance(n, bool) or not 0 <= n <= MOST_WORKERS:
-        found.append(Problem("data.service.workers", n, f"tf.data service workers: a whole number from 0 (off: the input "
-                                                        f"pipeline runs in the trainers) to {MOST_WORKERS}"))
+        found.append(
+            Problem(
+                "data.service.workers",
+                n,
+                f"tf.data service workers: a whole number from 0 (off: the input "
+                f"pipeline runs in the trainers) to {MOST_WORKERS}",
+            )
+        )
     mode = service.get("mode")
     if mode is not None and mode not in MODES:
         found.append(Problem("data.service.mode", mode, f"allowed: {', '.join(MODES)} (null: {DEFAULT_MODE})"))
     elif mode is not None and n == 0:  # a key that would do nothing
-        found.append(Problem("data.service.mode", mode, "applies to a tf.data service, and data.service.workers=0 runs the input "
-                                                        "pipeline in the trainers: set data.service.workers=N, or leave data.service.mode out"))
+        found.append(
+            Problem(
+                "data.service.mode",
+                mode,
+                "applies to a tf.data service, and data.service.workers=0 runs the input "
+                "pipeline in the trainers: set data.service.workers=N, or leave data.service.mode out",
+            )
+        )
     return found
 
 
@@ -80,8 +95,12 @@ def mode_resume_warning(mode: Optional[str], deterministic: bool) -> Optional[st
     if mode is None or not deterministic:
         return None
     if mode == PARALLEL_EPOCHS:
-        return ("trainer.deterministic=true with data.service.mode=parallel_epochs: each tf.data service worker shuffles in an order "
-                "of its own, so neither a run nor its resume is reproducible (docs/multi-process.md: data.service)")
-    return ("trainer.deterministic=true with data.service: which batch a step trains depends on which tf.data service worker "
-            "answers first, and batches in flight when a run stops are lost, so a resumed run is not bitwise equal to an "
-            "uninterrupted one (docs/multi-process.md: data.service)")
+        return (
+            "trainer.deterministic=true with data.service.mode=parallel_epochs: each tf.data service worker shuffles in an order "
+            "of its own, so neither a run nor its resume is reproducible (docs/multi-process.md: data.service)"
+        )
+    return (
+        "trainer.deterministic=true with data.service: which batch a step trains depends on which tf.data service worker "
+        "answers first, and batches in flight when a run stops are lost, so a resumed run is not bitwise equal to an "
+        "uninterrupted one (docs/multi-process.md: data.service)"
+    )

@@ -63,8 +63,10 @@ def sharding_text(num_files: int, pipelines: int, who: str = "input pipeline") -
         least, most = num_files // pipelines, -(-num_files // pipelines)
         each = f"{least}" if least == most else f"{least}-{most}"
         return f"{num_files} files split by file: each of {pipelines} {who}s reads {each} of them"
-    return (f"{num_files} file(s) for {pipelines} {who}s: split by element (each reads every file and keeps every "
-            f"{pipelines}-th record); write at least {pipelines} files to split them by file")
+    return (
+        f"{num_files} file(s) for {pipelines} {who}s: split by element (each reads every file and keeps every "
+        f"{pipelines}-th record); write at least {pipelines} files to split them by file"
+    )
 
 
 def read_manifest(files: Sequence[str]) -> Optional[dict]:
@@ -94,7 +96,13 @@ def feature_problems(features, label) -> List[Problem]:
     if features is None:
         return []
     if not hasattr(features, "items") or not features:
-        return [Problem("data.features", features, "a mapping of name -> {dtype, shape}, e.g. {image: {dtype: float32, shape: [784]}}")]
+        return [
+            Problem(
+                "data.features",
+                features,
+                "a mapping of name -> {dtype, shape}, e.g. {image: {dtype: float32, shape: [784]}}",
+            )
+        ]
     problems = []
     for name, spec in features.items():
         key = f"data.features.{name}"
@@ -104,10 +112,16 @@ def feature_problems(features, label) -> List[Problem]:
         if spec.get("dtype") not in DTYPES:
             problems.append(Problem(f"{key}.dtype", spec.get("dtype"), f"allowed: {', '.join(DTYPES)}"))
         shape = spec.get("shape", [])
-        if not isinstance(shape, collections.abc.Sequence) or isinstance(shape, str) or not all(isinstance(d, int) and d >= 1 for d in shape):
+        if (
+            not isinstance(shape, collections.abc.Sequence)
+            or isinstance(shape, str)
+            or not all(isinstance(d, int) and d >= 1 for d in shape)
+        ):
             problems.append(Problem(f"{key}.shape", shape, "a list of positive sizes ([] for a scalar)"))
         elif spec.get("var_len") and len(shape) != 1:
-            problems.append(Problem(f"{key}.shape", shape, "a var_len feature is padded or cut to one length: give [N]"))
+            problems.append(
+                Problem(f"{key}.shape", shape, "a var_len feature is padded or cut to one length: give [N]")
+            )
     if label not in features:
         problems.append(Problem("data.label", label, f"not one of data.features: {', '.join(features)}"))
     elif len(features) < 2:
@@ -125,9 +139,17 @@ def file_problems(data) -> List[Problem]:
         if value is None and key == "eval_files":
             continue
         if not is_patterns(value):
-            problems.append(Problem(f"data.{key}", value, f"give a glob pattern or a list of files, e.g. data.{key}='/data/{key[:-6]}-*.tfrecord'"))
+            problems.append(
+                Problem(
+                    f"data.{key}",
+                    value,
+                    f"give a glob pattern or a list of files, e.g. data.{key}='/data/{key[:-6]}-*.tfrecord'",
+                )
+            )
             continue
         matches = local_matches(value)
         if matches is not None and not matches:
-            problems.append(Problem(f"data.{key}", value, "no file matches (relative paths are from the directory tfdistx runs in)"))
+            problems.append(
+                Problem(f"data.{key}", value, "no file matches (relative paths are from the directory tfdistx runs in)")
+            )
     return problems

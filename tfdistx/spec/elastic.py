@@ -41,8 +41,12 @@ def expand_shorthand(overrides: Sequence[str]) -> List[str]:
             continue
         low, high = m[1].strip(), m[2].strip()
         if not (_WHOLE.match(low) and _WHOLE.match(high) and 1 <= int(low) <= int(high)):
-            raise ConfigError.one("cluster.workers", f"{m[1]}:{m[2]}", "MIN:MAX with MIN <= MAX, both whole numbers >= 1 (an elastic "
-                                  "run of MIN to MAX workers), or one number of workers")
+            raise ConfigError.one(
+                "cluster.workers",
+                f"{m[1]}:{m[2]}",
+                "MIN:MAX with MIN <= MAX, both whole numbers >= 1 (an elastic "
+                "run of MIN to MAX workers), or one number of workers",
+            )
         expanded += [f"cluster.workers={int(high)}", f"cluster.elastic.min_workers={int(low)}"]
     return expanded
 
@@ -71,8 +75,14 @@ def problems(cfg) -> List[Problem]:
     name = cfg.strategy.get("name")
     found = []
     if not isinstance(low, int) or not 1 <= low <= cluster.workers:
-        return [Problem("cluster.elastic.min_workers", low, f"from 1 to cluster.workers={cluster.workers} (the most workers a round may have); "
-                        "or null: not elastic")]
+        return [
+            Problem(
+                "cluster.elastic.min_workers",
+                low,
+                f"from 1 to cluster.workers={cluster.workers} (the most workers a round may have); "
+                "or null: not elastic",
+            )
+        ]
     if name not in strategies.NAMES:
         return []  # refused by its own check
     facts = strategies.get(name, cluster.workers, cluster.devices_per_worker)
@@ -80,18 +90,44 @@ def problems(cfg) -> List[Problem]:
     if not facts.multi_process and cluster.workers > 1:
         return []  # refused as any one-process strategy on several workers is (validate.py), in its own line
     if not facts.multi_process:
-        return [Problem("strategy", name, f"trains in one process, which cannot lose or gain a machine ({shown_range} is elastic): "
-                        "use strategy=multiworker, or leave cluster.elastic.min_workers=null")]
+        return [
+            Problem(
+                "strategy",
+                name,
+                f"trains in one process, which cannot lose or gain a machine ({shown_range} is elastic): "
+                "use strategy=multiworker, or leave cluster.elastic.min_workers=null",
+            )
+        ]
     if data_service.workers(cfg.data):
-        found.append(Problem("data.service.workers", data_service.workers(cfg.data), f"a tf.data service job cannot re-form its "
-                             f"trainers between rounds, nor resume exactly ({shown_range} is elastic): use data.service.workers=0"))
+        found.append(
+            Problem(
+                "data.service.workers",
+                data_service.workers(cfg.data),
+                f"a tf.data service job cannot re-form its "
+                f"trainers between rounds, nor resume exactly ({shown_range} is elastic): use data.service.workers=0",
+            )
+        )
     if cluster.get("evaluator"):
-        found.append(Problem("cluster.evaluator", True, f"the sidecar evaluator is not kept across an elastic run's rounds ({shown_range}): "
-                             "evaluate with trainer.eval_every, or `tfdistx evaluate` afterwards"))
+        found.append(
+            Problem(
+                "cluster.evaluator",
+                True,
+                f"the sidecar evaluator is not kept across an elastic run's rounds ({shown_range}): "
+                "evaluate with trainer.eval_every, or `tfdistx evaluate` afterwards",
+            )
+        )
     if cluster.launch not in (*LOCAL_LAUNCHES, "agent"):
-        found.append(Problem("cluster.launch", cluster.launch, f"elastic rounds ({shown_range}) are formed by tfdistx's local launcher "
-                             "or by an agent on every node: use cluster.launch=local, auto or agent"))
-    found += _hosts(elastic) if cluster.launch != "agent" else []  # the agents that reach the rendezvous are the hosts (spec/agent.py)
+        found.append(
+            Problem(
+                "cluster.launch",
+                cluster.launch,
+                f"elastic rounds ({shown_range}) are formed by tfdistx's local launcher "
+                "or by an agent on every node: use cluster.launch=local, auto or agent",
+            )
+        )
+    found += (
+        _hosts(elastic) if cluster.launch != "agent" else []
+    )  # the agents that reach the rendezvous are the hosts (spec/agent.py)
     for key in TIMEOUT_KEYS:
         value = elastic[key]
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
@@ -99,22 +135,42 @@ def problems(cfg) -> List[Problem]:
     if not facts.asynchronous:
         found += _batch_on_every_round(cfg, low, cluster.workers)
         if cfg.optimizer.get("scale_lr_with_replicas"):
-            found.append(Problem("optimizer.scale_lr_with_replicas", True, f"an elastic run's rounds ({shown_range}) have other replica "
-                                 "counts, and the learning rate would change with each: use optimizer.scale_lr_with_replicas=false"))
+            found.append(
+                Problem(
+                    "optimizer.scale_lr_with_replicas",
+                    True,
+                    f"an elastic run's rounds ({shown_range}) have other replica "
+                    "counts, and the learning rate would change with each: use optimizer.scale_lr_with_replicas=false",
+                )
+            )
     return found
 
 
 def _hosts(elastic) -> List[Problem]:
     hosts, discover = elastic.get("hosts"), elastic.get("discover")
-    for key, value, what in (("discover", discover, "a command printing the hosts, one a line"),
-                             ("hosts", hosts, "a file listing the hosts, one a line")):
-        if value is not None and not isinstance(value, str):  # `discover=false` is YAML's boolean, not a command named False
+    for key, value, what in (
+        ("discover", discover, "a command printing the hosts, one a line"),
+        ("hosts", hosts, "a file listing the hosts, one a line"),
+    ):
+        if value is not None and not isinstance(
+            value, str
+        ):  # `discover=false` is YAML's boolean, not a command named False
             return [Problem(f"cluster.elastic.{key}", value, f"{what} (a string), or null")]
     if hosts is None and discover is None:
-        return [Problem("cluster.elastic.hosts", None, "an elastic run needs its hosts: a file listing them one a line "
-                        "(cluster.elastic.hosts=FILE), or a command printing them (cluster.elastic.discover=COMMAND)")]
+        return [
+            Problem(
+                "cluster.elastic.hosts",
+                None,
+                "an elastic run needs its hosts: a file listing them one a line "
+                "(cluster.elastic.hosts=FILE), or a command printing them (cluster.elastic.discover=COMMAND)",
+            )
+        ]
     if hosts is not None and discover is not None:
-        return [Problem("cluster.elastic.discover", discover, f"set with cluster.elastic.hosts={hosts}: name the hosts one way")]
+        return [
+            Problem(
+                "cluster.elastic.discover", discover, f"set with cluster.elastic.hosts={hosts}: name the hosts one way"
+            )
+        ]
     if hosts is not None and not os.path.isfile(str(hosts)):
         return [Problem("cluster.elastic.hosts", hosts, "no such file: a file listing the hosts, one a line")]
     if discover is not None and not str(discover).strip():
@@ -132,8 +188,14 @@ def _batch_on_every_round(cfg, low: int, high: int) -> List[Problem]:
     whole = math.lcm(*(workers * devices for workers in counts))
     if batch % whole == 0:
         return []
-    return [Problem("data.batch_size", batch, f"an elastic run keeps its global batch on every round, split across "
-                    f"{', '.join(str(w * devices) for w in counts)} replicas: use a multiple of {whole}")]
+    return [
+        Problem(
+            "data.batch_size",
+            batch,
+            f"an elastic run keeps its global batch on every round, split across "
+            f"{', '.join(str(w * devices) for w in counts)} replicas: use a multiple of {whole}",
+        )
+    ]
 
 
 def placed_by_a_scheduler(cluster, launched_by_tfdistx: bool) -> List[Problem]:
@@ -143,8 +205,14 @@ def placed_by_a_scheduler(cluster, launched_by_tfdistx: bool) -> List[Problem]:
     tasks of tfdistx's own local launcher (`launched_by_tfdistx`) are a round's."""
     if not is_elastic(cluster) or launched_by_tfdistx:
         return []
-    return [Problem("cluster.elastic.min_workers", cluster.elastic.min_workers, f"elastic rounds ({shown(cluster)}) are formed by "
-                    "tfdistx's local launcher, and this task was placed by a scheduler: leave cluster.elastic.min_workers=null here")]
+    return [
+        Problem(
+            "cluster.elastic.min_workers",
+            cluster.elastic.min_workers,
+            f"elastic rounds ({shown(cluster)}) are formed by "
+            "tfdistx's local launcher, and this task was placed by a scheduler: leave cluster.elastic.min_workers=null here",
+        )
+    ]
 
 
 def plan_line(cluster) -> Optional[str]:
@@ -153,9 +221,11 @@ def plan_line(cluster) -> Optional[str]:
         return None
     elastic, (low, high) = cluster.elastic, worker_range(cluster)
     source = f"listed in {elastic.hosts}" if elastic.hosts is not None else f"printed by `{elastic.discover}`"
-    return (f"elastic       {low}:{high} workers, one per host {source}; a round waits {elastic.join_grace:g}s past {low} hosts "
-            f"for {high}, a lost host {elastic.lost_bound:g}s to come back, and the run {elastic.below_min_timeout:g}s below {low} "
-            f"(then exit 9)")
+    return (
+        f"elastic       {low}:{high} workers, one per host {source}; a round waits {elastic.join_grace:g}s past {low} hosts "
+        f"for {high}, a lost host {elastic.lost_bound:g}s to come back, and the run {elastic.below_min_timeout:g}s below {low} "
+        f"(then exit 9)"
+    )
 
 
 def for_round(cluster, workers: int) -> None:

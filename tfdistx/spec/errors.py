@@ -20,9 +20,15 @@ EXIT_CLUSTER_DID_NOT_FORM = 4  # a task did not answer within cluster.startup_ti
 EXIT_LOST_PEER = 5  # a synchronous cluster lost a task mid-run: restarted, resuming
 EXIT_PORT_IN_USE = 6  # a task's port is taken on its host: a restart on other (or freed) ports can succeed
 EXIT_RUN_DIR_LOCKED = 7  # another run holds the run directory: a later try can succeed, once it ends
-EXIT_UNSUPPORTED_VERSION = 8  # an installed TensorFlow, Keras or Hydra lacks a private API tfdistx uses (tfdistx/internals): never retried
-EXIT_TOO_FEW_WORKERS = 9  # an elastic run had fewer hosts than cluster.elastic.min_workers for below_min_timeout: it waited its bound
-EXIT_NO_NETWORK = 10  # a dataset to download, and no network to download it: a fault of the machine, which no retry cures here
+EXIT_UNSUPPORTED_VERSION = (
+    8  # an installed TensorFlow, Keras or Hydra lacks a private API tfdistx uses (tfdistx/internals): never retried
+)
+EXIT_TOO_FEW_WORKERS = (
+    9  # an elastic run had fewer hosts than cluster.elastic.min_workers for below_min_timeout: it waited its bound
+)
+EXIT_NO_NETWORK = (
+    10  # a dataset to download, and no network to download it: a fault of the machine, which no retry cures here
+)
 EXIT_PREEMPTED = 42
 # The signals that, like SIGTERM, mean "checkpoint and leave with EXIT_PREEMPTED" (cluster.notice_signals, named as
 # Slurm's --signal names them): USR1 by default, so that Slurm's time-limit notice (`sbatch --signal=B:USR1@120`,

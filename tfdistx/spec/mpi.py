@@ -51,21 +51,45 @@ def task_command(command: Sequence[str]) -> List[str]:
     return [mpiexec() or "mpiexec", "-n", "1", *command]
 
 
-def problems(launch: str, devices_per_worker: Optional[int], all_reduce_dtype: Optional[str], elastic: bool = False) -> List[Problem]:
+def problems(
+    launch: str, devices_per_worker: Optional[int], all_reduce_dtype: Optional[str], elastic: bool = False
+) -> List[Problem]:
     """Why strategy.communication=mpi cannot run so (nothing when it can)."""
     key = "strategy.communication"
     found = []
     if elastic:  # each round would form a new communicator; not built, nor tested
-        found.append(Problem(key, NAME, "sums over a fixed set of workers, and cluster.workers asks for an elastic run: "
-                                        "use strategy.communication=ring there"))
+        found.append(
+            Problem(
+                key,
+                NAME,
+                "sums over a fixed set of workers, and cluster.workers asks for an elastic run: "
+                "use strategy.communication=ring there",
+            )
+        )
     if launch not in LOCAL_LAUNCHES:
-        found.append(Problem(key, NAME, f"MPI's tasks are started by tfdistx's local launcher (cluster.launch=local), not with "
-                                        f"cluster.launch={launch}: use strategy.communication=ring there"))
+        found.append(
+            Problem(
+                key,
+                NAME,
+                f"MPI's tasks are started by tfdistx's local launcher (cluster.launch=local), not with "
+                f"cluster.launch={launch}: use strategy.communication=ring there",
+            )
+        )
     if devices_per_worker is not None and devices_per_worker != 1:
-        found.append(Problem(key, NAME, f"sums one replica a worker, and cluster.devices_per_worker={devices_per_worker}: "
-                                        "use cluster.devices_per_worker=1, or strategy.communication=ring"))
+        found.append(
+            Problem(
+                key,
+                NAME,
+                f"sums one replica a worker, and cluster.devices_per_worker={devices_per_worker}: "
+                "use cluster.devices_per_worker=1, or strategy.communication=ring",
+            )
+        )
     if all_reduce_dtype not in (None, "float32"):
-        found.append(Problem(key, NAME, f"sums float32 gradients, not strategy.all_reduce_dtype={all_reduce_dtype}: leave it float32"))
+        found.append(
+            Problem(
+                key, NAME, f"sums float32 gradients, not strategy.all_reduce_dtype={all_reduce_dtype}: leave it float32"
+            )
+        )
     if importlib.util.find_spec("mpi4py") is None or mpiexec() is None:
         found.append(Problem(key, NAME, f"needs MPI (mpi4py and an mpiexec): {INSTALL}"))
     return found

@@ -41,9 +41,19 @@ def unevaluated_problems(objective, keep_best: bool, patience, no_eval: str, fix
     ending = f"and {no_eval}: {fix}, or a training metric as the objective (e.g. trainer.objective=loss)"
     found = []
     if keep_best:
-        found.append(Problem("checkpoint.keep_best", True, f"keeps the best checkpoint by trainer.objective={objective}, {ending}"))
+        found.append(
+            Problem(
+                "checkpoint.keep_best", True, f"keeps the best checkpoint by trainer.objective={objective}, {ending}"
+            )
+        )
     if patience is not None:
-        found.append(Problem("trainer.early_stopping.patience", patience, f"counts evaluations of trainer.objective={objective}, {ending}"))
+        found.append(
+            Problem(
+                "trainer.early_stopping.patience",
+                patience,
+                f"counts evaluations of trainer.objective={objective}, {ending}",
+            )
+        )
     return found
 
 

@@ -11,20 +11,44 @@ checked before it starts.
 from typing import Any, Mapping, Optional
 
 # Every optimizer class of keras.optimizers that trains a model on its own (REFUSED: the others, and why).
-CLASSES = {name.lower(): f"keras.optimizers.{name}" for name in (
-    "Adadelta", "Adafactor", "Adagrad", "Adam", "AdamW", "Adamax", "Ftrl", "Lamb", "Lion", "Muon", "Nadam", "RMSprop",
-    "ScheduleFreeAdamW", "SGD")}
+CLASSES = {
+    name.lower(): f"keras.optimizers.{name}"
+    for name in (
+        "Adadelta",
+        "Adafactor",
+        "Adagrad",
+        "Adam",
+        "AdamW",
+        "Adamax",
+        "Ftrl",
+        "Lamb",
+        "Lion",
+        "Muon",
+        "Nadam",
+        "RMSprop",
+        "ScheduleFreeAdamW",
+        "SGD",
+    )
+}
 
 # The classes of keras.optimizers that tfdistx does not build, and why: refused by name before TensorFlow starts
 # (validate.py), and by class, a subclass too, when the engine builds the optimizer (engine/optim.py).
-MULTI_OPTIMIZER = ("its per-layer optimizers are objects you would build, each with its own learning rate, clipping and "
-                   "sum over replicas, which tfdistx sets on the one optimizer it builds (optimizer.lr, optimizer.schedule, "
-                   "optimizer.clip_norm): name one optimizer class, e.g. optimizer.name=adamw")
-LOSS_SCALE_OPTIMIZER = ("it wraps another optimizer to scale the loss, which tfdistx does itself: name the optimizer and set "
-                        "trainer.precision=mixed_float16")
+MULTI_OPTIMIZER = (
+    "its per-layer optimizers are objects you would build, each with its own learning rate, clipping and "
+    "sum over replicas, which tfdistx sets on the one optimizer it builds (optimizer.lr, optimizer.schedule, "
+    "optimizer.clip_norm): name one optimizer class, e.g. optimizer.name=adamw"
+)
+LOSS_SCALE_OPTIMIZER = (
+    "it wraps another optimizer to scale the loss, which tfdistx does itself: name the optimizer and set "
+    "trainer.precision=mixed_float16"
+)
 BASE_OPTIMIZER = "the base class has no update rule of its own: name one of its subclasses, e.g. optimizer.name=adamw"
-REFUSED = {"keras.optimizers.MultiOptimizer": MULTI_OPTIMIZER, "keras.optimizers.LossScaleOptimizer": LOSS_SCALE_OPTIMIZER,
-           "keras.optimizers.Optimizer": BASE_OPTIMIZER, "keras.Optimizer": BASE_OPTIMIZER}
+REFUSED = {
+    "keras.optimizers.MultiOptimizer": MULTI_OPTIMIZER,
+    "keras.optimizers.LossScaleOptimizer": LOSS_SCALE_OPTIMIZER,
+    "keras.optimizers.Optimizer": BASE_OPTIMIZER,
+    "keras.Optimizer": BASE_OPTIMIZER,
+}
 
 # Named schedules: constant, cosine decay to min_lr_ratio, and cosine after a linear warm-up (warmup_steps).
 SCHEDULES = ("constant", "cosine", "warmup_cosine")
@@ -43,6 +67,10 @@ def shown_name(group: Mapping[str, Any]) -> str:
 
 # Keywords of every Keras optimizer that tfdistx sets itself, and the key to set instead: a value given to the class
 # would be overridden (the rate, clipping) or would fight tfdistx's own accumulation and loss scaling.
-SET_BY_TFDISTX = {"learning_rate": "optimizer.lr (or optimizer.schedule)", "clipnorm": "optimizer.clip_norm",
-                  "global_clipnorm": "optimizer.global_clip_norm", "gradient_accumulation_steps": "trainer.accumulate_steps",
-                  "loss_scale_factor": "trainer.precision=mixed_float16"}
+SET_BY_TFDISTX = {
+    "learning_rate": "optimizer.lr (or optimizer.schedule)",
+    "clipnorm": "optimizer.clip_norm",
+    "global_clipnorm": "optimizer.global_clip_norm",
+    "gradient_accumulation_steps": "trainer.accumulate_steps",
+    "loss_scale_factor": "trainer.precision=mixed_float16",
+}

@@ -21,13 +21,27 @@ NICE_RANGE = range(0, 20)  # nice(2)'s: 19 yields the most; below 0 would need p
 def problems(nice, multi_process: bool, launch: str, strategy_name: str) -> List[Problem]:
     """What is wrong with cluster.nice for this strategy and launch ([] when nothing)."""
     if not is_whole(nice) or nice not in NICE_RANGE:
-        return [Problem("cluster.nice", nice, "a whole number from 0 (as any program) to 19 (yield the cores the most)")]
+        return [
+            Problem("cluster.nice", nice, "a whole number from 0 (as any program) to 19 (yield the cores the most)")
+        ]
     if nice and not multi_process:
-        return [Problem("cluster.nice", nice, f"a local cluster's priority, and strategy={strategy_name} trains in this process: "
-                        f"start it so, `nice -n {nice} python -m tfdistx ...`")]
+        return [
+            Problem(
+                "cluster.nice",
+                nice,
+                f"a local cluster's priority, and strategy={strategy_name} trains in this process: "
+                f"start it so, `nice -n {nice} python -m tfdistx ...`",
+            )
+        ]
     if nice and launch not in LOCAL_LAUNCHES:
-        return [Problem("cluster.nice", nice, f"a local cluster's priority, and cluster.launch={launch} has the processes "
-                        "started elsewhere: ask their scheduler (Slurm's --nice, a pod's priority)")]
+        return [
+            Problem(
+                "cluster.nice",
+                nice,
+                f"a local cluster's priority, and cluster.launch={launch} has the processes "
+                "started elsewhere: ask their scheduler (Slurm's --nice, a pod's priority)",
+            )
+        ]
     return []
 
 
@@ -37,8 +51,14 @@ def placed_by_a_scheduler(nice: int, launched_by_tfdistx: bool) -> List[Problem]
     were niced by it."""
     if not nice or launched_by_tfdistx:
         return []
-    return [Problem("cluster.nice", nice, "a local cluster's priority, and this task was placed by a scheduler: ask it "
-                    "(Slurm's --nice, a pod's priority), and leave cluster.nice=0 here")]
+    return [
+        Problem(
+            "cluster.nice",
+            nice,
+            "a local cluster's priority, and this task was placed by a scheduler: ask it "
+            "(Slurm's --nice, a pod's priority), and leave cluster.nice=0 here",
+        )
+    ]
 
 
 def plan_line(nice: int) -> str:

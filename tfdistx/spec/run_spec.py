@@ -101,7 +101,9 @@ class Cluster:
     startup_timeout: float
     peer_timeout: float  # seconds before a task that stopped answering counts as lost
     preemption_grace: float  # seconds from SIGTERM to SIGKILL
-    notice_signals: Tuple[str, ...]  # besides SIGTERM, the signals that mean checkpoint and exit 42 (sigterm.py): USR1 ...
+    notice_signals: Tuple[
+        str, ...
+    ]  # besides SIGTERM, the signals that mean checkpoint and exit 42 (sigterm.py): USR1 ...
     retryable_exit_offset: int  # added to the exit codes a restart cures (spec/errors.py)
     # How the processes are placed and kept (placement, the local launcher, --plan, the Kubernetes manifests):
     launch: str  # auto | local | tf_config | slurm | jobset (cluster/placement.py)
@@ -111,7 +113,9 @@ class Cluster:
     max_restarts: int
     stopped_task_timeout: float
     evaluator: bool  # a sidecar evaluator task beside the cluster
-    task_threads: Union[int, str]  # a local cluster's TensorFlow threads per pool in each task, or "auto" (spec/threads.py)
+    task_threads: Union[
+        int, str
+    ]  # a local cluster's TensorFlow threads per pool in each task, or "auto" (spec/threads.py)
     nice: int  # a local cluster's priority: 0 as any program, up to 19 (cluster/processes.yield_the_cores)
     elastic: Optional[Elastic]  # None: a fixed cluster
     agent: Optional[Agent]  # None: not cluster.launch=agent
@@ -166,7 +170,9 @@ class Logger:
     user's own. metrics.jsonl is every chief's, and not here."""
 
     on: Mapping[str, Target]  # logger.NAME of a built-in logger that is on -> its class and keys
-    own: Mapping[str, Target] = field(default_factory=dict)  # logger.NAME: {_target_: ...}: the user's loggers (engine/loggers.py)
+    own: Mapping[str, Target] = field(
+        default_factory=dict
+    )  # logger.NAME: {_target_: ...}: the user's loggers (engine/loggers.py)
 
 
 @dataclass(frozen=True)
@@ -213,7 +219,9 @@ class RunSpec:
     optimizer: Optimizer
     logger: Logger
     config: Mapping[str, Any]  # the whole resolved config as plain data, as the loggers record it
-    callbacks: Mapping[str, Target] = field(default_factory=dict)  # NAME -> the user's callback (engine/callbacks.py), in order
+    callbacks: Mapping[str, Target] = field(
+        default_factory=dict
+    )  # NAME -> the user's callback (engine/callbacks.py), in order
 
     @property
     def layout(self) -> Layout:

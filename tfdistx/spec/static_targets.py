@@ -92,8 +92,15 @@ def problems(key: str, path: str, keys: Mapping[str, Any], runtime: Sequence[str
         return []
     unknown = [name for name in keys if name not in found.takes and name not in runtime]
     taken = [name for name in found.takes if name not in runtime]
-    return [Problem(f"{key}.{name}", keys[name], f"{path} takes no such argument; it takes: {', '.join(taken) or 'none'} "
-                    f"(tfdistx passes {', '.join(sorted(runtime)) or 'nothing'} itself)") for name in unknown]
+    return [
+        Problem(
+            f"{key}.{name}",
+            keys[name],
+            f"{path} takes no such argument; it takes: {', '.join(taken) or 'none'} "
+            f"(tfdistx passes {', '.join(sorted(runtime)) or 'nothing'} itself)",
+        )
+        for name in unknown
+    ]
 
 
 _UNKNOWN = object()
@@ -125,8 +132,9 @@ class _Module:
             base = os.path.join(directory, part)
             if os.path.isfile(os.path.join(base, "__init__.py")):
                 return _Module(f"{self.name}.{part}", os.path.join(base, "__init__.py"), [base])
-            if any(os.path.isfile(base + suffix) for suffix in importlib.machinery.EXTENSION_SUFFIXES) or \
-                    os.path.isfile(base + ".pyc"):
+            if any(
+                os.path.isfile(base + suffix) for suffix in importlib.machinery.EXTENSION_SUFFIXES
+            ) or os.path.isfile(base + ".pyc"):
                 return _UNKNOWN
             if os.path.isfile(base + ".py"):
                 return _Module(f"{self.name}.{part}", base + ".py", [])
@@ -223,12 +231,22 @@ def _parsed(file: str) -> Optional[Tuple[Dict[str, list], bool]]:
                     visit(getattr(statement, block, []))
                 for handler in getattr(statement, "handlers", []):
                     visit(handler.body)
+
     visit(tree.body)
     # globals()[...] = ..., setattr(sys.modules[__name__], ...), exec(...): names the source does not bind.
     # setattr(self, ...) in a method sets an attribute of an instance, not of the module.
     for node in ast.walk(tree):
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("globals", "setattr", "exec", "vars"):
-            on_instance = node.func.id == "setattr" and node.args and isinstance(node.args[0], ast.Name) and node.args[0].id in ("self", "cls")
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id in ("globals", "setattr", "exec", "vars")
+        ):
+            on_instance = (
+                node.func.id == "setattr"
+                and node.args
+                and isinstance(node.args[0], ast.Name)
+                and node.args[0].id in ("self", "cls")
+            )
             dynamic |= not on_instance
     return bindings, dynamic
 
@@ -251,9 +269,16 @@ def _resolve_name(module: _Module, name: str, depth: int):
     if name not in bindings:
         if dynamic:
             return None
-        offered = sorted(n for n, found in bindings.items() if not n.startswith("_") and
-                         all(isinstance(f, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) for f in found))
-        return Missing(f"module {module.name!r} has no attribute {name!r}" + (f" (it has: {', '.join(offered)})" if offered else ""))
+        offered = sorted(
+            n
+            for n, found in bindings.items()
+            if not n.startswith("_")
+            and all(isinstance(f, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) for f in found)
+        )
+        return Missing(
+            f"module {module.name!r} has no attribute {name!r}"
+            + (f" (it has: {', '.join(offered)})" if offered else "")
+        )
     found = [_binding(module, binding, depth) for binding in bindings[name]]
     if len(found) == 1:
         return found[0]
@@ -290,9 +315,16 @@ def _binding(module: _Module, binding, depth: int):
         return _Definition(value, module)
     if isinstance(value, (ast.Name, ast.Attribute)):
         return _resolve_expression(module, value, depth + 1)
-    if isinstance(binding, ast.Assign) and isinstance(value, (ast.Constant, ast.List, ast.Tuple, ast.Dict, ast.Set, ast.JoinedStr)):
-        kind = "str" if isinstance(value, ast.JoinedStr) else type(value.value).__name__ if isinstance(value, ast.Constant) else \
-            type(value).__name__.lower()
+    if isinstance(binding, ast.Assign) and isinstance(
+        value, (ast.Constant, ast.List, ast.Tuple, ast.Dict, ast.Set, ast.JoinedStr)
+    ):
+        kind = (
+            "str"
+            if isinstance(value, ast.JoinedStr)
+            else type(value.value).__name__
+            if isinstance(value, ast.Constant)
+            else type(value).__name__.lower()
+        )
         return Missing(f"is a {kind}, not a class or function")
     return None
 
@@ -303,7 +335,7 @@ def _absolute(module: _Module, name: Optional[str], level: int) -> Optional[str]
     base = module.package.split(".")
     if level - 1 > len(base) - 1:
         return None
-    base = base[:len(base) - (level - 1)]
+    base = base[: len(base) - (level - 1)]
     return ".".join(base + ([name] if name else []))
 
 
@@ -343,6 +375,7 @@ def _keeps_signature(decorators) -> bool:
     def name(node):
         node = node.func if isinstance(node, ast.Call) else node
         return node.attr if isinstance(node, ast.Attribute) else getattr(node, "id", None)
+
     return all(name(d) in _KEEP_SIGNATURE for d in decorators)
 
 
@@ -352,9 +385,15 @@ def _class_takes(definition: _Definition, depth: int) -> Optional[Tuple[str, ...
     if depth > _DEPTH or not _keeps_signature(node.decorator_list) or node.keywords:  # @dataclass, a metaclass ...
         return None
     methods = {s.name: s for s in node.body if isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef))}
-    if "__new__" in methods or "__signature__" in methods or any(
-            isinstance(s, ast.Assign) and any(getattr(t, "id", None) in ("__init__", "__new__", "__signature__") for t in s.targets)
-            for s in node.body):
+    if (
+        "__new__" in methods
+        or "__signature__" in methods
+        or any(
+            isinstance(s, ast.Assign)
+            and any(getattr(t, "id", None) in ("__init__", "__new__", "__signature__") for t in s.targets)
+            for s in node.body
+        )
+    ):
         return None
     init = methods.get("__init__")
     if init is None:
@@ -413,12 +452,22 @@ def _kwargs_use(function, name: str) -> Optional[Tuple[Tuple[str, ...], bool]]:
             return None
         if isinstance(parent, ast.Attribute) and parent.attr in ("pop", "get"):
             call = parents.get(parent)
-            if isinstance(call, ast.Call) and call.args and isinstance(call.args[0], ast.Constant) and isinstance(call.args[0].value, str):
+            if (
+                isinstance(call, ast.Call)
+                and call.args
+                and isinstance(call.args[0], ast.Constant)
+                and isinstance(call.args[0].value, str)
+            ):
                 literals.append(call.args[0].value)
                 continue
             return None
-        if isinstance(parent, (ast.If, ast.UnaryOp, ast.BoolOp, ast.FormattedValue, ast.Compare, ast.IfExp, ast.Assert)) or \
-                isinstance(parent, ast.Call) and getattr(parent.func, "id", None) in ("len", "list", "sorted", "repr", "str"):
+        if (
+            isinstance(
+                parent, (ast.If, ast.UnaryOp, ast.BoolOp, ast.FormattedValue, ast.Compare, ast.IfExp, ast.Assert)
+            )
+            or isinstance(parent, ast.Call)
+            and getattr(parent.func, "id", None) in ("len", "list", "sorted", "repr", "str")
+        ):
             continue  # read, not passed on: `if kwargs: raise ...`
         return None
     return tuple(literals), passed_up

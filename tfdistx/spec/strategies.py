@@ -74,8 +74,10 @@ class Strategy:
         if not self.asynchronous or workers < 2 or steps is None or steps >= 1000 * workers:
             return None
         # How much less: docs/performance.md's table of the default job under parameter servers.
-        return (f"{workers} asynchronous workers apply stale gradients: {steps} steps learn much less than on one device; "
-                f"give it more steps (trainer.steps={1000 * workers}) — see docs/multi-process.md on asynchronous training")
+        return (
+            f"{workers} asynchronous workers apply stale gradients: {steps} steps learn much less than on one device; "
+            f"give it more steps (trainer.steps={1000 * workers}) — see docs/multi-process.md on asynchronous training"
+        )
 
     def job_counts(self, workers: int, ps: int) -> Dict[str, int]:
         """Tasks per TF_CONFIG job name (in rank order: chief, ps, worker)."""
@@ -108,18 +110,36 @@ class Strategy:
             return workers  # one per worker without GPUs; at least that with them
         return devices
 
-    def topology_problems(self, given: str, workers: int, devices: Optional[int], ps: int, cluster_name: str) -> List[Problem]:
+    def topology_problems(
+        self, given: str, workers: int, devices: Optional[int], ps: int, cluster_name: str
+    ) -> List[Problem]:
         """Why this strategy (asked for as `given`, maybe `auto`) cannot run on the cluster."""
         topology = f"cluster={cluster_name} ({workers} worker(s), {ps} ps)"
         problems = []
         if self.asynchronous and ps < 1:
-            problems.append(Problem("strategy", given, f"needs parameter servers; {topology} has none: use e.g. cluster=ps1w2"))
+            problems.append(
+                Problem("strategy", given, f"needs parameter servers; {topology} has none: use e.g. cluster=ps1w2")
+            )
         if not self.asynchronous and ps > 0:
-            problems.append(Problem("strategy", given, f"{topology} has parameter servers: use strategy=parameter_server"))
+            problems.append(
+                Problem("strategy", given, f"{topology} has parameter servers: use strategy=parameter_server")
+            )
         if not self.multi_process and workers > 1:
-            problems.append(Problem("strategy", given, f"runs on one machine but {topology} has several workers: use strategy=multiworker"))
+            problems.append(
+                Problem(
+                    "strategy",
+                    given,
+                    f"runs on one machine but {topology} has several workers: use strategy=multiworker",
+                )
+            )
         if self.one_replica and (devices or 1) > 1:
-            problems.append(Problem("strategy", given, f"runs one replica but cluster={cluster_name} asks for {devices} devices: use strategy=mirrored"))
+            problems.append(
+                Problem(
+                    "strategy",
+                    given,
+                    f"runs one replica but cluster={cluster_name} asks for {devices} devices: use strategy=mirrored",
+                )
+            )
         return problems
 
 
@@ -128,8 +148,12 @@ class Strategy:
 _VARIABLES_ELSEWHERE = "its variables live {where}, away from the device that computes, and XLA compiles only steps whose variables are on their own device"
 CROSS_DEVICE_OPS = ("auto", "nccl", "hierarchical_copy", "reduction_to_one")
 # strategy.communication: how multiworker's collectives cross processes (engine/strategy.py; mpi: spec/mpi.py).
-COMMUNICATION_MEANS = {"auto": "ring over gRPC on CPUs, NCCL on GPUs", "ring": "ring over gRPC", "nccl": "NCCL",
-                       "mpi": "the gradients through MPI, each task under mpiexec; the rest ring over gRPC"}
+COMMUNICATION_MEANS = {
+    "auto": "ring over gRPC on CPUs, NCCL on GPUs",
+    "ring": "ring over gRPC",
+    "nccl": "NCCL",
+    "mpi": "the gradients through MPI, each task under mpiexec; the rest ring over gRPC",
+}
 COMMUNICATIONS = tuple(COMMUNICATION_MEANS)
 # The dtype tfdistx's one gradient all-reduce sums in (engine/update.py); the
 # synchronous strategies whose replicas all-reduce take it. The 16-bit ones
@@ -137,39 +161,94 @@ COMMUNICATIONS = tuple(COMMUNICATION_MEANS)
 # (float16) significant bits; docs/scaling.md has what that saves and costs.
 ALL_REDUCE_DTYPES = ("float32", "bfloat16", "float16")
 
-_ALL_REDUCE_DTYPE = ("the dtype the gradients are summed in across {who} (16 bits: half the bytes{where}, rounded gradients; "
-                     "docs/scaling.md)")
+_ALL_REDUCE_DTYPE = (
+    "the dtype the gradients are summed in across {who} (16 bits: half the bytes{where}, rounded gradients; "
+    "docs/scaling.md)"
+)
 # strategy.partitioner (parameter_server): see partitioner_settings below.
 _PARTITIONER = Option(
     "split each large variable (a Dense kernel, an Embedding table) into shards on several ps tasks with TensorFlow's own "
     "partitioners; off while both keys are null; strategy.partitioner=true: on, with 256 KiB and one shard per ps",
-    keys={"min_shard_bytes": Option("a variable of more than this many bytes is split into ceil(bytes / this) shards"),
-          "max_shards": Option("at most this many shards of one variable (null: cluster.ps, one per ps)")})
+    keys={
+        "min_shard_bytes": Option("a variable of more than this many bytes is split into ceil(bytes / this) shards"),
+        "max_shards": Option("at most this many shards of one variable (null: cluster.ps, one per ps)"),
+    },
+)
 
-STRATEGIES: Dict[str, Strategy] = {s.name: s for s in [
-    Strategy("one_device", "one replica on one device (TF's default strategy, or OneDeviceStrategy on strategy.device)",
-             ONE_PROCESS, {"device": Option("e.g. /gpu:1 (OneDeviceStrategy); null: TF's default strategy on the first GPU, else the CPU")},
-             one_replica=True, xla_whole_step=True),
-    Strategy("mirrored", "MirroredStrategy: synchronous replicas on this machine's GPUs or logical CPU devices",
-             ONE_PROCESS, {"cross_device_ops": Option("how the replicas' gradients are summed (auto: NCCL on GPUs, a reduction to "
-                                                      "one device otherwise)", "auto", CROSS_DEVICE_OPS),
-                           "all_reduce_dtype": Option(_ALL_REDUCE_DTYPE.format(who="replicas", where=""), "float32", ALL_REDUCE_DTYPES)}),
-    Strategy("central_storage", "CentralStorageStrategy: variables on the CPU, compute replicated on this machine's devices",
-             ONE_PROCESS, no_xla=_VARIABLES_ELSEWHERE.format(where="on the CPU")),
-    Strategy("tpu", "TPUStrategy through TPUClusterResolver", ONE_PROCESS,
-             {"tpu": Option("TPU name or grpc:// address; default: $TPU_NAME, else a local TPU VM")},
-             not_in_tfjob="a TPU is reached through its own resolver (strategy.tpu), not a TFJob's TF_CONFIG: run it on a TPU VM",
-             precisions=("float32", "mixed_bfloat16")),
-    Strategy("multiworker", "MultiWorkerMirroredStrategy: synchronous all-reduce across worker processes",
-             ONE_PER_WORKER, {"communication": Option("the collectives' implementation across workers (mpi: the gradients' sum through MPI, "
-                                                             "on the local launcher; pip install 'tfdistx[mpi]')", "auto", COMMUNICATIONS),
-                              "bytes_per_pack": Option("gradients all-reduced in packs of this many bytes, so the first packs can go "
-                                                       "while the backward pass goes on (0: one pack)", 0),
-                              "all_reduce_dtype": Option(_ALL_REDUCE_DTYPE.format(who="workers", where=" on the network"), "float32",
-                                                         ALL_REDUCE_DTYPES)}),
-    Strategy("parameter_server", "ParameterServerStrategy + ClusterCoordinator: asynchronous steps on free workers, variables on ps tasks",
-             COORDINATOR, {"partitioner": _PARTITIONER}, no_xla=_VARIABLES_ELSEWHERE.format(where="on the ps tasks")),
-]}
+STRATEGIES: Dict[str, Strategy] = {
+    s.name: s
+    for s in [
+        Strategy(
+            "one_device",
+            "one replica on one device (TF's default strategy, or OneDeviceStrategy on strategy.device)",
+            ONE_PROCESS,
+            {
+                "device": Option(
+                    "e.g. /gpu:1 (OneDeviceStrategy); null: TF's default strategy on the first GPU, else the CPU"
+                )
+            },
+            one_replica=True,
+            xla_whole_step=True,
+        ),
+        Strategy(
+            "mirrored",
+            "MirroredStrategy: synchronous replicas on this machine's GPUs or logical CPU devices",
+            ONE_PROCESS,
+            {
+                "cross_device_ops": Option(
+                    "how the replicas' gradients are summed (auto: NCCL on GPUs, a reduction to one device otherwise)",
+                    "auto",
+                    CROSS_DEVICE_OPS,
+                ),
+                "all_reduce_dtype": Option(
+                    _ALL_REDUCE_DTYPE.format(who="replicas", where=""), "float32", ALL_REDUCE_DTYPES
+                ),
+            },
+        ),
+        Strategy(
+            "central_storage",
+            "CentralStorageStrategy: variables on the CPU, compute replicated on this machine's devices",
+            ONE_PROCESS,
+            no_xla=_VARIABLES_ELSEWHERE.format(where="on the CPU"),
+        ),
+        Strategy(
+            "tpu",
+            "TPUStrategy through TPUClusterResolver",
+            ONE_PROCESS,
+            {"tpu": Option("TPU name or grpc:// address; default: $TPU_NAME, else a local TPU VM")},
+            not_in_tfjob="a TPU is reached through its own resolver (strategy.tpu), not a TFJob's TF_CONFIG: run it on a TPU VM",
+            precisions=("float32", "mixed_bfloat16"),
+        ),
+        Strategy(
+            "multiworker",
+            "MultiWorkerMirroredStrategy: synchronous all-reduce across worker processes",
+            ONE_PER_WORKER,
+            {
+                "communication": Option(
+                    "the collectives' implementation across workers (mpi: the gradients' sum through MPI, "
+                    "on the local launcher; pip install 'tfdistx[mpi]')",
+                    "auto",
+                    COMMUNICATIONS,
+                ),
+                "bytes_per_pack": Option(
+                    "gradients all-reduced in packs of this many bytes, so the first packs can go "
+                    "while the backward pass goes on (0: one pack)",
+                    0,
+                ),
+                "all_reduce_dtype": Option(
+                    _ALL_REDUCE_DTYPE.format(who="workers", where=" on the network"), "float32", ALL_REDUCE_DTYPES
+                ),
+            },
+        ),
+        Strategy(
+            "parameter_server",
+            "ParameterServerStrategy + ClusterCoordinator: asynchronous steps on free workers, variables on ps tasks",
+            COORDINATOR,
+            {"partitioner": _PARTITIONER},
+            no_xla=_VARIABLES_ELSEWHERE.format(where="on the ps tasks"),
+        ),
+    ]
+}
 
 AUTO = "auto"
 AUTO_DESCRIPTION = "picks one_device, mirrored or multiworker from the cluster and the visible devices"
@@ -188,8 +267,10 @@ def nodes() -> Dict[str, Dict[str, Any]]:
 # round-robin to the ps tasks like whole variables. 256 KiB is TF's default.
 PARTITIONER_KEYS = ("min_shard_bytes", "max_shards")
 DEFAULT_MIN_SHARD_BYTES = 256 << 10
-_PARTITIONER_ALLOWED = ("true (256 KiB shards, one per ps), false/null (off), or {min_shard_bytes: BYTES >= 1, "
-                        "max_shards: N >= 1} (either may be null: 256 KiB; cluster.ps)")
+_PARTITIONER_ALLOWED = (
+    "true (256 KiB shards, one per ps), false/null (off), or {min_shard_bytes: BYTES >= 1, "
+    "max_shards: N >= 1} (either may be null: 256 KiB; cluster.ps)"
+)
 
 
 def partitioner_settings(value, ps: int) -> Optional[Dict[str, int]]:
@@ -200,8 +281,10 @@ def partitioner_settings(value, ps: int) -> Optional[Dict[str, int]]:
     given = {} if value is True else {k: value.get(k) for k in PARTITIONER_KEYS}
     if value is not True and all(v is None for v in given.values()):
         return None
-    return {"min_shard_bytes": int(given.get("min_shard_bytes") or DEFAULT_MIN_SHARD_BYTES),
-            "max_shards": int(given.get("max_shards") or max(ps, 1))}
+    return {
+        "min_shard_bytes": int(given.get("min_shard_bytes") or DEFAULT_MIN_SHARD_BYTES),
+        "max_shards": int(given.get("max_shards") or max(ps, 1)),
+    }
 
 
 def partitioner_problems(value) -> List[Problem]:
@@ -211,14 +294,23 @@ def partitioner_problems(value) -> List[Problem]:
         return []
     if not hasattr(value, "keys"):
         return [Problem("strategy.partitioner", value, _PARTITIONER_ALLOWED)]
-    problems = [Problem(f"strategy.partitioner.{key}", value[key], f"strategy.partitioner takes {', '.join(PARTITIONER_KEYS)}")
-                for key in value.keys() if key not in PARTITIONER_KEYS]
+    problems = [
+        Problem(f"strategy.partitioner.{key}", value[key], f"strategy.partitioner takes {', '.join(PARTITIONER_KEYS)}")
+        for key in value.keys()
+        if key not in PARTITIONER_KEYS
+    ]
     for key in PARTITIONER_KEYS:
         number = value.get(key)
         if number is not None and (isinstance(number, bool) or not isinstance(number, int) or number < 1):
             what = "bytes" if key == "min_shard_bytes" else "shards"
-            problems.append(Problem(f"strategy.partitioner.{key}", number, f"a whole number of {what}, at least 1 (or null: "
-                                    f"{'256 KiB' if key == 'min_shard_bytes' else 'cluster.ps'})"))
+            problems.append(
+                Problem(
+                    f"strategy.partitioner.{key}",
+                    number,
+                    f"a whole number of {what}, at least 1 (or null: "
+                    f"{'256 KiB' if key == 'min_shard_bytes' else 'cluster.ps'})",
+                )
+            )
     return problems
 
 

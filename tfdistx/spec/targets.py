@@ -47,14 +47,29 @@ class Target:
         kwargs = {k: v for k, v in keys.items() if k not in set(exclude) and k != "_target_"}
         return cls(group, current(keys["_target_"]), MappingProxyType(kwargs))
 
-    def build(self, expect: type, *, takes: Optional[Callable[[Any], Iterable[str]]] = None, wrap: Optional[Callable] = None, **runtime: Any) -> Any:
+    def build(
+        self,
+        expect: type,
+        *,
+        takes: Optional[Callable[[Any], Iterable[str]]] = None,
+        wrap: Optional[Callable] = None,
+        **runtime: Any,
+    ) -> Any:
         """Call the target with the group's keys and `runtime` kwargs; the
         result must be an `expect` (`takes`, `wrap`: as build's)."""
         return build(self.group, self.path, dict(self.kwargs), expect, takes=takes, wrap=wrap, **runtime)
 
 
-def build(group: str, target: str, kwargs: dict, expect: type, *, takes: Optional[Callable[[Any], Iterable[str]]] = None,
-          wrap: Optional[Callable] = None, **runtime: Any) -> Any:
+def build(
+    group: str,
+    target: str,
+    kwargs: dict,
+    expect: type,
+    *,
+    takes: Optional[Callable[[Any], Iterable[str]]] = None,
+    wrap: Optional[Callable] = None,
+    **runtime: Any,
+) -> Any:
     """Call `target` with `kwargs` and `runtime`; the result must be an
     `expect`. `takes(fn)`: the keyword names what the path names accepts,
     where its signature ends in **kwargs that a base class checks (a Keras
@@ -67,24 +82,43 @@ def build(group: str, target: str, kwargs: dict, expect: type, *, takes: Optiona
     kwargs = {**kwargs, **runtime}
     try:
         names = None if takes is None else list(takes(fn))
-        accepted = _accepted(fn, kwargs) if names is None else {k: v for k, v in kwargs.items() if k in names or k in runtime}
+        accepted = (
+            _accepted(fn, kwargs) if names is None else {k: v for k, v in kwargs.items() if k in names or k in runtime}
+        )
     except (TypeError, ValueError):  # a builtin (builtins.int) or a non-callable: no signature to read
-        raise ConfigError.one(f"{group}._target_", target, f"has no signature to call with the {group} keys: "
-                              f"name a function or class (see docs/own-project.md)") from None
+        raise ConfigError.one(
+            f"{group}._target_",
+            target,
+            f"has no signature to call with the {group} keys: name a function or class (see docs/own-project.md)",
+        ) from None
     unknown = sorted(set(kwargs) - set(accepted) - set(runtime))
     if unknown:  # a misspelt key would otherwise train with the target's default in its place
         taken = [name for name in (names if names is not None else _parameters(fn)) if name not in runtime]
-        raise ConfigError([Problem(f"{group}.{key}", kwargs[key], f"{target} takes no such argument; it takes: "
-                                   f"{', '.join(taken) or 'none'} (tfdistx passes {', '.join(sorted(runtime)) or 'nothing'} itself)")
-                           for key in unknown])
+        raise ConfigError(
+            [
+                Problem(
+                    f"{group}.{key}",
+                    kwargs[key],
+                    f"{target} takes no such argument; it takes: "
+                    f"{', '.join(taken) or 'none'} (tfdistx passes {', '.join(sorted(runtime)) or 'nothing'} itself)",
+                )
+                for key in unknown
+            ]
+        )
     try:
         built = (wrap(fn) if wrap else fn)(**{key: _built(group, key, value) for key, value in accepted.items()})
     except (ConfigError, RunFault):  # the target's own one line (a dataset offline: data/sources.py)
         raise
     except Exception as error:
-        raise ConfigError.one(f"{group}._target_", target, f"failed: {type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}") from error
+        raise ConfigError.one(
+            f"{group}._target_",
+            target,
+            f"failed: {type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}",
+        ) from error
     if not isinstance(built, expect):
-        raise ConfigError.one(f"{group}._target_", target, f"returned a {type(built).__name__}; it must return a {public_name(expect)}")
+        raise ConfigError.one(
+            f"{group}._target_", target, f"returned a {type(built).__name__}; it must return a {public_name(expect)}"
+        )
     return built
 
 
@@ -130,7 +164,9 @@ def _built(group: str, key: str, value: Any) -> Any:
             try:
                 return functools.partial(locate(current(value["_target_"])), **nested)
             except Exception as error:
-                raise ConfigError.one(f"{group}.{key}._target_", value["_target_"], _why_not_found(value["_target_"], error)) from None
+                raise ConfigError.one(
+                    f"{group}.{key}._target_", value["_target_"], _why_not_found(value["_target_"], error)
+                ) from None
         return build(f"{group}.{key}", current(value["_target_"]), nested, object)
     if isinstance(value, Mapping):
         return {k: _built(group, f"{key}.{k}", v) for k, v in value.items()}
@@ -140,7 +176,9 @@ def _built(group: str, key: str, value: Any) -> Any:
 
 
 def _parameters(fn) -> list:
-    return [p.name for p in inspect.signature(fn).parameters.values() if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+    return [
+        p.name for p in inspect.signature(fn).parameters.values() if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
+    ]
 
 
 def _accepted(fn, kwargs: dict) -> dict:
@@ -160,7 +198,12 @@ def _why_not_found(target: str, error: Exception) -> str:
     except Exception as import_error:
         return f"cannot be imported: {type(import_error).__name__}: {str(import_error).splitlines()[0]}"
     if not hasattr(module, attribute):
-        offered = sorted(name for name, value in vars(module).items()
-                         if callable(value) and not name.startswith("_") and getattr(value, "__module__", None) == module.__name__)
-        return f"module {module_name!r} has no attribute {attribute!r}" + (f" (it has: {', '.join(offered)})" if offered else "")
+        offered = sorted(
+            name
+            for name, value in vars(module).items()
+            if callable(value) and not name.startswith("_") and getattr(value, "__module__", None) == module.__name__
+        )
+        return f"module {module_name!r} has no attribute {attribute!r}" + (
+            f" (it has: {', '.join(offered)})" if offered else ""
+        )
     return f"cannot be imported: {str(error).strip().splitlines()[0]}"

@@ -46,21 +46,27 @@ from tfdistx.spec.values import is_whole
 AUTO = "auto"
 ENV = ("TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS")
 NO_SPINNING_ENV = "TFDISTX_NO_THREAD_SPINNING"  # "1": the task's TensorFlow pools sleep when idle
-STEP_JOBS = ("chief", "worker")  # the tasks that run training steps; ps, tf.data service and evaluator tasks mostly wait
+STEP_JOBS = (
+    "chief",
+    "worker",
+)  # the tasks that run training steps; ps, tf.data service and evaluator tasks mostly wait
 
 
 def problem(setting) -> Optional[Problem]:
     if setting == AUTO or is_whole(setting) and setting >= 0:
         return None
-    return Problem("cluster.task_threads", setting, "allowed: auto, or a whole number of threads (0: TensorFlow's own, every core)")
+    return Problem(
+        "cluster.task_threads", setting, "allowed: auto, or a whole number of threads (0: TensorFlow's own, every core)"
+    )
 
 
 def cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
-def task_threads(setting, counts: Mapping[str, int], available: Optional[int] = None,
-                 environ: Mapping[str, str] = os.environ) -> Tuple[Optional[int], str]:
+def task_threads(
+    setting, counts: Mapping[str, int], available: Optional[int] = None, environ: Mapping[str, str] = os.environ
+) -> Tuple[Optional[int], str]:
     """(intra-op threads of each task, None for TensorFlow's own sizing; why) for a local cluster of `counts` tasks per job."""
     if any(name in environ for name in ENV):
         given = ", ".join(f"{name}={environ[name]}" for name in ENV if name in environ)
@@ -72,8 +78,10 @@ def task_threads(setting, counts: Mapping[str, int], available: Optional[int] = 
     available = available or cores()
     stepping = sum(counts.get(job, 0) for job in STEP_JOBS) or 1
     threads = max(1, available // stepping)
-    return threads, (f"{available} core(s) shared by {stepping} chief and worker task(s) "
-                     f"(cluster.task_threads=auto; 0 for TensorFlow's own, every core in every task)")
+    return threads, (
+        f"{available} core(s) shared by {stepping} chief and worker task(s) "
+        f"(cluster.task_threads=auto; 0 for TensorFlow's own, every core in every task)"
+    )
 
 
 MIN_INTER_OP = 2
@@ -84,8 +92,11 @@ def environment(threads: Optional[int]) -> dict:
     kept from spinning (nothing for TensorFlow's own sizing)."""
     if threads is None:
         return {}
-    return {"TF_NUM_INTRAOP_THREADS": str(threads), "TF_NUM_INTEROP_THREADS": str(max(MIN_INTER_OP, threads)),
-            NO_SPINNING_ENV: "1"}
+    return {
+        "TF_NUM_INTRAOP_THREADS": str(threads),
+        "TF_NUM_INTEROP_THREADS": str(max(MIN_INTER_OP, threads)),
+        NO_SPINNING_ENV: "1",
+    }
 
 
 def describe(threads: Optional[int]) -> str:

@@ -19,8 +19,10 @@ import yaml  # PyYAML: a run's saved config, read without OmegaConf (the engine 
 from tfdistx.spec.errors import Problem
 
 RUN, CHECKPOINT, KERAS, WEIGHTS = "run", "checkpoint", "keras", "weights"
-ALLOWED = ("a tfdistx run directory (.hydra/config.yaml and checkpoints), a checkpoint prefix (RUN/checkpoints/ckpt-N, "
-           "with ckpt-N.index beside it), a .weights.h5 or a .keras file")
+ALLOWED = (
+    "a tfdistx run directory (.hydra/config.yaml and checkpoints), a checkpoint prefix (RUN/checkpoints/ckpt-N, "
+    "with ckpt-N.index beside it), a .weights.h5 or a .keras file"
+)
 
 
 def kind(path: str) -> Tuple[Optional[str], Optional[str]]:
@@ -30,17 +32,31 @@ def kind(path: str) -> Tuple[Optional[str], Optional[str]]:
         if (given / ".hydra" / "config.yaml").is_file():
             return RUN, None
         if any(given.glob("ckpt-*.index")):  # RUN/checkpoints: the checkpoints are there, the config one level up
-            return None, f"is a directory of checkpoints: name one (e.g. {given}/ckpt-N) or the run directory; allowed: {ALLOWED}"
+            return (
+                None,
+                f"is a directory of checkpoints: name one (e.g. {given}/ckpt-N) or the run directory; allowed: {ALLOWED}",
+            )
         return None, f"is a directory, but not a tfdistx run directory (no .hydra/config.yaml); allowed: {ALLOWED}"
     if Path(f"{given}.index").is_file():
         return CHECKPOINT, None
     if given.is_file():
         if given.name.endswith(".weights.h5"):
-            return (WEIGHTS, None) if _starts_with(given, _HDF5) else (None, "is not a Keras .weights.h5 file (not HDF5: damaged, or "
-                                                                         "another kind of file); save one with model.save_weights()")
+            return (
+                (WEIGHTS, None)
+                if _starts_with(given, _HDF5)
+                else (
+                    None,
+                    "is not a Keras .weights.h5 file (not HDF5: damaged, or "
+                    "another kind of file); save one with model.save_weights()",
+                )
+            )
         if given.suffix == ".keras":
             damage = _not_a_keras_archive(given)
-            return (KERAS, None) if damage is None else (None, f"is not a Keras .keras file ({damage}); save one with model.save()")
+            return (
+                (KERAS, None)
+                if damage is None
+                else (None, f"is not a Keras .keras file ({damage}); save one with model.save()")
+            )
         return None, f"is a file of none of the kinds; allowed: {ALLOWED}"
     return None, f"does not exist; allowed: {ALLOWED}"
 
@@ -60,7 +76,11 @@ def _not_a_keras_archive(path: Path) -> Optional[str]:
     """Why `path` cannot be a .keras file (a zip archive holding config.json), or None."""
     try:
         with zipfile.ZipFile(path) as archive:
-            return None if "config.json" in archive.namelist() else "a zip archive without the config.json of a Keras model"
+            return (
+                None
+                if "config.json" in archive.namelist()
+                else "a zip archive without the config.json of a Keras model"
+            )
     except (zipfile.BadZipFile, OSError):
         return "not a zip archive: damaged, or another kind of file"
 
@@ -88,7 +108,11 @@ def checkpoint_dir_of_run(run_dir: Path) -> Path:
     except Exception:  # unreadable: resolve reports it in one line (compose.saved_config)
         configured = None
     # an interpolation (${...}) is the run's to resolve: its default place is the one to look
-    return Path(configured) if isinstance(configured, str) and configured and "${" not in configured else run_dir / "checkpoints"
+    return (
+        Path(configured)
+        if isinstance(configured, str) and configured and "${" not in configured
+        else run_dir / "checkpoints"
+    )
 
 
 def resumes(checkpoint_dir: Optional[str], restore: bool) -> bool:
@@ -110,21 +134,37 @@ def problems(init_from, init_skip, resuming: bool = False, set_aside: Tuple[Opti
         if why:
             found.append(Problem("checkpoint.init_from", init_from, why))
         elif _inside(init_from, set_aside):
-            found.append(Problem("checkpoint.init_from", init_from,
-                                 f"is in this run's own directory (hydra.run.dir={set_aside[0]!r}), whose checkpoints "
-                                 "checkpoint.restore=false sets aside before a warm start could read them: start the new run in "
-                                 f"another directory (hydra.run.dir=NEW checkpoint.init_from={init_from}), or resume this one "
-                                 "(checkpoint.restore=true)"))
+            found.append(
+                Problem(
+                    "checkpoint.init_from",
+                    init_from,
+                    f"is in this run's own directory (hydra.run.dir={set_aside[0]!r}), whose checkpoints "
+                    "checkpoint.restore=false sets aside before a warm start could read them: start the new run in "
+                    f"another directory (hydra.run.dir=NEW checkpoint.init_from={init_from}), or resume this one "
+                    "(checkpoint.restore=true)",
+                )
+            )
         elif path_kind == RUN and not any(checkpoint_dir_of_run(Path(init_from).expanduser()).glob("ckpt-*.index")):
-            found.append(Problem("checkpoint.init_from", init_from,
-                                 f"that run has no checkpoint yet (none in {checkpoint_dir_of_run(Path(init_from).expanduser())})"))
+            found.append(
+                Problem(
+                    "checkpoint.init_from",
+                    init_from,
+                    f"that run has no checkpoint yet (none in {checkpoint_dir_of_run(Path(init_from).expanduser())})",
+                )
+            )
     for pattern in init_skip or ():
         try:
             re.compile(str(pattern))
         except re.error as error:
             found.append(Problem("checkpoint.init_skip", pattern, f"is not a regular expression ({error})"))
     if init_skip and init_from is None:
-        found.append(Problem("checkpoint.init_skip", list(init_skip), "only applies with checkpoint.init_from: set it, or leave init_skip out"))
+        found.append(
+            Problem(
+                "checkpoint.init_skip",
+                list(init_skip),
+                "only applies with checkpoint.init_from: set it, or leave init_skip out",
+            )
+        )
     return found
 
 

@@ -111,10 +111,16 @@ def traced(task: Task, name: str) -> Callable:
         return method
     try:
         return functools.partial(tf.autograph.to_graph(getattr(type(task), name)), task)
-    except Exception as error:  # AutoGraph's ConversionError (not public): no source (a class made in a shell), or code it cannot read
+    except (
+        Exception
+    ) as error:  # AutoGraph's ConversionError (not public): no source (a class made in a shell), or code it cannot read
         # What AutoGraph did when it converted a traced call and could not: run it as written, with a warning.
-        logging.getLogger(__name__).warning("AutoGraph could not convert %s.%s; it runs as written (%s)", type(task).__name__, name,
-                                            str(error).splitlines()[0][:200])
+        logging.getLogger(__name__).warning(
+            "AutoGraph could not convert %s.%s; it runs as written (%s)",
+            type(task).__name__,
+            name,
+            str(error).splitlines()[0][:200],
+        )
         return method
 
 

@@ -12,7 +12,9 @@ class Multilabel(Task):
     AVAILABLE = {
         "micro_f1": lambda task: keras.metrics.F1Score(average="micro", threshold=task.threshold, name="micro_f1"),
         "macro_f1": lambda task: keras.metrics.F1Score(average="macro", threshold=task.threshold, name="macro_f1"),
-        "auc": lambda task: ExactAUC(multi_label=True, num_thresholds=task.auc_thresholds, name="auc"),  # mean of per-label AUCs
+        "auc": lambda task: ExactAUC(
+            multi_label=True, num_thresholds=task.auc_thresholds, name="auc"
+        ),  # mean of per-label AUCs
     }
 
     def __init__(self, metrics=("micro_f1", "macro_f1", "auc"), threshold: float = 0.5, auc_thresholds: int = 200):

@@ -28,7 +28,9 @@ class Regression(Task):
 
     def check_labels(self, num_classes) -> None:
         if num_classes:  # class ids as numbers: a model would learn their order, which they do not have
-            raise ConfigError.one("task", self.name, f"the data's labels are {num_classes} classes, not values: use task=classification")
+            raise ConfigError.one(
+                "task", self.name, f"the data's labels are {num_classes} classes, not values: use task=classification"
+            )
 
     def loss(self, labels, outputs):
         targets = self._targets(labels, outputs)
