@@ -28,3 +28,23 @@ def test_a_unit_test_outside_a_test_unit_file_and_any_other_test_inside_one_are_
         "tests/test_b.py::test_unit_elsewhere: marked unit, in a file not named test_unit_*.py",
         "tests/test_unit_a.py::test_slow_case[wide_deep]: not marked unit, in a test_unit_*.py file",
     ]
+
+
+def _ruff(*args):
+    """ruff from the test environment (the test extra installs it), on the whole checkout."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    top = Path(__file__).resolve().parent.parent
+    return subprocess.run([sys.executable, "-m", "ruff", *args], cwd=top, capture_output=True, text=True)
+
+
+@pytest.mark.unit
+def test_the_checkout_is_formatted_and_linted_as_pyproject_says():
+    """`ruff format --check` and `ruff check` ([tool.ruff] in pyproject.toml): a change that is not
+    formatted, or leaves an unused or undefined name, fails here, in the unit layer that .ci/run runs first."""
+    formatted = _ruff("format", "--check", ".")
+    assert formatted.returncode == 0, formatted.stdout + formatted.stderr
+    linted = _ruff("check", ".")
+    assert linted.returncode == 0, linted.stdout + linted.stderr
