@@ -47,6 +47,7 @@ CONTAINER = "tensorflow"
 TRAINER_CONTAINER = "node"  # the container Trainer v2 gives the TrainJob's image, args and resources
 ANCESTOR = "trainer.kubeflow.org/trainjob-ancestor-step"  # Trainer v2's label for the replicatedJob that trains
 MAX_NAME = jobset.LONGEST_NAME  # its pods' hostnames are built from the name
+LAUNCH = "jobset"  # the pods' cluster.launch: each places itself by its JobSet labels (cluster/jobset.py)
 
 
 def jobset_manifest(
@@ -164,7 +165,7 @@ EVALUATOR_BACKOFF_LIMIT = 2**31 - 1
 
 
 def _jobset_spec(pods: Pods, container_name: str) -> Dict:
-    args = pods.args("jobset")
+    args = pods.args(LAUNCH)
     replicated = []
     for job, n in pods.counts.items():
         container = pods.container(

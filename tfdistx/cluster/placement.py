@@ -15,6 +15,7 @@ from typing import Dict, List, Mapping, Optional
 
 from tfdistx.cluster import data_service, jobset
 from tfdistx.cluster.evaluator import EVALUATOR
+from tfdistx.spec import elastic, mpi, priority
 from tfdistx.spec.errors import ConfigError, Problem
 from tfdistx.spec.run_spec import Layout
 from tfdistx.spec.strategies import describe_jobs
@@ -110,6 +111,19 @@ def detect(layout: Layout, env: Mapping[str, str] = os.environ, training: bool =
     if not strategy.multi_process and placement.task_type not in placement.service:
         return Placement(Source.SINGLE, service=placement.service)  # the trainer: one process, fed by the service
     return placement
+
+
+def refused_in_a_placed_task(layout: Layout, launched_by_tfdistx: bool = False) -> List[Problem]:
+    """What a task a scheduler placed refuses at its start, though its config composed (under cluster.launch=auto,
+    which only the local launcher's tasks may run so): an elastic run, a niced one, MPI's communication. The one
+    list, read by such a task (commands/execute.py) and by every export, whose tasks will be such tasks.
+    `launched_by_tfdistx`: a task of tfdistx's own local launcher, which started it as each of these needs."""
+    cluster = layout.cluster
+    return [
+        *elastic.placed_by_a_scheduler(cluster, launched_by_tfdistx),
+        *priority.placed_by_a_scheduler(cluster.nice, launched_by_tfdistx),
+        *mpi.placed_by_a_scheduler(layout.strategy.options, launched_by_tfdistx),
+    ]
 
 
 def scheduled_tasks(layout: Layout, training: bool = True) -> Dict[str, int]:

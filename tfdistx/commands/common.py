@@ -14,12 +14,18 @@ import os
 import signal
 import sys
 import threading
-from typing import Sequence
+from typing import Callable, Optional, Sequence, Tuple
 
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.errors import OverrideParseException
 from omegaconf import DictConfig, OmegaConf
 
+from tfdistx.cluster import placement
 from tfdistx.config import recipes, schema, topology, userconf
 from tfdistx.config.compose import compose_and_validate
+from tfdistx.config.resolve import layout_of
+from tfdistx.spec.overrides import given_value
+from tfdistx.spec.run_spec import Layout
 from tfdistx.spec.errors import EXIT_INVALID_CONFIG, ConfigError, RunFault, interrupted
 from tfdistx.internals import hydra as hydra_internals
 from tfdistx.log_files import into_log_files  # no TensorFlow there
@@ -27,12 +33,18 @@ from tfdistx.log_files import into_log_files  # no TensorFlow there
 
 def register_config_names(overrides) -> None:
     """What composing needs known first, in one place: the schema's types,
-    then the names of the groups' options beyond the shipped files."""
+    then the names of the groups' options beyond the shipped files. The
+    first to parse the overrides, so an override Hydra cannot parse
+    (`trainer.steps=$(id)`, an unbalanced quote) is refused here, for
+    every command (ConfigError: one line, exit 2)."""
     schema.register()  # the structured config: types checked at compose time
     hydra_internals.probe()  # before Hydra composes: the internals of it that tfdistx uses are there
-    userconf.register(overrides)  # --config-dir / TFDISTX_CONFIG_PATH: the user's own groups and experiments
-    topology.register(overrides)  # cluster=WxD / psPwW names
-    recipes.register(overrides)  # TFDISTX_RECIPES dirs, and the clusters the chosen recipes name
+    try:
+        userconf.register(overrides)  # --config-dir / TFDISTX_CONFIG_PATH: the user's own groups and experiments
+        topology.register(overrides)  # cluster=WxD / psPwW names
+        recipes.register(overrides)  # TFDISTX_RECIPES dirs, and the clusters the chosen recipes name
+    except OverrideParseException as error:
+        raise unparsable(error, overrides) from None
 
 
 def compose(overrides: Sequence[str], notes: bool = True) -> DictConfig:
@@ -40,6 +52,48 @@ def compose(overrides: Sequence[str], notes: bool = True) -> DictConfig:
     command sees it (raises ConfigError)."""
     register_config_names(overrides)
     return compose_and_validate(overrides, notes=notes)
+
+
+def compose_as_placed(
+    overrides: Sequence[str], launch_of: Callable[[Layout], Optional[str]], default_launch: str
+) -> Tuple[DictConfig, Layout]:
+    """The config as the tasks of an export (`tfdistx export slurm|tfjob|jobset|trainjob`) will compose and check it:
+    `overrides` with the cluster.launch they are given (`launch_of(layout)`: None, the one composed), then what a task a
+    scheduler placed refuses at its start (placement.refused_in_a_placed_task). So an export refuses, in the tasks'
+    own line, what every task would refuse at its start. A config that does not compose as given (an elastic one
+    without hosts, which a local run needs) is refused in the tasks' words when they refuse it too (composed with
+    `default_launch`, theirs unless the command line names one), else in its own."""
+    try:
+        cfg = compose(overrides, notes=False)
+    except ConfigError as as_given:
+        if given_value("cluster.launch", overrides) is not None:
+            raise
+        compose([*overrides, f"cluster.launch={default_launch}"], notes=False)  # raises the tasks' own refusal
+        raise as_given from None
+    layout = layout_of(cfg)
+    launch = launch_of(layout)
+    placed = [*overrides, f"cluster.launch={launch}"] if launch not in (None, layout.cluster.launch) else overrides
+    cfg = compose(placed)  # as the tasks compose it (and its notes, said once)
+    layout = layout_of(cfg)
+    if layout.cluster.agent is None:  # the agents start their workers themselves, as the local launcher does
+        refused = placement.refused_in_a_placed_task(layout)
+        if refused:
+            raise ConfigError(refused)
+    return cfg, layout
+
+
+def unparsable(error: Exception, overrides: Sequence[str]) -> ConfigError:
+    """Hydra's parse error as one line naming the override it cannot parse (each parsed alone to find it)."""
+    parser = OverridesParser.create()
+    bad = None
+    for override in overrides:
+        try:
+            parser.parse_overrides([override])
+        except OverrideParseException:
+            bad = override
+            break
+    first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    return ConfigError.one("override", bad if bad is not None else " ".join(overrides), first)
 
 
 def plain_value(cfg, key: str):

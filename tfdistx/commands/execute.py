@@ -25,7 +25,7 @@ from tfdistx.cluster.launch import run_local_cluster
 from tfdistx.cluster.rendezvous import LOCAL_CLUSTER_ENV
 from tfdistx.commands.ending import hold_until_exit
 from tfdistx.cluster.placement import Placement, Source
-from tfdistx.spec import data_service, elastic, mpi, priority, threads
+from tfdistx.spec import data_service, mpi, threads
 from tfdistx.spec.errors import ConfigError, retryable_exits_offset_by
 from tfdistx.spec.objective import value as objective_value
 from tfdistx.config.resolve import resolve
@@ -74,9 +74,7 @@ def execute(
                 warn(warning)
     if placement.in_cluster:
         launched_by_tfdistx = bool(os.environ.get(LOCAL_CLUSTER_ENV))
-        refused = elastic.placed_by_a_scheduler(layout.cluster, launched_by_tfdistx) + priority.placed_by_a_scheduler(
-            layout.cluster.nice, launched_by_tfdistx
-        )
+        refused = cluster.refused_in_a_placed_task(layout, launched_by_tfdistx)
         if refused:
             raise ConfigError(refused)
     with retryable_exits_offset_by(layout.cluster.retryable_exit_offset):

@@ -41,6 +41,22 @@ def chosen(strategy_options: Mapping[str, Any]) -> bool:
     return strategy_options.get("communication") == NAME
 
 
+def placed_by_a_scheduler(strategy_options: Mapping[str, Any], launched_by_tfdistx: bool) -> List[Problem]:
+    """strategy.communication=mpi in a task a scheduler placed (TF_CONFIG, Slurm, a JobSet, with cluster.launch=auto):
+    refused before TensorFlow starts, as cluster.launch=slurm is, rather than at the join (engine/mpi.py). The local
+    launcher's own tasks were started by mpiexec."""
+    if not chosen(strategy_options) or launched_by_tfdistx:
+        return []
+    return [
+        Problem(
+            "strategy.communication",
+            NAME,
+            "MPI's tasks are started by tfdistx's local launcher (cluster.launch=local), and this task was placed "
+            "by a scheduler: use strategy.communication=ring there",
+        )
+    ]
+
+
 def mpiexec() -> Optional[str]:
     """MPI's launcher: beside this Python first (the `mpich` wheel installs it in the venv), else on PATH."""
     return shutil.which("mpiexec", path=os.path.dirname(sys.executable)) or shutil.which("mpiexec")
@@ -66,15 +82,15 @@ def problems(
                 "use strategy.communication=ring there",
             )
         )
-    if launch not in LOCAL_LAUNCHES:
-        found.append(
+    if launch not in LOCAL_LAUNCHES:  # the one problem then: the rest is moot where MPI cannot run at all
+        return [
             Problem(
                 key,
                 NAME,
                 f"MPI's tasks are started by tfdistx's local launcher (cluster.launch=local), not with "
                 f"cluster.launch={launch}: use strategy.communication=ring there",
             )
-        )
+        ]
     if devices_per_worker is not None and devices_per_worker != 1:
         found.append(
             Problem(
