@@ -31,7 +31,9 @@ SUBCOMMANDS = {
     "predict": "tfdistx.commands.predict",  # a run's export applied to files (or its eval data): sharded predictions
     "_task": "tfdistx.commands.task",  # one task of a local cluster (started by the launcher)
 }
-KUBERNETES = "tfdistx.commands.kubernetes"
+# The exports that take --config-dir themselves, to hand it on to the job's tasks (the others' goes into
+# TFDISTX_CONFIG_PATH here, for the command alone)
+CARRY_CONFIG_DIRS = ("tfdistx.commands.kubernetes", "tfdistx.commands.slurm")
 
 
 def main(argv: Optional[Sequence[str]] = None):
@@ -63,9 +65,9 @@ def _command(argv: list, process_ends_after: bool):
         sys.path.insert(0, os.getcwd())
     words = next((n for n in (2, 1) if " ".join(argv[:n]) in SUBCOMMANDS), 0)  # `export tfjob` before `export`
     try:
-        # `export tfjob` (jobset, trainjob) takes its own: it hands them to the pods as given (a path in the image, not this machine's)
-        exports_manifests = SUBCOMMANDS.get(" ".join(argv[:words]), "").startswith(KUBERNETES + ":")
-        if any(arg.partition("=")[0] in ("--config-dir", "-cd") for arg in argv) and not exports_manifests:
+        # `export tfjob|jobset|trainjob|slurm` takes its own: it hands them to the job's tasks (the pods, the nodes)
+        carries = SUBCOMMANDS.get(" ".join(argv[:words]), "").partition(":")[0] in CARRY_CONFIG_DIRS
+        if any(arg.partition("=")[0] in ("--config-dir", "-cd") for arg in argv) and not carries:
             argv = _user_config_dirs(argv)
         if not words:
             from tfdistx.commands import run  # deferred like the others: `tfdistx recipes` needs none of it

@@ -61,6 +61,8 @@ def execute(
     if notice is not None:  # taken with the default signals before the config was known: now the config's
         notice.listen(layout.cluster.notice_signals)
     placement = placement or placement_of(layout, mode)
+    if placement.gpus is not None:  # its share of its node's GPUs (`export slurm --gpus`), before TensorFlow sees any
+        os.environ["CUDA_VISIBLE_DEVICES"] = placement.gpus
     if (
         training and placement.is_chief and placement.source is not Source.LOCAL
     ):  # once: by the task that trains, not its launcher
