@@ -277,7 +277,7 @@ def _tasks(tasks, nodes: int, base_port: int, gpus: Optional[_Gpus] = None) -> _
             (
                 GPUS_PER_WORKER_ENV,
                 str(gpus.per_worker),
-                "each worker task takes its own of its node's GPUs, the others none",
+                f"each worker task takes its own {gpus.per_worker} of its node's GPUs",
             )
         ]
         if gpus
