@@ -317,6 +317,10 @@ def test_each_worker_takes_its_own_gpus_of_its_node_and_the_other_tasks_none(con
     assert placement.detect(two, slurm_env(1, "2", "n1")).gpus is None  # no --gpus: as the process has it
     with pytest.raises(ConfigError, match="worker 1 is worker 2 on its node and takes 4 GPU"):
         placement.detect(two, slurm_env(1, "2", "n1", CUDA_VISIBLE_DEVICES="0,1,2,3,4", **env))
+    # one process beside its tf.data service: the trainer keeps its GPUs, the service's tasks take none
+    fed = layout_of(configs("strategy=mirrored", "cluster=1x2", "data.service.workers=1"))
+    env = {placement.GPUS_PER_WORKER_ENV: "2"}
+    assert [placement.detect(fed, slurm_env(rank, "3", "n1", **env)).gpus for rank in range(3)] == ["0,1", "", ""]
 
 
 # -- issue 60, item 9b: the agents' script says 0 only for a training this step ended -------------------------------

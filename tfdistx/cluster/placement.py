@@ -110,7 +110,8 @@ def detect(layout: Layout, env: Mapping[str, str] = os.environ, training: bool =
         )  # the evaluator: the step's last rank
     check_topology(placement, counts)
     if not strategy.multi_process and placement.task_type not in placement.service:
-        return Placement(Source.SINGLE, service=placement.service)  # the trainer: one process, fed by the service
+        # the trainer: one process, fed by the service (its GPUs, with export slurm --gpus, as placed)
+        return Placement(Source.SINGLE, service=placement.service, gpus=placement.gpus)
     return placement
 
 
