@@ -105,7 +105,8 @@ def test_a_round_s_task_config_is_its_topology(tmp_path, hosts):
         ([*ELASTIC, "cluster.evaluator=true"], "cluster.evaluator=True: the sidecar evaluator is not kept"),
         (
             [*ELASTIC, "cluster.launch=slurm"],
-            "cluster.launch='slurm': elastic rounds (cluster.workers=2:4) are formed by tfdistx's local launcher",
+            "cluster.launch='slurm': elastic rounds (cluster.workers=2:4) are formed by tfdistx's agents, one on every "
+            "node, or by its local launcher, not by a scheduler's fixed set of tasks: use cluster.launch=agent",
         ),
         (
             [*ELASTIC[:-1], "data.batch_size=32"],
@@ -226,8 +227,11 @@ def test_an_elastic_run_is_not_exported_to_kubernetes(capsys, kind):
         )
     lines = capsys.readouterr().err.strip().splitlines()
     assert leaving.value.code == 2 and len(lines) == 1, lines
+    launch = {"tfjob": "tf_config", "jobset": "jobset"}[kind]  # the pods' own, which the export composes with
     assert lines[0].startswith(
-        "tfdistx: invalid config: cluster.elastic.min_workers=2: a " + kind + " has a fixed number of replicas"
+        f"tfdistx: invalid config: cluster.launch='{launch}': elastic rounds (cluster.workers=2:4) are formed by "
+        "tfdistx's agents, one on every node, or by its local launcher, not by a scheduler's fixed set of tasks: "
+        "use cluster.launch=agent"
     )
 
 

@@ -10,6 +10,12 @@ sends USR1 to the batch shell `--notice` seconds before `--time` ends
 every task checkpoints and exits 42 (cluster.notice_signals, sigterm.py),
 and on 42 the job requeues itself and resumes from that checkpoint. The
 run is fixed-size: a task that fails ends the step (--kill-on-bad-exit).
+Before the step, a step of one task a node asks each node for ports free
+on it (cluster/free_ports.py), which the tasks take (placement.from_slurm);
+a port taken all the same (exit 6) requeues the job, which asks again.
+`--gpus`, `--cpus-per-task` and `--mem` are asked of Slurm, and each worker
+task takes its own share of its node's GPUs (placement.GPUS_PER_WORKER_ENV).
+The config is checked as the tasks will run it (common.compose_as_placed).
 
 With `cluster.launch=agent` the script runs an agent on each node instead
 (cluster/agent.py): one Slurm task per node, MIN to MAX nodes for
