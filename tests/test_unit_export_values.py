@@ -184,3 +184,16 @@ def test_no_value_rewrites_the_slurm_script_and_the_step_gets_each_intact(
 def test_a_slurm_flag_sbatch_cannot_hold_is_one_line_and_exit_2(capsys, flag, value, said):
     code, out, err = export(capsys, "slurm", "strategy=multiworker", "cluster=2x1", flag, value)
     assert (code, out) == (2, "") and len(err.strip().splitlines()) == 1 and said in err, err
+
+
+def test_no_value_rewrites_the_config_recipes_show_prints(capsys):
+    """`tfdistx recipes show` prints a composed config to keep as a recipe: its header comment is one line too."""
+    override = OTHERS[0]
+    with pytest.raises(SystemExit) as leaving:
+        cli.main(["recipes", "show", "mnist_mlp", "logger=[default,wandb]", override])
+    out = capsys.readouterr().out
+    assert leaving.value.code == 0
+    [config] = list(yaml.safe_load_all(out))  # one document, whatever the value holds
+    assert config["logger"]["wandb"]["project"] == "p " + NASTY
+    assert out.splitlines()[0].startswith("# python -m tfdistx recipe=mnist_mlp 'logger=[default,wandb]' $'logger.")
+    assert not out.splitlines()[1].startswith("#")

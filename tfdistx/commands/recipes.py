@@ -12,6 +12,7 @@ from hydra.errors import HydraException
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from tfdistx import emit
 from tfdistx.commands.common import register_config_names
 from tfdistx.config import userconf
 from tfdistx.config.compose import as_config_error
@@ -143,7 +144,8 @@ def _show(name: str, overrides: Sequence[str], resolve: bool) -> int:
             cfg = compose("config", overrides=overrides)
     except (HydraException, OmegaConfBaseException) as error:
         raise as_config_error(error, overrides) from None
-    print(f"# python -m tfdistx {' '.join(overrides)}    ({find(name)})")
+    made_by = emit.command_line(["python", "-m", "tfdistx", *overrides])  # one line, whatever the overrides hold
+    print(emit.comment(f"{made_by}    ({emit.shell_word(str(find(name)))})"))
     print(OmegaConf.to_yaml(cfg, resolve=resolve), end="")
     try:
         validate(cfg)
