@@ -223,7 +223,9 @@ def test_a_job_whose_derived_ports_something_holds_trains_on_ports_free_on_its_n
         cwd=tmp_path,
     )
     assert export.returncode == 0, export.stderr
-    before = subprocess.run(["sbatch", "--parsable", "--wrap", "true"], capture_output=True, text=True, timeout=60)
+    before = subprocess.run(
+        ["sbatch", "--parsable", "--wrap", "true"], capture_output=True, text=True, timeout=60, cwd=tmp_path
+    )
     job = int(before.stdout.strip().split(";")[0]) + 1  # this Slurm is the tests' alone: the next id is the script's
     first = 29400 + 64 * (job % 500)
     held = []
