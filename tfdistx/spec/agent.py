@@ -56,6 +56,16 @@ def problems(cfg) -> List[Problem]:
                 "this node's host name or IP address, without a port; or null: the address it reaches the store from",
             )
         )
+    token_file = agent.get("token_file")
+    if token_file is not None and not (isinstance(token_file, str) and token_file.strip()):
+        found.append(
+            Problem(
+                "cluster.agent.token_file",
+                token_file,
+                "a file holding the run's secret, the same on every node (a path: it is read on each node); "
+                "or null: the run directory's logs/rendezvous.key, made by the first agent",
+            )
+        )
     name = cfg.strategy.get("name")
     if (
         name in strategies.NAMES
