@@ -6,6 +6,7 @@ gets every override back intact; a bad option is one line and exit 2;
 --out never replaces a file. No Slurm here: the real one is
 tests/test_slurm.py's (-m system)."""
 
+import re
 import shlex
 import subprocess
 from pathlib import Path
@@ -215,9 +216,11 @@ def test_an_agent_script_asks_for_min_to_max_nodes_one_agent_each_and_survives_a
         "--signal=B:USR1@120",
     ]
     [line] = [line for line in text.splitlines() if line.startswith(AGENTS)]
+    lines = text.splitlines()
+    setup = lines[next(i for i, l in enumerate(lines) if l.startswith("run_dir=")) : lines.index("step=")]
     body = (
         "SLURM_JOB_ID=77\nSLURM_JOB_NODELIST=x\nscontrol() { echo node07; echo node08; }\n"
-        + "\n".join(l for l in text.splitlines() if l.startswith(("run_dir=", "store=")))
+        + "\n".join(setup)
         + f'\nprintf "%s\\0" {line[len(AGENTS) : -2]}\n'
     )
     printed = (
@@ -234,8 +237,16 @@ def test_an_agent_script_asks_for_min_to_max_nodes_one_agent_each_and_survives_a
         "data.batch_size=24",
         "data=synthetic",
         "cluster.agent.store=node07:34328",
+        "cluster.agent.token_file=outputs/slurm/77/logs/rendezvous.key",
         "hydra.run.dir=outputs/slurm/77",
     ]
+    # the run's secret, made by the batch shell once per job in the shared run dir, readable by the user alone,
+    # and kept by a requeued job (the script's setup run again)
+    secret = tmp_path / "outputs" / "slurm" / "77" / "logs" / "rendezvous.key"
+    made = secret.read_text()
+    assert re.fullmatch(r"[0-9a-f]{64}", made) and secret.stat().st_mode & 0o777 == 0o600
+    subprocess.run(["bash", "-c", body], capture_output=True, check=True, cwd=tmp_path)
+    assert secret.read_text() == made and sorted(p.name for p in secret.parent.iterdir()) == ["rendezvous.key"]
     assert (
         'if [ "$code" -ne 42 ] && [ -f "${run_dir}/summary.json" ]; then' in text
     )  # a lost node's code does not fail a finished run
@@ -246,3 +257,7 @@ def test_an_agent_script_asks_for_min_to_max_nodes_one_agent_each_and_survives_a
         capsys, "strategy=multiworker", "cluster=2x1", "cluster.launch=agent", "cluster.agent.store=head:5000"
     )
     assert "--nodes=2" in sbatch_options(text) and "\nstore=" not in text and "cluster.agent.store=head:5000" in text
+    code, text, _ = export(
+        capsys, "strategy=multiworker", "cluster=2x1", "cluster.launch=agent", "cluster.agent.token_file=/shared/key"
+    )  # a secret of the user's own, on a path every node reads: the script makes none
+    assert "\ntoken_file=" not in text and " cluster.agent.token_file=/shared/key " in text

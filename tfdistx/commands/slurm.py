@@ -27,6 +27,7 @@ from typing import List, Optional
 
 from omegaconf import OmegaConf
 
+from tfdistx.cluster import run_secret
 from tfdistx.cluster.placement import scheduled_tasks
 from tfdistx.commands.common import compose, one_line_errors
 from tfdistx.config import userconf
@@ -189,6 +190,9 @@ def _agents(cluster, servers, given) -> _Job:
             f":$(( {cluster.base_port} + 64 * (SLURM_JOB_ID % 500) ))\"  # the rendezvous, kept by the first node's agent"
         ]
         added = ['"cluster.agent.store=${store}"']
+    if "cluster.agent.token_file" not in given:
+        setup += _secret_lines()
+        added.append('"cluster.agent.token_file=${token_file}"')
     servers = f" (the first node's also {describe_jobs(servers)})" if servers else ""
     about = [
         f"# an agent on every node (cluster.launch=agent): {nodes} node(s), one Slurm task each, each starting its node's worker{servers};",
@@ -209,6 +213,20 @@ def _agents(cluster, servers, given) -> _Job:
         setup,
         ended,
     )
+
+
+def _secret_lines() -> List[str]:
+    """The run's secret, which every agent's beat proves (cluster/run_secret.py): made by the batch shell, once
+    per job, in the shared run dir (mode 0600, written whole, then renamed into place), before any agent starts;
+    a requeued job keeps it."""
+    return [
+        f"token_file=\"${{run_dir}}/{run_secret.SECRET_FILE}\"  # the run's secret: every agent's beat proves it",
+        'if [ ! -s "$token_file" ]; then',
+        '    mkdir -p "$(dirname "$token_file")"',
+        f"    (umask 077 && od -An -vtx1 -N{run_secret.SECRET_BYTES} /dev/urandom | tr -d ' \\n' "
+        '> "${token_file}.new" && mv -f "${token_file}.new" "$token_file")',
+        "fi",
+    ]
 
 
 def script(
