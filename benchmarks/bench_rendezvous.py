@@ -86,6 +86,7 @@ def measure(agents: int, args, tree) -> dict:
                 patience = args.lost_bound + args.join_grace + PATIENCE_SECONDS
                 next_round = wait_round(sim, patience, after=killed_at) - killed_at
             figures = sim.figures()
+            keeper_errors = sim.keeper_errors()
         load_after = os.getloadavg()[0]
     last_ready = max(figures["first_beat"].values())
     full = min((n for n, t in sim.rounds.items() if t == formed), default=None)
@@ -106,6 +107,7 @@ def measure(agents: int, args, tree) -> dict:
         "beyond": next_round - args.lost_bound - args.join_grace,
         "load": (load_before, load_after),
         "workers": dict(sim.workers),
+        "keeper_errors": keeper_errors,
     }
 
 
@@ -114,6 +116,8 @@ def show(label: str, agents: int, cell: dict) -> None:
     told = f"{cell['told']:.2f}" if cell["told_count"] == agents else f"{cell['told_count']}/{agents} told"
     kinds = ", ".join(f"{k} {v}" for k, v in sorted(cell["error_kinds"].items()))
     rounds = " -> ".join(str(w) for _, w in sorted(cell["workers"].items()))
+    if cell["keeper_errors"]:
+        kinds = "; ".join(filter(None, [kinds, f"{cell['keeper_errors']} tracebacks from the keeper"]))
     print(
         f"{label:<22}{agents:>7}{cell['formed']:>10.2f}{told:>14}{ms(cell['p50']):>9}{ms(cell['p99']):>9}"
         f"{cell['errors']:>8}{100 * cell['cpu']:>9.1f}%{cell['next']:>9.2f}{cell['beyond']:>9.2f}"

@@ -135,73 +135,183 @@ async def xmlrpc_agent(name: str, host: str, port: int, figures: Figures, stop: 
             await asyncio.sleep(XMLRPC_BEAT_SECONDS)
 
 
-async def wire_agent(
-    name: str, host: str, port: int, secret: bytes, lost_bound: float, figures: Figures, stop: asyncio.Event
-) -> None:
-    """An agent of a keeper that speaks cluster/keeper_wire.py: Beats' own state and schedule, over asyncio."""
-    from tfdistx.cluster import agent, keeper_wire
+class _Connection(asyncio.Protocol):
+    """One of a WireAgent's connections: its events passed on while it is the agent's current one; a stale
+    one (a connect that timed out, then came through) is closed."""
 
-    state = agent.BeatState(name, "127.0.0.1", random.randrange(20000, 60000), lost_bound=lost_bound)
-    conversation: Optional[keeper_wire.Conversation] = None
-    reader = writer = None
-    failures, answered = 0, time.monotonic()
-    timeout = min(keeper_wire.CALL_TIMEOUT_SECONDS, lost_bound / 3)
-    while not stop.is_set():
-        started = time.monotonic()
-        figures.first_beat.setdefault(name, started)
+    def __init__(self, agent: "WireAgent", generation: int):
+        self.agent, self.generation, self.transport = agent, generation, None
+
+    def _current(self) -> bool:
+        if self.agent.generation == self.generation:
+            return True
+        if self.transport is not None:
+            self.transport.abort()
+        return False
+
+    def connection_made(self, transport) -> None:
+        self.transport = transport
+        if self._current():
+            self.agent.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        if self._current():
+            self.agent.data_received(data)
+
+    def connection_lost(self, exc) -> None:
+        if self.agent.generation == self.generation:
+            self.agent.connection_lost(exc)
+
+
+class WireAgent:
+    """An agent of a keeper that speaks cluster/keeper_wire.py: Beats' own state (BeatState) and schedule
+    (beat_delay), its connection kept and opened again after a failure, as callbacks on the process's event
+    loop (no task or timer object per beat beyond the next beat's: a thousand agents a process stay light, so
+    that what is measured is the keeper)."""
+
+    def __init__(self, name: str, host: str, port: int, secret: bytes, lost_bound: float, figures: Figures):
+        from tfdistx.cluster import agent, keeper_wire
+
+        self.agent, self.wire = agent, keeper_wire
+        self.name, self.host, self.port, self.secret, self.lost_bound = name, host, port, secret, lost_bound
+        self.figures = figures
+        self.state = agent.BeatState(name, "127.0.0.1", random.randrange(20000, 60000), lost_bound=lost_bound)
+        self.timeout = min(keeper_wire.CALL_TIMEOUT_SECONDS, lost_bound / 3)
+        self.loop = asyncio.get_running_loop()
+        self.transport: Optional[asyncio.Transport] = None
+        self.conversation = None
+        self.buffer = bytearray()
+        self.failures, self.answered, self.started = 0, time.monotonic(), 0.0
+        self.deadline: Optional[asyncio.TimerHandle] = None
+        self.stopped = False
+        self.generation = 0  # which connection is the current one
+        self.unanswered_since: Optional[float] = None  # as Link's: a connection silent too long is opened again
+        self.stale_after = max(1.5 * self.timeout, lost_bound / 4)
+
+    def beat(self) -> None:
+        """One beat: over the connection kept, or a new one first (its hello, then the beat)."""
+        if self.stopped:
+            return
+        self.started = time.monotonic()
+        self.figures.first_beat.setdefault(self.name, self.started)
+        if self.unanswered_since is not None and self.started - self.unanswered_since > self.stale_after:
+            self._drop()
+        self.deadline = self.loop.call_later(self.timeout, self._late)
+        if self.conversation is not None:
+            self.unanswered_since = self.unanswered_since or self.started
+            self.transport.write(self.conversation.request(self.state.request()))
+            return
+        self.generation += 1
+        generation = self.generation
+        connecting = self.loop.create_task(
+            self.loop.create_connection(lambda: _Connection(self, generation), self.host, self.port)
+        )
+
+        def connected(done):
+            if not done.cancelled() and done.exception() is not None and self.generation == generation:
+                self._failed(done.exception())
+
+        connecting.add_done_callback(connected)
+
+    def data_received(self, data: bytes) -> None:
+        self.buffer += data
         try:
-            if conversation is None:
-                reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), timeout)
-                conversation = keeper_wire.Conversation(
-                    secret, await asyncio.wait_for(keeper_wire.read_frame_async(reader), timeout)
-                )
-            writer.write(conversation.request(state.request()))
-            answer = conversation.answer(await asyncio.wait_for(keeper_wire.read_frame_async(reader), timeout))
-            figures.latencies.append(time.monotonic() - started)
-            failures, answered = 0, time.monotonic()
-            state.absorb(answer)
-            placed = state.placed()
-            if placed is not None and placed.number > state.round:  # it starts its worker: running, said at once
-                state.set(RUNNING, placed.number)
-                figures.placed.setdefault(name, {})[placed.number] = time.monotonic()
-                continue
-            if state.status == RUNNING and state.closed_or_moved_on():  # its worker stopped: waiting, said at once
-                state.set(WAITING)
-                continue
-        except (OSError, asyncio.TimeoutError, asyncio.IncompleteReadError, keeper_wire.WireError) as error:
-            figures.error(error)
-            failures += 1
-            if writer is not None:
-                writer.close()
-            conversation = reader = writer = None
-        await asyncio.sleep(agent.beat_delay(state.interval, lost_bound, failures, time.monotonic() - answered))
+            while (frame := self.wire.take_frame(self.buffer, self.wire.MAX_ANSWER_BYTES)) is not None:
+                if self.conversation is None:  # the hello: the beat goes now
+                    self.conversation = self.wire.Conversation(self.secret, frame)
+                    self.unanswered_since = self.unanswered_since or time.monotonic()
+                    self.transport.write(self.conversation.request(self.state.request()))
+                elif (answer := self.conversation.answer(frame)) is not None:  # not a late one, set aside
+                    self._answered(answer)
+        except (self.wire.WireError, ValueError, KeyError, TypeError) as error:
+            self._failed(error)
+
+    def _answered(self, answer: dict) -> None:
+        self.deadline.cancel()
+        now = time.monotonic()
+        self.figures.latencies.append(now - self.started)
+        self.failures, self.answered, self.unanswered_since = 0, now, None
+        state = self.state
+        state.absorb(answer)
+        placed = state.placed()
+        if placed is not None and placed.number > state.round:  # it starts its worker: running, said at once
+            state.set(RUNNING, placed.number)
+            self.figures.placed.setdefault(self.name, {})[placed.number] = now
+            return self.beat()
+        if state.status == RUNNING and state.closed_or_moved_on():  # its worker stopped: waiting, said at once
+            state.set(WAITING)
+            return self.beat()
+        self.loop.call_later(self.agent.beat_delay(state.interval, self.lost_bound, 0), self.beat)
+
+    def connection_lost(self, exc) -> None:
+        self._failed(exc or ConnectionResetError("the keeper closed the connection"))
+
+    def _late(self) -> None:
+        """No answer in time: counted, the connection kept (Link's way), the next try after the back-off."""
+        self.deadline = None
+        self._again(TimeoutError("no answer in time"))
+
+    def _failed(self, error: BaseException) -> None:
+        """A beat that failed: counted, the connection dropped, the next try after the back-off."""
+        if self.deadline is not None:
+            self.deadline.cancel()
+            self.deadline = None
+        self._drop()
+        self._again(error)
+
+    def _drop(self) -> None:
+        transport, self.transport, self.conversation, self.unanswered_since = self.transport, None, None, None
+        self.generation += 1  # whatever the old connection still does is not this agent's
+        self.buffer.clear()
+        if transport is not None:
+            transport.abort()
+
+    def _again(self, error: BaseException) -> None:
+        if self.stopped:
+            return
+        self.figures.error(error)
+        self.failures += 1
+        silent = time.monotonic() - self.answered
+        self.loop.call_later(
+            self.agent.beat_delay(self.state.interval, self.lost_bound, self.failures, silent), self.beat
+        )
+
+    def stop(self) -> None:
+        self.stopped = True
+        if self.transport is not None:
+            self.transport.abort()
 
 
 async def run_agents(args) -> Figures:
     figures = Figures()
     host, port = args.store.rsplit(":", 1)
     secret = Path(args.secret).read_bytes().strip() if args.secret else b""
-
     stop = asyncio.Event()
-
-    async def one(i: int):
-        await asyncio.sleep(max(0.0, args.start_at - time.monotonic()) + random.uniform(0, args.spread))
-        name = f"{args.name}-{i}"
-        if args.wire == "xmlrpc":
-            await xmlrpc_agent(name, host, int(port), figures, stop)
-        else:
-            await wire_agent(name, host, int(port), secret, args.lost_bound, figures, stop)
-
-    tasks = [asyncio.ensure_future(one(i)) for i in range(args.count)]
     loop = asyncio.get_running_loop()
+    wire_agents = []
+
+    async def xmlrpc(i: int):
+        await asyncio.sleep(max(0.0, args.start_at - time.monotonic()) + random.uniform(0, args.spread))
+        await xmlrpc_agent(f"{args.name}-{i}", host, int(port), figures, stop)
+
+    if args.wire == "xmlrpc":
+        tasks = [asyncio.ensure_future(xmlrpc(i)) for i in range(args.count)]
+    else:
+        tasks = []
+        for i in range(args.count):
+            wire_agents.append(WireAgent(f"{args.name}-{i}", host, int(port), secret, args.lost_bound, figures))
+            delay = max(0.0, args.start_at - time.monotonic()) + random.uniform(0, args.spread)
+            loop.call_later(delay, wire_agents[-1].beat)
     loop.add_signal_handler(signal.SIGTERM, stop.set)
     # SIGUSR1: the figures so far, written whole (before the process is killed with its agents)
     loop.add_signal_handler(signal.SIGUSR1, lambda: _write(Path(args.out), figures))
     await stop.wait()
+    for agent in wire_agents:
+        agent.stop()
     for task in tasks:
         task.cancel()
-    # Python 3.11's wait_for can swallow a cancel that meets its own end: the agents' loops may go on, unwaited
-    await asyncio.wait(tasks, timeout=5)
+    if tasks:  # Python 3.11's wait_for can swallow a cancel that meets its own end: waited a while, not forever
+        await asyncio.wait(tasks, timeout=5)
     return figures
 
 
@@ -265,6 +375,7 @@ class Simulation:
                 f"--secret={secret}",
             ],
             stdout=subprocess.PIPE,
+            stderr=open(self.scratch / "keeper.err", "w"),  # noqa: SIM115 (the keeper's own, kept till it ends)
             stdin=subprocess.DEVNULL,
             text=True,
             env=env,
@@ -339,6 +450,12 @@ class Simulation:
         self.groups[0].kill()
         self.groups[0].wait()
         return time.monotonic()
+
+    def keeper_errors(self) -> int:
+        """The tracebacks the keeper's process wrote (today's XML-RPC server prints one per call it could not
+        answer: a caller that timed out and left)."""
+        path = self.scratch / "keeper.err"
+        return path.read_text(errors="replace").count("Traceback") if path.exists() else 0
 
     def keeper_cpu(self) -> float:
         """The keeper process's CPU seconds so far (user and system)."""

@@ -111,16 +111,16 @@ def test_a_client_without_the_run_secret_is_refused_said_once_per_address_and_ne
     )
     assert keeper_wire.REFUSED in raw(keeper.store, b"\x00\x00\x00\x05Sabcd", "127.0.0.2")
     # A recorded beat of the run's own agent, replayed on a connection of its own: another challenge, refused
-    agent = keeper_wire.Link(keeper.store, SECRET)
-    sent = []
-    agent.sock = socket.create_connection(agent.address, timeout=5)
-    hello = keeper_wire.read_frame(agent.sock)
-    agent.conversation = keeper_wire.Conversation(SECRET, hello)
-    frame = agent.conversation.request({"agent": "x", "address": "127.0.0.3", "port": 1, "status": "waiting"})
-    sent.append(frame)
-    replayed = raw(keeper.store, sent[0], "127.0.0.3")
+    host, port = keeper.store.split(":")
+    with socket.create_connection((host, int(port)), timeout=5) as sock:
+        received = bytearray()
+        while (hello := keeper_wire.take_frame(received, 1024)) is None:
+            received += sock.recv(1024)
+        frame = keeper_wire.Conversation(SECRET, hello).request(
+            {"agent": "x", "address": "127.0.0.3", "port": 1, "status": "waiting"}
+        )
+    replayed = raw(keeper.store, frame, "127.0.0.3")
     assert replayed.endswith(b"its beat does not prove the run's secret")
-    agent.close()
     honest = beating(keeper.store)
     wait_until(lambda: keeper.rounds, 30, "a round of the run's own agent")
     time.sleep(1.0)  # the rogues keep beating meanwhile
@@ -263,3 +263,21 @@ def test_the_run_secret_is_made_once_mode_0600_by_the_first_agent_or_read_from_t
         run_secret.of_run(str(tmp_path / "run"), str(given))
     with pytest.raises(ConfigError, match=r"missing: cannot be read \(No such file or directory\)"):
         run_secret.of_run(str(tmp_path / "run"), str(tmp_path / "missing"))
+
+
+def test_a_busy_keeper_costs_no_connection_and_no_round(kept, beating):
+    """The keeper stalls 1.2 s (its lock held: every beat waits, as behind a long decision on a loaded node)
+    with a call timeout of 1 s: the agents' beats time out, their late answers are read and set aside on the
+    same connections, and no agent opens another, nor is lost."""
+    keeper = kept(low=2, high=2, lost_bound=3.0)
+    agents = [beating(keeper.store, lost_bound=3.0) for _ in range(2)]
+    wait_until(lambda: all(a.placed() for a in agents), 30, "round 1")
+    for a in agents:
+        a.set(RUNNING, 1)
+    wait_until(lambda: all(a.link.sock is not None and a.failures == 0 for a in agents), 10, "running beats")
+    ports = [a.link.sock.getsockname()[1] for a in agents]
+    with keeper.keeper.lock:
+        time.sleep(1.2)
+    wait_until(lambda: all(a.failures == 0 and a.silent_for() < 1 for a in agents), 10, "answered again")
+    assert [a.link.sock.getsockname()[1] for a in agents] == ports  # the same connections
+    assert len(keeper.server.connections) == 2 and [n for n, _, _ in keeper.rounds] == [1]

@@ -4,6 +4,8 @@ so that a bound of seconds is tested without waiting for it: each beat is
 recorded, and the keeper decides on its tick (here, after every beat). The
 tests at the end ask a real keeper over the network as the agents do."""
 
+import json
+
 import pytest
 
 from tfdistx.cluster.round_keeper import (
@@ -48,7 +50,12 @@ def beat(kept, address, status=WAITING, number=0, code=0, agent=None, known=0) -
     sent = Beat(agent or address, address, 7000, status, number, code, known)
     kept.beat(sent)
     kept.tick()
-    return Told.read(kept.beat(sent))
+    return heard(kept.beat(sent))
+
+
+def heard(answer: bytes) -> Told:
+    """What an agent reads in the keeper's answer."""
+    return Told.read(json.loads(answer))
 
 
 def running(kept, clock, addresses, number):
@@ -212,12 +219,12 @@ def test_a_beat_is_only_recorded_the_tick_decides_and_an_agent_hears_the_round_o
     assert kept.round is None and not said  # three beats, no decision yet
     kept.tick()
     assert kept.round.members == [A, B, C]
-    told = Told.read(kept.beat(Beat(B, B, 7000, WAITING)))
+    told = heard(kept.beat(Beat(B, B, 7000, WAITING)))
     assert (told.news.number, told.place.index, told.place.number) == (1, 1, 1)
-    again = Told.read(kept.beat(Beat(B, B, 7000, RUNNING, 1, known=told.version)))
+    again = heard(kept.beat(Beat(B, B, 7000, RUNNING, 1, known=told.version)))
     assert again.version == told.version and again.news is None and again.place is None
     beat(kept, C, ENDED, 1)  # C's agent ended: the round closes, a new version; B is told why, not its place again
-    closed = Told.read(kept.beat(Beat(B, B, 7000, RUNNING, 1, known=told.version)))
+    closed = heard(kept.beat(Beat(B, B, 7000, RUNNING, 1, known=told.version)))
     assert closed.version > told.version and closed.news.why == LOST and closed.place is None
 
 
@@ -263,7 +270,7 @@ def test_a_beat_of_another_config_is_refused_said_once_and_never_placed():
     kept, clock, said = keeper(low=2, high=3, say=lines.append, config="a" * 64)
     beat(kept, A), beat(kept, B)
     for _ in range(2):
-        told = Told.read(kept.beat(Beat(C, C, 7000, WAITING, config="b" * 64)))
+        told = heard(kept.beat(Beat(C, C, 7000, WAITING, config="b" * 64)))
         kept.tick()
     assert told.refused.startswith("its config is not the run's (config digest bbbbbbbbbbbb there, aaaaaaaaaaaa at")
     assert len(lines) == 1 and lines[0].startswith(f"the rendezvous refused the agent at {C}: its config")

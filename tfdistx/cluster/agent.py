@@ -74,7 +74,9 @@ from tfdistx.spec.errors import (
     RunFault,
 )
 
-BEAT_JITTER = 0.25  # each wait between beats is the interval give or take this share, drawn anew
+# Each wait between beats is the interval less up to this share of it, drawn anew: agents started in the same
+# second spread their beats, and none beats later than the interval (a round formed is heard as soon as before).
+BEAT_JITTER = 0.25
 RETRY_FIRST_SECONDS = 0.25  # a beat that failed is tried again after about this, doubled at each failure,
 RETRY_SHARE_OF_LOST_BOUND = 0.2  # up to this share of lost_bound (beat_delay)
 
@@ -102,7 +104,7 @@ def beat_delay(interval: float, lost_bound: float, failures: int, silent: float 
     under RETRY_FIRST_SECONDS): a node whose link comes back beats again
     before the keeper takes it for lost, whatever the back-off had grown to."""
     if failures <= 0:
-        return interval * random.uniform(1 - BEAT_JITTER, 1 + BEAT_JITTER)
+        return interval * random.uniform(1 - BEAT_JITTER, 1)
     backoff = min(RETRY_FIRST_SECONDS * 2 ** (failures - 1), lost_bound * RETRY_SHARE_OF_LOST_BOUND)
     backoff = min(backoff, max(RETRY_FIRST_SECONDS, (lost_bound - silent) / 4))
     return backoff * random.uniform(0.5, 1.0)
@@ -167,8 +169,11 @@ class Beats:
         self.store, self.address, self.name = store, address, f"{address}/{secrets.token_hex(4)}"
         self.lost_bound = lost_bound
         self.state = BeatState(self.name, address, lost_bound=lost_bound, config=config)
-        self.link = Link(store, secret)
         self.call_timeout = min(CALL_TIMEOUT_SECONDS, lost_bound / 3)
+        # A connection that answered nothing this long is opened again: a cut link leaves it dead without a word,
+        # and TCP's own retransmissions back off past the bound, where a new connection's first try comes within
+        # a second. Not sooner: a busy keeper's answer comes late on it, and a new one only adds a handshake.
+        self.link = Link(store, secret, stale_after=max(1.5 * self.call_timeout, lost_bound / 4))
         self.failures = 0
         self.trouble: Optional[str] = None  # why the last beat failed, when the keeper refused it
         # the agent starts as if just answered: it waits lost_bound before it says otherwise

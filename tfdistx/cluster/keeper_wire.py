@@ -28,8 +28,8 @@ A frame is 4 bytes of length (big-endian), then a kind byte and the body:
 - SIGNED: a 32-byte HMAC-SHA256 tag, then a JSON object. An agent's tag
   covers b"agent", the connection's challenge and the JSON (which holds the
   agent's own nonce for the connection and a sequence number that must
-  grow); the keeper's covers b"keeper", the challenge, that nonce and its
-  JSON (which echoes the sequence number). The secret never crosses the
+  grow); the keeper's covers b"keeper", the challenge, that nonce, the
+  request's sequence number (8 bytes, first in its body) and its JSON. The secret never crosses the
   wire; a recorded message replayed on another connection fails (another
   challenge), on the same one (a sequence number not above the last), or
   to an agent (another nonce);
@@ -42,7 +42,6 @@ No TensorFlow here.
 """
 
 import asyncio
-import hashlib
 import hmac
 import json
 import os
@@ -62,6 +61,7 @@ CALL_TIMEOUT_SECONDS = 2.0  # one beat's round trip at most: a cut link is a tim
 # A connection that proved nothing this long after its last frame is closed: a half-open one left by a cut link
 # (its agent reconnected since), or one that never spoke.
 IDLE_CLOSE_SECONDS = 60.0
+SOONEST_TICK_SECONDS = 0.0  # a change's tick comes at least this long after the last tick (and 10 of its cost)
 MOST_REFUSERS_SAID = 1024  # source addresses whose refusal is said, once each; beyond, one line says so
 
 
@@ -78,7 +78,7 @@ def _frame(kind: bytes, body: bytes) -> bytes:
 
 
 def _tag(secret: bytes, *parts: bytes) -> bytes:
-    return hmac.new(secret, b"".join(parts), hashlib.sha256).digest()
+    return hmac.digest(secret, b"".join(parts), "sha256")  # the one-shot C digest: HMAC-SHA256
 
 
 def _json(value) -> bytes:
@@ -109,8 +109,9 @@ class Conversation:
         payload = _json({**fields, "nonce": self.nonce, "seq": self.seq})
         return _frame(SIGNED, _tag(self.secret, b"agent", self.challenge, payload) + payload)
 
-    def answer(self, frame: Tuple[bytes, bytes]) -> dict:
-        """The keeper's answer to the last request, checked; WireError if it is not the keeper's."""
+    def answer(self, frame: Tuple[bytes, bytes]) -> Optional[dict]:
+        """The keeper's answer to the last request, checked; None if it answers an earlier one (late: a busy
+        keeper's, after that request timed out); WireError if it is not the keeper's."""
         kind, body = frame
         if kind == REFUSED:
             raise Refused(body.decode(errors="replace"))
@@ -119,74 +120,93 @@ class Conversation:
             tag, _tag(self.secret, b"keeper", self.challenge, self.nonce.encode(), payload)
         ):
             raise WireError("an answer that does not prove the run's secret")
-        fields = json.loads(payload)
-        if not isinstance(fields, dict) or fields.get("seq") != self.seq:
-            raise WireError("an answer to another request")
+        answered = int.from_bytes(payload[:8], "big")
+        if answered < self.seq:
+            return None
+        if answered != self.seq:
+            raise WireError("an answer to a request not made")
+        fields = json.loads(payload[8:])
+        if not isinstance(fields, dict):
+            raise WireError("an answer that is not one")
         return fields
 
 
-def _split(data: bytes) -> Tuple[bytes, bytes]:
-    if not data:
+def take_frame(buffer: bytearray, most: int) -> Optional[Tuple[bytes, bytes]]:
+    """(kind, body) of the first whole frame in `buffer`, taken out of it; None until one is whole. WireError
+    for a frame of no size or beyond `most` bytes (not a frame of the wire)."""
+    if len(buffer) < 4:
+        return None
+    size = int.from_bytes(buffer[:4], "big")
+    if not 0 < size <= most:
+        raise WireError(f"a frame of {size} bytes")
+    if len(buffer) < 4 + size:
+        return None
+    kind, body = bytes(buffer[4:5]), bytes(buffer[5 : 4 + size])
+    del buffer[: 4 + size]
+    if not kind:
         raise WireError("an empty frame")
-    return data[:1], data[1:]
-
-
-def read_frame(sock: socket.socket, most: int = MAX_ANSWER_BYTES) -> Tuple[bytes, bytes]:
-    """(kind, body) of the next frame on a blocking socket (its timeout applies to each read)."""
-    size = int.from_bytes(_read_exactly(sock, 4), "big")
-    if not 0 < size <= most:
-        raise WireError(f"a frame of {size} bytes")
-    return _split(_read_exactly(sock, size))
-
-
-def _read_exactly(sock: socket.socket, size: int) -> bytes:
-    chunks, left = [], size
-    while left:
-        chunk = sock.recv(min(left, 1 << 20))
-        if not chunk:
-            raise ConnectionResetError("the rendezvous closed the connection")
-        chunks.append(chunk)
-        left -= len(chunk)
-    return b"".join(chunks)
-
-
-async def read_frame_async(reader: asyncio.StreamReader, most: int = MAX_ANSWER_BYTES) -> Tuple[bytes, bytes]:
-    """read_frame, from an asyncio stream (the simulated agents of the benchmark and its test)."""
-    size = int.from_bytes(await reader.readexactly(4), "big")
-    if not 0 < size <= most:
-        raise WireError(f"a frame of {size} bytes")
-    return _split(await reader.readexactly(size))
+    return kind, body
 
 
 class Link:
-    """An agent's connection to the keeper at `store` ("host:port"), opened when first needed and kept;
-    `call` sends one request and returns the keeper's answer, or raises (OSError, WireError) and closes
-    it, to be opened again by the next call."""
+    """An agent's connection to the keeper at `store` ("host:port"), opened when first needed and kept.
+    `call` sends one request and returns the keeper's answer; it raises OSError or WireError when none came
+    in time. A busy keeper's late answer does not cost the connection (a new one would only add a handshake
+    to what the keeper must do): the next request goes on it, and the late answer is read and set aside. A
+    connection that has answered nothing for `stale_after` seconds is taken for dead (a cut link leaves no
+    trace on it) and opened again."""
 
-    def __init__(self, store: str, secret: bytes):
+    def __init__(self, store: str, secret: bytes, stale_after: float = 3 * CALL_TIMEOUT_SECONDS):
         host, _, port = store.rpartition(":")
         self.address = (host.strip("[]"), int(port))
-        self.secret = secret
+        self.secret, self.stale_after = secret, stale_after
         self.sock: Optional[socket.socket] = None
         self.conversation: Optional[Conversation] = None
+        self.buffer = bytearray()
+        self.unanswered_since: Optional[float] = None  # the first request still without its answer
 
     def call(self, fields: dict, timeout: float = CALL_TIMEOUT_SECONDS) -> dict:
+        started = time.monotonic()
+        if self.unanswered_since is not None and started - self.unanswered_since > self.stale_after:
+            self.close()
         try:
             if self.sock is None:
                 self.sock = socket.create_connection(self.address, timeout=timeout)
                 self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                self.conversation = Conversation(self.secret, read_frame(self.sock))
+                self.conversation = Conversation(self.secret, self._frame(started + timeout))
             self.sock.settimeout(timeout)
             self.sock.sendall(self.conversation.request(fields))
-            return self.conversation.answer(read_frame(self.sock))
+            if self.unanswered_since is None:
+                self.unanswered_since = started
+            while True:
+                answer = self.conversation.answer(self._frame(started + timeout))
+                if answer is not None:
+                    self.unanswered_since = None
+                    return answer
+        except (socket.timeout, TimeoutError):
+            raise  # the connection is kept: a late answer is read before the next one
         except BaseException:
             self.close()
             raise
 
+    def _frame(self, deadline: float) -> Tuple[bytes, bytes]:
+        """The next whole frame, read into the buffer (a frame cut by a timeout is finished by the next call)."""
+        while (frame := take_frame(self.buffer, MAX_ANSWER_BYTES)) is None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError("no answer in time")
+            self.sock.settimeout(left)
+            chunk = self.sock.recv(1 << 20)
+            if not chunk:
+                raise ConnectionResetError("the rendezvous closed the connection")
+            self.buffer += chunk
+        return frame
+
     def close(self) -> None:
         if self.sock is not None:
             self.sock.close()
-        self.sock = self.conversation = None
+        self.sock = self.conversation = self.unanswered_since = None
+        self.buffer = bytearray()
 
 
 # -- the keeper's side -----------------------------------------------------------------------------------------
@@ -221,15 +241,14 @@ class _Connection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self.buffer += data
-        while len(self.buffer) >= 4 and not self.transport.is_closing():
-            size = int.from_bytes(self.buffer[:4], "big")
-            if not 0 < size <= MAX_REQUEST_BYTES:
+        while not self.transport.is_closing():
+            try:
+                frame = take_frame(self.buffer, MAX_REQUEST_BYTES)
+            except WireError:
                 return self._refuse("a frame of the wrong size (not an agent of this run)")
-            if len(self.buffer) < 4 + size:
+            if frame is None:
                 return
-            kind, body = bytes(self.buffer[4:5]), bytes(self.buffer[5 : 4 + size])
-            del self.buffer[: 4 + size]
-            self._request(kind, body)
+            self._request(*frame)
 
     def _request(self, kind: bytes, body: bytes) -> None:
         secret = self.server.secret
@@ -241,15 +260,16 @@ class _Connection(asyncio.Protocol):
             nonce, seq = fields["nonce"], fields["seq"]
         except (ValueError, TypeError, KeyError):
             return self._refuse("a beat that is not one")
-        if not isinstance(seq, int) or seq <= self.seq or (self.nonce is not None and nonce != self.nonce):
+        if not isinstance(seq, int) or not self.seq < seq < 2**63 or (self.nonce is not None and nonce != self.nonce):
             return self._refuse("a beat replayed")
         self.nonce, self.seq, self.heard = str(nonce), seq, time.monotonic()
         try:
             answer = self.server.handler(fields, self.peer)
         except ValueError as error:  # the right secret, a wrong message: a bug, or another version of tfdistx
             return self._refuse(f"a beat this keeper cannot read ({error})")
-        out = _json({**answer, "seq": seq})
+        out = seq.to_bytes(8, "big") + answer
         self.transport.write(_frame(SIGNED, _tag(secret, b"keeper", self.challenge, self.nonce.encode(), out) + out))
+        self.server.after_request()
 
     def _refuse(self, why: str) -> None:
         self.server.refused(self.peer, why)
@@ -260,21 +280,29 @@ class _Connection(asyncio.Protocol):
 class KeeperServer:
     """The keeper's server, bound at construction (OSError if the address cannot be: not this host's, or
     another agent here keeps the rounds); `answer()` serves from a thread of its own, where `tick` also runs
-    every `tick_seconds`; `shutdown()` stops it. `handler(fields, peer)`: an agent's request (its secret
-    proven) -> the answer's fields; ValueError if it cannot be read. `say`: the keeper's own lines."""
+    every `tick_seconds`, and soon after a request when `changed()` says it changed something (a status, a
+    new agent: a round may form or close at once, not a tick later); `shutdown()` stops it.
+    `handler(fields, peer)`: an agent's request (its secret proven) -> the answer, a JSON object's encoding
+    (the keeper builds it from parts it encoded once: a round's thousands of addresses are not encoded again
+    for each agent); ValueError if the request cannot be read. `say`: the keeper's own lines."""
 
     def __init__(
         self,
         host: str,
         port: int,
         secret: bytes,
-        handler: Callable[[dict, str], dict],
+        handler: Callable[[dict, str], bytes],
         tick: Callable[[], None],
         tick_seconds: float,
         most_agents: int,
         say: Callable[[str], None] = lambda text: None,
+        changed: Callable[[], bool] = lambda: False,
     ):
         self.secret, self.handler, self.tick, self.tick_seconds, self.say = secret, handler, tick, tick_seconds, say
+        self.changed = changed
+        self.soon: Optional[asyncio.TimerHandle] = None  # the tick asked for by a change, if one is pending
+        self.tick_cost, self.ticked = 0.0, 0.0  # the last tick's duration, and when it ended
+        self.swept = 0.0
         self.connections: Set[_Connection] = set()
         self.refusers: Dict[str, str] = {}  # source address -> why, said once each
         backlog, short = backlog_for(most_agents)
@@ -308,15 +336,34 @@ class KeeperServer:
 
     def _serve(self) -> None:
         asyncio.set_event_loop(self.loop)
-        self.loop.call_soon(self._tick)
+        self.loop.call_soon(self._every_tick)
         self.loop.run_forever()
 
-    def _tick(self) -> None:
-        self.loop.call_later(self.tick_seconds, self._tick)
-        self.tick()
+    def _every_tick(self) -> None:
+        self.loop.call_later(self.tick_seconds, self._every_tick)
+        self._tick()
         now = time.monotonic()
-        for connection in [c for c in self.connections if now - c.heard > IDLE_CLOSE_SECONDS]:
-            connection.transport.close()
+        if now - self.swept > 1.0:
+            self.swept = now
+            for connection in [c for c in self.connections if now - c.heard > IDLE_CLOSE_SECONDS]:
+                connection.transport.close()
+
+    def after_request(self) -> None:
+        """A tick soon when the request changed something: at most a tenth of the loop's time in ticks (a tick
+        walks every agent once: the gap after one grows with its cost), and never later than the next one."""
+        if self.soon is not None or not self.changed():
+            return
+        gap = min(self.tick_seconds, max(SOONEST_TICK_SECONDS, 10 * self.tick_cost))
+        self.soon = self.loop.call_at(max(self.loop.time(), self.ticked + gap), self._tick)
+
+    def _tick(self) -> None:
+        if self.soon is not None:
+            self.soon.cancel()
+            self.soon = None
+        started = self.loop.time()
+        self.tick()
+        self.ticked = self.loop.time()
+        self.tick_cost = self.ticked - started
 
     def shutdown(self) -> None:
         """Stop serving: every connection closed, the port free."""

@@ -40,6 +40,7 @@ Hand-written because no maintained library keeps tf.distribute rounds;
 torchelastic's rendezvous is PyTorch's. No TensorFlow here.
 """
 
+import json
 import threading
 import time
 from dataclasses import dataclass, field
@@ -66,7 +67,9 @@ BEAT_SECONDS = 1.0  # an agent's beat while the cluster is small (at most a thir
 # What the keeper takes in a second before it asks each agent to beat less often (up to a quarter of lost_bound):
 # a beat costs the keeper tens of microseconds (docs/performance.md), so this is a tenth of a core or less.
 BEATS_PER_SECOND = 1000
-TICK_SECONDS = 0.1  # the decisions' period: a round forms, closes or grows this long after the beat that allows it
+# The decisions' period, for what time alone decides (a node silent past lost_bound, join_grace over, a node held
+# long enough): at most this late. A beat that changes a status is decided on at once (KeeperServer.after_request).
+TICK_SECONDS = 0.25
 # A node silent for two beats' time (it missed at least one, its jitter aside) starts holding again: holding
 # lost_bound seconds means beating all that time, which a node that flaps faster than the bound never does.
 STEADY_GAP_BEATS = 2.0
@@ -327,18 +330,20 @@ class RoundKeeper:
         self.version = 0
         self.formed_version = 0  # the version at which the current round formed: its place is sent once
         self.news: Optional[dict] = None
-        self.workers: List[str] = []
+        self.workers_encoded = self.servers_encoded = b""  # the current round's, encoded once
         self.waiting_line: Optional[str] = None  # why no round forms, once it has been so for a while
         self.refused_configs: Dict[str, str] = {}  # address -> the digest refused there, said once
+        self.change = False  # a beat changed what the decisions read since take_change last asked
 
     # -- what an agent calls ------------------------------------------------
 
-    def beat(self, beat: Beat) -> dict:
-        """Record one beat; the answer's wire fields (Told's). Constant time: the decisions are the tick's."""
+    def beat(self, beat: Beat) -> bytes:
+        """Record one beat; the answer, encoded (JSON of Told's fields). Constant time: the decisions are the
+        tick's, and a round's addresses were encoded once, when it formed."""
         with self.lock:
             now = self.clock()
             if self.config and beat.config and beat.config != self.config:
-                return {"beat": self.interval, "version": self.version, "refused": self._refuse_config(beat)}
+                return _encoded({"beat": self.interval, "version": self.version, "refused": self._refuse_config(beat)})
             node = self.nodes.get(beat.agent)
             if node is None or now - node.last_seen > self.lost_bound:
                 was_lost = node is not None
@@ -347,6 +352,8 @@ class RoundKeeper:
                 )
             elif now - node.last_seen > self.steady_gap:
                 node.first_seen = now
+            self.change |= (node.status, node.round, node.code) != (beat.status, beat.round, beat.code)
+            self.change |= node.first_seen == now  # a node new, or back
             node.last_seen, node.port, node.status, node.round, node.code = (
                 now,
                 beat.port,
@@ -356,7 +363,14 @@ class RoundKeeper:
             )
             return self._told(beat, node, now)
 
-    def _told(self, beat: Beat, node: Node, now: float) -> dict:
+    def take_change(self) -> bool:
+        """Whether a beat since the last call changed what the decisions read (a status, a new node): the server
+        then ticks soon, so that a round forms or closes at once, not a tick later."""
+        with self.lock:
+            change, self.change = self.change, False
+            return change
+
+    def _told(self, beat: Beat, node: Node, now: float) -> bytes:
         told = {"beat": self.interval, "version": self.version}
         current = self.round
         if beat.known < self.version:
@@ -364,18 +378,20 @@ class RoundKeeper:
             if self.stopped is not None or (current is not None and current.why == FINISHED):
                 node.heard_the_end = True
         index = current.index.get(beat.agent) if current is not None else None
-        if index is not None and beat.known < self.formed_version:
-            told["place"] = {
-                "number": current.number,
-                "index": index,
-                "workers": self.workers,
-                "servers": current.servers,
-            }
         if index is None and self.stopped is None:
             wait = self._why_waiting(beat, node, now)
             if wait is not None:
                 told["wait"] = wait
-        return told
+        if index is None or beat.known >= self.formed_version:
+            return _encoded(told)
+        # Its place in the round formed since it last heard: the workers' addresses as encoded when it formed.
+        place = b'{"number":%d,"index":%d,"servers":%s,"workers":%s}' % (
+            current.number,
+            index,
+            self.servers_encoded,
+            self.workers_encoded,
+        )
+        return _encoded(told)[:-1] + b',"place":' + place + b"}"
 
     def _why_waiting(self, beat: Beat, node: Node, now: float) -> Optional[Tuple[str, str]]:
         """Why this agent, in no round, waits (kind, line), if it is worth saying."""
@@ -465,10 +481,12 @@ class RoundKeeper:
             self._maybe_form(current, now)
 
     def _check_running(self, current: Round, now: float) -> None:
-        lost = {
-            f"worker:{i}": current.addresses[i] for i, agent in enumerate(current.members) if not self._live(agent, now)
-        }
         members = [self.nodes[a] for a in current.members]
+        lost = {
+            f"worker:{i}": current.addresses[i]
+            for i, n in enumerate(members)
+            if n.status == ENDED or now - n.last_seen > self.lost_bound
+        }
         in_round = [n for n in members if n.round == current.number]
         if lost:
             current.why, current.lost = LOST, lost
@@ -573,11 +591,16 @@ class RoundKeeper:
             self.next_reason,
             servers=self.servers(),
         )
-        self.workers = self.round.workers()
+        self.workers_encoded = _encoded(self.round.workers())
+        self.servers_encoded = _encoded(self.round.servers)
         self.enough_since = None
         self._changed()
         self.formed_version = self.version
         self.on_round(number, self.round.tasks(), self.next_reason)
+
+
+def _encoded(value) -> bytes:
+    return json.dumps(value, separators=(",", ":")).encode()
 
 
 def listen(
@@ -592,7 +615,15 @@ def listen(
         return keeper.beat(Beat.read(fields))
 
     return keeper_wire.KeeperServer(
-        host, port, secret, handle, keeper.tick, TICK_SECONDS, most_agents=keeper.high, say=say
+        host,
+        port,
+        secret,
+        handle,
+        keeper.tick,
+        TICK_SECONDS,
+        most_agents=keeper.high,
+        say=say,
+        changed=keeper.take_change,
     )
 
 
