@@ -17,7 +17,7 @@ from tfdistx.cluster import keeper_wire, run_secret
 from tfdistx.cluster.agent import AgentMembership, Beats
 from tfdistx.cluster.processes import ForwardingSignals
 from tfdistx.cluster.round_keeper import RUNNING, WAITING, RoundKeeper, answer, listen
-from tfdistx.cluster.supervisor import Round, State
+from tfdistx.cluster.supervisor import NoRound, Round, State
 from tfdistx.spec.errors import ConfigError
 
 pytestmark = pytest.mark.unit
@@ -68,10 +68,7 @@ def beating():
 
     yield start
     for beats in started:
-        beats.stop.set()
-        beats.wake()
-        beats.thread.join(timeout=10)
-        beats.link.close()
+        beats.close()
 
 
 def raw(store: str, payload: bytes, source: str = "127.0.0.1") -> bytes:
@@ -281,3 +278,43 @@ def test_a_busy_keeper_costs_no_connection_and_no_round(kept, beating):
     wait_until(lambda: all(a.failures == 0 and a.silent_for() < 1 for a in agents), 10, "answered again")
     assert [a.link.sock.getsockname()[1] for a in agents] == ports  # the same connections
     assert len(keeper.server.connections) == 2 and [n for n, _, _ in keeper.rounds] == [1]
+
+
+def test_an_agent_not_placed_says_why_once_and_one_of_another_config_stops_with_exit_2(kept, beating, tmp_path):
+    """MAX 1: a second agent waits for a place, says why once, and takes it when the first agent ends; an
+    agent whose config is not the run's (its digest) is refused and stops with exit 2, in one line."""
+    keeper = kept(low=1, high=1)
+    keeper.keeper.config = "a" * 64
+    first = beating(keeper.store)
+    wait_until(lambda: first.placed() is not None, 30, "the first agent placed")
+    first.set(RUNNING, 1)
+    spec = {"agent": {"lost_bound": 3.0, "below_min_timeout": 60.0}, "log_dir": str(tmp_path), "command": ["true"]}
+    said, formed = [], []
+    second = Beats(keeper.store, "127.0.0.1", SECRET, 3.0, config="a" * 64).start()
+    waiting = AgentMembership(spec, second, lambda text, quiet=False: said.append(text))
+    thread = threading.Thread(target=lambda: formed.append(waiting.form("started", ForwardingSignals([]))))
+    thread.start()
+    try:
+        wait_until(lambda: said, 30, "the second agent says why it waits")
+        time.sleep(1.5)  # beats meanwhile: said once
+        first.set("ended", 1)  # the first agent's end: its place is free
+        thread.join(timeout=30)
+        assert formed and formed[0].hosts == {"worker:0": "127.0.0.1"} and waiting.index == 0
+        assert said == [
+            "not placed: round 1 runs with its most workers (cluster.workers=1); another agent at 127.0.0.1 is in "
+            "it (a second agent for one node waits): this agent waits for a place, until a member is lost or the "
+            "run ends",
+            "round 2: this node (127.0.0.1) runs worker:0 of 1",
+        ]
+        other = Beats(keeper.store, "127.0.0.1", SECRET, 3.0, config="b" * 64).start()
+        refused = []
+        with pytest.raises(NoRound) as stopped:
+            AgentMembership(spec, other, lambda text, quiet=False: refused.append(text)).form(
+                "started", ForwardingSignals([])
+            )
+        assert stopped.value.code == 2 and len(refused) == 1
+        assert refused[0].startswith(f"the rendezvous at {keeper.store} refused this agent: its config is not")
+        assert refused[0].endswith("stopping (exit 2)")
+        other.close()
+    finally:
+        second.close()

@@ -258,7 +258,7 @@ def test_an_agent_beyond_max_or_a_second_for_one_node_is_told_why_it_waits():
     beat(kept, A), beat(kept, B)
     assert kept.round.members == [A, B]
     kind, line = beat(kept, C).wait
-    assert kind == "full" and line.startswith("not placed: round 1 runs with 2 workers, the most (cluster.workers=2)")
+    assert kind == "full" and line.startswith("not placed: round 1 runs with its most workers (cluster.workers=2)")
     assert "another agent" not in line
     kind, line = beat(kept, A, agent="a second agent on A").wait
     assert kind == "full" and f"another agent at {A} is in it (a second agent for one node waits)" in line

@@ -9,9 +9,11 @@ The same command on every node:
 
 The agent on the host `cluster.agent.store` names keeps the rounds (it can
 bind that address; the others cannot) and owns the run directory; every
-agent beats to it once a second from a thread of its own, so that a node
-whose agent is busy (a checkpoint's grace, a restart's back-off) is not
-taken for lost. The rest is the supervisor's (cluster/supervisor.py): this
+agent beats to it about once a second (the keeper's interval, jittered)
+from a thread of its own, so that a node whose agent is busy (a
+checkpoint's grace, a restart's back-off) is not taken for lost, each beat
+proving the run's secret (cluster/run_secret.py, cluster/keeper_wire.py).
+The rest is the supervisor's (cluster/supervisor.py): this
 module is its third membership policy, beside fixed counts (launch.py) and
 a host list (elastic.py). A round's TF_CONFIG lists a worker on each of its
 nodes, worker:0 (the chief) on the same node from round to round while it
@@ -197,6 +199,15 @@ class Beats:
         """Beat now rather than at the next interval."""
         self.woken.set()
 
+    def close(self) -> None:
+        """No more beats: the thread ends (a beat under way finishes first, within its timeout), the
+        connection is closed."""
+        self.stop.set()
+        self.woken.set()
+        if self.thread.is_alive():
+            self.thread.join(timeout=self.call_timeout + 1)
+        self.link.close()
+
     @property
     def status(self) -> tuple:
         with self.lock:
@@ -379,8 +390,8 @@ class AgentMembership(Membership):
                 )
             else:
                 self.say(
-                    f"no answer from the rendezvous at {self.beats.store} for {silent:.0f}s (cluster.elastic.lost_bound): "
-                    "stopping this node's task; waiting for the rendezvous"
+                    f"no answer from the rendezvous at {self.beats.store} for {silent:.0f}s "
+                    "(cluster.elastic.lost_bound): stopping this node's task; waiting for the rendezvous"
                 )
             return RoundResult(State.MEMBERSHIP_CHANGED, EXIT_LOST_PEER, lost={"rendezvous": self.beats.store})
         current = self.beats.news()
@@ -498,7 +509,7 @@ def run_agent(spec: dict, notice: Optional[SigtermNotice] = None) -> int:
             attempt.end(code)
         beats.set(DONE if code == 0 else ENDED, beats.status[1])
         _hear_the_end(keeper, beats, code, bounds["lost_bound"] + spec.get("preemption_grace", 60))
-        beats.stop.set()
+        beats.close()
         if server is not None:
             server.shutdown()
             server.server_close()

@@ -61,7 +61,7 @@ CALL_TIMEOUT_SECONDS = 2.0  # one beat's round trip at most: a cut link is a tim
 # A connection that proved nothing this long after its last frame is closed: a half-open one left by a cut link
 # (its agent reconnected since), or one that never spoke.
 IDLE_CLOSE_SECONDS = 60.0
-SOONEST_TICK_SECONDS = 0.0  # a change's tick comes at least this long after the last tick (and 10 of its cost)
+SOONEST_TICK_SECONDS = 0.0  # a change's tick comes at least this long after the last (and ten times its cost)
 MOST_REFUSERS_SAID = 1024  # source addresses whose refusal is said, once each; beyond, one line says so
 
 

@@ -405,9 +405,8 @@ class RoundKeeper:
                 )
                 return (
                     "full",
-                    f"not placed: round {current.number} runs with {self.high} workers, the most "
-                    f"(cluster.workers={self.high}){beside}: this agent waits for a place, until a member is lost "
-                    "or the run ends",
+                    f"not placed: round {current.number} runs with its most workers (cluster.workers={self.high})"
+                    f"{beside}: this agent waits for a place, until a member is lost or the run ends",
                 )
             return (
                 "joining",
