@@ -321,7 +321,7 @@ class KeeperServer:
 
     def refused(self, peer: str, why: str) -> None:
         """A refused request: said once per source address (a scanner from many: at most MOST_REFUSERS_SAID)."""
-        if peer in self.refusers:
+        if peer in self.refusers or len(self.refusers) > MOST_REFUSERS_SAID:  # what is kept stays bounded
             return
         self.refusers[peer] = why
         if len(self.refusers) <= MOST_REFUSERS_SAID:
