@@ -1,8 +1,8 @@
 """The agents' rendezvous (cluster/round_keeper.py): which agents form each
 round, when a round closes, and every wait bounded. Its clock is the test's,
 so that a bound of seconds is tested without waiting for it: each beat is
-recorded, and the keeper decides on its tick (here, after every beat). The
-tests at the end ask a real keeper over the network as the agents do."""
+recorded, and the keeper decides on its tick (here, after every beat). Over
+the network, as the agents ask it: tests/test_unit_rendezvous_wire.py."""
 
 import json
 
