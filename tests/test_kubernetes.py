@@ -368,6 +368,8 @@ def run_pods(
     if edit:
         edit(exported)
     manifest.write_text(json.dumps(exported))
+    secrets = tmp_path / "secrets.json"  # what the pods' secret volumes mount (an agents' JobSet's rendezvous)
+    secrets.write_text(json.dumps([d for d in documents if d.get("kind") == "Secret"]))
     pods = tmp_path / "pods"
     killing = ["--kill", kill, "--signal", signal, "--when-exists", f"/mnt/tfdistx/{name}/{when}"] if kill else []
     run = subprocess.run(
@@ -383,6 +385,8 @@ def run_pods(
             str(SIMULATOR),
             str(manifest),
             str(pods),
+            "--secrets",
+            str(secrets),
             "--timeout",
             "300",
             *killing,
@@ -601,9 +605,10 @@ def test_an_agent_jobset_is_one_indexed_job_of_agents_meeting_at_pod_0_and_valid
     fails only on those codes, and is done when pod 0 is."""
     out = export(*AGENTS, "--image", "img", "--name", "ag", "--volume", "pvc:runs", kind="jobset")
     assert out.returncode == 0, out.stderr
-    jobset, policy = yaml.safe_load_all(out.stdout)
+    jobset, policy, secret = yaml.safe_load_all(out.stdout)
     valid(jobset, jobset_schemas["JobSet"])
     valid_network_policy(policy, "ag", "default")
+    valid_secret(secret, "ag-rendezvous", "default")
     [job] = jobset["spec"]["replicatedJobs"]
     spec = job["template"]["spec"]
     assert (job["name"], spec["completions"], spec["parallelism"], spec["successPolicy"]) == (
@@ -618,8 +623,28 @@ def test_an_agent_jobset_is_one_indexed_job_of_agents_meeting_at_pod_0_and_valid
         ("Ignore", [42]),
         ("Ignore", None),
     ]
-    args = spec["template"]["spec"]["containers"][0]["args"]
-    assert args.count("cluster.launch=agent") == 1 and args[-1] == "cluster.agent.store=ag-worker-0-0.ag:2222"
+    pod = spec["template"]["spec"]
+    args = pod["containers"][0]["args"]
+    assert args.count("cluster.launch=agent") == 1 and args[-2:] == [
+        "cluster.agent.store=ag-worker-0-0.ag:2222",
+        "cluster.agent.token_file=/var/run/secrets/tfdistx/token",
+    ]
+    # every pod mounts the Secret the export wrote, read-only, where its agent reads the run's secret
+    [mount] = [m for m in pod["containers"][0]["volumeMounts"] if m["mountPath"] == "/var/run/secrets/tfdistx"]
+    [volume] = [v for v in pod["volumes"] if v["name"] == mount["name"]]
+    assert mount["readOnly"] and volume["secret"]["secretName"] == secret["metadata"]["name"]
+    assert list(secret["stringData"]) == ["token"]  # the file the args name
+    again = yaml.safe_load_all(export(*AGENTS, "--image", "img", "--name", "ag", kind="jobset").stdout)
+    assert list(again)[2]["stringData"] != secret["stringData"]  # a new secret at each export
+
+
+def valid_secret(secret: dict, name: str, namespace: str) -> None:
+    """Valid for the Kubernetes API (its generated model), an Opaque Secret of 256 random bits in hex."""
+    from kubernetes.client.models import V1Secret
+
+    assert V1Secret.model_validate(secret).model_dump(by_alias=True, exclude_none=True) == secret
+    assert (secret["metadata"]["name"], secret["metadata"]["namespace"], secret["type"]) == (name, namespace, "Opaque")
+    assert re.fullmatch(r"[0-9a-f]{64}", secret["stringData"]["token"])
 
 
 @pytest.mark.slow  # the agents themselves are the default run's (test_agents.py): this is their JobSet

@@ -397,6 +397,10 @@ AGENT = ["strategy=multiworker", "cluster.launch=agent", "cluster.agent.store=10
             "cluster.agent.address='10.0.0.2:80': this node's host name or IP address, without a port",
         ),
         (
+            [*AGENT, "cluster.agent.token_file=5"],
+            "cluster.agent.token_file=5: a file holding the run's secret, the same on every node",
+        ),
+        (
             [*AGENT[1:], "strategy=mirrored"],
             "strategy='mirrored': an agent on every node runs one worker per node, of a multi-worker "
             "cluster: use strategy=multiworker or strategy=parameter_server",
@@ -450,7 +454,8 @@ def test_an_elastic_run_of_agents_needs_no_host_list_and_plan_shows_the_rendezvo
     plan = describe(cfg)
     assert (
         "agents        one per node, 2:4 workers, meeting at 10.0.0.1:29500 (its host's agent keeps the rounds); a round waits 10s "
-        "past 2 agents for 4, a node silent 5s is lost, and the run stops after 300s below 2 (exit 9)"
+        "past 2 agents for 4, a node silent 5s is lost, and the run stops after 300s below 2 (exit 9); every beat "
+        "proves the run's secret (the run dir's logs/rendezvous.key, made by the first agent)"
     ) in plan, plan
     assert "placement     an agent on every node" in plan and "elastic       " not in plan, plan
 

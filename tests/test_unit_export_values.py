@@ -29,9 +29,14 @@ NASTY = (
     "x\n---\napiVersion: v1\nkind: Pod\nmetadata: {name: evil}\nspec: {containers: [{name: c, image: evil:1}]}\n"
     '---\n# $(touch PWNED1) `touch PWNED2` "q" #c \\e \u2028 \x85 \r end'
 )
-RUN_DIR = (
-    "hydra.run.dir='/tmp/tfdistx-nasty-" + NASTY.replace("'", "\\'") + "\\''"
-)  # a quote inside, escaped as Hydra's
+
+
+def run_dir_override(tmp_path) -> str:
+    """hydra.run.dir with the nasty value in its name (a quote inside, escaped as Hydra's), in the test's own tmp
+    dir: the Slurm script run here makes the run dir (an agents' run's secret goes into it)."""
+    return f"hydra.run.dir='{tmp_path}/run-" + NASTY.replace("'", "\\'") + "\\''"
+
+
 OTHERS = [
     "logger.wandb.project='p " + NASTY.replace("'", "\\'") + "'",
     'logger.mlflow.experiment="it\'s --- `touch PWNED3` $(touch PWNED4)"',
@@ -80,7 +85,7 @@ def containers(documents):
 @pytest.mark.parametrize("kind", KINDS)
 def test_no_value_rewrites_a_kubernetes_manifest(capsys, tmp_path, nasty_dirs, kind):
     flag_dir, env_dir = nasty_dirs
-    overrides = ["strategy=multiworker", "cluster=2x1", RUN_DIR, *OTHERS]
+    overrides = ["strategy=multiworker", "cluster=2x1", run_dir_override(tmp_path), *OTHERS]
     argv = [kind, *overrides, "--config-dir", flag_dir, "--image", "registry.example.com:5000/team/tfdistx:0.1"]
     code, out, err = export(capsys, *argv, "--name", "ok", "--volume", "hostPath:/srv/" + NASTY)
     assert code == 0, err
@@ -131,10 +136,11 @@ def test_a_kubernetes_flag_its_target_cannot_hold_is_one_line_and_exit_2(capsys,
     [["cluster=2x1"], ["cluster.workers=1:2", "cluster.launch=agent"]],
     ids=["two tasks of one step", "an agent on every node"],
 )
-@pytest.mark.parametrize("run_dir", [[RUN_DIR], []], ids=["its run dir", "the job's run dir"])
+@pytest.mark.parametrize("its_own_run_dir", [True, False], ids=["its run dir", "the job's run dir"])
 def test_no_value_rewrites_the_slurm_script_and_the_step_gets_each_intact(
-    capsys, tmp_path, nasty_dirs, placed, run_dir
+    capsys, tmp_path, nasty_dirs, placed, its_own_run_dir
 ):
+    run_dir = [run_dir_override(tmp_path)] if its_own_run_dir else []
     flag_dir, env_dir = nasty_dirs
     overrides = ["strategy=multiworker", *placed, *run_dir, *OTHERS]
     out = tmp_path / ("script " + NASTY.replace("/", "|"))
@@ -145,14 +151,18 @@ def test_no_value_rewrites_the_slurm_script_and_the_step_gets_each_intact(
     assert ran["code"] == 0, ran["stderr"]
     agents = "cluster.launch=agent" in placed
     store = [arg for arg in ran["argv"] if arg.startswith("cluster.agent.store=")]
+    token = [arg for arg in ran["argv"] if arg.startswith("cluster.agent.token_file=")]
     assert ran["argv"] == [
         "--config-dir",
         str(Path(flag_dir).resolve()),
         *elastic.expand_shorthand(overrides),
-        *(store if agents else ["cluster.launch=slurm"]),
+        *(store + token if agents else ["cluster.launch=slurm"]),
         *([] if run_dir else ["hydra.run.dir=outputs/slurm/77"]),
     ]
     assert not agents or re.fullmatch(r"cluster\.agent\.store=node07:\d+", store[0]), store
+    if agents:  # the run's secret, made by the script in the run dir the step is given, whatever its name
+        secret = tmp_path / "work" / token[0].partition("=")[2]  # an absolute path stays itself
+        assert secret.parent.parent.name.startswith("run-x\n---" if run_dir else "77") and secret.is_file(), token
     # the header: one comment line, the command that made it, which a shell reads back word for word
     made_by = subprocess.run(
         ["bash", "-c", f"printf '%s\\0' {text.splitlines()[1][2:]}"], capture_output=True, check=True, cwd=tmp_path

@@ -6,6 +6,7 @@ gets every override back intact; a bad option is one line and exit 2;
 --out never replaces a file. No Slurm here: the real one is
 tests/test_slurm.py's (-m system)."""
 
+import re
 import shlex
 import socket
 import subprocess
@@ -216,8 +217,16 @@ def test_an_agent_script_asks_for_min_to_max_nodes_one_agent_each_and_survives_a
     ]
     ran = run_script(text, tmp_path)
     assert ran["srun"] == [b"--no-kill", b"--kill-on-bad-exit=0", b"--ntasks-per-node=1", b"python", b"-m", b"tfdistx"]
-    # the rendezvous on the node the script runs on (the allocation's first), on a port free there
-    *given, store, run_dir = ran["argv"]
+    # the rendezvous on the node the script runs on (the allocation's first), on a port free there; the run's secret
+    *given, store, token_file, run_dir = ran["argv"]
+    assert token_file == "cluster.agent.token_file=outputs/slurm/77/logs/rendezvous.key"
+    # the run's secret, made by the batch shell once per job in the shared run dir, readable by the user alone,
+    # and kept by a requeued job (the script run again)
+    secret = tmp_path / "work" / "outputs" / "slurm" / "77" / "logs" / "rendezvous.key"
+    made = secret.read_text()
+    assert re.fullmatch(r"[0-9a-f]{64}", made) and secret.stat().st_mode & 0o777 == 0o600
+    run_script(text, tmp_path)
+    assert secret.read_text() == made and sorted(p.name for p in secret.parent.iterdir()) == ["rendezvous.key"]
     assert (
         given
         == [
@@ -239,6 +248,10 @@ def test_an_agent_script_asks_for_min_to_max_nodes_one_agent_each_and_survives_a
         capsys, "strategy=multiworker", "cluster=2x1", "cluster.launch=agent", "cluster.agent.store=head:5000"
     )
     assert "--nodes=2" in sbatch_options(text) and "\nstore=" not in text and "cluster.agent.store=head:5000" in text
+    code, text, _ = export(
+        capsys, "strategy=multiworker", "cluster=2x1", "cluster.launch=agent", "cluster.agent.token_file=/shared/key"
+    )  # a secret of the user's own, on a path every node reads: the script makes none
+    assert "\ntoken_file=" not in text and " cluster.agent.token_file=/shared/key " in text
 
 
 # -- issue 60, item 7: the GPUs, CPUs and memory the tasks need, asked of Slurm ----------------------------------

@@ -8,6 +8,7 @@ in-process path: a local cluster's launcher never starts it.
 """
 
 import copy
+import hashlib
 import json
 import logging
 import os
@@ -209,17 +210,27 @@ TASK_PRELOAD = (
 )
 
 
-def _task_command(spec: RunSpec, mode: str, step: Optional[int]) -> list:
-    """The command that starts one task of this run (commands/task.py),
-    placed by the TF_CONFIG its launcher or agent gives it, from the resolved
-    config written here (the same on every node: the agent's own keys left out)."""
-    logs = spec.run_dir / "logs"
-    logs.mkdir(parents=True, exist_ok=True)
-    task_config = logs / f"{mode}-config.yaml"
+def task_config(spec: RunSpec) -> str:
+    """The resolved config every task of this run reads, as YAML: the same on
+    every node of a run of agents (their own keys left out: this node's
+    address, the secret's file), so that its digest tells the run's agents
+    from another config's."""
     resolved = copy.deepcopy(dict(spec.config))
     resolved["cluster"]["launch"] = "tf_config"
     resolved["cluster"].pop("agent", None)
-    write_whole(task_config, OmegaConf.to_yaml(resolved))
+    return OmegaConf.to_yaml(resolved)
+
+
+def _task_command(spec: RunSpec, mode: str, step: Optional[int], config: Optional[str] = None) -> list:
+    """The command that starts one task of this run (commands/task.py),
+    placed by the TF_CONFIG its launcher or agent gives it, from the resolved
+    config written here. `config`: under agents, the config's digest, in the
+    file's name: every node writes it into the one run directory, and a node
+    of another config (which the rendezvous refuses) writes another file."""
+    logs = spec.run_dir / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    task_config_file = logs / (f"{mode}-config-{config[:16]}.yaml" if config else f"{mode}-config.yaml")
+    write_whole(task_config_file, task_config(spec))
     return [
         sys.executable,
         "-m",
@@ -227,7 +238,7 @@ def _task_command(spec: RunSpec, mode: str, step: Optional[int]) -> list:
         "_task",
         mode,
         str(spec.run_dir),
-        str(task_config),
+        str(task_config_file),
         *([str(step)] if step is not None else []),
     ]
 
@@ -247,9 +258,10 @@ def _run_agent(spec: RunSpec, mode: str, notice: Optional[SigtermNotice], config
     agent = cluster.agent
     elastic_keys = cluster.elastic
     told = _where_rounds_are_told(spec)
+    config = hashlib.sha256(task_config(spec).encode()).hexdigest()  # the rendezvous admits the run's config only
     code = run_agent(
         {
-            "command": _task_command(spec, mode, None),
+            "command": _task_command(spec, mode, None, config),
             "run_dir": str(run_dir),
             "log_dir": str(run_dir / "logs"),
             "primary": list(layout.strategy.facts.primary_jobs),
@@ -268,6 +280,8 @@ def _run_agent(spec: RunSpec, mode: str, notice: Optional[SigtermNotice], config
             "agent": {
                 "store": agent.store,
                 "address": agent.address,
+                "token_file": agent.token_file,
+                "config": config,
                 "min": elastic_keys.min_workers if elastic_keys else cluster.workers,
                 "max": cluster.workers,
                 "join_grace": agent.join_grace,

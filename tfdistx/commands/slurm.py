@@ -37,7 +37,7 @@ from typing import List, Optional, Sequence
 from omegaconf import OmegaConf
 
 from tfdistx import emit
-from tfdistx.cluster import free_ports
+from tfdistx.cluster import free_ports, run_secret
 from tfdistx.cluster.placement import GPUS_PER_WORKER_ENV, SLURM_PORTS_ENV, scheduled_tasks
 from tfdistx.commands.common import compose_as_placed, one_line_errors
 from tfdistx.config import userconf
@@ -327,6 +327,9 @@ def _agents(cluster, servers, given) -> _Job:
             "# the rendezvous, on this node (the allocation's first), whose agent keeps it"
         ]
         added = ['"cluster.agent.store=${store}"']
+    if "cluster.agent.token_file" not in given:
+        setup += _secret_lines()
+        added.append('"cluster.agent.token_file=${token_file}"')
     setup.append(f'summary="$({_SUMMARY_STATE})"  # a summary.json of an earlier run, if any')
     servers = f" (the first node's also {describe_jobs(servers)})" if servers else ""
     about = [
@@ -353,6 +356,20 @@ def _agents(cluster, servers, given) -> _Job:
         setup,
         ended,
     )
+
+
+def _secret_lines() -> List[str]:
+    """The run's secret, which every agent's beat proves (cluster/run_secret.py): made by the batch shell, once
+    per job, in the shared run dir (mode 0600, written whole, then renamed into place), before any agent starts;
+    a requeued job keeps it."""
+    return [
+        f"token_file=\"${{run_dir}}/{run_secret.SECRET_FILE}\"  # the run's secret: every agent's beat proves it",
+        'if [ ! -s "$token_file" ]; then',
+        '    mkdir -p "$(dirname "$token_file")"',
+        f"    (umask 077 && od -An -vtx1 -N{run_secret.SECRET_BYTES} /dev/urandom | tr -d ' \\n' "
+        '> "${token_file}.new" && mv -f "${token_file}.new" "$token_file")',
+        "fi",
+    ]
 
 
 def script(

@@ -56,6 +56,16 @@ def problems(cfg) -> List[Problem]:
                 "this node's host name or IP address, without a port; or null: the address it reaches the store from",
             )
         )
+    token_file = agent.get("token_file")
+    if token_file is not None and not (isinstance(token_file, str) and token_file.strip()):
+        found.append(
+            Problem(
+                "cluster.agent.token_file",
+                token_file,
+                "a file holding the run's secret, the same on every node (a path: it is read on each node); "
+                "or null: the run directory's logs/rendezvous.key, made by the first agent",
+            )
+        )
     name = cfg.strategy.get("name")
     if (
         name in strategies.NAMES
@@ -101,8 +111,13 @@ def plan_line(cluster, servers) -> str:
         else ""
     )
     servers = f" and runs {strategies.describe_jobs(servers)}" if servers else ""
+    secret = (
+        f"cluster.agent.token_file={agent.token_file}"
+        if agent.token_file is not None
+        else "the run dir's logs/rendezvous.key, made by the first agent"
+    )
     return (
         f"agents        one per node, {low}:{cluster.workers} workers, meeting at {agent.store} (its host's agent keeps "
         f"the rounds{servers}); {grace}a node silent {agent.lost_bound:g}s is lost, and the run stops after {agent.below_min_timeout:g}s "
-        f"below {low} (exit 9)"
+        f"below {low} (exit 9); every beat proves the run's secret ({secret})"
     )
