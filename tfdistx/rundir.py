@@ -14,6 +14,7 @@ import contextlib
 import dataclasses
 import errno
 import fcntl
+import hashlib
 import json
 import logging
 import os
@@ -24,7 +25,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Optional
+from typing import Dict, List, Mapping, Optional, Union
 
 import yaml  # PyYAML (no TensorFlow, no Hydra): a run's .hydra/hydra.yaml
 
@@ -383,6 +384,73 @@ def new_directory(key: str, directory: str, protected=(), made_by=SAVED_MODEL):
         for created in made:  # a failure leaves no parent it made (unless something else is in it now)
             with contextlib.suppress(OSError):
                 created.rmdir()
+
+
+# What a command wrote into a directory it did not make (a report into a run dir, or --out): each file's
+# name -> the sha256 of what it wrote there, so that it replaces only those, unchanged since.
+WRITTEN_NAME = ".tfdistx-written.json"
+
+
+def not_ours(directory, names) -> List[str]:
+    """The `names` in `directory` that a command may not replace: there,
+    and not what tfdistx wrote there itself (recorded in WRITTEN_NAME), or
+    changed since (a user's edit of a report is theirs). [] for a new
+    directory, or when every one is missing or ours."""
+    directory = Path(directory)
+    written = _written(directory)
+    return [
+        name
+        for name in names
+        if os.path.lexists(directory / name)
+        and not ((directory / name).is_file() and _digest((directory / name).read_bytes()) in written.get(name, ()))
+    ]
+
+
+def replace_ours(directory, files: Mapping[str, Union[str, bytes]]) -> List[Path]:
+    """Write each of `files` (name -> contents) into `directory`, whole
+    (whole_files.write_whole), recording what was written, so that the same
+    command may replace them later (not_ours). The record is written before
+    the files and after them, so a kill at any moment leaves every file
+    there recognised. Refused first (FileExistsError naming them) when one
+    of them is not_ours."""
+    directory = Path(directory)
+    theirs = not_ours(directory, files)
+    if theirs:
+        raise FileExistsError(", ".join(theirs))
+    written = _written(directory)
+    new = {name: _digest(data.encode() if isinstance(data, str) else data) for name, data in files.items()}
+    for name, digest in new.items():  # what is there now (ours, or none) and what comes: both known while it is written
+        there = directory / name
+        written[name] = ([_digest(there.read_bytes())] if there.is_file() else []) + [digest]
+    _record(directory, written)
+    paths = []
+    for name, data in files.items():
+        write_whole(directory / name, data)
+        paths.append(directory / name)
+    _record(directory, {**written, **{name: [digest] for name, digest in new.items()}})
+    return paths
+
+
+def _written(directory: Path) -> Dict[str, List[str]]:
+    try:
+        record = json.loads((directory / WRITTEN_NAME).read_text())
+    except (OSError, ValueError):  # none there, or not ours: nothing is known to be ours
+        return {}
+    if not isinstance(record, dict):
+        return {}
+    return {
+        name: [d for d in digests if isinstance(d, str)]
+        for name, digests in record.items()
+        if isinstance(digests, list)
+    }
+
+
+def _record(directory: Path, written: Dict[str, List[str]]) -> None:
+    write_whole(directory / WRITTEN_NAME, json.dumps(written, indent=1, sort_keys=True) + "\n")
+
+
+def _digest(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
 
 
 def _locked_directory(parent: str, prefix: str):
