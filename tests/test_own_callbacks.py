@@ -110,7 +110,7 @@ def test_a_project_with_its_own_callback_lion_csv_and_mlflow_stops_resumes_and_i
     assert [int(epoch) for epoch, _ in noted] == list(
         range(summary["step"] // 20)
     )  # Keras' epochs: one per record of 20 steps
-    rows = list(csv.DictReader(open(project / "keras.csv")))
+    rows = list(csv.DictReader(open(whole / "keras.csv")))  # Keras' CSVLogger: a relative path is the run dir's
     assert [int(r["epoch"]) for r in rows] == [int(epoch) for epoch, _ in noted]
     assert [int(float(r["step"])) for r in rows] == list(range(20, summary["step"] + 1, 20))
 
@@ -296,8 +296,8 @@ def test_keras_stateful_callbacks_preempted_and_resumed_act_where_an_uninterrupt
     assert [(m["step"], m["lr"]) for m in resumed.metrics] == [(m["step"], m["lr"]) for m in whole.metrics]
     assert resumed.summary["stopped_early"] == whole.summary["stopped_early"] and whole.summary["step"] == 50
     assert (
-        sorted(p.name for p in (tmp_path / "split").glob("best-*.keras"))
-        == sorted(p.name for p in (tmp_path / "whole").glob("best-*.keras"))
+        sorted(p.name for p in run_dir.glob("best-*.keras"))  # ModelCheckpoint's relative path: the run dir's
+        == sorted(p.name for p in (tmp_path / "whole" / "run").glob("best-*.keras"))
         == ["best-01.keras"]
     )
     assert resumed.summary["weights_sha256"] == whole.summary["weights_sha256"]

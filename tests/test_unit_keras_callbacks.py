@@ -167,12 +167,12 @@ def test_model_checkpoint_keeps_its_best_across_a_resume(tmp_path):
         "+callbacks.best.monitor=loss",
         "+callbacks.best.mode=max",
         "+callbacks.best.save_best_only=true",
-        f"+callbacks.best.filepath={tmp_path / 'best.keras'}",
+        "+callbacks.best.filepath=best.keras",  # the run dir's
     ]
     train(tmp_path / "run", *args, "trainer.steps=20")
-    saved = (tmp_path / "best.keras").stat().st_mtime_ns
+    saved = (tmp_path / "run" / "best.keras").stat().st_mtime_ns
     train(tmp_path / "run", *args, "trainer.steps=40")  # the loss only falls: never again the best by mode=max
-    assert (tmp_path / "best.keras").stat().st_mtime_ns == saved
+    assert (tmp_path / "run" / "best.keras").stat().st_mtime_ns == saved
 
 
 def test_terminate_on_nan_stops_at_the_first_nan_call_and_saves_no_nan_checkpoint(tmp_path):
@@ -341,9 +341,9 @@ def test_keras_csv_logger_has_val_columns_only_for_metrics(tmp_path):
         "trainer.eval_every=30",
         "trainer.steps_per_loop=10",
         "+callbacks.csv._target_=keras.callbacks.CSVLogger",
-        f"+callbacks.csv.filename={tmp_path / 'k.csv'}",
+        f"+callbacks.csv.filename={tmp_path / 'run' / 'k.csv'}",  # absolute, inside the run dir
     )
-    header = next(csv.reader(open(tmp_path / "k.csv")))
+    header = next(csv.reader(open(tmp_path / "run" / "k.csv")))
     assert header == ["epoch", "accuracy", "learning_rate", "loss", "step", "val_accuracy", "val_loss"]
 
 

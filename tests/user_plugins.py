@@ -496,6 +496,13 @@ class MyBackup(keras.callbacks.BackupAndRestore):
     """A user's subclass of a callback tfdistx refuses by name."""
 
 
+class SaveInto(keras.callbacks.ModelCheckpoint):
+    """A user's subclass of ModelCheckpoint that picks its own file: `into`, a directory, then `name` in it."""
+
+    def __init__(self, into, name="model.keras"):
+        super().__init__(filepath=f"{into}/{name}")
+
+
 def note_step(step, record, path):
     """A tfdistx action as a plain function: a line per record in `path`."""
     if record:
