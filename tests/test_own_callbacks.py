@@ -172,6 +172,14 @@ def test_under_multiworker_the_chiefs_callbacks_stop_every_worker_at_its_step_an
     assert f"[worker:1] stopped early at step {summary['step']}: a callback of the chief asked to stop" in out
     assert out.count("final weights sha256 " + summary["weights_sha256"]) == 2  # both workers, the same weights
 
+    # The same command again: every worker ends at once, as a finished run does; the export and summary untouched.
+    kept = {name: (run_dir / name).read_bytes() for name in ("summary.json", "metrics.jsonl", "export/saved_model.pb")}
+    again = finished(start(project, run_dir, "strategy=multiworker", "cluster=2x1", *plateau))
+    for task in ("worker:0", "worker:1"):
+        assert f"[{task}] the run in this directory stopped early at step {summary['step']}" in again, again[-3000:]
+    assert {name: (run_dir / name).read_bytes() for name in kept} == kept
+    assert not list(run_dir.glob("export.replaced-*")) and "step " + str(summary["step"] + 20) not in again
+
 
 def test_a_terminal_shows_a_status_line_redrawn_in_place(tmp_path):
     """In a pseudo-terminal: the status line is drawn again and again on one

@@ -341,6 +341,36 @@ class AgreeWithTheChief:
             self.stop_requested = "a callback of the chief asked to stop"
 
 
+class StopRecord(tf.train.experimental.PythonState):
+    """Which of the user's callbacks asked the run to stop (a Keras
+    EarlyStopping, TerminateOnNaN, any callback that set
+    model.stop_training, an action's stop_requested), saved with every
+    checkpoint as one JSON string: the checkpoint of the step the run
+    stopped at carries it, so that a rerun from that checkpoint ends at
+    once, as a finished run does (engine/start.py), instead of training on
+    until the callback, its state given back, stops it again an epoch
+    later. A stop counts only while its callback is in the config (a rerun
+    without it trains on). trainer.early_stopping's stop is the objective
+    state's (checkpointing.ObjectiveState)."""
+
+    def __init__(self):
+        self.restored: Dict[str, str] = {}  # callback name -> the reason it gave, in the checkpoint restored
+        self.watched: List[Guarded] = []
+
+    def watch(self, callbacks: List["Guarded"]) -> None:
+        self.watched = list(callbacks)
+
+    def stopped(self, configured) -> Optional[str]:
+        """Why the restored checkpoint's run stopped early, by a callback that `configured` still names; None."""
+        return next((reason for name, reason in self.restored.items() if name in configured), None)
+
+    def serialize(self) -> str:
+        return json.dumps({c.name: c.stop_requested for c in self.watched if c.stop_requested})
+
+    def deserialize(self, string) -> None:
+        self.restored = json.loads(string.numpy() if hasattr(string, "numpy") else string)
+
+
 class CallbackStates(tf.train.experimental.PythonState):
     """The callbacks' own state, saved with every checkpoint as one JSON
     string (a checkpoint of the same object graph on every task: the

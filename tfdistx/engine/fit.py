@@ -175,6 +175,7 @@ def users_callbacks(run: Run, schedule: Schedule, synchronous_cluster: bool) -> 
         if run.placement.is_chief
         else []
     )
+    run.stop_record.watch(built)  # a stop one of them asks for is saved with the checkpoint of its step
     if synchronous_cluster:
         return [
             *built,
