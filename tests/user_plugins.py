@@ -415,6 +415,28 @@ def subclassed(num_outputs):
     return Subclassed(num_outputs)
 
 
+class NormalizedWithDropout(keras.Model):
+    """BatchNormalization and Dropout in a subclassed model that passes
+    `training` to them: the batch norm's moving statistics are variables
+    each replica updates from its own batch (issue 60)."""
+
+    def __init__(self, num_outputs, hidden=32, **kwargs):
+        super().__init__(**kwargs)
+        self.flatten = keras.layers.Flatten()
+        self.hidden = keras.layers.Dense(hidden)
+        self.norm = keras.layers.BatchNormalization()
+        self.drop = keras.layers.Dropout(0.3)
+        self.logits = keras.layers.Dense(num_outputs)
+
+    def call(self, x, training=None):
+        h = keras.activations.relu(self.norm(self.hidden(self.flatten(x)), training=training))
+        return self.logits(self.drop(h, training=training))
+
+
+def normalized_with_dropout(num_outputs):
+    return NormalizedWithDropout(num_outputs)
+
+
 def sequential_without_input(num_outputs):
     """`keras.Sequential` without a `keras.Input`: its weights are made at its first call."""
     return keras.Sequential(
