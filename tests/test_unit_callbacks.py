@@ -7,7 +7,9 @@ import csv
 import io
 import json
 
+import numpy as np
 import pytest
+import tensorflow as tf
 
 from config_helpers import PREFIX, compose_ok, refused
 from engine_helpers import train, whole_and_resumed
@@ -74,6 +76,34 @@ def test_terminate_on_nan_stops_a_run_whose_loss_is_nan(tmp_path):
         run.summary["stopped_early"]["reason"] == "callbacks.terminate_on_nan: TerminateOnNaN set model.stop_training"
     )
     assert run.summary["step"] < 100
+
+
+def test_weights_that_stop_being_numbers_stop_the_run_and_are_never_saved_or_exported(tmp_path, caplog):
+    """A loss that stays finite while weights it never reads turn NaN (an
+    optimizer's 0/0 where their gradient stayed zero, as Keras' Adafactor's):
+    the run stops at the first call that made them, with one line naming the
+    variable; the newest checkpoint stays the last good one, and the export
+    is of it."""
+    args = [
+        "data._target_=user_plugins.ids_data",
+        "model._target_=user_plugins.embedded_ids",
+        "optimizer._target_=user_plugins.AdamWithoutEpsilon",
+        *EVERY_TEN,
+        "checkpoint.export=true",
+    ]
+    train(tmp_path / "run", *args, "trainer.steps=20", sizes=[])  # epsilon 1e-7: the table's unread rows stay 0
+    caplog.set_level("WARNING", logger="tfdistx")
+    run = train(tmp_path / "run", *args, "trainer.steps=40", "+optimizer.zero_epsilon=true", sizes=[])
+    why = "the weights are not numbers: table/embeddings has 40 of 80 entries NaN"
+    assert run.summary["stopped_early"] == {"step": 30, "reason": why} and np.isfinite(run.metrics[-1]["loss"])
+    assert (
+        f"step 30: {why}; the run stops, and no checkpoint is saved from here on (the newest stays the one at step 20)"
+        in caplog.text
+    )
+    assert sorted(p.name for p in (run.dir / "checkpoints").glob("ckpt-*.index")) == ["ckpt-10.index", "ckpt-20.index"]
+    assert all(np.all(np.isfinite(w)) for w in run.weights().values())
+    exported = tf.saved_model.load(str(run.dir / "export"))
+    assert all(np.all(np.isfinite(v.numpy())) for v in exported.variables)
 
 
 def test_a_callback_that_raises_stops_the_run_in_one_line_naming_it_and_keeps_the_checkpoints(tmp_path):

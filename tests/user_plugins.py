@@ -550,3 +550,37 @@ class NaNAfterOneByOne(NaNAfter):
 
     def __call__(self, step):
         return float("nan") if int(step) >= self.after else 0.001
+
+
+# -- weights that stop being numbers while the loss stays one (issue 60) --
+
+
+def ids_data(examples: int = 256, looked_up: int = 10, num_classes: int = 2):
+    """Each example one id below `looked_up` (an embedding's rows beyond it are never read); its label the id's parity."""
+    ids = np.random.default_rng(0).integers(0, looked_up, (examples, 1)).astype(np.int64)
+    labels = (ids[:, 0] % num_classes).astype(np.int64)
+    return DataSource(
+        train=lambda ctx: shard(tf.data.Dataset.from_tensor_slices((ids, labels)), ctx),
+        eval=lambda ctx: shard(tf.data.Dataset.from_tensor_slices((ids, labels)), ctx),
+        num_classes=num_classes,
+        train_examples=examples,
+    )
+
+
+def embedded_ids(feature_spec, num_outputs, vocabulary: int = 20):
+    """An embedding table of `vocabulary` rows read by id, then a Dense layer."""
+    inputs = keras.Input(shape=tuple(feature_spec.shape), dtype=feature_spec.dtype.name)
+    rows = keras.layers.Embedding(vocabulary, 4, name="table")(inputs)
+    return keras.Model(inputs, keras.layers.Dense(num_outputs)(keras.layers.Flatten()(rows)))
+
+
+class AdamWithoutEpsilon(keras.optimizers.Adam):
+    """Adam, its epsilon 0 when `zero_epsilon`: an entry whose gradient has
+    been zero since the start (a table's row no batch reads) is updated by
+    0 / 0, NaN, as Keras' Adafactor divides where gradients stayed zero; the
+    loss, which never reads that row, stays a number."""
+
+    def __init__(self, zero_epsilon: bool = False, **kwargs):
+        super().__init__(**kwargs)
+        if zero_epsilon:
+            self.epsilon = 0.0
