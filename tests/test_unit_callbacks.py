@@ -357,6 +357,12 @@ def test_the_csv_logger_keeps_a_file_there_aside_when_told_not_to_append(tmp_pat
             "logger.mlflow.tracking_uri='sqlite:////nowhere/at/all/mlflow.db': its directory /nowhere/at/all does not exist: make it, or name another",
         ),
         (["logger.mlflow.enabled=maybe"], "logger.mlflow.enabled='maybe': allowed: true, false"),
+        (
+            ["logger.mlflow.tracking_uri=ftp://example.org/mlflow"],
+            "logger.mlflow.tracking_uri='ftp://example.org/mlflow': MLflow has no tracking store for ftp: name a "
+            "tracking server (http://HOST:5000, https://...), a database (sqlite:///PATH/mlflow.db, postgresql://..., "
+            "mysql://..., mssql://...) or databricks, or leave it null for the run's own store",
+        ),
     ],
 )
 def test_a_bad_mlflow_key_is_refused_before_tensorflow(tmp_path, monkeypatch, overrides, line):
