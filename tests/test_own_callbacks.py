@@ -110,7 +110,7 @@ def test_a_project_with_its_own_callback_lion_csv_and_mlflow_stops_resumes_and_i
     assert [int(epoch) for epoch, _ in noted] == list(
         range(summary["step"] // 20)
     )  # Keras' epochs: one per record of 20 steps
-    rows = list(csv.DictReader(open(project / "keras.csv")))
+    rows = list(csv.DictReader(open(whole / "keras.csv")))  # Keras' CSVLogger: a relative path is the run dir's
     assert [int(r["epoch"]) for r in rows] == [int(epoch) for epoch, _ in noted]
     assert [int(float(r["step"])) for r in rows] == list(range(20, summary["step"] + 1, 20))
 
@@ -171,6 +171,14 @@ def test_under_multiworker_the_chiefs_callbacks_stop_every_worker_at_its_step_an
     assert rates[:4] == pytest.approx([0.001, 0.001, 0.0005, 0.0005])  # down to min_lr
     assert f"[worker:1] stopped early at step {summary['step']}: a callback of the chief asked to stop" in out
     assert out.count("final weights sha256 " + summary["weights_sha256"]) == 2  # both workers, the same weights
+
+    # The same command again: every worker ends at once, as a finished run does; the export and summary untouched.
+    kept = {name: (run_dir / name).read_bytes() for name in ("summary.json", "metrics.jsonl", "export/saved_model.pb")}
+    again = finished(start(project, run_dir, "strategy=multiworker", "cluster=2x1", *plateau))
+    for task in ("worker:0", "worker:1"):
+        assert f"[{task}] the run in this directory stopped early at step {summary['step']}" in again, again[-3000:]
+    assert {name: (run_dir / name).read_bytes() for name in kept} == kept
+    assert not list(run_dir.glob("export.replaced-*")) and "step " + str(summary["step"] + 20) not in again
 
 
 def test_a_terminal_shows_a_status_line_redrawn_in_place(tmp_path):
@@ -296,8 +304,8 @@ def test_keras_stateful_callbacks_preempted_and_resumed_act_where_an_uninterrupt
     assert [(m["step"], m["lr"]) for m in resumed.metrics] == [(m["step"], m["lr"]) for m in whole.metrics]
     assert resumed.summary["stopped_early"] == whole.summary["stopped_early"] and whole.summary["step"] == 50
     assert (
-        sorted(p.name for p in (tmp_path / "split").glob("best-*.keras"))
-        == sorted(p.name for p in (tmp_path / "whole").glob("best-*.keras"))
+        sorted(p.name for p in run_dir.glob("best-*.keras"))  # ModelCheckpoint's relative path: the run dir's
+        == sorted(p.name for p in (tmp_path / "whole" / "run").glob("best-*.keras"))
         == ["best-01.keras"]
     )
     assert resumed.summary["weights_sha256"] == whole.summary["weights_sha256"]

@@ -50,6 +50,13 @@ def test_a_target_optimizer_and_schedule_with_warm_up_follow_their_rates(tmp_pat
             "builds (optimizer.lr, optimizer.schedule, optimizer.clip_norm): name one optimizer class, e.g. optimizer.name=adamw",
         ),
         (
+            "optimizer._target_=keras.optimizers.OptimizerMap",
+            "optimizer._target_='keras.optimizers.OptimizerMap': not an optimizer tfdistx builds: it is no optimizer but "
+            "the mapping from variables to optimizers that MultiOptimizer takes, which tfdistx does not build either (one "
+            "optimizer, its learning rate, clipping and sum over replicas set by tfdistx): name one optimizer class, "
+            "e.g. optimizer.name=adamw",
+        ),
+        (
             "optimizer._target_=keras.optimizers.LossScaleOptimizer",
             "optimizer._target_='keras.optimizers.LossScaleOptimizer': not an optimizer tfdistx builds: it wraps another optimizer to scale "
             "the loss, which tfdistx does itself: name the optimizer and set trainer.precision=mixed_float16",
@@ -145,3 +152,25 @@ def test_a_schedule_whose_rate_is_not_a_number_is_refused_and_the_work_before_ke
     after = first.weights()
     assert sorted(p.name for p in (tmp_path / "run" / "checkpoints").glob("ckpt-*.index")) == ["ckpt-10.index"]
     assert all((before[name] == after[name]).all() for name in before)
+
+
+def test_every_class_of_keras_optimizers_is_built_or_refused_by_name_and_in_the_docs_table():
+    """What passes --plan trains: every class the pinned Keras has in
+    keras.optimizers is one tfdistx builds by its name, or one it refuses by
+    name before TensorFlow starts; and docs/own-project.md's table says which."""
+    import inspect
+    from pathlib import Path
+
+    import keras
+
+    from tfdistx.spec import optimizers
+
+    classes = {f"keras.optimizers.{name}" for name, value in vars(keras.optimizers).items() if inspect.isclass(value)}
+    known = set(optimizers.CLASSES.values()) | {
+        path for path in optimizers.REFUSED if path.startswith("keras.optimizers.")
+    }
+    assert classes == known, classes ^ known
+    page = (Path(__file__).resolve().parents[1] / "docs" / "own-project.md").read_text()
+    table = page.split("Every class of `keras.optimizers`")[1].split("\n\n")[1]
+    named = {name.strip(" `") for line in table.splitlines()[2:] for name in line.split("|")[1].split(",")}
+    assert {path.rpartition(".")[2] for path in classes} == named

@@ -157,6 +157,16 @@ def _refuse_in_one_line(error: Exception) -> None:
     sys.exit(1)
 
 
+def log_lines_as_a_run_shows_them(level: int = logging.INFO) -> None:
+    """tfdistx's log lines (and their warnings) on the terminal as a run
+    shows them, the message alone (a run's console: conf/config.yaml's
+    hydra.job_logging, which a command without Hydra's run does not get),
+    on stderr: a command's stdout is its answer (evaluate's JSON). Set
+    before TensorFlow starts: a library that configures the root logger
+    later (Python's default `WARNING:name:message`) then finds it done."""
+    logging.basicConfig(stream=sys.stderr, level=level, format="%(message)s")
+
+
 def start_tensorflow() -> None:
     """TensorFlow imported (without its start-up banner) once a command has
     checked its arguments: a refusal never waits for it (seconds, ~0.7 GB)."""

@@ -5,14 +5,12 @@ is checked before TensorFlow starts."""
 
 import argparse
 import json
-import logging
 import os
-import sys
 from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from tfdistx.commands.common import compose, one_line_errors, plain_value
+from tfdistx.commands.common import compose, log_lines_as_a_run_shows_them, one_line_errors, plain_value
 from tfdistx.commands.execute import execute
 from tfdistx.config.compose import saved_config, saved_overrides
 from tfdistx.spec.errors import ConfigError
@@ -45,7 +43,7 @@ def main(argv) -> int:
         find(
             resolve(plain, os.path.abspath(args.run_dir)).checkpoint.dir, args.step
         )  # --step N, checked before TensorFlow starts
-        logging.basicConfig(stream=sys.stderr, level=logging.INFO, format="[%(name)s][%(levelname)s] - %(message)s")
+        log_lines_as_a_run_shows_them()
         record = execute(plain, os.path.abspath(args.run_dir), "evaluate", args.step)
     print(json.dumps(record, indent=2, default=float))
     return 0

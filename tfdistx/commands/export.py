@@ -3,12 +3,13 @@ kept checkpoint of a run (engine/export.py writes it). Every argument is
 checked before TensorFlow starts."""
 
 import argparse
+import logging
 import os
 import sys
 from pathlib import Path
 from typing import List, Optional
 
-from tfdistx.commands.common import one_line_errors, start_tensorflow
+from tfdistx.commands.common import log_lines_as_a_run_shows_them, one_line_errors, start_tensorflow
 from tfdistx.config.compose import saved_config
 from tfdistx.spec.errors import ConfigError
 from tfdistx.config.resolve import resolve
@@ -46,6 +47,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         protected = [args.run_dir, spec.checkpoint.dir]
         _not_over_the_runs_own_export(out, args.run_dir, args.step)
         check_new_directory("--out", out, protected)
+        log_lines_as_a_run_shows_them(logging.WARNING)  # its own line says what it exported
         start_tensorflow()
         from tfdistx.engine.export import export_checkpoint  # deferred: it imports TensorFlow
 

@@ -4,6 +4,7 @@ MLflow refuses would otherwise stop the run once TensorFlow has started,
 with MLflow's own exception). No TensorFlow, no MLflow here.
 """
 
+import importlib.metadata
 import importlib.util
 import os
 from pathlib import Path
@@ -20,6 +21,11 @@ MAX_EXPERIMENT_NAME = 500  # MLflow's limit on an experiment's name
 MAX_RUN_NAME = 250  # the length MLflow's SQL stores keep a run's name in
 INSTALL = "pip install 'tfdistx[mlflow]'"
 TRACKING_ENV = "MLFLOW_TRACKING_URI"
+# The schemes MLflow 3 has a tracking store for, beside sqlite and its file store (mlflow/tracking/_tracking_service/
+# utils.py: _register_tracking_stores); a database's with its driver too (postgresql+psycopg2); a plugin's scheme is
+# registered under the `mlflow.tracking_store` entry points. Any other one MLflow refuses only once the run has started.
+TRACKING_SCHEMES = ("http", "https", "databricks", "databricks-uc", "uc", "postgresql", "mysql", "mssql")
+PLUGIN_STORES = "mlflow.tracking_store"
 
 
 def problems(logger: DictConfig) -> List[Problem]:
@@ -143,7 +149,24 @@ def store_problems(key: str, uri) -> List[Problem]:
                 "(sqlite:///PATH/mlflow.db) or a server, or leave it null for the run's own store",
             )
         ]
+    if not is_file_store and uri not in TRACKING_SCHEMES and not _has_a_store(scheme):
+        return [
+            Problem(
+                key,
+                uri,
+                f"MLflow has no tracking store for {scheme}: name a tracking server (http://HOST:5000, https://...), a "
+                "database (sqlite:///PATH/mlflow.db, postgresql://..., mysql://..., mssql://...) or databricks, or leave "
+                "it null for the run's own store",
+            )
+        ]
     return []
+
+
+def _has_a_store(scheme: str) -> bool:
+    """Whether MLflow opens a tracking store for `scheme`: one of its own, or a plugin's."""
+    if scheme.split("+")[0].lower() in TRACKING_SCHEMES:
+        return True
+    return scheme in {entry.name for entry in importlib.metadata.entry_points(group=PLUGIN_STORES)}
 
 
 def _shown(value):

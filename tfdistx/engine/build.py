@@ -30,7 +30,7 @@ from tfdistx.data.files import input_errors_in_one_line
 from tfdistx.data.sources import DataSource
 from tfdistx.engine import mpi, process, topology, xla
 from tfdistx.engine import strategy as strategy_lib
-from tfdistx.engine.callbacks import CallbackStates
+from tfdistx.engine.callbacks import CallbackStates, StopRecord
 from tfdistx.engine.checkpointing import Checkpointer, ObjectiveState
 from tfdistx.engine.mpi import MpiSum
 from tfdistx.engine.optim import LearningRateAtStep, schedule
@@ -82,6 +82,7 @@ class Run:
     callback_states: Optional[CallbackStates] = (
         None  # the callbacks' own state, saved with the checkpoint (callbacks.py)
     )
+    stop_record: Optional[StopRecord] = None  # which callback stopped the run, saved with the checkpoint (callbacks.py)
     gradient_sum: Optional[MpiSum] = (
         None  # the gradients summed through MPI, not the strategy (strategy.communication=mpi)
     )
@@ -167,7 +168,7 @@ def build_run(spec: RunSpec, placement: Placement) -> Run:
             learning_rate=learning_rate.peak,
         )
     )
-    callback_states = CallbackStates()
+    callback_states, stop_record = CallbackStates(), StopRecord()
     checkpointer = Checkpointer(
         spec.checkpoint.dir,
         max_to_keep=spec.checkpoint.max_to_keep,
@@ -180,10 +181,12 @@ def build_run(spec: RunSpec, placement: Placement) -> Run:
         objective=objective_state,
         learning_rate_scale=learning_rate.scale,
         callbacks=callback_states,
+        stopped=stop_record,
         optional=[
             "objective",
             "learning_rate_scale",
             "callbacks",
+            "stopped",
         ],  # checkpoints written before they were saved restore without them
         topology=run_topology,
         resplit=resplit_for(spec, model, feature_spec, num_outputs),
@@ -213,6 +216,7 @@ def build_run(spec: RunSpec, placement: Placement) -> Run:
         topology=run_topology,
         train_variables=train_variables,
         callback_states=callback_states,
+        stop_record=stop_record,
         gradient_sum=gradient_sum,
     )
 

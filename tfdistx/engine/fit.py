@@ -30,6 +30,7 @@ from tfdistx.data.files import input_errors_in_one_line
 from tfdistx.engine import callbacks, checkpointing, loggers, process
 from tfdistx.engine.build import Run, build_run
 from tfdistx.engine.commit import Commit
+from tfdistx.engine.finite import NonFiniteWeights
 from tfdistx.engine.finish import finish, finish_finished_run
 from tfdistx.engine.join import Joined, join_cluster
 from tfdistx.engine.loop import CheckPreemption, Log, Loop, Result, SaveCheckpoints, Schedule
@@ -120,6 +121,14 @@ def train_loop(run: Run, runner: StepRunner, start: Start, notice: SigtermNotice
     ):
         # A SIGTERM checkpoints and exits 42 (parameter servers: the coordinator saves alone).
         preemption = PreemptionWatcher(run.strategy, run.checkpointer, synchronous_cluster, notice)
+        # Never a checkpoint of a NaN loss or NaN weights; weights that are not numbers stop the run (finite.py).
+        saves = SaveCheckpoints(
+            run.checkpointer,
+            spec.checkpoint.every_steps,
+            nonfinite_weights=NonFiniteWeights(run.train_variables or run.model.trainable_variables),
+        )
+        if start.tracker and start.tracker.save_best:  # the best checkpoint: never one of such a state either
+            start.tracker.save_best = saves.keeps(start.tracker.save_best)
         # The tracker first: it may save the best checkpoint, which every worker of a synchronous cluster does
         # at once, so no action that only the chief runs (its loggers, its callbacks) may come before it; and
         # before the saves, which carry its state.
@@ -130,7 +139,7 @@ def train_loop(run: Run, runner: StepRunner, start: Start, notice: SigtermNotice
             *([start.tracker] if start.tracker else []),
             Log(sinks),
             *users_callbacks(run, schedule, synchronous_cluster),
-            SaveCheckpoints(run.checkpointer, spec.checkpoint.every_steps),
+            saves,
             CheckPreemption(preemption),
         ]
         profile = profile_steps(run)
@@ -175,6 +184,7 @@ def users_callbacks(run: Run, schedule: Schedule, synchronous_cluster: bool) -> 
         if run.placement.is_chief
         else []
     )
+    run.stop_record.watch(built)  # a stop one of them asks for is saved with the checkpoint of its step
     if synchronous_cluster:
         return [
             *built,
