@@ -169,44 +169,54 @@ class Link:
         started = time.monotonic()
         if self.unanswered_since is not None and started - self.unanswered_since > self.stale_after:
             self.close()
+        # The call works on its own references: `close` from another thread (an agent leaving while a beat
+        # waits) then only closes the socket under it, which ends the call with an OSError, as a cut link would.
+        sock, conversation, buffer = self.sock, self.conversation, self.buffer
         try:
-            if self.sock is None:
-                self.sock = socket.create_connection(self.address, timeout=timeout)
-                self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                self.conversation = Conversation(self.secret, self._frame(started + timeout))
-            self.sock.settimeout(timeout)
-            self.sock.sendall(self.conversation.request(fields))
+            if sock is None or conversation is None:
+                sock = socket.create_connection(self.address, timeout=timeout)
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                self.sock, self.buffer = sock, bytearray()
+                buffer = self.buffer
+                conversation = self.conversation = Conversation(
+                    self.secret, _read_frame(sock, buffer, started + timeout)
+                )
+            sock.settimeout(timeout)
+            sock.sendall(conversation.request(fields))
             if self.unanswered_since is None:
                 self.unanswered_since = started
             while True:
-                answer = self.conversation.answer(self._frame(started + timeout))
+                answer = conversation.answer(_read_frame(sock, buffer, started + timeout))
                 if answer is not None:
                     self.unanswered_since = None
                     return answer
         except (socket.timeout, TimeoutError):
             raise  # the connection is kept: a late answer is read before the next one
         except BaseException:
-            self.close()
+            if self.sock is sock:  # not one a concurrent close (and a later call) replaced
+                self.close()
             raise
 
-    def _frame(self, deadline: float) -> Tuple[bytes, bytes]:
-        """The next whole frame, read into the buffer (a frame cut by a timeout is finished by the next call)."""
-        while (frame := take_frame(self.buffer, MAX_ANSWER_BYTES)) is None:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise TimeoutError("no answer in time")
-            self.sock.settimeout(left)
-            chunk = self.sock.recv(1 << 20)
-            if not chunk:
-                raise ConnectionResetError("the rendezvous closed the connection")
-            self.buffer += chunk
-        return frame
-
     def close(self) -> None:
-        if self.sock is not None:
-            self.sock.close()
+        sock = self.sock
         self.sock = self.conversation = self.unanswered_since = None
         self.buffer = bytearray()
+        if sock is not None:
+            sock.close()
+
+
+def _read_frame(sock: socket.socket, buffer: bytearray, deadline: float) -> Tuple[bytes, bytes]:
+    """The next whole frame, read into `buffer` (a frame cut by a timeout is finished by the next call)."""
+    while (frame := take_frame(buffer, MAX_ANSWER_BYTES)) is None:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("no answer in time")
+        sock.settimeout(left)
+        chunk = sock.recv(1 << 20)
+        if not chunk:
+            raise ConnectionResetError("the rendezvous closed the connection")
+        buffer += chunk
+    return frame
 
 
 # -- the keeper's side -----------------------------------------------------------------------------------------
