@@ -16,10 +16,11 @@ import sys
 import threading
 from typing import Sequence
 
+from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf
 
 from tfdistx.config import recipes, schema, topology, userconf
-from tfdistx.config.compose import compose_and_validate
+from tfdistx.config.compose import as_config_error, compose_and_validate
 from tfdistx.spec.errors import EXIT_INVALID_CONFIG, ConfigError, RunFault, interrupted
 from tfdistx.internals import hydra as hydra_internals
 from tfdistx.log_files import into_log_files  # no TensorFlow there
@@ -38,7 +39,10 @@ def register_config_names(overrides) -> None:
 def compose(overrides: Sequence[str], notes: bool = True) -> DictConfig:
     """The composed and validated config for these overrides, as every
     command sees it (raises ConfigError)."""
-    register_config_names(overrides)
+    try:
+        register_config_names(overrides)
+    except HydraException as error:  # an override Hydra cannot parse (`trainer.steps='3`): its words, in one line
+        raise as_config_error(error, overrides) from None
     return compose_and_validate(overrides, notes=notes)
 
 
