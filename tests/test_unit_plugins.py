@@ -275,6 +275,12 @@ def test_a_built_in_logger_off_by_default_is_set_by_its_key_beside_any_option(tm
         "project": "tfdistx",
         "entity": None,
         "mode": None,
+        "group": None,  # a single run: no group
+        "name": "run",  # a single run: named by its run dir (config/resolve.job_facts)
+        "job_type": "train",
+        "notes": None,
         "tags": (),
+        "log_model": False,
         "init_timeout": 30.0,
     }
+    assert spec.config["logger"]["wandb"]["name"] == "run"  # in the resolved config a cluster's tasks read
