@@ -86,6 +86,9 @@ def test_each_built_in_task_offers_the_metrics_its_yaml_declares():
     assert len(found) >= 4
     for path in found:
         task = OmegaConf.load(path)
+        if path.stem == "auto":  # builds one of the others, as the data's labels say: offers what that one offers
+            assert "offers" not in task and task.objective == "eval/loss"
+            continue
         assert list(get_class(task._target_).AVAILABLE) == list(task.offers), path.name
 
 

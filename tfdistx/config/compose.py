@@ -22,7 +22,7 @@ from hydra.core.global_hydra import GlobalHydra
 from hydra.errors import HydraException, MissingConfigException, OverrideParseException
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf, open_dict
-from omegaconf.errors import OmegaConfBaseException
+from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 
 from tfdistx.config import recipes, topology, userconf
 from tfdistx import loggers as builtin_loggers
@@ -61,6 +61,12 @@ def composed(overrides: Sequence[str], notes: bool = True) -> Iterator[DictConfi
             say(told)
         yield cfg
 
+
+# The keys an option leaves for the command line (`???`), and what to write.
+MANDATORY = {
+    "data.name": "data=tfds data.name=NAME, a TensorFlow Datasets dataset (imdb_reviews, tf_flowers, diamonds ...: "
+    "tfds.list_builders() lists them)",
+}
 
 # Groups whose `_target_` a user may replace with their own function.
 USER_TARGET_GROUPS = ("data", "model", "task", "optimizer")
@@ -289,6 +295,9 @@ def as_config_error(error: Exception, overrides: Sequence[str]) -> ConfigError:
     # Type errors come wrapped: Hydra's "Error merging override k=v" caused by
     # OmegaConf's "Value 'abc' ... could not be converted to Integer".
     cause = error.__cause__ or error
+    if isinstance(cause, MissingMandatoryValue) and getattr(cause, "full_key", None):  # a `???` of a group's file
+        key = cause.full_key
+        return ConfigError([Problem(key, None, f"must be given: {MANDATORY.get(key, f'{key}=VALUE')}")])
     first_line = str(cause).strip().splitlines()[0] if str(cause).strip() else type(cause).__name__
     key = getattr(cause, "full_key", None) or _override_key(str(error))
     if key:
