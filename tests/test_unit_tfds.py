@@ -152,3 +152,50 @@ def test_a_tfds_dataset_trains_resumes_exactly_exports_and_predicts_from_its_raw
     assert set(found) == set(expected)
     for name in expected:
         np.testing.assert_allclose(found[name], expected[name].reshape(found[name].shape), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "name, given, key, said",
+    [
+        # images of varying sizes need a size to batch them by
+        ("tf_flowers", {}, "data.image_size", "the images are of varying sizes (?x?x3): set data.image_size"),
+        # a label that is neither classes nor numbers
+        ("imdb_reviews", {"features": "label", "label": "text"}, "data.label", "a label is a class label, several"),
+        ("diamonds", {"features": "nope"}, "data.features", "no such feature; the dataset's features: features, price"),
+        ("imdb_reviews", {"features": ["text", "label"]}, "data.label", "is also one of data.features"),
+    ],
+)
+def test_what_a_tfds_dataset_cannot_give_is_one_line_naming_the_key(data_dir, name, given, key, said):
+    """Read from the dataset's info as the run starts: one line, exit 2 (a ConfigError), naming the key."""
+    from tfdistx.data import tfds
+    from tfdistx.spec.errors import ConfigError
+
+    with pytest.raises(ConfigError) as refused:
+        tfds(name, data_dir=str(data_dir), download=False, eval_split=None, **given)
+    (problem,) = refused.value.problems
+    assert problem.key == key and said in problem.allowed, problem
+
+
+def test_the_kinds_of_labels_and_the_preprocessing_on_an_example_and_a_batch():
+    """Several class labels are multi-hot (multilabel); a table's columns one vector, one-hot where they are class
+    labels; pixels in [0, 1], resized: the same on one example (the pipelines) and on a batch (the export)."""
+    import tensorflow_datasets as tfds
+
+    from tfdistx.data.datasets import ImagePixels, TableColumns, _labels
+    from tfdistx.data.sources import DataSource
+
+    labels, classes, to_label = _labels("x", "tags", tfds.features.Sequence(tfds.features.ClassLabel(num_classes=4)))
+    assert labels == DataSource.CLASSES and classes is None
+    assert to_label(tf.constant([3, 1], tf.int64)).numpy().tolist() == [0.0, 1.0, 0.0, 1.0]
+    assert _labels("x", "y", tfds.features.Tensor(shape=(), dtype=np.int32))[0] == DataSource.VALUES
+    assert _labels("x", "y", tfds.features.ClassLabel(num_classes=3))[:2] == (DataSource.CLASS, 3)
+
+    table = TableColumns(columns=[("cut", 3, ()), ("carat", 0, ()), ("xyz", 0, (2,))])
+    row = {"cut": tf.constant(2, tf.int64), "carat": tf.constant(0.5), "xyz": tf.constant([1.0, 2.0])}
+    batch = {name: tf.stack([value, value]) for name, value in row.items()}
+    assert table(row).numpy().tolist() == [0.0, 0.0, 1.0, 0.5, 1.0, 2.0]
+    assert table(batch).numpy().tolist() == [[0.0, 0.0, 1.0, 0.5, 1.0, 2.0]] * 2
+    pixels = ImagePixels(size=[2, 2])
+    image = tf.fill([4, 6, 3], tf.constant(255, tf.uint8))
+    assert pixels(image).shape == (2, 2, 3) and pixels(tf.stack([image, image])).shape == (2, 2, 2, 3)
+    assert float(tf.reduce_max(pixels(image))) == 1.0
