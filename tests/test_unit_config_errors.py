@@ -262,7 +262,7 @@ def test_writable_accepts_a_new_directory_below_a_writable_one(tmp_path):
         ),
         (
             ["task=ranking"],
-            "task='ranking': allowed: binary, classification, multilabel, regression; "
+            "task='ranking': allowed: auto, binary, classification, multilabel, regression; "
             "or your own: --config-dir DIR with DIR/task/ranking.yaml",
         ),
     ],

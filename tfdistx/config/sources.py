@@ -34,7 +34,7 @@ SIZES = {
     "num_features": 1,
     "num_fields": 1,
     "dense_features": 0,
-    "vocab_size": 3,  # a text's: its padding and [UNK] count
+    "vocab_size": 2,
     "sequence_length": 1,
     "shuffle_buffer": 1,
 }
