@@ -121,7 +121,6 @@ def test_a_run_preempted_then_killed_and_resumed_each_time_is_one_wandb_run_with
         [sys.executable, "-m", "tfdistx", *args, f"hydra.run.dir={run_dir}"],
         env=tfdistx_env(**env),
         timeout=600,
-        fresh=True,
     )
     assert last.returncode == 0, last.stderr[-3000:]
     found = wandb_files.attempts(run_dir)

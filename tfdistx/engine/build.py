@@ -137,7 +137,7 @@ def build_run(spec: RunSpec, placement: Placement) -> Run:
     learning_rate = schedule(spec.optimizer, replicas, total_steps)
     gpus = _gpus(trainer.precision, placement)
     with strategy.scope(), process.precision(trainer.precision):
-        model = build_model(spec, feature_spec, num_outputs, **data_facts(source))
+        model = build_model(spec, feature_spec, num_outputs, **data_facts(spec, source))
         # Variables split across the ps tasks (strategy.partitioner): the optimizer
         # updates each shard, and the checkpoint holds the optimizer as an unsplit run's, which restores
         # onto any number of ps tasks (sharding.py).

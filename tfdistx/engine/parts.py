@@ -31,20 +31,22 @@ PREPROCESSING = "preprocessing"
 
 def build_task(spec: RunSpec, source: Optional[DataSource] = None) -> Task:
     """The task; task=auto takes the one the source's labels call for (tasks/auto.py)."""
-    return spec.task.build(expect=Task, labels=source.labels if source is not None else None)
+    labels = {"labels": source.labels if source is not None else None} if spec.task.names("labels") else {}
+    return spec.task.build(expect=Task, **labels)
 
 
 def build_source(spec: RunSpec) -> DataSource:
     """The data source; a built-in one reads what its preprocessing learnt in the run dir (its `state_dir`)."""
-    source = spec.data.build(expect=DataSource, state_dir=str(spec.run_dir / PREPROCESSING))
+    state = {"state_dir": str(spec.run_dir / PREPROCESSING)} if spec.data.names("state_dir") else {}
+    source = spec.data.build(expect=DataSource, **state)
     return (
         source if spec.data.path.startswith("tfdistx.") else single_examples(source, spec.data.path)
     )  # the built-in ones do not batch
 
 
-def data_facts(source: DataSource) -> dict:
-    """What a model builder may take of the data besides its shapes: `vocab_size`, the token ids' count."""
-    return {"vocab_size": source.vocab_size} if source.vocab_size else {}
+def data_facts(spec: RunSpec, source: DataSource) -> dict:
+    """What a model builder that names it takes of the data besides its shapes: `vocab_size`, the token ids' count."""
+    return {"vocab_size": source.vocab_size} if source.vocab_size and spec.model.names("vocab_size") else {}
 
 
 def build_model(spec: RunSpec, feature_spec, num_outputs: int, **given) -> keras.Model:
@@ -106,7 +108,7 @@ def model_from_checkpoint(spec: RunSpec, checkpoint_path: str):
     # The weights are float32 under every precision (Keras keeps float32 master
     # weights): the rebuilt model is float32, whatever training computed in.
     with process.precision("float32"):
-        model = build_model(spec, feature_spec, num_outputs, **data_facts(source))
+        model = build_model(spec, feature_spec, num_outputs, **data_facts(spec, source))
     # Restored with the optimizer too, as training saved it: a weight that a
     # layer keeps in a plain list (wide_deep's table shards) is reachable in
     # the checkpoint only through the optimizer's variables, and a restore of
@@ -126,7 +128,7 @@ def resplit_for(spec: RunSpec, model, feature_spec, num_outputs: int, source: Da
 
     def rebuild(shards):  # the model and optimizer outside any strategy, its tables in `shards` pieces
         with process.precision(spec.trainer.precision):
-            given = {**data_facts(source), **({} if shards is None else {"shards": shards})}
+            given = {**data_facts(spec, source), **({} if shards is None else {"shards": shards})}
             plain = build_model(spec, feature_spec, num_outputs, **given)
         return plain, build_optimizer_for(spec, plain, LearningRateAtStep(0.0))
 

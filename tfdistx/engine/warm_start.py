@@ -158,7 +158,10 @@ def _model_with_weights_file(run: Run, path: str):
     feature_spec, label_spec = run.source.element_spec
     with process.precision("float32"):  # the file holds float32 weights, whatever the run computes in
         model = build_model(
-            run.spec, feature_spec, run.task.num_outputs(label_spec, run.source.num_classes), **data_facts(run.source)
+            run.spec,
+            feature_spec,
+            run.task.num_outputs(label_spec, run.source.num_classes),
+            **data_facts(run.spec, run.source),
         )
     try:
         model.load_weights(os.path.expanduser(path))
