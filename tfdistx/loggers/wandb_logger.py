@@ -210,8 +210,10 @@ class WandbLogger(BuiltInLogger):
         records = [record for _, record in read_jsonl(self.run_dir / "metrics.jsonl")]
         self.run.summary.update(objective_summary(objective, records))
         export = self.run_dir / "export"
-        if self.log_model and (export / "saved_model.pb").is_file():
-            step = records[-1]["step"] if records else 0
+        if self.log_model and not (export / "saved_model.pb").is_file():
+            log.warning("logger.wandb.log_model: the run wrote no export (checkpoint.export=false): no model artifact")
+        elif self.log_model:
+            step = _exported_step(self.run_dir, records[-1]["step"] if records else 0)
             artifact = self.wandb.Artifact(
                 f"model-{self.run.id}",
                 type="model",
@@ -223,6 +225,15 @@ class WandbLogger(BuiltInLogger):
 
     def close(self) -> None:
         self.run.finish()
+
+
+def _exported_step(run_dir: Path, last: int) -> int:
+    """The step of the checkpoint the export holds: the best one's (checkpoint.keep_best), else the run's last."""
+    try:
+        best = json.loads((run_dir / "summary.json").read_text()).get("best") or {}
+    except (OSError, ValueError):
+        return last
+    return int(best["step"]) if best.get("checkpoint") and isinstance(best.get("step"), int) else last
 
 
 def objective_summary(objective: str, records: Sequence[dict]) -> dict:
