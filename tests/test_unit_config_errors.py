@@ -262,7 +262,7 @@ def test_writable_accepts_a_new_directory_below_a_writable_one(tmp_path):
         ),
         (
             ["task=ranking"],
-            "task='ranking': allowed: binary, classification, multilabel, regression; "
+            "task='ranking': allowed: auto, binary, classification, multilabel, regression; "
             "or your own: --config-dir DIR with DIR/task/ranking.yaml",
         ),
     ],
@@ -304,3 +304,38 @@ GROUPS = "callbacks, checkpoint, cluster, data, logger, model, optimizer, recipe
 )
 def test_a_misspelt_group_or_a_needless_plus_is_named_as_typed(tmp_path, overrides, line):
     assert refused(tmp_path / "run", *overrides) == [PREFIX + line]
+
+
+# -- Hydra's own messages, kept whole in one line --
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    "override, line",
+    [
+        # a list without brackets: Hydra's three ways out, for this key and these values
+        (
+            "logger=wandb,csv",
+            "logger='wandb,csv': Ambiguous value: to use it as a list, write logger=[wandb,csv]; to use it as a "
+            "string, quote the value: logger='wandb,csv'; to sweep over it, add --multirun to your command line",
+        ),
+        # a quoting mistake: Hydra's words and where it stopped
+        (
+            "trainer.steps='3",
+            "trainer.steps=\"'3\": Hydra cannot parse this override: LexerNoViableAltException: trainer.steps='3 "
+            "(at column 15); See https://hydra.cc/docs/1.2/advanced/override_grammar/basic for details",
+        ),
+        (
+            "logger=[wandb,csv",
+            "logger='[wandb,csv': Hydra cannot parse this override: no viable alternative at input '[wandb,csv'; "
+            "See https://hydra.cc/docs/1.2/advanced/override_grammar/basic for details",
+        ),
+        (
+            "trainer.steps=range(1,3)",
+            "trainer.steps='range(1,3)': Sweep parameters 'trainer.steps=range(1,3)' requires --multirun",
+        ),
+    ],
+)
+def test_hydras_own_message_is_kept_whole_in_one_line(tmp_path, override, line):
+    lines = refused(tmp_path / "run", override)
+    assert lines == [PREFIX + line] and "None" not in lines[0]

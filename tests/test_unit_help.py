@@ -30,7 +30,7 @@ def test_help_is_the_text_hydras_app_help_prints_from_the_same_template(capsys):
         cfg = hydra.compose_config("config", overrides=[], run_mode=RunMode.RUN, with_log_configuration=False)
         hydras = hydra.get_help(cfg.hydra.help, cfg, hydra_internals.args_parser(), resolve=False)
     assert ours == hydras + "\n"  # Hydra prints it
-    assert "model: cnn, mlp, resnet, wide_deep\n" in ours and "hydra/" not in ours
+    assert "model: cnn, mlp, resnet, text, wide_deep\n" in ours and "hydra/" not in ours
 
 
 def test_help_lists_the_groups_of_a_users_config_dir(tmp_path, capsys, monkeypatch):

@@ -123,7 +123,8 @@ def test_what_a_task_declares_is_not_passed_to_its_class(tmp_path):
         ("synthetic_categorical", "size_problems", None, None, None),
         ("synthetic_multilabel", "size_problems", None, None, None),
         ("synthetic_regression", "size_problems", None, None, "real values"),
-        ("mnist", "size_problems", None, "eval_split", None),
+        ("mnist", "named_problems", None, "eval_split", None),
+        ("tfds", "named_problems", None, "eval_split", None),
         ("tfrecord", "file_problems", "files_plan", "eval_files", None),
         ("csv", "file_problems", "files_plan", "eval_files", None),
     ],
@@ -132,6 +133,7 @@ def test_each_shipped_source_gets_the_checks_its_keys_call_for(tmp_path, option,
     from tfdistx.config import sources
 
     files = ["data.train_files=gs://bucket/train-*"] if option in ("tfrecord", "csv") else []
+    files += ["data.name=imdb_reviews"] if option == "tfds" else []  # data=tfds names its dataset
     task = ["task=regression"] if option == "synthetic_regression" else []
     facts = sources.of(compose_ok(tmp_path / "run", f"data={option}", *files, *task).data)
     assert (facts.checks.__name__, getattr(facts.plan_line, "__name__", None), facts.eval_key, facts.labels) == (
@@ -275,6 +277,12 @@ def test_a_built_in_logger_off_by_default_is_set_by_its_key_beside_any_option(tm
         "project": "tfdistx",
         "entity": None,
         "mode": None,
+        "group": None,  # a single run: no group
+        "name": "run",  # a single run: named by its run dir (config/resolve.job_facts)
+        "job_type": "train",
+        "notes": None,
         "tags": (),
+        "log_model": False,
         "init_timeout": 30.0,
     }
+    assert spec.config["logger"]["wandb"]["name"] == "run"  # in the resolved config a cluster's tasks read

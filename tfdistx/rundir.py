@@ -161,6 +161,7 @@ RUN_WRITES = (
     "tensorboard",
     "evaluations.jsonl",
     "logs",
+    "preprocessing",
     FAILED_NAME,
 )
 RUN_WRITES_PREFIXES = ("predictions", "export-step-")

@@ -16,13 +16,12 @@ import sys
 import threading
 from typing import Callable, Optional, Sequence, Tuple
 
-from hydra.core.override_parser.overrides_parser import OverridesParser
-from hydra.errors import OverrideParseException
+from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf
 
 from tfdistx.cluster import placement
 from tfdistx.config import recipes, schema, topology, userconf
-from tfdistx.config.compose import compose_and_validate
+from tfdistx.config.compose import as_config_error, compose_and_validate
 from tfdistx.config.resolve import layout_of
 from tfdistx.spec.overrides import given_value
 from tfdistx.spec.run_spec import Layout
@@ -43,8 +42,8 @@ def register_config_names(overrides) -> None:
         userconf.register(overrides)  # --config-dir / TFDISTX_CONFIG_PATH: the user's own groups and experiments
         topology.register(overrides)  # cluster=WxD / psPwW names
         recipes.register(overrides)  # TFDISTX_RECIPES dirs, and the clusters the chosen recipes name
-    except OverrideParseException as error:
-        raise unparsable(error, overrides) from None
+    except HydraException as error:  # an override Hydra cannot parse (`trainer.steps='3`): its words, in one line
+        raise as_config_error(error, overrides) from None
 
 
 def compose(overrides: Sequence[str], notes: bool = True) -> DictConfig:
@@ -80,20 +79,6 @@ def compose_as_placed(
         if refused:
             raise ConfigError(refused)
     return cfg, layout
-
-
-def unparsable(error: Exception, overrides: Sequence[str]) -> ConfigError:
-    """Hydra's parse error as one line naming the override it cannot parse (each parsed alone to find it)."""
-    parser = OverridesParser.create()
-    bad = None
-    for override in overrides:
-        try:
-            parser.parse_overrides([override])
-        except OverrideParseException:
-            bad = override
-            break
-    first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-    return ConfigError.one("override", bad if bad is not None else " ".join(overrides), first)
 
 
 def plain_value(cfg, key: str):

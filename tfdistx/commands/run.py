@@ -26,6 +26,7 @@ from tfdistx.commands.execute import execute, placement_of
 from tfdistx.commands.plan import describe
 from tfdistx.spec import elastic
 from tfdistx.config.compose import (
+    as_config_error,
     compose_and_validate,
     composed,
     keys_for_own_targets,
@@ -63,8 +64,8 @@ def main(argv: Sequence[str], process_ends_after: bool = False):
             argv += _sweeper_direction(args.overrides, first_job)
     except (ConfigError, RunFault) as error:
         refuse(error)
-    except Exception as error:  # an override Hydra cannot even parse
-        refuse(ConfigError.one("override", " ".join(argv), str(error).strip().splitlines()[0]))
+    except Exception as error:  # an override Hydra cannot even parse: its words, in one line
+        refuse(as_config_error(error, argv))
     if plan or args.help and not args.multirun:
         print(text)
         return

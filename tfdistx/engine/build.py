@@ -17,7 +17,7 @@ from typing import List, Optional
 import keras
 import tensorflow as tf
 
-from tfdistx import machine
+from tfdistx import machine, whole_files
 from tfdistx.cluster.placement import Placement
 from tfdistx.spec import compute, strategies
 from tfdistx.spec import mpi as mpi_facts
@@ -35,11 +35,13 @@ from tfdistx.engine.checkpointing import Checkpointer, ObjectiveState
 from tfdistx.engine.mpi import MpiSum
 from tfdistx.engine.optim import LearningRateAtStep, schedule
 from tfdistx.engine.parts import (
+    PREPROCESSING,
     build_model,
     build_source,
     build_task,
     check_model_takes_data,
     optimizer_for_checkpoint,
+    data_facts,
     resplit_for,
     rng_states,
 )
@@ -128,13 +130,15 @@ def build_run(spec: RunSpec, placement: Placement) -> Run:
     global_batch = spec.pipeline.batch_size * trainer.accumulate_steps
     per_replica = input_lib.per_replica_batch(global_batch, replicas)
     task, source = _task_and_source(spec, global_batch)
+    if placement.is_chief:
+        keep_preprocessing(spec, source)
     total_steps = _total_steps(spec, source.train_examples, global_batch)
     feature_spec, label_spec = source.element_spec
     num_outputs = task.num_outputs(label_spec, source.num_classes)
     learning_rate = schedule(spec.optimizer, replicas, total_steps)
     gpus = _gpus(trainer.precision, placement)
     with strategy.scope(), process.precision(trainer.precision):
-        model = build_model(spec, feature_spec, num_outputs)
+        model = build_model(spec, feature_spec, num_outputs, **data_facts(spec, source))
         # Variables split across the ps tasks (strategy.partitioner): the optimizer
         # updates each shard, and the checkpoint holds the optimizer as an unsplit run's, which restores
         # onto any number of ps tasks (sharding.py).
@@ -189,7 +193,7 @@ def build_run(spec: RunSpec, placement: Placement) -> Run:
             "stopped",
         ],  # checkpoints written before they were saved restore without them
         topology=run_topology,
-        resplit=resplit_for(spec, model, feature_spec, num_outputs),
+        resplit=resplit_for(spec, model, feature_spec, num_outputs, source),
     )
     return Run(
         spec=spec,
@@ -221,9 +225,23 @@ def build_run(spec: RunSpec, placement: Placement) -> Run:
     )
 
 
+def keep_preprocessing(spec: RunSpec, source: DataSource) -> None:
+    """What the source's preprocessing learnt from the data (a text's vocabulary), written by the chief into
+    <run dir>/preprocessing as the run starts: the run's later processes (a resume, `tfdistx export`, `predict`)
+    read it back there, and train and serve with the same token ids. A file already there is the run's own: kept."""
+    if source.served is None or not source.served.state:
+        return
+    folder = spec.run_dir / PREPROCESSING
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, text in source.served.state.items():
+        if not (folder / name).exists():
+            whole_files.write_whole(folder / name, text)
+
+
 def _task_and_source(spec: RunSpec, global_batch: int):
     """The task and the data source, checked against each other and the run."""
-    task, source = build_task(spec), build_source(spec)
+    source = build_source(spec)
+    task = build_task(spec, source)
     if source.train_examples and global_batch > source.train_examples:  # a step could never fill its batch
         raise ConfigError.one(
             "data.batch_size",

@@ -6,7 +6,7 @@ and returning typed values:
     join.join_cluster   cluster, strategy, placement -> Joined: TO_TRAIN, or SERVED (a ps only serves)
     build.build_run     spec, placement       -> Run: strategy, task, data, model, optimizer, checkpointer
     start.restore_or_warm_start  Run           -> Start: the step, what was restored, what is left
-    fit.train_loop      Run, runner, Start     -> loop.Result
+    fit.train_loop      Run, runner, Start, loggers -> loop.Result (the loggers open until finish is done)
     finish.finish       Run, Start, Result     -> the objective (summary.json and export/ by the chief)
 
 What a run sets for its whole process (seed, op determinism, TensorFlow's
@@ -71,14 +71,27 @@ def train(spec: RunSpec, placement: Optional[Placement] = None, notice: Optional
             if start.finished:
                 return Trained(finish_finished_run(run, start, started))
             runner = make_runner(run, skip_steps=start.step)
-            result = train_loop(run, runner, start, notice)
-            return Trained(finish(run, start, result, started), runner)
+            # The loggers stay open until the run has finished: what they do at its end (W&B's summary and model
+            # artifact) reads the summary.json and export that finish writes.
+            with loggers.for_run(
+                run.dir,
+                spec.logger,
+                run.total_steps,
+                start.step,
+                enabled=run.placement.is_chief,
+                config=_plain(spec.config),
+            ) as sinks:
+                result = train_loop(run, runner, start, notice, sinks)
+                objective = finish(run, start, result, started)
+                loggers.finished(sinks)
+            return Trained(objective, runner)
 
 
-def train_loop(run: Run, runner: StepRunner, start: Start, notice: SigtermNotice) -> Result:
-    """The loop, with its actions: log, track the objective (the best
-    checkpoint, early stopping), checkpoint, stop cleanly when preempted,
-    and (in a cluster) when a peer or a server it waits on is lost."""
+def train_loop(run: Run, runner: StepRunner, start: Start, notice: SigtermNotice, sinks: list) -> Result:
+    """The loop, with its actions: log (to `sinks`, the run's loggers),
+    track the objective (the best checkpoint, early stopping), checkpoint,
+    stop cleanly when preempted, and (in a cluster) when a peer or a
+    server it waits on is lost."""
     spec = run.spec
     log.info(
         "%s: %s, global batch %d, %d steps, task %s",
@@ -110,14 +123,6 @@ def train_loop(run: Run, runner: StepRunner, start: Start, notice: SigtermNotice
             progressed=lambda: getattr(runner, "progressed", time.monotonic()),
         ),
         input_errors_in_one_line(run.source),
-        loggers.for_run(
-            run.dir,
-            spec.logger,
-            run.total_steps,
-            start.step,
-            enabled=run.placement.is_chief,
-            config=_plain(spec.config),
-        ) as sinks,
     ):
         # A SIGTERM checkpoints and exits 42 (parameter servers: the coordinator saves alone).
         preemption = PreemptionWatcher(run.strategy, run.checkpointer, synchronous_cluster, notice)

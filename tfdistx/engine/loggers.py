@@ -64,6 +64,15 @@ def for_run(
     _close_all(sinks, failing=False)
 
 
+def finished(sinks: List["Named"]) -> None:
+    """Tell the loggers that take it (a `finished()` of theirs) that the run
+    has ended well: its summary.json and export are written (W&B's summary
+    and model artifact)."""
+    for sink in sinks:
+        if hasattr(sink, "finished"):
+            sink.finished()
+
+
 def _taken(make, runtime: dict) -> dict:
     """Of what the run passes a built-in logger, what `make` takes (its keys it takes all of)."""
     parameters = inspect.signature(make).parameters
@@ -108,6 +117,8 @@ class Named:
         self.held: Optional[PluginFailed] = None
         if hasattr(sink, "after_steps"):  # the loop's Log passes the hook on only to those that have it
             self.after_steps = self._holding(sink.after_steps)
+        if hasattr(sink, "finished"):  # after the chief's summary.json and export (finished() below)
+            self.finished = lambda: self._raising(lambda step: sink.finished(), self.step)
 
     @classmethod
     def opening(cls, key: str, step: int, make, *args, **kwargs) -> "Named":

@@ -22,7 +22,7 @@ from tfdistx.spec import warm_start as kinds
 from tfdistx.spec.errors import EXIT_RUN_DIR_LOCKED, ConfigError, Problem, RunFault
 from tfdistx.engine import checkpointing, process
 from tfdistx.engine.build import Run
-from tfdistx.engine.parts import build_model, build_optimizer_for, model_from_checkpoint
+from tfdistx.engine.parts import build_model, build_optimizer_for, data_facts, model_from_checkpoint
 
 log = logging.getLogger(__name__)
 
@@ -157,7 +157,12 @@ def _model_with_weights_file(run: Run, path: str):
     """A .weights.h5 file's weights in a model built as this run's is (afresh, outside the strategy)."""
     feature_spec, label_spec = run.source.element_spec
     with process.precision("float32"):  # the file holds float32 weights, whatever the run computes in
-        model = build_model(run.spec, feature_spec, run.task.num_outputs(label_spec, run.source.num_classes))
+        model = build_model(
+            run.spec,
+            feature_spec,
+            run.task.num_outputs(label_spec, run.source.num_classes),
+            **data_facts(run.spec, run.source),
+        )
     try:
         model.load_weights(os.path.expanduser(path))
     except Exception as error:
