@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from tfdistx import whole_files
+from tfdistx.cluster import training_end
 from tfdistx.cluster.placement import Placement, Source
 from tfdistx.spec.errors import ConfigError
 from tfdistx.spec.run_spec import RunSpec
@@ -107,6 +108,7 @@ def train_loop(run: Run, runner: StepRunner, start: Start, notice: SigtermNotice
             spec.cluster,
             coordinator=run.coordinator is not None,
             progressed=lambda: getattr(runner, "progressed", time.monotonic()),
+            servers_told=training_end.servers_of(run.placement, run.facts),
         ),
         input_errors_in_one_line(run.source),
         loggers.for_run(

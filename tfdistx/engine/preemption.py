@@ -21,11 +21,12 @@ import os
 import re
 import sys
 import time
-from typing import Callable, List, Mapping, Optional, Sequence
+from types import MappingProxyType
+from typing import Callable, List, Mapping, NoReturn, Optional, Sequence
 
 import tensorflow as tf
 
-from tfdistx.cluster import liveness
+from tfdistx.cluster import liveness, training_end
 from tfdistx.cluster.placement import Placement
 from tfdistx.spec.errors import EXIT_LOST_PEER, EXIT_PREEMPTED, RunFault, offset_exit
 from tfdistx.engine.checkpointing import Checkpointer
@@ -259,7 +260,11 @@ def _names(tasks) -> list:
 
 @contextlib.contextmanager
 def watching_servers(
-    placement: Placement, cluster, coordinator: bool, progressed: Callable[[], float] = time.monotonic
+    placement: Placement,
+    cluster,
+    coordinator: bool,
+    progressed: Callable[[], float] = time.monotonic,
+    servers_told: Mapping[str, str] = MappingProxyType({}),
 ):
     """While open: the servers this trainer waits on, where TensorFlow would
     wait forever on one that is frozen (cluster/liveness.py), are asked now
@@ -276,7 +281,9 @@ def watching_servers(
     neither fails nor answers, and the coordinator's join waits on its steps
     for as long as TCP does (measured: over 90 s, no step done). So a worker
     silent for peer_timeout ends the coordinator the same way, but only
-    while no loop has finished for as long (`progressed`: when the last did)."""
+    while no loop has finished for as long (`progressed`: when the last did).
+    `servers_told`: the servers the chief tells how the training ended
+    (cluster/training_end.py), told so before this task ends here."""
     servers = {
         f"{job}:{index}": address
         for job, addresses in placement.service.items()
@@ -288,6 +295,7 @@ def watching_servers(
         workers = {f"worker:{index}": address for index, address in enumerate(placement.spec.get("worker", []))}
 
     def lost(names, waiting=""):
+        training_end.tell(servers_told, training_end.cluster_digest(placement), EXIT_LOST_PEER)
         fault = RunFault(
             f"lost contact with {', '.join(names)} of the cluster: no answer for {cluster.peer_timeout:g}s "
             f"(cluster.peer_timeout){waiting}, stopping (exit {EXIT_LOST_PEER}: a restart resumes from the newest checkpoint)",
@@ -307,12 +315,18 @@ def watching_servers(
         yield
 
 
-def end_process_now(fault: RunFault) -> None:
+def end_process_now(fault: RunFault) -> NoReturn:
     """The one line of `fault`, on the terminal and in the run's log, then
     the process ends with its code at once, whatever its threads are doing."""
     for line in fault.lines():
         print(line, file=sys.stderr, flush=True)
         into_log_files(line, logging.ERROR)
+    leave_now(fault.code)
+
+
+def leave_now(code: int) -> NoReturn:
+    """The process ends with `code` at once, its logs flushed, whatever its threads are doing."""
     logging.shutdown()
     sys.stdout.flush()
-    os._exit(fault.code)
+    sys.stderr.flush()
+    os._exit(code)
