@@ -104,15 +104,19 @@ def until_trainers_leave(
 
 
 def _training_ended(placement: Placement, code: int, trainers: Dict[str, str], cluster: Cluster) -> None:
-    """The chief said how the training ended (cluster/training_end.py): with
-    0, this server stops once its trainers have left (the chief, about to
-    exit; a synchronous cluster's other workers, done as well), at most
-    `cluster.peer_timeout` later, with 0 and nothing to say; with another
-    code, at once, in one line and with that code. Either way at once when
-    it decides, as _stop_serving does (a server's own teardown can wait on
-    a peer that has gone)."""
+    """The chief said how the training ended (cluster/training_end.py).
+    This server stops once the chief has left (and, the training done, its
+    other trainers, done as well), at most `cluster.peer_timeout` later:
+    never before it, so that a launcher watching both sees the chief's end
+    first (a local cluster's parameter-server worker that left first would
+    be restarted alone). With 0 it says nothing; with another code, one
+    line, and that code. At once when it decides, as _stop_serving does
+    (a server's own teardown can wait on a peer that has gone)."""
+    waited = (
+        trainers if code == 0 else {name: address for name, address in trainers.items() if name == _chief(placement)}
+    )
+    liveness.wait_until_gone(waited, time.monotonic() + cluster.peer_timeout)
     if code == 0:
-        liveness.wait_until_gone(trainers, time.monotonic() + cluster.peer_timeout)
         leave_now(0)
     end_process_now(
         RunFault(
@@ -120,6 +124,11 @@ def _training_ended(placement: Placement, code: int, trainers: Dict[str, str], c
             offset_exit(code, cluster.retryable_exit_offset),
         )
     )
+
+
+def _chief(placement: Placement) -> str:
+    """The name of the task that trains and tells: the chief, or worker 0 of a cluster without one."""
+    return "chief:0" if placement.spec.get("chief") else "worker:0"
 
 
 def _stop_serving(placement: Placement, lost: List[str], seen: set, cluster: Cluster) -> None:
