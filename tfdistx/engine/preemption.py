@@ -27,6 +27,7 @@ from typing import Callable, List, Mapping, NoReturn, Optional, Sequence
 import tensorflow as tf
 
 from tfdistx.cluster import liveness, training_end
+from tfdistx.cluster.held import HeldDeadline
 from tfdistx.cluster.placement import Placement
 from tfdistx.spec.errors import EXIT_LOST_PEER, EXIT_PREEMPTED, RunFault, offset_exit
 from tfdistx.engine.checkpointing import Checkpointer
@@ -311,8 +312,35 @@ def watching_servers(
         liveness.Watch(
             workers, cluster.peer_timeout, lambda names: lost(names, ", and no step done meanwhile"), waited_on=stuck
         ),
+        held_by_tensorflow(placement, cluster, servers_told, {**servers, **workers})
+        if coordinator
+        else contextlib.nullcontext(),
     ):
         yield
+
+
+def held_by_tensorflow(
+    placement: Placement, cluster, servers_told: Mapping[str, str], peers: Mapping[str, str]
+) -> HeldDeadline:
+    """The coordinator's bound on TensorFlow's hold of its interpreter
+    (cluster/held.py): a new function traced (every checkpoint it saves
+    traces one) is registered on every worker, waiting on each one's answer
+    with the interpreter held, so no watch above can run while a worker cut
+    off by the network does not answer. Held `cluster.peer_timeout` seconds,
+    it tells its servers, says so in one line naming the `peers` (its ps
+    tasks, workers, the service's tasks) that do not answer then, and ends
+    with the lost-peer code."""
+    return HeldDeadline(
+        cluster.peer_timeout,
+        f"tfdistx: lost contact with {{who}} of the cluster: TensorFlow held {placement.task_name} in a call waiting "
+        f"on it for {cluster.peer_timeout:g}s (cluster.peer_timeout), stopping (exit {EXIT_LOST_PEER}: a restart "
+        "resumes from the newest checkpoint)",
+        offset_exit(EXIT_LOST_PEER, cluster.retryable_exit_offset),
+        servers_told,
+        training_end.cluster_digest(placement),
+        told=EXIT_LOST_PEER,
+        peers=peers,
+    )
 
 
 def end_process_now(fault: RunFault) -> NoReturn:
