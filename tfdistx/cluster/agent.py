@@ -212,14 +212,18 @@ class AgentMembership(Membership):
                 f"no answer from the rendezvous at {self.beats.store} for {silent:.0f}s (cluster.elastic.lost_bound): "
                 "stopping this node's task; waiting for the rendezvous"
             )
-            return RoundResult(State.MEMBERSHIP_CHANGED, EXIT_LOST_PEER, lost={"rendezvous": self.beats.store})
+            return RoundResult(
+                State.MEMBERSHIP_CHANGED, EXIT_LOST_PEER, lost={"rendezvous": self.beats.store}, silent=True
+            )
         current = (self.beats.last or {}).get("round")
         if current is None:
             return None
         if current["number"] != self.number:  # formed without this node: the keeper took it for lost
-            return RoundResult(State.MEMBERSHIP_CHANGED, EXIT_LOST_PEER, lost={"this node": self.beats.address})
-        if current["why"] == LOST:
-            return RoundResult(State.MEMBERSHIP_CHANGED, EXIT_LOST_PEER, lost=current["lost"])
+            return RoundResult(
+                State.MEMBERSHIP_CHANGED, EXIT_LOST_PEER, lost={"this node": self.beats.address}, silent=True
+            )
+        if current["why"] == LOST:  # a node the keeper stopped hearing: gone, or behind a cut link
+            return RoundResult(State.MEMBERSHIP_CHANGED, EXIT_LOST_PEER, lost=current["lost"], silent=True)
         if current["why"] == GROW:
             round_.ask_to_checkpoint()
             return RoundResult(

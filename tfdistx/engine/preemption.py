@@ -20,6 +20,7 @@ import logging
 import os
 import re
 import sys
+import threading
 import time
 from types import MappingProxyType
 from typing import Callable, List, Mapping, NoReturn, Optional, Sequence
@@ -31,6 +32,7 @@ from tfdistx.cluster.held import HeldDeadline
 from tfdistx.cluster.placement import Placement
 from tfdistx.spec.errors import EXIT_LOST_PEER, EXIT_PREEMPTED, RunFault, offset_exit
 from tfdistx.engine.checkpointing import Checkpointer
+from tfdistx.internals import tensorflow as internals
 from tfdistx.log_files import into_log_files
 from tfdistx.sigterm import SigtermNotice
 
@@ -189,6 +191,47 @@ def _kept(keep: Callable[[], Optional[str]]) -> Optional[str]:
             str(error).strip().splitlines()[0][:200] if str(error).strip() else "",
         )
         return None
+
+
+GONE_EVERY_SECONDS = 1.0  # how often a synchronous task asks whether a peer's process is gone
+
+
+@contextlib.contextmanager
+def peers_gone_abort_the_collectives(placement: Placement):
+    """While open (a synchronous cluster's training loop): a peer whose
+    process is gone (its host refuses a connection to its port:
+    cluster/liveness.py) ends this task's collectives at once. TensorFlow
+    notices a dead peer in a collective that calls it, but a collective
+    that waits for the peer to call (measured: a third of the losses of a
+    killed worker of a local 2x1) waited until the coordination service's
+    heartbeat timeout, `cluster.peer_timeout`: the survivors were stopped
+    long before, and the chief saved nothing. Aborted, the call fails as a
+    lost peer's does (lost_peer_in_one_line names the peer, and the chief
+    saves the last loop boundary). A peer cut off, frozen or whose host is
+    down is not refused: that is the heartbeat's to notice, as before."""
+    peers = {
+        f"{job}:{index}": address
+        for job, addresses in placement.spec.items()
+        for index, address in enumerate(addresses)
+        if (job, index) != (placement.task_type, placement.task_index)
+    }
+    stop = threading.Event()
+
+    def watch() -> None:
+        while not stop.wait(GONE_EVERY_SECONDS):
+            gone = [name for name, address in peers.items() if liveness.refused(address)]
+            if gone:  # TensorFlow's error reads "Collective ops is aborted by: " and this
+                where = "; ".join(f"{name} at ipv4:{peers[name]}: Failed to connect" for name in gone)
+                internals.abort_collectives(f"{where} (its process is gone: its host refuses connections to its port)")
+                return
+
+    thread = threading.Thread(target=watch, name="tfdistx-peers-gone", daemon=True)
+    if peers:
+        thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
 
 
 _TASK = re.compile(r"/job:(\w+)(?:/replica:\d+)?/task:(\d+)")
