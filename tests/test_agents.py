@@ -280,7 +280,9 @@ def test_under_agents_a_killed_peer_costs_a_slow_models_run_at_most_one_loop(nod
     assert [agent.returncode for agent in agents] == [0, 0], [output(tmp_path, n)[-3000:] for n in (1, 2)]
     said = rounds(run_dir)
     assert [r["reason"] for r in said] == ["started", "restart after exit code 137"], said
-    assert said[1]["first_step"] - 1 >= last_logged, (said, last_logged)  # at most the loop the loss cut short
+    # at most one loop lost: the one the loss cut short, or the one just logged (the peer lost in the all-reduce that
+    # follows a loop's line, before the chief kept that boundary)
+    assert said[1]["first_step"] - 1 >= last_logged - 5, (said, last_logged)
     assert steps_logged(run_dir) == list(range(5, 41, 5))
     wait_until(lambda: not processes_of(run_dir), 30, "every agent and task gone")
 

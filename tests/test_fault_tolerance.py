@@ -158,7 +158,9 @@ def test_a_killed_peer_costs_a_slow_models_run_at_most_one_loop(tmp_path):
     assert "task worker:1 exited with code 137; stopping the cluster" in out, out[-4000:]
     assert re.search(r"\[worker:0\] tfdistx: lost contact with worker:1 .*the last loop boundary, saved now", out), out
     summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["step"] == 40 and summary["resumed_from_step"] >= last_logged, (summary, last_logged)
+    # at most one loop lost: the one the loss cut short, or the one just logged (the peer lost in the all-reduce that
+    # follows a loop's line, before the chief kept that boundary)
+    assert summary["step"] == 40 and summary["resumed_from_step"] >= last_logged - 5, (summary, last_logged)
     assert steps_logged(run_dir) == list(range(5, 41, 5))  # each step once: the loop the peer's loss cut short again
 
 

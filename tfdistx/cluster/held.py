@@ -46,7 +46,6 @@ PUSH_SECONDS = 1.0  # how often the deadline is pushed back while the interprete
 # After the line and the word to the servers start, how long before the process ends: time for a Python process to
 # start and to tell the servers (training_end.TELL_SECONDS at most).
 TELL_MARGIN_SECONDS = 5.0
-_COMMAND_BYTES = 16384  # the command system() runs: the line, the servers' and peers' addresses
 
 _CLOCK_MONOTONIC, _SIGEV_THREAD = 1, 2
 
@@ -103,9 +102,14 @@ class HeldDeadline:
         told: int,
         peers: Mapping[str, str],
     ):
-        self.seconds, self.line, self.code = seconds, line, code
-        self.servers, self.digest, self.told, self.peers = dict(servers), digest, told, dict(peers)
-        self._command = ctypes.create_string_buffer(_COMMAND_BYTES)
+        self.seconds, self.code = seconds, code
+        words = json.dumps([line, dict(servers), digest, told, dict(peers)])
+        # The command system() runs when the first deadline passes, every value in it shell-quoted.
+        self._command = ctypes.create_string_buffer(
+            shlex.join(
+                [sys.executable, "-c", "from tfdistx.cluster.held import _say_and_tell; _say_and_tell()", words]
+            ).encode()
+        )
         self._timers: List[ctypes.c_void_p] = []
         self._events: List[_Sigevent] = []  # kept alive while the timers may fire
         self._stop = threading.Event()
@@ -117,11 +121,10 @@ class HeldDeadline:
             log.debug("no POSIX timers in this C library: TensorFlow's hold on the interpreter is not bounded")
             return self
         libc, timer_create, _, _ = self._c
-        self._write_command()
-        for function in (libc.system, libc._exit):
+        for function, says in ((libc.system, True), (libc._exit, False)):
             event = _Sigevent()
             event.notify = _SIGEV_THREAD
-            if function is libc.system:  # system(command)
+            if says:  # system(command)
                 event.value.sival_ptr = ctypes.cast(self._command, ctypes.c_void_p).value
             else:  # _exit(code)
                 event.value.sival_int = self.code
@@ -165,13 +168,6 @@ class HeldDeadline:
         for timer in self._timers:
             self._c[3](timer)
         self._timers = []
-
-    def _write_command(self) -> None:
-        """The command `system()` runs when the first deadline passes (every value in it shell-quoted)."""
-        words = json.dumps([self.line, self.servers, self.digest, self.told, self.peers])
-        self._command.value = shlex.join(
-            [sys.executable, "-c", "from tfdistx.cluster.held import _say_and_tell; _say_and_tell()", words]
-        ).encode()[: _COMMAND_BYTES - 1]
 
 
 def _say_and_tell() -> None:
