@@ -584,3 +584,33 @@ class AdamWithoutEpsilon(keras.optimizers.Adam):
         super().__init__(**kwargs)
         if zero_epsilon:
             self.epsilon = 0.0
+
+
+class _Slow(keras.layers.Layer):
+    """Sleeps `seconds` in each call, inside the step (a tf.numpy_function: TensorFlow runs it in the
+    graph, as a user's slow model's time is spent), and passes its input on unchanged."""
+
+    def __init__(self, seconds: float, **kwargs):
+        super().__init__(**kwargs)
+        self.seconds = seconds
+
+    def call(self, inputs):
+        def pause(x):
+            time.sleep(self.seconds)
+            return x
+
+        slept = tf.numpy_function(pause, [inputs], inputs.dtype, stateful=True)
+        return tf.ensure_shape(slept, inputs.shape)
+
+
+def slow_model(input_shape, num_classes, seconds: float = 0.1):
+    """A model whose every step takes about `seconds` (a slow model's step, as a user's large one)."""
+    return keras.Sequential(
+        [
+            keras.Input(shape=tuple(input_shape)),
+            keras.layers.Flatten(),
+            _Slow(seconds),
+            keras.layers.Dense(16, activation="relu"),
+            keras.layers.Dense(num_classes),
+        ]
+    )

@@ -393,17 +393,21 @@ class AgentMembership(Membership):
                     f"no answer from the rendezvous at {self.beats.store} for {silent:.0f}s "
                     "(cluster.elastic.lost_bound): stopping this node's task; waiting for the rendezvous"
                 )
-            return RoundResult(State.MEMBERSHIP_CHANGED, EXIT_LOST_PEER, lost={"rendezvous": self.beats.store})
+            return RoundResult(
+                State.MEMBERSHIP_CHANGED, EXIT_LOST_PEER, lost={"rendezvous": self.beats.store}, silent=True
+            )
         current = self.beats.news()
         if current is None:
             return None
         if current.number != self.number:  # formed without this node: the keeper took it for lost
             self._say_taken_for_lost(f"formed round {current.number} without this node")
-            return RoundResult(State.MEMBERSHIP_CHANGED, EXIT_LOST_PEER, lost={"this node": self.beats.address})
+            return RoundResult(
+                State.MEMBERSHIP_CHANGED, EXIT_LOST_PEER, lost={"this node": self.beats.address}, silent=True
+            )
         if current.why == LOST and f"worker:{self.index}" in current.lost:
             self._say_taken_for_lost(f"closed round {current.number} without this node")
-        if current.why == LOST:
-            return RoundResult(State.MEMBERSHIP_CHANGED, EXIT_LOST_PEER, lost=current.lost)
+        if current.why == LOST:  # a node the keeper stopped hearing: gone, or behind a cut link
+            return RoundResult(State.MEMBERSHIP_CHANGED, EXIT_LOST_PEER, lost=current.lost, silent=True)
         if current.why == GROW:
             round_.ask_to_checkpoint()
             return RoundResult(

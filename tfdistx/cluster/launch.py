@@ -53,6 +53,7 @@ def run_local_cluster(
     run_log: Optional[str] = None,
     evaluator: bool = False,
     preemption_grace: float = 60,
+    peer_timeout: float = 60,
     notice: Optional[SigtermNotice] = None,
     notice_signals: Sequence[str] = (),
     task_env: Optional[Dict[str, str]] = None,
@@ -70,6 +71,8 @@ def run_local_cluster(
     also goes, prefixed, to `run_log` (the run's one log file). `evaluator`:
     a sidecar evaluator task runs beside the cluster (cluster/evaluator.py).
     After a SIGTERM the tasks get `preemption_grace` seconds to checkpoint;
+    a chief whose peer was lost, `peer_timeout` for its call to fail and
+    then that grace to save the last loop boundary (supervisor.py);
     `notice_signals` (cluster.notice_signals: USR1 ...) are passed on as one.
     `task_env`: added to every task's environment (e.g. its thread counts).
     `preload`: what every task imports first ("module" or "module:function"),
@@ -93,6 +96,7 @@ def run_local_cluster(
         "run_log": run_log,
         "evaluator": evaluator,
         "preemption_grace": preemption_grace,
+        "peer_timeout": peer_timeout,
         "notice_signals": list(notice_signals),
         "task_env": task_env or {},
         "preload": list(preload),

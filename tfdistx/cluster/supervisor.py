@@ -23,6 +23,7 @@ from enum import Enum
 from pathlib import Path
 from typing import Dict, List, Optional
 
+from tfdistx import boundary_marks
 from tfdistx.cluster import evaluator as sidecars  # the sidecar evaluator's task
 from tfdistx.cluster.liveness import task_hosts
 from tfdistx.cluster.prefork import Prefork
@@ -97,6 +98,9 @@ class RoundResult:
     joined: List[str] = field(default_factory=list)  # the hosts asking to join
     # The trainers were told to checkpoint and stop (exit 42): they get the preemption grace, and each must leave so.
     asked_to_checkpoint: bool = False
+    # The members lost went silent (a node the agents' rendezvous stopped hearing), not seen to end: their processes
+    # may live on behind a cut link, and a call that waits on them fails only at TensorFlow's heartbeat timeout.
+    silent: bool = False
 
 
 class NoRound(Exception):
@@ -198,6 +202,7 @@ class Supervisor:
         self.primary, self.alone = spec["primary"], spec.get("restart_alone", [])
         self.stopped_limit = spec.get("stopped_task_timeout", 60)
         self.preemption_grace = spec.get("preemption_grace", 60)
+        self.peer_timeout = spec.get("peer_timeout", 60)
 
     def run(self) -> int:
         """The run's exit code: 0 once the training is done, else the code it stopped with."""
@@ -316,6 +321,52 @@ class Supervisor:
             time.sleep(POLL_SECONDS)
         return RoundResult(State.STOPPED)
 
+    def _let_the_chief_save(self, round_: Round, result: RoundResult) -> None:
+        """A synchronous round lost a member, or a task failed: a chief that
+        holds the last loop boundary's state (engine/commit.py, marked:
+        boundary_marks.py) saves it before it leaves, once its call fails,
+        so that the loss costs at most one loop. Stopped with the round, as
+        it was, it saved nothing when its call had not failed within the
+        teardown's second (a slow step, a busy machine): the restart then
+        trained again every step since the newest checkpoint.
+
+        So it is waited for first. Its call fails at once when the peer's
+        process is gone (its connections close), at the latest at
+        TensorFlow's heartbeat timeout, `cluster.peer_timeout`: that long
+        for the call to fail, and once it saves (marked), the preemption's
+        `cluster.preemption_grace` for the save. A member lost by going
+        silent (a node behind a cut link: result.silent) may hold the call
+        up to the heartbeat timeout, which the round does not wait for:
+        only a chief already saving is. A signal from outside ends the wait."""
+        holding = [
+            t for t in round_.tasks if t.proc.poll() is None and boundary_marks.marked(t.scratch, boundary_marks.HOLDS)
+        ]
+        if not holding:
+            return
+        started, saving_since = time.monotonic(), None
+        while not self.signals.received:
+            running = [t for t in holding if t.proc.poll() is None]
+            if not running:
+                return
+            now = time.monotonic()
+            if saving_since is None and any(boundary_marks.marked(t.scratch, boundary_marks.SAVING) for t in running):
+                saving_since = now
+            if saving_since is not None:
+                waited, bound, key = now - saving_since, self.preemption_grace, "cluster.preemption_grace"
+                doing = "saving the last loop boundary"
+            elif result.silent:
+                return
+            else:
+                waited, bound, key = now - started, self.peer_timeout, "cluster.peer_timeout"
+                doing = "noticing the lost peer"
+            if waited >= bound:
+                self.say(
+                    f"{', '.join(t.name for t in running)} still {doing} after {bound:g}s ({key}): "
+                    "stopping it with the round"
+                )
+                return
+            time.sleep(POLL_SECONDS)
+
     def _end(self, round_: Round, result: RoundResult) -> RoundResult:
         """Stop every task of the round; the result, with the tasks' own verdict after a signal."""
         signals = self.signals
@@ -336,6 +387,8 @@ class Supervisor:
         # moment to leave on their own, not a grace they cannot use.
         preempted = (signals.received and signal.SIGINT not in signals.received) or result.asked_to_checkpoint
         broken = result.lost or (result.state is State.FAILED and result.code != EXIT_PREEMPTED)
+        if broken and not preempted and not signals.received:
+            self._let_the_chief_save(round_, result)
         grace = self.preemption_grace if preempted else 0 if broken and not self.alone else QUICK_GRACE_SECONDS
         teardown(
             round_.tasks, self.primary, grace=grace, signalled=bool(signals.received) or result.asked_to_checkpoint

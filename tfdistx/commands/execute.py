@@ -19,7 +19,7 @@ from typing import Dict, Optional, Tuple
 from omegaconf import DictConfig, OmegaConf
 
 from tfdistx import machine
-from tfdistx.cluster import placement as cluster
+from tfdistx.cluster import placement as cluster, training_end
 from tfdistx.cluster.evaluator import EVALUATOR, EVALUATOR_ON_SIGTERM
 from tfdistx.cluster.agent import run_agent
 from tfdistx.cluster.launch import run_local_cluster
@@ -107,7 +107,11 @@ def execute(
             return sidecar.run(spec, placement, notice) if training else None
         from tfdistx.engine import checkpointing, fit  # deferred: they import TensorFlow
 
-        with checkpointing.stops_cleanly_when_unwritable(spec.checkpoint.dir, evaluating=mode == "evaluate"):
+        # The chief tells the run's servers how it ended, so that they end with it (cluster/training_end.py).
+        with (
+            training_end.told_to_the_servers(placement, layout.strategy.facts),
+            checkpointing.stops_cleanly_when_unwritable(spec.checkpoint.dir, evaluating=mode == "evaluate"),
+        ):
             if mode == "evaluate":
                 return fit.evaluate(spec, placement, step)
             trained = fit.train(spec, placement, notice=notice)
@@ -272,6 +276,7 @@ def _run_agent(spec: RunSpec, mode: str, notice: Optional[SigtermNotice], config
             "stopped_task_timeout": cluster.stopped_task_timeout,
             "run_log": str(run_dir / "tfdistx.log"),
             "preemption_grace": cluster.preemption_grace,
+            "peer_timeout": cluster.peer_timeout,
             "notice_signals": list(cluster.notice_signals),
             "task_env": threads.environment(per_pool),
             "preload": list(TASK_PRELOAD) if cluster.prefork else [],
@@ -327,6 +332,7 @@ def _run_local_cluster(spec: RunSpec, mode: str, step: Optional[int], notice: Op
         run_log=str(run_dir / "tfdistx.log"),
         evaluator=evaluator,
         preemption_grace=cluster.preemption_grace,
+        peer_timeout=cluster.peer_timeout,
         notice=notice,
         notice_signals=cluster.notice_signals,
         elastic=rounds,

@@ -22,7 +22,8 @@ import time
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from tfdistx import whole_files
+from tfdistx import boundary_marks, whole_files
+from tfdistx.cluster import training_end
 from tfdistx.cluster.placement import Placement, Source
 from tfdistx.spec.errors import ConfigError
 from tfdistx.spec.run_spec import RunSpec
@@ -34,7 +35,13 @@ from tfdistx.engine.finite import NonFiniteWeights
 from tfdistx.engine.finish import finish, finish_finished_run
 from tfdistx.engine.join import Joined, join_cluster
 from tfdistx.engine.loop import CheckPreemption, Log, Loop, Result, SaveCheckpoints, Schedule
-from tfdistx.engine.preemption import PreemptionWatcher, lost_peer_in_one_line, sum_over_tasks, watching_servers
+from tfdistx.engine.preemption import (
+    PreemptionWatcher,
+    lost_peer_in_one_line,
+    peers_gone_abort_the_collectives,
+    sum_over_tasks,
+    watching_servers,
+)
 from tfdistx.engine.profiling import ProfileSteps
 from tfdistx.engine.runner import StepRunner, make_runner
 from tfdistx.engine.start import Start, restore_or_warm_start
@@ -121,7 +128,9 @@ def train_loop(run: Run, runner: StepRunner, start: Start, notice: SigtermNotice
             spec.cluster,
             coordinator=run.coordinator is not None,
             progressed=lambda: getattr(runner, "progressed", time.monotonic()),
+            servers_told=training_end.servers_of(run.placement, run.facts),
         ),
+        peers_gone_abort_the_collectives(run.placement) if synchronous_cluster else contextlib.nullcontext(),
         input_errors_in_one_line(run.source),
     ):
         # A SIGTERM checkpoints and exits 42 (parameter servers: the coordinator saves alone).
@@ -167,6 +176,7 @@ def save_the_last_boundary(run: Run, commit: Commit) -> Optional[str]:
     step, last = commit.step, run.checkpointer.last_saved
     if not step or (last is not None and last >= step):
         return None
+    boundary_marks.mark(boundary_marks.SAVING)  # its supervisor waits for the save, not only for the call to fail
     commit.restore()
     run.checkpointer.save(step)
     return f"from step {step}, the last loop boundary, saved now"
