@@ -339,3 +339,19 @@ def test_a_misspelt_group_or_a_needless_plus_is_named_as_typed(tmp_path, overrid
 def test_hydras_own_message_is_kept_whole_in_one_line(tmp_path, override, line):
     lines = refused(tmp_path / "run", override)
     assert lines == [PREFIX + line] and "None" not in lines[0]
+
+
+@pytest.mark.unit
+def test_first_line_is_the_line_that_says_what_went_wrong():
+    """spec/errors.first_line, the one reading of an error for a one-line message (loggers, warm starts, the
+    model's first call, XLA, TFDS, MLflow all use it)."""
+    from tfdistx.spec.errors import first_line
+
+    keras_wrapped = ValueError(
+        "Exception encountered when calling Dense.call().\n\n\x1b[1mInput 0 is incompatible Inputs received: "
+        "<tf.Tensor shape=(2, 3)>\x1b[0m\n\nArguments received by Dense.call(): ..."
+    )
+    assert first_line(keras_wrapped) == "Input 0 is incompatible (in Dense.call())"
+    assert first_line(OSError("\n  disk full  \nmore")) == "disk full"
+    assert first_line(RuntimeError("")) == "RuntimeError"
+    assert first_line(ValueError("x" * 500), most=160) == "x" * 160

@@ -86,19 +86,28 @@ def append_whole(fd: int, line: bytes) -> None:
 def read_jsonl(path: Path) -> List[Tuple[str, dict]]:
     """A JSON-lines file's (line, record) pairs, in order; a line cut short by
     a kill (or not an object) is left out. [] when there is no file."""
+    return jsonl_records(path)[0]
+
+
+def jsonl_records(path: Path) -> Tuple[List[Tuple[str, dict]], int]:
+    """read_jsonl's pairs, and how many lines were left out (cut short, or not an object): a reader that
+    says so counts them. A file that is not text (bytes that are not UTF-8) is read with those replaced."""
     try:
-        lines = Path(path).read_text().splitlines()
+        lines = Path(path).read_text(errors="replace").splitlines()
     except FileNotFoundError:
-        return []
-    pairs = []
+        return [], 0
+    pairs, left_out = [], 0
     for line in lines:
         try:
             record = json.loads(line)
         except ValueError:
+            left_out += 1
             continue
         if isinstance(record, dict):
             pairs.append((line, record))
-    return pairs
+        else:
+            left_out += 1
+    return pairs, left_out
 
 
 def keep_steps_up_to(path: Path, step: int) -> None:

@@ -33,6 +33,7 @@ from typing import List, Optional, Sequence
 from tfdistx.spec.objective import lower_is_better
 from tfdistx.spec.values import is_whole
 from tfdistx.rundir import FAILED_NAME, not_ours, replace_ours
+from tfdistx.whole_files import jsonl_records
 
 EXIT_BAD_INPUT = 2
 DEFAULT_OBJECTIVE = "eval/accuracy"
@@ -151,18 +152,13 @@ def _summary(path: Path) -> Optional[dict]:
 
 def _metrics(path: Path) -> List[dict]:
     """metrics.jsonl's records; lines cut short by a kill, or of the wrong type, are left out."""
-    records, bad = [], 0
     try:
-        lines = path.read_text(errors="replace").splitlines()
+        pairs, bad = jsonl_records(path)
     except OSError:
-        return records
-    for line in lines:
-        try:
-            record = json.loads(line)
-        except ValueError:
-            bad += 1
-            continue
-        if isinstance(record, dict) and _is_step(record.get("step")):
+        return []
+    records = []
+    for _, record in pairs:
+        if _is_step(record.get("step")):
             records.append({key: value for key, value in record.items() if key == "step" or _number(value) is not None})
         else:
             bad += 1

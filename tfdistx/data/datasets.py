@@ -33,7 +33,7 @@ import keras
 import tensorflow as tf
 
 from tfdistx.data.sources import DataSource, PipelineFn, Served, shard
-from tfdistx.spec.errors import EXIT_NO_NETWORK, ConfigError, RunFault
+from tfdistx.spec.errors import EXIT_NO_NETWORK, ConfigError, RunFault, first_line
 
 log = logging.getLogger(__name__)
 
@@ -107,7 +107,7 @@ def tfds(
             raise ConfigError.one(
                 "data.train_split" if split == train_split else "data.eval_split",
                 split,
-                f"{_first_line(error)} (the splits of {name}: {', '.join(info.splits) or 'not known'})",
+                f"{first_line(error)} (the splits of {name}: {', '.join(info.splits) or 'not known'})",
             ) from None
         if by_file is None and ctx is not None:
             ds = shard(ds, ctx)
@@ -424,10 +424,6 @@ class TableColumns(keras.layers.Layer):
                     size *= d
                 parts.append(tf.reshape(tf.cast(value, tf.float32), [-1, size] if batched else [size]))
         return tf.concat(parts, axis=-1)
-
-
-def _first_line(error: Exception) -> str:
-    return (str(error).strip().splitlines() or [type(error).__name__])[0][:300]
 
 
 # -- reading: offline first -----------------------------------------------------------------

@@ -16,7 +16,7 @@ import logging
 from pathlib import Path
 from typing import Callable, List, Optional
 
-from tfdistx.spec.errors import ConfigError, PluginFailed, RunFault, interrupted
+from tfdistx.spec.errors import ConfigError, PluginFailed, RunFault, first_line, interrupted
 from tfdistx.spec.run_spec import Logger
 from tfdistx.spec.targets import Target, locate
 from tfdistx.loggers import RUNTIME
@@ -92,7 +92,7 @@ def _close_all(sinks: List["Named"], failing: bool) -> None:
             if failing:
                 log.warning(
                     "%s",
-                    error if isinstance(error, PluginFailed) else f"{sink.key} could not close: {_first_line(error)}",
+                    error if isinstance(error, PluginFailed) else f"{sink.key} could not close: {first_line(error)}",
                 )
             else:
                 faults.append(error)
@@ -170,15 +170,10 @@ class Named:
         return held
 
     def _failure(self, error: Exception, when: str) -> PluginFailed:
-        message = _first_line(error)
+        message = first_line(error)
         return PluginFailed(
             f"{self.key} ({self.target}) raised {type(error).__name__} {when}{': ' + message[:300] if message else ''}"
         )
-
-
-def _first_line(error: BaseException) -> str:
-    text = str(error).strip()
-    return text.splitlines()[0] if text else ""
 
 
 def own_logger(name: str, target: Target, run_dir: Path, config: dict):

@@ -9,13 +9,12 @@ Bad input met while making them (a model that does not take the data, an
 optimizer's bad option) is refused as a ConfigError naming the key.
 """
 
-import re
 from typing import Optional
 
 import keras
 import tensorflow as tf
 
-from tfdistx.spec.errors import ConfigError
+from tfdistx.spec.errors import ConfigError, first_line
 from tfdistx.spec.run_spec import RunSpec
 from tfdistx.data.sources import DataSource, single_examples
 from tfdistx.engine import process, resplit, sharding
@@ -79,7 +78,7 @@ def build_model(spec: RunSpec, feature_spec, num_outputs: int, **given) -> keras
                 "model",
                 spec.model.path,
                 f"does not fit data={spec.data.path} (features "
-                f"{_describe_features(feature_spec)}): its first call failed: {_first_line(error)}",
+                f"{_describe_features(feature_spec)}): its first call failed: {first_line(error)}",
             ) from None
     return model
 
@@ -184,24 +183,8 @@ def check_model_takes_data(model, task, source, spec: RunSpec, num_outputs: int)
             "model",
             spec.model.path,
             f"does not fit data={spec.data.path} (features {_describe_features(features, batched=True)}, "
-            f"labels {tuple(labels.shape[1:])} {labels.dtype.name}): {_first_line(error)}",
+            f"labels {tuple(labels.shape[1:])} {labels.dtype.name}): {first_line(error)}",
         ) from None
-
-
-def _first_line(error: Exception) -> str:
-    """The line of an error that says what went wrong. Keras wraps an error
-    raised in a layer's call in a header (`Exception encountered when
-    calling X.call().`) with the cause below it, in bold: the cause is given."""
-    lines = [re.sub(r"\x1b\[[0-9;]*m", "", line).strip() for line in str(error).splitlines()]
-    lines = [line for line in lines if line]
-    if len(lines) > 1 and lines[0].startswith("Exception encountered when calling"):
-        return f"{_no_values(lines[1])} (in {lines[0].split('calling ', 1)[1].rstrip('.')})"
-    return _no_values(lines[0]) if lines else type(error).__name__
-
-
-def _no_values(line: str) -> str:
-    """A reason without the tensors' values Keras prints after it."""
-    return line.split(" Inputs received:")[0].split("<tf.Tensor")[0].rstrip(" :[(")[:300]
 
 
 def _describe_features(features, batched: bool = False) -> str:

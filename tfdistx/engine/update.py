@@ -61,6 +61,7 @@ import tensorflow as tf
 from tfdistx.engine.all_reduce_dtype import cast_back, cast_down
 from tfdistx.engine.optim import LearningRateAtStep
 from tfdistx.internals import tensorflow as internals
+from tfdistx.spec.errors import first_line
 from tfdistx.tasks import traced
 
 
@@ -152,7 +153,7 @@ class Update:
             ValueError,
             tf.errors.OpError,
         ) as error:  # "Failed getting HLO text: ...", "Detected unsupported operations ..."
-            return _first_line(error)
+            return _xla_reason(error)
         return None
 
     def without_xla(self) -> None:
@@ -288,10 +289,9 @@ def _read_on_its_device(variable) -> tf.Tensor:
         return tf.identity(variable.value)
 
 
-def _first_line(error: Exception) -> str:
-    text = getattr(error, "message", None) or str(error)
-    line = next((line.strip() for line in text.splitlines() if line.strip()), type(error).__name__)
-    return line.removeprefix("Failed getting HLO text: ").strip("'")[:300]
+def _xla_reason(error: Exception) -> str:
+    """What XLA said, without the wrapper TensorFlow puts around it."""
+    return first_line(error).removeprefix("Failed getting HLO text: ").strip("'")
 
 
 def _add(total, more):

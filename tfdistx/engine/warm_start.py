@@ -19,7 +19,7 @@ from typing import List, Optional, Tuple
 import keras
 
 from tfdistx.spec import warm_start as kinds
-from tfdistx.spec.errors import EXIT_RUN_DIR_LOCKED, ConfigError, Problem, RunFault
+from tfdistx.spec.errors import EXIT_RUN_DIR_LOCKED, ConfigError, Problem, RunFault, first_line
 from tfdistx.engine import checkpointing, process
 from tfdistx.engine.build import Run
 from tfdistx.engine.parts import build_model, build_optimizer_for, data_facts, model_from_checkpoint
@@ -150,7 +150,7 @@ def _keras_model(path: str):
     try:
         return keras.saving.load_model(os.path.expanduser(path), compile=False)
     except Exception as error:
-        raise ConfigError.one(KEY, path, f"cannot be loaded: {_first_line(error)}") from None
+        raise ConfigError.one(KEY, path, f"cannot be loaded: {first_line(error)}") from None
 
 
 def _model_with_weights_file(run: Run, path: str):
@@ -169,7 +169,7 @@ def _model_with_weights_file(run: Run, path: str):
         raise ConfigError.one(
             KEY,
             path,
-            f"cannot be loaded into this run's model: {_other_weights(path, model) or _first_line(error)}; "
+            f"cannot be loaded into this run's model: {_other_weights(path, model) or first_line(error)}; "
             "a .weights.h5 is read as this run's model: give one saved from a model built as this run's is, "
             "or a .keras file (it brings its own model)",
         ) from None
@@ -197,7 +197,7 @@ def restored(spec, path: str, given: str, into: str):
         if not os.path.exists(f"{path}.index"):  # CheckpointManager removes a checkpoint's .index first
             raise Vanished(path) from None
         raise ConfigError.one(
-            KEY, given, f"{os.path.basename(path)} cannot be restored into {into}'s model: {_first_line(error)}"
+            KEY, given, f"{os.path.basename(path)} cannot be restored into {into}'s model: {first_line(error)}"
         ) from None
 
 
@@ -253,8 +253,3 @@ def _weights(model) -> list:
     by path: Keras numbers layer names per process (dense, dense_1, ...), so
     the same builder gives other paths each time it runs in one process."""
     return [v for v in model.weights if not v.path.endswith("seed_generator_state")]
-
-
-def _first_line(error: Exception) -> str:
-    text = str(error).strip()
-    return text.splitlines()[0][:300] if text else type(error).__name__

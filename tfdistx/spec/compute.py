@@ -129,11 +129,6 @@ _CPU_RULE = (
 )
 
 
-def jit_compile(cfg, gpus: Optional[bool] = None) -> Tuple[Optional[bool], str]:
-    """(compile with XLA?, why) for the config's `trainer.jit_compile`."""
-    return planned_jit(cfg.trainer, _facts(cfg), gpus)
-
-
 def planned_jit(trainer, facts: strategies.Strategy, gpus: Optional[bool] = None) -> Tuple[Optional[bool], str]:
     """jit_compile of a config's or a RunSpec's `trainer` (their keys are the same), before the model is built."""
     return decide_jit(trainer.jit_compile, facts, gpus, accumulate_steps=trainer.accumulate_steps)
@@ -207,11 +202,6 @@ def beyond_dense(layers: Iterable[str], ops: Iterable[str]) -> str:
 
 MOST_STEPS_PER_XLA_CALL = 10  # the most `auto` takes (more steps a call saved no more in the benchmarks)
 _PER_CALL_RULE = "each call's fixed cost saved, a large part of a small dense step (docs/performance.md)"
-
-
-def steps_per_xla_call(cfg, gpus: Optional[bool] = None) -> Tuple[Optional[int], str]:
-    """(steps per XLA call, why) for the config."""
-    return planned_steps_per_xla_call(cfg.trainer, cfg.checkpoint, _facts(cfg), gpus)
 
 
 def planned_steps_per_xla_call(
