@@ -20,6 +20,10 @@ printf '%s\0' "${TFDISTX_CONFIG_PATH-unset}" "${TFDISTX_SLURM_PORTS-unset}" "${T
     > "$FAKE/step.env"
 if [ -n "${FAKE_SUMMARY:-}" ]; then mkdir -p "$FAKE_SUMMARY" && echo '{}' > "$FAKE_SUMMARY/summary.json.new" \
     && mv "$FAKE_SUMMARY/summary.json.new" "$FAKE_SUMMARY/summary.json"; fi
+for ended in ${FAKE_TASKS:-}; do  # RANK:CODE, in the order the step's tasks end: each leaves its code as a task does
+    SLURM_PROCID="${ended%%:*}" python -c 'import sys; from tfdistx.commands.ending import leave_exit_code as leave
+leave(int(sys.argv[1]))' "${ended##*:}"
+done
 exit "${FAKE_CODE:-0}"
 """
 FAKE_SCONTROL = r"""#!/bin/bash
@@ -40,8 +44,9 @@ def fake_slurm(tmp_path) -> Path:
     return bin_dir
 
 
-def run_script(text: str, tmp_path, code: int = 0, summary_in=None) -> dict:
-    """The script run as sbatch would on one node (job 77), with the fake Slurm: what it did."""
+def run_script(text: str, tmp_path, code: int = 0, summary_in=None, tasks: str = "") -> dict:
+    """The script run as sbatch would on one node (job 77), with the fake Slurm: what it did. `tasks`: the step's
+    tasks' ends, "RANK:CODE ..." in order, each code left as a task leaves it (commands/ending.py)."""
     script = tmp_path / "job.sbatch"
     script.write_text(text)
     checked = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True)
@@ -56,6 +61,7 @@ def run_script(text: str, tmp_path, code: int = 0, summary_in=None) -> dict:
         "FAKE": str(fake),
         "FAKE_CODE": str(code),
         "FAKE_SUMMARY": str(summary_in or ""),
+        "FAKE_TASKS": tasks,
         "SLURM_JOB_ID": "77",
         "SLURM_JOB_NUM_NODES": "1",
         "SLURM_JOB_NODELIST": "node07",

@@ -62,8 +62,8 @@ def test_a_2x1_multiworker_script_asks_for_two_tasks_passes_the_notice_on_and_re
     lines = text.splitlines()
     # the notice and a SIGTERM reach the step, whose srun passes them to every task; the wait goes on after either
     assert (
-        "trap 'kill -USR1 \"$step\" 2>/dev/null' USR1" in text
-        and "trap 'kill -TERM \"$step\" 2>/dev/null' TERM" in text
+        "trap 'noticed=1; kill -USR1 \"$step\" 2>/dev/null' USR1" in text
+        and "trap 'noticed=1; kill -TERM \"$step\" 2>/dev/null' TERM" in text
     )
     assert lines.index("step=$!") == lines.index(next(line for line in lines if line.startswith(SRUN))) + 1
     assert (
@@ -386,3 +386,41 @@ def test_the_script_hands_the_free_ports_to_the_step_and_requeues_when_one_was_t
     ran = run_script(text, tmp_path, code=6)  # a task found its port taken as it started
     assert ran["code"] == 6 and ran["scontrol"] == ["requeue", "77"]
     assert "a task's port was taken on its node: requeueing job 77" in ran["stderr"]
+
+
+@pytest.mark.parametrize(
+    "tasks, srun_code, code, requeued",
+    [
+        ("1:3 0:42", 42, 3, False),  # a full disk on worker:1; srun stopped worker:0, which saved and said 42
+        ("0:6 1:42", 42, 6, True),  # a port taken: requeued to start on other ports
+        ("1:42 0:42", 42, 42, True),  # both stopped by a signal of their own: a preemption, requeued
+        ("0:0 1:0", 0, 0, False),  # trained to the end
+    ],
+    ids=["a failure", "a port taken", "preempted", "done"],
+)
+def test_a_fixed_steps_job_ends_with_the_code_of_the_task_that_failed_first(
+    capsys, tmp_path, tasks, srun_code, code, requeued
+):
+    """srun --kill-on-bad-exit stops a failed task's peers, which checkpoint and exit 42 as on a preemption, and
+    reports the largest code: the job requeued itself as preempted, and failed again, for ever. Each task leaves its
+    code (commands/ending.py); without a notice, the job's code is the first failure's."""
+    exported, text, _ = export(capsys, "strategy=multiworker", "cluster=2x1")
+    assert exported == 0
+    ran = run_script(text, tmp_path, code=srun_code, tasks=tasks)
+    assert ran["code"] == code, ran["stderr"]
+    assert (ran["scontrol"] == ["requeue", "77"]) is requeued, ran
+    said = "the step's task 1 ended first, with exit code 3; srun stopped the others: the job ends with 3"
+    assert (said in ran["stderr"]) is (code == 3), ran["stderr"]
+
+
+def test_a_run_dir_holding_what_the_script_made_for_the_run_is_the_runs_own(tmp_path):
+    """The script makes the run dir's logs/exit-codes (and an agents' run's logs/rendezvous.key) before the run
+    starts: the run's checks take them for its own, not for files in its way."""
+    from tfdistx import rundir
+
+    run_dir = tmp_path / "run"
+    (run_dir / "logs" / "exit-codes").mkdir(parents=True)
+    (run_dir / "logs" / "rendezvous.key").write_text("0" * 64)
+    assert rundir.in_the_way(str(run_dir)) == []
+    (run_dir / "logs" / "worker-0.log").write_text("another run's\n")
+    assert rundir.in_the_way(str(run_dir)) == ["logs/"]

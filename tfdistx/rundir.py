@@ -86,7 +86,9 @@ def exclusive(run_dir: str):
 def owned(run_dir: str):
     """The run directory's lock, held for one attempt of the run (`Attempt`)."""
     # Nothing of a run there yet (Hydra writes .hydra/ first for a sweep's job; a failed attempt left FAILED).
-    new = not Path(run_dir).exists() or {p.name for p in Path(run_dir).iterdir()} <= _STUB | {FAILED_NAME}
+    new = not Path(run_dir).exists() or all(
+        p.name in _STUB | {FAILED_NAME} or _prepared_logs(p) for p in Path(run_dir).iterdir()
+    )
     with exclusive(run_dir):
         attempt = Attempt.begin(run_dir, new=new)
         try:
@@ -165,6 +167,12 @@ RUN_WRITES = (
     FAILED_NAME,
 )
 RUN_WRITES_PREFIXES = ("predictions", "export-step-")
+# What a scheduler's script (`tfdistx export slurm`'s) makes in the run dir's logs/ before the run starts: the agents'
+# secret (cluster/run_secret.py) and the tasks' exit codes (commands/ending.py). A logs/ of these alone is the run's
+# own, not in its way.
+RUN_SECRET = "logs/rendezvous.key"
+EXIT_CODES = "logs/exit-codes"
+_PREPARED_LOGS = {Path(RUN_SECRET).name, Path(EXIT_CODES).name}
 JOB_NAME = "tfdistx"  # hydra.job.name (conf/config.yaml), which Hydra records in .hydra/hydra.yaml
 
 
@@ -191,10 +199,15 @@ def in_the_way(run_dir: str, checkpoint_dir=None, also=()) -> list:
     return sorted(
         f"{p.name}/" if p.is_dir() else p.name
         for p in run.iterdir()
-        if p.name in names
+        if (p.name in names and not _prepared_logs(p))
         or p.name.startswith(RUN_WRITES_PREFIXES)
         or any(fnmatch.fnmatchcase(p.name, pattern) for pattern in also)
     )
+
+
+def _prepared_logs(path: Path) -> bool:
+    """A logs/ holding only what a scheduler's script made there for this run (_PREPARED_LOGS)."""
+    return path.name == "logs" and path.is_dir() and {p.name for p in path.iterdir()} <= _PREPARED_LOGS
 
 
 def why_not_in_run_dir(path, run_dir: Optional[str] = None, example: str = "keras_log.csv") -> Optional[str]:

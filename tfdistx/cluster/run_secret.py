@@ -22,9 +22,10 @@ import secrets
 from pathlib import Path
 from typing import Optional
 
+from tfdistx.rundir import RUN_SECRET
 from tfdistx.spec.errors import ConfigError
 
-SECRET_FILE = "logs/rendezvous.key"  # in the run directory, when cluster.agent.token_file is not given
+SECRET_FILE = RUN_SECRET  # in the run directory, when cluster.agent.token_file is not given
 SECRET_BYTES = 32  # made: 256 random bits, written in hex
 MIN_CHARACTERS = 16  # given: at least this many characters (bytes) of secret
 ALLOWED = (

@@ -40,7 +40,9 @@ from tfdistx import emit
 from tfdistx.cluster import free_ports, run_secret
 from tfdistx.cluster.placement import GPUS_PER_WORKER_ENV, SLURM_PORTS_ENV, scheduled_tasks
 from tfdistx.commands.common import compose_as_placed, one_line_errors
+from tfdistx.commands.ending import EXIT_CODES_ENV
 from tfdistx.config import userconf
+from tfdistx.rundir import EXIT_CODES
 from tfdistx.spec import agent, elastic
 from tfdistx.spec.errors import EXIT_PORT_IN_USE, EXIT_PREEMPTED, ConfigError
 from tfdistx.spec.strategies import describe_jobs
@@ -277,6 +279,26 @@ def _tasks(tasks, nodes: int, base_port: int, gpus: Optional[_Gpus] = None) -> _
         f"# the tasks' ports: free on each node now, from cluster.base_port={base_port} + 64 x (job id mod 500) up",
         f'ports="$({" ".join(probe)})" || exit',
         f'export {SLURM_PORTS_ENV}="$ports"',
+        # each task's exit code, a file per rank (commands/ending.py), this try's: srun's own code is the largest
+        f'codes="${{run_dir}}/{EXIT_CODES}"  # each task\'s exit code, a file per rank',
+        'rm -rf "$codes" && mkdir -p "$codes" || exit',
+        f'export {EXIT_CODES_ENV}="$codes"',
+    ]
+    # One task's failure ends the step (--kill-on-bad-exit): srun stops the others, which checkpoint and exit 42 as
+    # on a preemption, and reports the largest code. Unless a notice came, the job's code is the one of the task that
+    # failed first (a full disk stays 3, and is not requeued as a preemption for ever).
+    ended = [
+        'if [ -z "$noticed" ]; then  # no notice came: a task\'s own end stopped the step',
+        '    for rank in $(ls -tr "$codes"); do  # the ranks, in the order their tasks ended',
+        '        read -r first < "${codes}/${rank}" || continue',
+        f'        if [ "$first" != 0 ] && [ "$first" != {EXIT_PREEMPTED} ]; then',
+        '            [ "$first" = "$code" ] || echo "tfdistx: the step\'s task ${rank} ended first, with exit code ${first}; '
+        'srun stopped the others: the job ends with ${first}" >&2',
+        '            code="$first"',
+        "            break",
+        "        fi",
+        "    done",
+        "fi",
     ]
     env = (
         [
@@ -300,7 +322,7 @@ def _tasks(tasks, nodes: int, base_port: int, gpus: Optional[_Gpus] = None) -> _
         "srun --kill-on-bad-exit=1",
         ["cluster.launch=slurm"],
         setup,
-        [],
+        ended,
         env,
     )
 
@@ -427,8 +449,9 @@ def script(
         lines.append(f'run_dir="{RUN_DIR}"  # the same for a requeued job: it resumes there')
     lines += [
         "step=",
-        "trap 'kill -USR1 \"$step\" 2>/dev/null' USR1  # Slurm's time-limit notice (--signal=B:USR1@...)",
-        "trap 'kill -TERM \"$step\" 2>/dev/null' TERM  # a preemption, scancel",
+        "noticed=",
+        "trap 'noticed=1; kill -USR1 \"$step\" 2>/dev/null' USR1  # Slurm's time-limit notice (--signal=B:USR1@...)",
+        "trap 'noticed=1; kill -TERM \"$step\" 2>/dev/null' TERM  # a preemption, scancel",
         *job.setup,
         f"{job.srun} python -m tfdistx {run} &",
         "step=$!",
