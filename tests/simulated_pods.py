@@ -2,7 +2,8 @@
 would, or a JobSet's the way its controller would.
 
     unshare --user --map-root-user --net --mount --fork --kill-child \
-        python tests/simulated_pods.py MANIFEST.json WORKDIR [--kill POD [--signal TERM] --when-exists PATH] [--timeout S]
+        python tests/simulated_pods.py MANIFEST.json WORKDIR \
+        [--kill POD [--signal TERM] --when-exists PATH] [--timeout S]
 
 Started inside a fresh user, network and mount namespace (so it needs no
 privileges and touches nothing outside), it:
@@ -261,7 +262,10 @@ class JobSetController:
         if action == "FailJob":
             reason = "PodFailurePolicy"
             # Kubernetes' Job controller's message for it (pkg/controller/job/pod_failure_policy.go)
-            message = f"Container {pod.container['name']} for pod default/{pod.name} failed with exit code {code} matching FailJob rule at index {index}"
+            message = (
+                f"Container {pod.container['name']} for pod default/{pod.name} failed with exit code {code} matching "
+                f"FailJob rule at index {index}"
+            )
         else:
             job["failed"] += 1
             if job["failed"] <= job.get("backoffLimit", 6):

@@ -24,8 +24,8 @@ out = serve(**{name: tf.constant(npz[name]) for name in names})
 labels = npz["labels"]
 if task == "classification":
     logits = out["logits"].numpy()
-    result = {"eval/accuracy": float(np.mean(np.argmax(logits, -1) == labels)),
-              "eval/loss": float(np.mean(keras.losses.sparse_categorical_crossentropy(labels, logits, from_logits=True)))}
+    loss = keras.losses.sparse_categorical_crossentropy(labels, logits, from_logits=True)
+    result = {"eval/accuracy": float(np.mean(np.argmax(logits, -1) == labels)), "eval/loss": float(np.mean(loss))}
 else:
     p = out["probabilities"].numpy()[:, 0]
     pos, neg = p[labels > 0.5], p[labels <= 0.5]  # every positive against every negative, ties half

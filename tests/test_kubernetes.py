@@ -232,7 +232,8 @@ def test_exported_jobset_and_trainjob_are_valid_for_their_controllers(jobset_sch
             )
             continue
         assert job_spec["completionMode"] == "Indexed" and job_spec["backoffLimit"] == 0
-        # a bad config (2), a full disk (3) fail the job set; 42 restarts it uncounted; 4, 5 (and a killed pod) restart it
+        # a bad config (2), a full disk (3) fail the job set; 42
+        # restarts it uncounted; 4, 5 (and a killed pod) restart it
         rule, preempted = job_spec["podFailurePolicy"]["rules"]
         assert rule["action"] == "FailJob" and rule["onExitCodes"]["operator"] == "In"
         assert {2, 3} <= set(rule["onExitCodes"]["values"]) and not {4, 5, 42} & set(rule["onExitCodes"]["values"])
@@ -458,7 +459,8 @@ def test_the_pods_compose_with_the_config_dir_the_export_was_given(tmp_path, sim
     assert json.loads((volume / "own" / "summary.json").read_text())["step"] == 20
 
 
-@pytest.mark.slow  # 57 s: a killed worker's restart and resume is in the default run as test_fault_tolerance's random kill
+# 57 s: a killed worker's restart and resume is in the default run as test_fault_tolerance's random kill
+@pytest.mark.slow
 def test_multiworker_tfjob_pods_train_and_a_killed_worker_pod_resumes_the_run(tmp_path, simulator):
     volume, events, logs = run_tfjob(
         tmp_path,
@@ -709,7 +711,8 @@ def test_parameter_server_jobset_pods_train_and_a_killed_ps_pod_restarts_the_set
     """A lost ps takes its variables with it: the JobSet restarts, the coordinator resumes."""
     overrides = ["strategy=parameter_server", "cluster=ps1w2", *DETERMINISTIC, "trainer.steps=1000"]
     volume, events, logs = run_pods(tmp_path, "ps", overrides, kind="jobset", kill="ps-ps-0-0")
-    # the ps's 137 and the coordinator's 5 may be seen in either order: the first seen restarts the set, the other is deleted with it
+    # the ps's 137 and the coordinator's 5 may be seen in either order:
+    # the first seen restarts the set, the other is deleted with it
     ended = {
         pod: [e["code"] for e in events if e["event"] in ("exited", "deleted") and e["pod"] == pod]
         for pod in ("ps-ps-0-0", "ps-chief-0-0")
@@ -774,7 +777,8 @@ def test_a_pod_the_config_has_no_place_for_fails_the_jobset_without_a_restart(tm
     volume, events, logs = run_pods(tmp_path, "bad", overrides, kind="jobset", edit=three_workers, succeeds=False)
     assert exits(events, "bad-worker-0-2") == [2]
     assert logs["bad-worker-0-2"].strip().splitlines()[-1] == (
-        "tfdistx: invalid config: batch.kubernetes.io/job-completion-index='2': the config's cluster has 2 worker task(s): allowed 0..1"
+        "tfdistx: invalid config: batch.kubernetes.io/job-completion-index='2': the config's cluster has 2 worker "
+        "task(s): allowed 0..1"
     )
     (failed,) = [e for e in events if e["event"] == "job failed"]
     assert (failed["reason"], failed["action"]) == ("PodFailurePolicy", "FailJobSet")

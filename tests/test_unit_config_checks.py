@@ -46,7 +46,8 @@ def refusal(*overrides) -> str:
         # W&B's own refusals, before TensorFlow starts (issue 60: mode=bogus passed --plan, then failed with exit 1)
         (
             ["logger=wandb", "logger.wandb.mode=bogus"],
-            "logger.wandb.mode='bogus': allowed: online, offline, disabled, or null: online with an API key, else offline",
+            "logger.wandb.mode='bogus': allowed: online, offline, disabled, or null: online with an API key, else "
+            "offline",
         ),
         (["logger=wandb", "logger.wandb.log_model=yes"], "logger.wandb.log_model='yes': allowed: true, false"),
         (["logger=wandb", f"logger.wandb.group={'g' * 129}"], "1 to 128 characters or null"),

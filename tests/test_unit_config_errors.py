@@ -26,13 +26,15 @@ BIG = MAX_STEPS  # 2**62: the most steps a checkpoint's int64 counter can carry
         (
             (),
             {"cluster.retryable_exit_offset": 214},
-            "cluster.retryable_exit_offset=214: from 0 to 213 (exit codes stop at 255); 128 for Kubernetes' restartPolicy ExitCode",
+            "cluster.retryable_exit_offset=214: from 0 to 213 (exit codes stop at 255); 128 for Kubernetes' "
+            "restartPolicy ExitCode",
         ),
         # strategy options
         (
             ("strategy=central_storage",),
             {"strategy.device": "/gpu:0"},
-            "strategy.device='/gpu:0': strategy=central_storage takes no options (strategy.device is for strategy=one_device)",
+            "strategy.device='/gpu:0': strategy=central_storage takes no options (strategy.device is for "
+            "strategy=one_device)",
         ),
         (
             ("strategy=multiworker", "cluster=2x1"),
@@ -42,7 +44,8 @@ BIG = MAX_STEPS  # 2**62: the most steps a checkpoint's int64 counter can carry
         (
             ("strategy=one_device",),
             {"strategy.all_reduce_dtype": "bfloat16"},
-            "strategy.all_reduce_dtype='bfloat16': strategy=one_device takes strategy.device (strategy.all_reduce_dtype is for strategy=mirrored, multiworker)",
+            "strategy.all_reduce_dtype='bfloat16': strategy=one_device takes strategy.device "
+            "(strategy.all_reduce_dtype is for strategy=mirrored, multiworker)",
         ),
         (
             ("strategy=mirrored",),
@@ -58,8 +61,9 @@ BIG = MAX_STEPS  # 2**62: the most steps a checkpoint's int64 counter can carry
         (
             ("strategy=central_storage",),
             {"trainer.jit_compile": True},
-            "trainer.jit_compile=True: strategy=central_storage cannot use XLA: its variables live on the CPU, away from the device that "
-            "computes, and XLA compiles only steps whose variables are on their own device; use false or auto",
+            "trainer.jit_compile=True: strategy=central_storage cannot use XLA: its variables live on the CPU, away "
+            "from the device that computes, and XLA compiles only steps whose variables are on their own device; use "
+            "false or auto",
         ),
         # the global batch
         (
@@ -165,7 +169,8 @@ BIG = MAX_STEPS  # 2**62: the most steps a checkpoint's int64 counter can carry
         (
             ("task=binary", "data.num_classes=2"),
             {"trainer.objective": "eval/rmse"},
-            "trainer.objective='eval/rmse': task=binary reports eval/loss, eval/auc, eval/accuracy, eval/log_loss, loss, auc, accuracy, log_loss",
+            "trainer.objective='eval/rmse': task=binary reports eval/loss, eval/auc, eval/accuracy, eval/log_loss, "
+            "loss, auc, accuracy, log_loss",
         ),
         # targets
         (
@@ -184,8 +189,8 @@ BIG = MAX_STEPS  # 2**62: the most steps a checkpoint's int64 counter can carry
         (
             (),
             {"checkpoint.keep": 2},
-            "checkpoint.keep=2: checkpoint has no such key; its keys: every_steps, max_to_keep, dir, restore, export, keep_best, "
-            "init_from, init_skip",
+            "checkpoint.keep=2: checkpoint has no such key; its keys: every_steps, max_to_keep, dir, restore, export, "
+            "keep_best, init_from, init_skip",
         ),
     ],
 )
@@ -291,7 +296,8 @@ GROUPS = "callbacks, checkpoint, cluster, data, logger, model, optimizer, recipe
         ),
         (
             ["trainr.steps=3"],
-            f"trainr.steps='3': not a group or key of the config: the groups are {GROUPS}; the closest: trainer.steps=3",
+            f"trainr.steps='3': not a group or key of the config: the groups are {GROUPS}; the closest: "
+            "trainer.steps=3",
         ),
         (["xyzzy=1"], f"xyzzy='1': not a group or key of the config: the groups are {GROUPS}"),
         # `+` for a key the config has: Hydra's answer offers a `++optimizer.beta_2=...` the user never wrote

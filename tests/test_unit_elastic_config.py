@@ -120,7 +120,8 @@ def test_a_round_s_task_config_is_its_topology(tmp_path, hosts):
                 "cluster.elastic.min_workers=2",
                 "data.batch_size=128",
             ],  # not even MAX's multiple:
-            "data.batch_size=128: an elastic run keeps its global batch on every round, split across 2, 3 replicas: use a multiple of 6",
+            "data.batch_size=128: an elastic run keeps its global batch on every round, split across 2, 3 replicas: "
+            "use a multiple of 6",
         ),
         (
             [*ELASTIC, "optimizer.scale_lr_with_replicas=true"],
@@ -453,9 +454,9 @@ def test_an_elastic_run_of_agents_needs_no_host_list_and_plan_shows_the_rendezvo
     )
     plan = describe(cfg)
     assert (
-        "agents        one per node, 2:4 workers, meeting at 10.0.0.1:29500 (its host's agent keeps the rounds); a round waits 10s "
-        "past 2 agents for 4, a node silent 5s is lost, and the run stops after 300s below 2 (exit 9); every beat "
-        "proves the run's secret (the run dir's logs/rendezvous.key, made by the first agent)"
+        "agents        one per node, 2:4 workers, meeting at 10.0.0.1:29500 (its host's agent keeps the rounds); a "
+        "round waits 10s past 2 agents for 4, a node silent 5s is lost, and the run stops after 300s below 2 (exit "
+        "9); every beat proves the run's secret (the run dir's logs/rendezvous.key, made by the first agent)"
     ) in plan, plan
     assert "placement     an agent on every node" in plan and "elastic       " not in plan, plan
 

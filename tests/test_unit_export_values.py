@@ -46,7 +46,8 @@ KINDS = {"tfjob": ["TFJob"], "jobset": ["JobSet", "NetworkPolicy"], "trainjob": 
 
 @pytest.fixture
 def nasty_dirs(tmp_path, monkeypatch):
-    """(a --config-dir, a TFDISTX_CONFIG_PATH) whose names hold the nasty characters (':' aside: the path's separator)."""
+    """(a --config-dir, a TFDISTX_CONFIG_PATH) whose names hold
+    the nasty characters (':' aside: the path's separator)."""
     monkeypatch.setenv(userconf.ENV, "")  # recorded: what the commands add is undone after the test
     name = "conf " + NASTY.replace("/", "|").replace(":", ";")
     flag, env = tmp_path / f"flag-{name}", tmp_path / f"env-{name}"

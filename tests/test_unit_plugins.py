@@ -52,8 +52,9 @@ def test_a_users_strategy_file_named_like_a_row_is_refused(own_conf, tmp_path):
     shadow.write_text("name: mirrored\ncross_device_ops: nccl\n")
     assert refused(tmp_path / "run", "trainer.steps=5") == [
         PREFIX
-        + f"--config-dir (TFDISTX_CONFIG_PATH)={str(shadow)!r}: has the name of the shipped option strategy=mirrored, which it "
-        "would replace in every run: rename it, e.g. strategy/my_mirrored.yaml (and pick it with strategy=my_mirrored)"
+        + f"--config-dir (TFDISTX_CONFIG_PATH)={str(shadow)!r}: has the name of the shipped option strategy=mirrored, "
+        "which it would replace in every run: rename it, e.g. strategy/my_mirrored.yaml (and pick it with "
+        "strategy=my_mirrored)"
     ]
     assert [o["refused"] is not None for o in userconf.options()["strategy"]] == [True]
 
@@ -162,7 +163,8 @@ def test_a_users_own_source_gets_no_checks_of_the_built_in_ones(tmp_path):
 
 def test_each_built_in_logger_is_a_class_and_its_yaml_shows_its_keys_and_defaults():
     """Every built-in logger has its YAML: its own conf/logger/NAME.yaml, or default.yaml for those on by default
-    (and default.yaml names no other). A YAML's keys are the class's, at the class's defaults; found without TensorFlow."""
+    (and default.yaml names no other). A YAML's keys are the class's, at the class's defaults; found without
+    TensorFlow."""
     import sys
 
     from tfdistx import loggers
@@ -264,7 +266,8 @@ def test_a_logger_entry_that_is_neither_built_in_nor_the_users_is_refused_in_one
 
 
 def test_a_built_in_logger_off_by_default_is_set_by_its_key_beside_any_option(tmp_path):
-    """default.yaml names only the loggers on by default; logger.csv=true and logger.console=false still compose, with any option."""
+    """default.yaml names only the loggers on by default; logger.csv=true
+    and logger.console=false still compose, with any option."""
     from tfdistx.commands.plan import _loggers
     from tfdistx.config.resolve import resolve
 

@@ -83,8 +83,8 @@ def test_every_file_a_page_names_exists(page):
 
 GROUPS = ("checkpoint", "cluster", "data", "logger", "model", "optimizer", "strategy", "task", "trainer")
 KEY = re.compile(rf"(?<![\w./+-])((?:{'|'.join(GROUPS)})(?:\.[A-Za-z_]\w*)+)")
-# Words that look like keys and are not: Keras' API, a file, Kubeflow Trainer's API group, the placeholder of a logger of
-# your own, and the misspelt keys the pages show being refused.
+# Words that look like keys and are not: Keras' API, a file, Kubeflow Trainer's API group, the placeholder of a logger
+# of your own, and the misspelt keys the pages show being refused.
 NOT_KEYS = {
     "logger.NAME._target_",
     "model.fit",

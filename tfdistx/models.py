@@ -212,7 +212,8 @@ def wide_deep(
         raise ConfigError.one(
             "model",
             "wide_deep",
-            f"needs integer (categorical id) features; the data's features are {have}: use data=synthetic_categorical or ids of your own",
+            f"needs integer (categorical id) features; the data's features are {have}: use data=synthetic_categorical "
+            "or ids of your own",
         )
     deep_table = ShardedEmbedding(vocab_size, embedding_dim, shards, name="deep_embedding")
     wide_table = ShardedEmbedding(vocab_size, num_outputs, shards, embeddings_initializer="zeros", name="wide_weights")

@@ -227,7 +227,8 @@ def _jobset_spec(pods: Pods, container_name: str) -> Dict:
             "maxRestarts": pods.max_restarts,
             "restartStrategy": "BlockingRecreate",
             "rules": [
-                # A preemption (exit 42: checkpointed at the signal) costs nothing: it does not count toward maxRestarts.
+                # A preemption (exit 42: checkpointed at the signal)
+                # costs nothing: it does not count toward maxRestarts.
                 {
                     "name": PREEMPTED,
                     "action": "RestartJobSetAndIgnoreMaxRestarts",
@@ -280,7 +281,8 @@ def _agents_jobset_spec(pods: Pods, name: str) -> Dict:
         "completionMode": "Indexed",
         "completions": workers,
         "parallelism": workers,
-        # A pod lost (killed, its node gone) is recreated and its agent joins again; this many such losses, then the set restarts.
+        # A pod lost (killed, its node gone) is recreated and its agent
+        # joins again; this many such losses, then the set restarts.
         "backoffLimit": max(pods.max_restarts, 1) * workers,
         "podFailurePolicy": {
             "rules": [

@@ -36,7 +36,8 @@ REPLICA_TYPES = {
     "worker": "Worker",
     EVALUATOR: "Evaluator",
 }  # TF_CONFIG job -> TFJob replica type
-# data.service's tasks: the operator puts them in TF_CONFIG as `dispatcher` and `dataworker` (cluster/data_service.py takes them out)
+# data.service's tasks: the operator puts them in TF_CONFIG as
+# `dispatcher` and `dataworker` (cluster/data_service.py takes them out)
 REPLICA_TYPES.update({data_service.DISPATCHER: "Dispatcher", data_service.WORKER: "DataWorker"})
 VOLUME_NAME = "tfdistx-runs"
 DEFAULT_MOUNT_PATH = "/mnt/tfdistx"

@@ -17,7 +17,8 @@ from tfdistx.spec.errors import ConfigError
 from tfdistx.config.resolve import resolve
 from tfdistx.checkpoint_files import find
 
-# What a run's checkpoints hold of its config: the model (every key of it) and the optimizer's kind (its slots); and the key naming each.
+# What a run's checkpoints hold of its config: the model (every key of
+# it) and the optimizer's kind (its slots); and the key naming each.
 HELD = {"model": ("model", "model._target_"), "optimizer": ("optimizer.name", "optimizer.name")}
 
 
@@ -34,7 +35,8 @@ def main(argv) -> int:
     )
     args = parser.parse_intermixed_args(argv)  # overrides may follow --step N
     with one_line_errors():
-        # An evaluation has no sidecar evaluator: the run's cluster.evaluator=true must not refuse strategy=one_device here.
+        # An evaluation has no sidecar evaluator: the run's
+        # cluster.evaluator=true must not refuse strategy=one_device here.
         cfg = compose([*saved_overrides(args.run_dir), "cluster.evaluator=false", *args.overrides])
         with_hydra = OmegaConf.to_container(cfg)
         with_hydra.pop("hydra", None)

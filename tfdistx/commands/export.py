@@ -38,7 +38,8 @@ def main(argv: Optional[List[str]] = None) -> int:
 
     with one_line_errors():
         spec = resolve(saved_config(args.run_dir), args.run_dir)
-        # Without --step, the checkpoint the run itself exported: the best one under checkpoint.keep_best, else the newest.
+        # Without --step, the checkpoint the run itself exported:
+        # the best one under checkpoint.keep_best, else the newest.
         path = find(spec.checkpoint.dir, args.step, prefer_best=spec.checkpoint.keep_best)
         default = (
             "export" if args.step is None else f"export-step-{args.step}"

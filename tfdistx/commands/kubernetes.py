@@ -31,8 +31,8 @@ KINDS = {
         kubernetes.LAUNCH,
     ),
     "jobset": (
-        "a JobSet (jobset.x-k8s.io/v1alpha2, kubernetes-sigs/jobset) and the NetworkPolicy that admits its pods' traffic "
-        "from its own pods only",
+        "a JobSet (jobset.x-k8s.io/v1alpha2, kubernetes-sigs/jobset) and the NetworkPolicy that admits its pods' "
+        "traffic from its own pods only",
         jobset_manifest.jobset_and_network_policy,
         jobset_manifest.MAX_NAME,
         jobset_manifest.LAUNCH,
@@ -62,7 +62,9 @@ def export(argv, kind: str) -> int:
     what, build, longest, pods_launch = KINDS[kind]
     parser = argparse.ArgumentParser(
         prog=f"tfdistx export {kind}",
-        description=f"Print {what} whose pods run `python -m tfdistx OVERRIDES`: kubectl apply -f it. See docs/clusters.md.",
+        description=(
+            f"Print {what} whose pods run `python -m tfdistx OVERRIDES`: kubectl apply -f it. See docs/clusters.md."
+        ),
     )
     parser.add_argument("overrides", nargs="*", help="config overrides, as for a run: strategy=multiworker cluster=4x8")
     parser.add_argument("--image", required=True, help="a container image with tfdistx installed (docs/clusters.md)")
@@ -136,15 +138,15 @@ def export(argv, kind: str) -> int:
     carried = [*(f"--config-dir {d}" for d in config_dirs), *([f"{userconf.ENV}={config_path}"] if config_path else [])]
     if carried:  # this machine's directories: the pods read theirs
         print(
-            f"tfdistx: WARNING: the pods compose with {' and '.join(carried)}: the image (or the volume) must hold each of "
-            "these directories at that path, relative to the pod's working directory",
+            f"tfdistx: WARNING: the pods compose with {' and '.join(carried)}: the image (or the volume) must hold "
+            "each of these directories at that path, relative to the pod's working directory",
             file=sys.stderr,
         )
     imported = _code_the_image_must_have(cfg)
     if imported:  # composing in the pod finds the config; building the run imports these
         print(
-            f"tfdistx: WARNING: the pods import {', '.join(f'{m} ({k})' for m, k in imported.items())}, which tfdistx does not install: "
-            "the image must have each (installed, or on the pods' PYTHONPATH)",
+            f"tfdistx: WARNING: the pods import {', '.join(f'{m} ({k})' for m, k in imported.items())}, which tfdistx "
+            "does not install: the image must have each (installed, or on the pods' PYTHONPATH)",
             file=sys.stderr,
         )
     made_by = emit.command_line(["tfdistx", "export", kind, *argv])  # one line, whatever the arguments hold

@@ -41,7 +41,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         internals.probe()  # the internals of Hydra that tfdistx uses, before any of them is
         args = _parser().parse_args(list(sys.argv[1:] if argv is None else argv))  # cli.py has taken --config-dir
-        userconf.check()  # the list shows an option the config dirs may not hold (userconf.shadowing); `show` refuses it
+        # the list shows an option the config dirs may not hold (userconf.shadowing); `show` refuses it
+        userconf.check()
         register([])
         if args.command == "show":
             return _show(args.name, args.overrides, resolve=args.resolve)
@@ -67,9 +68,9 @@ class CommandError(Exception):
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="tfdistx recipes [--config-dir DIR]",
-        description=f"Reusable experiment configs: run one with `python -m tfdistx recipe=NAME [overrides]`. "
-        f"Your own recipes: a directory of NAME.yaml files named by ${ENV}; your own config tree (groups, experiment/): "
-        f"--config-dir DIR or ${userconf.ENV}.",
+        description="Reusable experiment configs: run one with `python -m tfdistx recipe=NAME [overrides]`. "
+        f"Your own recipes: a directory of NAME.yaml files named by ${ENV}; your own config tree (groups, "
+        f"experiment/): --config-dir DIR or ${userconf.ENV}.",
     )
     commands = parser.add_subparsers(dest="command", metavar="{list,show,copy}")
     commands.add_parser("list", help="the recipes, with a one-line description (the default)")
@@ -119,7 +120,8 @@ def _list_user_configs() -> None:
     options = userconf.options()
     if not userconf.dirs():
         print(
-            f"your own groups and experiments: --config-dir DIR or {userconf.ENV}=DIR (DIR/data/NAME.yaml, DIR/experiment/NAME.yaml)"
+            f"your own groups and experiments: --config-dir DIR or {userconf.ENV}=DIR (DIR/data/NAME.yaml, "
+            "DIR/experiment/NAME.yaml)"
         )
         return
     print(f"\nyour config dirs ({userconf.ENV}, --config-dir): {', '.join(map(str, userconf.dirs()))}")

@@ -444,8 +444,8 @@ def sweep_markdown(root: Path, jobs: List[Job], shared: List[str], objective: st
     if best is not None:
         tied = [j.name for j in jobs[1:] if j.finished and j.objective == best.objective]
         lines += [
-            f"**Best: job {best.name}** — `{best.label}` — {objective} {_fmt(best.objective)} (run dir `{_rel(best.dir, root)}`)"
-            + (f", tied with job {', '.join(tied)}" if tied else "")
+            f"**Best: job {best.name}** — `{best.label}` — {objective} {_fmt(best.objective)} (run dir "
+            f"`{_rel(best.dir, root)}`)" + (f", tied with job {', '.join(tied)}" if tied else "")
         ]
     else:
         lines += ["**No job has finished with a result for the objective.**"]

@@ -240,7 +240,10 @@ def as_config_error(error: Exception, overrides: Sequence[str]) -> ConfigError:
             options = sorted(o for o in error.options if o != "tfdistx_slurm" or "submitit_slurm" in error.options)
             allowed = "allowed: " + ", ".join(options)
             if value in SWEEP_EXTRA_PLUGINS:
-                allowed = f"its Hydra plugin is not installed: pip install 'tfdistx[sweep]'; installed now: {', '.join(options)}"
+                allowed = (
+                    "its Hydra plugin is not installed: pip install 'tfdistx[sweep]'; installed now: "
+                    f"{', '.join(options)}"
+                )
         return ConfigError([Problem(group, value, allowed)])
     missing_plugin = re.search(r"Could not load 'hydra/(sweeper|launcher)/(\w+)'", str(error))
     if missing_plugin and missing_plugin[2] in SWEEP_EXTRA_PLUGINS:  # e.g. tfdistx_slurm's own default, submitit_slurm

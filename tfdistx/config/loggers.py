@@ -189,8 +189,8 @@ def store_problems(key: str, uri) -> List[Problem]:
             Problem(
                 key,
                 uri,
-                "is MLflow's file store, which MLflow 3 refuses unless MLFLOW_ALLOW_FILE_STORE=true: name a SQLite store "
-                "(sqlite:///PATH/mlflow.db) or a server, or leave it null for the run's own store",
+                "is MLflow's file store, which MLflow 3 refuses unless MLFLOW_ALLOW_FILE_STORE=true: name a SQLite "
+                "store (sqlite:///PATH/mlflow.db) or a server, or leave it null for the run's own store",
             )
         ]
     if not is_file_store and uri not in TRACKING_SCHEMES and not _has_a_store(scheme):
@@ -198,9 +198,9 @@ def store_problems(key: str, uri) -> List[Problem]:
             Problem(
                 key,
                 uri,
-                f"MLflow has no tracking store for {scheme}: name a tracking server (http://HOST:5000, https://...), a "
-                "database (sqlite:///PATH/mlflow.db, postgresql://..., mysql://..., mssql://...) or databricks, or leave "
-                "it null for the run's own store",
+                f"MLflow has no tracking store for {scheme}: name a tracking server (http://HOST:5000, https://...), "
+                "a database (sqlite:///PATH/mlflow.db, postgresql://..., mysql://..., mssql://...) or databricks, or "
+                "leave it null for the run's own store",
             )
         ]
     return []

@@ -88,10 +88,16 @@ def files_plan(data: DictConfig, pipelines: int) -> str:
     """How the train files split across the input pipelines (one per worker)."""
     found = datafiles.local_matches(data.train_files)
     if found is None:
-        return f"data          {data.train_files}: listed at start (tf.io.gfile), split by file across {pipelines} worker(s) when there are enough"
+        return (
+            f"data          {data.train_files}: listed at start (tf.io.gfile), split by file across {pipelines} "
+            "worker(s) when there are enough"
+        )
     counts = datafiles.manifest_counts(datafiles.read_manifest(found), found)
     size = f"{sum(counts):,} records; " if counts else "no manifest: records counted when a run resumes; "
-    return f"data          {size}{datafiles.sharding_text(len(found), pipelines, 'worker' if pipelines > 1 else 'input pipeline')}"
+    return (
+        f"data          {size}"
+        f"{datafiles.sharding_text(len(found), pipelines, 'worker' if pipelines > 1 else 'input pipeline')}"
+    )
 
 
 @dataclass(frozen=True)

@@ -205,7 +205,8 @@ def _first_record(path: str, compression: Optional[str]) -> Optional[bytes]:
             FILES_KEY,
             path,
             f"holds {tf.io.gfile.stat(path).length} bytes but no TFRecord record: not TFRecord "
-            f"({'compressed with ' + compression if compression else 'not compressed'}), or a .csv/.csv.gz with a header",
+            f"({'compressed with ' + compression if compression else 'not compressed'}), or a .csv/.csv.gz with a "
+            "header",
         )
     return None
 

@@ -224,7 +224,8 @@ class Update:
             for i, total in zip(present, sums):
                 grads[i] = total
         pairs = [(g, v) for g, v in zip(grads, variables) if g is not None]
-        # strategy.all_reduce_dtype: summed in 16 bits (half the bytes to move), back in the variables' dtype for the optimizer
+        # strategy.all_reduce_dtype: summed in 16 bits (half the bytes
+        # to move), back in the variables' dtype for the optimizer
         sent = (
             [cast_down(g, self.all_reduce_dtype) for g, _ in pairs] if self.all_reduce_dtype else [g for g, _ in pairs]
         )

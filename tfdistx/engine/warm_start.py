@@ -133,8 +133,8 @@ def _source_weights(run: Run) -> Tuple[List[Tuple[str, object]], str]:
             except Vanished:
                 raise RunFault(
                     f"{KEY}={init.path!r}: was removed while it was read (its run, still training, keeps only its "
-                    f"checkpoint.max_to_keep newest): name that run's directory, for its newest checkpoint, or one it keeps "
-                    f"(exit {EXIT_RUN_DIR_LOCKED})",
+                    "checkpoint.max_to_keep newest): name that run's directory, for its newest checkpoint, or one it "
+                    f"keeps (exit {EXIT_RUN_DIR_LOCKED})",
                     EXIT_RUN_DIR_LOCKED,
                 ) from None
         described = (
@@ -219,9 +219,9 @@ def newest_restored(spec, given: str, restore=restored) -> Tuple[str, object]:
                 path,
             )
     raise RunFault(
-        f"{KEY}={given!r}: its newest checkpoint was removed while it was read, {TRIES} times ({', '.join(gone)}): that "
-        "run is still training and rotates its checkpoints away (checkpoint.max_to_keep). Run again, or give one it keeps "
-        f"(RUN/checkpoints/best/ckpt-N, with checkpoint.keep_best) (exit {EXIT_RUN_DIR_LOCKED})",
+        f"{KEY}={given!r}: its newest checkpoint was removed while it was read, {TRIES} times ({', '.join(gone)}): "
+        "that run is still training and rotates its checkpoints away (checkpoint.max_to_keep). Run again, or give one "
+        f"it keeps (RUN/checkpoints/best/ckpt-N, with checkpoint.keep_best) (exit {EXIT_RUN_DIR_LOCKED})",
         EXIT_RUN_DIR_LOCKED,
     )
 

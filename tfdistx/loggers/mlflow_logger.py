@@ -148,7 +148,9 @@ class MlflowLogger(BuiltInLogger):
         found = client.get_experiment_by_name(experiment)
         if found:
             experiment_id = found.experiment_id
-        else:  # the run's own store keeps its artifacts in the run dir as well (MLflow's default is ./mlruns, where the run started)
+        else:
+            # the run's own store keeps its artifacts in the run dir as well (MLflow's default is ./mlruns, where the
+            # run started)
             artifacts = (self.run_dir / ARTIFACTS_DIR).resolve().as_uri() if uri == local_store(self.run_dir) else None
             experiment_id = client.create_experiment(experiment, artifact_location=artifacts)
         run_id = client.create_run(experiment_id, run_name=run_name).info.run_id

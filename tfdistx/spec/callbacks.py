@@ -18,8 +18,8 @@ _KERAS_PREFIXES = ("keras.callbacks.", "tf.keras.callbacks.", "tensorflow.keras.
 REFUSED = {
     "BackupAndRestore": "tfdistx resumes every run from its own checkpoints, exactly (weights, optimizer, step, data "
     "position, callbacks' state): drop it; checkpoint.every_steps sets how often a checkpoint is saved",
-    "SwapEMAWeights": "it swaps the optimizer's averages in for Keras' evaluate (on_test_begin), which tfdistx does not "
-    "call: not supported",
+    "SwapEMAWeights": "it swaps the optimizer's averages in for Keras' evaluate (on_test_begin), which tfdistx does "
+    "not call: not supported",
 }
 # Refused with one key set so: (key, value, why and what to use instead).
 REFUSED_WITH = {

@@ -172,8 +172,8 @@ def decide_jit(
         return (False if gpus is False else None), (
             f"off (auto): on CPUs, with trainer.accumulate_steps={accumulate_steps}"
             if layers is not None
-            else f"auto: on with GPUs; off on CPUs with trainer.accumulate_steps={accumulate_steps} (a step of {accumulate_steps} "
-            "micro-batches trained slower compiled: docs/performance.md)"
+            else f"auto: on with GPUs; off on CPUs with trainer.accumulate_steps={accumulate_steps} (a step of "
+            f"{accumulate_steps} micro-batches trained slower compiled: docs/performance.md)"
         )
     if gpus is None or layers is None:
         return None, f"auto: on with GPUs; on CPUs on for a model of Dense layers only, else off ({_CPU_RULE})"
@@ -287,8 +287,8 @@ def steps_per_xla_call_problem(
 def precision_warning(precision: str, gpus: bool) -> Optional[str]:
     if precision == "mixed_float16" and not gpus:
         return (
-            "trainer.precision=mixed_float16 without GPUs: CPUs emulate float16 arithmetic, many times slower than float32 "
-            "(docs/performance.md; mixed_bfloat16 is the CPU's and TPU's half precision)"
+            "trainer.precision=mixed_float16 without GPUs: CPUs emulate float16 arithmetic, many times slower than "
+            "float32 (docs/performance.md; mixed_bfloat16 is the CPU's and TPU's half precision)"
         )
     return None
 
@@ -310,7 +310,8 @@ def problems(cfg) -> List[Problem]:
             Problem(
                 "trainer.steps_per_xla_call",
                 per_call,
-                "more than 1 only where XLA compiles the whole step: strategy=one_device, trainer.jit_compile true or auto",
+                "more than 1 only where XLA compiles the whole step: strategy=one_device, trainer.jit_compile true or "
+                "auto",
             )
         )
     if trainer.precision in PRECISIONS and trainer.precision not in facts.precisions:

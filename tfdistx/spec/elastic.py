@@ -210,8 +210,8 @@ def placed_by_a_scheduler(cluster, launched_by_tfdistx: bool) -> List[Problem]:
         Problem(
             "cluster.elastic.min_workers",
             cluster.elastic.min_workers,
-            f"elastic rounds ({shown(cluster)}) are formed by tfdistx's local launcher or its agents, and this task was "
-            "placed by a scheduler: run an agent on every node (cluster.launch=agent), or leave "
+            f"elastic rounds ({shown(cluster)}) are formed by tfdistx's local launcher or its agents, and this task "
+            "was placed by a scheduler: run an agent on every node (cluster.launch=agent), or leave "
             "cluster.elastic.min_workers=null here",
         )
     ]
@@ -224,9 +224,9 @@ def plan_line(cluster) -> Optional[str]:
     elastic, (low, high) = cluster.elastic, worker_range(cluster)
     source = f"listed in {elastic.hosts}" if elastic.hosts is not None else f"printed by `{elastic.discover}`"
     return (
-        f"elastic       {low}:{high} workers, one per host {source}; a round waits {elastic.join_grace:g}s past {low} hosts "
-        f"for {high}, a lost host {elastic.lost_bound:g}s to come back, and the run {elastic.below_min_timeout:g}s below {low} "
-        f"(then exit 9)"
+        f"elastic       {low}:{high} workers, one per host {source}; a round waits {elastic.join_grace:g}s past {low} "
+        f"hosts for {high}, a lost host {elastic.lost_bound:g}s to come back, and the run "
+        f"{elastic.below_min_timeout:g}s below {low} (then exit 9)"
     )
 
 
