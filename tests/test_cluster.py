@@ -264,6 +264,8 @@ def test_parameter_servers_whose_coordinator_is_gone_stop_on_their_own(tmp_path)
 FAKE_SRUN = """#!{python}
 import os, subprocess, sys
 command = [arg for arg in sys.argv[1:] if not arg.startswith("--")]
+if "tfdistx.cluster.free_ports" in command:  # the script's port probe: one task on the one node, its answer printed
+    os.execv(sys.executable, [sys.executable, *command[1:]])
 ranks = int(os.environ["SLURM_NTASKS"])
 place = {{"SLURM_STEP_NUM_TASKS": str(ranks), "SLURM_STEP_NODELIST": "localhost", "SLURM_STEP_TASKS_PER_NODE": str(ranks)}}
 procs = [
@@ -308,6 +310,8 @@ def test_a_slurm_job_of_parameter_servers_that_trains_to_its_end_reports_0_from_
         PATH=os.pathsep.join([str(bin_dir), str(Path(sys.executable).parent), os.environ.get("PATH", "")]),
         SLURM_JOB_ID="17",
         SLURM_NTASKS="5",
+        SLURM_JOB_NUM_NODES="1",
+        SLURMD_NODENAME="localhost",  # as the fake step names the node
     )
     job = subprocess.run(
         [
@@ -325,6 +329,7 @@ def test_a_slurm_job_of_parameter_servers_that_trains_to_its_end_reports_0_from_
         text=True,
         cwd=tmp_path,
     )
+    assert (tmp_path / "rank-0.code").exists(), (job.returncode, job.stdout, job.stderr)  # the step ran
     outputs = {rank: (tmp_path / f"rank-{rank}.out").read_text() for rank in range(5)}
     codes = {rank: (tmp_path / f"rank-{rank}.code").read_text() for rank in range(5)}
     assert codes == {rank: "0" for rank in range(5)}, (codes, {r: o[-1500:] for r, o in outputs.items()})
