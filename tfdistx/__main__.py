@@ -1,3 +1,9 @@
-from tfdistx.cli import main
+try:
+    from tfdistx.cli import main
+except KeyboardInterrupt:  # Ctrl-C as the command starts: one line, as anywhere later (cli.main), no traceback
+    import sys
+
+    print("tfdistx: interrupted", file=sys.stderr)
+    sys.exit(130)
 
 main()

@@ -9,6 +9,7 @@ here, and no training code.
 """
 
 import ctypes
+import functools
 import json
 import os
 import re
@@ -21,12 +22,12 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence
 
 from tfdistx.checkpoint_files import SCRATCH_ENV  # file names only: no TensorFlow
 from tfdistx.cluster import evaluator as sidecars  # the sidecar evaluator's task
-from tfdistx.cluster.prefork import Prefork, own_group_and_die_with_parent
-from tfdistx.sigterm import signal_number
+from tfdistx.cluster.prefork import Prefork, own_group_and_die_with_parent, takes_held_signals
+from tfdistx.sigterm import STOP_SIGNALS, held, release, signal_number
 
 SCRATCH_DIR = ".scratch"  # in the tasks' log directory: each task's scratch (its checkpoints, if not the chief), removed as it ends
 
@@ -64,14 +65,18 @@ class Task:
         given and able, else a fresh process: the same task either way."""
         self.proc = prefork.spawn(self.command, self.env, self.name) if prefork is not None else None
         if self.proc is None:
-            self.proc = subprocess.Popen(
-                self.command,
-                env=self.env,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                preexec_fn=own_group_and_die_with_parent,
-            )
+            # tfdistx's own command takes the held signals when its handlers are set (cli.main); another (mpiexec)
+            # takes them as it starts, with their defaults, as a fresh process would.
+            ours = takes_held_signals(self.command)
+            with held():  # not even the moment before its exec meets the supervisor's handlers
+                self.proc = subprocess.Popen(
+                    self.command,
+                    env=self.env,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                    preexec_fn=functools.partial(_starting, os.getpid(), ours),
+                )
         thread = threading.Thread(
             target=pump,
             args=(self.proc, self.name, self.log_path, self.run_log, self.succeeded, self.refusals),
@@ -98,6 +103,16 @@ class Task:
         return time.monotonic() - self.stopped_since
 
 
+def _starting(parent: int, takes_them_itself: bool) -> None:
+    """A fresh task's preexec_fn: its own group, dying with the supervisor; the stop signals still held unless
+    the command will not take them itself, which gets them now, at their defaults."""
+    own_group_and_die_with_parent(parent)
+    if not takes_them_itself:
+        for sig in STOP_SIGNALS:
+            signal.signal(sig, signal.SIG_DFL)
+        release()
+
+
 def causes_first(tasks: List[Task]) -> List[Task]:
     """The tasks, those killed by a signal first: when a ps is killed, the
     coordinator exits 5 on losing it within the same poll, and the line that
@@ -105,11 +120,19 @@ def causes_first(tasks: List[Task]) -> List[Task]:
     return sorted(tasks, key=lambda task: (task.proc.poll() or 0) >= 0)  # False (killed) sorts first
 
 
-def teardown(tasks: List[Task], primary: List[str], grace: float, signalled: bool) -> None:
-    """Stop every task: SIGKILL whatever is left after `grace` seconds.
+def teardown(
+    tasks: List[Task],
+    primary: List[str],
+    grace: float,
+    signalled: bool,
+    hurry: Callable[[], Optional[float]] = lambda: None,
+) -> None:
+    """Stop every task: SIGKILL whatever is left after `grace` seconds, or
+    by the time `hurry()` names once it names one (a second Ctrl-C).
 
-    After a signal from outside, the tasks already have it (SIGINT: stop;
-    SIGTERM: checkpoint and stop) and are only waited for. Otherwise (a task
+    After a signal from outside, the tasks already have it (SIGINT: stop, or
+    checkpoint and stop once training; SIGTERM: checkpoint and stop) and are
+    only waited for. Otherwise (a task
     failed, or the primaries finished) the others get a moment to leave on
     their own (a preempted peer's workers exit 42 together), then SIGTERM.
     The tasks that only serve the trainers (a ps, a parameter-server worker,
@@ -124,19 +147,25 @@ def teardown(tasks: List[Task], primary: List[str], grace: float, signalled: boo
         for proc in procs:
             if proc.poll() is None:
                 signal_group(proc, signal.SIGTERM)
-    _wait_all(waited, deadline)
+    _wait_all(waited, deadline, hurry)
     for task in tasks:
         signal_group(task.proc, signal.SIGKILL)  # also reaps any grandchildren
         task.proc.wait()
         task.clear_scratch()
 
 
-def _wait_all(procs, deadline: float) -> None:
+def _wait_all(procs, deadline: float, hurry: Callable[[], Optional[float]] = lambda: None) -> None:
+    """Until every one of `procs` has exited, or `deadline` (sooner if `hurry()` names a time)."""
     for proc in procs:
-        try:
-            proc.wait(timeout=max(deadline - time.monotonic(), 0.01))
-        except subprocess.TimeoutExpired:
-            pass
+        while proc.poll() is None:
+            hurried = hurry()
+            left = (deadline if hurried is None else min(deadline, hurried)) - time.monotonic()
+            if left <= 0:
+                return
+            try:
+                proc.wait(timeout=min(left, 0.2))
+            except subprocess.TimeoutExpired:
+                pass
 
 
 def shell_code(code: int) -> int:
@@ -146,18 +175,39 @@ def shell_code(code: int) -> int:
 
 class ForwardingSignals:
     """While inside, SIGINT, SIGTERM and SIGHUP are passed on to the children
-    (SIGINT stops a task at once; SIGTERM is a scheduler's preemption notice,
+    (SIGINT: Ctrl-C, the user's stop; SIGTERM is a scheduler's preemption notice,
     which TensorFlow's coordination service catches) and remembered.
     `notices`: the signals that mean what SIGTERM does (cluster.notice_signals,
     USR1 by default: sigterm.py), passed on and remembered as a SIGTERM, so
-    that a USR1 to the launcher is a preemption of the whole cluster."""
+    that a USR1 to the launcher is a preemption of the whole cluster.
+
+    Each process in `procs` gets every signal received once, in order,
+    whenever it joined: one started after a signal came gets it as it joins
+    (a task started as Ctrl-C came stops too), and none gets one twice (two
+    are a second Ctrl-C: stop at once). `hurried_at`: when a second Ctrl-C
+    came (time.monotonic), else None."""
 
     SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
     def __init__(self, procs, notices: Sequence[str] = ()):
-        self.procs, self.previous = procs, {}
+        self.previous = {}
         self.received: List[int] = []
         self.notices = tuple(signal_number(name) for name in notices)
+        self.hurried_at: Optional[float] = None
+        self._procs: list = []
+        self._given: Dict[int, tuple] = {}  # id(proc) -> (proc, how many of `received` it was given)
+        self.procs = procs
+
+    @property
+    def procs(self) -> list:
+        return self._procs
+
+    @procs.setter
+    def procs(self, procs) -> None:
+        """The processes signals are passed on to from now on; a new one gets at once those received before."""
+        self._procs = list(procs)
+        for proc in self._procs:
+            self._catch_up(proc)
 
     def wait(self, seconds: float) -> bool:
         """Sleep up to `seconds`; True as soon as a signal has come."""
@@ -166,25 +216,30 @@ class ForwardingSignals:
             time.sleep(0.1)
         return bool(self.received)
 
+    @property
+    def ctrl_c(self) -> bool:
+        """Whether the stop is Ctrl-C's (the first signal that came)."""
+        return bool(self.received) and self.received[0] == signal.SIGINT
+
     def _forward(self, signum, frame):
         signum = signal.SIGTERM if signum in self.notices else signum
+        if signum == signal.SIGINT and signal.SIGINT in self.received and self.hurried_at is None:
+            self.hurried_at = time.monotonic()
         self.received.append(signum)
-        self._pass_on(signum)
+        for proc in self._procs:
+            self._catch_up(proc)
 
-    def _pass_on(self, signum) -> None:
-        for proc in self.procs:
+    def _catch_up(self, proc) -> None:
+        """`proc` given every signal received that it has not had. Each is claimed before it is sent: this
+        handler may run again in the middle (a signal between two bytecodes), and goes on from the next."""
+        while self._given.get(id(proc), (proc, 0))[1] < len(self.received):
+            index = self._given.get(id(proc), (proc, 0))[1]
+            self._given[id(proc)] = (proc, index + 1)  # the process held with its count: its id is not given again
             if proc.poll() is None:
                 try:
-                    proc.send_signal(signal.SIGINT if signum == signal.SIGINT else signal.SIGTERM)
+                    proc.send_signal(signal.SIGINT if self.received[index] == signal.SIGINT else signal.SIGTERM)
                 except ProcessLookupError:
                     pass
-
-    def pass_on_again(self) -> None:
-        """The first signal received, passed on again to every process now in
-        `procs`: one started after it came has not had it (a second notice is
-        harmless to those that had)."""
-        if self.received:
-            self._pass_on(self.received[0])
 
     def __enter__(self):
         for sig in (*self.SIGNALS, *self.notices):
@@ -229,20 +284,30 @@ _HARMLESS_ONCE_DONE = re.compile(
 class SaidOnce:
     """The refusal lines (`tfdistx: invalid config: ...`) the cluster's tasks
     have shown: each task checks the config it shares with the others and
-    refuses it in the same line, which the terminal needs once. Each task
+    refuses it in the same line, which the terminal needs once; and the
+    line of a Ctrl-C (`tfdistx: interrupted ...`), which every trainer that
+    saved says alike, and which is then the command's one line. Each task
     has its own pump thread, hence the lock."""
 
     def __init__(self):
         self.lines, self.lock = set(), threading.Lock()
 
     def first(self, line: str) -> bool:
+        key = INTERRUPTED if line.startswith(INTERRUPTED) else line
         with self.lock:
-            new = line not in self.lines
-            self.lines.add(line)
+            new = key not in self.lines
+            self.lines.add(key)
             return new
+
+    @property
+    def interrupted(self) -> bool:
+        """Whether a task has said the Ctrl-C line."""
+        with self.lock:
+            return INTERRUPTED in self.lines
 
 
 REFUSAL = "tfdistx: invalid config:"
+INTERRUPTED = "tfdistx: interrupted"  # the line a trainer says once it saved on Ctrl-C (engine/preemption.py)
 
 
 def pump(
@@ -272,7 +337,7 @@ def pump(
             text = line.decode(errors="replace")
             if _ALWAYS_HARMLESS.search(text) or (succeeded.is_set() and _HARMLESS_ONCE_DONE.search(text)):
                 continue
-            if text.startswith(REFUSAL) and not refusals.first(text):
+            if text.startswith((REFUSAL, INTERRUPTED)) and not refusals.first(text):
                 continue
             if _HARMLESS_ONCE_DONE.search(text) and not text.startswith("tfdistx:"):  # tfdistx's own lines are news
                 held.append(text)

@@ -36,7 +36,7 @@ from tfdistx.engine.preemption import end_process_now
 from tfdistx.spec.errors import EXIT_CLUSTER_DID_NOT_FORM, EXIT_LOST_PEER, RunFault, offset_exit
 from tfdistx.spec.run_spec import Cluster
 from tfdistx.spec.strategies import Strategy
-from tfdistx.sigterm import SigtermNotice, leave_preempted, reclaim
+from tfdistx.sigterm import SigtermNotice, reclaim
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +64,7 @@ def until_trainers_leave(
     or cut off stops on its own (exit 5), as they do without it: no one
     else may be there to stop it (TF_CONFIG, Slurm, Kubernetes)."""
     notice.plan = ""  # nothing to say unless the trainers outstay the grace
+    notice.saves = True  # a first Ctrl-C too: the trainers save at their next loop boundary, served by this task
     reclaim()  # starting the server may have taken SIGTERM over
     trainers = trainer_addresses(placement, facts)
     lost: List[str] = []
@@ -80,12 +81,13 @@ def until_trainers_leave(
         staying = ["the trainer"]
     if staying:
         log.warning(
-            "%s still running %gs after SIGTERM (cluster.preemption_grace): %s stops serving",
+            "%s still running %gs after %s (cluster.preemption_grace): %s stops serving",
             ", ".join(staying),
             cluster.preemption_grace,
+            notice.signal_name,
             placement.task_name,
         )
-    leave_preempted()
+    notice.leave()  # 42, or 130 after Ctrl-C
 
 
 def _stop_serving(placement: Placement, lost: List[str], seen: set, cluster: Cluster) -> None:
