@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence
 
 from tfdistx.checkpoint_files import SCRATCH_ENV  # file names only: no TensorFlow
+from tfdistx.spec.errors import EXIT_INTERRUPTED
 from tfdistx.cluster import evaluator as sidecars  # the sidecar evaluator's task
 from tfdistx.cluster.prefork import Prefork, own_group_and_die_with_parent, takes_held_signals
 from tfdistx.sigterm import STOP_SIGNALS, held, release, signal_number
@@ -344,7 +345,7 @@ def pump(
                 continue
             explained = explained or (text.startswith("tfdistx: ") and not text.lower().startswith("tfdistx: warning"))
             show(text)
-        if held and proc.wait() != 0 and not explained:
+        if held and proc.wait() not in (0, EXIT_INTERRUPTED) and not explained:  # Ctrl-C explains itself
             for text in held:
                 show(text)
 
