@@ -1,0 +1,146 @@
+"""SIGTERM and Ctrl-C at every instant of a local cluster's start: each
+ends the run in its code (42: preempted, saved where anything was trained;
+130: interrupted), in one line of tfdistx's (a SIGTERM: each trainer's
+notice and checkpoint lines), with no traceback, and leaves no process and
+no scratch directory, whatever the launcher, its supervisor, the prefork
+and the tasks were doing.
+
+The command is started as a shell starts it in a terminal: a process group
+of its own. A SIGTERM goes to the launcher alone (a scheduler's
+preemption); Ctrl-C to the whole group, as a terminal sends it. Each
+instant is hit by what the run shows, never by a sleep: the launcher's
+first line (its supervisor and prefork starting), every task's log file
+(the tasks started: importing TensorFlow when each is a fresh process,
+`cluster.prefork=false`; forming the cluster when forked), the first step
+line. The default run turns the two signals between the instants, one
+strategy starting with each, so that each signal meets each instant once;
+-m slow runs every cell.
+"""
+
+import os
+import re
+import signal
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import List
+
+import pytest
+
+from conftest import processes_of, start_tfdistx, wait_until
+
+ARGS = [
+    "trainer.steps=1000000",  # never reached: every case is stopped
+    "trainer.steps_per_loop=10",
+    "trainer.log_every=10",
+    "trainer.eval_every=0",
+    "checkpoint.every_steps=100000",
+    "data.batch_size=32",
+    "data.train_examples=512",
+    "data.eval_examples=64",
+    "logger.tensorboard=false",
+    "trainer.jit_compile=false",
+    "cluster.max_restarts=0",
+]
+STRATEGIES = {
+    "multiworker": ["strategy=multiworker", "cluster=2x1"],
+    "parameter_server": ["strategy=parameter_server", "cluster=ps1w2"],
+}
+TASKS = {"multiworker": ["worker-0", "worker-1"], "parameter_server": ["chief-0", "ps-0", "worker-0", "worker-1"]}
+TRAINERS = {"multiworker": 2, "parameter_server": 1}
+# What is never said after a signal: a traceback, what Python prints of an interrupt it could not raise, an error.
+NEVER = re.compile(
+    r"Traceback|KeyboardInterrupt|Exception ignored|MISMATCH|^\S*\s*[EF]\d{4} |\bERROR\b|tfdistx: error", re.MULTILINE
+)
+STEP_LINE = re.compile(r"^(\[\w+:\d+\] )?step +\d+/\d+")
+
+
+class Output:
+    """A process's lines as they come, read by a thread (the pipe never fills), with the index of the signal's."""
+
+    def __init__(self, proc):
+        self.lines: List[str] = []
+        self.signalled_at = None
+        threading.Thread(target=lambda: self.lines.extend(proc.stdout), daemon=True).start()
+
+    def has(self, pattern: str) -> bool:
+        return any(re.search(pattern, line) for line in list(self.lines))
+
+    def after_the_signal(self) -> List[str]:
+        """tfdistx's own lines after the signal, without the tasks' prefixes (step lines left out)."""
+        lines = [re.sub(r"^\[\w+:\d+\] ", "", line.rstrip("\n")) for line in self.lines[self.signalled_at :]]
+        return [line for line in lines if line and not STEP_LINE.match(line)]
+
+
+@dataclass(frozen=True)
+class Instant:
+    name: str
+    args: tuple  # what the run needs to be at it
+
+    @property
+    def slug(self) -> str:
+        return re.sub(r"\W+", "_", self.name)
+
+    def reached(self, output: Output, run_dir: Path, tasks: List[str]) -> bool:
+        if self.name == "the launcher's first line":
+            return output.has(r"^tfdistx: (WARNING: )?local cluster \(")
+        if self.name == "the first step":
+            return output.has(r"^\[\w+:0\] step +\d+/")
+        return all((run_dir / "logs" / f"{task}.log").exists() for task in tasks)  # each task's process started
+
+
+LAUNCHER = Instant("the launcher's first line", ())  # the supervisor forked, its prefork importing TensorFlow
+IMPORTING = Instant("the tasks importing TensorFlow", ("cluster.prefork=false",))
+FORMING = Instant("the tasks forming the cluster", ())  # forked from the prefork: TensorFlow is imported
+FIRST_STEP = Instant("the first step", ())
+INSTANTS = (LAUNCHER, IMPORTING, FORMING, FIRST_STEP)
+SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+def stop_at(tmp_path, strategy: str, instant: Instant, sig: signal.Signals) -> None:
+    """The run stopped by `sig` at `instant`, and what every such stop must be."""
+    run_dir = tmp_path / f"{strategy}-{instant.slug}-{sig.name}"
+    proc = start_tfdistx([*STRATEGIES[strategy], *ARGS, *instant.args], run_dir, foreground_job=True)
+    output = Output(proc)
+    try:
+        wait_until(lambda: instant.reached(output, run_dir, TASKS[strategy]), 300, instant.name, [proc])
+        output.signalled_at = len(output.lines)
+        if sig == signal.SIGINT:
+            os.killpg(proc.pid, sig)  # a terminal's Ctrl-C: the whole group
+        else:
+            proc.send_signal(sig)  # a scheduler's SIGTERM: the command
+        proc.wait(timeout=180)
+    finally:
+        proc.kill()
+    wait_until(lambda: not processes_of(run_dir), 30, "every process of the run gone")
+    said = "".join(output.lines)
+    where = f"{sig.name} at {instant.name} of {strategy}:\n{said[-3000:]}"
+    assert proc.returncode == (130 if sig == signal.SIGINT else 42), where
+    assert not NEVER.search(said), where
+    after = output.after_the_signal()
+    if sig == signal.SIGINT:  # one line: the command's, or the trainers' that saved, said once
+        assert len(after) == 1 and after[0].startswith("tfdistx: interrupted"), where
+    else:  # the launcher's one line, or each trainer's notice and checkpoint
+        assert 1 <= len(after) <= 2 * TRAINERS[strategy] and any("preempted" in line for line in after), where
+    saved = re.search(r"(?:interrupted|preempted) at step (\d+): checkpoint saved", said)
+    if saved:  # the trainers saved where they say, and the same command resumes there
+        assert (run_dir / "checkpoints" / f"ckpt-{saved.group(1)}.index").exists(), where
+    if instant is FIRST_STEP:
+        assert saved, where
+    assert not (run_dir / "logs" / ".scratch").exists() and not (run_dir / "FAILED").exists(), where
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_sigterm_and_ctrl_c_at_each_instant_of_a_local_clusters_start(tmp_path, strategy):
+    """Each instant once, the signals turned between them (the other strategy starts with the other signal)."""
+    first = 0 if strategy == "multiworker" else 1
+    for n, instant in enumerate(INSTANTS):
+        stop_at(tmp_path, strategy, instant, SIGNALS[(first + n) % 2])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", SIGNALS, ids=lambda sig: sig.name)
+@pytest.mark.parametrize("instant", INSTANTS, ids=lambda instant: instant.slug)
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_every_signal_at_every_instant(tmp_path, strategy, instant, sig):
+    stop_at(tmp_path, strategy, instant, sig)
