@@ -1,5 +1,7 @@
 """A user's own model and data functions, plugged in with `_target_`."""
 
+import os
+import signal
 import time
 
 import keras
@@ -521,3 +523,17 @@ class NaNAfterOneByOne(NaNAfter):
 
     def __call__(self, step):
         return float("nan") if int(step) >= self.after else 0.001
+
+
+class InterruptsAt(keras.callbacks.Callback):
+    """Ctrl-C, `times` over, at the record of step `step` (a loop boundary): SIGINT to this process, as a
+    terminal sends it (each handled before the next is sent: two are a second Ctrl-C, not one)."""
+
+    def __init__(self, step: int, times: int = 1):
+        super().__init__()
+        self.step, self.times = step, times
+
+    def on_epoch_end(self, epoch, logs=None):
+        if logs["step"] == self.step:
+            for _ in range(self.times):
+                os.kill(os.getpid(), signal.SIGINT)
