@@ -27,7 +27,7 @@ from typing import List
 
 import pytest
 
-from conftest import processes_of, start_tfdistx, wait_until
+from conftest import free_ports, processes_of, start_tfdistx, wait_until
 
 ARGS = [
     "trainer.steps=1000000",  # never reached: every case is stopped
@@ -144,3 +144,42 @@ def test_sigterm_and_ctrl_c_at_each_instant_of_a_local_clusters_start(tmp_path, 
 @pytest.mark.parametrize("strategy", STRATEGIES)
 def test_every_signal_at_every_instant(tmp_path, strategy, instant, sig):
     stop_at(tmp_path, strategy, instant, sig)
+
+
+@pytest.mark.parametrize("whose", ["keeper", pytest.param("other", marks=pytest.mark.slow)])
+def test_ctrl_c_to_one_agent_is_saved_by_every_worker_and_that_agent_leaves_at_once_in_one_line(tmp_path, whose):
+    """Two agents on this host (cluster.launch=agent, 2x1), Ctrl-C to one at the first step: every worker saves
+    that loop boundary (the interrupted node's 130, the other's 42, the notice's all-reduce), and the agent
+    leaves at once with 130 and one line. The keeper's agent, without which the run cannot go on, tells the
+    other, which leaves too (the rounds' waits, beyond that, are round_keeper.py's)."""
+    run_dir = tmp_path / "run"
+    store = f"127.0.0.1:{free_ports(1)[0]}"
+    args = [*STRATEGIES["multiworker"], *ARGS, "cluster.launch=agent", f"cluster.agent.store={store}"]
+    bounds = ["cluster.elastic.join_grace=2", "cluster.elastic.lost_bound=3", "cluster.elastic.below_min_timeout=60"]
+    agents = [start_tfdistx([*args, *bounds], run_dir, foreground_job=True) for _ in range(2)]
+    outputs = [Output(agent) for agent in agents]
+    try:
+        wait_until(
+            lambda: any(output.has(r"^\[worker:0\] step +\d+/") for output in outputs), 300, "the first step", agents
+        )
+        keeper = next(n for n, output in enumerate(outputs) if output.has("keeping the rounds"))
+        stopped = keeper if whose == "keeper" else 1 - keeper
+        outputs[stopped].signalled_at = len(outputs[stopped].lines)
+        os.killpg(agents[stopped].pid, signal.SIGINT)
+        wait_until(lambda: agents[stopped].poll() is not None, 30, "the interrupted agent's end")
+        if whose == "keeper":
+            wait_until(lambda: agents[1 - stopped].poll() is not None, 30, "the other agent's end")
+            assert agents[1 - stopped].returncode == 130 and "the agent keeping the rounds was interrupted" in "".join(
+                outputs[1 - stopped].lines
+            )
+    finally:
+        for agent in agents:
+            agent.kill()
+            agent.wait()
+    said = "".join(outputs[stopped].lines)
+    assert agents[stopped].returncode == 130 and not NEVER.search(said), said[-3000:]
+    after = outputs[stopped].after_the_signal()
+    assert len(after) == 1 and after[0].startswith("tfdistx: interrupted at step"), said[-3000:]
+    step = re.search(r"interrupted at step (\d+)", after[0]).group(1)
+    assert (run_dir / "checkpoints" / f"ckpt-{step}.index").exists()
+    wait_until(lambda: not processes_of(run_dir), 30, "every process of the run gone")

@@ -307,7 +307,13 @@ def run_agent(spec: dict, notice: Optional[SigtermNotice] = None) -> int:
         ):  # a refused rerun leaves the run's own config; a new run that failed says so to `tfdistx report`
             attempt.end(code)
         beats.set(DONE if code == 0 else ENDED, beats.status[1])
-        _hear_the_end(keeper, beats, code, bounds["lost_bound"] + spec.get("preemption_grace", 60))
+        most = bounds["lost_bound"] + spec.get("preemption_grace", 60)
+        if signals.received and code and keeper is not None:
+            # Stopped from outside (Ctrl-C, a preemption): the run cannot go on without the rounds this node
+            # keeps, so the other agents hear it stopped, at their next beat; one silent for lost_bound is lost.
+            _stopped_here(keeper, code, signals.ctrl_c)
+            most = bounds["lost_bound"]
+        _hear_the_end(keeper, beats, code, most)
         beats.stop.set()
         if server is not None:
             server.shutdown()
@@ -319,6 +325,14 @@ def _server_addresses(beats: Beats, servers: dict) -> dict:
     """The servers' addresses for the next round: on this node (the keeper's), at fresh ports, none its worker's."""
     ports = iter(free_ports(sum(servers.values()), host="", taken=(beats.status[3],)))
     return {job: [f"{beats.address}:{next(ports)}" for _ in range(count)] for job, count in servers.items()}
+
+
+def _stopped_here(keeper: RoundKeeper, code: int, ctrl_c: bool) -> None:
+    """The run's end, as the keeper tells the other agents (round_keeper.py's `stopped`): this node's agent,
+    which keeps the rounds, was stopped by Ctrl-C or preempted, and its workers saved (42, 130)."""
+    why = "interrupted (Ctrl-C)" if ctrl_c else "preempted"
+    with keeper.lock:
+        keeper.stopped = keeper.stopped or {"code": code, "why": f"the agent keeping the rounds was {why}"}
 
 
 def _hear_the_end(keeper: Optional[RoundKeeper], beats: Beats, code: int, most: float) -> None:
