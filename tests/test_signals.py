@@ -45,14 +45,22 @@ ARGS = [
 STRATEGIES = {
     "multiworker": ["strategy=multiworker", "cluster=2x1"],
     "parameter_server": ["strategy=parameter_server", "cluster=ps1w2"],
+    "mpi": ["strategy=multiworker", "cluster=2x1", "strategy.communication=mpi"],  # each task under its mpiexec
 }
-TASKS = {"multiworker": ["worker-0", "worker-1"], "parameter_server": ["chief-0", "ps-0", "worker-0", "worker-1"]}
-TRAINERS = {"multiworker": 2, "parameter_server": 1}
-# What is never said after a signal: a traceback, what Python prints of an interrupt it could not raise, an error.
+TASKS = {
+    "multiworker": ["worker-0", "worker-1"],
+    "parameter_server": ["chief-0", "ps-0", "worker-0", "worker-1"],
+    "mpi": ["worker-0", "worker-1"],
+}
+TRAINERS = {"multiworker": 2, "parameter_server": 1, "mpi": 2}
+# What is never said after a signal: a traceback, what Python prints of an interrupt it could not raise, an error,
+# MPICH's own lines (mpiexec passing a Ctrl-C on, a process it saw killed).
 NEVER = re.compile(
-    r"Traceback|KeyboardInterrupt|Exception ignored|MISMATCH|^\S*\s*[EF]\d{4} |\bERROR\b|tfdistx: error", re.MULTILINE
+    r"Traceback|KeyboardInterrupt|Exception ignored|MISMATCH|^\S*\s*[EF]\d{4} |\bERROR\b|tfdistx: error|mpiexec@|"
+    r"BAD TERMINATION",
+    re.MULTILINE,
 )
-STEP_LINE = re.compile(r"^(\[\w+:\d+\] )?step +\d+/\d+")
+STOP_LINE = re.compile(r"^(tfdistx: |SIG[A-Z0-9]+: |preempted at step )")
 
 
 class Output:
@@ -67,9 +75,10 @@ class Output:
         return any(re.search(pattern, line) for line in list(self.lines))
 
     def after_the_signal(self) -> List[str]:
-        """tfdistx's own lines after the signal, without the tasks' prefixes (step lines left out)."""
+        """What was said of the stop after the signal (tfdistx's lines, a notice's), without the tasks' prefixes:
+        not a task's start-up lines (its strategy, its replicas) or step lines, which may come before it stops."""
         lines = [re.sub(r"^\[\w+:\d+\] ", "", line.rstrip("\n")) for line in self.lines[self.signalled_at :]]
-        return [line for line in lines if line and not STEP_LINE.match(line)]
+        return [line for line in lines if STOP_LINE.match(line)]
 
 
 @dataclass(frozen=True)
@@ -94,6 +103,7 @@ IMPORTING = Instant("the tasks importing TensorFlow", ("cluster.prefork=false",)
 FORMING = Instant("the tasks forming the cluster", ())  # forked from the prefork: TensorFlow is imported
 FIRST_STEP = Instant("the first step", ())
 INSTANTS = (LAUNCHER, IMPORTING, FORMING, FIRST_STEP)
+STARTED = Instant("the tasks started", ())  # under mpiexec: MPICH's passed on no signal before it had started its task
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
@@ -144,6 +154,13 @@ def test_sigterm_and_ctrl_c_at_each_instant_of_a_local_clusters_start(tmp_path, 
 @pytest.mark.parametrize("strategy", STRATEGIES)
 def test_every_signal_at_every_instant(tmp_path, strategy, instant, sig):
     stop_at(tmp_path, strategy, instant, sig)
+
+
+@pytest.mark.parametrize("instant", [STARTED, pytest.param(FIRST_STEP, marks=pytest.mark.slow)], ids=lambda i: i.slug)
+def test_ctrl_c_under_mpi_reaches_each_task_itself_not_its_mpiexec(tmp_path, instant):
+    """strategy.communication=mpi: no line of MPICH's (mpiexec is not given the signal: its task is), and a
+    Ctrl-C as the tasks start is not lost in mpiexec, which had not started its task yet."""
+    stop_at(tmp_path, "mpi", instant, signal.SIGINT)
 
 
 @pytest.mark.parametrize("whose", ["keeper", pytest.param("other", marks=pytest.mark.slow)])

@@ -3,7 +3,8 @@ try:
 except KeyboardInterrupt:  # Ctrl-C as the command starts: one line, as anywhere later (cli.main), no traceback
     import sys
 
-    print("tfdistx: interrupted", file=sys.stderr)
+    if sys.argv[1:2] != ["_task"]:  # a local cluster's task: its launcher says it, once
+        print("tfdistx: interrupted", file=sys.stderr)
     sys.exit(130)
 
 main()

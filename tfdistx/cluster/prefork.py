@@ -109,6 +109,13 @@ def takes_held_signals(command: List[str]) -> bool:
     return can_fork(command) and command[2] == TAKES_HELD_SIGNALS
 
 
+def runs_tfdistx_under(command: List[str]) -> bool:
+    """Whether `command` starts `python -m tfdistx ...` under a launcher of its own (`mpiexec -n 1 python -m
+    tfdistx ...`), which passes its blocked signals on to it (measured with MPICH 4: the held mask reaches the
+    process its proxy starts)."""
+    return not can_fork(command) and any(takes_held_signals(command[i:]) for i in range(1, len(command)))
+
+
 def can_fork(command: List[str]) -> bool:
     """A task command the prefork can run: `python -m MODULE ...` with this interpreter."""
     return len(command) >= 3 and command[0] == sys.executable and command[1] == "-m"

@@ -27,9 +27,10 @@ from typing import Callable, Dict, List, Optional, Sequence
 from tfdistx.checkpoint_files import SCRATCH_ENV  # file names only: no TensorFlow
 from tfdistx.spec.errors import EXIT_INTERRUPTED
 from tfdistx.cluster import evaluator as sidecars  # the sidecar evaluator's task
-from tfdistx.cluster.prefork import Prefork, own_group_and_die_with_parent, takes_held_signals
+from tfdistx.cluster.prefork import Prefork, own_group_and_die_with_parent, runs_tfdistx_under, takes_held_signals
 from tfdistx.sigterm import STOP_SIGNALS, held, release, signal_number
 
+POLL_SECONDS = 0.1  # between looks at the tasks a teardown waits for
 SCRATCH_DIR = ".scratch"  # in the tasks' log directory: each task's scratch (its checkpoints, if not the chief), removed as it ends
 
 
@@ -66,11 +67,12 @@ class Task:
         given and able, else a fresh process: the same task either way."""
         self.proc = prefork.spawn(self.command, self.env, self.name) if prefork is not None else None
         if self.proc is None:
-            # tfdistx's own command takes the held signals when its handlers are set (cli.main); another (mpiexec)
-            # takes them as it starts, with their defaults, as a fresh process would.
-            ours = takes_held_signals(self.command)
+            # tfdistx's own command takes the held signals when its handlers are set (cli.main), under mpiexec
+            # too (which passes them on to it held); another takes them as it starts, as a fresh process would.
+            launched = runs_tfdistx_under(self.command)
+            ours = launched or takes_held_signals(self.command)
             with held():  # not even the moment before its exec meets the supervisor's handlers
-                self.proc = subprocess.Popen(
+                self.proc = (_Launched if launched else subprocess.Popen)(
                     self.command,
                     env=self.env,
                     stdout=subprocess.PIPE,
@@ -102,6 +104,54 @@ class Task:
             return 0.0
         self.stopped_since = self.stopped_since or time.monotonic()
         return time.monotonic() - self.stopped_since
+
+
+class _Launched(subprocess.Popen):
+    """A task whose tfdistx process another launcher starts (`mpiexec -n 1 python -m tfdistx _task ...`,
+    strategy.communication=mpi). The signals passed on to it go to that process (a descendant with the task's
+    scratch dir in its environment), not to the launcher: MPICH's mpiexec says so in lines of its own
+    ("Sending Ctrl-C to processes as requested"), and loses a signal that comes before it has started its
+    process, which then trains on. One that comes before the process is there is given to it once it is
+    (`poll`, which the supervisor calls as it watches and tears down); the launcher gets the stop signals
+    held, never takes them, and ends with its process."""
+
+    def __init__(self, command, env: Dict[str, str], **kwargs):
+        super().__init__(command, env=env, **kwargs)
+        self._scratch, self._inner, self._pending = f"{SCRATCH_ENV}={env[SCRATCH_ENV]}".encode(), None, []
+
+    def send_signal(self, sig) -> None:
+        self._pending.append(sig)
+        self._deliver()
+
+    def poll(self):
+        code = super().poll()
+        if code is None and self._pending:
+            self._deliver()
+        return code
+
+    def _deliver(self) -> None:
+        self._inner = self._inner or self._find_inner()
+        while self._inner is not None and self._pending:
+            try:
+                os.kill(self._inner, self._pending.pop(0))
+            except ProcessLookupError:
+                self._pending.clear()
+
+    def _find_inner(self) -> Optional[int]:
+        """The tfdistx process among the launcher's descendants, once it has started."""
+        children = [self.pid]
+        while children:
+            pid = children.pop()
+            try:
+                argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
+                # Itself, not the launcher's proxy, whose command line names it too (hydra_pmi_proxy ... python -m ...)
+                if takes_held_signals(argv) and self._scratch in Path(f"/proc/{pid}/environ").read_bytes():
+                    return pid
+                for thread in Path(f"/proc/{pid}/task").iterdir():
+                    children += [int(child) for child in (thread / "children").read_text().split()]
+            except OSError:  # gone meanwhile
+                continue
+        return None
 
 
 def _starting(parent: int, takes_them_itself: bool) -> None:
@@ -156,17 +206,15 @@ def teardown(
 
 
 def _wait_all(procs, deadline: float, hurry: Callable[[], Optional[float]] = lambda: None) -> None:
-    """Until every one of `procs` has exited, or `deadline` (sooner if `hurry()` names a time)."""
-    for proc in procs:
-        while proc.poll() is None:
-            hurried = hurry()
-            left = (deadline if hurried is None else min(deadline, hurried)) - time.monotonic()
-            if left <= 0:
-                return
-            try:
-                proc.wait(timeout=min(left, 0.2))
-            except subprocess.TimeoutExpired:
-                pass
+    """Until every one of `procs` has exited, or `deadline` (sooner if `hurry()` names a time). Each is polled
+    at every look: a task under another launcher is given then a signal that came before it had started."""
+    while True:
+        running = [proc for proc in procs if proc.poll() is None]
+        hurried = hurry()
+        left = (deadline if hurried is None else min(deadline, hurried)) - time.monotonic()
+        if not running or left <= 0:
+            return
+        time.sleep(min(left, POLL_SECONDS))
 
 
 def shell_code(code: int) -> int:
