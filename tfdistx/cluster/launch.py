@@ -33,6 +33,7 @@ from tfdistx.cluster.processes import (
     enter_private_network,
     free_ports,
     loopback_up,
+    relay_env,
     shell_code,
     yield_the_cores,
 )
@@ -95,7 +96,7 @@ def run_local_cluster(
         "evaluator": evaluator,
         "preemption_grace": preemption_grace,
         "notice_signals": list(notice_signals),
-        "task_env": task_env or {},
+        "task_env": {**(task_env or {}), **relay_env()},  # its chief's status line drawn here, on a terminal
         "preload": list(preload),
         "elastic": elastic,
         "nice": nice,

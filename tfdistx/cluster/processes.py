@@ -28,6 +28,7 @@ from tfdistx.checkpoint_files import SCRATCH_ENV  # file names only: no TensorFl
 from tfdistx.spec.errors import EXIT_INTERRUPTED
 from tfdistx.cluster import evaluator as sidecars  # the sidecar evaluator's task
 from tfdistx.cluster.prefork import Prefork, own_group_and_die_with_parent, runs_tfdistx_under, takes_held_signals
+from tfdistx.loggers.progress import RELAY_ENV, relayed_status  # its wire format: plain Python, no TensorFlow
 from tfdistx.sigterm import STOP_SIGNALS, held, release, signal_number
 
 POLL_SECONDS = 0.1  # between looks at the tasks a teardown waits for
@@ -355,6 +356,45 @@ class SaidOnce:
             return INTERRUPTED in self.lines
 
 
+class _StatusLine:
+    """The chief's status line (loggers/progress.py: its step, steps/s, time left), relayed as lines of its own
+    and drawn here, under the run's lines, on a terminal, as a single process draws it: a line shown above it
+    clears it first and draws it again under itself. One a process: its tasks' pumps and its own lines share
+    the terminal."""
+
+    def __init__(self):
+        self.text, self.lock = "", threading.Lock()
+
+    def show(self, text: str) -> None:
+        with self.lock:
+            if text or self.text:
+                sys.stdout.write("\r\033[K" + text)
+                sys.stdout.flush()
+            self.text = text
+
+    def above(self, write: Callable[[], None]) -> None:
+        with self.lock:
+            if self.text:
+                sys.stdout.write("\r\033[K")
+                sys.stdout.flush()
+            write()
+            if self.text:
+                sys.stdout.write(self.text)
+                sys.stdout.flush()
+
+
+STATUS_LINE = _StatusLine()
+
+
+def relay_env() -> Dict[str, str]:
+    """What a task's environment gets when this process's standard output is a terminal: its chief sends its
+    status line to be drawn here (loggers/progress.py)."""
+    try:
+        return {RELAY_ENV: "1"} if sys.stdout.isatty() else {}
+    except (AttributeError, ValueError):  # a closed or file-less stream
+        return {}
+
+
 REFUSAL = "tfdistx: invalid config:"
 INTERRUPTED = "tfdistx: interrupted"  # the line a trainer says once it saved on Ctrl-C (engine/preemption.py)
 
@@ -372,18 +412,22 @@ def pump(
             prefixed = f"[{name}] {text}"
             run_log.write(prefixed.encode())
             run_log.flush()
-            sys.stdout.write(prefixed)
-            sys.stdout.flush()
+            STATUS_LINE.above(lambda: (sys.stdout.write(prefixed), sys.stdout.flush()))
 
         # A peer's last lines as the chief leaves (worker:1 seeing the coordination
         # service's leader go) come before anyone knows whether the run succeeded:
         # held until this task ends, and shown only if it failed without saying
         # why in a line of tfdistx's own (a lost peer's one line names it).
-        held, explained = [], False
+        held, explained, drew = [], False, False
         for line in iter(proc.stdout.readline, b""):
+            text = line.decode(errors="replace")
+            status = relayed_status(text)
+            if status is not None:  # the chief's status line, for the terminal alone: no log holds it
+                STATUS_LINE.show(status)
+                drew = bool(status)
+                continue
             logfile.write(line)
             logfile.flush()
-            text = line.decode(errors="replace")
             if _ALWAYS_HARMLESS.search(text) or (succeeded.is_set() and _HARMLESS_ONCE_DONE.search(text)):
                 continue
             if text.startswith((REFUSAL, INTERRUPTED)) and not refusals.first(text):
@@ -393,6 +437,8 @@ def pump(
                 continue
             explained = explained or (text.startswith("tfdistx: ") and not text.lower().startswith("tfdistx: warning"))
             show(text)
+        if drew:  # the chief ended without taking it away
+            STATUS_LINE.show("")
         if held and proc.wait() not in (0, EXIT_INTERRUPTED) and not explained:  # Ctrl-C explains itself
             for text in held:
                 show(text)

@@ -27,6 +27,7 @@ from tfdistx.cluster import evaluator as sidecars  # the sidecar evaluator's tas
 from tfdistx.cluster.liveness import task_hosts
 from tfdistx.cluster.prefork import READY_TIMEOUT_SECONDS, Prefork
 from tfdistx.cluster.processes import (
+    STATUS_LINE,
     ForwardingSignals,
     SaidOnce,
     Task,
@@ -60,8 +61,7 @@ class Say:
 
     def __call__(self, text: str) -> None:
         line = f"tfdistx: {text}\n"
-        sys.stderr.write(line)
-        sys.stderr.flush()
+        STATUS_LINE.above(lambda: (sys.stderr.write(line), sys.stderr.flush()))  # above the chief's status line
         if self.run_log:
             with open(self.run_log, "a") as log:
                 log.write(line)
