@@ -200,3 +200,16 @@ def test_ctrl_c_to_one_agent_is_saved_by_every_worker_and_that_agent_leaves_at_o
     step = re.search(r"interrupted at step (\d+)", after[0]).group(1)
     assert (run_dir / "checkpoints" / f"ckpt-{step}.index").exists()
     wait_until(lambda: not processes_of(run_dir), 30, "every process of the run gone")
+
+
+def test_an_agent_that_stops_as_it_starts_says_one_line_and_its_prefork_nothing(tmp_path):
+    """The agent keeping the rounds alone, below MIN for cluster.elastic.below_min_timeout=1: exit 9 in one line,
+    while its prefork still imports; the prefork is ended, not left to find its channel closed (a BrokenPipeError
+    traceback, on main)."""
+    store = f"127.0.0.1:{free_ports(1)[0]}"
+    args = [*STRATEGIES["multiworker"], "cluster.launch=agent", f"cluster.agent.store={store}"]
+    proc = start_tfdistx([*args, "cluster.elastic.below_min_timeout=1"], tmp_path / "run")
+    said, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 9 and not NEVER.search(said), said
+    assert sum("(exit 9)" in line for line in said.splitlines()) == 1, said  # the keeper's words are its own
+    wait_until(lambda: not processes_of(tmp_path / "run"), 30, "every process of the run gone")
