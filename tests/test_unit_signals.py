@@ -19,6 +19,7 @@ from conftest import wait_until
 from engine_helpers import train
 from tfdistx.cluster.prefork import Prefork, fork
 from tfdistx.cluster.processes import ForwardingSignals
+from tfdistx import sigterm
 from tfdistx.sigterm import SigtermNotice, release
 
 pytestmark = pytest.mark.unit
@@ -54,6 +55,26 @@ def test_ctrl_c_in_the_loop_saves_at_the_boundary_then_exits_130_in_one_line(tmp
     assert said == ["tfdistx: interrupted at step 20: checkpoint saved; rerun the same command to resume"], said
     train(run_dir, *RUN)
     assert json.loads((run_dir / "summary.json").read_text())["resumed_from_step"] == 20
+
+
+def test_a_boundary_slow_to_come_after_ctrl_c_is_said_to_be_waited_for(tmp_path, capsys, monkeypatch):
+    """No silent wait: a loop call of many slow steps, a slow save (here a callback holding the boundary)."""
+    monkeypatch.setattr(sigterm, "CTRL_C_HINT_SECONDS", 0.2)
+    run_dir = tmp_path / "run"
+    with SigtermNotice(plan="", ctrl_c=True), pytest.raises(SystemExit) as leaving:
+        train(
+            run_dir,
+            *RUN,
+            "+callbacks.c._target_=user_plugins.InterruptsAt",
+            "+callbacks.c.step=20",
+            "+callbacks.c.hold=2",
+        )
+    said = capsys.readouterr().err.splitlines()
+    assert leaving.value.code == 130 and saved(run_dir) == [20]
+    assert [line for line in said if "Ctrl-C" in line or "interrupted" in line] == [
+        sigterm.CTRL_C_HINT,
+        "tfdistx: interrupted at step 20: checkpoint saved; rerun the same command to resume",
+    ], said
 
 
 def test_a_second_ctrl_c_stops_at_once_without_waiting_for_the_boundary(tmp_path):

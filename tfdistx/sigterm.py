@@ -56,6 +56,10 @@ STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, si
 # follows, an error or a destructor's complaint, is the interrupt's, and the command's one line says it.
 CTRL_C = threading.Event()
 _OPEN = []  # the notice open in this process (one at most: a notice opened inside it is that one)
+# A first Ctrl-C whose loop boundary has not come after this long is said to be waited for: no silent wait (a loop
+# call of many slow steps, a slow save). Most boundaries come well before it, and the one line is the exit's.
+CTRL_C_HINT_SECONDS = 5
+CTRL_C_HINT = f"tfdistx: Ctrl-C: saving at the next loop boundary, then exiting with {EXIT_INTERRUPTED}; Ctrl-C again stops at once"
 
 
 class SigtermNotice:
@@ -160,6 +164,11 @@ class SigtermNotice:
         if not self.received.is_set():
             self.signal_name = "SIGINT"
         self.received.set()
+        hint = threading.Timer(
+            CTRL_C_HINT_SECONDS, print, args=(CTRL_C_HINT,), kwargs={"file": sys.stderr, "flush": True}
+        )
+        hint.daemon = True  # the process ends without waiting for it (cli.end_process)
+        hint.start()
 
     def _say(self, plan: str) -> None:
         if plan and not self._said:  # said by a thread: the handler runs between two bytecodes of the main thread,

@@ -29,7 +29,7 @@ from tfdistx.spec.errors import EXIT_INTERRUPTED
 from tfdistx.cluster import evaluator as sidecars  # the sidecar evaluator's task
 from tfdistx.cluster.prefork import Prefork, own_group_and_die_with_parent, runs_tfdistx_under, takes_held_signals
 from tfdistx.loggers.progress import RELAY_ENV, relayed_status  # its wire format: plain Python, no TensorFlow
-from tfdistx.sigterm import STOP_SIGNALS, held, release, signal_number
+from tfdistx.sigterm import CTRL_C_HINT, STOP_SIGNALS, held, release, signal_number
 
 POLL_SECONDS = 0.1  # between looks at the tasks a teardown waits for
 SCRATCH_DIR = ".scratch"  # in the tasks' log directory: each task's scratch (its checkpoints, if not the chief), removed as it ends
@@ -336,14 +336,15 @@ class SaidOnce:
     have shown: each task checks the config it shares with the others and
     refuses it in the same line, which the terminal needs once; and the
     line of a Ctrl-C (`tfdistx: interrupted ...`), which every trainer that
-    saved says alike, and which is then the command's one line. Each task
+    saved says alike, and which is then the command's one line, and the one
+    a slow boundary has them say as they wait for it. Each task
     has its own pump thread, hence the lock."""
 
     def __init__(self):
         self.lines, self.lock = set(), threading.Lock()
 
     def first(self, line: str) -> bool:
-        key = INTERRUPTED if line.startswith(INTERRUPTED) else line
+        key = next((prefix for prefix in (INTERRUPTED, CTRL_C_HINT) if line.startswith(prefix)), line)
         with self.lock:
             new = key not in self.lines
             self.lines.add(key)
@@ -430,7 +431,7 @@ def pump(
             logfile.flush()
             if _ALWAYS_HARMLESS.search(text) or (succeeded.is_set() and _HARMLESS_ONCE_DONE.search(text)):
                 continue
-            if text.startswith((REFUSAL, INTERRUPTED)) and not refusals.first(text):
+            if text.startswith((REFUSAL, INTERRUPTED, CTRL_C_HINT)) and not refusals.first(text):
                 continue
             if _HARMLESS_ONCE_DONE.search(text) and not text.startswith("tfdistx:"):  # tfdistx's own lines are news
                 held.append(text)
