@@ -100,6 +100,7 @@ class SigtermNotice:
         self._signals = tuple(signals)
         self._previous: Dict[int, object] = {}
         self._saying: Optional[threading.Thread] = None
+        self._waiting: Optional[threading.Timer] = None  # says a first Ctrl-C's boundary is slow to come
         self._outer: Optional["SigtermNotice"] = None
 
     def __enter__(self) -> "SigtermNotice":
@@ -119,6 +120,7 @@ class SigtermNotice:
             self._outer = None
             return
         _OPEN.remove(self)
+        self.acting()
         for signum, handler in self._previous.items():
             signal.signal(signum, handler)
         self._previous = {}
@@ -164,11 +166,14 @@ class SigtermNotice:
         if not self.received.is_set():
             self.signal_name = "SIGINT"
         self.received.set()
-        hint = threading.Timer(
-            CTRL_C_HINT_SECONDS, print, args=(CTRL_C_HINT,), kwargs={"file": sys.stderr, "flush": True}
-        )
-        hint.daemon = True  # the process ends without waiting for it (cli.end_process)
-        hint.start()
+        self._waiting = threading.Timer(CTRL_C_HINT_SECONDS, print, (CTRL_C_HINT,), {"file": sys.stderr, "flush": True})
+        self._waiting.daemon = True  # the process ends without waiting for it (cli.end_process)
+        self._waiting.start()
+
+    def acting(self) -> None:
+        """The notice is acted on (the boundary came, the process leaves): nothing more to say of waiting for it."""
+        if self._waiting is not None:
+            self._waiting.cancel()
 
     def _say(self, plan: str) -> None:
         if plan and not self._said:  # said by a thread: the handler runs between two bytecodes of the main thread,

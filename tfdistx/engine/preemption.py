@@ -73,6 +73,7 @@ class PreemptionWatcher:
         if self._anyone is not None:
             signalled = self._anyone(signalled)
         if signalled:
+            self.notice.acting()
             self.checkpointer.save(step)  # nothing new when `step` is the checkpoint the run resumed from
             if self._anyone is not None:  # every worker has saved before any leaves: a scheduler that ends the whole
                 self._all_saved()  # step at a task's first exit (srun --kill-on-bad-exit) cannot cut the chief's save short
