@@ -20,7 +20,7 @@ from engine_helpers import train
 from tfdistx.cluster.prefork import Prefork, fork
 from tfdistx.cluster.processes import ForwardingSignals
 from tfdistx import sigterm
-from tfdistx.sigterm import SigtermNotice, release
+from tfdistx.sigterm import SigtermNotice, quiet_after_ctrl_c, release
 
 pytestmark = pytest.mark.unit
 
@@ -171,3 +171,24 @@ def test_a_prefork_closed_while_it_imports_ends_at_once_and_says_nothing(tmp_pat
     assert not Path(f"/proc/{prefork.pid}").exists()  # ended, and reaped
     time.sleep(4)  # what it would have said once its imports were done (no condition to wait on: it is gone)
     assert "Traceback" not in capfd.readouterr().err
+
+
+class _RaisesWhenCollected:
+    def __init__(self, error: BaseException):
+        self.error = error
+
+    def __del__(self):
+        raise self.error
+
+
+def test_what_python_cannot_raise_after_ctrl_c_is_not_printed_and_anything_else_is(monkeypatch):
+    """An interrupt landing in a destructor ("Exception ignored in ...", pybind11's MISMATCH from a TensorFlow
+    server's __del__) after Ctrl-C says nothing: the command's one line does. Before it, Python's own words."""
+    printed = []
+    monkeypatch.setattr(sys, "unraisablehook", lambda unraisable: printed.append(str(unraisable.exc_value)))
+    with quiet_after_ctrl_c():
+        _RaisesWhenCollected(RuntimeError("a real fault"))  # collected at once: unraisable, Python's to print
+        _RaisesWhenCollected(KeyboardInterrupt())
+        sigterm.CTRL_C.set()
+        _RaisesWhenCollected(RuntimeError("MISMATCH of original and normalized active exception types"))
+    assert printed == ["a real fault"]
