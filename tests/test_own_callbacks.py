@@ -181,9 +181,16 @@ def test_under_multiworker_the_chiefs_callbacks_stop_every_worker_at_its_step_an
     assert not list(run_dir.glob("export.replaced-*")) and "step " + str(summary["step"] + 20) not in again
 
 
-def test_a_terminal_shows_a_status_line_redrawn_in_place(tmp_path):
+@pytest.mark.parametrize(
+    "placed, prefix",
+    [([], ""), (["strategy=multiworker", "cluster=2x1", "logger.tensorboard=false"], "[worker:0] ")],
+    ids=["one process", "a local cluster"],
+)
+def test_a_terminal_shows_a_status_line_redrawn_in_place(tmp_path, placed, prefix):
     """In a pseudo-terminal: the status line is drawn again and again on one
-    line (carriage return, erase) while the steps run, the step lines stay."""
+    line (carriage return, erase) while the steps run, the step lines stay.
+    A local cluster's too: its chief's, drawn by the launcher under the tasks'
+    lines (the tasks write to it through pipes), and in no log file."""
     main, child = pty.openpty()
     proc = subprocess.Popen(
         [
@@ -195,6 +202,7 @@ def test_a_terminal_shows_a_status_line_redrawn_in_place(tmp_path):
             "trainer.steps=400",
             "trainer.steps_per_loop=200",
             "trainer.log_every=200",
+            *placed,
             f"hydra.run.dir={tmp_path / 'run'}",
         ],
         stdout=child,
@@ -217,8 +225,11 @@ def test_a_terminal_shows_a_status_line_redrawn_in_place(tmp_path):
     text = out.decode()
     status = [part for part in text.split("\r\x1b[K") if part.startswith("step ") and "elapsed" in part]
     assert len(status) >= 3, text[-2000:]  # redrawn after each call, and every second between
-    assert "step 400/400" in status[-1] and "\r\x1b[Kstep 400/400  loss " in text
-    assert text.rstrip("\r\n").count("\n") < len(status)  # in place: fewer lines than drawings
+    assert "step 400/400" in status[-1] and f"\r\x1b[K{prefix}step 400/400  loss " in text
+    assert "elapsed\r\n" not in text and "elapsed\n" not in text  # in place: no drawing left as a line of its own
+    if not placed:
+        assert text.rstrip("\r\n").count("\n") < len(status)  # fewer lines than drawings
+    assert "elapsed" not in (tmp_path / "run" / "tfdistx.log").read_text()
 
 
 def test_under_multiworker_a_callback_failing_on_the_chief_saves_with_every_worker_and_stops_them(tfdistx, tmp_path):

@@ -14,7 +14,7 @@ import tensorflow as tf
 from config_helpers import PREFIX, compose_ok, refused
 from engine_helpers import train, whole_and_resumed
 from tfdistx.spec.errors import ConfigError, RunFault
-from tfdistx.loggers.progress import ConsoleProgress
+from tfdistx.loggers.progress import ConsoleProgress, relayed_status
 from tfdistx.loggers.sinks import CsvLogger
 
 pytestmark = pytest.mark.unit
@@ -534,3 +534,16 @@ def test_a_keras_callbacks_relative_path_is_the_run_dirs_and_a_rerun_resumes_wri
         PREFIX + f"hydra.run.dir='{tmp_path / 'mine'}': holds m-07.keras, which a run writes, and tfdistx did not "
         "make it (no .lock): name a new directory, or move them (nothing was changed)"
     ]
+
+
+def test_a_local_clusters_chief_sends_its_status_line_as_lines_of_its_own_for_its_launcher_to_draw():
+    """Its output is a pipe to the launcher (cluster/processes.py draws the status on the launcher's terminal)."""
+    stream = io.StringIO()
+    progress = ConsoleProgress(100, stream=stream, relay=True)
+    progress.after_steps(10)
+    progress(10, {"loss": 1.5})
+    progress.close()
+    lines = stream.getvalue().splitlines()
+    assert "step  10/100  loss   1.500" in lines and "\r" not in stream.getvalue()
+    statuses = [relayed_status(line) for line in lines if relayed_status(line) is not None]
+    assert statuses[0].startswith("step  10/100") and "elapsed" in statuses[0] and statuses[-1] == ""  # closed: gone

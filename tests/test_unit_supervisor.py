@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import yaml
@@ -241,3 +242,48 @@ def test_a_chief_holding_the_last_loop_boundary_is_let_save_it_before_the_round_
     assert (tmp_path / "saved").exists() == saved, said
     assert code == (137 if policy == "the peer's process ended" else 0), said
     assert "stopping it with the round" not in said, said
+
+
+class SignalsOnceReady(FixedCounts):
+    """`sig` to this process (the supervisor's), `times` over (each taken before the next is sent), once every
+    task of the round says it is ready."""
+
+    def __init__(self, spec: dict, sig: int, times: int = 1):
+        super().__init__(spec)
+        self.sig, self.times = sig, times
+
+    def check(self, round_, signals):
+        if all((Path(self.spec["log_dir"]) / f"ready-{task.proc.pid}").exists() for task in round_.tasks):
+            for _ in range(self.times):
+                os.kill(os.getpid(), self.sig)
+        return None
+
+
+def ready_then(tmp_path, then: str) -> list:
+    """A task's command: says it is ready (a file named by its pid), then `then`."""
+    return [
+        sys.executable,
+        "-c",
+        f"import os, pathlib, signal, sys, time; {then}; "
+        f"pathlib.Path({str(tmp_path)!r}, f'ready-{{os.getpid()}}').touch(); time.sleep(600)",
+    ]
+
+
+def test_a_sigterm_the_tasks_finish_the_run_through_is_its_success_not_143(tmp_path, capsys):
+    """A notice after the last loop boundary: the trainers finish (summary, export) and exit 0; the run did too."""
+    spec = {
+        **spec_of(tmp_path, 0),
+        "command": ready_then(tmp_path, "signal.signal(signal.SIGTERM, lambda *a: sys.exit(0))"),
+    }
+    assert supervise(spec, SignalsOnceReady(spec, signal.SIGTERM)) == 0
+
+
+@pytest.mark.timeout(300)  # without the hurry, the grace: 3000 s
+def test_a_second_ctrl_c_cuts_the_grace_the_first_gives_the_trainers_to_save_short(tmp_path, capsys):
+    spec = {
+        **spec_of(tmp_path, 0),
+        "command": ready_then(tmp_path, "signal.signal(signal.SIGINT, signal.SIG_IGN)"),  # saving, for ever
+        "preemption_grace": 3000,
+    }
+    assert supervise(spec, SignalsOnceReady(spec, signal.SIGINT, times=2)) == 130
+    assert capsys.readouterr().err.splitlines()[-1] == "tfdistx: interrupted"

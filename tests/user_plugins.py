@@ -1,5 +1,7 @@
 """A user's own model and data functions, plugged in with `_target_`."""
 
+import os
+import signal
 import time
 
 import keras
@@ -614,3 +616,18 @@ def slow_model(input_shape, num_classes, seconds: float = 0.1):
             keras.layers.Dense(num_classes),
         ]
     )
+
+
+class InterruptsAt(keras.callbacks.Callback):
+    """Ctrl-C, `times` over, at the record of step `step` (a loop boundary): SIGINT to this process, as a
+    terminal sends it (each handled before the next is sent: two are a second Ctrl-C, not one)."""
+
+    def __init__(self, step: int, times: int = 1, hold: float = 0):
+        super().__init__()
+        self.step, self.times, self.hold = step, times, hold  # hold: then keeps the boundary that long (a slow one)
+
+    def on_epoch_end(self, epoch, logs=None):
+        if logs["step"] == self.step:
+            for _ in range(self.times):
+                os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(self.hold)

@@ -35,6 +35,7 @@ import yaml  # PyYAML (no TensorFlow, no Hydra): a run's .hydra/hydra.yaml
 from tfdistx.spec import datafiles
 from tfdistx.whole_files import write_whole
 from tfdistx.spec.errors import (
+    EXIT_INTERRUPTED,
     EXIT_INVALID_CONFIG,
     EXIT_NOT_RETRYABLE,
     EXIT_PREEMPTED,
@@ -95,6 +96,9 @@ def owned(run_dir: str):
             yield
         except SystemExit as exit:
             attempt.end(exit.code)
+            raise
+        except KeyboardInterrupt:  # Ctrl-C: the user stopped it, as a shell says it
+            attempt.end(EXIT_INTERRUPTED)
             raise
         except BaseException:
             attempt.end(1)
@@ -292,13 +296,14 @@ def _leave_no_stub(run_dir: Path, created: bool, code) -> None:
     terminal); one with more in it (a cluster's task logs, checkpoints)
     gets a FAILED file with the exit code, which `tfdistx report` shows.
     A preempted run (exit 42) did not fail: it saved, and the same command
-    resumes it, so it gets no FAILED file (the report says unfinished).
+    resumes it, so it gets no FAILED file (the report says unfinished); nor
+    does one stopped by Ctrl-C (130), which saved too once it trained.
     A run dir that was there before is left as it was."""
     if not created:  # a run that was there before keeps its own state
         return
     if {p.name for p in run_dir.iterdir()} <= _STUB:
         shutil.rmtree(run_dir, ignore_errors=True)
-    elif code != EXIT_PREEMPTED and not (run_dir / "summary.json").exists():
+    elif code not in (EXIT_PREEMPTED, EXIT_INTERRUPTED) and not (run_dir / "summary.json").exists():
         (run_dir / FAILED_NAME).write_text(f"exit code {code}\n")
 
 

@@ -512,7 +512,14 @@ def run_agent(spec: dict, notice: Optional[SigtermNotice] = None) -> int:
         ):  # a refused rerun leaves the run's own config; a new run that failed says so to `tfdistx report`
             attempt.end(code)
         beats.set(DONE if code == 0 else ENDED, beats.status[1])
-        _hear_the_end(keeper, beats, code, bounds["lost_bound"] + spec.get("preemption_grace", 60))
+        most = bounds["lost_bound"] + spec.get("preemption_grace", 60)
+        if signals.received and code and keeper is not None:
+            # Stopped from outside (Ctrl-C, a preemption): the run cannot go on without the rounds this node
+            # keeps, so the other agents hear it stopped, at their next beat; one silent for lost_bound is lost.
+            why = "interrupted (Ctrl-C)" if signals.ctrl_c else "preempted"
+            keeper.stop(code, f"the agent keeping the rounds was {why}")
+            most = bounds["lost_bound"]
+        _hear_the_end(keeper, beats, code, most)
         beats.close()
         if server is not None:
             server.shutdown()

@@ -440,6 +440,14 @@ class RoundKeeper:
                 for node in self.nodes.values()
             )
 
+    def stop(self, code: int, why: str) -> None:
+        """The run ends here, with `code` (the agent keeping the rounds was stopped from outside: Ctrl-C, a
+        preemption): every agent is told at its next beat, unless the run had already ended."""
+        with self.lock:
+            if self.stopped is None:
+                self.stopped = Stopped(code, why)
+                self._changed()
+
     # -- the decisions --------------------------------------------------------
 
     def tick(self) -> None:

@@ -28,6 +28,7 @@ from tfdistx.spec.run_spec import Layout
 from tfdistx.spec.errors import EXIT_INVALID_CONFIG, ConfigError, RunFault, interrupted
 from tfdistx.internals import hydra as hydra_internals
 from tfdistx.log_files import into_log_files  # no TensorFlow there
+from tfdistx.sigterm import CTRL_C
 
 
 def register_config_names(overrides) -> None:
@@ -119,6 +120,7 @@ def _noting_ctrl_c():
 
     def note_then_interrupt(signum, frame):
         seen.set()
+        CTRL_C.set()  # the process's too: what a destructor then complains of is not printed (sigterm.py)
         previous(signum, frame)
 
     signal.signal(signal.SIGINT, note_then_interrupt)

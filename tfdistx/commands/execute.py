@@ -339,9 +339,7 @@ def _run_local_cluster(spec: RunSpec, mode: str, step: Optional[int], notice: Op
         preload=TASK_PRELOAD if cluster.prefork and not under_mpi else (),
         nice=cluster.nice,
     )
-    if code == 130:  # Ctrl-C: the tasks stopped quietly (commands/task.py)
-        print("tfdistx: interrupted", file=sys.stderr)
-    if code:
+    if code:  # Ctrl-C's (130) one line is the supervisor's, or the tasks' that saved
         sys.exit(code)
     if mode == "evaluate":
         return json.loads((run_dir / "evaluations.jsonl").read_text().splitlines()[-1])

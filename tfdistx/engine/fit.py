@@ -158,13 +158,15 @@ def train_loop(run: Run, runner: StepRunner, start: Start, notice: SigtermNotice
         ]
         profile = profile_steps(run)
         with contextlib.closing(profile) if profile else contextlib.nullcontext():  # a failed run's trace is kept too
-            return Loop(
+            result = Loop(
                 runner,
                 schedule,
                 run.step_counter,
                 actions + ([profile] if profile else []),
                 learning_rate_at=run.learning_rate.at,
             ).run()
+        preemption.done()  # the final checkpoint is saved: a notice now lets the run finish (docs/preemption.md)
+        return result
 
 
 def save_the_last_boundary(run: Run, commit: Commit) -> Optional[str]:

@@ -41,16 +41,19 @@ log = logging.getLogger(__name__)
 
 class Preempted(SystemExit):
     """Raised after the preemption checkpoint is written: unwinds (closing
-    logs, removing scratch directories) and exits the process with 42."""
+    logs, removing scratch directories) and exits the process with 42 (130:
+    the notice was Ctrl-C's)."""
 
-    def __init__(self):
-        super().__init__(EXIT_PREEMPTED)
+    def __init__(self, code: int = EXIT_PREEMPTED):
+        super().__init__(code)
 
 
 class PreemptionWatcher:
     """Turns the process's SIGTERM notice (sigterm.py) into a checkpoint and
     exit 42 at a loop boundary that every worker of a synchronous cluster
-    agrees on: `check(step)` before the first step and after every loop call."""
+    agrees on: `check(step)` before the first step and after every loop call.
+    From its making until `done()`, a first Ctrl-C is such a notice too: the
+    checkpoint, then exit 130."""
 
     def __init__(
         self,
@@ -62,6 +65,11 @@ class PreemptionWatcher:
         self.checkpointer, self.notice = checkpointer, notice
         notice.plan = SigtermNotice.TRAINER
         self._anyone = any_task(strategy) if synchronous_cluster else None
+        notice.saves = True
+
+    def done(self) -> None:
+        """The loop is over: there is no boundary left to save at, and Ctrl-C stops the process at once again."""
+        self.notice.saves = False
 
     def check(self, step: int) -> None:
         """Call at the same points on every worker: saves and exits if any worker was signalled."""
@@ -69,11 +77,17 @@ class PreemptionWatcher:
         if self._anyone is not None:
             signalled = self._anyone(signalled)
         if signalled:
+            self.notice.acting()
             self.checkpointer.save(step)  # nothing new when `step` is the checkpoint the run resumed from
             if self._anyone is not None:  # every worker has saved before any leaves: a scheduler that ends the whole
                 self._all_saved()  # step at a task's first exit (srun --kill-on-bad-exit) cannot cut the chief's save short
-            log.warning("preempted at step %d: checkpoint saved; exiting with %d", step, EXIT_PREEMPTED)
-            raise Preempted()
+            if self.notice.interrupted:  # Ctrl-C: the one line the user's command shows (a cluster's tasks': once)
+                line = f"tfdistx: interrupted at step {step}: checkpoint saved; rerun the same command to resume"
+                print(line, file=sys.stderr, flush=True)
+                into_log_files(line, logging.WARNING)
+            else:
+                log.warning("preempted at step %d: checkpoint saved; exiting with %d", step, EXIT_PREEMPTED)
+            raise Preempted(self.notice.code)
 
     def _all_saved(self) -> None:
         """The all-reduce after the save. A ring all-reduce ends on one task

@@ -40,7 +40,7 @@ from tfdistx.engine.preemption import end_process_now, leave_now
 from tfdistx.spec.errors import EXIT_CLUSTER_DID_NOT_FORM, EXIT_LOST_PEER, EXIT_PREEMPTED, RunFault, offset_exit
 from tfdistx.spec.run_spec import Cluster
 from tfdistx.spec.strategies import Strategy
-from tfdistx.sigterm import SigtermNotice, leave_preempted, reclaim
+from tfdistx.sigterm import SigtermNotice, reclaim
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +69,7 @@ def until_trainers_leave(
     else may be there to stop it (TF_CONFIG, Slurm, Kubernetes). One the
     chief told how the training ended ends with it (_training_ended)."""
     notice.plan = ""  # nothing to say unless the trainers outstay the grace
+    notice.saves = True  # a first Ctrl-C too: the trainers save at their next loop boundary, served by this task
     reclaim()  # starting the server may have taken SIGTERM over
     trainers = trainer_addresses(placement, facts)
     lost: List[str] = []
@@ -95,12 +96,13 @@ def until_trainers_leave(
         staying = ["the trainer"]
     if staying:
         log.warning(
-            "%s still running %gs after SIGTERM (cluster.preemption_grace): %s stops serving",
+            "%s still running %gs after %s (cluster.preemption_grace): %s stops serving",
             ", ".join(staying),
             cluster.preemption_grace,
+            notice.signal_name,
             placement.task_name,
         )
-    leave_preempted()
+    notice.leave()  # 42, or 130 after Ctrl-C
 
 
 def _training_ended(placement: Placement, code: int, trainers: Dict[str, str], cluster: Cluster) -> None:

@@ -31,6 +31,7 @@ EXIT_NO_NETWORK = (
     10  # a dataset to download, and no network to download it: a fault of the machine, which no retry cures here
 )
 EXIT_PREEMPTED = 42
+EXIT_INTERRUPTED = 130  # Ctrl-C (128 + SIGINT, as a shell says it): the user stopped the run; never retried
 # The signals that, like SIGTERM, mean "checkpoint and leave with EXIT_PREEMPTED" (cluster.notice_signals, named as
 # Slurm's --signal names them): USR1 by default, so that Slurm's time-limit notice (`sbatch --signal=B:USR1@120`,
 # passed on to the step by `tfdistx export slurm`'s script) is one with no override. SIGTERM always is; INT is

@@ -14,9 +14,11 @@ An MPI process needs MPI's own launcher: a process started alone cannot
 connect to another (MPICH refuses two singletons: "Local and remote groups
 in MPI_Intercomm must be disjoint"). So the local launcher starts each task
 as `mpiexec -n 1 <its command>`: a world of one, which joins its peers
-through a port name; mpiexec passes the task's signals on (SIGTERM, SIGINT,
-SIGUSR1) and ends with its exit code, and a task whose mpiexec is killed
-dies with it (mpiexec's file of the machine's topology, /tmp/hydra_hwloc_xmlfile_*,
+through a port name; the launcher gives the task's signals (SIGTERM,
+SIGINT, SIGUSR1) to the task itself, not to mpiexec, which would say so in
+lines of its own and loses one that comes before it has started the task
+(cluster/processes.py); mpiexec ends with the task's exit code, and a task
+whose mpiexec is killed dies with it (mpiexec's file of the machine's topology, /tmp/hydra_hwloc_xmlfile_*,
 is removed when mpiexec ends by itself, not when it is killed: MPICH writes it
 in /tmp whatever TMPDIR says). Only the local launcher does so: on Slurm, under TF_CONFIG,
 agents or Kubernetes, the scheduler starts the tasks, so `mpi` is refused
