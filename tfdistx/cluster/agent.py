@@ -336,7 +336,8 @@ class AgentMembership(Membership):
         """Why this agent is in no round, said once for each reason: the keeper's (too few agents, the round full,
         another agent of this node in it, joining), or a refusal of its beats (not the run's secret)."""
         wait, trouble = self.beats.wait_line(), self.beats.trouble
-        if wait is not None and self.waits.first(wait[0]):
+        # below MIN: the keeper's own line, which this node's agent need not say again where it keeps the rounds
+        if wait is not None and not (self.keeps_rounds and wait[0] == "below") and self.waits.first(wait[0]):
             self.say(wait[1], quiet=wait[0] == "joining")
         if trouble is not None and self.waits.first(trouble):
             self.say(

@@ -552,7 +552,9 @@ class RoundKeeper:
             )
             self.waiting_line = None
             self._changed()
-        elif waited >= min(SAY_WAIT_AFTER_SECONDS, self.below_min_timeout / 2):
+        elif self.below_min_timeout > SAY_WAIT_AFTER_SECONDS and waited >= min(
+            SAY_WAIT_AFTER_SECONDS, self.below_min_timeout / 2
+        ):  # a bound this short ends in its own line soon enough: the wait is said where it is long
             left = self.below_min_timeout - waited
             chief = (
                 " (the chief's node, this one, among them)"
