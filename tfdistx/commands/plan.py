@@ -1,6 +1,8 @@
 """`--plan`: what a run would do, printed without starting TensorFlow."""
 
-from omegaconf import DictConfig, OmegaConf
+from typing import Any, Mapping
+
+from omegaconf import DictConfig
 
 from tfdistx import machine
 from tfdistx.cluster import placement as cluster_lib
@@ -9,6 +11,7 @@ from tfdistx.commands.execute import local_tasks
 from tfdistx.config import sources
 from tfdistx import loggers as builtin_loggers
 from tfdistx.spec import agent, compute, elastic, priority, strategies, threads
+from tfdistx.config.compose import hydra_run_dir
 from tfdistx.config.resolve import resolve
 from tfdistx.spec.run_spec import Layout, Logger, Optimizer
 from tfdistx.spec.targets import Target
@@ -55,7 +58,7 @@ def describe(cfg: DictConfig) -> str:
             f"data          each worker reads its own 1/{topo.workers} of the examples (sharded by worker index); "
             "a resumed worker skips its expected share of the steps done"
         )
-        lines += _ps_variables(cfg, topo.ps)
+        lines += _ps_variables(layout.strategy.options, spec.config["model"], spec.config["data"], topo.ps)
         stale = facts.stale_gradients_warning(topo.workers, trainer.steps)
         if stale:
             lines.append(f"WARNING       {stale}")
@@ -83,10 +86,11 @@ def describe(cfg: DictConfig) -> str:
         f"compute       {trainer.precision}; XLA {compute.planned_jit(trainer, facts)[1]}; "
         f"steps per XLA call {compute.planned_steps_per_xla_call(trainer, spec.checkpoint, facts)[1]}"
     )
-    plan_line = sources.of(cfg.data).plan_line  # a data source's own line, from its own keys
+    data = spec.config["data"]
+    plan_line = sources.of(data).plan_line  # a data source's own line, from its own keys
     if plan_line:
         lines = [line for line in lines if not line.startswith("data ")] + [
-            plan_line(cfg.data, topo.workers if facts.multi_process else 1)
+            plan_line(data, topo.workers if facts.multi_process else 1)
         ]
     service = layout.service
     if service:
@@ -111,7 +115,7 @@ def describe(cfg: DictConfig) -> str:
     lines.append(
         f"checkpoints   every {every or 'end only'} steps, keep {spec.checkpoint.max_to_keep}, in {spec.checkpoint.dir}"
     )
-    run_dir = OmegaConf.select(cfg, "hydra.run.dir")
+    run_dir = hydra_run_dir(cfg)
     if run_dir:
         lines.append(
             f"run dir       {run_dir}: .hydra/, metrics.jsonl, summary.json, checkpoints/, tensorboard/"
@@ -141,10 +145,10 @@ def _optimizer(optimizer: Optimizer, replicas) -> str:
     return f"{shown}, lr {lr_text}, schedule {schedule}{clip}"
 
 
-def _ps_variables(cfg: DictConfig, ps: int) -> list:
-    """Where the variables go on the ps tasks (strategy.partitioner), and for
-    the default MLP on images of a known shape, the bytes on each ps task."""
-    settings = strategies.partitioner_settings(cfg.strategy.get("partitioner"), ps)
+def _ps_variables(options: Mapping[str, Any], model: Mapping[str, Any], data: Mapping[str, Any], ps: int) -> list:
+    """Where the variables go on the ps tasks (the strategy's `options`: strategy.partitioner), and for
+    the default MLP (the `model` section) on images of a known shape (`data`), the bytes on each ps task."""
+    settings = strategies.partitioner_settings(options.get("partitioner"), ps)
     if settings:
         line = (
             f"variables     strategy.partitioner: a variable of more than {settings['min_shard_bytes']:,} bytes in "
@@ -153,7 +157,7 @@ def _ps_variables(cfg: DictConfig, ps: int) -> list:
         )
     else:
         line = f"variables     whole, round-robin over {ps} ps (strategy.partitioner splits large ones)"
-    shapes = _mlp_shapes(cfg)
+    shapes = _mlp_shapes(model, data)
     if shapes is None:
         return [line]
     total = sum(strategies.ps_bytes(shapes, 1, None))
@@ -167,22 +171,21 @@ def _ps_variables(cfg: DictConfig, ps: int) -> list:
     return [line, detail]
 
 
-def _mlp_shapes(cfg: DictConfig):
+def _mlp_shapes(model: Mapping[str, Any], data: Mapping[str, Any]):
     """The weights' shapes of model=mlp, in creation order, when the data's
     image shape and classes are in the config (the synthetic images'); else None."""
-    model, data = cfg.model, cfg.data
     if model.get("_target_") != "tfdistx.models.mlp" or not data.get("image_shape") or not data.get("num_classes"):
         return None
     width, shapes = 1, []
-    for size in data.image_shape:
+    for size in data["image_shape"]:
         width *= int(size)
-    for units in [*model.get("hidden_units", []), data.num_classes]:
+    for units in [*(model.get("hidden_units") or []), data["num_classes"]]:
         shapes += [(width, int(units)), (int(units),)]
         width = int(units)
     return shapes
 
 
-def _collectives(options: DictConfig) -> str:
+def _collectives(options: Mapping[str, Any]) -> str:
     packs = options.get("bytes_per_pack") or 0
     implementation = options.get("communication") or "auto"
     how = strategies.COMMUNICATION_MEANS[implementation]
