@@ -521,3 +521,38 @@ class NaNAfterOneByOne(NaNAfter):
 
     def __call__(self, step):
         return float("nan") if int(step) >= self.after else 0.001
+
+
+class DumpState(keras.callbacks.Callback):
+    """At each record whose step is a multiple of `every`: the trained
+    weights and the optimizer's variables as they are then, into
+    `<path>/step-N.npz` (what the checkpoint of that step must hold, however
+    long its write takes while the steps go on)."""
+
+    def __init__(self, path: str, every: int):
+        super().__init__()
+        self.path, self.every = path, every
+
+    def on_epoch_end(self, epoch, logs=None):
+        step = int(logs["step"])
+        if step % self.every == 0:
+            values = [v.numpy() for v in [*self.model.trainable_weights, *self.model.optimizer.variables]]
+            np.savez(f"{self.path}/step-{step}.npz", *values)
+
+
+class SignalAt:
+    """A tfdistx action: at `step` (a loop boundary it makes), SIGTERM to its
+    own process, as a scheduler's preemption would send it then."""
+
+    def __init__(self, step: int):
+        self.step = step
+
+    def next_stop(self, step):
+        return self.step if step < self.step else None
+
+    def __call__(self, step, record):
+        if step == self.step:
+            import os
+            import signal
+
+            os.kill(os.getpid(), signal.SIGTERM)

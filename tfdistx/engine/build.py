@@ -31,7 +31,7 @@ from tfdistx.data.sources import DataSource
 from tfdistx.engine import mpi, process, topology, xla
 from tfdistx.engine import strategy as strategy_lib
 from tfdistx.engine.callbacks import CallbackStates
-from tfdistx.engine.checkpointing import Checkpointer, ObjectiveState
+from tfdistx.engine.checkpointing import Checkpointer, ObjectiveState, RunningRecordState
 from tfdistx.engine.mpi import MpiSum
 from tfdistx.engine.optim import LearningRateAtStep, schedule
 from tfdistx.engine.parts import (
@@ -85,6 +85,7 @@ class Run:
     gradient_sum: Optional[MpiSum] = (
         None  # the gradients summed through MPI, not the strategy (strategy.communication=mpi)
     )
+    running: Optional[RunningRecordState] = None  # the loop's running record, saved with the checkpoint
 
     @property
     def dir(self):
@@ -168,6 +169,7 @@ def build_run(spec: RunSpec, placement: Placement) -> Run:
         )
     )
     callback_states = CallbackStates()
+    running = RunningRecordState()
     checkpointer = Checkpointer(
         spec.checkpoint.dir,
         max_to_keep=spec.checkpoint.max_to_keep,
@@ -180,13 +182,16 @@ def build_run(spec: RunSpec, placement: Placement) -> Run:
         objective=objective_state,
         learning_rate_scale=learning_rate.scale,
         callbacks=callback_states,
+        record=running,
         optional=[
             "objective",
             "learning_rate_scale",
             "callbacks",
+            "record",
         ],  # checkpoints written before they were saved restore without them
         topology=run_topology,
         resplit=resplit_for(spec, model, feature_spec, num_outputs),
+        grace=cluster.preemption_grace,
     )
     return Run(
         spec=spec,
@@ -214,6 +219,7 @@ def build_run(spec: RunSpec, placement: Placement) -> Run:
         train_variables=train_variables,
         callback_states=callback_states,
         gradient_sum=gradient_sum,
+        running=running,
     )
 
 
