@@ -19,6 +19,7 @@ Only the script's text is written here; what it runs is the config's.
 """
 
 import argparse
+import math
 import os
 import re
 import shlex
@@ -35,7 +36,9 @@ from tfdistx.spec.errors import EXIT_PREEMPTED, ConfigError
 from tfdistx.config.resolve import layout_of
 from tfdistx.spec.strategies import describe_jobs
 
-DEFAULT_NOTICE = 120  # seconds: a checkpoint of a large model, and the step's exit, fit in it
+DEFAULT_NOTICE = (
+    120  # seconds, the least notice: more when the checkpoint's expected save needs it (cluster.preemption_grace)
+)
 MOST_NOTICE = 65535  # sbatch --signal's @sig_time is a 16-bit count of seconds
 # The run dir, fixed for the job: a requeued job keeps its id, and resumes there (shell text: $SLURM_JOB_ID is the job's)
 RUN_DIR = "outputs/slurm/${SLURM_JOB_ID}"
@@ -45,6 +48,12 @@ TIME_FORMATS = "MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS (Slurm's --time
 _PARTITION = re.compile(r"[A-Za-z0-9_.-]+(?:,[A-Za-z0-9_.-]+)*")
 # cluster.launch values under which the tasks take their place from the Slurm step (cluster/placement.py)
 _PLACED_BY_SLURM = ("auto", "slurm")
+
+
+def notice_for(grace: float) -> int:
+    """The script's --signal lead: the grace a preemption gives the run (cluster.preemption_grace: the user's, or
+    derived from the checkpoint's expected save, spec/checkpoint_size.py), at least DEFAULT_NOTICE."""
+    return min(MOST_NOTICE, max(DEFAULT_NOTICE, math.ceil(grace)))
 
 
 def main(argv) -> int:
@@ -58,18 +67,18 @@ def main(argv) -> int:
     parser.add_argument("--time", help=f"the job's time limit: {TIME_FORMATS} (default: the partition's)")
     parser.add_argument(
         "--notice",
-        default=str(DEFAULT_NOTICE),
         help=f"seconds before the time limit at which Slurm sends USR1: the run checkpoints and the job "
-        f"requeues (default: {DEFAULT_NOTICE})",
+        f"requeues (default: cluster.preemption_grace, at least {DEFAULT_NOTICE}: derived from the checkpoint's "
+        "expected save time unless set; docs/preemption.md)",
     )
     parser.add_argument("--partition", help="the Slurm partition (default: the cluster's default)")
     parser.add_argument("--nodes", help="nodes the tasks are spread over (default: 1)")
     parser.add_argument("--out", help="write the script to this new file (never replacing one) instead of printing it")
     with one_line_errors():
         args = parser.parse_intermixed_args(argv)
-        notice = _positive("--notice", args.notice, MOST_NOTICE, "seconds")
+        notice = _positive("--notice", args.notice, MOST_NOTICE, "seconds") if args.notice is not None else None
         limit = _seconds(args.time) if args.time is not None else None
-        if limit and notice >= limit:
+        if limit and notice and notice >= limit:
             raise ConfigError.one(
                 "--notice",
                 args.notice,
@@ -110,6 +119,15 @@ def main(argv) -> int:
                 "the script's tasks are placed by the Slurm step: "
                 f"{', '.join(_PLACED_BY_SLURM)}, or agent (an agent on every node)",
             )
+        if notice is None:  # the grace a preemption gives the run (the user's, or derived from its save): the lead
+            notice = notice_for(layout.cluster.preemption_grace)
+            if limit and notice >= limit:
+                raise ConfigError.one(
+                    "--time",
+                    args.time,
+                    f"must be longer than the notice a checkpoint needs, {notice} s (cluster.preemption_grace, at "
+                    f"least {DEFAULT_NOTICE}; --plan shows the save's expected time): a longer --time, or --notice",
+                )
         tasks = scheduled_tasks(layout)
         ntasks = sum(tasks.values())
         nodes = (
