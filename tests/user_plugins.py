@@ -527,17 +527,24 @@ class DumpState(keras.callbacks.Callback):
     """At each record whose step is a multiple of `every`: the trained
     weights and the optimizer's variables as they are then, into
     `<path>/step-N.npz` (what the checkpoint of that step must hold, however
-    long its write takes while the steps go on)."""
+    long its write takes while the steps go on); before the first step,
+    `<path>/begin.npz` (a resumed run's: what it restored)."""
 
     def __init__(self, path: str, every: int):
         super().__init__()
         self.path, self.every = path, every
 
+    def on_train_begin(self, logs=None):  # a resumed run's: what it restored
+        self._dump("begin")
+
     def on_epoch_end(self, epoch, logs=None):
         step = int(logs["step"])
         if step % self.every == 0:
-            values = [v.numpy() for v in [*self.model.trainable_weights, *self.model.optimizer.variables]]
-            np.savez(f"{self.path}/step-{step}.npz", *values)
+            self._dump(f"step-{step}")
+
+    def _dump(self, name: str) -> None:
+        values = [v.numpy() for v in [*self.model.trainable_weights, *self.model.optimizer.variables]]
+        np.savez(f"{self.path}/{name}.npz", *values)
 
 
 class SignalAt:
