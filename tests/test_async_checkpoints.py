@@ -9,7 +9,6 @@ checkpoint) that its write outlasts the few milliseconds between."""
 
 import hashlib
 import json
-import os
 import signal
 import sys
 import time

@@ -127,7 +127,7 @@ def _checkpoint_size(cfg: DictConfig, spec, run_dir) -> list:
     config = {key: OmegaConf.to_container(cfg[key], resolve=True) for key in ("model", "data", "optimizer")}
     checkpoint_dir = cfg.checkpoint.dir or (f"{run_dir}/checkpoints" if run_dir else None)
     found = checkpoint_size.estimate(config, checkpoint_dir, run_dir)
-    lines = checkpoint_size.shown(found, str(spec.model.path).rpartition(".")[2])
+    lines = checkpoint_size.shown(found, str(spec.model.path).rpartition(".")[2], spec.checkpoint.background)
     given = cfg.cluster.get("preemption_grace")
     grace = (
         f"{given:g} s (cluster.preemption_grace)"

@@ -77,6 +77,7 @@ def resolve(cfg: DictConfig, run_dir: str = ".", follow_init_from: bool = True) 
         checkpoint=Checkpoint(
             dir=checkpoint_dir,
             every_steps=ckpt["every_steps"],
+            background=bool(ckpt["background"]),
             max_to_keep=ckpt["max_to_keep"],
             restore=ckpt["restore"],
             export=ckpt["export"],

@@ -78,6 +78,7 @@ class TrainerConfig:
 @dataclass
 class CheckpointConfig:
     every_steps: int = 500
+    background: bool = True  # periodic saves written while the steps go on (engine/checkpoint_writer.py)
     max_to_keep: int = 3
     dir: Optional[str] = None
     restore: bool = True

@@ -192,6 +192,7 @@ def build_run(spec: RunSpec, placement: Placement) -> Run:
         topology=run_topology,
         resplit=resplit_for(spec, model, feature_spec, num_outputs),
         grace=cluster.preemption_grace,
+        background=spec.checkpoint.background,
     )
     return Run(
         spec=spec,

@@ -196,8 +196,6 @@ class Writer:
     def _run(self, job: _Job, background: bool = False) -> None:
         staging = None
         try:
-            if background:
-                _yield_to_the_steps()
             step, first = job.snapshot.step, job.destinations[0].directory
             staging = os.path.join(first, f"{STAGING}ckpt-{step}")
             shutil.rmtree(staging, ignore_errors=True)  # a kill's leftover of the same step
@@ -225,6 +223,7 @@ class Writer:
             if staging:
                 shutil.rmtree(staging, ignore_errors=True)
         finally:
+            job.snapshot.stand_ins = []  # the values, copied as the steps went on: memory of its own, given back now
             job.done.set()
 
 
@@ -236,13 +235,3 @@ def _link_or_copy(source: str, target: str) -> None:
     except OSError:
         shutil.copyfile(source, temporary)
     os.replace(temporary, target)
-
-
-def _yield_to_the_steps() -> None:
-    """The writing thread gives way to the steps when both want a core: a
-    write that takes longer costs nothing, a step that takes longer costs
-    the run (Linux: a thread's own nice value; elsewhere nothing)."""
-    try:
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
-    except (AttributeError, OSError):
-        pass

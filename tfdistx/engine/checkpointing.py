@@ -58,6 +58,7 @@ class Checkpointer:
         topology: Optional[dict] = None,
         resplit=None,
         grace: Optional[float] = None,
+        background: bool = True,
         **trackables,
     ):
         """Restores from `directory`; saves there on the chief, elsewhere on the
@@ -67,7 +68,9 @@ class Checkpointer:
         saves (engine/topology.py). `resplit`: a resplit.Resplit, for a model
         whose tables a checkpoint may hold in another number of shards.
         `grace`: the seconds a preemption gives the run to save
-        (cluster.preemption_grace): a save that takes longer is said once."""
+        (cluster.preemption_grace): a save that takes longer is said once.
+        `background`: the periodic saves are written while the steps go on
+        (checkpoint.background), where the state can be snapshot."""
         self.directory = directory
         self.topology, self.resplit, self.grace = topology, resplit, grace
         self.resplit_from: Optional[int] = None  # the restored checkpoint's shards, when they were re-split
@@ -86,7 +89,8 @@ class Checkpointer:
         self._writing = tf.train.Checkpoint(**trackables)
         self._writing.save_counter  # noqa: B018 (made now: a checkpoint's restore expects it)
         self.writer = Writer(self._writing, self._written)
-        self.background: Optional[bool] = None  # whether the state can be snapshot: decided at the first save
+        self.background = background
+        self._snapshots: Optional[bool] = None  # whether the state can be snapshot: decided at the first save
         self.stats = SaveStats()
         self.max_to_keep = max_to_keep
         self._warned_slow = self._warned_waiting = False
@@ -228,7 +232,7 @@ class Checkpointer:
         waited = time.perf_counter() - started
         destinations = self._due(step, latest)
         snapshot = self._snapshot(step)
-        if self.background:
+        if self.background and self._snapshots:
             self.writer.start(snapshot, destinations)
         else:
             self.writer.write(snapshot, destinations)
@@ -260,10 +264,10 @@ class Checkpointer:
         return destinations
 
     def _snapshot(self, step: int) -> snapshot_lib.Snapshot:
-        if self.background is None:
+        if self._snapshots is None:
             blocker = snapshot_lib.blocker(self._writing)
-            self.background = blocker is None
-            if blocker and self.is_chief:
+            self._snapshots = blocker is None
+            if blocker and self.is_chief and self.background:
                 log.info(
                     "checkpoints are written while the steps wait: the checkpoint holds a %s, whose values a "
                     "snapshot cannot hold",

@@ -85,8 +85,8 @@ def grace_seconds(found: Optional[Estimate], least: int = LEAST_GRACE) -> int:
     return max(least, math.ceil(2 * found.seconds + GRACE_MARGIN))
 
 
-def shown(found: Optional[Estimate], model: str) -> List[str]:
-    """--plan's lines."""
+def shown(found: Optional[Estimate], model: str, background: bool = True) -> List[str]:
+    """--plan's lines (`background`: checkpoint.background)."""
     if found is None:
         return [
             f"checkpoint    its size is known once the model is built (model={model}): the run's log says it at its "
@@ -102,8 +102,12 @@ def shown(found: Optional[Estimate], model: str) -> List[str]:
         parts = f": the model's variables {_size(found.weights)}, {slots}, float32"
     return [
         f"checkpoint    {_size(found.total)}{parts} ({found.source})",
-        f"  save        about {found.seconds:.1f} s at {found.rate / 1e6:.0f} MB/s ({found.rate_source}); the steps "
-        "wait only for a snapshot, the files are written in the background",
+        f"  save        about {found.seconds:.1f} s at {found.rate / 1e6:.0f} MB/s ({found.rate_source}); "
+        + (
+            "the steps wait only for a snapshot, the files are written in the background"
+            if background
+            else "the steps wait for each save (checkpoint.background=false)"
+        ),
     ]
 
 
