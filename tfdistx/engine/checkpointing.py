@@ -90,6 +90,7 @@ class Checkpointer:
         self._writing.save_counter  # noqa: B018 (made now: a checkpoint's restore expects it)
         self.writer = Writer(self._writing, self._written)
         self.background = background
+        self._copies = snapshot_lib.HostCopies()  # what a save in the background is written from
         self._snapshots: Optional[bool] = None  # whether the state can be snapshot: decided at the first save
         self.stats = SaveStats()
         self.max_to_keep = max_to_keep
@@ -217,7 +218,7 @@ class Checkpointer:
         self.wait()
         destinations = self._due(step)
         if destinations:
-            self.writer.write(self._snapshot(step), destinations)
+            self.writer.write(snapshot_lib.take(self._writing, step), destinations)  # the variables, as they are
         self.stats.synchronous_seconds = time.perf_counter() - started
 
     def save_in_background(self, step: int, latest: bool = True) -> None:
@@ -231,11 +232,10 @@ class Checkpointer:
         self.wait()
         waited = time.perf_counter() - started
         destinations = self._due(step, latest)
-        snapshot = self._snapshot(step)
-        if self.background and self._snapshots:
-            self.writer.start(snapshot, destinations)
+        if self.background and self._can_snapshot():
+            self.writer.start(snapshot_lib.take(self._writing, step, self._copies), destinations)
         else:
-            self.writer.write(snapshot, destinations)
+            self.writer.write(snapshot_lib.take(self._writing, step), destinations)
         self.stats.stalls.append(time.perf_counter() - started)
         if previous is not None and waited >= WAITING_WORTH_SAYING and not self._warned_waiting and self.is_chief:
             self._warned_waiting = True
@@ -263,7 +263,7 @@ class Checkpointer:
         self._best_due = None
         return destinations
 
-    def _snapshot(self, step: int) -> snapshot_lib.Snapshot:
+    def _can_snapshot(self) -> bool:
         if self._snapshots is None:
             blocker = snapshot_lib.blocker(self._writing)
             self._snapshots = blocker is None
@@ -273,7 +273,7 @@ class Checkpointer:
                     "snapshot cannot hold",
                     blocker,
                 )
-        return snapshot_lib.take(self._writing, step)
+        return self._snapshots
 
     def _written(self, written: Written) -> None:
         """A save is whole (on the loop's thread): counted, its size said at the first periodic one, and a save

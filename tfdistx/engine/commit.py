@@ -23,9 +23,8 @@ import logging
 from typing import List, Optional
 
 import keras
+import numpy as np
 import tensorflow as tf
-
-from tfdistx.engine.snapshot import host_value
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +40,7 @@ class Commit:
         self.variables = [
             v for v in tf.train.TrackableView(checkpoint).descendants() if isinstance(v, (tf.Variable, keras.Variable))
         ]
-        self.values: Optional[List[tf.Tensor]] = None
+        self.values: Optional[List[np.ndarray]] = None
         self.step: Optional[int] = None
         # Reading a variable synchronized on read (a sum or mean over the replicas) is an all-reduce over every
         # worker: the chief alone, which takes the copy, would wait on the others. None of tfdistx's or Keras'
@@ -56,9 +55,7 @@ class Commit:
 
     def before_steps(self, step: int) -> None:
         if self.variables:
-            # Values that no update changes, each in its host's memory (snapshot.py: on a CPU, copied only as
-            # the next update writes the variable), not a copy of every variable made here at every call.
-            self.values = [host_value(v) for v in self.variables]
+            self.values = [v.numpy() for v in self.variables]
             self.step = step
 
     def restore(self) -> Optional[int]:
