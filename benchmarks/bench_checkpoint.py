@@ -24,7 +24,9 @@ files in place; the others: what a save call blocked), the restore time,
 and tfdistx's SIGTERM-to-exit-42 with a save in flight (the signal sent as
 soon as one is being written: the worst case, a save to finish and one of
 its own to write). Then the issue's run: 784-8192-8192-10, 60 steps,
-`every_steps=5` against `0`, its time ratio.
+`every_steps=5` against `0`, its time ratio. And under parameter servers
+(ps1w2, the first model): the coordinator's wait at a background save (a
+copy of each variable in its ps task's memory) against a synchronous save.
 
     python benchmarks/bench_checkpoint.py [--repeats 2] [--models 0.1,0.5,1.5] [--quick]
 
@@ -180,6 +182,35 @@ def measure(model: str, repeats: int, root: Path) -> dict:
     return {name: statistics.median(values) for name, values in samples.items()}
 
 
+def parameter_servers(model: str, repeats: int, root: Path) -> dict:
+    """ps1w2 (a local cluster): what the coordinator's loop waits for at a background save (a copy of each
+    variable in its ps task's memory, one request a variable), against a synchronous save."""
+    hidden, steps, every = MODELS[model]
+    saves = steps // every - 1
+    shape = [f"model.hidden_units=[{hidden},{hidden}]", "strategy=parameter_server", "cluster=ps1w2"]
+    samples = {}
+    for repeat in range(repeats):
+        where = root / f"ps-{model}-{repeat}"
+        runs = {
+            name: tfdistx(where / name, *shape, f"trainer.steps={steps}", *extra)
+            for name, extra in (
+                ("none", ["checkpoint.every_steps=0"]),
+                ("async", [f"checkpoint.every_steps={every}"]),
+                ("sync", [f"checkpoint.every_steps={every}", "checkpoint.background=false"]),
+            )
+        }
+        base = runs["none"]["train_wall_time_sec"]
+        for name, value in (
+            ("ps1w2 background: stall per save", (runs["async"]["train_wall_time_sec"] - base) / saves),
+            ("ps1w2 background: the loop's own wait per save", runs["async"]["checkpoint"]["stall_sec_per_save"]),
+            ("ps1w2 background: a save's write", runs["async"]["checkpoint"]["save_sec_min"]),
+            ("ps1w2 synchronous: stall per save", (runs["sync"]["train_wall_time_sec"] - base) / saves),
+            ("ps1w2 synchronous: a save", runs["sync"]["checkpoint"]["save_sec_min"]),
+        ):
+            samples.setdefault(name, []).append(value)
+    return {name: statistics.median(values) for name, values in samples.items()}
+
+
 def issue_run(repeats: int, root: Path) -> dict:
     """The issue's 784-8192-8192-10 run: 60 steps, every_steps=5 against 0, with the config's other defaults."""
     times = {"0": [], "5 background": [], "5 synchronous": []}
@@ -215,12 +246,14 @@ def main():
     minutes = {"0.1": 3, "0.5": 6, "1.5": 14}
     say_estimate(
         [(repeats, 60 * minutes[model], f"the {model} GB model's runs") for model in models]
+        + [(repeats, 90, "ps1w2, three runs")]
         + ([] if args.quick else [(repeats, 120, "the issue's run, three ways")]),
         quick=args.quick,
     )
     load = os.getloadavg()[0]
     with tempfile.TemporaryDirectory(dir=args.dir) as root:
         results = {model: measure(model, repeats, Path(root)) for model in models}
+        ps = parameter_servers(models[0], repeats, Path(root))
         issue = None if args.quick else issue_run(repeats, Path(root))
     print(
         f"Checkpoints, median of {repeats} (1-min load average {load:.1f} before, {os.getloadavg()[0]:.1f} after); "
@@ -237,6 +270,9 @@ def main():
             f"{model} GB: a background save stalls the run {ours / sync:.1%} of a synchronous save's time "
             f"({own / sync:.1%} the loop's own wait)"
         )
+    print(f"Parameter servers (ps1w2, a local cluster), the {models[0]} GB model, median of {repeats}, seconds")
+    for name, value in ps.items():
+        print(f"{name:<52}{value:>12.3f}")
     if issue:
         print(
             "784-8192-8192-10, 60 steps, train_wall_time_sec: every_steps=0 {0:.1f} s, =5 in the background {1:.1f} s "

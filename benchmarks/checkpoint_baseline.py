@@ -109,7 +109,7 @@ def with_checkpoint(args, model, directory) -> dict:
             if name.startswith(os.path.basename(path) + ".")
         )
         started = time.perf_counter()
-        tf.train.Checkpoint(variables=variables).read(path).assert_consumed()
+        tf.train.Checkpoint(variables=variables).read(path).assert_existing_objects_matched()
         result["restore_sec"] = time.perf_counter() - started
     return result
 

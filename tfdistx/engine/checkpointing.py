@@ -33,6 +33,7 @@ import numpy as np
 
 import tensorflow as tf
 
+from tfdistx.spec import checkpoint_size
 from tfdistx.spec.errors import EXIT_NOT_RETRYABLE, ConfigError, RunFault
 from tfdistx.engine import resplit as resplit_lib
 from tfdistx.engine import snapshot as snapshot_lib
@@ -297,7 +298,7 @@ class Checkpointer:
                 written.seconds,
                 _size(written.bytes),
                 self.grace,
-                math.ceil(2 * written.seconds + GRACE_MARGIN_SECONDS),
+                checkpoint_size.grace_for(written.seconds),
             )
 
     def save_best(self, step: int) -> None:
@@ -350,8 +351,6 @@ class Checkpointer:
 
 # A wait for the save before that is said (once) from this long: shorter ones are the write's own jitter.
 WAITING_WORTH_SAYING = 1.0
-# What a preemption's grace holds besides its saves: the loop reaching its boundary, the process leaving.
-GRACE_MARGIN_SECONDS = 30
 
 
 @dataclass

@@ -4,9 +4,9 @@ background for the periodic saves). Orbax's design: the steps wait for the
 device-to-host copy, never for the file system.
 
 Every variable the checkpoint holds is copied into a variable of its own in
-its host's memory (`HostCopies`: made at the first snapshot, written over at
-each one after, so that a save allocates nothing), and the writer reads the
-copies while the steps change the variables:
+its host's memory (`HostCopies`: made at the first snapshot, written over by
+one call at each one after, so that a save allocates nothing), and the
+writer writes the copies while the steps change the variables:
 
 - on a CPU (one device, mirrored replicas on CPUs, a multi-worker task):
   a copy in the same memory, a memcpy the loop waits for;
@@ -14,7 +14,7 @@ copies while the steps change the variables:
 - under parameter servers: a copy in the memory of the ps task that holds
   the variable (its host), where its shard of the checkpoint is written
   from, as TensorFlow writes a ps's variables; the coordinator waits for
-  one request a variable.
+  one request a ps task.
 
 The run holds one more copy of its checkpointed state, as TensorFlow's own
 asynchronous checkpoint does. (Reading the variables without a copy, and
@@ -31,7 +31,7 @@ names it, and such a run writes its checkpoints synchronously.
 
 import time
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Tuple
+from typing import List, Optional, Tuple
 
 import keras
 import tensorflow as tf
@@ -59,23 +59,30 @@ def blocker(checkpoint: tf.train.Checkpoint) -> Optional[str]:
 
 class HostCopies:
     """A variable of its own, in its host's memory, for each variable a
-    checkpoint holds: made at the first copy, written over at each one after
-    (no allocation: the memory is the copies')."""
+    checkpoint holds: made at the first snapshot, written over by one call
+    at each one after (no allocation: the memory is the copies'; under
+    parameter servers, one request a ps task)."""
 
     def __init__(self):
-        self._copies: Dict[int, Tuple[object, tf.Variable]] = {}  # by the variable's identity (it keeps it alive)
+        self._pairs: List[Tuple[object, tf.Variable]] = []  # (a checkpointed variable, its copy)
+        self._copy_all = None
 
-    def copy(self, variable) -> tf.Tensor:
-        """`variable`'s value now, in its copy: it does not change when the variable does (until the next copy)."""
-        value = _tf_variable(variable).read_value()
-        kept = self._copies.get(id(variable))
-        if kept is None:
-            with tf.device(host_of(_tf_variable(variable).device)):
-                kept = (variable, tf.Variable(value, trainable=False, name="host_copy"))
-            self._copies[id(variable)] = kept
+    def take(self, variables: List[object]) -> List[tf.Variable]:
+        """The copies of `variables`, holding their values now (until the next take)."""
+        if [id(variable) for variable, _ in self._pairs] != [id(variable) for variable in variables]:
+            self._pairs = []
+            for variable in variables:
+                value = _tf_variable(variable)
+                with tf.device(host_of(value.device)):
+                    self._pairs.append((variable, tf.Variable(value.read_value(), trainable=False, name="host_copy")))
+            self._copy_all = tf.function(self._copy, autograph=False)
         else:
-            kept[1].assign(value)
-        return kept[1].read_value()  # the copy's memory, read as a value
+            self._copy_all()
+        return [copy for _, copy in self._pairs]
+
+    def _copy(self) -> None:
+        for variable, copy in self._pairs:
+            copy.assign(_tf_variable(variable).read_value())
 
 
 def take(checkpoint: tf.train.Checkpoint, step: int, copies: Optional[HostCopies] = None) -> Snapshot:
@@ -83,14 +90,17 @@ def take(checkpoint: tf.train.Checkpoint, step: int, copies: Optional[HostCopies
     into `copies` (a save in the background), or the variables read as they
     are (a save the steps wait for)."""
     started = time.perf_counter()
-    stand_ins = []
-    for trackable in tf.train.TrackableView(checkpoint).descendants():
-        kind = _kind(trackable)
-        if kind == "state":
-            stand_ins.append((trackable, _Serialized(trackable.serialize())))
-        elif kind == "variable":
-            value = copies.copy(trackable) if copies is not None else _tf_variable(trackable).read_value()
-            stand_ins.append((trackable, internals.values_in_place({internals.VARIABLE_VALUE: value})))
+    found = tf.train.TrackableView(checkpoint).descendants()
+    variables = [trackable for trackable in found if _kind(trackable) == "variable"]
+    if copies is not None:
+        written_from = copies.take(variables)  # the copies themselves: a checkpoint writes a variable's value
+    else:
+        written_from = [
+            internals.values_in_place({internals.VARIABLE_VALUE: _tf_variable(variable).read_value()})
+            for variable in variables
+        ]
+    stand_ins = list(zip(variables, written_from))
+    stand_ins += [(state, _Serialized(state.serialize())) for state in found if _kind(state) == "state"]
     return Snapshot(step, stand_ins, time.perf_counter() - started)
 
 

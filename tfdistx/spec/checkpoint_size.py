@@ -77,12 +77,14 @@ def estimate(config: Mapping[str, Any], checkpoint_dir: Optional[str] = None, ru
 
 
 def grace_seconds(found: Optional[Estimate], least: int = LEAST_GRACE) -> int:
-    """The seconds a preemption gives the run to save: a save in flight may
-    have to finish first, then the preemption's own (two saves), and the
-    margin; at least `least`."""
-    if found is None:
-        return least
-    return max(least, math.ceil(2 * found.seconds + GRACE_MARGIN))
+    """The seconds a preemption gives the run to save, for the estimate `found` (at least `least`)."""
+    return least if found is None else grace_for(found.seconds, least)
+
+
+def grace_for(save_seconds: float, least: int = LEAST_GRACE) -> int:
+    """The grace a save of `save_seconds` needs: a save in flight may have to
+    finish first, then the preemption's own (two saves), and the margin."""
+    return max(least, math.ceil(2 * save_seconds + GRACE_MARGIN))
 
 
 def shown(found: Optional[Estimate], model: str, background: bool = True) -> List[str]:
