@@ -78,7 +78,6 @@ class TrainerConfig:
 @dataclass
 class CheckpointConfig:
     every_steps: int = 500
-    background: bool = True  # periodic saves written while the steps go on (engine/checkpoint_writer.py)
     max_to_keep: int = 3
     dir: Optional[str] = None
     restore: bool = True
@@ -86,6 +85,7 @@ class CheckpointConfig:
     keep_best: bool = False  # also keep the checkpoint best by trainer.objective, in <dir>/best; the export is of it
     init_from: Optional[str] = None  # warm start: a run dir, a checkpoint prefix, a .weights.h5 or a .keras file
     init_skip: List[str] = field(default_factory=list)  # regexes of variable paths left freshly initialised
+    background: bool = True  # periodic saves written while the steps go on (engine/checkpoint_writer.py)
 
 
 @dataclass
