@@ -36,6 +36,7 @@ copy of each variable in its ps task's memory) against a synchronous save.
 import argparse
 import json
 import os
+import shutil
 import signal
 import statistics
 import subprocess
@@ -69,9 +70,13 @@ COMMON = [
 STAGING = ".writing-ckpt-"
 
 
-def tfdistx(run_dir: Path, *args) -> dict:
+def tfdistx(run_dir: Path, *args, keep: bool = False) -> dict:
+    """The run's summary; its checkpoints deleted unless `keep` (a 1.5 GB model's runs would fill the disk)."""
     run([sys.executable, "-m", "tfdistx", *COMMON, *args, f"hydra.run.dir={run_dir}"], env=ENV)
-    return json.loads((run_dir / "summary.json").read_text())
+    summary = json.loads((run_dir / "summary.json").read_text())
+    if not keep:
+        shutil.rmtree(run_dir, ignore_errors=True)
+    return summary
 
 
 def baseline(mode: str, hidden: int, steps: int, every: int, where: str) -> dict:
@@ -125,6 +130,7 @@ def sigterm_to_exit(run_dir: Path, hidden: int, every: int, background: bool) ->
     finally:
         kill_tree(proc.pid)
         proc.wait()
+        shutil.rmtree(run_dir, ignore_errors=True)
     if code != 42:
         sys.exit(f"SIGTERM with a save in flight: exit {code}, not 42")
     return elapsed
@@ -142,7 +148,7 @@ def measure(model: str, repeats: int, root: Path) -> dict:
     for repeat in range(repeats):
         where = root / f"{model}-{repeat}"
         none = tfdistx(where / "none", shape, f"trainer.steps={steps}", "checkpoint.every_steps=0")
-        ours = tfdistx(where / "async", shape, f"trainer.steps={steps}", f"checkpoint.every_steps={every}")
+        ours = tfdistx(where / "async", shape, f"trainer.steps={steps}", f"checkpoint.every_steps={every}", keep=True)
         sync = tfdistx(
             where / "sync",
             shape,
@@ -229,6 +235,7 @@ def issue_run(repeats: int, root: Path) -> dict:
             run_dir = root / f"issue-{repeat}-{name.replace(' ', '-')}"
             run([sys.executable, "-m", "tfdistx", *base, *extra, f"hydra.run.dir={run_dir}"], env=ENV)
             times[name].append(json.loads((run_dir / "summary.json").read_text())["train_wall_time_sec"])
+            shutil.rmtree(run_dir, ignore_errors=True)
     return {name: statistics.median(values) for name, values in times.items()}
 
 
