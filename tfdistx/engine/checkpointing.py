@@ -540,8 +540,8 @@ def _scratch_dir(directory: str, task_name: str) -> str:
 def stops_cleanly_when_unwritable(checkpoint_dir: str, evaluating: bool = False):
     """A full, over-quota or read-only disk ends the run with one line (exit
     3: a restart would fail the same way) instead of a traceback and
-    restarts. The partial checkpoint it left (CheckpointManager's
-    `ckpt-N_temp/`, temp files) is removed; the checkpoints before it stay,
+    restarts. The partial checkpoint it left (its staging directory
+    `.writing-ckpt-N/`, TensorFlow's `ckpt-N_temp/`, temp files) is removed; the checkpoints before it stay,
     and the line names the newest, from which a rerun resumes.
     `evaluating`: `tfdistx evaluate`, which writes no checkpoint, and leaves
     evaluations.jsonl as it was (whole_files.append_jsonl)."""
