@@ -24,7 +24,8 @@ from pathlib import Path
 from side_by_side import compare, interruptible, run, say_estimate
 
 HERE = Path(__file__).resolve().parent
-# For the estimate, measured on this project's 2-core machine: examples/s, and a process's seconds besides its timed steps.
+# For the estimate, measured on this project's 2-core machine:
+# examples/s, and a process's seconds besides its timed steps.
 RATE, OVERHEAD = 60_000, 8
 
 

@@ -42,7 +42,8 @@ STORE_PORT = 29555
 
 
 def measure(workers: int) -> dict:
-    """One run's pauses across `workers` namespace nodes, in seconds: lost and back, each (to the round line, to the first step)."""
+    """One run's pauses across `workers` namespace nodes, in seconds:
+    lost and back, each (to the round line, to the first step)."""
     with tempfile.TemporaryDirectory() as scratch, Nodes(workers) as nodes:
         run_dir = Path(scratch, "run")
         cmd = [
@@ -119,7 +120,8 @@ def main() -> None:
     for (how, workers), runs in results.items():
         cells = pause_cells(runs)
         print(
-            f"{how:<20}{f'{workers} -> {workers - 1} -> {workers}':<14}{cells[0]:>15.1f}{cells[1]:>15.1f}{cells[2]:>17.1f}{cells[3]:>15.1f}"
+            f"{how:<20}{f'{workers} -> {workers - 1} -> {workers}':<14}{cells[0]:>15.1f}{cells[1]:>15.1f}"
+            f"{cells[2]:>17.1f}{cells[3]:>15.1f}"
         )
 
 

@@ -181,7 +181,8 @@ def main():
             for name in (n for n in ("tfdistx", "tfdistx XLA", "tfdistx XLA mixed_bfloat16") if n in medians):
                 gflops = medians[name] * mlp_training_flops() / 1e9
                 print(
-                    f"  {name}: {gflops:,.1f} GFLOP/s = {medians[name] / peak:.2f} of the fp32 matmul rate ({peak * mlp_training_flops() / 1e9:,.1f} GFLOP/s)"
+                    f"  {name}: {gflops:,.1f} GFLOP/s = {medians[name] / peak:.2f} of the fp32 matmul rate "
+                    f"({peak * mlp_training_flops() / 1e9:,.1f} GFLOP/s)"
                 )
 
 

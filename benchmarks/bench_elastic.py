@@ -61,7 +61,8 @@ def measure(workers: int) -> dict:
             "logger.tensorboard=false",
             f"hydra.run.dir={run_dir}",
         ]
-        # TensorFlow's autograph files go to TMPDIR, and a killed task removes none: in the scratch dir, removed with it.
+        # TensorFlow's autograph files go to TMPDIR, and a killed
+        # task removes none: in the scratch dir, removed with it.
         proc = subprocess.Popen(
             cmd,
             stdout=subprocess.DEVNULL,
@@ -131,13 +132,15 @@ def main() -> None:
     load = os.getloadavg()[0]
     results = {workers: [measure(workers) for _ in range(args.repeats)] for workers in args.workers}
     print(
-        f"elastic pauses, seconds, median of {args.repeats} (1-min load average {load:.1f} before, {os.getloadavg()[0]:.1f} after)"
+        f"elastic pauses, seconds, median of {args.repeats} (1-min load average {load:.1f} before, "
+        f"{os.getloadavg()[0]:.1f} after)"
     )
     print(f"{'workers':<24}{'loss -> round':>16}{'round -> step':>16}{'return -> round':>18}{'round -> step':>16}")
     for workers, runs in results.items():
         cells = pause_cells(runs)
         print(
-            f"{f'{workers} -> {workers - 1} -> {workers}':<24}{cells[0]:>16.1f}{cells[1]:>16.1f}{cells[2]:>18.1f}{cells[3]:>16.1f}"
+            f"{f'{workers} -> {workers - 1} -> {workers}':<24}{cells[0]:>16.1f}{cells[1]:>16.1f}{cells[2]:>18.1f}"
+            f"{cells[3]:>16.1f}"
         )
 
 

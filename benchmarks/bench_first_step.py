@@ -113,7 +113,8 @@ def first_step(args, steps: int, tree: Path = HERE.parent) -> dict:
 
 
 def restart(prefork: bool, tree: Path = HERE.parent) -> dict:
-    """One restart of a 2x1 run: seconds from worker:1's SIGKILL to the `restart 1 of 1` line, and from it to the first step."""
+    """One restart of a 2x1 run: seconds from worker:1's SIGKILL to
+    the `restart 1 of 1` line, and from it to the first step."""
     with tempfile.TemporaryDirectory() as scratch:
         run_dir = Path(scratch, "run")
         proc = start(
@@ -191,7 +192,8 @@ def against(args, tree: Path) -> None:
         return medians[f"{mine} @ REV"] / medians[mine]
 
     print(
-        f"Part 1, this checkout against REV = {rev}: {args.steps} steps of the default MLP on synthetic data, one a loop",
+        f"Part 1, this checkout against REV = {rev}: {args.steps} steps of the default MLP on synthetic data, one a "
+        "loop",
         flush=True,
     )
     table(
@@ -298,7 +300,8 @@ def main() -> None:
     )
 
     print(
-        "\nPart 2: multiworker 2x1, worker:1 SIGKILLed after step 7, cluster.max_restarts=1, a checkpoint every 5 steps",
+        "\nPart 2: multiworker 2x1, worker:1 SIGKILLed after step 7, cluster.max_restarts=1, a checkpoint every 5 "
+        "steps",
         flush=True,
     )
     restarts = {name: [] for name in ("prefork=true", "prefork=false")}

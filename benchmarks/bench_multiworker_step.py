@@ -136,14 +136,15 @@ def report_parts(workers: int, got: dict, bandwidth: float) -> None:
     alpha, beta = fit({int(s): ms for s, ms in got["all_reduce"].items()})
     ring = 2 * (workers - 1) / workers
     print(
-        f"\n{workers} workers: all-reduce alone, one float32 tensor (alpha {alpha * 1e3:.3f} ms, beta {beta / 1e6:,.0f} MB/s "
-        f"fitted; loopback B {bandwidth / 1e6:,.0f} MB/s measured)"
+        f"\n{workers} workers: all-reduce alone, one float32 tensor (alpha {alpha * 1e3:.3f} ms, beta "
+        f"{beta / 1e6:,.0f} MB/s fitted; loopback B {bandwidth / 1e6:,.0f} MB/s measured)"
     )
     print(f"  {'bytes':>12} {'ms':>9} {'alpha+S/beta':>13} {'ring bound 2(W-1)/W*S/B':>24} {'ms / bound':>11}")
     for size, ms in got["all_reduce"].items():
         bound = ring * int(size) / bandwidth * 1e3
         print(
-            f"  {int(size):>12,} {ms:>9.3f} {(alpha + int(size) / beta) * 1e3:>13.3f} {bound:>24.3f} {ms / bound:>11.1f}"
+            f"  {int(size):>12,} {ms:>9.3f} {(alpha + int(size) / beta) * 1e3:>13.3f} {bound:>24.3f} "
+            f"{ms / bound:>11.1f}"
         )
     size = got["gradient_bytes"]
     model_fit = (alpha + size / beta) * 1e3

@@ -135,8 +135,8 @@ def main():
     if args.quick:
         args.steps, args.repeats = 300, 1
     # Measured on this project's 2-core machine: a 2-worker cluster takes ~6 s to start and finish; tfdistx trains
-    # ~29k examples/s, tf-keras 12-30k (after a warm-up fit of 50 or 2 x steps_per_execution steps). The venv: 25 s here,
-    # with a fast network to PyPI.
+    # ~29k examples/s, tf-keras 12-30k (after a warm-up fit of 50 or 2 x steps_per_execution steps). The venv: 25 s
+    # here, with a fast network to PyPI.
     examples = args.steps * args.batch
     say_estimate(
         [

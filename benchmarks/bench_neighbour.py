@@ -88,7 +88,8 @@ def last_step(metrics: Path) -> int:
 
 
 def sample(tree: Path, overrides=(), busy: int = 1) -> dict:
-    """One run beside one neighbour: {"alone": steps/s before the neighbour, "neighbour": % of a core, "cluster": % of a core}."""
+    """One run beside one neighbour: {"alone": steps/s before the
+    neighbour, "neighbour": % of a core, "cluster": % of a core}."""
     with tempfile.TemporaryDirectory() as scratch:
         run_dir = Path(scratch, "run")
         proc = subprocess.Popen(
@@ -137,7 +138,8 @@ def main() -> None:
     repeats = 1 if args.quick else args.repeats
     autogroup = Path("/proc/sys/kernel/sched_autogroup_enabled")
     print(
-        f"{os.cpu_count()} cores; autogroup scheduler: {autogroup.read_text().strip() if autogroup.exists() else 'absent'}"
+        f"{os.cpu_count()} cores; autogroup scheduler: "
+        f"{autogroup.read_text().strip() if autogroup.exists() else 'absent'}"
     )
     with tempfile.TemporaryDirectory() as where:
         trees = {"this checkout": (HERE.parent, [])}

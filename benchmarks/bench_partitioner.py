@@ -44,7 +44,8 @@ MODELS = {
     "mlp 784-1024-1024-10": ["model=mlp", "model.hidden_units=[1024,1024]", "data.batch_size=128"],
     "wide_deep (vocab 100k)": ["data=synthetic_categorical", "model=wide_deep", "data.batch_size=256"],
 }
-# 64 KiB shards for the small default MLP (its 392 KiB kernel is over TF's default 256 KiB once only); TF's default elsewhere.
+# 64 KiB shards for the small default MLP (its 392 KiB kernel is
+# over TF's default 256 KiB once only); TF's default elsewhere.
 PARTITIONER = {"mlp 784-128-10": ["strategy.partitioner.min_shard_bytes=65536"]}
 
 
@@ -78,7 +79,8 @@ def main():
         args.ps, args.steps = "2", 40
     counts = [int(p) for p in args.ps.split(",")]
     runs = sum(len(ways(m, p)) for m in MODELS for p in counts)
-    # Measured on this project's 2-core machine: a local ps cluster starts, builds and exports in ~12 s; 200 steps add ~3 s.
+    # Measured on this project's 2-core machine: a local ps cluster
+    # starts, builds and exports in ~12 s; 200 steps add ~3 s.
     say_estimate([(runs, 12 + args.steps / 60, "a short parameter-server run")], quick=args.quick)
     rows = []
     with tempfile.TemporaryDirectory(prefix="bench-partitioner-") as scratch:
@@ -100,15 +102,18 @@ def main():
                         flush=True,
                     )
     print(
-        f"Bytes of variables per ps task (1-min load average {os.getloadavg()[0]:.1f} at the end; {os.cpu_count()} cores)"
+        f"Bytes of variables per ps task (1-min load average {os.getloadavg()[0]:.1f} at the end; {os.cpu_count()} "
+        "cores)"
     )
     print(
-        f"{'model':<24}{'P':>3}  {'variables':<26}{'model bytes':>13}{'busiest ps':>13}{'share':>8}{'whole / it':>12}{'examples/s':>12}"
+        f"{'model':<24}{'P':>3}  {'variables':<26}{'model bytes':>13}{'busiest ps':>13}{'share':>8}{'whole / it':>12}"
+        f"{'examples/s':>12}"
     )
     for model, ps, way, total, busiest, speed in rows:
         whole = next(b for m, p, w, _, b, _ in rows if (m, p, w) == (model, ps, "whole"))
         print(
-            f"{model:<24}{ps:>3}  {way:<26}{total:>13,}{busiest:>13,}{busiest / total:>8.1%}{whole / busiest:>11.2f}x{speed:>12,.0f}"
+            f"{model:<24}{ps:>3}  {way:<26}{total:>13,}{busiest:>13,}{busiest / total:>8.1%}"
+            f"{whole / busiest:>11.2f}x{speed:>12,.0f}"
         )
 
 

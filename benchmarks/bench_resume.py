@@ -71,8 +71,9 @@ def main():
     if args.quick:
         args.steps, args.repeats = "1000,10000", 1
     targets = [int(s) for s in args.steps.split(",")]
-    # Measured on this project's 2-core machine: a process takes ~4.5 s besides its steps and trains this tiny MLP at ~7,000 steps/s
-    # (1,000 a call); a resumed "before" reads and drops 32-example batches at ~20k/s in memory, ~12k/s from files.
+    # Measured on this project's 2-core machine: a process takes ~4.5 s besides its steps and trains this tiny MLP at
+    # ~7,000 steps/s (1,000 a call); a resumed "before" reads and drops 32-example batches at ~20k/s in memory, ~12k/s
+    # from files.
     prepare = sum(4.5 + (target - previous) / 7000 for previous, target in zip([0, *targets], targets))
     say_estimate(
         [
@@ -156,13 +157,15 @@ def main():
         f"(1-min load average {load_before:.1f} before, {os.getloadavg()[0]:.1f} after; {os.cpu_count()} cores)"
     )
     print(
-        f"{'data':<16}{'step':>8}{'before (skip)':>15}{'after':>9}{'before / after':>16}{'after / after@' + str(targets[0]):>20}"
+        f"{'data':<16}{'step':>8}{'before (skip)':>15}{'after':>9}{'before / after':>16}"
+        f"{'after / after@' + str(targets[0]):>20}"
     )
     for kind in kinds:
         for target in targets:
             before, after = medians[kind, "before", target], medians[kind, "after", target]
             print(
-                f"{kind:<16}{target:>8,}{before:>15.2f}{after:>9.2f}{before / after:>15.1f}x{after / medians[kind, 'after', targets[0]]:>19.2f}x"
+                f"{kind:<16}{target:>8,}{before:>15.2f}{after:>9.2f}"
+                f"{before / after:>15.1f}x{after / medians[kind, 'after', targets[0]]:>19.2f}x"
             )
 
 

@@ -218,8 +218,8 @@ def main():
                 if result:
                     runs.append(result)
                     print(
-                        f"  repeat {repeat + 1}: {' '.join(overrides)}: start-up {result['startup_s']:.1f} s, {result['examples_per_sec']:,.0f} ex/s, "
-                        f"RSS max {result['rss_max_mb']:.0f} MB",
+                        f"  repeat {repeat + 1}: {' '.join(overrides)}: start-up {result['startup_s']:.1f} s, "
+                        f"{result['examples_per_sec']:,.0f} ex/s, RSS max {result['rss_max_mb']:.0f} MB",
                         file=sys.stderr,
                         flush=True,
                     )
@@ -250,15 +250,17 @@ def main():
     cores, load_after = os.cpu_count(), os.getloadavg()[0]
     fmt = lambda v, spec, unit="": "-" if v is None else format(v, spec) + unit  # noqa: E731
     table = [
-        f"Scaling{', quick' if args.quick else ''}: {steps} steps, {PER_REPLICA} examples per replica and step, median of "
-        f"{args.repeats}; {cores} cores, 1-min load average {load_before:.1f} before, {load_after:.1f} after",
+        f"Scaling{', quick' if args.quick else ''}: {steps} steps, {PER_REPLICA} examples per replica and step, "
+        f"median of {args.repeats}; {cores} cores, 1-min load average {load_before:.1f} before, {load_after:.1f} after",
         "",
-        "| config | N (replicas / workers) | global batch | start-up s | examples/s | rel. to N=1 | peak RSS per task MB (max / mean) |",
+        "| config | N (replicas / workers) | global batch | start-up s | examples/s | rel. to N=1 | peak RSS per task "
+        "MB (max / mean) |",
         "|---|---|---|---|---|---|---|",
     ]
     table += [
-        f"| `{r['config']}` | {r['n']} | {r['global_batch']} | {fmt(r['startup_s'], '.1f')} | {fmt(r['examples_per_sec'], ',.0f')} "
-        f"| {fmt(r['relative'], '.2f', 'x')} | {fmt(r['rss_max_mb'], ',.0f')} / {fmt(r['rss_mean_mb'], ',.0f')} |"
+        f"| `{r['config']}` | {r['n']} | {r['global_batch']} | {fmt(r['startup_s'], '.1f')} | "
+        f"{fmt(r['examples_per_sec'], ',.0f')} | {fmt(r['relative'], '.2f', 'x')} | {fmt(r['rss_max_mb'], ',.0f')} / "
+        f"{fmt(r['rss_mean_mb'], ',.0f')} |"
         for r in rows
     ]
     print("\n".join(table + notes))

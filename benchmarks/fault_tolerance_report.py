@@ -405,7 +405,8 @@ def main():
                     for t, p in preempt.items()
                 }
                 print(
-                    f"  repeat {repeat + 1}/{args.repeats} done at {time.time() - began:.0f} s: (lost, exit s) {progress}",
+                    f"  repeat {repeat + 1}/{args.repeats} done at {time.time() - began:.0f} s: (lost, exit s) "
+                    f"{progress}",
                     file=sys.stderr,
                     flush=True,
                 )
@@ -419,7 +420,8 @@ def main():
         f"load average {load_before[0]:.2f} at start, {os.getloadavg()[0]:.2f} at end, {time.time() - began:.0f} s"
     )
     print(
-        f"MLP 784-128-10, synthetic data, global batch {BATCH}, steps_per_loop {LOOP}, median (min..max) of {args.repeats}"
+        f"MLP 784-128-10, synthetic data, global batch {BATCH}, steps_per_loop {LOOP}, median (min..max) of "
+        f"{args.repeats}"
     )
     print(f"{'preemption (SIGTERM)':<{width}}{names[0]:>28}{names[1]:>28}   target")
     targets = {"steps lost per preemption": "0", "metrics.jsonl: every step once": "1 (yes)"}

@@ -112,8 +112,9 @@ def main() -> None:
     print(f"worker 0, after worker 1 left before call {LOSS_AT_CALL} ({STEPS_PER_CALL} steps a call):")
     print(f"  the call failed: {found['error']}")
     print(
-        f"  steps the loop counted: {found['steps_counted']}; the optimizer's iterations: {found['optimizer_iterations']} "
-        f"({found['optimizer_iterations'] - found['iterations_before_the_call']} in the failed call)"
+        f"  steps the loop counted: {found['steps_counted']}; the optimizer's iterations: "
+        f"{found['optimizer_iterations']} ({found['optimizer_iterations'] - found['iterations_before_the_call']} in "
+        "the failed call)"
     )
     print(f"  weights the failed call changed: {found['weights_changed']}")
     print(

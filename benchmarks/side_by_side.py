@@ -89,7 +89,8 @@ def say_estimate(plan: Iterable[Tuple[int, float, str]], quick: bool = False) ->
     parts = " + ".join(f"{n} x ~{seconds:.0f} s ({what})" for n, seconds, what in plan)
     print(
         f"Estimated time: about {duration(total)}. An estimate from the plan, {parts}, at the speeds measured on a "
-        f"quiet 2-core machine ({os.cpu_count()} cores here, load average {os.getloadavg()[0]:.1f}); a busier one takes longer.",
+        f"quiet 2-core machine ({os.cpu_count()} cores here, load average {os.getloadavg()[0]:.1f}); a busier one "
+        "takes longer.",
         flush=True,
     )
     if quick:
@@ -128,8 +129,8 @@ def interruptible(main: Callable[[], Optional[int]]) -> None:
     except KeyboardInterrupt:
         signum = received[0] if received else signal.SIGINT
         print(
-            f"interrupted ({signal.Signals(signum).name}) after {duration(time.monotonic() - started)}: the running child "
-            "was killed and the temporary directories deleted",
+            f"interrupted ({signal.Signals(signum).name}) after {duration(time.monotonic() - started)}: the running "
+            "child was killed and the temporary directories deleted",
             file=sys.stderr,
             flush=True,
         )

@@ -82,13 +82,22 @@ def steps_logged(run_dir: Path) -> list:
 
 
 def start_tfdistx(
-    args, run_dir: Path = None, env=None, cwd=None, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+    args,
+    run_dir: Path = None,
+    env=None,
+    cwd=None,
+    stdout=subprocess.PIPE,
+    stderr=subprocess.STDOUT,
+    foreground_job: bool = False,
 ) -> subprocess.Popen:
     """`python -m tfdistx ARGS hydra.run.dir=RUN_DIR`, started (run_dir None:
     ARGS alone, for a command that takes no run dir, or a run in the default
     outputs/ of `cwd`); by default its output, stdout and stderr together, on
     a pipe. The caller ends it. With wait_until, the way a test starts a
-    process and waits for what it does: no sleep stands in for a condition."""
+    process and waits for what it does: no sleep stands in for a condition.
+    `foreground_job`: in a process group of its own, as a shell starts a
+    command in a terminal (a Ctrl-C there is SIGINT to the whole group:
+    os.killpg(proc.pid, signal.SIGINT))."""
     run_dir_arg = [] if run_dir is None else [f"hydra.run.dir={run_dir}"]
     return subprocess.Popen(
         [sys.executable, "-m", "tfdistx", *args, *run_dir_arg],
@@ -97,6 +106,7 @@ def start_tfdistx(
         stderr=stderr,
         text=True,
         cwd=cwd,
+        process_group=0 if foreground_job else None,
     )
 
 

@@ -2,7 +2,8 @@
 would, or a JobSet's the way its controller would.
 
     unshare --user --map-root-user --net --mount --fork --kill-child \
-        python tests/simulated_pods.py MANIFEST.json WORKDIR [--kill POD [--signal TERM] --when-exists PATH] [--timeout S]
+        python tests/simulated_pods.py MANIFEST.json WORKDIR \
+        [--kill POD [--signal TERM] --when-exists PATH] [--timeout S]
 
 Started inside a fresh user, network and mount namespace (so it needs no
 privileges and touches nothing outside), it:
@@ -12,7 +13,8 @@ privileges and touches nothing outside), it:
 - makes each pod's service name (`<job>-<type>-<i>.<namespace>.svc`)
   resolve to the pod's current address, through this namespace's own
   /etc/hosts, as the operator's headless services do through DNS;
-- mounts each hostPath volume at its mountPath (over a private /mnt);
+- mounts each hostPath volume at its mountPath (over a private /mnt), and
+  writes each secret volume's keys as files at its mountPath (under /run);
 - starts each container's command and args, with `python` standing for
   this interpreter, and TF_CONFIG in the operator's format
   (kubeflow/training-operator's pkg/controller.v1/tensorflow), so every pod listens on port 2222;
@@ -260,7 +262,10 @@ class JobSetController:
         if action == "FailJob":
             reason = "PodFailurePolicy"
             # Kubernetes' Job controller's message for it (pkg/controller/job/pod_failure_policy.go)
-            message = f"Container {pod.container['name']} for pod default/{pod.name} failed with exit code {code} matching FailJob rule at index {index}"
+            message = (
+                f"Container {pod.container['name']} for pod default/{pod.name} failed with exit code {code} matching "
+                f"FailJob rule at index {index}"
+            )
         else:
             job["failed"] += 1
             if job["failed"] <= job.get("backoffLimit", 6):
@@ -362,6 +367,7 @@ def main() -> int:
     parser.add_argument("--signal", default="KILL", help="KILL (a lost pod) or TERM (a pod evicted: preemption)")
     parser.add_argument("--when-exists")
     parser.add_argument("--timeout", type=float, default=600)
+    parser.add_argument("--secrets", help="a JSON list of the Secrets the pods' secret volumes mount")
     args = parser.parse_args()
     manifest = json.loads(Path(args.manifest).read_text())
     workdir = Path(args.workdir)
@@ -377,7 +383,7 @@ def main() -> int:
     sh("mount", "--bind", str(hosts), "/etc/hosts")
     network = Network(hosts)
     controller = (JobSetController if manifest["kind"] == "JobSet" else TFJobOperator)(manifest, workdir, network)
-    _mount_volumes(controller.pod_spec)
+    _mount_volumes(controller.pod_spec, json.loads(Path(args.secrets).read_text()) if args.secrets else [])
     network.recreate(controller.pods)
 
     killed, status = False, None
@@ -403,11 +409,23 @@ def main() -> int:
     return 0 if status == "Succeeded" else 1
 
 
-def _mount_volumes(pod_spec: dict) -> None:
-    """hostPath volumes at their mountPath, under a private tmpfs at the mount path's top directory."""
+def _mount_volumes(pod_spec: dict, secrets: list) -> None:
+    """hostPath volumes at their mountPath, under a private tmpfs at the mount path's top directory; a secret
+    volume's keys as files at its mountPath (under /var/run, this namespace's private tmpfs /run), its mode."""
     sources = {v["name"]: v["hostPath"]["path"] for v in pod_spec.get("volumes", []) if "hostPath" in v}
+    by_name = {s["metadata"]["name"]: {**s.get("stringData", {})} for s in secrets}
+    secret_volumes = {v["name"]: v["secret"] for v in pod_spec.get("volumes", []) if "secret" in v}
     tops = set()
     for mount in pod_spec["containers"][0].get("volumeMounts", []):
+        if mount["name"] in secret_volumes:
+            volume = secret_volumes[mount["name"]]
+            where = os.path.realpath(mount["mountPath"])
+            assert where.startswith("/run/"), f"a secret mounted outside /run here: {where}"
+            os.makedirs(where, exist_ok=True)
+            for key, value in by_name[volume["secretName"]].items():
+                Path(where, key).write_text(value)
+                os.chmod(Path(where, key), volume.get("defaultMode", 0o644))
+            continue
         if mount["name"] not in sources:
             continue
         top = "/" + mount["mountPath"].strip("/").split("/")[0]

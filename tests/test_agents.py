@@ -5,17 +5,19 @@ above them, the run directory shared as a cluster's file system is. A node
 is lost by cutting its link (a partition: nothing resets, nothing answers)
 or by killing its agent."""
 
+import contextlib
 import json
+import os
 import re
 import signal
-import os
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
 
-from conftest import QUICK, processes_of, steps_logged, tfdistx_env, wait_until
+from conftest import QUICK, metric_lines, processes_of, steps_logged, tfdistx_env, wait_until
 from engine_helpers import train
 from nodes import Nodes, can_make_nodes
 from test_elastic import ARGS, BATCH, EVERY, STEPS, rounds, steps_said_in_round, workers
@@ -244,6 +246,44 @@ def test_a_preempted_node_checkpoints_with_the_others_who_go_on_without_it(nodes
     assert "preempted at step" in output(tmp_path, 3) and said[1]["first_step"] > 1
     assert steps_logged(run_dir) == list(range(EVERY, STEPS + 1, EVERY))
     assert seen_counts(run_dir).sum() == STEPS * BATCH
+    wait_until(lambda: not processes_of(run_dir), 30, "every agent and task gone")
+
+
+@pytest.mark.slow  # the local launcher's twin runs by default (test_fault_tolerance.py): the same supervisor decides
+def test_under_agents_a_killed_peer_costs_a_slow_models_run_at_most_one_loop(nodes, tmp_path):
+    """2x1 on two nodes, a model whose every step takes 0.1 s (user_plugins.slow_model), checkpoints only at the end:
+    worker:1's process SIGKILLed while the chief is slower than the round's teardown (held stopped 3 s). The keeper
+    closes the round for both nodes; the chief's agent lets its call fail and the chief save the last loop boundary
+    before it stops the round, and the restart resumes from that boundary, not from step 0."""
+    run_dir = tmp_path / "run"
+    agents = start_agents(
+        nodes,
+        tmp_path,
+        2,
+        "cluster=2x1",
+        "model._target_=user_plugins.slow_model",
+        "trainer.steps_per_loop=5",
+        "trainer.log_every=5",
+        "checkpoint.every_steps=0",
+        "cluster.max_restarts=1",
+        base=QUICK,
+    )
+    wait_until(lambda: metric_lines(run_dir) >= 2, 300, "two loops", agents)
+    (chief,), (peer,) = processes_of(run_dir, "worker:0"), processes_of(run_dir, "worker:1")
+    os.kill(chief, signal.SIGSTOP)
+    last_logged = steps_logged(run_dir)[-1]  # the chief writes the metrics: none can come while it is stopped
+    os.kill(peer, signal.SIGKILL)
+    time.sleep(3)  # not a wait for anything: a chief slower than the teardown's second is what is tested
+    with contextlib.suppress(ProcessLookupError):  # stopped with the round, the chief is gone
+        os.kill(chief, signal.SIGCONT)
+    all_ended(agents, 300, tmp_path)
+    assert [agent.returncode for agent in agents] == [0, 0], [output(tmp_path, n)[-3000:] for n in (1, 2)]
+    said = rounds(run_dir)
+    assert [r["reason"] for r in said] == ["started", "restart after exit code 137"], said
+    # at most one loop lost: the one the loss cut short, or the one just logged (the peer lost in the all-reduce that
+    # follows a loop's line, before the chief kept that boundary)
+    assert said[1]["first_step"] - 1 >= last_logged - 5, (said, last_logged)
+    assert steps_logged(run_dir) == list(range(5, 41, 5))
     wait_until(lambda: not processes_of(run_dir), 30, "every agent and task gone")
 
 

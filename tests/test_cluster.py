@@ -258,6 +258,121 @@ def test_parameter_servers_whose_coordinator_is_gone_stop_on_their_own(tmp_path)
         ], outputs[name][-2000:]
 
 
+# What srun does for one step, for a test without Slurm: each rank started with the variables srun sets (one node,
+# `localhost`), every rank awaited, and the step's code the largest of theirs, as srun returns it. Each rank's code and
+# output are kept beside it (rank-N.code, rank-N.out).
+FAKE_SRUN = """#!{python}
+import os, subprocess, sys
+command = [arg for arg in sys.argv[1:] if not arg.startswith("--")]
+if "tfdistx.cluster.free_ports" in command:  # the script's port probe: one task on the one node, its answer printed
+    os.execv(sys.executable, [sys.executable, *command[1:]])
+ranks = int(os.environ["SLURM_NTASKS"])
+place = {{"SLURM_STEP_NUM_TASKS": str(ranks), "SLURM_STEP_NODELIST": "localhost", "SLURM_STEP_TASKS_PER_NODE": str(ranks)}}
+procs = [
+    subprocess.Popen(command, env={{**os.environ, **place, "SLURM_PROCID": str(rank)}},
+                     stdout=open(f"{out}/rank-{{rank}}.out", "w"), stderr=subprocess.STDOUT)
+    for rank in range(ranks)
+]
+codes = [proc.wait() for proc in procs]
+for rank, code in enumerate(codes):
+    open(f"{out}/rank-{{rank}}.code", "w").write(str(code))
+sys.exit(max(codes))
+"""
+
+
+@pytest.mark.skipif(not can_isolate(), reason="needs unprivileged user and network namespaces")
+def test_a_slurm_job_of_parameter_servers_that_trains_to_its_end_reports_0_from_every_task(tmp_path):
+    """The script `tfdistx export slurm` prints, run as sbatch would run it, its srun a stand-in that starts the
+    step's five ranks with Slurm's variables (chief, ps, two workers, the sidecar evaluator): a run that trains to
+    its end leaves every rank with 0 (the servers told so by the chief, where they waited out cluster.peer_timeout
+    and exited 5 before), so the step's code (srun's: the largest) and the job's (`exit "$code"`) are 0."""
+    run_dir, bin_dir, script = tmp_path / "run", tmp_path / "bin", tmp_path / "train.sbatch"
+    args = [
+        *QUICK,
+        "strategy=parameter_server",
+        "cluster=ps1w2",
+        "cluster.evaluator=true",
+        "cluster.peer_timeout=5",
+        f"hydra.run.dir={run_dir}",
+    ]
+    export = subprocess.run(
+        [sys.executable, "-m", "tfdistx", "export", "slurm", *args, "--out", str(script)],
+        capture_output=True,
+        text=True,
+        env=tfdistx_env(),
+        timeout=120,
+    )
+    assert export.returncode == 0, export.stderr
+    bin_dir.mkdir()
+    (bin_dir / "srun").write_text(FAKE_SRUN.format(python=sys.executable, out=tmp_path))
+    (bin_dir / "srun").chmod(0o755)
+    env = tfdistx_env(
+        PATH=os.pathsep.join([str(bin_dir), str(Path(sys.executable).parent), os.environ.get("PATH", "")]),
+        SLURM_JOB_ID="17",
+        SLURM_NTASKS="5",
+        SLURM_JOB_NUM_NODES="1",
+        SLURMD_NODENAME="localhost",  # as the fake step names the node
+    )
+    job = subprocess.run(
+        [
+            "unshare",
+            "--user",
+            "--map-root-user",
+            "--net",
+            "bash",
+            "-c",
+            f"{sys.executable} -c 'from tfdistx.cluster.processes import loopback_up; loopback_up()' && bash {script}",
+        ],
+        env=env,
+        timeout=600,
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+    )
+    assert (tmp_path / "rank-0.code").exists(), (job.returncode, job.stdout, job.stderr)  # the step ran
+    outputs = {rank: (tmp_path / f"rank-{rank}.out").read_text() for rank in range(5)}
+    codes = {rank: (tmp_path / f"rank-{rank}.code").read_text() for rank in range(5)}
+    assert codes == {rank: "0" for rank in range(5)}, (codes, {r: o[-1500:] for r, o in outputs.items()})
+    assert job.returncode == 0, (job.stdout, job.stderr)
+    assert json.loads((run_dir / "summary.json").read_text())["step"] == 40
+    assert all("lost contact" not in output and "Traceback" not in output for output in outputs.values()), outputs
+
+
+@pytest.mark.skipif(not can_isolate(), reason="needs unprivileged user and network namespaces")
+def test_the_tf_data_service_of_a_multiworker_run_under_tf_config_ends_with_0_when_the_training_does(tmp_path):
+    """Two workers, the dispatcher and a data worker, each started by hand with its TF_CONFIG: the run trains to its
+    end, and every task exits 0 (the service's tasks stopped one cluster.peer_timeout after the trainers, with 5)."""
+    run_dir = tmp_path / "run"
+    spec = {
+        "worker": ["127.0.0.1:23201", "127.0.0.1:23202"],
+        "dispatcher": ["127.0.0.1:23203"],
+        "dataworker": ["127.0.0.1:23204"],
+    }
+    args = " ".join([*QUICK, "strategy=multiworker", "cluster=2x1", "data.service.workers=1", "cluster.peer_timeout=5"])
+    tasks = [(job, index) for job, addresses in spec.items() for index in range(len(addresses))]
+    start = " ".join(
+        f"TF_CONFIG='{json.dumps({'cluster': spec, 'task': {'type': job, 'index': index}})}' "
+        f"{sys.executable} -m tfdistx {args} hydra.run.dir={run_dir} > {tmp_path}/{job}{index}.out 2>&1 & "
+        f"{job}{index}=$!;"
+        for job, index in tasks
+    )
+    script = (
+        f"{sys.executable} -c 'from tfdistx.cluster.processes import loopback_up; loopback_up()' || exit 9; {start} "
+        + " ".join(f"wait ${job}{index}; echo {job}{index} $?;" for job, index in tasks)
+    )
+    proc = subprocess.run(
+        ["unshare", "--user", "--map-root-user", "--net", "bash", "-c", script],
+        env=tfdistx_env(),
+        timeout=600,
+        capture_output=True,
+        text=True,
+    )
+    outputs = {f"{job}{index}": (tmp_path / f"{job}{index}.out").read_text() for job, index in tasks}
+    ended = dict(line.split() for line in proc.stdout.splitlines() if len(line.split()) == 2)
+    assert ended == {name: "0" for name in outputs}, (ended, proc.stderr, {t: o[-1500:] for t, o in outputs.items()})
+    assert json.loads((run_dir / "summary.json").read_text())["step"] == 40
+
+
 def test_a_failing_task_stops_the_cluster(tfdistx):
     run = tfdistx(
         *QUICK,

@@ -185,7 +185,8 @@ def test_a_file_size_limit_under_export_is_exit_3_in_one_line_and_leaves_nothing
     )
     assert proc.returncode == 3 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
     assert [line for line in proc.stderr.splitlines() if line.startswith("tfdistx:")] == [
-        f"tfdistx: cannot write --out='{tmp_path / 'e'}' (File too large): nothing was written. Free some space and run the command again."
+        f"tfdistx: cannot write --out='{tmp_path / 'e'}' (File too large): nothing was written. Free some space and "
+        "run the command again."
     ]
     assert list(tmp_path.iterdir()) == []
 
@@ -307,7 +308,8 @@ def test_the_default_input_is_the_runs_eval_split(run):
     out = run / "predictions"
     assert (
         proc.stderr.strip().splitlines()[-1]
-        == f"tfdistx: predict: 100 rows of the eval split of the run's data (tfdistx.data.synthetic) predicted into {out}"
+        == "tfdistx: predict: 100 rows of the eval split of the run's data (tfdistx.data.synthetic) predicted into "
+        f"{out}"
     )
     assert "tfdistx: predict: 100 rows\n" in proc.stderr and "Traceback" not in proc.stderr
     manifest = json.loads((out / "predictions.json").read_text())

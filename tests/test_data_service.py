@@ -175,8 +175,9 @@ def test_deterministic_with_the_service_warns_once_that_resume_is_not_exact(tfdi
     assert len(warnings) == 1, warnings
 
 
+# F811 (a redefinition) on purpose: simulator is the fixture imported above
 @pytest.mark.slow
-def test_tfjob_pods_run_the_service_and_training_outlives_a_killed_data_worker(tmp_path, simulator):  # noqa: F811 (simulator: the fixture imported above)
+def test_tfjob_pods_run_the_service_and_training_outlives_a_killed_data_worker(tmp_path, simulator):  # noqa: F811
     """The exported TFJob's pods, as the operator runs them (tests/simulated_pods.py): the Dispatcher and
     DataWorker pods serve, the trainer finds them in its TF_CONFIG; a data worker pod killed mid-run is
     recreated at a new address, and training, fed by the other one meanwhile, finishes."""

@@ -102,7 +102,8 @@ def reached_again(run_dir) -> bool:
 
 
 def worker_at(run_dir, host: str) -> int:
-    """The pid of the task the launcher placed on `host` in the current round (logs/rounds.json: its members, task -> host)."""
+    """The pid of the task the launcher placed on `host` in the
+    current round (logs/rounds.json: its members, task -> host)."""
     members = json.loads((run_dir / "logs" / "rounds.json").read_text())[-1]["members"]
     for task in [task for task, at in members.items() if at == host]:
         for pid in processes_of(run_dir, task):
@@ -246,7 +247,8 @@ def ended(proc, timeout: float):
 
 
 def going_on_for(proc, seconds: float) -> None:
-    """`seconds` of the run going on: the pace of a change the test makes, not a wait for the run (which must not end meanwhile)."""
+    """`seconds` of the run going on: the pace of a change the test
+    makes, not a wait for the run (which must not end meanwhile)."""
     with pytest.raises(subprocess.TimeoutExpired):
         proc.wait(timeout=seconds)
 

@@ -52,7 +52,8 @@ def test_each_problem_is_one_line_on_stderr_and_nothing_else(tfdistx):
     assert run.returncode == 2 and run.stdout == "", run
     assert run.stderr.splitlines() == [
         "tfdistx: invalid config: cluster.max_restarts=-1: must be 0 or more",
-        "tfdistx: invalid config: data.batch_size=0: must be a positive integer (the global batch, split across replicas)",
+        "tfdistx: invalid config: data.batch_size=0: must be a positive integer (the global batch, split across "
+        "replicas)",
         "tfdistx: invalid config: optimizer.lr=-1: must be a positive, finite number (a float32: at most 3.4e38)",
         "tfdistx: invalid config: trainer.steps=0: must be at least 1 and at most 4611686018427387904 (or null)",
         "tfdistx: invalid config: trainer.log_every=0: must be at least 1",
@@ -172,8 +173,8 @@ def test_an_agent_whose_rendezvous_host_does_not_resolve_stops_in_one_line_with_
     assert run.returncode == 4, run
     said = [line for line in run.stderr.splitlines() if line.startswith("tfdistx: ")]
     assert re.fullmatch(
-        r"tfdistx: cluster\.agent\.store=no-such-host\.invalid:5000: no-such-host\.invalid does not resolve on this node "
-        r"\(.+\) after 1s \(cluster\.elastic\.below_min_timeout\)",
+        r"tfdistx: cluster\.agent\.store=no-such-host\.invalid:5000: no-such-host\.invalid does not resolve on this "
+        r"node \(.+\) after 1s \(cluster\.elastic\.below_min_timeout\)",
         said[-1],
     ), run.stderr
     assert "Traceback" not in run.stderr and not (run.dir / "checkpoints").exists()

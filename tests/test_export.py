@@ -24,8 +24,8 @@ out = serve(**{name: tf.constant(npz[name]) for name in names})
 labels = npz["labels"]
 if task == "classification":
     logits = out["logits"].numpy()
-    result = {"eval/accuracy": float(np.mean(np.argmax(logits, -1) == labels)),
-              "eval/loss": float(np.mean(keras.losses.sparse_categorical_crossentropy(labels, logits, from_logits=True)))}
+    loss = keras.losses.sparse_categorical_crossentropy(labels, logits, from_logits=True)
+    result = {"eval/accuracy": float(np.mean(np.argmax(logits, -1) == labels)), "eval/loss": float(np.mean(loss))}
 else:
     p = out["probabilities"].numpy()[:, 0]
     pos, neg = p[labels > 0.5], p[labels <= 0.5]  # every positive against every negative, ties half
@@ -125,3 +125,18 @@ def test_evaluate_a_kept_checkpoint(tfdistx, tmp_path):
     assert record["eval/accuracy"] == pytest.approx(run.summary["eval"]["eval/accuracy"], abs=1e-6)
     written = [json.loads(l) for l in (run.dir / "evaluations.jsonl").read_text().splitlines()]
     assert written[-1]["eval/loss"] == pytest.approx(record["eval/loss"])
+    # Its lines as the run showed them: the message alone, not Python's or Hydra's formats of the logger's name.
+    [compute] = [line for line in run.stdout.splitlines() if line.startswith("compute ")]
+    assert compute in proc.stderr.splitlines() and not any(
+        line.startswith(("[tfdistx", "INFO:", "WARNING:")) for line in proc.stderr.splitlines()
+    ), proc.stderr
+    for _ in range(2):  # the second keeps the first aside, and says so as a run would
+        exported = run_command(
+            [sys.executable, "-m", "tfdistx", "export", str(run.dir)], env=tfdistx_env(), timeout=300
+        )
+        assert exported.returncode == 0, exported.stderr[-3000:]
+    [kept] = run.dir.glob("export.replaced-*")
+    assert exported.stderr.splitlines() == [
+        f"{run.dir / 'export'} held an earlier one: kept as {kept}",
+        f"tfdistx: exported ckpt-40 to {run.dir / 'export'}",
+    ], exported.stderr

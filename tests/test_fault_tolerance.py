@@ -1,7 +1,9 @@
 """Preemption, restarts and exact resume, on real processes and real checkpoints."""
 
+import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -120,6 +122,46 @@ def test_preempted_worker_restarts_the_cluster_and_it_finishes(tmp_path):
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["step"] == 600 and summary["resumed"]
     assert steps_logged(run_dir) == list(range(20, 601, 20))  # nothing lost, nothing twice
+
+
+def test_a_killed_peer_costs_a_slow_models_run_at_most_one_loop(tmp_path):
+    """A model whose every step takes 0.1 s (a sleep in its call, user_plugins.slow_model), checkpoints only at the
+    end: worker:1 is SIGKILLed mid-loop while the chief is slower than the launcher's teardown of the round (held
+    stopped for 3 s: the moment a busy machine gives it). The launcher lets the chief's call fail and the chief save
+    the last loop boundary it keeps in memory (engine/commit.py) before it stops the round: the restart resumes from
+    that boundary, not from step 0, and every step is logged once."""
+    run_dir = tmp_path / "run"
+    args = [
+        *QUICK,
+        "strategy=multiworker",
+        "cluster=2x1",
+        "model._target_=user_plugins.slow_model",
+        "trainer.steps_per_loop=5",
+        "trainer.log_every=5",
+        "checkpoint.every_steps=0",
+        "cluster.max_restarts=1",
+    ]
+    proc = start_tfdistx(args, run_dir)
+    try:
+        wait_for_lines(run_dir, 2, proc)
+        chief = task_pid(run_dir, "worker:0")
+        os.kill(chief, signal.SIGSTOP)
+        last_logged = steps_logged(run_dir)[-1]  # the chief writes the metrics: none can come while it is stopped
+        os.kill(task_pid(run_dir, "worker:1"), signal.SIGKILL)
+        time.sleep(3)  # not a wait for anything: a chief slower than the teardown's second is what is tested
+        with contextlib.suppress(ProcessLookupError):  # stopped with the round, the chief is gone
+            os.kill(chief, signal.SIGCONT)
+        out, _ = proc.communicate(timeout=600)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, out[-4000:]
+    assert "task worker:1 exited with code 137; stopping the cluster" in out, out[-4000:]
+    assert re.search(r"\[worker:0\] tfdistx: lost contact with worker:1 .*the last loop boundary, saved now", out), out
+    summary = json.loads((run_dir / "summary.json").read_text())
+    # at most one loop lost: the one the loss cut short, or the one just logged (the peer lost in the all-reduce that
+    # follows a loop's line, before the chief kept that boundary)
+    assert summary["step"] == 40 and summary["resumed_from_step"] >= last_logged - 5, (summary, last_logged)
+    assert steps_logged(run_dir) == list(range(5, 41, 5))  # each step once: the loop the peer's loss cut short again
 
 
 @pytest.mark.slow  # by default the launcher's SIGTERM reaches every worker in test_preemption's matrix (multiworker with the service)

@@ -232,7 +232,8 @@ def test_exported_jobset_and_trainjob_are_valid_for_their_controllers(jobset_sch
             )
             continue
         assert job_spec["completionMode"] == "Indexed" and job_spec["backoffLimit"] == 0
-        # a bad config (2), a full disk (3) fail the job set; 42 restarts it uncounted; 4, 5 (and a killed pod) restart it
+        # a bad config (2), a full disk (3) fail the job set; 42
+        # restarts it uncounted; 4, 5 (and a killed pod) restart it
         rule, preempted = job_spec["podFailurePolicy"]["rules"]
         assert rule["action"] == "FailJob" and rule["onExitCodes"]["operator"] == "In"
         assert {2, 3} <= set(rule["onExitCodes"]["values"]) and not {4, 5, 42} & set(rule["onExitCodes"]["values"])
@@ -368,6 +369,8 @@ def run_pods(
     if edit:
         edit(exported)
     manifest.write_text(json.dumps(exported))
+    secrets = tmp_path / "secrets.json"  # what the pods' secret volumes mount (an agents' JobSet's rendezvous)
+    secrets.write_text(json.dumps([d for d in documents if d.get("kind") == "Secret"]))
     pods = tmp_path / "pods"
     killing = ["--kill", kill, "--signal", signal, "--when-exists", f"/mnt/tfdistx/{name}/{when}"] if kill else []
     run = subprocess.run(
@@ -383,6 +386,8 @@ def run_pods(
             str(SIMULATOR),
             str(manifest),
             str(pods),
+            "--secrets",
+            str(secrets),
             "--timeout",
             "300",
             *killing,
@@ -454,7 +459,8 @@ def test_the_pods_compose_with_the_config_dir_the_export_was_given(tmp_path, sim
     assert json.loads((volume / "own" / "summary.json").read_text())["step"] == 20
 
 
-@pytest.mark.slow  # 57 s: a killed worker's restart and resume is in the default run as test_fault_tolerance's random kill
+# 57 s: a killed worker's restart and resume is in the default run as test_fault_tolerance's random kill
+@pytest.mark.slow
 def test_multiworker_tfjob_pods_train_and_a_killed_worker_pod_resumes_the_run(tmp_path, simulator):
     volume, events, logs = run_tfjob(
         tmp_path,
@@ -601,9 +607,10 @@ def test_an_agent_jobset_is_one_indexed_job_of_agents_meeting_at_pod_0_and_valid
     fails only on those codes, and is done when pod 0 is."""
     out = export(*AGENTS, "--image", "img", "--name", "ag", "--volume", "pvc:runs", kind="jobset")
     assert out.returncode == 0, out.stderr
-    jobset, policy = yaml.safe_load_all(out.stdout)
+    jobset, policy, secret = yaml.safe_load_all(out.stdout)
     valid(jobset, jobset_schemas["JobSet"])
     valid_network_policy(policy, "ag", "default")
+    valid_secret(secret, "ag-rendezvous", "default")
     [job] = jobset["spec"]["replicatedJobs"]
     spec = job["template"]["spec"]
     assert (job["name"], spec["completions"], spec["parallelism"], spec["successPolicy"]) == (
@@ -618,8 +625,28 @@ def test_an_agent_jobset_is_one_indexed_job_of_agents_meeting_at_pod_0_and_valid
         ("Ignore", [42]),
         ("Ignore", None),
     ]
-    args = spec["template"]["spec"]["containers"][0]["args"]
-    assert args.count("cluster.launch=agent") == 1 and args[-1] == "cluster.agent.store=ag-worker-0-0.ag:2222"
+    pod = spec["template"]["spec"]
+    args = pod["containers"][0]["args"]
+    assert args.count("cluster.launch=agent") == 1 and args[-2:] == [
+        "cluster.agent.store=ag-worker-0-0.ag:2222",
+        "cluster.agent.token_file=/var/run/secrets/tfdistx/token",
+    ]
+    # every pod mounts the Secret the export wrote, read-only, where its agent reads the run's secret
+    [mount] = [m for m in pod["containers"][0]["volumeMounts"] if m["mountPath"] == "/var/run/secrets/tfdistx"]
+    [volume] = [v for v in pod["volumes"] if v["name"] == mount["name"]]
+    assert mount["readOnly"] and volume["secret"]["secretName"] == secret["metadata"]["name"]
+    assert list(secret["stringData"]) == ["token"]  # the file the args name
+    again = yaml.safe_load_all(export(*AGENTS, "--image", "img", "--name", "ag", kind="jobset").stdout)
+    assert list(again)[2]["stringData"] != secret["stringData"]  # a new secret at each export
+
+
+def valid_secret(secret: dict, name: str, namespace: str) -> None:
+    """Valid for the Kubernetes API (its generated model), an Opaque Secret of 256 random bits in hex."""
+    from kubernetes.client.models import V1Secret
+
+    assert V1Secret.model_validate(secret).model_dump(by_alias=True, exclude_none=True) == secret
+    assert (secret["metadata"]["name"], secret["metadata"]["namespace"], secret["type"]) == (name, namespace, "Opaque")
+    assert re.fullmatch(r"[0-9a-f]{64}", secret["stringData"]["token"])
 
 
 @pytest.mark.slow  # the agents themselves are the default run's (test_agents.py): this is their JobSet
@@ -684,7 +711,8 @@ def test_parameter_server_jobset_pods_train_and_a_killed_ps_pod_restarts_the_set
     """A lost ps takes its variables with it: the JobSet restarts, the coordinator resumes."""
     overrides = ["strategy=parameter_server", "cluster=ps1w2", *DETERMINISTIC, "trainer.steps=1000"]
     volume, events, logs = run_pods(tmp_path, "ps", overrides, kind="jobset", kill="ps-ps-0-0")
-    # the ps's 137 and the coordinator's 5 may be seen in either order: the first seen restarts the set, the other is deleted with it
+    # the ps's 137 and the coordinator's 5 may be seen in either order:
+    # the first seen restarts the set, the other is deleted with it
     ended = {
         pod: [e["code"] for e in events if e["event"] in ("exited", "deleted") and e["pod"] == pod]
         for pod in ("ps-ps-0-0", "ps-chief-0-0")
@@ -749,7 +777,8 @@ def test_a_pod_the_config_has_no_place_for_fails_the_jobset_without_a_restart(tm
     volume, events, logs = run_pods(tmp_path, "bad", overrides, kind="jobset", edit=three_workers, succeeds=False)
     assert exits(events, "bad-worker-0-2") == [2]
     assert logs["bad-worker-0-2"].strip().splitlines()[-1] == (
-        "tfdistx: invalid config: batch.kubernetes.io/job-completion-index='2': the config's cluster has 2 worker task(s): allowed 0..1"
+        "tfdistx: invalid config: batch.kubernetes.io/job-completion-index='2': the config's cluster has 2 worker "
+        "task(s): allowed 0..1"
     )
     (failed,) = [e for e in events if e["event"] == "job failed"]
     assert (failed["reason"], failed["action"]) == ("PodFailurePolicy", "FailJobSet")

@@ -9,10 +9,13 @@ on the ps task. One device and mirrored: tests/test_unit_model_styles.py.
 One cell per strategy runs by default (the functional model is every other
 cluster test's); the rest with -m slow."""
 
+import signal
+
 import numpy as np
 import pytest
 
-from conftest import EXPORTED, QUICK, steps_logged, whole_and_resumed
+from conftest import EXPORTED, QUICK, metric_lines, start_tfdistx, steps_logged, wait_until, whole_and_resumed
+from test_cluster import digests
 
 STYLES = {
     "functional": [],
@@ -58,3 +61,38 @@ def test_every_model_style_trains_on_parameter_servers_and_resumes_at_its_step(t
     losses = [m["loss"] for m in resumed.metrics]
     assert np.all(np.isfinite(losses)) and losses[-1] < losses[0]
     assert (resumed.dir / "export" / "saved_model.pb").exists()
+
+
+def test_batch_normalization_and_dropout_end_with_the_same_weights_on_both_workers_after_a_sigterm(tfdistx, tmp_path):
+    """A model with BatchNormalization and Dropout (`training` passed) on two
+    workers: each updates its moving statistics from its own batch, and
+    both end with the same weights (their mean, as tf.keras read them;
+    docs/multi-process.md): in a whole run, and in one stopped by SIGTERM
+    and resumed, which ends bitwise where the whole one does."""
+    args = [
+        *QUICK,
+        *EVERY_TEN,
+        "strategy=multiworker",
+        "cluster=2x1",
+        "trainer.deterministic=true",
+        "model._target_=user_plugins.normalized_with_dropout",
+        "+callbacks.pace._target_=user_plugins.Pace",
+        "+callbacks.pace.seconds=0.3",  # slow enough for the signal to land mid-run
+    ]
+    whole = tfdistx(*args)
+    assert whole.returncode == 0, whole
+    found = digests(whole.dir)
+    assert set(found) == {"worker-0", "worker-1"} and set(found.values()) == {whole.summary["weights_sha256"]}, found
+    run_dir = tmp_path / "split"
+    proc = start_tfdistx(args, run_dir)
+    try:
+        wait_until(lambda: metric_lines(run_dir) >= 2, 300, "two records", [proc])
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=120) == 42
+    finally:
+        proc.kill()
+    resumed = tfdistx(*args, run_dir=run_dir)
+    assert resumed.returncode == 0, resumed
+    assert 20 <= resumed.summary["resumed_from_step"] < 40
+    found = digests(run_dir)
+    assert set(found.values()) == {whole.summary["weights_sha256"]}, found

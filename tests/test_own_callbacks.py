@@ -110,7 +110,7 @@ def test_a_project_with_its_own_callback_lion_csv_and_mlflow_stops_resumes_and_i
     assert [int(epoch) for epoch, _ in noted] == list(
         range(summary["step"] // 20)
     )  # Keras' epochs: one per record of 20 steps
-    rows = list(csv.DictReader(open(project / "keras.csv")))
+    rows = list(csv.DictReader(open(whole / "keras.csv")))  # Keras' CSVLogger: a relative path is the run dir's
     assert [int(r["epoch"]) for r in rows] == [int(epoch) for epoch, _ in noted]
     assert [int(float(r["step"])) for r in rows] == list(range(20, summary["step"] + 1, 20))
 
@@ -172,10 +172,25 @@ def test_under_multiworker_the_chiefs_callbacks_stop_every_worker_at_its_step_an
     assert f"[worker:1] stopped early at step {summary['step']}: a callback of the chief asked to stop" in out
     assert out.count("final weights sha256 " + summary["weights_sha256"]) == 2  # both workers, the same weights
 
+    # The same command again: every worker ends at once, as a finished run does; the export and summary untouched.
+    kept = {name: (run_dir / name).read_bytes() for name in ("summary.json", "metrics.jsonl", "export/saved_model.pb")}
+    again = finished(start(project, run_dir, "strategy=multiworker", "cluster=2x1", *plateau))
+    for task in ("worker:0", "worker:1"):
+        assert f"[{task}] the run in this directory stopped early at step {summary['step']}" in again, again[-3000:]
+    assert {name: (run_dir / name).read_bytes() for name in kept} == kept
+    assert not list(run_dir.glob("export.replaced-*")) and "step " + str(summary["step"] + 20) not in again
 
-def test_a_terminal_shows_a_status_line_redrawn_in_place(tmp_path):
+
+@pytest.mark.parametrize(
+    "placed, prefix",
+    [([], ""), (["strategy=multiworker", "cluster=2x1", "logger.tensorboard=false"], "[worker:0] ")],
+    ids=["one process", "a local cluster"],
+)
+def test_a_terminal_shows_a_status_line_redrawn_in_place(tmp_path, placed, prefix):
     """In a pseudo-terminal: the status line is drawn again and again on one
-    line (carriage return, erase) while the steps run, the step lines stay."""
+    line (carriage return, erase) while the steps run, the step lines stay.
+    A local cluster's too: its chief's, drawn by the launcher under the tasks'
+    lines (the tasks write to it through pipes), and in no log file."""
     main, child = pty.openpty()
     proc = subprocess.Popen(
         [
@@ -187,6 +202,7 @@ def test_a_terminal_shows_a_status_line_redrawn_in_place(tmp_path):
             "trainer.steps=400",
             "trainer.steps_per_loop=200",
             "trainer.log_every=200",
+            *placed,
             f"hydra.run.dir={tmp_path / 'run'}",
         ],
         stdout=child,
@@ -209,8 +225,11 @@ def test_a_terminal_shows_a_status_line_redrawn_in_place(tmp_path):
     text = out.decode()
     status = [part for part in text.split("\r\x1b[K") if part.startswith("step ") and "elapsed" in part]
     assert len(status) >= 3, text[-2000:]  # redrawn after each call, and every second between
-    assert "step 400/400" in status[-1] and "\r\x1b[Kstep 400/400  loss " in text
-    assert text.rstrip("\r\n").count("\n") < len(status)  # in place: fewer lines than drawings
+    assert "step 400/400" in status[-1] and f"\r\x1b[K{prefix}step 400/400  loss " in text
+    assert "elapsed\r\n" not in text and "elapsed\n" not in text  # in place: no drawing left as a line of its own
+    if not placed:
+        assert text.rstrip("\r\n").count("\n") < len(status)  # fewer lines than drawings
+    assert "elapsed" not in (tmp_path / "run" / "tfdistx.log").read_text()
 
 
 def test_under_multiworker_a_callback_failing_on_the_chief_saves_with_every_worker_and_stops_them(tfdistx, tmp_path):
@@ -296,8 +315,8 @@ def test_keras_stateful_callbacks_preempted_and_resumed_act_where_an_uninterrupt
     assert [(m["step"], m["lr"]) for m in resumed.metrics] == [(m["step"], m["lr"]) for m in whole.metrics]
     assert resumed.summary["stopped_early"] == whole.summary["stopped_early"] and whole.summary["step"] == 50
     assert (
-        sorted(p.name for p in (tmp_path / "split").glob("best-*.keras"))
-        == sorted(p.name for p in (tmp_path / "whole").glob("best-*.keras"))
+        sorted(p.name for p in run_dir.glob("best-*.keras"))  # ModelCheckpoint's relative path: the run dir's
+        == sorted(p.name for p in (tmp_path / "whole" / "run").glob("best-*.keras"))
         == ["best-01.keras"]
     )
     assert resumed.summary["weights_sha256"] == whole.summary["weights_sha256"]

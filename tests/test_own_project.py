@@ -53,7 +53,10 @@ def digits(num_classes=5, train_examples=1024, eval_examples=256, seed=0):
 CONFIGS = {
     "model/small.yaml": "# a small MLP with a named head\n_target_: digitsproj.models.small\nwidth: 16\n",
     "data/digits.yaml": "# five-class 8x8 digits\n_target_: digitsproj.data.digits\nbatch_size: 64\nnum_classes: 5\n",
-    "data/digits3.yaml": "# the same images, three classes: a new head\n_target_: digitsproj.data.digits\nbatch_size: 64\nnum_classes: 3\n",
+    "data/digits3.yaml": (
+        "# the same images, three classes: a new head\n_target_: digitsproj.data.digits\nbatch_size: 64\n"
+        "num_classes: 3\n"
+    ),
     "experiment/mine.yaml": textwrap.dedent("""\
         # @package _global_
         # digits on the small model

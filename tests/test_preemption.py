@@ -213,7 +213,8 @@ def test_preemption_checkpoints_at_the_signal_exits_42_and_resumes_exactly(tmp_p
         tasks = {f"{job}:{i}" for job, n in jobs.items() for i in range(n)}
         trainers = {f"{job}:{i}" for job in TRAINERS[strategy] for i in range(jobs[job])}
         signalled = tasks if whom == "every task" else {CHIEF[strategy]}
-        # Every signalled task leaves, the servers once the trainers have; a synchronous cluster's trainers leave together.
+        # Every signalled task leaves, the servers once the trainers
+        # have; a synchronous cluster's trainers leave together.
         ending = signalled | (trainers if strategy == "multiworker" else set())
         result, expect = preempt_by_scheduler(args, run_dir, jobs, signalled, ending), {name: 42 for name in ending}
     assert_preempted_cleanly(result, run_dir, expect)
@@ -301,7 +302,7 @@ def test_a_sidecar_evaluator_with_no_training_stops_in_one_line(tfdistx):
     )
     assert run.returncode == 4, run
     assert (
-        f"tfdistx: the sidecar evaluator stops: no training to evaluate (chief:0 at {cluster['chief'][0]} did not answer "
-        "within 3s (cluster.startup_timeout)); 0 checkpoint(s) evaluated (exit 4)"
+        f"tfdistx: the sidecar evaluator stops: no training to evaluate (chief:0 at {cluster['chief'][0]} did not "
+        "answer within 3s (cluster.startup_timeout)); 0 checkpoint(s) evaluated (exit 4)"
     ) in run.stderr
     assert "Traceback" not in run.stderr

@@ -102,7 +102,8 @@ def own_project(words, root: Path) -> None:
 
 
 def run(words, env, cwd, timeout=600):
-    """The command as subprocess.run would run it, forked from the pytest process's prefork where that is a fresh start."""
+    """The command as subprocess.run would run it, forked from
+    the pytest process's prefork where that is a fresh start."""
     return run_command(words, tfdistx_env(HOME=str(cwd), **env), cwd=cwd, timeout=timeout)
 
 

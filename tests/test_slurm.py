@@ -7,6 +7,7 @@ import json
 import os
 import re
 import shutil
+import socket
 import subprocess
 import sys
 import time
@@ -203,3 +204,51 @@ def test_the_exported_script_checkpoints_at_slurms_notice_requeues_itself_and_re
         result["resumed_from_step"]
     }, output[-3000:]
     assert steps_logged(run_dir) == list(range(10, steps + 1, 10))
+
+
+def test_a_job_whose_derived_ports_something_holds_trains_on_ports_free_on_its_node(slurm, tmp_path):
+    """Issue 60, item 10: a step's tasks took cluster.base_port + 64 x (job id mod 500) + rank, which another job
+    on the node (ids that agree mod 500) or any program may hold: the task exits 6, its peers 42 as srun ends the
+    step, and every requeue took the same ports again. Held here by this test, the exported script's job trains
+    to the end on ports its node had free."""
+    run_dir, script = tmp_path / "run", tmp_path / "train.sbatch"
+    args = ["strategy=multiworker", "cluster=2x1", *QUICK, f"hydra.run.dir={run_dir}"]
+    env = tfdistx_env(PATH=os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]))
+    export = subprocess.run(
+        [sys.executable, "-m", "tfdistx", "export", "slurm", *args, "--out", str(script)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+        cwd=tmp_path,
+    )
+    assert export.returncode == 0, export.stderr
+    before = subprocess.run(
+        ["sbatch", "--parsable", "--wrap", "true"], capture_output=True, text=True, timeout=60, cwd=tmp_path
+    )
+    job = int(before.stdout.strip().split(";")[0]) + 1  # this Slurm is the tests' alone: the next id is the script's
+    first = 29400 + 64 * (job % 500)
+    held = []
+    try:
+        for port in (first, first + 1):
+            sock = socket.socket()
+            sock.bind(("", port))
+            sock.listen()
+            held.append(sock)
+        submitted = subprocess.run(
+            ["sbatch", "--parsable", "--overcommit", str(script)],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=60,
+            cwd=tmp_path,
+        )
+        assert submitted.returncode == 0 and int(submitted.stdout.strip().split(";")[0]) == job, submitted
+        wait_until((run_dir / "summary.json").exists, 600, "the job's summary")
+    finally:
+        for sock in held:
+            sock.close()
+    assert json.loads((run_dir / "summary.json").read_text())["step"] == 40
+    output = (tmp_path / f"slurm-{job}.out").read_text()
+    ports = {int(p) for p in re.findall(r"listens on port (\d+) on ALL", output)}
+    assert len(ports) == 2 and not ports & {first, first + 1} and "requeueing" not in output, output[-3000:]

@@ -70,8 +70,8 @@ def test_user_model_and_data_targets(tfdistx):
     assert run.summary["eval"]["eval/accuracy"] > 0.8
     # a command-line target gets only the keys given: the mlp's own are left out, and said so
     assert (
-        "model._target_=user_plugins.tiny_model gets only the model keys you give (not the default group's hidden_units, dropout)"
-        in run.stderr
+        "model._target_=user_plugins.tiny_model gets only the model keys you give (not the default group's "
+        "hidden_units, dropout)" in run.stderr
     )
 
 
@@ -180,7 +180,8 @@ def test_a_finished_run_exits_promptly_after_its_last_line(tmp_path):
     assert "exported ckpt-300" in (tmp_path / "run" / "tfdistx.log").read_text()  # the log is whole
     out = "".join(lines)  # where the run is, said at its start and its end
     assert f"run dir: {tmp_path / 'run'}" in out and f"done at step 300: {tmp_path / 'run'}" in out
-    # The lines a local cluster's task shows, without its [worker:0]: no Hydra [time][logger][INFO] prefix; the log keeps it.
+    # The lines a local cluster's task shows, without its [worker:0]:
+    # no Hydra [time][logger][INFO] prefix; the log keeps it.
     assert not [line for line in lines if line.startswith("[")], out[-2000:]
     assert re.match(
         r"\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+\]\[tfdistx[.\w]*\]\[INFO\] - ",

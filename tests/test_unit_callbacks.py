@@ -7,12 +7,14 @@ import csv
 import io
 import json
 
+import numpy as np
 import pytest
+import tensorflow as tf
 
 from config_helpers import PREFIX, compose_ok, refused
 from engine_helpers import train, whole_and_resumed
-from tfdistx.spec.errors import RunFault
-from tfdistx.loggers.progress import ConsoleProgress
+from tfdistx.spec.errors import ConfigError, RunFault
+from tfdistx.loggers.progress import ConsoleProgress, relayed_status
 from tfdistx.loggers.sinks import CsvLogger
 
 pytestmark = pytest.mark.unit
@@ -31,7 +33,7 @@ def test_a_keras_callback_stops_the_run_where_it_says_and_keras_csv_logger_write
         "+callbacks.stop._target_=user_plugins.StopBelow",
         "+callbacks.stop.loss=2.1",
         "+callbacks.csv._target_=keras.callbacks.CSVLogger",
-        f"+callbacks.csv.filename={tmp_path / 'keras.csv'}",
+        "+callbacks.csv.filename=keras.csv",  # in the run dir
         "logger.csv=true",
     )
     first_below = next(m["step"] for m in run.metrics if m["loss"] < 2.1)
@@ -40,7 +42,7 @@ def test_a_keras_callback_stops_the_run_where_it_says_and_keras_csv_logger_write
         "step": first_below,
         "reason": "callbacks.stop: StopBelow set model.stop_training",
     }
-    rows = list(csv.DictReader(open(tmp_path / "keras.csv")))
+    rows = list(csv.DictReader(open(run.dir / "keras.csv")))
     assert [int(r["epoch"]) for r in rows] == list(range(len(run.metrics)))  # Keras' numbering: one epoch per record
     assert [int(float(r["step"])) for r in rows] == [m["step"] for m in run.metrics]
     assert [float(r["loss"]) for r in rows] == pytest.approx([m["loss"] for m in run.metrics])
@@ -74,6 +76,34 @@ def test_terminate_on_nan_stops_a_run_whose_loss_is_nan(tmp_path):
         run.summary["stopped_early"]["reason"] == "callbacks.terminate_on_nan: TerminateOnNaN set model.stop_training"
     )
     assert run.summary["step"] < 100
+
+
+def test_weights_that_stop_being_numbers_stop_the_run_and_are_never_saved_or_exported(tmp_path, caplog):
+    """A loss that stays finite while weights it never reads turn NaN (an
+    optimizer's 0/0 where their gradient stayed zero, as Keras' Adafactor's):
+    the run stops at the first call that made them, with one line naming the
+    variable; the newest checkpoint stays the last good one, and the export
+    is of it."""
+    args = [
+        "data._target_=user_plugins.ids_data",
+        "model._target_=user_plugins.embedded_ids",
+        "optimizer._target_=user_plugins.AdamWithoutEpsilon",
+        *EVERY_TEN,
+        "checkpoint.export=true",
+    ]
+    train(tmp_path / "run", *args, "trainer.steps=20", sizes=[])  # epsilon 1e-7: the table's unread rows stay 0
+    caplog.set_level("WARNING", logger="tfdistx")
+    run = train(tmp_path / "run", *args, "trainer.steps=40", "+optimizer.zero_epsilon=true", sizes=[])
+    why = "the weights are not numbers: table/embeddings has 40 of 80 entries NaN"
+    assert run.summary["stopped_early"] == {"step": 30, "reason": why} and np.isfinite(run.metrics[-1]["loss"])
+    assert (
+        f"step 30: {why}; the run stops, and no checkpoint is saved from here on (the newest stays the one at step 20)"
+        in caplog.text
+    )
+    assert sorted(p.name for p in (run.dir / "checkpoints").glob("ckpt-*.index")) == ["ckpt-10.index", "ckpt-20.index"]
+    assert all(np.all(np.isfinite(w)) for w in run.weights().values())
+    exported = tf.saved_model.load(str(run.dir / "export"))
+    assert all(np.all(np.isfinite(v.numpy())) for v in exported.variables)
 
 
 def test_a_callback_that_raises_stops_the_run_in_one_line_naming_it_and_keeps_the_checkpoints(tmp_path):
@@ -253,7 +283,7 @@ def test_a_bad_callback_or_logger_key_is_refused_before_tensorflow(tmp_path, ove
     assert any(message in line for line in refused(tmp_path, override))
 
 
-INSIDE = "a file inside the run dir, e.g. keras_log.csv or logs/keras.csv"
+INSIDE = "a path inside the run dir, e.g. keras_log.csv"
 
 
 @pytest.mark.parametrize(
@@ -269,7 +299,7 @@ INSIDE = "a file inside the run dir, e.g. keras_log.csv or logs/keras.csv"
         ),
         (
             ["callbacks.csv_logger.filename=metrics.jsonl"],
-            f"callbacks.csv_logger.filename='metrics.jsonl': is the run's own metrics.jsonl, which this file would replace: name {INSIDE}",
+            f"callbacks.csv_logger.filename='metrics.jsonl': is the run's own metrics.jsonl, which this would replace: name {INSIDE}",
         ),
     ],
 )
@@ -327,6 +357,12 @@ def test_the_csv_logger_keeps_a_file_there_aside_when_told_not_to_append(tmp_pat
             "logger.mlflow.tracking_uri='sqlite:////nowhere/at/all/mlflow.db': its directory /nowhere/at/all does not exist: make it, or name another",
         ),
         (["logger.mlflow.enabled=maybe"], "logger.mlflow.enabled='maybe': allowed: true, false"),
+        (
+            ["logger.mlflow.tracking_uri=ftp://example.org/mlflow"],
+            "logger.mlflow.tracking_uri='ftp://example.org/mlflow': MLflow has no tracking store for ftp: name a "
+            "tracking server (http://HOST:5000, https://...), a database (sqlite:///PATH/mlflow.db, postgresql://..., "
+            "mysql://..., mssql://...) or databricks, or leave it null for the run's own store",
+        ),
     ],
 )
 def test_a_bad_mlflow_key_is_refused_before_tensorflow(tmp_path, monkeypatch, overrides, line):
@@ -432,3 +468,82 @@ def test_a_users_logger_by_target_gets_every_record_and_is_closed(tmp_path):
         "logger.nope._target_='nosuchpkg.L': no module named 'nosuchpkg'" in line
         for line in refused(tmp_path, "logger.nope._target_=nosuchpkg.L")
     )
+
+
+def test_a_keras_callback_never_replaces_a_file_out_of_the_run_dir(tmp_path):
+    """Keras' callbacks that write where a key says (ModelCheckpoint's
+    filepath, CSVLogger's filename, TensorBoard's log_dir) write in the run
+    dir, as callbacks=csv_logger does: a path out of it, where the user's
+    own file is, is refused before TensorFlow starts (a subclass's when it
+    is built), and the file is as it was."""
+    mine = tmp_path / "mine.keras"
+    mine.write_bytes(b"the user's own model")
+    model_checkpoint = ["+callbacks.mc._target_=keras.callbacks.ModelCheckpoint"]
+    for overrides, line in [
+        (
+            [*model_checkpoint, f"+callbacks.mc.filepath={mine}"],
+            f"callbacks.mc.filepath='{mine}': would be written outside the run dir, where tfdistx does not write: "
+            "name a path inside the run dir, e.g. best.keras",
+        ),
+        (
+            [*model_checkpoint, "+callbacks.mc.filepath=../mine.keras"],
+            "callbacks.mc.filepath='../mine.keras': would be written outside the run dir, where tfdistx does not "
+            "write: name a path inside the run dir, e.g. best.keras",
+        ),
+        (
+            ["+callbacks.tb._target_=keras.callbacks.TensorBoard"],  # its default log_dir, logs: the run's task logs
+            "callbacks.tb.log_dir='logs': is the run's own logs, which this would replace: name a path inside the "
+            "run dir, e.g. keras_tensorboard",
+        ),
+        (
+            ["+callbacks.csv._target_=keras.callbacks.CSVLogger", f"+callbacks.csv.filename={tmp_path / 'k.csv'}"],
+            f"callbacks.csv.filename='{tmp_path / 'k.csv'}': would be written outside the run dir, where tfdistx "
+            "does not write: name a path inside the run dir, e.g. keras_log.csv",
+        ),
+    ]:
+        assert refused(tmp_path / "run", *overrides) == [PREFIX + line]
+    with pytest.raises(ConfigError) as raised:  # a subclass, known to be ModelCheckpoint once it is imported
+        train(
+            tmp_path / "sub",
+            "trainer.steps=10",
+            "+callbacks.mc._target_=user_plugins.SaveInto",
+            f"+callbacks.mc.into={tmp_path}",
+            "+callbacks.mc.name=mine.keras",
+        )
+    assert raised.value.lines() == [
+        PREFIX + f"callbacks.mc.filepath='{mine}': would be written outside the run dir, where tfdistx does not "
+        "write: name a path inside the run dir, e.g. best.keras"
+    ]
+    assert mine.read_bytes() == b"the user's own model"
+
+
+def test_a_keras_callbacks_relative_path_is_the_run_dirs_and_a_rerun_resumes_writing_it(tmp_path):
+    """A relative path is the run dir's: ModelCheckpoint writing one file
+    every epoch, a rerun (a resume) replaces what the run's first part wrote
+    there; a directory tfdistx did not make that holds a file a callback's
+    pattern names is refused as a run dir."""
+    args = [*EVERY_TEN, "+callbacks.mc._target_=keras.callbacks.ModelCheckpoint", "+callbacks.mc.filepath=last.keras"]
+    train(tmp_path / "run", *args, "trainer.steps=20")
+    first = (tmp_path / "run" / "last.keras").read_bytes()
+    train(tmp_path / "run", *args, "trainer.steps=30")
+    assert (tmp_path / "run" / "last.keras").read_bytes() != first and not (tmp_path / "last.keras").exists()
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "m-07.keras").write_bytes(b"the user's own model")
+    args[-1] = "+callbacks.mc.filepath='m-{epoch:02d}.keras'"
+    assert refused(tmp_path / "mine", *args) == [
+        PREFIX + f"hydra.run.dir='{tmp_path / 'mine'}': holds m-07.keras, which a run writes, and tfdistx did not "
+        "make it (no .lock): name a new directory, or move them (nothing was changed)"
+    ]
+
+
+def test_a_local_clusters_chief_sends_its_status_line_as_lines_of_its_own_for_its_launcher_to_draw():
+    """Its output is a pipe to the launcher (cluster/processes.py draws the status on the launcher's terminal)."""
+    stream = io.StringIO()
+    progress = ConsoleProgress(100, stream=stream, relay=True)
+    progress.after_steps(10)
+    progress(10, {"loss": 1.5})
+    progress.close()
+    lines = stream.getvalue().splitlines()
+    assert "step  10/100  loss   1.500" in lines and "\r" not in stream.getvalue()
+    statuses = [relayed_status(line) for line in lines if relayed_status(line) is not None]
+    assert statuses[0].startswith("step  10/100") and "elapsed" in statuses[0] and statuses[-1] == ""  # closed: gone

@@ -12,6 +12,7 @@ import tensorflow as tf
 
 import engine_helpers
 from test_unit_config_shipped import compose
+from tfdistx.config.resolve import resolve
 from tfdistx.spec import compute
 from tfdistx.engine import update
 
@@ -149,10 +150,13 @@ def test_mixed_precision_trains_like_float32_under_mirrored_replicas(tmp_path):
 @pytest.mark.unit
 def test_auto_xla_follows_the_devices_and_the_strategy_table():
     """The GPU branch of the choice, exercised on a machine without GPUs."""
+
+    def jit_compile(cfg, gpus):  # as the plan and the engine decide it, from the run spec's trainer and strategy row
+        spec = resolve(cfg)
+        return compute.planned_jit(spec.trainer, spec.strategy.facts, gpus)
+
     default = compose("data=synthetic")
-    assert compute.jit_compile(default, gpus=True)[0] is True
-    assert (
-        compute.jit_compile(default, gpus=False)[0] is None
-    )  # on CPUs: decided by the model's layers, once it is built
-    assert compute.jit_compile(compose("data=synthetic", "strategy=central_storage"), gpus=True)[0] is False
-    assert compute.jit_compile(compose("data=synthetic", "trainer.jit_compile=false"), gpus=True)[0] is False
+    assert jit_compile(default, gpus=True)[0] is True
+    assert jit_compile(default, gpus=False)[0] is None  # on CPUs: decided by the model's layers, once it is built
+    assert jit_compile(compose("data=synthetic", "strategy=central_storage"), gpus=True)[0] is False
+    assert jit_compile(compose("data=synthetic", "trainer.jit_compile=false"), gpus=True)[0] is False

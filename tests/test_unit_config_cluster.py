@@ -105,7 +105,8 @@ SLURM_2 = {
         (
             ("strategy=multiworker", "cluster=2x1"),
             {"TF_CONFIG": json.dumps({"cluster": {"worker": ["h:1", "h:2"]}})},
-            "TF_CONFIG='{\"cluster\": {\"worker\": [\"h:1\", \"h:2\"]}}': is not a TF_CONFIG with 'cluster' and 'task' ('task')",
+            'TF_CONFIG=\'{"cluster": {"worker": ["h:1", "h:2"]}}\': '
+            "is not a TF_CONFIG with 'cluster' and 'task' ('task')",
         ),
         # (a long TF_CONFIG is shown to its 80th character)
         (
@@ -127,7 +128,8 @@ SLURM_2 = {
         (
             ("strategy=parameter_server", "cluster=ps1w2"),
             {"TF_CONFIG": tf_config({"worker": ["h:1", "h:2"], "ps": ["h:3"]})},
-            "TF_CONFIG='2 workers, 1 ps': the config's cluster asks for 1 chief, 1 ps, 2 workers: make cluster= match it",
+            "TF_CONFIG='2 workers, 1 ps': the config's cluster asks for 1 chief, 1 ps, 2 workers: make cluster= match "
+            "it",
         ),
         (
             ("strategy=multiworker", "cluster=2x1", "cluster.launch=slurm"),

@@ -10,7 +10,8 @@ from config_helpers import PREFIX, changed, problems, refused
 from tfdistx.config import sources
 from tfdistx.spec import datafiles
 
-REMOTE = "data.train_files=gs://bucket/train-*"  # a file source checked without files: remote patterns are left to tf.io.gfile
+# a file source checked without files: remote patterns are left to tf.io.gfile
+REMOTE = "data.train_files=gs://bucket/train-*"
 LABEL = {"dtype": "int64", "shape": []}
 
 
@@ -26,8 +27,8 @@ def test_eval_files_that_match_nothing_are_refused_too(tmp_path):
     assert refused(
         tmp_path / "run", "data=csv", f"data.train_files={tmp_path}/train-*", f"data.eval_files={tmp_path}/eval-*"
     ) == [
-        PREFIX
-        + f"data.eval_files='{tmp_path}/eval-*': no file matches (relative paths are from the directory tfdistx runs in)"
+        PREFIX + f"data.eval_files='{tmp_path}/eval-*': no file matches (relative paths are from the directory tfdistx "
+        "runs in)"
     ]
 
 
@@ -69,7 +70,8 @@ def test_the_manifest_counts_only_when_it_lists_every_file():
         (
             ("data=tfrecord", REMOTE),
             {"data.train_files": []},
-            "data.train_files=[]: give a glob pattern or a list of files, e.g. data.train_files='/data/train-*.tfrecord'",
+            "data.train_files=[]: give a glob pattern or a list of files, e.g. "
+            "data.train_files='/data/train-*.tfrecord'",
         ),
         (
             ("data=tfrecord", REMOTE),
@@ -100,7 +102,8 @@ def test_the_manifest_counts_only_when_it_lists_every_file():
         (
             ("data=tfrecord", REMOTE),
             {"data._target_": "tfdistx.records.tfrecord", "data.train_files": None},
-            "data.train_files=None: give a glob pattern or a list of files, e.g. data.train_files='/data/train-*.tfrecord'",
+            "data.train_files=None: give a glob pattern or a list of files, e.g. "
+            "data.train_files='/data/train-*.tfrecord'",
         ),
         # the built-in sources' sizes
         (
@@ -197,7 +200,7 @@ def test_a_dataset_to_download_without_a_network_is_a_fault_of_the_machine(tmp_p
         tfds("mnist", data_dir=str(tmp_path / "tfds"), download_check_url="http://127.0.0.1:9")
     assert fault.value.code == EXIT_NO_NETWORK == 10
     assert fault.value.lines() == [
-        f"tfdistx: data=mnist is not downloaded to {tmp_path / 'tfds' / 'mnist' / '3.0.1'}, and the download site is unreachable from "
-        "this machine (ConnectionError): download it once on a machine with a network and set data.data_dir to that copy, "
-        "or use data=synthetic (exit 10)"
+        f"tfdistx: data=mnist is not downloaded to {tmp_path / 'tfds' / 'mnist' / '3.0.1'}, and the download site is "
+        "unreachable from this machine (ConnectionError): download it once on a machine with a network and set "
+        "data.data_dir to that copy, or use data=synthetic (exit 10)"
     ]

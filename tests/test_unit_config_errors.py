@@ -26,13 +26,15 @@ BIG = MAX_STEPS  # 2**62: the most steps a checkpoint's int64 counter can carry
         (
             (),
             {"cluster.retryable_exit_offset": 214},
-            "cluster.retryable_exit_offset=214: from 0 to 213 (exit codes stop at 255); 128 for Kubernetes' restartPolicy ExitCode",
+            "cluster.retryable_exit_offset=214: from 0 to 213 (exit codes stop at 255); 128 for Kubernetes' "
+            "restartPolicy ExitCode",
         ),
         # strategy options
         (
             ("strategy=central_storage",),
             {"strategy.device": "/gpu:0"},
-            "strategy.device='/gpu:0': strategy=central_storage takes no options (strategy.device is for strategy=one_device)",
+            "strategy.device='/gpu:0': strategy=central_storage takes no options (strategy.device is for "
+            "strategy=one_device)",
         ),
         (
             ("strategy=multiworker", "cluster=2x1"),
@@ -42,7 +44,8 @@ BIG = MAX_STEPS  # 2**62: the most steps a checkpoint's int64 counter can carry
         (
             ("strategy=one_device",),
             {"strategy.all_reduce_dtype": "bfloat16"},
-            "strategy.all_reduce_dtype='bfloat16': strategy=one_device takes strategy.device (strategy.all_reduce_dtype is for strategy=mirrored, multiworker)",
+            "strategy.all_reduce_dtype='bfloat16': strategy=one_device takes strategy.device "
+            "(strategy.all_reduce_dtype is for strategy=mirrored, multiworker)",
         ),
         (
             ("strategy=mirrored",),
@@ -58,8 +61,9 @@ BIG = MAX_STEPS  # 2**62: the most steps a checkpoint's int64 counter can carry
         (
             ("strategy=central_storage",),
             {"trainer.jit_compile": True},
-            "trainer.jit_compile=True: strategy=central_storage cannot use XLA: its variables live on the CPU, away from the device that "
-            "computes, and XLA compiles only steps whose variables are on their own device; use false or auto",
+            "trainer.jit_compile=True: strategy=central_storage cannot use XLA: its variables live on the CPU, away "
+            "from the device that computes, and XLA compiles only steps whose variables are on their own device; use "
+            "false or auto",
         ),
         # the global batch
         (
@@ -165,7 +169,8 @@ BIG = MAX_STEPS  # 2**62: the most steps a checkpoint's int64 counter can carry
         (
             ("task=binary", "data.num_classes=2"),
             {"trainer.objective": "eval/rmse"},
-            "trainer.objective='eval/rmse': task=binary reports eval/loss, eval/auc, eval/accuracy, eval/log_loss, loss, auc, accuracy, log_loss",
+            "trainer.objective='eval/rmse': task=binary reports eval/loss, eval/auc, eval/accuracy, eval/log_loss, "
+            "loss, auc, accuracy, log_loss",
         ),
         # targets
         (
@@ -184,8 +189,8 @@ BIG = MAX_STEPS  # 2**62: the most steps a checkpoint's int64 counter can carry
         (
             (),
             {"checkpoint.keep": 2},
-            "checkpoint.keep=2: checkpoint has no such key; its keys: every_steps, max_to_keep, dir, restore, export, keep_best, "
-            "init_from, init_skip, background",
+            "checkpoint.keep=2: checkpoint has no such key; its keys: every_steps, max_to_keep, dir, restore, export, "
+            "keep_best, init_from, init_skip, background",
         ),
     ],
 )
@@ -262,7 +267,7 @@ def test_writable_accepts_a_new_directory_below_a_writable_one(tmp_path):
         ),
         (
             ["task=ranking"],
-            "task='ranking': allowed: binary, classification, multilabel, regression; "
+            "task='ranking': allowed: auto, binary, classification, multilabel, regression; "
             "or your own: --config-dir DIR with DIR/task/ranking.yaml",
         ),
     ],
@@ -291,7 +296,8 @@ GROUPS = "callbacks, checkpoint, cluster, data, logger, model, optimizer, recipe
         ),
         (
             ["trainr.steps=3"],
-            f"trainr.steps='3': not a group or key of the config: the groups are {GROUPS}; the closest: trainer.steps=3",
+            f"trainr.steps='3': not a group or key of the config: the groups are {GROUPS}; the closest: "
+            "trainer.steps=3",
         ),
         (["xyzzy=1"], f"xyzzy='1': not a group or key of the config: the groups are {GROUPS}"),
         # `+` for a key the config has: Hydra's answer offers a `++optimizer.beta_2=...` the user never wrote
@@ -304,3 +310,54 @@ GROUPS = "callbacks, checkpoint, cluster, data, logger, model, optimizer, recipe
 )
 def test_a_misspelt_group_or_a_needless_plus_is_named_as_typed(tmp_path, overrides, line):
     assert refused(tmp_path / "run", *overrides) == [PREFIX + line]
+
+
+# -- Hydra's own messages, kept whole in one line --
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    "override, line",
+    [
+        # a list without brackets: Hydra's three ways out, for this key and these values
+        (
+            "logger=wandb,csv",
+            "logger='wandb,csv': Ambiguous value: to use it as a list, write logger=[wandb,csv]; to use it as a "
+            "string, quote the value: logger='wandb,csv'; to sweep over it, add --multirun to your command line",
+        ),
+        # a quoting mistake: Hydra's words and where it stopped
+        (
+            "trainer.steps='3",
+            "trainer.steps=\"'3\": Hydra cannot parse this override: LexerNoViableAltException: trainer.steps='3 "
+            "(at column 15); See https://hydra.cc/docs/1.2/advanced/override_grammar/basic for details",
+        ),
+        (
+            "logger=[wandb,csv",
+            "logger='[wandb,csv': Hydra cannot parse this override: no viable alternative at input '[wandb,csv'; "
+            "See https://hydra.cc/docs/1.2/advanced/override_grammar/basic for details",
+        ),
+        (
+            "trainer.steps=range(1,3)",
+            "trainer.steps='range(1,3)': Sweep parameters 'trainer.steps=range(1,3)' requires --multirun",
+        ),
+    ],
+)
+def test_hydras_own_message_is_kept_whole_in_one_line(tmp_path, override, line):
+    lines = refused(tmp_path / "run", override)
+    assert lines == [PREFIX + line] and "None" not in lines[0]
+
+
+@pytest.mark.unit
+def test_first_line_is_the_line_that_says_what_went_wrong():
+    """spec/errors.first_line, the one reading of an error for a one-line message (loggers, warm starts, the
+    model's first call, XLA, TFDS, MLflow all use it)."""
+    from tfdistx.spec.errors import first_line
+
+    keras_wrapped = ValueError(
+        "Exception encountered when calling Dense.call().\n\n\x1b[1mInput 0 is incompatible Inputs received: "
+        "<tf.Tensor shape=(2, 3)>\x1b[0m\n\nArguments received by Dense.call(): ..."
+    )
+    assert first_line(keras_wrapped) == "Input 0 is incompatible (in Dense.call())"
+    assert first_line(OSError("\n  disk full  \nmore")) == "disk full"
+    assert first_line(RuntimeError("")) == "RuntimeError"
+    assert first_line(ValueError("x" * 500), most=160) == "x" * 160

@@ -96,7 +96,8 @@ def test_plan_leaves_remote_files_to_tensorflow(tmp_path):
         tmp_path / "run", "data=tfrecord", "data.train_files=gs://bucket/train-*"
     )  # never listed here: no network
     assert data_line(describe(cfg).splitlines()) == (
-        "data          gs://bucket/train-*: listed at start (tf.io.gfile), split by file across 1 worker(s) when there are enough"
+        "data          gs://bucket/train-*: listed at start (tf.io.gfile), split by file across 1 worker(s) when "
+        "there are enough"
     )
 
 
@@ -106,12 +107,13 @@ def test_plan_leaves_remote_files_to_tensorflow(tmp_path):
     [
         (
             [],
-            "strategy      auto  -> one_device (mirrored instead when several GPUs are visible): one replica on one device "
-            "(TF's default strategy, or OneDeviceStrategy on strategy.device)",
+            "strategy      auto  -> one_device (mirrored instead when several GPUs are visible): one replica on one "
+            "device (TF's default strategy, or OneDeviceStrategy on strategy.device)",
         ),
         (
             ["cluster=2x1"],
-            "strategy      auto  -> multiworker: MultiWorkerMirroredStrategy: synchronous all-reduce across worker processes",
+            "strategy      auto  -> multiworker: MultiWorkerMirroredStrategy: synchronous all-reduce across worker "
+            "processes",
         ),
         (["strategy=parameter_server", "cluster=ps1w2"], "cluster       ps1w2: 2 worker(s) x 1 device(s), 1 ps"),
         (["strategy=mirrored"], "replicas      decided by the GPUs visible at start (else 1 per worker)"),
@@ -129,23 +131,25 @@ def test_plan_leaves_remote_files_to_tensorflow(tmp_path):
         ),
         (
             ["trainer.jit_compile=false"],
-            "compute       float32; XLA off (trainer.jit_compile=false); steps per XLA call 1 (XLA does not compile the whole step here)",
+            "compute       float32; XLA off (trainer.jit_compile=false); steps per XLA call 1 (XLA does not compile "
+            "the whole step here)",
         ),
         (
             ["trainer.steps_per_xla_call=4"],
             "compute       float32; XLA auto: on with GPUs; on CPUs on for a model of Dense layers only, else off "
-            "(on CPUs XLA pays only for a dense model's whole step, and slows convolutions and embeddings (docs/performance.md)); "
-            "steps per XLA call 4 (trainer.steps_per_xla_call=4)",
+            "(on CPUs XLA pays only for a dense model's whole step, and slows convolutions and embeddings "
+            "(docs/performance.md)); steps per XLA call 4 (trainer.steps_per_xla_call=4)",
         ),
         (
             ["trainer.accumulate_steps=8"],
             "compute       float32; XLA auto: on with GPUs; off on CPUs with trainer.accumulate_steps=8 (a step of "
-            "8 micro-batches trained slower compiled: docs/performance.md); steps per XLA call 1 (auto): a step of 8 micro-batches is long "
-            "beside a call's cost",
+            "8 micro-batches trained slower compiled: docs/performance.md); steps per XLA call 1 (auto): a step of 8 "
+            "micro-batches is long beside a call's cost",
         ),
         (
             ["optimizer.clip_norm=0.5"],
-            "optimizer     adam (keras.optimizers.Adam), lr 0.001, schedule constant; clip clip_norm 0.5 after the sum over replicas",
+            "optimizer     adam (keras.optimizers.Adam), lr 0.001, schedule constant; clip clip_norm 0.5 after the "
+            "sum over replicas",
         ),
         (
             ["strategy=mirrored", "optimizer.scale_lr_with_replicas=true"],
@@ -169,8 +173,9 @@ def test_plan_leaves_remote_files_to_tensorflow(tmp_path):
         ),
         (
             ["strategy=multiworker", "cluster=2x1", "strategy.communication=mpi"],
-            "collectives   each step: one all-reduce of every gradient, in one pack (strategy.bytes_per_pack), float32; the metrics: one sum per "
-            "tf.function call; strategy.communication=mpi (the gradients through MPI, each task under mpiexec; the rest ring over gRPC)",
+            "collectives   each step: one all-reduce of every gradient, in one pack (strategy.bytes_per_pack), "
+            "float32; the metrics: one sum per tf.function call; strategy.communication=mpi (the gradients through "
+            "MPI, each task under mpiexec; the rest ring over gRPC)",
         ),
         (
             [
@@ -179,8 +184,9 @@ def test_plan_leaves_remote_files_to_tensorflow(tmp_path):
                 "strategy.bytes_per_pack=262144",
                 "strategy.all_reduce_dtype=bfloat16",
             ],
-            "collectives   each step: one all-reduce of every gradient, in packs of 262144 bytes (strategy.bytes_per_pack), bfloat16; "
-            "the metrics: one sum per tf.function call; strategy.communication=auto (ring over gRPC on CPUs, NCCL on GPUs)",
+            "collectives   each step: one all-reduce of every gradient, in packs of 262144 bytes "
+            "(strategy.bytes_per_pack), bfloat16; the metrics: one sum per tf.function call; "
+            "strategy.communication=auto (ring over gRPC on CPUs, NCCL on GPUs)",
         ),
     ],
 )
@@ -212,8 +218,8 @@ def test_plan_names_the_run_dir_and_a_local_clusters_logs(tmp_path):
     )
     cluster = describe(compose_ok(tmp_path / "two", "cluster=2x1")).splitlines()
     assert (
-        f"run dir       {tmp_path / 'two'}: .hydra/, metrics.jsonl, summary.json, checkpoints/, tensorboard/, logs/<task>.log"
-        in cluster
+        f"run dir       {tmp_path / 'two'}: .hydra/, metrics.jsonl, summary.json, checkpoints/, tensorboard/, "
+        "logs/<task>.log" in cluster
     )
 
 
@@ -312,8 +318,8 @@ CPU_RULE = (
     "on CPUs XLA pays only for a dense model's whole step, and slows convolutions and embeddings (docs/performance.md)"
 )
 PER_CALL = (
-    "each call's fixed cost saved, a large part of a small dense step (docs/performance.md); the most, up to 10, that divide "
-    "the steps per loop, log, eval and checkpoint"
+    "each call's fixed cost saved, a large part of a small dense step (docs/performance.md); the most, up to 10, that "
+    "divide the steps per loop, log, eval and checkpoint"
 )
 
 
@@ -541,8 +547,9 @@ def test_how_many_steps_one_xla_call_takes(asked, jit, strategy, gpus, layers, p
         (
             4,
             False,
-            "trainer.steps_per_xla_call=4: more than 1 only where XLA compiles the whole step, and XLA is off (auto): on CPUs, and "
-            "this model has Conv2D weights: set trainer.jit_compile=true to compile it anyway, or trainer.steps_per_xla_call=1",
+            "trainer.steps_per_xla_call=4: more than 1 only where XLA compiles the whole step, and XLA is off (auto): "
+            "on CPUs, and this model has Conv2D weights: set trainer.jit_compile=true to compile it anyway, or "
+            "trainer.steps_per_xla_call=1",
         ),
         (4, True, None),
         (1, False, None),

@@ -140,7 +140,8 @@ def test_recipes_dir_that_is_a_file_is_refused(tmp_path, monkeypatch):
     monkeypatch.setenv("TFDISTX_RECIPES", str(tmp_path / "recipes.yaml"))
     assert refused(tmp_path / "run") == [
         PREFIX
-        + f"TFDISTX_RECIPES='{tmp_path / 'recipes.yaml'}': {tmp_path / 'recipes.yaml'} is not a directory of recipe files"
+        + f"TFDISTX_RECIPES='{tmp_path / 'recipes.yaml'}': {tmp_path / 'recipes.yaml'} is not a directory of recipe "
+        "files"
     ]
 
 

@@ -37,8 +37,12 @@ def test_every_option_of_every_group_composes(group):
         assert cfg[group] is not None
 
 
-# Options that need a key no default can give: file data needs its files.
-REQUIRED = {"data=tfrecord": [f"data.train_files={__file__}"], "data=csv": [f"data.train_files={__file__}"]}
+# Options that need a key no default can give: file data needs its files, data=tfds its dataset's name.
+REQUIRED = {
+    "data=tfrecord": [f"data.train_files={__file__}"],
+    "data=csv": [f"data.train_files={__file__}"],
+    "data=tfds": ["data.name=imdb_reviews"],  # any TensorFlow Datasets dataset: named on the command line
+}
 
 
 @pytest.mark.unit

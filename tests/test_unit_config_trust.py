@@ -54,8 +54,8 @@ def test_a_run_dir_holding_files_tfdistx_did_not_write_is_refused_and_left_alone
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and err == [
         PREFIX
-        + f"hydra.run.dir={str(mine)!r}: holds checkpoints/, export/, metrics.jsonl, summary.json, which a run writes, and "
-        "tfdistx did not make it (no .lock): name a new directory, or move them (nothing was changed)"
+        + f"hydra.run.dir={str(mine)!r}: holds checkpoints/, export/, metrics.jsonl, summary.json, which a run writes, "
+        "and tfdistx did not make it (no .lock): name a new directory, or move them (nothing was changed)"
     ]
     assert sorted(p.name for p in mine.iterdir()) == before  # not even .hydra/ or .lock
 
@@ -147,7 +147,8 @@ def test_init_from_the_runs_own_directory_is_refused_once_before_anything_is_set
         PREFIX
         + f"checkpoint.init_from={init_from!r}: is in this run's own directory (hydra.run.dir={str(run)!r}), whose "
         "checkpoints checkpoint.restore=false sets aside before a warm start could read them: start the new run in "
-        f"another directory (hydra.run.dir=NEW checkpoint.init_from={init_from}), or resume this one (checkpoint.restore=true)"
+        f"another directory (hydra.run.dir=NEW checkpoint.init_from={init_from}), or resume this one "
+        "(checkpoint.restore=true)"
     ]
     assert sorted(p.name for p in run.iterdir()) == [".hydra", ".lock", "checkpoints"]
     # resuming, init_from is not applied: accepted as before
@@ -187,8 +188,8 @@ def test_a_users_primary_config_is_refused(own_conf, tmp_path, monkeypatch):
     monkeypatch.setenv(userconf.ENV, str(own_conf))
     assert refused(tmp_path / "run") == [
         PREFIX
-        + f"--config-dir (TFDISTX_CONFIG_PATH)={str(own_conf / 'config.yaml')!r}: has the name of tfdistx's primary config "
-        "config.yaml, which it would replace in every run: rename it, e.g. my_config.yaml"
+        + f"--config-dir (TFDISTX_CONFIG_PATH)={str(own_conf / 'config.yaml')!r}: has the name of tfdistx's primary "
+        "config config.yaml, which it would replace in every run: rename it, e.g. my_config.yaml"
     ]
 
 
@@ -247,26 +248,28 @@ def test_an_experiment_without_its_package_line_is_named(own_conf, tmp_path, mon
         (
             ("data=csv", REMOTE),
             {"checkpoint.keep_best": True},
-            "checkpoint.keep_best=True: keeps the best checkpoint by trainer.objective=eval/accuracy, and data=tfdistx.data.csv has no "
-            "eval split (data.eval_files=None): give data.eval_files, or a training metric as the objective (e.g. trainer.objective=loss)",
+            "checkpoint.keep_best=True: keeps the best checkpoint by trainer.objective=eval/accuracy, and "
+            "data=tfdistx.data.csv has no eval split (data.eval_files=None): give data.eval_files, or a training "
+            "metric as the objective (e.g. trainer.objective=loss)",
         ),
         (
             ("data=tfrecord", REMOTE),
             {"trainer.early_stopping.patience": 3},
-            "trainer.early_stopping.patience=3: counts evaluations of trainer.objective=eval/accuracy, and data=tfdistx.data.tfrecord has "
-            "no eval split (data.eval_files=None): give data.eval_files, or a training metric as the objective (e.g. trainer.objective=loss)",
+            "trainer.early_stopping.patience=3: counts evaluations of trainer.objective=eval/accuracy, and "
+            "data=tfdistx.data.tfrecord has no eval split (data.eval_files=None): give data.eval_files, or a training "
+            "metric as the objective (e.g. trainer.objective=loss)",
         ),
         (
             (),
             {"data.service.mode": "parallel_epochs"},
-            "data.service.mode='parallel_epochs': applies to a tf.data service, and data.service.workers=0 runs the input pipeline in "
-            "the trainers: set data.service.workers=N, or leave data.service.mode out",
+            "data.service.mode='parallel_epochs': applies to a tf.data service, and data.service.workers=0 runs the "
+            "input pipeline in the trainers: set data.service.workers=N, or leave data.service.mode out",
         ),
         (
             (),
             {"trainer.early_stopping.min_delta": 0.01},
-            "trainer.early_stopping.min_delta=0.01: applies only with trainer.early_stopping.patience, which is null (never stop "
-            "early): set the patience too, or leave min_delta out",
+            "trainer.early_stopping.min_delta=0.01: applies only with trainer.early_stopping.patience, which is null "
+            "(never stop early): set the patience too, or leave min_delta out",
         ),
         (
             ("data=synthetic_regression",),
@@ -279,8 +282,8 @@ def test_an_experiment_without_its_package_line_is_named(own_conf, tmp_path, mon
                     "labels": "0 and 1",
                 }
             },  # conf/task/binary.yaml's labels
-            "task='binary': the labels of data=tfdistx.data.synthetic_regression are real values; binary takes labels 0 and 1: "
-            "use task=regression",
+            "task='binary': the labels of data=tfdistx.data.synthetic_regression are real values; binary takes labels "
+            "0 and 1: use task=regression",
         ),
     ],
 )
@@ -313,8 +316,8 @@ def test_the_local_process_cap_counts_the_sidecar_evaluator(configs, monkeypatch
         plan.describe(cfg)
     assert caught.value.lines() == [
         PREFIX
-        + "cluster='8x1': a local cluster of 9 processes (with the sidecar evaluator) on this machine's 1 cores: at most 8 "
-        "here; a larger cluster runs under Slurm or Kubernetes"
+        + "cluster='8x1': a local cluster of 9 processes (with the sidecar evaluator) on this machine's 1 cores: at "
+        "most 8 here; a larger cluster runs under Slurm or Kubernetes"
     ]
     assert "placement     local cluster" in plan.describe(
         configs("strategy=multiworker", "cluster=7x1", "cluster.evaluator=true", "data.batch_size=126")

@@ -105,7 +105,8 @@ def test_a_round_s_task_config_is_its_topology(tmp_path, hosts):
         ([*ELASTIC, "cluster.evaluator=true"], "cluster.evaluator=True: the sidecar evaluator is not kept"),
         (
             [*ELASTIC, "cluster.launch=slurm"],
-            "cluster.launch='slurm': elastic rounds (cluster.workers=2:4) are formed by tfdistx's local launcher",
+            "cluster.launch='slurm': elastic rounds (cluster.workers=2:4) are formed by tfdistx's agents, one on every "
+            "node, or by its local launcher, not by a scheduler's fixed set of tasks: use cluster.launch=agent",
         ),
         (
             [*ELASTIC[:-1], "data.batch_size=32"],
@@ -119,7 +120,8 @@ def test_a_round_s_task_config_is_its_topology(tmp_path, hosts):
                 "cluster.elastic.min_workers=2",
                 "data.batch_size=128",
             ],  # not even MAX's multiple:
-            "data.batch_size=128: an elastic run keeps its global batch on every round, split across 2, 3 replicas: use a multiple of 6",
+            "data.batch_size=128: an elastic run keeps its global batch on every round, split across 2, 3 replicas: "
+            "use a multiple of 6",
         ),
         (
             [*ELASTIC, "optimizer.scale_lr_with_replicas=true"],
@@ -226,8 +228,11 @@ def test_an_elastic_run_is_not_exported_to_kubernetes(capsys, kind):
         )
     lines = capsys.readouterr().err.strip().splitlines()
     assert leaving.value.code == 2 and len(lines) == 1, lines
+    launch = {"tfjob": "tf_config", "jobset": "jobset"}[kind]  # the pods' own, which the export composes with
     assert lines[0].startswith(
-        "tfdistx: invalid config: cluster.elastic.min_workers=2: a " + kind + " has a fixed number of replicas"
+        f"tfdistx: invalid config: cluster.launch='{launch}': elastic rounds (cluster.workers=2:4) are formed by "
+        "tfdistx's agents, one on every node, or by its local launcher, not by a scheduler's fixed set of tasks: "
+        "use cluster.launch=agent"
     )
 
 
@@ -393,6 +398,10 @@ AGENT = ["strategy=multiworker", "cluster.launch=agent", "cluster.agent.store=10
             "cluster.agent.address='10.0.0.2:80': this node's host name or IP address, without a port",
         ),
         (
+            [*AGENT, "cluster.agent.token_file=5"],
+            "cluster.agent.token_file=5: a file holding the run's secret, the same on every node",
+        ),
+        (
             [*AGENT[1:], "strategy=mirrored"],
             "strategy='mirrored': an agent on every node runs one worker per node, of a multi-worker "
             "cluster: use strategy=multiworker or strategy=parameter_server",
@@ -445,8 +454,9 @@ def test_an_elastic_run_of_agents_needs_no_host_list_and_plan_shows_the_rendezvo
     )
     plan = describe(cfg)
     assert (
-        "agents        one per node, 2:4 workers, meeting at 10.0.0.1:29500 (its host's agent keeps the rounds); a round waits 10s "
-        "past 2 agents for 4, a node silent 5s is lost, and the run stops after 300s below 2 (exit 9)"
+        "agents        one per node, 2:4 workers, meeting at 10.0.0.1:29500 (its host's agent keeps the rounds); a "
+        "round waits 10s past 2 agents for 4, a node silent 5s is lost, and the run stops after 300s below 2 (exit "
+        "9); every beat proves the run's secret (the run dir's logs/rendezvous.key, made by the first agent)"
     ) in plan, plan
     assert "placement     an agent on every node" in plan and "elastic       " not in plan, plan
 

@@ -24,9 +24,9 @@ def refused_in_the_engine(tmp_path, *overrides) -> list:
 def test_a_pipeline_that_batches_is_refused_naming_the_data_target(tmp_path):
     assert refused_in_the_engine(tmp_path, "data._target_=user_plugins.batched_data") == [
         PREFIX
-        + "data._target_='user_plugins.batched_data': its pipeline yields batches (the first dimension of every part of "
-        "its elements is of unknown size: (None, 8), (None,)); a pipeline function must yield single examples, which "
-        "tfdistx batches: remove its .batch()"
+        + "data._target_='user_plugins.batched_data': its pipeline yields batches (the first dimension of every part "
+        "of its elements is of unknown size: (None, 8), (None,)); a pipeline function must yield single examples, "
+        "which tfdistx batches: remove its .batch()"
     ]
 
 

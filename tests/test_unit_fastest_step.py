@@ -169,8 +169,9 @@ def test_a_step_xla_cannot_compile_trains_without_it_under_auto_and_says_so_once
     assert len(said) == 3  # once for each of the three runs compiled under auto: whole, stopped, resumed
     for line in said:  # TensorFlow's own first line, naming the op (its node's name depends on where it was traced)
         assert re.fullmatch(
-            r"trainer.jit_compile=auto: XLA cannot compile this run's step \(Input 1 to node `\S*bincount/DenseBincount` "
-            r"with op DenseBincount must be a compile-time constant.\): training without XLA",
+            r"trainer.jit_compile=auto: XLA cannot compile this run's step \(Input 1 to node "
+            r"`\S*bincount/DenseBincount` with op DenseBincount must be a compile-time constant.\): "
+            r"training without XLA",
             line,
         ), line
 
@@ -204,13 +205,14 @@ def test_jit_compile_true_on_a_step_xla_cannot_compile_is_refused_in_one_line(tm
         # Issue 32 (16): auto leaves XLA off for a convolutional model on CPUs, and N became 1 silently.
         (
             ["model=cnn", "trainer.steps_per_xla_call=7"],
-            "trainer.steps_per_xla_call=7: more than 1 only where XLA compiles the whole step, and XLA is off (auto): on CPUs, and this "
-            "model has Conv2D weights and Conv2D, MaxPool ops: set trainer.jit_compile=true to compile it anyway, or trainer.steps_per_xla_call=1",
+            "trainer.steps_per_xla_call=7: more than 1 only where XLA compiles the whole step, and XLA is off (auto): "
+            "on CPUs, and this model has Conv2D weights and Conv2D, MaxPool ops: set trainer.jit_compile=true to "
+            "compile it anyway, or trainer.steps_per_xla_call=1",
         ),
         (
             [*BALANCED, "trainer.steps_per_xla_call=5"],
-            "trainer.steps_per_xla_call=5: more than 1 only where XLA compiles the whole step, and XLA is off: it cannot compile this "
-            "run's step: set trainer.steps_per_xla_call=1 or auto",
+            "trainer.steps_per_xla_call=5: more than 1 only where XLA compiles the whole step, and XLA is off: it "
+            "cannot compile this run's step: set trainer.steps_per_xla_call=1 or auto",
         ),
     ],
 )
@@ -294,8 +296,9 @@ def test_the_trace_brackets_exactly_the_steps_asked_for(tmp_path, first_step, ca
 
 # -- strategy.all_reduce_dtype -----------------------------------------------
 
-# Measured here (2026-11-25, this 2-core Xeon, TF 2.21), mirrored 1x2, 40 steps of 32 (engine_helpers.QUICK), deterministic:
-# the largest difference of any weight from the float32 run's, and the difference's norm over the weights' norm.
+# Measured here (2026-11-25, this 2-core Xeon, TF 2.21), mirrored 1x2, 40 steps of 32 (engine_helpers.QUICK),
+# deterministic: the largest difference of any weight from the float32 run's, and the difference's norm over the
+# weights' norm.
 #   the default MLP, Adam 1e-3:       bfloat16 8.43e-3 (rel. 9.85e-3), float16 3.3e-4 (rel. 6.47e-5)
 #   wide_deep (sparse tables), Adam:  bfloat16 8.34e-3 (rel. 3.64e-3), float16 1.55e-3 (rel. 8.6e-4)
 # bfloat16 keeps 8 significant bits and float16 11: after one step the difference is the rounding of one update

@@ -107,13 +107,14 @@ def test_tf_config_wins_over_the_jobset_labels_when_both_are_set(configs):
         (
             ("strategy=multiworker", "cluster=2x1"),
             pod(job="ps"),
-            "jobset.sigs.k8s.io/replicatedjob-name='ps': the config's cluster has the replicatedJobs worker: make cluster= match the manifest",
+            "jobset.sigs.k8s.io/replicatedjob-name='ps': the config's cluster has the replicatedJobs worker: make "
+            "cluster= match the manifest",
         ),
         (
             ("strategy=parameter_server", "cluster=ps1w2"),
             pod(job="evaluator"),
-            "jobset.sigs.k8s.io/replicatedjob-name='evaluator': the config's cluster has the replicatedJobs chief, ps, worker: "
-            "make cluster= match the manifest",
+            "jobset.sigs.k8s.io/replicatedjob-name='evaluator': the config's cluster has the replicatedJobs chief, "
+            "ps, worker: make cluster= match the manifest",
         ),
         (
             ("strategy=multiworker", "cluster=2x1"),
@@ -128,7 +129,8 @@ def test_tf_config_wins_over_the_jobset_labels_when_both_are_set(configs):
         (
             ("strategy=multiworker", "cluster=2x1"),
             pod(job_index="1"),
-            "jobset.sigs.k8s.io/job-index='1': allowed: 0 (tfdistx runs each task type as one Indexed Job with a pod per task: replicas: 1)",
+            "jobset.sigs.k8s.io/job-index='1': allowed: 0 (tfdistx runs each task type as one Indexed Job with a pod "
+            "per task: replicas: 1)",
         ),
         (
             ("strategy=multiworker", "cluster=2x1"),

@@ -156,6 +156,48 @@ def test_a_stateful_keras_callback_resumed_acts_where_an_uninterrupted_run_does(
         assert whole.summary["step"] == 40 < 80
 
 
+def test_a_run_a_keras_early_stopping_stopped_trains_nothing_when_run_again(tmp_path, caplog):
+    """EarlyStopping stops the run; the same command again in its directory
+    ends at once, as a finished run does: nothing trained, its summary,
+    metrics, checkpoints and export as they were, the final checkpoint
+    evaluated. Without the callback in its config, a rerun trains on."""
+    args = [
+        "trainer.steps_per_loop=10",
+        "trainer.log_every=10",
+        "checkpoint.every_steps=10",
+        "checkpoint.export=true",
+        "trainer.steps=100",
+        "+callbacks.stop._target_=keras.callbacks.EarlyStopping",
+        "+callbacks.stop.monitor=loss",
+        "+callbacks.stop.mode=max",  # the loss falls: never better than the first epoch's, so it stops at epoch 2
+        "+callbacks.stop.patience=2",
+    ]
+    run = train(tmp_path / "run", *args)
+    stop = run.summary["step"]
+    assert (
+        run.summary["stopped_early"]
+        == {
+            "step": stop,
+            "reason": "callbacks.stop: EarlyStopping set model.stop_training",
+        }
+        and stop == 30
+    )
+    names = ("summary.json", "metrics.jsonl", "export/saved_model.pb", "checkpoints/checkpoint")
+    before = {name: (run.dir / name).read_bytes() for name in names}
+    kept = sorted(p.name for p in run.dir.iterdir())
+    caplog.set_level("INFO", logger="tfdistx")
+    again = train(tmp_path / "run", *args)
+    assert {name: (run.dir / name).read_bytes() for name in names} == before
+    assert sorted(p.name for p in run.dir.iterdir()) == sorted([*kept, "evaluations.jsonl"])  # no export.replaced-*
+    assert (
+        f"the run in this directory stopped early at step {stop} (ckpt-{stop}): callbacks.stop: EarlyStopping set "
+        "model.stop_training; nothing to train" in caplog.text
+    )
+    assert again.objective == run.summary["eval"]["eval/accuracy"]
+    without = train(tmp_path / "run", *args[:5])
+    assert without.summary["step"] == 100 and without.summary["resumed_from_step"] == stop
+
+
 def test_model_checkpoint_keeps_its_best_across_a_resume(tmp_path):
     """save_best_only: a resumed run saves only when it beats the best of
     the run before it (keras-team/keras#17012: under fit it saves again)."""
@@ -167,12 +209,12 @@ def test_model_checkpoint_keeps_its_best_across_a_resume(tmp_path):
         "+callbacks.best.monitor=loss",
         "+callbacks.best.mode=max",
         "+callbacks.best.save_best_only=true",
-        f"+callbacks.best.filepath={tmp_path / 'best.keras'}",
+        "+callbacks.best.filepath=best.keras",  # the run dir's
     ]
     train(tmp_path / "run", *args, "trainer.steps=20")
-    saved = (tmp_path / "best.keras").stat().st_mtime_ns
+    saved = (tmp_path / "run" / "best.keras").stat().st_mtime_ns
     train(tmp_path / "run", *args, "trainer.steps=40")  # the loss only falls: never again the best by mode=max
-    assert (tmp_path / "best.keras").stat().st_mtime_ns == saved
+    assert (tmp_path / "run" / "best.keras").stat().st_mtime_ns == saved
 
 
 def test_terminate_on_nan_stops_at_the_first_nan_call_and_saves_no_nan_checkpoint(tmp_path):
@@ -341,9 +383,9 @@ def test_keras_csv_logger_has_val_columns_only_for_metrics(tmp_path):
         "trainer.eval_every=30",
         "trainer.steps_per_loop=10",
         "+callbacks.csv._target_=keras.callbacks.CSVLogger",
-        f"+callbacks.csv.filename={tmp_path / 'k.csv'}",
+        f"+callbacks.csv.filename={tmp_path / 'run' / 'k.csv'}",  # absolute, inside the run dir
     )
-    header = next(csv.reader(open(tmp_path / "k.csv")))
+    header = next(csv.reader(open(tmp_path / "run" / "k.csv")))
     assert header == ["epoch", "accuracy", "learning_rate", "loss", "step", "val_accuracy", "val_loss"]
 
 

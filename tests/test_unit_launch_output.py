@@ -10,6 +10,7 @@ import threading
 import pytest
 
 from tfdistx.cluster.processes import SaidOnce, pump
+from tfdistx.loggers.progress import STATUS_MARK
 
 pytestmark = pytest.mark.unit
 
@@ -39,3 +40,26 @@ def test_a_peers_going_away_lines_are_shown_only_if_it_failed_unexplained(tmp_pa
     assert ("Aborting RingReduce" in out) == shown  # TensorFlow's C++ log of the collective the lost peer aborted
     assert ("StartAbort" in out) == shown and ("StartAbort" in (tmp_path / "run.log").read_text()) == shown
     assert "StartAbort" in (tmp_path / "worker-1.log").read_text()
+
+
+def test_the_chiefs_relayed_status_line_is_drawn_under_the_tasks_lines_and_kept_out_of_every_log(tmp_path, capsys):
+    """A local cluster on a terminal: the chief sends its status line as lines of its own (loggers/progress.py);
+    the launcher draws it in place, a task's line clears it and draws it again under itself, and the chief's
+    closing takes it away. No log holds it."""
+    status = STATUS_MARK + "step 10/100  1s elapsed\n"
+    lines = status + "step 10/100  loss 1.5\n" + STATUS_MARK + "\n"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", f"import sys; sys.stdout.write({lines!r})"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+    pump(proc, "worker:0", tmp_path / "worker-0.log", str(tmp_path / "run.log"), threading.Event(), SaidOnce())
+    out = capsys.readouterr().out
+    assert out == (
+        "\r\x1b[Kstep 10/100  1s elapsed"  # drawn
+        + "\r\x1b[K[worker:0] step 10/100  loss 1.5\n"  # cleared for the line
+        + "step 10/100  1s elapsed"  # and drawn again under it
+        + "\r\x1b[K"  # taken away
+    ), repr(out)
+    for log in ("worker-0.log", "run.log"):
+        assert (tmp_path / log).read_text() == ("[worker:0] " if log == "run.log" else "") + "step 10/100  loss 1.5\n"

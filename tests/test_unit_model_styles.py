@@ -12,7 +12,7 @@ import tensorflow as tf
 
 from tfdistx.spec.errors import ConfigError
 
-from engine_helpers import train, whole_and_resumed
+from engine_helpers import RUNNERS, train, whole_and_resumed
 
 pytestmark = pytest.mark.unit
 
@@ -49,6 +49,30 @@ def test_every_model_style_trains_resumes_bitwise_and_exports(tmp_path, style, s
         assert any(
             w.shape == (10,) and np.all(np.abs(w - 1) < 0.5) and np.any(w != 1) for w in weights
         )  # the scale, trained from 1
+
+
+def test_batch_normalization_and_dropout_leave_every_replica_the_same_weights(tmp_path):
+    """Two replicas of a model with BatchNormalization and Dropout: each
+    replica updates its copy of the moving statistics from its own batch,
+    and every variable's copies are equal after training (the mean over the
+    replicas, as tf.keras read them), and again after a resume, which
+    ends bitwise where the whole run does."""
+    args = [
+        *EVERY_TEN,
+        *STRATEGIES["mirrored_1x2"],
+        "model._target_=user_plugins.normalized_with_dropout",
+        "checkpoint.export=false",  # the weights are the claim here
+    ]
+    whole, resumed = whole_and_resumed(tmp_path, args, stop_at=20, steps=40)
+    for runner in RUNNERS[-3::2]:  # the whole run's and the resumed one's
+        copies = {v.path: runner.strategy.experimental_local_results(v.value) for v in runner.model.weights}
+        assert len(copies) == 8 and all(len(each) == 2 for each in copies.values())
+        moving = [path for path in copies if "moving_" in path]
+        assert len(moving) == 2 and not np.array_equal(copies[moving[0]][0].numpy(), np.zeros(32))  # updated
+        differ = [path for path, (a, b) in copies.items() if not np.array_equal(a.numpy(), b.numpy())]
+        assert differ == [], differ
+    assert resumed.summary["weights_sha256"] == whole.summary["weights_sha256"]
+    assert resumed.summary["eval"] == whole.summary["eval"]  # evaluated with the same statistics on both replicas
 
 
 def test_a_model_whose_first_call_fails_is_refused_in_one_line_naming_it(tmp_path):

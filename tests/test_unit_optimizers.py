@@ -15,7 +15,10 @@ def test_a_target_optimizer_and_schedule_with_warm_up_follow_their_rates(tmp_pat
     """optimizer._target_ with its own keys; a PiecewiseConstantDecay after
     10 steps of linear warm-up, scaled by the replicas: the logged rates are
     the schedule's."""
-    schedule = "optimizer.schedule={_target_:keras.optimizers.schedules.PiecewiseConstantDecay,boundaries:[20],values:[0.002,0.0005]}"
+    schedule = (
+        "optimizer.schedule={_target_:keras.optimizers.schedules.PiecewiseConstantDecay,"
+        "boundaries:[20],values:[0.002,0.0005]}"
+    )
     run = train(
         tmp_path / "run",
         "strategy=mirrored",
@@ -40,19 +43,28 @@ def test_a_target_optimizer_and_schedule_with_warm_up_follow_their_rates(tmp_pat
     [
         (
             "optimizer.name=adamm",
-            "optimizer.name='adamm': allowed: adadelta, adafactor, adagrad, adam, adamw, adamax, ftrl, lamb, lion, muon, "
-            "nadam, rmsprop, schedulefreeadamw, sgd; or any class by optimizer._target_ (docs/own-project.md)",
+            "optimizer.name='adamm': allowed: adadelta, adafactor, adagrad, adam, adamw, adamax, ftrl, lamb, lion, "
+            "muon, nadam, rmsprop, schedulefreeadamw, sgd; or any class by optimizer._target_ (docs/own-project.md)",
         ),
         (
             "optimizer._target_=keras.optimizers.MultiOptimizer",
-            "optimizer._target_='keras.optimizers.MultiOptimizer': not an optimizer tfdistx builds: its per-layer optimizers are objects "
-            "you would build, each with its own learning rate, clipping and sum over replicas, which tfdistx sets on the one optimizer it "
-            "builds (optimizer.lr, optimizer.schedule, optimizer.clip_norm): name one optimizer class, e.g. optimizer.name=adamw",
+            "optimizer._target_='keras.optimizers.MultiOptimizer': not an optimizer tfdistx builds: its per-layer "
+            "optimizers are objects you would build, each with its own learning rate, clipping and sum over replicas, "
+            "which tfdistx sets on the one optimizer it builds (optimizer.lr, optimizer.schedule, "
+            "optimizer.clip_norm): name one optimizer class, e.g. optimizer.name=adamw",
+        ),
+        (
+            "optimizer._target_=keras.optimizers.OptimizerMap",
+            "optimizer._target_='keras.optimizers.OptimizerMap': not an optimizer tfdistx builds: it is no optimizer "
+            "but the mapping from variables to optimizers that MultiOptimizer takes, which tfdistx does not build "
+            "either (one optimizer, its learning rate, clipping and sum over replicas set by tfdistx): name one "
+            "optimizer class, e.g. optimizer.name=adamw",
         ),
         (
             "optimizer._target_=keras.optimizers.LossScaleOptimizer",
-            "optimizer._target_='keras.optimizers.LossScaleOptimizer': not an optimizer tfdistx builds: it wraps another optimizer to scale "
-            "the loss, which tfdistx does itself: name the optimizer and set trainer.precision=mixed_float16",
+            "optimizer._target_='keras.optimizers.LossScaleOptimizer': not an optimizer tfdistx builds: it wraps "
+            "another optimizer to scale the loss, which tfdistx does itself: name the optimizer and set "
+            "trainer.precision=mixed_float16",
         ),
         ("+optimizer.clipnorm=1", "optimizer.clipnorm=1: tfdistx sets it: set optimizer.clip_norm"),
         (
@@ -85,7 +97,8 @@ def test_a_refused_optimizer_gets_no_note_about_the_keys_it_would_have_had(tmp_p
 
 
 def test_a_multi_optimizer_named_by_another_path_is_refused_by_its_class(tmp_path):
-    """keras.src's path is not known by name before TensorFlow starts: the engine refuses it by class, in the same words."""
+    """keras.src's path is not known by name before TensorFlow
+    starts: the engine refuses it by class, in the same words."""
     from tfdistx.spec.errors import ConfigError
 
     with pytest.raises(ConfigError) as refused_here:
@@ -100,23 +113,27 @@ def test_a_multi_optimizer_named_by_another_path_is_refused_by_its_class(tmp_pat
     [
         (
             ["optimizer._target_=keras.optimizers.Lion", "optimizer.bta_2=0.9"],
-            "optimizer.bta_2=0.9: keras.optimizers.Lion takes no such argument; it takes: beta_1, beta_2, weight_decay, clipvalue, use_ema, "
-            "ema_momentum, ema_overwrite_frequency, name (tfdistx passes clipnorm, global_clipnorm, learning_rate itself)",
+            "optimizer.bta_2=0.9: keras.optimizers.Lion takes no such argument; it takes: beta_1, beta_2, "
+            "weight_decay, clipvalue, use_ema, ema_momentum, ema_overwrite_frequency, name (tfdistx passes clipnorm, "
+            "global_clipnorm, learning_rate itself)",
         ),
         (
             ["optimizer._target_=keras.layers.Dense"],
-            "optimizer._target_='keras.layers.Dense': must name a keras.optimizers.Optimizer class, e.g. keras.optimizers.Lion",
+            "optimizer._target_='keras.layers.Dense': must name a keras.optimizers.Optimizer class, e.g. "
+            "keras.optimizers.Lion",
         ),
         (
             [
-                "optimizer.schedule={_target_:keras.optimizers.schedules.ExponentialDecay,initial_learning_rate:0.1,decay_step:10,decay_rate:0.5}"
+                "optimizer.schedule={_target_:keras.optimizers.schedules.ExponentialDecay,"
+                "initial_learning_rate:0.1,decay_step:10,decay_rate:0.5}"
             ],
             "optimizer.schedule.decay_step=10: keras.optimizers.schedules.ExponentialDecay takes no such argument",
         ),
         # the class it must be, by its public path (Keras defines it in keras.src)
         (
             ["optimizer.schedule={_target_:keras.optimizers.Adam}"],
-            "optimizer.schedule._target_='keras.optimizers.Adam': returned a Adam; it must return a keras.optimizers.schedules.LearningRateSchedule",
+            "optimizer.schedule._target_='keras.optimizers.Adam': returned a Adam; it must return a "
+            "keras.optimizers.schedules.LearningRateSchedule",
         ),
     ],
 )
@@ -139,9 +156,32 @@ def test_a_schedule_whose_rate_is_not_a_number_is_refused_and_the_work_before_ke
     with pytest.raises(ConfigError) as refused_here:
         train(tmp_path / "run", "trainer.steps=20", f"optimizer.schedule={{_target_:user_plugins.{schedule},after:12}}")
     assert refused_here.value.lines() == [
-        f"tfdistx: invalid config: optimizer.schedule._target_='user_plugins.{schedule}': its learning rate at step 12 is nan: a "
-        "schedule must give a finite rate at every step of the run (a rate that is not a number trains a model that is not one)"
+        f"tfdistx: invalid config: optimizer.schedule._target_='user_plugins.{schedule}': its learning rate at step "
+        "12 is nan: a schedule must give a finite rate at every step of the run (a rate that is not a number trains a "
+        "model that is not one)"
     ]
     after = first.weights()
     assert sorted(p.name for p in (tmp_path / "run" / "checkpoints").glob("ckpt-*.index")) == ["ckpt-10.index"]
     assert all((before[name] == after[name]).all() for name in before)
+
+
+def test_every_class_of_keras_optimizers_is_built_or_refused_by_name_and_in_the_docs_table():
+    """What passes --plan trains: every class the pinned Keras has in
+    keras.optimizers is one tfdistx builds by its name, or one it refuses by
+    name before TensorFlow starts; and docs/own-project.md's table says which."""
+    import inspect
+    from pathlib import Path
+
+    import keras
+
+    from tfdistx.spec import optimizers
+
+    classes = {f"keras.optimizers.{name}" for name, value in vars(keras.optimizers).items() if inspect.isclass(value)}
+    known = set(optimizers.CLASSES.values()) | {
+        path for path in optimizers.REFUSED if path.startswith("keras.optimizers.")
+    }
+    assert classes == known, classes ^ known
+    page = (Path(__file__).resolve().parents[1] / "docs" / "own-project.md").read_text()
+    table = page.split("Every class of `keras.optimizers`")[1].split("\n\n")[1]
+    named = {name.strip(" `") for line in table.splitlines()[2:] for name in line.split("|")[1].split(",")}
+    assert {path.rpartition(".")[2] for path in classes} == named

@@ -91,6 +91,6 @@ def test_a_key_after_the_shorthand_says_to_drop_the_shorthand(tmp_path):
         "strategy.partitioner.max_shards=3",
     )
     assert lines == [
-        "tfdistx: invalid config: strategy.partitioner.max_shards='3': strategy.partitioner is true here, not a mapping "
-        "of keys: set strategy.partitioner.KEY=VALUE without strategy.partitioner=true"
+        "tfdistx: invalid config: strategy.partitioner.max_shards='3': strategy.partitioner is true here, not a "
+        "mapping of keys: set strategy.partitioner.KEY=VALUE without strategy.partitioner=true"
     ], lines

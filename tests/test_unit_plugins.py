@@ -52,8 +52,9 @@ def test_a_users_strategy_file_named_like_a_row_is_refused(own_conf, tmp_path):
     shadow.write_text("name: mirrored\ncross_device_ops: nccl\n")
     assert refused(tmp_path / "run", "trainer.steps=5") == [
         PREFIX
-        + f"--config-dir (TFDISTX_CONFIG_PATH)={str(shadow)!r}: has the name of the shipped option strategy=mirrored, which it "
-        "would replace in every run: rename it, e.g. strategy/my_mirrored.yaml (and pick it with strategy=my_mirrored)"
+        + f"--config-dir (TFDISTX_CONFIG_PATH)={str(shadow)!r}: has the name of the shipped option strategy=mirrored, "
+        "which it would replace in every run: rename it, e.g. strategy/my_mirrored.yaml (and pick it with "
+        "strategy=my_mirrored)"
     ]
     assert [o["refused"] is not None for o in userconf.options()["strategy"]] == [True]
 
@@ -123,7 +124,8 @@ def test_what_a_task_declares_is_not_passed_to_its_class(tmp_path):
         ("synthetic_categorical", "size_problems", None, None, None),
         ("synthetic_multilabel", "size_problems", None, None, None),
         ("synthetic_regression", "size_problems", None, None, "real values"),
-        ("mnist", "size_problems", None, "eval_split", None),
+        ("mnist", "named_problems", None, "eval_split", None),
+        ("tfds", "named_problems", None, "eval_split", None),
         ("tfrecord", "file_problems", "files_plan", "eval_files", None),
         ("csv", "file_problems", "files_plan", "eval_files", None),
     ],
@@ -132,6 +134,7 @@ def test_each_shipped_source_gets_the_checks_its_keys_call_for(tmp_path, option,
     from tfdistx.config import sources
 
     files = ["data.train_files=gs://bucket/train-*"] if option in ("tfrecord", "csv") else []
+    files += ["data.name=imdb_reviews"] if option == "tfds" else []  # data=tfds names its dataset
     task = ["task=regression"] if option == "synthetic_regression" else []
     facts = sources.of(compose_ok(tmp_path / "run", f"data={option}", *files, *task).data)
     assert (facts.checks.__name__, getattr(facts.plan_line, "__name__", None), facts.eval_key, facts.labels) == (
@@ -160,7 +163,8 @@ def test_a_users_own_source_gets_no_checks_of_the_built_in_ones(tmp_path):
 
 def test_each_built_in_logger_is_a_class_and_its_yaml_shows_its_keys_and_defaults():
     """Every built-in logger has its YAML: its own conf/logger/NAME.yaml, or default.yaml for those on by default
-    (and default.yaml names no other). A YAML's keys are the class's, at the class's defaults; found without TensorFlow."""
+    (and default.yaml names no other). A YAML's keys are the class's, at the class's defaults; found without
+    TensorFlow."""
     import sys
 
     from tfdistx import loggers
@@ -262,7 +266,8 @@ def test_a_logger_entry_that_is_neither_built_in_nor_the_users_is_refused_in_one
 
 
 def test_a_built_in_logger_off_by_default_is_set_by_its_key_beside_any_option(tmp_path):
-    """default.yaml names only the loggers on by default; logger.csv=true and logger.console=false still compose, with any option."""
+    """default.yaml names only the loggers on by default; logger.csv=true
+    and logger.console=false still compose, with any option."""
     from tfdistx.commands.plan import _loggers
     from tfdistx.config.resolve import resolve
 
@@ -275,6 +280,12 @@ def test_a_built_in_logger_off_by_default_is_set_by_its_key_beside_any_option(tm
         "project": "tfdistx",
         "entity": None,
         "mode": None,
+        "group": None,  # a single run: no group
+        "name": "run",  # a single run: named by its run dir (config/resolve.job_facts)
+        "job_type": "train",
+        "notes": None,
         "tags": (),
+        "log_model": False,
         "init_timeout": 30.0,
     }
+    assert spec.config["logger"]["wandb"]["name"] == "run"  # in the resolved config a cluster's tasks read

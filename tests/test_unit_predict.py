@@ -334,8 +334,8 @@ def test_a_step_never_writes_over_the_runs_own_export(run, tmp_path, capsys):
         [line] = capsys.readouterr().err.strip().splitlines()
         assert line == (
             f"tfdistx: invalid config: --out='{out}': is the run's own export, which stays the model the run exported "
-            f"(summary.json describes it): --step 10 writes {run / 'export-step-10'} by default; name another directory "
-            "(nothing was changed)"
+            f"(summary.json describes it): --step 10 writes {run / 'export-step-10'} by default; name another "
+            "directory (nothing was changed)"
         )
         assert "is inside" in refused(capsys, run, "--step", 10, "--out", out)
     assert export(run, "--out", run / "export" / "again") == 2

@@ -119,6 +119,16 @@ def test_a_watch_of_tasks_waited_on_counts_silence_only_while_the_caller_is_stuc
     assert lost == ["worker:1"]
 
 
+def test_a_port_nothing_listens_on_is_refused_and_a_frozen_or_live_one_is_not(dispatcher, frozen):
+    """What tells a synchronous task that a peer's process is gone (its host up): the refusal, at once."""
+    closed = socket.socket()
+    closed.bind(("127.0.0.1", 0))
+    address = f"127.0.0.1:{closed.getsockname()[1]}"
+    closed.close()
+    assert liveness.refused(address)
+    assert not liveness.refused(dispatcher) and not liveness.refused(frozen)
+
+
 def test_servers_that_leave_are_waited_for_until_gone(dispatcher, frozen):
     assert liveness.wait_until_gone({"frozen": frozen}, time.monotonic() + 5) == []  # frozen counts as gone
     started = time.monotonic()
@@ -147,6 +157,13 @@ REFUSED = """Collective ops is aborted by: failed to connect to all addresses; l
 Additional GRPC error information from remote target /job:worker/replica:0/task:2 while calling /tensorflow.WorkerService/RecvBuf:
 :UNKNOWN:Error received from peer  {grpc_status:14, grpc_message:"failed to connect to all addresses; last error: UNKNOWN: ipv4:127.0.0.1:54439: Failed to connect to remote host: Connection refused"}"""
 
+# worker:1 of 3 SIGKILLed while worker:0 waited for it to call: worker:0 aborted its own collectives, having found
+# worker:1's port refused (engine/preemption.peers_gone_abort_the_collectives).
+GONE = (
+    "Collective ops is aborted by: worker:1 at ipv4:127.0.0.1:54438: Failed to connect (its process is gone: its host "
+    "refuses connections to its port)"
+)
+
 # worker:1 of 2 SIGKILLed and recreated as a pod (a new process at its name) before worker:0 noticed: its error.
 RESTARTED = (
     "Collective ops is aborted by: Error reported from /job:worker/task:1: /job:worker/replica:0/task:1 unexpectedly tried "
@@ -167,6 +184,7 @@ RESTARTED = (
             ["worker:1", "worker:3"],
         ),
         (REFUSED, {"worker": ["127.0.0.1:54437", "127.0.0.1:54438", "127.0.0.1:54439"]}, ["worker:2"]),
+        (GONE, {"worker": ["127.0.0.1:54437", "127.0.0.1:54438", "127.0.0.1:54439"]}, ["worker:1"]),
     ],
 )
 def test_a_lost_peer_message_names_only_the_lost(text, spec, lost):

@@ -83,8 +83,8 @@ def test_every_file_a_page_names_exists(page):
 
 GROUPS = ("checkpoint", "cluster", "data", "logger", "model", "optimizer", "strategy", "task", "trainer")
 KEY = re.compile(rf"(?<![\w./+-])((?:{'|'.join(GROUPS)})(?:\.[A-Za-z_]\w*)+)")
-# Words that look like keys and are not: Keras' API, a file, Kubeflow Trainer's API group, the placeholder of a logger of
-# your own, and the misspelt keys the pages show being refused.
+# Words that look like keys and are not: Keras' API, a file, Kubeflow Trainer's API group, the placeholder of a logger
+# of your own, and the misspelt keys the pages show being refused.
 NOT_KEYS = {
     "logger.NAME._target_",
     "model.fit",
@@ -112,3 +112,24 @@ def test_every_key_a_page_names_is_in_the_config_reference(page):
         if not any(known == key or known.startswith(key + ".") or key.startswith(known + ".") for known in reference)
     )
     assert unknown == [], f"{page.name} names keys the config does not have: {unknown}"
+
+
+def feature_bullets(path) -> list:
+    """The page's bold bullets (`- **A local cluster ...** ...`), each with its continuation lines, as one line."""
+    bullets, lines = [], path.read_text().splitlines()
+    for line in lines:
+        if line.startswith("- **"):
+            bullets.append(line)
+        elif bullets and line.startswith("  ") and not bullets[-1].endswith("\n"):
+            bullets[-1] += " " + line.strip()
+        elif bullets and not line.strip():
+            bullets[-1] += "\n"  # a blank line ends a bullet
+    return [bullet.strip() for bullet in bullets]
+
+
+@pytest.mark.unit
+def test_the_sites_home_makes_the_readmes_promises_in_its_words():
+    """docs/index.md's list of what tfdistx does is the README's (it said a cluster runs under
+    "TF_CONFIG, Slurm or a Kubernetes TFJob" after JobSet and TrainJob came)."""
+    index = feature_bullets(ROOT / "docs" / "index.md")
+    assert index and index == feature_bullets(README)

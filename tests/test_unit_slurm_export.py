@@ -6,15 +6,19 @@ gets every override back intact; a bad option is one line and exit 2;
 --out never replaces a file. No Slurm here: the real one is
 tests/test_slurm.py's (-m system)."""
 
+import re
 import shlex
+import socket
 import subprocess
 from pathlib import Path
 
 import pytest
 
+from fake_slurm import run_script
 from tfdistx import cli
-from tfdistx.cluster import placement
+from tfdistx.cluster import free_ports, placement
 from tfdistx.config.resolve import layout_of
+from tfdistx.spec.errors import ConfigError
 
 pytestmark = pytest.mark.unit
 
@@ -58,8 +62,8 @@ def test_a_2x1_multiworker_script_asks_for_two_tasks_passes_the_notice_on_and_re
     lines = text.splitlines()
     # the notice and a SIGTERM reach the step, whose srun passes them to every task; the wait goes on after either
     assert (
-        "trap 'kill -USR1 \"$step\" 2>/dev/null' USR1" in text
-        and "trap 'kill -TERM \"$step\" 2>/dev/null' TERM" in text
+        "trap 'noticed=1; kill -USR1 \"$step\" 2>/dev/null' USR1" in text
+        and "trap 'noticed=1; kill -TERM \"$step\" 2>/dev/null' TERM" in text
     )
     assert lines.index("step=$!") == lines.index(next(line for line in lines if line.startswith(SRUN))) + 1
     assert (
@@ -143,7 +147,7 @@ def test_an_override_with_spaces_and_quotes_reaches_the_step_intact(capsys, tmp_
         ),
         (
             ["strategy=multiworker", "cluster.workers=2:4", "data.batch_size=24", "cluster.elastic.hosts=/etc/hosts"],
-            "cluster.elastic.min_workers=2: a Slurm step has a fixed number of tasks",
+            "cluster.launch='slurm': elastic rounds (cluster.workers=2:4) are formed by tfdistx's agents",
         ),
         (["strategy=mirrored", "cluster.launch=agent"], "strategy='mirrored': an agent on every node"),
         (
@@ -193,9 +197,6 @@ def test_the_script_docs_clusters_md_shows_is_the_one_the_command_prints(capsys)
     assert code == 0 and text.splitlines() == shown[: -1 if shown[-1] == "" else None]
 
 
-AGENTS = "srun --no-kill --kill-on-bad-exit=0 --ntasks-per-node=1 python -m tfdistx "
-
-
 def test_an_agent_script_asks_for_min_to_max_nodes_one_agent_each_and_survives_a_lost_node(capsys, tmp_path):
     code, text, err = export(
         capsys,
@@ -214,35 +215,212 @@ def test_an_agent_script_asks_for_min_to_max_nodes_one_agent_each_and_survives_a
         "--open-mode=append",
         "--signal=B:USR1@120",
     ]
-    [line] = [line for line in text.splitlines() if line.startswith(AGENTS)]
-    body = (
-        "SLURM_JOB_ID=77\nSLURM_JOB_NODELIST=x\nscontrol() { echo node07; echo node08; }\n"
-        + "\n".join(l for l in text.splitlines() if l.startswith(("run_dir=", "store=")))
-        + f'\nprintf "%s\\0" {line[len(AGENTS) : -2]}\n'
-    )
-    printed = (
-        subprocess.run(["bash", "-c", body], capture_output=True, check=True, cwd=tmp_path)
-        .stdout.decode()
-        .split("\0")[:-1]
-    )
-    # the rendezvous on the allocation's first node, on a port shifted per job (29400 + 64 x (77 % 500))
-    assert printed == [
-        "strategy=multiworker",
-        "cluster.workers=4",
-        "cluster.elastic.min_workers=2",
-        "cluster.launch=agent",
-        "data.batch_size=24",
-        "data=synthetic",
-        "cluster.agent.store=node07:34328",
-        "hydra.run.dir=outputs/slurm/77",
-    ]
+    ran = run_script(text, tmp_path)
+    assert ran["srun"] == [b"--no-kill", b"--kill-on-bad-exit=0", b"--ntasks-per-node=1", b"python", b"-m", b"tfdistx"]
+    # the rendezvous on the node the script runs on (the allocation's first), on a port free there; the run's secret
+    *given, store, token_file, run_dir = ran["argv"]
+    assert token_file == "cluster.agent.token_file=outputs/slurm/77/logs/rendezvous.key"
+    # the run's secret, made by the batch shell once per job in the shared run dir, readable by the user alone,
+    # and kept by a requeued job (the script run again)
+    secret = tmp_path / "work" / "outputs" / "slurm" / "77" / "logs" / "rendezvous.key"
+    made = secret.read_text()
+    assert re.fullmatch(r"[0-9a-f]{64}", made) and secret.stat().st_mode & 0o777 == 0o600
+    run_script(text, tmp_path)
+    assert secret.read_text() == made and sorted(p.name for p in secret.parent.iterdir()) == ["rendezvous.key"]
     assert (
-        'if [ "$code" -ne 42 ] && [ -f "${run_dir}/summary.json" ]; then' in text
-    )  # a lost node's code does not fail a finished run
-    bash_reads(text, tmp_path)
+        given
+        == [
+            "tfdistx",
+            "strategy=multiworker",
+            "cluster.workers=4",
+            "cluster.elastic.min_workers=2",
+            "cluster.launch=agent",
+            "data.batch_size=24",
+            "data=synthetic",
+        ][1:]
+        and run_dir == "hydra.run.dir=outputs/slurm/77"
+    )
+    host, _, port = store.removeprefix("cluster.agent.store=").partition(":")
+    assert host == "node07" and 29400 <= int(port) < 29400 + 64 * 500
     code, out, err = export(capsys, "strategy=multiworker", "cluster=2x1", "cluster.launch=agent", "--nodes", "2")
     assert code == 2 and out == "" and "--nodes='2': with cluster.launch=agent there is one agent per node" in err, err
     code, text, _ = export(
         capsys, "strategy=multiworker", "cluster=2x1", "cluster.launch=agent", "cluster.agent.store=head:5000"
     )
     assert "--nodes=2" in sbatch_options(text) and "\nstore=" not in text and "cluster.agent.store=head:5000" in text
+    code, text, _ = export(
+        capsys, "strategy=multiworker", "cluster=2x1", "cluster.launch=agent", "cluster.agent.token_file=/shared/key"
+    )  # a secret of the user's own, on a path every node reads: the script makes none
+    assert "\ntoken_file=" not in text and " cluster.agent.token_file=/shared/key " in text
+
+
+# -- issue 60, item 7: the GPUs, CPUs and memory the tasks need, asked of Slurm ----------------------------------
+
+
+@pytest.mark.parametrize(
+    "args, asked, per_worker",
+    [
+        (  # the issue's: 4 nodes of 8 GPUs, a worker on each
+            ["strategy=multiworker", "cluster=4x8", "--partition", "gpu", "--nodes", "4", "--gpus"],
+            ["--nodes=4", "--ntasks=4", "--ntasks-per-node=1", "--gpus-per-node=8", "--partition=gpu"],
+            "8",
+        ),
+        (["strategy=multiworker", "cluster=2x1", "--gpus"], ["--nodes=1", "--ntasks=2", "--gpus-per-node=2"], "1"),
+        (  # chief and ps first in rank order: the second node holds both workers
+            ["strategy=parameter_server", "cluster=ps1w2", "--nodes", "2", "--gpus"],
+            ["--nodes=2", "--ntasks=4", "--ntasks-per-node=2", "--gpus-per-node=2"],
+            "1",
+        ),
+        (
+            ["strategy=multiworker", "cluster=2x4", "--gpus", "8", "--cpus-per-task", "6", "--mem", "64G"],
+            ["--nodes=1", "--ntasks=2", "--gpus-per-node=8", "--cpus-per-task=6", "--mem=64G"],
+            "4",
+        ),
+        (
+            ["strategy=multiworker", "cluster=2x1", "--cpus-per-task", "4"],
+            ["--nodes=1", "--ntasks=2", "--cpus-per-task=4"],
+            None,
+        ),
+        (  # an agent a node: its worker's GPUs
+            ["strategy=multiworker", "cluster=2x4", "cluster.launch=agent", "--gpus", "--mem", "0"],
+            ["--nodes=2", "--ntasks-per-node=1", "--no-kill", "--gpus-per-node=4", "--mem=0"],
+            None,
+        ),
+    ],
+)
+def test_the_script_asks_slurm_for_the_gpus_cpus_and_memory_of_its_tasks(capsys, tmp_path, args, asked, per_worker):
+    code, text, err = export(capsys, *args)
+    assert code == 0, err
+    assert sbatch_options(text) == [*asked, "--requeue", "--open-mode=append", "--signal=B:USR1@120"]
+    ran = run_script(text, tmp_path)
+    assert ran["code"] == 0 and ran["env"][2] == (per_worker or "unset"), ran  # TFDISTX_GPUS_PER_WORKER
+
+
+def test_fewer_gpus_per_node_than_its_workers_take_is_one_line(capsys):
+    code, out, err = export(capsys, "strategy=multiworker", "cluster=2x4", "--gpus", "4")
+    assert (code, out) == (2, "") and err.strip() == (
+        "tfdistx: invalid config: --gpus='4': a node holds up to 2 worker(s), each taking 4 GPU(s) "
+        "(cluster.devices_per_worker): at least 8, or --gpus without a count"
+    )
+
+
+def slurm_env(rank: int, per_node: str, nodelist: str, **more) -> dict:
+    ntasks = sum(int(n) for n in per_node.split(","))
+    return {
+        "SLURM_PROCID": str(rank),
+        "SLURM_NTASKS": str(ntasks),
+        "SLURM_TASKS_PER_NODE": per_node,
+        "SLURM_JOB_NODELIST": nodelist,
+        "SLURM_JOB_ID": "77",
+        **more,
+    }
+
+
+def test_each_worker_takes_its_own_gpus_of_its_node_and_the_other_tasks_none(configs):
+    ps = layout_of(configs("strategy=parameter_server", "cluster=ps1w2"))
+    env = {placement.GPUS_PER_WORKER_ENV: "1", "CUDA_VISIBLE_DEVICES": "3,5"}
+    gpus = [placement.detect(ps, slurm_env(rank, "2,2", "n[1-2]", **env)).gpus for rank in range(4)]
+    assert gpus == ["", "", "3", "5"]  # chief, ps: none; worker:0 and worker:1 share the second node's two
+    two = layout_of(configs("strategy=multiworker", "cluster=2x4"))
+    env = {placement.GPUS_PER_WORKER_ENV: "4"}  # no CUDA_VISIBLE_DEVICES: every GPU of the node is seen
+    assert [placement.detect(two, slurm_env(rank, "2", "n1", **env)).gpus for rank in range(2)] == [
+        "0,1,2,3",
+        "4,5,6,7",
+    ]
+    assert placement.detect(two, slurm_env(1, "2", "n1")).gpus is None  # no --gpus: as the process has it
+    with pytest.raises(ConfigError, match="worker 1 is worker 2 on its node and takes 4 GPU"):
+        placement.detect(two, slurm_env(1, "2", "n1", CUDA_VISIBLE_DEVICES="0,1,2,3,4", **env))
+    # one process beside its tf.data service: the trainer keeps its GPUs, the service's tasks take none
+    fed = layout_of(configs("strategy=mirrored", "cluster=1x2", "data.service.workers=1"))
+    env = {placement.GPUS_PER_WORKER_ENV: "2"}
+    assert [placement.detect(fed, slurm_env(rank, "3", "n1", **env)).gpus for rank in range(3)] == ["0,1", "", ""]
+
+
+# -- issue 60, item 9b: the agents' script says 0 only for a training this step ended -------------------------------
+
+
+def test_the_agents_script_turns_a_failure_into_0_only_when_this_step_wrote_the_summary(capsys, tmp_path):
+    code, text, _ = export(capsys, "strategy=multiworker", "cluster=2x1", "cluster.launch=agent")
+    assert code == 0
+    run_dir = tmp_path / "work" / "outputs" / "slurm" / "77"
+    run_dir.mkdir(parents=True)
+    (run_dir / "summary.json").write_text('{"step": 600}\n')  # an earlier run's, finished
+    ran = run_script(text, tmp_path, code=3)  # a full disk now
+    assert ran["code"] == 3 and ran["scontrol"] == [], ran["stderr"]
+    # the training ended in this step (a new summary.json), and a lost node's agent left with its own code
+    ran = run_script(text, tmp_path, code=5, summary_in="outputs/slurm/77")
+    assert ran["code"] == 0, ran["stderr"]
+    ran = run_script(text, tmp_path, code=5)  # nothing new: the lost node's code stands
+    assert ran["code"] == 5
+
+
+# -- issue 60, item 10: ports free on each node, and a port taken costs a retry -------------------------------------
+
+
+def test_the_step_listens_on_the_ports_each_node_said_were_free(configs):
+    layout = layout_of(configs("strategy=parameter_server", "cluster=ps1w2"))
+    ports = {placement.SLURM_PORTS_ENV: "n1 40001 40007\nn2 40002 40003 40009"}
+    place = placement.detect(layout, slurm_env(3, "2,2", "n[1-2]", **ports))
+    assert place.spec == {"chief": ["n1:40001"], "ps": ["n1:40007"], "worker": ["n2:40002", "n2:40003"]}
+    derived = placement.detect(layout, slurm_env(3, "2,2", "n[1-2]")).spec  # a plain srun: as before
+    assert derived["worker"] == [f"n2:{29400 + 64 * 77}", f"n2:{29400 + 64 * 77 + 1}"]
+    with pytest.raises(ConfigError, match="too few ports for node n2"):
+        placement.detect(layout, slurm_env(3, "2,2", "n[1-2]", **{placement.SLURM_PORTS_ENV: "n1 1 2\nn2 3"}))
+
+
+def test_a_port_something_holds_is_never_given(tmp_path):
+    first = placement.slurm_first_port(29400, "77")
+    with socket.socket() as held:
+        held.bind(("", first))  # another job's task, say, on the port job 77 would derive
+        held.listen()
+        found = free_ports.free_ports(29400, 3, "77")
+    assert first not in found and len(set(found)) == 3 and all(29400 <= p < 29400 + 64 * 500 for p in found)
+
+
+def test_the_script_hands_the_free_ports_to_the_step_and_requeues_when_one_was_taken(capsys, tmp_path):
+    code, text, _ = export(capsys, "strategy=multiworker", "cluster=2x1")
+    assert code == 0
+    ran = run_script(text, tmp_path)
+    node, *ports = ran["env"][1].split()  # TFDISTX_SLURM_PORTS, from the probe on this node
+    assert node == "node07" and len(set(ports)) == 2 and ran["scontrol"] == []
+    ran = run_script(text, tmp_path, code=6)  # a task found its port taken as it started
+    assert ran["code"] == 6 and ran["scontrol"] == ["requeue", "77"]
+    assert "a task's port was taken on its node: requeueing job 77" in ran["stderr"]
+
+
+@pytest.mark.parametrize(
+    "tasks, srun_code, code, requeued",
+    [
+        ("1:3 0:42", 42, 3, False),  # a full disk on worker:1; srun stopped worker:0, which saved and said 42
+        ("0:6 1:42", 42, 6, True),  # a port taken: requeued to start on other ports
+        ("1:42 0:42", 42, 42, True),  # both stopped by a signal of their own: a preemption, requeued
+        ("0:0 1:0", 0, 0, False),  # trained to the end
+    ],
+    ids=["a failure", "a port taken", "preempted", "done"],
+)
+def test_a_fixed_steps_job_ends_with_the_code_of_the_task_that_failed_first(
+    capsys, tmp_path, tasks, srun_code, code, requeued
+):
+    """srun --kill-on-bad-exit stops a failed task's peers, which checkpoint and exit 42 as on a preemption, and
+    reports the largest code: the job requeued itself as preempted, and failed again, for ever. Each task leaves its
+    code (commands/ending.py); without a notice, the job's code is the first failure's."""
+    exported, text, _ = export(capsys, "strategy=multiworker", "cluster=2x1")
+    assert exported == 0
+    ran = run_script(text, tmp_path, code=srun_code, tasks=tasks)
+    assert ran["code"] == code, ran["stderr"]
+    assert (ran["scontrol"] == ["requeue", "77"]) is requeued, ran
+    said = "the step's task 1 ended first, with exit code 3; srun stopped the others: the job ends with 3"
+    assert (said in ran["stderr"]) is (code == 3), ran["stderr"]
+
+
+def test_a_run_dir_holding_what_the_script_made_for_the_run_is_the_runs_own(tmp_path):
+    """The script makes the run dir's logs/exit-codes (and an agents' run's logs/rendezvous.key) before the run
+    starts: the run's checks take them for its own, not for files in its way."""
+    from tfdistx import rundir
+
+    run_dir = tmp_path / "run"
+    (run_dir / "logs" / "exit-codes").mkdir(parents=True)
+    (run_dir / "logs" / "rendezvous.key").write_text("0" * 64)
+    assert rundir.in_the_way(str(run_dir)) == []
+    (run_dir / "logs" / "worker-0.log").write_text("another run's\n")
+    assert rundir.in_the_way(str(run_dir)) == ["logs/"]

@@ -20,7 +20,8 @@ pytestmark = pytest.mark.unit
     [
         (
             ["+callbacks.x._target_=keras.callbacks.NoSuchCallback"],
-            "callbacks.x._target_='keras.callbacks.NoSuchCallback': module 'keras.callbacks' has no attribute 'NoSuchCallback'",
+            "callbacks.x._target_='keras.callbacks.NoSuchCallback': module 'keras.callbacks' has no attribute "
+            "'NoSuchCallback'",
         ),
         (
             ["model._target_=user_plugins.nope"],
@@ -28,8 +29,8 @@ pytestmark = pytest.mark.unit
         ),
         (
             ["model._target_=user_plugins.tiny_cnn", "model.filtrs=32"],
-            "model.filtrs=32: user_plugins.tiny_cnn takes no such argument; it takes: filters (tfdistx passes feature_spec, input_shape, "
-            "num_classes, num_outputs itself)",
+            "model.filtrs=32: user_plugins.tiny_cnn takes no such argument; it takes: filters (tfdistx passes "
+            "feature_spec, input_shape, num_classes, num_outputs itself)",
         ),
         (
             ["optimizer._target_=keras.optimizers.Nope"],
@@ -37,12 +38,14 @@ pytestmark = pytest.mark.unit
         ),
         (
             ["+callbacks.x._target_=keras.callbacks.EarlyStopping", "+callbacks.x.patince=3"],
-            "callbacks.x.patince=3: keras.callbacks.EarlyStopping takes no such argument; it takes: monitor, min_delta, patience, verbose, "
-            "mode, baseline, restore_best_weights, start_from_epoch (tfdistx passes run_dir itself)",
+            "callbacks.x.patince=3: keras.callbacks.EarlyStopping takes no such argument; it takes: monitor, "
+            "min_delta, patience, verbose, mode, baseline, restore_best_weights, start_from_epoch (tfdistx passes "
+            "run_dir itself)",
         ),
         (
             ["logger.mine._target_=user_plugins.LinesLogger", "logger.mine.nmae=x"],
-            "logger.mine.nmae='x': user_plugins.LinesLogger takes no such argument; it takes: name (tfdistx passes config, run_dir itself)",
+            "logger.mine.nmae='x': user_plugins.LinesLogger takes no such argument; it takes: name (tfdistx passes "
+            "config, run_dir itself)",
         ),
         (
             ["task._target_=tfdistx.tasks.classification.Nope"],
@@ -56,7 +59,8 @@ pytestmark = pytest.mark.unit
                 "+callbacks.f.on_epoch_end._target_=user_plugins.note_lss",
                 "+callbacks.f.on_epoch_end._partial_=true",
             ],
-            "callbacks.f.on_epoch_end._target_='user_plugins.note_lss': module 'user_plugins' has no attribute 'note_lss'",
+            "callbacks.f.on_epoch_end._target_='user_plugins.note_lss': module 'user_plugins' has no attribute "
+            "'note_lss'",
         ),
     ],
 )
@@ -78,8 +82,8 @@ def test_the_run_plan_and_exports_refuse_it_with_exit_2_and_no_run_dir(tmp_path,
             cli.main(argv)
         assert leaving.value.code == 2, argv
         assert capsys.readouterr().err.splitlines() == [
-            "tfdistx: invalid config: callbacks.x._target_='keras.callbacks.NoSuchCallback': module 'keras.callbacks' has no "
-            "attribute 'NoSuchCallback'"
+            "tfdistx: invalid config: callbacks.x._target_='keras.callbacks.NoSuchCallback': module 'keras.callbacks' "
+            "has no attribute 'NoSuchCallback'"
         ], argv
     assert not (tmp_path / "run").exists()
 
@@ -97,7 +101,8 @@ def package(tmp_path, monkeypatch):
         "class Base:\n    def __init__(self, depth=1):\n        pass\n"
         "class Child(Base):\n    def __init__(self, width=2, **kwargs):\n        super().__init__(**kwargs)\n"
         "class Stores:\n    def __init__(self, **kwargs):\n        self.kwargs = kwargs\n"
-        "class OnKeras(keras.layers.Layer):\n    def __init__(self, units=4, **kwargs):\n        super().__init__(**kwargs)\n"
+        "class OnKeras(keras.layers.Layer):\n    def __init__(self, units=4, **kwargs):\n"
+        "        super().__init__(**kwargs)\n"
         "@some_decorator\ndef decorated(width=1):\n    pass\n"
         "RATE = 0.1\n",
         "star.py": "from ownpkg.models import *\n",
@@ -145,7 +150,6 @@ def test_keys_the_source_cannot_rule_out_are_left_to_the_engine(tmp_path, packag
     compose_ok(tmp_path / "run", "model._target_=ownpkg.models.loose", "model.anything=1")
     compose_ok(tmp_path / "run", "model._target_=ownpkg.star.whatever", "model.anything=1")
     assert refused(tmp_path / "run", "model._target_=ownpkg.models.Child", "model.dpth=2") == [
-        PREFIX
-        + "model.dpth=2: ownpkg.models.Child takes no such argument; it takes: width, depth (tfdistx passes feature_spec, "
-        "input_shape, num_classes, num_outputs itself)"
+        PREFIX + "model.dpth=2: ownpkg.models.Child takes no such argument; it takes: width, depth (tfdistx passes "
+        "feature_spec, input_shape, num_classes, num_outputs itself)"
     ]

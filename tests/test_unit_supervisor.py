@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import yaml
@@ -185,3 +186,104 @@ def test_a_machine_without_util_linux_unshare_is_probed_with_the_system_call_its
     with_the_binary = can_isolate()
     monkeypatch.setenv("PATH", str(tmp_path))  # no `unshare` on it
     assert can_isolate() == with_the_binary
+
+
+# A synchronous round's two tasks: worker:1 dies (SIGKILL) once the chief, worker:0, holds the last loop boundary
+# (engine/commit.py marks it: boundary_marks.py); the chief's call then takes 2 s to fail (a slow step, a busy
+# machine: slower than the teardown's second), and it saves that boundary and leaves with 5, as a real chief does.
+# `saving`: the chief is already saving when its peer dies.
+CHIEF_AND_PEER = """
+import json, os, pathlib, signal, sys, time
+from tfdistx import boundary_marks
+shared, saving = pathlib.Path(sys.argv[1]), sys.argv[2] == "saving"
+if json.loads(os.environ["TF_CONFIG"])["task"]["index"] == 1:
+    while not (shared / "chief-holds").exists():
+        time.sleep(0.05)
+    os.kill(os.getpid(), signal.SIGKILL)
+boundary_marks.mark(boundary_marks.HOLDS)
+if saving:
+    boundary_marks.mark(boundary_marks.SAVING)
+(shared / "chief-holds").touch()
+time.sleep(2)
+boundary_marks.mark(boundary_marks.SAVING)
+(shared / "saved").touch()
+sys.exit(5)
+"""
+
+
+class LostSilently(Regrouping):
+    """The agents' verdict on a node the keeper stopped hearing: a lost member that was not seen to end."""
+
+    def failed(self, round_, task, code) -> RoundResult:
+        self.spec = self.then
+        return RoundResult(State.MEMBERSHIP_CHANGED, code, lost={task.name: "10.77.0.3"}, silent=True)
+
+
+@pytest.mark.parametrize(
+    "policy, saving, saved",
+    [
+        ("the peer's process ended", "", True),
+        ("the peer went silent", "", False),
+        ("the peer went silent", "saving", True),
+    ],
+)
+def test_a_chief_holding_the_last_loop_boundary_is_let_save_it_before_the_round_stops(
+    tmp_path, capsys, policy, saving, saved
+):
+    """The round stops for a lost peer: a chief that holds the last loop boundary's state is waited for until it has
+    saved it (its call fails at once on a peer whose process is gone, at the latest at cluster.peer_timeout; the save
+    gets cluster.preemption_grace), so that the loss costs at most one loop. A peer that went silent (a cut link, as
+    the agents' keeper tells it) holds the call up to the heartbeat timeout, which the round does not wait for: only
+    a chief already saving then is."""
+    spec = {**spec_of(tmp_path, 0), "command": [sys.executable, "-c", CHIEF_AND_PEER, str(tmp_path), saving]}
+    membership = FixedCounts(spec) if policy == "the peer's process ended" else LostSilently(spec, spec_of(tmp_path, 0))
+    code = supervise(spec, membership)
+    said = capsys.readouterr().err
+    assert (tmp_path / "saved").exists() == saved, said
+    assert code == (137 if policy == "the peer's process ended" else 0), said
+    assert "stopping it with the round" not in said, said
+
+
+class SignalsOnceReady(FixedCounts):
+    """`sig` to this process (the supervisor's), `times` over (each taken before the next is sent), once every
+    task of the round says it is ready."""
+
+    def __init__(self, spec: dict, sig: int, times: int = 1):
+        super().__init__(spec)
+        self.sig, self.times = sig, times
+
+    def check(self, round_, signals):
+        if all((Path(self.spec["log_dir"]) / f"ready-{task.proc.pid}").exists() for task in round_.tasks):
+            for _ in range(self.times):
+                os.kill(os.getpid(), self.sig)
+        return None
+
+
+def ready_then(tmp_path, then: str) -> list:
+    """A task's command: says it is ready (a file named by its pid), then `then`."""
+    return [
+        sys.executable,
+        "-c",
+        f"import os, pathlib, signal, sys, time; {then}; "
+        f"pathlib.Path({str(tmp_path)!r}, f'ready-{{os.getpid()}}').touch(); time.sleep(600)",
+    ]
+
+
+def test_a_sigterm_the_tasks_finish_the_run_through_is_its_success_not_143(tmp_path, capsys):
+    """A notice after the last loop boundary: the trainers finish (summary, export) and exit 0; the run did too."""
+    spec = {
+        **spec_of(tmp_path, 0),
+        "command": ready_then(tmp_path, "signal.signal(signal.SIGTERM, lambda *a: sys.exit(0))"),
+    }
+    assert supervise(spec, SignalsOnceReady(spec, signal.SIGTERM)) == 0
+
+
+@pytest.mark.timeout(300)  # without the hurry, the grace: 3000 s
+def test_a_second_ctrl_c_cuts_the_grace_the_first_gives_the_trainers_to_save_short(tmp_path, capsys):
+    spec = {
+        **spec_of(tmp_path, 0),
+        "command": ready_then(tmp_path, "signal.signal(signal.SIGINT, signal.SIG_IGN)"),  # saving, for ever
+        "preemption_grace": 3000,
+    }
+    assert supervise(spec, SignalsOnceReady(spec, signal.SIGINT, times=2)) == 130
+    assert capsys.readouterr().err.splitlines()[-1] == "tfdistx: interrupted"

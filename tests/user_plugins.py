@@ -1,5 +1,7 @@
 """A user's own model and data functions, plugged in with `_target_`."""
 
+import os
+import signal
 import time
 
 import keras
@@ -415,6 +417,28 @@ def subclassed(num_outputs):
     return Subclassed(num_outputs)
 
 
+class NormalizedWithDropout(keras.Model):
+    """BatchNormalization and Dropout in a subclassed model that passes
+    `training` to them: the batch norm's moving statistics are variables
+    each replica updates from its own batch (issue 60)."""
+
+    def __init__(self, num_outputs, hidden=32, **kwargs):
+        super().__init__(**kwargs)
+        self.flatten = keras.layers.Flatten()
+        self.hidden = keras.layers.Dense(hidden)
+        self.norm = keras.layers.BatchNormalization()
+        self.drop = keras.layers.Dropout(0.3)
+        self.logits = keras.layers.Dense(num_outputs)
+
+    def call(self, x, training=None):
+        h = keras.activations.relu(self.norm(self.hidden(self.flatten(x)), training=training))
+        return self.logits(self.drop(h, training=training))
+
+
+def normalized_with_dropout(num_outputs):
+    return NormalizedWithDropout(num_outputs)
+
+
 def sequential_without_input(num_outputs):
     """`keras.Sequential` without a `keras.Input`: its weights are made at its first call."""
     return keras.Sequential(
@@ -496,6 +520,13 @@ class MyBackup(keras.callbacks.BackupAndRestore):
     """A user's subclass of a callback tfdistx refuses by name."""
 
 
+class SaveInto(keras.callbacks.ModelCheckpoint):
+    """A user's subclass of ModelCheckpoint that picks its own file: `into`, a directory, then `name` in it."""
+
+    def __init__(self, into, name="model.keras"):
+        super().__init__(filepath=f"{into}/{name}")
+
+
 def note_step(step, record, path):
     """A tfdistx action as a plain function: a line per record in `path`."""
     if record:
@@ -521,6 +552,85 @@ class NaNAfterOneByOne(NaNAfter):
 
     def __call__(self, step):
         return float("nan") if int(step) >= self.after else 0.001
+
+
+# -- weights that stop being numbers while the loss stays one (issue 60) --
+
+
+def ids_data(examples: int = 256, looked_up: int = 10, num_classes: int = 2):
+    """Each example one id below `looked_up` (an embedding's rows beyond it are never read); its label the id's parity."""
+    ids = np.random.default_rng(0).integers(0, looked_up, (examples, 1)).astype(np.int64)
+    labels = (ids[:, 0] % num_classes).astype(np.int64)
+    return DataSource(
+        train=lambda ctx: shard(tf.data.Dataset.from_tensor_slices((ids, labels)), ctx),
+        eval=lambda ctx: shard(tf.data.Dataset.from_tensor_slices((ids, labels)), ctx),
+        num_classes=num_classes,
+        train_examples=examples,
+    )
+
+
+def embedded_ids(feature_spec, num_outputs, vocabulary: int = 20):
+    """An embedding table of `vocabulary` rows read by id, then a Dense layer."""
+    inputs = keras.Input(shape=tuple(feature_spec.shape), dtype=feature_spec.dtype.name)
+    rows = keras.layers.Embedding(vocabulary, 4, name="table")(inputs)
+    return keras.Model(inputs, keras.layers.Dense(num_outputs)(keras.layers.Flatten()(rows)))
+
+
+class AdamWithoutEpsilon(keras.optimizers.Adam):
+    """Adam, its epsilon 0 when `zero_epsilon`: an entry whose gradient has
+    been zero since the start (a table's row no batch reads) is updated by
+    0 / 0, NaN, as Keras' Adafactor divides where gradients stayed zero; the
+    loss, which never reads that row, stays a number."""
+
+    def __init__(self, zero_epsilon: bool = False, **kwargs):
+        super().__init__(**kwargs)
+        if zero_epsilon:
+            self.epsilon = 0.0
+
+
+class _Slow(keras.layers.Layer):
+    """Sleeps `seconds` in each call, inside the step (a tf.numpy_function: TensorFlow runs it in the
+    graph, as a user's slow model's time is spent), and passes its input on unchanged."""
+
+    def __init__(self, seconds: float, **kwargs):
+        super().__init__(**kwargs)
+        self.seconds = seconds
+
+    def call(self, inputs):
+        def pause(x):
+            time.sleep(self.seconds)
+            return x
+
+        slept = tf.numpy_function(pause, [inputs], inputs.dtype, stateful=True)
+        return tf.ensure_shape(slept, inputs.shape)
+
+
+def slow_model(input_shape, num_classes, seconds: float = 0.1):
+    """A model whose every step takes about `seconds` (a slow model's step, as a user's large one)."""
+    return keras.Sequential(
+        [
+            keras.Input(shape=tuple(input_shape)),
+            keras.layers.Flatten(),
+            _Slow(seconds),
+            keras.layers.Dense(16, activation="relu"),
+            keras.layers.Dense(num_classes),
+        ]
+    )
+
+
+class InterruptsAt(keras.callbacks.Callback):
+    """Ctrl-C, `times` over, at the record of step `step` (a loop boundary): SIGINT to this process, as a
+    terminal sends it (each handled before the next is sent: two are a second Ctrl-C, not one)."""
+
+    def __init__(self, step: int, times: int = 1, hold: float = 0):
+        super().__init__()
+        self.step, self.times, self.hold = step, times, hold  # hold: then keeps the boundary that long (a slow one)
+
+    def on_epoch_end(self, epoch, logs=None):
+        if logs["step"] == self.step:
+            for _ in range(self.times):
+                os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(self.hold)
 
 
 class DumpState(keras.callbacks.Callback):

@@ -6,6 +6,7 @@ checks its arguments before it starts TensorFlow, if it needs it at all
 (commands/common.start_tensorflow): a refusal never waits for it.
 """
 
+import contextlib
 import importlib
 import os
 import sys
@@ -13,9 +14,11 @@ from typing import Optional, Sequence
 
 from tfdistx.commands.ending import end_process
 
-from tfdistx.spec.errors import RunFault
+from tfdistx.spec.errors import EXIT_INTERRUPTED, RunFault
 from tfdistx.internals import python as internals
+from tfdistx.sigterm import SigtermNotice, quiet_after_ctrl_c, release
 
+TASK = "_task"
 # `tfdistx NAME ...` runs a tool instead of a training job.
 SUBCOMMANDS = {
     "recipes": "tfdistx.commands.recipes",  # list, show and copy out recipes
@@ -29,9 +32,11 @@ SUBCOMMANDS = {
     "data write": "tfdistx.commands.data_write",  # any data source as sharded TFRecord/CSV files + a manifest
     "evaluate": "tfdistx.commands.evaluate",  # metrics of a run's checkpoint on the eval data
     "predict": "tfdistx.commands.predict",  # a run's export applied to files (or its eval data): sharded predictions
-    "_task": "tfdistx.commands.task",  # one task of a local cluster (started by the launcher)
+    TASK: "tfdistx.commands.task",  # one task of a local cluster (started by the launcher)
 }
-KUBERNETES = "tfdistx.commands.kubernetes"
+# The exports that take --config-dir themselves, to hand it on to the job's tasks (the others' goes into
+# TFDISTX_CONFIG_PATH here, for the command alone)
+CARRY_CONFIG_DIRS = ("tfdistx.commands.kubernetes", "tfdistx.commands.slurm")
 
 
 def main(argv: Optional[Sequence[str]] = None):
@@ -40,16 +45,33 @@ def main(argv: Optional[Sequence[str]] = None):
     given a list (a notebook, a test), main returns."""
     if argv is not None:
         return _command(list(argv), process_ends_after=False)
+    task = sys.argv[1:2] == [TASK]
     try:
-        internals.probe()  # before any command: end_process needs it
-    except RunFault as gone:
-        print(*gone.lines(), file=sys.stderr)
-        sys.exit(gone.code)
-    try:
-        code = _command(sys.argv[1:], process_ends_after=True)
+        # A training run or a local cluster's task takes SIGTERM and Ctrl-C over first thing (sigterm.py); then
+        # it takes what its launcher held for it while it started (nothing, for a command a user started).
+        # What it does with a SIGTERM is said once it knows (a trainer's loop, a server, a launcher passing it on).
+        notice = SigtermNotice(plan="", ctrl_c=True) if _trains(sys.argv[1:]) else contextlib.nullcontext()
+        with notice, quiet_after_ctrl_c():
+            release()
+            try:
+                internals.probe()  # before any command: end_process needs it
+            except RunFault as gone:
+                print(*gone.lines(), file=sys.stderr)
+                sys.exit(gone.code)
+            code = _command(sys.argv[1:], process_ends_after=True)
     except SystemExit as leaving:
         code = leaving.code
+    except KeyboardInterrupt:  # Ctrl-C, wherever it came: one line (a task's launcher says it), no traceback
+        if not task:
+            print("tfdistx: interrupted", file=sys.stderr)
+        code = EXIT_INTERRUPTED
     end_process(code)
+
+
+def _trains(argv: list) -> bool:
+    """A training run (no subcommand: composing and a sweep too) or a local cluster's task: SIGTERM is a
+    notice to save there, and Ctrl-C saves once training. Any other command ends on them, as Python would."""
+    return argv[:1] == [TASK] or not any(" ".join(argv[:n]) in SUBCOMMANDS for n in (1, 2))
 
 
 def _command(argv: list, process_ends_after: bool):
@@ -63,9 +85,9 @@ def _command(argv: list, process_ends_after: bool):
         sys.path.insert(0, os.getcwd())
     words = next((n for n in (2, 1) if " ".join(argv[:n]) in SUBCOMMANDS), 0)  # `export tfjob` before `export`
     try:
-        # `export tfjob` (jobset, trainjob) takes its own: it hands them to the pods as given (a path in the image, not this machine's)
-        exports_manifests = SUBCOMMANDS.get(" ".join(argv[:words]), "").startswith(KUBERNETES + ":")
-        if any(arg.partition("=")[0] in ("--config-dir", "-cd") for arg in argv) and not exports_manifests:
+        # `export tfjob|jobset|trainjob|slurm` takes its own: it hands them to the job's tasks (the pods, the nodes)
+        carries = SUBCOMMANDS.get(" ".join(argv[:words]), "").partition(":")[0] in CARRY_CONFIG_DIRS
+        if any(arg.partition("=")[0] in ("--config-dir", "-cd") for arg in argv) and not carries:
             argv = _user_config_dirs(argv)
         if not words:
             from tfdistx.commands import run  # deferred like the others: `tfdistx recipes` needs none of it

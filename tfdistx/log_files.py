@@ -48,8 +48,8 @@ class _SaidOnceWhenUnwritable:
         elif not self.said:
             self.said = True
             print(
-                f"tfdistx: warning: {getattr(self.handler, 'baseFilename', 'the log file')} cannot be written ({cause}): "
-                "the run's lines go on to the terminal only",
+                f"tfdistx: warning: {getattr(self.handler, 'baseFilename', 'the log file')} cannot be written "
+                f"({cause}): the run's lines go on to the terminal only",
                 file=sys.stderr,
                 flush=True,
             )

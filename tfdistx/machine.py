@@ -75,8 +75,8 @@ def conflict() -> Optional[str]:
     names = " ".join(found)
     listed = ", ".join(f"{name} {version}" for name, version in found.items())
     return (
-        f"{listed} are installed together: they write the same tensorflow/ files, so the one that runs is whichever pip "
-        f"installed last: pip uninstall -y {names}, then reinstall tfdistx (on a GPU machine: {GPU_INSTALL})"
+        f"{listed} are installed together: they write the same tensorflow/ files, so the one that runs is whichever "
+        f"pip installed last: pip uninstall -y {names}, then reinstall tfdistx (on a GPU machine: {GPU_INSTALL})"
     )
 
 
@@ -93,8 +93,14 @@ def unseen_gpus(
     elif not cuda_from_pip():
         why = "TensorFlow found no CUDA libraries (the gpu extra installs them from pip)"
     else:
-        why = "TensorFlow could not use them (its log at TF_CPP_MIN_LOG_LEVEL=0 says why: driver version, CUDA_VISIBLE_DEVICES)"
-    return f"this machine has {gpus} NVIDIA GPU(s) but TensorFlow sees none, so this run trains on the CPU: {why}: {GPU_INSTALL}"
+        why = (
+            "TensorFlow could not use them (its log at TF_CPP_MIN_LOG_LEVEL=0 says why: driver version, "
+            "CUDA_VISIBLE_DEVICES)"
+        )
+    return (
+        f"this machine has {gpus} NVIDIA GPU(s) but TensorFlow sees none, so this run trains on the CPU: {why}: "
+        f"{GPU_INSTALL}"
+    )
 
 
 def describe(gpus: Optional[int] = None, environ=os.environ) -> str:
@@ -106,7 +112,10 @@ def describe(gpus: Optional[int] = None, environ=os.environ) -> str:
         return f"no NVIDIA GPU on this machine: replicas run on CPU devices; {tensorflow}"
     text = f"{gpus} NVIDIA GPU(s) on this machine"
     if hidden_by_environment(environ):
-        return f"{text}, hidden by CUDA_VISIBLE_DEVICES={environ['CUDA_VISIBLE_DEVICES']!r}: replicas run on CPU devices; {tensorflow}"
+        return (
+            f"{text}, hidden by CUDA_VISIBLE_DEVICES={environ['CUDA_VISIBLE_DEVICES']!r}: replicas run on CPU "
+            f"devices; {tensorflow}"
+        )
     if not found or set(found) <= set(CPU_ONLY):
         return f"{text}; {tensorflow} has no CUDA kernels: the run would train on the CPU: {GPU_INSTALL}"
     libraries = (

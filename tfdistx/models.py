@@ -6,10 +6,11 @@ shape, when they are one tensor), `feature_spec` (the features' tf.TensorSpec,
 or a dict of them), `num_outputs` (how wide the task needs the output:
 classes, 1 for binary, labels, targets) and `num_classes` (the same number,
 under the name older model functions use), plus the hyperparameters in
-`conf/model/<name>.yaml`. Models never know the cluster.
+`conf/model/<name>.yaml`, and `vocab_size` (the token ids' count) to a model that takes it, where the
+data says it (a text's vocabulary). Models never know the cluster.
 """
 
-from typing import Mapping, Sequence
+from typing import Mapping, Optional, Sequence
 
 import keras
 from keras import layers
@@ -90,6 +91,36 @@ def resnet(
     x = layers.GlobalAveragePooling2D()(x)
     outputs = layers.Dense(num_outputs, kernel_regularizer=reg, name="head")(x)
     return keras.Model(inputs, outputs, name=f"resnet{depth}")
+
+
+def text(
+    input_shape: Sequence[int],
+    num_outputs: int,
+    vocab_size: Optional[int] = None,
+    embedding_dim: int = 64,
+    hidden_units: Sequence[int] = (64,),
+    dropout: float = 0.0,
+) -> keras.Model:
+    """A small text model over token ids (data=tfds's texts): an embedding
+    bag (each token's vector, averaged over the tokens that are not padding)
+    and a dense layer or two. `vocab_size`: the token ids' count, which the
+    data says (a text's vocabulary: tfdistx passes it)."""
+    shape = _one_tensor(input_shape, "text")
+    if vocab_size is None:
+        raise ConfigError.one(
+            "model",
+            "text",
+            "takes token ids, and the data does not say how many there are (data=tfds with a text does): "
+            "use it with data=tfds data.name=A_TEXT_DATASET (imdb_reviews, ag_news_subset ...)",
+        )
+    inputs = keras.Input(shape=shape, dtype="int64", name="tokens")
+    x = layers.Embedding(int(vocab_size), embedding_dim, mask_zero=True, name="embedding")(inputs)
+    x = layers.GlobalAveragePooling1D(name="bag")(x)  # the mask: padding (id 0) is left out of the average
+    for units in hidden_units:
+        x = layers.Dense(units, activation="relu")(x)
+        if dropout:
+            x = layers.Dropout(dropout)(x)
+    return keras.Model(inputs, layers.Dense(num_outputs, name="head")(x), name="text")
 
 
 class ShardedEmbedding(layers.Layer):
@@ -181,7 +212,8 @@ def wide_deep(
         raise ConfigError.one(
             "model",
             "wide_deep",
-            f"needs integer (categorical id) features; the data's features are {have}: use data=synthetic_categorical or ids of your own",
+            f"needs integer (categorical id) features; the data's features are {have}: use data=synthetic_categorical "
+            "or ids of your own",
         )
     deep_table = ShardedEmbedding(vocab_size, embedding_dim, shards, name="deep_embedding")
     wide_table = ShardedEmbedding(vocab_size, num_outputs, shards, embeddings_initializer="zeros", name="wide_weights")

@@ -14,9 +14,13 @@ import contextlib
 import dataclasses
 import errno
 import fcntl
+import fnmatch
+import glob
+import hashlib
 import json
 import logging
 import os
+import re
 import shutil
 import socket
 import stat
@@ -24,13 +28,14 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Optional
+from typing import Dict, List, Mapping, Optional, Union
 
 import yaml  # PyYAML (no TensorFlow, no Hydra): a run's .hydra/hydra.yaml
 
 from tfdistx.spec import datafiles
 from tfdistx.whole_files import write_whole
 from tfdistx.spec.errors import (
+    EXIT_INTERRUPTED,
     EXIT_INVALID_CONFIG,
     EXIT_NOT_RETRYABLE,
     EXIT_PREEMPTED,
@@ -82,13 +87,18 @@ def exclusive(run_dir: str):
 def owned(run_dir: str):
     """The run directory's lock, held for one attempt of the run (`Attempt`)."""
     # Nothing of a run there yet (Hydra writes .hydra/ first for a sweep's job; a failed attempt left FAILED).
-    new = not Path(run_dir).exists() or {p.name for p in Path(run_dir).iterdir()} <= _STUB | {FAILED_NAME}
+    new = not Path(run_dir).exists() or all(
+        p.name in _STUB | {FAILED_NAME} or _prepared_logs(p) for p in Path(run_dir).iterdir()
+    )
     with exclusive(run_dir):
         attempt = Attempt.begin(run_dir, new=new)
         try:
             yield
         except SystemExit as exit:
             attempt.end(exit.code)
+            raise
+        except KeyboardInterrupt:  # Ctrl-C: the user stopped it, as a shell says it
+            attempt.end(EXIT_INTERRUPTED)
             raise
         except BaseException:
             attempt.end(1)
@@ -157,25 +167,33 @@ RUN_WRITES = (
     "tensorboard",
     "evaluations.jsonl",
     "logs",
+    "preprocessing",
     FAILED_NAME,
 )
 RUN_WRITES_PREFIXES = ("predictions", "export-step-")
+# What a scheduler's script (`tfdistx export slurm`'s) makes in the run dir's logs/ before the run starts: the agents'
+# secret (cluster/run_secret.py) and the tasks' exit codes (commands/ending.py). A logs/ of these alone is the run's
+# own, not in its way.
+RUN_SECRET = "logs/rendezvous.key"
+EXIT_CODES = "logs/exit-codes"
+_PREPARED_LOGS = {Path(RUN_SECRET).name, Path(EXIT_CODES).name}
 JOB_NAME = "tfdistx"  # hydra.job.name (conf/config.yaml), which Hydra records in .hydra/hydra.yaml
 
 
 def in_the_way(run_dir: str, checkpoint_dir=None, also=()) -> list:
     """What a run would write over in `run_dir`, a directory tfdistx did not
     make: the names there that a run writes (and `checkpoint_dir`'s, when it
-    lies inside; and `also`, what its loggers and callbacks write). [] for a
-    new directory, a tfdistx run dir (resumed), or one of unrelated files
-    (a project's code and notes)."""
+    lies inside; and `also`, the patterns (fnmatch's, as written_names makes
+    them) of what its loggers and callbacks write). [] for a new directory,
+    a tfdistx run dir (resumed), or one of unrelated files (a project's code
+    and notes)."""
     run = Path(run_dir)
     if not run.is_dir() or (run / LOCK_NAME).exists():
         return []
     job = _hydra_job(run)
     if job == JOB_NAME:
         return []
-    names = set(RUN_WRITES) | set(also)
+    names = set(RUN_WRITES)
     if checkpoint_dir and run.resolve() in Path(checkpoint_dir).resolve().parents:
         names.add(Path(checkpoint_dir).resolve().relative_to(run.resolve()).parts[0])
     if (
@@ -185,28 +203,64 @@ def in_the_way(run_dir: str, checkpoint_dir=None, also=()) -> list:
     return sorted(
         f"{p.name}/" if p.is_dir() else p.name
         for p in run.iterdir()
-        if p.name in names or p.name.startswith(RUN_WRITES_PREFIXES)
+        if (p.name in names and not _prepared_logs(p))
+        or p.name.startswith(RUN_WRITES_PREFIXES)
+        or any(fnmatch.fnmatchcase(p.name, pattern) for pattern in also)
     )
 
 
-def why_not_in_run_dir(filename, run_dir: Optional[str] = None) -> Optional[str]:
-    """Why a file a shipped callback is told to write, `filename` (relative
-    to the run dir), is not one of the run dir's own to write, or None: a
-    path that leaves the run dir (`../mine.csv`, `/tmp/x.csv`, a link that
-    leads out), or one of the run's own files, which it would replace."""
-    allowed = "a file inside the run dir, e.g. keras_log.csv or logs/keras.csv"
-    if not isinstance(filename, str) or not filename.strip():
+def _prepared_logs(path: Path) -> bool:
+    """A logs/ holding only what a scheduler's script made there for this run (_PREPARED_LOGS)."""
+    return path.name == "logs" and path.is_dir() and {p.name for p in path.iterdir()} <= _PREPARED_LOGS
+
+
+def why_not_in_run_dir(path, run_dir: Optional[str] = None, example: str = "keras_log.csv") -> Optional[str]:
+    """Why `path`, which a callback is told to write (relative: to the run
+    dir; absolute: inside it), is not one of the run dir's own to write, or
+    None: a path that leaves the run dir (`../mine.csv`, `/tmp/x.csv`, a
+    link that leads out), where a file of the user's may be, or one of the
+    run's own files, which it would replace. `example`: a name to offer
+    instead (a file's, or a directory's)."""
+    allowed = f"a path inside the run dir, e.g. {example}"
+    if not isinstance(path, str) or not path.strip():
         return f"must be {allowed}"
-    if os.path.isabs(filename) or os.path.normpath(filename).split(os.sep)[0] == os.pardir:
+    relative = inside(path, run_dir) if os.path.isabs(path) and run_dir is not None else path
+    if relative is None or os.path.isabs(relative) or os.path.normpath(relative).split(os.sep)[0] == os.pardir:
         return f"would be written outside the run dir, where tfdistx does not write: name {allowed}"
-    first = Path(os.path.normpath(filename)).parts[0]
-    if first in RUN_WRITES or first.startswith(RUN_WRITES_PREFIXES) or first in (LOCK_NAME, LOG_NAME):
-        return f"is the run's own {first}, which this file would replace: name {allowed}"
+    first = Path(os.path.normpath(relative)).parts[0] if os.path.normpath(relative) != os.curdir else os.curdir
+    if (
+        first in RUN_WRITES
+        or first.startswith(RUN_WRITES_PREFIXES)
+        or first in (LOCK_NAME, LOG_NAME, WRITTEN_NAME, os.curdir)
+    ):
+        return (
+            f"is the run's own {'directory' if first == os.curdir else first}, which this would replace: name {allowed}"
+        )
     if run_dir is not None:
         run = Path(run_dir).resolve()
-        if run not in (run / filename).resolve().parents:
-            return f"leads outside the run dir (to {(run / filename).resolve()}): name {allowed}"
+        if run not in (run / relative).resolve().parents:
+            return f"leads outside the run dir (to {(run / relative).resolve()}): name {allowed}"
     return None
+
+
+def inside(path: str, run_dir: str) -> Optional[str]:
+    """`path` (absolute) relative to the run dir when it lies inside it, else None."""
+    run, target = os.path.abspath(run_dir), os.path.abspath(path)
+    return os.path.relpath(target, run) if os.path.commonpath([run, target]) == run and target != run else None
+
+
+def written_names(paths) -> List[str]:
+    """The patterns (fnmatch's, as `in_the_way` takes them) of the first
+    names, in a run dir, of the relative `paths` its loggers and callbacks
+    write: a name a callback fills in as it writes (ModelCheckpoint's
+    `best-{epoch:02d}.keras`) stands for every name it can take
+    (`best-*.keras`)."""
+    names = []
+    for path in paths:
+        if isinstance(path, str) and path and not os.path.isabs(path):
+            first = Path(os.path.normpath(path)).parts[0]
+            names.append("*".join(glob.escape(part) for part in re.split(r"\{[^{}]*\}", first)))
+    return names
 
 
 def _hydra_job(run: Path):
@@ -242,13 +296,14 @@ def _leave_no_stub(run_dir: Path, created: bool, code) -> None:
     terminal); one with more in it (a cluster's task logs, checkpoints)
     gets a FAILED file with the exit code, which `tfdistx report` shows.
     A preempted run (exit 42) did not fail: it saved, and the same command
-    resumes it, so it gets no FAILED file (the report says unfinished).
+    resumes it, so it gets no FAILED file (the report says unfinished); nor
+    does one stopped by Ctrl-C (130), which saved too once it trained.
     A run dir that was there before is left as it was."""
     if not created:  # a run that was there before keeps its own state
         return
     if {p.name for p in run_dir.iterdir()} <= _STUB:
         shutil.rmtree(run_dir, ignore_errors=True)
-    elif code != EXIT_PREEMPTED and not (run_dir / "summary.json").exists():
+    elif code not in (EXIT_PREEMPTED, EXIT_INTERRUPTED) and not (run_dir / "summary.json").exists():
         (run_dir / FAILED_NAME).write_text(f"exit code {code}\n")
 
 
@@ -383,6 +438,73 @@ def new_directory(key: str, directory: str, protected=(), made_by=SAVED_MODEL):
         for created in made:  # a failure leaves no parent it made (unless something else is in it now)
             with contextlib.suppress(OSError):
                 created.rmdir()
+
+
+# What a command wrote into a directory it did not make (a report into a run dir, or --out): each file's
+# name -> the sha256 of what it wrote there, so that it replaces only those, unchanged since.
+WRITTEN_NAME = ".tfdistx-written.json"
+
+
+def not_ours(directory, names) -> List[str]:
+    """The `names` in `directory` that a command may not replace: there,
+    and not what tfdistx wrote there itself (recorded in WRITTEN_NAME), or
+    changed since (a user's edit of a report is theirs). [] for a new
+    directory, or when every one is missing or ours."""
+    directory = Path(directory)
+    written = _written(directory)
+    return [
+        name
+        for name in names
+        if os.path.lexists(directory / name)
+        and not ((directory / name).is_file() and _digest((directory / name).read_bytes()) in written.get(name, ()))
+    ]
+
+
+def replace_ours(directory, files: Mapping[str, Union[str, bytes]]) -> List[Path]:
+    """Write each of `files` (name -> contents) into `directory`, whole
+    (whole_files.write_whole), recording what was written, so that the same
+    command may replace them later (not_ours). The record is written before
+    the files and after them, so a kill at any moment leaves every file
+    there recognised. Refused first (FileExistsError naming them) when one
+    of them is not_ours."""
+    directory = Path(directory)
+    theirs = not_ours(directory, files)
+    if theirs:
+        raise FileExistsError(", ".join(theirs))
+    written = _written(directory)
+    new = {name: _digest(data.encode() if isinstance(data, str) else data) for name, data in files.items()}
+    for name, digest in new.items():  # what is there now (ours, or none) and what comes: both known while it is written
+        there = directory / name
+        written[name] = ([_digest(there.read_bytes())] if there.is_file() else []) + [digest]
+    _record(directory, written)
+    paths = []
+    for name, data in files.items():
+        write_whole(directory / name, data)
+        paths.append(directory / name)
+    _record(directory, {**written, **{name: [digest] for name, digest in new.items()}})
+    return paths
+
+
+def _written(directory: Path) -> Dict[str, List[str]]:
+    try:
+        record = json.loads((directory / WRITTEN_NAME).read_text())
+    except (OSError, ValueError):  # none there, or not ours: nothing is known to be ours
+        return {}
+    if not isinstance(record, dict):
+        return {}
+    return {
+        name: [d for d in digests if isinstance(d, str)]
+        for name, digests in record.items()
+        if isinstance(digests, list)
+    }
+
+
+def _record(directory: Path, written: Dict[str, List[str]]) -> None:
+    write_whole(directory / WRITTEN_NAME, json.dumps(written, indent=1, sort_keys=True) + "\n")
+
+
+def _digest(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
 
 
 def _locked_directory(parent: str, prefix: str):

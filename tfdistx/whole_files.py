@@ -19,7 +19,9 @@ PathLike = Union[str, os.PathLike]
 
 
 @contextlib.contextmanager
-def replacing(path: PathLike, *, newline: Optional[str] = None, fsync: bool = False) -> Iterator[IO[str]]:
+def replacing(
+    path: PathLike, *, newline: Optional[str] = None, fsync: bool = False, binary: bool = False
+) -> Iterator[IO]:
     """A text file to write `path`'s new contents into: a temporary file
     beside it (the same directory, so the rename is atomic; a name of its
     own, `.NAME.tmp-XXXXXXXX`, so nothing of anyone else's is written over),
@@ -29,11 +31,12 @@ def replacing(path: PathLike, *, newline: Optional[str] = None, fsync: bool = Fa
     `fsync`: the contents (and then the directory's entry) reach the disk
     before the call returns, so that a machine that loses power keeps the old
     file or the new one. The file's mode is what `open(path, "w")` would give
-    (0o666 less the umask), as is its encoding (the locale's)."""
+    (0o666 less the umask), as is its encoding (the locale's). `binary`: a
+    file of bytes (a picture), not text."""
     path = Path(path)
     tmp = _new_file_beside(path)
     try:
-        with open(tmp, "w", newline=newline) as file:
+        with open(tmp, "wb") if binary else open(tmp, "w", newline=newline) as file:
             yield file
             if fsync:
                 file.flush()
@@ -47,9 +50,9 @@ def replacing(path: PathLike, *, newline: Optional[str] = None, fsync: bool = Fa
         _fsync_directory(path.parent)
 
 
-def write_whole(path: PathLike, text: str, *, fsync: bool = False) -> None:
-    """`path` holds `text`, written whole or not at all (`replacing`)."""
-    with replacing(path, fsync=fsync) as file:
+def write_whole(path: PathLike, text: Union[str, bytes], *, fsync: bool = False) -> None:
+    """`path` holds `text` (or bytes), written whole or not at all (`replacing`)."""
+    with replacing(path, fsync=fsync, binary=isinstance(text, bytes)) as file:
         file.write(text)
 
 
@@ -83,19 +86,28 @@ def append_whole(fd: int, line: bytes) -> None:
 def read_jsonl(path: Path) -> List[Tuple[str, dict]]:
     """A JSON-lines file's (line, record) pairs, in order; a line cut short by
     a kill (or not an object) is left out. [] when there is no file."""
+    return jsonl_records(path)[0]
+
+
+def jsonl_records(path: Path) -> Tuple[List[Tuple[str, dict]], int]:
+    """read_jsonl's pairs, and how many lines were left out (cut short, or not an object): a reader that
+    says so counts them. A file that is not text (bytes that are not UTF-8) is read with those replaced."""
     try:
-        lines = Path(path).read_text().splitlines()
+        lines = Path(path).read_text(errors="replace").splitlines()
     except FileNotFoundError:
-        return []
-    pairs = []
+        return [], 0
+    pairs, left_out = [], 0
     for line in lines:
         try:
             record = json.loads(line)
         except ValueError:
+            left_out += 1
             continue
         if isinstance(record, dict):
             pairs.append((line, record))
-    return pairs
+        else:
+            left_out += 1
+    return pairs, left_out
 
 
 def keep_steps_up_to(path: Path, step: int) -> None:

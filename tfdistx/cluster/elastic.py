@@ -116,8 +116,9 @@ class HostListMembership(Membership):
                 enough_since = None
                 if not waiting_said:  # a wait of minutes, said once, so that a quiet terminal is not taken for a hang
                     self.say(
-                        f"{len(chosen)} host(s) usable from {self.hosts.where}, fewer than cluster.elastic.min_workers={low}: "
-                        f"waiting for more, at most {elastic['below_min_timeout']:g}s (cluster.elastic.below_min_timeout)"
+                        f"{len(chosen)} host(s) usable from {self.hosts.where}, fewer than "
+                        f"cluster.elastic.min_workers={low}: waiting for more, at most "
+                        f"{elastic['below_min_timeout']:g}s (cluster.elastic.below_min_timeout)"
                     )
                     waiting_said = True
                 if now - started >= elastic["below_min_timeout"]:
@@ -127,9 +128,10 @@ class HostListMembership(Membership):
                         else ""
                     )
                     self.say(
-                        f"{len(chosen)} host(s) usable from {self.hosts.where}{chief_note}, fewer than cluster.elastic.min_workers={low} "
-                        f"for {elastic['below_min_timeout']:g}s (cluster.elastic.below_min_timeout): stopping (exit {EXIT_TOO_FEW_WORKERS}); "
-                        "rerun the same command to resume from the newest checkpoint"
+                        f"{len(chosen)} host(s) usable from {self.hosts.where}{chief_note}, fewer than "
+                        f"cluster.elastic.min_workers={low} for {elastic['below_min_timeout']:g}s "
+                        f"(cluster.elastic.below_min_timeout): stopping (exit {EXIT_TOO_FEW_WORKERS}); rerun the same "
+                        "command to resume from the newest checkpoint"
                     )
                     raise NoRound(EXIT_TOO_FEW_WORKERS)
             if signals.wait(POLL_SECONDS):
@@ -166,7 +168,8 @@ class HostListMembership(Membership):
         live = sum(name.startswith("worker:") for name in round_.members())
         if round_.dropped and live < self.elastic["min"]:
             self.say(
-                f"{live} live worker(s), fewer than cluster.elastic.min_workers={self.elastic['min']}: the trainers checkpoint and stop"
+                f"{live} live worker(s), fewer than cluster.elastic.min_workers={self.elastic['min']}: the trainers "
+                "checkpoint and stop"
             )
             round_.ask_to_checkpoint()
             return RoundResult(

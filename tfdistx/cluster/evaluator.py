@@ -21,7 +21,8 @@ import time
 from typing import Callable, Dict, List
 
 EVALUATOR = "evaluator"  # TF_CONFIG's task type, and the TFJob's replica type in lower case
-# What the evaluator does on SIGTERM (a pod deleted, the launcher's stop), as its notice says it: not a trainer's checkpoint.
+# What the evaluator does on SIGTERM (a pod deleted, the launcher's
+# stop), as its notice says it: not a trainer's checkpoint.
 EVALUATOR_ON_SIGTERM = "evaluating the newest checkpoint not yet evaluated, then stopping"
 # After training has ended, how long the launcher waits for the evaluator to
 # evaluate the final checkpoint before stopping it: it stops by itself as soon

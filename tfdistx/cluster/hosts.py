@@ -10,7 +10,10 @@ from pathlib import Path
 from typing import Callable, Dict, List, Optional, Tuple
 
 DISCOVER_TIMEOUT_SECONDS = 30
-ALLOWED = "a loopback address of this machine, 127.0.0.N (the local launcher starts every task here, on a port of its own choosing)"
+ALLOWED = (
+    "a loopback address of this machine, 127.0.0.N (the local launcher starts every task here, on a port of its own "
+    "choosing)"
+)
 
 
 def why_not_a_host(host: str) -> Optional[str]:
@@ -59,7 +62,8 @@ class HostList:
         except (OSError, subprocess.TimeoutExpired) as error:
             if not self.failing:
                 self.say(
-                    f"cannot read the hosts from {self.where} ({error}): keeping the last list, {', '.join(self.last) or 'empty'}"
+                    f"cannot read the hosts from {self.where} ({error}): keeping the last list, "
+                    f"{', '.join(self.last) or 'empty'}"
                 )
             self.failing = True
             return list(self.last)

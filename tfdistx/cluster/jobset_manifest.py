@@ -28,11 +28,14 @@ With `cluster.launch=agent` the JobSet runs an agent in each of MAX pods
 Job recreates it (an eviction or a drained node does not count toward its
 backoffLimit) and its agent joins the next round, while the others go on
 with MIN or more. Only a code no restart can cure fails the set; the run is
-done when the keeper's pod (index 0) is. And every JobSet comes with a
-NetworkPolicy (network_policy) that admits its pods' traffic from its own
-pods only.
+done when the keeper's pod (index 0) is. Its agents prove the run's secret
+at every beat (cluster/run_secret.py): a Kubernetes Secret written beside
+the JobSet (rendezvous_secret, a new one each export), mounted read-only in
+every pod. And every JobSet comes with a NetworkPolicy (network_policy)
+that admits its pods' traffic from its own pods only.
 """
 
+import secrets
 from typing import Dict, List, Optional, Sequence
 
 from tfdistx.cluster import jobset
@@ -47,6 +50,7 @@ CONTAINER = "tensorflow"
 TRAINER_CONTAINER = "node"  # the container Trainer v2 gives the TrainJob's image, args and resources
 ANCESTOR = "trainer.kubeflow.org/trainjob-ancestor-step"  # Trainer v2's label for the replicatedJob that trains
 MAX_NAME = jobset.LONGEST_NAME  # its pods' hostnames are built from the name
+LAUNCH = "jobset"  # the pods' cluster.launch: each places itself by its JobSet labels (cluster/jobset.py)
 
 
 def jobset_manifest(
@@ -62,10 +66,9 @@ def jobset_manifest(
     config_path: Optional[str] = None,
 ) -> Dict:
     """The JobSet (as a dict) whose pods run `layout` (arguments as kubernetes.tfjob's)."""
-    if layout.cluster.agent is not None:  # the pods say where they meet, not the user's stand-in
-        overrides = [
-            o for o in overrides if o.lstrip("+").partition("=")[0] not in ("cluster.launch", "cluster.agent.store")
-        ]
+    if layout.cluster.agent is not None:  # the pods say where they meet and what they prove, not the user's stand-in
+        placed_here = ("cluster.launch", "cluster.agent.store", "cluster.agent.token_file")
+        overrides = [o for o in overrides if o.lstrip("+").partition("=")[0] not in placed_here]
     pods = Pods(layout, "a JobSet", overrides, name, image, volume, mount_path, gpus, config_dirs, config_path)
     spec = _agents_jobset_spec(pods, name) if layout.cluster.agent is not None else _jobset_spec(pods, CONTAINER)
     return {"apiVersion": JOBSET_API, "kind": "JobSet", "metadata": _metadata(name, namespace), "spec": spec}
@@ -74,11 +77,38 @@ def jobset_manifest(
 def jobset_and_network_policy(
     layout: Layout, overrides: List[str], name: str, image: str, namespace: str = "default", *more, **keywords
 ) -> List[Dict]:
-    """`tfdistx export jobset`: the JobSet (arguments as jobset_manifest's), and the NetworkPolicy that keeps others out of its pods."""
+    """`tfdistx export jobset`: the JobSet (arguments as jobset_manifest's), the NetworkPolicy that keeps others
+    out of its pods, and under agents the Secret their beats prove."""
     return [
         jobset_manifest(layout, overrides, name, image, namespace, *more, **keywords),
         network_policy(name, namespace),
+        *([rendezvous_secret(name, namespace)] if layout.cluster.agent is not None else []),
     ]
+
+
+# The agents' secret: a Secret of the export's own, mounted read-only where each agent reads it.
+SECRET_KEY = "token"
+SECRET_VOLUME = "rendezvous-secret"
+SECRET_MOUNT_PATH = "/var/run/secrets/tfdistx"
+
+
+def secret_name(name: str) -> str:
+    return f"{name}-rendezvous"
+
+
+def rendezvous_secret(name: str, namespace: str) -> Dict:
+    """The run's secret, which every agent's beat proves (cluster/keeper_wire.py): 256 random bits, new at each
+    export. Whoever reads this manifest holds it: it is printed for `kubectl apply`, not kept anywhere else."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {
+            **_metadata(secret_name(name), namespace),
+            "annotations": {"tfdistx/what": "the agents' rendezvous secret: every beat proves it (docs/elastic.md)"},
+        },
+        "type": "Opaque",
+        "stringData": {SECRET_KEY: secrets.token_hex(32)},
+    }
 
 
 def network_policy(name: str, namespace: str) -> Dict:
@@ -164,7 +194,7 @@ EVALUATOR_BACKOFF_LIMIT = 2**31 - 1
 
 
 def _jobset_spec(pods: Pods, container_name: str) -> Dict:
-    args = pods.args("jobset")
+    args = pods.args(LAUNCH)
     replicated = []
     for job, n in pods.counts.items():
         container = pods.container(
@@ -197,7 +227,8 @@ def _jobset_spec(pods: Pods, container_name: str) -> Dict:
             "maxRestarts": pods.max_restarts,
             "restartStrategy": "BlockingRecreate",
             "rules": [
-                # A preemption (exit 42: checkpointed at the signal) costs nothing: it does not count toward maxRestarts.
+                # A preemption (exit 42: checkpointed at the signal)
+                # costs nothing: it does not count toward maxRestarts.
                 {
                     "name": PREEMPTED,
                     "action": "RestartJobSetAndIgnoreMaxRestarts",
@@ -232,8 +263,12 @@ def _agents_jobset_spec(pods: Pods, name: str) -> Dict:
     keeps the rounds, at its DNS name on jobset.PORT."""
     workers = pods.counts["worker"]
     store = f"{jobset.hostname(name, 'worker', 0)}:{jobset.PORT}"
-    args = [*pods.args("agent"), f"cluster.agent.store={store}"]
+    token_file = f"{SECRET_MOUNT_PATH}/{SECRET_KEY}"
+    args = [*pods.args("agent"), f"cluster.agent.store={store}", f"cluster.agent.token_file={token_file}"]
     container = pods.container(CONTAINER, "worker", args, ports=[{"name": "rendezvous", "containerPort": jobset.PORT}])
+    container.setdefault("volumeMounts", []).append(
+        {"name": SECRET_VOLUME, "mountPath": SECRET_MOUNT_PATH, "readOnly": True}
+    )
     on_codes = lambda action, codes: {
         "action": action,
         "onExitCodes": {
@@ -246,7 +281,8 @@ def _agents_jobset_spec(pods: Pods, name: str) -> Dict:
         "completionMode": "Indexed",
         "completions": workers,
         "parallelism": workers,
-        # A pod lost (killed, its node gone) is recreated and its agent joins again; this many such losses, then the set restarts.
+        # A pod lost (killed, its node gone) is recreated and its agent
+        # joins again; this many such losses, then the set restarts.
         "backoffLimit": max(pods.max_restarts, 1) * workers,
         "podFailurePolicy": {
             "rules": [
@@ -263,6 +299,10 @@ def _agents_jobset_spec(pods: Pods, name: str) -> Dict:
         "successPolicy": {"rules": [{"succeededIndexes": "0"}]},  # the keeper's pod ends when the training does
         "template": {"spec": pods.spec(container, restartPolicy="Never")},  # podFailurePolicy's requirement
     }
+    # Readable whatever user the image runs as: the volume is this pod's containers' alone (its file mode guards
+    # nothing more within the pod), and a root-owned 0400 file would be unreadable to a non-root container.
+    secret_volume = {"name": SECRET_VOLUME, "secret": {"secretName": secret_name(name), "defaultMode": 0o444}}
+    job["template"]["spec"].setdefault("volumes", []).append(secret_volume)
     return {
         "network": {"enableDNSHostnames": True},
         "failurePolicy": {

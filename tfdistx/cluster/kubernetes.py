@@ -27,6 +27,7 @@ from tfdistx.spec.errors import RETRYABLE_EXIT_OFFSET_FOR_KUBERNETES, ConfigErro
 from tfdistx.spec.run_spec import Layout
 
 API_VERSION = "kubeflow.org/v1"
+LAUNCH = "tf_config"  # the pods' cluster.launch: the operator's TF_CONFIG places each
 PORT = 2222  # the operator's default, taken from the container port named tfjob-port
 CONTAINER = "tensorflow"  # the operator's default container name
 REPLICA_TYPES = {
@@ -35,7 +36,8 @@ REPLICA_TYPES = {
     "worker": "Worker",
     EVALUATOR: "Evaluator",
 }  # TF_CONFIG job -> TFJob replica type
-# data.service's tasks: the operator puts them in TF_CONFIG as `dispatcher` and `dataworker` (cluster/data_service.py takes them out)
+# data.service's tasks: the operator puts them in TF_CONFIG as
+# `dispatcher` and `dataworker` (cluster/data_service.py takes them out)
 REPLICA_TYPES.update({data_service.DISPATCHER: "Dispatcher", data_service.WORKER: "DataWorker"})
 VOLUME_NAME = "tfdistx-runs"
 DEFAULT_MOUNT_PATH = "/mnt/tfdistx"
@@ -45,6 +47,23 @@ CREATED_BY = {"app.kubernetes.io/created-by": "tfdistx"}
 _DNS_SUBDOMAIN = re.compile(
     r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*"
 )  # a claim's name (RFC 1123)
+# An OCI image reference, as the container runtimes parse it (distribution/reference's grammar, v0.5:
+# name [":" tag] ["@" digest], the name [domain[:port] "/"] path-component ["/" path-component]*). Written out here:
+# no maintained Python package parses it, and a pod with any other image never starts.
+_PATH_COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+_DOMAIN = (
+    r"(?:[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?(?:\.[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?)*|\[[0-9a-fA-F:]+\])"
+)
+_IMAGE = re.compile(
+    rf"(?P<name>(?:{_DOMAIN}(?::[0-9]+)?/)?{_PATH_COMPONENT}(?:/{_PATH_COMPONENT})*)"
+    r"(?::[\w][\w.-]{0,127})?"  # tag
+    r"(?:@[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,})?",  # digest
+    re.ASCII,
+)
+IMAGE_NAME_MAX = 255  # distribution/reference's NameTotalLengthMax
+# What --mount-path may hold: it becomes the pods' hydra.run.dir override, which Hydra parses (a space, a quote,
+# `,`, `$`, brackets mean something there), besides the volume's mountPath.
+_MOUNT_PATH = re.compile(r"/[A-Za-z0-9._/-]*", re.ASCII)
 
 
 def tfjob(
@@ -65,7 +84,7 @@ def tfjob(
     pod composes with them, read in its own file system)."""
     pods = Pods(layout, "a TFJob", overrides, name, image, volume, mount_path, gpus, config_dirs, config_path)
     # Exit codes a restart can cure move above 127, where restartPolicy ExitCode retries them.
-    args = pods.args("tf_config", RETRYABLE_EXIT_OFFSET_FOR_KUBERNETES)
+    args = pods.args(LAUNCH, RETRYABLE_EXIT_OFFSET_FOR_KUBERNETES)
     replica_specs = {}
     for job, replicas in pods.counts.items():
         container = pods.container(CONTAINER, job, args, ports=[{"name": "tfjob-port", "containerPort": PORT}])
@@ -117,8 +136,7 @@ class Pods:
         self.max_restarts = topo.max_restarts
         self.counts: Dict[str, int] = {**counts, **service}
         self.primary_jobs = facts.primary_jobs  # the jobs whose end is the run's end
-        # A one-process strategy without the tf.data service is one pod that needs no placing.
-        self.placed = facts.multi_process or bool(service)
+        self.placed = needs_placing(layout)
         self.overrides, self.image, self.volume, self.mount_path, self.gpus = (
             list(overrides),
             image,
@@ -170,6 +188,12 @@ class Pods:
         return pod
 
 
+def needs_placing(layout: Layout) -> bool:
+    """Whether the pods learn their place (a cluster.launch of their own): a one-process strategy without the
+    tf.data service is one pod that needs no placing."""
+    return layout.strategy.facts.multi_process or bool(layout.service_jobs())
+
+
 def pod_args(overrides: List[str], launch: Optional[str], run_dir: Optional[str], exit_offset: int = 0) -> List[str]:
     """The pod's overrides: the user's, then what placing it needs: how it
     learns its place (`launch`; None: a one-process run, nothing to place),
@@ -184,6 +208,32 @@ def pod_args(overrides: List[str], launch: Optional[str], run_dir: Optional[str]
     if run_dir and given_value("hydra.run.dir", overrides) is None:
         args.append(f"hydra.run.dir={run_dir}")  # one run dir on the shared volume: a restarted pod resumes from it
     return args
+
+
+def check_image(option: str, image: str) -> None:
+    """An image reference a container runtime can pull, else ConfigError naming `option`."""
+    m = _IMAGE.fullmatch(image)
+    if not m or len(m["name"]) > IMAGE_NAME_MAX:
+        raise ConfigError.one(
+            option,
+            image,
+            "an OCI image reference, [REGISTRY[:PORT]/]REPOSITORY[:TAG][@DIGEST] "
+            "(lowercase repository; e.g. registry.example.com/tfdistx:0.1)",
+        )
+
+
+def check_mount_path(option: str, path: str) -> str:
+    """An absolute path the pods' hydra.run.dir can carry as it is; returned without a trailing '/'."""
+    if not path.startswith("/"):
+        raise ConfigError.one(option, path, "must be an absolute path")
+    if not _MOUNT_PATH.fullmatch(path):
+        raise ConfigError.one(
+            option,
+            path,
+            "an absolute path of letters, digits, '.', '_', '-' and '/' "
+            "(it is the pods' hydra.run.dir, which Hydra parses)",
+        )
+    return path.rstrip("/") or "/"
 
 
 def volume_source(spec: str) -> Dict:

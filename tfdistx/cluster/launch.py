@@ -16,6 +16,7 @@ torchrun is PyTorch's, and TensorFlow ships no local multi-process launcher.
 """
 
 import json
+import os
 import shutil
 import signal
 import sys
@@ -32,13 +33,14 @@ from tfdistx.cluster.processes import (
     enter_private_network,
     free_ports,
     loopback_up,
+    relay_env,
     shell_code,
     yield_the_cores,
 )
 from tfdistx.cluster.supervisor import Membership, Round, Say, Supervisor
 from tfdistx.spec.errors import ConfigError
 from tfdistx.spec.strategies import describe_jobs  # no training code: the job table's words
-from tfdistx.sigterm import SigtermNotice
+from tfdistx.sigterm import SigtermNotice, leave_preempted, nothing_to_save, release
 
 
 def run_local_cluster(
@@ -53,6 +55,7 @@ def run_local_cluster(
     run_log: Optional[str] = None,
     evaluator: bool = False,
     preemption_grace: float = 60,
+    peer_timeout: float = 60,
     notice: Optional[SigtermNotice] = None,
     notice_signals: Sequence[str] = (),
     task_env: Optional[Dict[str, str]] = None,
@@ -70,6 +73,8 @@ def run_local_cluster(
     also goes, prefixed, to `run_log` (the run's one log file). `evaluator`:
     a sidecar evaluator task runs beside the cluster (cluster/evaluator.py).
     After a SIGTERM the tasks get `preemption_grace` seconds to checkpoint;
+    a chief whose peer was lost, `peer_timeout` for its call to fail and
+    then that grace to save the last loop boundary (supervisor.py);
     `notice_signals` (cluster.notice_signals: USR1 ...) are passed on as one.
     `task_env`: added to every task's environment (e.g. its thread counts).
     `preload`: what every task imports first ("module" or "module:function"),
@@ -93,8 +98,9 @@ def run_local_cluster(
         "run_log": run_log,
         "evaluator": evaluator,
         "preemption_grace": preemption_grace,
+        "peer_timeout": peer_timeout,
         "notice_signals": list(notice_signals),
-        "task_env": task_env or {},
+        "task_env": {**(task_env or {}), **relay_env()},  # its chief's status line drawn here, on a terminal
         "preload": list(preload),
         "elastic": elastic,
         "nice": nice,
@@ -123,32 +129,46 @@ def run_local_cluster(
     with ForwardingSignals([], notice_signals) as forwarding:
         if notice is not None and notice.received.is_set():
             notice.leave_if_received("before the cluster started")
+        if forwarding.received:  # came since: nothing started yet, nothing to pass on
+            if forwarding.ctrl_c:
+                raise KeyboardInterrupt
+            leave_preempted(nothing_to_save("SIGTERM", "before the cluster started"))
         # The supervisor: a fork of this process, not a fresh interpreter (its imports are done; where this
-        # process has imported what the tasks preload, its prefork is a fork too: cluster/prefork.py).
+        # process has imported what the tasks preload, its prefork is a fork too: cluster/prefork.py). It
+        # begins with the signals held, and takes them once its own handlers are set (_supervise); every
+        # signal this process receives from now on is passed on to it, once (one that comes as it is forked
+        # too, given to it as it joins).
         proc = fork(lambda: _supervise(spec, isolated))
         forwarding.procs = [proc]
-        if forwarding.received:  # came while it was starting
-            proc.send_signal(signal.SIGTERM)
         code = proc.wait()
     return shell_code(code)
 
 
 def _supervise(spec: dict, isolated: bool) -> int:
-    """The supervisor's process, forked: at the priority asked (`cluster.nice`), then into the private network
+    """The supervisor's process, forked: its signals taken first thing (what came since the fork is
+    passed on now), in a process group of its own (Ctrl-C at the terminal reaches the launcher alone,
+    which passes it on: once), at the priority asked (`cluster.nice`), then into the private network
     namespace, if the cluster has one."""
-    if spec.get("nice"):
-        yield_the_cores(spec["nice"])
-    if isolated:
-        try:
-            enter_private_network()
-        except OSError as error:  # can_isolate's probe passed a moment ago; as `unshare` said it: one line, exit 1
-            print(
-                f"tfdistx: the local cluster could not enter its private network namespace: {error}",
-                file=sys.stderr,
-                flush=True,
-            )
-            return 1
-    return main(spec, isolated)
+    with ForwardingSignals([], spec.get("notice_signals", ())) as signals:
+        release()
+        if spec.get("nice"):
+            yield_the_cores(spec["nice"])  # a session of its own, hence a group
+        else:
+            os.setpgid(0, 0)
+        # A process group outside the terminal's foreground one is stopped when it writes to the terminal, if
+        # the terminal says so (`stty tostop`): its tasks' lines are the run's output.
+        signal.signal(signal.SIGTTOU, signal.SIG_IGN)
+        if isolated:
+            try:
+                enter_private_network()
+            except OSError as error:  # can_isolate's probe passed a moment ago; as `unshare` said it: one line, exit 1
+                print(
+                    f"tfdistx: the local cluster could not enter its private network namespace: {error}",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                return 1
+        return main(spec, isolated, signals)
 
 
 class FixedCounts(Membership):
@@ -167,9 +187,10 @@ class FixedCounts(Membership):
         return Round.placed(self.spec, cluster, sidecars.sidecar_jobs(self.spec))
 
 
-def main(spec: dict, isolated: bool) -> int:
+def main(spec: dict, isolated: bool, signals: ForwardingSignals) -> int:
     """The supervisor's process, inside the namespace: the run's rounds, with
-    a fixed membership, or an elastic one (`spec["elastic"]`: cluster/elastic.py)."""
+    a fixed membership, or an elastic one (`spec["elastic"]`: cluster/elastic.py).
+    `signals`: the supervisor's, taken since its start."""
     if isolated:
         loopback_up()
     say = Say(spec.get("run_log"))
@@ -185,8 +206,7 @@ def main(spec: dict, isolated: bool) -> int:
         else None
     )
     try:
-        with ForwardingSignals([], spec.get("notice_signals", ())) as signals:
-            return Supervisor(spec, membership, signals, say, prefork).run()
+        return Supervisor(spec, membership, signals, say, prefork).run()
     finally:
         if prefork is not None:
             prefork.close()

@@ -50,6 +50,20 @@ def answers(address: str, timeout: float = PROBE_SECONDS) -> bool:
         return False
 
 
+def refused(address: str, timeout: float = 1.0) -> bool:
+    """Whether nothing listens at host:port now: its host refuses the
+    connection (the task's process is gone, its host up). A peer that does
+    not answer at all (frozen, cut off, its host down) is not refused."""
+    host, port = split_address(address)
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            return False
+    except ConnectionRefusedError:
+        return True
+    except OSError:
+        return False
+
+
 def split_address(address: str) -> Tuple[str, int]:
     """'host:port' or '[v6]:port' (a TF_CONFIG address, with or without grpc://)."""
     host, _, port = address.rpartition("//")[2].rpartition(":")

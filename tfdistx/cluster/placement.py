@@ -15,6 +15,7 @@ from typing import Dict, List, Mapping, Optional
 
 from tfdistx.cluster import data_service, jobset
 from tfdistx.cluster.evaluator import EVALUATOR
+from tfdistx.spec import elastic, mpi, priority
 from tfdistx.spec.errors import ConfigError, Problem
 from tfdistx.spec.run_spec import Layout
 from tfdistx.spec.strategies import describe_jobs
@@ -44,6 +45,7 @@ class Placement:
     task_index: int = 0
     # data.service's dispatcher and data workers (cluster/data_service.py): not in `spec`, which TensorFlow sees
     service: Dict[str, List[str]] = field(default_factory=dict)
+    gpus: Optional[str] = None  # CUDA_VISIBLE_DEVICES for this task ("": none); None: as the process has it
 
     def __post_init__(self):
         self.source = Source(self.source)
@@ -108,8 +110,22 @@ def detect(layout: Layout, env: Mapping[str, str] = os.environ, training: bool =
         )  # the evaluator: the step's last rank
     check_topology(placement, counts)
     if not strategy.multi_process and placement.task_type not in placement.service:
-        return Placement(Source.SINGLE, service=placement.service)  # the trainer: one process, fed by the service
+        # the trainer: one process, fed by the service (its GPUs, with export slurm --gpus, as placed)
+        return Placement(Source.SINGLE, service=placement.service, gpus=placement.gpus)
     return placement
+
+
+def refused_in_a_placed_task(layout: Layout, launched_by_tfdistx: bool = False) -> List[Problem]:
+    """What a task a scheduler placed refuses at its start, though its config composed (under cluster.launch=auto,
+    which only the local launcher's tasks may run so): an elastic run, a niced one, MPI's communication. The one
+    list, read by such a task (commands/execute.py) and by every export, whose tasks will be such tasks.
+    `launched_by_tfdistx`: a task of tfdistx's own local launcher, which started it as each of these needs."""
+    cluster = layout.cluster
+    return [
+        *elastic.placed_by_a_scheduler(cluster, launched_by_tfdistx),
+        *priority.placed_by_a_scheduler(cluster.nice, launched_by_tfdistx),
+        *mpi.placed_by_a_scheduler(layout.strategy.options, launched_by_tfdistx),
+    ]
 
 
 def scheduled_tasks(layout: Layout, training: bool = True) -> Dict[str, int]:
@@ -172,14 +188,34 @@ def check_topology(placement: Placement, wanted: Dict[str, int]) -> None:
                 )
 
 
+# A Slurm step's ports: base_port + 64 x (job id mod 500) + the rank on the node (validate.py keeps the range under
+# 65536), unless the step is told which are free on each node (SLURM_PORTS_ENV, by `tfdistx export slurm`'s script).
+SLURM_PORTS_PER_JOB, SLURM_JOB_SLOTS = 64, 500
+SLURM_PORT_RANGE = SLURM_PORTS_PER_JOB * SLURM_JOB_SLOTS
+# Set by `tfdistx export slurm`'s script: a line per node, "NODE PORT PORT ...", its tasks' ports in rank order
+# (cluster/free_ports.py found them free on that node as the step started).
+SLURM_PORTS_ENV = "TFDISTX_SLURM_PORTS"
+# Set by `tfdistx export slurm --gpus`'s script: each worker task takes this many of its node's GPUs (Slurm shows every
+# task of a node all of the node's GPUs), in rank order; the node's other tasks (chief, ps, evaluator, the tf.data
+# service) none, as their pods get none in a TFJob or a JobSet.
+GPUS_PER_WORKER_ENV = "TFDISTX_GPUS_PER_WORKER"
+
+
+def slurm_first_port(base_port: int, job_id: str) -> int:
+    """The port of a Slurm job's first task on each node: shifted per job, so that jobs sharing a node start apart."""
+    return base_port + SLURM_PORTS_PER_JOB * (int(job_id) % SLURM_JOB_SLOTS)
+
+
 def from_slurm(env: Mapping[str, str], counts: Dict[str, int], base_port: int) -> Placement:
     """Derive the cluster from a Slurm step (`srun -n N python -m tfdistx ...`).
 
     Tasks are laid out in Slurm's block order: the first tasks-per-node ranks
-    on the first node, and so on; each listens on base_port + its rank on the
-    node, shifted by 64 ports per job id (modulo 500) so that jobs sharing a
-    node (a sweep's, say) do not collide. Ranks map to jobs in order: chief,
-    ps, worker.
+    on the first node, and so on; each listens on the port its node's line of
+    SLURM_PORTS_ENV gives it (the exported script's: ports free on that node),
+    else on base_port + its rank on the node, shifted by 64 ports per job id
+    (modulo 500) so that jobs sharing a node (a sweep's, say) start apart.
+    Ranks map to jobs in order: chief, ps, worker. With GPUS_PER_WORKER_ENV,
+    the placement says which of its node's GPUs the task takes (`gpus`).
     """
     try:
         rank = int(env["SLURM_PROCID"])
@@ -211,8 +247,8 @@ def from_slurm(env: Mapping[str, str], counts: Dict[str, int], base_port: int) -
             _describe(counts),
             f"the Slurm step has {total} task(s); the config needs {wanted}: srun -n {wanted}",
         )
-    base_port += 64 * (int(job_id) % 500)
-    addresses = [f"{node}:{base_port + local}" for node, n in zip(nodes, per_node) for local in range(n)]
+    ports = _ports_per_node(env, nodes, per_node, slurm_first_port(base_port, job_id))
+    addresses = [f"{node}:{port}" for node, n in zip(nodes, per_node) for port in ports[node][:n]]
     roles = [(job, index) for job, n in counts.items() for index in range(n)]
     spec: Dict[str, List[str]] = {}
     for (job, _), address in zip(roles, addresses):
@@ -222,7 +258,60 @@ def from_slurm(env: Mapping[str, str], counts: Dict[str, int], base_port: int) -
     job, index = roles[rank]
     spec.pop(EVALUATOR, None)  # its rank has an address it never listens on: no task of the cluster waits for it
     spec, service = data_service.split(spec)  # the service's ranks come last (spec/data_service.job_counts)
-    return Placement(Source.SLURM, spec, job, index, service)
+    placement = Placement(Source.SLURM, spec, job, index, service)
+    if env.get(GPUS_PER_WORKER_ENV):
+        placement.gpus = _gpus_of(env, roles, per_node, rank)
+    return placement
+
+
+def _ports_per_node(env: Mapping[str, str], nodes: List[str], per_node: List[int], first: int) -> Dict[str, List[int]]:
+    """node -> its tasks' ports, in rank order: SLURM_PORTS_ENV's lines, else derived from `first`."""
+    given = env.get(SLURM_PORTS_ENV)
+    if given is None:
+        return {node: [first + local for local in range(n)] for node, n in zip(nodes, per_node)}
+    ports = {}
+    for line in given.splitlines():
+        node, *numbers = line.split()
+        if not all(number.isdigit() and 0 < int(number) < 65536 for number in numbers):
+            raise ConfigError.one(
+                SLURM_PORTS_ENV, line, "a line per node: NODE PORT PORT ..., each port from 1 to 65535"
+            )
+        ports[node] = [int(number) for number in numbers]
+    short = [node for node, n in zip(nodes, per_node) if len(ports.get(node, [])) < n]
+    if short:
+        raise ConfigError.one(
+            SLURM_PORTS_ENV,
+            given.replace("\n", "; "),
+            f"has too few ports for node {short[0]}, which holds {per_node[nodes.index(short[0])]} task(s) of the step",
+        )
+    return ports
+
+
+def _gpus_of(env: Mapping[str, str], roles: List[tuple], per_node: List[int], rank: int) -> str:
+    """CUDA_VISIBLE_DEVICES for the task at `rank`: a worker's own GPUS_PER_WORKER_ENV of its node's (the j-th
+    worker on its node takes the j-th of them), none for any other task."""
+    per_worker = env[GPUS_PER_WORKER_ENV]
+    if not per_worker.isdigit() or int(per_worker) < 1:
+        raise ConfigError.one(GPUS_PER_WORKER_ENV, per_worker, "a whole number of GPUs, 1 or more")
+    if roles[rank][0] != "worker":
+        return ""
+    start = 0
+    for n in per_node:  # the first rank on this task's node
+        if start + n > rank:
+            break
+        start += n
+    nth = sum(1 for job, _ in roles[start:rank] if job == "worker")
+    visible = env.get("CUDA_VISIBLE_DEVICES")
+    devices = visible.split(",") if visible else [str(i) for i in range((nth + 1) * int(per_worker))]
+    mine = devices[nth * int(per_worker) : (nth + 1) * int(per_worker)]
+    if len(mine) < int(per_worker):
+        raise ConfigError.one(
+            "CUDA_VISIBLE_DEVICES",
+            visible,
+            f"worker {roles[rank][1]} is worker {nth + 1} on its node and takes {per_worker} GPU(s) of them "
+            f"({GPUS_PER_WORKER_ENV}): the node has fewer (export slurm --gpus)",
+        )
+    return ",".join(mine)
 
 
 def expand_hostlist(hostlist: str) -> List[str]:

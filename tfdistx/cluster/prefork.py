@@ -35,6 +35,7 @@ stopped task would hold the supervisor forever).
 """
 
 import ctypes
+import functools
 import json
 import logging
 import os
@@ -50,16 +51,22 @@ import time
 import traceback
 from typing import Callable, Dict, List, Optional, Tuple
 
+from tfdistx.sigterm import fork_held, held, release
+from tfdistx.spec.errors import EXIT_INTERRUPTED
+
 READY_TIMEOUT_SECONDS = 300  # the imports of a loaded machine; past it, tasks start as fresh processes
 ANSWER_TIMEOUT_SECONDS = 60  # for the pid of a task asked for (a fork: milliseconds)
 _MESSAGE_BYTES = 1 << 20  # a request: the command and the environment, a few kB
 _NAME_BYTES = 15  # the kernel's limit on a command name (prctl PR_SET_NAME)
 
 
-def own_group_and_die_with_parent() -> None:
+def own_group_and_die_with_parent(parent: Optional[int] = None) -> None:
     """In a child (before exec, or right after a fork): a process group of its own, so that Ctrl-C at
-    the terminal (sent to the foreground group) reaches the supervisor alone, which passes it on, and a
-    signal to the group reaches the task's own children too; SIGKILL if its parent dies.
+    the terminal (sent to the foreground group) reaches the launcher alone, which passes it on, and a
+    signal to the group reaches the task's own children too; SIGKILL if its parent dies. `parent`: the
+    pid it was started by, which must still be its parent once the signal is asked for (else the child
+    ends: the parent died before, and the signal would never come; its orphan held imports, a port or a
+    run for nothing).
 
     A group, not a session (setsid): the kernel's autogroup scheduler, on in most distributions' kernels,
     shares the cores fairly between sessions, so a task in a session of its own took as large a share as
@@ -68,6 +75,16 @@ def own_group_and_die_with_parent() -> None:
     local cluster takes one session's share (benchmarks/bench_neighbour.py, docs/multi-process.md)."""
     os.setpgid(0, 0)
     die_with_parent()
+    if parent is not None and os.getppid() != parent:
+        os._exit(1)
+
+
+def starting_a_prefork(parent: int) -> None:
+    """Popen's preexec_fn for a fresh prefork: its own group, dying with `parent`, and the signals a
+    scheduler sends every process of a job ignored from its first instruction (serve)."""
+    own_group_and_die_with_parent(parent)
+    for sig in _A_SCHEDULERS:
+        signal.signal(sig, signal.SIG_IGN)
 
 
 def die_with_parent() -> None:
@@ -80,6 +97,23 @@ def die_with_parent() -> None:
 def _set_name(name: str) -> None:
     PR_SET_NAME = 15
     ctypes.CDLL(None, use_errno=True).prctl(PR_SET_NAME, name.encode()[:_NAME_BYTES], 0, 0, 0)
+
+
+# The module whose command line takes the stop signals its starter held (cli.main: sigterm.release) once its
+# handlers are set; any other starts as a fresh python would, with them at their defaults.
+TAKES_HELD_SIGNALS = "tfdistx"
+
+
+def takes_held_signals(command: List[str]) -> bool:
+    """Whether `command` is `python -m tfdistx ...`, which takes the signals held for it (sigterm.held)."""
+    return can_fork(command) and command[2] == TAKES_HELD_SIGNALS
+
+
+def runs_tfdistx_under(command: List[str]) -> bool:
+    """Whether `command` starts `python -m tfdistx ...` under a launcher of its own (`mpiexec -n 1 python -m
+    tfdistx ...`), which passes its blocked signals on to it (measured with MPICH 4: the held mask reaches the
+    process its proxy starts)."""
+    return not can_fork(command) and any(takes_held_signals(command[i:]) for i in range(1, len(command)))
 
 
 def can_fork(command: List[str]) -> bool:
@@ -159,11 +193,16 @@ def fork(run: Callable[[], int]) -> ForkedChild:
     same process image, without a fresh interpreter's imports. The child
     dies with this process (no orphan holds a run), and takes the default
     action of each signal this process handles in Python (as a fresh process
-    would, until it sets its own)."""
+    would, until it sets its own). It begins with the stop signals held
+    (sigterm.held): `run` sets its handlers, then takes them
+    (sigterm.release); one sent meanwhile waits for them, where it would
+    have met this process's handlers, copied into the child and
+    acting on this process's state (a signal the launcher's copy then
+    passed on to no one), or the default that ends the process."""
     for stream in (sys.stdout, sys.stderr):  # else what is buffered is written twice, by each side
         stream.flush()
     parent = os.getpid()
-    pid = os.fork()
+    pid = fork_held()
     if pid:
         return ForkedChild(pid)
 
@@ -190,6 +229,8 @@ def _end_as_python_would(body: Callable[[], Optional[int]]) -> None:
         code = leaving.code if isinstance(leaving.code, int) else 0 if leaving.code is None else 1
         if not isinstance(leaving.code, (int, type(None))):
             print(leaving.code, file=sys.stderr)
+    except KeyboardInterrupt:  # Ctrl-C passed on by its supervisor, which says it once: quietly, as a shell says it
+        code = EXIT_INTERRUPTED
     except BaseException:
         traceback.print_exc()
     finally:
@@ -243,14 +284,15 @@ class Prefork:
         if fork_this and env is None:
             self._proc = fork(lambda: _serve_as_forked(theirs, self._socket, preload))
         else:
-            self._proc = subprocess.Popen(
-                [sys.executable, "-m", "tfdistx.cluster.prefork", str(theirs.fileno()), log_dir, *preload],
-                pass_fds=(theirs.fileno(),),
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL,
-                preexec_fn=own_group_and_die_with_parent,
-                env=env,
-            )
+            with held():  # not even the moment before its preexec_fn runs meets this process's handlers
+                self._proc = subprocess.Popen(
+                    [sys.executable, "-m", "tfdistx.cluster.prefork", str(theirs.fileno()), log_dir, *preload],
+                    pass_fds=(theirs.fileno(),),
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.DEVNULL,
+                    preexec_fn=functools.partial(starting_a_prefork, os.getpid()),
+                    env=env,
+                )
         theirs.close()
         self._exits: Dict[int, int] = {}
         self._started: List[object] = []  # the replies to requests, in order ({"started": pid} or {"error": ...})
@@ -285,6 +327,12 @@ class Prefork:
         with self._changed:
             self._changed.wait_for(lambda: self._ready is not None, READY_TIMEOUT_SECONDS)
             return bool(self._ready) and not self._gone
+
+    def wait_ready(self, seconds: float) -> bool:
+        """Whether it is known within `seconds` if tasks can be forked (ready, or gone): a caller that
+        must stay free to stop (its supervisor, given Ctrl-C) waits in such slices."""
+        with self._changed:
+            return self._changed.wait_for(lambda: self._ready is not None or self._gone, seconds)
 
     @property
     def pid(self) -> int:
@@ -338,7 +386,13 @@ class Prefork:
         return self.exit_code(pid)
 
     def close(self) -> None:
-        """Stop the prefork (its tasks have ended: the supervisor's teardown): it leaves once its socket closes."""
+        """Stop the prefork (its tasks have ended: the supervisor's teardown): it leaves once its socket closes.
+        One still importing has nothing else: it is ended at once, not waited for until its imports are done
+        (it would then find its channel closed)."""
+        with self._changed:
+            importing = self._ready is None and not self._gone
+        if importing:
+            self._proc.kill()
         try:
             self._socket.shutdown(
                 socket.SHUT_RDWR
@@ -367,6 +421,7 @@ def serve(channel: socket.socket, preload: List[str]) -> int:
     of `channel` closes, and report each task's exit code."""
     for sig in _A_SCHEDULERS:
         signal.signal(sig, signal.SIG_IGN)
+    release()  # its starter held them (sigterm.held): those sent meanwhile are ignored now
     try:
         for name in preload:
             module, _, function = name.partition(":")
@@ -376,7 +431,10 @@ def serve(channel: socket.socket, preload: List[str]) -> int:
     except BaseException:  # the tasks, started as fresh processes instead, will say what is wrong
         traceback.print_exc()
         return 1
-    channel.send(json.dumps({"ready": True}).encode())
+    try:
+        channel.send(json.dumps({"ready": True}).encode())
+    except OSError:  # its supervisor has gone (it stopped while this imported): nothing to serve, nothing to say
+        return 0
     children, parent = set(), os.getpid()
     while True:
         _report_exits(children, channel)
@@ -391,18 +449,26 @@ def serve(channel: socket.socket, preload: List[str]) -> int:
         sys.stdout.flush()
         sys.stderr.flush()
         try:
-            pid = os.fork()
+            pid = fork_held()  # the task begins with them held, and takes them once its handlers are set (cli.main)
         except OSError as error:
             for fd in fds:
                 os.close(fd)
-            channel.send(json.dumps({"error": str(error)}).encode())
+            _answer(channel, {"error": str(error)})
             continue
         if pid == 0:
             _become_task(json.loads(message), fds, channel, parent)  # never returns
         for fd in fds:
             os.close(fd)
         children.add(pid)
-        channel.send(json.dumps({"started": pid}).encode())
+        _answer(channel, {"started": pid})
+
+
+def _answer(channel: socket.socket, reply: dict) -> None:
+    """A reply to the supervisor; one gone meanwhile reads none (its end closed: the next receive says so)."""
+    try:
+        channel.send(json.dumps(reply).encode())
+    except OSError:
+        pass
 
 
 def _report_exits(children: set, channel: socket.socket) -> None:
@@ -414,10 +480,7 @@ def _report_exits(children: set, channel: socket.socket) -> None:
         if pid == 0:
             return
         children.discard(pid)
-        try:
-            channel.send(json.dumps({"exited": pid, "code": os.waitstatus_to_exitcode(status)}).encode())
-        except OSError:
-            pass
+        _answer(channel, {"exited": pid, "code": os.waitstatus_to_exitcode(status)})
 
 
 def _become_task(request: dict, outputs: List[int], channel: socket.socket, parent: int) -> None:
@@ -426,11 +489,14 @@ def _become_task(request: dict, outputs: List[int], channel: socket.socket, pare
 
     def task() -> int:
         channel.close()
-        own_group_and_die_with_parent()
-        for sig in _A_SCHEDULERS:  # a fresh python's: Ctrl-C raises KeyboardInterrupt, the others end the process
+        own_group_and_die_with_parent(parent)
+        # A fresh python's: Ctrl-C raises KeyboardInterrupt, the others end the process. Still held (serve): tfdistx's
+        # command takes them once its own handlers are set (cli.main), so that none sent now is lost to this process's
+        # SIG_IGN or meets a default that ends it; any other module gets them now, as a fresh python.
+        for sig in _A_SCHEDULERS:
             signal.signal(sig, signal.default_int_handler if sig == signal.SIGINT else signal.SIG_DFL)
-        if os.getppid() != parent:  # the prefork died before the signal was asked for: it will not come
-            return 1
+        if request["argv"][0] != TAKES_HELD_SIGNALS:
+            release()
         _set_name(request["name"])
         stdin = os.open(os.devnull, os.O_RDONLY)
         os.dup2(stdin, 0)

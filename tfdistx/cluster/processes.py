@@ -9,6 +9,7 @@ here, and no training code.
 """
 
 import ctypes
+import functools
 import json
 import os
 import re
@@ -21,13 +22,16 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence
 
 from tfdistx.checkpoint_files import SCRATCH_ENV  # file names only: no TensorFlow
+from tfdistx.spec.errors import EXIT_INTERRUPTED
 from tfdistx.cluster import evaluator as sidecars  # the sidecar evaluator's task
-from tfdistx.cluster.prefork import Prefork, own_group_and_die_with_parent
-from tfdistx.sigterm import signal_number
+from tfdistx.cluster.prefork import Prefork, own_group_and_die_with_parent, runs_tfdistx_under, takes_held_signals
+from tfdistx.loggers.progress import RELAY_ENV, relayed_status  # its wire format: plain Python, no TensorFlow
+from tfdistx.sigterm import CTRL_C_HINT, STOP_SIGNALS, held, release, signal_number
 
+POLL_SECONDS = 0.1  # between looks at the tasks a teardown waits for
 SCRATCH_DIR = ".scratch"  # in the tasks' log directory: each task's scratch (its checkpoints, if not the chief), removed as it ends
 
 
@@ -64,14 +68,19 @@ class Task:
         given and able, else a fresh process: the same task either way."""
         self.proc = prefork.spawn(self.command, self.env, self.name) if prefork is not None else None
         if self.proc is None:
-            self.proc = subprocess.Popen(
-                self.command,
-                env=self.env,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                preexec_fn=own_group_and_die_with_parent,
-            )
+            # tfdistx's own command takes the held signals when its handlers are set (cli.main), under mpiexec
+            # too (which passes them on to it held); another takes them as it starts, as a fresh process would.
+            launched = runs_tfdistx_under(self.command)
+            ours = launched or takes_held_signals(self.command)
+            with held():  # not even the moment before its exec meets the supervisor's handlers
+                self.proc = (_Launched if launched else subprocess.Popen)(
+                    self.command,
+                    env=self.env,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                    preexec_fn=functools.partial(_starting, os.getpid(), ours),
+                )
         thread = threading.Thread(
             target=pump,
             args=(self.proc, self.name, self.log_path, self.run_log, self.succeeded, self.refusals),
@@ -98,6 +107,64 @@ class Task:
         return time.monotonic() - self.stopped_since
 
 
+class _Launched(subprocess.Popen):
+    """A task whose tfdistx process another launcher starts (`mpiexec -n 1 python -m tfdistx _task ...`,
+    strategy.communication=mpi). The signals passed on to it go to that process (a descendant with the task's
+    scratch dir in its environment), not to the launcher: MPICH's mpiexec says so in lines of its own
+    ("Sending Ctrl-C to processes as requested"), and loses a signal that comes before it has started its
+    process, which then trains on. One that comes before the process is there is given to it once it is
+    (`poll`, which the supervisor calls as it watches and tears down); the launcher gets the stop signals
+    held, never takes them, and ends with its process."""
+
+    def __init__(self, command, env: Dict[str, str], **kwargs):
+        super().__init__(command, env=env, **kwargs)
+        self._scratch, self._inner, self._pending = f"{SCRATCH_ENV}={env[SCRATCH_ENV]}".encode(), None, []
+
+    def send_signal(self, sig) -> None:
+        self._pending.append(sig)
+        self._deliver()
+
+    def poll(self):
+        code = super().poll()
+        if code is None and self._pending:
+            self._deliver()
+        return code
+
+    def _deliver(self) -> None:
+        self._inner = self._inner or self._find_inner()
+        while self._inner is not None and self._pending:
+            try:
+                os.kill(self._inner, self._pending.pop(0))
+            except ProcessLookupError:
+                self._pending.clear()
+
+    def _find_inner(self) -> Optional[int]:
+        """The tfdistx process among the launcher's descendants, once it has started."""
+        children = [self.pid]
+        while children:
+            pid = children.pop()
+            try:
+                argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
+                # Itself, not the launcher's proxy, whose command line names it too (hydra_pmi_proxy ... python -m ...)
+                if takes_held_signals(argv) and self._scratch in Path(f"/proc/{pid}/environ").read_bytes():
+                    return pid
+                for thread in Path(f"/proc/{pid}/task").iterdir():
+                    children += [int(child) for child in (thread / "children").read_text().split()]
+            except OSError:  # gone meanwhile
+                continue
+        return None
+
+
+def _starting(parent: int, takes_them_itself: bool) -> None:
+    """A fresh task's preexec_fn: its own group, dying with the supervisor; the stop signals still held unless
+    the command will not take them itself, which gets them now, at their defaults."""
+    own_group_and_die_with_parent(parent)
+    if not takes_them_itself:
+        for sig in STOP_SIGNALS:
+            signal.signal(sig, signal.SIG_DFL)
+        release()
+
+
 def causes_first(tasks: List[Task]) -> List[Task]:
     """The tasks, those killed by a signal first: when a ps is killed, the
     coordinator exits 5 on losing it within the same poll, and the line that
@@ -105,11 +172,19 @@ def causes_first(tasks: List[Task]) -> List[Task]:
     return sorted(tasks, key=lambda task: (task.proc.poll() or 0) >= 0)  # False (killed) sorts first
 
 
-def teardown(tasks: List[Task], primary: List[str], grace: float, signalled: bool) -> None:
-    """Stop every task: SIGKILL whatever is left after `grace` seconds.
+def teardown(
+    tasks: List[Task],
+    primary: List[str],
+    grace: float,
+    signalled: bool,
+    hurry: Callable[[], Optional[float]] = lambda: None,
+) -> None:
+    """Stop every task: SIGKILL whatever is left after `grace` seconds, or
+    by the time `hurry()` names once it names one (a second Ctrl-C).
 
-    After a signal from outside, the tasks already have it (SIGINT: stop;
-    SIGTERM: checkpoint and stop) and are only waited for. Otherwise (a task
+    After a signal from outside, the tasks already have it (SIGINT: stop, or
+    checkpoint and stop once training; SIGTERM: checkpoint and stop) and are
+    only waited for. Otherwise (a task
     failed, or the primaries finished) the others get a moment to leave on
     their own (a preempted peer's workers exit 42 together), then SIGTERM.
     The tasks that only serve the trainers (a ps, a parameter-server worker,
@@ -124,19 +199,23 @@ def teardown(tasks: List[Task], primary: List[str], grace: float, signalled: boo
         for proc in procs:
             if proc.poll() is None:
                 signal_group(proc, signal.SIGTERM)
-    _wait_all(waited, deadline)
+    _wait_all(waited, deadline, hurry)
     for task in tasks:
         signal_group(task.proc, signal.SIGKILL)  # also reaps any grandchildren
         task.proc.wait()
         task.clear_scratch()
 
 
-def _wait_all(procs, deadline: float) -> None:
-    for proc in procs:
-        try:
-            proc.wait(timeout=max(deadline - time.monotonic(), 0.01))
-        except subprocess.TimeoutExpired:
-            pass
+def _wait_all(procs, deadline: float, hurry: Callable[[], Optional[float]] = lambda: None) -> None:
+    """Until every one of `procs` has exited, or `deadline` (sooner if `hurry()` names a time). Each is polled
+    at every look: a task under another launcher is given then a signal that came before it had started."""
+    while True:
+        running = [proc for proc in procs if proc.poll() is None]
+        hurried = hurry()
+        left = (deadline if hurried is None else min(deadline, hurried)) - time.monotonic()
+        if not running or left <= 0:
+            return
+        time.sleep(min(left, POLL_SECONDS))
 
 
 def shell_code(code: int) -> int:
@@ -146,18 +225,39 @@ def shell_code(code: int) -> int:
 
 class ForwardingSignals:
     """While inside, SIGINT, SIGTERM and SIGHUP are passed on to the children
-    (SIGINT stops a task at once; SIGTERM is a scheduler's preemption notice,
+    (SIGINT: Ctrl-C, the user's stop; SIGTERM is a scheduler's preemption notice,
     which TensorFlow's coordination service catches) and remembered.
     `notices`: the signals that mean what SIGTERM does (cluster.notice_signals,
     USR1 by default: sigterm.py), passed on and remembered as a SIGTERM, so
-    that a USR1 to the launcher is a preemption of the whole cluster."""
+    that a USR1 to the launcher is a preemption of the whole cluster.
+
+    Each process in `procs` gets every signal received once, in order,
+    whenever it joined: one started after a signal came gets it as it joins
+    (a task started as Ctrl-C came stops too), and none gets one twice (two
+    are a second Ctrl-C: stop at once). `hurried_at`: when a second Ctrl-C
+    came (time.monotonic), else None."""
 
     SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
     def __init__(self, procs, notices: Sequence[str] = ()):
-        self.procs, self.previous = procs, {}
+        self.previous = {}
         self.received: List[int] = []
         self.notices = tuple(signal_number(name) for name in notices)
+        self.hurried_at: Optional[float] = None
+        self._procs: list = []
+        self._given: Dict[int, tuple] = {}  # id(proc) -> (proc, how many of `received` it was given)
+        self.procs = procs
+
+    @property
+    def procs(self) -> list:
+        return self._procs
+
+    @procs.setter
+    def procs(self, procs) -> None:
+        """The processes signals are passed on to from now on; a new one gets at once those received before."""
+        self._procs = list(procs)
+        for proc in self._procs:
+            self._catch_up(proc)
 
     def wait(self, seconds: float) -> bool:
         """Sleep up to `seconds`; True as soon as a signal has come."""
@@ -166,25 +266,30 @@ class ForwardingSignals:
             time.sleep(0.1)
         return bool(self.received)
 
+    @property
+    def ctrl_c(self) -> bool:
+        """Whether the stop is Ctrl-C's (the first signal that came)."""
+        return bool(self.received) and self.received[0] == signal.SIGINT
+
     def _forward(self, signum, frame):
         signum = signal.SIGTERM if signum in self.notices else signum
+        if signum == signal.SIGINT and signal.SIGINT in self.received and self.hurried_at is None:
+            self.hurried_at = time.monotonic()
         self.received.append(signum)
-        self._pass_on(signum)
+        for proc in self._procs:
+            self._catch_up(proc)
 
-    def _pass_on(self, signum) -> None:
-        for proc in self.procs:
+    def _catch_up(self, proc) -> None:
+        """`proc` given every signal received that it has not had. Each is claimed before it is sent: this
+        handler may run again in the middle (a signal between two bytecodes), and goes on from the next."""
+        while self._given.get(id(proc), (proc, 0))[1] < len(self.received):
+            index = self._given.get(id(proc), (proc, 0))[1]
+            self._given[id(proc)] = (proc, index + 1)  # the process held with its count: its id is not given again
             if proc.poll() is None:
                 try:
-                    proc.send_signal(signal.SIGINT if signum == signal.SIGINT else signal.SIGTERM)
+                    proc.send_signal(signal.SIGINT if self.received[index] == signal.SIGINT else signal.SIGTERM)
                 except ProcessLookupError:
                     pass
-
-    def pass_on_again(self) -> None:
-        """The first signal received, passed on again to every process now in
-        `procs`: one started after it came has not had it (a second notice is
-        harmless to those that had)."""
-        if self.received:
-            self._pass_on(self.received[0])
 
     def __enter__(self):
         for sig in (*self.SIGNALS, *self.notices):
@@ -229,20 +334,70 @@ _HARMLESS_ONCE_DONE = re.compile(
 class SaidOnce:
     """The refusal lines (`tfdistx: invalid config: ...`) the cluster's tasks
     have shown: each task checks the config it shares with the others and
-    refuses it in the same line, which the terminal needs once. Each task
+    refuses it in the same line, which the terminal needs once; and the
+    line of a Ctrl-C (`tfdistx: interrupted ...`), which every trainer that
+    saved says alike, and which is then the command's one line, and the one
+    a slow boundary has them say as they wait for it. Each task
     has its own pump thread, hence the lock."""
 
     def __init__(self):
         self.lines, self.lock = set(), threading.Lock()
 
     def first(self, line: str) -> bool:
+        key = next((prefix for prefix in (INTERRUPTED, CTRL_C_HINT) if line.startswith(prefix)), line)
         with self.lock:
-            new = line not in self.lines
-            self.lines.add(line)
+            new = key not in self.lines
+            self.lines.add(key)
             return new
+
+    @property
+    def interrupted(self) -> bool:
+        """Whether a task has said the Ctrl-C line."""
+        with self.lock:
+            return INTERRUPTED in self.lines
+
+
+class _StatusLine:
+    """The chief's status line (loggers/progress.py: its step, steps/s, time left), relayed as lines of its own
+    and drawn here, under the run's lines, on a terminal, as a single process draws it: a line shown above it
+    clears it first and draws it again under itself. One a process: its tasks' pumps and its own lines share
+    the terminal."""
+
+    def __init__(self):
+        self.text, self.lock = "", threading.Lock()
+
+    def show(self, text: str) -> None:
+        with self.lock:
+            if text or self.text:
+                sys.stdout.write("\r\033[K" + text)
+                sys.stdout.flush()
+            self.text = text
+
+    def above(self, write: Callable[[], None]) -> None:
+        with self.lock:
+            if self.text:
+                sys.stdout.write("\r\033[K")
+                sys.stdout.flush()
+            write()
+            if self.text:
+                sys.stdout.write(self.text)
+                sys.stdout.flush()
+
+
+STATUS_LINE = _StatusLine()
+
+
+def relay_env() -> Dict[str, str]:
+    """What a task's environment gets when this process's standard output is a terminal: its chief sends its
+    status line to be drawn here (loggers/progress.py)."""
+    try:
+        return {RELAY_ENV: "1"} if sys.stdout.isatty() else {}
+    except (AttributeError, ValueError):  # a closed or file-less stream
+        return {}
 
 
 REFUSAL = "tfdistx: invalid config:"
+INTERRUPTED = "tfdistx: interrupted"  # the line a trainer says once it saved on Ctrl-C (engine/preemption.py)
 
 
 def pump(
@@ -258,28 +413,34 @@ def pump(
             prefixed = f"[{name}] {text}"
             run_log.write(prefixed.encode())
             run_log.flush()
-            sys.stdout.write(prefixed)
-            sys.stdout.flush()
+            STATUS_LINE.above(lambda: (sys.stdout.write(prefixed), sys.stdout.flush()))
 
         # A peer's last lines as the chief leaves (worker:1 seeing the coordination
         # service's leader go) come before anyone knows whether the run succeeded:
         # held until this task ends, and shown only if it failed without saying
         # why in a line of tfdistx's own (a lost peer's one line names it).
-        held, explained = [], False
+        held, explained, drew = [], False, False
         for line in iter(proc.stdout.readline, b""):
+            text = line.decode(errors="replace")
+            status = relayed_status(text)
+            if status is not None:  # the chief's status line, for the terminal alone: no log holds it
+                STATUS_LINE.show(status)
+                drew = bool(status)
+                continue
             logfile.write(line)
             logfile.flush()
-            text = line.decode(errors="replace")
             if _ALWAYS_HARMLESS.search(text) or (succeeded.is_set() and _HARMLESS_ONCE_DONE.search(text)):
                 continue
-            if text.startswith(REFUSAL) and not refusals.first(text):
+            if text.startswith((REFUSAL, INTERRUPTED, CTRL_C_HINT)) and not refusals.first(text):
                 continue
             if _HARMLESS_ONCE_DONE.search(text) and not text.startswith("tfdistx:"):  # tfdistx's own lines are news
                 held.append(text)
                 continue
             explained = explained or (text.startswith("tfdistx: ") and not text.lower().startswith("tfdistx: warning"))
             show(text)
-        if held and proc.wait() != 0 and not explained:
+        if drew:  # the chief ended without taking it away
+            STATUS_LINE.show("")
+        if held and proc.wait() not in (0, EXIT_INTERRUPTED) and not explained:  # Ctrl-C explains itself
             for text in held:
                 show(text)
 

@@ -96,8 +96,8 @@ def _listen(port: int, placement: Placement) -> socket.socket:
         )
         address = placement.spec[placement.task_type][placement.task_index]
         raise RunFault(
-            f"{key}={address!r}: task {placement.task_name} cannot listen on port {port}: it is already in use on this host "
-            f"(exit {EXIT_PORT_IN_USE}: a restart may find it free)",
+            f"{key}={address!r}: task {placement.task_name} cannot listen on port {port}: it is already in use on "
+            f"this host (exit {EXIT_PORT_IN_USE}: a restart may find it free)",
             EXIT_PORT_IN_USE,
         ) from None
     return sock

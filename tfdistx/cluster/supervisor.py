@@ -23,10 +23,12 @@ from enum import Enum
 from pathlib import Path
 from typing import Dict, List, Optional
 
+from tfdistx import boundary_marks
 from tfdistx.cluster import evaluator as sidecars  # the sidecar evaluator's task
 from tfdistx.cluster.liveness import task_hosts
-from tfdistx.cluster.prefork import Prefork
+from tfdistx.cluster.prefork import READY_TIMEOUT_SECONDS, Prefork
 from tfdistx.cluster.processes import (
+    STATUS_LINE,
     ForwardingSignals,
     SaidOnce,
     Task,
@@ -35,17 +37,19 @@ from tfdistx.cluster.processes import (
     signal_group,
     teardown,
 )
-from tfdistx.spec.errors import EXIT_PREEMPTED, PERMANENT
+from tfdistx.sigterm import nothing_to_save
+from tfdistx.spec.errors import EXIT_INTERRUPTED, EXIT_PREEMPTED, PERMANENT
 
 QUICK_GRACE_SECONDS = (
-    5  # between SIGTERM and SIGKILL after Ctrl-C, or when a task has died (a preemption has cluster.preemption_grace)
+    5  # between SIGTERM and SIGKILL when a task has died (a preemption and Ctrl-C have cluster.preemption_grace)
 )
+HURRIED_GRACE_SECONDS = 1  # after a second Ctrl-C (each task has it too: it stops at once), then SIGKILL
 MAX_BACKOFF_SECONDS = 30  # restarts wait 1, 2, 4, ... seconds, at most this
 POLL_SECONDS = 0.2
 # What a restart would fail the same way (spec/errors.py's PERMANENT, the
 # codes a JobSet fails on too), and Ctrl-C (130): the user asked to stop.
 # Any other failure is worth another try (a restart picks fresh ports too).
-NEVER_RESTART = (*PERMANENT, 130)
+NEVER_RESTART = (*PERMANENT, EXIT_INTERRUPTED)
 
 
 class Say:
@@ -58,8 +62,7 @@ class Say:
 
     def __call__(self, text: str) -> None:
         line = f"tfdistx: {text}\n"
-        sys.stderr.write(line)
-        sys.stderr.flush()
+        STATUS_LINE.above(lambda: (sys.stderr.write(line), sys.stderr.flush()))  # above the chief's status line
         if self.run_log:
             with open(self.run_log, "a") as log:
                 log.write(line)
@@ -97,6 +100,9 @@ class RoundResult:
     joined: List[str] = field(default_factory=list)  # the hosts asking to join
     # The trainers were told to checkpoint and stop (exit 42): they get the preemption grace, and each must leave so.
     asked_to_checkpoint: bool = False
+    # The members lost went silent (a node the agents' rendezvous stopped hearing), not seen to end: their processes
+    # may live on behind a cut link, and a call that waits on them fails only at TensorFlow's heartbeat timeout.
+    silent: bool = False
 
 
 class NoRound(Exception):
@@ -198,9 +204,19 @@ class Supervisor:
         self.primary, self.alone = spec["primary"], spec.get("restart_alone", [])
         self.stopped_limit = spec.get("stopped_task_timeout", 60)
         self.preemption_grace = spec.get("preemption_grace", 60)
+        self.peer_timeout = spec.get("peer_timeout", 60)
+        self.rounds: List[Round] = []  # those whose tasks started
 
     def run(self) -> int:
-        """The run's exit code: 0 once the training is done, else the code it stopped with."""
+        """The run's exit code: 0 once the training is done, else the code it stopped with. Stopped by
+        Ctrl-C (130), the run's one line is said here, unless a trainer said it with the step it saved."""
+        code = self._rounds()
+        said = any(t.refusals.interrupted for r in self.rounds for t in r.tasks)
+        if code == EXIT_INTERRUPTED and self.signals.ctrl_c and not said:
+            self.say("interrupted")
+        return code
+
+    def _rounds(self) -> int:
         reason = "started"
         while True:
             try:
@@ -239,28 +255,46 @@ class Supervisor:
                 return self._between_rounds()
 
     def _between_rounds(self) -> int:
-        """A signal while no task runs (a back-off, the wait for a lost host,
-        a round forming): Ctrl-C is 130; a SIGTERM (or SIGHUP) is a
-        preemption with nothing to save (the last round's tasks have ended,
-        the next one's have not started), said so: exit 42, and a rerun
-        resumes from the newest checkpoint."""
+        """A signal while no task runs (the cluster starting, a back-off, the
+        wait for a lost host, a round forming): Ctrl-C is 130; a SIGTERM (or
+        SIGHUP) is a preemption with nothing to save (the last round's tasks
+        have ended, the next one's have not started), said so: exit 42, and a
+        rerun resumes from the newest checkpoint."""
         received = self.signals.received[0]
         if received == signal.SIGINT:
-            return shell_code(-received)
+            return EXIT_INTERRUPTED
+        name = signal.Signals(received).name
+        if not self.rounds:  # as the launcher says it, had the signal come a moment before
+            self.say(nothing_to_save(name, "before the cluster started"))
+            return EXIT_PREEMPTED
         self.say(
-            f"preempted ({signal.Signals(received).name}) between rounds: no task of the next round had started, so there "
-            f"was nothing to save; exit {EXIT_PREEMPTED}: rerun the same command to resume from the newest checkpoint"
+            f"preempted ({name}) between rounds: no task of the next round had started, so there was nothing to save; "
+            f"exit {EXIT_PREEMPTED}: rerun the same command to resume from the newest checkpoint"
         )
         return EXIT_PREEMPTED
 
     def _run_round(self, round_: Round) -> RoundResult:
+        self._until_the_prefork_is_ready()
         for task in round_.tasks:
+            if self.signals.received:  # came as the round started: the tasks started have it, no other starts
+                break
             task.start(self.prefork)
-            self.signals.procs = [
-                t.proc for t in round_.tasks if t.proc is not None
-            ]  # a signal from here on reaches it
-        self.signals.pass_on_again()  # one that came as a task was starting, before it was in the list
+            # From here a signal reaches it; one that came before it joined is given to it now (ForwardingSignals).
+            self.signals.procs = [t.proc for t in round_.tasks if t.proc is not None]
+        round_.tasks = [task for task in round_.tasks if task.proc is not None]
+        if not round_.tasks:  # the signal came before any started
+            return RoundResult(State.STOPPED, self._between_rounds())
+        self.rounds.append(round_)
         return self._end(round_, self._watch(round_))
+
+    def _until_the_prefork_is_ready(self) -> None:
+        """The prefork's imports (seconds, fresh): waited for in slices, so that a signal meanwhile starts no task."""
+        if self.prefork is None:
+            return
+        deadline = time.monotonic() + READY_TIMEOUT_SECONDS
+        while not self.prefork.wait_ready(POLL_SECONDS) and not self.signals.received:
+            if time.monotonic() >= deadline:
+                return  # spawn says it cannot: the tasks start as fresh processes
 
     def _watch(self, round_: Round) -> RoundResult:
         """Until the primary tasks have all exited 0, a task failed that
@@ -316,6 +350,52 @@ class Supervisor:
             time.sleep(POLL_SECONDS)
         return RoundResult(State.STOPPED)
 
+    def _let_the_chief_save(self, round_: Round, result: RoundResult) -> None:
+        """A synchronous round lost a member, or a task failed: a chief that
+        holds the last loop boundary's state (engine/commit.py, marked:
+        boundary_marks.py) saves it before it leaves, once its call fails,
+        so that the loss costs at most one loop. Stopped with the round, as
+        it was, it saved nothing when its call had not failed within the
+        teardown's second (a slow step, a busy machine): the restart then
+        trained again every step since the newest checkpoint.
+
+        So it is waited for first. Its call fails at once when the peer's
+        process is gone (its connections close), at the latest at
+        TensorFlow's heartbeat timeout, `cluster.peer_timeout`: that long
+        for the call to fail, and once it saves (marked), the preemption's
+        `cluster.preemption_grace` for the save. A member lost by going
+        silent (a node behind a cut link: result.silent) may hold the call
+        up to the heartbeat timeout, which the round does not wait for:
+        only a chief already saving is. A signal from outside ends the wait."""
+        holding = [
+            t for t in round_.tasks if t.proc.poll() is None and boundary_marks.marked(t.scratch, boundary_marks.HOLDS)
+        ]
+        if not holding:
+            return
+        started, saving_since = time.monotonic(), None
+        while not self.signals.received:
+            running = [t for t in holding if t.proc.poll() is None]
+            if not running:
+                return
+            now = time.monotonic()
+            if saving_since is None and any(boundary_marks.marked(t.scratch, boundary_marks.SAVING) for t in running):
+                saving_since = now
+            if saving_since is not None:
+                waited, bound, key = now - saving_since, self.preemption_grace, "cluster.preemption_grace"
+                doing = "saving the last loop boundary"
+            elif result.silent:
+                return
+            else:
+                waited, bound, key = now - started, self.peer_timeout, "cluster.peer_timeout"
+                doing = "noticing the lost peer"
+            if waited >= bound:
+                self.say(
+                    f"{', '.join(t.name for t in running)} still {doing} after {bound:g}s ({key}): "
+                    "stopping it with the round"
+                )
+                return
+            time.sleep(POLL_SECONDS)
+
     def _end(self, round_: Round, result: RoundResult) -> RoundResult:
         """Stop every task of the round; the result, with the tasks' own verdict after a signal."""
         signals = self.signals
@@ -326,28 +406,41 @@ class Supervisor:
         if result.state is State.SUCCEEDED and not signals.received:
             for task in round_.tasks:
                 task.succeeded.set()
-        # A SIGTERM from outside, or the supervisor's own request, leaves the
-        # tasks time to checkpoint. After Ctrl-C, or once a task has died (its
+        # A signal from outside (a SIGTERM; Ctrl-C, which trainers in their
+        # loop save on too), or the supervisor's own request, leaves the
+        # tasks time to checkpoint; a second Ctrl-C cuts it short. Once a task has died (its
         # peers, blocked in a collective, can neither checkpoint nor leave but
         # by SIGKILL), there is nothing to wait for; a synchronous round that
         # lost a member, or whose task failed (any code but 42: its peers are
         # blocked in a collective or in forming the cluster), has nothing to
         # save: a checkpoint needs every worker. They get the teardown's
         # moment to leave on their own, not a grace they cannot use.
-        preempted = (signals.received and signal.SIGINT not in signals.received) or result.asked_to_checkpoint
+        preempted = bool(signals.received) or result.asked_to_checkpoint
         broken = result.lost or (result.state is State.FAILED and result.code != EXIT_PREEMPTED)
+        if broken and not preempted and not signals.received:
+            self._let_the_chief_save(round_, result)
         grace = self.preemption_grace if preempted else 0 if broken and not self.alone else QUICK_GRACE_SECONDS
         teardown(
-            round_.tasks, self.primary, grace=grace, signalled=bool(signals.received) or result.asked_to_checkpoint
+            round_.tasks,
+            self.primary,
+            grace=grace,
+            signalled=bool(signals.received) or result.asked_to_checkpoint,
+            hurry=lambda: None if signals.hurried_at is None else signals.hurried_at + HURRIED_GRACE_SECONDS,
         )
-        if signals.received:  # the tasks' own verdict if they gave one (42: checkpointed), else 128 + signal
+        trainers = [t for t in round_.tasks if t.job in self.primary]
+        trainers_done = bool(trainers) and all(t.proc.returncode == 0 for t in trainers)
+        if signals.ctrl_c:  # the user's stop, whatever the tasks made of it (a peer gone first, a task killed)
+            result = RoundResult(State.STOPPED, EXIT_INTERRUPTED)
+        elif signals.received and trainers_done:  # a notice after the last loop boundary: the run finished (sigterm.py)
+            result = RoundResult(State.SUCCEEDED)
+        elif signals.received:  # the tasks' own verdict if they gave one (42: checkpointed), else 128 + signal
             own = [
                 t.proc.returncode
                 for t in round_.tasks
                 if t.proc.returncode not in (0, -signal.SIGKILL) and not sidecars.is_sidecar(t.job)
             ]
             result = RoundResult(State.STOPPED, shell_code(own[0] if own else -signals.received[0]))
-            if signal.SIGINT not in signals.received and own and set(own) <= {EXIT_PREEMPTED, -signal.SIGTERM}:
+            if own and set(own) <= {EXIT_PREEMPTED, -signal.SIGTERM}:
                 # A task the SIGTERM ended was still starting (a task takes the signal over from its start, sigterm.py):
                 # it had trained nothing. Those that had started checkpointed (42); if none had, there was nothing to save.
                 if EXIT_PREEMPTED not in own:

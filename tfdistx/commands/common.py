@@ -14,25 +14,37 @@ import os
 import signal
 import sys
 import threading
-from typing import Sequence
+from typing import Callable, Optional, Sequence, Tuple
 
+from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf
 
+from tfdistx.cluster import placement
 from tfdistx.config import recipes, schema, topology, userconf
-from tfdistx.config.compose import compose_and_validate
+from tfdistx.config.compose import as_config_error, compose_and_validate
+from tfdistx.config.resolve import layout_of
+from tfdistx.spec.overrides import given_value
+from tfdistx.spec.run_spec import Layout
 from tfdistx.spec.errors import EXIT_INVALID_CONFIG, ConfigError, RunFault, interrupted
 from tfdistx.internals import hydra as hydra_internals
 from tfdistx.log_files import into_log_files  # no TensorFlow there
+from tfdistx.sigterm import CTRL_C
 
 
 def register_config_names(overrides) -> None:
     """What composing needs known first, in one place: the schema's types,
-    then the names of the groups' options beyond the shipped files."""
+    then the names of the groups' options beyond the shipped files. The
+    first to parse the overrides, so an override Hydra cannot parse
+    (`trainer.steps=$(id)`, an unbalanced quote) is refused here, for
+    every command (ConfigError: one line, exit 2)."""
     schema.register()  # the structured config: types checked at compose time
     hydra_internals.probe()  # before Hydra composes: the internals of it that tfdistx uses are there
-    userconf.register(overrides)  # --config-dir / TFDISTX_CONFIG_PATH: the user's own groups and experiments
-    topology.register(overrides)  # cluster=WxD / psPwW names
-    recipes.register(overrides)  # TFDISTX_RECIPES dirs, and the clusters the chosen recipes name
+    try:
+        userconf.register(overrides)  # --config-dir / TFDISTX_CONFIG_PATH: the user's own groups and experiments
+        topology.register(overrides)  # cluster=WxD / psPwW names
+        recipes.register(overrides)  # TFDISTX_RECIPES dirs, and the clusters the chosen recipes name
+    except HydraException as error:  # an override Hydra cannot parse (`trainer.steps='3`): its words, in one line
+        raise as_config_error(error, overrides) from None
 
 
 def compose(overrides: Sequence[str], notes: bool = True) -> DictConfig:
@@ -40,6 +52,34 @@ def compose(overrides: Sequence[str], notes: bool = True) -> DictConfig:
     command sees it (raises ConfigError)."""
     register_config_names(overrides)
     return compose_and_validate(overrides, notes=notes)
+
+
+def compose_as_placed(
+    overrides: Sequence[str], launch_of: Callable[[Layout], Optional[str]], default_launch: str
+) -> Tuple[DictConfig, Layout]:
+    """The config as the tasks of an export (`tfdistx export slurm|tfjob|jobset|trainjob`) will compose and check it:
+    `overrides` with the cluster.launch they are given (`launch_of(layout)`: None, the one composed), then what a task a
+    scheduler placed refuses at its start (placement.refused_in_a_placed_task). So an export refuses, in the tasks'
+    own line, what every task would refuse at its start. A config that does not compose as given (an elastic one
+    without hosts, which a local run needs) is refused in the tasks' words when they refuse it too (composed with
+    `default_launch`, theirs unless the command line names one), else in its own."""
+    try:
+        cfg = compose(overrides, notes=False)
+    except ConfigError as as_given:
+        if given_value("cluster.launch", overrides) is not None:
+            raise
+        compose([*overrides, f"cluster.launch={default_launch}"], notes=False)  # raises the tasks' own refusal
+        raise as_given from None
+    layout = layout_of(cfg)
+    launch = launch_of(layout)
+    placed = [*overrides, f"cluster.launch={launch}"] if launch not in (None, layout.cluster.launch) else overrides
+    cfg = compose(placed)  # as the tasks compose it (and its notes, said once)
+    layout = layout_of(cfg)
+    if layout.cluster.agent is None:  # the agents start their workers themselves, as the local launcher does
+        refused = placement.refused_in_a_placed_task(layout)
+        if refused:
+            raise ConfigError(refused)
+    return cfg, layout
 
 
 def plain_value(cfg, key: str):
@@ -80,6 +120,7 @@ def _noting_ctrl_c():
 
     def note_then_interrupt(signum, frame):
         seen.set()
+        CTRL_C.set()  # the process's too: what a destructor then complains of is not printed (sigterm.py)
         previous(signum, frame)
 
     signal.signal(signal.SIGINT, note_then_interrupt)
@@ -101,6 +142,16 @@ def _refuse_in_one_line(error: Exception) -> None:
     into_log_files(line, logging.ERROR)
     _nothing_more_from_tensorflow()
     sys.exit(1)
+
+
+def log_lines_as_a_run_shows_them(level: int = logging.INFO) -> None:
+    """tfdistx's log lines (and their warnings) on the terminal as a run
+    shows them, the message alone (a run's console: conf/config.yaml's
+    hydra.job_logging, which a command without Hydra's run does not get),
+    on stderr: a command's stdout is its answer (evaluate's JSON). Set
+    before TensorFlow starts: a library that configures the root logger
+    later (Python's default `WARNING:name:message`) then finds it done."""
+    logging.basicConfig(stream=sys.stderr, level=level, format="%(message)s")
 
 
 def start_tensorflow() -> None:

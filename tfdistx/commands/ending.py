@@ -19,6 +19,26 @@ def hold_until_exit(anything) -> None:
     atexit.register(lambda: anything)
 
 
+# A task of a Slurm step started by `tfdistx export slurm`'s script leaves its exit code in this directory, a
+# file per rank (SLURM_PROCID): when one task fails, srun stops the others (--kill-on-bad-exit), which then
+# checkpoint and exit 42 as on a preemption, and srun reports the largest code of all. The script reads which
+# task failed first, and with what: that is the job's code (commands/slurm.py).
+EXIT_CODES_ENV = "TFDISTX_EXIT_CODES"
+
+
+def leave_exit_code(code: int) -> None:
+    where, rank = os.environ.get(EXIT_CODES_ENV), os.environ.get("SLURM_PROCID", "")
+    if not where or not rank.isdigit():
+        return
+    written = os.path.join(where, f".{rank}.{os.getpid()}")  # whole, then in place: the script reads no half
+    try:
+        with open(written, "w") as out:
+            out.write(f"{code}\n")
+        os.replace(written, os.path.join(where, rank))
+    except OSError:  # the script then has srun's code, as without this
+        pass
+
+
 def end_process(code) -> NoReturn:
     """End the process with `code` (SystemExit's: None is 0, a message is
     printed and 1) without Python's teardown. That teardown destroys the
@@ -33,6 +53,7 @@ def end_process(code) -> NoReturn:
     elif not isinstance(code, int):
         print(code, file=sys.stderr)
         code = 1
+    leave_exit_code(code)
     internals.run_exit_functions()  # the one way to run them before os._exit
     logging.shutdown()  # flushes and closes tfdistx.log
     for stream in (sys.stdout, sys.stderr):

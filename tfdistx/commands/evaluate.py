@@ -5,21 +5,20 @@ is checked before TensorFlow starts."""
 
 import argparse
 import json
-import logging
 import os
-import sys
 from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from tfdistx.commands.common import compose, one_line_errors, plain_value
+from tfdistx.commands.common import compose, log_lines_as_a_run_shows_them, one_line_errors, plain_value
 from tfdistx.commands.execute import execute
 from tfdistx.config.compose import saved_config, saved_overrides
 from tfdistx.spec.errors import ConfigError
 from tfdistx.config.resolve import resolve
 from tfdistx.checkpoint_files import find
 
-# What a run's checkpoints hold of its config: the model (every key of it) and the optimizer's kind (its slots); and the key naming each.
+# What a run's checkpoints hold of its config: the model (every key of
+# it) and the optimizer's kind (its slots); and the key naming each.
 HELD = {"model": ("model", "model._target_"), "optimizer": ("optimizer.name", "optimizer.name")}
 
 
@@ -36,7 +35,8 @@ def main(argv) -> int:
     )
     args = parser.parse_intermixed_args(argv)  # overrides may follow --step N
     with one_line_errors():
-        # An evaluation has no sidecar evaluator: the run's cluster.evaluator=true must not refuse strategy=one_device here.
+        # An evaluation has no sidecar evaluator: the run's
+        # cluster.evaluator=true must not refuse strategy=one_device here.
         cfg = compose([*saved_overrides(args.run_dir), "cluster.evaluator=false", *args.overrides])
         with_hydra = OmegaConf.to_container(cfg)
         with_hydra.pop("hydra", None)
@@ -45,7 +45,7 @@ def main(argv) -> int:
         find(
             resolve(plain, os.path.abspath(args.run_dir)).checkpoint.dir, args.step
         )  # --step N, checked before TensorFlow starts
-        logging.basicConfig(stream=sys.stderr, level=logging.INFO, format="[%(name)s][%(levelname)s] - %(message)s")
+        log_lines_as_a_run_shows_them()
         record = execute(plain, os.path.abspath(args.run_dir), "evaluate", args.step)
     print(json.dumps(record, indent=2, default=float))
     return 0

@@ -8,6 +8,7 @@ in-process path: a local cluster's launcher never starts it.
 """
 
 import copy
+import hashlib
 import json
 import logging
 import os
@@ -18,14 +19,14 @@ from typing import Dict, Optional, Tuple
 from omegaconf import DictConfig, OmegaConf
 
 from tfdistx import machine
-from tfdistx.cluster import placement as cluster
+from tfdistx.cluster import placement as cluster, training_end
 from tfdistx.cluster.evaluator import EVALUATOR, EVALUATOR_ON_SIGTERM
 from tfdistx.cluster.agent import run_agent
 from tfdistx.cluster.launch import run_local_cluster
 from tfdistx.cluster.rendezvous import LOCAL_CLUSTER_ENV
 from tfdistx.commands.ending import hold_until_exit
 from tfdistx.cluster.placement import Placement, Source
-from tfdistx.spec import data_service, elastic, mpi, priority, threads
+from tfdistx.spec import data_service, mpi, threads
 from tfdistx.spec.errors import ConfigError, retryable_exits_offset_by
 from tfdistx.spec.objective import value as objective_value
 from tfdistx.config.resolve import resolve
@@ -61,6 +62,8 @@ def execute(
     if notice is not None:  # taken with the default signals before the config was known: now the config's
         notice.listen(layout.cluster.notice_signals)
     placement = placement or placement_of(layout, mode)
+    if placement.gpus is not None:  # its share of its node's GPUs (`export slurm --gpus`), before TensorFlow sees any
+        os.environ["CUDA_VISIBLE_DEVICES"] = placement.gpus
     if (
         training and placement.is_chief and placement.source is not Source.LOCAL
     ):  # once: by the task that trains, not its launcher
@@ -74,9 +77,7 @@ def execute(
                 warn(warning)
     if placement.in_cluster:
         launched_by_tfdistx = bool(os.environ.get(LOCAL_CLUSTER_ENV))
-        refused = elastic.placed_by_a_scheduler(layout.cluster, launched_by_tfdistx) + priority.placed_by_a_scheduler(
-            layout.cluster.nice, launched_by_tfdistx
-        )
+        refused = cluster.refused_in_a_placed_task(layout, launched_by_tfdistx)
         if refused:
             raise ConfigError(refused)
     with retryable_exits_offset_by(layout.cluster.retryable_exit_offset):
@@ -106,7 +107,11 @@ def execute(
             return sidecar.run(spec, placement, notice) if training else None
         from tfdistx.engine import checkpointing, fit  # deferred: they import TensorFlow
 
-        with checkpointing.stops_cleanly_when_unwritable(spec.checkpoint.dir, evaluating=mode == "evaluate"):
+        # The chief tells the run's servers how it ended, so that they end with it (cluster/training_end.py).
+        with (
+            training_end.told_to_the_servers(placement, layout.strategy.facts),
+            checkpointing.stops_cleanly_when_unwritable(spec.checkpoint.dir, evaluating=mode == "evaluate"),
+        ):
             if mode == "evaluate":
                 return fit.evaluate(spec, placement, step)
             trained = fit.train(spec, placement, notice=notice)
@@ -209,17 +214,27 @@ TASK_PRELOAD = (
 )
 
 
-def _task_command(spec: RunSpec, mode: str, step: Optional[int]) -> list:
-    """The command that starts one task of this run (commands/task.py),
-    placed by the TF_CONFIG its launcher or agent gives it, from the resolved
-    config written here (the same on every node: the agent's own keys left out)."""
-    logs = spec.run_dir / "logs"
-    logs.mkdir(parents=True, exist_ok=True)
-    task_config = logs / f"{mode}-config.yaml"
+def task_config(spec: RunSpec) -> str:
+    """The resolved config every task of this run reads, as YAML: the same on
+    every node of a run of agents (their own keys left out: this node's
+    address, the secret's file), so that its digest tells the run's agents
+    from another config's."""
     resolved = copy.deepcopy(dict(spec.config))
     resolved["cluster"]["launch"] = "tf_config"
     resolved["cluster"].pop("agent", None)
-    write_whole(task_config, OmegaConf.to_yaml(resolved))
+    return OmegaConf.to_yaml(resolved)
+
+
+def _task_command(spec: RunSpec, mode: str, step: Optional[int], config: Optional[str] = None) -> list:
+    """The command that starts one task of this run (commands/task.py),
+    placed by the TF_CONFIG its launcher or agent gives it, from the resolved
+    config written here. `config`: under agents, the config's digest, in the
+    file's name: every node writes it into the one run directory, and a node
+    of another config (which the rendezvous refuses) writes another file."""
+    logs = spec.run_dir / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    task_config_file = logs / (f"{mode}-config-{config[:16]}.yaml" if config else f"{mode}-config.yaml")
+    write_whole(task_config_file, task_config(spec))
     return [
         sys.executable,
         "-m",
@@ -227,7 +242,7 @@ def _task_command(spec: RunSpec, mode: str, step: Optional[int]) -> list:
         "_task",
         mode,
         str(spec.run_dir),
-        str(task_config),
+        str(task_config_file),
         *([str(step)] if step is not None else []),
     ]
 
@@ -247,9 +262,10 @@ def _run_agent(spec: RunSpec, mode: str, notice: Optional[SigtermNotice], config
     agent = cluster.agent
     elastic_keys = cluster.elastic
     told = _where_rounds_are_told(spec)
+    config = hashlib.sha256(task_config(spec).encode()).hexdigest()  # the rendezvous admits the run's config only
     code = run_agent(
         {
-            "command": _task_command(spec, mode, None),
+            "command": _task_command(spec, mode, None, config),
             "run_dir": str(run_dir),
             "log_dir": str(run_dir / "logs"),
             "primary": list(layout.strategy.facts.primary_jobs),
@@ -260,6 +276,7 @@ def _run_agent(spec: RunSpec, mode: str, notice: Optional[SigtermNotice], config
             "stopped_task_timeout": cluster.stopped_task_timeout,
             "run_log": str(run_dir / "tfdistx.log"),
             "preemption_grace": cluster.preemption_grace,
+            "peer_timeout": cluster.peer_timeout,
             "notice_signals": list(cluster.notice_signals),
             "task_env": threads.environment(per_pool),
             "preload": list(TASK_PRELOAD) if cluster.prefork else [],
@@ -268,6 +285,8 @@ def _run_agent(spec: RunSpec, mode: str, notice: Optional[SigtermNotice], config
             "agent": {
                 "store": agent.store,
                 "address": agent.address,
+                "token_file": agent.token_file,
+                "config": config,
                 "min": elastic_keys.min_workers if elastic_keys else cluster.workers,
                 "max": cluster.workers,
                 "join_grace": agent.join_grace,
@@ -313,15 +332,14 @@ def _run_local_cluster(spec: RunSpec, mode: str, step: Optional[int], notice: Op
         run_log=str(run_dir / "tfdistx.log"),
         evaluator=evaluator,
         preemption_grace=cluster.preemption_grace,
+        peer_timeout=cluster.peer_timeout,
         notice=notice,
         notice_signals=cluster.notice_signals,
         elastic=rounds,
         preload=TASK_PRELOAD if cluster.prefork and not under_mpi else (),
         nice=cluster.nice,
     )
-    if code == 130:  # Ctrl-C: the tasks stopped quietly (commands/task.py)
-        print("tfdistx: interrupted", file=sys.stderr)
-    if code:
+    if code:  # Ctrl-C's (130) one line is the supervisor's, or the tasks' that saved
         sys.exit(code)
     if mode == "evaluate":
         return json.loads((run_dir / "evaluations.jsonl").read_text().splitlines()[-1])

@@ -3,12 +3,13 @@ kept checkpoint of a run (engine/export.py writes it). Every argument is
 checked before TensorFlow starts."""
 
 import argparse
+import logging
 import os
 import sys
 from pathlib import Path
 from typing import List, Optional
 
-from tfdistx.commands.common import one_line_errors, start_tensorflow
+from tfdistx.commands.common import log_lines_as_a_run_shows_them, one_line_errors, start_tensorflow
 from tfdistx.config.compose import saved_config
 from tfdistx.spec.errors import ConfigError
 from tfdistx.config.resolve import resolve
@@ -37,7 +38,8 @@ def main(argv: Optional[List[str]] = None) -> int:
 
     with one_line_errors():
         spec = resolve(saved_config(args.run_dir), args.run_dir)
-        # Without --step, the checkpoint the run itself exported: the best one under checkpoint.keep_best, else the newest.
+        # Without --step, the checkpoint the run itself exported:
+        # the best one under checkpoint.keep_best, else the newest.
         path = find(spec.checkpoint.dir, args.step, prefer_best=spec.checkpoint.keep_best)
         default = (
             "export" if args.step is None else f"export-step-{args.step}"
@@ -46,6 +48,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         protected = [args.run_dir, spec.checkpoint.dir]
         _not_over_the_runs_own_export(out, args.run_dir, args.step)
         check_new_directory("--out", out, protected)
+        log_lines_as_a_run_shows_them(logging.WARNING)  # its own line says what it exported
         start_tensorflow()
         from tfdistx.engine.export import export_checkpoint  # deferred: it imports TensorFlow
 

@@ -8,33 +8,40 @@ import argparse
 import os
 import sys
 from pathlib import Path
-from typing import Dict
+from typing import Dict, Optional
 
-import yaml  # PyYAML, which omegaconf depends on
 from omegaconf import OmegaConf
 
+from tfdistx import emit
 from tfdistx.cluster import jobset_manifest, kubernetes
 from tfdistx.cluster.jobset import check_name
-from tfdistx.cluster.kubernetes import DEFAULT_MOUNT_PATH
-from tfdistx.commands.common import compose, one_line_errors
+from tfdistx.cluster.kubernetes import DEFAULT_MOUNT_PATH, check_image, check_mount_path
+from tfdistx.commands.common import compose_as_placed, one_line_errors
 from tfdistx.config import userconf
 from tfdistx.spec import elastic
 from tfdistx.spec.errors import ConfigError
-from tfdistx.config.resolve import layout_of
 
-# kind -> (what it prints, for --help; the builder, returning one manifest or a list; the longest --name)
+# kind -> (what it prints, for --help; the builder, returning one manifest or a list; the longest --name; the
+# cluster.launch its pods run with, when they need placing)
 KINDS = {
-    "tfjob": ("a Kubeflow TFJob (kubeflow.org/v1, the training operator)", kubernetes.tfjob, kubernetes.MAX_NAME),
+    "tfjob": (
+        "a Kubeflow TFJob (kubeflow.org/v1, the training operator)",
+        kubernetes.tfjob,
+        kubernetes.MAX_NAME,
+        kubernetes.LAUNCH,
+    ),
     "jobset": (
-        "a JobSet (jobset.x-k8s.io/v1alpha2, kubernetes-sigs/jobset) and the NetworkPolicy that admits its pods' traffic "
-        "from its own pods only",
+        "a JobSet (jobset.x-k8s.io/v1alpha2, kubernetes-sigs/jobset) and the NetworkPolicy that admits its pods' "
+        "traffic from its own pods only",
         jobset_manifest.jobset_and_network_policy,
         jobset_manifest.MAX_NAME,
+        jobset_manifest.LAUNCH,
     ),
     "trainjob": (
         "a Kubeflow Trainer v2 TrainJob (trainer.kubeflow.org/v1alpha1) and the ClusterTrainingRuntime it names",
         jobset_manifest.trainjob_manifests,
         jobset_manifest.MAX_NAME,
+        jobset_manifest.LAUNCH,
     ),
 }
 
@@ -52,10 +59,12 @@ def trainjob(argv) -> int:
 
 
 def export(argv, kind: str) -> int:
-    what, build, longest = KINDS[kind]
+    what, build, longest, pods_launch = KINDS[kind]
     parser = argparse.ArgumentParser(
         prog=f"tfdistx export {kind}",
-        description=f"Print {what} whose pods run `python -m tfdistx OVERRIDES`: kubectl apply -f it. See docs/clusters.md.",
+        description=(
+            f"Print {what} whose pods run `python -m tfdistx OVERRIDES`: kubectl apply -f it. See docs/clusters.md."
+        ),
     )
     parser.add_argument("overrides", nargs="*", help="config overrides, as for a run: strategy=multiworker cluster=4x8")
     parser.add_argument("--image", required=True, help="a container image with tfdistx installed (docs/clusters.md)")
@@ -88,30 +97,25 @@ def export(argv, kind: str) -> int:
         userconf.add([Path(d) for d in config_dirs])  # this command composes with them too
         check_name("--name", args.name, longest)
         check_name("--namespace", args.namespace, 63)
-        if not args.mount_path.startswith("/"):
-            raise ConfigError.one("--mount-path", args.mount_path, "must be an absolute path")
+        check_image("--image", args.image)
+        mount_path = check_mount_path("--mount-path", args.mount_path)
         overrides = elastic.expand_shorthand(args.overrides)
         # Under agents the JobSet names the rendezvous (its first pod): checked here with a stand-in, unless given.
         given = {override.lstrip("+").partition("=")[0] for override in overrides}
-        cfg = compose([*overrides, *([] if "cluster.agent.store" in given else ["cluster.agent.store=first-pod:1"])])
-        layout = layout_of(cfg)  # what the manifests read (spec/run_spec.py)
-        agents = layout.cluster.agent is not None
-        if agents and kind != "jobset":
+        stand_in = [] if "cluster.agent.store" in given else ["cluster.agent.store=first-pod:1"]
+
+        def launch_of(layout) -> Optional[str]:  # the pods' cluster.launch (Pods.args, jobset_manifest: the same rule)
+            if layout.cluster.agent is not None:
+                return None  # cluster.launch=agent, as composed
+            return pods_launch if kubernetes.needs_placing(layout) else None
+
+        cfg, layout = compose_as_placed([*overrides, *stand_in], launch_of, pods_launch)  # what the manifests read
+        if layout.cluster.agent is not None and kind != "jobset":
             raise ConfigError.one(
                 "cluster.launch",
                 "agent",
                 f"an agent on every node is exported as a JobSet: tfdistx export jobset "
                 f"(a {kind}'s controller places and restarts the tasks itself)",
-            )
-        if (
-            layout.cluster.elastic and not agents
-        ):  # its tasks would refuse to start (elastic.placed_by_a_scheduler): said here, at once
-            raise ConfigError.one(
-                "cluster.elastic.min_workers",
-                layout.cluster.elastic.min_workers,
-                f"a {kind} has a fixed number of "
-                f"replicas, and elastic rounds ({elastic.shown(layout.cluster)}) are formed by tfdistx's local launcher "
-                "or its agents: export a jobset with cluster.launch=agent, or cluster.elastic.min_workers=null",
             )
         manifests = build(
             layout,
@@ -120,7 +124,7 @@ def export(argv, kind: str) -> int:
             args.image,
             args.namespace,
             args.volume,
-            args.mount_path.rstrip("/") or "/",
+            mount_path,
             args.gpus,
             config_dirs=config_dirs,
             config_path=config_path,
@@ -134,19 +138,19 @@ def export(argv, kind: str) -> int:
     carried = [*(f"--config-dir {d}" for d in config_dirs), *([f"{userconf.ENV}={config_path}"] if config_path else [])]
     if carried:  # this machine's directories: the pods read theirs
         print(
-            f"tfdistx: WARNING: the pods compose with {' and '.join(carried)}: the image (or the volume) must hold each of "
-            "these directories at that path, relative to the pod's working directory",
+            f"tfdistx: WARNING: the pods compose with {' and '.join(carried)}: the image (or the volume) must hold "
+            "each of these directories at that path, relative to the pod's working directory",
             file=sys.stderr,
         )
     imported = _code_the_image_must_have(cfg)
     if imported:  # composing in the pod finds the config; building the run imports these
         print(
-            f"tfdistx: WARNING: the pods import {', '.join(f'{m} ({k})' for m, k in imported.items())}, which tfdistx does not install: "
-            "the image must have each (installed, or on the pods' PYTHONPATH)",
+            f"tfdistx: WARNING: the pods import {', '.join(f'{m} ({k})' for m, k in imported.items())}, which tfdistx "
+            "does not install: the image must have each (installed, or on the pods' PYTHONPATH)",
             file=sys.stderr,
         )
-    print(f"# tfdistx export {kind} {' '.join(argv)}")
-    print(yaml.safe_dump_all(manifests if isinstance(manifests, list) else [manifests], sort_keys=False), end="")
+    made_by = emit.command_line(["tfdistx", "export", kind, *argv])  # one line, whatever the arguments hold
+    print(emit.yaml_stream(manifests if isinstance(manifests, list) else [manifests], header=[made_by]), end="")
     return 0
 
 

@@ -40,7 +40,7 @@ def describe(cfg: DictConfig) -> str:
     lines += _tasks(layout, placement)
     task = spec.config["task"]
     lines.append(
-        f"task          {task.get('name', task['_target_'])}: metrics {', '.join(task.get('metrics') or ['(the task reports them)'])}; "
+        f"task          {task.get('name', task['_target_'])}: metrics {', '.join(task.get('metrics') or [_unsaid(task)])}; "
         f"objective {trainer.objective}"
     )
 
@@ -195,6 +195,15 @@ def _collectives(options: DictConfig) -> str:
         f"{options.get('all_reduce_dtype') or 'float32'}; the metrics: one sum per tf.function call; "
         f"strategy.communication={implementation} ({how})"
     )
+
+
+def _unsaid(task) -> str:
+    """The metrics line of a task whose config names none."""
+    if task.get("name") == "auto":  # tasks/auto.py: known once the data is read
+        return (
+            "those of the task the data's labels call for (classification, multilabel or regression), once it is read"
+        )
+    return "(the task reports them)"
 
 
 def _tasks(layout: Layout, placement) -> list:

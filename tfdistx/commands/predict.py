@@ -195,6 +195,8 @@ def row_names(cfg):
     label = plain_value(cfg, "data.label")
     label = label if isinstance(label, str) else "label"
     features = plain_value(cfg, "data.features")
+    if isinstance(features, str):  # data=tfds data.features=text: the one feature, by its name
+        features = {features: None}
     features = features if isinstance(features, dict) else {}
     inputs = [name for name in features if name != label]
     from tfdistx.engine.predict import RowNames  # deferred: it imports TensorFlow

@@ -12,6 +12,7 @@ from hydra.errors import HydraException
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from tfdistx import emit
 from tfdistx.commands.common import register_config_names
 from tfdistx.config import userconf
 from tfdistx.config.compose import as_config_error
@@ -40,7 +41,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         internals.probe()  # the internals of Hydra that tfdistx uses, before any of them is
         args = _parser().parse_args(list(sys.argv[1:] if argv is None else argv))  # cli.py has taken --config-dir
-        userconf.check()  # the list shows an option the config dirs may not hold (userconf.shadowing); `show` refuses it
+        # the list shows an option the config dirs may not hold (userconf.shadowing); `show` refuses it
+        userconf.check()
         register([])
         if args.command == "show":
             return _show(args.name, args.overrides, resolve=args.resolve)
@@ -66,9 +68,9 @@ class CommandError(Exception):
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="tfdistx recipes [--config-dir DIR]",
-        description=f"Reusable experiment configs: run one with `python -m tfdistx recipe=NAME [overrides]`. "
-        f"Your own recipes: a directory of NAME.yaml files named by ${ENV}; your own config tree (groups, experiment/): "
-        f"--config-dir DIR or ${userconf.ENV}.",
+        description="Reusable experiment configs: run one with `python -m tfdistx recipe=NAME [overrides]`. "
+        f"Your own recipes: a directory of NAME.yaml files named by ${ENV}; your own config tree (groups, "
+        f"experiment/): --config-dir DIR or ${userconf.ENV}.",
     )
     commands = parser.add_subparsers(dest="command", metavar="{list,show,copy}")
     commands.add_parser("list", help="the recipes, with a one-line description (the default)")
@@ -118,7 +120,8 @@ def _list_user_configs() -> None:
     options = userconf.options()
     if not userconf.dirs():
         print(
-            f"your own groups and experiments: --config-dir DIR or {userconf.ENV}=DIR (DIR/data/NAME.yaml, DIR/experiment/NAME.yaml)"
+            f"your own groups and experiments: --config-dir DIR or {userconf.ENV}=DIR (DIR/data/NAME.yaml, "
+            "DIR/experiment/NAME.yaml)"
         )
         return
     print(f"\nyour config dirs ({userconf.ENV}, --config-dir): {', '.join(map(str, userconf.dirs()))}")
@@ -143,7 +146,8 @@ def _show(name: str, overrides: Sequence[str], resolve: bool) -> int:
             cfg = compose("config", overrides=overrides)
     except (HydraException, OmegaConfBaseException) as error:
         raise as_config_error(error, overrides) from None
-    print(f"# python -m tfdistx {' '.join(overrides)}    ({find(name)})")
+    made_by = emit.command_line(["python", "-m", "tfdistx", *overrides])  # one line, whatever the overrides hold
+    print(emit.comment(f"{made_by}    ({emit.shell_word(str(find(name)))})"))
     print(OmegaConf.to_yaml(cfg, resolve=resolve), end="")
     try:
         validate(cfg)

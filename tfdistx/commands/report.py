@@ -11,10 +11,16 @@ A sweep (a directory whose subdirectories are runs, e.g. multirun/DATE/TIME):
     curves.png        every job's curves overlaid, the best one drawn boldest
     report.md         the best job, then a table of all jobs, best first
 
+Into a directory it did not make (the run or sweep dir, or --out), it
+replaces only the files it wrote there itself, unchanged since
+(rundir.replace_ours): a report.md or picture of the user's is never
+replaced; the command refuses in one line, and writes nothing.
+
 Reads only files (no TensorFlow); draws with matplotlib's Agg backend.
 """
 
 import argparse
+import io
 import json
 import math
 import os
@@ -26,7 +32,8 @@ from typing import List, Optional, Sequence
 
 from tfdistx.spec.objective import lower_is_better
 from tfdistx.spec.values import is_whole
-from tfdistx.rundir import FAILED_NAME
+from tfdistx.rundir import FAILED_NAME, not_ours, replace_ours
+from tfdistx.whole_files import jsonl_records
 
 EXIT_BAD_INPUT = 2
 DEFAULT_OBJECTIVE = "eval/accuracy"
@@ -80,6 +87,11 @@ class Job:
             if key in record:
                 return _number(record[key])
         return None
+
+    def reported(self) -> set:
+        """The metrics `value` finds: summary.json's train and eval, and every logged record's."""
+        sections = [(self.summary or {}).get(section) or {} for section in ("train", "eval")]
+        return {key for record in [*sections, *self.metrics] for key in record if key != "step"}
 
     @property
     def step(self) -> Optional[int]:
@@ -140,18 +152,13 @@ def _summary(path: Path) -> Optional[dict]:
 
 def _metrics(path: Path) -> List[dict]:
     """metrics.jsonl's records; lines cut short by a kill, or of the wrong type, are left out."""
-    records, bad = [], 0
     try:
-        lines = path.read_text(errors="replace").splitlines()
+        pairs, bad = jsonl_records(path)
     except OSError:
-        return records
-    for line in lines:
-        try:
-            record = json.loads(line)
-        except ValueError:
-            bad += 1
-            continue
-        if isinstance(record, dict) and _is_step(record.get("step")):
+        return []
+    records = []
+    for _, record in pairs:
+        if _is_step(record.get("step")):
             records.append({key: value for key, value in record.items() if key == "step" or _number(value) is not None})
         else:
             bad += 1
@@ -283,7 +290,7 @@ def plot_run(job: Job, path: Path) -> None:
             ax.text(0.5, 0.5, "not logged", ha="center", va="center", transform=ax.transAxes, color="grey")
     fig.suptitle(f"{job.dir}  (step {job.step})", fontsize=11)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=110, format="png")
     plt.close(fig)
 
 
@@ -309,7 +316,7 @@ def plot_final_metric(jobs: List[Job], objective: str, lower: bool, path: Path) 
     verdict = f"best: job {best.name} ({_ellipsize(best.label, 60)})" if best else "no finished job"
     ax.set_title(f"Final {objective} per job — {verdict}", fontsize=11)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=110, format="png")
     plt.close(fig)
 
 
@@ -363,7 +370,7 @@ def plot_curves(jobs: List[Job], objective: str, path: Path) -> None:
     rows = math.ceil(len(handles) / columns)
     fig.suptitle(f"Curves of {len(jobs)} jobs" + (f" (best: job {best.name}, bold green)" if best else ""), fontsize=11)
     fig.tight_layout(rect=(0, min(0.6, 0.06 * rows + 0.02), 1, 1))
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=110, format="png")
     plt.close(fig)
 
 
@@ -437,8 +444,8 @@ def sweep_markdown(root: Path, jobs: List[Job], shared: List[str], objective: st
     if best is not None:
         tied = [j.name for j in jobs[1:] if j.finished and j.objective == best.objective]
         lines += [
-            f"**Best: job {best.name}** — `{best.label}` — {objective} {_fmt(best.objective)} (run dir `{_rel(best.dir, root)}`)"
-            + (f", tied with job {', '.join(tied)}" if tied else "")
+            f"**Best: job {best.name}** — `{best.label}` — {objective} {_fmt(best.objective)} (run dir "
+            f"`{_rel(best.dir, root)}`)" + (f", tied with job {', '.join(tied)}" if tied else "")
         ]
     else:
         lines += ["**No job has finished with a result for the objective.**"]
@@ -519,24 +526,52 @@ def report(
     except OSError as error:
         raise ReportError(f"cannot write the report into {out}: {error}") from None
 
+    if objective is not None and all(job.value(objective) is None for job in jobs):
+        reported = sorted({key for job in jobs for key in job.reported()})
+        raise ReportError(
+            f"--objective {objective!r}: no run here reports it; "
+            + (f"they report: {', '.join(reported)}" if reported else "they report no metric yet")
+        )
     objective = objective or jobs[0].objective_name
     lower = lower_is_better(objective) if lower is None else lower
-    written = []
-    if runs == [root]:
+    one_run = runs == [root]
+    names = RUN_FILES if one_run else SWEEP_FILES
+    theirs = not_ours(out, names)
+    if theirs:  # a report.md of the user's own (or one of ours they have edited since) is theirs: never replaced
+        raise ReportError(
+            f"{out} holds {', '.join(theirs)}, which tfdistx report did not write (or which changed since): "
+            "move them, or write the report elsewhere with --out DIR (nothing was written)"
+        )
+    pictures = {}
+    if one_run:
         job = jobs[0]
-        plot_run(job, out / "curves.png")
-        (out / "report.md").write_text(run_markdown(job))
-        written += [out / "curves.png", out / "report.md"]
+        pictures["curves.png"] = _drawn(plot_run, job)
+        text = run_markdown(job)
     else:
         for job in jobs:
             job.objective_name = objective
         shared = label_jobs(jobs)
         jobs = ranked(jobs, lower)
-        plot_final_metric(jobs, objective, lower, out / "final_metric.png")
-        plot_curves(jobs, objective, out / "curves.png")
-        (out / "report.md").write_text(sweep_markdown(root, jobs, shared, objective, lower))
-        written += [out / "final_metric.png", out / "curves.png", out / "report.md"]
-    return written
+        pictures["final_metric.png"] = _drawn(plot_final_metric, jobs, objective, lower)
+        pictures["curves.png"] = _drawn(plot_curves, jobs, objective)
+        text = sweep_markdown(root, jobs, shared, objective, lower)
+    try:
+        return replace_ours(out, {**pictures, "report.md": text})
+    except OSError as error:
+        raise ReportError(f"cannot write the report into {out}: {error}") from None
+
+
+# What a report writes: a run's, a sweep's. Into a directory it did not make, it replaces only what it wrote there
+# before, unchanged since (rundir.replace_ours): `report` run again on the same directory brings its report up to date.
+RUN_FILES = ("curves.png", "report.md")
+SWEEP_FILES = ("final_metric.png", "curves.png", "report.md")
+
+
+def _drawn(plot, *args) -> bytes:
+    """A plot's PNG, drawn in memory: written beside the others only once all are drawn."""
+    into = io.BytesIO()
+    plot(*args, into)
+    return into.getvalue()
 
 
 # --- small helpers ---------------------------------------------------------------------

@@ -26,6 +26,7 @@ from tfdistx.commands.execute import execute, placement_of
 from tfdistx.commands.plan import describe
 from tfdistx.spec import elastic
 from tfdistx.config.compose import (
+    as_config_error,
     compose_and_validate,
     composed,
     keys_for_own_targets,
@@ -52,7 +53,7 @@ def main(argv: Sequence[str], process_ends_after: bool = False):
         argv = keys_for_own_targets(
             elastic.expand_shorthand(argv)
         )  # model._target_=mine model.filters=32, for a sweep's jobs too
-        args = internals.args_parser().parse_args(argv)
+        args = _parsed(argv)
         register_config_names(args.overrides)
         if plan:
             text = describe(compose_and_validate(args.overrides))
@@ -63,8 +64,8 @@ def main(argv: Sequence[str], process_ends_after: bool = False):
             argv += _sweeper_direction(args.overrides, first_job)
     except (ConfigError, RunFault) as error:
         refuse(error)
-    except Exception as error:  # an override Hydra cannot even parse
-        refuse(ConfigError.one("override", " ".join(argv), str(error).strip().splitlines()[0]))
+    except Exception as error:  # an override Hydra cannot even parse: its words, in one line
+        refuse(as_config_error(error, argv))
     if plan or args.help and not args.multirun:
         print(text)
         return
@@ -85,6 +86,21 @@ def main(argv: Sequence[str], process_ends_after: bool = False):
     except KeyboardInterrupt:  # Ctrl-C: stop quietly, as shells expect
         print("tfdistx: interrupted", file=sys.stderr)
         sys.exit(130)
+
+
+# The flags a run takes, as `--help` lists them (cli.py takes --config-dir first); Hydra's other flags pass too.
+FLAGS = "--plan, --help, --config-dir DIR, -m/--multirun, --cfg job, --hydra-help"
+
+
+def _parsed(argv):
+    """The command line as Hydra's parser reads it; a flag it does not know (`--plann`) is refused in one line
+    naming it and the flags there are, not with Hydra's usage (its program `__main__.py`, its flags) and exit 2."""
+    parser = internals.args_parser()
+    parser.exit_on_error = False  # a malformed flag raises (refused by the caller in one line), not SystemExit
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:
+        raise ConfigError.one("flag", unknown[0], f"not a flag of tfdistx; the flags are {FLAGS}")
+    return args
 
 
 def _help(overrides) -> str:

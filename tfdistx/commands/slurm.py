@@ -10,6 +10,12 @@ sends USR1 to the batch shell `--notice` seconds before `--time` ends
 every task checkpoints and exits 42 (cluster.notice_signals, sigterm.py),
 and on 42 the job requeues itself and resumes from that checkpoint. The
 run is fixed-size: a task that fails ends the step (--kill-on-bad-exit).
+Before the step, a step of one task a node asks each node for ports free
+on it (cluster/free_ports.py), which the tasks take (placement.from_slurm);
+a port taken all the same (exit 6) requeues the job, which asks again.
+`--gpus`, `--cpus-per-task` and `--mem` are asked of Slurm, and each worker
+task takes its own share of its node's GPUs (placement.GPUS_PER_WORKER_ENV).
+The config is checked as the tasks will run it (common.compose_as_placed).
 
 With `cluster.launch=agent` the script runs an agent on each node instead
 (cluster/agent.py): one Slurm task per node, MIN to MAX nodes for
@@ -24,30 +30,39 @@ import os
 import re
 import shlex
 import sys
-from typing import List, Optional
+from dataclasses import dataclass
+from pathlib import Path
+from typing import List, Optional, Sequence
 
 from omegaconf import OmegaConf
 
-from tfdistx.cluster.placement import scheduled_tasks
-from tfdistx.commands.common import compose, one_line_errors
+from tfdistx import emit
+from tfdistx.cluster import free_ports, run_secret
+from tfdistx.cluster.placement import GPUS_PER_WORKER_ENV, SLURM_PORTS_ENV, scheduled_tasks
+from tfdistx.commands.common import compose_as_placed, one_line_errors
+from tfdistx.commands.ending import EXIT_CODES_ENV
 from tfdistx.config import userconf
+from tfdistx.rundir import EXIT_CODES
 from tfdistx.spec import agent, elastic
-from tfdistx.spec.errors import EXIT_PREEMPTED, ConfigError
-from tfdistx.config.resolve import layout_of
+from tfdistx.spec.errors import EXIT_PORT_IN_USE, EXIT_PREEMPTED, ConfigError
 from tfdistx.spec.strategies import describe_jobs
 
 DEFAULT_NOTICE = (
     120  # seconds, the least notice: more when the checkpoint's expected save needs it (cluster.preemption_grace)
 )
 MOST_NOTICE = 65535  # sbatch --signal's @sig_time is a 16-bit count of seconds
+MOST_COUNT = 65535  # --gpus, --cpus-per-task: far above any node's, a bound on typing errors
 # The run dir, fixed for the job: a requeued job keeps its id, and resumes there (shell text: $SLURM_JOB_ID is the job's)
 RUN_DIR = "outputs/slurm/${SLURM_JOB_ID}"
 # Slurm's --time: minutes, minutes:seconds, hours:minutes:seconds, days-hours, days-hours:minutes, days-hours:minutes:seconds
-_TIME = re.compile(r"(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?")
+_TIME = re.compile(r"(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?", re.ASCII)
 TIME_FORMATS = "MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS (Slurm's --time)"
 _PARTITION = re.compile(r"[A-Za-z0-9_.-]+(?:,[A-Za-z0-9_.-]+)*")
+_MEMORY = re.compile(r"\d+[KMGTkmgt]?", re.ASCII)  # Slurm's --mem: megabytes, or a count with its unit
 # cluster.launch values under which the tasks take their place from the Slurm step (cluster/placement.py)
 _PLACED_BY_SLURM = ("auto", "slurm")
+# `--gpus` without a count: as many as the workers of a node use (cluster.devices_per_worker each, as a pod's --gpus)
+GPUS_AS_THE_WORKERS_USE = "workers"
 
 
 def notice_for(grace: float) -> int:
@@ -73,9 +88,30 @@ def main(argv) -> int:
     )
     parser.add_argument("--partition", help="the Slurm partition (default: the cluster's default)")
     parser.add_argument("--nodes", help="nodes the tasks are spread over (default: 1)")
+    parser.add_argument(
+        "--gpus",
+        nargs="?",
+        const=GPUS_AS_THE_WORKERS_USE,
+        metavar="N",
+        help="GPUs per node (--gpus-per-node). Without N: as many as the node's workers use, "
+        "cluster.devices_per_worker (or 1) each; each worker takes its own, the other tasks none",
+    )
+    parser.add_argument("--cpus-per-task", help="CPUs for each Slurm task (default: the partition's)")
+    parser.add_argument(
+        "--mem", help="memory per node, Slurm's --mem: MB, or with a unit, 64G (default: the partition's)"
+    )
+    parser.add_argument(
+        "--config-dir",
+        help="your config dir (docs/own-project.md), given to the job's step by its absolute path: "
+        "every node must hold it there (repeatable)",
+    )
     parser.add_argument("--out", help="write the script to this new file (never replacing one) instead of printing it")
+    config_path = os.environ.get(userconf.ENV) or None  # as the user set it, for the job's environment
     with one_line_errors():
-        args = parser.parse_intermixed_args(argv)
+        rest, given_dirs = userconf.split_flags(argv)
+        args = parser.parse_intermixed_args(rest)
+        config_dirs = [str(Path(d).expanduser().resolve()) for d in given_dirs]  # the job may start elsewhere
+        userconf.add([Path(d) for d in config_dirs])  # this command composes with them too
         notice = _positive("--notice", args.notice, MOST_NOTICE, "seconds") if args.notice is not None else None
         limit = _seconds(args.time) if args.time is not None else None
         if limit and notice and notice >= limit:
@@ -89,13 +125,32 @@ def main(argv) -> int:
             raise ConfigError.one(
                 "--partition", args.partition, "a Slurm partition name (letters, digits, _ . -; several: a,b)"
             )
+        cpus = (
+            _positive("--cpus-per-task", args.cpus_per_task, MOST_COUNT, "CPUs")
+            if args.cpus_per_task is not None
+            else None
+        )
+        if args.mem is not None and not _MEMORY.fullmatch(args.mem):
+            raise ConfigError.one(
+                "--mem", args.mem, "Slurm's --mem: megabytes, or a whole number with K, M, G or T (64G); 0: all"
+            )
         overrides = elastic.expand_shorthand(args.overrides)
         given = {override.lstrip("+").partition("=")[0] for override in overrides}
-        # Under agents the script names the rendezvous (the allocation's first node), unless the overrides do:
+        # Under agents the script names the rendezvous (a node of the allocation), unless the overrides do:
         # checked here with a stand-in, as a run would check the one the script gives.
         stand_in = [] if "cluster.agent.store" in given else ["cluster.agent.store=first-node:1"]
-        cfg = compose([*overrides, *stand_in])
-        layout = layout_of(cfg)
+
+        def launch_of(layout) -> Optional[str]:  # the step's cluster.launch, as script() adds it
+            if layout.cluster.launch not in (*_PLACED_BY_SLURM, agent.LAUNCH):
+                raise ConfigError.one(
+                    "cluster.launch",
+                    layout.cluster.launch,
+                    "the script's tasks are placed by the Slurm step: "
+                    f"{', '.join(_PLACED_BY_SLURM)}, or agent (an agent on every node)",
+                )
+            return None if layout.cluster.launch == agent.LAUNCH or "cluster.launch" in given else "slurm"
+
+        cfg, layout = compose_as_placed([*overrides, *stand_in], launch_of, "slurm")
         agents = layout.cluster.launch == agent.LAUNCH
         if agents and args.nodes:
             raise ConfigError.one(
@@ -103,21 +158,6 @@ def main(argv) -> int:
                 args.nodes,
                 "with cluster.launch=agent there is one agent per node, and the nodes are "
                 f"cluster.workers={_node_range(layout.cluster)}: leave --nodes out",
-            )
-        if layout.cluster.elastic and not agents:
-            raise ConfigError.one(
-                "cluster.elastic.min_workers",
-                layout.cluster.elastic.min_workers,
-                f"a Slurm step has a fixed number of tasks, and elastic rounds ({elastic.shown(layout.cluster)}) "
-                "are formed by tfdistx's local launcher or its agents: export with cluster.launch=agent, "
-                "or cluster.elastic.min_workers=null",
-            )
-        if layout.cluster.launch not in (*_PLACED_BY_SLURM, agent.LAUNCH):
-            raise ConfigError.one(
-                "cluster.launch",
-                layout.cluster.launch,
-                "the script's tasks are placed by the Slurm step: "
-                f"{', '.join(_PLACED_BY_SLURM)}, or agent (an agent on every node)",
             )
         if notice is None:  # the grace a preemption gives the run (the user's, or derived from its save): the lead
             notice = notice_for(layout.cluster.preemption_grace)
@@ -135,13 +175,41 @@ def main(argv) -> int:
             if args.nodes
             else 1
         )
+        gpus = _gpus(args.gpus, layout, tasks, nodes, agents) if args.gpus is not None else None
         run_dir = (
             OmegaConf.select(cfg, "hydra.run.dir") if "hydra.run.dir" in given else None
         )  # as composed: Hydra's quotes gone
-        job = _agents(layout.cluster, layout.servers_beside_the_keeper(), given) if agents else _tasks(tasks, nodes)
-        text = script(argv, overrides, job, args.time, notice, args.partition, os.environ.get(userconf.ENV), run_dir)
+        job = (
+            _agents(layout.cluster, layout.servers_beside_the_keeper(), given)
+            if agents
+            else _tasks(tasks, nodes, layout.cluster.base_port, gpus)
+        )
+        asked = [
+            *([f"--gpus-per-node={gpus.per_node}"] if gpus else []),
+            *([f"--cpus-per-task={cpus}"] if cpus else []),
+            *([f"--mem={args.mem}"] if args.mem is not None else []),
+        ]
+        text = script(
+            argv,
+            overrides,
+            job,
+            args.time,
+            notice,
+            args.partition,
+            config_path,
+            run_dir,
+            asked=asked,
+            config_dirs=config_dirs,
+        )
         if args.out:
             _write_new(args.out, text)
+    carried = [*(f"--config-dir {d}" for d in config_dirs), *([f"{userconf.ENV}={config_path}"] if config_path else [])]
+    if carried:  # this machine's directories: the nodes read theirs
+        print(
+            f"tfdistx: WARNING: the job's tasks compose with {' and '.join(carried)}: every node must hold each of "
+            "these directories at that path (a shared file system), relative ones under the directory you sbatch from",
+            file=sys.stderr,
+        )
     if args.out:
         print(f"tfdistx: wrote {args.out}: sbatch {shlex.quote(args.out)}", file=sys.stderr)
     else:
@@ -149,10 +217,39 @@ def main(argv) -> int:
     return 0
 
 
+@dataclass(frozen=True)
+class _Gpus:
+    """What `--gpus` asks: GPUs per node, and how many each worker takes of its node's."""
+
+    per_node: int
+    per_worker: int
+
+
+def _gpus(asked: str, layout, tasks, nodes: int, agents: bool) -> _Gpus:
+    """--gpus [N]: a worker uses cluster.devices_per_worker GPUs (1 when null, as a pod's --gpus asks); a node holds
+    as many workers as its share of the step (--ntasks-per-node caps it: _tasks), or one under agents."""
+    per_worker = int(layout.cluster.devices_per_worker or 1)
+    workers = tasks.get("worker", 0)
+    most = 1 if agents else min(workers, math.ceil(sum(tasks.values()) / nodes))
+    need = per_worker * most
+    if asked == GPUS_AS_THE_WORKERS_USE:
+        return _Gpus(need, per_worker)
+    per_node = _positive("--gpus", asked, MOST_COUNT, "GPUs per node")
+    if per_node < need:
+        raise ConfigError.one(
+            "--gpus",
+            asked,
+            f"a node holds up to {most} worker(s), each taking {per_worker} GPU(s) (cluster.devices_per_worker): "
+            f"at least {need}, or --gpus without a count",
+        )
+    return _Gpus(per_node, per_worker)
+
+
 class _Job:
     """What differs between a step of one Slurm task per TensorFlow task and
     a step of one agent per node: the script's words, its sbatch options,
-    its srun, what it adds to the command."""
+    its srun, what it adds to the command, its environment, what it does
+    before and after the step."""
 
     def __init__(
         self,
@@ -163,8 +260,9 @@ class _Job:
         added: List[str],
         setup: List[str],
         ended: List[str],
+        env: Sequence[tuple] = (),  # (variable, value, why) for the step's environment
     ):
-        self.kind, self.about, self.sbatch, self.srun, self.added, self.setup, self.ended = (
+        self.kind, self.about, self.sbatch, self.srun, self.added, self.setup, self.ended, self.env = (
             kind,
             about,
             sbatch,
@@ -172,20 +270,77 @@ class _Job:
             added,
             setup,
             ended,
+            list(env),
         )
 
 
-def _tasks(tasks, nodes: int) -> _Job:
+def _tasks(tasks, nodes: int, base_port: int, gpus: Optional[_Gpus] = None) -> _Job:
     ntasks = sum(tasks.values())
     ranks = ", ".join(f"{job}:{index}" for job, n in tasks.items() for index in range(n))
+    # --gpus: at most this many tasks a node, so that the GPUs asked per node cover its workers
+    spread = [f"--ntasks-per-node={math.ceil(ntasks / nodes)}"] if gpus and nodes > 1 else []
+    # Each node's tasks listen on ports its OS has free as the job starts (cluster/free_ports.py), asked by a step of
+    # one task a node; a derived port could be another job's on a shared node, on every try of the job.
+    probe = [
+        "srun",
+        '--nodes="$SLURM_JOB_NUM_NODES"',
+        '--ntasks="$SLURM_JOB_NUM_NODES"',
+        "--ntasks-per-node=1",
+        "python",
+        "-m",
+        free_ports.__name__,
+        str(base_port),
+        str(ntasks),
+    ]
+    setup = [
+        f"# the tasks' ports: free on each node now, from cluster.base_port={base_port} + 64 x (job id mod 500) up",
+        f'ports="$({" ".join(probe)})" || exit',
+        f'export {SLURM_PORTS_ENV}="$ports"',
+        # each task's exit code, a file per rank (commands/ending.py), this try's: srun's own code is the largest
+        f'codes="${{run_dir}}/{EXIT_CODES}"  # each task\'s exit code, a file per rank',
+        'rm -rf "$codes" && mkdir -p "$codes" || exit',
+        f'export {EXIT_CODES_ENV}="$codes"',
+    ]
+    # One task's failure ends the step (--kill-on-bad-exit): srun stops the others, which checkpoint and exit 42 as
+    # on a preemption, and reports the largest code. Unless a notice came, the job's code is the one of the task that
+    # failed first (a full disk stays 3, and is not requeued as a preemption for ever).
+    ended = [
+        'if [ -z "$noticed" ]; then  # no notice came: a task\'s own end stopped the step',
+        '    for rank in $(ls -tr "$codes"); do  # the ranks, in the order their tasks ended',
+        '        read -r first < "${codes}/${rank}" || continue',
+        f'        if [ "$first" != 0 ] && [ "$first" != {EXIT_PREEMPTED} ]; then',
+        '            [ "$first" = "$code" ] || echo "tfdistx: the step\'s task ${rank} ended first, with exit code ${first}; '
+        'srun stopped the others: the job ends with ${first}" >&2',
+        '            code="$first"',
+        "            break",
+        "        fi",
+        "    done",
+        "fi",
+    ]
+    env = (
+        [
+            (
+                GPUS_PER_WORKER_ENV,
+                str(gpus.per_worker),
+                f"each worker task takes its own {gpus.per_worker} of its node's GPUs",
+            )
+        ]
+        if gpus
+        else []
+    )
     return _Job(
         "A fixed-size run (docs/clusters.md).",
-        [f"# {describe_jobs(tasks)}: {ntasks} Slurm task(s), one per TensorFlow task, in rank order: {ranks}"],
-        [f"--nodes={nodes}", f"--ntasks={ntasks}"],
+        [
+            emit.comment(
+                f"{describe_jobs(tasks)}: {ntasks} Slurm task(s), one per TensorFlow task, in rank order: {ranks}"
+            )
+        ],
+        [f"--nodes={nodes}", f"--ntasks={ntasks}", *spread],
         "srun --kill-on-bad-exit=1",
         ["cluster.launch=slurm"],
-        [],
-        [],
+        setup,
+        ended,
+        env,
     )
 
 
@@ -194,28 +349,41 @@ def _node_range(cluster) -> str:
     return f"{low}:{cluster.workers}" if low != cluster.workers else str(cluster.workers)
 
 
+# summary.json's file (a new one each time it is written whole: whole_files.py) and time: the step wrote it if they changed
+_SUMMARY_STATE = "stat -c '%i %y' \"${run_dir}/summary.json\" 2>/dev/null"
+
+
 def _agents(cluster, servers, given) -> _Job:
     """An agent on each node: `--nodes=MIN-MAX`, one task a node; the rendezvous
-    on the first node of the allocation (cluster.agent.store, unless given),
-    on a port shifted per job as a fixed step's tasks' ports are."""
+    on the node this script runs on, the allocation's first (cluster.agent.store,
+    unless given), at a port free there now."""
     low = cluster.elastic.min_workers if cluster.elastic else cluster.workers
     nodes = f"{low}-{cluster.workers}" if low != cluster.workers else str(cluster.workers)
     setup, added = [], []
     if "cluster.agent.store" not in given:
         setup = [
-            'store="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)'
-            f":$(( {cluster.base_port} + 64 * (SLURM_JOB_ID % 500) ))\"  # the rendezvous, kept by the first node's agent"
+            f'store="$(python -m {free_ports.__name__} --address {cluster.base_port})" || exit  '
+            "# the rendezvous, on this node (the allocation's first), whose agent keeps it"
         ]
         added = ['"cluster.agent.store=${store}"']
+    if "cluster.agent.token_file" not in given:
+        setup += _secret_lines()
+        added.append('"cluster.agent.token_file=${token_file}"')
+    setup.append(f'summary="$({_SUMMARY_STATE})"  # a summary.json of an earlier run, if any')
     servers = f" (the first node's also {describe_jobs(servers)})" if servers else ""
     about = [
-        f"# an agent on every node (cluster.launch=agent): {nodes} node(s), one Slurm task each, each starting its node's worker{servers};",
+        emit.comment(
+            f"an agent on every node (cluster.launch=agent): {nodes} node(s), one Slurm task each, each starting its "
+            f"node's worker{servers};"
+        ),
         "# --no-kill: a failed node leaves the job, and the agents go on without it while cluster.elastic.min_workers remain",
     ]
-    # A lost node's agent may end the step with its own code after the others trained to the end: summary.json says they did.
+    # A lost node's agent may end the step with its own code after the others trained to the end: a summary.json
+    # written by this step says they did (not one an earlier run left, which a failure of this one would not change).
     ended = [
-        'if [ "$code" -ne 42 ] && [ -f "${run_dir}/summary.json" ]; then',
-        "    code=0  # trained to the end (a lost node's agent may have ended otherwise)",
+        f'written="$({_SUMMARY_STATE})"',
+        f'if [ "$code" -ne {EXIT_PREEMPTED} ] && [ -n "$written" ] && [ "$written" != "$summary" ]; then',
+        "    code=0  # trained to the end: this step wrote summary.json (a lost node's agent may have ended otherwise)",
         "fi",
     ]
     return _Job(
@@ -229,6 +397,20 @@ def _agents(cluster, servers, given) -> _Job:
     )
 
 
+def _secret_lines() -> List[str]:
+    """The run's secret, which every agent's beat proves (cluster/run_secret.py): made by the batch shell, once
+    per job, in the shared run dir (mode 0600, written whole, then renamed into place), before any agent starts;
+    a requeued job keeps it."""
+    return [
+        f"token_file=\"${{run_dir}}/{run_secret.SECRET_FILE}\"  # the run's secret: every agent's beat proves it",
+        'if [ ! -s "$token_file" ]; then',
+        '    mkdir -p "$(dirname "$token_file")"',
+        f"    (umask 077 && od -An -vtx1 -N{run_secret.SECRET_BYTES} /dev/urandom | tr -d ' \\n' "
+        '> "${token_file}.new" && mv -f "${token_file}.new" "$token_file")',
+        "fi",
+    ]
+
+
 def script(
     argv,
     overrides: List[str],
@@ -238,20 +420,19 @@ def script(
     partition: Optional[str],
     config_path: Optional[str],
     run_dir: Optional[str] = None,
+    asked: Sequence[str] = (),
+    config_dirs: Sequence[str] = (),
 ) -> str:
-    """The batch script's text; every value in it shell-quoted. `run_dir`: the
-    run dir the overrides set (else one fixed for the job, RUN_DIR)."""
-    command = list(overrides)
+    """The batch script's text; every value in it a quoted shell word (emit.py). `run_dir`: the
+    run dir the overrides set (else one fixed for the job, RUN_DIR); `asked`: sbatch's resource options
+    (--gpus-per-node, --cpus-per-task, --mem); `config_dirs`: the step's --config-dir, each absolute."""
+    command = [arg for directory in config_dirs for arg in ("--config-dir", directory)] + list(overrides)
     given = {override.lstrip("+").partition("=")[0] for override in overrides}
     if "cluster.launch" not in given:  # not a TF_CONFIG that sbatch carried over from the submitting shell
         command += [added for added in job.added if added.startswith("cluster.launch=")]
-    made_by = (
-        " ".join(shlex.quote(arg) for arg in ["tfdistx", "export", "slurm", *argv])
-        .replace("\n", "\\n")
-        .replace("\r", "\\r")
-    )
     sbatch = [
         *job.sbatch,
+        *asked,
         *([f"--time={time}"] if time else []),
         *([f"--partition={partition}"] if partition else []),
         "--requeue",
@@ -260,31 +441,35 @@ def script(
     ]
     lines = [
         "#!/bin/bash",
-        f"# {made_by}",
+        emit.comment(emit.command_line(["tfdistx", "export", "slurm", *argv])),
         *job.about,
-        *(f"#SBATCH {shlex.quote(option)}" for option in sbatch),
+        *(f"#SBATCH {emit.shell_word(option)}" for option in sbatch),
         "",
         f"# {job.kind} Slurm sends USR1 to this shell {notice} s before the time limit, and SIGTERM on a",
         "# preemption or scancel: both are passed on to the step (srun passes them to every task), whose tasks checkpoint",
         f"# at their next loop boundary and exit {EXIT_PREEMPTED}. On {EXIT_PREEMPTED} the job requeues itself "
         "and resumes from that checkpoint in the same",
-        "# run dir; any other code ends the job with it (0: trained to the end; docs/preemption.md lists the others).",
+        f"# run dir, and on {EXIT_PORT_IN_USE} (a task's port was taken) it requeues to start on other ports; any "
+        "other code ends the job",
+        "# with it (0: trained to the end; docs/preemption.md lists the others).",
         "set -u",
     ]
     if config_path:
-        lines.append(f"export {userconf.ENV}={shlex.quote(config_path)}")
+        lines.append(f"export {userconf.ENV}={emit.shell_word(config_path)}")
+    lines += [f"export {name}={emit.shell_word(value)}  # {why}" for name, value, why in job.env]
     extra = [added for added in job.added if not added.startswith("cluster.launch=")]
     if run_dir is not None:
-        run = " ".join([*(shlex.quote(arg) for arg in command), *extra])
-        lines.append(f"run_dir={shlex.quote(run_dir)}")
+        run = " ".join([*(emit.shell_word(arg) for arg in command), *extra])
+        lines.append(f"run_dir={emit.shell_word(run_dir)}")
     else:
-        run = " ".join([*(shlex.quote(arg) for arg in command), *extra, '"hydra.run.dir=${run_dir}"'])
+        run = " ".join([*(emit.shell_word(arg) for arg in command), *extra, '"hydra.run.dir=${run_dir}"'])
         lines.append(f'run_dir="{RUN_DIR}"  # the same for a requeued job: it resumes there')
     lines += [
-        *job.setup,
         "step=",
-        "trap 'kill -USR1 \"$step\" 2>/dev/null' USR1  # Slurm's time-limit notice (--signal=B:USR1@...)",
-        "trap 'kill -TERM \"$step\" 2>/dev/null' TERM  # a preemption, scancel",
+        "noticed=",
+        "trap 'noticed=1; kill -USR1 \"$step\" 2>/dev/null' USR1  # Slurm's time-limit notice (--signal=B:USR1@...)",
+        "trap 'noticed=1; kill -TERM \"$step\" 2>/dev/null' TERM  # a preemption, scancel",
+        *job.setup,
         f"{job.srun} python -m tfdistx {run} &",
         "step=$!",
         "while :; do",
@@ -296,6 +481,9 @@ def script(
         f'if [ "$code" -eq {EXIT_PREEMPTED} ]; then',
         '    echo "tfdistx: preempted, checkpoint saved in ${run_dir}: requeueing job ${SLURM_JOB_ID} to resume it" >&2',
         '    scontrol requeue "$SLURM_JOB_ID"',
+        f'elif [ "$code" -eq {EXIT_PORT_IN_USE} ]; then',
+        '    echo "tfdistx: a task\'s port was taken on its node: requeueing job ${SLURM_JOB_ID} to start on other ports" >&2',
+        '    scontrol requeue "$SLURM_JOB_ID"',
         "fi",
         'exit "$code"',
     ]
@@ -303,7 +491,7 @@ def script(
 
 
 def _positive(option: str, value: str, most: int, what: str) -> int:
-    if not re.fullmatch(r"\d+", value.strip()) or not 1 <= int(value) <= most:
+    if not re.fullmatch(r"[0-9]+", value) or not 1 <= int(value) <= most:  # as given: it goes into the script
         raise ConfigError.one(option, value, f"a whole number from 1 to {most} ({what})")
     return int(value)
 

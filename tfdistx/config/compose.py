@@ -19,10 +19,10 @@ from typing import Iterator, Sequence
 import yaml
 from hydra import initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
-from hydra.errors import HydraException, MissingConfigException
+from hydra.errors import HydraException, MissingConfigException, OverrideParseException
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf, open_dict
-from omegaconf.errors import OmegaConfBaseException
+from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 
 from tfdistx.config import recipes, topology, userconf
 from tfdistx import loggers as builtin_loggers
@@ -61,6 +61,12 @@ def composed(overrides: Sequence[str], notes: bool = True) -> Iterator[DictConfi
             say(told)
         yield cfg
 
+
+# The keys an option leaves for the command line (`???`), and what to write.
+MANDATORY = {
+    "data.name": "data=tfds data.name=NAME, a TensorFlow Datasets dataset (imdb_reviews, tf_flowers, diamonds ...: "
+    "tfds.list_builders() lists them)",
+}
 
 # Groups whose `_target_` a user may replace with their own function.
 USER_TARGET_GROUPS = ("data", "model", "task", "optimizer")
@@ -234,7 +240,10 @@ def as_config_error(error: Exception, overrides: Sequence[str]) -> ConfigError:
             options = sorted(o for o in error.options if o != "tfdistx_slurm" or "submitit_slurm" in error.options)
             allowed = "allowed: " + ", ".join(options)
             if value in SWEEP_EXTRA_PLUGINS:
-                allowed = f"its Hydra plugin is not installed: pip install 'tfdistx[sweep]'; installed now: {', '.join(options)}"
+                allowed = (
+                    "its Hydra plugin is not installed: pip install 'tfdistx[sweep]'; installed now: "
+                    f"{', '.join(options)}"
+                )
         return ConfigError([Problem(group, value, allowed)])
     missing_plugin = re.search(r"Could not load 'hydra/(sweeper|launcher)/(\w+)'", str(error))
     if missing_plugin and missing_plugin[2] in SWEEP_EXTRA_PLUGINS:  # e.g. tfdistx_slurm's own default, submitit_slurm
@@ -270,12 +279,51 @@ def as_config_error(error: Exception, overrides: Sequence[str]) -> ConfigError:
         return ConfigError(
             [Problem(group, value, f"allowed: {', '.join(group_options(group))}{userconf.hint(group, value)}")]
         )
+    if isinstance(error, OverrideParseException):  # `trainer.steps='3`, `logger=[a,b`: what Hydra cannot parse
+        key, _, value = error.override.partition("=")
+        return ConfigError([Problem(key, value, f"Hydra cannot parse this override: {hydras_words(error.message)}")])
+    ambiguous = re.match(r"Ambiguous value for argument '([^']*)'", str(error))
+    if ambiguous:  # `logger=wandb,csv`: Hydra's three ways out, for this key and these values
+        key, _, value = ambiguous[1].lstrip("+~").partition("=")
+        return ConfigError(
+            [
+                Problem(
+                    key,
+                    value,
+                    f"Ambiguous value: to use it as a list, write {key}=[{value}]; to use it as a string, quote "
+                    f"the value: {key}='{value}'; to sweep over it, add --multirun to your command line",
+                )
+            ]
+        )
     # Type errors come wrapped: Hydra's "Error merging override k=v" caused by
     # OmegaConf's "Value 'abc' ... could not be converted to Integer".
     cause = error.__cause__ or error
+    if isinstance(cause, MissingMandatoryValue) and getattr(cause, "full_key", None):  # a `???` of a group's file
+        key = cause.full_key
+        return ConfigError([Problem(key, None, f"must be given: {MANDATORY.get(key, f'{key}=VALUE')}")])
     first_line = str(cause).strip().splitlines()[0] if str(cause).strip() else type(cause).__name__
     key = getattr(cause, "full_key", None) or _override_key(str(error))
-    return ConfigError([Problem(key or "override", given_value(key, overrides) if key else None, first_line)])
+    if key:
+        return ConfigError([Problem(key, given_value(key, overrides), first_line)])
+    # An override Hydra names in its words (`Sweep parameters 'k=v' requires --multirun`): that override, and
+    # Hydra's message whole; else the overrides as given, never a key of None.
+    named = next((o for o in overrides if f"'{o}'" in str(error)), None)
+    key, _, value = (named or "").lstrip("+~").partition("=")
+    if named:
+        return ConfigError([Problem(key, value, hydras_words(str(error)))])
+    return ConfigError([Problem("overrides", " ".join(overrides), hydras_words(str(error)))])
+
+
+def hydras_words(message: str) -> str:
+    """Hydra's message of several lines in one: its lines joined, a line
+    that only points (`   ^`) said as the column it points at."""
+    lines = []
+    for line in message.strip().splitlines():
+        if line.strip() == "^":
+            lines[-1] += f" (at column {line.index('^') + 1 - len('LexerNoViableAltException: ')})" if lines else ""
+        elif line.strip():
+            lines.append(line.strip())
+    return "; ".join(lines) or "Hydra refused it"
 
 
 def group_options(group: str) -> list:

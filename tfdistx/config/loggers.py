@@ -4,6 +4,7 @@ MLflow refuses would otherwise stop the run once TensorFlow has started,
 with MLflow's own exception). No TensorFlow, no MLflow here.
 """
 
+import importlib.metadata
 import importlib.util
 import os
 from pathlib import Path
@@ -20,6 +21,11 @@ MAX_EXPERIMENT_NAME = 500  # MLflow's limit on an experiment's name
 MAX_RUN_NAME = 250  # the length MLflow's SQL stores keep a run's name in
 INSTALL = "pip install 'tfdistx[mlflow]'"
 TRACKING_ENV = "MLFLOW_TRACKING_URI"
+# The schemes MLflow 3 has a tracking store for, beside sqlite and its file store (mlflow/tracking/_tracking_service/
+# utils.py: _register_tracking_stores); a database's with its driver too (postgresql+psycopg2); a plugin's scheme is
+# registered under the `mlflow.tracking_store` entry points. Any other one MLflow refuses only once the run has started.
+TRACKING_SCHEMES = ("http", "https", "databricks", "databricks-uc", "uc", "postgresql", "mysql", "mssql")
+PLUGIN_STORES = "mlflow.tracking_store"
 
 
 def problems(logger: DictConfig) -> List[Problem]:
@@ -41,6 +47,50 @@ def problems(logger: DictConfig) -> List[Problem]:
             found.append(Problem(f"logger.{key}", timeout, "seconds, more than 0"))
     if OmegaConf.select(logger, "mlflow.enabled") is True:
         found += _mlflow(logger.mlflow)
+    if OmegaConf.is_dict(logger.get("wandb")):
+        found += _wandb(logger.wandb)
+    return found
+
+
+def _wandb(keys: DictConfig) -> List[Problem]:
+    """W&B's keys, as W&B would refuse them once TensorFlow has started (a mode it does not know, a name too long)."""
+    from tfdistx.loggers.wandb_logger import MAX_GROUP, MAX_JOB_TYPE, MODES  # plain Python: no W&B client imported
+
+    texts = {
+        "project": (False, None, "the name of a W&B project"),
+        "entity": (True, None, "a W&B team or user, or null: the API key's default"),
+        "group": (True, MAX_GROUP, "null: a multirun's sweep, a single run none"),
+        "name": (True, None, "null: a multirun's overrides, a single run's run dir name"),
+        "job_type": (True, MAX_JOB_TYPE, "e.g. train"),
+        "notes": (True, None, "any text"),
+    }
+    found = []
+    mode = keys.get("mode")
+    if mode is not None and mode not in MODES:
+        found.append(
+            Problem(
+                "logger.wandb.mode", mode, f"allowed: {', '.join(MODES)}, or null: online with an API key, else offline"
+            )
+        )
+    for key, (nullable, longest, allowed) in texts.items():
+        value = keys.get(key)
+        if key not in keys or value is None and nullable:  # not given: the class's default
+            continue
+        if not isinstance(value, str) or not value.strip() or (longest and len(value) > longest):
+            size = f"1 to {longest} characters" if longest else "a text"
+            found.append(
+                Problem(f"logger.wandb.{key}", _shown(value), f"{size}{' or null' if nullable else ''}: {allowed}")
+            )
+    tags = keys.get("tags")
+    if tags is not None and (
+        not OmegaConf.is_list(tags)
+        or not all(
+            isinstance(tag, (str, int, float)) and not isinstance(tag, bool) and 0 < len(str(tag)) <= 64 for tag in tags
+        )
+    ):
+        found.append(Problem("logger.wandb.tags", _shown(tags), "a list of tags, each 1 to 64 characters"))
+    if "log_model" in keys and not isinstance(keys.log_model, bool):
+        found.append(Problem("logger.wandb.log_model", keys.log_model, "allowed: true, false"))
     return found
 
 
@@ -139,11 +189,28 @@ def store_problems(key: str, uri) -> List[Problem]:
             Problem(
                 key,
                 uri,
-                "is MLflow's file store, which MLflow 3 refuses unless MLFLOW_ALLOW_FILE_STORE=true: name a SQLite store "
-                "(sqlite:///PATH/mlflow.db) or a server, or leave it null for the run's own store",
+                "is MLflow's file store, which MLflow 3 refuses unless MLFLOW_ALLOW_FILE_STORE=true: name a SQLite "
+                "store (sqlite:///PATH/mlflow.db) or a server, or leave it null for the run's own store",
+            )
+        ]
+    if not is_file_store and uri not in TRACKING_SCHEMES and not _has_a_store(scheme):
+        return [
+            Problem(
+                key,
+                uri,
+                f"MLflow has no tracking store for {scheme}: name a tracking server (http://HOST:5000, https://...), "
+                "a database (sqlite:///PATH/mlflow.db, postgresql://..., mysql://..., mssql://...) or databricks, or "
+                "leave it null for the run's own store",
             )
         ]
     return []
+
+
+def _has_a_store(scheme: str) -> bool:
+    """Whether MLflow opens a tracking store for `scheme`: one of its own, or a plugin's."""
+    if scheme.split("+")[0].lower() in TRACKING_SCHEMES:
+        return True
+    return scheme in {entry.name for entry in importlib.metadata.entry_points(group=PLUGIN_STORES)}
 
 
 def _shown(value):

@@ -219,10 +219,19 @@ def downloads(path: Path) -> Optional[str]:
     data option in its defaults), or None: `tfdistx recipes` says which
     recipes need the network once."""
     for option in options_in(path, "data"):
-        try:
-            data = OmegaConf.load(config_dir() / "data" / f"{option}.yaml")
-        except Exception:  # not a shipped option: the user's own, which we cannot judge here
-            continue
-        if data.get("_target_") == DOWNLOADING_SOURCE:
+        data = _shipped_data(option)
+        if data is not None and data.get("_target_") == DOWNLOADING_SOURCE:
             return str(data.get("name", option))
     return None
+
+
+def _shipped_data(option: str):
+    """A shipped data option's keys, over those of the options of its group it extends (data=mnist: data=tfds's,
+    named in its defaults); None for an option that is not shipped (the user's own, which we cannot judge here)."""
+    try:
+        data = OmegaConf.load(config_dir() / "data" / f"{option}.yaml")
+    except Exception:
+        return None
+    bases = [entry for entry in data.get("defaults") or [] if isinstance(entry, str) and entry != "_self_"]
+    found = [_shipped_data(base) for base in bases if base != option]
+    return OmegaConf.merge(*[base for base in found if base is not None], data)

@@ -1,66 +1,81 @@
 """The files the shipped loggers and callbacks write: all inside the run
 directory, checked before TensorFlow starts.
 
-A shipped callback that takes a file name (callbacks=csv_logger's
-`filename`) writes it in the run dir: a name that would leave it
-(`../mine.csv`, an absolute path) is refused, and so is one of the run's
-own files (`metrics.jsonl`), which it would write over. A file of that
-name already there is kept aside when the callback starts a new one
-(engine/callbacks.py's CSVLogger). The names these write also count as
-the run's (`names`): a directory tfdistx did not make that holds one is
-refused as a run dir, as one holding metrics.jsonl is (rundir.in_the_way).
-No TensorFlow here.
+A callback that takes a path (callbacks=csv_logger's `filename`, and
+Keras' own by their `_target_`: ModelCheckpoint's `filepath`, CSVLogger's
+`filename`, TensorBoard's `log_dir`: spec/callbacks.PATHS) writes it in the
+run dir: a relative path is the run dir's, an absolute one must lie inside
+it. A path that would leave it (`../mine.csv`, `/tmp/best.keras`) is
+refused, as it could be a file of the user's, which the callback would
+replace; so is one of the run's own files (`metrics.jsonl`), which it would
+write over. A file of that name already there is kept aside when
+callbacks=csv_logger starts a new one (engine/callbacks.py's CSVLogger).
+The names these write also count as the run's (`names`): a directory
+tfdistx did not make that holds one is refused as a run dir, as one
+holding metrics.jsonl is (rundir.in_the_way). A subclass of one of Keras'
+is checked when it is built (engine/callbacks.py). No TensorFlow here.
 """
 
+import glob
 import os
-from pathlib import Path
-from typing import List, Optional
+from typing import Iterator, List, Optional, Tuple
 
 from omegaconf import DictConfig, OmegaConf
 
 from tfdistx import rundir
 from tfdistx import loggers as builtin_loggers
+from tfdistx.spec import callbacks as keras_facts
 from tfdistx.spec.errors import Problem
 from tfdistx.spec.targets import current
 
-# The shipped callbacks that write a file: their target -> (the key naming the file, its default).
-CALLBACK_FILES = {"tfdistx.engine.callbacks.CSVLogger": ("filename", "keras_log.csv")}
+# The shipped callbacks that write a file: their target -> (the key naming the file, its default, a name to offer).
+CALLBACK_FILES = {"tfdistx.engine.callbacks.CSVLogger": ("filename", "keras_log.csv", "keras_log.csv")}
 
 
 def problems(cfg: DictConfig, run_dir: Optional[str]) -> List[Problem]:
-    """A shipped callback's file that would not be the run dir's own."""
+    """A callback's path that would not be the run dir's own."""
     found = []
-    for name, callback in _callbacks(cfg):
-        key, default = CALLBACK_FILES[current(callback.get("_target_"))]
-        value = callback.get(key, default)
-        why = rundir.why_not_in_run_dir(value, run_dir)
+    for name, key, value, example in _paths(cfg):
+        why = rundir.why_not_in_run_dir(value, run_dir, example)
         if why:
             found.append(Problem(f"callbacks.{name}.{key}", value, why))
     return found
 
 
-def names(cfg: DictConfig) -> List[str]:
-    """The first names of the paths the configured loggers and shipped callbacks write in the run dir."""
+def names(cfg: DictConfig, run_dir: Optional[str] = None) -> List[str]:
+    """The patterns (rundir.written_names) of the first names of the paths
+    the configured loggers and callbacks write in the run dir."""
     # What each built-in logger writes, when it is on (its class says: tfdistx/loggers/).
     group = OmegaConf.to_container(cfg.logger, resolve=True) if OmegaConf.is_dict(cfg.logger) else {}
-    written = [name for row in builtin_loggers.built_in() if row.settings(group) is not None for name in row.files]
-    for _, callback in _callbacks(cfg):
-        key, default = CALLBACK_FILES[current(callback.get("_target_"))]
-        value = callback.get(key, default)
-        if isinstance(value, str) and value and not os.path.isabs(value):
-            written.append(Path(os.path.normpath(value)).parts[0])
-    return written
+    written = [
+        glob.escape(name) for row in builtin_loggers.built_in() if row.settings(group) is not None for name in row.files
+    ]
+    paths = []
+    for _, _, value, _ in _paths(cfg):
+        if isinstance(value, str) and os.path.isabs(value) and run_dir is not None:
+            value = rundir.inside(value, run_dir)
+        paths.append(value)
+    return written + rundir.written_names(paths)
 
 
-def _callbacks(cfg: DictConfig):
-    """(name, keys) of the configured callbacks that are shipped ones writing a file."""
+def _paths(cfg: DictConfig) -> Iterator[Tuple[str, str, object, str]]:
+    """(name, key, path, a name to offer) of each configured callback that
+    writes where a key of its says: a shipped one, or Keras' own by its target."""
     callbacks = cfg.get("callbacks")
     if not OmegaConf.is_dict(callbacks):
-        return []
-    return [
-        (name, callback)
-        for name, callback in callbacks.items()
-        if OmegaConf.is_dict(callback)
-        and isinstance(callback.get("_target_"), str)
-        and current(callback.get("_target_")) in CALLBACK_FILES
-    ]
+        return
+    for name, callback in callbacks.items():
+        if not OmegaConf.is_dict(callback) or not isinstance(callback.get("_target_"), str):
+            continue
+        target = current(callback.get("_target_"))
+        keras_class = keras_facts.keras_name(target)
+        if target in CALLBACK_FILES:
+            key, default, example = CALLBACK_FILES[target]
+        elif keras_class and keras_facts.path_key([keras_class]) and keras_class not in keras_facts.REFUSED:
+            key, default, example = keras_facts.path_key([keras_class])
+        else:
+            continue
+        value = callback.get(key, default)
+        if value is None and default is None:  # a key it needs, not given: its target's check says so
+            continue
+        yield name, key, value, example

@@ -113,6 +113,7 @@ class AgentConfig:
     address: Any = (
         None  # this node's address, which its peers reach its worker at; null: the one it reaches the store from
     )
+    token_file: Any = None  # the run's secret, which every beat to the store proves; null: RUN/logs/rendezvous.key
 
 
 @dataclass

@@ -7,7 +7,8 @@ function takes:
 - `train_files` (and `eval_files`): file data, whose files and features are
   checked and whose split across workers `--plan` says;
 - `eval_files` or `eval_split` names its eval split (null: none);
-- `num_targets`: its labels are real values (regression targets).
+- `num_targets`: its labels are real values (regression targets);
+- `label` (without files): it reads its features and label by name (data=tfds).
 A user's own source (data._target_=mypkg.load) is checked by its
 signature when it is built.
 """
@@ -34,6 +35,7 @@ SIZES = {
     "num_fields": 1,
     "dense_features": 0,
     "vocab_size": 2,
+    "sequence_length": 1,
     "shuffle_buffer": 1,
 }
 
@@ -49,7 +51,30 @@ def size_problems(data: DictConfig) -> list:
         not OmegaConf.is_list(shape) or not shape or not all(is_whole(d) and d >= 1 for d in shape)
     ):
         problems.append(Problem("data.image_shape", shape, "must be a list of positive sizes, e.g. [28, 28, 1]"))
+    size = data.get("image_size")
+    if size is not None and (
+        not OmegaConf.is_list(size) or len(size) != 2 or not all(is_whole(d) and d >= 1 for d in size)
+    ):
+        problems.append(Problem("data.image_size", _plain(size), "[HEIGHT, WIDTH], two positive sizes, or null"))
     return problems
+
+
+def named_problems(data: DictConfig) -> list:
+    """A source that reads its features and label by name (data=tfds): a name, or (features) a list of them."""
+    problems = size_problems(data)
+    features, label = data.get("features"), data.get("label")
+    if features is not None and not (
+        isinstance(features, str)
+        or (OmegaConf.is_list(features) and features and all(isinstance(f, str) for f in features))
+    ):
+        problems.append(Problem("data.features", _plain(features), "a feature's name, a list of them, or null"))
+    if label is not None and not isinstance(label, str):
+        problems.append(Problem("data.label", _plain(label), "a feature's name, or null"))
+    return problems
+
+
+def _plain(value):
+    return OmegaConf.to_container(value) if OmegaConf.is_config(value) else value
 
 
 def file_problems(data: DictConfig) -> list:
@@ -63,10 +88,16 @@ def files_plan(data: DictConfig, pipelines: int) -> str:
     """How the train files split across the input pipelines (one per worker)."""
     found = datafiles.local_matches(data.train_files)
     if found is None:
-        return f"data          {data.train_files}: listed at start (tf.io.gfile), split by file across {pipelines} worker(s) when there are enough"
+        return (
+            f"data          {data.train_files}: listed at start (tf.io.gfile), split by file across {pipelines} "
+            "worker(s) when there are enough"
+        )
     counts = datafiles.manifest_counts(datafiles.read_manifest(found), found)
     size = f"{sum(counts):,} records; " if counts else "no manifest: records counted when a run resumes; "
-    return f"data          {size}{datafiles.sharding_text(len(found), pipelines, 'worker' if pipelines > 1 else 'input pipeline')}"
+    return (
+        f"data          {size}"
+        f"{datafiles.sharding_text(len(found), pipelines, 'worker' if pipelines > 1 else 'input pipeline')}"
+    )
 
 
 @dataclass(frozen=True)
@@ -89,7 +120,7 @@ def of(data: DictConfig) -> Source:
         return Source()
     files = FILE_KEY in data
     return Source(
-        file_problems if files else size_problems,
+        file_problems if files else named_problems if "label" in data else size_problems,
         files_plan if files else None,
         eval_key=next((key for key in EVAL_KEYS if key in data), None),
         labels="real values" if REAL_VALUES_KEY in data else None,

@@ -65,7 +65,9 @@ def validate(cfg: DictConfig, run_dir: Optional[str] = None) -> None:
     problems += loggers.problems(cfg.logger)
     problems += run_files.problems(cfg, run_dir)
     if run_dir is not None:
-        problems += writable("hydra.run.dir", run_dir) or _not_a_runs(run_dir, cfg.checkpoint.dir, run_files.names(cfg))
+        problems += writable("hydra.run.dir", run_dir) or _not_a_runs(
+            run_dir, cfg.checkpoint.dir, run_files.names(cfg, run_dir)
+        )
     if cfg.checkpoint.dir:
         problems += writable("checkpoint.dir", cfg.checkpoint.dir)
     if problems:

@@ -133,7 +133,8 @@ class FileExamples:
     def counts(self) -> List[int]:
         if self._counts is None:
             log.info(
-                "counting the records of %d file(s) to resume (no manifest beside them; `tfdistx data write` writes one)",
+                "counting the records of %d file(s) to resume (no manifest beside them; `tfdistx data write` writes "
+                "one)",
                 len(self.files),
             )
             self._counts = [

@@ -15,16 +15,13 @@ need not read and drop what it already trained on. A plain function is
 resumed with `Dataset.skip`.
 """
 
-import contextlib
-import logging
-import tempfile
-from dataclasses import dataclass
-from typing import Callable, Optional, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Callable, ClassVar, Mapping, Optional, Sequence
 
 import numpy as np
 import tensorflow as tf
 
-from tfdistx.spec.errors import EXIT_NO_NETWORK, ConfigError, RunFault
+from tfdistx.spec.errors import ConfigError
 from tfdistx.data.order import ArrayExamples
 
 PipelineFn = Callable[[Optional[tf.distribute.InputContext]], tf.data.Dataset]
@@ -93,11 +90,46 @@ class DataSource:
     input_shape: Optional[tuple] = None  # not needed: the features' specs come from `train`
     num_classes: Optional[int] = None  # classification: how many classes the labels count
     train_examples: Optional[int] = None
+    labels: Optional[str] = None  # what the labels are (CLASS, CLASSES, VALUES), for task=auto; None: not said
+    vocab_size: Optional[int] = None  # features of token ids: how many ids (a text model's embedding rows)
+    served: Optional["Served"] = None  # what is done to the raw examples before the model, again in the export
+
+    # What labels can be (`labels`), each calling for its task (task=auto: tfdistx/tasks/auto.py).
+    CLASS: ClassVar[str] = "a class id"  # classification, with num_classes
+    CLASSES: ClassVar[str] = "multi-hot class labels"  # multilabel
+    VALUES: ClassVar[str] = "real values"  # regression
 
     @property
     def element_spec(self):
         """(features spec, label spec) of one unbatched example."""
         return self.train(None).element_spec
+
+
+@dataclass
+class Served:
+    """What a source does to its raw examples before the model (a text to
+    token ids, pixels to [0, 1], a table's columns to one vector), which the
+    export does too, so that the served model takes what the data holds.
+
+    Fields:
+        features: the raw features' spec as the export's inputs, batched:
+            a TensorSpec (named `features`) or a dict of them by name.
+        layer: a Keras layer from raw features to the model's, on one
+            example or a batch (the pipelines map it; the export calls it
+            before the model).
+        raw_eval: the eval split's (raw features, label) examples, a
+            pipeline function: what `tfdistx predict` reads from the source.
+        state: what the layer learnt from the data (file name -> text, a
+            text's vocabulary): kept with the run in <run dir>/preprocessing,
+            which the source reads back (its `state_dir`).
+        kind: what the features are, in a word (images, text, numbers).
+    """
+
+    features: Any
+    layer: Any
+    raw_eval: Optional[PipelineFn] = None
+    state: Mapping[str, str] = field(default_factory=dict)
+    kind: str = ""
 
 
 def single_examples(source: DataSource, target: str) -> DataSource:
@@ -244,123 +276,3 @@ def synthetic_regression(
         return x, (y[:, 0] if num_targets == 1 else y)
 
     return generated(make, train_examples, eval_examples)
-
-
-def tfds(
-    name: str,
-    train_split: str = "train",
-    eval_split: Optional[str] = "test",
-    data_dir: Optional[str] = None,
-    download: bool = True,
-    download_check_url: str = "https://storage.googleapis.com",
-    seed: int = 0,
-) -> DataSource:
-    """An image-classification dataset from tensorflow-datasets, scaled to [0, 1]."""
-    import tensorflow_datasets as tensorflow_datasets
-
-    try:
-        with _scratch_tempdir(), _absl_warnings_off():
-            builder = tensorflow_datasets.builder(name, data_dir=data_dir)
-            prepared = builder.is_prepared()
-            builder_dir = builder.data_dir
-    except tensorflow_datasets.core.registered.DatasetNotFoundError:
-        raise ConfigError.one(
-            "data.name",
-            name,
-            "not a tensorflow-datasets dataset (see `tfds.list_builders()`); tfdistx ships mnist, fashion_mnist, cifar10",
-        ) from None
-    if download and not prepared:
-        _ensure_reachable(name, builder_dir, download_check_url)
-        builder.download_and_prepare()
-
-    features = builder.info.features
-    # (image, label): the dataset's supervised pair, or features by those names
-    # (a dataset built without supervised_keys, like tfds.testing's DummyMnist).
-    supervised = builder.info.supervised_keys is not None
-    if not supervised and not {"image", "label"} <= set(features.keys()):
-        raise ConfigError.one(
-            "data.name",
-            name,
-            f"has no (features, label) pair (supervised_keys) and no image and label features "
-            f"(it has {', '.join(features.keys())}): use a data._target_ of your own for it",
-        )
-
-    def pipeline(split: str) -> PipelineFn:
-        def make(ctx):
-            # tfds shards by file for an input pipeline known in Python; a
-            # parameter-server worker's index is a tensor: shard by element.
-            by_file = ctx if ctx is None or isinstance(ctx.input_pipeline_id, int) else None
-            read_config = tensorflow_datasets.ReadConfig(input_context=by_file, shuffle_seed=seed)
-            try:
-                ds = builder.as_dataset(
-                    split=split, as_supervised=supervised, shuffle_files=True, read_config=read_config
-                )
-                if not supervised:
-                    ds = ds.map(lambda example: (example["image"], example["label"]))
-            except AssertionError as error:  # tfds' way of saying "not prepared"
-                raise ConfigError.one(
-                    "data.download",
-                    download,
-                    f"{name} is not prepared in {builder.data_dir} ({error}); set data.download=true or data.data_dir",
-                ) from None
-            if by_file is None:
-                ds = shard(ds, ctx)
-            return ds.map(lambda x, y: (tf.cast(x, tf.float32) / 255.0, y), num_parallel_calls=tf.data.AUTOTUNE)
-
-        return make
-
-    splits = builder.info.splits
-    train_examples = splits[train_split].num_examples if train_split in splits else None
-    return DataSource(
-        train=pipeline(train_split),
-        eval=pipeline(eval_split) if eval_split else None,
-        num_classes=features["label"].num_classes,
-        train_examples=train_examples or None,
-    )
-
-
-@contextlib.contextmanager
-def _absl_warnings_off():
-    """tensorflow-datasets warns through absl that a dataset not yet
-    downloaded has no dataset_info.json in its folder: a line before
-    tfdistx's own, which says what is missing and what to do."""
-    absl = logging.getLogger("absl")
-    level = absl.level
-    absl.setLevel(logging.ERROR)
-    try:
-        yield
-    finally:
-        absl.setLevel(level)
-
-
-@contextlib.contextmanager
-def _scratch_tempdir():
-    """tensorflow-datasets makes a temp dir (`/tmp/tmpXXXXtfds`) for an
-    unprepared builder's info and never removes it: one per run. Its temp
-    dirs go into one of ours for the call, removed after."""
-    with tempfile.TemporaryDirectory(prefix="tfdistx-tfds-") as scratch:
-        saved, tempfile.tempdir = tempfile.tempdir, scratch
-        try:
-            yield
-        finally:
-            tempfile.tempdir = saved
-
-
-def _ensure_reachable(name: str, data_dir: str, url: str) -> None:
-    """Fail in seconds, not minutes, when a download cannot work.
-
-    Offline, tfds retries every file for minutes before it gives up; compute
-    nodes and CI machines often have no network at all.
-    """
-    import requests
-
-    try:
-        requests.head(url, timeout=5)
-    except requests.RequestException as error:  # the machine's fault, not the config's: its own exit code, not 2
-        reason = type(error).__name__
-        raise RunFault(
-            f"data={name} is not downloaded to {data_dir}, and the download site is unreachable from this machine "
-            f"({reason}): download it once on a machine with a network and set data.data_dir to that copy, "
-            f"or use data=synthetic (exit {EXIT_NO_NETWORK})",
-            EXIT_NO_NETWORK,
-        ) from None

@@ -17,7 +17,7 @@ from typing import List, Optional
 import keras
 import tensorflow as tf
 
-from tfdistx import machine
+from tfdistx import machine, whole_files
 from tfdistx.cluster.placement import Placement
 from tfdistx.spec import compute, strategies
 from tfdistx.spec import mpi as mpi_facts
@@ -30,16 +30,18 @@ from tfdistx.data.files import input_errors_in_one_line
 from tfdistx.data.sources import DataSource
 from tfdistx.engine import mpi, process, topology, xla
 from tfdistx.engine import strategy as strategy_lib
-from tfdistx.engine.callbacks import CallbackStates
+from tfdistx.engine.callbacks import CallbackStates, StopRecord
 from tfdistx.engine.checkpointing import Checkpointer, ObjectiveState, RunningRecordState
 from tfdistx.engine.mpi import MpiSum
 from tfdistx.engine.optim import LearningRateAtStep, schedule
 from tfdistx.engine.parts import (
+    PREPROCESSING,
     build_model,
     build_source,
     build_task,
     check_model_takes_data,
     optimizer_for_checkpoint,
+    data_facts,
     resplit_for,
     rng_states,
 )
@@ -82,6 +84,7 @@ class Run:
     callback_states: Optional[CallbackStates] = (
         None  # the callbacks' own state, saved with the checkpoint (callbacks.py)
     )
+    stop_record: Optional[StopRecord] = None  # which callback stopped the run, saved with the checkpoint (callbacks.py)
     gradient_sum: Optional[MpiSum] = (
         None  # the gradients summed through MPI, not the strategy (strategy.communication=mpi)
     )
@@ -128,13 +131,15 @@ def build_run(spec: RunSpec, placement: Placement) -> Run:
     global_batch = spec.pipeline.batch_size * trainer.accumulate_steps
     per_replica = input_lib.per_replica_batch(global_batch, replicas)
     task, source = _task_and_source(spec, global_batch)
+    if placement.is_chief:
+        keep_preprocessing(spec, source)
     total_steps = _total_steps(spec, source.train_examples, global_batch)
     feature_spec, label_spec = source.element_spec
     num_outputs = task.num_outputs(label_spec, source.num_classes)
     learning_rate = schedule(spec.optimizer, replicas, total_steps)
     gpus = _gpus(trainer.precision, placement)
     with strategy.scope(), process.precision(trainer.precision):
-        model = build_model(spec, feature_spec, num_outputs)
+        model = build_model(spec, feature_spec, num_outputs, **data_facts(spec, source))
         # Variables split across the ps tasks (strategy.partitioner): the optimizer
         # updates each shard, and the checkpoint holds the optimizer as an unsplit run's, which restores
         # onto any number of ps tasks (sharding.py).
@@ -168,7 +173,7 @@ def build_run(spec: RunSpec, placement: Placement) -> Run:
             learning_rate=learning_rate.peak,
         )
     )
-    callback_states = CallbackStates()
+    callback_states, stop_record = CallbackStates(), StopRecord()
     running = RunningRecordState()
     checkpointer = Checkpointer(
         spec.checkpoint.dir,
@@ -182,15 +187,17 @@ def build_run(spec: RunSpec, placement: Placement) -> Run:
         objective=objective_state,
         learning_rate_scale=learning_rate.scale,
         callbacks=callback_states,
+        stopped=stop_record,
         record=running,
         optional=[
             "objective",
             "learning_rate_scale",
             "callbacks",
+            "stopped",
             "record",
         ],  # checkpoints written before they were saved restore without them
         topology=run_topology,
-        resplit=resplit_for(spec, model, feature_spec, num_outputs),
+        resplit=resplit_for(spec, model, feature_spec, num_outputs, source),
         grace=cluster.preemption_grace,
         background=spec.checkpoint.background,
     )
@@ -219,14 +226,29 @@ def build_run(spec: RunSpec, placement: Placement) -> Run:
         topology=run_topology,
         train_variables=train_variables,
         callback_states=callback_states,
+        stop_record=stop_record,
         gradient_sum=gradient_sum,
         running=running,
     )
 
 
+def keep_preprocessing(spec: RunSpec, source: DataSource) -> None:
+    """What the source's preprocessing learnt from the data (a text's vocabulary), written by the chief into
+    <run dir>/preprocessing as the run starts: the run's later processes (a resume, `tfdistx export`, `predict`)
+    read it back there, and train and serve with the same token ids. A file already there is the run's own: kept."""
+    if source.served is None or not source.served.state:
+        return
+    folder = spec.run_dir / PREPROCESSING
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, text in source.served.state.items():
+        if not (folder / name).exists():
+            whole_files.write_whole(folder / name, text)
+
+
 def _task_and_source(spec: RunSpec, global_batch: int):
     """The task and the data source, checked against each other and the run."""
-    task, source = build_task(spec), build_source(spec)
+    source = build_source(spec)
+    task = build_task(spec, source)
     if source.train_examples and global_batch > source.train_examples:  # a step could never fill its batch
         raise ConfigError.one(
             "data.batch_size",

@@ -29,11 +29,14 @@ callback with `get_state()`/`set_state(state)` of JSON-able values) is
 saved with every checkpoint and given back on resume (CallbackStates).
 """
 
+import dataclasses
 import functools
 import inspect
 import json
 import logging
+import os
 from pathlib import Path
+from types import MappingProxyType
 from typing import Callable, Dict, List, Mapping, Optional
 
 import keras
@@ -44,7 +47,8 @@ from tfdistx.spec.errors import ConfigError, PluginFailed, interrupted
 from tfdistx.spec.targets import Target, locate
 from tfdistx.engine.keras_callbacks import KerasCallback, TrainedModel
 from tfdistx.engine.loop import Metrics, Schedule
-from tfdistx.rundir import keep_aside, why_not_in_run_dir
+from tfdistx import rundir
+from tfdistx.rundir import keep_aside
 
 log = logging.getLogger(__name__)
 
@@ -76,14 +80,15 @@ def build(
     eval data (its records then hold val_ metrics)."""
     actions, trained = [], TrainedModel(model, optimizer)
     for name, target in callbacks.items():
-        built = _action_function(target) or target.build(object, run_dir=run_dir)
+        built = _action_function(target) or in_run_dir(name, target, run_dir).build(object, run_dir=run_dir)
         if isinstance(built, keras.callbacks.Callback):
-            keras_classes = [cls.__name__ for cls in type(built).__mro__ if cls.__module__.startswith("keras.")]
+            keras_classes = _keras_classes(type(built))
             refusal = keras_facts.refusal(
                 keras_classes, target.kwargs
             )  # a subclass of one that config/ refuses by name
             if refusal:
                 raise ConfigError.one(f"callbacks.{name}._target_", target.path, refusal)
+            _writes_in_run_dir(name, built, keras_classes, run_dir)
             _say_what_is_not_called(name, built, schedule.steps_per_loop)
             built = KerasCallback(built, trained, schedule, evaluates)
         elif not callable(built):
@@ -97,6 +102,60 @@ def build(
         states.track(name, guarded)
         actions.append(guarded)
     return actions
+
+
+def _keras_classes(cls) -> List[str]:
+    """The names of Keras' own classes `cls` is (itself, or a base of it)."""
+    return [base.__name__ for base in cls.__mro__ if base.__module__.startswith("keras.")]
+
+
+def in_run_dir(name: str, target: Target, run_dir: Path) -> Target:
+    """`target`, a Keras callback that writes where a key says (ModelCheckpoint's
+    `filepath` ...: spec/callbacks.PATHS), with that path made the run
+    dir's: a relative one is the run dir's, as callbacks=csv_logger's is
+    (config/run_files.py). One out of the run dir, or over the run's own
+    files, is refused (checked before TensorFlow starts for Keras' own
+    classes by name; here for a subclass). A target that takes `run_dir`
+    places its files itself; anything else is as it was."""
+    try:
+        cls = locate(target.path)
+    except Exception:
+        return target  # target.build says why, in one line
+    if not (inspect.isclass(cls) and issubclass(cls, keras.callbacks.Callback)) or "run_dir" in _parameters(cls):
+        return target
+    found = keras_facts.path_key(_keras_classes(cls))
+    if found is None or keras_facts.refusal(_keras_classes(cls), target.kwargs):  # a refused one: refused as built
+        return target
+    key, default, example = found
+    value = target.kwargs.get(key, _parameters(cls).get(key, default))
+    if value is None:  # not given, no default: the class refuses it as it is built
+        return target
+    why = rundir.why_not_in_run_dir(str(value), str(run_dir), example)
+    if why:
+        raise ConfigError.one(f"callbacks.{name}.{key}", value, why)
+    path = os.path.join(str(run_dir), str(value)) if not os.path.isabs(str(value)) else str(value)
+    return dataclasses.replace(target, kwargs=MappingProxyType({**target.kwargs, key: path}))
+
+
+def _parameters(cls) -> dict:
+    """The keyword parameters of `cls`'s constructor, with their defaults (None: none)."""
+    try:
+        parameters = inspect.signature(cls).parameters.values()
+    except (TypeError, ValueError):
+        return {}
+    return {p.name: None if p.default is p.empty else p.default for p in parameters}
+
+
+def _writes_in_run_dir(name: str, callback, keras_classes: List[str], run_dir: Path) -> None:
+    """A built Keras callback that writes where a key says writes in the run
+    dir, whatever its constructor made of that key (a subclass's own path)."""
+    found = keras_facts.path_key(keras_classes)
+    where = getattr(callback, found[0], None) if found else None
+    if where is None:
+        return
+    why = rundir.why_not_in_run_dir(os.path.abspath(str(where)), str(run_dir), found[2])
+    if why:
+        raise ConfigError.one(f"callbacks.{name}.{found[0]}", str(where), why)
 
 
 def _action_function(target: Target) -> Optional[Callable]:
@@ -150,7 +209,7 @@ class CSVLogger(keras.callbacks.CSVLogger):
     TensorFlow starts); with append=false, a file already there is kept aside, not replaced."""
 
     def __init__(self, run_dir: Path, filename: str = "keras_log.csv", separator: str = ",", append: bool = True):
-        why = why_not_in_run_dir(filename, str(run_dir))
+        why = rundir.why_not_in_run_dir(filename, str(run_dir))
         if why:
             raise ConfigError.one("filename", filename, why)
         path = Path(run_dir) / filename
@@ -280,6 +339,36 @@ class AgreeWithTheChief:
             self.scale.assign(scale)
         if stop and not asked:
             self.stop_requested = "a callback of the chief asked to stop"
+
+
+class StopRecord(tf.train.experimental.PythonState):
+    """Which of the user's callbacks asked the run to stop (a Keras
+    EarlyStopping, TerminateOnNaN, any callback that set
+    model.stop_training, an action's stop_requested), saved with every
+    checkpoint as one JSON string: the checkpoint of the step the run
+    stopped at carries it, so that a rerun from that checkpoint ends at
+    once, as a finished run does (engine/start.py), instead of training on
+    until the callback, its state given back, stops it again an epoch
+    later. A stop counts only while its callback is in the config (a rerun
+    without it trains on). trainer.early_stopping's stop is the objective
+    state's (checkpointing.ObjectiveState)."""
+
+    def __init__(self):
+        self.restored: Dict[str, str] = {}  # callback name -> the reason it gave, in the checkpoint restored
+        self.watched: List[Guarded] = []
+
+    def watch(self, callbacks: List["Guarded"]) -> None:
+        self.watched = list(callbacks)
+
+    def stopped(self, configured) -> Optional[str]:
+        """Why the restored checkpoint's run stopped early, by a callback that `configured` still names; None."""
+        return next((reason for name, reason in self.restored.items() if name in configured), None)
+
+    def serialize(self) -> str:
+        return json.dumps({c.name: c.stop_requested for c in self.watched if c.stop_requested})
+
+    def deserialize(self, string) -> None:
+        self.restored = json.loads(string.numpy() if hasattr(string, "numpy") else string)
 
 
 class CallbackStates(tf.train.experimental.PythonState):

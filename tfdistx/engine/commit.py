@@ -12,6 +12,9 @@ counter, the random states, the objective's and callbacks' states) to host
 memory; when the call fails for a lost peer, `restore` puts that copy back
 and the chief saves it as an ordinary checkpoint of that step. The next
 round (or the restart) resumes from it exactly as from any checkpoint.
+A launched chief marks that it holds such a copy, and when it saves it
+(boundary_marks.py): its supervisor, which sees the peer's end first, then
+lets it save before it stops the round.
 
 What it costs: one device-to-host copy of the checkpoint's variables per
 call of `trainer.steps_per_loop` steps (docs/performance.md); nothing is
@@ -25,6 +28,8 @@ from typing import List, Optional
 import keras
 import numpy as np
 import tensorflow as tf
+
+from tfdistx import boundary_marks
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +61,8 @@ class Commit:
     def before_steps(self, step: int) -> None:
         if self.variables:
             self.values = [v.numpy() for v in self.variables]
+            if self.step is None:  # the first copy: its launcher gives it the time to save one (boundary_marks.py)
+                boundary_marks.mark(boundary_marks.HOLDS)
             self.step = step
 
     def restore(self) -> Optional[int]:

@@ -58,8 +58,9 @@ def train_service(asked: Optional[DataService], placement: Placement, start_step
         raise ConfigError.one(
             "data.service.workers",
             asked.workers,
-            f"this task's cluster (TF_CONFIG or the Slurm step) has "
-            f"no `{config_service.DISPATCHER}` task: add the dispatcher and data workers (docs/multi-process.md: data.service)",
+            "this task's cluster (TF_CONFIG or the Slurm step) has "
+            f"no `{config_service.DISPATCHER}` task: add the dispatcher and data workers (docs/multi-process.md: "
+            "data.service)",
         )
     return Service(address=address, mode=asked.mode, job_name=f"tfdistx-train-from-step-{start_step}")
 

@@ -12,10 +12,12 @@ with Keras' own ExportArchive.
 
 import logging
 import os
+from typing import Optional
 
 import keras
 import tensorflow as tf
 
+from tfdistx.data.sources import Served
 from tfdistx.spec.run_spec import RunSpec
 from tfdistx.engine.parts import model_from_checkpoint
 from tfdistx.rundir import new_directory
@@ -28,27 +30,39 @@ def export_checkpoint(spec: RunSpec, checkpoint_path: str, directory: str, prote
     write the SavedModel: the same for a model whose variables lived on
     parameter servers or were mirrored across workers."""
     # float32, and restored with the optimizer's structure (parts.model_from_checkpoint says why)
-    model, task, feature_spec, status = model_from_checkpoint(spec, checkpoint_path)
+    model, task, source, status = model_from_checkpoint(spec, checkpoint_path)
     status.expect_partial()  # the step counter, RNG states and objective state are the run's, not the model's
-    export_saved_model(model, task, feature_spec, directory, protected)
+    export_saved_model(model, task, source.element_spec[0], directory, protected, served=source.served)
     log.info("exported %s to %s", os.path.basename(checkpoint_path), directory)
     return directory
 
 
-def export_saved_model(model, task, feature_spec, directory: str, protected=()) -> None:
+def export_saved_model(
+    model, task, feature_spec, directory: str, protected=(), served: Optional[Served] = None
+) -> None:
     """Write `model` (variables local to this process) with the task's
     serving outputs. `directory` must be new, empty or an earlier export,
     which is kept aside once the new one is whole; anything else there, or
-    a path in or over `protected`, is refused (rundir.new_directory)."""
+    a path in or over `protected`, is refused (rundir.new_directory).
+    `served`: what the source does to its raw examples before the model
+    (data/sources.Served), done again here: the export takes the raw
+    features (strings, pixels, a table's columns by name)."""
     with new_directory("--out", directory, protected) as tmp:
-        signature = tf.nest.map_structure(_batched, feature_spec)
-        if isinstance(feature_spec, dict):  # inputs named after the features
-            signature = {name: tf.TensorSpec(spec.shape, spec.dtype, name=name) for name, spec in signature.items()}
+        if served is not None:
+            signature, before = served.features, served.layer
+        else:
+            signature, before = tf.nest.map_structure(_batched, feature_spec), None
+            if isinstance(feature_spec, dict):  # inputs named after the features
+                signature = {name: tf.TensorSpec(spec.shape, spec.dtype, name=name) for name, spec in signature.items()}
         archive = keras.export.ExportArchive()
         archive.track(model)
-        archive.add_endpoint(
-            "serve", lambda features: task.serving_outputs(model(features, training=False)), input_signature=[signature]
-        )
+        if before is not None:
+            archive.track(before)  # a TextVectorization's vocabulary: a lookup table the export must hold
+
+        def serve(features):
+            return task.serving_outputs(model(before(features) if before is not None else features, training=False))
+
+        archive.add_endpoint("serve", serve, input_signature=[signature])
         archive.write_out(tmp, verbose=False)
 
 

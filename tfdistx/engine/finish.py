@@ -64,12 +64,11 @@ def finish_finished_run(run: Run, start: Start, started: float) -> Optional[floa
     step, restored = start.step, start.restored
     if start.finished == STOPPED_EARLY:
         log.info(
-            "the run in this directory stopped early at step %d (%s): trainer.early_stopping.patience=%d evaluations without "
-            "an improvement were spent; nothing to train; its summary, checkpoints and export are kept. To train on, start "
-            "a new run from it (checkpoint.init_from=%s).",
+            "the run in this directory stopped early at step %d (%s): %s; nothing to train; its summary, checkpoints and "
+            "export are kept. To train on, start a new run from it (checkpoint.init_from=%s).",
             step,
             os.path.basename(restored),
-            run.spec.trainer.early_stopping.patience,
+            start.stopped_because,
             run.dir,
         )
     else:
@@ -95,7 +94,7 @@ def finish_finished_run(run: Run, start: Start, started: float) -> Optional[floa
     )
     summary_path = run.dir / "summary.json"
     if not summary_path.is_file():
-        reason = start.tracker.reason(run.objective_state.read()) if start.finished == STOPPED_EARLY else None
+        reason = start.stopped_because if start.finished == STOPPED_EARLY else None
         result = Result(
             step=step,
             train=last_logged_train(run.dir, step),

@@ -6,7 +6,7 @@ and returning typed values:
     join.join_cluster   cluster, strategy, placement -> Joined: TO_TRAIN, or SERVED (a ps only serves)
     build.build_run     spec, placement       -> Run: strategy, task, data, model, optimizer, checkpointer
     start.restore_or_warm_start  Run           -> Start: the step, what was restored, what is left
-    fit.train_loop      Run, runner, Start     -> loop.Result
+    fit.train_loop      Run, runner, Start, loggers -> loop.Result (the loggers open until finish is done)
     finish.finish       Run, Start, Result     -> the objective (summary.json and export/ by the chief)
 
 What a run sets for its whole process (seed, op determinism, TensorFlow's
@@ -22,7 +22,8 @@ import time
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from tfdistx import whole_files
+from tfdistx import boundary_marks, whole_files
+from tfdistx.cluster import training_end
 from tfdistx.cluster.placement import Placement, Source
 from tfdistx.spec.errors import ConfigError
 from tfdistx.spec.run_spec import RunSpec
@@ -30,10 +31,17 @@ from tfdistx.data.files import input_errors_in_one_line
 from tfdistx.engine import callbacks, checkpointing, loggers, process
 from tfdistx.engine.build import Run, build_run
 from tfdistx.engine.commit import Commit
+from tfdistx.engine.finite import NonFiniteWeights
 from tfdistx.engine.finish import finish, finish_finished_run
 from tfdistx.engine.join import Joined, join_cluster
 from tfdistx.engine.loop import CheckPreemption, Log, Loop, Result, SaveCheckpoints, Schedule
-from tfdistx.engine.preemption import PreemptionWatcher, lost_peer_in_one_line, sum_over_tasks, watching_servers
+from tfdistx.engine.preemption import (
+    PreemptionWatcher,
+    lost_peer_in_one_line,
+    peers_gone_abort_the_collectives,
+    sum_over_tasks,
+    watching_servers,
+)
 from tfdistx.engine.profiling import ProfileSteps
 from tfdistx.engine.runner import StepRunner, make_runner
 from tfdistx.engine.start import Start, restore_or_warm_start
@@ -70,14 +78,27 @@ def train(spec: RunSpec, placement: Optional[Placement] = None, notice: Optional
             if start.finished:
                 return Trained(finish_finished_run(run, start, started))
             runner = make_runner(run, skip_steps=start.step)
-            result = train_loop(run, runner, start, notice)
-            return Trained(finish(run, start, result, started), runner)
+            # The loggers stay open until the run has finished: what they do at its end (W&B's summary and model
+            # artifact) reads the summary.json and export that finish writes.
+            with loggers.for_run(
+                run.dir,
+                spec.logger,
+                run.total_steps,
+                start.step,
+                enabled=run.placement.is_chief,
+                config=_plain(spec.config),
+            ) as sinks:
+                result = train_loop(run, runner, start, notice, sinks)
+                objective = finish(run, start, result, started)
+                loggers.finished(sinks)
+            return Trained(objective, runner)
 
 
-def train_loop(run: Run, runner: StepRunner, start: Start, notice: SigtermNotice) -> Result:
-    """The loop, with its actions: log, track the objective (the best
-    checkpoint, early stopping), checkpoint, stop cleanly when preempted,
-    and (in a cluster) when a peer or a server it waits on is lost."""
+def train_loop(run: Run, runner: StepRunner, start: Start, notice: SigtermNotice, sinks: list) -> Result:
+    """The loop, with its actions: log (to `sinks`, the run's loggers),
+    track the objective (the best checkpoint, early stopping), checkpoint,
+    stop cleanly when preempted, and (in a cluster) when a peer or a
+    server it waits on is lost."""
     spec = run.spec
     log.info(
         "%s: %s, global batch %d, %d steps, task %s",
@@ -107,19 +128,21 @@ def train_loop(run: Run, runner: StepRunner, start: Start, notice: SigtermNotice
             spec.cluster,
             coordinator=run.coordinator is not None,
             progressed=lambda: getattr(runner, "progressed", time.monotonic()),
+            servers_told=training_end.servers_of(run.placement, run.facts),
         ),
+        peers_gone_abort_the_collectives(run.placement) if synchronous_cluster else contextlib.nullcontext(),
         input_errors_in_one_line(run.source),
-        loggers.for_run(
-            run.dir,
-            spec.logger,
-            run.total_steps,
-            start.step,
-            enabled=run.placement.is_chief,
-            config=_plain(spec.config),
-        ) as sinks,
     ):
         # A SIGTERM checkpoints and exits 42 (parameter servers: the coordinator saves alone).
         preemption = PreemptionWatcher(run.strategy, run.checkpointer, synchronous_cluster, notice)
+        # Never a checkpoint of a NaN loss or NaN weights; weights that are not numbers stop the run (finite.py).
+        saves = SaveCheckpoints(
+            run.checkpointer,
+            spec.checkpoint.every_steps,
+            nonfinite_weights=NonFiniteWeights(run.train_variables or run.model.trainable_variables),
+        )
+        if start.tracker and start.tracker.save_best:  # the best checkpoint: never one of such a state either
+            start.tracker.save_best = saves.keeps(start.tracker.save_best)
         # The tracker first: it may save the best checkpoint, which every worker of a synchronous cluster does
         # at once, so no action that only the chief runs (its loggers, its callbacks) may come before it; and
         # before the saves, which carry its state.
@@ -130,12 +153,12 @@ def train_loop(run: Run, runner: StepRunner, start: Start, notice: SigtermNotice
             *([start.tracker] if start.tracker else []),
             Log(sinks),
             *users_callbacks(run, schedule, synchronous_cluster),
-            SaveCheckpoints(run.checkpointer, spec.checkpoint.every_steps),
+            saves,
             CheckPreemption(preemption),
         ]
         profile = profile_steps(run)
         with contextlib.closing(profile) if profile else contextlib.nullcontext():  # a failed run's trace is kept too
-            return Loop(
+            result = Loop(
                 runner,
                 schedule,
                 run.step_counter,
@@ -143,6 +166,8 @@ def train_loop(run: Run, runner: StepRunner, start: Start, notice: SigtermNotice
                 learning_rate_at=run.learning_rate.at,
                 running=running_record(run, runner),
             ).run()
+        preemption.done()  # the final checkpoint is saved: a notice now lets the run finish (docs/preemption.md)
+        return result
 
 
 def running_record(run: Run, runner: StepRunner):
@@ -168,6 +193,7 @@ def save_the_last_boundary(run: Run, commit: Commit) -> Optional[str]:
     step, last = commit.step, run.checkpointer.last_saved
     if not step or (last is not None and last >= step):
         return None
+    boundary_marks.mark(boundary_marks.SAVING)  # its supervisor waits for the save, not only for the call to fail
     commit.restore()
     run.checkpointer.save(step)
     return f"from step {step}, the last loop boundary, saved now"
@@ -190,6 +216,7 @@ def users_callbacks(run: Run, schedule: Schedule, synchronous_cluster: bool) -> 
         if run.placement.is_chief
         else []
     )
+    run.stop_record.watch(built)  # a stop one of them asks for is saved with the checkpoint of its step
     if synchronous_cluster:
         return [
             *built,

@@ -43,6 +43,11 @@ def join_cluster(cluster: Cluster, facts: Strategy, placement: Placement, notice
         meet_peers(
             placement, cluster.startup_timeout, wait=placement.task_type not in facts.serving_jobs, notice=notice
         )
+        if facts.asynchronous and placement.task_type not in facts.serving_jobs:
+            # A parameter-server coordinator given the notice before it formed the cluster leaves now: no task waits
+            # for it inside TensorFlow, and its servers, given the notice too, stop serving a coordinator that is
+            # not there yet (engine/serving.py), which it would then wait for, for ever, in forming the cluster.
+            notice.leave_if_received("while the cluster was forming")
     if placement.task_type in facts.serving_jobs:  # the coordinator drives training; this task lends its devices
         serve_strategy_task(placement, facts, cluster, notice)
         return Joined.SERVED

@@ -16,7 +16,7 @@ import logging
 from pathlib import Path
 from typing import Callable, List, Optional
 
-from tfdistx.spec.errors import ConfigError, PluginFailed, RunFault, interrupted
+from tfdistx.spec.errors import ConfigError, PluginFailed, RunFault, first_line, interrupted
 from tfdistx.spec.run_spec import Logger
 from tfdistx.spec.targets import Target, locate
 from tfdistx.loggers import RUNTIME
@@ -64,6 +64,15 @@ def for_run(
     _close_all(sinks, failing=False)
 
 
+def finished(sinks: List["Named"]) -> None:
+    """Tell the loggers that take it (a `finished()` of theirs) that the run
+    has ended well: its summary.json and export are written (W&B's summary
+    and model artifact)."""
+    for sink in sinks:
+        if hasattr(sink, "finished"):
+            sink.finished()
+
+
 def _taken(make, runtime: dict) -> dict:
     """Of what the run passes a built-in logger, what `make` takes (its keys it takes all of)."""
     parameters = inspect.signature(make).parameters
@@ -83,7 +92,7 @@ def _close_all(sinks: List["Named"], failing: bool) -> None:
             if failing:
                 log.warning(
                     "%s",
-                    error if isinstance(error, PluginFailed) else f"{sink.key} could not close: {_first_line(error)}",
+                    error if isinstance(error, PluginFailed) else f"{sink.key} could not close: {first_line(error)}",
                 )
             else:
                 faults.append(error)
@@ -108,6 +117,8 @@ class Named:
         self.held: Optional[PluginFailed] = None
         if hasattr(sink, "after_steps"):  # the loop's Log passes the hook on only to those that have it
             self.after_steps = self._holding(sink.after_steps)
+        if hasattr(sink, "finished"):  # after the chief's summary.json and export (finished() below)
+            self.finished = lambda: self._raising(lambda step: sink.finished(), self.step)
 
     @classmethod
     def opening(cls, key: str, step: int, make, *args, **kwargs) -> "Named":
@@ -159,15 +170,10 @@ class Named:
         return held
 
     def _failure(self, error: Exception, when: str) -> PluginFailed:
-        message = _first_line(error)
+        message = first_line(error)
         return PluginFailed(
             f"{self.key} ({self.target}) raised {type(error).__name__} {when}{': ' + message[:300] if message else ''}"
         )
-
-
-def _first_line(error: BaseException) -> str:
-    text = str(error).strip()
-    return text.splitlines()[0] if text else ""
 
 
 def own_logger(name: str, target: Target, run_dir: Path, config: dict):

@@ -75,17 +75,49 @@ class SaveCheckpoints:
     and, written whole before the loop goes on, at the end and when a
     callback or logger failed (the steps trained since the last save are
     kept). Never a state whose training loss is no longer a number (NaN or
-    infinite, since the last record): that save would replace the last good
-    checkpoint, or rotate it out (max_to_keep), with weights nothing can
-    resume from; the newest checkpoint stays the last good one, and the log
-    says so once."""
+    infinite, since the last record), nor one whose weights are not
+    (`nonfinite_weights()`: the name of a weight that holds a NaN or an
+    infinity, or None; a loss can stay finite while weights it does not
+    reach are NaN; asked at every record and before every save, not at
+    every call of the steps, which can be a single step): that save would
+    replace the last good checkpoint, or rotate it out (max_to_keep), with
+    weights nothing can resume from; the newest checkpoint stays the last
+    good one (and so does the export, which is of it), and the log says so
+    once. Weights that are not numbers also stop the run at that step
+    (`stop_requested`), as a NaN loss does under Keras' TerminateOnNaN:
+    nothing trains out of them. `keeps(save)`: a save of another action's
+    (the best checkpoint) made only while the state is a good one."""
 
-    def __init__(self, checkpointer, every: int):
+    def __init__(self, checkpointer, every: int, nonfinite_weights: Optional[Callable[[], Optional[str]]] = None):
         self.checkpointer, self.every = checkpointer, every
-        self.broken_since: Optional[int] = None  # the first step whose loss was not a number
+        self.nonfinite_weights = nonfinite_weights
+        self.broken_since: Optional[int] = None  # the first step whose loss or weights were not numbers
+        self.broken_why = "the loss is not a number"
+        self.stop_requested: Optional[str] = None
+        self.weights_checked_at: Optional[int] = None
 
     def next_stop(self, step: int) -> Optional[int]:
         return _next_multiple(step, self.every) if self.every else None
+
+    def keeps(self, save: Callable[[int], object]) -> Callable[[int], object]:
+        """`save`, made only while no loss or weight has stopped being a number."""
+        return lambda step: save(step) if self._good(step) else None
+
+    def _good(self, step: int) -> bool:
+        """Whether the state at `step` may be saved: its loss and (asked once a step) its weights are numbers."""
+        if self.nonfinite_weights is not None and self.broken_since is None and self.weights_checked_at != step:
+            self.weights_checked_at = step
+            weight = self.nonfinite_weights()
+            if weight is not None:
+                self.broken_since, self.broken_why = step, "the weights are not numbers"
+                self.stop_requested = f"the weights are not numbers: {weight}"
+                log.warning(
+                    "step %d: %s; the run stops, and no checkpoint is saved from here on (the newest stays %s)",
+                    step,
+                    self.stop_requested,
+                    self._newest(),
+                )
+        return self.broken_since is None
 
     def train_metrics(self, step: int, metrics: Metrics) -> None:
         loss = metrics.get("loss")
@@ -99,16 +131,18 @@ class SaveCheckpoints:
             )
 
     def __call__(self, step: int, record: Metrics) -> None:
-        due = bool(self.every and step % self.every == 0 and self.broken_since is None)
-        self.checkpointer.save_in_background(step, latest=due)  # nothing when neither it nor the best is due
+        saving = bool(self.every and step % self.every == 0)
+        good = self._good(step) if (saving or record) else self.broken_since is None
+        # nothing when neither it nor the best (marked by keeps(save_best), of a good state only) is due
+        self.checkpointer.save_in_background(step, latest=saving and good)
 
     def finish(self, step: int) -> None:
-        if self.broken_since is None:
+        if self._good(step):
             self.checkpointer.save(step)
 
     def failed(self, step: int) -> str:
-        if self.broken_since is not None:
-            return f"step {step} is not saved (the loss is not a number): the newest checkpoint is kept, and a rerun resumes from it"
+        if not self._good(step):
+            return f"step {step} is not saved ({self.broken_why}): the newest checkpoint is kept, and a rerun resumes from it"
         self.checkpointer.save(step)
         return f"the steps trained are saved (step {step}), and a rerun resumes from there"
 

@@ -44,7 +44,8 @@ class MpiSum:
         dtypes = {t.dtype for t in dense}
         if len(dtypes) != 1:
             raise ValueError(
-                f"strategy.communication=mpi sums gradients of one dtype, and these are {sorted(d.name for d in dtypes)}"
+                "strategy.communication=mpi sums gradients of one dtype, and these are "
+                f"{sorted(d.name for d in dtypes)}"
             )
         flat = tf.concat([tf.reshape(t, [-1]) for t in dense], 0)
         summed = tf.numpy_function(self._sum, [flat], flat.dtype, stateful=True)

@@ -9,13 +9,12 @@ Bad input met while making them (a model that does not take the data, an
 optimizer's bad option) is refused as a ConfigError naming the key.
 """
 
-import re
 from typing import Optional
 
 import keras
 import tensorflow as tf
 
-from tfdistx.spec.errors import ConfigError
+from tfdistx.spec.errors import ConfigError, first_line
 from tfdistx.spec.run_spec import RunSpec
 from tfdistx.data.sources import DataSource, single_examples
 from tfdistx.engine import process, resplit, sharding
@@ -24,15 +23,29 @@ from tfdistx.internals import tensorflow as internals
 from tfdistx.tasks import Task, float32
 
 
-def build_task(spec: RunSpec) -> Task:
-    return spec.task.build(expect=Task)
+# In the run dir: what a source's preprocessing learnt from the data (a text's vocabulary, data/datasets.py),
+# written by the chief as the run starts, and read back by its source in every later process of the run.
+PREPROCESSING = "preprocessing"
+
+
+def build_task(spec: RunSpec, source: Optional[DataSource] = None) -> Task:
+    """The task; task=auto takes the one the source's labels call for (tasks/auto.py)."""
+    labels = {"labels": source.labels if source is not None else None} if spec.task.names("labels") else {}
+    return spec.task.build(expect=Task, **labels)
 
 
 def build_source(spec: RunSpec) -> DataSource:
-    source = spec.data.build(expect=DataSource)
+    """The data source; a built-in one reads what its preprocessing learnt in the run dir (its `state_dir`)."""
+    state = {"state_dir": str(spec.run_dir / PREPROCESSING)} if spec.data.names("state_dir") else {}
+    source = spec.data.build(expect=DataSource, **state)
     return (
         source if spec.data.path.startswith("tfdistx.") else single_examples(source, spec.data.path)
     )  # the built-in ones do not batch
+
+
+def data_facts(spec: RunSpec, source: DataSource) -> dict:
+    """What a model builder that names it takes of the data besides its shapes: `vocab_size`, the token ids' count."""
+    return {"vocab_size": source.vocab_size} if source.vocab_size and spec.model.names("vocab_size") else {}
 
 
 def build_model(spec: RunSpec, feature_spec, num_outputs: int, **given) -> keras.Model:
@@ -65,7 +78,7 @@ def build_model(spec: RunSpec, feature_spec, num_outputs: int, **given) -> keras
                 "model",
                 spec.model.path,
                 f"does not fit data={spec.data.path} (features "
-                f"{_describe_features(feature_spec)}): its first call failed: {_first_line(error)}",
+                f"{_describe_features(feature_spec)}): its first call failed: {first_line(error)}",
             ) from None
     return model
 
@@ -84,16 +97,17 @@ def zeros_like_examples(feature_spec, batch: int = 2):
 
 def model_from_checkpoint(spec: RunSpec, checkpoint_path: str):
     """The spec's model, rebuilt outside any strategy and with a checkpoint of
-    its run restored into it: (model, task, feature_spec, restore status).
+    its run restored into it: (model, task, data source, restore status).
     The same for a model whose variables lived on parameter servers or were
     mirrored across workers. Used by the export and by a warm start."""
-    task, source = build_task(spec), build_source(spec)
+    source = build_source(spec)
+    task = build_task(spec, source)
     feature_spec, label_spec = source.element_spec
     num_outputs = task.num_outputs(label_spec, source.num_classes)
     # The weights are float32 under every precision (Keras keeps float32 master
     # weights): the rebuilt model is float32, whatever training computed in.
     with process.precision("float32"):
-        model = build_model(spec, feature_spec, num_outputs)
+        model = build_model(spec, feature_spec, num_outputs, **data_facts(spec, source))
     # Restored with the optimizer too, as training saved it: a weight that a
     # layer keeps in a plain list (wide_deep's table shards) is reachable in
     # the checkpoint only through the optimizer's variables, and a restore of
@@ -102,18 +116,19 @@ def model_from_checkpoint(spec: RunSpec, checkpoint_path: str):
     status = resplit.restore(
         {"model": model, "optimizer": saved_optimizer},
         checkpoint_path,
-        resplit_for(spec, model, feature_spec, num_outputs),
+        resplit_for(spec, model, feature_spec, num_outputs, source),
     )  # a checkpoint of another number of ps
-    return model, task, feature_spec, status
+    return model, task, source, status
 
 
-def resplit_for(spec: RunSpec, model, feature_spec, num_outputs: int) -> Optional[resplit.Resplit]:
+def resplit_for(spec: RunSpec, model, feature_spec, num_outputs: int, source: DataSource) -> Optional[resplit.Resplit]:
     """What re-splits the model's tables from a checkpoint of another number
     of shards (resplit.py); None for a model without such tables."""
 
     def rebuild(shards):  # the model and optimizer outside any strategy, its tables in `shards` pieces
         with process.precision(spec.trainer.precision):
-            plain = build_model(spec, feature_spec, num_outputs, **({} if shards is None else {"shards": shards}))
+            given = {**data_facts(spec, source), **({} if shards is None else {"shards": shards})}
+            plain = build_model(spec, feature_spec, num_outputs, **given)
         return plain, build_optimizer_for(spec, plain, LearningRateAtStep(0.0))
 
     return resplit.Resplit(model, rebuild) if resplit.tables(model) else None
@@ -168,24 +183,8 @@ def check_model_takes_data(model, task, source, spec: RunSpec, num_outputs: int)
             "model",
             spec.model.path,
             f"does not fit data={spec.data.path} (features {_describe_features(features, batched=True)}, "
-            f"labels {tuple(labels.shape[1:])} {labels.dtype.name}): {_first_line(error)}",
+            f"labels {tuple(labels.shape[1:])} {labels.dtype.name}): {first_line(error)}",
         ) from None
-
-
-def _first_line(error: Exception) -> str:
-    """The line of an error that says what went wrong. Keras wraps an error
-    raised in a layer's call in a header (`Exception encountered when
-    calling X.call().`) with the cause below it, in bold: the cause is given."""
-    lines = [re.sub(r"\x1b\[[0-9;]*m", "", line).strip() for line in str(error).splitlines()]
-    lines = [line for line in lines if line]
-    if len(lines) > 1 and lines[0].startswith("Exception encountered when calling"):
-        return f"{_no_values(lines[1])} (in {lines[0].split('calling ', 1)[1].rstrip('.')})"
-    return _no_values(lines[0]) if lines else type(error).__name__
-
-
-def _no_values(line: str) -> str:
-    """A reason without the tensors' values Keras prints after it."""
-    return line.split(" Inputs received:")[0].split("<tf.Tensor")[0].rstrip(" :[(")[:300]
 
 
 def _describe_features(features, batched: bool = False) -> str:

@@ -132,10 +132,13 @@ def file_rows(path: str, export: Export, batch: int, names: RowNames = RowNames(
 
 def source_rows(source: DataSource, export: Export, batch: int, what: str) -> tf.data.Dataset:
     """Batches of the model's inputs from a data source's eval split (its own
-    order; the labels dropped)."""
+    order; the labels dropped): its raw examples where the export does the
+    source's preprocessing itself (data/sources.Served)."""
     if source.eval is None:
         raise ConfigError.one("data", what, "has no eval split to predict on: give --data-files GLOB")
-    dataset = source.eval(None)
+    dataset = (
+        source.served.raw_eval(None) if source.served is not None and source.served.raw_eval else source.eval(None)
+    )
     features, _ = dataset.element_spec
     if isinstance(features, dict):
         missing = [name for name in export.inputs if name not in features]
@@ -155,7 +158,9 @@ def source_rows(source: DataSource, export: Export, batch: int, what: str) -> tf
     def inputs(x, _):
         return {name: tf.cast(value, export.inputs[name].dtype) for name, value in pick(x).items()}
 
-    return dataset.map(inputs).batch(batch).prefetch(2)
+    # Examples of varying shapes (images of any size, which the export resizes) go to the model one at a time.
+    varying = any(not spec.shape.is_fully_defined() for spec in tf.nest.flatten(dataset.element_spec[0]))
+    return dataset.map(inputs).batch(1 if varying else batch).prefetch(2)
 
 
 def _parsed_as(dtype: tf.DType) -> tf.DType:
@@ -200,7 +205,8 @@ def _first_record(path: str, compression: Optional[str]) -> Optional[bytes]:
             FILES_KEY,
             path,
             f"holds {tf.io.gfile.stat(path).length} bytes but no TFRecord record: not TFRecord "
-            f"({'compressed with ' + compression if compression else 'not compressed'}), or a .csv/.csv.gz with a header",
+            f"({'compressed with ' + compression if compression else 'not compressed'}), or a .csv/.csv.gz with a "
+            "header",
         )
     return None
 

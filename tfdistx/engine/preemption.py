@@ -20,15 +20,19 @@ import logging
 import os
 import re
 import sys
+import threading
 import time
-from typing import Callable, List, Mapping, Optional, Sequence
+from types import MappingProxyType
+from typing import Callable, List, Mapping, NoReturn, Optional, Sequence
 
 import tensorflow as tf
 
-from tfdistx.cluster import liveness
+from tfdistx.cluster import liveness, training_end
+from tfdistx.cluster.held import HeldDeadline
 from tfdistx.cluster.placement import Placement
 from tfdistx.spec.errors import EXIT_LOST_PEER, EXIT_PREEMPTED, RunFault, offset_exit
 from tfdistx.engine.checkpointing import Checkpointer
+from tfdistx.internals import tensorflow as internals
 from tfdistx.log_files import into_log_files
 from tfdistx.sigterm import SigtermNotice
 
@@ -37,16 +41,19 @@ log = logging.getLogger(__name__)
 
 class Preempted(SystemExit):
     """Raised after the preemption checkpoint is written: unwinds (closing
-    logs, removing scratch directories) and exits the process with 42."""
+    logs, removing scratch directories) and exits the process with 42 (130:
+    the notice was Ctrl-C's)."""
 
-    def __init__(self):
-        super().__init__(EXIT_PREEMPTED)
+    def __init__(self, code: int = EXIT_PREEMPTED):
+        super().__init__(code)
 
 
 class PreemptionWatcher:
     """Turns the process's SIGTERM notice (sigterm.py) into a checkpoint and
     exit 42 at a loop boundary that every worker of a synchronous cluster
-    agrees on: `check(step)` before the first step and after every loop call."""
+    agrees on: `check(step)` before the first step and after every loop call.
+    From its making until `done()`, a first Ctrl-C is such a notice too: the
+    checkpoint, then exit 130."""
 
     def __init__(
         self,
@@ -58,6 +65,11 @@ class PreemptionWatcher:
         self.checkpointer, self.notice = checkpointer, notice
         notice.plan = SigtermNotice.TRAINER
         self._anyone = any_task(strategy) if synchronous_cluster else None
+        notice.saves = True
+
+    def done(self) -> None:
+        """The loop is over: there is no boundary left to save at, and Ctrl-C stops the process at once again."""
+        self.notice.saves = False
 
     def check(self, step: int) -> None:
         """Call at the same points on every worker: saves and exits if any worker was signalled."""
@@ -65,11 +77,17 @@ class PreemptionWatcher:
         if self._anyone is not None:
             signalled = self._anyone(signalled)
         if signalled:
+            self.notice.acting()
             self.checkpointer.save(step)  # nothing new when `step` is the checkpoint the run resumed from
             if self._anyone is not None:  # every worker has saved before any leaves: a scheduler that ends the whole
                 self._all_saved()  # step at a task's first exit (srun --kill-on-bad-exit) cannot cut the chief's save short
-            log.warning("preempted at step %d: checkpoint saved; exiting with %d", step, EXIT_PREEMPTED)
-            raise Preempted()
+            if self.notice.interrupted:  # Ctrl-C: the one line the user's command shows (a cluster's tasks': once)
+                line = f"tfdistx: interrupted at step {step}: checkpoint saved; rerun the same command to resume"
+                print(line, file=sys.stderr, flush=True)
+                into_log_files(line, logging.WARNING)
+            else:
+                log.warning("preempted at step %d: checkpoint saved; exiting with %d", step, EXIT_PREEMPTED)
+            raise Preempted(self.notice.code)
 
     def _all_saved(self) -> None:
         """The all-reduce after the save. A ring all-reduce ends on one task
@@ -189,6 +207,47 @@ def _kept(keep: Callable[[], Optional[str]]) -> Optional[str]:
         return None
 
 
+GONE_EVERY_SECONDS = 1.0  # how often a synchronous task asks whether a peer's process is gone
+
+
+@contextlib.contextmanager
+def peers_gone_abort_the_collectives(placement: Placement):
+    """While open (a synchronous cluster's training loop): a peer whose
+    process is gone (its host refuses a connection to its port:
+    cluster/liveness.py) ends this task's collectives at once. TensorFlow
+    notices a dead peer in a collective that calls it, but a collective
+    that waits for the peer to call (measured: a third of the losses of a
+    killed worker of a local 2x1) waited until the coordination service's
+    heartbeat timeout, `cluster.peer_timeout`: the survivors were stopped
+    long before, and the chief saved nothing. Aborted, the call fails as a
+    lost peer's does (lost_peer_in_one_line names the peer, and the chief
+    saves the last loop boundary). A peer cut off, frozen or whose host is
+    down is not refused: that is the heartbeat's to notice, as before."""
+    peers = {
+        f"{job}:{index}": address
+        for job, addresses in placement.spec.items()
+        for index, address in enumerate(addresses)
+        if (job, index) != (placement.task_type, placement.task_index)
+    }
+    stop = threading.Event()
+
+    def watch() -> None:
+        while not stop.wait(GONE_EVERY_SECONDS):
+            gone = [name for name, address in peers.items() if liveness.refused(address)]
+            if gone:  # TensorFlow's error reads "Collective ops is aborted by: " and this
+                where = "; ".join(f"{name} at ipv4:{peers[name]}: Failed to connect" for name in gone)
+                internals.abort_collectives(f"{where} (its process is gone: its host refuses connections to its port)")
+                return
+
+    thread = threading.Thread(target=watch, name="tfdistx-peers-gone", daemon=True)
+    if peers:
+        thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+
+
 _TASK = re.compile(r"/job:(\w+)(?:/replica:\d+)?/task:(\d+)")
 # Errors whose text names the lost task itself, in lost_tasks' order: the
 # coordination service reports a heartbeat timeout as the unhealthy task's
@@ -259,7 +318,11 @@ def _names(tasks) -> list:
 
 @contextlib.contextmanager
 def watching_servers(
-    placement: Placement, cluster, coordinator: bool, progressed: Callable[[], float] = time.monotonic
+    placement: Placement,
+    cluster,
+    coordinator: bool,
+    progressed: Callable[[], float] = time.monotonic,
+    servers_told: Mapping[str, str] = MappingProxyType({}),
 ):
     """While open: the servers this trainer waits on, where TensorFlow would
     wait forever on one that is frozen (cluster/liveness.py), are asked now
@@ -276,7 +339,9 @@ def watching_servers(
     neither fails nor answers, and the coordinator's join waits on its steps
     for as long as TCP does (measured: over 90 s, no step done). So a worker
     silent for peer_timeout ends the coordinator the same way, but only
-    while no loop has finished for as long (`progressed`: when the last did)."""
+    while no loop has finished for as long (`progressed`: when the last did).
+    `servers_told`: the servers the chief tells how the training ended
+    (cluster/training_end.py), told so before this task ends here."""
     servers = {
         f"{job}:{index}": address
         for job, addresses in placement.service.items()
@@ -288,6 +353,7 @@ def watching_servers(
         workers = {f"worker:{index}": address for index, address in enumerate(placement.spec.get("worker", []))}
 
     def lost(names, waiting=""):
+        training_end.tell(servers_told, training_end.cluster_digest(placement), EXIT_LOST_PEER)
         fault = RunFault(
             f"lost contact with {', '.join(names)} of the cluster: no answer for {cluster.peer_timeout:g}s "
             f"(cluster.peer_timeout){waiting}, stopping (exit {EXIT_LOST_PEER}: a restart resumes from the newest checkpoint)",
@@ -303,16 +369,49 @@ def watching_servers(
         liveness.Watch(
             workers, cluster.peer_timeout, lambda names: lost(names, ", and no step done meanwhile"), waited_on=stuck
         ),
+        held_by_tensorflow(placement, cluster, servers_told, {**servers, **workers})
+        if coordinator
+        else contextlib.nullcontext(),
     ):
         yield
 
 
-def end_process_now(fault: RunFault) -> None:
+def held_by_tensorflow(
+    placement: Placement, cluster, servers_told: Mapping[str, str], peers: Mapping[str, str]
+) -> HeldDeadline:
+    """The coordinator's bound on TensorFlow's hold of its interpreter
+    (cluster/held.py): a new function traced (every checkpoint it saves
+    traces one) is registered on every worker, waiting on each one's answer
+    with the interpreter held, so no watch above can run while a worker cut
+    off by the network does not answer. Held `cluster.peer_timeout` seconds,
+    it tells its servers, says so in one line naming the `peers` (its ps
+    tasks, workers, the service's tasks) that do not answer then, and ends
+    with the lost-peer code."""
+    return HeldDeadline(
+        cluster.peer_timeout,
+        f"tfdistx: lost contact with {{who}} of the cluster: TensorFlow held {placement.task_name} in a call waiting "
+        f"on it for {cluster.peer_timeout:g}s (cluster.peer_timeout), stopping (exit {EXIT_LOST_PEER}: a restart "
+        "resumes from the newest checkpoint)",
+        offset_exit(EXIT_LOST_PEER, cluster.retryable_exit_offset),
+        servers_told,
+        training_end.cluster_digest(placement),
+        told=EXIT_LOST_PEER,
+        peers=peers,
+    )
+
+
+def end_process_now(fault: RunFault) -> NoReturn:
     """The one line of `fault`, on the terminal and in the run's log, then
     the process ends with its code at once, whatever its threads are doing."""
     for line in fault.lines():
         print(line, file=sys.stderr, flush=True)
         into_log_files(line, logging.ERROR)
+    leave_now(fault.code)
+
+
+def leave_now(code: int) -> NoReturn:
+    """The process ends with `code` at once, its logs flushed, whatever its threads are doing."""
     logging.shutdown()
     sys.stdout.flush()
-    os._exit(fault.code)
+    sys.stderr.flush()
+    os._exit(code)

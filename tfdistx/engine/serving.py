@@ -22,6 +22,10 @@ leaves its ps and workers serving no one, holding their machines. So each
 server watches the trainers it serves (cluster/liveness.py) and stops on
 its own, exit 5, once one has not answered for `cluster.peer_timeout`
 seconds (or never answered within `cluster.startup_timeout`: exit 4).
+The chief tells the servers how the training ended before it leaves
+(cluster/training_end.py): a server told 0 stops once its trainers have
+left, with 0 (a job that trained to its end is not failed by its servers);
+told another code, it stops at once with it.
 """
 
 import logging
@@ -30,13 +34,13 @@ from typing import Dict, List
 
 import tensorflow as tf
 
-from tfdistx.cluster import liveness
+from tfdistx.cluster import liveness, training_end
 from tfdistx.cluster.placement import Placement
-from tfdistx.engine.preemption import end_process_now
-from tfdistx.spec.errors import EXIT_CLUSTER_DID_NOT_FORM, EXIT_LOST_PEER, RunFault, offset_exit
+from tfdistx.engine.preemption import end_process_now, leave_now
+from tfdistx.spec.errors import EXIT_CLUSTER_DID_NOT_FORM, EXIT_LOST_PEER, EXIT_PREEMPTED, RunFault, offset_exit
 from tfdistx.spec.run_spec import Cluster
 from tfdistx.spec.strategies import Strategy
-from tfdistx.sigterm import SigtermNotice, leave_preempted, reclaim
+from tfdistx.sigterm import SigtermNotice, reclaim
 
 log = logging.getLogger(__name__)
 
@@ -62,14 +66,26 @@ def until_trainers_leave(
     collected server stops) until SIGTERM, then until the trainers have
     left; exits with the preemption code. A server whose trainers are gone
     or cut off stops on its own (exit 5), as they do without it: no one
-    else may be there to stop it (TF_CONFIG, Slurm, Kubernetes)."""
+    else may be there to stop it (TF_CONFIG, Slurm, Kubernetes). One the
+    chief told how the training ended ends with it (_training_ended)."""
     notice.plan = ""  # nothing to say unless the trainers outstay the grace
+    notice.saves = True  # a first Ctrl-C too: the trainers save at their next loop boundary, served by this task
     reclaim()  # starting the server may have taken SIGTERM over
     trainers = trainer_addresses(placement, facts)
     lost: List[str] = []
+    own = {**placement.spec, **placement.service}[placement.task_type][placement.task_index]
     # A trainer still starting has not answered yet: its silence counts from its first answer, or from startup_timeout.
-    with liveness.Watch(trainers, cluster.peer_timeout, lost.extend, unseen_timeout=cluster.startup_timeout) as watch:
+    with (
+        liveness.Watch(trainers, cluster.peer_timeout, lost.extend, unseen_timeout=cluster.startup_timeout) as watch,
+        training_end.Hearing(own, training_end.cluster_digest(placement)) as chief,
+    ):
         while not notice.received.wait(0.5):  # a wait in Python, so that the signal handler runs
+            if (
+                chief.code == EXIT_PREEMPTED
+            ):  # the chief checkpointed (preempted alone): as if this server had the SIGTERM
+                break
+            if chief.code is not None:
+                _training_ended(placement, chief.code, trainers, cluster)
             if lost:
                 _stop_serving(placement, lost, watch.seen, cluster)
     deadline = time.monotonic() + cluster.preemption_grace
@@ -80,12 +96,41 @@ def until_trainers_leave(
         staying = ["the trainer"]
     if staying:
         log.warning(
-            "%s still running %gs after SIGTERM (cluster.preemption_grace): %s stops serving",
+            "%s still running %gs after %s (cluster.preemption_grace): %s stops serving",
             ", ".join(staying),
             cluster.preemption_grace,
+            notice.signal_name,
             placement.task_name,
         )
-    leave_preempted()
+    notice.leave()  # 42, or 130 after Ctrl-C
+
+
+def _training_ended(placement: Placement, code: int, trainers: Dict[str, str], cluster: Cluster) -> None:
+    """The chief said how the training ended (cluster/training_end.py).
+    This server stops once the chief has left (and, the training done, its
+    other trainers, done as well), at most `cluster.peer_timeout` later:
+    never before it, so that a launcher watching both sees the chief's end
+    first (a local cluster's parameter-server worker that left first would
+    be restarted alone). With 0 it says nothing; with another code, one
+    line, and that code. At once when it decides, as _stop_serving does
+    (a server's own teardown can wait on a peer that has gone)."""
+    waited = (
+        trainers if code == 0 else {name: address for name, address in trainers.items() if name == _chief(placement)}
+    )
+    liveness.wait_until_gone(waited, time.monotonic() + cluster.peer_timeout)
+    if code == 0:
+        leave_now(0)
+    end_process_now(
+        RunFault(
+            f"the training ended with exit code {code} (the chief said so): {placement.task_name} stops serving",
+            offset_exit(code, cluster.retryable_exit_offset),
+        )
+    )
+
+
+def _chief(placement: Placement) -> str:
+    """The name of the task that trains and tells: the chief, or worker 0 of a cluster without one."""
+    return "chief:0" if placement.spec.get("chief") else "worker:0"
 
 
 def _stop_serving(placement: Placement, lost: List[str], seen: set, cluster: Cluster) -> None:

@@ -35,6 +35,7 @@ class Start:
     restored: Optional[str]  # the checkpoint resumed from; None: a new run
     tracker: Optional[TrackObjective]  # the best checkpoint and early stopping, when asked for
     finished: Optional[str] = None  # FINISHED or STOPPED_EARLY: nothing left to train
+    stopped_because: Optional[str] = None  # STOPPED_EARLY: why (the summary's stopped_early reason)
     resumed_from_topology: Optional[dict] = None  # the restored checkpoint's topology, when another than this run's
 
 
@@ -50,10 +51,11 @@ def restore_or_warm_start(run: Run) -> Start:
             f"({os.path.basename(restored)}): ask for {step} steps or more, or use another hydra.run.dir",
         )
     start = Start(step, restored, objective_tracker(run))
+    stopped = stopped_early(run, start.tracker) if restored else None
     if restored and step == run.total_steps:
         start.finished = FINISHED
-    elif restored and start.tracker and start.tracker.exhausted():  # stopped early: as finished, never trained on
-        start.finished = STOPPED_EARLY
+    elif stopped:  # stopped early: as finished, never trained on
+        start.finished, start.stopped_because = STOPPED_EARLY, stopped
     elif restored:
         log.info("resuming from step %d (%s)", step, restored)
         start.resumed_from_topology = resumed_from_topology(run, restored, step)
@@ -69,6 +71,19 @@ def restore_or_warm_start(run: Run) -> Start:
         if not spec.checkpoint.restore or run.checkpointer.only_damaged:
             start_over_beside_previous_run(run)
     return start
+
+
+def stopped_early(run: Run, tracker: Optional[TrackObjective]) -> Optional[str]:
+    """Why the restored checkpoint's run stopped early, or None: a callback
+    of its config asked to stop at that step (callbacks.StopRecord), or
+    trainer.early_stopping's patience was spent (its state)."""
+    if run.stop_record is not None:
+        by_callback = run.stop_record.stopped(run.spec.callbacks)
+        if by_callback:
+            return by_callback
+    if tracker and tracker.exhausted():
+        return tracker.reason(run.objective_state.read())
+    return None
 
 
 def objective_tracker(run: Run) -> Optional[TrackObjective]:

@@ -2,8 +2,9 @@
 
 Like TF Model Garden's distribute_utils: one function, one name in, one
 strategy out. What each name means (processes, options, replicas) is in the
-TensorFlow-free table tfdistx/spec/strategies.py; only the builders are here. `configure_devices` must run before TensorFlow initialises its
-devices, which is why the entrypoint calls it first.
+TensorFlow-free table tfdistx/spec/strategies.py; only the builders are here.
+`configure_devices` must run before TensorFlow initialises its devices, which
+is why the entrypoint calls it first.
 """
 
 import itertools

@@ -145,10 +145,11 @@ def on_resume(
             "data.batch_size",
             batch_size,
             (
-                f"the run in this directory was checkpointed ({name}) with a global batch of {was} examples a step, and this run "
-                f"has {now['global_batch']} (data.batch_size x trainer.accumulate_steps={accumulate_steps}); a resumed run keeps its "
-                f"global batch, whatever the topology (data.batch_size is the global batch, split across the replicas): {fix}, "
-                f"or start a new run from this one with checkpoint.init_from={run_dir} and another hydra.run.dir"
+                f"the run in this directory was checkpointed ({name}) with a global batch of {was} examples a step, "
+                f"and this run has {now['global_batch']} (data.batch_size x "
+                f"trainer.accumulate_steps={accumulate_steps}); a resumed run keeps its global batch, whatever the "
+                f"topology (data.batch_size is the global batch, split across the replicas): {fix}, or start a new "
+                f"run from this one with checkpoint.init_from={run_dir} and another hydra.run.dir"
             ),
         )
     lr_before = before.get("learning_rate")
@@ -157,8 +158,8 @@ def on_resume(
             "optimizer.scale_lr_with_replicas",
             True,
             (
-                f"the run in this directory was checkpointed ({name}) on {text(before)} at a peak learning rate of {lr_before:g}, "
-                f"and {text(now)} would change it mid-run to {now['learning_rate']:g}: keep it with "
+                f"the run in this directory was checkpointed ({name}) on {text(before)} at a peak learning rate of "
+                f"{lr_before:g}, and {text(now)} would change it mid-run to {now['learning_rate']:g}: keep it with "
                 f"optimizer.scale_lr_with_replicas=false optimizer.lr={lr_before:g}"
             ),
         )
@@ -191,11 +192,14 @@ def on_resume(
 def _order_note(before: dict, now: dict, in_memory: bool) -> Optional[str]:
     """Why the examples after the resume are not exactly a whole run's; None when they are."""
     if "parameter_server" in (before.get("strategy"), now["strategy"]):
-        return "parameter servers give a step to whichever worker is free, so a worker's share of the data is kept only in expectation"
+        return (
+            "parameter servers give a step to whichever worker is free, so a worker's share of the data is kept only "
+            "in expectation"
+        )
     if not in_memory and before.get("input_pipelines") != now["input_pipelines"]:
         return (
-            f"this data is split per input pipeline (by file, by its own pipeline function, or by the tf.data service), "
-            f"and there are {now['input_pipelines']} now, {before.get('input_pipelines')} before (in-memory data read by the "
-            f"run itself keeps its order exactly)"
+            "this data is split per input pipeline (by file, by its own pipeline function, or by the tf.data "
+            f"service), and there are {now['input_pipelines']} now, {before.get('input_pipelines')} before (in-memory "
+            "data read by the run itself keeps its order exactly)"
         )
     return None

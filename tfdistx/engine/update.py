@@ -28,6 +28,19 @@ fuses them. Elsewhere the forward and backward pass of a micro-batch is
 compiled, and the sum over replicas and the update stay outside it, where
 the collectives and variable placement of every strategy work unchanged.
 
+BatchNormalization's moving mean and variance: a replica updates its own
+copy from its own batch (Keras 3 creates them with no aggregation), so the
+copies would drift apart, and the workers of a cluster end with different
+weights, a checkpoint holding the first replica's. tf.keras declared them
+averaged over the replicas on read (synchronization ON_READ, aggregation
+MEAN); here each replica's updated copy joins the step's one sum over
+replicas, beside the gradients, and every replica takes their mean. A
+moving average being linear in what it adds, that is the mean tf.keras
+read, and every replica (every worker) holds it after every step:
+evaluation, checkpoints and the export see one value. A layer made with
+`synchronized=True` normalizes by the global batch's statistics already,
+so its copies agree and are not averaged again (docs/multi-process.md).
+
 Steps per XLA call (`trainer.steps_per_xla_call`): compiled whole, K
 consecutive steps can be one XLA computation. Each call of a compiled
 computation has a fixed cost on a CPU beyond its arithmetic, a large part
@@ -40,12 +53,15 @@ those of K=1.
 """
 
 import warnings
-from typing import Callable, Optional, Sequence
+from typing import Callable, List, Optional, Sequence
 
+import keras
 import tensorflow as tf
 
 from tfdistx.engine.all_reduce_dtype import cast_back, cast_down
 from tfdistx.engine.optim import LearningRateAtStep
+from tfdistx.internals import tensorflow as internals
+from tfdistx.spec.errors import first_line
 from tfdistx.tasks import traced
 
 
@@ -77,6 +93,7 @@ class Update:
         `gradient_sum`: what sums the gradients over the replicas instead of the strategy's
         all-reduce (MPI's, engine/mpi.py)."""
         self.task, self.model, self.optimizer = task, model, optimizer
+        self.statistics = replica_statistics(model)  # averaged over the replicas after each step (above)
         self.variables, self.learning_rate = variables, learning_rate
         self.global_batch, self.accumulate_steps = global_batch, accumulate_steps
         self.all_reduce_options = all_reduce_options
@@ -136,7 +153,7 @@ class Update:
             ValueError,
             tf.errors.OpError,
         ) as error:  # "Failed getting HLO text: ...", "Detected unsupported operations ..."
-            return _first_line(error)
+            return _xla_reason(error)
         return None
 
     def without_xla(self) -> None:
@@ -207,19 +224,28 @@ class Update:
             for i, total in zip(present, sums):
                 grads[i] = total
         pairs = [(g, v) for g, v in zip(grads, variables) if g is not None]
-        # strategy.all_reduce_dtype: summed in 16 bits (half the bytes to move), back in the variables' dtype for the optimizer
+        # strategy.all_reduce_dtype: summed in 16 bits (half the bytes
+        # to move), back in the variables' dtype for the optimizer
         sent = (
             [cast_down(g, self.all_reduce_dtype) for g, _ in pairs] if self.all_reduce_dtype else [g for g, _ in pairs]
         )
-        if self.gradient_sum is not None:
+        replicas = tf.distribute.get_replica_context().num_replicas_in_sync
+        # This replica's copies of the moving statistics, updated by its batch: averaged over the replicas.
+        averaged = self.statistics if replicas > 1 else []
+        statistics = [_read_on_its_device(v) for v in averaged]
+        if self.gradient_sum is not None:  # MPI sums one dtype at a time
             summed = self.gradient_sum(sent)
+            statistics = self.gradient_sum(statistics) if statistics else []
         else:
             summed = tf.distribute.get_replica_context().all_reduce(
-                tf.distribute.ReduceOp.SUM, sent, options=self.all_reduce_options
+                tf.distribute.ReduceOp.SUM, sent + statistics, options=self.all_reduce_options
             )
+            summed, statistics = summed[: len(sent)], summed[len(sent) :]
         if self.all_reduce_dtype:
             summed = [cast_back(s, g, v) for s, (g, v) in zip(summed, pairs)]
         self.optimizer.apply_gradients(zip(summed, [v for _, v in pairs]))
+        for variable, total in zip(averaged, statistics):
+            variable.assign(total / tf.cast(replicas, total.dtype))
         return state
 
     def _gradients_fn(self, batch):
@@ -236,10 +262,37 @@ class Update:
         return tape.gradient(scaled, variables), labels, outputs, per_example
 
 
-def _first_line(error: Exception) -> str:
-    text = getattr(error, "message", None) or str(error)
-    line = next((line.strip() for line in text.splitlines() if line.strip()), type(error).__name__)
-    return line.removeprefix("Failed getting HLO text: ").strip("'")[:300]
+def replica_statistics(model) -> List:
+    """The moving statistics of the model's BatchNormalization layers that
+    each replica keeps a copy of (a mirrored variable without aggregation;
+    not `synchronized=True`, whose copies agree). Averaged only where a
+    step has more than one replica (_step_fn)."""
+    found = []
+    for layer in internals.sublayers(model, include_self=True, recursive=True):
+        if not isinstance(layer, keras.layers.BatchNormalization) or layer.synchronized:
+            continue
+        for variable in layer.non_trainable_variables:
+            value = variable.value if isinstance(variable, keras.Variable) else variable
+            if (
+                isinstance(value, tf.distribute.DistributedValues)
+                and value.aggregation == tf.VariableAggregation.NONE
+                and value.synchronization != tf.VariableSynchronization.ON_READ
+            ):
+                found.append(variable)
+    return found
+
+
+def _read_on_its_device(variable) -> tf.Tensor:
+    """This replica's copy of `variable`, read on its device: a multi-worker
+    all-reduce sends each tensor from the device it names, and a read inside
+    the step names none (`destinations can not be empty`)."""
+    with tf.device(variable.value.device):
+        return tf.identity(variable.value)
+
+
+def _xla_reason(error: Exception) -> str:
+    """What XLA said, without the wrapper TensorFlow puts around it."""
+    return first_line(error).removeprefix("Failed getting HLO text: ").strip("'")
 
 
 def _add(total, more):

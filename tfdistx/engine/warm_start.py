@@ -19,10 +19,10 @@ from typing import List, Optional, Tuple
 import keras
 
 from tfdistx.spec import warm_start as kinds
-from tfdistx.spec.errors import EXIT_RUN_DIR_LOCKED, ConfigError, Problem, RunFault
+from tfdistx.spec.errors import EXIT_RUN_DIR_LOCKED, ConfigError, Problem, RunFault, first_line
 from tfdistx.engine import checkpointing, process
 from tfdistx.engine.build import Run
-from tfdistx.engine.parts import build_model, build_optimizer_for, model_from_checkpoint
+from tfdistx.engine.parts import build_model, build_optimizer_for, data_facts, model_from_checkpoint
 
 log = logging.getLogger(__name__)
 
@@ -133,8 +133,8 @@ def _source_weights(run: Run) -> Tuple[List[Tuple[str, object]], str]:
             except Vanished:
                 raise RunFault(
                     f"{KEY}={init.path!r}: was removed while it was read (its run, still training, keeps only its "
-                    f"checkpoint.max_to_keep newest): name that run's directory, for its newest checkpoint, or one it keeps "
-                    f"(exit {EXIT_RUN_DIR_LOCKED})",
+                    "checkpoint.max_to_keep newest): name that run's directory, for its newest checkpoint, or one it "
+                    f"keeps (exit {EXIT_RUN_DIR_LOCKED})",
                     EXIT_RUN_DIR_LOCKED,
                 ) from None
         described = (
@@ -150,21 +150,26 @@ def _keras_model(path: str):
     try:
         return keras.saving.load_model(os.path.expanduser(path), compile=False)
     except Exception as error:
-        raise ConfigError.one(KEY, path, f"cannot be loaded: {_first_line(error)}") from None
+        raise ConfigError.one(KEY, path, f"cannot be loaded: {first_line(error)}") from None
 
 
 def _model_with_weights_file(run: Run, path: str):
     """A .weights.h5 file's weights in a model built as this run's is (afresh, outside the strategy)."""
     feature_spec, label_spec = run.source.element_spec
     with process.precision("float32"):  # the file holds float32 weights, whatever the run computes in
-        model = build_model(run.spec, feature_spec, run.task.num_outputs(label_spec, run.source.num_classes))
+        model = build_model(
+            run.spec,
+            feature_spec,
+            run.task.num_outputs(label_spec, run.source.num_classes),
+            **data_facts(run.spec, run.source),
+        )
     try:
         model.load_weights(os.path.expanduser(path))
     except Exception as error:
         raise ConfigError.one(
             KEY,
             path,
-            f"cannot be loaded into this run's model: {_other_weights(path, model) or _first_line(error)}; "
+            f"cannot be loaded into this run's model: {_other_weights(path, model) or first_line(error)}; "
             "a .weights.h5 is read as this run's model: give one saved from a model built as this run's is, "
             "or a .keras file (it brings its own model)",
         ) from None
@@ -192,7 +197,7 @@ def restored(spec, path: str, given: str, into: str):
         if not os.path.exists(f"{path}.index"):  # a rotated checkpoint loses its .index first
             raise Vanished(path) from None
         raise ConfigError.one(
-            KEY, given, f"{os.path.basename(path)} cannot be restored into {into}'s model: {_first_line(error)}"
+            KEY, given, f"{os.path.basename(path)} cannot be restored into {into}'s model: {first_line(error)}"
         ) from None
 
 
@@ -214,9 +219,9 @@ def newest_restored(spec, given: str, restore=restored) -> Tuple[str, object]:
                 path,
             )
     raise RunFault(
-        f"{KEY}={given!r}: its newest checkpoint was removed while it was read, {TRIES} times ({', '.join(gone)}): that "
-        "run is still training and rotates its checkpoints away (checkpoint.max_to_keep). Run again, or give one it keeps "
-        f"(RUN/checkpoints/best/ckpt-N, with checkpoint.keep_best) (exit {EXIT_RUN_DIR_LOCKED})",
+        f"{KEY}={given!r}: its newest checkpoint was removed while it was read, {TRIES} times ({', '.join(gone)}): "
+        "that run is still training and rotates its checkpoints away (checkpoint.max_to_keep). Run again, or give one "
+        f"it keeps (RUN/checkpoints/best/ckpt-N, with checkpoint.keep_best) (exit {EXIT_RUN_DIR_LOCKED})",
         EXIT_RUN_DIR_LOCKED,
     )
 
@@ -248,8 +253,3 @@ def _weights(model) -> list:
     by path: Keras numbers layer names per process (dense, dense_1, ...), so
     the same builder gives other paths each time it runs in one process."""
     return [v for v in model.weights if not v.path.endswith("seed_generator_state")]
-
-
-def _first_line(error: Exception) -> str:
-    text = str(error).strip()
-    return text.splitlines()[0][:300] if text else type(error).__name__

@@ -34,6 +34,10 @@ class BuiltInLogger:
     on: ClassVar[bool] = False  # a switch's default (a block is off until logger.NAME.enabled=true)
     seconds: ClassVar[Tuple[str, ...]] = ()  # those of its keys that are a timeout in seconds (more than 0)
     files: ClassVar[Tuple[str, ...]] = ()  # what it writes in the run dir (first names), for the run dir's checks
+    # Its keys whose null the run's job fills as the config is resolved (config/resolve.py): key -> a fact of the
+    # job, "sweep" (a multirun's sweep directory; a single run: none) or "run" (a multirun job's overrides, else the
+    # run directory's name). Written into the resolved config, so that every task of a cluster reads the same.
+    from_job: ClassVar[Mapping[str, str]] = {}
 
     @classmethod
     def shown(cls, keys: Mapping[str, Any]) -> str:

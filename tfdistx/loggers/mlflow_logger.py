@@ -30,6 +30,7 @@ from typing import Any, List, Mapping, Optional, Sequence, Tuple
 
 from tfdistx.checkpoint_files import newest_step
 from tfdistx.loggers import BuiltInLogger
+from tfdistx.spec.errors import first_line
 from tfdistx.whole_files import read_jsonl, write_whole
 
 log = logging.getLogger(__name__)
@@ -81,7 +82,9 @@ class MlflowLogger(BuiltInLogger):
         except Exception as error:  # MlflowException, a refused or timed-out connection: all mean "not now"
             if uri == local:
                 raise
-            log.warning("MLflow at %s is unreachable (%s): logging to %s instead", uri, _first_line(error), local)
+            log.warning(
+                "MLflow at %s is unreachable (%s): logging to %s instead", uri, first_line(error, most=160), local
+            )
             self.client, self.run_id = self._open(local, experiment, run_name or run_dir.name, config)
         self._catch_up(logged)
 
@@ -145,7 +148,9 @@ class MlflowLogger(BuiltInLogger):
         found = client.get_experiment_by_name(experiment)
         if found:
             experiment_id = found.experiment_id
-        else:  # the run's own store keeps its artifacts in the run dir as well (MLflow's default is ./mlruns, where the run started)
+        else:
+            # the run's own store keeps its artifacts in the run dir as well (MLflow's default is ./mlruns, where the
+            # run started)
             artifacts = (self.run_dir / ARTIFACTS_DIR).resolve().as_uri() if uri == local_store(self.run_dir) else None
             experiment_id = client.create_experiment(experiment, artifact_location=artifacts)
         run_id = client.create_run(experiment_id, run_name=run_name).info.run_id
@@ -206,7 +211,9 @@ def log_export(run_dir: Path) -> None:
     try:
         MlflowClient(tracking_uri=kept["tracking_uri"]).log_artifacts(kept["run_id"], str(run_dir / "export"), "export")
     except Exception as error:  # the export stays in the run dir either way
-        log.warning("MLflow: the export was not uploaded (%s); it is in %s", _first_line(error), run_dir / "export")
+        log.warning(
+            "MLflow: the export was not uploaded (%s); it is in %s", first_line(error, most=160), run_dir / "export"
+        )
 
 
 def _flat(config: Mapping[str, Any], prefix: str = "") -> dict:
@@ -217,7 +224,3 @@ def _flat(config: Mapping[str, Any], prefix: str = "") -> dict:
         else:
             flat[f"{prefix}{key}"] = value
     return flat
-
-
-def _first_line(error: Exception) -> str:
-    return (str(error).strip().splitlines() or [type(error).__name__])[0][:160]

@@ -1,7 +1,9 @@
 """The terminal's logger (logger.console): a step line per log step and,
-on a terminal, a status line under them."""
+on a terminal, a status line under them: a local cluster's too, whose
+chief's output reaches the terminal through its launcher (RELAY_ENV)."""
 
 import math
+import os
 import sys
 import threading
 import time
@@ -9,6 +11,19 @@ from typing import Optional, Tuple
 
 from tfdistx.log_files import into_log_files
 from tfdistx.loggers import BuiltInLogger
+
+# Set by a local cluster's launcher (or an agent) for its tasks when its own standard output is a terminal: the
+# chief's output reaches it through a pipe, so the chief sends its status line as a line of its own (STATUS_MARK,
+# then the status), which the launcher draws under the run's lines as a single process draws it (cluster/processes.py).
+RELAY_ENV = "TFDISTX_STATUS_LINE"
+# A private-use character first: no line a run prints starts so, and no line splitter splits at it (str.splitlines
+# splits at ASCII's separators).
+STATUS_MARK = "\ue000tfdistx-status "
+
+
+def relayed_status(line: str) -> Optional[str]:
+    """The status a relayed status line holds ("" when the status line is to go), or None for any other line."""
+    return line[len(STATUS_MARK) :].rstrip("\n") if line.startswith(STATUS_MARK) else None
 
 
 class ConsoleProgress(BuiltInLogger):
@@ -21,24 +36,34 @@ class ConsoleProgress(BuiltInLogger):
     second while a call runs (a thread: the main one is inside TensorFlow
     then), as Keras' and Lightning's progress bars are. Its step is the
     last one done, and its rate and time left are measured over the steps
-    done so far in this process.
+    done so far in this process. A local cluster's chief, whose launcher
+    shows a terminal (RELAY_ENV), sends the same status as lines of their
+    own for the launcher to draw (`relay`).
     """
 
     name, on = "console", True
 
-    def __init__(self, total_steps: int, stream=None, start_step: int = 0, live: Optional[bool] = None):
+    def __init__(
+        self,
+        total_steps: int,
+        stream=None,
+        start_step: int = 0,
+        live: Optional[bool] = None,
+        relay: Optional[bool] = None,
+    ):
         self.total_steps = total_steps
         self.stream = stream or sys.stdout
         self.width = len(str(total_steps))
         self.last_time: Optional[float] = None
         self.last_step: Optional[int] = None
         self.live = _is_a_terminal(self.stream) if live is None else live
+        self.relay = not self.live and (os.environ.get(RELAY_ENV) == "1" if relay is None else relay)
         self.step, self.started = start_step, time.monotonic()
         self.first: Optional[Tuple[int, float]] = (
             None  # (step, time) of the first call's end: the rate leaves out tracing
         )
         self.lock, self.stopped = threading.Lock(), threading.Event()
-        if self.live:
+        if self.live or self.relay:
             threading.Thread(target=self._redraw_every_second, name="tfdistx-progress", daemon=True).start()
 
     @classmethod
@@ -79,6 +104,8 @@ class ConsoleProgress(BuiltInLogger):
         with self.lock:
             if self.live:
                 self.stream.write("\r\033[K")
+            if self.relay:  # no status left under the lines
+                self.stream.write(STATUS_MARK + "\n")
             self.stream.flush()
 
     def status(self) -> str:
@@ -93,6 +120,8 @@ class ConsoleProgress(BuiltInLogger):
     def _draw(self) -> None:
         if self.live:
             self.stream.write("\r\033[K" + self.status())
+        elif self.relay:
+            self.stream.write(STATUS_MARK + self.status() + "\n")
         self.stream.flush()
 
     def _redraw_every_second(self) -> None:

@@ -1,5 +1,5 @@
-"""The loggers that keep a run's metrics: metrics.jsonl, metrics.csv,
-TensorBoard and Weights & Biases (MLflow's is mlflow_logger.py, the
+"""The loggers that keep a run's metrics: metrics.jsonl, metrics.csv and
+TensorBoard (W&B's is wandb_logger.py, MLflow's mlflow_logger.py, the
 terminal's progress.py). Each is a callable `(step, metrics)` with a
 `close()`; engine/loggers.py opens the ones a run asks for, each by its
 maker (a `for_run` where the class takes a path of the run dir)."""
@@ -7,10 +7,8 @@ maker (a `for_run` where the class takes a path of the run dir)."""
 import csv
 import json
 import logging
-import netrc
 import os
 from pathlib import Path
-from typing import Optional, Sequence
 
 from tfdistx.loggers import BuiltInLogger
 from tfdistx.whole_files import append_whole, keep_steps_up_to, replacing
@@ -124,63 +122,3 @@ class TensorBoardLogger(BuiltInLogger):
 
     def close(self) -> None:
         self.writer.close()
-
-
-class WandbLogger(BuiltInLogger):
-    """logger.wandb: Weights & Biases, offline unless an API key is configured.
-
-    Offline runs write under <run dir>/wandb and upload later with
-    `wandb sync`; tfdistx never needs the network. An online run that cannot
-    reach W&B within `init_timeout` seconds (a key but no network) falls
-    back to offline with one warning line: training never waits on it.
-    """
-
-    name, seconds, files = "wandb", ("init_timeout",), ("wandb",)
-
-    def __init__(
-        self,
-        run_dir: Path,
-        config: dict,
-        project: str = "tfdistx",
-        entity: Optional[str] = None,
-        mode: Optional[str] = None,
-        tags: Sequence[str] = (),
-        init_timeout: float = 30.0,
-    ):
-        import wandb
-
-        self.wandb = wandb
-        mode = mode or ("online" if _wandb_key_configured() else "offline")
-        init = dict(
-            project=project, entity=entity, dir=str(run_dir), config=config, tags=list(tags), reinit="finish_previous"
-        )
-        if mode != "online":
-            self.run = wandb.init(mode=mode, **init)
-            return
-        try:  # quiet: its retries would print a screenful; the outcome is said below
-            self.run = wandb.init(
-                mode="online", settings=wandb.Settings(init_timeout=init_timeout, silent=True), **init
-            )
-            log.info("W&B run: %s", self.run.url)
-        except Exception as error:  # wandb's CommError, UsageError, a timeout: all mean "not now"
-            log.warning(
-                "W&B is unreachable (%s): logging offline to %s/wandb instead; `wandb sync` uploads it later",
-                str(error).strip().splitlines()[0][:160],
-                run_dir,
-            )
-            self.run = wandb.init(mode="offline", settings=wandb.Settings(silent=True), **init)
-
-    def __call__(self, step: int, metrics: dict) -> None:
-        self.run.log(metrics, step=step)
-
-    def close(self) -> None:
-        self.run.finish()
-
-
-def _wandb_key_configured() -> bool:
-    if os.environ.get("WANDB_API_KEY"):
-        return True
-    try:
-        return netrc.netrc().authenticators("api.wandb.ai") is not None
-    except (FileNotFoundError, netrc.NetrcParseError):
-        return False

@@ -5,10 +5,11 @@ Every node runs the same command; each node's agent starts one worker, and
 the agents meet at `cluster.agent.store`, host:port, kept by the agent on
 that host, which also runs the servers of the run (a parameter-server
 run's chief and ps tasks, the tf.data service's dispatcher and data workers,
-`data.service.workers`, which no elastic run has) and the sidecar evaluator (`cluster.evaluator=true`,
-refused for an elastic run as the local launcher's elastic rounds refuse it). With `cluster.workers=MIN:MAX` the run is elastic across the
-nodes; without, it trains on cluster.workers nodes and waits for a lost one
-to come back (below_min_timeout).
+`data.service.workers`, which no elastic run has) and the sidecar evaluator
+(`cluster.evaluator=true`, refused for an elastic run as the local launcher's
+elastic rounds refuse it). With `cluster.workers=MIN:MAX` the run is elastic
+across the nodes; without, it trains on cluster.workers nodes and waits for a
+lost one to come back (below_min_timeout).
 
 No TensorFlow here.
 """
@@ -56,6 +57,16 @@ def problems(cfg) -> List[Problem]:
                 "this node's host name or IP address, without a port; or null: the address it reaches the store from",
             )
         )
+    token_file = agent.get("token_file")
+    if token_file is not None and not (isinstance(token_file, str) and token_file.strip()):
+        found.append(
+            Problem(
+                "cluster.agent.token_file",
+                token_file,
+                "a file holding the run's secret, the same on every node (a path: it is read on each node); "
+                "or null: the run directory's logs/rendezvous.key, made by the first agent",
+            )
+        )
     name = cfg.strategy.get("name")
     if (
         name in strategies.NAMES
@@ -93,7 +104,8 @@ def _is_host(text: str) -> bool:
 
 
 def plan_line(cluster, servers) -> str:
-    """--plan's line of a run with an agent on every node (`servers`: the tasks its keeper's node runs beside its worker, per job)."""
+    """--plan's line of a run with an agent on every node (`servers`:
+    the tasks its keeper's node runs beside its worker, per job)."""
     agent, low = cluster.agent, cluster.elastic.min_workers if cluster.elastic else cluster.workers
     grace = (
         f"a round waits {agent.join_grace:g}s past {low} agents for {cluster.workers}, "
@@ -101,8 +113,13 @@ def plan_line(cluster, servers) -> str:
         else ""
     )
     servers = f" and runs {strategies.describe_jobs(servers)}" if servers else ""
+    secret = (
+        f"cluster.agent.token_file={agent.token_file}"
+        if agent.token_file is not None
+        else "the run dir's logs/rendezvous.key, made by the first agent"
+    )
     return (
-        f"agents        one per node, {low}:{cluster.workers} workers, meeting at {agent.store} (its host's agent keeps "
-        f"the rounds{servers}); {grace}a node silent {agent.lost_bound:g}s is lost, and the run stops after {agent.below_min_timeout:g}s "
-        f"below {low} (exit 9)"
+        f"agents        one per node, {low}:{cluster.workers} workers, meeting at {agent.store} (its host's agent "
+        f"keeps the rounds{servers}); {grace}a node silent {agent.lost_bound:g}s is lost, and the run stops after "
+        f"{agent.below_min_timeout:g}s below {low} (exit 9); every beat proves the run's secret ({secret})"
     )

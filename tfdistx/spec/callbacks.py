@@ -18,8 +18,8 @@ _KERAS_PREFIXES = ("keras.callbacks.", "tf.keras.callbacks.", "tensorflow.keras.
 REFUSED = {
     "BackupAndRestore": "tfdistx resumes every run from its own checkpoints, exactly (weights, optimizer, step, data "
     "position, callbacks' state): drop it; checkpoint.every_steps sets how often a checkpoint is saved",
-    "SwapEMAWeights": "it swaps the optimizer's averages in for Keras' evaluate (on_test_begin), which tfdistx does not "
-    "call: not supported",
+    "SwapEMAWeights": "it swaps the optimizer's averages in for Keras' evaluate (on_test_begin), which tfdistx does "
+    "not call: not supported",
 }
 # Refused with one key set so: (key, value, why and what to use instead).
 REFUSED_WITH = {
@@ -30,6 +30,24 @@ REFUSED_WITH = {
         "(its export is the best checkpoint's, by trainer.objective) and drop restore_best_weights",
     ),
 }
+
+
+# Keras' callbacks that write where a key of theirs says: the key, its default (None: none), and a name to offer.
+# Under tfdistx the path is the run dir's (relative: to it; absolute: inside it), as callbacks=csv_logger's is: a
+# path out of the run dir could be a file of the user's, which the callback would replace, and a rerun (a resume)
+# replaces what the run itself wrote there.
+PATHS = {
+    "ModelCheckpoint": ("filepath", None, "best.keras"),
+    "CSVLogger": ("filename", None, "keras_log.csv"),
+    "TensorBoard": ("log_dir", "logs", "keras_tensorboard"),
+    "OrbaxCheckpoint": ("directory", None, "orbax"),
+    "BackupAndRestore": ("backup_dir", None, "backup"),  # refused (REFUSED): a subclass built all the same is checked
+}
+
+
+def path_key(names: Iterable[str]) -> Optional[tuple]:
+    """(key, default, example) of the first of these Keras class names that writes where a key says; None: none does."""
+    return next((PATHS[name] for name in names if name in PATHS), None)
 
 
 def keras_name(path: str) -> Optional[str]:

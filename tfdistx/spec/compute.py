@@ -129,11 +129,6 @@ _CPU_RULE = (
 )
 
 
-def jit_compile(cfg, gpus: Optional[bool] = None) -> Tuple[Optional[bool], str]:
-    """(compile with XLA?, why) for the config's `trainer.jit_compile`."""
-    return planned_jit(cfg.trainer, _facts(cfg), gpus)
-
-
 def planned_jit(trainer, facts: strategies.Strategy, gpus: Optional[bool] = None) -> Tuple[Optional[bool], str]:
     """jit_compile of a config's or a RunSpec's `trainer` (their keys are the same), before the model is built."""
     return decide_jit(trainer.jit_compile, facts, gpus, accumulate_steps=trainer.accumulate_steps)
@@ -177,8 +172,8 @@ def decide_jit(
         return (False if gpus is False else None), (
             f"off (auto): on CPUs, with trainer.accumulate_steps={accumulate_steps}"
             if layers is not None
-            else f"auto: on with GPUs; off on CPUs with trainer.accumulate_steps={accumulate_steps} (a step of {accumulate_steps} "
-            "micro-batches trained slower compiled: docs/performance.md)"
+            else f"auto: on with GPUs; off on CPUs with trainer.accumulate_steps={accumulate_steps} (a step of "
+            f"{accumulate_steps} micro-batches trained slower compiled: docs/performance.md)"
         )
     if gpus is None or layers is None:
         return None, f"auto: on with GPUs; on CPUs on for a model of Dense layers only, else off ({_CPU_RULE})"
@@ -207,11 +202,6 @@ def beyond_dense(layers: Iterable[str], ops: Iterable[str]) -> str:
 
 MOST_STEPS_PER_XLA_CALL = 10  # the most `auto` takes (more steps a call saved no more in the benchmarks)
 _PER_CALL_RULE = "each call's fixed cost saved, a large part of a small dense step (docs/performance.md)"
-
-
-def steps_per_xla_call(cfg, gpus: Optional[bool] = None) -> Tuple[Optional[int], str]:
-    """(steps per XLA call, why) for the config."""
-    return planned_steps_per_xla_call(cfg.trainer, cfg.checkpoint, _facts(cfg), gpus)
 
 
 def planned_steps_per_xla_call(
@@ -297,8 +287,8 @@ def steps_per_xla_call_problem(
 def precision_warning(precision: str, gpus: bool) -> Optional[str]:
     if precision == "mixed_float16" and not gpus:
         return (
-            "trainer.precision=mixed_float16 without GPUs: CPUs emulate float16 arithmetic, many times slower than float32 "
-            "(docs/performance.md; mixed_bfloat16 is the CPU's and TPU's half precision)"
+            "trainer.precision=mixed_float16 without GPUs: CPUs emulate float16 arithmetic, many times slower than "
+            "float32 (docs/performance.md; mixed_bfloat16 is the CPU's and TPU's half precision)"
         )
     return None
 
@@ -320,7 +310,8 @@ def problems(cfg) -> List[Problem]:
             Problem(
                 "trainer.steps_per_xla_call",
                 per_call,
-                "more than 1 only where XLA compiles the whole step: strategy=one_device, trainer.jit_compile true or auto",
+                "more than 1 only where XLA compiles the whole step: strategy=one_device, trainer.jit_compile true or "
+                "auto",
             )
         )
     if trainer.precision in PRECISIONS and trainer.precision not in facts.precisions:

@@ -96,11 +96,12 @@ def mode_resume_warning(mode: Optional[str], deterministic: bool) -> Optional[st
         return None
     if mode == PARALLEL_EPOCHS:
         return (
-            "trainer.deterministic=true with data.service.mode=parallel_epochs: each tf.data service worker shuffles in an order "
-            "of its own, so neither a run nor its resume is reproducible (docs/multi-process.md: data.service)"
+            "trainer.deterministic=true with data.service.mode=parallel_epochs: each tf.data service worker shuffles "
+            "in an order of its own, so neither a run nor its resume is reproducible (docs/multi-process.md: "
+            "data.service)"
         )
     return (
-        "trainer.deterministic=true with data.service: which batch a step trains depends on which tf.data service worker "
-        "answers first, and batches in flight when a run stops are lost, so a resumed run is not bitwise equal to an "
-        "uninterrupted one (docs/multi-process.md: data.service)"
+        "trainer.deterministic=true with data.service: which batch a step trains depends on which tf.data service "
+        "worker answers first, and batches in flight when a run stops are lost, so a resumed run is not bitwise equal "
+        "to an uninterrupted one (docs/multi-process.md: data.service)"
     )

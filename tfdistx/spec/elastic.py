@@ -116,15 +116,16 @@ def problems(cfg) -> List[Problem]:
                 "evaluate with trainer.eval_every, or `tfdistx evaluate` afterwards",
             )
         )
-    if cluster.launch not in (*LOCAL_LAUNCHES, "agent"):
-        found.append(
+    if cluster.launch not in (*LOCAL_LAUNCHES, "agent"):  # the one problem then: hosts and the rest are moot
+        return [
             Problem(
                 "cluster.launch",
                 cluster.launch,
-                f"elastic rounds ({shown_range}) are formed by tfdistx's local launcher "
-                "or by an agent on every node: use cluster.launch=local, auto or agent",
+                f"elastic rounds ({shown_range}) are formed by tfdistx's agents, one on every node, or by its local "
+                "launcher, not by a scheduler's fixed set of tasks: use cluster.launch=agent (under Slurm and in a "
+                "JobSet too), or cluster.launch=local on one machine",
             )
-        )
+        ]
     found += (
         _hosts(elastic) if cluster.launch != "agent" else []
     )  # the agents that reach the rendezvous are the hosts (spec/agent.py)
@@ -209,8 +210,9 @@ def placed_by_a_scheduler(cluster, launched_by_tfdistx: bool) -> List[Problem]:
         Problem(
             "cluster.elastic.min_workers",
             cluster.elastic.min_workers,
-            f"elastic rounds ({shown(cluster)}) are formed by "
-            "tfdistx's local launcher, and this task was placed by a scheduler: leave cluster.elastic.min_workers=null here",
+            f"elastic rounds ({shown(cluster)}) are formed by tfdistx's local launcher or its agents, and this task "
+            "was placed by a scheduler: run an agent on every node (cluster.launch=agent), or leave "
+            "cluster.elastic.min_workers=null here",
         )
     ]
 
@@ -222,9 +224,9 @@ def plan_line(cluster) -> Optional[str]:
     elastic, (low, high) = cluster.elastic, worker_range(cluster)
     source = f"listed in {elastic.hosts}" if elastic.hosts is not None else f"printed by `{elastic.discover}`"
     return (
-        f"elastic       {low}:{high} workers, one per host {source}; a round waits {elastic.join_grace:g}s past {low} hosts "
-        f"for {high}, a lost host {elastic.lost_bound:g}s to come back, and the run {elastic.below_min_timeout:g}s below {low} "
-        f"(then exit 9)"
+        f"elastic       {low}:{high} workers, one per host {source}; a round waits {elastic.join_grace:g}s past {low} "
+        f"hosts for {high}, a lost host {elastic.lost_bound:g}s to come back, and the run "
+        f"{elastic.below_min_timeout:g}s below {low} (then exit 9)"
     )
 
 

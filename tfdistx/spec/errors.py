@@ -10,6 +10,7 @@ what a retry can cure (RETRYABLE) from what it cannot.
 """
 
 import contextlib
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,6 +31,7 @@ EXIT_NO_NETWORK = (
     10  # a dataset to download, and no network to download it: a fault of the machine, which no retry cures here
 )
 EXIT_PREEMPTED = 42
+EXIT_INTERRUPTED = 130  # Ctrl-C (128 + SIGINT, as a shell says it): the user stopped the run; never retried
 # The signals that, like SIGTERM, mean "checkpoint and leave with EXIT_PREEMPTED" (cluster.notice_signals, named as
 # Slurm's --signal names them): USR1 by default, so that Slurm's time-limit notice (`sbatch --signal=B:USR1@120`,
 # passed on to the step by `tfdistx export slurm`'s script) is one with no override. SIGTERM always is; INT is
@@ -129,3 +131,28 @@ def retryable_exits_offset_by(offset: int):
         if offset_exit(leaving.code, offset) != leaving.code:
             raise SystemExit(offset_exit(leaving.code, offset)) from None
         raise
+
+
+_COLOURS = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def first_line(error: BaseException, most: int = 300) -> str:
+    """The line of an error that says what went wrong, for a message of one line: its first line that is not
+    blank (TensorFlow's errors say it in `.message`), without terminal colours or the tensors' values Keras
+    prints after it; where Keras wraps an error raised in a layer's call under `Exception encountered when
+    calling X.call().`, the cause below it, and where. Cut at `most` characters; the error's type when it says
+    nothing."""
+    text = getattr(error, "message", None)
+    if not isinstance(text, str) or not text.strip():
+        text = str(error)
+    lines = [line for line in (_COLOURS.sub("", line).strip() for line in text.splitlines()) if line]
+    if not lines:
+        return type(error).__name__
+    if len(lines) > 1 and lines[0].startswith("Exception encountered when calling"):
+        return f"{_no_values(lines[1])[:most]} (in {lines[0].split('calling ', 1)[1].rstrip('.')})"
+    return _no_values(lines[0])[:most]
+
+
+def _no_values(line: str) -> str:
+    """A reason without the tensors' values Keras prints after it."""
+    return line.split(" Inputs received:")[0].split("<tf.Tensor")[0].rstrip(" :[(") or line

@@ -14,9 +14,11 @@ An MPI process needs MPI's own launcher: a process started alone cannot
 connect to another (MPICH refuses two singletons: "Local and remote groups
 in MPI_Intercomm must be disjoint"). So the local launcher starts each task
 as `mpiexec -n 1 <its command>`: a world of one, which joins its peers
-through a port name; mpiexec passes the task's signals on (SIGTERM, SIGINT,
-SIGUSR1) and ends with its exit code, and a task whose mpiexec is killed
-dies with it (mpiexec's file of the machine's topology, /tmp/hydra_hwloc_xmlfile_*,
+through a port name; the launcher gives the task's signals (SIGTERM,
+SIGINT, SIGUSR1) to the task itself, not to mpiexec, which would say so in
+lines of its own and loses one that comes before it has started the task
+(cluster/processes.py); mpiexec ends with the task's exit code, and a task
+whose mpiexec is killed dies with it (mpiexec's file of the machine's topology, /tmp/hydra_hwloc_xmlfile_*,
 is removed when mpiexec ends by itself, not when it is killed: MPICH writes it
 in /tmp whatever TMPDIR says). Only the local launcher does so: on Slurm, under TF_CONFIG,
 agents or Kubernetes, the scheduler starts the tasks, so `mpi` is refused
@@ -39,6 +41,22 @@ INSTALL = "pip install 'tfdistx[mpi]'"
 def chosen(strategy_options: Mapping[str, Any]) -> bool:
     """Whether the run's strategy options ask for MPI (validation refuses them on any strategy but multiworker)."""
     return strategy_options.get("communication") == NAME
+
+
+def placed_by_a_scheduler(strategy_options: Mapping[str, Any], launched_by_tfdistx: bool) -> List[Problem]:
+    """strategy.communication=mpi in a task a scheduler placed (TF_CONFIG, Slurm, a JobSet, with cluster.launch=auto):
+    refused before TensorFlow starts, as cluster.launch=slurm is, rather than at the join (engine/mpi.py). The local
+    launcher's own tasks were started by mpiexec."""
+    if not chosen(strategy_options) or launched_by_tfdistx:
+        return []
+    return [
+        Problem(
+            "strategy.communication",
+            NAME,
+            "MPI's tasks are started by tfdistx's local launcher (cluster.launch=local), and this task was placed "
+            "by a scheduler: use strategy.communication=ring there",
+        )
+    ]
 
 
 def mpiexec() -> Optional[str]:
@@ -66,15 +84,15 @@ def problems(
                 "use strategy.communication=ring there",
             )
         )
-    if launch not in LOCAL_LAUNCHES:
-        found.append(
+    if launch not in LOCAL_LAUNCHES:  # the one problem then: the rest is moot where MPI cannot run at all
+        return [
             Problem(
                 key,
                 NAME,
                 f"MPI's tasks are started by tfdistx's local launcher (cluster.launch=local), not with "
                 f"cluster.launch={launch}: use strategy.communication=ring there",
             )
-        )
+        ]
     if devices_per_worker is not None and devices_per_worker != 1:
         found.append(
             Problem(

@@ -43,8 +43,14 @@ LOSS_SCALE_OPTIMIZER = (
     "trainer.precision=mixed_float16"
 )
 BASE_OPTIMIZER = "the base class has no update rule of its own: name one of its subclasses, e.g. optimizer.name=adamw"
+OPTIMIZER_MAP = (
+    "it is no optimizer but the mapping from variables to optimizers that MultiOptimizer takes, which tfdistx does "
+    "not build either (one optimizer, its learning rate, clipping and sum over replicas set by tfdistx): name one "
+    "optimizer class, e.g. optimizer.name=adamw"
+)
 REFUSED = {
     "keras.optimizers.MultiOptimizer": MULTI_OPTIMIZER,
+    "keras.optimizers.OptimizerMap": OPTIMIZER_MAP,
     "keras.optimizers.LossScaleOptimizer": LOSS_SCALE_OPTIMIZER,
     "keras.optimizers.Optimizer": BASE_OPTIMIZER,
     "keras.Optimizer": BASE_OPTIMIZER,

@@ -87,6 +87,7 @@ class Agent:
 
     store: str  # host:port of the rendezvous
     address: Optional[str]  # this node's address; None: the one it reaches the store from
+    token_file: Optional[str]  # the run's secret (cluster/run_secret.py); None: made in the run directory
     # The rendezvous' bounds, cluster.elastic's keys (a fixed run's agents wait for a lost node as an elastic run's do):
     join_grace: float
     lost_bound: float

@@ -282,7 +282,8 @@ def _resolve_name(module: _Module, name: str, depth: int):
     found = [_binding(module, binding, depth) for binding in bindings[name]]
     if len(found) == 1:
         return found[0]
-    # bound in several places (if/else, try/except): known only if every binding is a class or function; their keywords joined
+    # bound in several places (if/else, try/except): known only if
+    # every binding is a class or function; their keywords joined
     if all(isinstance(f, _Definition) for f in found):
         return _Alternatives(tuple(found))
     return None
@@ -290,7 +291,8 @@ def _resolve_name(module: _Module, name: str, depth: int):
 
 @dataclass(frozen=True)
 class _Alternatives:
-    """A name bound by one of several definitions, chosen at import time: as a base class, it takes what any of them takes."""
+    """A name bound by one of several definitions, chosen at import
+    time: as a base class, it takes what any of them takes."""
 
     definitions: Tuple[_Definition, ...]
 
@@ -415,7 +417,8 @@ def _class_takes(definition: _Definition, depth: int) -> Optional[Tuple[str, ...
 
 
 def _bases_take(node: ast.ClassDef, module: _Module, depth: int) -> Optional[Tuple[str, ...]]:
-    """What the bases' constructors take, joined (a superset of what the MRO's next one takes: it never refuses a key that works)."""
+    """What the bases' constructors take, joined (a superset of what
+    the MRO's next one takes: it never refuses a key that works)."""
     taken: Tuple[str, ...] = ()
     for base in node.bases:
         found = _resolve_expression(module, base, depth + 1)

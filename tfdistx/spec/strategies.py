@@ -76,7 +76,8 @@ class Strategy:
         # How much less: docs/performance.md's table of the default job under parameter servers.
         return (
             f"{workers} asynchronous workers apply stale gradients: {steps} steps learn much less than on one device; "
-            f"give it more steps (trainer.steps={1000 * workers}) — see docs/multi-process.md on asynchronous training"
+            f"give it more steps (trainer.steps={1000 * workers}) — see docs/multi-process.md on asynchronous "
+            "training"
         )
 
     def job_counts(self, workers: int, ps: int) -> Dict[str, int]:
@@ -145,7 +146,10 @@ class Strategy:
 
 # What TF 2.21 answers: "Trying to access resource ... located in device ... Cf.
 # https://www.tensorflow.org/xla/known_issues#tfvariable_on_a_different_device".
-_VARIABLES_ELSEWHERE = "its variables live {where}, away from the device that computes, and XLA compiles only steps whose variables are on their own device"
+_VARIABLES_ELSEWHERE = (
+    "its variables live {where}, away from the device that computes, and XLA compiles only steps whose variables are "
+    "on their own device"
+)
 CROSS_DEVICE_OPS = ("auto", "nccl", "hierarchical_copy", "reduction_to_one")
 # strategy.communication: how multiworker's collectives cross processes (engine/strategy.py; mpi: spec/mpi.py).
 COMMUNICATION_MEANS = {
@@ -167,8 +171,8 @@ _ALL_REDUCE_DTYPE = (
 )
 # strategy.partitioner (parameter_server): see partitioner_settings below.
 _PARTITIONER = Option(
-    "split each large variable (a Dense kernel, an Embedding table) into shards on several ps tasks with TensorFlow's own "
-    "partitioners; off while both keys are null; strategy.partitioner=true: on, with 256 KiB and one shard per ps",
+    "split each large variable (a Dense kernel, an Embedding table) into shards on several ps tasks with TensorFlow's "
+    "own partitioners; off while both keys are null; strategy.partitioner=true: on, with 256 KiB and one shard per ps",
     keys={
         "min_shard_bytes": Option("a variable of more than this many bytes is split into ceil(bytes / this) shards"),
         "max_shards": Option("at most this many shards of one variable (null: cluster.ps, one per ps)"),
@@ -216,7 +220,9 @@ STRATEGIES: Dict[str, Strategy] = {
             "TPUStrategy through TPUClusterResolver",
             ONE_PROCESS,
             {"tpu": Option("TPU name or grpc:// address; default: $TPU_NAME, else a local TPU VM")},
-            not_in_tfjob="a TPU is reached through its own resolver (strategy.tpu), not a TFJob's TF_CONFIG: run it on a TPU VM",
+            not_in_tfjob=(
+                "a TPU is reached through its own resolver (strategy.tpu), not a TFJob's TF_CONFIG: run it on a TPU VM"
+            ),
             precisions=("float32", "mixed_bfloat16"),
         ),
         Strategy(

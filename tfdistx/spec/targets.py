@@ -47,6 +47,15 @@ class Target:
         kwargs = {k: v for k, v in keys.items() if k not in set(exclude) and k != "_target_"}
         return cls(group, current(keys["_target_"]), MappingProxyType(kwargs))
 
+    def names(self, parameter: str) -> bool:
+        """Whether the target's signature names `parameter` (not only takes any keyword, **kwargs): what tfdistx
+        passes a target only where it asks for it by name (a source's state_dir, a task's labels), so that a
+        user's wrapper `load(**kwargs)` forwarding to one that does not take it is not handed it."""
+        try:
+            return parameter in _parameters(locate(self.path))
+        except Exception:  # not found, or no signature: building it says so
+            return False
+
     def build(
         self,
         expect: type,

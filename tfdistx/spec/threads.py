@@ -67,7 +67,8 @@ def cores() -> int:
 def task_threads(
     setting, counts: Mapping[str, int], available: Optional[int] = None, environ: Mapping[str, str] = os.environ
 ) -> Tuple[Optional[int], str]:
-    """(intra-op threads of each task, None for TensorFlow's own sizing; why) for a local cluster of `counts` tasks per job."""
+    """(intra-op threads of each task, None for TensorFlow's own
+    sizing; why) for a local cluster of `counts` tasks per job."""
     if any(name in environ for name in ENV):
         given = ", ".join(f"{name}={environ[name]}" for name in ENV if name in environ)
         return None, f"as the environment sets ({given})"
@@ -103,4 +104,7 @@ def describe(threads: Optional[int]) -> str:
     if threads is None:
         return "as TensorFlow sizes them"
     env = environment(threads)
-    return f"{env['TF_NUM_INTRAOP_THREADS']} intra-op, {env['TF_NUM_INTEROP_THREADS']} inter-op, idle threads sleep (no spinning)"
+    return (
+        f"{env['TF_NUM_INTRAOP_THREADS']} intra-op, {env['TF_NUM_INTEROP_THREADS']} inter-op, idle threads sleep (no "
+        "spinning)"
+    )

@@ -34,7 +34,8 @@ def kind(path: str) -> Tuple[Optional[str], Optional[str]]:
         if any(given.glob("ckpt-*.index")):  # RUN/checkpoints: the checkpoints are there, the config one level up
             return (
                 None,
-                f"is a directory of checkpoints: name one (e.g. {given}/ckpt-N) or the run directory; allowed: {ALLOWED}",
+                f"is a directory of checkpoints: name one (e.g. {given}/ckpt-N) or the run directory; allowed: "
+                f"{ALLOWED}",
             )
         return None, f"is a directory, but not a tfdistx run directory (no .hydra/config.yaml); allowed: {ALLOWED}"
     if Path(f"{given}.index").is_file():
