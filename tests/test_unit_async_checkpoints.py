@@ -8,6 +8,8 @@ The kill and signal cases, on real processes: test_async_checkpoints.py."""
 import json
 import logging
 import os
+import threading
+import time
 
 import keras
 import numpy as np
@@ -17,6 +19,7 @@ import tensorflow as tf
 from engine_helpers import train
 from tfdistx.checkpoint_files import on_disk
 from tfdistx.engine.checkpoint_writer import STAGING
+from tfdistx.engine import checkpointing
 from tfdistx.engine.checkpointing import Checkpointer
 
 pytestmark = pytest.mark.unit
@@ -44,6 +47,40 @@ def test_a_save_in_flight_holds_the_state_of_its_step_while_the_steps_change_it(
     assert int(step.numpy()) == 5
     for value, variable in zip(at_5, [*model.weights, *optimizer.variables]):
         np.testing.assert_array_equal(variable.numpy(), value)
+
+
+def test_a_save_asked_while_one_is_written_waits_for_it_is_written_too_and_the_wait_is_said_once(
+    tmp_path, monkeypatch, caplog
+):
+    """At most one save in flight: the next waits for the one being written
+    (never skipped: every checkpoint the cadence asks for is written), the
+    loop's wait is counted in the stall, and said once, naming both steps."""
+    monkeypatch.setattr(checkpointing, "WAITING_WORTH_SAYING", 0.0)  # any wait is said (else from 1 s)
+    model = keras.Sequential([keras.Input((64,)), keras.layers.Dense(256)])
+    step = tf.Variable(5, dtype=tf.int64)
+    checkpointer = Checkpointer(str(tmp_path / "ckpt"), max_to_keep=5, model=model, step=step)
+    in_place = threading.Event()
+
+    def held_until_the_loop_waits(saved_step):  # ckpt-5's files are in place; its save returns once the loop waits
+        if saved_step != 5:
+            return
+        in_place.set()
+        deadline = time.monotonic() + 60
+        while checkpointer.writer._job is not None and time.monotonic() < deadline:  # None: the loop is in wait()
+            time.sleep(0.001)
+
+    checkpointer.kept.on_add = held_until_the_loop_waits
+    with caplog.at_level(logging.WARNING, logger="tfdistx.engine.checkpointing"), checkpointer:
+        checkpointer.save_in_background(5)
+        assert in_place.wait(60) and checkpointer.writer.in_flight == 5
+        step.assign(10)
+        checkpointer.save_in_background(10)  # waits for ckpt-5, then starts its own
+        checkpointer.save_in_background(10)  # asked again at the same step: nothing more
+    said = [r.getMessage() for r in caplog.records if "waited" in r.getMessage()]
+    assert len(said) == 1 and said[0].startswith("step 10: the steps waited "), said
+    assert "for the checkpoint of step 5 to be written: saves come faster than they are written" in said[0]
+    assert [os.path.basename(p) for p in on_disk(str(tmp_path / "ckpt"))] == ["ckpt-5", "ckpt-10"]
+    assert checkpointer.stats.saves == checkpointer.stats.background == 2 and len(checkpointer.stats.stalls) == 2
 
 
 @pytest.mark.parametrize("strategy", list(STRATEGIES))

@@ -669,7 +669,4 @@ class SignalAt:
 
     def __call__(self, step, record):
         if step == self.step:
-            import os
-            import signal
-
             os.kill(os.getpid(), signal.SIGTERM)
