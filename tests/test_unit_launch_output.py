@@ -63,3 +63,24 @@ def test_the_chiefs_relayed_status_line_is_drawn_under_the_tasks_lines_and_kept_
     ), repr(out)
     for log in ("worker-0.log", "run.log"):
         assert (tmp_path / log).read_text() == ("[worker:0] " if log == "run.log" else "") + "step 10/100  loss 1.5\n"
+
+
+def test_a_last_word_every_task_says_alike_is_shown_once_and_each_tasks_log_keeps_it(tmp_path, capsys):
+    """Tasks that share a config end alike (data not downloaded: exit 10 from each): the terminal and the
+    run's log show the line once, under the first task that said it; a task's last word of its own is shown."""
+    alike = "tfdistx: data=mnist is not downloaded to /data/mnist/3.0.1 (exit 10)\n"
+    own = {"worker:0": alike, "worker:1": alike, "worker:2": "tfdistx: lost contact with worker:0 (exit 5: ...)\n"}
+    said = SaidOnce()
+    for name, line in own.items():
+        proc = subprocess.Popen(
+            [sys.executable, "-c", f"import sys; sys.stdout.write({line!r}); sys.exit(10)"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+        )
+        pump(proc, name, tmp_path / f"{name}.log", str(tmp_path / "run.log"), threading.Event(), said)
+        proc.wait()
+    out = capsys.readouterr().out
+    assert out.count("is not downloaded") == 1 and "[worker:0] tfdistx: data=mnist" in out
+    assert "[worker:2] tfdistx: lost contact" in out
+    assert (tmp_path / "run.log").read_text().count("is not downloaded") == 1
+    assert all("is not downloaded" in (tmp_path / f"{name}.log").read_text() for name in ("worker:0", "worker:1"))

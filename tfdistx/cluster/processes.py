@@ -337,8 +337,9 @@ class SaidOnce:
     refuses it in the same line, which the terminal needs once; and the
     line of a Ctrl-C (`tfdistx: interrupted ...`), which every trainer that
     saved says alike, and which is then the command's one line, and the one
-    a slow boundary has them say as they wait for it. Each task
-    has its own pump thread, hence the lock."""
+    a slow boundary has them say as they wait for it; and a task's last
+    word (LAST_WORD) that another task said alike. Each task's log keeps
+    its own. Each task has its own pump thread, hence the lock."""
 
     def __init__(self):
         self.lines, self.lock = set(), threading.Lock()
@@ -397,6 +398,9 @@ def relay_env() -> Dict[str, str]:
 
 
 REFUSAL = "tfdistx: invalid config:"
+# A task's last word: one line of tfdistx's own that names the code it exits with. Tasks that share a
+# config and a machine end alike (data not downloaded, a run directory in use): the terminal needs it once.
+LAST_WORD = re.compile(r"tfdistx: .*\(exit \d+")
 INTERRUPTED = "tfdistx: interrupted"  # the line a trainer says once it saved on Ctrl-C (engine/preemption.py)
 
 
@@ -431,7 +435,8 @@ def pump(
             logfile.flush()
             if _ALWAYS_HARMLESS.search(text) or (succeeded.is_set() and _HARMLESS_ONCE_DONE.search(text)):
                 continue
-            if text.startswith((REFUSAL, INTERRUPTED, CTRL_C_HINT)) and not refusals.first(text):
+            said_alike = text.startswith((REFUSAL, INTERRUPTED, CTRL_C_HINT)) or LAST_WORD.match(text)
+            if said_alike and not refusals.first(text):
                 continue
             if _HARMLESS_ONCE_DONE.search(text) and not text.startswith("tfdistx:"):  # tfdistx's own lines are news
                 held.append(text)
