@@ -4,11 +4,13 @@ resume from one. (In this process: test_unit_async_checkpoints.py.)
 
 A save in flight is seen from outside by its staging directory
 (`checkpoints/.writing-ckpt-N/`, engine/checkpoint_writer.py): the signal
-is sent as soon as one is there. The model is large enough (a 240 MB
+is sent as soon as one is there. The model is large enough (a 70 MB
 checkpoint) that its write outlasts the few milliseconds between."""
 
+import fcntl
 import hashlib
 import json
+import os
 import signal
 import sys
 import time
@@ -22,11 +24,11 @@ from conftest import QUICK, run_command, start_tfdistx, tfdistx_env, wait_until,
 from tfdistx.checkpoint_files import on_disk, step_of
 
 STAGING = ".writing-ckpt-"
-# One device, deterministic: a 784-4096-4096-10 MLP with Adam (a 240 MB checkpoint), a save every 5 steps of one call
+# One device, deterministic: a 784-2048-2048-10 MLP with Adam (a 70 MB checkpoint), a save every 5 steps of one call
 # each; the steps outrun the writes, so that a save is nearly always in flight.
 LARGE = [
     "strategy=one_device",
-    "model.hidden_units=[4096,4096]",
+    "model.hidden_units=[2048,2048]",
     "trainer.steps=100000",
     "trainer.steps_per_loop=1",
     "trainer.log_every=5",
@@ -78,27 +80,35 @@ def interrupt_a_save_in_flight(run_dir: Path, send, after_a_whole_one: bool):
     return proc.returncode, out, step
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def uninterrupted(tmp_path_factory) -> str:
-    """The final weights of the LARGE run trained to TOTAL steps without a stop."""
-    run_dir = tmp_path_factory.mktemp("whole") / "run"
+    """The final weights of the LARGE run trained to TOTAL steps without a
+    stop: trained once a session, by the first test process that asks (the
+    SIGTERM and SIGKILL tests run in either); the others wait for it."""
+    session = tmp_path_factory.getbasetemp()
+    shared = session.parent if os.environ.get("PYTEST_XDIST_WORKER") else session  # xdist's: one per test process
+    with open(shared / "async-uninterrupted.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when closed
+        known = shared / "async-uninterrupted.sha256"
+        if not known.exists():
+            run_dir = tmp_path_factory.mktemp("whole") / "run"
+            done = resume_to_total(run_dir, check=False)
+            assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+            known.write_text(json.loads((run_dir / "summary.json").read_text())["weights_sha256"])
+        return known.read_text()
+
+
+def resume_to_total(run_dir: Path, check: bool = True):
+    """The LARGE run trained to TOTAL steps in `run_dir` (resumed from its checkpoint, if any): its summary; with
+    `check=False`, the finished command."""
     args = [a for a in LARGE if not a.startswith("trainer.steps=")]
     done = run_command(
         [sys.executable, "-m", "tfdistx", *args, f"trainer.steps={TOTAL}", f"hydra.run.dir={run_dir}"],
         env=tfdistx_env(),
         timeout=900,
     )
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    return json.loads((run_dir / "summary.json").read_text())["weights_sha256"]
-
-
-def resume_to_total(run_dir: Path) -> dict:
-    args = [a for a in LARGE if not a.startswith("trainer.steps=")]
-    done = run_command(
-        [sys.executable, "-m", "tfdistx", *args, f"trainer.steps={TOTAL}", f"hydra.run.dir={run_dir}"],
-        env=tfdistx_env(),
-        timeout=900,
-    )
+    if not check:
+        return done
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     return json.loads((run_dir / "summary.json").read_text())
 
