@@ -254,7 +254,8 @@ def test_lost_parameter_server_restarts_the_cluster_from_the_checkpoint(tmp_path
         "+callbacks.pace.seconds=0.3",
     ]
 
-    def kill_the_ps(proc):
+    def kill_the_ps(proc):  # once a checkpoint is whole: a metrics line comes before its step's save is written
+        wait_until(lambda: any((run_dir / "checkpoints").glob("ckpt-*.index")), 120, "a first checkpoint", [proc])
         os.kill(task_pid(run_dir, "ps"), signal.SIGKILL)
 
     code, out = run_and_interrupt(args, run_dir, 2, kill_the_ps)

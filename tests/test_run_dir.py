@@ -51,7 +51,12 @@ def steps_past_the_last_checkpoint(run_dir, more=20) -> str:
 
 def test_a_killed_run_leaves_no_lock_behind(tmp_path):
     run_dir = tmp_path / "run"
-    run_and_interrupt([*LONG, "checkpoint.every_steps=20"], run_dir, 2, lambda proc: proc.send_signal(signal.SIGKILL))
+
+    def kill_once_a_checkpoint_is_whole(proc):  # a metrics line comes before its step's save is written
+        wait_until(lambda: any((run_dir / "checkpoints").glob("ckpt-*.index")), 120, "a first checkpoint", [proc])
+        proc.send_signal(signal.SIGKILL)
+
+    run_and_interrupt([*LONG, "checkpoint.every_steps=20"], run_dir, 2, kill_once_a_checkpoint_is_whole)
     rerun = run_command(
         [
             sys.executable,

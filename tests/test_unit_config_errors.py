@@ -190,7 +190,7 @@ BIG = MAX_STEPS  # 2**62: the most steps a checkpoint's int64 counter can carry
             (),
             {"checkpoint.keep": 2},
             "checkpoint.keep=2: checkpoint has no such key; its keys: every_steps, max_to_keep, dir, restore, export, "
-            "keep_best, init_from, init_skip",
+            "keep_best, init_from, init_skip, background",
         ),
     ],
 )

@@ -35,7 +35,13 @@ unit = (
     pytest.mark.unit
 )  # every test (wide_deep's all-reduce case, in-process but ~23 s: test_fastest_step.py, the default run)
 
-TIMES = ("examples_per_sec", "train_wall_time_sec", "wall_time_sec")  # what a profiler may change: how long it took
+# What a profiler may change: how long it took (the run's, its checkpoints')
+TIMES = (
+    "examples_per_sec",
+    "train_wall_time_sec",
+    "wall_time_sec",
+    *("save_sec", "save_sec_max", "save_sec_min", "stall_sec", "stall_sec_per_save", "final_save_sec"),
+)
 
 
 def _without_times(summary: dict) -> dict:

@@ -499,6 +499,27 @@ def test_an_object_checkpointed_with_fixed_children_restores_into_the_optimizer(
     assert all(np.all(v.numpy() == 7) for v in fresh.variables)
 
 
+def test_a_checkpoint_is_written_from_stand_ins_under_its_objects_names(tmp_path):
+    """write_in_place_of: each stand-in's values (a tensor, or a variable of
+    its own) under the names of the object it stands in for; the objects
+    themselves untouched; the checkpoint restores into them as any other."""
+    model, optimizer = adam_on_a_model()
+    checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer)
+    kernel, slot = model.trainable_variables[0], optimizer.variables[2]
+    assert (
+        tf_internals.saves_values(kernel) and tf_internals.saves_values(slot) and not tf_internals.saves_values(model)
+    )
+    sevens = tf_internals.values_in_place({tf_internals.VARIABLE_VALUE: tf.fill(kernel.shape, 7.0)})
+    threes = tf.Variable(tf.fill(slot.shape, 3.0))
+    path = tf_internals.write_in_place_of(checkpoint, [(kernel, sevens), (slot, threes)], str(tmp_path / "ckpt"))
+    assert not np.any(kernel.numpy() == 7) and not np.any(slot.numpy() == 3)
+    fresh_model, fresh = adam_on_a_model()
+    status = tf.train.Checkpoint(model=fresh_model, optimizer=fresh).read(path)
+    status.assert_existing_objects_matched()
+    assert np.all(fresh_model.trainable_variables[0].numpy() == 7) and np.all(fresh.variables[2].numpy() == 3)
+    np.testing.assert_array_equal(fresh_model.trainable_variables[1].numpy(), model.trainable_variables[1].numpy())
+
+
 def test_the_optimizer_takes_gradients_as_already_summed():
     summed = tf_internals.gradients_arrive_summed(keras.optimizers.SGD)
     assert issubclass(summed, keras.optimizers.SGD) and summed.__name__ == "SGD"

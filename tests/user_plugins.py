@@ -631,3 +631,42 @@ class InterruptsAt(keras.callbacks.Callback):
             for _ in range(self.times):
                 os.kill(os.getpid(), signal.SIGINT)
             time.sleep(self.hold)
+
+
+class DumpState(keras.callbacks.Callback):
+    """At each record whose step is a multiple of `every`: the trained
+    weights and the optimizer's variables as they are then, into
+    `<path>/step-N.npz` (what the checkpoint of that step must hold, however
+    long its write takes while the steps go on); before the first step,
+    `<path>/begin.npz` (a resumed run's: what it restored)."""
+
+    def __init__(self, path: str, every: int):
+        super().__init__()
+        self.path, self.every = path, every
+
+    def on_train_begin(self, logs=None):  # a resumed run's: what it restored
+        self._dump("begin")
+
+    def on_epoch_end(self, epoch, logs=None):
+        step = int(logs["step"])
+        if step % self.every == 0:
+            self._dump(f"step-{step}")
+
+    def _dump(self, name: str) -> None:
+        values = [v.numpy() for v in [*self.model.trainable_weights, *self.model.optimizer.variables]]
+        np.savez(f"{self.path}/{name}.npz", *values)
+
+
+class SignalAt:
+    """A tfdistx action: at `step` (a loop boundary it makes), SIGTERM to its
+    own process, as a scheduler's preemption would send it then."""
+
+    def __init__(self, step: int):
+        self.step = step
+
+    def next_stop(self, step):
+        return self.step if step < self.step else None
+
+    def __call__(self, step, record):
+        if step == self.step:
+            os.kill(os.getpid(), signal.SIGTERM)

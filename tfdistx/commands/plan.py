@@ -10,7 +10,7 @@ from tfdistx.cluster.placement import Source
 from tfdistx.commands.execute import local_tasks
 from tfdistx.config import sources
 from tfdistx import loggers as builtin_loggers
-from tfdistx.spec import agent, compute, elastic, priority, strategies, threads
+from tfdistx.spec import agent, checkpoint_size, compute, elastic, priority, strategies, threads
 from tfdistx.config.compose import hydra_run_dir
 from tfdistx.config.resolve import resolve
 from tfdistx.spec.run_spec import Layout, Logger, Optimizer
@@ -116,12 +116,30 @@ def describe(cfg: DictConfig) -> str:
         f"checkpoints   every {every or 'end only'} steps, keep {spec.checkpoint.max_to_keep}, in {spec.checkpoint.dir}"
     )
     run_dir = hydra_run_dir(cfg)
+    lines += _checkpoint_size(spec, run_dir)
     if run_dir:
         lines.append(
             f"run dir       {run_dir}: .hydra/, metrics.jsonl, summary.json, checkpoints/, tensorboard/"
             + (", logs/<task>.log" if placement.source is Source.LOCAL else "")
         )
     return "\n".join(lines)
+
+
+def _checkpoint_size(spec, run_dir) -> list:
+    """The checkpoint's size and a save's expected time (spec/checkpoint_size.py), and the grace a preemption gives
+    the run: the user's cluster.preemption_grace, or the one derived from that time."""
+    config = spec.config
+    checkpoint_dir = config["checkpoint"]["dir"] or (f"{run_dir}/checkpoints" if run_dir else None)
+    found = checkpoint_size.estimate(config, checkpoint_dir, run_dir)
+    lines = checkpoint_size.shown(found, str(spec.model.path).rpartition(".")[2], spec.checkpoint.background)
+    given = config["cluster"].get("preemption_grace")
+    grace = (
+        f"{given:g} s (cluster.preemption_grace)"
+        if given is not None
+        else f"{checkpoint_size.grace_seconds(found)} s (derived: a save in flight, then the preemption's own, and "
+        f"{checkpoint_size.GRACE_MARGIN} s; at least {checkpoint_size.LEAST_GRACE}; cluster.preemption_grace sets it)"
+    )
+    return lines + [f"  grace       a preemption gives the run {grace}"]
 
 
 def _optimizer(optimizer: Optimizer, replicas) -> str:
@@ -157,7 +175,7 @@ def _ps_variables(options: Mapping[str, Any], model: Mapping[str, Any], data: Ma
         )
     else:
         line = f"variables     whole, round-robin over {ps} ps (strategy.partitioner splits large ones)"
-    shapes = _mlp_shapes(model, data)
+    shapes = checkpoint_size.model_shapes({"model": model, "data": data}) if model.get("_target_") == "tfdistx.models.mlp" else None
     if shapes is None:
         return [line]
     total = sum(strategies.ps_bytes(shapes, 1, None))
@@ -169,20 +187,6 @@ def _ps_variables(options: Mapping[str, Any], model: Mapping[str, Any], data: Ma
     if settings:
         detail += f"; unsplit: {shares(strategies.ps_bytes(shapes, ps, None))}"
     return [line, detail]
-
-
-def _mlp_shapes(model: Mapping[str, Any], data: Mapping[str, Any]):
-    """The weights' shapes of model=mlp, in creation order, when the data's
-    image shape and classes are in the config (the synthetic images'); else None."""
-    if model.get("_target_") != "tfdistx.models.mlp" or not data.get("image_shape") or not data.get("num_classes"):
-        return None
-    width, shapes = 1, []
-    for size in data["image_shape"]:
-        width *= int(size)
-    for units in [*(model.get("hidden_units") or []), data["num_classes"]]:
-        shapes += [(width, int(units)), (int(units),)]
-        width = int(units)
-    return shapes
 
 
 def _collectives(options: Mapping[str, Any]) -> str:

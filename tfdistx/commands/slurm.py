@@ -47,7 +47,9 @@ from tfdistx.spec import agent, elastic
 from tfdistx.spec.errors import EXIT_PORT_IN_USE, EXIT_PREEMPTED, ConfigError
 from tfdistx.spec.strategies import describe_jobs
 
-DEFAULT_NOTICE = 120  # seconds: a checkpoint of a large model, and the step's exit, fit in it
+DEFAULT_NOTICE = (
+    120  # seconds, the least notice: more when the checkpoint's expected save needs it (cluster.preemption_grace)
+)
 MOST_NOTICE = 65535  # sbatch --signal's @sig_time is a 16-bit count of seconds
 MOST_COUNT = 65535  # --gpus, --cpus-per-task: far above any node's, a bound on typing errors
 # The run dir, fixed for the job: a requeued job keeps its id, and resumes there (shell text: $SLURM_JOB_ID is the job's)
@@ -63,6 +65,12 @@ _PLACED_BY_SLURM = ("auto", "slurm")
 GPUS_AS_THE_WORKERS_USE = "workers"
 
 
+def notice_for(grace: float) -> int:
+    """The script's --signal lead: the grace a preemption gives the run (cluster.preemption_grace: the user's, or
+    derived from the checkpoint's expected save, spec/checkpoint_size.py), at least DEFAULT_NOTICE."""
+    return min(MOST_NOTICE, max(DEFAULT_NOTICE, math.ceil(grace)))
+
+
 def main(argv) -> int:
     parser = argparse.ArgumentParser(
         prog="tfdistx export slurm",
@@ -74,9 +82,9 @@ def main(argv) -> int:
     parser.add_argument("--time", help=f"the job's time limit: {TIME_FORMATS} (default: the partition's)")
     parser.add_argument(
         "--notice",
-        default=str(DEFAULT_NOTICE),
         help=f"seconds before the time limit at which Slurm sends USR1: the run checkpoints and the job "
-        f"requeues (default: {DEFAULT_NOTICE})",
+        f"requeues (default: cluster.preemption_grace, at least {DEFAULT_NOTICE}: derived from the checkpoint's "
+        "expected save time unless set; docs/preemption.md)",
     )
     parser.add_argument("--partition", help="the Slurm partition (default: the cluster's default)")
     parser.add_argument("--nodes", help="nodes the tasks are spread over (default: 1)")
@@ -104,9 +112,9 @@ def main(argv) -> int:
         args = parser.parse_intermixed_args(rest)
         config_dirs = [str(Path(d).expanduser().resolve()) for d in given_dirs]  # the job may start elsewhere
         userconf.add([Path(d) for d in config_dirs])  # this command composes with them too
-        notice = _positive("--notice", args.notice, MOST_NOTICE, "seconds")
+        notice = _positive("--notice", args.notice, MOST_NOTICE, "seconds") if args.notice is not None else None
         limit = _seconds(args.time) if args.time is not None else None
-        if limit and notice >= limit:
+        if limit and notice and notice >= limit:
             raise ConfigError.one(
                 "--notice",
                 args.notice,
@@ -151,6 +159,15 @@ def main(argv) -> int:
                 "with cluster.launch=agent there is one agent per node, and the nodes are "
                 f"cluster.workers={_node_range(layout.cluster)}: leave --nodes out",
             )
+        if notice is None:  # the grace a preemption gives the run (the user's, or derived from its save): the lead
+            notice = notice_for(layout.cluster.preemption_grace)
+            if limit and notice >= limit:
+                raise ConfigError.one(
+                    "--time",
+                    args.time,
+                    f"must be longer than the notice a checkpoint needs, {notice} s (cluster.preemption_grace, at "
+                    f"least {DEFAULT_NOTICE}; --plan shows the save's expected time): a longer --time, or --notice",
+                )
         tasks = scheduled_tasks(layout)
         ntasks = sum(tasks.values())
         nodes = (

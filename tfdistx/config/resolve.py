@@ -16,7 +16,7 @@ from typing import Any, Mapping, Optional
 from omegaconf import DictConfig, OmegaConf
 
 from tfdistx import loggers as builtin_loggers
-from tfdistx.spec import data_service, optimizers, strategies, warm_start
+from tfdistx.spec import checkpoint_size, data_service, optimizers, strategies, warm_start
 from tfdistx.spec import elastic as elastic_spec
 from tfdistx.config.compose import saved_config
 from tfdistx.spec import paths
@@ -66,7 +66,7 @@ def resolve(cfg: DictConfig, run_dir: str = ".", follow_init_from: bool = True) 
     data = plain["data"]
     checkpoint_dir = paths.checkpoint_dir(ckpt["dir"], run_dir)
     profile = trainer["profile_steps"]
-    layout = _layout(plain)
+    layout = _layout(plain, checkpoint_dir, run_dir)
     return RunSpec(
         run_dir=Path(run_dir),
         trainer=Trainer(
@@ -79,6 +79,7 @@ def resolve(cfg: DictConfig, run_dir: str = ".", follow_init_from: bool = True) 
         checkpoint=Checkpoint(
             dir=checkpoint_dir,
             every_steps=ckpt["every_steps"],
+            background=bool(ckpt["background"]),
             max_to_keep=ckpt["max_to_keep"],
             restore=ckpt["restore"],
             export=ckpt["export"],
@@ -108,7 +109,7 @@ def layout_of(cfg: DictConfig) -> Layout:
     cluster, data.service): all that placement and a launcher read, resolved
     without the rest (a process that only launches, or a manifest, needs
     no warm-start source or model)."""
-    return _layout(_plain(cfg, ["strategy", "cluster", "data"]))
+    return _layout(_plain(cfg, ["strategy", "cluster", "data", "model", "optimizer"]))
 
 
 def _plain(cfg: DictConfig, keys) -> dict:
@@ -120,8 +121,11 @@ def _plain(cfg: DictConfig, keys) -> dict:
     }
 
 
-def _layout(plain: Mapping[str, Any]) -> Layout:
+def _layout(plain: Mapping[str, Any], checkpoint_dir: Optional[str] = None, run_dir: Optional[str] = None) -> Layout:
     cluster = _with_defaults(plain["cluster"], ClusterConfig)
+    if cluster["preemption_grace"] is None:  # the user's, else what the checkpoint's expected save needs
+        found = checkpoint_size.estimate(plain, checkpoint_dir, run_dir)
+        cluster = {**cluster, "preemption_grace": float(checkpoint_size.grace_seconds(found))}
     elastic = cluster["elastic"]
     elastic = (
         dataclasses.asdict(elastic) if dataclasses.is_dataclass(elastic) else _with_defaults(elastic, ElasticConfig)

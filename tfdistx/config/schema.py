@@ -85,6 +85,7 @@ class CheckpointConfig:
     keep_best: bool = False  # also keep the checkpoint best by trainer.objective, in <dir>/best; the export is of it
     init_from: Optional[str] = None  # warm start: a run dir, a checkpoint prefix, a .weights.h5 or a .keras file
     init_skip: List[str] = field(default_factory=list)  # regexes of variable paths left freshly initialised
+    background: bool = True  # periodic saves written while the steps go on (engine/checkpoint_writer.py)
 
 
 @dataclass
@@ -129,7 +130,8 @@ class ClusterConfig:
     startup_timeout: float = 300.0
     stopped_task_timeout: float = 60.0
     peer_timeout: float = 60.0  # a task that stopped answering this long counts as lost (exit 5)
-    preemption_grace: float = 60.0  # after SIGTERM: how long tasks that serve the trainers wait for them to save
+    # after SIGTERM: how long the tasks get to save (None: derived from the checkpoint's save, spec/checkpoint_size.py)
+    preemption_grace: Optional[float] = None
     # Signals that, like SIGTERM, mean checkpoint and exit 42 (spec/errors.NOTICE_SIGNALS): USR1, Slurm's time-limit notice
     notice_signals: List[str] = field(default_factory=lambda: list(DEFAULT_NOTICE_SIGNALS))
     retryable_exit_offset: int = 0  # added to exit codes 4, 5 and 42: 128 for Kubernetes' restartPolicy ExitCode

@@ -109,6 +109,8 @@ def _strategy_and_cluster(strategy: DictConfig, cluster: DictConfig) -> list:
     if cluster.max_restarts < 0:
         problems.append(Problem("cluster.max_restarts", cluster.max_restarts, "must be 0 or more"))
     for key in ("startup_timeout", "stopped_task_timeout", "peer_timeout", "preemption_grace"):
+        if key == "preemption_grace" and cluster[key] is None:  # derived from the checkpoint's save (resolve.py)
+            continue
         if not 0 < cluster[key] < math.inf:
             problems.append(Problem(f"cluster.{key}", cluster[key], "seconds, more than 0"))
     if not 1024 <= cluster.base_port <= 65535 - 64 * 500:  # Slurm jobs add up to 64 x 499 (cluster.py)

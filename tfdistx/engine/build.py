@@ -32,7 +32,7 @@ from tfdistx.data.sources import DataSource
 from tfdistx.engine import mpi, process, topology, xla
 from tfdistx.engine import strategy as strategy_lib
 from tfdistx.engine.callbacks import CallbackStates, StopRecord
-from tfdistx.engine.checkpointing import Checkpointer, ObjectiveState
+from tfdistx.engine.checkpointing import Checkpointer, ObjectiveState, RunningRecordState
 from tfdistx.engine.mpi import MpiSum
 from tfdistx.engine.optim import LearningRateAtStep, schedule
 from tfdistx.engine.parts import (
@@ -89,6 +89,7 @@ class Run:
     gradient_sum: Optional[MpiSum] = (
         None  # the gradients summed through MPI, not the strategy (strategy.communication=mpi)
     )
+    running: Optional[RunningRecordState] = None  # the loop's running record, saved with the checkpoint
 
     @property
     def dir(self):
@@ -176,6 +177,7 @@ def build_run(spec: RunSpec, placement: Placement) -> Run:
         )
     )
     callback_states, stop_record = CallbackStates(), StopRecord()
+    running = RunningRecordState()
     checkpointer = Checkpointer(
         spec.checkpoint.dir,
         max_to_keep=spec.checkpoint.max_to_keep,
@@ -189,14 +191,18 @@ def build_run(spec: RunSpec, placement: Placement) -> Run:
         learning_rate_scale=learning_rate.scale,
         callbacks=callback_states,
         stopped=stop_record,
+        record=running,
         optional=[
             "objective",
             "learning_rate_scale",
             "callbacks",
             "stopped",
+            "record",
         ],  # checkpoints written before they were saved restore without them
         topology=run_topology,
         resplit=resplit_for(spec, model, feature_spec, num_outputs, source),
+        grace=cluster.preemption_grace,
+        background=spec.checkpoint.background,
     )
     return Run(
         spec=spec,
@@ -225,6 +231,7 @@ def build_run(spec: RunSpec, placement: Placement) -> Run:
         callback_states=callback_states,
         stop_record=stop_record,
         gradient_sum=gradient_sum,
+        running=running,
     )
 
 

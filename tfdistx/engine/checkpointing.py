@@ -1,30 +1,45 @@
-"""Checkpoints with tf.train.Checkpoint and CheckpointManager.
+"""Checkpoints with tf.train.Checkpoint.
 
-Model, optimizer slots, the loop's step counter, the RNG states and the
-objective's best value so far are saved and restored as one. Every worker
-of a synchronous cluster must save (saving is collective), but only the
+Model, optimizer slots, the loop's step counter, the RNG states, the
+objective's best value so far and the running record are saved and
+restored as one. Every worker of a synchronous cluster saves at the same
+step (reading a variable synchronized on read is collective), but only the
 chief writes the run's checkpoints: the others save into a scratch
 directory of their own, removed when the run ends. With
 `checkpoint.keep_best`, the best checkpoint is also kept in `<dir>/best/`,
-by a manager of its own (the latest ones' max_to_keep never rotates it away).
+which the latest ones' max_to_keep never rotates away.
+
+A save takes a snapshot of the state (snapshot.py) and writes it whole
+(checkpoint_writer.py): the periodic saves in the background, so that the
+steps wait only for the snapshot; the final save, the preemption's and a
+failure's now, after any save in flight.
 """
 
 import contextlib
 import hashlib
+import json
 import logging
 import math
 import os
 import shutil
 import stat
 import tempfile
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import List, Optional, Sequence
+
+import numpy as np
 
 import tensorflow as tf
 
+from tfdistx.spec import checkpoint_size
 from tfdistx.spec.errors import EXIT_NOT_RETRYABLE, ConfigError, RunFault
 from tfdistx.engine import resplit as resplit_lib
+from tfdistx.engine import snapshot as snapshot_lib
 from tfdistx.engine import topology as topology_lib
+from tfdistx.engine.checkpoint_writer import STAGING, Kept, Writer, Written, remove_staging
+from tfdistx.engine.loop import RunningRecord
 from tfdistx.internals import tensorflow as internals
 from tfdistx.checkpoint_files import BEST, SCRATCH_ENV, find, on_disk  # noqa: F401 (find: the engine asks it here)
 from tfdistx.rundir import cannot_write, keep_aside
@@ -43,6 +58,8 @@ class Checkpointer:
         optional: Sequence[str] = (),
         topology: Optional[dict] = None,
         resplit=None,
+        grace: Optional[float] = None,
+        background: bool = True,
         **trackables,
     ):
         """Restores from `directory`; saves there on the chief, elsewhere on the
@@ -50,39 +67,58 @@ class Checkpointer:
         before tfdistx saved them lacks (restored without them: they keep their
         initial values). `topology`: recorded beside each checkpoint the chief
         saves (engine/topology.py). `resplit`: a resplit.Resplit, for a model
-        whose tables a checkpoint may hold in another number of shards."""
+        whose tables a checkpoint may hold in another number of shards.
+        `grace`: the seconds a preemption gives the run to save
+        (cluster.preemption_grace): a save that takes longer is said once.
+        `background`: the periodic saves are written while the steps go on
+        (checkpoint.background), where the state can be snapshot."""
         self.directory = directory
-        self.topology, self.resplit = topology, resplit
+        self.topology, self.resplit, self.grace = topology, resplit, grace
         self.resplit_from: Optional[int] = None  # the restored checkpoint's shards, when they were re-split
         self.is_chief, self.task_name = is_chief, task_name
         self.scratch: Optional[str] = (
             None  # a non-chief's own directory, made at its first save (a process that only reads makes none)
         )
         if is_chief:
-            _set_aside_bad_state_file(directory)  # CheckpointManager would fail on it, or manage ghosts
+            _set_aside_bad_state_file(directory)  # it would name ghosts, or hide what is on disk
+            for place in (directory, os.path.join(directory, BEST)):
+                remove_staging(place)  # a save a kill cut short: never a checkpoint
         self.trackables, self.optional = trackables, tuple(optional)
         self.checkpoint = tf.train.Checkpoint(**trackables)
+        # What writes: the same objects, a checkpoint of its own, whose saver writes a snapshot's values in their
+        # place (snapshot.py). Its save counter is in every checkpoint, as CheckpointManager's saves have it.
+        self._writing = tf.train.Checkpoint(**trackables)
+        self._writing.save_counter  # noqa: B018 (made now: a checkpoint's restore expects it)
+        self.writer = Writer(self._writing, self._written)
+        self.background = background
+        self._copies = snapshot_lib.HostCopies()  # what a save in the background is written from
+        self._snapshots: Optional[bool] = None  # whether the state can be snapshot: decided at the first save
+        self.stats = SaveStats()
         self.max_to_keep = max_to_keep
+        self._warned_slow = self._warned_waiting = False
         self.start_over()
         self.only_damaged = False  # set by restore_latest: checkpoints were there, none could be read
 
     def start_over(self) -> None:
-        """A manager that knows no earlier checkpoint (CheckpointManager
-        deletes those it knows of to keep max_to_keep): for a directory
-        whose damaged checkpoints were moved aside."""
-        self._manager = None  # made at the first use
-        self.last_saved: Optional[int] = None
-        self.best_manager = (
-            None  # made at the first save_best: it deletes the best/ checkpoint it finds when it saves a better one
-        )
+        """Knowing no earlier checkpoint (the oldest beyond max_to_keep are
+        deleted among those known): for a directory whose damaged
+        checkpoints were moved aside."""
+        self._kept: Optional[Kept] = None  # made at the first use, from the state file then
+        self._best_kept: Optional[Kept] = None
+        self.last_saved: Optional[int] = None  # the newest save asked for: written, or being written
+        self._best_due: Optional[int] = None  # keep_best: the step whose state is the best, saved with the next save
 
     @property
-    def manager(self) -> tf.train.CheckpointManager:
-        if self._manager is None:
-            self._manager = tf.train.CheckpointManager(
-                self.checkpoint, self._save_directory(), max_to_keep=self.max_to_keep, checkpoint_name="ckpt"
+    def kept(self) -> Kept:
+        if self._kept is None:
+            record = self.topology and self.is_chief
+            self._kept = Kept(
+                self._save_directory(),
+                self.max_to_keep,
+                # what a resume on another topology checks against (topology.py), once the checkpoint is whole
+                on_add=(lambda step: topology_lib.record(self.directory, step, self.topology)) if record else None,
             )
-        return self._manager
+        return self._kept
 
     def _save_directory(self) -> str:
         """Where this process saves: the run's directory (the chief), else its scratch directory."""
@@ -102,6 +138,7 @@ class Checkpointer:
         damaged: the run is refused (ConfigError), so that it cannot train
         from scratch and overwrite the run that is there.
         """
+        started = time.perf_counter()
         candidates = list(reversed(on_disk(self.directory)))
         for path in candidates:
             try:
@@ -115,6 +152,7 @@ class Checkpointer:
                 "step" in self.trackables
             ):  # what the run resumes from is saved: a save at this step (a preemption) adds nothing
                 self.last_saved = int(self.trackables["step"].numpy())
+            self.stats.restore_seconds = time.perf_counter() - started
             return path
         self.only_damaged = bool(candidates)
         return None
@@ -175,21 +213,106 @@ class Checkpointer:
         return [name for name in self.optional if not any(key.startswith(f"{name}/") for key in saved)]
 
     def save(self, step: int) -> None:
-        if step != self.last_saved:
-            self.manager.save(checkpoint_number=step)
-            self.last_saved = step
-            if self.topology and self.is_chief:  # what a resume on another topology checks against (topology.py)
-                topology_lib.record(self.directory, step, self.topology)
+        """The state at `step` written whole before it returns (after any
+        save in flight): the final save, a preemption's, a failure's."""
+        started = time.perf_counter()
+        self.wait()
+        destinations = self._due(step)
+        if destinations:
+            self.writer.write(snapshot_lib.take(self._writing, step), destinations)  # the variables, as they are
+        self.stats.synchronous_seconds = time.perf_counter() - started
 
-    def save_best(self, step: int) -> str:
-        """Save the checkpoint at `step` into best/ as the one best checkpoint,
-        replacing the earlier best (every worker of a synchronous cluster calls
-        it at the same step: non-chiefs save into their scratch directory)."""
-        if self.best_manager is None:
-            self.best_manager = tf.train.CheckpointManager(
-                self.checkpoint, os.path.join(self._save_directory(), BEST), max_to_keep=1, checkpoint_name="ckpt"
+    def save_in_background(self, step: int, latest: bool = True) -> None:
+        """A periodic save (`latest`), and the best checkpoint if one is due
+        at this step: the loop waits for the snapshot (and for a save still in
+        flight: one at a time), the files are written by the writer's thread."""
+        if not ((latest and step != self.last_saved) or self._best_due == step):
+            return  # nothing to save here: a save in flight goes on
+        started = time.perf_counter()
+        previous = self.writer.in_flight
+        self.wait()
+        waited = time.perf_counter() - started
+        destinations = self._due(step, latest)
+        if self.background and self._can_snapshot():
+            self.writer.start(snapshot_lib.take(self._writing, step, self._copies), destinations)
+        else:
+            self.writer.write(snapshot_lib.take(self._writing, step), destinations)
+        self.stats.stalls.append(time.perf_counter() - started)
+        if previous is not None and waited >= WAITING_WORTH_SAYING and not self._warned_waiting and self.is_chief:
+            self._warned_waiting = True
+            log.warning(
+                "step %d: the steps waited %.1fs for the checkpoint of step %d to be written: saves come faster than "
+                "they are written (one at a time); a larger checkpoint.every_steps lets the steps go on",
+                step,
+                waited,
+                previous,
             )
-        return self.best_manager.save(checkpoint_number=step)
+
+    def wait(self) -> Optional[Written]:
+        """Until no save is in flight (what it wrote); a failed background write raises here."""
+        return self.writer.wait()
+
+    def _due(self, step: int, latest: bool = True) -> List[Kept]:
+        """Where the save of `step` goes: the latest checkpoints (unless saved
+        at this step already), and best/ when this step's state is the best."""
+        destinations = []
+        if latest and step != self.last_saved:
+            destinations.append(self.kept)
+            self.last_saved = step
+        if self._best_due == step:
+            destinations.append(self._best())
+        self._best_due = None
+        return destinations
+
+    def _can_snapshot(self) -> bool:
+        if self._snapshots is None:
+            blocker = snapshot_lib.blocker(self._writing)
+            self._snapshots = blocker is None
+            if blocker and self.is_chief and self.background:
+                log.info(
+                    "checkpoints are written while the steps wait: the checkpoint holds a %s, whose values a "
+                    "snapshot cannot hold",
+                    blocker,
+                )
+        return self._snapshots
+
+    def _written(self, written: Written) -> None:
+        """A save is whole (on the loop's thread): counted, its size said at the first periodic one, and a save
+        longer than the grace said once."""
+        self.stats.add(written)
+        if written.background and self.stats.background == 1 and self.is_chief:
+            log.info(
+                "checkpoints of %s: ckpt-%d written in %.1fs while the steps went on",
+                _size(written.bytes),
+                written.step,
+                written.seconds,
+            )
+        if self.grace and written.seconds > self.grace and self.is_chief and not self._warned_slow:
+            self._warned_slow = True
+            log.warning(
+                "the checkpoint of step %d took %.0fs to write (%s), longer than the %gs a preemption gives the run "
+                "to save (cluster.preemption_grace; under Slurm, export slurm --notice): a preempted run would lose "
+                "its steps since the checkpoint before. Set cluster.preemption_grace (and --notice) to at least %d "
+                "(docs/preemption.md: the grace period)",
+                written.step,
+                written.seconds,
+                _size(written.bytes),
+                self.grace,
+                checkpoint_size.grace_for(written.seconds),
+            )
+
+    def save_best(self, step: int) -> None:
+        """The state at `step` is the best: it goes into best/ (one
+        checkpoint, replacing the earlier best) with the save the loop
+        makes at this step (SaveCheckpoints: every worker of a synchronous
+        cluster at once; non-chiefs into their scratch directory), so that
+        a step that is both saved and the best is snapshot and written once."""
+        self._best_due = step
+
+    def _best(self) -> Kept:
+        if self._best_kept is None:
+            self._best_kept = Kept(os.path.join(self._save_directory(), BEST), 1)
+        return self._best_kept
 
     @property
     def best(self) -> Optional[str]:
@@ -199,12 +322,102 @@ class Checkpointer:
 
     @property
     def latest(self) -> Optional[str]:
-        """The newest checkpoint this process saved."""
-        return self.manager.latest_checkpoint
+        """The newest checkpoint this process saved (or, before any, the newest its directory's state file names)."""
+        self.wait()
+        return self.kept.latest
+
+    def __enter__(self) -> "Checkpointer":
+        return self
+
+    def __exit__(self, kind, error, trace) -> None:
+        """A save in flight is waited for (its checkpoint kept), except
+        after Ctrl-C, which leaves at once: the one being written is then
+        not a checkpoint, and the one before stays the newest."""
+        try:
+            if kind is None:
+                self.wait()
+            elif not issubclass(kind, KeyboardInterrupt):
+                try:
+                    self.wait()
+                except Exception as failure:  # the run's own error is the one said
+                    log.info("the checkpoint being written when the run stopped was not: %s", failure)
+        finally:
+            self.close()
 
     def close(self) -> None:
         if self.scratch:
             shutil.rmtree(self.scratch, ignore_errors=True)
+
+
+# A wait for the save before that is said (once) from this long: shorter ones are the write's own jitter.
+WAITING_WORTH_SAYING = 1.0
+
+
+@dataclass
+class SaveStats:
+    """What this process's saves took (summary.json's `checkpoint`)."""
+
+    saves: int = 0  # checkpoints written whole
+    background: int = 0  # of them, written while the steps went on
+    seconds: List[float] = field(default_factory=list)  # each save, from its snapshot to its last file in place
+    stalls: List[float] = field(default_factory=list)  # the steps' wait at each periodic save
+    synchronous_seconds: Optional[float] = None  # the last save the loop waited for whole (the final save)
+    restore_seconds: Optional[float] = None
+    bytes: int = 0  # the last checkpoint's files
+
+    def add(self, written: Written) -> None:
+        self.saves += 1
+        self.background += int(written.background)
+        self.seconds.append(written.seconds)
+        self.bytes = written.bytes
+
+    def summary(self) -> dict:
+        return {
+            "bytes": self.bytes,
+            "saves": self.saves,
+            "background_saves": self.background,
+            "save_sec": self.seconds[-1] if self.seconds else None,
+            "save_sec_max": max(self.seconds) if self.seconds else None,
+            "save_sec_min": min(self.seconds) if self.seconds else None,  # a save the least hindered: the write rate
+            "stall_sec": sum(self.stalls),
+            "stall_sec_per_save": sum(self.stalls) / len(self.stalls) if self.stalls else None,
+            "final_save_sec": self.synchronous_seconds,
+            "restore_sec": self.restore_seconds,
+        }
+
+
+def _size(count: int) -> str:
+    return f"{count / 1e9:.2f} GB" if count >= 1e9 else f"{count / 1e6:.0f} MB"
+
+
+class RunningRecordState(tf.train.experimental.PythonState):
+    """The loop's running record (loop.RunningRecord: the training metrics'
+    sums since the last log and since the last record), saved with every
+    checkpoint as one JSON string, so that a record that spans a resume
+    holds the steps before it too: what an uninterrupted run reports. The
+    sums are float64, written as JSON writes a float (exactly)."""
+
+    def __init__(self):
+        self.record = RunningRecord()
+
+    def serialize(self) -> str:
+        record = self.record
+
+        def plain(sums):
+            return None if sums is None else [float(value) for value in sums]
+
+        return json.dumps(
+            {"window": plain(record.window), "window_time": record.window_time, "epoch": plain(record.epoch)}
+        )
+
+    def deserialize(self, string) -> None:
+        saved = json.loads(string.numpy() if hasattr(string, "numpy") else string)
+
+        def sums(values):
+            return None if values is None else np.asarray(values, np.float64)
+
+        self.record.window, self.record.window_time = sums(saved["window"]), float(saved["window_time"])
+        self.record.epoch = sums(saved["epoch"])
 
 
 class ObjectiveState(tf.Module):
@@ -327,8 +540,8 @@ def _scratch_dir(directory: str, task_name: str) -> str:
 def stops_cleanly_when_unwritable(checkpoint_dir: str, evaluating: bool = False):
     """A full, over-quota or read-only disk ends the run with one line (exit
     3: a restart would fail the same way) instead of a traceback and
-    restarts. The partial checkpoint it left (CheckpointManager's
-    `ckpt-N_temp/`, temp files) is removed; the checkpoints before it stay,
+    restarts. The partial checkpoint it left (its staging directory
+    `.writing-ckpt-N/`, TensorFlow's `ckpt-N_temp/`, temp files) is removed; the checkpoints before it stay,
     and the line names the newest, from which a rerun resumes.
     `evaluating`: `tfdistx evaluate`, which writes no checkpoint, and leaves
     evaluations.jsonl as it was (whole_files.append_jsonl)."""
@@ -346,7 +559,13 @@ def stops_cleanly_when_unwritable(checkpoint_dir: str, evaluating: bool = False)
             ) from None
         directory = Path(checkpoint_dir)
         for place in (directory, directory / BEST):
-            for partial in [*place.glob("*_temp"), *place.glob("*.tempstate*"), *place.glob("checkpoint.tmp*")]:
+            for partial in [
+                *place.glob("*_temp"),
+                *place.glob("*.tempstate*"),
+                *place.glob("checkpoint.tmp*"),
+                *place.glob(STAGING + "ckpt-*"),
+                *place.glob("*.linking"),
+            ]:
                 shutil.rmtree(partial, ignore_errors=True) if partial.is_dir() else partial.unlink(missing_ok=True)
         kept = on_disk(checkpoint_dir)
         kept = (

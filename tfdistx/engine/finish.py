@@ -171,6 +171,7 @@ def _summary(run: Run, start: Start, result: Result, wall_time: float) -> dict:
         "best": _best(run),
         "stopped_early": result.stopped_early,
         "resumed_from_topology": start.resumed_from_topology,
+        "checkpoint": run.checkpointer.stats.summary(),  # what the saves and the restore took (docs/performance.md)
     }
 
 

@@ -74,7 +74,7 @@ def train(spec: RunSpec, placement: Optional[Placement] = None, notice: Optional
         return Trained(None)  # a parameter-server cluster's ps or worker task: served until stopped
     with process.settings_for(spec.trainer.seed, spec.trainer.deterministic):
         run = build_run(spec, placement)
-        with contextlib.closing(run.checkpointer):
+        with run.checkpointer:  # a save in flight is waited for, then the scratch removed
             start = restore_or_warm_start(run)
             if start.finished:
                 return Trained(finish_finished_run(run, start, started))
@@ -165,9 +165,24 @@ def train_loop(run: Run, runner: StepRunner, start: Start, notice: SigtermNotice
                 run.step_counter,
                 actions + ([profile] if profile else []),
                 learning_rate_at=run.learning_rate.at,
+                running=running_record(run.running, runner.metrics.size, run.placement.is_chief),
             ).run()
         preemption.done()  # the final checkpoint is saved: a notice now lets the run finish (docs/preemption.md)
         return result
+
+
+def running_record(resumed, metrics: int, is_chief: bool):
+    """The loop's running record as the checkpoint resumed from left it
+    (`resumed`: checkpointing.RunningRecordState, or None); a fresh one when
+    its sums are of other metrics than this run's `metrics` (said once, by the chief)."""
+    if resumed is None:
+        return None
+    record = resumed.record
+    if not record.fits(metrics):
+        if is_chief:
+            log.info("the running record of the checkpoint resumed from is of other metrics: the first record restarts")
+        record.window, record.window_time, record.epoch = None, 0.0, None
+    return record
 
 
 def save_the_last_boundary(checkpointer: Checkpointer, commit: Commit) -> Optional[str]:
@@ -243,7 +258,7 @@ def evaluate(spec: RunSpec, placement: Optional[Placement] = None, step: Optiona
         return None
     with process.settings_for(spec.trainer.seed, spec.trainer.deterministic):
         run = build_run(spec, placement)
-        with contextlib.closing(run.checkpointer):
+        with run.checkpointer:  # a save in flight is waited for, then the scratch removed
             try:
                 run.checkpointer.restore(path)  # whole, or refused: never a model left partly at its initial weights
             except checkpointing.Damaged as damage:

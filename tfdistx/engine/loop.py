@@ -104,19 +104,22 @@ class Log(Action):
 
 
 class SaveCheckpoints(Action):
-    """`checkpointer.save(step)` every `every` steps (0: only at the end), at
-    the end, and when a callback or logger failed (the steps trained since
-    the last save are kept). Never a state whose training loss is no longer
-    a number (NaN or infinite, since the last record), nor one whose weights
-    are not (`nonfinite_weights()`: the name of a weight that holds a NaN or
-    an infinity, or None; a loss can stay finite while weights it does not
-    reach are NaN; asked at every record and before every save, not at every
-    call of the steps, which can be a single step): that save
-    would replace the last good checkpoint, or rotate it out (max_to_keep),
-    with weights nothing can resume from; the newest checkpoint stays the
-    last good one (and so does the export, which is of it), and the log
-    says so once. Weights that are not numbers also stop the run at that
-    step (`stop_requested`), as a NaN loss does under Keras' TerminateOnNaN:
+    """A checkpoint every `every` steps (0: only at the end), written in the
+    background (`checkpointer.save_in_background`: the steps wait only for
+    its snapshot), with the best checkpoint when one is due at that step;
+    and, written whole before the loop goes on, at the end and when a
+    callback or logger failed (the steps trained since the last save are
+    kept). Never a state whose training loss is no longer a number (NaN or
+    infinite, since the last record), nor one whose weights are not
+    (`nonfinite_weights()`: the name of a weight that holds a NaN or an
+    infinity, or None; a loss can stay finite while weights it does not
+    reach are NaN; asked at every record and before every save, not at
+    every call of the steps, which can be a single step): that save would
+    replace the last good checkpoint, or rotate it out (max_to_keep), with
+    weights nothing can resume from; the newest checkpoint stays the last
+    good one (and so does the export, which is of it), and the log says so
+    once. Weights that are not numbers also stop the run at that step
+    (`stop_requested`), as a NaN loss does under Keras' TerminateOnNaN:
     nothing trains out of them. `keeps(save)`: a save of another action's
     (the best checkpoint) made only while the state is a good one."""
 
@@ -164,8 +167,9 @@ class SaveCheckpoints(Action):
 
     def __call__(self, step: int, record: Metrics) -> None:
         saving = bool(self.every and step % self.every == 0)
-        if (saving or record) and self._good(step) and saving:
-            self.checkpointer.save(step)
+        good = self._good(step) if (saving or record) else self.broken_since is None
+        # nothing when neither it nor the best (marked by keeps(save_best), of a good state only) is due
+        self.checkpointer.save_in_background(step, latest=saving and good)
 
     def finish(self, step: int) -> None:
         if self._good(step):
@@ -318,6 +322,24 @@ class Schedule:
 
 
 @dataclass
+class RunningRecord:
+    """The training metrics' sums (the runner's arrays) since the last log
+    (`window`, and the seconds its steps took) and since the last record
+    (`epoch`: what `train_metrics` hands the actions). Saved with every
+    checkpoint (checkpointing.RunningRecordState), so that a record that
+    spans a resume sums the steps before it too, as an uninterrupted run's."""
+
+    window: Optional[object] = None
+    window_time: float = 0.0
+    epoch: Optional[object] = None
+
+    def fits(self, size: int) -> bool:
+        """Whether the sums are of a metric set of `size` values (a resume
+        with other metrics: the sums restart, said once)."""
+        return all(sums is None or len(sums) == size for sums in (self.window, self.epoch))
+
+
+@dataclass
 class Result:
     step: int
     train: Metrics = field(default_factory=dict)
@@ -336,12 +358,16 @@ class Loop:
         actions: Iterable[Action] = (),
         *,
         learning_rate_at: Optional[Callable[[int], float]] = None,
+        running: Optional[RunningRecord] = None,
     ):
         """`step_counter`: steps completed, saved with the checkpoint (a
-        tf.Variable). `actions` are called in order after each call of the runner."""
+        tf.Variable). `actions` are called in order after each call of the
+        runner. `running`: the running record, as the checkpoint resumed
+        from left it (a new one: nothing summed yet)."""
         self.runner, self.schedule, self.step_counter = runner, schedule, step_counter
         self.actions: List[Action] = list(actions)
         self.learning_rate_at = learning_rate_at
+        self.running = running if running is not None else RunningRecord()
 
     def next_stop(self, step: int) -> int:
         stops = [self.schedule.next_stop(step)]
@@ -356,8 +382,7 @@ class Loop:
         schedule, runner = self.schedule, self.runner
         step = int(self.step_counter.numpy())
         result = Result(step=step)
-        window, window_time, evaluated_at = None, 0.0, None
-        epoch = None  # the metrics' state since the last record (a Keras epoch), for the actions' train_metrics
+        running, evaluated_at = self.running, None  # the sums since the last log and the last record (a Keras epoch)
         steady_examples, steady_time, first_call = 0.0, 0.0, True
         watching = [action for action in self.actions if action.wants_train_metrics()]
         for action in self.actions:
@@ -374,31 +399,31 @@ class Loop:
             self.step_counter.assign(step)
             for action in self.actions:
                 action.after_steps(step)
-            window = totals if window is None else window + totals
-            window_time += elapsed
+            running.window = totals if running.window is None else running.window + totals
+            running.window_time += elapsed
             if not first_call:  # the first call includes tracing
                 steady_examples += runner.examples(totals)
                 steady_time += elapsed
             first_call = False
             if watching:  # on the host, from the sums the call returned: no step of the device's
-                epoch = totals if epoch is None else epoch + totals
-                running = runner.results(epoch)
+                running.epoch = totals if running.epoch is None else running.epoch + totals
+                since_record = runner.results(running.epoch)
                 for action in watching:
-                    action.train_metrics(step, running)
+                    action.train_metrics(step, since_record)
 
             record: Metrics = {}
             if schedule.logs_at(step):
-                record.update(runner.results(window))
+                record.update(runner.results(running.window))
                 if self.learning_rate_at:
                     record["lr"] = self.learning_rate_at(step)
-                record["examples_per_sec"] = runner.examples(window) / max(window_time, 1e-9)
+                record["examples_per_sec"] = runner.examples(running.window) / max(running.window_time, 1e-9)
                 result.train = dict(record)
-                window, window_time = None, 0.0
+                running.window, running.window_time = None, 0.0
             if schedule.evaluates_at(step):
                 result.eval, evaluated_at = runner.evaluate(), step
                 record.update(result.eval)
             if schedule.records_at(step):
-                epoch = None
+                running.epoch = None
             try:
                 for action in self.actions:
                     action(step, record)

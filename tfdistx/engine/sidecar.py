@@ -14,8 +14,8 @@ TensorBoard draws both on one chart.
 
 It never slows or blocks training: it is in no cluster spec (nobody waits for
 it), it only reads the checkpoint directory, and only checkpoints whose save
-has finished (CheckpointManager names a checkpoint in its state file once it
-is written whole); one that `checkpoint.max_to_keep` deletes before it is read
+has finished (the run names a checkpoint in its state file once it is
+whole: engine/checkpoint_writer.py); one that `checkpoint.max_to_keep` deletes before it is read
 is skipped. It stops once it has evaluated the final checkpoint (the one at
 the run's last step, or the last before the chief wrote summary.json: an
 early stop), or once told to stop by SIGTERM (Kubeflow's cleanPodPolicy deletes
@@ -264,7 +264,7 @@ def alone(spec: RunSpec) -> RunSpec:
 
 def complete_checkpoints(directory: str) -> List[str]:
     """The checkpoints on disk whose save has finished, oldest first: those
-    the state file names (CheckpointManager writes it after a save), and any
+    the state file names (written once a save is whole), and any
     older than another on disk (saves come one after another)."""
     paths = checkpointing.on_disk(directory)
     try:

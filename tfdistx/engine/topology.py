@@ -78,7 +78,7 @@ def same(a: dict, b: dict) -> bool:
 
 def record(checkpoint_dir: str, step: int, topology: dict) -> None:
     """Add the entry of ckpt-`step`, dropping those of checkpoints no longer
-    on disk (CheckpointManager rotated them out). The chief alone writes."""
+    on disk (checkpoint.max_to_keep rotated them out). The chief alone writes."""
     directory = Path(checkpoint_dir)
     entries = {
         name: entry

@@ -197,7 +197,7 @@ def restored(spec, path: str, given: str, into: str):
     except ConfigError:
         raise
     except Exception as error:
-        if not os.path.exists(f"{path}.index"):  # CheckpointManager removes a checkpoint's .index first
+        if not os.path.exists(f"{path}.index"):  # a rotated checkpoint loses its .index first
             raise Vanished(path) from None
         raise ConfigError.one(
             KEY, given, f"{os.path.basename(path)} cannot be restored into {into}'s model: {first_line(error)}"

@@ -145,6 +145,90 @@ def saved_trainable_variable_key(index: int, optimizer: str = "optimizer") -> st
     return f"{optimizer}/{OPTIMIZER_TRAINABLE_VARIABLES}/{index}/.ATTRIBUTES/VARIABLE_VALUE"
 
 
+# --- A checkpoint written from a loop boundary's values (engine/snapshot.py) --------
+
+# tf.train.Checkpoint writes, for each trackable of its object graph, what the
+# trackable's `_serialize_to_tensors` gives when the write runs, and its saver
+# writes another object's in a trackable's place when its object map holds one:
+# the mechanism of TensorFlow's own asynchronous checkpoint
+# (CheckpointOptions(enable_async=True)), which cannot be used as it is: with
+# Keras 3.15 variables, its first save writes no `model/` entry and its second
+# raises (Keras' `_copy_trackable_to_cpu` makes a tf.Variable inside a
+# tf.function: "tf.function only supports singleton tf.Variables"). No public
+# API writes a checkpoint of values taken earlier under an object graph's names.
+_WRITES_A_SNAPSHOT = "to write a checkpoint in the background from the values of a loop boundary"
+_SERIALIZE_TO_TENSORS = Internal(
+    "tensorflow", "tensorflow.__internal__.tracking.Trackable", "_serialize_to_tensors", _WRITES_A_SNAPSHOT
+)
+_LEGACY_SAVEABLES = Internal(
+    "tensorflow", "tensorflow.__internal__.tracking.Trackable", "_gather_saveables_for_checkpoint", _WRITES_A_SNAPSHOT
+)
+_CHECKPOINT_SAVER = Internal("tensorflow", "tensorflow.train.Checkpoint", "_saver", _WRITES_A_SNAPSHOT, instance=True)
+_SAVER_OBJECT_MAP = Internal(
+    "tensorflow", "tensorflow.train.Checkpoint._saver", "_object_map", _WRITES_A_SNAPSHOT, instance=True
+)
+# The name a checkpoint gives a variable's value (`<path>/.ATTRIBUTES/VARIABLE_VALUE`): TensorFlow's
+# trackable.VARIABLE_VALUE_KEY, what every variable (Keras', mirrored, on a ps) serializes its value under.
+VARIABLE_VALUE = "VARIABLE_VALUE"
+
+
+def saves_values(trackable) -> bool:
+    """Whether a checkpoint holds values of `trackable` itself (a variable,
+    a Python state, a table), not only of its children (a layer, a model)."""
+    base = tf.__internal__.tracking.Trackable
+    cls = type(trackable)
+    return any(
+        getattr(cls, hook.attribute, None) is not getattr(base, hook.attribute)
+        for hook in (_SERIALIZE_TO_TENSORS, _LEGACY_SAVEABLES)
+    )
+
+
+class _Values(tf.__internal__.tracking.Trackable):
+    """What a checkpoint writes in a trackable's place: values taken before."""
+
+    def __init__(self, values: Mapping):
+        self._taken = dict(values)
+
+    def _serialize_to_tensors(self):
+        return dict(self._taken)
+
+
+def values_in_place(values: Mapping):
+    """A stand-in whose checkpoint entries are `values` (name -> tensor)."""
+    return _Values(values)
+
+
+class _ByIdentity:
+    """The saver's object map: stand-ins by their trackable's identity (a
+    tf.Variable cannot be a dict's key)."""
+
+    def __init__(self, pairs):
+        self._pairs = {id(trackable): stand_in for trackable, stand_in in pairs}
+        self._kept = [trackable for trackable, _ in pairs]  # alive while the map is: ids stay theirs
+
+    def get(self, trackable, default=None):
+        return self._pairs.get(id(trackable), default)
+
+    def __contains__(self, trackable) -> bool:
+        return id(trackable) in self._pairs
+
+    def __getitem__(self, trackable):
+        return self._pairs[id(trackable)]
+
+
+def write_in_place_of(checkpoint: tf.train.Checkpoint, stand_ins: list, prefix: str) -> str:
+    """`checkpoint.write(prefix)`, each (trackable, stand-in) of `stand_ins`
+    written from its stand-in, under the trackable's names."""
+    saver = _CHECKPOINT_SAVER.of(checkpoint)
+    _SAVER_OBJECT_MAP.check(saver)
+    _SERIALIZE_TO_TENSORS.check(tf.__internal__.tracking.Trackable)
+    saver._object_map = _ByIdentity(stand_ins)
+    try:
+        return checkpoint.write(prefix)
+    finally:
+        saver._object_map = None
+
+
 # --- A Keras optimizer's slots --------------------------------------------------
 
 
@@ -408,6 +492,8 @@ def set_model_checkpoint_batches(callback, batches: list) -> None:
 PROBES = (
     _SHARDED_VARIABLE,
     _GATHER_SAVEABLES,
+    _SERIALIZE_TO_TENSORS,
+    _LEGACY_SAVEABLES,
     _TRACKABLE_CHILDREN,
     _OPTIMIZER_CHILDREN,
     _DATA_STRUCTURE,

@@ -56,6 +56,37 @@ REFUSED = {
     "keras.Optimizer": BASE_OPTIMIZER,
 }
 
+# How many copies of each trained weight an optimizer keeps (its slots: Adam's two moments ...), what a checkpoint
+# holds besides the model (spec/checkpoint_size.py): counted on Keras 3.15's optimizers, built. Adafactor's are
+# factored (a row and a column for a matrix), so not a count of copies: not here. The options that keep one more:
+# a momentum (sgd, rmsprop), rmsprop's centered, amsgrad's maximum (adam, adamw).
+SLOTS = {
+    "adadelta": 2,
+    "adagrad": 1,
+    "adam": 2,
+    "adamw": 2,
+    "adamax": 2,
+    "ftrl": 2,
+    "lamb": 2,
+    "lion": 1,
+    "muon": 1,
+    "nadam": 2,
+    "rmsprop": 1,
+    "schedulefreeadamw": 2,
+    "sgd": 0,
+}
+_ONE_MORE = {"momentum": ("sgd", "rmsprop"), "centered": ("rmsprop",), "amsgrad": ("adam", "adamw")}
+
+
+def slots_per_weight(group: Mapping[str, Any]) -> Optional[int]:
+    """Copies of each trained weight the optimizer group's optimizer keeps; None: not known (a class of the user's)."""
+    target = group.get("_target_")
+    name = next((short for short, path in CLASSES.items() if path == target), None) if target else group.get("name")
+    if name not in SLOTS:
+        return None
+    return SLOTS[name] + sum(1 for option, names in _ONE_MORE.items() if name in names and group.get(option))
+
+
 # Named schedules: constant, cosine decay to min_lr_ratio, and cosine after a linear warm-up (warmup_steps).
 SCHEDULES = ("constant", "cosine", "warmup_cosine")
 

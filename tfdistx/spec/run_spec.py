@@ -49,6 +49,7 @@ class Trainer:
 class Checkpoint:
     dir: str  # resolved: checkpoint.dir, or <run dir>/checkpoints
     every_steps: int
+    background: bool  # the periodic saves written while the steps go on (else the steps wait for each)
     max_to_keep: int
     restore: bool
     export: bool
