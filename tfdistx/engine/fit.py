@@ -171,7 +171,7 @@ def train_loop(run: Run, runner: StepRunner, start: Start, notice: SigtermNotice
         return result
 
 
-def running_record(resumed, metrics: int, is_chief: bool):
+def running_record(resumed: Optional[checkpointing.RunningRecordState], metrics: int, is_chief: bool):
     """The loop's running record as the checkpoint resumed from left it
     (`resumed`: checkpointing.RunningRecordState, or None); a fresh one when
     its sums are of other metrics than this run's `metrics` (said once, by the chief)."""
