@@ -175,7 +175,11 @@ def _ps_variables(options: Mapping[str, Any], model: Mapping[str, Any], data: Ma
         )
     else:
         line = f"variables     whole, round-robin over {ps} ps (strategy.partitioner splits large ones)"
-    shapes = checkpoint_size.model_shapes({"model": model, "data": data}) if model.get("_target_") == "tfdistx.models.mlp" else None
+    shapes = (
+        checkpoint_size.model_shapes({"model": model, "data": data})
+        if model.get("_target_") == "tfdistx.models.mlp"
+        else None
+    )
     if shapes is None:
         return [line]
     total = sum(strategies.ps_bytes(shapes, 1, None))
