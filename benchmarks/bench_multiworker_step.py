@@ -83,7 +83,7 @@ def parts(workers: int, repeats: int) -> dict:
     with tempfile.TemporaryDirectory() as log_dir:
         task = [sys.executable, str(HERE / "multiworker_step_parts.py"), f"--batch={BATCH}", f"--repeats={repeats}"]
         launch = (
-            f"import sys; from tfdistx.cluster.launch import run_local_cluster; "
+            f"import sys; from tfdistx.launch.local.launcher import run_local_cluster; "
             f"sys.exit(run_local_cluster({{'worker': {workers}}}, {task!r}, {log_dir!r}, ['worker']))"
         )
         out = run([sys.executable, "-c", launch], check=False, env=env)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 FAKE_SRUN = r"""#!/bin/bash
 # The port probe runs as it would on a node; the step's arguments and environment are recorded, its end chosen.
-if [[ " $* " == *" tfdistx.cluster.free_ports "* ]]; then
+if [[ " $* " == *" tfdistx.launch.slurm.free_ports "* ]]; then
     while [ "$1" != python ]; do shift; done
     exec "$@"
 fi

@@ -264,7 +264,8 @@ def test_parameter_servers_whose_coordinator_is_gone_stop_on_their_own(tmp_path)
 FAKE_SRUN = """#!{python}
 import os, subprocess, sys
 command = [arg for arg in sys.argv[1:] if not arg.startswith("--")]
-if "tfdistx.cluster.free_ports" in command:  # the script's port probe: one task on the one node, its answer printed
+# the script's port probe: one task on the one node, its answer printed
+if "tfdistx.launch.slurm.free_ports" in command:
     os.execv(sys.executable, [sys.executable, *command[1:]])
 ranks = int(os.environ["SLURM_NTASKS"])
 place = {{"SLURM_STEP_NUM_TASKS": str(ranks), "SLURM_STEP_NODELIST": "localhost", "SLURM_STEP_TASKS_PER_NODE": str(ranks)}}

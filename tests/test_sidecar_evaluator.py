@@ -23,7 +23,7 @@ import pytest
 
 from config_helpers import compose_ok
 from conftest import processes_of, run_command, start_tfdistx, task_pid, tfdistx_env, wait_until
-from tfdistx.cluster.kubernetes import tfjob
+from tfdistx.launch.kubernetes import tfjob
 from tfdistx.config.resolve import layout_of
 
 QUICK = [

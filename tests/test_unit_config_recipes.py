@@ -1,5 +1,5 @@
 """Recipes (config/recipes.py) and `tfdistx export tfjob`'s checks
-(cluster/kubernetes.py), in-process (-m unit): what each shipped recipe
+(launch/kubernetes.py), in-process (-m unit): what each shipped recipe
 composes to; a user's recipe directory in tmp_path, named by
 TFDISTX_RECIPES for the one test; the TFJob built from the composed
 config, without printing or applying it."""
@@ -7,7 +7,8 @@ config, without printing or applying it."""
 import pytest
 
 from config_helpers import PREFIX, compose_ok, refused
-from tfdistx.cluster import jobset, kubernetes
+from tfdistx.launch import jobset_placement as jobset
+from tfdistx.launch import kubernetes
 from tfdistx.config import recipes
 from tfdistx.spec.errors import ConfigError
 from tfdistx.config.resolve import layout_of

@@ -8,7 +8,8 @@ import json
 import pytest
 
 from config_helpers import PREFIX, refused
-from tfdistx.cluster import kubernetes, placement
+from tfdistx.cluster import placement
+from tfdistx.launch import kubernetes
 from tfdistx.cluster.placement import Source
 from tfdistx.commands.common import compose
 from tfdistx.commands.plan import describe

@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from config_helpers import compose_ok, refused
-from tfdistx.cluster.hosts import HostList, Settled, choose
+from tfdistx.launch.local.hosts import HostList, Settled, choose
 from tfdistx.cluster.rounds import Rounds
 from tfdistx.commands.plan import describe
 from tfdistx.spec import elastic
@@ -290,7 +290,7 @@ def test_a_host_the_launcher_cannot_use_is_left_out_said_once_with_what_is_allow
 
 def test_bad_hosts_leave_too_few_and_the_usual_wait_below_min_applies(tmp_path):
     """Two lines where 2:2 needs two, one of them 8.8.8.8: no round forms, the wait below MIN is said, and exit 9."""
-    from tfdistx.cluster.elastic import HostListMembership
+    from tfdistx.launch.local.elastic import HostListMembership
     from tfdistx.cluster.processes import ForwardingSignals
     from tfdistx.cluster.supervisor import NoRound
 
@@ -340,8 +340,8 @@ def test_a_flapping_host_changes_no_round_and_its_worker_keeps_running(tmp_path)
     each time: with lost_bound=3 its change never holds, so the running round
     (real processes) is not ended and no task is stopped; once the host stays
     out for its bound, its worker is stopped, once."""
-    from tfdistx.cluster import elastic as elastic_launcher
-    from tfdistx.cluster.elastic import HostListMembership
+    from tfdistx.launch.local import elastic as elastic_launcher
+    from tfdistx.launch.local.elastic import HostListMembership
     from tfdistx.cluster.processes import ForwardingSignals, teardown
 
     path, said = tmp_path / "hosts", []

@@ -1,9 +1,9 @@
 """A pod of a JobSet (or a Trainer v2 TrainJob) builds its TF_CONFIG from
-its JobSet labels and the config's counts (cluster/jobset.py), in-process
+its JobSet labels and the config's counts (launch/jobset.py), in-process
 (-m unit): the env the manifest's downward API gives is a dict, so every
 case is a pod placed where the manifest puts it, or one the config has no
 place for and the one line it gets. Also what `export jobset|trainjob`
-writes that the pods rely on (cluster/jobset_manifest.py)."""
+writes that the pods rely on (launch/jobset.py)."""
 
 import json
 
@@ -11,7 +11,8 @@ import pytest
 
 from config_helpers import PREFIX
 from test_unit_config_cluster import placed, refused_line
-from tfdistx.cluster import jobset_manifest, placement
+from tfdistx.cluster import placement
+from tfdistx.launch import jobset as jobset_manifest
 from tfdistx.cluster.placement import Source
 from tfdistx.spec.errors import ConfigError
 from tfdistx.config.resolve import layout_of

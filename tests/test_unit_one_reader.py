@@ -17,7 +17,9 @@ from omegaconf import DictConfig, ListConfig
 import tfdistx
 from config_helpers import compose_ok
 from tfdistx import cli
-from tfdistx.cluster import jobset_manifest, kubernetes, placement
+from tfdistx.cluster import placement
+from tfdistx.launch import jobset as jobset_manifest
+from tfdistx.launch import kubernetes
 from tfdistx.commands import execute
 from tfdistx.commands.plan import describe
 from tfdistx.config.resolve import layout_of

@@ -1,5 +1,5 @@
-"""The agents' rendezvous over the network (cluster/keeper_wire.py, the
-beats of cluster/agent.py): a real keeper on loopback, real agents' beats
+"""The agents' rendezvous over the network (launch/agent/keeper_wire.py, the
+beats of launch/agent/node.py): a real keeper on loopback, real agents' beats
 over real sockets. Only a beat that proves the run's secret reaches the
 keeper; whatever else comes (an agent of another run, a replayed message,
 an XML-RPC call, noise) is refused, said once per source address, and
@@ -13,10 +13,11 @@ import time
 import pytest
 
 from conftest import wait_until
-from tfdistx.cluster import keeper_wire, run_secret
-from tfdistx.cluster.agent import AgentMembership, Beats
+from tfdistx.launch.agent import keeper_wire
+from tfdistx.launch.agent import run_secret
+from tfdistx.launch.agent.node import AgentMembership, Beats
 from tfdistx.cluster.processes import ForwardingSignals
-from tfdistx.cluster.round_keeper import RUNNING, WAITING, RoundKeeper, answer, listen
+from tfdistx.launch.agent.round_keeper import RUNNING, WAITING, RoundKeeper, answer, listen
 from tfdistx.cluster.supervisor import NoRound, Round, State
 from tfdistx.spec.errors import ConfigError
 

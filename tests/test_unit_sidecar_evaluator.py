@@ -10,7 +10,7 @@ import pytest
 
 from config_helpers import compose_ok, refused
 from tfdistx.cluster import placement
-from tfdistx.cluster.kubernetes import tfjob
+from tfdistx.launch.kubernetes import tfjob
 from tfdistx.config import schema
 from tfdistx.config.resolve import layout_of
 

@@ -16,7 +16,8 @@ import pytest
 
 from fake_slurm import run_script
 from tfdistx import cli
-from tfdistx.cluster import free_ports, placement
+from tfdistx.cluster import placement
+from tfdistx.launch.slurm import free_ports
 from tfdistx.config.resolve import layout_of
 from tfdistx.spec.errors import ConfigError
 

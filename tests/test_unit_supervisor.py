@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tfdistx.cluster.launch import FixedCounts
+from tfdistx.launch.local.launcher import FixedCounts
 from tfdistx.cluster.processes import ForwardingSignals
 from tfdistx.cluster.supervisor import NEVER_RESTART, Membership, Round, RoundResult, Say, State, Supervisor
 from tfdistx.spec.errors import PERMANENT, RETRYABLE, RETRYABLE_EXIT_OFFSET_FOR_KUBERNETES, offset_exit

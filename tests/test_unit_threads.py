@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from config_helpers import PREFIX, compose_ok, refused
-from tfdistx.cluster.launch import run_local_cluster
+from tfdistx.launch.local.launcher import run_local_cluster
 from tfdistx.spec import threads
 
 pytestmark = pytest.mark.unit

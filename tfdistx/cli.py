@@ -28,7 +28,7 @@ SUBCOMMANDS = {
     "export tfjob": "tfdistx.commands.kubernetes:tfjob",  # a Kubeflow TFJob (the training operator)
     "export jobset": "tfdistx.commands.kubernetes:jobset",  # a JobSet (kubernetes-sigs/jobset)
     "export trainjob": "tfdistx.commands.kubernetes:trainjob",  # a TrainJob and its runtime (Kubeflow Trainer v2)
-    "export slurm": "tfdistx.commands.slurm",  # a Slurm batch script: one srun step, requeued to resume after a notice
+    "export slurm": "tfdistx.launch.slurm.script",  # a Slurm batch script: one srun step, requeued to resume after a notice
     "data write": "tfdistx.commands.data_write",  # any data source as sharded TFRecord/CSV files + a manifest
     "evaluate": "tfdistx.commands.evaluate",  # metrics of a run's checkpoint on the eval data
     "predict": "tfdistx.commands.predict",  # a run's export applied to files (or its eval data): sharded predictions
@@ -36,7 +36,7 @@ SUBCOMMANDS = {
 }
 # The exports that take --config-dir themselves, to hand it on to the job's tasks (the others' goes into
 # TFDISTX_CONFIG_PATH here, for the command alone)
-CARRY_CONFIG_DIRS = ("tfdistx.commands.kubernetes", "tfdistx.commands.slurm")
+CARRY_CONFIG_DIRS = ("tfdistx.commands.kubernetes", "tfdistx.launch.slurm.script")
 
 
 def main(argv: Optional[Sequence[str]] = None):

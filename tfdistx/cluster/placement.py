@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Dict, List, Mapping, Optional
 
-from tfdistx.cluster import data_service, jobset
+from tfdistx.cluster import data_service
+from tfdistx.launch import jobset_placement as jobset
 from tfdistx.cluster.evaluator import EVALUATOR
 from tfdistx.spec import elastic, mpi, priority
 from tfdistx.spec.errors import ConfigError, Problem
@@ -28,8 +29,8 @@ class Source(str, Enum):
     LOCAL = "local"  # tfdistx launches the cluster's processes on this machine
     TF_CONFIG = "tf_config"  # one task of a cluster a scheduler placed (Kubernetes, by hand)
     SLURM = "slurm"  # one task of a Slurm step
-    JOBSET = "jobset"  # a pod of a Kubernetes JobSet (or a TrainJob): its labels place it (cluster/jobset.py)
-    AGENT = "agent"  # its node's agent, which starts the node's worker in each round (cluster/agent.py)
+    JOBSET = "jobset"  # a pod of a Kubernetes JobSet (or a TrainJob): its labels place it (launch/jobset.py)
+    AGENT = "agent"  # its node's agent, which starts the node's worker in each round (launch/agent/node.py)
 
     def __str__(self) -> str:  # the cluster.launch word in messages and --plan, not "Source.SLURM"
         return self.value
@@ -193,7 +194,7 @@ def check_topology(placement: Placement, wanted: Dict[str, int]) -> None:
 SLURM_PORTS_PER_JOB, SLURM_JOB_SLOTS = 64, 500
 SLURM_PORT_RANGE = SLURM_PORTS_PER_JOB * SLURM_JOB_SLOTS
 # Set by `tfdistx export slurm`'s script: a line per node, "NODE PORT PORT ...", its tasks' ports in rank order
-# (cluster/free_ports.py found them free on that node as the step started).
+# (launch/slurm/free_ports.py found them free on that node as the step started).
 SLURM_PORTS_ENV = "TFDISTX_SLURM_PORTS"
 # Set by `tfdistx export slurm --gpus`'s script: each worker task takes this many of its node's GPUs (Slurm shows every
 # task of a node all of the node's GPUs), in rank order; the node's other tasks (chief, ps, evaluator, the tf.data

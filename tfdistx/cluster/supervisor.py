@@ -4,8 +4,8 @@ budget, unless no restart can cure it), or in a change of membership (the
 next round forms).
 
 Who is in a round is a Membership policy's: fixed counts of tasks on
-loopback (cluster/launch.py), or a worker on each listed host
-(cluster/elastic.py); a per-node agent with a rendezvous is one more
+loopback (launch/local/launcher.py), or a worker on each listed host
+(launch/local/elastic.py); a per-node agent with a rendezvous is one more
 policy. The rest is the same for all, so it is here once: the restart
 budget and its back-off, the exit codes never restarted, a task restarted
 on its own, the end of a round (the teardown, and whose exit code is the
@@ -187,7 +187,7 @@ class Membership:
 
 
 class Supervisor:
-    """The loop over rounds, for `spec` (the launcher's, cluster/launch.py)
+    """The loop over rounds, for `spec` (the launcher's, launch/local/launcher.py)
     and a membership policy; `signals` from outside are passed on to the
     tasks; `prefork`, if given, forks them (cluster/prefork.py)."""
 

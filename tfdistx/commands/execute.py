@@ -1,5 +1,5 @@
 """Where a command meets the engine: train or evaluate in this process, or
-as a local cluster of processes that each do it (cluster/launch.py).
+as a local cluster of processes that each do it (launch/local/launcher.py).
 
 The composed config is resolved into a RunSpec first thing here, the one
 hand-over from the config side: placement, the local launcher and the
@@ -21,8 +21,8 @@ from omegaconf import DictConfig, OmegaConf
 from tfdistx import machine
 from tfdistx.cluster import placement as cluster, training_end
 from tfdistx.cluster.evaluator import EVALUATOR, EVALUATOR_ON_SIGTERM
-from tfdistx.cluster.agent import run_agent
-from tfdistx.cluster.launch import run_local_cluster
+from tfdistx.launch.agent.node import run_agent
+from tfdistx.launch.local.launcher import run_local_cluster
 from tfdistx.cluster.rendezvous import LOCAL_CLUSTER_ENV
 from tfdistx.commands.ending import hold_until_exit
 from tfdistx.cluster.placement import Placement, Source
@@ -155,7 +155,7 @@ def local_tasks(layout: Layout, mode: str) -> Tuple[Dict[str, int], bool]:
 
 
 def _elastic_rounds(spec: RunSpec, mode: str) -> Optional[dict]:
-    """What the launcher needs to train in rounds (cluster/elastic.py); None
+    """What the launcher needs to train in rounds (launch/local/elastic.py); None
     when the run is not elastic (an evaluation never is: it runs once)."""
     keys = spec.cluster.elastic
     if mode != "train" or keys is None:
@@ -248,7 +248,7 @@ def _task_command(spec: RunSpec, mode: str, step: Optional[int], config: Optiona
 
 
 def _run_agent(spec: RunSpec, mode: str, notice: Optional[SigtermNotice], config_record: Optional[dict] = None):
-    """This node's agent (cluster/agent.py): its worker in each round the
+    """This node's agent (launch/agent/node.py): its worker in each round the
     agents form (and, on the node that keeps the rounds, the run's servers:
     a parameter-server run's chief and ps, the tf.data service's); the agent
     that keeps the rounds records the run's config (`config_record`) and finishes the summary."""

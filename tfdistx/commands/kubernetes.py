@@ -1,7 +1,7 @@
 """`tfdistx export tfjob|jobset|trainjob [overrides] --image IMAGE`: the
 composed config as Kubernetes manifests, printed as YAML: a Kubeflow TFJob
-(cluster/kubernetes.py), a JobSet, or a Kubeflow Trainer v2 TrainJob with
-its ClusterTrainingRuntime (cluster/jobset_manifest.py). One command line
+(launch/kubernetes.py), a JobSet, or a Kubeflow Trainer v2 TrainJob with
+its ClusterTrainingRuntime (launch/jobset.py). One command line
 for all three: the manifests differ, the run they describe does not."""
 
 import argparse
@@ -13,9 +13,10 @@ from typing import Dict, Optional
 from omegaconf import OmegaConf
 
 from tfdistx import emit
-from tfdistx.cluster import jobset_manifest, kubernetes
-from tfdistx.cluster.jobset import check_name
-from tfdistx.cluster.kubernetes import DEFAULT_MOUNT_PATH, check_image, check_mount_path
+from tfdistx.launch import jobset as jobset_manifest
+from tfdistx.launch import kubernetes
+from tfdistx.launch.jobset_placement import check_name
+from tfdistx.launch.kubernetes import DEFAULT_MOUNT_PATH, check_image, check_mount_path
 from tfdistx.commands.common import compose_as_placed, one_line_errors
 from tfdistx.config import userconf
 from tfdistx.spec import elastic

@@ -232,7 +232,7 @@ def _tasks(layout: Layout, placement) -> list:
             f"  threads     the node's worker: {threads.describe(per_pool)}; {why}",
         ]
         servers = layout.servers_beside_the_keeper()
-        if servers:  # on the node whose agent keeps the rounds, in every round (cluster/agent.py)
+        if servers:  # on the node whose agent keeps the rounds, in every round (launch/agent/node.py)
             keepers_pool, keepers_why = threads.task_threads(
                 topo.task_threads, layout.jobs_on_an_agents_node(keeper=True)
             )
@@ -241,7 +241,7 @@ def _tasks(layout: Layout, placement) -> list:
                 "the run lives as long as that node"
             )
             lines.append(f"  threads     the store's node's tasks: {threads.describe(keepers_pool)}; {keepers_why}")
-        if topo.evaluator:  # on the node whose agent keeps the rounds (cluster/agent.py)
+        if topo.evaluator:  # on the node whose agent keeps the rounds (launch/agent/node.py)
             lines.append(_evaluator_line(", on the store's node beside its worker"))
         return lines
     lines = [

@@ -28,7 +28,7 @@ def main(argv) -> int:
             cfg = OmegaConf.load(config_path)  # cluster.launch=tf_config: placed by the launcher's TF_CONFIG
             if elastic.is_elastic(
                 cfg.cluster
-            ):  # this round's workers are those its TF_CONFIG lists (cluster/elastic.py)
+            ):  # this round's workers are those its TF_CONFIG lists (launch/local/elastic.py)
                 elastic.for_round(cfg.cluster, len(json.loads(os.environ["TF_CONFIG"])["cluster"]["worker"]))
             # The task's process ends with it (cli.end_process): its input pipelines need no teardown.
             execute(

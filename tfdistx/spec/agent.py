@@ -1,5 +1,5 @@
 """A run with an agent on every node (cluster.launch=agent), as config:
-what it needs and what it cannot do yet (cluster/agent.py runs it).
+what it needs and what it cannot do yet (launch/agent/node.py runs it).
 
 Every node runs the same command; each node's agent starts one worker, and
 the agents meet at `cluster.agent.store`, host:port, kept by the agent on

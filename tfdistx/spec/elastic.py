@@ -4,7 +4,7 @@
 An elastic run trains in rounds: each round is a cluster of as many workers
 as hosts are listed (cluster.elastic.hosts or .discover), from MIN
 (`cluster.elastic.min_workers`) to MAX (`cluster.workers`, the topology the
-run asks for); the local launcher forms them (cluster/elastic.py). Each
+run asks for); the local launcher forms them (launch/local/elastic.py). Each
 round resumes from the newest checkpoint on its own topology (the global
 batch kept), so a round's worker count must keep the global batch whole.
 

@@ -44,8 +44,8 @@ DEFAULT_NOTICE_SIGNALS = ("USR1",)
 RETRYABLE = (EXIT_CLUSTER_DID_NOT_FORM, EXIT_LOST_PEER, EXIT_PORT_IN_USE, EXIT_RUN_DIR_LOCKED, EXIT_PREEMPTED)
 # The codes no restart can cure: the same code, config, disk or install fails the same way again. The one list
 # of them: the local launcher never restarts them (cluster/supervisor.py), a JobSet's failure policy fails the set
-# on them (cluster/jobset_manifest.py), and a TFJob's pods leave with them below 128, where the operator does not
-# retry (cluster/kubernetes.py: only RETRYABLE is moved up).
+# on them (launch/jobset.py), and a TFJob's pods leave with them below 128, where the operator does not
+# retry (launch/kubernetes.py: only RETRYABLE is moved up).
 PERMANENT = (EXIT_PLUGIN_FAILED, EXIT_INVALID_CONFIG, EXIT_NOT_RETRYABLE, EXIT_UNSUPPORTED_VERSION, EXIT_NO_NETWORK)
 RETRYABLE_EXIT_OFFSET_FOR_KUBERNETES = 128  # 42 -> 170, 4 -> 132, 5 -> 133, 6 -> 134, 7 -> 135
 MAX_RETRYABLE_EXIT_OFFSET = 255 - max(RETRYABLE)

@@ -86,7 +86,7 @@ class Agent:
 
     store: str  # host:port of the rendezvous
     address: Optional[str]  # this node's address; None: the one it reaches the store from
-    token_file: Optional[str]  # the run's secret (cluster/run_secret.py); None: made in the run directory
+    token_file: Optional[str]  # the run's secret (launch/agent/run_secret.py); None: made in the run directory
     # The rendezvous' bounds, cluster.elastic's keys (a fixed run's agents wait for a lost node as an elastic run's do):
     join_grace: float
     lost_bound: float
@@ -195,7 +195,7 @@ class Layout:
         return self.strategy.facts.job_counts(self.cluster.workers, self.cluster.ps) or {"worker": 1}
 
     def servers_beside_the_keeper(self) -> Mapping[str, int]:
-        """With an agent on every node (cluster/agent.py), the tasks the keeper's
+        """With an agent on every node (launch/agent/node.py), the tasks the keeper's
         node runs beside its worker, per job: a parameter-server run's chief
         and ps tasks, the tf.data service's dispatcher and data workers."""
         return {**{job: n for job, n in self.training_jobs().items() if job != "worker"}, **self.service_jobs()}

@@ -1,5 +1,5 @@
 """The run's secret, which every beat to the agents' rendezvous proves
-(cluster/keeper_wire.py) so that only the run's own agents are placed in
+(launch/agent/keeper_wire.py) so that only the run's own agents are placed in
 its rounds: an agent placed in a round receives the model's variables and
 adds its numbers into everyone's gradients.
 

@@ -1,6 +1,6 @@
 """tfdistx on every node (cluster.launch=agent): one agent per node, started
 by `srun`, by a pod, or by hand, each starting and watching its node's
-worker, the rounds agreed through a rendezvous (cluster/round_keeper.py).
+worker, the rounds agreed through a rendezvous (launch/agent/round_keeper.py).
 
 The same command on every node:
 
@@ -12,7 +12,7 @@ bind that address; the others cannot) and owns the run directory; every
 agent beats to it about once a second (the keeper's interval, jittered)
 from a thread of its own, so that a node whose agent is busy (a
 checkpoint's grace, a restart's back-off) is not taken for lost, each beat
-proving the run's secret (cluster/run_secret.py, cluster/keeper_wire.py).
+proving the run's secret (launch/agent/run_secret.py, launch/agent/keeper_wire.py).
 The rest is the supervisor's (cluster/supervisor.py): this
 module is its third membership policy, beside fixed counts (launch.py) and
 a host list (elastic.py). A round's TF_CONFIG lists a worker on each of its
@@ -42,12 +42,12 @@ from typing import Optional
 
 from tfdistx import rundir
 from tfdistx.cluster import evaluator as sidecars  # the sidecar evaluator's task
-from tfdistx.cluster import run_secret
-from tfdistx.cluster.keeper_wire import CALL_TIMEOUT_SECONDS, Link, Refused, WireError
+from tfdistx.launch.agent import run_secret
+from tfdistx.launch.agent.keeper_wire import CALL_TIMEOUT_SECONDS, Link, Refused, WireError
 from tfdistx.cluster.liveness import split_address, task_hosts
 from tfdistx.cluster.prefork import Prefork, can_fork
 from tfdistx.cluster.processes import ForwardingSignals, SaidOnce, Task, free_ports, shell_code
-from tfdistx.cluster.round_keeper import (
+from tfdistx.launch.agent.round_keeper import (
     DONE,
     ENDED,
     FAILED,
@@ -161,7 +161,7 @@ class BeatState:
 
 class Beats:
     """The agent's beats to the keeper at `store`, from a thread, over one
-    connection it keeps (cluster/keeper_wire.py), each proving the run's
+    connection it keeps (launch/agent/keeper_wire.py), each proving the run's
     `secret`: its status, and what the keeper last said (`news`, `place`)
     with when it came (`answered`). A beat that fails is tried again with a
     jittered back-off (beat_delay); a status set is beaten at once."""

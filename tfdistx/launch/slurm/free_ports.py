@@ -1,4 +1,4 @@
-"""`python -m tfdistx.cluster.free_ports BASE COUNT`: COUNT TCP ports free on
+"""`python -m tfdistx.launch.slurm.free_ports BASE COUNT`: COUNT TCP ports free on
 this node now, for the tasks of a Slurm step (`tfdistx export slurm`'s
 script asks every node of the job, in a step of one task a node, and hands
 the answers to the training step: placement.SLURM_PORTS_ENV).
@@ -70,7 +70,9 @@ def _bound(port: int):
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tfdistx.cluster.free_ports", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m tfdistx.launch.slurm.free_ports", description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument("base", type=int, help="cluster.base_port")
     parser.add_argument("count", type=int, nargs="?", default=1)
     parser.add_argument("--address", action="store_true", help="print NODE:PORT (one port) instead of NODE PORT...")

@@ -11,14 +11,14 @@ every task checkpoints and exits 42 (cluster.notice_signals, sigterm.py),
 and on 42 the job requeues itself and resumes from that checkpoint. The
 run is fixed-size: a task that fails ends the step (--kill-on-bad-exit).
 Before the step, a step of one task a node asks each node for ports free
-on it (cluster/free_ports.py), which the tasks take (placement.from_slurm);
+on it (launch/slurm/free_ports.py), which the tasks take (placement.from_slurm);
 a port taken all the same (exit 6) requeues the job, which asks again.
 `--gpus`, `--cpus-per-task` and `--mem` are asked of Slurm, and each worker
 task takes its own share of its node's GPUs (placement.GPUS_PER_WORKER_ENV).
 The config is checked as the tasks will run it (common.compose_as_placed).
 
 With `cluster.launch=agent` the script runs an agent on each node instead
-(cluster/agent.py): one Slurm task per node, MIN to MAX nodes for
+(launch/agent/node.py): one Slurm task per node, MIN to MAX nodes for
 `cluster.workers=MIN:MAX`, and `--no-kill`, so that a failed node shrinks
 the run (the agents form a round without it) instead of ending the job.
 Only the script's text is written here; what it runs is the config's.
@@ -37,7 +37,8 @@ from typing import List, Optional, Sequence
 from omegaconf import OmegaConf
 
 from tfdistx import emit
-from tfdistx.cluster import free_ports, run_secret
+from tfdistx.launch.slurm import free_ports
+from tfdistx.launch.agent import run_secret
 from tfdistx.cluster.placement import GPUS_PER_WORKER_ENV, SLURM_PORTS_ENV, scheduled_tasks
 from tfdistx.commands.common import compose_as_placed, one_line_errors
 from tfdistx.commands.ending import EXIT_CODES_ENV
@@ -262,8 +263,8 @@ def _tasks(tasks, nodes: int, base_port: int, gpus: Optional[_Gpus] = None) -> _
     ranks = ", ".join(f"{job}:{index}" for job, n in tasks.items() for index in range(n))
     # --gpus: at most this many tasks a node, so that the GPUs asked per node cover its workers
     spread = [f"--ntasks-per-node={math.ceil(ntasks / nodes)}"] if gpus and nodes > 1 else []
-    # Each node's tasks listen on ports its OS has free as the job starts (cluster/free_ports.py), asked by a step of
-    # one task a node; a derived port could be another job's on a shared node, on every try of the job.
+    # Each node's tasks listen on ports its OS has free as the job starts (launch/slurm/free_ports.py), asked by a
+    # step of one task a node; a derived port could be another job's on a shared node, on every try of the job.
     probe = [
         "srun",
         '--nodes="$SLURM_JOB_NUM_NODES"',
@@ -381,7 +382,7 @@ def _agents(cluster, servers, given) -> _Job:
 
 
 def _secret_lines() -> List[str]:
-    """The run's secret, which every agent's beat proves (cluster/run_secret.py): made by the batch shell, once
+    """The run's secret, which every agent's beat proves (launch/agent/run_secret.py): made by the batch shell, once
     per job, in the shared run dir (mode 0600, written whole, then renamed into place), before any agent starts;
     a requeued job keeps it."""
     return [

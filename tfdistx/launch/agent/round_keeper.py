@@ -1,6 +1,6 @@
 """The rendezvous of per-node agents (cluster.launch=agent): which agents
 train together in each round, decided in one place and asked by every agent
-over the network (cluster/agent.py).
+over the network (launch/agent/node.py).
 
 Kept by one agent, the one on the host `cluster.agent.store` names, and
 asked by all: torchrun's default rendezvous (c10d) makes the same choice,
@@ -33,7 +33,7 @@ the agent's known version of it is older, and its place (the round's
 workers' addresses) only once a round. The agents beat every
 `beat_seconds`, which the keeper lengthens as the cluster grows (up to a
 quarter of lost_bound). Only beats that prove the run's secret reach the
-keeper (cluster/keeper_wire.py, which serves it); a beat of another config
+keeper (launch/agent/keeper_wire.py, which serves it); a beat of another config
 than the run's is refused.
 
 Hand-written because no maintained library keeps tf.distribute rounds;
@@ -46,7 +46,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Tuple
 
-from tfdistx.cluster import keeper_wire
+from tfdistx.launch.agent import keeper_wire
 from tfdistx.cluster.liveness import task_hosts
 from tfdistx.spec.errors import EXIT_TOO_FEW_WORKERS
 

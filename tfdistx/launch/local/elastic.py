@@ -45,7 +45,7 @@ import signal
 import time
 from typing import Dict, List, Optional
 
-from tfdistx.cluster.hosts import HostList, Settled, choose
+from tfdistx.launch.local.hosts import HostList, Settled, choose
 from tfdistx.cluster.processes import ForwardingSignals, Task, free_ports, shell_code, signal_group
 from tfdistx.cluster.rounds import Rounds
 from tfdistx.cluster.supervisor import POLL_SECONDS, Membership, NoRound, Round, RoundResult, Say, State

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
 from tfdistx.cluster import evaluator as sidecars  # the sidecar evaluator's task
-from tfdistx.cluster.elastic import HostListMembership
+from tfdistx.launch.local.elastic import HostListMembership
 from tfdistx.cluster.prefork import Prefork, can_fork, fork, imported_here
 from tfdistx.cluster.processes import (
     SCRATCH_DIR,
@@ -82,7 +82,7 @@ def run_local_cluster(
     empty: each task is a fresh process.
     `notice`: the process's SIGTERM notice (sigterm.py): one that came
     before the cluster started ends the run here. `elastic`: the run
-    trains in rounds of as many workers as hosts are listed (cluster/elastic.py).
+    trains in rounds of as many workers as hosts are listed (launch/local/elastic.py).
     `nice`: above 0, the cluster's processes run at that lower priority, in a
     session of their own (processes.yield_the_cores).
     """
@@ -189,7 +189,7 @@ class FixedCounts(Membership):
 
 def main(spec: dict, isolated: bool, signals: ForwardingSignals) -> int:
     """The supervisor's process, inside the namespace: the run's rounds, with
-    a fixed membership, or an elastic one (`spec["elastic"]`: cluster/elastic.py).
+    a fixed membership, or an elastic one (`spec["elastic"]`: launch/local/elastic.py).
     `signals`: the supervisor's, taken since its start."""
     if isolated:
         loopback_up()

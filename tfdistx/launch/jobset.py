@@ -4,7 +4,7 @@ for the composed config.
 
 Neither writes TF_CONFIG: each pod runs `python -m tfdistx` with
 `cluster.launch=jobset` and builds it from its JobSet labels and the
-config's own counts (cluster/jobset.py). One replicatedJob per task type
+config's own counts (launch/jobset.py). One replicatedJob per task type
 (chief, ps, worker, evaluator, dispatcher, dataworker), each one Indexed
 Job with a pod per task; a TrainJob's runtime holds the same JobSet, since
 Trainer v2 runs every TrainJob as one (and, having no TensorFlow runtime,
@@ -24,12 +24,12 @@ listed as they are. The sidecar evaluator's pod restarts alone, in place:
 its failures never reach the set's rules.
 
 With `cluster.launch=agent` the JobSet runs an agent in each of MAX pods
-(cluster/agent.py) and the agents, not the JobSet, handle a lost pod: the
+(launch/agent/node.py) and the agents, not the JobSet, handle a lost pod: the
 Job recreates it (an eviction or a drained node does not count toward its
 backoffLimit) and its agent joins the next round, while the others go on
 with MIN or more. Only a code no restart can cure fails the set; the run is
 done when the keeper's pod (index 0) is. Its agents prove the run's secret
-at every beat (cluster/run_secret.py): a Kubernetes Secret written beside
+at every beat (launch/agent/run_secret.py): a Kubernetes Secret written beside
 the JobSet (rendezvous_secret, a new one each export), mounted read-only in
 every pod. And every JobSet comes with a NetworkPolicy (network_policy)
 that admits its pods' traffic from its own pods only.
@@ -38,8 +38,8 @@ that admits its pods' traffic from its own pods only.
 import secrets
 from typing import Dict, List, Optional, Sequence
 
-from tfdistx.cluster import jobset
-from tfdistx.cluster.kubernetes import CREATED_BY, DEFAULT_MOUNT_PATH, Pods
+from tfdistx.launch import jobset_placement as jobset
+from tfdistx.launch.kubernetes import CREATED_BY, DEFAULT_MOUNT_PATH, Pods
 from tfdistx.cluster.evaluator import EVALUATOR
 from tfdistx.spec.errors import EXIT_PREEMPTED, PERMANENT
 from tfdistx.spec.run_spec import Layout
@@ -50,7 +50,7 @@ CONTAINER = "tensorflow"
 TRAINER_CONTAINER = "node"  # the container Trainer v2 gives the TrainJob's image, args and resources
 ANCESTOR = "trainer.kubeflow.org/trainjob-ancestor-step"  # Trainer v2's label for the replicatedJob that trains
 MAX_NAME = jobset.LONGEST_NAME  # its pods' hostnames are built from the name
-LAUNCH = "jobset"  # the pods' cluster.launch: each places itself by its JobSet labels (cluster/jobset.py)
+LAUNCH = "jobset"  # the pods' cluster.launch: each places itself by its JobSet labels (launch/jobset.py)
 
 
 def jobset_manifest(
@@ -97,7 +97,7 @@ def secret_name(name: str) -> str:
 
 
 def rendezvous_secret(name: str, namespace: str) -> Dict:
-    """The run's secret, which every agent's beat proves (cluster/keeper_wire.py): 256 random bits, new at each
+    """The run's secret, which every agent's beat proves (launch/agent/keeper_wire.py): 256 random bits, new at each
     export. Whoever reads this manifest holds it: it is printed for `kubectl apply`, not kept anywhere else."""
     return {
         "apiVersion": "v1",
@@ -221,7 +221,7 @@ def _jobset_spec(pods: Pods, container_name: str) -> Dict:
     training = [job for job in pods.counts if job != EVALUATOR]
     primary = [job for job in pods.primary_jobs if job in pods.counts] or ["worker"]
     return {
-        "network": {"enableDNSHostnames": True},  # <name>-<job>-0-<i>.<name>: the addresses cluster/jobset.py derives
+        "network": {"enableDNSHostnames": True},  # <name>-<job>-0-<i>.<name>: the addresses launch/jobset.py derives
         # BlockingRecreate: every pod of an attempt is gone before the next starts, so none still holds the run dir.
         "failurePolicy": {
             "maxRestarts": pods.max_restarts,
@@ -360,7 +360,7 @@ def _evaluator_job(pods: Pods, container: Dict) -> Dict:
 
 
 def _labels_as_env() -> List[Dict]:
-    """The JobSet labels cluster/jobset.py places the pod by, through the downward API."""
+    """The JobSet labels launch/jobset.py places the pod by, through the downward API."""
     return [
         {"name": env, "valueFrom": {"fieldRef": {"fieldPath": f"metadata.labels['{label}']"}}}
         for env, label in jobset.DOWNWARD_API.items()
