@@ -95,8 +95,10 @@ def tf_keras_fit(batch: int, steps: int, steps_per_execution: int) -> float:
         # The launcher tfdistx itself uses (isolation, TF_CONFIG, teardown), in
         # a child process so that the tasks' output goes to their log files only.
         launch = (
-            f"import sys; from tfdistx.launch.local.launcher import run_local_cluster; "
-            f"sys.exit(run_local_cluster({{'worker': {WORKERS}}}, {worker!r}, {log_dir!r}, ['worker']))"
+            "import sys; from tfdistx.cluster.launch_spec import LaunchSpec; "
+            "from tfdistx.launch.local.launcher import run_local_cluster; "
+            f"sys.exit(run_local_cluster(LaunchSpec(command={tuple(worker)!r}, log_dir={log_dir!r}, run_log=None, "
+            f"primary=('worker',), counts={{'worker': {WORKERS}}})))"
         )
         _run([sys.executable, "-c", launch])
         lines = (Path(log_dir) / "worker-0.log").read_text().splitlines()

@@ -170,7 +170,7 @@ class WireAgent:
     that what is measured is the keeper)."""
 
     def __init__(self, name: str, host: str, port: int, secret: bytes, lost_bound: float, figures: Figures):
-        from tfdistx.launch.agent import node as agent
+        from tfdistx.launch.agent import beats as agent
         from tfdistx.launch.agent import keeper_wire
 
         self.agent, self.wire = agent, keeper_wire

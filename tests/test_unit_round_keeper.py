@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from tfdistx.launch.agent.round_keeper import (
+from tfdistx.launch.agent.messages import (
     DONE,
     ENDED,
     FAILED,
@@ -18,10 +18,10 @@ from tfdistx.launch.agent.round_keeper import (
     TASK_FAILED,
     WAITING,
     Beat,
-    RoundKeeper,
     Told,
     beat_seconds,
 )
+from tfdistx.launch.agent.round_keeper import RoundKeeper
 
 pytestmark = pytest.mark.unit
 

@@ -20,8 +20,8 @@ from typing import List
 
 from tfdistx.spec import strategies
 from tfdistx.spec.errors import Problem
+from tfdistx.spec.launch_mode import LaunchMode
 
-LAUNCH = "agent"
 AGENT_STRATEGIES = (
     "multiworker",
     "parameter_server",
@@ -34,7 +34,7 @@ def problems(cfg) -> List[Problem]:
     can, or does not ask."""
     cluster = cfg.cluster
     agent = cluster.get("agent") or {}
-    if cluster.launch != LAUNCH:
+    if cluster.launch != LaunchMode.AGENT:
         return []
     found = []
     store = agent.get("store")

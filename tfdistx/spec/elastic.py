@@ -18,7 +18,7 @@ from typing import List, Optional, Sequence, Tuple
 
 from tfdistx.spec import data_service, strategies
 from tfdistx.spec.errors import ConfigError, Problem
-from tfdistx.spec.run_spec import LOCAL_LAUNCHES
+from tfdistx.spec.launch_mode import LaunchMode, Needs, Starter, refused
 
 # torchrun's --nnodes=MIN:MAX, written as Hydra's override of the cluster's workers: any value with one colon
 # (not an interpolation, ${oc.env:N}, nor a sweep) is meant as one, and is refused in its own words unless it is.
@@ -116,19 +116,11 @@ def problems(cfg) -> List[Problem]:
                 "evaluate with trainer.eval_every, or `tfdistx evaluate` afterwards",
             )
         )
-    if cluster.launch not in (*LOCAL_LAUNCHES, "agent"):  # the one problem then: hosts and the rest are moot
-        return [
-            Problem(
-                "cluster.launch",
-                cluster.launch,
-                f"elastic rounds ({shown_range}) are formed by tfdistx's agents, one on every node, or by its local "
-                "launcher, not by a scheduler's fixed set of tasks: use cluster.launch=agent (under Slurm and in a "
-                "JobSet too), or cluster.launch=local on one machine",
-            )
-        ]
-    found += (
-        _hosts(elastic) if cluster.launch != "agent" else []
-    )  # the agents that reach the rendezvous are the hosts (spec/agent.py)
+    elsewhere = refused([needs(cluster)], cluster.launch)
+    if elsewhere:  # the one problem then: hosts and the rest are moot
+        return elsewhere
+    if cluster.launch != LaunchMode.AGENT:  # the agents that reach the rendezvous are the hosts (spec/agent.py)
+        found += _hosts(elastic)
     for key in TIMEOUT_KEYS:
         value = elastic[key]
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
@@ -199,22 +191,20 @@ def _batch_on_every_round(cfg, low: int, high: int) -> List[Problem]:
     ]
 
 
-def placed_by_a_scheduler(cluster, launched_by_tfdistx: bool) -> List[Problem]:
-    """An elastic config in a task a scheduler placed (TF_CONFIG, Slurm, a
-    JobSet, with cluster.launch=auto): refused, as cluster.launch=tf_config
-    is, rather than trained on a fixed cluster of MAX workers unsaid. The
-    tasks of tfdistx's own local launcher (`launched_by_tfdistx`) are a round's."""
-    if not is_elastic(cluster) or launched_by_tfdistx:
-        return []
-    return [
-        Problem(
-            "cluster.elastic.min_workers",
-            cluster.elastic.min_workers,
-            f"elastic rounds ({shown(cluster)}) are formed by tfdistx's local launcher or its agents, and this task "
-            "was placed by a scheduler: run an agent on every node (cluster.launch=agent), or leave "
-            "cluster.elastic.min_workers=null here",
-        )
-    ]
+def needs(cluster) -> Optional[Needs]:
+    """Elastic rounds are formed by tfdistx's local launcher or its agents, not by a scheduler's fixed set of tasks
+    (None: not elastic): refused there (spec/launch_mode.refused) rather than trained on a fixed cluster of MAX
+    workers unsaid."""
+    if not is_elastic(cluster):
+        return None
+    return Needs(
+        "cluster.workers",
+        shown(cluster),
+        "an elastic run",
+        (Starter.LAUNCHER, Starter.AGENTS),
+        "run an agent on every node (under Slurm and in a JobSet too), or the local launcher on one machine; or "
+        f"give one number of workers, cluster.workers={cluster.workers}",
+    )
 
 
 def plan_line(cluster) -> Optional[str]:

@@ -34,7 +34,7 @@ EXIT_PREEMPTED = 42
 EXIT_INTERRUPTED = 130  # Ctrl-C (128 + SIGINT, as a shell says it): the user stopped the run; never retried
 # The signals that, like SIGTERM, mean "checkpoint and leave with EXIT_PREEMPTED" (cluster.notice_signals, named as
 # Slurm's --signal names them): USR1 by default, so that Slurm's time-limit notice (`sbatch --signal=B:USR1@120`,
-# passed on to the step by `tfdistx export slurm`'s script) is one with no override. SIGTERM always is; INT is
+# passed on to the step by `tfdistx job slurm`'s script) is one with no override. SIGTERM always is; INT is
 # Ctrl-C and HUP a closed terminal, which stop a run; any other signal is left alone.
 NOTICE_SIGNALS = ("USR1", "USR2")
 DEFAULT_NOTICE_SIGNALS = ("USR1",)

@@ -13,11 +13,8 @@ from pathlib import Path
 from typing import Any, Mapping, Optional, Tuple, Union
 
 from tfdistx.spec import data_service, strategies
+from tfdistx.spec.launch_mode import LaunchMode
 from tfdistx.spec.targets import Target
-
-# The cluster.launch values under which tfdistx's own local launcher starts the processes (auto: unless a
-# scheduler placed this one: cluster/placement.py). What only it can do (MPI's tasks, a niced session) asks for one.
-LOCAL_LAUNCHES = ("local", "auto")
 
 
 @dataclass(frozen=True)
@@ -107,7 +104,7 @@ class Cluster:
     ]  # besides SIGTERM, the signals that mean checkpoint and exit 42 (sigterm.py): USR1 ...
     retryable_exit_offset: int  # added to the exit codes a restart cures (spec/errors.py)
     # How the processes are placed and kept (placement, the local launcher, --plan, the Kubernetes manifests):
-    launch: str  # auto | local | tf_config | slurm | jobset (cluster/placement.py)
+    launch: LaunchMode  # who starts the processes and how each learns its place (tfdistx/launch/)
     isolate: Optional[bool]  # a local cluster in a private network namespace; None: when the OS allows it
     prefork: bool  # a local cluster's tasks forked from one process that imported TensorFlow once
     base_port: int  # Slurm: the first task's port on each node

@@ -1,5 +1,5 @@
 """`python -m tfdistx.launch.slurm.free_ports BASE COUNT`: COUNT TCP ports free on
-this node now, for the tasks of a Slurm step (`tfdistx export slurm`'s
+this node now, for the tasks of a Slurm step (`tfdistx job slurm`'s
 script asks every node of the job, in a step of one task a node, and hands
 the answers to the training step: placement.SLURM_PORTS_ENV).
 
@@ -25,7 +25,7 @@ import socket
 import sys
 from typing import List
 
-from tfdistx.cluster.placement import SLURM_PORT_RANGE, slurm_first_port
+from tfdistx.launch.slurm import SLURM_PORT_RANGE, slurm_first_port
 from tfdistx.spec.errors import EXIT_PORT_IN_USE
 
 

@@ -1,8 +1,8 @@
-"""`tfdistx export slurm [overrides]`: a Slurm batch script for the
+"""`tfdistx job slurm [overrides]`: a Slurm batch script for the
 composed config, printed or written to a new file: `sbatch` it.
 
 The script asks for one Slurm task per TensorFlow task (as
-cluster/placement.from_slurm places them: scheduled_tasks, in rank order),
+launch/slurm.from_slurm places them: scheduled_tasks, in rank order),
 runs them as one `srun` step of `python -m tfdistx OVERRIDES` in a run dir
 fixed for the job, and keeps the run going across Slurm's limits: Slurm
 sends USR1 to the batch shell `--notice` seconds before `--time` ends
@@ -11,10 +11,10 @@ every task checkpoints and exits 42 (cluster.notice_signals, sigterm.py),
 and on 42 the job requeues itself and resumes from that checkpoint. The
 run is fixed-size: a task that fails ends the step (--kill-on-bad-exit).
 Before the step, a step of one task a node asks each node for ports free
-on it (launch/slurm/free_ports.py), which the tasks take (placement.from_slurm);
+on it (launch/slurm/free_ports.py), which the tasks take (launch/slurm.from_slurm);
 a port taken all the same (exit 6) requeues the job, which asks again.
 `--gpus`, `--cpus-per-task` and `--mem` are asked of Slurm, and each worker
-task takes its own share of its node's GPUs (placement.GPUS_PER_WORKER_ENV).
+task takes its own share of its node's GPUs (launch/slurm.GPUS_PER_WORKER_ENV).
 The config is checked as the tasks will run it (common.compose_as_placed).
 
 With `cluster.launch=agent` the script runs an agent on each node instead
@@ -39,13 +39,15 @@ from omegaconf import OmegaConf
 from tfdistx import emit
 from tfdistx.launch.slurm import free_ports
 from tfdistx.launch.agent import run_secret
-from tfdistx.cluster.placement import GPUS_PER_WORKER_ENV, SLURM_PORTS_ENV, scheduled_tasks
+from tfdistx.cluster.placement import scheduled_tasks
+from tfdistx.launch.slurm import GPUS_PER_WORKER_ENV, SLURM_PORTS_ENV
 from tfdistx.commands.common import compose_as_placed, one_line_errors
 from tfdistx.commands.ending import EXIT_CODES_ENV
 from tfdistx.config import userconf
 from tfdistx.rundir import EXIT_CODES
-from tfdistx.spec import agent, elastic
+from tfdistx.spec import elastic
 from tfdistx.spec.errors import EXIT_PORT_IN_USE, EXIT_PREEMPTED, ConfigError
+from tfdistx.spec.launch_mode import LaunchMode
 from tfdistx.spec.strategies import describe_jobs
 
 DEFAULT_NOTICE = 120  # seconds: a checkpoint of a large model, and the step's exit, fit in it
@@ -58,15 +60,15 @@ _TIME = re.compile(r"(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?", re.ASCII)
 TIME_FORMATS = "MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS (Slurm's --time)"
 _PARTITION = re.compile(r"[A-Za-z0-9_.-]+(?:,[A-Za-z0-9_.-]+)*")
 _MEMORY = re.compile(r"\d+[KMGTkmgt]?", re.ASCII)  # Slurm's --mem: megabytes, or a count with its unit
-# cluster.launch values under which the tasks take their place from the Slurm step (cluster/placement.py)
-_PLACED_BY_SLURM = ("auto", "slurm")
+# cluster.launch values under which the tasks take their place from the Slurm step (launch/slurm/__init__.py)
+_PLACED_BY_SLURM = (LaunchMode.AUTO, LaunchMode.SLURM)
 # `--gpus` without a count: as many as the workers of a node use (cluster.devices_per_worker each, as a pod's --gpus)
 GPUS_AS_THE_WORKERS_USE = "workers"
 
 
 def main(argv) -> int:
     parser = argparse.ArgumentParser(
-        prog="tfdistx export slurm",
+        prog="tfdistx job slurm",
         description="Print a Slurm batch script that runs `python -m tfdistx OVERRIDES` as one srun step, one Slurm task per "
         "TensorFlow task; Slurm's time-limit notice and a preemption checkpoint the run, and the job requeues "
         "itself to resume it. For fixed-size runs. sbatch it. See docs/clusters.md.",
@@ -133,18 +135,18 @@ def main(argv) -> int:
         # checked here with a stand-in, as a run would check the one the script gives.
         stand_in = [] if "cluster.agent.store" in given else ["cluster.agent.store=first-node:1"]
 
-        def launch_of(layout) -> Optional[str]:  # the step's cluster.launch, as script() adds it
-            if layout.cluster.launch not in (*_PLACED_BY_SLURM, agent.LAUNCH):
+        def launch_of(layout) -> Optional[LaunchMode]:  # the step's cluster.launch, as script() adds it
+            if layout.cluster.launch not in (*_PLACED_BY_SLURM, LaunchMode.AGENT):
                 raise ConfigError.one(
                     "cluster.launch",
                     layout.cluster.launch,
                     "the script's tasks are placed by the Slurm step: "
-                    f"{', '.join(_PLACED_BY_SLURM)}, or agent (an agent on every node)",
+                    f"{', '.join(_PLACED_BY_SLURM)}, or {LaunchMode.AGENT} (an agent on every node)",
                 )
-            return None if layout.cluster.launch == agent.LAUNCH or "cluster.launch" in given else "slurm"
+            return None if layout.cluster.launch == LaunchMode.AGENT or "cluster.launch" in given else LaunchMode.SLURM
 
-        cfg, layout = compose_as_placed([*overrides, *stand_in], launch_of, "slurm")
-        agents = layout.cluster.launch == agent.LAUNCH
+        cfg, layout = compose_as_placed([*overrides, *stand_in], launch_of, LaunchMode.SLURM)
+        agents = layout.cluster.launch == LaunchMode.AGENT
         if agents and args.nodes:
             raise ConfigError.one(
                 "--nodes",
@@ -321,7 +323,7 @@ def _tasks(tasks, nodes: int, base_port: int, gpus: Optional[_Gpus] = None) -> _
         ],
         [f"--nodes={nodes}", f"--ntasks={ntasks}", *spread],
         "srun --kill-on-bad-exit=1",
-        ["cluster.launch=slurm"],
+        [f"cluster.launch={LaunchMode.SLURM}"],
         setup,
         ended,
         env,
@@ -425,7 +427,7 @@ def script(
     ]
     lines = [
         "#!/bin/bash",
-        emit.comment(emit.command_line(["tfdistx", "export", "slurm", *argv])),
+        emit.comment(emit.command_line(["tfdistx", "job", "slurm", *argv])),
         *job.about,
         *(f"#SBATCH {emit.shell_word(option)}" for option in sbatch),
         "",
@@ -502,7 +504,7 @@ def _write_new(path: str, text: str) -> None:
             out.write(text)
     except FileExistsError:
         raise ConfigError.one(
-            "--out", path, "already exists: tfdistx export slurm never replaces a file; give a new name"
+            "--out", path, "already exists: tfdistx job slurm never replaces a file; give a new name"
         ) from None
     except OSError as error:
         raise ConfigError.one("--out", path, f"cannot be written ({error.strerror})") from None
