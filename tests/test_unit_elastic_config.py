@@ -15,6 +15,7 @@ from tfdistx.cluster.launch_spec import Bounds, LaunchSpec, RoundsRecord
 from tfdistx.cluster.launch_spec import Rounds as LaunchRounds
 from tfdistx.cluster.rounds import Rounds
 from tfdistx.commands.plan import describe
+from tfdistx.config.resolve import resolve
 from tfdistx.spec import elastic, launch_mode
 from tfdistx.spec.errors import ConfigError
 
@@ -80,14 +81,14 @@ def test_an_elastic_run_composes_and_plan_shows_its_range_and_bounds(tmp_path, h
         "data.batch_size=32",
     )
     assert elastic.worker_range(cfg.cluster) == (2, 3)
-    elastic.for_round(cfg.cluster, 2)
-    assert cfg.cluster.name == "ps1w2"
+    assert elastic.for_round(resolve(cfg, str(tmp_path / "run")), 2).cluster.name == "ps1w2"
 
 
-def test_a_round_s_task_config_is_its_topology(tmp_path, hosts):
-    cfg = compose_ok(tmp_path / "run", *ELASTIC, f"cluster.elastic.hosts={hosts}")
-    elastic.for_round(cfg.cluster, 3)
-    assert (cfg.cluster.workers, cfg.cluster.name) == (3, "3x1")
+def test_a_round_s_task_spec_is_its_topology(tmp_path, hosts):
+    spec = resolve(compose_ok(tmp_path / "run", *ELASTIC, f"cluster.elastic.hosts={hosts}"), str(tmp_path / "run"))
+    round_ = elastic.for_round(spec, 3)
+    assert (round_.cluster.workers, round_.cluster.name, round_.config["cluster"]["name"]) == (3, "3x1", "3x1")
+    assert round_.layout.training_jobs() == {"worker": 3} and spec.cluster.workers == 4  # the run's own: unchanged
 
 
 @pytest.mark.parametrize(

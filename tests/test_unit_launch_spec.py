@@ -38,3 +38,30 @@ def test_a_launch_spec_is_made_from_the_run_spec_and_comes_back_from_json_as_it_
     assert back == made and isinstance(back.rounds.bounds, Bounds) and isinstance(back.command, tuple)
     with pytest.raises(dataclasses.FrozenInstanceError):
         back.max_restarts = 0
+
+
+def test_a_task_is_handed_the_resolved_run_spec_and_resolves_nothing_again(tmp_path):
+    """The command a launcher or an agent starts a task with names the run spec written for it (typed JSON,
+    cluster.launch=tf_config: placed by the TF_CONFIG it is given); commands/task.py reads it back as it was, and
+    imports nothing that composes or resolves a config."""
+    import ast
+    import inspect
+
+    from tfdistx.commands import execute, task
+    from tfdistx.spec.launch_mode import LaunchMode
+    from tfdistx.spec.run_spec import RunSpec
+
+    spec = resolve(compose_ok(tmp_path / "run", "strategy=multiworker", "cluster=2x1"), str(tmp_path / "run"))
+    command = execute._task_command(spec, "train", None)
+    handed = typed_json.loads(RunSpec, (tmp_path / "run" / "logs" / "train-spec.json").read_text())
+    assert command[-1] == str(tmp_path / "run" / "logs" / "train-spec.json")
+    assert handed == execute.task_spec(spec) and handed.cluster.launch is LaunchMode.TF_CONFIG
+    assert handed.config["cluster"]["launch"] == "tf_config" and handed.cluster.agent is None
+    assert handed.layout.training_jobs() == spec.layout.training_jobs() == {"worker": 2}
+    imported = [
+        node.module if isinstance(node, ast.ImportFrom) else alias.name
+        for node in ast.walk(ast.parse(inspect.getsource(task)))
+        if isinstance(node, (ast.Import, ast.ImportFrom))
+        for alias in node.names
+    ]
+    assert [name for name in imported if name.startswith(("omegaconf", "hydra", "tfdistx.config"))] == []

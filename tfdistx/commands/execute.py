@@ -9,12 +9,14 @@ in-process path: a local cluster's launcher never starts it.
 """
 
 import copy
+import dataclasses
 import hashlib
 import json
 import logging
 import os
 import sys
 from pathlib import Path
+from types import MappingProxyType
 from typing import Optional
 
 from omegaconf import DictConfig, OmegaConf
@@ -28,7 +30,7 @@ from tfdistx.cluster.rendezvous import LOCAL_CLUSTER_ENV
 from tfdistx.commands.ending import hold_until_exit
 from tfdistx.cluster.placement import Placement
 from tfdistx.launch.base import TaskStart
-from tfdistx.spec import data_service
+from tfdistx.spec import data_service, typed_json
 from tfdistx.spec.errors import ConfigError, retryable_exits_offset_by
 from tfdistx.spec.objective import value as objective_value
 from tfdistx.config.resolve import resolve
@@ -39,9 +41,14 @@ from tfdistx.whole_files import write_json, write_whole
 from tfdistx.sigterm import SigtermNotice
 
 
-def execute(
-    cfg: DictConfig,
-    run_dir: str,
+def execute(cfg: DictConfig, run_dir: str, mode: str, *args, **how):
+    """execute_spec for the composed `cfg`, resolved here into the run spec of `run_dir`: the one reader of the
+    config, from here on the spec."""
+    return execute_spec(resolve(cfg, run_dir), mode, *args, **how)
+
+
+def execute_spec(
+    spec: RunSpec,
     mode: str,
     step: Optional[int] = None,
     process_ends_after: bool = False,
@@ -49,18 +56,18 @@ def execute(
     placement: Optional[Placement] = None,
     config_record: Optional[dict] = None,
 ):
-    """Train (mode "train") or evaluate (mode "evaluate") as `cfg` says, in
-    `run_dir`. `notice`: the process's SIGTERM notice (sigterm.py), taken
-    at its start; a training run without one takes it here. `placement`:
-    where this process stands (placement_of), when the caller has it.
-    `config_record`: the run's .hydra/ files, which an agent's node records
-    if it keeps the rounds (commands/run.py).
-    `process_ends_after`: the process ends as soon as this returns
-    (cli.end_process), so what the run built is held until then."""
+    """Train (mode "train") or evaluate (mode "evaluate") as the run spec
+    says (a task of a local cluster or an agent is handed it:
+    commands/task.py). `notice`: the process's SIGTERM notice (sigterm.py),
+    taken at its start; a training run without one takes it here.
+    `placement`: where this process stands (placement_of), when the caller
+    has it. `config_record`: the run's .hydra/ files, which an agent's node
+    records if it keeps the rounds (commands/run.py). `process_ends_after`:
+    the process ends as soon as this returns (cli.end_process), so what the
+    run built is held until then."""
     if mode == "train" and notice is None:
         with SigtermNotice() as notice:
-            return execute(cfg, run_dir, mode, step, process_ends_after, notice, placement, config_record)
-    spec = resolve(cfg, run_dir)  # the one reader of the config: from here on, the spec
+            return execute_spec(spec, mode, step, process_ends_after, notice, placement, config_record)
     layout, training = spec.layout, mode == "train"
     if notice is not None:  # taken with the default signals before the config was known: now the config's
         notice.listen(layout.cluster.notice_signals)
@@ -167,27 +174,33 @@ TASK_PRELOAD = (
 )
 
 
-def task_config(spec: RunSpec) -> str:
-    """The resolved config every task of this run reads, as YAML: the same on
-    every node of a run of agents (their own keys left out: this node's
-    address, the secret's file), so that its digest tells the run's agents
-    from another config's."""
+def task_spec(spec: RunSpec) -> RunSpec:
+    """The run spec every task of this run is handed: placed by the TF_CONFIG its launcher or agent gives it
+    (cluster.launch=tf_config), without the agents' own keys (this node's address, the secret's file), in its
+    cluster and in the resolved config it records; the same on every node of a run of agents."""
     resolved = copy.deepcopy(dict(spec.config))
     resolved["cluster"]["launch"] = LaunchMode.TF_CONFIG.value
     resolved["cluster"].pop("agent", None)
-    return OmegaConf.to_yaml(resolved)
+    cluster = dataclasses.replace(spec.cluster, launch=LaunchMode.TF_CONFIG, agent=None)
+    return dataclasses.replace(spec, cluster=cluster, config=MappingProxyType(resolved))
+
+
+def task_config(spec: RunSpec) -> str:
+    """The resolved config every task of this run reads, as YAML, whose digest tells the run's agents from
+    another config's."""
+    return OmegaConf.to_yaml(dict(task_spec(spec).config))
 
 
 def _task_command(spec: RunSpec, mode: str, step: Optional[int], config: Optional[str] = None) -> list:
     """The command that starts one task of this run (commands/task.py),
-    placed by the TF_CONFIG its launcher or agent gives it, from the resolved
-    config written here. `config`: under agents, the config's digest, in the
+    placed by the TF_CONFIG its launcher or agent gives it, from the run spec
+    written here (typed JSON: the task resolves nothing again). `config`: under agents, the config's digest, in the
     file's name: every node writes it into the one run directory, and a node
     of another config (which the rendezvous refuses) writes another file."""
     logs = spec.run_dir / "logs"
     logs.mkdir(parents=True, exist_ok=True)
-    task_config_file = logs / (f"{mode}-config-{config[:16]}.yaml" if config else f"{mode}-config.yaml")
-    write_whole(task_config_file, task_config(spec))
+    task_spec_file = logs / (f"{mode}-spec-{config[:16]}.json" if config else f"{mode}-spec.json")
+    write_whole(task_spec_file, typed_json.dumps(task_spec(spec)))
     return [
         sys.executable,
         "-m",
@@ -195,7 +208,7 @@ def _task_command(spec: RunSpec, mode: str, step: Optional[int], config: Optiona
         "_task",
         mode,
         str(spec.run_dir),
-        str(task_config_file),
+        str(task_spec_file),
         *([str(step)] if step is not None else []),
     ]
 

@@ -11,9 +11,11 @@ batch kept), so a round's worker count must keep the global batch whole.
 No TensorFlow here.
 """
 
+import dataclasses
 import math
 import os
 import re
+from types import MappingProxyType
 from typing import List, Optional, Sequence, Tuple
 
 from tfdistx.spec import data_service, strategies
@@ -220,9 +222,18 @@ def plan_line(cluster) -> Optional[str]:
     )
 
 
-def for_round(cluster, workers: int) -> None:
-    """A round's task config: `workers` workers, the rest of the cluster
-    unchanged; its name says the round's topology (`3x1`, in the log's
-    `resuming on another topology` line and in summary.json)."""
-    cluster.workers = workers
-    cluster.name = f"ps{cluster.ps}w{workers}" if cluster.ps else f"{workers}x{cluster.devices_per_worker or 1}"
+def for_round(spec, workers: int):
+    """A round's run spec (of a RunSpec, spec/run_spec.py): `workers` workers, the rest of the run unchanged. Its
+    cluster's name says the round's topology (`3x1`, in the log's `resuming on another topology` line and in
+    summary.json), its strategy's row is the one for that many workers, and its resolved config says both, as the
+    loggers record it."""
+    cluster = spec.cluster
+    name = f"ps{cluster.ps}w{workers}" if cluster.ps else f"{workers}x{cluster.devices_per_worker or 1}"
+    facts = strategies.get(spec.strategy.name, workers, cluster.devices_per_worker)
+    config = {**spec.config, "cluster": {**spec.config["cluster"], "workers": workers, "name": name}}
+    return dataclasses.replace(
+        spec,
+        cluster=dataclasses.replace(cluster, workers=workers, name=name),
+        strategy=dataclasses.replace(spec.strategy, facts=facts),
+        config=MappingProxyType(config),
+    )
