@@ -32,7 +32,7 @@ import shlex
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import List, Optional, Sequence
+from typing import List, Optional, Sequence, Tuple
 
 from omegaconf import OmegaConf
 
@@ -175,18 +175,18 @@ def main(argv) -> int:
             *([f"--cpus-per-task={cpus}"] if cpus else []),
             *([f"--mem={args.mem}"] if args.mem is not None else []),
         ]
-        text = script(
-            argv,
-            overrides,
-            job,
+        options = BatchOptions(
+            tuple(argv),
+            tuple(overrides),
             args.time,
             notice,
             args.partition,
             config_path,
             run_dir,
-            asked=asked,
-            config_dirs=config_dirs,
+            asked=tuple(asked),
+            config_dirs=tuple(config_dirs),
         )
+        text = script(job, options)
         if args.out:
             _write_new(args.out, text)
     carried = [*(f"--config-dir {d}" for d in config_dirs), *([f"{userconf.ENV}={config_path}"] if config_path else [])]
@@ -397,22 +397,27 @@ def _secret_lines() -> List[str]:
     ]
 
 
-def script(
-    argv,
-    overrides: List[str],
-    job: _Job,
-    time: Optional[str],
-    notice: int,
-    partition: Optional[str],
-    config_path: Optional[str],
-    run_dir: Optional[str] = None,
-    asked: Sequence[str] = (),
-    config_dirs: Sequence[str] = (),
-) -> str:
-    """The batch script's text; every value in it a quoted shell word (emit.py). `run_dir`: the
-    run dir the overrides set (else one fixed for the job, RUN_DIR); `asked`: sbatch's resource options
-    (--gpus-per-node, --cpus-per-task, --mem); `config_dirs`: the step's --config-dir, each absolute."""
-    command = [arg for directory in config_dirs for arg in ("--config-dir", directory)] + list(overrides)
+@dataclass(frozen=True)
+class BatchOptions:
+    """What the user says of the batch script (`tfdistx job slurm`'s options), beside the step's tasks (_Job, made
+    from the Layout), as the Kubernetes manifests take a PodOptions."""
+
+    argv: Tuple[str, ...]  # the command line, said in the script's first comment
+    overrides: Tuple[str, ...]  # the run's, as every task composes them
+    time: Optional[str]  # sbatch --time
+    notice: int  # seconds before the time limit that USR1 comes
+    partition: Optional[str]
+    config_path: Optional[str]  # TFDISTX_CONFIG_PATH, as the user set it
+    run_dir: Optional[str] = None  # the run dir the overrides set; None: one fixed for the job, RUN_DIR
+    asked: Tuple[str, ...] = ()  # sbatch's resource options (--gpus-per-node, --cpus-per-task, --mem)
+    config_dirs: Tuple[str, ...] = ()  # the step's --config-dir, each as given
+
+
+def script(job: _Job, options: BatchOptions) -> str:
+    """The batch script's text; every value in it a quoted shell word (emit.py)."""
+    overrides, time, notice, partition = options.overrides, options.time, options.notice, options.partition
+    config_path, run_dir, asked = options.config_path, options.run_dir, options.asked
+    command = [arg for directory in options.config_dirs for arg in ("--config-dir", directory)] + list(overrides)
     given = {override.lstrip("+").partition("=")[0] for override in overrides}
     if "cluster.launch" not in given:  # not a TF_CONFIG that sbatch carried over from the submitting shell
         command += [added for added in job.added if added.startswith("cluster.launch=")]
@@ -427,7 +432,7 @@ def script(
     ]
     lines = [
         "#!/bin/bash",
-        emit.comment(emit.command_line(["tfdistx", "job", "slurm", *argv])),
+        emit.comment(emit.command_line(["tfdistx", "job", "slurm", *options.argv])),
         *job.about,
         *(f"#SBATCH {emit.shell_word(option)}" for option in sbatch),
         "",
