@@ -38,7 +38,7 @@ def timed(call, repeats: int) -> float:
 
 
 def measure(model: str, steps: int, repeats: int) -> tuple:
-    from tfdistx.cluster.placement import Placement, Source
+    from tfdistx.cluster.placement import Placement
     from tfdistx.commands.common import compose
     from tfdistx.config.resolve import resolve
     from tfdistx.engine.build import build_run
@@ -48,7 +48,7 @@ def measure(model: str, steps: int, repeats: int) -> tuple:
     with tempfile.TemporaryDirectory(prefix="bench-finite-") as run_dir:
         overrides = [f"model={model}", "strategy=one_device", f"trainer.steps={steps * (repeats + 2)}"]
         cfg = compose([*overrides, f"trainer.steps_per_loop={steps}", f"hydra.run.dir={run_dir}"], notes=False)
-        run = build_run(resolve(cfg, run_dir), Placement(Source.SINGLE))
+        run = build_run(resolve(cfg, run_dir), Placement())
         runner = make_runner(run)
         check = NonFiniteWeights(run.model.trainable_variables)
         done = [0]

@@ -83,8 +83,10 @@ def parts(workers: int, repeats: int) -> dict:
     with tempfile.TemporaryDirectory() as log_dir:
         task = [sys.executable, str(HERE / "multiworker_step_parts.py"), f"--batch={BATCH}", f"--repeats={repeats}"]
         launch = (
-            f"import sys; from tfdistx.cluster.launch import run_local_cluster; "
-            f"sys.exit(run_local_cluster({{'worker': {workers}}}, {task!r}, {log_dir!r}, ['worker']))"
+            "import sys; from tfdistx.cluster.launch_spec import LaunchSpec; "
+            "from tfdistx.launch.local.launcher import run_local_cluster; "
+            f"sys.exit(run_local_cluster(LaunchSpec(command={tuple(task)!r}, log_dir={log_dir!r}, run_log=None, "
+            f"primary=('worker',), counts={{'worker': {workers}}})))"
         )
         out = run([sys.executable, "-c", launch], check=False, env=env)
         lines = (Path(log_dir) / "worker-0.log").read_text().splitlines()

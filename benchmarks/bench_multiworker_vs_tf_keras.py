@@ -14,7 +14,7 @@ worker shuffling its own element shard, fed by
 Keras 3 `fit` cannot be a contender: it fails under MultiWorkerMirroredStrategy
 (TF 2.21, Keras 3; README, Performance: two workers). tf-keras needs the full `tensorflow` wheel, so its workers
 run in their own venv, made on first use at benchmarks/.venv-tf-keras.
-Both sides' workers are started by tfdistx.cluster.launch: in a private network
+Both sides' workers are started by tfdistx.launch.local.launcher: in a private network
 namespace with only loopback when the OS allows it, else on the host's
 loopback with a warning. Every measurement is a fresh cluster; the contenders
 alternate, each is repeated, and the medians and their ratios are printed.
@@ -95,8 +95,10 @@ def tf_keras_fit(batch: int, steps: int, steps_per_execution: int) -> float:
         # The launcher tfdistx itself uses (isolation, TF_CONFIG, teardown), in
         # a child process so that the tasks' output goes to their log files only.
         launch = (
-            f"import sys; from tfdistx.cluster.launch import run_local_cluster; "
-            f"sys.exit(run_local_cluster({{'worker': {WORKERS}}}, {worker!r}, {log_dir!r}, ['worker']))"
+            "import sys; from tfdistx.cluster.launch_spec import LaunchSpec; "
+            "from tfdistx.launch.local.launcher import run_local_cluster; "
+            f"sys.exit(run_local_cluster(LaunchSpec(command={tuple(worker)!r}, log_dir={log_dir!r}, run_log=None, "
+            f"primary=('worker',), counts={{'worker': {WORKERS}}})))"
         )
         _run([sys.executable, "-c", launch])
         lines = (Path(log_dir) / "worker-0.log").read_text().splitlines()

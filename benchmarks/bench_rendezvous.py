@@ -1,5 +1,5 @@
 """The agents' rendezvous at scale (cluster.launch=agent, docs/elastic.md):
-one keeper (cluster/round_keeper.py, in a process of its own) and 8 to
+one keeper (launch/agent/round_keeper.py, in a process of its own) and 8 to
 4,096 simulated agents (tests/simulated_agents.py: no TensorFlow, up to
 1,024 agents a process, each its own real socket, beating at its real
 interval), all started within one second, as Slurm and a JobSet start a

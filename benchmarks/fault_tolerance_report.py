@@ -174,7 +174,7 @@ def pids_of(run_dir: Path, task_index=None) -> list:
             if str(run_dir).encode() not in (proc / "cmdline").read_bytes():
                 continue
             if task_index is not None:
-                if b"tfdistx.cluster.launch" in (proc / "cmdline").read_bytes():
+                if b"tfdistx.launch.local.launcher" in (proc / "cmdline").read_bytes():
                     continue
                 if f'"index": {task_index}}}'.encode() not in (proc / "environ").read_bytes():
                     continue

@@ -1,6 +1,6 @@
 """One task of bench_multiworker_step.py's cluster: the parts of a multi-worker step, timed apart.
 
-Run by the local launcher (tfdistx.cluster.launch) in every worker, with
+Run by the local launcher (tfdistx.launch.local.launcher) in every worker, with
 TF_CONFIG set. Every worker runs the same collectives in the same order;
 worker 0 prints one JSON line of milliseconds:
 

@@ -1,4 +1,4 @@
-"""A batch script of `tfdistx export slurm` run as sbatch would run it on
+"""A batch script of `tfdistx job slurm` run as sbatch would run it on
 one node, with a fake `srun` and `scontrol` on PATH (no Slurm here; the
 real one is tests/test_slurm.py's, -m system): the port probe runs as on a
 node, the step's arguments and environment are recorded and its exit code
@@ -11,7 +11,7 @@ from pathlib import Path
 
 FAKE_SRUN = r"""#!/bin/bash
 # The port probe runs as it would on a node; the step's arguments and environment are recorded, its end chosen.
-if [[ " $* " == *" tfdistx.cluster.free_ports "* ]]; then
+if [[ " $* " == *" tfdistx.launch.slurm.free_ports "* ]]; then
     while [ "$1" != python ]; do shift; done
     exec "$@"
 fi

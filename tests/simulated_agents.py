@@ -1,9 +1,9 @@
 """Simulated agents against one real keeper of the agents' rendezvous
-(cluster/round_keeper.py), for its benchmark (benchmarks/bench_rendezvous.py)
+(launch/agent/round_keeper.py), for its benchmark (benchmarks/bench_rendezvous.py)
 and its test (tests/test_rendezvous.py): no TensorFlow, no worker, many
 agents in one process, each beating over its own real socket at its real
 beat interval and doing on the wire what an agent's beats do
-(cluster/agent.py): it beats `waiting`, takes its place when a round
+(launch/agent/node.py): it beats `waiting`, takes its place when a round
 formed with it (`running` at once, as an agent that starts its worker
 does), and goes back to `waiting` when the round it runs in closes.
 
@@ -13,9 +13,9 @@ does), and goes back to `waiting` when the round it runs in closes.
 Two wires, whichever the keeper's tree speaks: `xmlrpc`, the standard
 library's XML-RPC over a new HTTP connection a beat (a keeper before the
 rendezvous for a thousand nodes: its agents beat once a second, without
-jitter), and `wire`, the framed, signed messages of cluster/keeper_wire.py
+jitter), and `wire`, the framed, signed messages of launch/agent/keeper_wire.py
 over one connection an agent, its requests and schedule those of Beats
-itself (cluster/agent.py's BeatState and beat_delay).
+itself (launch/agent/node.py's BeatState and beat_delay).
 
 `Simulation` starts a keeper process and processes of agents (one process
 for the agents it kills together, as a rack lost at once), reads the
@@ -53,7 +53,7 @@ AGENTS_PER_PROCESS = 1024
 def serve_keeper(args) -> None:
     """A keeper of the tree first on PYTHONPATH, at 127.0.0.1:PORT: prints `listening PORT WIRE`, then
     `round NUMBER MONOTONIC MEMBERS` as each round forms, until SIGTERM."""
-    from tfdistx.cluster import round_keeper
+    from tfdistx.launch.agent import round_keeper
 
     wire = "wire" if hasattr(round_keeper, "KEEPER_WIRE") else "xmlrpc"
 
@@ -164,13 +164,14 @@ class _Connection(asyncio.Protocol):
 
 
 class WireAgent:
-    """An agent of a keeper that speaks cluster/keeper_wire.py: Beats' own state (BeatState) and schedule
+    """An agent of a keeper that speaks launch/agent/keeper_wire.py: Beats' own state (BeatState) and schedule
     (beat_delay), its connection kept and opened again after a failure, as callbacks on the process's event
     loop (no task or timer object per beat beyond the next beat's: a thousand agents a process stay light, so
     that what is measured is the keeper)."""
 
     def __init__(self, name: str, host: str, port: int, secret: bytes, lost_bound: float, figures: Figures):
-        from tfdistx.cluster import agent, keeper_wire
+        from tfdistx.launch.agent import beats as agent
+        from tfdistx.launch.agent import keeper_wire
 
         self.agent, self.wire = agent, keeper_wire
         self.name, self.host, self.port, self.secret, self.lost_bound = name, host, port, secret, lost_bound

@@ -1,4 +1,4 @@
-"""An agent on every node (cluster.launch=agent, cluster/agent.py), on a
+"""An agent on every node (cluster.launch=agent, launch/agent/node.py), on a
 test bed of real network namespaces (tests/nodes.py): each node its own
 address on a bridge, its own agent started on its own, no tfdistx process
 above them, the run directory shared as a cluster's file system is. A node

@@ -264,7 +264,8 @@ def test_parameter_servers_whose_coordinator_is_gone_stop_on_their_own(tmp_path)
 FAKE_SRUN = """#!{python}
 import os, subprocess, sys
 command = [arg for arg in sys.argv[1:] if not arg.startswith("--")]
-if "tfdistx.cluster.free_ports" in command:  # the script's port probe: one task on the one node, its answer printed
+# the script's port probe: one task on the one node, its answer printed
+if "tfdistx.launch.slurm.free_ports" in command:
     os.execv(sys.executable, [sys.executable, *command[1:]])
 ranks = int(os.environ["SLURM_NTASKS"])
 place = {{"SLURM_STEP_NUM_TASKS": str(ranks), "SLURM_STEP_NODELIST": "localhost", "SLURM_STEP_TASKS_PER_NODE": str(ranks)}}
@@ -282,7 +283,7 @@ sys.exit(max(codes))
 
 @pytest.mark.skipif(not can_isolate(), reason="needs unprivileged user and network namespaces")
 def test_a_slurm_job_of_parameter_servers_that_trains_to_its_end_reports_0_from_every_task(tmp_path):
-    """The script `tfdistx export slurm` prints, run as sbatch would run it, its srun a stand-in that starts the
+    """The script `tfdistx job slurm` prints, run as sbatch would run it, its srun a stand-in that starts the
     step's five ranks with Slurm's variables (chief, ps, two workers, the sidecar evaluator): a run that trains to
     its end leaves every rank with 0 (the servers told so by the chief, where they waited out cluster.peer_timeout
     and exited 5 before), so the step's code (srun's: the largest) and the job's (`exit "$code"`) are 0."""
@@ -296,7 +297,7 @@ def test_a_slurm_job_of_parameter_servers_that_trains_to_its_end_reports_0_from_
         f"hydra.run.dir={run_dir}",
     ]
     export = subprocess.run(
-        [sys.executable, "-m", "tfdistx", "export", "slurm", *args, "--out", str(script)],
+        [sys.executable, "-m", "tfdistx", "job", "slurm", *args, "--out", str(script)],
         capture_output=True,
         text=True,
         env=tfdistx_env(),
@@ -474,8 +475,9 @@ def test_a_nice_for_a_task_a_scheduler_placed_is_refused_in_one_line(tfdistx):
     )
     assert run.returncode == 2 and "Traceback" not in run.stderr, run
     assert (
-        "tfdistx: invalid config: cluster.nice=10: a local cluster's priority, and this task was placed by a scheduler: "
-        "ask it (Slurm's --nice, a pod's priority), and leave cluster.nice=0 here"
+        "tfdistx: invalid config: cluster.nice=10: a local cluster's priority needs its processes started by tfdistx's "
+        "local launcher (cluster.launch=local), and this task was placed by a scheduler: ask the scheduler (Slurm's "
+        "--nice, a pod's priority), and leave cluster.nice=0 here"
     ) in run.stderr, run.stderr[-2000:]
 
 

@@ -1,4 +1,4 @@
-"""Elastic training on a real local cluster (cluster/elastic.py): four
+"""Elastic training on a real local cluster (launch/local/elastic.py): four
 loopback hosts (127.0.0.1-4, in the launcher's private network namespace)
 listed in a file the test edits. A multiworker run of 2:4 loses a host for
 good, goes on with three workers, gets it back and grows to four: every

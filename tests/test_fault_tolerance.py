@@ -53,7 +53,7 @@ def run_and_interrupt(args, run_dir: Path, after_lines: int, interrupt, timeout=
     return proc.returncode, out
 
 
-# USR1 (cluster.notice_signals' default) is what `tfdistx export slurm`'s script passes on from sbatch --signal=B:USR1@N:
+# USR1 (cluster.notice_signals' default) is what `tfdistx job slurm`'s script passes on from sbatch --signal=B:USR1@N:
 # a preemption notice as SIGTERM is, with no override.
 @pytest.mark.parametrize("notice", [signal.SIGTERM, signal.SIGUSR1], ids=["sigterm", "usr1_slurms_time_limit_notice"])
 def test_a_notice_checkpoints_exits_42_and_a_rerun_resumes(tmp_path, notice):

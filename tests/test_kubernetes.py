@@ -1,4 +1,4 @@
-"""`tfdistx export tfjob|jobset|trainjob`: the manifests against their
+"""`tfdistx job tfjob|jobset|trainjob`: the manifests against their
 controllers' own CRD schemas, and their pods run on this machine as the
 controllers would run them (tests/simulated_pods.py: a network namespace,
 an address and a host name per pod, port 2222; for a TFJob, TF_CONFIG in
@@ -26,7 +26,7 @@ SIMULATOR = Path(__file__).with_name("simulated_pods.py")
 
 def export(*args, cwd=None, kind="tfjob"):
     return subprocess.run(
-        [sys.executable, "-m", "tfdistx", "export", kind, *args], capture_output=True, text=True, cwd=cwd, timeout=60
+        [sys.executable, "-m", "tfdistx", "job", kind, *args], capture_output=True, text=True, cwd=cwd, timeout=60
     )
 
 
@@ -419,7 +419,7 @@ def test_the_export_names_the_code_of_the_users_that_the_image_must_hold():
             sys.executable,
             "-m",
             "tfdistx",
-            "export",
+            "job",
             "jobset",
             "strategy=multiworker",
             "cluster=2x1",

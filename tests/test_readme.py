@@ -29,13 +29,13 @@ SMALL = [
     "checkpoint.every_steps=0",
     "logger.tensorboard=false",
 ]
-# `tfdistx export KIND` prints Kubernetes manifests: the kinds of the documents it prints, in order.
+# `tfdistx job KIND` prints Kubernetes manifests: the kinds of the documents it prints, in order.
 MANIFESTS = {
-    ("export", "tfjob"): ["TFJob"],
-    ("export", "jobset"): ["JobSet", "NetworkPolicy"],
-    ("export", "trainjob"): ["ClusterTrainingRuntime", "TrainJob"],
+    ("job", "tfjob"): ["TFJob"],
+    ("job", "jobset"): ["JobSet", "NetworkPolicy"],
+    ("job", "trainjob"): ["ClusterTrainingRuntime", "TrainJob"],
 }
-SCRIPT = ("export", "slurm")  # prints a Slurm batch script
+SCRIPT = ("job", "slurm")  # prints a Slurm batch script
 OFFLINE = "the download site is unreachable"  # the documented answer for tensorflow-datasets data without network
 
 

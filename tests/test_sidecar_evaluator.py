@@ -23,7 +23,7 @@ import pytest
 
 from config_helpers import compose_ok
 from conftest import processes_of, run_command, start_tfdistx, task_pid, tfdistx_env, wait_until
-from tfdistx.cluster.kubernetes import tfjob
+from tfdistx.launch.kubernetes import PodOptions, tfjob
 from tfdistx.config.resolve import layout_of
 
 QUICK = [
@@ -122,7 +122,8 @@ def test_the_tfjob_with_an_evaluator_is_valid_for_the_operator(tmp_path):
     crd = yaml.safe_load(CRD.read_text())["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
     overrides = ["strategy=multiworker", "cluster=2x1", "cluster.evaluator=true"]
     manifest = tfjob(
-        layout_of(compose_ok(tmp_path / "run", *overrides)), overrides, "job", "tfdistx:test", volume="pvc:runs"
+        layout_of(compose_ok(tmp_path / "run", *overrides)),
+        PodOptions(tuple(overrides), "job", "tfdistx:test", volume="pvc:runs"),
     )
     jsonschema.validate(manifest, crd)
     assert unknown_fields(manifest, crd) == []

@@ -150,7 +150,7 @@ def test_submitit_sweep_runs_each_job_as_a_slurm_cluster(slurm, tmp_path):
     ids=["two tasks of one step", "an agent on every node"],
 )
 def test_the_exported_script_checkpoints_at_slurms_notice_requeues_itself_and_resumes(slurm, tmp_path, placed):
-    """`tfdistx export slurm`'s script, sbatch'ed: the notice Slurm gives the batch shell before the time limit
+    """`tfdistx job slurm`'s script, sbatch'ed: the notice Slurm gives the batch shell before the time limit
     (--signal=B:USR1@N; sent here at once, as `scancel --signal=USR1 --batch` sends it) reaches every task
     through srun (or every node's agent, which passes it on to its worker), they checkpoint at one step and
     exit 42, the job requeues itself, and its next start resumes from that step in the same run dir and
@@ -169,7 +169,7 @@ def test_the_exported_script_checkpoints_at_slurms_notice_requeues_itself_and_re
         PATH=os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
     )  # `python`: this one
     export = subprocess.run(
-        [sys.executable, "-m", "tfdistx", "export", "slurm", *args, "--out", str(script), "--notice", "60"],
+        [sys.executable, "-m", "tfdistx", "job", "slurm", *args, "--out", str(script), "--notice", "60"],
         capture_output=True,
         text=True,
         env=env,
@@ -215,7 +215,7 @@ def test_a_job_whose_derived_ports_something_holds_trains_on_ports_free_on_its_n
     args = ["strategy=multiworker", "cluster=2x1", *QUICK, f"hydra.run.dir={run_dir}"]
     env = tfdistx_env(PATH=os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]))
     export = subprocess.run(
-        [sys.executable, "-m", "tfdistx", "export", "slurm", *args, "--out", str(script)],
+        [sys.executable, "-m", "tfdistx", "job", "slurm", *args, "--out", str(script)],
         capture_output=True,
         text=True,
         env=env,

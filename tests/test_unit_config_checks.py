@@ -171,7 +171,11 @@ def refused(*overrides) -> list:
         (
             ["strategy=multiworker", "cluster=2x1", "strategy.communication=mpi", "cluster.launch=tf_config"],
             "strategy.communication='mpi'",
-            ["tfdistx's local launcher", "not with cluster.launch=tf_config", "use strategy.communication=ring there"],
+            [
+                "tfdistx's local launcher",
+                "cluster.launch=tf_config has them started by a scheduler",
+                "use strategy.communication=ring there",
+            ],
         ),
         (
             ["strategy=multiworker", "cluster=2x2", "strategy.communication=mpi"],
@@ -211,7 +215,7 @@ def refused(*overrides) -> list:
         (
             ["strategy=multiworker", "cluster=2x1", "cluster.nice=10", "cluster.launch=slurm"],
             "cluster.nice=10",
-            ["cluster.launch=slurm has the processes started elsewhere", "Slurm's --nice"],
+            ["cluster.launch=slurm has them started by a scheduler", "Slurm's --nice"],
         ),
         (["strategy=multiworker", "cluster=ps1w2"], "strategy='multiworker'", ["use strategy=parameter_server"]),
         (["strategy=mirrored", "cluster=2x1"], "strategy='mirrored'", ["use strategy=multiworker"]),

@@ -9,8 +9,9 @@ import json
 import pytest
 
 from config_helpers import PREFIX, refused
-from tfdistx.cluster import placement
-from tfdistx.cluster.placement import Source
+from tfdistx import launch as launches
+from tfdistx.launch import slurm
+from tfdistx.spec.launch_mode import LaunchMode
 from tfdistx.config import topology
 from tfdistx.spec import strategies
 from tfdistx.spec.errors import ConfigError
@@ -19,7 +20,7 @@ from tfdistx.config.resolve import layout_of
 
 def placed(cfg, env: dict):
     """The placement this process gets with `env` (None values: unset), as the run and --plan ask."""
-    return placement.detect(layout_of(cfg), {k: v for k, v in env.items() if v is not None})
+    return launches.detect(layout_of(cfg), {k: v for k, v in env.items() if v is not None})
 
 
 def refused_line(cfg, env: dict) -> str:
@@ -159,12 +160,12 @@ def test_a_bad_environment_is_one_exact_line(configs, base, env, line):
 @pytest.mark.parametrize(
     "base, env, source, spec, task, chief",
     [
-        ((), {"TF_CONFIG": tf_config({"worker": ["h:1"]}), "SLURM_PROCID": "0"}, Source.SINGLE, {}, "main", True),
-        (("strategy=multiworker", "cluster=2x1"), {}, Source.LOCAL, {"worker": ["", ""]}, "main", True),
+        ((), {"TF_CONFIG": tf_config({"worker": ["h:1"]}), "SLURM_PROCID": "0"}, None, {}, "main", True),
+        (("strategy=multiworker", "cluster=2x1"), {}, LaunchMode.LOCAL, {"worker": ["", ""]}, "main", True),
         (
             ("strategy=multiworker", "cluster=2x1"),
             {"TF_CONFIG": tf_config({"worker": ["h:1", "[::1]:2"]}, index=1)},
-            Source.TF_CONFIG,
+            LaunchMode.TF_CONFIG,
             {"worker": ["h:1", "[::1]:2"]},
             "worker:1",
             False,
@@ -173,7 +174,7 @@ def test_a_bad_environment_is_one_exact_line(configs, base, env, line):
         (
             ("strategy=multiworker", "cluster=2x1"),
             {"TF_CONFIG": tf_config({"chief": ["c:2222"], "worker": ["w:2222"]}, task_type="chief")},
-            Source.TF_CONFIG,
+            LaunchMode.TF_CONFIG,
             {"chief": ["c:2222"], "worker": ["w:2222"]},
             "chief:0",
             True,
@@ -182,7 +183,7 @@ def test_a_bad_environment_is_one_exact_line(configs, base, env, line):
         (
             ("strategy=multiworker", "cluster=2x1"),
             {**SLURM_2, "TF_CONFIG": tf_config({"worker": ["h:1", "h:2"]})},
-            Source.TF_CONFIG,
+            LaunchMode.TF_CONFIG,
             {"worker": ["h:1", "h:2"]},
             "worker:0",
             True,
@@ -191,7 +192,7 @@ def test_a_bad_environment_is_one_exact_line(configs, base, env, line):
         (
             ("strategy=multiworker", "cluster=2x1"),
             {**SLURM_2, "SLURM_PROCID": "1", "SLURM_JOB_ID": "501"},
-            Source.SLURM,
+            LaunchMode.SLURM,
             {"worker": ["n1:29464", "n1:29465"]},
             "worker:1",
             False,
@@ -200,7 +201,7 @@ def test_a_bad_environment_is_one_exact_line(configs, base, env, line):
         (
             ("strategy=multiworker", "cluster=2x1", "cluster.base_port=30000"),
             {"SLURM_PROCID": "1", "SLURM_NTASKS": "2", "SLURM_JOB_NODELIST": "a,b", "SLURM_TASKS_PER_NODE": "1(x2)"},
-            Source.SLURM,
+            LaunchMode.SLURM,
             {"worker": ["a:30000", "b:30000"]},
             "worker:1",
             False,
@@ -209,7 +210,7 @@ def test_a_bad_environment_is_one_exact_line(configs, base, env, line):
 )
 def test_a_good_environment_places_the_process(configs, base, env, source, spec, task, chief):
     where = placed(configs(*base), env)
-    assert (where.source, where.spec, where.task_name, where.is_chief) == (source, spec, task, chief)
+    assert (where.launch, where.spec, where.task_name, where.is_chief) == (source, spec, task, chief)
 
 
 @pytest.mark.unit
@@ -230,12 +231,12 @@ def test_a_placed_task_hands_tensorflow_its_tf_config(configs):
     ],
 )
 def test_slurm_host_lists_keep_their_zero_padding(hostlist, hosts):
-    assert placement.expand_hostlist(hostlist) == hosts
+    assert slurm.expand_hostlist(hostlist) == hosts
 
 
 @pytest.mark.unit
 def test_slurm_tasks_per_node_expand():
-    assert placement.expand_tasks_per_node("2(x3),1") == [2, 2, 2, 1]
+    assert slurm.expand_tasks_per_node("2(x3),1") == [2, 2, 2, 1]
 
 
 @pytest.mark.unit
@@ -246,7 +247,7 @@ def test_parameter_server_cluster_from_a_slurm_step():
         "SLURM_STEP_NODELIST": "n[1-2]",
         "SLURM_STEP_TASKS_PER_NODE": "3,2",
     }
-    where = placement.from_slurm(env, {"chief": 1, "ps": 2, "worker": 2}, 29400)
+    where = slurm.from_slurm(env, {"chief": 1, "ps": 2, "worker": 2}, 29400)
     assert where.spec == {"chief": ["n1:29400"], "ps": ["n1:29401", "n1:29402"], "worker": ["n2:29400", "n2:29401"]}
     assert (where.task_type, where.task_index, where.is_chief) == ("ps", 1, False)
 
@@ -260,14 +261,14 @@ def test_slurm_step_of_the_wrong_size_is_refused():
         "SLURM_STEP_TASKS_PER_NODE": "3",
     }
     with pytest.raises(ConfigError, match="srun -n 2"):
-        placement.from_slurm(env, {"worker": 2}, 29400)
+        slurm.from_slurm(env, {"worker": 2}, 29400)
 
 
 @pytest.mark.unit
 @pytest.mark.parametrize("hostlist", ["n1,", "n[1-2]x", "", "n[a-b]"])
 def test_malformed_slurm_host_lists_are_refused(hostlist):
     with pytest.raises(ValueError):
-        placement.expand_hostlist(hostlist)
+        slurm.expand_hostlist(hostlist)
 
 
 # -- the strategy table: what `auto` becomes and what each strategy runs ------

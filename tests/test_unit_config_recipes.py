@@ -1,5 +1,5 @@
-"""Recipes (config/recipes.py) and `tfdistx export tfjob`'s checks
-(cluster/kubernetes.py), in-process (-m unit): what each shipped recipe
+"""Recipes (config/recipes.py) and `tfdistx job tfjob`'s checks
+(launch/kubernetes.py), in-process (-m unit): what each shipped recipe
 composes to; a user's recipe directory in tmp_path, named by
 TFDISTX_RECIPES for the one test; the TFJob built from the composed
 config, without printing or applying it."""
@@ -7,7 +7,8 @@ config, without printing or applying it."""
 import pytest
 
 from config_helpers import PREFIX, compose_ok, refused
-from tfdistx.cluster import jobset, kubernetes
+from tfdistx.launch import jobset
+from tfdistx.launch import kubernetes
 from tfdistx.config import recipes
 from tfdistx.spec.errors import ConfigError
 from tfdistx.config.resolve import layout_of
@@ -189,11 +190,13 @@ def test_a_recipe_describes_itself_by_its_first_comment(tmp_path, text, describe
     assert (recipes.describe(tmp_path / "r.yaml"), recipes.is_global(tmp_path / "r.yaml")) == (described, is_global)
 
 
-# -- `tfdistx export tfjob`: moved from tests/test_kubernetes.py ----------------------
+# -- `tfdistx job tfjob`: moved from tests/test_kubernetes.py ----------------------
 
 
 def tfjob(cfg, overrides=(), name="tfdistx", volume=None, gpus=False):
-    return kubernetes.tfjob(layout_of(cfg), list(overrides), name, "img", volume=volume, gpus=gpus)
+    return kubernetes.tfjob(
+        layout_of(cfg), kubernetes.PodOptions(tuple(overrides), name, "img", volume=volume, gpus=gpus)
+    )
 
 
 @pytest.mark.unit
@@ -262,7 +265,7 @@ def test_a_volume_claim_kubernetes_would_refuse_is_refused_at_export(spec):
 
 @pytest.mark.unit
 def test_parameter_servers_need_their_strategy_to_be_exported(tmp_path):
-    """Moved: `export tfjob cluster=ps2w4` (strategy auto) is refused as a run is."""
+    """Moved: `job tfjob cluster=ps2w4` (strategy auto) is refused as a run is."""
     assert refused(tmp_path / "run", "cluster=ps2w4") == [
         PREFIX
         + "strategy='auto': cluster=ps2w4 (4 worker(s), 2 ps) has parameter servers: use strategy=parameter_server"

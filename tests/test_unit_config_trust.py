@@ -175,7 +175,7 @@ def test_a_users_option_with_a_shipped_options_name_is_refused_everywhere(own_co
     assert capsys.readouterr().err.strip() == line
     assert recipes_command.main(["show", "mnist_mlp"]) == 2
     assert capsys.readouterr().err.strip() == line
-    assert exit_code(lambda: cli.main(["export", "tfjob", "--image", "img"])) == 2
+    assert exit_code(lambda: cli.main(["job", "tfjob", "--image", "img"])) == 2
     assert capsys.readouterr().err.strip() == line
     # `tfdistx recipes` lists it, refused, in the same words
     assert recipes_command.main([]) == 0
@@ -193,7 +193,7 @@ def test_a_users_primary_config_is_refused(own_conf, tmp_path, monkeypatch):
     ]
 
 
-# -- 11: export tfjob carries the config dirs -------------------------------------
+# -- 11: job tfjob carries the config dirs -------------------------------------
 
 
 def test_export_tfjob_carries_the_config_dirs_with_one_warning(own_conf, tmp_path, monkeypatch, capsys):
@@ -203,8 +203,7 @@ def test_export_tfjob_carries_the_config_dirs_with_one_warning(own_conf, tmp_pat
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv(userconf.ENV, str(other))
     assert (
-        exit_code(lambda: cli.main(["export", "tfjob", "--config-dir", "conf", "experiment=mine", "--image", "img"]))
-        == 0
+        exit_code(lambda: cli.main(["job", "tfjob", "--config-dir", "conf", "experiment=mine", "--image", "img"])) == 0
     )
     out, err = capsys.readouterr()
     container = yaml.safe_load(out.split("\n", 1)[1])["spec"]["tfReplicaSpecs"]["Worker"]["template"]["spec"][

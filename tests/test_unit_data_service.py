@@ -8,8 +8,9 @@ import json
 import pytest
 
 from config_helpers import PREFIX, refused
-from tfdistx.cluster import kubernetes, placement
-from tfdistx.cluster.placement import Source
+from tfdistx import launch as launches
+from tfdistx.launch import kubernetes
+from tfdistx.spec.launch_mode import LaunchMode
 from tfdistx.commands.common import compose
 from tfdistx.commands.plan import describe
 from tfdistx.spec import data_service
@@ -56,7 +57,7 @@ def test_the_service_is_off_by_default_and_distributed_epoch_when_on(tmp_path):
 
 def _placed(tmp_path, overrides, env):
     cfg = compose([*overrides, f"hydra.run.dir={tmp_path}"], notes=False)
-    return placement.detect(layout_of(cfg), env)
+    return launches.detect(layout_of(cfg), env)
 
 
 PS_SERVICE = {
@@ -88,8 +89,8 @@ def test_tf_config_service_tasks_are_placed_but_hidden_from_tensorflow(tmp_path)
         ["data.service.workers=1"],
         {"TF_CONFIG": json.dumps({"cluster": one, "task": {"type": "worker", "index": 0}})},
     )
-    assert trainer.source is Source.SINGLE and trainer.service["dispatcher"] == ["d:1"]
-    assert _placed(tmp_path, ["data.service.workers=1"], {}).source is Source.LOCAL  # launched beside its service
+    assert trainer.launch is None and trainer.service["dispatcher"] == ["d:1"]
+    assert _placed(tmp_path, ["data.service.workers=1"], {}).launch is LaunchMode.LOCAL  # launched beside its service
     # a cluster spec without the service the config asks for is refused in one line
     with pytest.raises(Exception) as caught:
         _placed(
@@ -134,7 +135,7 @@ def test_slurm_ranks_after_the_training_tasks_run_the_service(tmp_path):
 def test_tfjob_gets_dispatcher_and_data_worker_replicas(tmp_path):
     overrides = ["strategy=one_device", "data.service.workers=2"]
     cfg = compose([*overrides, f"hydra.run.dir={tmp_path}"], notes=False)
-    job = kubernetes.tfjob(layout_of(cfg), overrides, "svc", "img:1")
+    job = kubernetes.tfjob(layout_of(cfg), kubernetes.PodOptions(tuple(overrides), "svc", "img:1"))
     specs = job["spec"]["tfReplicaSpecs"]
     assert {k: v["replicas"] for k, v in specs.items()} == {"Worker": 1, "Dispatcher": 1, "DataWorker": 2}
     args = specs["Dispatcher"]["template"]["spec"]["containers"][0]["args"]

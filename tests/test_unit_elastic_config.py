@@ -10,10 +10,13 @@ import sys
 import pytest
 
 from config_helpers import compose_ok, refused
-from tfdistx.cluster.hosts import HostList, Settled, choose
+from tfdistx.launch.local.hosts import HostList, Settled, choose
+from tfdistx.cluster.launch_spec import Bounds, LaunchSpec, RoundsRecord
+from tfdistx.cluster.launch_spec import Rounds as LaunchRounds
 from tfdistx.cluster.rounds import Rounds
 from tfdistx.commands.plan import describe
-from tfdistx.spec import elastic
+from tfdistx.config.resolve import resolve
+from tfdistx.spec import elastic, launch_mode
 from tfdistx.spec.errors import ConfigError
 
 pytestmark = pytest.mark.unit
@@ -78,14 +81,14 @@ def test_an_elastic_run_composes_and_plan_shows_its_range_and_bounds(tmp_path, h
         "data.batch_size=32",
     )
     assert elastic.worker_range(cfg.cluster) == (2, 3)
-    elastic.for_round(cfg.cluster, 2)
-    assert cfg.cluster.name == "ps1w2"
+    assert elastic.for_round(resolve(cfg, str(tmp_path / "run")), 2).cluster.name == "ps1w2"
 
 
-def test_a_round_s_task_config_is_its_topology(tmp_path, hosts):
-    cfg = compose_ok(tmp_path / "run", *ELASTIC, f"cluster.elastic.hosts={hosts}")
-    elastic.for_round(cfg.cluster, 3)
-    assert (cfg.cluster.workers, cfg.cluster.name) == (3, "3x1")
+def test_a_round_s_task_spec_is_its_topology(tmp_path, hosts):
+    spec = resolve(compose_ok(tmp_path / "run", *ELASTIC, f"cluster.elastic.hosts={hosts}"), str(tmp_path / "run"))
+    round_ = elastic.for_round(spec, 3)
+    assert (round_.cluster.workers, round_.cluster.name, round_.config["cluster"]["name"]) == (3, "3x1", "3x1")
+    assert round_.layout.training_jobs() == {"worker": 3} and spec.cluster.workers == 4  # the run's own: unchanged
 
 
 @pytest.mark.parametrize(
@@ -105,8 +108,9 @@ def test_a_round_s_task_config_is_its_topology(tmp_path, hosts):
         ([*ELASTIC, "cluster.evaluator=true"], "cluster.evaluator=True: the sidecar evaluator is not kept"),
         (
             [*ELASTIC, "cluster.launch=slurm"],
-            "cluster.launch='slurm': elastic rounds (cluster.workers=2:4) are formed by tfdistx's agents, one on every "
-            "node, or by its local launcher, not by a scheduler's fixed set of tasks: use cluster.launch=agent",
+            "cluster.workers='2:4': an elastic run needs its processes started by tfdistx's local launcher "
+            "(cluster.launch=local) or by tfdistx's agents, one on every node (cluster.launch=agent), and "
+            "cluster.launch=slurm has them started by a scheduler",
         ),
         (
             [*ELASTIC[:-1], "data.batch_size=32"],
@@ -178,15 +182,11 @@ def test_a_round_keeps_its_chief_first_and_takes_at_most_max():
 
 def test_a_task_a_scheduler_placed_is_refused_not_trained_on_max_workers(tmp_path, hosts):
     cfg = compose_ok(tmp_path / "run", *ELASTIC, f"cluster.elastic.hosts={hosts}")
-    refused_here = elastic.placed_by_a_scheduler(cfg.cluster, launched_by_tfdistx=False)
+    refused_here = launch_mode.refused([elastic.needs(cfg.cluster)], cfg.cluster.launch, placed_by_a_scheduler=True)
     assert len(refused_here) == 1 and "placed by a scheduler" in str(refused_here[0]), refused_here
-    assert elastic.placed_by_a_scheduler(cfg.cluster, launched_by_tfdistx=True) == []  # a round's task
-    assert (
-        elastic.placed_by_a_scheduler(
-            compose_ok(tmp_path / "run", "strategy=multiworker", "cluster=2x1").cluster, False
-        )
-        == []
-    )
+    assert launch_mode.refused([elastic.needs(cfg.cluster)], cfg.cluster.launch) == []  # a round's task: its launcher's
+    fixed = compose_ok(tmp_path / "run", "strategy=multiworker", "cluster=2x1").cluster
+    assert elastic.needs(fixed) is None
 
 
 def test_the_rounds_go_on_counting_and_a_damaged_record_is_kept_aside(tmp_path):
@@ -215,7 +215,7 @@ def test_an_elastic_run_is_not_exported_to_kubernetes(capsys, kind):
     from tfdistx.commands import kubernetes
 
     with pytest.raises(SystemExit) as leaving:
-        kubernetes.export(
+        kubernetes.write(
             [
                 "strategy=multiworker",
                 "cluster.workers=2:4",
@@ -230,9 +230,9 @@ def test_an_elastic_run_is_not_exported_to_kubernetes(capsys, kind):
     assert leaving.value.code == 2 and len(lines) == 1, lines
     launch = {"tfjob": "tf_config", "jobset": "jobset"}[kind]  # the pods' own, which the export composes with
     assert lines[0].startswith(
-        f"tfdistx: invalid config: cluster.launch='{launch}': elastic rounds (cluster.workers=2:4) are formed by "
-        "tfdistx's agents, one on every node, or by its local launcher, not by a scheduler's fixed set of tasks: "
-        "use cluster.launch=agent"
+        "tfdistx: invalid config: cluster.workers='2:4': an elastic run needs its processes started by tfdistx's "
+        "local launcher (cluster.launch=local) or by tfdistx's agents, one on every node (cluster.launch=agent), and "
+        f"cluster.launch={launch} has them started by a scheduler"
     )
 
 
@@ -290,7 +290,7 @@ def test_a_host_the_launcher_cannot_use_is_left_out_said_once_with_what_is_allow
 
 def test_bad_hosts_leave_too_few_and_the_usual_wait_below_min_applies(tmp_path):
     """Two lines where 2:2 needs two, one of them 8.8.8.8: no round forms, the wait below MIN is said, and exit 9."""
-    from tfdistx.cluster.elastic import HostListMembership
+    from tfdistx.launch.local.elastic import HostListMembership
     from tfdistx.cluster.processes import ForwardingSignals
     from tfdistx.cluster.supervisor import NoRound
 
@@ -309,15 +309,19 @@ def test_bad_hosts_leave_too_few_and_the_usual_wait_below_min_applies(tmp_path):
     assert "1 host(s) usable" in said[1] and "waiting for more" in said[1] and "exit 9" in said[2], said
 
 
-def elastic_spec(tmp_path, **elastic_keys) -> dict:
-    sleeper = [sys.executable, "-c", "import time; time.sleep(120)"]
-    return {
-        "counts": {"worker": 3},
-        "command": sleeper,
-        "log_dir": str(tmp_path),
-        "primary": ["worker"],
-        "elastic": {"min": 2, "max": 3, "join_grace": 0.1, "lost_bound": 3, "below_min_timeout": 30, **elastic_keys},
-    }
+def elastic_spec(tmp_path, **bounds) -> LaunchSpec:
+    """Three sleeping workers in rounds of 2 to 3, as the local launcher hands them to its supervisor."""
+    sleeper = (sys.executable, "-c", "import time; time.sleep(120)")
+    bounds = {"join_grace": 0.1, "lost_bound": 3, "below_min_timeout": 30, **bounds}
+    record = RoundsRecord(str(tmp_path / "rounds.json"), str(tmp_path), str(tmp_path / "metrics.jsonl"))
+    return LaunchSpec(
+        command=sleeper,
+        log_dir=str(tmp_path),
+        run_log=None,
+        primary=("worker",),
+        counts={"worker": 3},
+        rounds=LaunchRounds(Bounds(min=2, max=3, **bounds), record),
+    )
 
 
 def test_a_change_of_the_list_counts_once_it_has_held_its_bound():
@@ -340,8 +344,8 @@ def test_a_flapping_host_changes_no_round_and_its_worker_keeps_running(tmp_path)
     each time: with lost_bound=3 its change never holds, so the running round
     (real processes) is not ended and no task is stopped; once the host stays
     out for its bound, its worker is stopped, once."""
-    from tfdistx.cluster import elastic as elastic_launcher
-    from tfdistx.cluster.elastic import HostListMembership
+    from tfdistx.launch.local import elastic as elastic_launcher
+    from tfdistx.launch.local.elastic import HostListMembership
     from tfdistx.cluster.processes import ForwardingSignals, teardown
 
     path, said = tmp_path / "hosts", []
@@ -486,8 +490,8 @@ def test_agents_are_exported_as_a_jobset_only(capsys):
 
     for kind in ("tfjob", "trainjob"):
         with pytest.raises(SystemExit) as leaving:
-            kubernetes.export([*AGENT, "cluster=2x1", "--image", "img"], kind)
+            kubernetes.write([*AGENT, "cluster=2x1", "--image", "img"], kind)
         lines = capsys.readouterr().err.strip().splitlines()
-        assert (
-            leaving.value.code == 2 and len(lines) == 1 and "an agent on every node is exported as a JobSet" in lines[0]
-        ), lines
+        assert leaving.value.code == 2 and len(lines) == 1 and "an agent on every node runs as a JobSet" in lines[0], (
+            lines
+        )

@@ -9,7 +9,7 @@ import pytest
 
 from fake_slurm import run_script
 from tfdistx import cli
-from tfdistx.cluster import placement
+from tfdistx import launch as launches
 from tfdistx.commands.common import compose
 from tfdistx.config import userconf
 from tfdistx.config.resolve import layout_of
@@ -26,7 +26,7 @@ def exit_code_and_output(capsys, argv):
     return leaving.value.code, out, err
 
 
-# -- item 8: export slurm --config-dir ------------------------------------------------------------------------------
+# -- item 8: job slurm --config-dir ------------------------------------------------------------------------------
 
 
 def test_the_slurm_step_gets_the_config_dir_and_composes_with_it(capsys, tmp_path, monkeypatch):
@@ -35,7 +35,7 @@ def test_the_slurm_step_gets_the_config_dir_and_composes_with_it(capsys, tmp_pat
     (tmp_path / "conf" / "experiment" / "mine.yaml").write_text("# @package _global_\ntrainer:\n  steps: 23\n")
     monkeypatch.chdir(tmp_path)
     code, text, err = exit_code_and_output(
-        capsys, ["export", "slurm", "--config-dir", "conf", "experiment=mine", "strategy=multiworker", "cluster=2x1"]
+        capsys, ["job", "slurm", "--config-dir", "conf", "experiment=mine", "strategy=multiworker", "cluster=2x1"]
     )
     assert code == 0, err
     assert err.strip() == (
@@ -57,12 +57,15 @@ def test_the_slurm_step_gets_the_config_dir_and_composes_with_it(capsys, tmp_pat
 @pytest.mark.parametrize(
     "override, said",
     [
-        ("cluster.nice=5", "cluster.nice=5: a local cluster's priority, and cluster.launch="),
-        ("strategy.communication=mpi", "strategy.communication='mpi': MPI's tasks are started by tfdistx's local"),
+        ("cluster.nice=5", "cluster.nice=5: a local cluster's priority needs its processes started by tfdistx's"),
+        (
+            "strategy.communication=mpi",
+            "strategy.communication='mpi': MPI's communication needs its processes started by tfdistx's local",
+        ),
     ],
 )
 def test_what_every_task_would_refuse_at_its_start_is_refused_at_export(capsys, export, override, said):
-    code, out, err = exit_code_and_output(capsys, ["export", *export, "strategy=multiworker", "cluster=2x1", override])
+    code, out, err = exit_code_and_output(capsys, ["job", *export, "strategy=multiworker", "cluster=2x1", override])
     assert (code, out) == (2, "") and len(err.strip().splitlines()) == 1 and said in err, err
 
 
@@ -74,9 +77,9 @@ def test_what_every_task_would_refuse_at_its_start_is_refused_at_export(capsys, 
     ],
 )
 def test_an_elastic_config_exported_to_slurm_without_agents_names_the_fix(capsys, args):
-    code, out, err = exit_code_and_output(capsys, ["export", "slurm", *args])
+    code, out, err = exit_code_and_output(capsys, ["job", "slurm", *args])
     assert (code, out) == (2, "") and len(err.strip().splitlines()) == 1, err
-    assert "elastic rounds (cluster.workers=2:4)" in err and "use cluster.launch=agent" in err, err
+    assert "cluster.workers='2:4': an elastic run" in err and "(cluster.launch=agent)" in err, err
 
 
 @pytest.mark.parametrize(
@@ -84,7 +87,7 @@ def test_an_elastic_config_exported_to_slurm_without_agents_names_the_fix(capsys
     [
         ("cluster.nice=5", "cluster.nice=5"),
         ("strategy.communication=mpi", "strategy.communication='mpi'"),
-        ("cluster.workers=1:2", "cluster.elastic.min_workers=1"),
+        ("cluster.workers=1:2", "cluster.workers='1:2'"),
     ],
 )
 def test_a_slurm_step_that_keeps_cluster_launch_auto_is_refused_as_its_tasks_would_refuse_it(capsys, override, key):
@@ -92,16 +95,16 @@ def test_a_slurm_step_that_keeps_cluster_launch_auto_is_refused_as_its_tasks_wou
     args = ["strategy=multiworker", "cluster=2x1", "cluster.launch=auto", override]
     if override.startswith("cluster.workers"):
         args.append("cluster.elastic.hosts=/etc/hosts")  # what a local run needs, to reach the placed task's check
-    code, out, err = exit_code_and_output(capsys, ["export", "slurm", *args])
+    code, out, err = exit_code_and_output(capsys, ["job", "slurm", *args])
     assert (code, out) == (2, "") and len(err.strip().splitlines()) == 1, err
     assert f"{key}: " in err and "placed by a scheduler" in err, err
 
 
 def test_a_task_a_scheduler_placed_refuses_mpi_before_tensorflow_starts(configs):
     layout = layout_of(configs("strategy=multiworker", "cluster=2x1", "strategy.communication=mpi"))
-    [problem] = placement.refused_in_a_placed_task(layout)
+    [problem] = launches.refused_in_a_placed_task(layout)
     assert problem.key == "strategy.communication" and "placed by a scheduler" in problem.allowed
-    assert placement.refused_in_a_placed_task(layout, launched_by_tfdistx=True) == []
+    assert launches.refused_in_a_placed_task(layout, launched_by_tfdistx=True) == []
 
 
 # -- item 13: an override Hydra cannot parse ------------------------------------------------------------------------
@@ -119,10 +122,10 @@ def a_run_dir(tmp_path):
 @pytest.mark.parametrize(
     "command",
     [
-        ["export", "slurm"],
-        ["export", "jobset", "--image", "img"],
-        ["export", "tfjob", "--image", "img"],
-        ["export", "trainjob", "--image", "img"],
+        ["job", "slurm"],
+        ["job", "jobset", "--image", "img"],
+        ["job", "tfjob", "--image", "img"],
+        ["job", "trainjob", "--image", "img"],
         ["evaluate", "RUN"],
         ["data", "write", "--out", "OUT"],
         ["recipes", "show", "mnist_mlp"],

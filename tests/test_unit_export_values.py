@@ -60,7 +60,7 @@ def nasty_dirs(tmp_path, monkeypatch):
 def export(capsys, *args):
     """(exit code, stdout, stderr) of `tfdistx export ARGS`, in-process."""
     with pytest.raises(SystemExit) as leaving:
-        cli.main(["export", *args])
+        cli.main(["job", *args])
     out, err = capsys.readouterr()
     return leaving.value.code, out, err
 
@@ -104,7 +104,7 @@ def test_no_value_rewrites_a_kubernetes_manifest(capsys, tmp_path, nasty_dirs, k
     words = subprocess.run(
         ["bash", "-c", f"printf '%s\\0' {header[0][2:]}"], capture_output=True, check=True, cwd=tmp_path
     ).stdout
-    made_by = ["tfdistx", "export", *argv, "--name", "ok", "--volume", "hostPath:/srv/" + NASTY]
+    made_by = ["tfdistx", "job", *argv, "--name", "ok", "--volume", "hostPath:/srv/" + NASTY]
     assert words.split(b"\0")[:-1] == [word.encode() for word in made_by]
     assert not list(tmp_path.glob("PWNED*"))
 
@@ -169,8 +169,7 @@ def test_no_value_rewrites_the_slurm_script_and_the_step_gets_each_intact(
         ["bash", "-c", f"printf '%s\\0' {text.splitlines()[1][2:]}"], capture_output=True, check=True, cwd=tmp_path
     ).stdout
     assert made_by.split(b"\0")[:-1] == [
-        word.encode()
-        for word in ["tfdistx", "export", "slurm", *overrides, "--config-dir", flag_dir, "--out", str(out)]
+        word.encode() for word in ["tfdistx", "job", "slurm", *overrides, "--config-dir", flag_dir, "--out", str(out)]
     ]
     assert ran["env"][0] == env_dir  # TFDISTX_CONFIG_PATH, as it was set
     assert ran["pwned"] == [] and ran["scontrol"] == []

@@ -1,9 +1,9 @@
 """A pod of a JobSet (or a Trainer v2 TrainJob) builds its TF_CONFIG from
-its JobSet labels and the config's counts (cluster/jobset.py), in-process
+its JobSet labels and the config's counts (launch/jobset.py), in-process
 (-m unit): the env the manifest's downward API gives is a dict, so every
 case is a pod placed where the manifest puts it, or one the config has no
-place for and the one line it gets. Also what `export jobset|trainjob`
-writes that the pods rely on (cluster/jobset_manifest.py)."""
+place for and the one line it gets. Also what `job jobset|trainjob`
+writes that the pods rely on (launch/jobset.py)."""
 
 import json
 
@@ -11,8 +11,10 @@ import pytest
 
 from config_helpers import PREFIX
 from test_unit_config_cluster import placed, refused_line
-from tfdistx.cluster import jobset_manifest, placement
-from tfdistx.cluster.placement import Source
+from tfdistx import launch as launches
+from tfdistx.launch import jobset as jobset_manifest
+from tfdistx.launch.kubernetes import PodOptions
+from tfdistx.spec.launch_mode import LaunchMode
 from tfdistx.spec.errors import ConfigError
 from tfdistx.config.resolve import layout_of
 
@@ -70,7 +72,7 @@ def pod(jobset="mw", job="worker", index=0, job_index="0", **more) -> dict:
 )
 def test_a_jobset_pod_is_placed_by_its_labels(configs, base, env, spec, task, chief):
     where = placed(configs(*base, "cluster.launch=jobset"), env)
-    assert (where.source, where.spec, where.task_name, where.is_chief) == (Source.JOBSET, spec, task, chief)
+    assert (where.launch, where.spec, where.task_name, where.is_chief) == (LaunchMode.JOBSET, spec, task, chief)
     if task != "evaluator:0":
         assert json.loads(where.tf_config()) == {
             "cluster": spec,
@@ -81,7 +83,7 @@ def test_a_jobset_pod_is_placed_by_its_labels(configs, base, env, spec, task, ch
 @pytest.mark.unit
 def test_the_tf_data_service_runs_as_replicated_jobs_of_its_own(configs):
     cfg = configs("strategy=multiworker", "cluster=2x1", "data.service.workers=2")
-    where = placement.detect(layout_of(cfg), pod(job="dataworker", index=1))
+    where = launches.detect(layout_of(cfg), pod(job="dataworker", index=1))
     assert where.task_name == "dataworker:1" and where.spec == {
         "worker": ["mw-worker-0-0.mw:2222", "mw-worker-0-1.mw:2222"]
     }
@@ -97,7 +99,7 @@ def test_tf_config_wins_over_the_jobset_labels_when_both_are_set(configs):
         **pod(),
         "TF_CONFIG": json.dumps({"cluster": {"worker": ["h:1", "h:2"]}, "task": {"type": "worker", "index": 1}}),
     }
-    assert placed(configs("strategy=multiworker", "cluster=2x1"), env).source is Source.TF_CONFIG
+    assert placed(configs("strategy=multiworker", "cluster=2x1"), env).launch is LaunchMode.TF_CONFIG
 
 
 @pytest.mark.unit
@@ -136,7 +138,7 @@ def test_tf_config_wins_over_the_jobset_labels_when_both_are_set(configs):
             ("strategy=multiworker", "cluster=2x1"),
             pod(jobset=""),
             "cluster.launch='jobset': this pod has no JOBSET_NAME (the manifest's downward API gives it the label "
-            "jobset.sigs.k8s.io/jobset-name): export the manifest with `tfdistx export jobset`",
+            "jobset.sigs.k8s.io/jobset-name): write the manifest with `tfdistx job jobset`",
         ),
     ],
 )
@@ -155,7 +157,7 @@ def containers(spec: dict) -> dict:
 def test_every_jobset_pod_gets_the_labels_it_is_placed_by(configs):
     cfg = configs("strategy=parameter_server", "cluster=ps1w2", "cluster.evaluator=true", "data.service.workers=1")
     manifest = jobset_manifest.jobset_manifest(
-        layout_of(cfg), ["strategy=parameter_server", "cluster=ps1w2"], "ps", "img"
+        layout_of(cfg), PodOptions(("strategy=parameter_server", "cluster=ps1w2"), "ps", "img")
     )
     for job, container in containers(manifest["spec"]).items():
         given = {e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"] for e in container["env"] if "valueFrom" in e}
@@ -175,7 +177,7 @@ def test_every_jobset_pod_gets_the_labels_it_is_placed_by(configs):
 def test_a_trainjob_overrides_the_runtime_s_trainer_step_with_the_same_pod(configs):
     cfg = configs("strategy=multiworker", "cluster=4x8")
     runtime, trainjob = jobset_manifest.trainjob_manifests(
-        layout_of(cfg), ["strategy=multiworker", "cluster=4x8"], "mw", "img", gpus=True
+        layout_of(cfg), PodOptions(("strategy=multiworker", "cluster=4x8"), "mw", "img", gpus=True)
     )
     (step,) = runtime["spec"]["template"]["spec"]["replicatedJobs"]
     assert step["template"]["metadata"] == {"labels": {"trainer.kubeflow.org/trainjob-ancestor-step": "trainer"}}

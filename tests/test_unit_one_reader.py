@@ -17,14 +17,17 @@ from omegaconf import DictConfig, ListConfig
 import tfdistx
 from config_helpers import compose_ok
 from tfdistx import cli
-from tfdistx.cluster import jobset_manifest, kubernetes, placement
+from tfdistx import launch as launches
+from tfdistx.launch import jobset as jobset_manifest
+from tfdistx.launch import kubernetes
 from tfdistx.commands import execute
 from tfdistx.commands.plan import describe
 from tfdistx.config.resolve import layout_of
 
 pytestmark = pytest.mark.unit
 
-PLAIN_SIDE = Path(tfdistx.__file__).parent / "cluster"  # placement, the launcher, the manifests
+# placement and the supervisor; the launches, their launchers and manifests
+PLAIN_SIDE = tuple(str(Path(tfdistx.__file__).parent / room) for room in ("cluster", "launch"))
 
 
 @pytest.fixture(autouse=True)
@@ -43,11 +46,8 @@ def handed_a_config(work) -> list:
             return
         code = frame.f_code
         if not (
-            code.co_filename.startswith(str(PLAIN_SIDE))
-            or (
-                code.co_filename == execute.__file__
-                and code.co_name in ("placement_of", "local_tasks", "_run_local_cluster")
-            )
+            code.co_filename.startswith(PLAIN_SIDE)
+            or (code.co_filename == execute.__file__ and code.co_name in ("placement_of", "_start_processes"))
         ):
             return
         for name in code.co_varnames[: code.co_argcount + code.co_kwonlyargcount]:
@@ -100,8 +100,9 @@ def test_manifests_are_written_from_the_spec(tmp_path):
     made = {}
 
     def export():
-        made["tfjob"] = kubernetes.tfjob(layout, overrides, "job", "img")
-        made["jobset"] = jobset_manifest.jobset_manifest(layout, overrides, "job", "img")
+        options = kubernetes.PodOptions(tuple(overrides), "job", "img")
+        made["tfjob"] = kubernetes.tfjob(layout, options)
+        made["jobset"] = jobset_manifest.jobset_manifest(layout, options)
 
     assert handed_a_config(export) == []
     assert made["tfjob"]["spec"]["runPolicy"]["backoffLimit"] == 5
@@ -109,13 +110,13 @@ def test_manifests_are_written_from_the_spec(tmp_path):
 
 
 def test_the_slurm_script_is_written_from_the_spec(capsys):
-    """`tfdistx export slurm` counts the step's tasks with placement's own scheduled_tasks, handed the Layout."""
+    """`tfdistx job slurm` counts the step's tasks with placement's own scheduled_tasks, handed the Layout."""
 
     def export():
         with pytest.raises(SystemExit) as leaving:
             cli.main(
                 [
-                    "export",
+                    "job",
                     "slurm",
                     "strategy=parameter_server",
                     "cluster=ps1w2",
@@ -135,6 +136,6 @@ def test_placement_refuses_to_be_handed_the_composed_config(tmp_path):
     """The seam is the type: placement reads the spec's attributes, and a
     DictConfig handed to it fails at once rather than being read as one."""
     cfg = compose_ok(tmp_path / "run", "strategy=multiworker", "cluster=2x1")
-    assert placement.detect(layout_of(cfg), {}).source.value == "local"
+    assert launches.detect(layout_of(cfg), {}).launch.value == "local"
     with pytest.raises(AttributeError):
-        placement.detect(cfg, {})
+        launches.detect(cfg, {})

@@ -1,5 +1,5 @@
-"""The agents' rendezvous over the network (cluster/keeper_wire.py, the
-beats of cluster/agent.py): a real keeper on loopback, real agents' beats
+"""The agents' rendezvous over the network (launch/agent/keeper_wire.py, the
+beats of launch/agent/node.py): a real keeper on loopback, real agents' beats
 over real sockets. Only a beat that proves the run's secret reaches the
 keeper; whatever else comes (an agent of another run, a replayed message,
 an XML-RPC call, noise) is refused, said once per source address, and
@@ -13,10 +13,14 @@ import time
 import pytest
 
 from conftest import wait_until
-from tfdistx.cluster import keeper_wire, run_secret
-from tfdistx.cluster.agent import AgentMembership, Beats
+from tfdistx.launch.agent import keeper_wire
+from tfdistx.launch.agent import run_secret
+from tfdistx.launch.agent.beats import Beats
+from tfdistx.cluster.launch_spec import Bounds, LaunchSpec, Rounds, RoundsRecord
+from tfdistx.launch.agent.node import AgentMembership
 from tfdistx.cluster.processes import ForwardingSignals
-from tfdistx.cluster.round_keeper import RUNNING, WAITING, RoundKeeper, answer, listen
+from tfdistx.launch.agent.messages import RUNNING, WAITING
+from tfdistx.launch.agent.round_keeper import RoundKeeper, answer, listen
 from tfdistx.cluster.supervisor import NoRound, Round, State
 from tfdistx.spec.errors import ConfigError
 
@@ -231,7 +235,7 @@ def test_an_agent_stopped_past_lost_bound_says_it_was_stopped_not_that_the_rende
     has caught up. Here the beat thread never ran after its first beat, as in a process frozen since."""
     beats = Beats("127.0.0.1:9", "127.0.0.1", SECRET, lost_bound=3.0)
     beats.answered = beats.due = time.monotonic() - 20  # its last answer and its next beat's due time, 20 s ago
-    spec = {"agent": {"lost_bound": 3.0, "below_min_timeout": 60.0}, "log_dir": str(tmp_path)}
+    spec = agents_spec(tmp_path, lost_bound=3.0, below_min_timeout=60.0)
     said = []
     membership = AgentMembership(spec, beats, lambda text, quiet=False: said.append(text))
     result = membership.check(Round([], {}), ForwardingSignals([]))
@@ -288,7 +292,7 @@ def test_an_agent_not_placed_says_why_once_and_one_of_another_config_stops_with_
     first = beating(keeper.store)
     wait_until(lambda: first.placed() is not None, 30, "the first agent placed")
     first.set(RUNNING, 1)
-    spec = {"agent": {"lost_bound": 3.0, "below_min_timeout": 60.0}, "log_dir": str(tmp_path), "command": ["true"]}
+    spec = agents_spec(tmp_path, lost_bound=3.0, below_min_timeout=60.0)
     said, formed = [], []
     second = Beats(keeper.store, "127.0.0.1", SECRET, 3.0, config="a" * 64).start()
     waiting = AgentMembership(spec, second, lambda text, quiet=False: said.append(text))
@@ -318,3 +322,10 @@ def test_an_agent_not_placed_says_why_once_and_one_of_another_config_stops_with_
         other.close()
     finally:
         second.close()
+
+
+def agents_spec(tmp_path, lost_bound: float, below_min_timeout: float) -> LaunchSpec:
+    """A node's agent's spec with the bounds given (the rest of the rendezvous is the test's own)."""
+    record = RoundsRecord(str(tmp_path / "rounds.json"), str(tmp_path), str(tmp_path / "metrics.jsonl"))
+    bounds = Bounds(1, 2, join_grace=1.0, lost_bound=lost_bound, below_min_timeout=below_min_timeout)
+    return LaunchSpec(("true",), str(tmp_path), None, ("worker",), rounds=Rounds(bounds, record))

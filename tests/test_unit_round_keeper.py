@@ -1,4 +1,4 @@
-"""The agents' rendezvous (cluster/round_keeper.py): which agents form each
+"""The agents' rendezvous (launch/agent/round_keeper.py): which agents form each
 round, when a round closes, and every wait bounded. Its clock is the test's,
 so that a bound of seconds is tested without waiting for it: each beat is
 recorded, and the keeper decides on its tick (here, after every beat). Over
@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from tfdistx.cluster.round_keeper import (
+from tfdistx.launch.agent.messages import (
     DONE,
     ENDED,
     FAILED,
@@ -18,10 +18,10 @@ from tfdistx.cluster.round_keeper import (
     TASK_FAILED,
     WAITING,
     Beat,
-    RoundKeeper,
     Told,
     beat_seconds,
 )
+from tfdistx.launch.agent.round_keeper import RoundKeeper
 
 pytestmark = pytest.mark.unit
 

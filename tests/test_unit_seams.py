@@ -1,6 +1,6 @@
 """The seams the README draws, held by what a fresh process loads: the
 engine and what it trains (engine/, data/, tasks/, models.py) load no Hydra
-or OmegaConf; the config side and the launcher (config/, spec/, cluster/)
+or OmegaConf; the config side and the launches (config/, spec/, cluster/, launch/)
 load no TensorFlow or Keras; the spec and the fact tables (spec/) load
 neither. Each side is imported whole in one fresh interpreter;
 when one loads what it must not, each of its modules is imported alone to
@@ -46,7 +46,7 @@ def loaded(names: list, forbidden: tuple) -> list:
     "places, forbidden",
     [
         (("engine", "data", "tasks", "models.py"), ("hydra", "omegaconf")),
-        (("config", "spec", "cluster", "rundir.py", "sigterm.py", "machine.py"), ("tensorflow", "keras")),
+        (("config", "spec", "cluster", "launch", "rundir.py", "sigterm.py", "machine.py"), ("tensorflow", "keras")),
         (
             ("spec", "checkpoint_files.py", "whole_files.py", "log_files.py"),
             ("tensorflow", "keras", "hydra", "omegaconf"),

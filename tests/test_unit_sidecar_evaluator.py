@@ -9,8 +9,10 @@ import json
 import pytest
 
 from config_helpers import compose_ok, refused
-from tfdistx.cluster import placement
-from tfdistx.cluster.kubernetes import tfjob
+from tfdistx import launch as launches
+from tfdistx.cluster.placement import Placement
+from tfdistx.spec.launch_mode import LaunchMode
+from tfdistx.launch.kubernetes import PodOptions, tfjob
 from tfdistx.config import schema
 from tfdistx.config.resolve import layout_of
 
@@ -26,7 +28,7 @@ def test_a_one_process_strategy_refuses_a_sidecar_evaluator_in_one_line(tmp_path
 
 
 def _placed(cfg, env):
-    return placement.detect(layout_of(cfg), env)
+    return launches.detect(layout_of(cfg), env)
 
 
 @pytest.mark.unit
@@ -89,11 +91,7 @@ def test_the_tfjob_has_an_evaluator_replica_only_when_asked(tmp_path):
     overrides = ["strategy=parameter_server", "cluster=ps1w2", "cluster.evaluator=true"]
     manifest = tfjob(
         layout_of(compose_ok(tmp_path / "run", *overrides)),
-        overrides,
-        "job",
-        "tfdistx:test",
-        volume="pvc:runs",
-        gpus=True,
+        PodOptions(tuple(overrides), "job", "tfdistx:test", volume="pvc:runs", gpus=True),
     )
     replicas = manifest["spec"]["tfReplicaSpecs"]
     assert list(replicas) == ["Chief", "PS", "Worker", "Evaluator"]
@@ -103,7 +101,9 @@ def test_the_tfjob_has_an_evaluator_replica_only_when_asked(tmp_path):
     assert "cluster.evaluator=true" in container["args"] and "cluster.launch=tf_config" in container["args"]
     assert "hydra.run.dir=/mnt/tfdistx/job" in container["args"]  # the run dir the chief writes its checkpoints to
     assert "resources" not in container  # --gpus: the training workers' GPUs; the evaluator asks for none
-    plain = tfjob(layout_of(compose_ok(tmp_path / "run", *overrides[:2])), overrides[:2], "job", "tfdistx:test")
+    plain = tfjob(
+        layout_of(compose_ok(tmp_path / "run", *overrides[:2])), PodOptions(tuple(overrides[:2]), "job", "tfdistx:test")
+    )
     assert "Evaluator" not in plain["spec"]["tfReplicaSpecs"]
 
 
@@ -122,7 +122,7 @@ def test_an_evaluator_that_starts_after_training_ended_evaluates_the_checkpoints
 
     run = train(tmp_path / "run", "trainer.steps=50", "checkpoint.every_steps=10")  # max_to_keep 3: 30, 40 and 50 left
     with SigtermNotice() as notice:
-        training = sidecar.Training(placement.Placement(placement.Source.TF_CONFIG, {}, "evaluator"), run.spec.cluster)
+        training = sidecar.Training(Placement(LaunchMode.TF_CONFIG, {}, "evaluator"), run.spec.cluster)
         evaluator = threading.Thread(target=sidecar.Sidecar(run.spec, time.time(), training, notice).run, daemon=True)
         evaluator.start()
         evaluator.join(timeout=300)

@@ -1,5 +1,5 @@
-"""`tfdistx export slurm` (commands/slurm.py), in-process: the batch script
-for a config asks Slurm for exactly the tasks placement.from_slurm places
+"""`tfdistx job slurm` (launch/slurm/script.py), in-process: the batch script
+for a config asks Slurm for exactly the tasks launch/slurm.from_slurm places
 (each rank of such a step is placed, checked with the env Slurm gives),
 passes Slurm's notice on to the step and requeues on 42; bash reads it and
 gets every override back intact; a bad option is one line and exit 2;
@@ -16,7 +16,9 @@ import pytest
 
 from fake_slurm import run_script
 from tfdistx import cli
-from tfdistx.cluster import free_ports, placement
+from tfdistx import launch as launches
+from tfdistx.launch import slurm
+from tfdistx.launch.slurm import free_ports
 from tfdistx.config.resolve import layout_of
 from tfdistx.spec.errors import ConfigError
 
@@ -26,9 +28,9 @@ SRUN = "srun --kill-on-bad-exit=1 python -m tfdistx "
 
 
 def export(capsys, *args):
-    """(exit code, stdout, stderr) of `tfdistx export slurm ARGS`."""
+    """(exit code, stdout, stderr) of `tfdistx job slurm ARGS`."""
     with pytest.raises(SystemExit) as leaving:
-        cli.main(["export", "slurm", *args])
+        cli.main(["job", "slurm", *args])
     out, err = capsys.readouterr()
     return leaving.value.code, out, err
 
@@ -100,7 +102,7 @@ def test_ps1w2_with_its_evaluator_asks_for_every_task_and_each_rank_of_that_step
     assert "in rank order: chief:0, ps:0, worker:0, worker:1, evaluator:0" in text
     layout = layout_of(configs(*args))
     places = [
-        placement.detect(
+        launches.detect(
             layout,
             {
                 "SLURM_PROCID": str(rank),
@@ -147,7 +149,7 @@ def test_an_override_with_spaces_and_quotes_reaches_the_step_intact(capsys, tmp_
         ),
         (
             ["strategy=multiworker", "cluster.workers=2:4", "data.batch_size=24", "cluster.elastic.hosts=/etc/hosts"],
-            "cluster.launch='slurm': elastic rounds (cluster.workers=2:4) are formed by tfdistx's agents",
+            "cluster.workers='2:4': an elastic run needs its processes started by tfdistx's local launcher",
         ),
         (["strategy=mirrored", "cluster.launch=agent"], "strategy='mirrored': an agent on every node"),
         (
@@ -318,22 +320,22 @@ def slurm_env(rank: int, per_node: str, nodelist: str, **more) -> dict:
 
 def test_each_worker_takes_its_own_gpus_of_its_node_and_the_other_tasks_none(configs):
     ps = layout_of(configs("strategy=parameter_server", "cluster=ps1w2"))
-    env = {placement.GPUS_PER_WORKER_ENV: "1", "CUDA_VISIBLE_DEVICES": "3,5"}
-    gpus = [placement.detect(ps, slurm_env(rank, "2,2", "n[1-2]", **env)).gpus for rank in range(4)]
+    env = {slurm.GPUS_PER_WORKER_ENV: "1", "CUDA_VISIBLE_DEVICES": "3,5"}
+    gpus = [launches.detect(ps, slurm_env(rank, "2,2", "n[1-2]", **env)).gpus for rank in range(4)]
     assert gpus == ["", "", "3", "5"]  # chief, ps: none; worker:0 and worker:1 share the second node's two
     two = layout_of(configs("strategy=multiworker", "cluster=2x4"))
-    env = {placement.GPUS_PER_WORKER_ENV: "4"}  # no CUDA_VISIBLE_DEVICES: every GPU of the node is seen
-    assert [placement.detect(two, slurm_env(rank, "2", "n1", **env)).gpus for rank in range(2)] == [
+    env = {slurm.GPUS_PER_WORKER_ENV: "4"}  # no CUDA_VISIBLE_DEVICES: every GPU of the node is seen
+    assert [launches.detect(two, slurm_env(rank, "2", "n1", **env)).gpus for rank in range(2)] == [
         "0,1,2,3",
         "4,5,6,7",
     ]
-    assert placement.detect(two, slurm_env(1, "2", "n1")).gpus is None  # no --gpus: as the process has it
+    assert launches.detect(two, slurm_env(1, "2", "n1")).gpus is None  # no --gpus: as the process has it
     with pytest.raises(ConfigError, match="worker 1 is worker 2 on its node and takes 4 GPU"):
-        placement.detect(two, slurm_env(1, "2", "n1", CUDA_VISIBLE_DEVICES="0,1,2,3,4", **env))
+        launches.detect(two, slurm_env(1, "2", "n1", CUDA_VISIBLE_DEVICES="0,1,2,3,4", **env))
     # one process beside its tf.data service: the trainer keeps its GPUs, the service's tasks take none
     fed = layout_of(configs("strategy=mirrored", "cluster=1x2", "data.service.workers=1"))
-    env = {placement.GPUS_PER_WORKER_ENV: "2"}
-    assert [placement.detect(fed, slurm_env(rank, "3", "n1", **env)).gpus for rank in range(3)] == ["0,1", "", ""]
+    env = {slurm.GPUS_PER_WORKER_ENV: "2"}
+    assert [launches.detect(fed, slurm_env(rank, "3", "n1", **env)).gpus for rank in range(3)] == ["0,1", "", ""]
 
 
 # -- issue 60, item 9b: the agents' script says 0 only for a training this step ended -------------------------------
@@ -359,17 +361,17 @@ def test_the_agents_script_turns_a_failure_into_0_only_when_this_step_wrote_the_
 
 def test_the_step_listens_on_the_ports_each_node_said_were_free(configs):
     layout = layout_of(configs("strategy=parameter_server", "cluster=ps1w2"))
-    ports = {placement.SLURM_PORTS_ENV: "n1 40001 40007\nn2 40002 40003 40009"}
-    place = placement.detect(layout, slurm_env(3, "2,2", "n[1-2]", **ports))
+    ports = {slurm.SLURM_PORTS_ENV: "n1 40001 40007\nn2 40002 40003 40009"}
+    place = launches.detect(layout, slurm_env(3, "2,2", "n[1-2]", **ports))
     assert place.spec == {"chief": ["n1:40001"], "ps": ["n1:40007"], "worker": ["n2:40002", "n2:40003"]}
-    derived = placement.detect(layout, slurm_env(3, "2,2", "n[1-2]")).spec  # a plain srun: as before
+    derived = launches.detect(layout, slurm_env(3, "2,2", "n[1-2]")).spec  # a plain srun: as before
     assert derived["worker"] == [f"n2:{29400 + 64 * 77}", f"n2:{29400 + 64 * 77 + 1}"]
     with pytest.raises(ConfigError, match="too few ports for node n2"):
-        placement.detect(layout, slurm_env(3, "2,2", "n[1-2]", **{placement.SLURM_PORTS_ENV: "n1 1 2\nn2 3"}))
+        launches.detect(layout, slurm_env(3, "2,2", "n[1-2]", **{slurm.SLURM_PORTS_ENV: "n1 1 2\nn2 3"}))
 
 
 def test_a_port_something_holds_is_never_given(tmp_path):
-    first = placement.slurm_first_port(29400, "77")
+    first = slurm.slurm_first_port(29400, "77")
     with socket.socket() as held:
         held.bind(("", first))  # another job's task, say, on the port job 77 would derive
         held.listen()

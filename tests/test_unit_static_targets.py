@@ -74,9 +74,9 @@ def test_the_run_plan_and_exports_refuse_it_with_exit_2_and_no_run_dir(tmp_path,
     for argv in (
         [bad, f"hydra.run.dir={tmp_path / 'run'}"],
         [bad, "--plan"],
-        ["export", "tfjob", bad, "--image", "img"],
-        ["export", "jobset", bad, "--image", "img"],
-        ["export", "trainjob", bad, "--image", "img"],
+        ["job", "tfjob", bad, "--image", "img"],
+        ["job", "jobset", bad, "--image", "img"],
+        ["job", "trainjob", bad, "--image", "img"],
     ):
         with pytest.raises(SystemExit) as leaving:
             cli.main(argv)

@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tfdistx.cluster.launch import FixedCounts
+from tfdistx.cluster.launch_spec import LaunchSpec
+from tfdistx.launch.local.launcher import FixedCounts
 from tfdistx.cluster.processes import ForwardingSignals
 from tfdistx.cluster.supervisor import NEVER_RESTART, Membership, Round, RoundResult, Say, State, Supervisor
 from tfdistx.spec.errors import PERMANENT, RETRYABLE, RETRYABLE_EXIT_OFFSET_FOR_KUBERNETES, offset_exit
@@ -23,20 +24,22 @@ from tfdistx.spec.errors import PERMANENT, RETRYABLE, RETRYABLE_EXIT_OFFSET_FOR_
 pytestmark = pytest.mark.unit
 
 
-def spec_of(tmp_path, code: int, max_restarts: int = 0) -> dict:
-    return {
-        "counts": {"worker": 2},
-        "command": [sys.executable, "-c", f"import sys; sys.exit({code})"],
-        "log_dir": str(tmp_path),
-        "primary": ["worker"],
-        "max_restarts": max_restarts,
-        "run_log": str(tmp_path / "tfdistx.log"),
-    }
+def spec_of(tmp_path, code: int, max_restarts: int = 0, command=None, **more) -> LaunchSpec:
+    """Two workers that exit with `code` (or run `command`), as the local launcher hands them to its supervisor."""
+    return LaunchSpec(
+        command=tuple(command or [sys.executable, "-c", f"import sys; sys.exit({code})"]),
+        log_dir=str(tmp_path),
+        run_log=str(tmp_path / "tfdistx.log"),
+        primary=("worker",),
+        max_restarts=max_restarts,
+        counts={"worker": 2},
+        **more,
+    )
 
 
-def supervise(spec: dict, membership: Membership) -> int:
+def supervise(spec: LaunchSpec, membership: Membership) -> int:
     with ForwardingSignals([]) as signals:
-        return Supervisor(spec, membership, signals, Say(spec["run_log"])).run()
+        return Supervisor(spec, membership, signals, Say(spec.run_log)).run()
 
 
 def test_a_failed_round_is_restarted_from_the_budget_then_given_up_on(tmp_path, capsys):
@@ -63,7 +66,7 @@ def test_a_permanent_exit_code_is_never_restarted_and_success_is_zero(tmp_path, 
 class Regrouping(FixedCounts):
     """A policy of its own: the first round's failure is a lost member, and the next round forms for it, no restart spent."""
 
-    def __init__(self, spec: dict, then: dict):
+    def __init__(self, spec: LaunchSpec, then: LaunchSpec):
         super().__init__(spec)
         self.then, self.reasons = then, []
 
@@ -90,12 +93,12 @@ def test_the_codes_no_restart_cures_are_one_list_for_the_launcher_a_jobset_and_a
     from tfdistx.commands import kubernetes
 
     overrides = ["strategy=multiworker", "cluster=2x1", "--image", "img"]
-    kubernetes.export(overrides, "jobset")
+    kubernetes.write(overrides, "jobset")
     for job in next(yaml.safe_load_all(capsys.readouterr().out))["spec"]["replicatedJobs"]:
         assert job["template"]["spec"]["podFailurePolicy"]["rules"][0]["onExitCodes"]["values"] == list(PERMANENT)
     assert set(PERMANENT) <= set(NEVER_RESTART) and not set(PERMANENT) & set(RETRYABLE)
     # a TFJob's restartPolicy ExitCode retries 128-255 only: its pods move the retryable codes above 127, the permanent ones stay below
-    kubernetes.export(overrides, "tfjob")
+    kubernetes.write(overrides, "tfjob")
     worker = yaml.safe_load(capsys.readouterr().out)["spec"]["tfReplicaSpecs"]["Worker"]
     assert (
         f"cluster.retryable_exit_offset={RETRYABLE_EXIT_OFFSET_FOR_KUBERNETES}"
@@ -109,7 +112,7 @@ class SigtermAt(Regrouping):
     """A SIGTERM to this process (the supervisor's) at `when`: 'regroup', as the next round waits for a lost host to
     come back, or 'check', once the round's tasks are running (real processes that have not taken SIGTERM over)."""
 
-    def __init__(self, spec: dict, then: dict, when: str):
+    def __init__(self, spec: LaunchSpec, then: LaunchSpec, when: str):
         super().__init__(spec, then)
         self.when = when
 
@@ -138,11 +141,7 @@ def test_a_sigterm_between_rounds_is_a_preemption_with_nothing_to_save(tmp_path,
 
 def test_a_sigterm_as_the_round_s_tasks_start_is_a_preemption_not_143(tmp_path, capsys):
     """The tasks were still starting (the signal's default ended them): none had trained, so exit 42, said so."""
-    spec = {
-        **spec_of(tmp_path, 0),
-        "command": [sys.executable, "-c", "import time; time.sleep(60)"],
-        "preemption_grace": 30,
-    }
+    spec = spec_of(tmp_path, 0, command=[sys.executable, "-c", "import time; time.sleep(60)"], preemption_grace=30)
     policy = SigtermAt(spec, then=spec, when="check")
     assert supervise(spec, policy) == 42
     said = capsys.readouterr().err
@@ -235,7 +234,7 @@ def test_a_chief_holding_the_last_loop_boundary_is_let_save_it_before_the_round_
     gets cluster.preemption_grace), so that the loss costs at most one loop. A peer that went silent (a cut link, as
     the agents' keeper tells it) holds the call up to the heartbeat timeout, which the round does not wait for: only
     a chief already saving then is."""
-    spec = {**spec_of(tmp_path, 0), "command": [sys.executable, "-c", CHIEF_AND_PEER, str(tmp_path), saving]}
+    spec = spec_of(tmp_path, 0, command=[sys.executable, "-c", CHIEF_AND_PEER, str(tmp_path), saving])
     membership = FixedCounts(spec) if policy == "the peer's process ended" else LostSilently(spec, spec_of(tmp_path, 0))
     code = supervise(spec, membership)
     said = capsys.readouterr().err
@@ -248,12 +247,12 @@ class SignalsOnceReady(FixedCounts):
     """`sig` to this process (the supervisor's), `times` over (each taken before the next is sent), once every
     task of the round says it is ready."""
 
-    def __init__(self, spec: dict, sig: int, times: int = 1):
+    def __init__(self, spec: LaunchSpec, sig: int, times: int = 1):
         super().__init__(spec)
         self.sig, self.times = sig, times
 
     def check(self, round_, signals):
-        if all((Path(self.spec["log_dir"]) / f"ready-{task.proc.pid}").exists() for task in round_.tasks):
+        if all((Path(self.spec.log_dir) / f"ready-{task.proc.pid}").exists() for task in round_.tasks):
             for _ in range(self.times):
                 os.kill(os.getpid(), self.sig)
         return None
@@ -271,19 +270,13 @@ def ready_then(tmp_path, then: str) -> list:
 
 def test_a_sigterm_the_tasks_finish_the_run_through_is_its_success_not_143(tmp_path, capsys):
     """A notice after the last loop boundary: the trainers finish (summary, export) and exit 0; the run did too."""
-    spec = {
-        **spec_of(tmp_path, 0),
-        "command": ready_then(tmp_path, "signal.signal(signal.SIGTERM, lambda *a: sys.exit(0))"),
-    }
+    spec = spec_of(tmp_path, 0, command=ready_then(tmp_path, "signal.signal(signal.SIGTERM, lambda *a: sys.exit(0))"))
     assert supervise(spec, SignalsOnceReady(spec, signal.SIGTERM)) == 0
 
 
 @pytest.mark.timeout(300)  # without the hurry, the grace: 3000 s
 def test_a_second_ctrl_c_cuts_the_grace_the_first_gives_the_trainers_to_save_short(tmp_path, capsys):
-    spec = {
-        **spec_of(tmp_path, 0),
-        "command": ready_then(tmp_path, "signal.signal(signal.SIGINT, signal.SIG_IGN)"),  # saving, for ever
-        "preemption_grace": 3000,
-    }
+    saving_for_ever = ready_then(tmp_path, "signal.signal(signal.SIGINT, signal.SIG_IGN)")
+    spec = spec_of(tmp_path, 0, command=saving_for_ever, preemption_grace=3000)
     assert supervise(spec, SignalsOnceReady(spec, signal.SIGINT, times=2)) == 130
     assert capsys.readouterr().err.splitlines()[-1] == "tfdistx: interrupted"

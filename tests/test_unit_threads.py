@@ -8,7 +8,8 @@ import sys
 import pytest
 
 from config_helpers import PREFIX, compose_ok, refused
-from tfdistx.cluster.launch import run_local_cluster
+from tfdistx.cluster.launch_spec import LaunchSpec
+from tfdistx.launch.local.launcher import run_local_cluster
 from tfdistx.spec import threads
 
 pytestmark = pytest.mark.unit
@@ -68,14 +69,15 @@ def test_a_good_value_composes(tmp_path):
 def test_the_launcher_gives_every_task_its_threads(tmp_path):
     """Real task processes of a real local cluster print what their environment holds."""
     show = "import os; print('threads', os.environ['TF_NUM_INTRAOP_THREADS'], os.environ['TF_NUM_INTEROP_THREADS'])"
-    code = run_local_cluster(
-        {"worker": 2},
-        [sys.executable, "-c", show],
-        str(tmp_path),
-        ["worker"],
-        isolate=False,
+    spec = LaunchSpec(
+        command=(sys.executable, "-c", show),
+        log_dir=str(tmp_path),
+        run_log=None,
+        primary=("worker",),
+        counts={"worker": 2},
         task_env=threads.environment(1),
     )
+    code = run_local_cluster(spec, isolate=False)
     assert code == 0
     for index in (0, 1):
         assert "threads 1 2" in (tmp_path / f"worker-{index}.log").read_text()

@@ -12,7 +12,8 @@ import time
 
 import pytest
 
-from tfdistx.cluster.placement import Placement, Source
+from tfdistx.cluster.placement import Placement
+from tfdistx.spec.launch_mode import LaunchMode
 from tfdistx.cluster.training_end import Hearing, cluster_digest, servers_of, tell
 from tfdistx.spec.strategies import STRATEGIES
 from conftest import free_ports
@@ -24,7 +25,7 @@ PS = {"chief": ["127.0.0.1:1"], "ps": ["127.0.0.1:2"], "worker": ["127.0.0.1:3",
 
 def test_a_server_hears_its_chief_and_answers():
     (port,) = free_ports(1)
-    digest = cluster_digest(Placement(Source.TF_CONFIG, PS, "ps", 0))
+    digest = cluster_digest(Placement(LaunchMode.TF_CONFIG, PS, "ps", 0))
     with Hearing(f"127.0.0.1:{port}", digest) as ear:
         assert tell({"ps:0": f"127.0.0.1:{port}"}, digest, 0) == ["ps:0"]
         assert ear.heard.wait(5) and ear.code == 0
@@ -32,8 +33,8 @@ def test_a_server_hears_its_chief_and_answers():
 
 def test_another_clusters_chief_is_not_heard():
     (port,) = free_ports(1)
-    ours = cluster_digest(Placement(Source.TF_CONFIG, PS, "ps", 0))
-    theirs = cluster_digest(Placement(Source.TF_CONFIG, {**PS, "ps": ["127.0.0.1:9"]}, "ps", 0))
+    ours = cluster_digest(Placement(LaunchMode.TF_CONFIG, PS, "ps", 0))
+    theirs = cluster_digest(Placement(LaunchMode.TF_CONFIG, {**PS, "ps": ["127.0.0.1:9"]}, "ps", 0))
     with Hearing(f"127.0.0.1:{port}", ours) as ear:
         assert tell({"ps:0": f"127.0.0.1:{port}"}, theirs, 5, seconds=0.5) == []
         assert not ear.heard.is_set() and ear.code is None
@@ -62,7 +63,7 @@ def test_a_server_that_is_gone_is_not_waited_for():
     ],
 )
 def test_the_chief_tells_the_servers_of_its_run(strategy, spec, service, task, told):
-    placement = Placement(Source.TF_CONFIG, spec, task[0], task[1], service)
+    placement = Placement(LaunchMode.TF_CONFIG, spec, task[0], task[1], service)
     assert sorted(servers_of(placement, STRATEGIES[strategy])) == told
 
 

@@ -17,7 +17,7 @@ from omegaconf import OmegaConf, open_dict
 
 from config_helpers import compose_ok, refused
 from engine_helpers import QUICK, SMALL, copied, train
-from tfdistx.cluster.placement import Placement, Source
+from tfdistx.cluster.placement import Placement
 from tfdistx.spec.errors import EXIT_RUN_DIR_LOCKED, ConfigError, RunFault
 from tfdistx.engine import checkpointing
 from tfdistx.engine import warm_start as warm_start_lib
@@ -356,7 +356,7 @@ def test_a_checkpoint_written_before_the_objective_state_still_restores(tmp_path
     """Checkpoints of earlier tfdistx hold no objective state: resumed whole
     without it, keep_best then starts from the evaluations after the resume."""
     first = train(tmp_path / "run", *WORSENS, "trainer.steps=20")
-    run = build_run(first.spec, Placement(Source.SINGLE))
+    run = build_run(first.spec, Placement())
     path = str(tmp_path / "run" / "checkpoints" / "ckpt-20")
     run.checkpointer.restore(path)
     old = {name: value for name, value in run.checkpointer.trackables.items() if name != "objective"}

@@ -12,6 +12,7 @@ import os
 import sys
 from typing import Optional, Sequence
 
+from tfdistx import launch as launches
 from tfdistx.commands.ending import end_process
 
 from tfdistx.spec.errors import EXIT_INTERRUPTED, RunFault
@@ -24,19 +25,17 @@ SUBCOMMANDS = {
     "recipes": "tfdistx.commands.recipes",  # list, show and copy out recipes
     "report": "tfdistx.commands.report",  # plots and a table for a run or sweep dir
     "export": "tfdistx.commands.export",  # a SavedModel from a run's checkpoint
-    # Kubernetes manifests for the composed config (MODULE:FUNCTION: one module, a function per kind)
-    "export tfjob": "tfdistx.commands.kubernetes:tfjob",  # a Kubeflow TFJob (the training operator)
-    "export jobset": "tfdistx.commands.kubernetes:jobset",  # a JobSet (kubernetes-sigs/jobset)
-    "export trainjob": "tfdistx.commands.kubernetes:trainjob",  # a TrainJob and its runtime (Kubeflow Trainer v2)
-    "export slurm": "tfdistx.commands.slurm",  # a Slurm batch script: one srun step, requeued to resume after a notice
+    "job": "tfdistx.cli:job_kinds",  # the kinds below, listed
+    # `job KIND`: a scheduler's script or manifests for the composed config, each its launch's (tfdistx/launch/),
+    # as MODULE:FUNCTION (one module may hold several kinds, a function each)
+    **{f"job {kind}": job.command for kind, job in launches.jobs().items()},
     "data write": "tfdistx.commands.data_write",  # any data source as sharded TFRecord/CSV files + a manifest
     "evaluate": "tfdistx.commands.evaluate",  # metrics of a run's checkpoint on the eval data
     "predict": "tfdistx.commands.predict",  # a run's export applied to files (or its eval data): sharded predictions
     TASK: "tfdistx.commands.task",  # one task of a local cluster (started by the launcher)
 }
-# The exports that take --config-dir themselves, to hand it on to the job's tasks (the others' goes into
-# TFDISTX_CONFIG_PATH here, for the command alone)
-CARRY_CONFIG_DIRS = ("tfdistx.commands.kubernetes", "tfdistx.commands.slurm")
+# `export KIND`, the earlier spelling of `job KIND`, still works for one release, with a line that says so.
+RENAMED = {f"export {kind}": f"job {kind}" for kind in launches.jobs()}
 
 
 def main(argv: Optional[Sequence[str]] = None):
@@ -71,7 +70,7 @@ def main(argv: Optional[Sequence[str]] = None):
 def _trains(argv: list) -> bool:
     """A training run (no subcommand: composing and a sweep too) or a local cluster's task: SIGTERM is a
     notice to save there, and Ctrl-C saves once training. Any other command ends on them, as Python would."""
-    return argv[:1] == [TASK] or not any(" ".join(argv[:n]) in SUBCOMMANDS for n in (1, 2))
+    return argv[:1] == [TASK] or not any(" ".join(argv[:n]) in {**SUBCOMMANDS, **RENAMED} for n in (1, 2))
 
 
 def _command(argv: list, process_ends_after: bool):
@@ -83,10 +82,18 @@ def _command(argv: list, process_ends_after: bool):
     # the script's own directory).
     if "" not in sys.path and os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
-    words = next((n for n in (2, 1) if " ".join(argv[:n]) in SUBCOMMANDS), 0)  # `export tfjob` before `export`
+    if " ".join(argv[:2]) in RENAMED:
+        now = RENAMED[" ".join(argv[:2])]
+        print(
+            f"tfdistx: `tfdistx {' '.join(argv[:2])}` is now `tfdistx {now}`; the old name goes in the next release",
+            file=sys.stderr,
+        )
+        argv = [*now.split(), *argv[2:]]
+    words = next((n for n in (2, 1) if " ".join(argv[:n]) in SUBCOMMANDS), 0)  # `job tfjob` before `job`
     try:
-        # `export tfjob|jobset|trainjob|slurm` takes its own: it hands them to the job's tasks (the pods, the nodes)
-        carries = SUBCOMMANDS.get(" ".join(argv[:words]), "").partition(":")[0] in CARRY_CONFIG_DIRS
+        # `job KIND` takes --config-dir itself, to hand it on to the job's tasks (the pods, the nodes); any other
+        # command's goes into TFDISTX_CONFIG_PATH here, for the command alone
+        carries = words == 2 and argv[0] == "job"
         if any(arg.partition("=")[0] in ("--config-dir", "-cd") for arg in argv) and not carries:
             argv = _user_config_dirs(argv)
         if not words:
@@ -102,7 +109,7 @@ def _command(argv: list, process_ends_after: bool):
 
 def _user_config_dirs(argv: list) -> list:
     """`--config-dir DIR` for every command (a run, `data write`, `recipes`,
-    `export tfjob`): taken out of the command line and into
+    `job tfjob`): taken out of the command line and into
     TFDISTX_CONFIG_PATH, where every command's composition looks."""
     from tfdistx.commands.common import refuse  # deferred: only when the flag is given
     from tfdistx.config import userconf
@@ -112,3 +119,18 @@ def _user_config_dirs(argv: list) -> list:
         return userconf.take_flags(argv)
     except ConfigError as error:
         refuse(error)
+
+
+def job_kinds(argv: list) -> int:
+    """`tfdistx job`: the kinds of `tfdistx job KIND`, one a line (a kind it does not know is refused so too)."""
+    kinds = launches.jobs()
+    asked = argv[0] if argv and not argv[0].startswith("-") else None
+    lines = [f"  {kind:<10}{job.what}" for kind, job in kinds.items()]
+    text = "usage: tfdistx job KIND [overrides] [options]: a scheduler's script or manifests for the run\n" + "\n".join(
+        lines
+    )
+    if asked is not None:
+        print(f"tfdistx job: {asked!r} is no kind of job; allowed: {', '.join(kinds)}\n{text}", file=sys.stderr)
+        return 2
+    print(text)
+    return 0

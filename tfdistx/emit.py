@@ -3,7 +3,7 @@ a shell word (`shlex.quote`), a command line as one comment line, a YAML
 stream (PyYAML's safe dumper). A user's text is never pasted into a line
 of a script or a manifest: a value holding a newline, a quote, `---`, `$()`
 or a backtick stays that value, and can end no line nor start one
-(`tfdistx export slurm|tfjob|jobset|trainjob`).
+(`tfdistx job slurm|tfjob|jobset|trainjob`).
 
 Why bash's `$'...'` beside shlex: a comment ends at the first line break,
 and shlex.quote keeps a newline as it is (inside quotes, which a comment

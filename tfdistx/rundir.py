@@ -171,9 +171,9 @@ RUN_WRITES = (
     FAILED_NAME,
 )
 RUN_WRITES_PREFIXES = ("predictions", "export-step-")
-# What a scheduler's script (`tfdistx export slurm`'s) makes in the run dir's logs/ before the run starts: the agents'
-# secret (cluster/run_secret.py) and the tasks' exit codes (commands/ending.py). A logs/ of these alone is the run's
-# own, not in its way.
+# What a scheduler's script (`tfdistx job slurm`'s) makes in the run dir's logs/ before the run starts: the
+# agents' secret (launch/agent/run_secret.py) and the tasks' exit codes (commands/ending.py). A logs/ of these alone
+# is the run's own, not in its way.
 RUN_SECRET = "logs/rendezvous.key"
 EXIT_CODES = "logs/exit-codes"
 _PREPARED_LOGS = {Path(RUN_SECRET).name, Path(EXIT_CODES).name}

@@ -2,7 +2,7 @@
 
 Schedulers announce preemption with SIGTERM (Slurm, Kubernetes, spot VMs)
 and kill a few seconds later; Slurm's notice before a job's time limit is
-the signal `sbatch --signal` names (USR1 in the script `tfdistx export
+the signal `sbatch --signal` names (USR1 in the script `tfdistx job
 slurm` writes), which cluster.notice_signals makes a notice too (USR1 by
 default; the same in every way below). Python's default is to die at once, with
 nothing printed and nothing saved, which is what a process still starting

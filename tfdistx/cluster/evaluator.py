@@ -30,9 +30,9 @@ EVALUATOR_ON_SIGTERM = "evaluating the newest checkpoint not yet evaluated, then
 FINAL_EVALUATION_SECONDS = 300
 
 
-def sidecar_jobs(launch_spec: dict) -> Dict[str, int]:
-    """Tasks the launcher starts beside the cluster (not in its spec)."""
-    return {EVALUATOR: 1} if launch_spec.get("evaluator") else {}
+def sidecar_jobs(evaluator: bool) -> Dict[str, int]:
+    """Tasks the launcher starts beside the cluster (not in its spec): the evaluator, if the run has one."""
+    return {EVALUATOR: 1} if evaluator else {}
 
 
 def is_sidecar(job: str) -> bool:

@@ -3,7 +3,7 @@ each task started with its TF_CONFIG and its output pumped to the terminal
 and the logs, signals passed on to the tasks, their teardown, the ports they
 listen on and the loopback of the private network namespace they run in.
 
-Public, because the launcher (cluster/launch.py) and the supervisor of
+Public, because the launcher (launch/local/launcher.py) and the supervisor of
 its rounds, whichever membership they have, all use them. No TensorFlow
 here, and no training code.
 """

@@ -23,7 +23,7 @@ import sys
 import time
 from typing import Dict, Optional, Tuple
 
-from tfdistx.cluster.placement import Placement, Source
+from tfdistx.cluster.placement import Placement
 from tfdistx.spec.errors import EXIT_CLUSTER_DID_NOT_FORM, EXIT_PORT_IN_USE, RunFault
 from tfdistx.sigterm import SigtermNotice
 
@@ -44,7 +44,7 @@ def meet_peers(placement: Placement, timeout: float, wait: bool = True, notice: 
     if not os.environ.get(LOCAL_CLUSTER_ENV):  # the launcher's own tasks are isolated, or it has warned
         print(
             f"tfdistx: WARNING: task {placement.task_name} listens on port {me[1]} on ALL of this host's interfaces "
-            f"(TensorFlow's gRPC server, no authentication), whatever host {placement.source} names: firewall it",
+            f"(TensorFlow's gRPC server, no authentication), whatever host {placement.launch} names: firewall it",
             file=sys.stderr,
             flush=True,
         )
@@ -91,12 +91,9 @@ def _listen(port: int, placement: Placement) -> socket.socket:
         sock.close()
         if error.errno != errno.EADDRINUSE:
             raise
-        key = {Source.SLURM: "cluster.base_port", Source.JOBSET: "the JobSet's address"}.get(
-            placement.source, "TF_CONFIG"
-        )
         address = placement.spec[placement.task_type][placement.task_index]
         raise RunFault(
-            f"{key}={address!r}: task {placement.task_name} cannot listen on port {port}: it is already in use on "
+            f"{placement.address_from}={address!r}: task {placement.task_name} cannot listen on port {port}: it is already in use on "
             f"this host (exit {EXIT_PORT_IN_USE}: a restart may find it free)",
             EXIT_PORT_IN_USE,
         ) from None

@@ -4,8 +4,8 @@ budget, unless no restart can cure it), or in a change of membership (the
 next round forms).
 
 Who is in a round is a Membership policy's: fixed counts of tasks on
-loopback (cluster/launch.py), or a worker on each listed host
-(cluster/elastic.py); a per-node agent with a rendezvous is one more
+loopback (launch/local/launcher.py), or a worker on each listed host
+(launch/local/elastic.py); a per-node agent with a rendezvous is one more
 policy. The rest is the same for all, so it is here once: the restart
 budget and its back-off, the exit codes never restarted, a task restarted
 on its own, the end of a round (the teardown, and whose exit code is the
@@ -25,6 +25,7 @@ from typing import Dict, List, Optional
 
 from tfdistx import boundary_marks
 from tfdistx.cluster import evaluator as sidecars  # the sidecar evaluator's task
+from tfdistx.cluster.launch_spec import LaunchSpec
 from tfdistx.cluster.liveness import task_hosts
 from tfdistx.cluster.prefork import READY_TIMEOUT_SECONDS, Prefork
 from tfdistx.cluster.processes import (
@@ -122,7 +123,7 @@ class Round:
         self.lost: Dict[str, str] = {}  # members lost in this round, which the next one forms without
 
     @classmethod
-    def placed(cls, spec: dict, cluster: Dict[str, List[str]], sidecar_jobs: Dict[str, int]) -> "Round":
+    def placed(cls, spec: LaunchSpec, cluster: Dict[str, List[str]], sidecar_jobs: Dict[str, int]) -> "Round":
         """A task for each address of `cluster` (job -> ["host:port", ...]),
         each told its place by TF_CONFIG, and the sidecars beside them: they
         get the cluster's TF_CONFIG with their own task type, and no address in it."""
@@ -133,11 +134,11 @@ class Round:
                 job,
                 index,
                 cluster,
-                spec["command"],
-                Path(spec["log_dir"]),
-                spec.get("run_log"),
+                list(spec.command),
+                Path(spec.log_dir),
+                spec.run_log,
                 refusals,
-                spec.get("task_env", {}),
+                dict(spec.task_env),
             )
             for job, n in jobs.items()
             for index in range(n)
@@ -187,24 +188,24 @@ class Membership:
 
 
 class Supervisor:
-    """The loop over rounds, for `spec` (the launcher's, cluster/launch.py)
-    and a membership policy; `signals` from outside are passed on to the
+    """The loop over rounds, for `spec` (the local launcher's, or a node's
+    agent's) and a membership policy; `signals` from outside are passed on to the
     tasks; `prefork`, if given, forks them (cluster/prefork.py)."""
 
     def __init__(
         self,
-        spec: dict,
+        spec: LaunchSpec,
         membership: Membership,
         signals: ForwardingSignals,
         say: Say,
         prefork: Optional[Prefork] = None,
     ):
         self.membership, self.signals, self.say, self.prefork = membership, signals, say, prefork
-        self.restarts = Budget(spec.get("max_restarts", 0))
-        self.primary, self.alone = spec["primary"], spec.get("restart_alone", [])
-        self.stopped_limit = spec.get("stopped_task_timeout", 60)
-        self.preemption_grace = spec.get("preemption_grace", 60)
-        self.peer_timeout = spec.get("peer_timeout", 60)
+        self.restarts = Budget(spec.max_restarts)
+        self.primary, self.alone = spec.primary, spec.restart_alone
+        self.stopped_limit = spec.stopped_task_timeout
+        self.preemption_grace = spec.preemption_grace
+        self.peer_timeout = spec.peer_timeout
         self.rounds: List[Round] = []  # those whose tasks started
 
     def run(self) -> int:

@@ -19,7 +19,7 @@ from typing import Callable, Optional, Sequence, Tuple
 from hydra.errors import HydraException
 from omegaconf import DictConfig
 
-from tfdistx.cluster import placement
+from tfdistx import launch as launches
 from tfdistx.config import recipes, schema, topology, userconf
 from tfdistx.config.compose import as_config_error, compose_and_validate
 from tfdistx.config.resolve import layout_of
@@ -57,9 +57,9 @@ def compose(overrides: Sequence[str], notes: bool = True) -> DictConfig:
 def compose_as_placed(
     overrides: Sequence[str], launch_of: Callable[[Layout], Optional[str]], default_launch: str
 ) -> Tuple[DictConfig, Layout]:
-    """The config as the tasks of an export (`tfdistx export slurm|tfjob|jobset|trainjob`) will compose and check it:
+    """The config as the tasks of a scheduler's job (`tfdistx job slurm|tfjob|jobset|trainjob`) will compose and check it:
     `overrides` with the cluster.launch they are given (`launch_of(layout)`: None, the one composed), then what a task a
-    scheduler placed refuses at its start (placement.refused_in_a_placed_task). So an export refuses, in the tasks'
+    scheduler placed refuses at its start (launch.refused_in_a_placed_task). So a job refuses, in the tasks'
     own line, what every task would refuse at its start. A config that does not compose as given (an elastic one
     without hosts, which a local run needs) is refused in the tasks' words when they refuse it too (composed with
     `default_launch`, theirs unless the command line names one), else in its own."""
@@ -76,7 +76,7 @@ def compose_as_placed(
     cfg = compose(placed)  # as the tasks compose it (and its notes, said once)
     layout = layout_of(cfg)
     if layout.cluster.agent is None:  # the agents start their workers themselves, as the local launcher does
-        refused = placement.refused_in_a_placed_task(layout)
+        refused = launches.refused_in_a_placed_task(layout)
         if refused:
             raise ConfigError(refused)
     return cfg, layout

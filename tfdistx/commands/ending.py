@@ -19,10 +19,10 @@ def hold_until_exit(anything) -> None:
     atexit.register(lambda: anything)
 
 
-# A task of a Slurm step started by `tfdistx export slurm`'s script leaves its exit code in this directory, a
+# A task of a Slurm step started by `tfdistx job slurm`'s script leaves its exit code in this directory, a
 # file per rank (SLURM_PROCID): when one task fails, srun stops the others (--kill-on-bad-exit), which then
 # checkpoint and exit 42 as on a preemption, and srun reports the largest code of all. The script reads which
-# task failed first, and with what: that is the job's code (commands/slurm.py).
+# task failed first, and with what: that is the job's code (launch/slurm/script.py).
 EXIT_CODES_ENV = "TFDISTX_EXIT_CODES"
 
 

@@ -1,7 +1,7 @@
-"""`tfdistx export tfjob|jobset|trainjob [overrides] --image IMAGE`: the
+"""`tfdistx job tfjob|jobset|trainjob [overrides] --image IMAGE`: the
 composed config as Kubernetes manifests, printed as YAML: a Kubeflow TFJob
-(cluster/kubernetes.py), a JobSet, or a Kubeflow Trainer v2 TrainJob with
-its ClusterTrainingRuntime (cluster/jobset_manifest.py). One command line
+(launch/kubernetes.py), a JobSet, or a Kubeflow Trainer v2 TrainJob with
+its ClusterTrainingRuntime (launch/jobset.py). One command line
 for all three: the manifests differ, the run they describe does not."""
 
 import argparse
@@ -13,55 +13,43 @@ from typing import Dict, Optional
 from omegaconf import OmegaConf
 
 from tfdistx import emit
-from tfdistx.cluster import jobset_manifest, kubernetes
-from tfdistx.cluster.jobset import check_name
-from tfdistx.cluster.kubernetes import DEFAULT_MOUNT_PATH, check_image, check_mount_path
+from tfdistx import launch as launches
+from tfdistx.launch import jobset as jobset_manifest
+from tfdistx.launch import kubernetes
+from tfdistx.launch.jobset import check_name
+from tfdistx.launch.kubernetes import DEFAULT_MOUNT_PATH, PodOptions, check_image, check_mount_path
 from tfdistx.commands.common import compose_as_placed, one_line_errors
 from tfdistx.config import userconf
 from tfdistx.spec import elastic
 from tfdistx.spec.errors import ConfigError
+from tfdistx.spec.launch_mode import LaunchMode
 
-# kind -> (what it prints, for --help; the builder, returning one manifest or a list; the longest --name; the
-# cluster.launch its pods run with, when they need placing)
+# kind -> (the builder, returning one manifest or a list; the longest --name; the cluster.launch its pods run with,
+# when they need placing). What each prints is its launch's Job (tfdistx/launch/).
 KINDS = {
-    "tfjob": (
-        "a Kubeflow TFJob (kubeflow.org/v1, the training operator)",
-        kubernetes.tfjob,
-        kubernetes.MAX_NAME,
-        kubernetes.LAUNCH,
-    ),
-    "jobset": (
-        "a JobSet (jobset.x-k8s.io/v1alpha2, kubernetes-sigs/jobset) and the NetworkPolicy that admits its pods' "
-        "traffic from its own pods only",
-        jobset_manifest.jobset_and_network_policy,
-        jobset_manifest.MAX_NAME,
-        jobset_manifest.LAUNCH,
-    ),
-    "trainjob": (
-        "a Kubeflow Trainer v2 TrainJob (trainer.kubeflow.org/v1alpha1) and the ClusterTrainingRuntime it names",
-        jobset_manifest.trainjob_manifests,
-        jobset_manifest.MAX_NAME,
-        jobset_manifest.LAUNCH,
-    ),
+    "tfjob": (kubernetes.tfjob, kubernetes.MAX_NAME, LaunchMode.TF_CONFIG),
+    "jobset": (jobset_manifest.jobset_and_network_policy, jobset_manifest.MAX_NAME, LaunchMode.JOBSET),
+    "trainjob": (jobset_manifest.trainjob_manifests, jobset_manifest.MAX_NAME, LaunchMode.JOBSET),
 }
 
 
 def tfjob(argv) -> int:
-    return export(argv, "tfjob")
+    return write(argv, "tfjob")
 
 
 def jobset(argv) -> int:
-    return export(argv, "jobset")
+    return write(argv, "jobset")
 
 
 def trainjob(argv) -> int:
-    return export(argv, "trainjob")
+    return write(argv, "trainjob")
 
 
-def export(argv, kind: str) -> int:
-    what, build, longest, pods_launch = KINDS[kind]
+def write(argv, kind: str) -> int:
+    build, longest, pods_launch = KINDS[kind]
+    what = launches.jobs()[kind].what
     parser = argparse.ArgumentParser(
-        prog=f"tfdistx export {kind}",
+        prog=f"tfdistx job {kind}",
         description=(
             f"Print {what} whose pods run `python -m tfdistx OVERRIDES`: kubectl apply -f it. See docs/clusters.md."
         ),
@@ -104,7 +92,9 @@ def export(argv, kind: str) -> int:
         given = {override.lstrip("+").partition("=")[0] for override in overrides}
         stand_in = [] if "cluster.agent.store" in given else ["cluster.agent.store=first-pod:1"]
 
-        def launch_of(layout) -> Optional[str]:  # the pods' cluster.launch (Pods.args, jobset_manifest: the same rule)
+        def launch_of(
+            layout,
+        ) -> Optional[LaunchMode]:  # the pods' cluster.launch (Pods.args, jobset_manifest: the same rule)
             if layout.cluster.agent is not None:
                 return None  # cluster.launch=agent, as composed
             return pods_launch if kubernetes.needs_placing(layout) else None
@@ -113,22 +103,22 @@ def export(argv, kind: str) -> int:
         if layout.cluster.agent is not None and kind != "jobset":
             raise ConfigError.one(
                 "cluster.launch",
-                "agent",
-                f"an agent on every node is exported as a JobSet: tfdistx export jobset "
+                LaunchMode.AGENT,
+                f"an agent on every node runs as a JobSet: tfdistx job jobset "
                 f"(a {kind}'s controller places and restarts the tasks itself)",
             )
-        manifests = build(
-            layout,
-            args.overrides,
+        options = PodOptions(
+            tuple(args.overrides),
             args.name,
             args.image,
             args.namespace,
             args.volume,
             mount_path,
             args.gpus,
-            config_dirs=config_dirs,
+            config_dirs=tuple(config_dirs),
             config_path=config_path,
         )
+        manifests = build(layout, options)
     if not args.volume:
         print(
             "tfdistx: WARNING: no --volume: each pod writes its run dir inside itself, and a restarted pod loses "
@@ -149,7 +139,7 @@ def export(argv, kind: str) -> int:
             "does not install: the image must have each (installed, or on the pods' PYTHONPATH)",
             file=sys.stderr,
         )
-    made_by = emit.command_line(["tfdistx", "export", kind, *argv])  # one line, whatever the arguments hold
+    made_by = emit.command_line(["tfdistx", "job", kind, *argv])  # one line, whatever the arguments hold
     print(emit.yaml_stream(manifests if isinstance(manifests, list) else [manifests], header=[made_by]), end="")
     return 0
 

@@ -4,15 +4,14 @@ from typing import Any, Mapping
 
 from omegaconf import DictConfig
 
+from tfdistx import launch as launches
 from tfdistx import machine
-from tfdistx.cluster import placement as cluster_lib
-from tfdistx.cluster.placement import Source
-from tfdistx.commands.execute import local_tasks
 from tfdistx.config import sources
 from tfdistx import loggers as builtin_loggers
-from tfdistx.spec import agent, checkpoint_size, compute, elastic, priority, strategies, threads
+from tfdistx.spec import agent, checkpoint_size, compute, elastic, strategies
 from tfdistx.config.compose import hydra_run_dir
 from tfdistx.config.resolve import resolve
+from tfdistx.spec.launch_mode import LaunchMode
 from tfdistx.spec.run_spec import Layout, Logger, Optimizer
 from tfdistx.spec.targets import Target
 
@@ -25,9 +24,9 @@ def describe(cfg: DictConfig) -> str:
     spec = resolve(cfg, RUN_DIR)
     layout = spec.layout
     strategy, topo, facts, trainer = layout.strategy.name, layout.cluster, layout.strategy.facts, spec.trainer
-    placement = cluster_lib.detect(layout)
+    placement = launches.detect(layout)
     chosen = f"  -> {facts.name}" if strategy == strategies.AUTO else ""
-    if strategy == strategies.AUTO and placement.source is Source.SINGLE:
+    if strategy == strategies.AUTO and placement.launch is None:
         chosen += " (mirrored instead when several GPUs are visible)"
     lines = [f"strategy      {strategy}{chosen}: {facts.description}"]
     lines.append(
@@ -63,11 +62,7 @@ def describe(cfg: DictConfig) -> str:
         if stale:
             lines.append(f"WARNING       {stale}")
     elif replicas:
-        note = (
-            " (one replica per worker without GPUs; W x GPUs with them)"
-            if placement.source is not Source.SINGLE
-            else ""
-        )
+        note = " (one replica per worker without GPUs; W x GPUs with them)" if placement.launch is not None else ""
         lines.append(f"replicas      {replicas}{note}")
         lines.append(
             f"batch         global {batch}, per replica {batch // replicas if batch % replicas == 0 else 'does not divide!'}"
@@ -120,7 +115,7 @@ def describe(cfg: DictConfig) -> str:
     if run_dir:
         lines.append(
             f"run dir       {run_dir}: .hydra/, metrics.jsonl, summary.json, checkpoints/, tensorboard/"
-            + (", logs/<task>.log" if placement.source is Source.LOCAL else "")
+            + (", logs/<task>.log" if placement.launch is LaunchMode.LOCAL else "")
         )
     return "\n".join(lines)
 
@@ -215,61 +210,9 @@ def _unsaid(task) -> str:
 
 
 def _tasks(layout: Layout, placement) -> list:
-    topo = layout.cluster
-    if placement.source is Source.SINGLE:
+    if placement.launch is None:
         return ["placement     this process"]
-    if placement.source is Source.LOCAL:
-        counts = layout.strategy.facts.job_counts(topo.workers, topo.ps)
-        local_tasks(layout, "train")  # refused as the run would be: more processes than this machine holds
-        lines = [
-            "placement     local cluster launched by tfdistx: one process per task on free 127.0.0.1 ports,",
-            "              in a private network namespace when the OS allows it (cluster.isolate)",
-        ]
-        for job, n in counts.items():
-            for index in range(n):
-                lines.append(f"  task        {job}:{index}  TF_CONFIG task {{'type': '{job}', 'index': {index}}}")
-        per_pool, why = threads.task_threads(topo.task_threads, counts)
-        lines.append(f"  threads     each task: {threads.describe(per_pool)}; {why}")
-        if topo.nice:
-            lines.append(priority.plan_line(topo.nice))
-        if topo.evaluator:  # beside the cluster (cluster/evaluator.py)
-            lines.append(_evaluator_line(""))
-        return lines
-    if placement.source is Source.AGENT:
-        per_pool, why = threads.task_threads(topo.task_threads, layout.jobs_on_an_agents_node(keeper=False))
-        lines = [
-            "placement     an agent on every node (this process on this one): it starts the node's worker, placed by the",
-            "              TF_CONFIG of each round the agents form at cluster.agent.store, and restarts it (cluster.max_restarts)",
-            f"  threads     the node's worker: {threads.describe(per_pool)}; {why}",
-        ]
-        servers = layout.servers_beside_the_keeper()
-        if servers:  # on the node whose agent keeps the rounds, in every round (cluster/agent.py)
-            keepers_pool, keepers_why = threads.task_threads(
-                topo.task_threads, layout.jobs_on_an_agents_node(keeper=True)
-            )
-            lines.append(
-                f"  servers     {strategies.describe_jobs(servers)}, on the store's node beside its worker: "
-                "the run lives as long as that node"
-            )
-            lines.append(f"  threads     the store's node's tasks: {threads.describe(keepers_pool)}; {keepers_why}")
-        if topo.evaluator:  # on the node whose agent keeps the rounds (cluster/agent.py)
-            lines.append(_evaluator_line(", on the store's node beside its worker"))
-        return lines
-    lines = [
-        f"placement     {placement.source}; this process is {placement.task_name}{' (chief)' if placement.is_chief else ''}"
-    ]
-    for job, addresses in placement.spec.items():
-        for index, address in enumerate(addresses):
-            lines.append(f"  task        {job}:{index}  {address}")
-    lines.append(f"  TF_CONFIG   {placement.tf_config()}")
-    return lines
-
-
-def _evaluator_line(where: str) -> str:
-    return (
-        f"  task        evaluator:0  the sidecar evaluator{where}: TF_CONFIG task {{'type': 'evaluator', 'index': 0}}, "
-        "in no cluster spec; evaluates each checkpoint"
-    )
+    return launches.of(placement.launch).plan(layout, placement)  # each launch says its own
 
 
 def _loggers(logger: Logger) -> list:

@@ -21,7 +21,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 from tfdistx import rundir
 from tfdistx.commands.common import one_line_errors, refuse, register_config_names
-from tfdistx.cluster.placement import Placement, Source
+from tfdistx.cluster.placement import Placement
 from tfdistx.commands.execute import execute, placement_of
 from tfdistx.commands.plan import describe
 from tfdistx.spec import elastic
@@ -34,6 +34,7 @@ from tfdistx.config.compose import (
     say,
 )
 from tfdistx.spec.errors import ConfigError, RunFault
+from tfdistx.spec.launch_mode import LaunchMode
 from tfdistx.spec.objective import direction
 from tfdistx.config.resolve import layout_of
 from tfdistx.spec.paths import config_dir
@@ -242,7 +243,7 @@ def _recorded_by_the_owner_alone(cfg: DictConfig, placement: Placement) -> Optio
     subdir = cfg.hydra.output_subdir
     with read_write(cfg.hydra), open_dict(cfg.hydra):
         cfg.hydra.output_subdir = None
-    if placement.source is Source.AGENT:
+    if placement.launch is LaunchMode.AGENT:
         rundir.mark_as_a_runs(cfg.hydra.run.dir)
         return subdir
     return None

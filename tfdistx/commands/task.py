@@ -1,23 +1,25 @@
-"""`tfdistx _task MODE RUN_DIR CONFIG [STEP]`: one task of a local cluster,
-started by the launcher with its TF_CONFIG. It does not compose: it reads
-the launcher's resolved config."""
+"""`tfdistx _task MODE RUN_DIR SPEC [STEP]`: one task of a local cluster
+(or of a node's agent), started with its TF_CONFIG. It neither composes
+nor resolves: it is handed the run spec its launcher resolved (typed JSON,
+spec/typed_json.py)."""
 
 import json
 import logging
 import os
 import sys
 
-from omegaconf import OmegaConf
+from pathlib import Path
 
 from tfdistx.commands.common import one_line_errors
-from tfdistx.commands.execute import execute
-from tfdistx.spec import elastic
+from tfdistx.commands.execute import execute_spec
+from tfdistx.spec import elastic, typed_json
 from tfdistx.spec.errors import EXIT_INTERRUPTED
+from tfdistx.spec.run_spec import RunSpec
 from tfdistx.sigterm import SigtermNotice
 
 
 def main(argv) -> int:
-    mode, run_dir, config_path, *rest = argv
+    mode, _run_dir, spec_path, *rest = argv  # the run dir is the spec's own
     # Plain messages: the launcher prefixes each line with the task's name
     # and files it in logs/<task>.log (as Hydra's job_logging=stdout did).
     logging.basicConfig(stream=sys.stdout, level=logging.INFO, format="%(message)s")
@@ -25,15 +27,12 @@ def main(argv) -> int:
         # From here a SIGTERM is a preemption, and Ctrl-C the user's stop (sigterm.py): the process's notice, which
         # cli.main opened first thing.
         with one_line_errors(), SigtermNotice() as notice:
-            cfg = OmegaConf.load(config_path)  # cluster.launch=tf_config: placed by the launcher's TF_CONFIG
-            if elastic.is_elastic(
-                cfg.cluster
-            ):  # this round's workers are those its TF_CONFIG lists (cluster/elastic.py)
-                elastic.for_round(cfg.cluster, len(json.loads(os.environ["TF_CONFIG"])["cluster"]["worker"]))
+            spec = typed_json.loads(RunSpec, Path(spec_path).read_text())  # placed by the launcher's TF_CONFIG
+            if spec.cluster.elastic is not None:  # this round's workers: those its TF_CONFIG lists
+                spec = elastic.for_round(spec, len(json.loads(os.environ["TF_CONFIG"])["cluster"]["worker"]))
             # The task's process ends with it (cli.end_process): its input pipelines need no teardown.
-            execute(
-                cfg,
-                run_dir,
+            execute_spec(
+                spec,
                 mode,
                 int(rest[0]) if rest else None,
                 process_ends_after=True,

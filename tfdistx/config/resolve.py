@@ -21,6 +21,7 @@ from tfdistx.spec import elastic as elastic_spec
 from tfdistx.config.compose import saved_config
 from tfdistx.spec import paths
 from tfdistx.spec.errors import ConfigError
+from tfdistx.spec.launch_mode import LaunchMode
 from tfdistx.config.schema import (
     OPTIMIZER_DEFAULTS,
     OPTIMIZER_KEYS,
@@ -142,9 +143,10 @@ def _layout(plain: Mapping[str, Any], checkpoint_dir: Optional[str] = None, run_
             **{
                 **{key: cluster[key] for key in _names(Cluster)},
                 "notice_signals": tuple(cluster["notice_signals"]),
+                "launch": LaunchMode(cluster["launch"]),
                 "elastic": Elastic(**elastic) if elastic["min_workers"] is not None else None,
                 "agent": Agent(**agent, **{key: elastic[key] for key in elastic_spec.TIMEOUT_KEYS})
-                if cluster["launch"] == "agent"
+                if cluster["launch"] == LaunchMode.AGENT
                 else None,
             }
         ),

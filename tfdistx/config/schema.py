@@ -16,9 +16,7 @@ from omegaconf import OmegaConf
 
 from tfdistx.spec import strategies
 from tfdistx.spec.errors import DEFAULT_NOTICE_SIGNALS
-
-# How a process of a multi-process strategy learns its place (cluster.launch).
-LAUNCH_MODES = ("auto", "local", "tf_config", "jobset", "slurm", "agent")
+from tfdistx.spec.launch_mode import LaunchMode
 
 # Keys of the data group that shape the input pipeline, not the source, with
 # their defaults for a data option that does not set them: the run spec keeps
@@ -122,7 +120,7 @@ class ClusterConfig:
     workers: int = 1
     devices_per_worker: Optional[int] = None
     ps: int = 0
-    launch: str = "auto"
+    launch: str = LaunchMode.AUTO.value  # how its processes start (spec/launch_mode.py: the list and what each means)
     isolate: Optional[bool] = None
     prefork: bool = True  # local clusters: tasks forked from one process that imported TensorFlow (cluster/prefork.py)
     base_port: int = 29400

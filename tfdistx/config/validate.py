@@ -30,8 +30,9 @@ from tfdistx.spec import (
     warm_start,
 )
 from tfdistx.spec.errors import MAX_RETRYABLE_EXIT_OFFSET, NOTICE_SIGNALS, ConfigError, Problem
+from tfdistx.spec.launch_mode import LaunchMode
 from tfdistx.spec.objective import objective_problems, unevaluated_problems
-from tfdistx.config.schema import LAUNCH_MODES, OPTIMIZER_KEYS, PIPELINE_DEFAULTS, TASK_FACTS, TASK_KEYS, Config
+from tfdistx.config.schema import OPTIMIZER_KEYS, PIPELINE_DEFAULTS, TASK_FACTS, TASK_KEYS, Config
 from tfdistx.spec import paths
 from tfdistx.spec.targets import current
 from tfdistx.spec.values import is_number, is_whole
@@ -136,8 +137,8 @@ def _strategy_and_cluster(strategy: DictConfig, cluster: DictConfig) -> list:
         )
     if threads_problem := threads.problem(cluster.get("task_threads", threads.AUTO)):
         problems.append(threads_problem)
-    if cluster.launch not in LAUNCH_MODES:
-        problems.append(Problem("cluster.launch", cluster.launch, f"allowed: {', '.join(LAUNCH_MODES)}"))
+    if cluster.launch not in set(LaunchMode):
+        problems.append(Problem("cluster.launch", cluster.launch, f"allowed: {', '.join(LaunchMode)}"))
     for notice in cluster.get("notice_signals", ()):
         if notice not in NOTICE_SIGNALS:  # SIGTERM always is one; INT and HUP stop a run (sigterm.py)
             problems.append(

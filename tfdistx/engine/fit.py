@@ -24,7 +24,7 @@ from typing import Any, Optional
 
 from tfdistx import boundary_marks, whole_files
 from tfdistx.cluster import training_end
-from tfdistx.cluster.placement import Placement, Source
+from tfdistx.cluster.placement import Placement
 from tfdistx.spec.errors import ConfigError
 from tfdistx.spec.run_spec import RunSpec
 from tfdistx.data.files import input_errors_in_one_line
@@ -69,7 +69,7 @@ def train(spec: RunSpec, placement: Optional[Placement] = None, notice: Optional
         with SigtermNotice(signals=spec.cluster.notice_signals) as notice:
             return train(spec, placement, notice)
     started = time.time()
-    placement = placement or Placement(Source.SINGLE)
+    placement = placement or Placement()
     if join_cluster(spec.cluster, spec.strategy.facts, placement, notice) is Joined.SERVED:
         return Trained(None)  # a parameter-server cluster's ps or worker task: served until stopped
     with process.settings_for(spec.trainer.seed, spec.trainer.deterministic):
@@ -253,7 +253,7 @@ def evaluate(spec: RunSpec, placement: Optional[Placement] = None, step: Optiona
     """Evaluate a kept checkpoint (the newest, or the one at `step`) on the
     configured eval data; the chief appends the metrics to evaluations.jsonl."""
     path = checkpointing.find(spec.checkpoint.dir, step)  # before building anything
-    placement = placement or Placement(Source.SINGLE)
+    placement = placement or Placement()
     if join_cluster(spec.cluster, spec.strategy.facts, placement, SigtermNotice()) is Joined.SERVED:
         return None
     with process.settings_for(spec.trainer.seed, spec.trainer.deterministic):

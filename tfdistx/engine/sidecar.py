@@ -45,7 +45,7 @@ from tfdistx import whole_files
 from tfdistx.checkpoint_files import step_of
 from tfdistx.cluster import liveness
 from tfdistx.cluster.evaluator import EVALUATOR
-from tfdistx.cluster.placement import Placement, Source
+from tfdistx.cluster.placement import Placement
 from tfdistx.spec import strategies
 from tfdistx.spec.errors import EXIT_CLUSTER_DID_NOT_FORM, ConfigError, RunFault
 from tfdistx.spec.run_spec import RunSpec, Strategy
@@ -100,7 +100,7 @@ class Sidecar:
         # (task type "evaluator") for a place in the training cluster.
         os.environ.pop("TF_CONFIG", None)
         with process.settings_for(self.spec.trainer.seed, deterministic=False):
-            self.evaluate_each_checkpoint(build_run(alone(self.spec), Placement(Source.SINGLE, task_type=EVALUATOR)))
+            self.evaluate_each_checkpoint(build_run(alone(self.spec), Placement(task_type=EVALUATOR)))
 
     def evaluate_each_checkpoint(self, built: Run) -> None:
         history = evaluated_before(built.dir / "evaluations.jsonl")

@@ -1,5 +1,5 @@
 """A run with an agent on every node (cluster.launch=agent), as config:
-what it needs and what it cannot do yet (cluster/agent.py runs it).
+what it needs and what it cannot do yet (launch/agent/node.py runs it).
 
 Every node runs the same command; each node's agent starts one worker, and
 the agents meet at `cluster.agent.store`, host:port, kept by the agent on
@@ -20,8 +20,8 @@ from typing import List
 
 from tfdistx.spec import strategies
 from tfdistx.spec.errors import Problem
+from tfdistx.spec.launch_mode import LaunchMode
 
-LAUNCH = "agent"
 AGENT_STRATEGIES = (
     "multiworker",
     "parameter_server",
@@ -34,7 +34,7 @@ def problems(cfg) -> List[Problem]:
     can, or does not ask."""
     cluster = cfg.cluster
     agent = cluster.get("agent") or {}
-    if cluster.launch != LAUNCH:
+    if cluster.launch != LaunchMode.AGENT:
         return []
     found = []
     store = agent.get("store")

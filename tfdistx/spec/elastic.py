@@ -4,21 +4,23 @@
 An elastic run trains in rounds: each round is a cluster of as many workers
 as hosts are listed (cluster.elastic.hosts or .discover), from MIN
 (`cluster.elastic.min_workers`) to MAX (`cluster.workers`, the topology the
-run asks for); the local launcher forms them (cluster/elastic.py). Each
+run asks for); the local launcher forms them (launch/local/elastic.py). Each
 round resumes from the newest checkpoint on its own topology (the global
 batch kept), so a round's worker count must keep the global batch whole.
 
 No TensorFlow here.
 """
 
+import dataclasses
 import math
 import os
 import re
+from types import MappingProxyType
 from typing import List, Optional, Sequence, Tuple
 
 from tfdistx.spec import data_service, strategies
 from tfdistx.spec.errors import ConfigError, Problem
-from tfdistx.spec.run_spec import LOCAL_LAUNCHES
+from tfdistx.spec.launch_mode import LaunchMode, Needs, Starter, refused
 
 # torchrun's --nnodes=MIN:MAX, written as Hydra's override of the cluster's workers: any value with one colon
 # (not an interpolation, ${oc.env:N}, nor a sweep) is meant as one, and is refused in its own words unless it is.
@@ -116,19 +118,11 @@ def problems(cfg) -> List[Problem]:
                 "evaluate with trainer.eval_every, or `tfdistx evaluate` afterwards",
             )
         )
-    if cluster.launch not in (*LOCAL_LAUNCHES, "agent"):  # the one problem then: hosts and the rest are moot
-        return [
-            Problem(
-                "cluster.launch",
-                cluster.launch,
-                f"elastic rounds ({shown_range}) are formed by tfdistx's agents, one on every node, or by its local "
-                "launcher, not by a scheduler's fixed set of tasks: use cluster.launch=agent (under Slurm and in a "
-                "JobSet too), or cluster.launch=local on one machine",
-            )
-        ]
-    found += (
-        _hosts(elastic) if cluster.launch != "agent" else []
-    )  # the agents that reach the rendezvous are the hosts (spec/agent.py)
+    elsewhere = refused([needs(cluster)], cluster.launch)
+    if elsewhere:  # the one problem then: hosts and the rest are moot
+        return elsewhere
+    if cluster.launch != LaunchMode.AGENT:  # the agents that reach the rendezvous are the hosts (spec/agent.py)
+        found += _hosts(elastic)
     for key in TIMEOUT_KEYS:
         value = elastic[key]
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
@@ -199,22 +193,20 @@ def _batch_on_every_round(cfg, low: int, high: int) -> List[Problem]:
     ]
 
 
-def placed_by_a_scheduler(cluster, launched_by_tfdistx: bool) -> List[Problem]:
-    """An elastic config in a task a scheduler placed (TF_CONFIG, Slurm, a
-    JobSet, with cluster.launch=auto): refused, as cluster.launch=tf_config
-    is, rather than trained on a fixed cluster of MAX workers unsaid. The
-    tasks of tfdistx's own local launcher (`launched_by_tfdistx`) are a round's."""
-    if not is_elastic(cluster) or launched_by_tfdistx:
-        return []
-    return [
-        Problem(
-            "cluster.elastic.min_workers",
-            cluster.elastic.min_workers,
-            f"elastic rounds ({shown(cluster)}) are formed by tfdistx's local launcher or its agents, and this task "
-            "was placed by a scheduler: run an agent on every node (cluster.launch=agent), or leave "
-            "cluster.elastic.min_workers=null here",
-        )
-    ]
+def needs(cluster) -> Optional[Needs]:
+    """Elastic rounds are formed by tfdistx's local launcher or its agents, not by a scheduler's fixed set of tasks
+    (None: not elastic): refused there (spec/launch_mode.refused) rather than trained on a fixed cluster of MAX
+    workers unsaid."""
+    if not is_elastic(cluster):
+        return None
+    return Needs(
+        "cluster.workers",
+        shown(cluster),
+        "an elastic run",
+        (Starter.LAUNCHER, Starter.AGENTS),
+        "run an agent on every node (under Slurm and in a JobSet too), or the local launcher on one machine; or "
+        f"give one number of workers, cluster.workers={cluster.workers}",
+    )
 
 
 def plan_line(cluster) -> Optional[str]:
@@ -230,9 +222,18 @@ def plan_line(cluster) -> Optional[str]:
     )
 
 
-def for_round(cluster, workers: int) -> None:
-    """A round's task config: `workers` workers, the rest of the cluster
-    unchanged; its name says the round's topology (`3x1`, in the log's
-    `resuming on another topology` line and in summary.json)."""
-    cluster.workers = workers
-    cluster.name = f"ps{cluster.ps}w{workers}" if cluster.ps else f"{workers}x{cluster.devices_per_worker or 1}"
+def for_round(spec, workers: int):
+    """A round's run spec (of a RunSpec, spec/run_spec.py): `workers` workers, the rest of the run unchanged. Its
+    cluster's name says the round's topology (`3x1`, in the log's `resuming on another topology` line and in
+    summary.json), its strategy's row is the one for that many workers, and its resolved config says both, as the
+    loggers record it."""
+    cluster = spec.cluster
+    name = f"ps{cluster.ps}w{workers}" if cluster.ps else f"{workers}x{cluster.devices_per_worker or 1}"
+    facts = strategies.get(spec.strategy.name, workers, cluster.devices_per_worker)
+    config = {**spec.config, "cluster": {**spec.config["cluster"], "workers": workers, "name": name}}
+    return dataclasses.replace(
+        spec,
+        cluster=dataclasses.replace(cluster, workers=workers, name=name),
+        strategy=dataclasses.replace(spec.strategy, facts=facts),
+        config=MappingProxyType(config),
+    )

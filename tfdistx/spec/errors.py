@@ -34,7 +34,7 @@ EXIT_PREEMPTED = 42
 EXIT_INTERRUPTED = 130  # Ctrl-C (128 + SIGINT, as a shell says it): the user stopped the run; never retried
 # The signals that, like SIGTERM, mean "checkpoint and leave with EXIT_PREEMPTED" (cluster.notice_signals, named as
 # Slurm's --signal names them): USR1 by default, so that Slurm's time-limit notice (`sbatch --signal=B:USR1@120`,
-# passed on to the step by `tfdistx export slurm`'s script) is one with no override. SIGTERM always is; INT is
+# passed on to the step by `tfdistx job slurm`'s script) is one with no override. SIGTERM always is; INT is
 # Ctrl-C and HUP a closed terminal, which stop a run; any other signal is left alone.
 NOTICE_SIGNALS = ("USR1", "USR2")
 DEFAULT_NOTICE_SIGNALS = ("USR1",)
@@ -44,8 +44,8 @@ DEFAULT_NOTICE_SIGNALS = ("USR1",)
 RETRYABLE = (EXIT_CLUSTER_DID_NOT_FORM, EXIT_LOST_PEER, EXIT_PORT_IN_USE, EXIT_RUN_DIR_LOCKED, EXIT_PREEMPTED)
 # The codes no restart can cure: the same code, config, disk or install fails the same way again. The one list
 # of them: the local launcher never restarts them (cluster/supervisor.py), a JobSet's failure policy fails the set
-# on them (cluster/jobset_manifest.py), and a TFJob's pods leave with them below 128, where the operator does not
-# retry (cluster/kubernetes.py: only RETRYABLE is moved up).
+# on them (launch/jobset.py), and a TFJob's pods leave with them below 128, where the operator does not
+# retry (launch/kubernetes.py: only RETRYABLE is moved up).
 PERMANENT = (EXIT_PLUGIN_FAILED, EXIT_INVALID_CONFIG, EXIT_NOT_RETRYABLE, EXIT_UNSUPPORTED_VERSION, EXIT_NO_NETWORK)
 RETRYABLE_EXIT_OFFSET_FOR_KUBERNETES = 128  # 42 -> 170, 4 -> 132, 5 -> 133, 6 -> 134, 7 -> 135
 MAX_RETRYABLE_EXIT_OFFSET = 255 - max(RETRYABLE)

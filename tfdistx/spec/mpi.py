@@ -32,7 +32,7 @@ import sys
 from typing import Any, List, Mapping, Optional, Sequence
 
 from tfdistx.spec.errors import Problem
-from tfdistx.spec.run_spec import LOCAL_LAUNCHES
+from tfdistx.spec.launch_mode import LaunchMode, Needs, Starter, refused
 
 NAME = "mpi"
 INSTALL = "pip install 'tfdistx[mpi]'"
@@ -43,20 +43,18 @@ def chosen(strategy_options: Mapping[str, Any]) -> bool:
     return strategy_options.get("communication") == NAME
 
 
-def placed_by_a_scheduler(strategy_options: Mapping[str, Any], launched_by_tfdistx: bool) -> List[Problem]:
-    """strategy.communication=mpi in a task a scheduler placed (TF_CONFIG, Slurm, a JobSet, with cluster.launch=auto):
-    refused before TensorFlow starts, as cluster.launch=slurm is, rather than at the join (engine/mpi.py). The local
-    launcher's own tasks were started by mpiexec."""
-    if not chosen(strategy_options) or launched_by_tfdistx:
-        return []
-    return [
-        Problem(
-            "strategy.communication",
-            NAME,
-            "MPI's tasks are started by tfdistx's local launcher (cluster.launch=local), and this task was placed "
-            "by a scheduler: use strategy.communication=ring there",
-        )
-    ]
+def needs(strategy_options: Mapping[str, Any]) -> Optional[Needs]:
+    """MPI's tasks are started by the local launcher, each under mpiexec (None: not asked for): refused elsewhere before
+    TensorFlow starts (spec/launch_mode.refused), rather than at the join (engine/mpi.py)."""
+    if not chosen(strategy_options):
+        return None
+    return Needs(
+        "strategy.communication",
+        NAME,
+        "MPI's communication",
+        (Starter.LAUNCHER,),
+        "use strategy.communication=ring there",
+    )
 
 
 def mpiexec() -> Optional[str]:
@@ -70,7 +68,7 @@ def task_command(command: Sequence[str]) -> List[str]:
 
 
 def problems(
-    launch: str, devices_per_worker: Optional[int], all_reduce_dtype: Optional[str], elastic: bool = False
+    launch: LaunchMode, devices_per_worker: Optional[int], all_reduce_dtype: Optional[str], elastic: bool = False
 ) -> List[Problem]:
     """Why strategy.communication=mpi cannot run so (nothing when it can)."""
     key = "strategy.communication"
@@ -84,15 +82,9 @@ def problems(
                 "use strategy.communication=ring there",
             )
         )
-    if launch not in LOCAL_LAUNCHES:  # the one problem then: the rest is moot where MPI cannot run at all
-        return [
-            Problem(
-                key,
-                NAME,
-                f"MPI's tasks are started by tfdistx's local launcher (cluster.launch=local), not with "
-                f"cluster.launch={launch}: use strategy.communication=ring there",
-            )
-        ]
+    elsewhere = refused([needs({"communication": NAME})], launch)
+    if elsewhere:  # the one problem then: the rest is moot where MPI cannot run at all
+        return elsewhere
     if devices_per_worker is not None and devices_per_worker != 1:
         found.append(
             Problem(

@@ -9,16 +9,16 @@ one-process run is started with `nice -n N`, and a scheduler's tasks
 (TF_CONFIG, Slurm, a JobSet, agents) have its priority.
 """
 
-from typing import List
+from typing import List, Optional
 
 from tfdistx.spec.errors import Problem
-from tfdistx.spec.run_spec import LOCAL_LAUNCHES
+from tfdistx.spec.launch_mode import LaunchMode, Needs, Starter, refused
 from tfdistx.spec.values import is_whole
 
 NICE_RANGE = range(0, 20)  # nice(2)'s: 19 yields the most; below 0 would need privileges
 
 
-def problems(nice, multi_process: bool, launch: str, strategy_name: str) -> List[Problem]:
+def problems(nice, multi_process: bool, launch: LaunchMode, strategy_name: str) -> List[Problem]:
     """What is wrong with cluster.nice for this strategy and launch ([] when nothing)."""
     if not is_whole(nice) or nice not in NICE_RANGE:
         return [
@@ -33,32 +33,21 @@ def problems(nice, multi_process: bool, launch: str, strategy_name: str) -> List
                 f"start it so, `nice -n {nice} python -m tfdistx ...`",
             )
         ]
-    if nice and launch not in LOCAL_LAUNCHES:
-        return [
-            Problem(
-                "cluster.nice",
-                nice,
-                f"a local cluster's priority, and cluster.launch={launch} has the processes "
-                "started elsewhere: ask their scheduler (Slurm's --nice, a pod's priority)",
-            )
-        ]
-    return []
+    return refused([needs(nice)], launch)
 
 
-def placed_by_a_scheduler(nice: int, launched_by_tfdistx: bool) -> List[Problem]:
-    """cluster.nice in a task a scheduler placed (TF_CONFIG, Slurm, a JobSet, with cluster.launch=auto): refused, as
-    cluster.launch=tf_config is, rather than run at the scheduler's priority unsaid. The local launcher's own tasks
-    were niced by it."""
-    if not nice or launched_by_tfdistx:
-        return []
-    return [
-        Problem(
-            "cluster.nice",
-            nice,
-            "a local cluster's priority, and this task was placed by a scheduler: ask it "
-            "(Slurm's --nice, a pod's priority), and leave cluster.nice=0 here",
-        )
-    ]
+def needs(nice: int) -> Optional[Needs]:
+    """A niced session is the local launcher's (None: not asked for): refused elsewhere (spec/launch_mode.refused)
+    rather than run at the scheduler's priority unsaid."""
+    if not nice:
+        return None
+    return Needs(
+        "cluster.nice",
+        nice,
+        "a local cluster's priority",
+        (Starter.LAUNCHER,),
+        "ask the scheduler (Slurm's --nice, a pod's priority), and leave cluster.nice=0 here",
+    )
 
 
 def plan_line(nice: int) -> str:

@@ -13,11 +13,8 @@ from pathlib import Path
 from typing import Any, Mapping, Optional, Tuple, Union
 
 from tfdistx.spec import data_service, strategies
+from tfdistx.spec.launch_mode import LaunchMode
 from tfdistx.spec.targets import Target
-
-# The cluster.launch values under which tfdistx's own local launcher starts the processes (auto: unless a
-# scheduler placed this one: cluster/placement.py). What only it can do (MPI's tasks, a niced session) asks for one.
-LOCAL_LAUNCHES = ("local", "auto")
 
 
 @dataclass(frozen=True)
@@ -87,7 +84,7 @@ class Agent:
 
     store: str  # host:port of the rendezvous
     address: Optional[str]  # this node's address; None: the one it reaches the store from
-    token_file: Optional[str]  # the run's secret (cluster/run_secret.py); None: made in the run directory
+    token_file: Optional[str]  # the run's secret (launch/agent/run_secret.py); None: made in the run directory
     # The rendezvous' bounds, cluster.elastic's keys (a fixed run's agents wait for a lost node as an elastic run's do):
     join_grace: float
     lost_bound: float
@@ -108,7 +105,7 @@ class Cluster:
     ]  # besides SIGTERM, the signals that mean checkpoint and exit 42 (sigterm.py): USR1 ...
     retryable_exit_offset: int  # added to the exit codes a restart cures (spec/errors.py)
     # How the processes are placed and kept (placement, the local launcher, --plan, the Kubernetes manifests):
-    launch: str  # auto | local | tf_config | slurm | jobset (cluster/placement.py)
+    launch: LaunchMode  # who starts the processes and how each learns its place (tfdistx/launch/)
     isolate: Optional[bool]  # a local cluster in a private network namespace; None: when the OS allows it
     prefork: bool  # a local cluster's tasks forked from one process that imported TensorFlow once
     base_port: int  # Slurm: the first task's port on each node
@@ -196,7 +193,7 @@ class Layout:
         return self.strategy.facts.job_counts(self.cluster.workers, self.cluster.ps) or {"worker": 1}
 
     def servers_beside_the_keeper(self) -> Mapping[str, int]:
-        """With an agent on every node (cluster/agent.py), the tasks the keeper's
+        """With an agent on every node (launch/agent/node.py), the tasks the keeper's
         node runs beside its worker, per job: a parameter-server run's chief
         and ps tasks, the tf.data service's dispatcher and data workers."""
         return {**{job: n for job, n in self.training_jobs().items() if job != "worker"}, **self.service_jobs()}

@@ -45,7 +45,7 @@ class Strategy:
     processes: str
     options: Mapping[str, Option] = field(default_factory=dict)  # strategy.KEY -> its Option
     one_replica: bool = False  # one_device: never more than one replica
-    not_in_tfjob: Optional[str] = None  # why `tfdistx export tfjob` cannot place it (None: it can)
+    not_in_tfjob: Optional[str] = None  # why `tfdistx job tfjob` cannot place it (None: it can)
     no_xla: Optional[str] = None  # why trainer.jit_compile cannot be on (None: it can)
     # XLA compiles the whole step (gradients, the sum over replicas, the optimizer's update) when the one
     # replica's variables are on the device that computes; otherwise the gradients only, and the sum and

@@ -1,12 +1,12 @@
 """The run's secret, which every beat to the agents' rendezvous proves
-(cluster/keeper_wire.py) so that only the run's own agents are placed in
+(launch/agent/keeper_wire.py) so that only the run's own agents are placed in
 its rounds: an agent placed in a round receives the model's variables and
 adds its numbers into everyone's gradients.
 
 Where it comes from, on every node alike:
 - `cluster.agent.token_file`, a file the scheduler gives every node (the
-  JobSet that `tfdistx export jobset` writes mounts it from the Kubernetes
-  Secret the export writes beside it; `export slurm`'s script makes one per
+  JobSet that `tfdistx job jobset` writes mounts it from the Kubernetes
+  Secret the export writes beside it; `job slurm`'s script makes one per
   job in the shared run directory and names it);
 - else RUN_DIR/logs/rendezvous.key, made by the first agent that finds none
   (mode 0600: readable by the run's own user only) and read by the others.

@@ -1,8 +1,8 @@
-"""`tfdistx export slurm [overrides]`: a Slurm batch script for the
+"""`tfdistx job slurm [overrides]`: a Slurm batch script for the
 composed config, printed or written to a new file: `sbatch` it.
 
 The script asks for one Slurm task per TensorFlow task (as
-cluster/placement.from_slurm places them: scheduled_tasks, in rank order),
+launch/slurm.from_slurm places them: scheduled_tasks, in rank order),
 runs them as one `srun` step of `python -m tfdistx OVERRIDES` in a run dir
 fixed for the job, and keeps the run going across Slurm's limits: Slurm
 sends USR1 to the batch shell `--notice` seconds before `--time` ends
@@ -11,14 +11,14 @@ every task checkpoints and exits 42 (cluster.notice_signals, sigterm.py),
 and on 42 the job requeues itself and resumes from that checkpoint. The
 run is fixed-size: a task that fails ends the step (--kill-on-bad-exit).
 Before the step, a step of one task a node asks each node for ports free
-on it (cluster/free_ports.py), which the tasks take (placement.from_slurm);
+on it (launch/slurm/free_ports.py), which the tasks take (launch/slurm.from_slurm);
 a port taken all the same (exit 6) requeues the job, which asks again.
 `--gpus`, `--cpus-per-task` and `--mem` are asked of Slurm, and each worker
-task takes its own share of its node's GPUs (placement.GPUS_PER_WORKER_ENV).
+task takes its own share of its node's GPUs (launch/slurm.GPUS_PER_WORKER_ENV).
 The config is checked as the tasks will run it (common.compose_as_placed).
 
 With `cluster.launch=agent` the script runs an agent on each node instead
-(cluster/agent.py): one Slurm task per node, MIN to MAX nodes for
+(launch/agent/node.py): one Slurm task per node, MIN to MAX nodes for
 `cluster.workers=MIN:MAX`, and `--no-kill`, so that a failed node shrinks
 the run (the agents form a round without it) instead of ending the job.
 Only the script's text is written here; what it runs is the config's.
@@ -32,19 +32,22 @@ import shlex
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import List, Optional, Sequence
+from typing import List, Optional, Sequence, Tuple
 
 from omegaconf import OmegaConf
 
 from tfdistx import emit
-from tfdistx.cluster import free_ports, run_secret
-from tfdistx.cluster.placement import GPUS_PER_WORKER_ENV, SLURM_PORTS_ENV, scheduled_tasks
+from tfdistx.launch.slurm import free_ports
+from tfdistx.launch.agent import run_secret
+from tfdistx.cluster.placement import scheduled_tasks
+from tfdistx.launch.slurm import GPUS_PER_WORKER_ENV, SLURM_PORTS_ENV
 from tfdistx.commands.common import compose_as_placed, one_line_errors
 from tfdistx.commands.ending import EXIT_CODES_ENV
 from tfdistx.config import userconf
 from tfdistx.rundir import EXIT_CODES
-from tfdistx.spec import agent, elastic
+from tfdistx.spec import elastic
 from tfdistx.spec.errors import EXIT_PORT_IN_USE, EXIT_PREEMPTED, ConfigError
+from tfdistx.spec.launch_mode import LaunchMode
 from tfdistx.spec.strategies import describe_jobs
 
 DEFAULT_NOTICE = (
@@ -59,8 +62,8 @@ _TIME = re.compile(r"(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?", re.ASCII)
 TIME_FORMATS = "MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS (Slurm's --time)"
 _PARTITION = re.compile(r"[A-Za-z0-9_.-]+(?:,[A-Za-z0-9_.-]+)*")
 _MEMORY = re.compile(r"\d+[KMGTkmgt]?", re.ASCII)  # Slurm's --mem: megabytes, or a count with its unit
-# cluster.launch values under which the tasks take their place from the Slurm step (cluster/placement.py)
-_PLACED_BY_SLURM = ("auto", "slurm")
+# cluster.launch values under which the tasks take their place from the Slurm step (launch/slurm/__init__.py)
+_PLACED_BY_SLURM = (LaunchMode.AUTO, LaunchMode.SLURM)
 # `--gpus` without a count: as many as the workers of a node use (cluster.devices_per_worker each, as a pod's --gpus)
 GPUS_AS_THE_WORKERS_USE = "workers"
 
@@ -73,7 +76,7 @@ def notice_for(grace: float) -> int:
 
 def main(argv) -> int:
     parser = argparse.ArgumentParser(
-        prog="tfdistx export slurm",
+        prog="tfdistx job slurm",
         description="Print a Slurm batch script that runs `python -m tfdistx OVERRIDES` as one srun step, one Slurm task per "
         "TensorFlow task; Slurm's time-limit notice and a preemption checkpoint the run, and the job requeues "
         "itself to resume it. For fixed-size runs. sbatch it. See docs/clusters.md.",
@@ -140,18 +143,18 @@ def main(argv) -> int:
         # checked here with a stand-in, as a run would check the one the script gives.
         stand_in = [] if "cluster.agent.store" in given else ["cluster.agent.store=first-node:1"]
 
-        def launch_of(layout) -> Optional[str]:  # the step's cluster.launch, as script() adds it
-            if layout.cluster.launch not in (*_PLACED_BY_SLURM, agent.LAUNCH):
+        def launch_of(layout) -> Optional[LaunchMode]:  # the step's cluster.launch, as script() adds it
+            if layout.cluster.launch not in (*_PLACED_BY_SLURM, LaunchMode.AGENT):
                 raise ConfigError.one(
                     "cluster.launch",
                     layout.cluster.launch,
                     "the script's tasks are placed by the Slurm step: "
-                    f"{', '.join(_PLACED_BY_SLURM)}, or agent (an agent on every node)",
+                    f"{', '.join(_PLACED_BY_SLURM)}, or {LaunchMode.AGENT} (an agent on every node)",
                 )
-            return None if layout.cluster.launch == agent.LAUNCH or "cluster.launch" in given else "slurm"
+            return None if layout.cluster.launch == LaunchMode.AGENT or "cluster.launch" in given else LaunchMode.SLURM
 
-        cfg, layout = compose_as_placed([*overrides, *stand_in], launch_of, "slurm")
-        agents = layout.cluster.launch == agent.LAUNCH
+        cfg, layout = compose_as_placed([*overrides, *stand_in], launch_of, LaunchMode.SLURM)
+        agents = layout.cluster.launch == LaunchMode.AGENT
         if agents and args.nodes:
             raise ConfigError.one(
                 "--nodes",
@@ -189,18 +192,18 @@ def main(argv) -> int:
             *([f"--cpus-per-task={cpus}"] if cpus else []),
             *([f"--mem={args.mem}"] if args.mem is not None else []),
         ]
-        text = script(
-            argv,
-            overrides,
-            job,
+        options = BatchOptions(
+            tuple(argv),
+            tuple(overrides),
             args.time,
             notice,
             args.partition,
             config_path,
             run_dir,
-            asked=asked,
-            config_dirs=config_dirs,
+            asked=tuple(asked),
+            config_dirs=tuple(config_dirs),
         )
+        text = script(job, options)
         if args.out:
             _write_new(args.out, text)
     carried = [*(f"--config-dir {d}" for d in config_dirs), *([f"{userconf.ENV}={config_path}"] if config_path else [])]
@@ -279,8 +282,8 @@ def _tasks(tasks, nodes: int, base_port: int, gpus: Optional[_Gpus] = None) -> _
     ranks = ", ".join(f"{job}:{index}" for job, n in tasks.items() for index in range(n))
     # --gpus: at most this many tasks a node, so that the GPUs asked per node cover its workers
     spread = [f"--ntasks-per-node={math.ceil(ntasks / nodes)}"] if gpus and nodes > 1 else []
-    # Each node's tasks listen on ports its OS has free as the job starts (cluster/free_ports.py), asked by a step of
-    # one task a node; a derived port could be another job's on a shared node, on every try of the job.
+    # Each node's tasks listen on ports its OS has free as the job starts (launch/slurm/free_ports.py), asked by a
+    # step of one task a node; a derived port could be another job's on a shared node, on every try of the job.
     probe = [
         "srun",
         '--nodes="$SLURM_JOB_NUM_NODES"',
@@ -337,7 +340,7 @@ def _tasks(tasks, nodes: int, base_port: int, gpus: Optional[_Gpus] = None) -> _
         ],
         [f"--nodes={nodes}", f"--ntasks={ntasks}", *spread],
         "srun --kill-on-bad-exit=1",
-        ["cluster.launch=slurm"],
+        [f"cluster.launch={LaunchMode.SLURM}"],
         setup,
         ended,
         env,
@@ -398,7 +401,7 @@ def _agents(cluster, servers, given) -> _Job:
 
 
 def _secret_lines() -> List[str]:
-    """The run's secret, which every agent's beat proves (cluster/run_secret.py): made by the batch shell, once
+    """The run's secret, which every agent's beat proves (launch/agent/run_secret.py): made by the batch shell, once
     per job, in the shared run dir (mode 0600, written whole, then renamed into place), before any agent starts;
     a requeued job keeps it."""
     return [
@@ -411,22 +414,27 @@ def _secret_lines() -> List[str]:
     ]
 
 
-def script(
-    argv,
-    overrides: List[str],
-    job: _Job,
-    time: Optional[str],
-    notice: int,
-    partition: Optional[str],
-    config_path: Optional[str],
-    run_dir: Optional[str] = None,
-    asked: Sequence[str] = (),
-    config_dirs: Sequence[str] = (),
-) -> str:
-    """The batch script's text; every value in it a quoted shell word (emit.py). `run_dir`: the
-    run dir the overrides set (else one fixed for the job, RUN_DIR); `asked`: sbatch's resource options
-    (--gpus-per-node, --cpus-per-task, --mem); `config_dirs`: the step's --config-dir, each absolute."""
-    command = [arg for directory in config_dirs for arg in ("--config-dir", directory)] + list(overrides)
+@dataclass(frozen=True)
+class BatchOptions:
+    """What the user says of the batch script (`tfdistx job slurm`'s options), beside the step's tasks (_Job, made
+    from the Layout), as the Kubernetes manifests take a PodOptions."""
+
+    argv: Tuple[str, ...]  # the command line, said in the script's first comment
+    overrides: Tuple[str, ...]  # the run's, as every task composes them
+    time: Optional[str]  # sbatch --time
+    notice: int  # seconds before the time limit that USR1 comes
+    partition: Optional[str]
+    config_path: Optional[str]  # TFDISTX_CONFIG_PATH, as the user set it
+    run_dir: Optional[str] = None  # the run dir the overrides set; None: one fixed for the job, RUN_DIR
+    asked: Tuple[str, ...] = ()  # sbatch's resource options (--gpus-per-node, --cpus-per-task, --mem)
+    config_dirs: Tuple[str, ...] = ()  # the step's --config-dir, each as given
+
+
+def script(job: _Job, options: BatchOptions) -> str:
+    """The batch script's text; every value in it a quoted shell word (emit.py)."""
+    overrides, time, notice, partition = options.overrides, options.time, options.notice, options.partition
+    config_path, run_dir, asked = options.config_path, options.run_dir, options.asked
+    command = [arg for directory in options.config_dirs for arg in ("--config-dir", directory)] + list(overrides)
     given = {override.lstrip("+").partition("=")[0] for override in overrides}
     if "cluster.launch" not in given:  # not a TF_CONFIG that sbatch carried over from the submitting shell
         command += [added for added in job.added if added.startswith("cluster.launch=")]
@@ -441,7 +449,7 @@ def script(
     ]
     lines = [
         "#!/bin/bash",
-        emit.comment(emit.command_line(["tfdistx", "export", "slurm", *argv])),
+        emit.comment(emit.command_line(["tfdistx", "job", "slurm", *options.argv])),
         *job.about,
         *(f"#SBATCH {emit.shell_word(option)}" for option in sbatch),
         "",
@@ -518,7 +526,7 @@ def _write_new(path: str, text: str) -> None:
             out.write(text)
     except FileExistsError:
         raise ConfigError.one(
-            "--out", path, "already exists: tfdistx export slurm never replaces a file; give a new name"
+            "--out", path, "already exists: tfdistx job slurm never replaces a file; give a new name"
         ) from None
     except OSError as error:
         raise ConfigError.one("--out", path, f"cannot be written ({error.strerror})") from None

@@ -1,10 +1,12 @@
-"""`tfdistx export tfjob [overrides]`: a Kubeflow TFJob for the composed config.
+"""What every pod of a run's Kubernetes manifests has (`Pods`, from the
+Layout and one record of the user's `PodOptions`), and the TFJob
+(`tfdistx job tfjob`); the JobSet and the TrainJob are launch/jobset.py's.
 
 Every pod runs `python -m tfdistx` with the same overrides, so it composes
-the config this command composed and checked; Kubeflow's training operator
-gives each pod its TF_CONFIG, which places it (`cluster.launch=tf_config`).
-The replica types and counts come from the strategy table, like a local
-cluster's tasks. No TensorFlow here.
+the config the command composed and checked; Kubeflow's training operator
+gives each pod of a TFJob its TF_CONFIG, which places it
+(`cluster.launch=tf_config`). The replica types and counts come from the
+strategy table, like a local cluster's tasks. No TensorFlow here.
 
 Restarts: the operator's `restartPolicy: ExitCode` retries exit codes
 128-255 and treats 1-127 as permanent. tfdistx's codes that a restart can
@@ -17,17 +19,18 @@ OnFailure would also retry a bad config, forever.
 
 import math
 import re
-from typing import Dict, List, Optional, Sequence
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Sequence, Tuple
 
 from tfdistx.cluster.evaluator import EVALUATOR
 from tfdistx.spec import data_service
 from tfdistx.spec.overrides import given_value
 from tfdistx.spec.paths import CONFIG_PATH_ENV
 from tfdistx.spec.errors import RETRYABLE_EXIT_OFFSET_FOR_KUBERNETES, ConfigError
+from tfdistx.spec.launch_mode import LaunchMode
 from tfdistx.spec.run_spec import Layout
 
 API_VERSION = "kubeflow.org/v1"
-LAUNCH = "tf_config"  # the pods' cluster.launch: the operator's TF_CONFIG places each
 PORT = 2222  # the operator's default, taken from the container port named tfjob-port
 CONTAINER = "tensorflow"  # the operator's default container name
 REPLICA_TYPES = {
@@ -66,25 +69,31 @@ IMAGE_NAME_MAX = 255  # distribution/reference's NameTotalLengthMax
 _MOUNT_PATH = re.compile(r"/[A-Za-z0-9._/-]*", re.ASCII)
 
 
-def tfjob(
-    layout: Layout,
-    overrides: List[str],
-    name: str,
-    image: str,
-    namespace: str = "default",
-    volume: Optional[str] = None,
-    mount_path: str = DEFAULT_MOUNT_PATH,
-    gpus: bool = False,
-    config_dirs: Sequence[str] = (),
-    config_path: Optional[str] = None,
-) -> Dict:
-    """The TFJob (as a dict) whose pods run the run laid out as `layout`, composed from `overrides`
-    and the user's config dirs: `config_dirs` given as `--config-dir`, and
-    `config_path` the TFDISTX_CONFIG_PATH, both as the user gave them (each
-    pod composes with them, read in its own file system)."""
-    pods = Pods(layout, "a TFJob", overrides, name, image, volume, mount_path, gpus, config_dirs, config_path)
+@dataclass(frozen=True)
+class PodOptions:
+    """What the user says of a run's pods, whichever manifest holds them (`tfdistx job tfjob|jobset|trainjob`)."""
+
+    overrides: Tuple[str, ...]  # the run's, as every pod composes them
+    name: str  # the manifest's; also the run dir's on the volume
+    image: str
+    namespace: str = "default"
+    volume: Optional[str] = None  # pvc:CLAIM or hostPath:/PATH (volume_source); None: each pod's own run dir
+    mount_path: str = DEFAULT_MOUNT_PATH
+    gpus: bool = False  # each training pod asks for cluster.devices_per_worker GPUs
+    # The user's config dirs, as given (`--config-dir`, and TFDISTX_CONFIG_PATH): each pod composes with them, read
+    # in its own file system.
+    config_dirs: Tuple[str, ...] = ()
+    config_path: Optional[str] = None
+    # Between the SIGTERM of a deletion (eviction, preemption) and SIGKILL (terminationGracePeriodSeconds); None:
+    # cluster.preemption_grace, in whole seconds.
+    grace_seconds: Optional[int] = None
+
+
+def tfjob(layout: Layout, options: PodOptions) -> Dict:
+    """The TFJob (as a dict) whose pods run the run laid out as `layout`."""
+    pods = Pods(layout, "a TFJob", options)
     # Exit codes a restart can cure move above 127, where restartPolicy ExitCode retries them.
-    args = pods.args(LAUNCH, RETRYABLE_EXIT_OFFSET_FOR_KUBERNETES)
+    args = pods.args(LaunchMode.TF_CONFIG, RETRYABLE_EXIT_OFFSET_FOR_KUBERNETES)
     replica_specs = {}
     for job, replicas in pods.counts.items():
         container = pods.container(CONTAINER, job, args, ports=[{"name": "tfjob-port", "containerPort": PORT}])
@@ -96,7 +105,7 @@ def tfjob(
     return {
         "apiVersion": API_VERSION,
         "kind": "TFJob",
-        "metadata": {"name": name, "namespace": namespace, "labels": dict(CREATED_BY)},
+        "metadata": {"name": options.name, "namespace": options.namespace, "labels": dict(CREATED_BY)},
         "spec": {
             # backoffLimit: pod restarts before the job is failed, as cluster.max_restarts bounds the local launcher's.
             # cleanPodPolicy Running: the ps tasks and workers a coordinator used are deleted when it is done.
@@ -108,22 +117,10 @@ def tfjob(
 
 class Pods:
     """What every pod of a run has, whichever kind of manifest holds it (a
-    TFJob here, a JobSet or TrainJob in jobset_manifest.py): its tasks per
+    TFJob here, a JobSet or TrainJob in jobset.py): its tasks per
     job, its command and args, environment, volume and grace period."""
 
-    def __init__(
-        self,
-        layout: Layout,
-        kind: str,
-        overrides: List[str],
-        name: str,
-        image: str,
-        volume: Optional[str],
-        mount_path: str,
-        gpus: bool,
-        config_dirs: Sequence[str],
-        config_path: Optional[str],
-    ):
+    def __init__(self, layout: Layout, kind: str, options: PodOptions):
         topo, facts = layout.cluster, layout.strategy.facts
         if facts.not_in_tfjob:
             raise ConfigError.one(
@@ -137,27 +134,20 @@ class Pods:
         self.counts: Dict[str, int] = {**counts, **service}
         self.primary_jobs = facts.primary_jobs  # the jobs whose end is the run's end
         self.placed = needs_placing(layout)
-        self.overrides, self.image, self.volume, self.mount_path, self.gpus = (
-            list(overrides),
-            image,
-            volume,
-            mount_path,
-            gpus,
-        )
-        self.run_dir = f"{mount_path}/{name}" if volume else None
-        self.config_dirs = list(config_dirs)
+        self.options = options
+        self.run_dir = f"{options.mount_path}/{options.name}" if options.volume else None
         self.env = [{"name": "PYTHONUNBUFFERED", "value": "1"}]  # kubectl logs shows each line as it is written
-        if config_path:
-            self.env.append({"name": CONFIG_PATH_ENV, "value": config_path})
+        if options.config_path:
+            self.env.append({"name": CONFIG_PATH_ENV, "value": options.config_path})
         self.gpus_per_worker = int(topo.devices_per_worker or 1)
         # Between the SIGTERM of a deletion (eviction, preemption) and SIGKILL: the trainers checkpoint in it,
         # the servers wait for them (Kubernetes' default, 30 s, is shorter than cluster.preemption_grace's).
-        self.grace = math.ceil(topo.preemption_grace)
+        self.grace = options.grace_seconds if options.grace_seconds is not None else math.ceil(topo.preemption_grace)
 
-    def args(self, launch: str, exit_offset: int = 0) -> List[str]:
+    def args(self, launch: LaunchMode, exit_offset: int = 0) -> List[str]:
         """The container's args: the config dirs, then pod_args."""
-        return [arg for directory in self.config_dirs for arg in ("--config-dir", directory)] + pod_args(
-            self.overrides, launch if self.placed else None, self.run_dir, exit_offset
+        return [arg for directory in self.options.config_dirs for arg in ("--config-dir", directory)] + pod_args(
+            self.options.overrides, launch if self.placed else None, self.run_dir, exit_offset
         )
 
     def container(
@@ -165,16 +155,16 @@ class Pods:
     ) -> Dict:
         container = {
             "name": name,
-            "image": self.image,
+            "image": self.options.image,
             "command": ["python", "-m", "tfdistx"],
             "args": list(args),  # a list of its own per container: YAML would print shared ones as anchors
             "env": [dict(variable) for variable in [*self.env, *env]],  # objects of their own per container, as args
             "ports": [dict(port) for port in ports],
         }
-        if self.gpus and job == "worker":  # a parameter-server cluster's coordinator and ps tasks run no steps
+        if self.options.gpus and job == "worker":  # a parameter-server cluster's coordinator and ps tasks run no steps
             container["resources"] = self.resources()
-        if self.volume:
-            container["volumeMounts"] = [{"name": VOLUME_NAME, "mountPath": self.mount_path}]
+        if self.options.volume:
+            container["volumeMounts"] = [{"name": VOLUME_NAME, "mountPath": self.options.mount_path}]
         return container
 
     def resources(self) -> Dict:
@@ -183,8 +173,8 @@ class Pods:
     def spec(self, container: Dict, **more) -> Dict:
         """The pod spec around `container` (`more`: keys of the kind's own)."""
         pod = {"containers": [container], **more, "terminationGracePeriodSeconds": self.grace}
-        if self.volume:
-            pod["volumes"] = [{"name": VOLUME_NAME, **volume_source(self.volume)}]
+        if self.options.volume:
+            pod["volumes"] = [{"name": VOLUME_NAME, **volume_source(self.options.volume)}]
         return pod
 
 
@@ -194,7 +184,9 @@ def needs_placing(layout: Layout) -> bool:
     return layout.strategy.facts.multi_process or bool(layout.service_jobs())
 
 
-def pod_args(overrides: List[str], launch: Optional[str], run_dir: Optional[str], exit_offset: int = 0) -> List[str]:
+def pod_args(
+    overrides: Sequence[str], launch: Optional[LaunchMode], run_dir: Optional[str], exit_offset: int = 0
+) -> List[str]:
     """The pod's overrides: the user's, then what placing it needs: how it
     learns its place (`launch`; None: a one-process run, nothing to place),
     the exit-code offset its restart policy wants, the run dir on the volume."""

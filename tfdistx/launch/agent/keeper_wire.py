@@ -1,5 +1,5 @@
 """The wire between the agents and the keeper of their rendezvous
-(cluster/agent.py's beats, cluster/round_keeper.py's decisions): one TCP
+(launch/agent/node.py's beats, launch/agent/round_keeper.py's decisions): one TCP
 connection per agent, kept open, carrying small framed messages that each
 prove the run's secret, served by one thread for every agent.
 

@@ -45,8 +45,9 @@ import signal
 import time
 from typing import Dict, List, Optional
 
-from tfdistx.cluster.hosts import HostList, Settled, choose
+from tfdistx.launch.local.hosts import HostList, Settled, choose
 from tfdistx.cluster.processes import ForwardingSignals, Task, free_ports, shell_code, signal_group
+from tfdistx.cluster.launch_spec import LaunchSpec
 from tfdistx.cluster.rounds import Rounds
 from tfdistx.cluster.supervisor import POLL_SECONDS, Membership, NoRound, Round, RoundResult, Say, State
 from tfdistx.spec.errors import EXIT_PREEMPTED, EXIT_TOO_FEW_WORKERS
@@ -55,29 +56,24 @@ HOSTS_EVERY_SECONDS = 1.0  # how often a running round reads the host list (a di
 
 
 class HostListMembership(Membership):
-    """A worker on each listed host, from MIN to MAX (`elastic`: the
-    launcher's elastic spec, commands/execute.py); the chief's host, the
-    first of the first round, stays for the whole run."""
+    """A worker on each listed host, from MIN to MAX (`spec.rounds`); the
+    chief's host, the first of the first round, stays for the whole run."""
 
-    def __init__(self, spec: dict, hosts: HostList, rounds: Rounds, say: Say):
-        self.spec, self.elastic, self.hosts, self.rounds, self.say = spec, spec["elastic"], hosts, rounds, say
-        self.alone = spec.get("restart_alone", [])
+    def __init__(self, spec: LaunchSpec, hosts: HostList, rounds: Rounds, say: Say):
+        self.spec, self.bounds, self.hosts, self.rounds, self.say = spec, spec.rounds.bounds, hosts, rounds, say
+        self.alone = spec.restart_alone
         self.chief: Optional[str] = None
         self.members: List[str] = []  # the running round's hosts, the chief's first
         self.next_read = 0.0
         # A change of the list counts for a round once it has held lost_bound seconds: a flapping host changes no round.
         # A task that died on a host no longer listed is lost at once (failed, goes_on_without: the list as it is).
-        self.settled = Settled(self.elastic["lost_bound"])
+        self.settled = Settled(self.bounds.lost_bound)
 
     @classmethod
-    def of(cls, spec: dict, say: Say) -> "HostListMembership":
-        elastic = spec["elastic"]
-        return cls(
-            spec,
-            HostList(elastic.get("hosts"), elastic.get("discover"), say=say),
-            Rounds(elastic["rounds_file"], elastic["checkpoint_dir"], elastic["metrics_file"], say=say),
-            say,
-        )
+    def of(cls, spec: LaunchSpec, say: Say) -> "HostListMembership":
+        rounds, record = spec.rounds, spec.rounds.record
+        told = Rounds(record.rounds_file, record.checkpoint_dir, record.metrics_file, say=say)
+        return cls(spec, HostList(rounds.hosts, rounds.discover, say=say), told, say)
 
     def form(self, reason: str, signals: ForwardingSignals) -> Round:
         """The round's tasks: a worker on each member host, and the chief
@@ -85,7 +81,7 @@ class HostListMembership(Membership):
         self.members = self._wait_for_hosts(signals)
         self.chief = self.members[0]
         placed = {
-            job: (self.members if job == "worker" else [self.chief] * n) for job, n in self.spec["counts"].items() if n
+            job: (self.members if job == "worker" else [self.chief] * n) for job, n in self.spec.counts.items() if n
         }
         ports = iter(free_ports(sum(map(len, placed.values()))))
         round_ = Round.placed(
@@ -99,7 +95,7 @@ class HostListMembership(Membership):
         """The next round's hosts (the chief's first), once MAX are listed or
         MIN for `join_grace` seconds; NoRound (exit 9) after
         `below_min_timeout` below MIN, or with the signal's code if one comes."""
-        low, high, elastic = self.elastic["min"], self.elastic["max"], self.elastic
+        low, high, bounds = self.bounds.min, self.bounds.max, self.bounds
         started = time.monotonic()
         enough_since, waiting_said = None, False
         while True:
@@ -110,7 +106,7 @@ class HostListMembership(Membership):
             now = time.monotonic()
             if len(chosen) >= low:
                 enough_since = enough_since or now
-                if now - enough_since >= elastic["join_grace"]:
+                if now - enough_since >= bounds.join_grace:
                     return chosen
             else:
                 enough_since = None
@@ -118,10 +114,10 @@ class HostListMembership(Membership):
                     self.say(
                         f"{len(chosen)} host(s) usable from {self.hosts.where}, fewer than "
                         f"cluster.elastic.min_workers={low}: waiting for more, at most "
-                        f"{elastic['below_min_timeout']:g}s (cluster.elastic.below_min_timeout)"
+                        f"{bounds.below_min_timeout:g}s (cluster.elastic.below_min_timeout)"
                     )
                     waiting_said = True
-                if now - started >= elastic["below_min_timeout"]:
+                if now - started >= bounds.below_min_timeout:
                     chief_note = (
                         f" (the chief's host {self.chief} is not listed)"
                         if self.chief and self.chief not in listed
@@ -129,7 +125,7 @@ class HostListMembership(Membership):
                     )
                     self.say(
                         f"{len(chosen)} host(s) usable from {self.hosts.where}{chief_note}, fewer than "
-                        f"cluster.elastic.min_workers={low} for {elastic['below_min_timeout']:g}s "
+                        f"cluster.elastic.min_workers={low} for {bounds.below_min_timeout:g}s "
                         f"(cluster.elastic.below_min_timeout): stopping (exit {EXIT_TOO_FEW_WORKERS}); rerun the same "
                         "command to resume from the newest checkpoint"
                     )
@@ -153,7 +149,7 @@ class HostListMembership(Membership):
                 continue
             if host not in listed and task.proc.poll() is None:
                 self.say(
-                    f"{host} left the host list (for {self.elastic['lost_bound']:g}s, cluster.elastic.lost_bound): "
+                    f"{host} left the host list (for {self.bounds.lost_bound:g}s, cluster.elastic.lost_bound): "
                     f"stopping {task.name}, which ran there"
                 )
                 signal_group(task.proc, signal.SIGKILL)  # what the host's loss would do
@@ -166,9 +162,9 @@ class HostListMembership(Membership):
             elif host in listed and host in now_listed and task.name in round_.dropped:
                 self._take_back(round_, task, host, signals)
         live = sum(name.startswith("worker:") for name in round_.members())
-        if round_.dropped and live < self.elastic["min"]:
+        if round_.dropped and live < self.bounds.min:
             self.say(
-                f"{live} live worker(s), fewer than cluster.elastic.min_workers={self.elastic['min']}: the trainers "
+                f"{live} live worker(s), fewer than cluster.elastic.min_workers={self.bounds.min}: the trainers "
                 "checkpoint and stop"
             )
             round_.ask_to_checkpoint()
@@ -176,7 +172,7 @@ class HostListMembership(Membership):
                 State.MEMBERSHIP_CHANGED, EXIT_PREEMPTED, lost=dict(round_.dropped), asked_to_checkpoint=True
             )
         joining = [host for host in listed if host in now_listed and host not in self.members][
-            : self.elastic["max"] - len(self.members)
+            : self.bounds.max - len(self.members)
         ]
         if (
             joining
@@ -219,7 +215,7 @@ class HostListMembership(Membership):
 
     def _not_back(self, lost: Dict[str, str], signals: ForwardingSignals) -> Dict[str, str]:
         """The lost workers whose host is still not listed after `lost_bound` seconds."""
-        deadline = time.monotonic() + self.elastic["lost_bound"]
+        deadline = time.monotonic() + self.bounds.lost_bound
         while True:
             listed = self._listed()
             gone = {task: host for task, host in lost.items() if host not in listed}

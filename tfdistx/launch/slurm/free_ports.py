@@ -1,5 +1,5 @@
-"""`python -m tfdistx.cluster.free_ports BASE COUNT`: COUNT TCP ports free on
-this node now, for the tasks of a Slurm step (`tfdistx export slurm`'s
+"""`python -m tfdistx.launch.slurm.free_ports BASE COUNT`: COUNT TCP ports free on
+this node now, for the tasks of a Slurm step (`tfdistx job slurm`'s
 script asks every node of the job, in a step of one task a node, and hands
 the answers to the training step: placement.SLURM_PORTS_ENV).
 
@@ -25,7 +25,7 @@ import socket
 import sys
 from typing import List
 
-from tfdistx.cluster.placement import SLURM_PORT_RANGE, slurm_first_port
+from tfdistx.launch.slurm import SLURM_PORT_RANGE, slurm_first_port
 from tfdistx.spec.errors import EXIT_PORT_IN_USE
 
 
@@ -70,7 +70,9 @@ def _bound(port: int):
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tfdistx.cluster.free_ports", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m tfdistx.launch.slurm.free_ports", description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument("base", type=int, help="cluster.base_port")
     parser.add_argument("count", type=int, nargs="?", default=1)
     parser.add_argument("--address", action="store_true", help="print NODE:PORT (one port) instead of NODE PORT...")

@@ -2,9 +2,10 @@
 processes and watches them (cluster/supervisor.py), and the fixed
 membership: the same counts of tasks, on loopback, in every round.
 
-It knows nothing of training: it is given how many tasks each job has, the
-command that starts one task (which learns its place from TF_CONFIG), the
-jobs whose exit ends the cluster, and a directory for the tasks' logs.
+It knows nothing of training: it is handed a LaunchSpec (cluster/launch_spec.py):
+how many tasks each job has, the command that starts one task (which
+learns its place from TF_CONFIG), the jobs whose exit ends the cluster,
+and a directory for the tasks' logs.
 
 TensorFlow's gRPC servers listen on every interface and have no
 authentication, so the tasks run, where the OS allows it, in a private
@@ -15,16 +16,17 @@ Hand-written because no maintained library does this for tf.distribute:
 torchrun is PyTorch's, and TensorFlow ships no local multi-process launcher.
 """
 
-import json
 import os
 import shutil
 import signal
 import sys
+from dataclasses import replace
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence
+from typing import Optional
 
 from tfdistx.cluster import evaluator as sidecars  # the sidecar evaluator's task
-from tfdistx.cluster.elastic import HostListMembership
+from tfdistx.cluster.launch_spec import LaunchSpec
+from tfdistx.launch.local.elastic import HostListMembership
 from tfdistx.cluster.prefork import Prefork, can_fork, fork, imported_here
 from tfdistx.cluster.processes import (
     SCRATCH_DIR,
@@ -43,70 +45,23 @@ from tfdistx.spec.strategies import describe_jobs  # no training code: the job t
 from tfdistx.sigterm import SigtermNotice, leave_preempted, nothing_to_save, release
 
 
-def run_local_cluster(
-    counts: Dict[str, int],
-    command: List[str],
-    log_dir: str,
-    primary: List[str],
-    isolate: Optional[bool] = None,
-    max_restarts: int = 0,
-    restart_alone: List[str] = (),
-    stopped_task_timeout: float = 60,
-    run_log: Optional[str] = None,
-    evaluator: bool = False,
-    preemption_grace: float = 60,
-    peer_timeout: float = 60,
-    notice: Optional[SigtermNotice] = None,
-    notice_signals: Sequence[str] = (),
-    task_env: Optional[Dict[str, str]] = None,
-    elastic: Optional[dict] = None,
-    preload: Sequence[str] = (),
-    nice: int = 0,
-) -> int:
-    """Run the cluster to its end; the exit code of the first task that failed, else 0.
+def run_local_cluster(spec: LaunchSpec, isolate: Optional[bool] = None, notice: Optional[SigtermNotice] = None) -> int:
+    """Run the cluster `spec` says to its end; the exit code of the first task that failed, else 0.
 
     `isolate`: None isolates when possible (and says so when not), True
-    insists, False never isolates. A cluster whose task failed or was
-    preempted is restarted up to `max_restarts` times, with back-off; tasks
-    of the `restart_alone` jobs are restarted on their own. A task stopped for
-    `stopped_task_timeout` seconds is killed, as lost. Every task's output
-    also goes, prefixed, to `run_log` (the run's one log file). `evaluator`:
-    a sidecar evaluator task runs beside the cluster (cluster/evaluator.py).
-    After a SIGTERM the tasks get `preemption_grace` seconds to checkpoint;
-    a chief whose peer was lost, `peer_timeout` for its call to fail and
-    then that grace to save the last loop boundary (supervisor.py);
-    `notice_signals` (cluster.notice_signals: USR1 ...) are passed on as one.
-    `task_env`: added to every task's environment (e.g. its thread counts).
-    `preload`: what every task imports first ("module" or "module:function"),
-    done once in a process the tasks are forked from (cluster/prefork.py);
-    empty: each task is a fresh process.
-    `notice`: the process's SIGTERM notice (sigterm.py): one that came
-    before the cluster started ends the run here. `elastic`: the run
-    trains in rounds of as many workers as hosts are listed (cluster/elastic.py).
-    `nice`: above 0, the cluster's processes run at that lower priority, in a
-    session of their own (processes.yield_the_cores).
+    insists, False never isolates. `notice`: the process's SIGTERM notice
+    (sigterm.py): one that came before the cluster started ends the run
+    here. The rest is the supervisor's (cluster/supervisor.py), a fork of
+    this process, over a fixed membership (FixedCounts) or, for a run in
+    rounds, a worker per listed host (launch/local/elastic.py).
     """
-    Path(log_dir).mkdir(parents=True, exist_ok=True)
-    spec = {
-        "counts": counts,
-        "command": command,
-        "log_dir": log_dir,
-        "primary": primary,
-        "max_restarts": max_restarts,
-        "restart_alone": list(restart_alone),
-        "stopped_task_timeout": stopped_task_timeout,
-        "run_log": run_log,
-        "evaluator": evaluator,
-        "preemption_grace": preemption_grace,
-        "peer_timeout": peer_timeout,
-        "notice_signals": list(notice_signals),
-        "task_env": {**(task_env or {}), **relay_env()},  # its chief's status line drawn here, on a terminal
-        "preload": list(preload),
-        "elastic": elastic,
-        "nice": nice,
-        "preload_imported": imported_here(list(preload)),
-    }  # asked here: in the supervisor, a fork, it would always seem so
-    spec = json.loads(json.dumps(spec))  # plain data, as when the supervisor read it from a file
+    Path(spec.log_dir).mkdir(parents=True, exist_ok=True)
+    spec = replace(
+        spec,
+        task_env={**spec.task_env, **relay_env()},  # its chief's status line drawn here, on a terminal
+        preload_imported=imported_here(list(spec.preload)),  # asked here: in the supervisor, a fork, always so
+    )
+    counts = spec.counts
     isolated = isolate is not False and can_isolate()
     if isolated:
         print(
@@ -126,7 +81,7 @@ def run_local_cluster(
             file=sys.stderr,
             flush=True,
         )
-    with ForwardingSignals([], notice_signals) as forwarding:
+    with ForwardingSignals([], spec.notice_signals) as forwarding:
         if notice is not None and notice.received.is_set():
             notice.leave_if_received("before the cluster started")
         if forwarding.received:  # came since: nothing started yet, nothing to pass on
@@ -144,15 +99,15 @@ def run_local_cluster(
     return shell_code(code)
 
 
-def _supervise(spec: dict, isolated: bool) -> int:
+def _supervise(spec: LaunchSpec, isolated: bool) -> int:
     """The supervisor's process, forked: its signals taken first thing (what came since the fork is
     passed on now), in a process group of its own (Ctrl-C at the terminal reaches the launcher alone,
     which passes it on: once), at the priority asked (`cluster.nice`), then into the private network
     namespace, if the cluster has one."""
-    with ForwardingSignals([], spec.get("notice_signals", ())) as signals:
+    with ForwardingSignals([], spec.notice_signals) as signals:
         release()
-        if spec.get("nice"):
-            yield_the_cores(spec["nice"])  # a session of its own, hence a group
+        if spec.nice:
+            yield_the_cores(spec.nice)  # a session of its own, hence a group
         else:
             os.setpgid(0, 0)
         # A process group outside the terminal's foreground one is stopped when it writes to the terminal, if
@@ -177,32 +132,31 @@ class FixedCounts(Membership):
     with the sidecars beside them. Its membership never changes: a task that
     failed is a restart of the same cluster, or of the task alone."""
 
-    def __init__(self, spec: dict):
+    def __init__(self, spec: LaunchSpec):
         self.spec = spec
 
     def form(self, reason: str, signals: ForwardingSignals) -> Round:
-        counts = self.spec["counts"]
+        counts = self.spec.counts
         ports = free_ports(sum(counts.values()))
         cluster = {job: [f"127.0.0.1:{ports.pop()}" for _ in range(n)] for job, n in counts.items() if n}
-        return Round.placed(self.spec, cluster, sidecars.sidecar_jobs(self.spec))
+        return Round.placed(self.spec, cluster, sidecars.sidecar_jobs(self.spec.evaluator))
 
 
-def main(spec: dict, isolated: bool, signals: ForwardingSignals) -> int:
+def main(spec: LaunchSpec, isolated: bool, signals: ForwardingSignals) -> int:
     """The supervisor's process, inside the namespace: the run's rounds, with
-    a fixed membership, or an elastic one (`spec["elastic"]`: cluster/elastic.py).
+    a fixed membership, or an elastic one (`spec.rounds`: launch/local/elastic.py).
     `signals`: the supervisor's, taken since its start."""
     if isolated:
         loopback_up()
-    say = Say(spec.get("run_log"))
-    membership = HostListMembership.of(spec, say) if spec.get("elastic") else FixedCounts(spec)
-    scratch = (
-        Path(spec["log_dir"]) / SCRATCH_DIR
-    )  # what a launcher killed by SIGKILL left (one launcher per run directory)
+    say = Say(spec.run_log)
+    membership = HostListMembership.of(spec, say) if spec.rounds else FixedCounts(spec)
+    # what a launcher killed by SIGKILL left (one launcher per run directory)
+    scratch = Path(spec.log_dir) / SCRATCH_DIR
     shutil.rmtree(scratch, ignore_errors=True)
-    # The tasks' imports, done once (spec["preload"], named by the training side): forked from here on.
+    # The tasks' imports, done once (spec.preload, named by the training side): forked from here on.
     prefork = (
-        Prefork(spec["preload"], spec["log_dir"], fork_this=spec.get("preload_imported", False))
-        if spec.get("preload") and can_fork(spec["command"])
+        Prefork(list(spec.preload), spec.log_dir, fork_this=spec.preload_imported)
+        if spec.preload and can_fork(list(spec.command))
         else None
     )
     try:

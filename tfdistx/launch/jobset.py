@@ -1,10 +1,12 @@
-"""`tfdistx export jobset|trainjob [overrides]`: a JobSet (kubernetes-sigs/jobset),
-or a Kubeflow Trainer v2 TrainJob with the ClusterTrainingRuntime it names,
-for the composed config.
+"""cluster.launch=jobset: a pod of a JobSet (kubernetes-sigs/jobset) learns
+its place here, and `tfdistx job jobset|trainjob` writes the manifests: a
+JobSet, or a Kubeflow Trainer v2 TrainJob with the ClusterTrainingRuntime
+it names (it runs on a JobSet, and places its pods alike), for the
+composed config.
 
 Neither writes TF_CONFIG: each pod runs `python -m tfdistx` with
 `cluster.launch=jobset` and builds it from its JobSet labels and the
-config's own counts (cluster/jobset.py). One replicatedJob per task type
+config's own counts (`place`, below). One replicatedJob per task type
 (chief, ps, worker, evaluator, dispatcher, dataworker), each one Indexed
 Job with a pod per task; a TrainJob's runtime holds the same JobSet, since
 Trainer v2 runs every TrainJob as one (and, having no TensorFlow runtime,
@@ -24,65 +26,156 @@ listed as they are. The sidecar evaluator's pod restarts alone, in place:
 its failures never reach the set's rules.
 
 With `cluster.launch=agent` the JobSet runs an agent in each of MAX pods
-(cluster/agent.py) and the agents, not the JobSet, handle a lost pod: the
+(launch/agent/node.py) and the agents, not the JobSet, handle a lost pod: the
 Job recreates it (an eviction or a drained node does not count toward its
 backoffLimit) and its agent joins the next round, while the others go on
 with MIN or more. Only a code no restart can cure fails the set; the run is
 done when the keeper's pod (index 0) is. Its agents prove the run's secret
-at every beat (cluster/run_secret.py): a Kubernetes Secret written beside
+at every beat (launch/agent/run_secret.py): a Kubernetes Secret written beside
 the JobSet (rendezvous_secret, a new one each export), mounted read-only in
 every pod. And every JobSet comes with a NetworkPolicy (network_policy)
 that admits its pods' traffic from its own pods only.
+
+Placement: JobSet writes no TF_CONFIG. It labels and annotates every pod with its
+JobSet's name, its replicatedJob's name and its Job's index, and, with
+`network.enableDNSHostnames`, makes every pod reachable at
+`<jobset>-<replicatedJob>-<jobIndex>-<podIndex>.<subdomain>` (the subdomain
+is the JobSet's name unless the manifest sets one). The manifests tfdistx
+writes (below) run each task type as one replicatedJob of one
+Indexed Job with a pod per task, and hand the labels to the container
+through the downward API as the variables below; Kubernetes itself sets
+JOB_COMPLETION_INDEX, the pod's index in its Job. So a pod is the task
+`<replicatedJob>:<pod index>`, and every address follows from the config's
+own counts, which is why a pod that does not fit them is refused.
+
+No TensorFlow here.
 """
 
+import re
 import secrets
-from typing import Dict, List, Optional, Sequence
+from dataclasses import replace
+from typing import Dict, List, Mapping
 
-from tfdistx.cluster import jobset
-from tfdistx.cluster.kubernetes import CREATED_BY, DEFAULT_MOUNT_PATH, Pods
+from tfdistx.cluster import data_service
 from tfdistx.cluster.evaluator import EVALUATOR
-from tfdistx.spec.errors import EXIT_PREEMPTED, PERMANENT
+from tfdistx.cluster.placement import Placement, scheduled_tasks
+from tfdistx.launch.base import Job, Launch
+from tfdistx.launch.kubernetes import CREATED_BY, PodOptions, Pods
+from tfdistx.spec.errors import EXIT_PREEMPTED, PERMANENT, ConfigError
+from tfdistx.spec.launch_mode import LaunchMode
 from tfdistx.spec.run_spec import Layout
+
+PORT = 2222  # every pod has an address of its own: one port for all, the TFJob's
+# The pod's labels, as the manifest's downward API names them in the container.
+NAME_ENV, REPLICATED_JOB_ENV, JOB_INDEX_ENV = "JOBSET_NAME", "JOBSET_REPLICATED_JOB", "JOBSET_JOB_INDEX"
+POD_INDEX_ENV = "JOB_COMPLETION_INDEX"  # Kubernetes' own, in every pod of an Indexed Job
+NAME_LABEL = "jobset.sigs.k8s.io/jobset-name"
+REPLICATED_JOB_LABEL = "jobset.sigs.k8s.io/replicatedjob-name"
+JOB_INDEX_LABEL = "jobset.sigs.k8s.io/job-index"
+POD_INDEX_LABEL = "batch.kubernetes.io/job-completion-index"
+DOWNWARD_API = {NAME_ENV: NAME_LABEL, REPLICATED_JOB_ENV: REPLICATED_JOB_LABEL, JOB_INDEX_ENV: JOB_INDEX_LABEL}
+_DNS_LABEL = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
+# A pod's hostname is <jobset>-<replicatedJob>-0-<index>: with the longest, "-dataworker-0-99", still a DNS label.
+LONGEST_NAME = 63 - len("-dataworker-0-99")
+
+
+def in_jobset(env: Mapping[str, str]) -> bool:
+    """Auto-detection: the manifest gave this pod its JobSet's name."""
+    return bool(env.get(NAME_ENV))
+
+
+def hostname(jobset: str, job: str, index: int, subdomain: str = "") -> str:
+    """Task `job:index`'s name: pod `index` of the replicatedJob's one Job (job index 0)."""
+    return f"{jobset}-{job}-0-{index}.{subdomain or jobset}"
+
+
+def cluster_spec(jobset: str, counts: Mapping[str, int]) -> Dict[str, List[str]]:
+    return {job: [f"{hostname(jobset, job, i)}:{PORT}" for i in range(n)] for job, n in counts.items() if n}
+
+
+def place_pod(env: Mapping[str, str], counts: Mapping[str, int]) -> Placement:
+    """This pod's place, from its env and the config's tasks per job (`counts`, with the evaluator's
+    when there is one). A pod the config has no place for is refused in one
+    line naming the label and what the config allows."""
+    jobset = env.get(NAME_ENV, "")
+    if not jobset:
+        raise ConfigError.one(
+            "cluster.launch",
+            LaunchMode.JOBSET,
+            f"this pod has no {NAME_ENV} (the manifest's downward API gives it the "
+            f"label {NAME_LABEL}): write the manifest with `tfdistx job jobset`",
+        )
+    check_name(
+        NAME_LABEL, jobset, LONGEST_NAME
+    )  # every address is built from it: a bad one would wait for peers that never answer
+    wanted = {job: n for job, n in counts.items() if n}
+    job = env.get(REPLICATED_JOB_ENV, "")
+    if job not in wanted:
+        raise ConfigError.one(
+            REPLICATED_JOB_LABEL,
+            job,
+            f"the config's cluster has the replicatedJobs {', '.join(wanted)}: make cluster= match the manifest",
+        )
+    if env.get(JOB_INDEX_ENV, "0") != "0":
+        raise ConfigError.one(
+            JOB_INDEX_LABEL,
+            env[JOB_INDEX_ENV],
+            "allowed: 0 (tfdistx runs each task type as one Indexed Job with a pod per task: replicas: 1)",
+        )
+    raw = env.get(POD_INDEX_ENV, "")
+    if not raw.isdigit() or int(raw) >= wanted[job]:
+        raise ConfigError.one(
+            POD_INDEX_LABEL, raw, f"the config's cluster has {wanted[job]} {job} task(s): allowed 0..{wanted[job] - 1}"
+        )
+    spec = cluster_spec(
+        jobset, {name: n for name, n in wanted.items() if name != EVALUATOR}
+    )  # not in the cluster (cluster/evaluator.py)
+    training, service = data_service.split(spec)
+    return Placement(LaunchMode.JOBSET, training, job, int(raw), service, address_from="the JobSet's address")
+
+
+def check_name(key: str, value: str, longest: int) -> None:
+    """A Kubernetes object's name, as a DNS label (a JobSet's, a TFJob's, a namespace)."""
+    if not _DNS_LABEL.fullmatch(value) or len(value) > longest:
+        raise ConfigError.one(
+            key,
+            value,
+            f"must be a DNS label: lowercase letters, digits and '-', starting with a letter, "
+            f"at most {longest} characters",
+        )
+
 
 JOBSET_API = "jobset.x-k8s.io/v1alpha2"
 TRAINER_API = "trainer.kubeflow.org/v1alpha1"
 CONTAINER = "tensorflow"
 TRAINER_CONTAINER = "node"  # the container Trainer v2 gives the TrainJob's image, args and resources
 ANCESTOR = "trainer.kubeflow.org/trainjob-ancestor-step"  # Trainer v2's label for the replicatedJob that trains
-MAX_NAME = jobset.LONGEST_NAME  # its pods' hostnames are built from the name
-LAUNCH = "jobset"  # the pods' cluster.launch: each places itself by its JobSet labels (cluster/jobset.py)
+MAX_NAME = LONGEST_NAME  # its pods' hostnames are built from the name
 
 
-def jobset_manifest(
-    layout: Layout,
-    overrides: List[str],
-    name: str,
-    image: str,
-    namespace: str = "default",
-    volume: Optional[str] = None,
-    mount_path: str = DEFAULT_MOUNT_PATH,
-    gpus: bool = False,
-    config_dirs: Sequence[str] = (),
-    config_path: Optional[str] = None,
-) -> Dict:
-    """The JobSet (as a dict) whose pods run `layout` (arguments as kubernetes.tfjob's)."""
+def jobset_manifest(layout: Layout, options: PodOptions) -> Dict:
+    """The JobSet (as a dict) whose pods run `layout`."""
     if layout.cluster.agent is not None:  # the pods say where they meet and what they prove, not the user's stand-in
         placed_here = ("cluster.launch", "cluster.agent.store", "cluster.agent.token_file")
-        overrides = [o for o in overrides if o.lstrip("+").partition("=")[0] not in placed_here]
-    pods = Pods(layout, "a JobSet", overrides, name, image, volume, mount_path, gpus, config_dirs, config_path)
-    spec = _agents_jobset_spec(pods, name) if layout.cluster.agent is not None else _jobset_spec(pods, CONTAINER)
-    return {"apiVersion": JOBSET_API, "kind": "JobSet", "metadata": _metadata(name, namespace), "spec": spec}
+        overrides = tuple(o for o in options.overrides if o.lstrip("+").partition("=")[0] not in placed_here)
+        options = replace(options, overrides=overrides)
+    pods = Pods(layout, "a JobSet", options)
+    spec = _agents_jobset_spec(pods) if layout.cluster.agent is not None else _jobset_spec(pods, CONTAINER)
+    return {
+        "apiVersion": JOBSET_API,
+        "kind": "JobSet",
+        "metadata": _metadata(options.name, options.namespace),
+        "spec": spec,
+    }
 
 
-def jobset_and_network_policy(
-    layout: Layout, overrides: List[str], name: str, image: str, namespace: str = "default", *more, **keywords
-) -> List[Dict]:
-    """`tfdistx export jobset`: the JobSet (arguments as jobset_manifest's), the NetworkPolicy that keeps others
-    out of its pods, and under agents the Secret their beats prove."""
+def jobset_and_network_policy(layout: Layout, options: PodOptions) -> List[Dict]:
+    """`tfdistx job jobset`: the JobSet, the NetworkPolicy that keeps others out of its pods, and under agents the
+    Secret their beats prove."""
     return [
-        jobset_manifest(layout, overrides, name, image, namespace, *more, **keywords),
-        network_policy(name, namespace),
-        *([rendezvous_secret(name, namespace)] if layout.cluster.agent is not None else []),
+        jobset_manifest(layout, options),
+        network_policy(options.name, options.namespace),
+        *([rendezvous_secret(options.name, options.namespace)] if layout.cluster.agent is not None else []),
     ]
 
 
@@ -97,7 +190,7 @@ def secret_name(name: str) -> str:
 
 
 def rendezvous_secret(name: str, namespace: str) -> Dict:
-    """The run's secret, which every agent's beat proves (cluster/keeper_wire.py): 256 random bits, new at each
+    """The run's secret, which every agent's beat proves (launch/agent/keeper_wire.py): 256 random bits, new at each
     export. Whoever reads this manifest holds it: it is printed for `kubectl apply`, not kept anywhere else."""
     return {
         "apiVersion": "v1",
@@ -120,7 +213,7 @@ def network_policy(name: str, namespace: str) -> Dict:
     the cluster's network plugin enforces NetworkPolicy."""
 
     def own() -> Dict:  # a dict each time: YAML would print a shared one as an anchor
-        return {"matchLabels": {jobset.NAME_LABEL: name}}
+        return {"matchLabels": {NAME_LABEL: name}}
 
     return {
         "apiVersion": "networking.k8s.io/v1",
@@ -130,28 +223,17 @@ def network_policy(name: str, namespace: str) -> Dict:
     }
 
 
-def trainjob_manifests(
-    layout: Layout,
-    overrides: List[str],
-    name: str,
-    image: str,
-    namespace: str = "default",
-    volume: Optional[str] = None,
-    mount_path: str = DEFAULT_MOUNT_PATH,
-    gpus: bool = False,
-    config_dirs: Sequence[str] = (),
-    config_path: Optional[str] = None,
-) -> List[Dict]:
+def trainjob_manifests(layout: Layout, options: PodOptions) -> List[Dict]:
     """[the ClusterTrainingRuntime, the TrainJob naming it]. The runtime is
     this run's shape (its task types and counts) with the image and args in
     every task type; the TrainJob sets the trainer step's image, args,
     numNodes and resources, which Trainer v2 lets a TrainJob override."""
-    pods = Pods(layout, "a TrainJob", overrides, name, image, volume, mount_path, gpus, config_dirs, config_path)
+    pods = Pods(layout, "a TrainJob", options)
     spec = _jobset_spec(pods, TRAINER_CONTAINER)
     trainer_step = next(job for job in spec["replicatedJobs"] if job["name"] == "worker")
     trainer_step["template"]["metadata"] = {"labels": {ANCESTOR: "trainer"}}  # the Job Trainer v2 sizes with numNodes
     workers = pods.counts["worker"]
-    runtime_name = f"tfdistx-{name}"
+    runtime_name = f"tfdistx-{options.name}"
     runtime = {
         "apiVersion": TRAINER_API,
         "kind": "ClusterTrainingRuntime",
@@ -161,17 +243,17 @@ def trainjob_manifests(
     }
     container = trainer_step["template"]["spec"]["template"]["spec"]["containers"][0]
     trainer = {
-        "image": image,
+        "image": options.image,
         "command": list(container["command"]),
         "args": list(container["args"]),
         "numNodes": workers,
     }
-    if gpus:
+    if options.gpus:
         trainer["resourcesPerNode"] = pods.resources()
     trainjob = {
         "apiVersion": TRAINER_API,
         "kind": "TrainJob",
-        "metadata": _metadata(name, namespace),
+        "metadata": _metadata(options.name, options.namespace),
         "spec": {
             "runtimeRef": {"name": runtime_name, "kind": "ClusterTrainingRuntime", "apiGroup": "trainer.kubeflow.org"},
             "trainer": trainer,
@@ -194,11 +276,11 @@ EVALUATOR_BACKOFF_LIMIT = 2**31 - 1
 
 
 def _jobset_spec(pods: Pods, container_name: str) -> Dict:
-    args = pods.args(LAUNCH)
+    args = pods.args(LaunchMode.JOBSET)  # each pod places itself by its JobSet labels (`place`)
     replicated = []
     for job, n in pods.counts.items():
         container = pods.container(
-            container_name, job, args, env=_labels_as_env(), ports=[{"name": "tfdistx", "containerPort": jobset.PORT}]
+            container_name, job, args, env=_labels_as_env(), ports=[{"name": "tfdistx", "containerPort": PORT}]
         )
         replicated.append(
             {
@@ -221,7 +303,7 @@ def _jobset_spec(pods: Pods, container_name: str) -> Dict:
     training = [job for job in pods.counts if job != EVALUATOR]
     primary = [job for job in pods.primary_jobs if job in pods.counts] or ["worker"]
     return {
-        "network": {"enableDNSHostnames": True},  # <name>-<job>-0-<i>.<name>: the addresses cluster/jobset.py derives
+        "network": {"enableDNSHostnames": True},  # <name>-<job>-0-<i>.<name>: the addresses `place` derives
         # BlockingRecreate: every pod of an attempt is gone before the next starts, so none still holds the run dir.
         "failurePolicy": {
             "maxRestarts": pods.max_restarts,
@@ -258,14 +340,15 @@ def _jobset_spec(pods: Pods, container_name: str) -> Dict:
     }
 
 
-def _agents_jobset_spec(pods: Pods, name: str) -> Dict:
+def _agents_jobset_spec(pods: Pods) -> Dict:
     """An agent in each of MAX pods of one Indexed Job (`worker`): pod 0's
-    keeps the rounds, at its DNS name on jobset.PORT."""
+    keeps the rounds, at its DNS name on PORT."""
     workers = pods.counts["worker"]
-    store = f"{jobset.hostname(name, 'worker', 0)}:{jobset.PORT}"
+    name = pods.options.name
+    store = f"{hostname(name, 'worker', 0)}:{PORT}"
     token_file = f"{SECRET_MOUNT_PATH}/{SECRET_KEY}"
-    args = [*pods.args("agent"), f"cluster.agent.store={store}", f"cluster.agent.token_file={token_file}"]
-    container = pods.container(CONTAINER, "worker", args, ports=[{"name": "rendezvous", "containerPort": jobset.PORT}])
+    args = [*pods.args(LaunchMode.AGENT), f"cluster.agent.store={store}", f"cluster.agent.token_file={token_file}"]
+    container = pods.container(CONTAINER, "worker", args, ports=[{"name": "rendezvous", "containerPort": PORT}])
     container.setdefault("volumeMounts", []).append(
         {"name": SECRET_VOLUME, "mountPath": SECRET_MOUNT_PATH, "readOnly": True}
     )
@@ -360,8 +443,37 @@ def _evaluator_job(pods: Pods, container: Dict) -> Dict:
 
 
 def _labels_as_env() -> List[Dict]:
-    """The JobSet labels cluster/jobset.py places the pod by, through the downward API."""
+    """The JobSet labels `place` places the pod by, through the downward API."""
     return [
         {"name": env, "valueFrom": {"fieldRef": {"fieldPath": f"metadata.labels['{label}']"}}}
-        for env, label in jobset.DOWNWARD_API.items()
+        for env, label in DOWNWARD_API.items()
     ]
+
+
+class JobSetLaunch(Launch):
+    mode = LaunchMode.JOBSET
+    detect_order = 20
+    placed_where = "the JobSet"
+    jobs = (
+        Job(
+            "jobset",
+            "a JobSet (jobset.x-k8s.io/v1alpha2, kubernetes-sigs/jobset) and the NetworkPolicy that admits its pods' "
+            "traffic from its own pods only",
+            "tfdistx.commands.kubernetes:jobset",
+        ),
+        Job(
+            "trainjob",
+            "a Kubeflow Trainer v2 TrainJob (trainer.kubeflow.org/v1alpha1) and the ClusterTrainingRuntime it names",
+            "tfdistx.commands.kubernetes:trainjob",
+        ),
+    )
+
+    def detected(self, env: Mapping[str, str]) -> bool:
+        """The manifest gave this pod its JobSet's name."""
+        return in_jobset(env)
+
+    def place(self, layout: Layout, env: Mapping[str, str], training: bool) -> Placement:
+        return place_pod(env, scheduled_tasks(layout, training))
+
+
+LAUNCH = JobSetLaunch()
