@@ -22,7 +22,7 @@ def test_a_launch_spec_is_made_from_the_run_spec_and_comes_back_from_json_as_it_
         "cluster.notice_signals=[USR2]",
     )
     spec = resolve(compose_ok(tmp_path / "run", *overrides), str(tmp_path / "run"))
-    record = RoundsRecord.of(spec)
+    record = RoundsRecord.of(spec.run_dir, spec.checkpoint.dir)
     made = LaunchSpec.of(
         spec,
         ["python", "-m", "tfdistx", "_task"],

@@ -31,18 +31,6 @@ PHASE_ENTRIES = {
     ("engine/parts.py", "model_from_checkpoint"),  # rebuilding a saved run's model (export, warm start)
 }
 
-# Functions of the launch side that the launch branch moves into tfdistx/launch/ (the LaunchSpec, the manifests'
-# options record): not changed here, to leave that branch's files whole. The lead empties these lists when it merges.
-LAUNCH_SIDE_WHOLE: Set[Tuple[str, str]] = set()
-LAUNCH_SIDE_CONFIG_READS: Set[Tuple[str, str]] = {
-    ("spec/agent.py", "problems"),  # cluster.launch=agent's checks, before the config is resolved
-    ("spec/elastic.py", "problems"),  # cluster.workers=MIN:MAX's checks, likewise
-    ("spec/elastic.py", "_batch_on_every_round"),
-    ("commands/task.py", "main"),  # a local cluster's task: handed a YAML of the config to resolve again
-    ("commands/slurm.py", "main"),  # `export slurm` composes its config to place the job
-    ("commands/kubernetes.py", "_code_the_image_must_have"),  # the manifests' command: the targets the image needs
-}
-
 # The side that composes and reads the config, and the command that composes the run's (Hydra's app, which reads
 # Hydra's own keys: hydra.run.dir, hydra.callbacks, hydra.sweep.dir).
 CONFIG_SIDE = ("config/", "commands/run.py")
@@ -104,7 +92,8 @@ def whole_for_a_few_fields() -> Dict[Tuple[str, str], List[str]]:
             if not names_in(parameter.annotation) & WHOLE or (where, function.name) in PHASE_ENTRIES:
                 continue
             read, whole = fields_read(function, parameter.arg)
-            if not whole and len(read) <= MOST_FIELDS:
+            # Unread: a base class's default (launch/base.py's `start`, which refuses), whose overrides read it
+            if read and not whole and len(read) <= MOST_FIELDS:
                 found[(where, function.name)] = sorted(read)
     return found
 
@@ -168,7 +157,7 @@ def _called(call: ast.Call):
 
 
 def test_the_whole_spec_goes_only_where_a_phase_begins():
-    found = {key: read for key, read in whole_for_a_few_fields().items() if key not in LAUNCH_SIDE_WHOLE}
+    found = whole_for_a_few_fields()
     assert found == {}, (
         "these take the whole RunSpec or Run and read at most two of its fields: hand them those fields (or their "
         f"section) instead: {found}"
@@ -176,17 +165,11 @@ def test_the_whole_spec_goes_only_where_a_phase_begins():
 
 
 def test_the_composed_config_is_read_only_on_the_config_side():
-    found = {key: lines for key, lines in config_reads().items() if key not in LAUNCH_SIDE_CONFIG_READS}
+    found = config_reads()
     assert found == {}, (
         "these read the composed config outside config/ and the command that composes it: read the RunSpec, or "
         f"a function of config/: {found}"
     )
-
-
-def test_the_allow_lists_name_only_what_is_still_there():
-    """An entry the launch branch has made good is taken off (the lists shrink to empty, never go stale)."""
-    assert LAUNCH_SIDE_WHOLE <= set(whole_for_a_few_fields())
-    assert LAUNCH_SIDE_CONFIG_READS <= set(config_reads())
 
 
 def test_the_counts_see_what_they_look_for():

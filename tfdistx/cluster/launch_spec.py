@@ -5,6 +5,7 @@ spec/typed_json.py each way. No TensorFlow here, and no training code.
 """
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Mapping, Optional, Sequence, Tuple
 
 from tfdistx.spec.run_spec import RunSpec
@@ -31,8 +32,9 @@ class RoundsRecord:
     metrics_file: str
 
     @classmethod
-    def of(cls, spec: RunSpec) -> "RoundsRecord":
-        return cls(str(spec.run_dir / "logs" / "rounds.json"), spec.checkpoint.dir, str(spec.run_dir / "metrics.jsonl"))
+    def of(cls, run_dir: Path, checkpoint_dir: str) -> "RoundsRecord":
+        """A run's, in its run dir `run_dir`, whose checkpoints are in `checkpoint_dir`."""
+        return cls(str(run_dir / "logs" / "rounds.json"), checkpoint_dir, str(run_dir / "metrics.jsonl"))
 
 
 @dataclass(frozen=True)

@@ -8,9 +8,8 @@ import argparse
 import os
 import sys
 from pathlib import Path
-from typing import Dict, Optional
+from typing import Optional
 
-from omegaconf import OmegaConf
 
 from tfdistx import emit
 from tfdistx import launch as launches
@@ -20,6 +19,7 @@ from tfdistx.launch.jobset import check_name
 from tfdistx.launch.kubernetes import DEFAULT_MOUNT_PATH, PodOptions, check_image, check_mount_path
 from tfdistx.commands.common import compose_as_placed, one_line_errors
 from tfdistx.config import userconf
+from tfdistx.config.compose import code_the_image_must_have
 from tfdistx.spec import elastic
 from tfdistx.spec.errors import ConfigError
 from tfdistx.spec.launch_mode import LaunchMode
@@ -132,7 +132,7 @@ def write(argv, kind: str) -> int:
             "each of these directories at that path, relative to the pod's working directory",
             file=sys.stderr,
         )
-    imported = _code_the_image_must_have(cfg)
+    imported = code_the_image_must_have(cfg)
     if imported:  # composing in the pod finds the config; building the run imports these
         print(
             f"tfdistx: WARNING: the pods import {', '.join(f'{m} ({k})' for m, k in imported.items())}, which tfdistx "
@@ -142,40 +142,3 @@ def write(argv, kind: str) -> int:
     made_by = emit.command_line(["tfdistx", "job", kind, *argv])  # one line, whatever the arguments hold
     print(emit.yaml_stream(manifests if isinstance(manifests, list) else [manifests], header=[made_by]), end="")
     return 0
-
-
-# What the image has when it has tfdistx: the package and what it installs.
-_INSTALLED_WITH_TFDISTX = (
-    "tfdistx",
-    "keras",
-    "tensorflow",
-    "tensorflow_datasets",
-    "numpy",
-    "hydra",
-    "omegaconf",
-    "wandb",
-    "mlflow",
-)
-
-
-def _code_the_image_must_have(cfg) -> Dict[str, str]:
-    """The top-level modules the config's `_target_`s name beyond what
-    tfdistx installs (a user's own package, say), each with the first key
-    that names it: the pods import them, so the image must have them."""
-    found: Dict[str, str] = {}
-
-    def walk(node, where: str) -> None:
-        if isinstance(node, dict):
-            target = node.get("_target_")
-            if isinstance(target, str) and "${" not in target:
-                module = target.split(".")[0]
-                if module not in _INSTALLED_WITH_TFDISTX:
-                    found.setdefault(module, f"{where}._target_={target}" if where else f"_target_={target}")
-            for key, value in node.items():
-                walk(value, f"{where}.{key}" if where else str(key))
-        elif isinstance(node, list):
-            for index, value in enumerate(node):
-                walk(value, f"{where}[{index}]")
-
-    walk(OmegaConf.to_container(cfg, resolve=False), "")
-    return found

@@ -15,7 +15,7 @@ import functools
 import re
 import sys
 from pathlib import Path
-from typing import Any, Iterator, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterator, Optional, Sequence, Tuple
 
 import yaml
 from hydra import initialize_config_dir
@@ -521,3 +521,40 @@ def _override_key(message: str):
     if marker in message:
         return message.split(marker, 1)[1].split("=", 1)[0].strip("'\" ")
     return None
+
+
+# What the image has when it has tfdistx: the package and what it installs.
+_INSTALLED_WITH_TFDISTX = (
+    "tfdistx",
+    "keras",
+    "tensorflow",
+    "tensorflow_datasets",
+    "numpy",
+    "hydra",
+    "omegaconf",
+    "wandb",
+    "mlflow",
+)
+
+
+def code_the_image_must_have(cfg: DictConfig) -> Dict[str, str]:
+    """The top-level modules the config's `_target_`s name beyond what
+    tfdistx installs (a user's own package, say), each with the first key
+    that names it: the pods import them, so the image must have them."""
+    found: Dict[str, str] = {}
+
+    def walk(node, where: str) -> None:
+        if isinstance(node, dict):
+            target = node.get("_target_")
+            if isinstance(target, str) and "${" not in target:
+                module = target.split(".")[0]
+                if module not in _INSTALLED_WITH_TFDISTX:
+                    found.setdefault(module, f"{where}._target_={target}" if where else f"_target_={target}")
+            for key, value in node.items():
+                walk(value, f"{where}.{key}" if where else str(key))
+        elif isinstance(node, list):
+            for index, value in enumerate(node):
+                walk(value, f"{where}[{index}]")
+
+    walk(OmegaConf.to_container(cfg, resolve=False), "")
+    return found

@@ -45,8 +45,9 @@ def validate(cfg: DictConfig, run_dir: Optional[str] = None) -> None:
     """Raise ConfigError listing every problem found in `cfg`."""
     problems = _top_level(cfg)
     problems += _strategy_and_cluster(cfg.strategy, cfg.cluster)
-    elastic_problems = elastic.problems(cfg)
-    problems += agent.problems(cfg)
+    strategy = cfg.strategy.get("name")
+    elastic_problems = elastic.problems(cfg.cluster, strategy, cfg.data, cfg.optimizer)
+    problems += agent.problems(cfg.cluster, strategy)
     problems += elastic_problems
     data_problems = _data(cfg.data, planned_replicas(cfg))
     if any(

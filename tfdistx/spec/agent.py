@@ -16,7 +16,7 @@ No TensorFlow here.
 
 import ipaddress
 import re
-from typing import List
+from typing import List, Optional
 
 from tfdistx.spec import strategies
 from tfdistx.spec.errors import Problem
@@ -29,10 +29,9 @@ AGENT_STRATEGIES = (
 _HOST_PORT = re.compile(r"^(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9_.-]+):(\d{1,5})$")
 
 
-def problems(cfg) -> List[Problem]:
+def problems(cluster, strategy: Optional[str]) -> List[Problem]:
     """Why this run cannot have an agent on every node as asked; [] when it
-    can, or does not ask."""
-    cluster = cfg.cluster
+    can, or does not ask. `cluster`: the cluster section; `strategy`: strategy.name."""
     agent = cluster.get("agent") or {}
     if cluster.launch != LaunchMode.AGENT:
         return []
@@ -67,7 +66,7 @@ def problems(cfg) -> List[Problem]:
                 "or null: the run directory's logs/rendezvous.key, made by the first agent",
             )
         )
-    name = cfg.strategy.get("name")
+    name = strategy
     if (
         name in strategies.NAMES
         and strategies.get(name, cluster.workers, cluster.devices_per_worker).name not in AGENT_STRATEGIES

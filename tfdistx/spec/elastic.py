@@ -68,13 +68,13 @@ def shown(cluster) -> str:
     return f"{low}:{high}"
 
 
-def problems(cfg) -> List[Problem]:
-    """Why this run cannot be elastic as asked; [] when it is not elastic."""
-    cluster = cfg.cluster
+def problems(cluster, strategy: Optional[str], data, optimizer) -> List[Problem]:
+    """Why this run cannot be elastic as asked; [] when it is not elastic. Each of the config's sections it
+    reads: `cluster`, `data`, `optimizer`; `strategy`: strategy.name."""
     if not is_elastic(cluster):
         return []
     elastic, low = cluster.elastic, cluster.elastic.min_workers
-    name = cfg.strategy.get("name")
+    name = strategy
     found = []
     if not isinstance(low, int) or not 1 <= low <= cluster.workers:
         return [
@@ -100,11 +100,11 @@ def problems(cfg) -> List[Problem]:
                 "use strategy=multiworker, or leave cluster.elastic.min_workers=null",
             )
         ]
-    if data_service.workers(cfg.data):
+    if data_service.workers(data):
         found.append(
             Problem(
                 "data.service.workers",
-                data_service.workers(cfg.data),
+                data_service.workers(data),
                 f"a tf.data service job cannot re-form its "
                 f"trainers between rounds, nor resume exactly ({shown_range} is elastic): use data.service.workers=0",
             )
@@ -128,8 +128,8 @@ def problems(cfg) -> List[Problem]:
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
             found.append(Problem(f"cluster.elastic.{key}", value, "seconds, more than 0"))
     if not facts.asynchronous:
-        found += _batch_on_every_round(cfg, low, cluster.workers)
-        if cfg.optimizer.get("scale_lr_with_replicas"):
+        found += _batch_on_every_round(data.get("batch_size"), cluster.devices_per_worker or 1, low, cluster.workers)
+        if optimizer.get("scale_lr_with_replicas"):
             found.append(
                 Problem(
                     "optimizer.scale_lr_with_replicas",
@@ -173,10 +173,9 @@ def _hosts(elastic) -> List[Problem]:
     return []
 
 
-def _batch_on_every_round(cfg, low: int, high: int) -> List[Problem]:
-    """Every round keeps the global batch (engine/topology.py refuses a
-    resume that does not): it must divide across every worker count."""
-    batch, devices = cfg.data.get("batch_size"), cfg.cluster.devices_per_worker or 1
+def _batch_on_every_round(batch, devices: int, low: int, high: int) -> List[Problem]:
+    """Every round keeps the global batch `batch` (engine/topology.py refuses a
+    resume that does not): it must divide across every worker count's `devices` each."""
     if not isinstance(batch, int) or isinstance(batch, bool) or batch < 1:
         return []  # refused by its own check (validate._data: not a batch)
     counts = range(low, high + 1)

@@ -45,7 +45,7 @@ class AgentLaunch(Launch):
             task_env=threads.environment(per_pool),
             preload=task.preload if cluster.prefork else (),
             evaluator=cluster.evaluator,  # run by the agent that keeps the rounds
-            rounds=Rounds(bounds, RoundsRecord.of(spec)),
+            rounds=Rounds(bounds, RoundsRecord.of(spec.run_dir, spec.checkpoint.dir)),
             agent=Rendezvous(
                 store=agent.store,
                 address=agent.address,

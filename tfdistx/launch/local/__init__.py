@@ -47,7 +47,7 @@ def rounds_of(spec: RunSpec, mode: str) -> Optional[Rounds]:
     if mode != "train" or keys is None:
         return None
     bounds = Bounds(keys.min_workers, spec.cluster.workers, keys.join_grace, keys.lost_bound, keys.below_min_timeout)
-    return Rounds(bounds, RoundsRecord.of(spec), hosts=keys.hosts, discover=keys.discover)
+    return Rounds(bounds, RoundsRecord.of(spec.run_dir, spec.checkpoint.dir), hosts=keys.hosts, discover=keys.discover)
 
 
 class LocalLaunch(Launch):

@@ -34,8 +34,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import List, Optional, Sequence, Tuple
 
-from omegaconf import OmegaConf
-
 from tfdistx import emit
 from tfdistx.launch.slurm import free_ports
 from tfdistx.launch.agent import run_secret
@@ -44,6 +42,7 @@ from tfdistx.launch.slurm import GPUS_PER_WORKER_ENV, SLURM_PORTS_ENV
 from tfdistx.commands.common import compose_as_placed, one_line_errors
 from tfdistx.commands.ending import EXIT_CODES_ENV
 from tfdistx.config import userconf
+from tfdistx.config.compose import hydra_run_dir
 from tfdistx.rundir import EXIT_CODES
 from tfdistx.spec import elastic
 from tfdistx.spec.errors import EXIT_PORT_IN_USE, EXIT_PREEMPTED, ConfigError
@@ -180,7 +179,7 @@ def main(argv) -> int:
         )
         gpus = _gpus(args.gpus, layout, tasks, nodes, agents) if args.gpus is not None else None
         run_dir = (
-            OmegaConf.select(cfg, "hydra.run.dir") if "hydra.run.dir" in given else None
+            hydra_run_dir(cfg) if "hydra.run.dir" in given else None
         )  # as composed: Hydra's quotes gone
         job = (
             _agents(layout.cluster, layout.servers_beside_the_keeper(), given)
