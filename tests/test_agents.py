@@ -34,7 +34,8 @@ BOUNDS = ["cluster.elastic.join_grace=2", "cluster.elastic.lost_bound=3", "clust
 
 
 def start_agents(nodes: Nodes, tmp_path, count: int, *args, base=ARGS, strategy="multiworker") -> list:
-    """An agent on each of nodes 1..count, the same command on each (`base`: the probe's run, paced); node 1 keeps the rounds."""
+    """An agent on each of nodes 1..count, the same command on each (`base`: the probe's run, paced); node 1 keeps
+    the rounds."""
     command = [
         sys.executable,
         "-m",
@@ -211,7 +212,9 @@ def test_a_fixed_run_whose_node_is_cut_off_waits_for_it_and_resumes_bitwise(node
     wait_until(lambda: not processes_of(run_dir), 30, "every agent and task gone")
 
 
-@pytest.mark.slow  # the keeper's node runs the servers as under parameter servers (the default run's test above); the service's claim is test_data_service.py's
+# the keeper's node runs the servers as under parameter servers (the default run's test above); the service's claim is
+# test_data_service.py's
+@pytest.mark.slow
 def test_a_fixed_run_of_agents_on_the_tf_data_service_runs_it_on_the_stores_node(nodes, tmp_path):
     """2x1 on two nodes with data.service.workers=1: the keeper's node runs
     the dispatcher and the data worker beside its worker, both trainers read
@@ -318,7 +321,8 @@ def test_a_failing_worker_restarts_the_round_from_every_agents_budget_and_then_t
     wait_until(lambda: not processes_of(run_dir), 30, "every agent and task gone")
 
 
-@pytest.mark.slow  # the sidecar's evaluations are the default run's under the local launcher (test_sidecar_evaluator.py); here, its place
+# the sidecar's evaluations are the default run's under the local launcher (test_sidecar_evaluator.py); here, its place
+@pytest.mark.slow
 def test_a_fixed_run_of_agents_runs_the_sidecar_evaluator_on_the_stores_node(nodes, tmp_path):
     """2x1 on two nodes with cluster.evaluator=true: the agent that keeps the
     rounds (node 1, the store's) runs the sidecar evaluator beside its worker,

@@ -50,8 +50,9 @@ def can_isolate() -> bool:
 def test_two_workers_end_with_identical_weights(tfdistx, tmp_path):
     scratch = tmp_path / "tmp"
     scratch.mkdir()
-    # Another local user's links at the names worker 1's scratch dir had in the temp dir, or could have: not followed, not
-    # removed (the local launcher now gives its tasks a scratch place in logs/.scratch, so they are not even looked at).
+    # Another local user's links at the names worker 1's scratch dir had in the temp dir, or could have: not followed,
+    # not removed (the local launcher now gives its tasks a scratch place in logs/.scratch, so they are not even looked
+    # at).
     victim = tmp_path / "victim"
     victim.mkdir()
     (victim / "precious").write_text("mine")
@@ -254,7 +255,8 @@ def test_parameter_servers_whose_coordinator_is_gone_stop_on_their_own(tmp_path)
         assert code == 5 and seconds <= 4 + 30, (name, code, seconds, outputs[name][-2000:])
         said = [line for line in outputs[name].splitlines() if line.startswith("tfdistx: lost contact")]
         assert said == [
-            f"tfdistx: lost contact with chief:0: no answer for 4s (cluster.peer_timeout); {name[:-1]}:{name[-1]} stops serving"
+            "tfdistx: lost contact with chief:0: no answer for 4s (cluster.peer_timeout); "
+            f"{name[:-1]}:{name[-1]} stops serving"
         ], outputs[name][-2000:]
 
 
@@ -268,7 +270,8 @@ command = [arg for arg in sys.argv[1:] if not arg.startswith("--")]
 if "tfdistx.launch.slurm.free_ports" in command:
     os.execv(sys.executable, [sys.executable, *command[1:]])
 ranks = int(os.environ["SLURM_NTASKS"])
-place = {{"SLURM_STEP_NUM_TASKS": str(ranks), "SLURM_STEP_NODELIST": "localhost", "SLURM_STEP_TASKS_PER_NODE": str(ranks)}}
+place = {{"SLURM_STEP_NUM_TASKS": str(ranks), "SLURM_STEP_NODELIST": "localhost", "SLURM_STEP_TASKS_PER_NODE": \
+str(ranks)}}
 procs = [
     subprocess.Popen(command, env={{**os.environ, **place, "SLURM_PROCID": str(rank)}},
                      stdout=open(f"{out}/rank-{{rank}}.out", "w"), stderr=subprocess.STDOUT)
@@ -465,7 +468,8 @@ def test_a_niced_cluster_yields_in_a_session_of_its_own_and_is_stopped_and_resum
 
 
 def test_a_nice_for_a_task_a_scheduler_placed_is_refused_in_one_line(tfdistx):
-    """cluster.nice under TF_CONFIG (cluster.launch=auto): the scheduler started the process, so nothing would be niced."""
+    """cluster.nice under TF_CONFIG (cluster.launch=auto): the scheduler started the process, so nothing would be
+    niced."""
     run = tfdistx(
         "strategy=multiworker",
         "cluster=2x1",
@@ -481,7 +485,8 @@ def test_a_nice_for_a_task_a_scheduler_placed_is_refused_in_one_line(tfdistx):
     ) in run.stderr, run.stderr[-2000:]
 
 
-# -- a missing peer: exit 4 in time (placement from a scheduler's environment, and a bad one refused: test_unit_config_cluster.py) --
+# -- a missing peer: exit 4 in time (placement from a scheduler's environment, and a bad one refused:
+# test_unit_config_cluster.py) --
 
 
 def test_a_peer_that_never_starts_ends_the_task_in_time_naming_it(tfdistx):
@@ -495,8 +500,8 @@ def test_a_peer_that_never_starts_ends_the_task_in_time_naming_it(tfdistx):
     )
     assert run.returncode == 4 and "Traceback" not in run.stderr, run
     assert (
-        f"tfdistx: the cluster did not form within cluster.startup_timeout=3s: no answer from worker:1 at 127.0.0.1:{ports[1]}"
-        in run.stderr
+        "tfdistx: the cluster did not form within cluster.startup_timeout=3s: no answer from worker:1 "
+        f"at 127.0.0.1:{ports[1]}" in run.stderr
     ), run
     assert "listens on port" in run.stderr and "ALL of this host's interfaces" in run.stderr  # the exposure warning
 
@@ -509,8 +514,8 @@ def test_a_port_in_use_is_named_with_its_task(tfdistx):
         run = tfdistx("strategy=multiworker", "cluster=2x1", *QUICK, env={"TF_CONFIG": workers_tf_config(ports, 0)})
     assert run.returncode == 6, run.stderr[-2000:]  # a fault of the machine, which a retry may cure: not a bad config
     assert (
-        f"tfdistx: TF_CONFIG='127.0.0.1:{ports[0]}': task worker:0 cannot listen on port {ports[0]}: it is already in use"
-        in run.stderr
+        f"tfdistx: TF_CONFIG='127.0.0.1:{ports[0]}': task worker:0 cannot listen on port {ports[0]}: "
+        "it is already in use" in run.stderr
     )
     assert "Traceback" not in run.stderr
 
@@ -584,7 +589,8 @@ def test_the_prefork_outlives_a_schedulers_signals_and_its_tasks_take_them_as_a_
 
     (tmp_path / "probe_signals.py").write_text(
         "import pathlib, signal, sys, time\n"
-        "said = {s.name: str(signal.getsignal(s)) for s in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2)}\n"
+        "said = {s.name: str(signal.getsignal(s)) for s in "
+        "(signal.SIGTERM, signal.SIGHUP, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2)}\n"
         "pathlib.Path(sys.argv[1]).write_text(repr(said))\n"
         "time.sleep(60)\n"
     )

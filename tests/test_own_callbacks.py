@@ -49,7 +49,10 @@ RUN = [
     "+callbacks.keras_csv.append=true",
     "optimizer._target_=keras.optimizers.Lion",
     "optimizer.beta_2=0.98",
-    "optimizer.schedule={_target_:keras.optimizers.schedules.PiecewiseConstantDecay,boundaries:[100],values:[0.001,0.0003]}",
+    (
+        "optimizer.schedule={_target_:keras.optimizers.schedules.PiecewiseConstantDecay,"
+        "boundaries:[100],values:[0.001,0.0003]}"
+    ),
     "logger=[default,csv,mlflow]",
     "trainer.steps=2000",
     "trainer.log_every=20",
@@ -69,7 +72,8 @@ def project(tmp_path):
 
 
 def start(project, run_dir, *args):
-    # The project's own directory, nothing of tests/; and the PYTHONPATH pytest was given (a checkout that is not the one installed).
+    # The project's own directory, nothing of tests/; and the PYTHONPATH pytest was given (a checkout that is not the
+    # one installed).
     env = tfdistx_env(PYTHONPATH=os.environ.get("PYTHONPATH") or None)
     return subprocess.Popen(
         [sys.executable, "-m", "tfdistx", *RUN, *args, f"hydra.run.dir={run_dir}"],
@@ -130,7 +134,8 @@ def test_a_project_with_its_own_callback_lion_csv_and_mlflow_stops_resumes_and_i
         and resumed["step"] == summary["step"]
     )
 
-    # Each run's own MLflow store, in its run dir (nothing in the directory the runs started from), read as the docs say.
+    # Each run's own MLflow store, in its run dir (nothing in the directory the runs started from), read as the docs
+    # say.
     assert not (project / "mlruns").exists() and not (project / "mlflow.db").exists()
     from mlflow import MlflowClient
 
@@ -142,7 +147,8 @@ def test_a_project_with_its_own_callback_lion_csv_and_mlflow_stops_resumes_and_i
         logged = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
         assert run.info.run_name == run_dir.name and run.info.status == "FINISHED"
         assert run.data.metrics["loss"] == logged[-1]["loss"]
-        # Each step once, its final value: the killed run's steps past its checkpoint were never sent, as metrics.jsonl dropped them.
+        # Each step once, its final value: the killed run's steps past its checkpoint were never sent, as metrics.jsonl
+        # dropped them.
         assert [(m.step, m.value) for m in client.get_metric_history(run.info.run_id, "loss")] == [
             (m["step"], m["loss"]) for m in logged
         ]
@@ -253,8 +259,8 @@ def test_under_multiworker_a_callback_failing_on_the_chief_saves_with_every_work
     run = tfdistx(*args, timeout=300)
     assert run.returncode == 1, run
     assert (
-        "callbacks.x (user_plugins.FailsIn) raised RuntimeError in on_epoch_end at step 20: boom; the steps trained are saved "
-        "(step 20), and a rerun resumes from there"
+        "callbacks.x (user_plugins.FailsIn) raised RuntimeError in on_epoch_end at step 20: boom; the steps trained "
+        "are saved (step 20), and a rerun resumes from there"
     ) in run.stdout + run.stderr
     assert sorted(p.name for p in (run.dir / "checkpoints").glob("ckpt-*.index")) == ["ckpt-20.index"]
     again = tfdistx(*[a for a in args if "callbacks.x" not in a], timeout=300)

@@ -193,7 +193,8 @@ def test_mlflow_gets_each_step_once_its_checkpoint_is_saved_so_a_resumed_run_sen
     keys = dict(experiment="tfdistx", tracking_uri=None, run_name=None, timeout=5, checkpoint_dir=checkpoints)
 
     def attempt(records, saved_after, resumed_from=0):
-        """A run's attempt from `resumed_from`: each record logged (metrics.jsonl, then MLflow), then its checkpoint if saved."""
+        """A run's attempt from `resumed_from`: each record logged (metrics.jsonl, then MLflow), then its checkpoint
+        if saved."""
         lines = [line for line in (run_dir / "metrics.jsonl").read_text().splitlines()] if resumed_from else []
         (run_dir / "metrics.jsonl").write_text(
             "".join(line + "\n" for line in lines if json.loads(line)["step"] <= resumed_from)
@@ -258,7 +259,10 @@ def test_a_run_with_callbacks_lion_and_a_schedule_resumes_bitwise(tmp_path):
         "cluster=1x2",
         "trainer.deterministic=true",
         "optimizer._target_=keras.optimizers.Lion",
-        "optimizer.schedule={_target_:keras.optimizers.schedules.PiecewiseConstantDecay,boundaries:[20],values:[0.001,0.0003]}",
+        (
+            "optimizer.schedule={_target_:keras.optimizers.schedules.PiecewiseConstantDecay,"
+            "boundaries:[20],values:[0.001,0.0003]}"
+        ),
         "+callbacks.stop._target_=user_plugins.StopBelow",
         "+callbacks.stop.loss=0.0",
         "logger.csv=true",
@@ -291,15 +295,18 @@ INSIDE = "a path inside the run dir, e.g. keras_log.csv"
     [
         (
             ["callbacks.csv_logger.filename=../mine.csv", "callbacks.csv_logger.append=false"],
-            f"callbacks.csv_logger.filename='../mine.csv': would be written outside the run dir, where tfdistx does not write: name {INSIDE}",
+            "callbacks.csv_logger.filename='../mine.csv': would be written outside the run dir, "
+            f"where tfdistx does not write: name {INSIDE}",
         ),
         (
             ["callbacks.csv_logger.filename=/tmp/mine.csv"],
-            f"callbacks.csv_logger.filename='/tmp/mine.csv': would be written outside the run dir, where tfdistx does not write: name {INSIDE}",
+            "callbacks.csv_logger.filename='/tmp/mine.csv': would be written outside the run dir, "
+            f"where tfdistx does not write: name {INSIDE}",
         ),
         (
             ["callbacks.csv_logger.filename=metrics.jsonl"],
-            f"callbacks.csv_logger.filename='metrics.jsonl': is the run's own metrics.jsonl, which this would replace: name {INSIDE}",
+            "callbacks.csv_logger.filename='metrics.jsonl': is the run's own metrics.jsonl, "
+            f"which this would replace: name {INSIDE}",
         ),
     ],
 )
@@ -313,7 +320,10 @@ def test_a_shipped_callbacks_file_through_a_link_out_of_the_run_dir_is_refused(t
     (tmp_path / "run" / "out").symlink_to(tmp_path)
     assert refused(tmp_path / "run", "callbacks=[csv_logger]", "callbacks.csv_logger.filename=out/mine.csv") == [
         PREFIX
-        + f"callbacks.csv_logger.filename='out/mine.csv': leads outside the run dir (to {tmp_path / 'mine.csv'}): name {INSIDE}"
+        + (
+            "callbacks.csv_logger.filename='out/mine.csv': leads outside the run dir "
+            f"(to {tmp_path / 'mine.csv'}): name {INSIDE}"
+        )
     ]
 
 
@@ -323,8 +333,10 @@ def test_a_directory_tfdistx_did_not_make_holding_a_file_a_logger_writes_is_refu
     (tmp_path / "mine" / "metrics.csv").write_text("my own rows\n")
     assert refused(tmp_path / "mine", "callbacks=[csv_logger]", "logger=[default,csv]") == [
         PREFIX
-        + f"hydra.run.dir='{tmp_path / 'mine'}': holds keras_log.csv, metrics.csv, which a run writes, and tfdistx did not make it "
-        "(no .lock): name a new directory, or move them (nothing was changed)"
+        + (
+            f"hydra.run.dir='{tmp_path / 'mine'}': holds keras_log.csv, metrics.csv, which a run writes, "
+            "and tfdistx did not make it (no .lock): name a new directory, or move them (nothing was changed)"
+        )
     ]
     compose_ok(tmp_path / "mine")  # without those loggers the directory is no run's
 
@@ -349,12 +361,14 @@ def test_the_csv_logger_keeps_a_file_there_aside_when_told_not_to_append(tmp_pat
         (["logger.mlflow.run_name=''"], "logger.mlflow.run_name='': 1 to 250 characters, or null: the run dir's name"),
         (
             ["logger.mlflow.tracking_uri=file:///tmp/mlruns"],
-            "logger.mlflow.tracking_uri='file:///tmp/mlruns': is MLflow's file store, which MLflow 3 refuses unless MLFLOW_ALLOW_FILE_STORE=true: "
-            "name a SQLite store (sqlite:///PATH/mlflow.db) or a server, or leave it null for the run's own store",
+            "logger.mlflow.tracking_uri='file:///tmp/mlruns': is MLflow's file store, which MLflow 3 refuses unless "
+            "MLFLOW_ALLOW_FILE_STORE=true: name a SQLite store (sqlite:///PATH/mlflow.db) or a server, or leave it "
+            "null for the run's own store",
         ),
         (
             ["logger.mlflow.tracking_uri=sqlite:////nowhere/at/all/mlflow.db"],
-            "logger.mlflow.tracking_uri='sqlite:////nowhere/at/all/mlflow.db': its directory /nowhere/at/all does not exist: make it, or name another",
+            "logger.mlflow.tracking_uri='sqlite:////nowhere/at/all/mlflow.db': its directory /nowhere/at/all "
+            "does not exist: make it, or name another",
         ),
         (["logger.mlflow.enabled=maybe"], "logger.mlflow.enabled='maybe': allowed: true, false"),
         (
@@ -379,7 +393,10 @@ def test_an_unknown_logger_in_a_list_is_named_with_the_loggers_there_are(tmp_pat
     monkeypatch.setenv(userconf.ENV, str(tmp_path / "conf"))
     assert refused(tmp_path / "run", "logger=[default,nope]") == [
         PREFIX
-        + "logger='nope': allowed: csv, default, mine, mlflow, wandb; or your own: --config-dir DIR with DIR/logger/nope.yaml"
+        + (
+            "logger='nope': allowed: csv, default, mine, mlflow, wandb; "
+            "or your own: --config-dir DIR with DIR/logger/nope.yaml"
+        )
     ]
 
 

@@ -140,22 +140,38 @@ def test_servers_that_leave_are_waited_for_until_gone(dispatcher, frozen):
 
 # worker:2 of 4 SIGKILLed: worker:1's error. Worker:0 and worker:3 relay the abort; only worker:2's socket closed.
 RING_ABORT = """Collective ops is aborted by: Collective ops is aborted by: Collective ops is aborted by: Socket closed
-Additional GRPC error information from remote target /job:worker/replica:0/task:2 while calling /tensorflow.WorkerService/RecvBuf:
+Additional GRPC error information from remote target /job:worker/replica:0/task:2 while calling \
+/tensorflow.WorkerService/RecvBuf:
 :UNKNOWN:Error received from peer  {grpc_status:14, grpc_message:"Socket closed"}
-Additional GRPC error information from remote target /job:worker/replica:0/task:3 while calling /tensorflow.WorkerService/RecvBuf:
-:UNKNOWN:Error received from peer  {grpc_message:"Collective ops is aborted by: Socket closed\\nAdditional GRPC error information from remote target /job:worker/replica:0/task:2 while calling /tensorflow.WorkerService/RecvBuf:\\n:UNKNOWN:Error received from peer  {grpc_status:14, grpc_message:\\"Socket closed\\"}", grpc_status:14}
-Additional GRPC error information from remote target /job:worker/replica:0/task:0 while calling /tensorflow.WorkerService/RecvBuf:
-:UNKNOWN:Error received from peer  {grpc_message:"Collective ops is aborted by: Collective ops is aborted by: Socket closed\\nAdditional GRPC error information from remote target /job:worker/replica:0/task:2 while calling /tensorflow.WorkerService/RecvBuf:\\n:UNKNOWN:Error received from peer  {grpc_status:14, grpc_message:\\"Socket closed\\"}", grpc_status:14}
+Additional GRPC error information from remote target /job:worker/replica:0/task:3 while calling \
+/tensorflow.WorkerService/RecvBuf:
+:UNKNOWN:Error received from peer  {grpc_message:"Collective ops is aborted by: Socket closed\\n\
+Additional GRPC error information from remote target /job:worker/replica:0/task:2 while calling \
+/tensorflow.WorkerService/RecvBuf:\\n\
+:UNKNOWN:Error received from peer  {grpc_status:14, grpc_message:\\"Socket closed\\"}", grpc_status:14}
+Additional GRPC error information from remote target /job:worker/replica:0/task:0 while calling \
+/tensorflow.WorkerService/RecvBuf:
+:UNKNOWN:Error received from peer  {grpc_message:"Collective ops is aborted by: \
+Collective ops is aborted by: Socket closed\\n\
+Additional GRPC error information from remote target /job:worker/replica:0/task:2 while calling \
+/tensorflow.WorkerService/RecvBuf:\\n\
+:UNKNOWN:Error received from peer  {grpc_status:14, grpc_message:\\"Socket closed\\"}", grpc_status:14}
 """
 # worker:2 of 3 stopped (SIGSTOP) past the heartbeat timeout.
-HEARTBEAT = """Collective ops is aborted by: Error reported from /job:worker/task:2: The following tasks are unhealthy (stopped sending heartbeats):
-The tasks have crashed. Check the task logs for an earlier error, or scheduler events (e.g. preemption, eviction) to debug further.
-Additional GRPC error information from remote target /job:worker/replica:0/task:0 while calling /tensorflow.WorkerService/RecvBuf:
+HEARTBEAT = """Collective ops is aborted by: Error reported from /job:worker/task:2: The following tasks are unhealthy \
+(stopped sending heartbeats):
+The tasks have crashed. Check the task logs for an earlier error, or scheduler events (e.g. preemption, eviction) to \
+debug further.
+Additional GRPC error information from remote target /job:worker/replica:0/task:0 while calling \
+/tensorflow.WorkerService/RecvBuf:
 :UNKNOWN:Error received from peer  {grpc_message:"CANCELLED", grpc_status:1}"""
 # worker:2 of 3 SIGKILLed before a call: its address refuses connections.
-REFUSED = """Collective ops is aborted by: failed to connect to all addresses; last error: UNKNOWN: ipv4:127.0.0.1:54439: Failed to connect to remote host: Connection refused
-Additional GRPC error information from remote target /job:worker/replica:0/task:2 while calling /tensorflow.WorkerService/RecvBuf:
-:UNKNOWN:Error received from peer  {grpc_status:14, grpc_message:"failed to connect to all addresses; last error: UNKNOWN: ipv4:127.0.0.1:54439: Failed to connect to remote host: Connection refused"}"""
+REFUSED = """Collective ops is aborted by: failed to connect to all addresses; last error: UNKNOWN: \
+ipv4:127.0.0.1:54439: Failed to connect to remote host: Connection refused
+Additional GRPC error information from remote target /job:worker/replica:0/task:2 while calling \
+/tensorflow.WorkerService/RecvBuf:
+:UNKNOWN:Error received from peer  {grpc_status:14, grpc_message:"failed to connect to all addresses; last error: \
+UNKNOWN: ipv4:127.0.0.1:54439: Failed to connect to remote host: Connection refused"}"""
 
 # worker:1 of 3 SIGKILLed while worker:0 waited for it to call: worker:0 aborted its own collectives, having found
 # worker:1's port refused (engine/preemption.peers_gone_abort_the_collectives).
@@ -166,8 +182,8 @@ GONE = (
 
 # worker:1 of 2 SIGKILLed and recreated as a pod (a new process at its name) before worker:0 noticed: its error.
 RESTARTED = (
-    "Collective ops is aborted by: Error reported from /job:worker/task:1: /job:worker/replica:0/task:1 unexpectedly tried "
-    "to connect with a different incarnation. It has likely restarted."
+    "Collective ops is aborted by: Error reported from /job:worker/task:1: /job:worker/replica:0/task:1 "
+    "unexpectedly tried to connect with a different incarnation. It has likely restarted."
 )
 
 
@@ -178,7 +194,8 @@ RESTARTED = (
         (RING_ABORT, {"worker": ["127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3", "127.0.0.1:4"]}, ["worker:2"]),
         (HEARTBEAT, {}, ["worker:2"]),
         (
-            "The following tasks are unhealthy (stopped sending heartbeats):\n/job:worker/replica:0/task:1\n/job:worker/replica:0/task:3\n"
+            "The following tasks are unhealthy (stopped sending heartbeats):\n"
+            "/job:worker/replica:0/task:1\n/job:worker/replica:0/task:3\n"
             "The tasks have crashed.",
             {},
             ["worker:1", "worker:3"],

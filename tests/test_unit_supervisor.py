@@ -64,7 +64,8 @@ def test_a_permanent_exit_code_is_never_restarted_and_success_is_zero(tmp_path, 
 
 
 class Regrouping(FixedCounts):
-    """A policy of its own: the first round's failure is a lost member, and the next round forms for it, no restart spent."""
+    """A policy of its own: the first round's failure is a lost member, and the next round forms for it, no restart
+    spent."""
 
     def __init__(self, spec: LaunchSpec, then: LaunchSpec):
         super().__init__(spec)
@@ -97,7 +98,8 @@ def test_the_codes_no_restart_cures_are_one_list_for_the_launcher_a_jobset_and_a
     for job in next(yaml.safe_load_all(capsys.readouterr().out))["spec"]["replicatedJobs"]:
         assert job["template"]["spec"]["podFailurePolicy"]["rules"][0]["onExitCodes"]["values"] == list(PERMANENT)
     assert set(PERMANENT) <= set(NEVER_RESTART) and not set(PERMANENT) & set(RETRYABLE)
-    # a TFJob's restartPolicy ExitCode retries 128-255 only: its pods move the retryable codes above 127, the permanent ones stay below
+    # a TFJob's restartPolicy ExitCode retries 128-255 only: its pods move the retryable codes above 127, the permanent
+    # ones stay below
     kubernetes.write(overrides, "tfjob")
     worker = yaml.safe_load(capsys.readouterr().out)["spec"]["tfReplicaSpecs"]["Worker"]
     assert (
@@ -133,8 +135,8 @@ def test_a_sigterm_between_rounds_is_a_preemption_with_nothing_to_save(tmp_path,
     assert supervise(spec_of(tmp_path, 5), policy) == 42
     said = capsys.readouterr().err
     assert (
-        "tfdistx: preempted (SIGTERM) between rounds: no task of the next round had started, so there was nothing to save; "
-        "exit 42: rerun the same command to resume from the newest checkpoint" in said
+        "tfdistx: preempted (SIGTERM) between rounds: no task of the next round had started, so there was nothing "
+        "to save; exit 42: rerun the same command to resume from the newest checkpoint" in said
     ), said
     assert len(policy.reasons) == 1, policy.reasons
 
@@ -146,8 +148,8 @@ def test_a_sigterm_as_the_round_s_tasks_start_is_a_preemption_not_143(tmp_path, 
     assert supervise(spec, policy) == 42
     said = capsys.readouterr().err
     assert (
-        "preempted (SIGTERM) as the round's tasks were starting: none had begun training, so there was nothing to save; exit 42"
-        in said
+        "preempted (SIGTERM) as the round's tasks were starting: none had begun training, so there was nothing "
+        "to save; exit 42" in said
     )
 
 

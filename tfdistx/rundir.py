@@ -356,7 +356,8 @@ def _output_problems(key: str, directory: str, protected, made_by) -> list:
     return [Problem(key, str(directory), f"exists and is not {made_by[1]}: name a new directory (nothing was changed)")]
 
 
-# The directories commands write whole (new_directory): the file that marks an earlier one of theirs, and what it is called.
+# The directories commands write whole (new_directory): the file that marks an earlier one of theirs, and what it is
+# called.
 SAVED_MODEL = ("saved_model.pb", "a SavedModel")
 PREDICTIONS = ("predictions.json", "predictions written by tfdistx predict")
 DATA_FILES = (datafiles.MANIFEST, "data written by tfdistx data write")

@@ -59,7 +59,10 @@ _OPEN = []  # the notice open in this process (one at most: a notice opened insi
 # A first Ctrl-C whose loop boundary has not come after this long is said to be waited for: no silent wait (a loop
 # call of many slow steps, a slow save). Most boundaries come well before it, and the one line is the exit's.
 CTRL_C_HINT_SECONDS = 5
-CTRL_C_HINT = f"tfdistx: Ctrl-C: saving at the next loop boundary, then exiting with {EXIT_INTERRUPTED}; Ctrl-C again stops at once"
+CTRL_C_HINT = (
+    f"tfdistx: Ctrl-C: saving at the next loop boundary, then exiting with {EXIT_INTERRUPTED}; "
+    "Ctrl-C again stops at once"
+)
 
 
 class SigtermNotice:

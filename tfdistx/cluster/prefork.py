@@ -280,7 +280,8 @@ class Prefork:
         `fork_this`: the prefork is a fork of this process, which has imported `preload` (`imported_here`,
         asked before any thread started: in this process, or in the one this process was forked from)."""
         self._socket, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        # Its own process group: Ctrl-C at the terminal reaches the supervisor, which passes it on to the tasks (not to this).
+        # Its own process group: Ctrl-C at the terminal reaches the supervisor, which passes it on to the tasks (not to
+        # this).
         if fork_this and env is None:
             self._proc = fork(lambda: _serve_as_forked(theirs, self._socket, preload))
         else:
@@ -358,8 +359,8 @@ class Prefork:
                 socket.send_fds(self._socket, [request], [write_end] if outputs is None else list(outputs))
                 with self._changed:
                     if not self._changed.wait_for(lambda: self._started or self._gone, ANSWER_TIMEOUT_SECONDS):
-                        # A fork is milliseconds: a prefork this silent is stopped or stuck. No wait is unbounded: it goes
-                        # (with the tasks it forked, restarted as fresh processes) rather than hold the supervisor.
+                        # A fork is milliseconds: a prefork this silent is stopped or stuck. No wait is unbounded: it
+                        # goes (with the tasks it forked, restarted as fresh processes) rather than hold the supervisor.
                         self._proc.kill()
                         self._changed.wait_for(lambda: self._gone)
                     reply = self._started.pop(0) if self._started else {"error": "the prefork is gone"}

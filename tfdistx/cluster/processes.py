@@ -32,7 +32,8 @@ from tfdistx.loggers.progress import RELAY_ENV, relayed_status  # its wire forma
 from tfdistx.sigterm import CTRL_C_HINT, STOP_SIGNALS, held, release, signal_number
 
 POLL_SECONDS = 0.1  # between looks at the tasks a teardown waits for
-SCRATCH_DIR = ".scratch"  # in the tasks' log directory: each task's scratch (its checkpoints, if not the chief), removed as it ends
+# in the tasks' log directory: each task's scratch (its checkpoints, if not the chief), removed as it ends
+SCRATCH_DIR = ".scratch"
 
 
 class Task:
@@ -321,7 +322,8 @@ _ALWAYS_HARMLESS = re.compile(r"Failed to clear function handle cache: UNIMPLEME
 # ... and, once the run has succeeded, peers noticing that the cluster is going away.
 # TensorFlow's C++ log of a collective aborted because a peer is lost (its
 # cause is the one line tfdistx prints; a multi-line message's task list).
-# A parameter-server coordinator whose worker is gone (an elastic run's dropped worker) says the last of these at each loop.
+# A parameter-server coordinator whose worker is gone (an elastic run's dropped worker) says the last of these at each
+# loop.
 _HARMLESS_ONCE_DONE = re.compile(
     r"coordination service|unhealthy|heartbeat|Failed to send RPC|leader task|Error received from peer|"
     r"This could happen if the remote target has been disconnected from the client|"

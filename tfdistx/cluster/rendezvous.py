@@ -93,8 +93,8 @@ def _listen(port: int, placement: Placement) -> socket.socket:
             raise
         address = placement.spec[placement.task_type][placement.task_index]
         raise RunFault(
-            f"{placement.address_from}={address!r}: task {placement.task_name} cannot listen on port {port}: it is already in use on "
-            f"this host (exit {EXIT_PORT_IN_USE}: a restart may find it free)",
+            f"{placement.address_from}={address!r}: task {placement.task_name} cannot listen on port {port}: "
+            f"it is already in use on this host (exit {EXIT_PORT_IN_USE}: a restart may find it free)",
             EXIT_PORT_IN_USE,
         ) from None
     return sock

@@ -443,11 +443,13 @@ class Supervisor:
             result = RoundResult(State.STOPPED, shell_code(own[0] if own else -signals.received[0]))
             if own and set(own) <= {EXIT_PREEMPTED, -signal.SIGTERM}:
                 # A task the SIGTERM ended was still starting (a task takes the signal over from its start, sigterm.py):
-                # it had trained nothing. Those that had started checkpointed (42); if none had, there was nothing to save.
+                # it had trained nothing. Those that had started checkpointed (42); if none had, there was nothing to
+                # save.
                 if EXIT_PREEMPTED not in own:
                     self.say(
-                        f"preempted (SIGTERM) as the round's tasks were starting: none had begun training, so there was "
-                        f"nothing to save; exit {EXIT_PREEMPTED}: rerun the same command to resume from the newest checkpoint"
+                        "preempted (SIGTERM) as the round's tasks were starting: none had begun training, so there "
+                        f"was nothing to save; exit {EXIT_PREEMPTED}: rerun the same command to resume from the "
+                        "newest checkpoint"
                     )
                 result = RoundResult(State.STOPPED, EXIT_PREEMPTED)
         elif result.asked_to_checkpoint:  # a trainer that did not checkpoint and leave as asked: a failure

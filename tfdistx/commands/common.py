@@ -57,11 +57,11 @@ def compose(overrides: Sequence[str], notes: bool = True) -> DictConfig:
 def compose_as_placed(
     overrides: Sequence[str], launch_of: Callable[[Layout], Optional[str]], default_launch: str
 ) -> Tuple[DictConfig, Layout]:
-    """The config as the tasks of a scheduler's job (`tfdistx job slurm|tfjob|jobset|trainjob`) will compose and check it:
-    `overrides` with the cluster.launch they are given (`launch_of(layout)`: None, the one composed), then what a task a
-    scheduler placed refuses at its start (launch.refused_in_a_placed_task). So a job refuses, in the tasks'
-    own line, what every task would refuse at its start. A config that does not compose as given (an elastic one
-    without hosts, which a local run needs) is refused in the tasks' words when they refuse it too (composed with
+    """The config as the tasks of a scheduler's job (`tfdistx job slurm|tfjob|jobset|trainjob`) will compose and
+    check it: `overrides` with the cluster.launch they are given (`launch_of(layout)`: None, the one composed), then
+    what a task a scheduler placed refuses at its start (launch.refused_in_a_placed_task). So a job refuses, in the
+    tasks' own line, what every task would refuse at its start. A config that does not compose as given (an elastic
+    one without hosts, which a local run needs) is refused in the tasks' words when they refuse it too (composed with
     `default_launch`, theirs unless the command line names one), else in its own."""
     try:
         cfg = compose(overrides, notes=False)
@@ -127,7 +127,10 @@ def _refuse_in_one_line(error: Exception) -> None:
         raise error
     text = str(error).strip()
     first = text.splitlines()[0][:400] if text else ""
-    line = f"tfdistx: error: {type(error).__name__}{': ' + first if first else ''} (TFDISTX_TRACEBACK=1 shows the traceback)"
+    line = (
+        f"tfdistx: error: {type(error).__name__}{': ' + first if first else ''} "
+        "(TFDISTX_TRACEBACK=1 shows the traceback)"
+    )
     print(line, file=sys.stderr)
     into_log_files(line, logging.ERROR)
     _nothing_more_from_tensorflow()

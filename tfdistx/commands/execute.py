@@ -238,5 +238,7 @@ def _start_processes(
         return json.loads((spec.run_dir / "evaluations.jsonl").read_text().splitlines()[-1])
     in_rounds = spec.cluster.elastic is not None
     return _objective_with_rounds(
-        spec.run_dir, spec.trainer.objective, RoundsRecord.of(spec.run_dir, spec.checkpoint.dir).rounds_file if in_rounds else None
+        spec.run_dir,
+        spec.trainer.objective,
+        RoundsRecord.of(spec.run_dir, spec.checkpoint.dir).rounds_file if in_rounds else None,
     )

@@ -48,9 +48,9 @@ class Commit(Action):
         ]
         self.values: Optional[List[np.ndarray]] = None
         self.step: Optional[int] = None
-        # Reading a variable synchronized on read (a sum or mean over the replicas) is an all-reduce over every
-        # worker: the chief alone, which takes the copy, would wait on the others. None of tfdistx's or Keras'
-        # built-in layers' is; a model with one keeps no copy, and a lost peer costs the steps since the newest checkpoint.
+        # Reading a variable synchronized on read (a sum or mean over the replicas) is an all-reduce over every worker:
+        # the chief alone, which takes the copy, would wait on the others. None of tfdistx's or Keras' built-in layers'
+        # is; a model with one keeps no copy, and a lost peer costs the steps since the newest checkpoint.
         on_read = [v.name for v in self.variables if _synchronized_on_read(v)]
         if on_read:
             log.info("no in-memory copy of the last loop boundary: %s is synchronized on read", on_read[0])

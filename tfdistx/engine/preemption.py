@@ -79,8 +79,10 @@ class PreemptionWatcher:
         if signalled:
             self.notice.acting()
             self.checkpointer.save(step)  # nothing new when `step` is the checkpoint the run resumed from
-            if self._anyone is not None:  # every worker has saved before any leaves: a scheduler that ends the whole
-                self._all_saved()  # step at a task's first exit (srun --kill-on-bad-exit) cannot cut the chief's save short
+            # every worker has saved before any leaves: a scheduler that ends the whole step at a task's first exit
+            # (srun --kill-on-bad-exit) cannot cut the chief's save short
+            if self._anyone is not None:
+                self._all_saved()
             if self.notice.interrupted:  # Ctrl-C: the one line the user's command shows (a cluster's tasks': once)
                 line = f"tfdistx: interrupted at step {step}: checkpoint saved; rerun the same command to resume"
                 print(line, file=sys.stderr, flush=True)
@@ -356,7 +358,8 @@ def watching_servers(
         training_end.tell(servers_told, training_end.cluster_digest(placement), EXIT_LOST_PEER)
         fault = RunFault(
             f"lost contact with {', '.join(names)} of the cluster: no answer for {cluster.peer_timeout:g}s "
-            f"(cluster.peer_timeout){waiting}, stopping (exit {EXIT_LOST_PEER}: a restart resumes from the newest checkpoint)",
+            f"(cluster.peer_timeout){waiting}, stopping (exit {EXIT_LOST_PEER}: "
+            "a restart resumes from the newest checkpoint)",
             offset_exit(EXIT_LOST_PEER, cluster.retryable_exit_offset),
         )
         end_process_now(fault)

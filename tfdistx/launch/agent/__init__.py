@@ -65,7 +65,8 @@ class AgentLaunch(Launch):
         topo = layout.cluster
         per_pool, why = threads.task_threads(topo.task_threads, layout.jobs_on_an_agents_node(keeper=False))
         lines = [
-            "placement     an agent on every node (this process on this one): it starts the node's worker, placed by the",
+            "placement     an agent on every node (this process on this one): it starts the node's worker, "
+            "placed by the",
             "              TF_CONFIG of each round the agents form at cluster.agent.store, and restarts it "
             "(cluster.max_restarts)",
             f"  threads     the node's worker: {threads.describe(per_pool)}; {why}",

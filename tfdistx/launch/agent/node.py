@@ -110,8 +110,9 @@ class AgentMembership(Membership):
             self._say_why_waiting()
             if self.beats.silent_for() > silent_limit:
                 self.say(
-                    f"no answer from the rendezvous at {store} for {silent_limit:g}s (cluster.elastic.below_min_timeout): "
-                    f"stopping (exit {EXIT_CLUSTER_DID_NOT_FORM}); is the agent on its host running?"
+                    f"no answer from the rendezvous at {store} for {silent_limit:g}s "
+                    f"(cluster.elastic.below_min_timeout): stopping (exit {EXIT_CLUSTER_DID_NOT_FORM}); "
+                    "is the agent on its host running?"
                 )
                 raise NoRound(EXIT_CLUSTER_DID_NOT_FORM)
             if signals.wait(POLL_SECONDS):

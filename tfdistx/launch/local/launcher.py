@@ -76,8 +76,9 @@ def run_local_cluster(spec: LaunchSpec, isolate: Optional[bool] = None, notice: 
         )
     else:
         print(
-            f"tfdistx: WARNING: local cluster ({describe_jobs(counts)}) is NOT isolated: its TensorFlow gRPC servers listen on all "
-            "interfaces without authentication while it runs. Allow unprivileged user namespaces, or firewall the ports.",
+            f"tfdistx: WARNING: local cluster ({describe_jobs(counts)}) is NOT isolated: its TensorFlow gRPC servers "
+            "listen on all interfaces without authentication while it runs. Allow unprivileged user namespaces, "
+            "or firewall the ports.",
             file=sys.stderr,
             flush=True,
         )

@@ -54,9 +54,11 @@ DEFAULT_NOTICE = (
 )
 MOST_NOTICE = 65535  # sbatch --signal's @sig_time is a 16-bit count of seconds
 MOST_COUNT = 65535  # --gpus, --cpus-per-task: far above any node's, a bound on typing errors
-# The run dir, fixed for the job: a requeued job keeps its id, and resumes there (shell text: $SLURM_JOB_ID is the job's)
+# The run dir, fixed for the job: a requeued job keeps its id, and resumes there (shell text: $SLURM_JOB_ID is the
+# job's)
 RUN_DIR = "outputs/slurm/${SLURM_JOB_ID}"
-# Slurm's --time: minutes, minutes:seconds, hours:minutes:seconds, days-hours, days-hours:minutes, days-hours:minutes:seconds
+# Slurm's --time: minutes, minutes:seconds, hours:minutes:seconds, days-hours, days-hours:minutes,
+# days-hours:minutes:seconds
 _TIME = re.compile(r"(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?", re.ASCII)
 TIME_FORMATS = "MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS (Slurm's --time)"
 _PARTITION = re.compile(r"[A-Za-z0-9_.-]+(?:,[A-Za-z0-9_.-]+)*")
@@ -76,9 +78,9 @@ def notice_for(grace: float) -> int:
 def main(argv) -> int:
     parser = argparse.ArgumentParser(
         prog="tfdistx job slurm",
-        description="Print a Slurm batch script that runs `python -m tfdistx OVERRIDES` as one srun step, one Slurm task per "
-        "TensorFlow task; Slurm's time-limit notice and a preemption checkpoint the run, and the job requeues "
-        "itself to resume it. For fixed-size runs. sbatch it. See docs/clusters.md.",
+        description="Print a Slurm batch script that runs `python -m tfdistx OVERRIDES` as one srun step, "
+        "one Slurm task per TensorFlow task; Slurm's time-limit notice and a preemption checkpoint the run, and "
+        "the job requeues itself to resume it. For fixed-size runs. sbatch it. See docs/clusters.md.",
     )
     parser.add_argument("overrides", nargs="*", help="config overrides, as for a run: strategy=multiworker cluster=2x1")
     parser.add_argument("--time", help=f"the job's time limit: {TIME_FORMATS} (default: the partition's)")
@@ -178,9 +180,7 @@ def main(argv) -> int:
             else 1
         )
         gpus = _gpus(args.gpus, layout, tasks, nodes, agents) if args.gpus is not None else None
-        run_dir = (
-            hydra_run_dir(cfg) if "hydra.run.dir" in given else None
-        )  # as composed: Hydra's quotes gone
+        run_dir = hydra_run_dir(cfg) if "hydra.run.dir" in given else None  # as composed: Hydra's quotes gone
         job = (
             _agents(layout.cluster, layout.servers_beside_the_keeper(), given)
             if agents
@@ -311,8 +311,8 @@ def _tasks(tasks, nodes: int, base_port: int, gpus: Optional[_Gpus] = None) -> _
         '    for rank in $(ls -tr "$codes"); do  # the ranks, in the order their tasks ended',
         '        read -r first < "${codes}/${rank}" || continue',
         f'        if [ "$first" != 0 ] && [ "$first" != {EXIT_PREEMPTED} ]; then',
-        '            [ "$first" = "$code" ] || echo "tfdistx: the step\'s task ${rank} ended first, with exit code ${first}; '
-        'srun stopped the others: the job ends with ${first}" >&2',
+        '            [ "$first" = "$code" ] || echo "tfdistx: the step\'s task ${rank} ended first, '
+        'with exit code ${first}; srun stopped the others: the job ends with ${first}" >&2',
         '            code="$first"',
         "            break",
         "        fi",
@@ -351,7 +351,8 @@ def _node_range(cluster) -> str:
     return f"{low}:{cluster.workers}" if low != cluster.workers else str(cluster.workers)
 
 
-# summary.json's file (a new one each time it is written whole: whole_files.py) and time: the step wrote it if they changed
+# summary.json's file (a new one each time it is written whole: whole_files.py) and time: the step wrote it if they
+# changed
 _SUMMARY_STATE = "stat -c '%i %y' \"${run_dir}/summary.json\" 2>/dev/null"
 
 
@@ -378,7 +379,8 @@ def _agents(cluster, servers, given) -> _Job:
             f"an agent on every node (cluster.launch=agent): {nodes} node(s), one Slurm task each, each starting its "
             f"node's worker{servers};"
         ),
-        "# --no-kill: a failed node leaves the job, and the agents go on without it while cluster.elastic.min_workers remain",
+        "# --no-kill: a failed node leaves the job, and the agents go on without it while "
+        "cluster.elastic.min_workers remain",
     ]
     # A lost node's agent may end the step with its own code after the others trained to the end: a summary.json
     # written by this step says they did (not one an earlier run left, which a failure of this one would not change).
@@ -453,7 +455,8 @@ def script(job: _Job, options: BatchOptions) -> str:
         *(f"#SBATCH {emit.shell_word(option)}" for option in sbatch),
         "",
         f"# {job.kind} Slurm sends USR1 to this shell {notice} s before the time limit, and SIGTERM on a",
-        "# preemption or scancel: both are passed on to the step (srun passes them to every task), whose tasks checkpoint",
+        "# preemption or scancel: both are passed on to the step (srun passes them to every task), "
+        "whose tasks checkpoint",
         f"# at their next loop boundary and exit {EXIT_PREEMPTED}. On {EXIT_PREEMPTED} the job requeues itself "
         "and resumes from that checkpoint in the same",
         f"# run dir, and on {EXIT_PORT_IN_USE} (a task's port was taken) it requeues to start on other ports; any "
@@ -486,10 +489,12 @@ def script(job: _Job, options: BatchOptions) -> str:
         "done",
         *job.ended,
         f'if [ "$code" -eq {EXIT_PREEMPTED} ]; then',
-        '    echo "tfdistx: preempted, checkpoint saved in ${run_dir}: requeueing job ${SLURM_JOB_ID} to resume it" >&2',
+        '    echo "tfdistx: preempted, checkpoint saved in ${run_dir}: requeueing job ${SLURM_JOB_ID} '
+        'to resume it" >&2',
         '    scontrol requeue "$SLURM_JOB_ID"',
         f'elif [ "$code" -eq {EXIT_PORT_IN_USE} ]; then',
-        '    echo "tfdistx: a task\'s port was taken on its node: requeueing job ${SLURM_JOB_ID} to start on other ports" >&2',
+        "    echo \"tfdistx: a task's port was taken on its node: requeueing job ${SLURM_JOB_ID} "
+        'to start on other ports" >&2',
         '    scontrol requeue "$SLURM_JOB_ID"',
         "fi",
         'exit "$code"',
