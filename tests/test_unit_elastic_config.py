@@ -11,7 +11,8 @@ import pytest
 
 from config_helpers import compose_ok, refused
 from tfdistx.launch.local.hosts import HostList, Settled, choose
-from tfdistx.cluster.launch_spec import Bounds, LaunchSpec, RoundsRecord
+from tfdistx.cluster.launch_spec import LaunchSpec, RoundsRecord
+from tfdistx.spec.run_spec import Bounds
 from tfdistx.cluster.launch_spec import Rounds as LaunchRounds
 from tfdistx.cluster.rounds import Rounds
 from tfdistx.commands.plan import describe

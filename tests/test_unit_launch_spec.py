@@ -7,7 +7,8 @@ import dataclasses
 import pytest
 
 from config_helpers import compose_ok
-from tfdistx.cluster.launch_spec import Bounds, LaunchSpec, Rendezvous, Rounds, RoundsRecord
+from tfdistx.cluster.launch_spec import LaunchSpec, Rendezvous, Rounds, RoundsRecord
+from tfdistx.spec.run_spec import Bounds
 from tfdistx.config.resolve import resolve
 from tfdistx.spec import typed_json
 

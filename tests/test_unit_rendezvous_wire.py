@@ -16,7 +16,8 @@ from conftest import wait_until
 from tfdistx.launch.agent import keeper_wire
 from tfdistx.launch.agent import run_secret
 from tfdistx.launch.agent.beats import Beats
-from tfdistx.cluster.launch_spec import Bounds, LaunchSpec, Rounds, RoundsRecord
+from tfdistx.cluster.launch_spec import LaunchSpec, Rounds, RoundsRecord
+from tfdistx.spec.run_spec import Bounds
 from tfdistx.launch.agent.node import AgentMembership
 from tfdistx.cluster.processes import ForwardingSignals
 from tfdistx.launch.agent.messages import RUNNING, WAITING

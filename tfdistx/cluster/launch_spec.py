@@ -8,19 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping, Optional, Sequence, Tuple
 
-from tfdistx.spec.run_spec import RunSpec
-
-
-@dataclass(frozen=True)
-class Bounds:
-    """A run in rounds' bounds (cluster.elastic's keys, spec/elastic.py): MIN to MAX workers, the wait past MIN for
-    more, how long a lost member has to come back, and how long the run waits below MIN."""
-
-    min: int
-    max: int
-    join_grace: float
-    lost_bound: float
-    below_min_timeout: float
+from tfdistx.spec.run_spec import Bounds, RunSpec  # Bounds: the run's, handed on as they are
 
 
 @dataclass(frozen=True)

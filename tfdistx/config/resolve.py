@@ -37,6 +37,7 @@ from tfdistx.config.schema import (
 )
 from tfdistx.spec.run_spec import (
     Agent,
+    Bounds,
     Checkpoint,
     Cluster,
     DataService,
@@ -133,6 +134,7 @@ def _layout(plain: Mapping[str, Any], checkpoint_dir: Optional[str] = None, run_
     )
     agent = cluster["agent"]
     agent = dataclasses.asdict(agent) if dataclasses.is_dataclass(agent) else _with_defaults(agent, AgentConfig)
+    in_rounds = elastic["min_workers"] is not None
     strategy = dict(plain["strategy"])
     name = strategy.pop("name")
     return Layout(
@@ -141,13 +143,12 @@ def _layout(plain: Mapping[str, Any], checkpoint_dir: Optional[str] = None, run_
         ),
         cluster=Cluster(
             **{
-                **{key: cluster[key] for key in _names(Cluster)},
+                **{key: cluster[key] for key in _names(Cluster) if key != "rounds"},
                 "notice_signals": tuple(cluster["notice_signals"]),
                 "launch": LaunchMode(cluster["launch"]),
-                "elastic": Elastic(**elastic) if elastic["min_workers"] is not None else None,
-                "agent": Agent(**agent, **{key: elastic[key] for key in elastic_spec.TIMEOUT_KEYS})
-                if cluster["launch"] == LaunchMode.AGENT
-                else None,
+                "elastic": Elastic(**{key: elastic[key] for key in _names(Elastic)}) if in_rounds else None,
+                "agent": Agent(**agent) if cluster["launch"] == LaunchMode.AGENT else None,
+                "rounds": _rounds(cluster, elastic),
             }
         ),
         service=_service_of(plain["data"]),
@@ -161,6 +162,16 @@ def _with_defaults(given: Optional[Mapping[str, Any]], schema) -> dict:
         for f in dataclasses.fields(schema)
     }
     return {**defaults, **(given or {})}
+
+
+def _rounds(cluster: Mapping[str, Any], elastic: Mapping[str, Any]) -> Optional[Bounds]:
+    """The bounds of a run in rounds: an elastic run's, or a fixed run's agents' (MIN = MAX, cluster.workers);
+    None for a fixed set of tasks."""
+    if elastic["min_workers"] is None and cluster["launch"] != LaunchMode.AGENT:
+        return None
+    low = elastic["min_workers"] if elastic["min_workers"] is not None else cluster["workers"]
+    timeouts = {key: elastic[key] for key in elastic_spec.TIMEOUT_KEYS}
+    return Bounds(min=low, max=cluster["workers"], **timeouts)
 
 
 def _names(spec_class) -> list:

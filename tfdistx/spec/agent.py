@@ -105,9 +105,10 @@ def _is_host(text: str) -> bool:
 def plan_line(cluster, servers) -> str:
     """--plan's line of a run with an agent on every node (`servers`:
     the tasks its keeper's node runs beside its worker, per job)."""
-    agent, low = cluster.agent, cluster.elastic.min_workers if cluster.elastic else cluster.workers
+    agent, bounds = cluster.agent, cluster.rounds
+    low = bounds.min
     grace = (
-        f"a round waits {agent.join_grace:g}s past {low} agents for {cluster.workers}, "
+        f"a round waits {bounds.join_grace:g}s past {low} agents for {cluster.workers}, "
         if low < cluster.workers
         else ""
     )
@@ -119,6 +120,6 @@ def plan_line(cluster, servers) -> str:
     )
     return (
         f"agents        one per node, {low}:{cluster.workers} workers, meeting at {agent.store} (its host's agent "
-        f"keeps the rounds{servers}); {grace}a node silent {agent.lost_bound:g}s is lost, and the run stops after "
-        f"{agent.below_min_timeout:g}s below {low} (exit 9); every beat proves the run's secret ({secret})"
+        f"keeps the rounds{servers}); {grace}a node silent {bounds.lost_bound:g}s is lost, and the run stops after "
+        f"{bounds.below_min_timeout:g}s below {low} (exit 9); every beat proves the run's secret ({secret})"
     )

@@ -212,12 +212,13 @@ def plan_line(cluster) -> Optional[str]:
     """--plan's line of an elastic run; None when it is not elastic."""
     if not is_elastic(cluster):
         return None
-    elastic, (low, high) = cluster.elastic, worker_range(cluster)
+    elastic, bounds = cluster.elastic, cluster.rounds
+    low, high = bounds.min, bounds.max
     source = f"listed in {elastic.hosts}" if elastic.hosts is not None else f"printed by `{elastic.discover}`"
     return (
-        f"elastic       {low}:{high} workers, one per host {source}; a round waits {elastic.join_grace:g}s past {low} "
-        f"hosts for {high}, a lost host {elastic.lost_bound:g}s to come back, and the run "
-        f"{elastic.below_min_timeout:g}s below {low} (then exit 9)"
+        f"elastic       {low}:{high} workers, one per host {source}; a round waits {bounds.join_grace:g}s past {low} "
+        f"hosts for {high}, a lost host {bounds.lost_bound:g}s to come back, and the run "
+        f"{bounds.below_min_timeout:g}s below {low} (then exit 9)"
     )
 
 

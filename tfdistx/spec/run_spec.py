@@ -67,15 +67,26 @@ class InitFrom:
 
 
 @dataclass(frozen=True)
+class Bounds:
+    """A run in rounds' bounds, whoever forms its rounds (the local launcher's elastic rounds, or the agents'
+    rendezvous): MIN to MAX workers, the wait past MIN for more, how long a lost member has to come back, and how
+    long the run waits below MIN. cluster.elastic's keys (spec/elastic.py); a fixed run's agents have MIN = MAX."""
+
+    min: int
+    max: int
+    join_grace: float
+    lost_bound: float
+    below_min_timeout: float
+
+
+@dataclass(frozen=True)
 class Elastic:
-    """cluster.elastic of an elastic run (spec/elastic.py): rounds of min_workers to cluster.workers."""
+    """cluster.elastic of an elastic run (spec/elastic.py): rounds of min_workers to cluster.workers, a worker per
+    host listed; its bounds are the cluster's `rounds`."""
 
     min_workers: int
     hosts: Optional[str]  # a file listing the hosts, one a line; or
     discover: Optional[str]  # a command printing them
-    join_grace: float
-    lost_bound: float
-    below_min_timeout: float
 
 
 @dataclass(frozen=True)
@@ -85,10 +96,7 @@ class Agent:
     store: str  # host:port of the rendezvous
     address: Optional[str]  # this node's address; None: the one it reaches the store from
     token_file: Optional[str]  # the run's secret (launch/agent/run_secret.py); None: made in the run directory
-    # The rendezvous' bounds, cluster.elastic's keys (a fixed run's agents wait for a lost node as an elastic run's do):
-    join_grace: float
-    lost_bound: float
-    below_min_timeout: float
+    # The rendezvous' bounds are the cluster's `rounds` (a fixed run's agents wait for a lost node as an elastic run's do)
 
 
 @dataclass(frozen=True)
@@ -118,6 +126,7 @@ class Cluster:
     nice: int  # a local cluster's priority: 0 as any program, up to 19 (cluster/processes.yield_the_cores)
     elastic: Optional[Elastic]  # None: a fixed cluster
     agent: Optional[Agent]  # None: not cluster.launch=agent
+    rounds: Optional[Bounds] = None  # a run in rounds' bounds (elastic, or agents'); None: a fixed set of tasks
 
 
 @dataclass(frozen=True)

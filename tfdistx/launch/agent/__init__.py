@@ -8,7 +8,7 @@ proves). No TensorFlow here, and no training code.
 
 from typing import List, Optional
 
-from tfdistx.cluster.launch_spec import Bounds, LaunchSpec, Rendezvous, Rounds, RoundsRecord
+from tfdistx.cluster.launch_spec import LaunchSpec, Rendezvous, Rounds, RoundsRecord
 from tfdistx.cluster.placement import Placement
 from tfdistx.launch.base import Launch, TaskStart, evaluator_line
 from tfdistx.sigterm import SigtermNotice
@@ -37,15 +37,13 @@ class AgentLaunch(Launch):
         layout, run_dir, cluster, agent = spec.layout, spec.run_dir, spec.cluster, spec.cluster.agent
         per_pool, _ = threads.task_threads(cluster.task_threads, layout.jobs_on_an_agents_node(keeper=False))
         keepers_pool, _ = threads.task_threads(cluster.task_threads, layout.jobs_on_an_agents_node(keeper=True))
-        low = cluster.elastic.min_workers if cluster.elastic else cluster.workers
-        bounds = Bounds(low, cluster.workers, agent.join_grace, agent.lost_bound, agent.below_min_timeout)
         launch_spec = LaunchSpec.of(
             spec,
             task.command,
             task_env=threads.environment(per_pool),
             preload=task.preload if cluster.prefork else (),
             evaluator=cluster.evaluator,  # run by the agent that keeps the rounds
-            rounds=Rounds(bounds, RoundsRecord.of(spec.run_dir, spec.checkpoint.dir)),
+            rounds=Rounds(cluster.rounds, RoundsRecord.of(spec.run_dir, spec.checkpoint.dir)),
             agent=Rendezvous(
                 store=agent.store,
                 address=agent.address,

@@ -9,7 +9,7 @@ a task, and what it imports first, are handed in (`TaskStart`).
 import os
 from typing import Dict, List, Mapping, Optional, Tuple
 
-from tfdistx.cluster.launch_spec import Bounds, LaunchSpec, Rounds, RoundsRecord
+from tfdistx.cluster.launch_spec import LaunchSpec, Rounds, RoundsRecord
 from tfdistx.cluster.placement import Placement
 from tfdistx.launch.base import Launch, TaskStart, evaluator_line
 from tfdistx.launch.local.launcher import run_local_cluster
@@ -46,8 +46,12 @@ def rounds_of(spec: RunSpec, mode: str) -> Optional[Rounds]:
     keys = spec.cluster.elastic
     if mode != "train" or keys is None:
         return None
-    bounds = Bounds(keys.min_workers, spec.cluster.workers, keys.join_grace, keys.lost_bound, keys.below_min_timeout)
-    return Rounds(bounds, RoundsRecord.of(spec.run_dir, spec.checkpoint.dir), hosts=keys.hosts, discover=keys.discover)
+    return Rounds(
+        spec.cluster.rounds,
+        RoundsRecord.of(spec.run_dir, spec.checkpoint.dir),
+        hosts=keys.hosts,
+        discover=keys.discover,
+    )
 
 
 class LocalLaunch(Launch):

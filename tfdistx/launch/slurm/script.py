@@ -347,7 +347,7 @@ def _tasks(tasks, nodes: int, base_port: int, gpus: Optional[_Gpus] = None) -> _
 
 
 def _node_range(cluster) -> str:
-    low = cluster.elastic.min_workers if cluster.elastic else cluster.workers
+    low = cluster.rounds.min  # agents: their rounds, elastic or fixed
     return f"{low}:{cluster.workers}" if low != cluster.workers else str(cluster.workers)
 
 
@@ -360,7 +360,7 @@ def _agents(cluster, servers, given) -> _Job:
     """An agent on each node: `--nodes=MIN-MAX`, one task a node; the rendezvous
     on the node this script runs on, the allocation's first (cluster.agent.store,
     unless given), at a port free there now."""
-    low = cluster.elastic.min_workers if cluster.elastic else cluster.workers
+    low = cluster.rounds.min  # agents: their rounds, elastic or fixed
     nodes = f"{low}-{cluster.workers}" if low != cluster.workers else str(cluster.workers)
     setup, added = [], []
     if "cluster.agent.store" not in given:
