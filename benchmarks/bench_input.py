@@ -73,7 +73,8 @@ def _measure_input_alone(batches: int, overrides: list) -> None:
     from tfdistx.engine.parts import build_source
 
     cfg = compose([*overrides, "data.batch_size=128"])
-    source = build_source(resolve(cfg, "unused"))
+    spec = resolve(cfg, "unused")
+    source = build_source(spec.data, spec.run_dir)
     import tensorflow as tf
 
     ds = source.train.batches(None, 128, seed=0, window=cfg.data.shuffle_buffer).prefetch(tf.data.AUTOTUNE)

@@ -149,3 +149,62 @@ def test_keras_epochs_count_the_records_made_whatever_step_a_run_starts_from(ste
         assert schedule.records_until(step) == sum(1 for r in records if r <= step)
         assert schedule.epoch_start(step) == max([0, *(r for r in records if r <= step)])
     assert schedule.records_until(steps) == len(records) and records[-1] == steps
+
+
+class _Steps:
+    """A runner whose steps do nothing: the loop's own order is what is watched."""
+
+    def train(self, step, num_steps):
+        return np.zeros(1)
+
+    def results(self, totals):
+        return {"loss": 1.0}
+
+    def examples(self, totals):
+        return 0.0
+
+    def evaluate(self):
+        return {}
+
+
+@pytest.mark.unit
+def test_an_action_overrides_only_the_hooks_it_needs():
+    """The loop's actions share one base whose every hook is a no-op (as
+    Keras' Callback): the base itself is an action that does nothing, and a
+    subclass that overrides two hooks is called at those, in the loop's order,
+    its stop ending the run there; a user's action through the callbacks'
+    guard (a subclass, and a plain callable with one hook) is called the same."""
+    from tfdistx.engine.callbacks import Guarded
+    from tfdistx.engine.loop import Action
+
+    class StopAfter(Action):
+        def __init__(self, at):
+            self.at, self.seen = at, []
+
+        def before_steps(self, step):
+            self.seen.append(("before_steps", step))
+
+        def __call__(self, step, record):
+            self.seen.append(("call", step))
+            self.stop_requested = "enough" if step >= self.at else None
+
+    class Plain:  # no base: the hooks it has are called, the others not looked for
+        def __init__(self):
+            self.finished = None
+
+        def __call__(self, step, record):
+            pass
+
+        def finish(self, step):
+            self.finished = step
+
+    mine, theirs, plain = StopAfter(20), StopAfter(100), Plain()
+    actions = [Action(), mine, Guarded("theirs", "tests.StopAfter", theirs), Guarded("plain", "tests.Plain", plain)]
+    result = Loop(
+        _Steps(), Schedule(steps=50, steps_per_loop=10, log_every=10, eval_every=0), tf.Variable(0), actions
+    ).run()
+
+    assert result.step == 20 and result.stopped_early == {"step": 20, "reason": "enough"}
+    assert mine.seen == theirs.seen == [("before_steps", 0), ("call", 10), ("before_steps", 10), ("call", 20)]
+    assert plain.finished == 20
+    assert not Action().wants_train_metrics() and not actions[3].wants_train_metrics()

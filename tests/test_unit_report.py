@@ -81,3 +81,18 @@ def test_report_refuses_an_objective_no_run_reports_naming_those_they_do(tmp_pat
     assert not (run / "report.md").exists()
     code, _, err = run_report(capsys, run, "--objective", "eval/loss")
     assert code == 0, err
+
+
+def test_a_run_ranks_by_its_own_objective_and_one_without_a_config_by_the_configs_default(tmp_path):
+    """The objective a run is ranked by is its trainer.objective; a run that
+    saved no config is ranked by the objective of the config composed with
+    no override (the default task's own), not by a second default of the report's."""
+    from tfdistx.commands.common import compose
+
+    configured = a_run(tmp_path / "configured")
+    (configured / ".hydra").mkdir()
+    (configured / ".hydra" / "config.yaml").write_text("trainer:\n  objective: eval/accuracy\n")
+    bare = a_run(tmp_path / "bare")
+    assert report.load_job(configured, tmp_path, None).objective_name == "eval/accuracy"
+    default = report.load_job(bare, tmp_path, None).objective_name
+    assert default == str(compose([], notes=False).trainer.objective)

@@ -17,7 +17,7 @@ import threading
 from typing import Callable, Optional, Sequence, Tuple
 
 from hydra.errors import HydraException
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from tfdistx.cluster import placement
 from tfdistx.config import recipes, schema, topology, userconf
@@ -80,16 +80,6 @@ def compose_as_placed(
         if refused:
             raise ConfigError(refused)
     return cfg, layout
-
-
-def plain_value(cfg, key: str):
-    """`cfg`'s value at the dotted `key` as plain Python (None when it is
-    not there, or is an interpolation that only resolves inside the run)."""
-    try:
-        value = OmegaConf.select(cfg, key)
-        return OmegaConf.to_container(value, resolve=True) if OmegaConf.is_config(value) else value
-    except Exception:  # ${hydra:...}, say: not needed outside the run
-        return None
 
 
 @contextlib.contextmanager

@@ -38,7 +38,7 @@ def main(argv) -> int:
         from tfdistx.data.files import write  # deferred, as build: they import TensorFlow
         from tfdistx.engine.parts import build_source
 
-        source = build_source(spec)
+        source = build_source(spec.data, spec.run_dir)
         manifest = write(source, args.out, args.shards, args.eval_shards, args.format, args.compression)
     for split, info in manifest["splits"].items():
         print(f"{split}: {sum(info['files'].values())} examples in {len(info['files'])} file(s)")

@@ -14,7 +14,7 @@ import logging
 import os
 import sys
 from pathlib import Path
-from typing import Dict, Optional, Tuple
+from typing import Any, Dict, Mapping, Optional, Tuple
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -168,32 +168,32 @@ def _elastic_rounds(spec: RunSpec, mode: str) -> Optional[dict]:
         "join_grace": keys.join_grace,
         "lost_bound": keys.lost_bound,
         "below_min_timeout": keys.below_min_timeout,
-        **_where_rounds_are_told(spec),
+        **_where_rounds_are_told(spec.checkpoint.dir, spec.run_dir),
     }
 
 
-def _where_rounds_are_told(spec: RunSpec) -> dict:
+def _where_rounds_are_told(checkpoint_dir: str, run_dir: Path) -> dict:
     """What the rounds' lines and file are read from and written to (cluster/rounds.py), elastic or agents'."""
     return {
-        "checkpoint_dir": spec.checkpoint.dir,
-        "rounds_file": str(spec.run_dir / "logs" / "rounds.json"),
-        "metrics_file": str(spec.run_dir / "metrics.jsonl"),
+        "checkpoint_dir": checkpoint_dir,
+        "rounds_file": str(run_dir / "logs" / "rounds.json"),
+        "metrics_file": str(run_dir / "metrics.jsonl"),
     }
 
 
-def _objective_with_rounds(spec: RunSpec, rounds_file: Optional[str]):
-    """The run's objective from its summary.json, which gets the rounds that
+def _objective_with_rounds(run_dir: Path, objective: str, rounds_file: Optional[str]):
+    """The run's `objective` from its summary.json, which gets the rounds that
     trained (with_rounds) when `rounds_file` is given and there: the chief
     wrote the summary of its last round; the launcher, or the agent that
     kept the rounds, knows them all."""
-    summary_path = spec.run_dir / "summary.json"
+    summary_path = run_dir / "summary.json"
     summary = json.loads(summary_path.read_text())
     if rounds_file and Path(rounds_file).is_file():
         trained = with_rounds(summary, json.loads(Path(rounds_file).read_text()))
         if trained != summary:
             write_json(summary_path, trained)
             summary = trained
-    return objective_value(spec.trainer.objective, summary)
+    return objective_value(objective, summary)
 
 
 def with_rounds(summary: dict, rounds: list) -> dict:
@@ -214,34 +214,36 @@ TASK_PRELOAD = (
 )
 
 
-def task_config(spec: RunSpec) -> str:
-    """The resolved config every task of this run reads, as YAML: the same on
+def task_config(config: Mapping[str, Any]) -> str:
+    """The resolved config every task of this run reads (the spec's `config`), as YAML: the same on
     every node of a run of agents (their own keys left out: this node's
     address, the secret's file), so that its digest tells the run's agents
     from another config's."""
-    resolved = copy.deepcopy(dict(spec.config))
+    resolved = copy.deepcopy(dict(config))
     resolved["cluster"]["launch"] = "tf_config"
     resolved["cluster"].pop("agent", None)
     return OmegaConf.to_yaml(resolved)
 
 
-def _task_command(spec: RunSpec, mode: str, step: Optional[int], config: Optional[str] = None) -> list:
+def _task_command(
+    run_dir: Path, resolved: Mapping[str, Any], mode: str, step: Optional[int], config: Optional[str] = None
+) -> list:
     """The command that starts one task of this run (commands/task.py),
     placed by the TF_CONFIG its launcher or agent gives it, from the resolved
-    config written here. `config`: under agents, the config's digest, in the
+    config (the spec's `config`) written here. `config`: under agents, the config's digest, in the
     file's name: every node writes it into the one run directory, and a node
     of another config (which the rendezvous refuses) writes another file."""
-    logs = spec.run_dir / "logs"
+    logs = run_dir / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     task_config_file = logs / (f"{mode}-config-{config[:16]}.yaml" if config else f"{mode}-config.yaml")
-    write_whole(task_config_file, task_config(spec))
+    write_whole(task_config_file, task_config(resolved))
     return [
         sys.executable,
         "-m",
         "tfdistx",
         "_task",
         mode,
-        str(spec.run_dir),
+        str(run_dir),
         str(task_config_file),
         *([str(step)] if step is not None else []),
     ]
@@ -261,11 +263,13 @@ def _run_agent(spec: RunSpec, mode: str, notice: Optional[SigtermNotice], config
     keepers_pool, _ = threads.task_threads(cluster.task_threads, layout.jobs_on_an_agents_node(keeper=True))
     agent = cluster.agent
     elastic_keys = cluster.elastic
-    told = _where_rounds_are_told(spec)
-    config = hashlib.sha256(task_config(spec).encode()).hexdigest()  # the rendezvous admits the run's config only
+    told = _where_rounds_are_told(spec.checkpoint.dir, run_dir)
+    config = hashlib.sha256(
+        task_config(spec.config).encode()
+    ).hexdigest()  # the rendezvous admits the run's config only
     code = run_agent(
         {
-            "command": _task_command(spec, mode, None, config),
+            "command": _task_command(run_dir, spec.config, mode, None, config),
             "run_dir": str(run_dir),
             "log_dir": str(run_dir / "logs"),
             "primary": list(layout.strategy.facts.primary_jobs),
@@ -299,7 +303,7 @@ def _run_agent(spec: RunSpec, mode: str, notice: Optional[SigtermNotice], config
     )
     if code:
         sys.exit(code)
-    return _objective_with_rounds(spec, told["rounds_file"] if elastic_keys else None)
+    return _objective_with_rounds(run_dir, spec.trainer.objective, told["rounds_file"] if elastic_keys else None)
 
 
 def _run_local_cluster(spec: RunSpec, mode: str, step: Optional[int], notice: Optional[SigtermNotice]):
@@ -307,7 +311,7 @@ def _run_local_cluster(spec: RunSpec, mode: str, step: Optional[int], notice: Op
     the same run directory; only the chief writes the run's files."""
     layout, run_dir = spec.layout, spec.run_dir
     counts, evaluator = local_tasks(layout, mode)
-    command = _task_command(spec, mode, step)
+    command = _task_command(run_dir, spec.config, mode, step)
     under_mpi = mpi.chosen(spec.strategy.options)
     if (
         under_mpi
@@ -343,4 +347,4 @@ def _run_local_cluster(spec: RunSpec, mode: str, step: Optional[int], notice: Op
         sys.exit(code)
     if mode == "evaluate":
         return json.loads((run_dir / "evaluations.jsonl").read_text().splitlines()[-1])
-    return _objective_with_rounds(spec, rounds["rounds_file"] if rounds else None)
+    return _objective_with_rounds(run_dir, spec.trainer.objective, rounds["rounds_file"] if rounds else None)

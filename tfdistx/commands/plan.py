@@ -1,6 +1,8 @@
 """`--plan`: what a run would do, printed without starting TensorFlow."""
 
-from omegaconf import DictConfig, OmegaConf
+from typing import Any, Mapping
+
+from omegaconf import DictConfig
 
 from tfdistx import machine
 from tfdistx.cluster import placement as cluster_lib
@@ -9,6 +11,7 @@ from tfdistx.commands.execute import local_tasks
 from tfdistx.config import sources
 from tfdistx import loggers as builtin_loggers
 from tfdistx.spec import agent, checkpoint_size, compute, elastic, priority, strategies, threads
+from tfdistx.config.compose import hydra_run_dir
 from tfdistx.config.resolve import resolve
 from tfdistx.spec.run_spec import Layout, Logger, Optimizer
 from tfdistx.spec.targets import Target
@@ -55,7 +58,7 @@ def describe(cfg: DictConfig) -> str:
             f"data          each worker reads its own 1/{topo.workers} of the examples (sharded by worker index); "
             "a resumed worker skips its expected share of the steps done"
         )
-        lines += _ps_variables(cfg, topo.ps)
+        lines += _ps_variables(layout.strategy.options, spec.config["model"], spec.config["data"], topo.ps)
         stale = facts.stale_gradients_warning(topo.workers, trainer.steps)
         if stale:
             lines.append(f"WARNING       {stale}")
@@ -83,10 +86,11 @@ def describe(cfg: DictConfig) -> str:
         f"compute       {trainer.precision}; XLA {compute.planned_jit(trainer, facts)[1]}; "
         f"steps per XLA call {compute.planned_steps_per_xla_call(trainer, spec.checkpoint, facts)[1]}"
     )
-    plan_line = sources.of(cfg.data).plan_line  # a data source's own line, from its own keys
+    data = spec.config["data"]
+    plan_line = sources.of(data).plan_line  # a data source's own line, from its own keys
     if plan_line:
         lines = [line for line in lines if not line.startswith("data ")] + [
-            plan_line(cfg.data, topo.workers if facts.multi_process else 1)
+            plan_line(data, topo.workers if facts.multi_process else 1)
         ]
     service = layout.service
     if service:
@@ -111,8 +115,8 @@ def describe(cfg: DictConfig) -> str:
     lines.append(
         f"checkpoints   every {every or 'end only'} steps, keep {spec.checkpoint.max_to_keep}, in {spec.checkpoint.dir}"
     )
-    run_dir = OmegaConf.select(cfg, "hydra.run.dir")
-    lines += _checkpoint_size(cfg, spec, run_dir)
+    run_dir = hydra_run_dir(cfg)
+    lines += _checkpoint_size(spec.config, spec.checkpoint.background, str(spec.model.path).rpartition(".")[2], run_dir)
     if run_dir:
         lines.append(
             f"run dir       {run_dir}: .hydra/, metrics.jsonl, summary.json, checkpoints/, tensorboard/"
@@ -121,14 +125,14 @@ def describe(cfg: DictConfig) -> str:
     return "\n".join(lines)
 
 
-def _checkpoint_size(cfg: DictConfig, spec, run_dir) -> list:
+def _checkpoint_size(config: Mapping[str, Any], background: bool, model_name: str, run_dir) -> list:
     """The checkpoint's size and a save's expected time (spec/checkpoint_size.py), and the grace a preemption gives
-    the run: the user's cluster.preemption_grace, or the one derived from that time."""
-    config = {key: OmegaConf.to_container(cfg[key], resolve=True) for key in ("model", "data", "optimizer")}
-    checkpoint_dir = cfg.checkpoint.dir or (f"{run_dir}/checkpoints" if run_dir else None)
+    the run: the user's cluster.preemption_grace, or the one derived from that time. `config`: the resolved config
+    as plain data (its model, data, optimizer, checkpoint and cluster sections)."""
+    checkpoint_dir = config["checkpoint"].get("dir") or (f"{run_dir}/checkpoints" if run_dir else None)
     found = checkpoint_size.estimate(config, checkpoint_dir, run_dir)
-    lines = checkpoint_size.shown(found, str(spec.model.path).rpartition(".")[2], spec.checkpoint.background)
-    given = cfg.cluster.get("preemption_grace")
+    lines = checkpoint_size.shown(found, model_name, background)
+    given = config["cluster"].get("preemption_grace")
     grace = (
         f"{given:g} s (cluster.preemption_grace)"
         if given is not None
@@ -159,10 +163,10 @@ def _optimizer(optimizer: Optimizer, replicas) -> str:
     return f"{shown}, lr {lr_text}, schedule {schedule}{clip}"
 
 
-def _ps_variables(cfg: DictConfig, ps: int) -> list:
-    """Where the variables go on the ps tasks (strategy.partitioner), and for
-    the default MLP on images of a known shape, the bytes on each ps task."""
-    settings = strategies.partitioner_settings(cfg.strategy.get("partitioner"), ps)
+def _ps_variables(options: Mapping[str, Any], model: Mapping[str, Any], data: Mapping[str, Any], ps: int) -> list:
+    """Where the variables go on the ps tasks (the strategy's `options`: strategy.partitioner), and for
+    the default MLP (the `model` section) on images of a known shape (`data`), the bytes on each ps task."""
+    settings = strategies.partitioner_settings(options.get("partitioner"), ps)
     if settings:
         line = (
             f"variables     strategy.partitioner: a variable of more than {settings['min_shard_bytes']:,} bytes in "
@@ -171,7 +175,11 @@ def _ps_variables(cfg: DictConfig, ps: int) -> list:
         )
     else:
         line = f"variables     whole, round-robin over {ps} ps (strategy.partitioner splits large ones)"
-    shapes = checkpoint_size.model_shapes(cfg) if cfg.model.get("_target_") == "tfdistx.models.mlp" else None
+    shapes = (
+        checkpoint_size.model_shapes({"model": model, "data": data})
+        if model.get("_target_") == "tfdistx.models.mlp"
+        else None
+    )
     if shapes is None:
         return [line]
     total = sum(strategies.ps_bytes(shapes, 1, None))
@@ -185,7 +193,7 @@ def _ps_variables(cfg: DictConfig, ps: int) -> list:
     return [line, detail]
 
 
-def _collectives(options: DictConfig) -> str:
+def _collectives(options: Mapping[str, Any]) -> str:
     packs = options.get("bytes_per_pack") or 0
     implementation = options.get("communication") or "auto"
     how = strategies.COMMUNICATION_MEANS[implementation]

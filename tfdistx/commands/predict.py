@@ -31,10 +31,11 @@ import time
 from pathlib import Path
 from typing import List, Optional
 
-from tfdistx.commands.common import compose, one_line_errors, plain_value, start_tensorflow
+from tfdistx.commands.common import compose, one_line_errors, start_tensorflow
 from tfdistx.spec import datafiles
-from tfdistx.config.compose import saved_config, saved_overrides
+from tfdistx.config.compose import data_names, saved_checkpoint_dir, saved_config, saved_overrides
 from tfdistx.spec.errors import ConfigError
+from tfdistx.spec.targets import Target
 from tfdistx.config.resolve import resolve
 from tfdistx.checkpoint_files import find
 from tfdistx.rundir import PREDICTIONS, check_new_directory
@@ -104,7 +105,7 @@ def predict(args, progress=None):
         raise ConfigError.one("--format", args.format, f"one of {', '.join(sorted(datafiles.FORMATS))}")
     if args.batch_size < 1:
         raise ConfigError.one("--batch-size", args.batch_size, "at least 1")
-    checkpoints = plain_value(cfg, "checkpoint.dir") or os.path.join(run_dir, "checkpoints")
+    checkpoints = saved_checkpoint_dir(cfg, run_dir)
     own_export = os.path.join(run_dir, "export")
     export_dir = own_export if args.step is None else os.path.join(run_dir, f"export-step-{args.step}")
     out = os.path.abspath(
@@ -139,14 +140,18 @@ def predict(args, progress=None):
         export_checkpoint(spec, checkpoint, export_dir, protected=[run_dir, spec.checkpoint.dir])
         print(f"tfdistx: predict: exported {os.path.basename(checkpoint)} to {export_dir}", file=sys.stderr)
     try:
-        return _predict_with(export_dir, args, cfg, spec, out, protected, progress), out
+        return _predict_with(export_dir, args, cfg, spec.data if spec else None, run_dir, out, protected, progress), out
     except BaseException:
         if checkpoint is not None:  # the export this predict wrote, of no use to anyone now
             shutil.rmtree(export_dir, ignore_errors=True)
         raise
 
 
-def _predict_with(export_dir: str, args, cfg, spec, out: str, protected, progress) -> dict:
+def _predict_with(
+    export_dir: str, args, cfg, data: Optional[Target], run_dir: str, out: str, protected, progress
+) -> dict:
+    """The predictions of the files asked for (named by the run's saved config `cfg`), or of the eval split of the
+    run's `data` (the spec's)."""
     from tfdistx.engine import predict as engine  # deferred: it imports TensorFlow
     from tfdistx.engine.parts import build_source
 
@@ -158,11 +163,15 @@ def _predict_with(export_dir: str, args, cfg, spec, out: str, protected, progres
         def parts():
             return [engine.Part(name, engine.file_rows(name, export, args.batch_size, names)) for name in files]
     else:
-        what = f"the eval split of the run's data ({spec.data.path})"
+        what = f"the eval split of the run's data ({data.path})"
 
         def parts():
             return [
-                engine.Part(what, engine.source_rows(build_source(spec), export, args.batch_size, what), is_file=False)
+                engine.Part(
+                    what,
+                    engine.source_rows(build_source(data, Path(run_dir)), export, args.batch_size, what),
+                    is_file=False,
+                )
             ]
 
     about = {
@@ -192,9 +201,8 @@ def row_names(cfg):
     one-tensor model's input (`features`) is the run's one feature by its
     own name (data.features: {image: ...}); the label (data.label) is never
     a feature; var_len features are padded or cut as in training."""
-    label = plain_value(cfg, "data.label")
+    label, features = data_names(cfg)
     label = label if isinstance(label, str) else "label"
-    features = plain_value(cfg, "data.features")
     if isinstance(features, str):  # data=tfds data.features=text: the one feature, by its name
         features = {features: None}
     features = features if isinstance(features, dict) else {}

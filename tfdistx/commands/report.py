@@ -36,7 +36,6 @@ from tfdistx.rundir import FAILED_NAME, not_ours, replace_ours
 from tfdistx.whole_files import jsonl_records
 
 EXIT_BAD_INPUT = 2
-DEFAULT_OBJECTIVE = "eval/accuracy"
 # Directories inside a run that never hold another run.
 _NOT_RUNS = {".hydra", "checkpoints", "tensorboard", "wandb", "__pycache__"}
 
@@ -190,15 +189,10 @@ def _overrides(directory: Path) -> List[str]:
 
 
 def _configured_objective(directory: Path) -> str:
-    path = directory / ".hydra" / "config.yaml"
-    if path.is_file():
-        from omegaconf import OmegaConf
+    """The run's trainer.objective; the config's own default where it saved no config (config/compose.py)."""
+    from tfdistx.config.compose import saved_objective  # deferred: Hydra, for the report of a sweep or a run only
 
-        try:
-            return str(OmegaConf.select(OmegaConf.load(path), "trainer.objective", default=DEFAULT_OBJECTIVE))
-        except Exception:
-            pass
-    return DEFAULT_OBJECTIVE
+    return saved_objective(directory)
 
 
 # --- ranking and labels -------------------------------------------------------------

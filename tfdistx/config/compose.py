@@ -11,10 +11,11 @@ own `run` does, without composing a second time.
 import contextlib
 import dataclasses
 import difflib
+import functools
 import re
 import sys
 from pathlib import Path
-from typing import Iterator, Sequence
+from typing import Any, Iterator, Optional, Sequence, Tuple
 
 import yaml
 from hydra import initialize_config_dir
@@ -24,9 +25,10 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 
-from tfdistx.config import recipes, topology, userconf
+from tfdistx.config import recipes, schema, topology, userconf
 from tfdistx import loggers as builtin_loggers
 from tfdistx.spec import strategies
+from tfdistx.spec import paths
 from tfdistx.spec.paths import config_dir
 from tfdistx.config.schema import OPTIMIZER_KEYS, PIPELINE_KEYS, TASK_FACTS, TASK_KEYS, Config
 from tfdistx.config.validate import validate
@@ -210,6 +212,101 @@ def saved_overrides(run_dir: str) -> list:
     if hydra_yaml.is_file():  # the user config dirs it was composed with (`data=digits` of --config-dir conf)
         userconf.add(userconf.recorded(OmegaConf.to_container(_load_run_file(run_dir, hydra_yaml))))
     return [str(o) for o in overrides]
+
+
+def plain_value(cfg: DictConfig, key: str):
+    """`cfg`'s value at the dotted `key` as plain Python (None when it is
+    not there, or is an interpolation that only resolves inside the run)."""
+    try:
+        value = OmegaConf.select(cfg, key)
+        return OmegaConf.to_container(value, resolve=True) if OmegaConf.is_config(value) else value
+    except Exception:  # ${hydra:...}, say: not needed outside the run
+        return None
+
+
+def hydra_run_dir(cfg: DictConfig) -> Optional[str]:
+    """The run directory Hydra will make for `cfg` (hydra.run.dir); None for a config without Hydra's node."""
+    return OmegaConf.select(cfg, "hydra.run.dir")
+
+
+def without_hydra(cfg: DictConfig) -> DictConfig:
+    """The run's own config, without Hydra's node: what a command run outside Hydra's job hands on."""
+    plain = OmegaConf.to_container(cfg)
+    plain.pop("hydra", None)
+    return OmegaConf.create(plain)
+
+
+def saved_checkpoint_dir(cfg: DictConfig, run_dir: str) -> str:
+    """Where the run whose saved config is `cfg` keeps its checkpoints."""
+    return paths.checkpoint_dir(plain_value(cfg, "checkpoint.dir"), run_dir)
+
+
+def data_names(cfg: DictConfig) -> Tuple[Any, Any]:
+    """A run's data.label and data.features, as plain values (what predict names a file's columns by)."""
+    return plain_value(cfg, "data.label"), plain_value(cfg, "data.features")
+
+
+def saved_objective(run_dir: Path) -> str:
+    """A run's trainer.objective, from the config it saved; for a run without
+    one it can read, the objective of the config composed with no override
+    (the conf tree's default, not a second one said here)."""
+    objective = None
+    path = Path(run_dir) / ".hydra" / "config.yaml"
+    if path.is_file():
+        try:
+            objective = OmegaConf.select(OmegaConf.load(path), "trainer.objective")
+        except Exception:  # a file that is not a config: as if there were none
+            objective = None
+    return str(objective) if objective is not None else default_objective()
+
+
+@functools.lru_cache(maxsize=1)
+def default_objective() -> str:
+    """trainer.objective when no override names one (composed once a process)."""
+    schema.register()
+    return str(compose_and_validate([], notes=False).trainer.objective)
+
+
+# What a run's checkpoints hold of its config: the model (every key of
+# it) and the optimizer's kind (its slots); and the key naming each.
+HELD = {"model": ("model", "model._target_"), "optimizer": ("optimizer.name", "optimizer.name")}
+
+
+def refuse_another_model(run_dir: str, cfg: DictConfig, overrides: Sequence[str]) -> None:
+    """An override of the model or the optimizer that the run's checkpoints
+    do not hold is refused naming what the run was trained with (`tfdistx evaluate`)."""
+    saved = saved_config(run_dir)
+    for override in overrides:
+        key, _, value = override.lstrip("+~").partition("=")
+        group = key.split(".", 1)[0]
+        if group not in HELD:
+            continue
+        held, name = HELD[group]
+        if plain_value(cfg, held) == plain_value(saved, held):
+            continue
+        choice = _choice(run_dir, group)
+        trained = (
+            f"{key}={plain_value(saved, key)!r}"
+            if "." in key
+            else f"{group}={choice}"
+            if choice
+            else f"{name}={plain_value(saved, name)}"
+        )
+        raise ConfigError.one(
+            key,
+            value,
+            f"this run was trained with {trained}, which its checkpoints hold: evaluate takes the "
+            f"run's own {group}; drop this override (nothing was changed)",
+        )
+
+
+def _choice(run_dir: str, group: str) -> Optional[str]:
+    """The option of `group` the run was composed with (model=mlp), as Hydra recorded it."""
+    hydra_yaml = Path(run_dir) / ".hydra" / "hydra.yaml"
+    try:
+        return OmegaConf.select(OmegaConf.load(hydra_yaml), f"hydra.runtime.choices.{group}")
+    except Exception:  # none recorded (a run written by another tool): the section itself is named
+        return None
 
 
 def _load_run_file(run_dir: str, path: Path):

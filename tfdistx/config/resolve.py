@@ -19,6 +19,7 @@ from tfdistx import loggers as builtin_loggers
 from tfdistx.spec import checkpoint_size, data_service, optimizers, strategies, warm_start
 from tfdistx.spec import elastic as elastic_spec
 from tfdistx.config.compose import saved_config
+from tfdistx.spec import paths
 from tfdistx.spec.errors import ConfigError
 from tfdistx.config.schema import (
     OPTIMIZER_DEFAULTS,
@@ -63,7 +64,7 @@ def resolve(cfg: DictConfig, run_dir: str = ".", follow_init_from: bool = True) 
     trainer = _with_defaults(plain["trainer"], TrainerConfig)
     ckpt = _with_defaults(plain["checkpoint"], CheckpointConfig)
     data = plain["data"]
-    checkpoint_dir = ckpt["dir"] or str(Path(run_dir) / "checkpoints")
+    checkpoint_dir = paths.checkpoint_dir(ckpt["dir"], run_dir)
     profile = trainer["profile_steps"]
     layout = _layout(plain, checkpoint_dir, run_dir)
     return RunSpec(

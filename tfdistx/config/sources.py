@@ -14,7 +14,7 @@ signature when it is built.
 """
 
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Any, Callable, Mapping, Optional
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -84,12 +84,12 @@ def file_problems(data: DictConfig) -> list:
     return problems
 
 
-def files_plan(data: DictConfig, pipelines: int) -> str:
+def files_plan(data: Mapping[str, Any], pipelines: int) -> str:
     """How the train files split across the input pipelines (one per worker)."""
-    found = datafiles.local_matches(data.train_files)
+    found = datafiles.local_matches(data["train_files"])
     if found is None:
         return (
-            f"data          {data.train_files}: listed at start (tf.io.gfile), split by file across {pipelines} "
+            f"data          {data['train_files']}: listed at start (tf.io.gfile), split by file across {pipelines} "
             "worker(s) when there are enough"
         )
     counts = datafiles.manifest_counts(datafiles.read_manifest(found), found)
@@ -103,7 +103,7 @@ def files_plan(data: DictConfig, pipelines: int) -> str:
 @dataclass(frozen=True)
 class Source:
     checks: Callable[[DictConfig], list] = lambda data: []
-    plan_line: Optional[Callable[[DictConfig, int], str]] = None  # replaces the generic `data` line of --plan
+    plan_line: Optional[Callable[[Mapping[str, Any], int], str]] = None  # replaces the generic `data` line of --plan
     eval_key: Optional[str] = None  # the key naming its eval split, which null leaves out; None: it always has one
     labels: Optional[str] = None  # what its labels are, when no task for classes can learn them ("real values")
 
@@ -114,7 +114,7 @@ EVAL_KEYS = ("eval_files", "eval_split")  # the first the source has names its e
 REAL_VALUES_KEY = "num_targets"
 
 
-def of(data: DictConfig) -> Source:
+def of(data: Mapping[str, Any]) -> Source:
     """The facts of the data group's source, from its keys (a user's own: no checks of ours)."""
     if not current(data.get("_target_", "")).startswith(BUILT_IN):
         return Source()

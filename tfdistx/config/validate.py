@@ -32,6 +32,7 @@ from tfdistx.spec import (
 from tfdistx.spec.errors import MAX_RETRYABLE_EXIT_OFFSET, NOTICE_SIGNALS, ConfigError, Problem
 from tfdistx.spec.objective import objective_problems, unevaluated_problems
 from tfdistx.config.schema import LAUNCH_MODES, OPTIMIZER_KEYS, PIPELINE_DEFAULTS, TASK_FACTS, TASK_KEYS, Config
+from tfdistx.spec import paths
 from tfdistx.spec.targets import current
 from tfdistx.spec.values import is_number, is_whole
 
@@ -54,7 +55,7 @@ def validate(cfg: DictConfig, run_dir: Optional[str] = None) -> None:
     problems += data_problems
     problems += _optimizer(cfg.optimizer)
     problems += _trainer(cfg.trainer)
-    problems += compute.problems(cfg)
+    problems += _compute(cfg)
     task_problems = tasks.problems(cfg.task)
     problems += task_problems or _objective(
         cfg.trainer.objective, cfg.task
@@ -80,11 +81,14 @@ def planned_replicas(cfg: DictConfig) -> Optional[int]:
     None when it depends on the devices TensorFlow will find (GPUs); the
     engine checks again once the strategy exists.
     """
+    strategy, cluster = _strategy_row(cfg), cfg.cluster
+    return strategy.planned_replicas(cluster.workers, cluster.devices_per_worker) if strategy else None
+
+
+def _strategy_row(cfg: DictConfig) -> Optional[strategies.Strategy]:
+    """The configured strategy's row of the table; None for a name the strategy check refuses."""
     name, cluster = cfg.strategy.get("name"), cfg.cluster
-    if name not in strategies.NAMES:
-        return None
-    strategy = strategies.get(name, cluster.workers, cluster.devices_per_worker)
-    return strategy.planned_replicas(cluster.workers, cluster.devices_per_worker)
+    return strategies.get(name, cluster.workers, cluster.devices_per_worker) if name in strategies.NAMES else None
 
 
 def _strategy_and_cluster(strategy: DictConfig, cluster: DictConfig) -> list:
@@ -331,6 +335,14 @@ def _optimizer(opt: DictConfig) -> list:
     return problems
 
 
+def _compute(cfg: DictConfig) -> list:
+    """The strategy, precision and XLA keys together (spec/compute.py says what cannot work)."""
+    trainer = cfg.trainer
+    return compute.problems(
+        _strategy_row(cfg), trainer.jit_compile, trainer.get("steps_per_xla_call", "auto"), trainer.precision
+    )
+
+
 def _trainer(trainer: DictConfig) -> list:
     problems = []
     if trainer.steps is None and trainer.epochs is None:
@@ -452,7 +464,7 @@ def _checkpoint(ckpt: DictConfig, run_dir: Optional[str] = None) -> list:
         problems.append(Problem("checkpoint.every_steps", ckpt.every_steps, "must be 0 (only at the end) or more"))
     if ckpt.max_to_keep < 1:
         problems.append(Problem("checkpoint.max_to_keep", ckpt.max_to_keep, "must be at least 1"))
-    checkpoint_dir = ckpt.dir or (os.path.join(run_dir, "checkpoints") if run_dir else None)
+    checkpoint_dir = paths.checkpoint_dir(ckpt.dir, run_dir) if ckpt.dir or run_dir else None
     set_aside = (
         (run_dir, checkpoint_dir) if run_dir and not ckpt.restore else ()
     )  # what fit.train keeps aside before it starts

@@ -12,6 +12,7 @@ a ConfigError, before the first step.
 
 import logging
 from dataclasses import dataclass
+from pathlib import Path
 from typing import List, Optional
 
 import keras
@@ -23,7 +24,7 @@ from tfdistx.spec import compute, strategies
 from tfdistx.spec import mpi as mpi_facts
 from tfdistx.spec.errors import ConfigError
 from tfdistx.spec.objective import objective_problems, unevaluated_problems
-from tfdistx.spec.run_spec import RunSpec
+from tfdistx.spec.run_spec import RunSpec, Trainer
 from tfdistx.spec.strategies import Strategy
 from tfdistx.data import input as input_lib
 from tfdistx.data.files import input_errors_in_one_line
@@ -132,18 +133,20 @@ def build_run(spec: RunSpec, placement: Placement) -> Run:
     per_replica = input_lib.per_replica_batch(global_batch, replicas)
     task, source = _task_and_source(spec, global_batch)
     if placement.is_chief:
-        keep_preprocessing(spec, source)
-    total_steps = _total_steps(spec, source.train_examples, global_batch)
+        keep_preprocessing(spec.run_dir, source)
+    total_steps = _total_steps(trainer, source.train_examples, global_batch)
     feature_spec, label_spec = source.element_spec
     num_outputs = task.num_outputs(label_spec, source.num_classes)
     learning_rate = schedule(spec.optimizer, replicas, total_steps)
     gpus = _gpus(trainer.precision, placement)
     with strategy.scope(), process.precision(trainer.precision):
-        model = build_model(spec, feature_spec, num_outputs, **data_facts(spec, source))
+        model = build_model(spec.model, spec.data, feature_spec, num_outputs, **data_facts(spec.model, source))
         # Variables split across the ps tasks (strategy.partitioner): the optimizer
         # updates each shard, and the checkpoint holds the optimizer as an unsplit run's, which restores
         # onto any number of ps tasks (sharding.py).
-        optimizer, saved_optimizer, train_variables = optimizer_for_checkpoint(spec, model, learning_rate)
+        optimizer, saved_optimizer, train_variables = optimizer_for_checkpoint(
+            spec.optimizer, trainer.precision, model, learning_rate
+        )
         # Steps completed, as the loop counts them, saved with the checkpoint.
         # Not optimizer.iterations: parameter-server workers increment that
         # concurrently and lose increments (measured: 319 after 400 steps).
@@ -155,7 +158,7 @@ def build_run(spec: RunSpec, placement: Placement) -> Run:
     with input_errors_in_one_line(
         source
     ):  # its first examples come through a shuffle window: a bad record may be in it
-        sample = check_model_takes_data(model, task, source, spec, num_outputs)
+        sample = check_model_takes_data(model, task, source, spec.model, spec.data, num_outputs)
     task.check_labels(source.num_classes)
     jit, per_call = xla.decide(trainer, spec.checkpoint, facts, gpus, model, feature_spec)  # and says so in the log
 
@@ -232,13 +235,13 @@ def build_run(spec: RunSpec, placement: Placement) -> Run:
     )
 
 
-def keep_preprocessing(spec: RunSpec, source: DataSource) -> None:
+def keep_preprocessing(run_dir: Path, source: DataSource) -> None:
     """What the source's preprocessing learnt from the data (a text's vocabulary), written by the chief into
     <run dir>/preprocessing as the run starts: the run's later processes (a resume, `tfdistx export`, `predict`)
     read it back there, and train and serve with the same token ids. A file already there is the run's own: kept."""
     if source.served is None or not source.served.state:
         return
-    folder = spec.run_dir / PREPROCESSING
+    folder = Path(run_dir) / PREPROCESSING
     folder.mkdir(parents=True, exist_ok=True)
     for name, text in source.served.state.items():
         if not (folder / name).exists():
@@ -247,8 +250,8 @@ def keep_preprocessing(spec: RunSpec, source: DataSource) -> None:
 
 def _task_and_source(spec: RunSpec, global_batch: int):
     """The task and the data source, checked against each other and the run."""
-    source = build_source(spec)
-    task = build_task(spec, source)
+    source = build_source(spec.data, spec.run_dir)
+    task = build_task(spec.task, source)
     if source.train_examples and global_batch > source.train_examples:  # a step could never fill its batch
         raise ConfigError.one(
             "data.batch_size",
@@ -284,13 +287,13 @@ def _gpus(precision: str, placement: Placement) -> bool:
     return gpus
 
 
-def _total_steps(spec: RunSpec, train_examples, global_batch: int) -> int:
-    if spec.trainer.steps is not None:
-        return spec.trainer.steps
+def _total_steps(trainer: Trainer, train_examples, global_batch: int) -> int:
+    if trainer.steps is not None:
+        return trainer.steps
     if not train_examples:
         raise ConfigError.one(
             "trainer.epochs",
-            spec.trainer.epochs,
+            trainer.epochs,
             "the dataset does not say how many examples it has: set trainer.steps",
         )
-    return spec.trainer.epochs * max(train_examples // global_batch, 1)
+    return trainer.epochs * max(train_examples // global_batch, 1)

@@ -3,10 +3,11 @@
 Each entry is a `_target_` built on the chief (where the run directory is
 written): either a Keras `keras.callbacks.Callback`, driven through its own
 hooks as Keras' `fit` drives it (engine/keras_callbacks.py), or a tfdistx
-action with the loop's hooks (engine/loop.py: called with `(step,
-record)`; optional `before_loop`, `before_steps`, `after_steps`,
-`train_metrics`, `finish` and `stop_requested`). A plain function
-`(step, record)` is an action as it is, its keys bound.
+action: a subclass of engine/loop.py's `Action`, whose hooks are no-ops
+until it overrides them, or any callable `(step, record)` with the hooks
+it needs (`before_loop`, `before_steps`, `after_steps`, `train_metrics`,
+`finish`, `next_stop`, `stop_requested`). A plain function `(step, record)`
+is an action as it is, its keys bound.
 
 What Keras' shipped callbacks do here, and which tfdistx refuses because
 it does their job itself: spec/callbacks.py (checked before TensorFlow
@@ -46,13 +47,12 @@ from tfdistx.spec import callbacks as keras_facts
 from tfdistx.spec.errors import ConfigError, PluginFailed, interrupted
 from tfdistx.spec.targets import Target, locate
 from tfdistx.engine.keras_callbacks import KerasCallback, TrainedModel
-from tfdistx.engine.loop import Metrics, Schedule
+from tfdistx.engine.loop import Action, Metrics, Schedule
 from tfdistx import rundir
 from tfdistx.rundir import keep_aside
 
 log = logging.getLogger(__name__)
 
-_DEFERRED = ("before_loop", "before_steps", "after_steps", "train_metrics")  # held until the call's steps are done
 _NOT_CALLED = (
     "on_test_begin",
     "on_test_end",
@@ -218,31 +218,46 @@ class CSVLogger(keras.callbacks.CSVLogger):
         super().__init__(str(path), separator=separator, append=append)
 
 
-class Guarded:
-    """A callback as a loop action: each hook it has is called, and one
+class Guarded(Action):
+    """A callback as a loop action: each of its hooks is called, and one
     that raises stops the run with one line naming the callback. A failure
     before or between the steps is held until the call's steps are done
     (the next `__call__`): the loop then saves, in step with every worker."""
 
     def __init__(self, name: str, path: str, action):
         self.name, self.path, self.action = name, path, action
+        self.hooks: Action = action if isinstance(action, Action) else _OwnHooks(action)
         self.held: Optional[PluginFailed] = None
-        for hook in _DEFERRED:
-            if hasattr(action, hook):
-                setattr(self, hook, self._held(getattr(action, hook)))
-        if hasattr(action, "finish"):
-            self.finish = lambda step: self._raising(action.finish, step)
-        if hasattr(action, "next_stop"):  # when the action must be called (the loop stops there)
-            self.next_stop = action.next_stop
+
+    def next_stop(self, step: int) -> Optional[int]:
+        return self.hooks.next_stop(step)  # when the action must be called (the loop stops there)
+
+    def before_loop(self, step: int) -> None:
+        self._held(self.hooks.before_loop, step)
+
+    def before_steps(self, step: int) -> None:
+        self._held(self.hooks.before_steps, step)
+
+    def after_steps(self, step: int) -> None:
+        self._held(self.hooks.after_steps, step)
+
+    def train_metrics(self, step: int, metrics: Metrics) -> None:
+        self._held(self.hooks.train_metrics, step, metrics)
+
+    def wants_train_metrics(self) -> bool:
+        return self.hooks.wants_train_metrics()
+
+    def finish(self, step: int) -> None:
+        self._raising(self.hooks.finish, step)
 
     def __call__(self, step: int, record: Metrics) -> None:
         if self.held:
             raise self.held
-        self._raising(self.action, step, record)
+        self._raising(self.hooks, step, record)
 
     @property
     def stop_requested(self) -> Optional[str]:
-        reason = getattr(self.action, "stop_requested", None)
+        reason = self.hooks.stop_requested
         return f"callbacks.{self.name}: {reason}" if reason else None
 
     def get_state(self) -> Optional[dict]:
@@ -262,18 +277,15 @@ class Guarded:
                 raise KeyboardInterrupt from None
             raise self._failure(error, getattr(self.action, "hook", None), step) from error
 
-    def _held(self, call: Callable) -> Callable:
-        def held(step: int, *args):
-            if self.held is None:
-                try:
-                    call(step, *args)
-                except Exception as error:
-                    if interrupted(error):
-                        raise KeyboardInterrupt from None
-                    self.held = self._failure(error, getattr(self.action, "hook", None), step)
-                    self.held.__cause__ = error
-
-        return held
+    def _held(self, call: Callable, step: int, *args) -> None:
+        if self.held is None:
+            try:
+                call(step, *args)
+            except Exception as error:
+                if interrupted(error):
+                    raise KeyboardInterrupt from None
+                self.held = self._failure(error, getattr(self.action, "hook", None), step)
+                self.held.__cause__ = error
 
     def _failure(self, error: Exception, hook: Optional[str], step: Optional[int]) -> PluginFailed:
         message = str(error).strip().splitlines()[0] if str(error).strip() else ""
@@ -284,7 +296,30 @@ class Guarded:
         )
 
 
-class AgreeWithTheChief:
+class _OwnHooks(Action):
+    """A user's action written without the Action base: any callable
+    `(step, record)` with the loop's hooks it needs as attributes (a plain
+    function has none). The hooks it has are its own; the base's no-ops
+    stand for the rest. Looked up once, here, where user code meets the loop."""
+
+    def __init__(self, action):
+        self.action = action
+        for hook in ("next_stop", "before_loop", "before_steps", "after_steps", "train_metrics", "finish"):
+            if hasattr(action, hook):
+                setattr(self, hook, getattr(action, hook))
+
+    def __call__(self, step: int, record: Metrics) -> None:
+        self.action(step, record)
+
+    def wants_train_metrics(self) -> bool:
+        return hasattr(self.action, "train_metrics")
+
+    @property
+    def stop_requested(self) -> Optional[str]:
+        return getattr(self.action, "stop_requested", None)
+
+
+class AgreeWithTheChief(Action):
     """After the callbacks, on every task of a synchronous cluster: what the
     chief's callbacks and loggers did becomes every task's, at this step: a
     stop one of them asked for, a learning rate one of them set (`scale`:

@@ -30,12 +30,13 @@ import numpy as np
 import tensorflow as tf
 
 from tfdistx import boundary_marks
+from tfdistx.engine.loop import Action
 
 log = logging.getLogger(__name__)
 
 
-class Commit:
-    """A loop action: at `before_steps(step)`, the state of `step` in host
+class Commit(Action):
+    """A loop action: at `before_steps(step)` (nothing at a record), the state of `step` in host
     memory (first among the actions, before any other's before_steps may
     change it); `restore()` puts the last such copy back."""
 
@@ -54,9 +55,6 @@ class Commit:
         if on_read:
             log.info("no in-memory copy of the last loop boundary: %s is synchronized on read", on_read[0])
             self.variables = []
-
-    def __call__(self, step: int, record: dict) -> None:
-        pass  # nothing at a record: the copy is taken right before the steps
 
     def before_steps(self, step: int) -> None:
         if self.variables:

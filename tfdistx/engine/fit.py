@@ -34,6 +34,7 @@ from tfdistx.engine.commit import Commit
 from tfdistx.engine.finite import NonFiniteWeights
 from tfdistx.engine.finish import finish, finish_finished_run
 from tfdistx.engine.join import Joined, join_cluster
+from tfdistx.engine.checkpointing import Checkpointer
 from tfdistx.engine.loop import CheckPreemption, Log, Loop, Result, SaveCheckpoints, Schedule
 from tfdistx.engine.preemption import (
     PreemptionWatcher,
@@ -121,7 +122,7 @@ def train_loop(run: Run, runner: StepRunner, start: Start, notice: SigtermNotice
             parameter_servers=in_cluster and run.facts.asynchronous,
             placement=run.placement,
             peer_timeout=spec.cluster.peer_timeout,
-            keep=(lambda: save_the_last_boundary(run, commit)) if commit else None,
+            keep=(lambda: save_the_last_boundary(run.checkpointer, commit)) if commit else None,
         ),
         watching_servers(
             run.placement,
@@ -164,38 +165,38 @@ def train_loop(run: Run, runner: StepRunner, start: Start, notice: SigtermNotice
                 run.step_counter,
                 actions + ([profile] if profile else []),
                 learning_rate_at=run.learning_rate.at,
-                running=running_record(run, runner),
+                running=running_record(run.running, runner.metrics.size, run.placement.is_chief),
             ).run()
         preemption.done()  # the final checkpoint is saved: a notice now lets the run finish (docs/preemption.md)
         return result
 
 
-def running_record(run: Run, runner: StepRunner):
+def running_record(saved: Optional[checkpointing.RunningRecordState], metric_count: int, is_chief: bool):
     """The loop's running record as the checkpoint resumed from left it
-    (checkpointing.RunningRecordState); a fresh one when its sums are of
-    other metrics than this run's (said once)."""
-    if run.running is None:
+    (`saved`); a fresh one when its sums are of other metrics than this
+    run's `metric_count` (said once, by the chief)."""
+    if saved is None:
         return None
-    record = run.running.record
-    if not record.fits(runner.metrics.size):
-        if run.placement.is_chief:
+    record = saved.record
+    if not record.fits(metric_count):
+        if is_chief:
             log.info("the running record of the checkpoint resumed from is of other metrics: the first record restarts")
         record.window, record.window_time, record.epoch = None, 0.0, None
     return record
 
 
-def save_the_last_boundary(run: Run, commit: Commit) -> Optional[str]:
+def save_the_last_boundary(checkpointer: Checkpointer, commit: Commit) -> Optional[str]:
     """After a lost peer: the last loop boundary's state put back and saved
     as the run's checkpoint of that step; what a restart then resumes from,
     as the task's line says it. None when a checkpoint of that step or a
     later one was saved already (the loop's end, say): the newest is the
     one to resume from."""
-    step, last = commit.step, run.checkpointer.last_saved
+    step, last = commit.step, checkpointer.last_saved
     if not step or (last is not None and last >= step):
         return None
     boundary_marks.mark(boundary_marks.SAVING)  # its supervisor waits for the save, not only for the call to fail
     commit.restore()
-    run.checkpointer.save(step)
+    checkpointer.save(step)
     return f"from step {step}, the last loop boundary, saved now"
 
 

@@ -35,7 +35,7 @@ from typing import Any, Dict, Optional
 import keras
 import numpy as np
 
-from tfdistx.engine.loop import Metrics, Schedule
+from tfdistx.engine.loop import Action, Metrics, Schedule
 from tfdistx.internals import tensorflow as internals
 
 log = logging.getLogger(__name__)
@@ -77,7 +77,7 @@ class TrainedModel:
         return getattr(self.trained, name)
 
 
-class KerasCallback:
+class KerasCallback(Action):
     """A Keras callback driven by the loop's hooks (the table above).
     `hook`: the Keras hook running, for the line that names a failure."""
 

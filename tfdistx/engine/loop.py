@@ -19,7 +19,7 @@ import logging
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Dict, Iterable, List, Optional, Protocol
+from typing import Callable, Dict, Iterable, List, Optional
 
 from tfdistx.spec.errors import PluginFailed
 
@@ -27,29 +27,64 @@ Metrics = Dict[str, float]
 log = logging.getLogger(__name__)
 
 
-class Action(Protocol):
-    """Something done after the runner returns: `__call__(step, record)`,
-    with `record` the step's metrics (empty when nothing was logged or
-    evaluated). Optional: `next_stop(step)`, the next step at which the
-    action must be called (the loop stops there), `before_steps(step)` and
-    `after_steps(step)`, called right before and right after each call of
-    the runner, with the step counter then (what brackets the steps
-    themselves, and not the evaluation, logging or saving between them),
-    `before_loop(step)`, called once before the first call of the runner,
-    `finish(step)`, called once when the loop ends, `stop_requested`: a
-    reason (a str) when the action wants the run to end at this step,
-    checked after every action has been called, `train_metrics(step,
-    metrics)`: called after each call of the runner with the training
-    metrics since the last record (what Keras' `fit` gives its batch hooks),
-    and `failed(step)`: called, in order, when an action raised
-    PluginFailed at `step` (a callback or a logger that failed), before
-    the loop stops with it; it may return what it kept of the steps
-    trained (a saved checkpoint), which the failure's line then says."""
+class Action:
+    """Something the run does between its steps, as Keras' `Callback`: every
+    hook is declared here as a no-op, and an action overrides the ones it
+    needs. The loop calls each hook of every action, in the actions' order:
 
-    def __call__(self, step: int, record: Metrics) -> None: ...
+    - `__call__(step, record)`: after each call of the runner, with `record`
+      the step's metrics (empty when nothing was logged or evaluated);
+    - `next_stop(step)`: the next step at which the action must be called
+      (the loop stops there); None: no stop of its own;
+    - `before_loop(step)`: once, before the first call of the runner;
+    - `before_steps(step)`, `after_steps(step)`: right before and right after
+      each call of the runner, with the step counter then (what brackets the
+      steps themselves, and not the evaluation, logging or saving between them);
+    - `train_metrics(step, metrics)`: after each call of the runner, the
+      training metrics since the last record (what Keras' `fit` gives its
+      batch hooks);
+    - `finish(step)`: once, when the loop ends;
+    - `failed(step)`: in order, when an action raised PluginFailed at `step`
+      (a callback or a logger that failed), before the loop stops with it;
+      it may return what it kept of the steps trained (a saved checkpoint),
+      which the failure's line then says;
+    - `stop_requested`: a reason (a str) when the action wants the run to
+      end at this step, read after every action has been called."""
+
+    stop_requested: Optional[str] = None
+
+    def __call__(self, step: int, record: Metrics) -> None:
+        pass
+
+    def next_stop(self, step: int) -> Optional[int]:
+        return None
+
+    def before_loop(self, step: int) -> None:
+        pass
+
+    def before_steps(self, step: int) -> None:
+        pass
+
+    def after_steps(self, step: int) -> None:
+        pass
+
+    def train_metrics(self, step: int, metrics: Metrics) -> None:
+        pass
+
+    def finish(self, step: int) -> None:
+        pass
+
+    def failed(self, step: int) -> Optional[str]:
+        return None
+
+    def wants_train_metrics(self) -> bool:
+        """Whether `train_metrics` is more than the no-op: the loop works the
+        running metrics out only for actions that take them (as Keras'
+        CallbackList skips the batch hooks no callback implements)."""
+        return type(self).train_metrics is not Action.train_metrics
 
 
-class Log:
+class Log(Action):
     """Each logger(step, record) gets every non-empty record."""
 
     def __init__(self, loggers: Iterable[Callable[[int, Metrics], None]]):
@@ -68,7 +103,7 @@ class Log:
                 logger.after_steps(step)
 
 
-class SaveCheckpoints:
+class SaveCheckpoints(Action):
     """A checkpoint every `every` steps (0: only at the end), written in the
     background (`checkpointer.save_in_background`: the steps wait only for
     its snapshot), with the best checkpoint when one is due at that step;
@@ -151,7 +186,7 @@ class SaveCheckpoints:
         return f"the one at step {saved}" if saved is not None else "the one this run started from, if any"
 
 
-class CheckPreemption:
+class CheckPreemption(Action):
     """`preemption.check(step)` before the first call of the runner (a
     SIGTERM while the run was starting) and after every call: it saves and
     exits when the cluster is being preempted (preemption.py)."""
@@ -166,7 +201,7 @@ class CheckPreemption:
         self.preemption.check(step)
 
 
-class TrackObjective:
+class TrackObjective(Action):
     """The objective's best value (with `save_best`, its checkpoint) and early
     stopping, from the records that hold `objective`: eval metrics at
     evaluations, training metrics at log steps.
@@ -337,7 +372,7 @@ class Loop:
     def next_stop(self, step: int) -> int:
         stops = [self.schedule.next_stop(step)]
         for action in self.actions:
-            stop = getattr(action, "next_stop", lambda _: None)(step)
+            stop = action.next_stop(step)
             if stop is not None:
                 stops.append(stop)
         return min(stops)
@@ -349,18 +384,21 @@ class Loop:
         result = Result(step=step)
         running, evaluated_at = self.running, None  # the sums since the last log and the last record (a Keras epoch)
         steady_examples, steady_time, first_call = 0.0, 0.0, True
-        watching = [action for action in self.actions if hasattr(action, "train_metrics")]
-        self._each("before_loop", step)
+        watching = [action for action in self.actions if action.wants_train_metrics()]
+        for action in self.actions:
+            action.before_loop(step)
 
         while step < schedule.steps:
             num_steps = self.next_stop(step) - step
-            self._each("before_steps", step)
+            for action in self.actions:
+                action.before_steps(step)
             t0 = time.perf_counter()
             totals = runner.train(step, num_steps)
             elapsed = time.perf_counter() - t0
             step += num_steps
             self.step_counter.assign(step)
-            self._each("after_steps", step)
+            for action in self.actions:
+                action.after_steps(step)
             running.window = totals if running.window is None else running.window + totals
             running.window_time += elapsed
             if not first_call:  # the first call includes tracing
@@ -391,9 +429,7 @@ class Loop:
                     action(step, record)
             except PluginFailed as failure:
                 raise self._kept_after(failure, step) from failure.__cause__
-            reasons = [
-                reason for reason in (getattr(action, "stop_requested", None) for action in self.actions) if reason
-            ]
+            reasons = [reason for reason in (action.stop_requested for action in self.actions) if reason]
             if reasons:
                 result.stopped_early = {"step": step, "reason": reasons[0]}
                 break
@@ -404,14 +440,12 @@ class Loop:
         ):  # resumed a finished run; stopped between evaluations
             result.eval = runner.evaluate()
         failures = []
-        for (
-            action
-        ) in self.actions:  # every one: a callback's failed on_train_end does not keep the last save from being made
-            if hasattr(action, "finish"):
-                try:
-                    action.finish(step)
-                except PluginFailed as failure:
-                    failures.append(failure)
+        # every one: a callback's failed on_train_end does not keep the last save from being made
+        for action in self.actions:
+            try:
+                action.finish(step)
+            except PluginFailed as failure:
+                failures.append(failure)
         if failures:
             raise self._kept_after(failures[0], step)
         result.examples_per_sec = (
@@ -423,13 +457,8 @@ class Loop:
     def _kept_after(self, failure: PluginFailed, step: int) -> PluginFailed:
         """A callback or logger failed at `step`: the actions' `failed` hooks
         keep what was trained (a save), and the failure says what they kept."""
-        kept = [note for note in (action.failed(step) for action in self.actions if hasattr(action, "failed")) if note]
+        kept = [note for note in (action.failed(step) for action in self.actions) if note]
         return failure.keeping("; ".join(kept)) if kept else failure
-
-    def _each(self, hook: str, step: int) -> None:
-        for action in self.actions:
-            if hasattr(action, hook):
-                getattr(action, hook)(step)
 
 
 def _next_multiple(step: int, every: int) -> int:

@@ -9,13 +9,15 @@ Bad input met while making them (a model that does not take the data, an
 optimizer's bad option) is refused as a ConfigError naming the key.
 """
 
+from pathlib import Path
 from typing import Optional
 
 import keras
 import tensorflow as tf
 
 from tfdistx.spec.errors import ConfigError, first_line
-from tfdistx.spec.run_spec import RunSpec
+from tfdistx.spec.run_spec import Optimizer, RunSpec
+from tfdistx.spec.targets import Target
 from tfdistx.data.sources import DataSource, single_examples
 from tfdistx.engine import process, resplit, sharding
 from tfdistx.engine.optim import LearningRateAtStep, build_optimizer
@@ -28,28 +30,28 @@ from tfdistx.tasks import Task, float32
 PREPROCESSING = "preprocessing"
 
 
-def build_task(spec: RunSpec, source: Optional[DataSource] = None) -> Task:
-    """The task; task=auto takes the one the source's labels call for (tasks/auto.py)."""
-    labels = {"labels": source.labels if source is not None else None} if spec.task.names("labels") else {}
-    return spec.task.build(expect=Task, **labels)
+def build_task(task: Target, source: Optional[DataSource] = None) -> Task:
+    """The task (the spec's `task`); task=auto takes the one the source's labels call for (tasks/auto.py)."""
+    labels = {"labels": source.labels if source is not None else None} if task.names("labels") else {}
+    return task.build(expect=Task, **labels)
 
 
-def build_source(spec: RunSpec) -> DataSource:
-    """The data source; a built-in one reads what its preprocessing learnt in the run dir (its `state_dir`)."""
-    state = {"state_dir": str(spec.run_dir / PREPROCESSING)} if spec.data.names("state_dir") else {}
-    source = spec.data.build(expect=DataSource, **state)
-    return (
-        source if spec.data.path.startswith("tfdistx.") else single_examples(source, spec.data.path)
-    )  # the built-in ones do not batch
+def build_source(data: Target, run_dir: Path) -> DataSource:
+    """The data source (the spec's `data`); a built-in one reads what its preprocessing learnt in the run dir
+    (its `state_dir`)."""
+    state = {"state_dir": str(Path(run_dir) / PREPROCESSING)} if data.names("state_dir") else {}
+    source = data.build(expect=DataSource, **state)
+    return source if data.path.startswith("tfdistx.") else single_examples(source, data.path)  # built-ins do not batch
 
 
-def data_facts(spec: RunSpec, source: DataSource) -> dict:
+def data_facts(model: Target, source: DataSource) -> dict:
     """What a model builder that names it takes of the data besides its shapes: `vocab_size`, the token ids' count."""
-    return {"vocab_size": source.vocab_size} if source.vocab_size and spec.model.names("vocab_size") else {}
+    return {"vocab_size": source.vocab_size} if source.vocab_size and model.names("vocab_size") else {}
 
 
-def build_model(spec: RunSpec, feature_spec, num_outputs: int, **given) -> keras.Model:
-    """The model, with its weights made. `given`: arguments in place of the
+def build_model(model_target: Target, data: Target, feature_spec, num_outputs: int, **given) -> keras.Model:
+    """The model (the spec's `model`, for the spec's `data`, named when they
+    do not fit), with its weights made. `given`: arguments in place of the
     config's (resplit's `shards`).
 
     A model whose weights exist when it is constructed (a functional model,
@@ -62,7 +64,7 @@ def build_model(spec: RunSpec, feature_spec, num_outputs: int, **given) -> keras
     caller's strategy scope: the weights are made where the strategy puts
     them."""
     shape = tuple(feature_spec.shape) if isinstance(feature_spec, tf.TensorSpec) else None
-    model = spec.model.build(
+    model = model_target.build(
         expect=keras.Model,
         input_shape=shape,
         feature_spec=feature_spec,
@@ -76,8 +78,8 @@ def build_model(spec: RunSpec, feature_spec, num_outputs: int, **given) -> keras
         except Exception as error:
             raise ConfigError.one(
                 "model",
-                spec.model.path,
-                f"does not fit data={spec.data.path} (features "
+                model_target.path,
+                f"does not fit data={data.path} (features "
                 f"{_describe_features(feature_spec)}): its first call failed: {first_line(error)}",
             ) from None
     return model
@@ -100,19 +102,22 @@ def model_from_checkpoint(spec: RunSpec, checkpoint_path: str):
     its run restored into it: (model, task, data source, restore status).
     The same for a model whose variables lived on parameter servers or were
     mirrored across workers. Used by the export and by a warm start."""
-    source = build_source(spec)
-    task = build_task(spec, source)
+    source = build_source(spec.data, spec.run_dir)
+    task = build_task(spec.task, source)
     feature_spec, label_spec = source.element_spec
     num_outputs = task.num_outputs(label_spec, source.num_classes)
     # The weights are float32 under every precision (Keras keeps float32 master
     # weights): the rebuilt model is float32, whatever training computed in.
     with process.precision("float32"):
-        model = build_model(spec, feature_spec, num_outputs, **data_facts(spec, source))
+        model = build_model(spec.model, spec.data, feature_spec, num_outputs, **data_facts(spec.model, source))
     # Restored with the optimizer too, as training saved it: a weight that a
     # layer keeps in a plain list (wide_deep's table shards) is reachable in
     # the checkpoint only through the optimizer's variables, and a restore of
     # the model alone would silently leave it at its initial value.
-    _, saved_optimizer, _ = optimizer_for_checkpoint(spec, model, LearningRateAtStep(0.0))  # the checkpoint's structure
+    # The optimizer only for the checkpoint's structure.
+    _, saved_optimizer, _ = optimizer_for_checkpoint(
+        spec.optimizer, spec.trainer.precision, model, LearningRateAtStep(0.0)
+    )
     status = resplit.restore(
         {"model": model, "optimizer": saved_optimizer},
         checkpoint_path,
@@ -127,48 +132,48 @@ def resplit_for(spec: RunSpec, model, feature_spec, num_outputs: int, source: Da
 
     def rebuild(shards):  # the model and optimizer outside any strategy, its tables in `shards` pieces
         with process.precision(spec.trainer.precision):
-            given = {**data_facts(spec, source), **({} if shards is None else {"shards": shards})}
-            plain = build_model(spec, feature_spec, num_outputs, **given)
-        return plain, build_optimizer_for(spec, plain, LearningRateAtStep(0.0))
+            given = {**data_facts(spec.model, source), **({} if shards is None else {"shards": shards})}
+            plain = build_model(spec.model, spec.data, feature_spec, num_outputs, **given)
+        return plain, build_optimizer_for(spec.optimizer, spec.trainer.precision, plain, LearningRateAtStep(0.0))
 
     return resplit.Resplit(model, rebuild) if resplit.tables(model) else None
 
 
-def optimizer_for_checkpoint(spec: RunSpec, model, learning_rate: LearningRateAtStep):
+def optimizer_for_checkpoint(section: Optimizer, precision: str, model, learning_rate: LearningRateAtStep):
     """(optimizer, what the checkpoint holds for it, the variables it updates
-    or None: the model's trainable ones)."""
+    or None: the model's trainable ones), from the spec's `optimizer` and trainer.precision."""
     sharding.own_shards(model)
     if not sharding.split(model):
-        optimizer = build_optimizer_for(spec, model, learning_rate)
+        optimizer = build_optimizer_for(section, precision, model, learning_rate)
         return optimizer, optimizer, None
     model_groups = sharding.groups(model)
     variables = sharding.train_variables(model_groups)
-    optimizer = build_optimizer_for(spec, model, learning_rate, variables)
+    optimizer = build_optimizer_for(section, precision, model, learning_rate, variables)
     try:
         return optimizer, sharding.OptimizerState(optimizer, model_groups), variables
     except ValueError as error:  # a loss-scaled (mixed_float16) optimizer keeps its slots in an inner one
         raise ConfigError.one(
-            "trainer.precision", spec.trainer.precision, f"not with variables split across ps tasks: {error}"
+            "trainer.precision", precision, f"not with variables split across ps tasks: {error}"
         ) from None
 
 
-def build_optimizer_for(spec: RunSpec, model, learning_rate: LearningRateAtStep, variables=None):
-    """The configured optimizer, built for the model's trainable variables (or `variables`)."""
+def build_optimizer_for(section: Optimizer, precision: str, model, learning_rate: LearningRateAtStep, variables=None):
+    """The configured optimizer (the spec's `optimizer`, under trainer.precision), built for the model's trainable
+    variables (or `variables`)."""
     try:
-        optimizer = build_optimizer(
-            spec.optimizer, learning_rate, loss_scaling=spec.trainer.precision == "mixed_float16"
-        )
+        optimizer = build_optimizer(section, learning_rate, loss_scaling=precision == "mixed_float16")
     except (TypeError, ValueError) as error:  # Keras' answer to an unknown or bad keyword
-        raise ConfigError.one("optimizer", spec.optimizer.name, f"bad option: {error}") from None
+        raise ConfigError.one("optimizer", section.name, f"bad option: {error}") from None
     optimizer.build(model.trainable_variables if variables is None else variables)
     return optimizer
 
 
-def check_model_takes_data(model, task, source, spec: RunSpec, num_outputs: int) -> tuple:
+def check_model_takes_data(model, task, source, model_target: Target, data: Target, num_outputs: int) -> tuple:
     """One forward pass on two examples, so that a model and data that do
     not fit together (shapes, dtypes: model=wide_deep on images), or a model
-    whose output the task cannot use, are refused as a config error, not as
-    a traceback from deep inside the first step. Returns (labels, outputs)."""
+    whose output the task cannot use, are refused as a config error naming
+    the spec's `model` and `data`, not as a traceback from deep inside the
+    first step. Returns (labels, outputs)."""
     features, labels = next(iter(source.train(None).batch(2)))
     try:
         outputs = float32(model(features, training=False))
@@ -181,8 +186,8 @@ def check_model_takes_data(model, task, source, spec: RunSpec, num_outputs: int)
     except Exception as error:
         raise ConfigError.one(
             "model",
-            spec.model.path,
-            f"does not fit data={spec.data.path} (features {_describe_features(features, batched=True)}, "
+            model_target.path,
+            f"does not fit data={data.path} (features {_describe_features(features, batched=True)}, "
             f"labels {tuple(labels.shape[1:])} {labels.dtype.name}): {first_line(error)}",
         ) from None
 

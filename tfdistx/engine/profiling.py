@@ -16,10 +16,12 @@ from pathlib import Path
 
 import tensorflow as tf
 
+from tfdistx.engine.loop import Action
+
 log = logging.getLogger(__name__)
 
 
-class ProfileSteps:
+class ProfileSteps(Action):
     """`writes`: this process traces (the chief; under parameter servers,
     the coordinator, whose trace shows the steps it schedules, not the
     workers' ops). The other tasks of a synchronous cluster get the action
@@ -66,9 +68,6 @@ class ProfileSteps:
     def after_steps(self, step: int) -> None:
         if self.tracing_from is not None and step >= self.end:
             self._stop(step)
-
-    def __call__(self, step: int, record) -> None:
-        pass  # all its work brackets the runner's calls (before_steps, after_steps)
 
     def finish(self, step: int) -> None:
         if self.tracing_from is not None:  # the run ended before END: stopped early, or its epochs were fewer steps

@@ -115,9 +115,8 @@ class Sidecar:
                 built.total_steps,
             )
             while True:
-                ended = self.training_ended(
-                    built
-                )  # looked at before the last scan: the final checkpoint precedes the summary
+                # looked at before the last scan: the final checkpoint precedes the summary
+                ended = self.training_ended(built.dir)
                 todo = []
                 for path in complete_checkpoints(self.directory):
                     step = step_of(path)
@@ -191,10 +190,10 @@ class Sidecar:
         """SIGTERM (Kubeflow's cleanPodPolicy, the launcher's stop): evaluate the newest checkpoint, then stop."""
         return self.notice.received.is_set()
 
-    def training_ended(self, built: Run) -> bool:
-        """The chief has written summary.json since this process started, or
+    def training_ended(self, run_dir: Path) -> bool:
+        """The chief has written summary.json (in `run_dir`) since this process started, or
         it stopped early at a checkpoint already evaluated (a rerun)."""
-        path = built.dir / "summary.json"
+        path = Path(run_dir) / "summary.json"
         try:
             if path.stat().st_mtime >= self.started:
                 return True

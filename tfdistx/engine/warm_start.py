@@ -114,7 +114,9 @@ def slots_for_the_loaded_weights(run: Run) -> None:
     variables copied into the run's: the same class, built alike, so its
     variables come in the same order."""
     with run.strategy.scope():  # the cross-replica context, as the weights were assigned
-        fresh = build_optimizer_for(run.spec, run.model, run.learning_rate, run.train_variables)
+        fresh = build_optimizer_for(
+            run.spec.optimizer, run.spec.trainer.precision, run.model, run.learning_rate, run.train_variables
+        )
         for mine, made in zip(run.optimizer.variables, fresh.variables, strict=True):
             mine.assign(made)
 
@@ -158,10 +160,11 @@ def _model_with_weights_file(run: Run, path: str):
     feature_spec, label_spec = run.source.element_spec
     with process.precision("float32"):  # the file holds float32 weights, whatever the run computes in
         model = build_model(
-            run.spec,
+            run.spec.model,
+            run.spec.data,
             feature_spec,
             run.task.num_outputs(label_spec, run.source.num_classes),
-            **data_facts(run.spec, run.source),
+            **data_facts(run.spec.model, run.source),
         )
     try:
         model.load_weights(os.path.expanduser(path))

@@ -93,7 +93,7 @@ def compile_or_fall_back(run, runner) -> None:
     trains without XLA, as with `false`, and the chief says so once."""
     if not run.jit_compile or run.strategy_name == "tpu":  # a TPU compiles every step its own way
         return
-    failure = runner.xla_failure(replica_batch_spec(run))
+    failure = runner.xla_failure(replica_batch_spec(run.per_replica_batch, run.source.element_spec))
     if failure is None:
         return
     trainer = run.spec.trainer
@@ -115,8 +115,7 @@ def compile_or_fall_back(run, runner) -> None:
     run.jit_compile, run.steps_per_xla_call = False, 1
 
 
-def replica_batch_spec(run) -> tuple:
-    """The specs of one replica's batch of the run's training data: what the step is compiled for."""
-    return tf.nest.map_structure(
-        lambda spec: tf.TensorSpec([run.per_replica_batch, *spec.shape], spec.dtype), run.source.element_spec
-    )
+def replica_batch_spec(per_replica_batch: int, element_spec) -> tuple:
+    """The specs of one replica's batch of the training data (one example's `element_spec`): what the step is
+    compiled for."""
+    return tf.nest.map_structure(lambda spec: tf.TensorSpec([per_replica_batch, *spec.shape], spec.dtype), element_spec)

@@ -30,6 +30,7 @@ from typing import Any, List, Mapping, Optional, Sequence, Tuple
 
 from tfdistx.checkpoint_files import newest_step
 from tfdistx.loggers import BuiltInLogger
+from tfdistx.spec import paths
 from tfdistx.spec.errors import first_line
 from tfdistx.whole_files import read_jsonl, write_whole
 
@@ -73,7 +74,7 @@ class MlflowLogger(BuiltInLogger):
         ):  # "Creating initial MLflow database tables...": a new store's chatter
             logging.getLogger(name).setLevel(logging.WARNING)
         self.run_dir = run_dir
-        checkpoints = Path(checkpoint_dir or Path(run_dir) / "checkpoints")
+        checkpoints = Path(paths.checkpoint_dir(checkpoint_dir, run_dir))
         self.saved_up_to = lambda: newest_step(checkpoints)  # the newest checkpoint's step when asked (None: none yet)
         self.pending: List[Tuple[int, int, dict]] = []  # (step, time in ms, metrics) past the newest checkpoint
         uri, local = tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or local_store(run_dir), local_store(run_dir)
@@ -100,7 +101,7 @@ class MlflowLogger(BuiltInLogger):
     ) -> "MlflowLogger":
         """logger.mlflow: checkpoints where the run's resolved config says
         (checkpoint.dir, else the run dir's), and the records metrics.jsonl holds as the run starts."""
-        checkpoint_dir = Path((config.get("checkpoint") or {}).get("dir") or Path(run_dir) / "checkpoints")
+        checkpoint_dir = Path(paths.checkpoint_dir((config.get("checkpoint") or {}).get("dir"), run_dir))
         return cls(
             Path(run_dir),
             config,

@@ -293,19 +293,21 @@ def precision_warning(precision: str, gpus: bool) -> Optional[str]:
     return None
 
 
-def problems(cfg) -> List[Problem]:
-    """Combinations of strategy, precision and XLA that cannot work."""
-    if cfg.strategy.get("name") not in strategies.NAMES:
+def problems(facts: Optional[strategies.Strategy], jit_compile, steps_per_xla_call, precision) -> List[Problem]:
+    """Combinations of strategy (its row, `facts`; None: a strategy the
+    strategy check names), precision and XLA (trainer.jit_compile,
+    trainer.steps_per_xla_call) that cannot work."""
+    if facts is None:
         return []  # named by the strategy check
-    facts, trainer, found = _facts(cfg), cfg.trainer, []
-    if trainer.jit_compile is True and facts.no_xla:
+    found = []
+    if jit_compile is True and facts.no_xla:
         found.append(
             Problem(
                 "trainer.jit_compile", True, f"strategy={facts.name} cannot use XLA: {facts.no_xla}; use false or auto"
             )
         )
-    per_call = trainer.get("steps_per_xla_call", "auto")
-    if isinstance(per_call, int) and per_call > 1 and (trainer.jit_compile is False or not facts.xla_whole_step):
+    per_call = steps_per_xla_call
+    if isinstance(per_call, int) and per_call > 1 and (jit_compile is False or not facts.xla_whole_step):
         found.append(
             Problem(
                 "trainer.steps_per_xla_call",
@@ -314,16 +316,12 @@ def problems(cfg) -> List[Problem]:
                 "auto",
             )
         )
-    if trainer.precision in PRECISIONS and trainer.precision not in facts.precisions:
+    if precision in PRECISIONS and precision not in facts.precisions:
         found.append(
             Problem(
                 "trainer.precision",
-                trainer.precision,
+                precision,
                 f"strategy={facts.name} runs {', '.join(facts.precisions)} (TPUs compute in bfloat16)",
             )
         )
     return found
-
-
-def _facts(cfg) -> strategies.Strategy:
-    return strategies.get(cfg.strategy.name, cfg.cluster.workers, cfg.cluster.devices_per_worker)

@@ -16,6 +16,7 @@ from typing import List, Optional, Tuple
 
 import yaml  # PyYAML: a run's saved config, read without OmegaConf (the engine imports this module)
 
+from tfdistx.spec import paths
 from tfdistx.spec.errors import Problem
 
 RUN, CHECKPOINT, KERAS, WEIGHTS = "run", "checkpoint", "keras", "weights"
@@ -109,10 +110,8 @@ def checkpoint_dir_of_run(run_dir: Path) -> Path:
     except Exception:  # unreadable: resolve reports it in one line (compose.saved_config)
         configured = None
     # an interpolation (${...}) is the run's to resolve: its default place is the one to look
-    return (
-        Path(configured)
-        if isinstance(configured, str) and configured and "${" not in configured
-        else run_dir / "checkpoints"
+    return Path(
+        paths.checkpoint_dir(configured if isinstance(configured, str) and "${" not in configured else None, run_dir)
     )
 
 
