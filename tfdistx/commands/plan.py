@@ -111,7 +111,7 @@ def describe(cfg: DictConfig) -> str:
         f"checkpoints   every {every or 'end only'} steps, keep {spec.checkpoint.max_to_keep}, in {spec.checkpoint.dir}"
     )
     run_dir = hydra_run_dir(cfg)
-    lines += _checkpoint_size(spec, run_dir)
+    lines += _checkpoint_size(spec.config, spec.checkpoint.background, str(spec.model.path).rpartition(".")[2], run_dir)
     if run_dir:
         lines.append(
             f"run dir       {run_dir}: .hydra/, metrics.jsonl, summary.json, checkpoints/, tensorboard/"
@@ -120,13 +120,13 @@ def describe(cfg: DictConfig) -> str:
     return "\n".join(lines)
 
 
-def _checkpoint_size(spec, run_dir) -> list:
+def _checkpoint_size(config: Mapping[str, Any], background: bool, model_name: str, run_dir) -> list:
     """The checkpoint's size and a save's expected time (spec/checkpoint_size.py), and the grace a preemption gives
-    the run: the user's cluster.preemption_grace, or the one derived from that time."""
-    config = spec.config
-    checkpoint_dir = config["checkpoint"]["dir"] or (f"{run_dir}/checkpoints" if run_dir else None)
+    the run: the user's cluster.preemption_grace, or the one derived from that time. `config`: the resolved config
+    as plain data (its model, data, optimizer, checkpoint and cluster sections)."""
+    checkpoint_dir = config["checkpoint"].get("dir") or (f"{run_dir}/checkpoints" if run_dir else None)
     found = checkpoint_size.estimate(config, checkpoint_dir, run_dir)
-    lines = checkpoint_size.shown(found, str(spec.model.path).rpartition(".")[2], spec.checkpoint.background)
+    lines = checkpoint_size.shown(found, model_name, background)
     given = config["cluster"].get("preemption_grace")
     grace = (
         f"{given:g} s (cluster.preemption_grace)"

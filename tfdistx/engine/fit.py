@@ -171,14 +171,14 @@ def train_loop(run: Run, runner: StepRunner, start: Start, notice: SigtermNotice
         return result
 
 
-def running_record(resumed: Optional[checkpointing.RunningRecordState], metrics: int, is_chief: bool):
+def running_record(saved: Optional[checkpointing.RunningRecordState], metric_count: int, is_chief: bool):
     """The loop's running record as the checkpoint resumed from left it
-    (`resumed`: checkpointing.RunningRecordState, or None); a fresh one when
-    its sums are of other metrics than this run's `metrics` (said once, by the chief)."""
-    if resumed is None:
+    (`saved`); a fresh one when its sums are of other metrics than this
+    run's `metric_count` (said once, by the chief)."""
+    if saved is None:
         return None
-    record = resumed.record
-    if not record.fits(metrics):
+    record = saved.record
+    if not record.fits(metric_count):
         if is_chief:
             log.info("the running record of the checkpoint resumed from is of other metrics: the first record restarts")
         record.window, record.window_time, record.epoch = None, 0.0, None
