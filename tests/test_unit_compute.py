@@ -153,7 +153,7 @@ def test_auto_xla_follows_the_devices_and_the_strategy_table():
 
     def jit_compile(cfg, gpus):  # as the plan and the engine decide it, from the run spec's trainer and strategy row
         spec = resolve(cfg)
-        return compute.planned_jit(spec.trainer, spec.strategy.facts, gpus)
+        return compute.planned_jit(spec.trainer, spec.strategy.row, gpus)
 
     default = compose("data=synthetic")
     assert jit_compile(default, gpus=True)[0] is True

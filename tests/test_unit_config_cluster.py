@@ -210,7 +210,7 @@ def test_a_bad_environment_is_one_exact_line(configs, base, env, line):
 )
 def test_a_good_environment_places_the_process(configs, base, env, source, spec, task, chief):
     where = placed(configs(*base), env)
-    assert (where.launch, where.spec, where.task_name, where.is_chief) == (source, spec, task, chief)
+    assert (where.launch, where.cluster_spec, where.task_name, where.is_chief) == (source, spec, task, chief)
 
 
 @pytest.mark.unit
@@ -248,7 +248,11 @@ def test_parameter_server_cluster_from_a_slurm_step():
         "SLURM_STEP_TASKS_PER_NODE": "3,2",
     }
     where = slurm.from_slurm(env, {"chief": 1, "ps": 2, "worker": 2}, 29400)
-    assert where.spec == {"chief": ["n1:29400"], "ps": ["n1:29401", "n1:29402"], "worker": ["n2:29400", "n2:29401"]}
+    assert where.cluster_spec == {
+        "chief": ["n1:29400"],
+        "ps": ["n1:29401", "n1:29402"],
+        "worker": ["n2:29400", "n2:29401"],
+    }
     assert (where.task_type, where.task_index, where.is_chief) == ("ps", 1, False)
 
 
@@ -297,8 +301,8 @@ def test_auto_resolves_from_the_cluster(name, workers, devices, resolved):
     ],
 )
 def test_each_strategy_plans_its_tasks_and_replicas(name, workers, devices, ps, jobs, replicas):
-    facts = strategies.get(name, workers, devices)
-    assert (facts.job_counts(workers, ps), facts.planned_replicas(workers, devices)) == (jobs, replicas)
+    row = strategies.get(name, workers, devices)
+    assert (row.job_counts(workers, ps), row.planned_replicas(workers, devices)) == (jobs, replicas)
 
 
 @pytest.mark.unit

@@ -75,7 +75,7 @@ def test_tf_config_service_tasks_are_placed_but_hidden_from_tensorflow(tmp_path)
     chief = _placed(
         tmp_path, ps, {"TF_CONFIG": json.dumps({"cluster": PS_SERVICE, "task": {"type": "chief", "index": 0}})}
     )
-    assert chief.is_chief and set(chief.spec) == {"chief", "ps", "worker"}
+    assert chief.is_chief and set(chief.cluster_spec) == {"chief", "ps", "worker"}
     assert chief.service == {"dispatcher": ["d:1"], "dataworker": ["dw:1", "dw:2"]}
     assert "dispatcher" not in chief.tf_config()  # what TensorFlow's resolvers read
     worker = _placed(

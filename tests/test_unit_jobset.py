@@ -72,7 +72,7 @@ def pod(jobset="mw", job="worker", index=0, job_index="0", **more) -> dict:
 )
 def test_a_jobset_pod_is_placed_by_its_labels(configs, base, env, spec, task, chief):
     where = placed(configs(*base, "cluster.launch=jobset"), env)
-    assert (where.launch, where.spec, where.task_name, where.is_chief) == (LaunchMode.JOBSET, spec, task, chief)
+    assert (where.launch, where.cluster_spec, where.task_name, where.is_chief) == (LaunchMode.JOBSET, spec, task, chief)
     if task != "evaluator:0":
         assert json.loads(where.tf_config()) == {
             "cluster": spec,
@@ -84,7 +84,7 @@ def test_a_jobset_pod_is_placed_by_its_labels(configs, base, env, spec, task, ch
 def test_the_tf_data_service_runs_as_replicated_jobs_of_its_own(configs):
     cfg = configs("strategy=multiworker", "cluster=2x1", "data.service.workers=2")
     where = launches.detect(layout_of(cfg), pod(job="dataworker", index=1))
-    assert where.task_name == "dataworker:1" and where.spec == {
+    assert where.task_name == "dataworker:1" and where.cluster_spec == {
         "worker": ["mw-worker-0-0.mw:2222", "mw-worker-0-1.mw:2222"]
     }
     assert where.service == {

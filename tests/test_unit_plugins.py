@@ -136,8 +136,8 @@ def test_each_shipped_source_gets_the_checks_its_keys_call_for(tmp_path, option,
     files = ["data.train_files=gs://bucket/train-*"] if option in ("tfrecord", "csv") else []
     files += ["data.name=imdb_reviews"] if option == "tfds" else []  # data=tfds names its dataset
     task = ["task=regression"] if option == "synthetic_regression" else []
-    facts = sources.of(compose_ok(tmp_path / "run", f"data={option}", *files, *task).data)
-    assert (facts.checks.__name__, getattr(facts.plan_line, "__name__", None), facts.eval_key, facts.labels) == (
+    row = sources.of(compose_ok(tmp_path / "run", f"data={option}", *files, *task).data)
+    assert (row.checks.__name__, getattr(row.plan_line, "__name__", None), row.eval_key, row.labels) == (
         checks,
         plan_line,
         eval_key,
@@ -281,7 +281,7 @@ def test_a_built_in_logger_off_by_default_is_set_by_its_key_beside_any_option(tm
         "entity": None,
         "mode": None,
         "group": None,  # a single run: no group
-        "name": "run",  # a single run: named by its run dir (config/resolve.job_facts)
+        "name": "run",  # a single run: named by its run dir (config/resolve.job_names)
         "job_type": "train",
         "notes": None,
         "tags": (),

@@ -51,7 +51,7 @@ def test_under_tf_config_the_evaluator_is_outside_the_cluster_spec_every_task_se
             )
         }
         placed = _placed(cfg, env)
-        assert "evaluator" not in placed.spec and "evaluator" not in json.loads(placed.tf_config())["cluster"]
+        assert "evaluator" not in placed.cluster_spec and "evaluator" not in json.loads(placed.tf_config())["cluster"]
         assert (placed.task_type, placed.is_chief) == (task_type, task_type == "chief")
     # TensorFlow's own form (the evaluator not in the cluster at all) places it the same way
     env = {
@@ -74,9 +74,13 @@ def test_under_slurm_the_evaluator_is_the_steps_last_task(tmp_path):
         "SLURM_STEP_TASKS_PER_NODE": "3",
     }
     worker = _placed(cfg, {**step, "SLURM_PROCID": "1"})
-    assert worker.spec == {"worker": ["n1:29400", "n1:29401"]} and worker.task_name == "worker:1"
+    assert worker.cluster_spec == {"worker": ["n1:29400", "n1:29401"]} and worker.task_name == "worker:1"
     evaluator = _placed(cfg, {**step, "SLURM_PROCID": "2"})
-    assert evaluator.task_name == "evaluator:0" and evaluator.spec == worker.spec and not evaluator.is_chief
+    assert (
+        evaluator.task_name == "evaluator:0"
+        and evaluator.cluster_spec == worker.cluster_spec
+        and not evaluator.is_chief
+    )
     with pytest.raises(Exception, match="srun -n 3"):  # a step without its task
         _placed(cfg, {**step, "SLURM_PROCID": "0", "SLURM_STEP_NUM_TASKS": "2", "SLURM_STEP_TASKS_PER_NODE": "2"})
     # the Slurm sweep launcher's tasks_per_node counts it (conf/hydra/launcher/tfdistx_slurm.yaml)

@@ -363,8 +363,8 @@ def test_the_step_listens_on_the_ports_each_node_said_were_free(configs):
     layout = layout_of(configs("strategy=parameter_server", "cluster=ps1w2"))
     ports = {slurm.SLURM_PORTS_ENV: "n1 40001 40007\nn2 40002 40003 40009"}
     place = launches.detect(layout, slurm_env(3, "2,2", "n[1-2]", **ports))
-    assert place.spec == {"chief": ["n1:40001"], "ps": ["n1:40007"], "worker": ["n2:40002", "n2:40003"]}
-    derived = launches.detect(layout, slurm_env(3, "2,2", "n[1-2]")).spec  # a plain srun: as before
+    assert place.cluster_spec == {"chief": ["n1:40001"], "ps": ["n1:40007"], "worker": ["n2:40002", "n2:40003"]}
+    derived = launches.detect(layout, slurm_env(3, "2,2", "n[1-2]")).cluster_spec  # a plain srun: as before
     assert derived["worker"] == [f"n2:{29400 + 64 * 77}", f"n2:{29400 + 64 * 77 + 1}"]
     with pytest.raises(ConfigError, match="too few ports for node n2"):
         launches.detect(layout, slurm_env(3, "2,2", "n[1-2]", **{slurm.SLURM_PORTS_ENV: "n1 1 2\nn2 3"}))

@@ -78,13 +78,13 @@ class LaunchSpec:
         """The run's processes as `spec` has them kept (its cluster's restarts, grace, signals; its strategy's
         primary jobs and those restarted alone), each started by `command`, in the run dir; `more`: the launch's
         own (its tasks, their environment, its rounds)."""
-        cluster, facts = spec.cluster, spec.layout.strategy.facts
+        cluster, row = spec.cluster, spec.layout.strategy.row
         return cls(
             command=tuple(command),
             log_dir=str(spec.run_dir / "logs"),
             run_log=str(spec.run_dir / "tfdistx.log"),
-            primary=tuple(facts.primary_jobs),
-            restart_alone=tuple(facts.restartable_alone),
+            primary=tuple(row.primary_jobs),
+            restart_alone=tuple(row.restartable_alone),
             max_restarts=cluster.max_restarts,
             stopped_task_timeout=cluster.stopped_task_timeout,
             preemption_grace=cluster.preemption_grace,

@@ -25,10 +25,10 @@ class Placement:
     """A cluster spec and this process's task in it (None: not placed yet)."""
 
     launch: Optional[LaunchMode] = None  # who placed this process; None: a one-process run, in no cluster
-    spec: Dict[str, List[str]] = field(default_factory=dict)
+    cluster_spec: Dict[str, List[str]] = field(default_factory=dict)  # TensorFlow's ClusterSpec, as a dict
     task_type: Optional[str] = None
     task_index: int = 0
-    # data.service's dispatcher and data workers (cluster/data_service.py): not in `spec`, which TensorFlow sees
+    # data.service's dispatcher and data workers (cluster/data_service.py): not in `cluster_spec`, which TensorFlow sees
     service: Dict[str, List[str]] = field(default_factory=dict)
     gpus: Optional[str] = None  # CUDA_VISIBLE_DEVICES for this task ("": none); None: as the process has it
     # What gave this task its address, as a refusal of its port names it (`cluster.base_port`, under Slurm)
@@ -55,7 +55,7 @@ class Placement:
             return False
         if self.launch is None or self.task_type is None:
             return True
-        if "chief" in self.spec:
+        if "chief" in self.cluster_spec:
             return self.task_type == "chief"
         return self.task_type == "worker" and self.task_index == 0
 
@@ -64,7 +64,7 @@ class Placement:
         return f"{self.task_type}:{self.task_index}" if self.task_type else "main"
 
     def tf_config(self) -> str:
-        return json.dumps({"cluster": self.spec, "task": {"type": self.task_type, "index": self.task_index}})
+        return json.dumps({"cluster": self.cluster_spec, "task": {"type": self.task_type, "index": self.task_index}})
 
 
 def scheduled_tasks(layout: Layout, training: bool = True) -> Dict[str, int]:
@@ -80,7 +80,7 @@ def scheduled_tasks(layout: Layout, training: bool = True) -> Dict[str, int]:
 def check_topology(placement: Placement, wanted: Dict[str, int], where: str) -> None:
     """The cluster a scheduler gave (`where`, as a refusal names it: "the Slurm step") must be the one the config
     asks for."""
-    jobs = {**placement.spec, **placement.service}  # the service's tasks are placed alike
+    jobs = {**placement.cluster_spec, **placement.service}  # the service's tasks are placed alike
     have = {job: len(addresses) for job, addresses in jobs.items()}
     want = {job: n for job, n in wanted.items() if n}
     if placement.launch is LaunchMode.TF_CONFIG and "chief" in have and "chief" not in want:

@@ -39,7 +39,7 @@ def meet_peers(placement: Placement, timeout: float, wait: bool = True, notice: 
     A SIGTERM (`notice`) while some have not answered ends the wait with the
     preemption code: nobody can have gone on to wait for this task in
     TensorFlow, since nobody has met them all."""
-    me = _address(placement.spec[placement.task_type][placement.task_index])
+    me = _address(placement.cluster_spec[placement.task_type][placement.task_index])
     listener = _listen(me[1], placement)
     if not os.environ.get(LOCAL_CLUSTER_ENV):  # the launcher's own tasks are isolated, or it has warned
         print(
@@ -74,7 +74,7 @@ def meet_peers(placement: Placement, timeout: float, wait: bool = True, notice: 
 def _peers(placement: Placement) -> Dict[str, Tuple[str, int]]:
     return {
         f"{job}:{index}": _address(address)
-        for job, addresses in placement.spec.items()
+        for job, addresses in placement.cluster_spec.items()
         for index, address in enumerate(addresses)
         if (job, index) != (placement.task_type, placement.task_index)
     }
@@ -91,7 +91,7 @@ def _listen(port: int, placement: Placement) -> socket.socket:
         sock.close()
         if error.errno != errno.EADDRINUSE:
             raise
-        address = placement.spec[placement.task_type][placement.task_index]
+        address = placement.cluster_spec[placement.task_type][placement.task_index]
         raise RunFault(
             f"{placement.address_from}={address!r}: task {placement.task_name} cannot listen on port {port}: "
             f"it is already in use on this host (exit {EXIT_PORT_IN_USE}: a restart may find it free)",

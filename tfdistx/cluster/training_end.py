@@ -48,20 +48,20 @@ from typing import Dict, List, Mapping, Optional
 from tfdistx.cluster.liveness import split_address
 from tfdistx.cluster.placement import Placement
 from tfdistx.spec.errors import EXIT_INVALID_CONFIG, EXIT_PLUGIN_FAILED, ConfigError, RunFault
-from tfdistx.spec.strategies import Strategy
+from tfdistx.spec.strategies import StrategyRow
 
 TELL_SECONDS = 3.0  # how long the chief tries to be heard by every server: it leaves after that whatever it heard
 RESEND_SECONDS = 0.2  # a datagram is sent again this often until answered (one lost on the way)
 _ENDED, _HEARD = b"tfdistx-ended", b"tfdistx-heard"
 
 
-def servers_of(placement: Placement, facts: Strategy) -> Dict[str, str]:
+def servers_of(placement: Placement, row: StrategyRow) -> Dict[str, str]:
     """The servers the chief of this placement tells, task name -> address:
     the strategy's serving jobs (a parameter-server cluster's ps and
     workers) and the tf.data service's tasks. None for any other task."""
     if not placement.is_chief:
         return {}
-    jobs = {job: addresses for job, addresses in placement.spec.items() if job in facts.serving_jobs}
+    jobs = {job: addresses for job, addresses in placement.cluster_spec.items() if job in row.serving_jobs}
     return {
         f"{job}:{index}": address
         for job, addresses in {**jobs, **placement.service}.items()
@@ -70,14 +70,14 @@ def servers_of(placement: Placement, facts: Strategy) -> Dict[str, str]:
 
 
 @contextlib.contextmanager
-def told_to_the_servers(placement: Placement, facts: Strategy):
+def told_to_the_servers(placement: Placement, row: StrategyRow):
     """While open, this process's work; as it ends, its servers (servers_of:
     none unless this is the chief) are told the code the process leaves with
     (retryable codes before `cluster.retryable_exit_offset`, which each
     server adds to its own): 0 when it returns, a RunFault's or SystemExit's
     code (42: preempted), 2 for a ConfigError, 1 for anything else. Not a
     Ctrl-C: it reaches every local task, and a terminal's user stops the others."""
-    servers = servers_of(placement, facts)
+    servers = servers_of(placement, row)
     if not servers:
         yield
         return
@@ -104,7 +104,7 @@ def told_to_the_servers(placement: Placement, facts: Strategy):
 
 def cluster_digest(placement: Placement) -> str:
     """The same on every task of one cluster (its spec and service, as TF_CONFIG or Slurm gave them)."""
-    spec = json.dumps({"cluster": placement.spec, "service": placement.service}, sort_keys=True)
+    spec = json.dumps({"cluster": placement.cluster_spec, "service": placement.service}, sort_keys=True)
     return hashlib.sha256(spec.encode()).hexdigest()[:16]
 
 

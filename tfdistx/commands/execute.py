@@ -76,7 +76,7 @@ def execute_spec(
         os.environ["CUDA_VISIBLE_DEVICES"] = placement.gpus
     if training and placement.is_chief and not placement.starts_processes:  # once: by the task that trains
         for warning in (
-            layout.strategy.facts.stale_gradients_warning(layout.cluster.workers, spec.trainer.steps),
+            layout.strategy.row.stale_gradients_warning(layout.cluster.workers, spec.trainer.steps),
             data_service.mode_resume_warning(
                 layout.service.mode if layout.service else None, spec.trainer.deterministic
             ),
@@ -104,7 +104,7 @@ def execute_spec(
         if placement.task_type in data_service.JOBS:  # a tf.data service task: serves the trainers until stopped
             from tfdistx.engine.data_service import serve  # deferred: it imports TensorFlow
 
-            return serve(placement, layout.strategy.facts, spec.cluster, notice)
+            return serve(placement, layout.strategy.row, spec.cluster, notice)
         if (
             placement.task_type == EVALUATOR
         ):  # the sidecar evaluator (cluster.evaluator): beside the training, never failing it
@@ -115,7 +115,7 @@ def execute_spec(
 
         # The chief tells the run's servers how it ended, so that they end with it (cluster/training_end.py).
         with (
-            training_end.told_to_the_servers(placement, layout.strategy.facts),
+            training_end.told_to_the_servers(placement, layout.strategy.row),
             checkpointing.stops_cleanly_when_unwritable(spec.checkpoint.dir, evaluating=mode == "evaluate"),
         ):
             if mode == "evaluate":

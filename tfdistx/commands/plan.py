@@ -23,12 +23,12 @@ def describe(cfg: DictConfig) -> str:
     run will read it; the run dir shown as `<run dir>`)."""
     spec = resolve(cfg, RUN_DIR)
     layout = spec.layout
-    strategy, topo, facts, trainer = layout.strategy.name, layout.cluster, layout.strategy.facts, spec.trainer
+    strategy, topo, row, trainer = layout.strategy.name, layout.cluster, layout.strategy.row, spec.trainer
     placement = launches.detect(layout)
-    chosen = f"  -> {facts.name}" if strategy == strategies.AUTO else ""
+    chosen = f"  -> {row.name}" if strategy == strategies.AUTO else ""
     if strategy == strategies.AUTO and placement.launch is None:
         chosen += " (mirrored instead when several GPUs are visible)"
-    lines = [f"strategy      {strategy}{chosen}: {facts.description}"]
+    lines = [f"strategy      {strategy}{chosen}: {row.description}"]
     lines.append(
         f"cluster       {topo.name}: {topo.workers} worker(s) x {topo.devices_per_worker or 'all GPUs or 1 CPU'} device(s), {topo.ps} ps"
     )
@@ -46,9 +46,9 @@ def describe(cfg: DictConfig) -> str:
         f"objective {trainer.objective}"
     )
 
-    replicas = facts.planned_replicas(topo.workers, topo.devices_per_worker)
+    replicas = row.planned_replicas(topo.workers, topo.devices_per_worker)
     batch = spec.pipeline.batch_size
-    if facts.asynchronous:
+    if row.asynchronous:
         lines.append(
             f"replicas      {topo.workers} workers, asynchronous: each step trains one worker on a whole batch"
         )
@@ -58,7 +58,7 @@ def describe(cfg: DictConfig) -> str:
             "a resumed worker skips its expected share of the steps done"
         )
         lines += _ps_variables(layout.strategy.options, spec.config["model"], spec.config["data"], topo.ps)
-        stale = facts.stale_gradients_warning(topo.workers, trainer.steps)
+        stale = row.stale_gradients_warning(topo.workers, trainer.steps)
         if stale:
             lines.append(f"WARNING       {stale}")
     elif replicas:
@@ -70,7 +70,7 @@ def describe(cfg: DictConfig) -> str:
     else:
         lines.append("replicas      decided by the GPUs visible at start (else 1 per worker)")
         lines.append(f"batch         global {batch}, split evenly across the replicas")
-    if facts.name == "multiworker":
+    if row.name == "multiworker":
         lines.append(_collectives(layout.strategy.options))
     if trainer.accumulate_steps > 1:
         lines.append(
@@ -78,14 +78,14 @@ def describe(cfg: DictConfig) -> str:
             f"examples, the activations of {batch} in memory"
         )
     lines.append(
-        f"compute       {trainer.precision}; XLA {compute.planned_jit(trainer, facts)[1]}; "
-        f"steps per XLA call {compute.planned_steps_per_xla_call(trainer, spec.checkpoint, facts)[1]}"
+        f"compute       {trainer.precision}; XLA {compute.planned_jit(trainer, row)[1]}; "
+        f"steps per XLA call {compute.planned_steps_per_xla_call(trainer, spec.checkpoint, row)[1]}"
     )
     data = spec.config["data"]
     plan_line = sources.of(data).plan_line  # a data source's own line, from its own keys
     if plan_line:
         lines = [line for line in lines if not line.startswith("data ")] + [
-            plan_line(data, topo.workers if facts.multi_process else 1)
+            plan_line(data, topo.workers if row.multi_process else 1)
         ]
     service = layout.service
     if service:

@@ -217,17 +217,17 @@ def _logger(group: Mapping[str, Any]) -> Logger:
 def _named_by_the_job(group: dict, run_dir: str) -> None:
     """The built-in loggers' keys left null that the job names (BuiltInLogger.from_job: W&B's group and name),
     filled in the logger group: the resolved config a cluster's tasks read says the same."""
-    facts = job_facts(run_dir)
+    names = job_names(run_dir)
     for row in builtin_loggers.built_in():
         if not row.from_job or row.settings(group) is None:
             continue
         keys = group.setdefault(row.name, {})
         for key, fact in row.from_job.items():
-            if keys.get(key) is None and facts.get(fact) is not None:
-                keys[key] = facts[fact]
+            if keys.get(key) is None and names.get(fact) is not None:
+                keys[key] = names[fact]
 
 
-def job_facts(run_dir: str) -> dict:
+def job_names(run_dir: str) -> dict:
     """What names this job: `sweep`, the multirun's sweep directory (as given: relative to where it started, or
     absolute; its last 128 characters, W&B's limit), None for a single run; `run`, a multirun job's overrides
     (hydra.job.override_dirname), else the run directory's name. Hydra's runtime says it only inside the job that
@@ -235,16 +235,16 @@ def job_facts(run_dir: str) -> dict:
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
-    facts = {"sweep": None, "run": Path(run_dir).resolve().name}
+    names = {"sweep": None, "run": Path(run_dir).resolve().name}
     if not HydraConfig.initialized():
-        return facts
+        return names
     job = HydraConfig.get()
     if job.mode != RunMode.MULTIRUN or Path(job.runtime.output_dir).resolve() != Path(run_dir).resolve():
-        return facts
+        return names
     sweep, separator = str(job.sweep.dir), job.job.config.override_dirname.item_sep
     # Without the `++` that tfdistx puts before a key of its own groups (compose.keys_for_own_targets): as typed.
     run = separator.join(item.removeprefix("++") for item in job.job.override_dirname.split(separator))
-    return {"sweep": sweep[-128:], "run": run or facts["run"]}
+    return {"sweep": sweep[-128:], "run": run or names["run"]}
 
 
 def _own_logger(keys) -> bool:

@@ -87,7 +87,7 @@ def planned_replicas(cfg: DictConfig) -> Optional[int]:
     return strategy.planned_replicas(cluster.workers, cluster.devices_per_worker) if strategy else None
 
 
-def _strategy_row(cfg: DictConfig) -> Optional[strategies.Strategy]:
+def _strategy_row(cfg: DictConfig) -> Optional[strategies.StrategyRow]:
     """The configured strategy's row of the table; None for a name the strategy check refuses."""
     name, cluster = cfg.strategy.get("name"), cfg.cluster
     return strategies.get(name, cluster.workers, cluster.devices_per_worker) if name in strategies.NAMES else None

@@ -25,7 +25,7 @@ from tfdistx.spec import mpi as mpi_facts
 from tfdistx.spec.errors import ConfigError
 from tfdistx.spec.objective import objective_problems, unevaluated_problems
 from tfdistx.spec.run_spec import RunSpec, Trainer
-from tfdistx.spec.strategies import Strategy
+from tfdistx.spec.strategies import StrategyRow
 from tfdistx.data import input as input_lib
 from tfdistx.data.files import input_errors_in_one_line
 from tfdistx.data.sources import DataSource
@@ -59,7 +59,7 @@ class Run:
 
     spec: RunSpec
     placement: Placement
-    facts: Strategy  # the concrete strategy's row
+    row: StrategyRow  # the concrete strategy's row
     strategy_name: str  # the concrete strategy (`auto` made concrete)
     strategy: tf.distribute.Strategy
     coordinator: Optional[tf.distribute.experimental.coordinator.ClusterCoordinator]  # parameter servers only
@@ -98,7 +98,7 @@ class Run:
     @property
     def replicas(self) -> int:
         """Replicas training at once: asynchronous workers count one each."""
-        return self.workers if self.facts.asynchronous else self.strategy.num_replicas_in_sync
+        return self.workers if self.row.asynchronous else self.strategy.num_replicas_in_sync
 
     @property
     def workers(self) -> int:
@@ -106,25 +106,25 @@ class Run:
 
     @property
     def replicas_text(self) -> str:
-        if self.facts.asynchronous:
+        if self.row.asynchronous:
             return f"{self.replicas} asynchronous worker{'s' if self.replicas != 1 else ''}, one whole batch a step"
         return f"{self.replicas} replica{'s' if self.replicas != 1 else ''} ({self.per_replica_batch} examples each)"
 
 
 def worker_count(placement: Placement) -> int:
     """The worker tasks of the cluster (1 for a single process)."""
-    return len(placement.spec.get("worker", [])) or 1
+    return len(placement.cluster_spec.get("worker", [])) or 1
 
 
 def build_run(spec: RunSpec, placement: Placement) -> Run:
     """The run's parts, for a process that has joined its cluster (join.py)."""
     trainer, cluster = spec.trainer, spec.cluster
     name = strategy_lib.concrete_name(spec.strategy.name, cluster.workers, cluster.devices_per_worker)
-    facts = strategies.STRATEGIES[name]
+    row = strategies.STRATEGIES[name]
     strategy = strategy_lib.build(
         name, spec.strategy.options, cluster.devices_per_worker, peer_timeout=cluster.peer_timeout
     )
-    coordinator = tf.distribute.experimental.coordinator.ClusterCoordinator(strategy) if facts.asynchronous else None
+    coordinator = tf.distribute.experimental.coordinator.ClusterCoordinator(strategy) if row.asynchronous else None
     # strategy.communication=mpi: the tasks join MPI now, before any variable's first value crosses the cluster (engine/mpi.py)
     gradient_sum = mpi.join(strategy) if name == "multiworker" and mpi_facts.chosen(spec.strategy.options) else None
     replicas = strategy.num_replicas_in_sync
@@ -160,7 +160,7 @@ def build_run(spec: RunSpec, placement: Placement) -> Run:
     ):  # its first examples come through a shuffle window: a bad record may be in it
         sample = check_model_takes_data(model, task, source, spec.model, spec.data, num_outputs)
     task.check_labels(source.num_classes)
-    jit, per_call = xla.decide(trainer, spec.checkpoint, facts, gpus, model, feature_spec)  # and says so in the log
+    jit, per_call = xla.decide(trainer, spec.checkpoint, row, gpus, model, feature_spec)  # and says so in the log
 
     workers = worker_count(placement)
     run_topology = (
@@ -169,7 +169,7 @@ def build_run(spec: RunSpec, placement: Placement) -> Run:
             cluster=cluster.name,
             workers=workers,
             ps=cluster.ps,
-            replicas=workers if facts.asynchronous else replicas,
+            replicas=workers if row.asynchronous else replicas,
             input_pipelines=workers,
             global_batch=global_batch,
             per_replica_batch=per_replica,
@@ -207,7 +207,7 @@ def build_run(spec: RunSpec, placement: Placement) -> Run:
     return Run(
         spec=spec,
         placement=placement,
-        facts=facts,
+        row=row,
         strategy_name=name,
         strategy=strategy,
         coordinator=coordinator,

@@ -16,7 +16,7 @@ from tfdistx.cluster.placement import Placement
 from tfdistx.spec import data_service as config_service
 from tfdistx.spec.errors import EXIT_PORT_IN_USE, ConfigError, RunFault
 from tfdistx.spec.run_spec import Cluster, DataService
-from tfdistx.spec.strategies import Strategy
+from tfdistx.spec.strategies import StrategyRow
 from tfdistx.data.service import Service
 from tfdistx.engine.serving import until_trainers_leave
 from tfdistx.sigterm import SigtermNotice
@@ -24,7 +24,7 @@ from tfdistx.sigterm import SigtermNotice
 log = logging.getLogger(__name__)
 
 
-def serve(placement: Placement, facts: Strategy, cluster: Cluster, notice: SigtermNotice) -> None:
+def serve(placement: Placement, row: StrategyRow, cluster: Cluster, notice: SigtermNotice) -> None:
     """Run this task's tf.data service server (a dispatcher, or a worker
     that registers with the dispatcher) until the launcher or scheduler
     stops it, and after a SIGTERM until the trainers have saved and left
@@ -44,7 +44,7 @@ def serve(placement: Placement, facts: Strategy, cluster: Cluster, notice: Sigte
             experimental.WorkerConfig(dispatcher_address=dispatcher, worker_address=address, port=port)
         )
         log.info("tf.data service worker %s on %s, dispatcher %s", placement.task_name, address, dispatcher)
-    until_trainers_leave(server, placement, facts, cluster, notice)
+    until_trainers_leave(server, placement, row, cluster, notice)
 
 
 def train_service(asked: Optional[DataService], placement: Placement, start_step: int) -> Optional[Service]:

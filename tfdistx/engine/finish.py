@@ -18,7 +18,7 @@ from tfdistx import whole_files
 from tfdistx.cluster import liveness
 from tfdistx.cluster.placement import Placement
 from tfdistx.spec.objective import value as objective_value
-from tfdistx.spec.strategies import Strategy
+from tfdistx.spec.strategies import StrategyRow
 from tfdistx.engine.build import Run
 from tfdistx.engine.export import export_checkpoint
 from tfdistx.engine.loop import Result
@@ -49,7 +49,7 @@ def finish(run: Run, start: Start, result: Result, started: float) -> Optional[f
 
                 log_export(run.dir)
         log.info("done at step %d: %s", result.step, run.dir.resolve())
-        leave_after_the_other_workers(run.placement, run.facts)
+        leave_after_the_other_workers(run.placement, run.row)
     return objective_value(run.spec.trainer.objective, summary)
 
 
@@ -111,17 +111,17 @@ def finish_finished_run(run: Run, start: Start, started: float) -> Optional[floa
     return objective_value(run.spec.trainer.objective, json.loads(summary_path.read_text()))
 
 
-def leave_after_the_other_workers(placement: Placement, facts: Strategy, most_seconds: float = 10.0) -> None:
+def leave_after_the_other_workers(placement: Placement, row: StrategyRow, most_seconds: float = 10.0) -> None:
     """The chief of a synchronous cluster leads TensorFlow's coordination
     service: a worker that sees it gone while still shutting down reports
     the cluster as crashed ("the leader task was preempted/died", "The tasks
     have crashed") at the end of a run that succeeded. So the chief, done
     after the others (it writes the summary and export), waits until they
     have left, at most `most_seconds`."""
-    if not placement.in_cluster or facts.asynchronous:
+    if not placement.in_cluster or row.asynchronous:
         return
     others = {
-        name: address for name, address in trainer_addresses(placement, facts).items() if name != placement.task_name
+        name: address for name, address in trainer_addresses(placement, row).items() if name != placement.task_name
     }
     liveness.wait_until_gone(others, time.monotonic() + most_seconds)
 

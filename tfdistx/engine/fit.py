@@ -70,7 +70,7 @@ def train(spec: RunSpec, placement: Optional[Placement] = None, notice: Optional
             return train(spec, placement, notice)
     started = time.time()
     placement = placement or Placement()
-    if join_cluster(spec.cluster, spec.strategy.facts, placement, notice) is Joined.SERVED:
+    if join_cluster(spec.cluster, spec.strategy.row, placement, notice) is Joined.SERVED:
         return Trained(None)  # a parameter-server cluster's ps or worker task: served until stopped
     with process.settings_for(spec.trainer.seed, spec.trainer.deterministic):
         run = build_run(spec, placement)
@@ -113,13 +113,13 @@ def train_loop(run: Run, runner: StepRunner, start: Start, notice: SigtermNotice
         log.info("run dir: %s", run.dir.resolve())
     schedule = Schedule(run.total_steps, spec.trainer.steps_per_loop, spec.trainer.log_every, spec.trainer.eval_every)
     in_cluster = run.placement.in_cluster
-    synchronous_cluster = in_cluster and not run.facts.asynchronous
+    synchronous_cluster = in_cluster and not run.row.asynchronous
     # A lost peer costs at most one loop: the chief saves the last loop boundary's state, kept in memory (commit.py).
     commit = Commit(run.checkpointer.checkpoint) if synchronous_cluster and run.placement.is_chief else None
     with (
         lost_peer_in_one_line(
             synchronous_cluster,
-            parameter_servers=in_cluster and run.facts.asynchronous,
+            parameter_servers=in_cluster and run.row.asynchronous,
             placement=run.placement,
             peer_timeout=spec.cluster.peer_timeout,
             keep=(lambda: save_the_last_boundary(run.checkpointer, commit)) if commit else None,
@@ -129,7 +129,7 @@ def train_loop(run: Run, runner: StepRunner, start: Start, notice: SigtermNotice
             spec.cluster,
             coordinator=run.coordinator is not None,
             progressed=lambda: getattr(runner, "progressed", time.monotonic()),
-            servers_told=training_end.servers_of(run.placement, run.facts),
+            servers_told=training_end.servers_of(run.placement, run.row),
         ),
         peers_gone_abort_the_collectives(run.placement) if synchronous_cluster else contextlib.nullcontext(),
         input_errors_in_one_line(run.source),
@@ -254,7 +254,7 @@ def evaluate(spec: RunSpec, placement: Optional[Placement] = None, step: Optiona
     configured eval data; the chief appends the metrics to evaluations.jsonl."""
     path = checkpointing.find(spec.checkpoint.dir, step)  # before building anything
     placement = placement or Placement()
-    if join_cluster(spec.cluster, spec.strategy.facts, placement, SigtermNotice()) is Joined.SERVED:
+    if join_cluster(spec.cluster, spec.strategy.row, placement, SigtermNotice()) is Joined.SERVED:
         return None
     with process.settings_for(spec.trainer.seed, spec.trainer.deterministic):
         run = build_run(spec, placement)

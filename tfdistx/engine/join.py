@@ -15,7 +15,7 @@ import os
 from tfdistx.cluster.placement import Placement
 from tfdistx.cluster.rendezvous import meet_peers
 from tfdistx.spec.run_spec import Cluster
-from tfdistx.spec.strategies import Strategy
+from tfdistx.spec.strategies import StrategyRow
 from tfdistx.engine import strategy as strategy_lib
 from tfdistx.engine.serving import serve_strategy_task
 from tfdistx.internals import tensorflow as internals
@@ -30,8 +30,8 @@ class Joined(enum.Enum):
     SERVED = "served"  # a task that lent its devices to the coordinator until it was stopped: nothing more to do
 
 
-def join_cluster(cluster: Cluster, facts: Strategy, placement: Placement, notice: SigtermNotice) -> Joined:
-    """Join the cluster `cluster` describes under the configured strategy (`facts`: its row)."""
+def join_cluster(cluster: Cluster, row: StrategyRow, placement: Placement, notice: SigtermNotice) -> Joined:
+    """Join the cluster `cluster` describes under the configured strategy (`row`: its row in spec/strategies.py)."""
     in_cluster = placement.in_cluster
     if in_cluster:
         # What TensorFlow's cluster resolvers (and its preemption handler) read.
@@ -40,15 +40,13 @@ def join_cluster(cluster: Cluster, facts: Strategy, placement: Placement, notice
         internals.disable_thread_spinning()  # before TF starts its devices
     strategy_lib.configure_devices(cluster.devices_per_worker, multi_worker=in_cluster)  # before TF starts its devices
     if in_cluster:  # TensorFlow would wait for a missing task forever (rendezvous.py)
-        meet_peers(
-            placement, cluster.startup_timeout, wait=placement.task_type not in facts.serving_jobs, notice=notice
-        )
-        if facts.asynchronous and placement.task_type not in facts.serving_jobs:
+        meet_peers(placement, cluster.startup_timeout, wait=placement.task_type not in row.serving_jobs, notice=notice)
+        if row.asynchronous and placement.task_type not in row.serving_jobs:
             # A parameter-server coordinator given the notice before it formed the cluster leaves now: no task waits
             # for it inside TensorFlow, and its servers, given the notice too, stop serving a coordinator that is
             # not there yet (engine/serving.py), which it would then wait for, for ever, in forming the cluster.
             notice.leave_if_received("while the cluster was forming")
-    if placement.task_type in facts.serving_jobs:  # the coordinator drives training; this task lends its devices
-        serve_strategy_task(placement, facts, cluster, notice)
+    if placement.task_type in row.serving_jobs:  # the coordinator drives training; this task lends its devices
+        serve_strategy_task(placement, row, cluster, notice)
         return Joined.SERVED
     return Joined.TO_TRAIN

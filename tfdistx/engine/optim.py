@@ -209,21 +209,21 @@ class LearningRateAtStep:
 
 
 def build_optimizer(
-    spec: Optimizer, learning_rate: LearningRateAtStep, loss_scaling: bool = False
+    section: Optimizer, learning_rate: LearningRateAtStep, loss_scaling: bool = False
 ) -> keras.optimizers.Optimizer:
-    """The optimizer group's own keys (`options`) go to the class, checked
+    """The optimizer from its config `section`: the group's own keys (`options`) go to the class, checked
     against what it takes. Clipping is Keras' own, on gradients already
     summed over replicas. `loss_scaling` (mixed_float16): wrapped in Keras'
     dynamic loss scaling."""
     optimizer = build(
         "optimizer",
-        spec.target,
-        dict(spec.options),
+        section.target,
+        dict(section.options),
         keras.optimizers.Optimizer,
         takes=_keywords,
-        wrap=lambda cls: _gradients_arrive_summed(cls, spec.target),
+        wrap=lambda cls: _gradients_arrive_summed(cls, section.target),
         learning_rate=learning_rate,
-        clipnorm=spec.clip_norm,
-        global_clipnorm=spec.global_clip_norm,
+        clipnorm=section.clip_norm,
+        global_clipnorm=section.global_clip_norm,
     )
     return keras.optimizers.LossScaleOptimizer(optimizer) if loss_scaling else optimizer

@@ -171,7 +171,7 @@ def lost_peer_in_one_line(
         if synchronous_cluster and re.search(
             r"unhealthy|heartbeat|[Cc]ollective ops is aborted|Socket closed|failed to connect", text
         ):
-            peers = lost_tasks(text, placement.spec if placement else {}) or silent_peers(placement)
+            peers = lost_tasks(text, placement.cluster_spec if placement else {}) or silent_peers(placement)
         elif parameter_servers and "/job:ps/" in text:
             peers = sorted(set(f"ps:{index}" for index in re.findall(r"/job:ps/replica:\d+/task:(\d+)", text)))
         else:
@@ -227,7 +227,7 @@ def peers_gone_abort_the_collectives(placement: Placement):
     down is not refused: that is the heartbeat's to notice, as before."""
     peers = {
         f"{job}:{index}": address
-        for job, addresses in placement.spec.items()
+        for job, addresses in placement.cluster_spec.items()
         for index, address in enumerate(addresses)
         if (job, index) != (placement.task_type, placement.task_index)
     }
@@ -307,7 +307,7 @@ def silent_peers(placement: Optional[Placement]) -> list:
         return []
     peers = {
         f"{job}:{index}": address
-        for job, addresses in placement.spec.items()
+        for job, addresses in placement.cluster_spec.items()
         for index, address in enumerate(addresses)
         if (job, index) != (placement.task_type, placement.task_index)
     }
@@ -351,8 +351,8 @@ def watching_servers(
     }
     workers = {}
     if coordinator:
-        servers.update({f"ps:{index}": address for index, address in enumerate(placement.spec.get("ps", []))})
-        workers = {f"worker:{index}": address for index, address in enumerate(placement.spec.get("worker", []))}
+        servers.update({f"ps:{index}": address for index, address in enumerate(placement.cluster_spec.get("ps", []))})
+        workers = {f"worker:{index}": address for index, address in enumerate(placement.cluster_spec.get("worker", []))}
 
     def lost(names, waiting=""):
         training_end.tell(servers_told, training_end.cluster_digest(placement), EXIT_LOST_PEER)

@@ -274,7 +274,7 @@ def make_runner(run: Run, skip_steps: int = 0, train: bool = True):
             shuffle_buffer=pipeline.shuffle_buffer,
             cache=pipeline.cache,
             skip_steps=skip_steps,
-            ps_workers=run.workers if run.facts.asynchronous else 0,
+            ps_workers=run.workers if run.row.asynchronous else 0,
             service=train_service(pipeline.service, run.placement, skip_steps),
         )
         if train
@@ -289,7 +289,7 @@ def make_runner(run: Run, skip_steps: int = 0, train: bool = True):
         spec.trainer.accumulate_steps,
         jit_compile=run.jit_compile,
         all_reduce_options=strategy_lib.all_reduce_options(run.strategy_name, spec.strategy.options),
-        whole_step=run.facts.xla_whole_step,
+        whole_step=run.row.xla_whole_step,
         all_reduce_dtype=strategy_lib.all_reduce_dtype(run.strategy_name, spec.strategy.options),
         variables=run.train_variables,
         learning_rate=run.learning_rate,

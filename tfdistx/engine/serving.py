@@ -39,13 +39,13 @@ from tfdistx.cluster.placement import Placement
 from tfdistx.engine.preemption import end_process_now, leave_now
 from tfdistx.spec.errors import EXIT_CLUSTER_DID_NOT_FORM, EXIT_LOST_PEER, EXIT_PREEMPTED, RunFault, offset_exit
 from tfdistx.spec.run_spec import Cluster
-from tfdistx.spec.strategies import Strategy
+from tfdistx.spec.strategies import StrategyRow
 from tfdistx.sigterm import SigtermNotice, reclaim
 
 log = logging.getLogger(__name__)
 
 
-def serve_strategy_task(placement: Placement, facts: Strategy, cluster: Cluster, notice: SigtermNotice) -> None:
+def serve_strategy_task(placement: Placement, row: StrategyRow, cluster: Cluster, notice: SigtermNotice) -> None:
     """A parameter-server cluster's ps or worker task: TensorFlow's server
     for the coordinator to use (it lends its devices and holds variables)."""
     resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
@@ -56,11 +56,11 @@ def serve_strategy_task(placement: Placement, facts: Strategy, cluster: Cluster,
         protocol=resolver.rpc_layer or "grpc",
         start=True,
     )
-    until_trainers_leave(server, placement, facts, cluster, notice)
+    until_trainers_leave(server, placement, row, cluster, notice)
 
 
 def until_trainers_leave(
-    server, placement: Placement, facts: Strategy, cluster: Cluster, notice: SigtermNotice
+    server, placement: Placement, row: StrategyRow, cluster: Cluster, notice: SigtermNotice
 ) -> None:
     """Let `server` serve (it runs in TensorFlow's threads; held here, as a
     collected server stops) until SIGTERM, then until the trainers have
@@ -71,9 +71,9 @@ def until_trainers_leave(
     notice.plan = ""  # nothing to say unless the trainers outstay the grace
     notice.saves = True  # a first Ctrl-C too: the trainers save at their next loop boundary, served by this task
     reclaim()  # starting the server may have taken SIGTERM over
-    trainers = trainer_addresses(placement, facts)
+    trainers = trainer_addresses(placement, row)
     lost: List[str] = []
-    own = {**placement.spec, **placement.service}[placement.task_type][placement.task_index]
+    own = {**placement.cluster_spec, **placement.service}[placement.task_type][placement.task_index]
     # A trainer still starting has not answered yet: its silence counts from its first answer, or from startup_timeout.
     with (
         liveness.Watch(trainers, cluster.peer_timeout, lost.extend, unseen_timeout=cluster.startup_timeout) as watch,
@@ -130,7 +130,7 @@ def _training_ended(placement: Placement, code: int, trainers: Dict[str, str], c
 
 def _chief(placement: Placement) -> str:
     """The name of the task that trains and tells: the chief, or worker 0 of a cluster without one."""
-    return "chief:0" if placement.spec.get("chief") else "worker:0"
+    return "chief:0" if placement.cluster_spec.get("chief") else "worker:0"
 
 
 def _stop_serving(placement: Placement, lost: List[str], seen: set, cluster: Cluster) -> None:
@@ -154,11 +154,13 @@ def _stop_serving(placement: Placement, lost: List[str], seen: set, cluster: Clu
     end_process_now(fault)
 
 
-def trainer_addresses(placement: Placement, facts: Strategy) -> Dict[str, str]:
+def trainer_addresses(placement: Placement, row: StrategyRow) -> Dict[str, str]:
     """The trainers this task serves, by name: the coordinator of a
     parameter-server cluster, every worker of a synchronous one; none for a
     one-process strategy, whose trainer runs no server to ask."""
-    if not facts.multi_process:
+    if not row.multi_process:
         return {}
-    jobs = ("chief",) if facts.asynchronous else ("chief", "worker")
-    return {f"{job}:{index}": address for job in jobs for index, address in enumerate(placement.spec.get(job, []))}
+    jobs = ("chief",) if row.asynchronous else ("chief", "worker")
+    return {
+        f"{job}:{index}": address for job in jobs for index, address in enumerate(placement.cluster_spec.get(job, []))
+    }

@@ -247,8 +247,8 @@ class Training:
 def _chief(placement: Placement):
     """(name, address) of the task that writes the run's checkpoints; (None, None) when the spec has none."""
     for job in ("chief", "worker"):
-        if placement.spec.get(job):
-            return f"{job}:0", placement.spec[job][0]
+        if placement.cluster_spec.get(job):
+            return f"{job}:0", placement.cluster_spec[job][0]
     return None, None
 
 

@@ -27,19 +27,19 @@ from tfdistx.internals import tensorflow as internals
 log = logging.getLogger(__name__)
 
 
-def decide(trainer, checkpoint, facts, gpus: bool, model, feature_spec) -> Tuple[bool, int]:
+def decide(trainer, checkpoint, row, gpus: bool, model, feature_spec) -> Tuple[bool, int]:
     """(compile with XLA?, steps per XLA call) for the built model, said in
     one line of the log (the rule behind it is --plan's); N > 1 steps per
     XLA call where `auto` leaves XLA off is refused. `trainer`, `checkpoint`:
-    the run spec's; `facts`: the concrete strategy's row."""
+    the run spec's; `row`: the concrete strategy's row."""
     accumulate, asked = trainer.accumulate_steps, trainer.jit_compile
     layers = weighted_layer_kinds(model)
-    ops = forward_op_types(model, feature_spec) if compute.decided_by_the_model(asked, facts, gpus, accumulate) else ()
-    jit, why = compute.decide_jit(asked, facts, gpus=gpus, layers=layers, ops=ops, accumulate_steps=accumulate)
+    ops = forward_op_types(model, feature_spec) if compute.decided_by_the_model(asked, row, gpus, accumulate) else ()
+    jit, why = compute.decide_jit(asked, row, gpus=gpus, layers=layers, ops=ops, accumulate_steps=accumulate)
     per_call, per_call_why = compute.decide_steps_per_xla_call(
         trainer.steps_per_xla_call,
         jit,
-        facts,
+        row,
         trainer.steps_per_loop,
         compute.loop_periods(trainer, checkpoint),
         gpus=gpus,

@@ -55,7 +55,7 @@ def detect(layout: Layout, env: Mapping[str, str] = os.environ, training: bool =
     data) adds its tasks: with them a one-process strategy's trainer is the
     one `worker` task of a cluster that holds the service too."""
     service_jobs = layout.service_jobs() if training else {}
-    if not layout.strategy.facts.multi_process and not service_jobs:
+    if not layout.strategy.row.multi_process and not service_jobs:
         return Placement()
     mode = layout.cluster.launch
     launch = of(chosen_by_auto(env) if mode is LaunchMode.AUTO else mode)
@@ -63,7 +63,7 @@ def detect(layout: Layout, env: Mapping[str, str] = os.environ, training: bool =
     if not placement.in_cluster:
         return placement
     check_topology(placement, {**layout.training_jobs(), **service_jobs}, launch.placed_where)
-    if not layout.strategy.facts.multi_process and placement.task_type not in placement.service:
+    if not layout.strategy.row.multi_process and placement.task_type not in placement.service:
         # the trainer: one process, fed by the service (its GPUs, with `job slurm --gpus`, as placed)
         return Placement(service=placement.service, gpus=placement.gpus)
     return placement

@@ -59,7 +59,7 @@ class Launch:
         are given each round, so the spec says only how many each job has. A scheduler's launch reads the place
         it gave from `env` (its cluster is then checked against the config's: launch.detect)."""
         counts = {**layout.training_jobs(), **(layout.service_jobs() if training else {})}
-        return Placement(self.mode, spec={job: [""] * n for job, n in counts.items() if n})
+        return Placement(self.mode, cluster_spec={job: [""] * n for job, n in counts.items() if n})
 
     def refuse(self, layout: Layout, mode: str) -> None:
         """Raise ConfigError if this launch cannot start the run laid out as `layout` in `mode` (train |
@@ -74,7 +74,7 @@ class Launch:
         """--plan's placement lines. By default a placed task's: where it stands, and the cluster it was given."""
         chief = " (chief)" if placement.is_chief else ""
         lines = [f"placement     {placement.launch}; this process is {placement.task_name}{chief}"]
-        for job, addresses in placement.spec.items():
+        for job, addresses in placement.cluster_spec.items():
             for index, address in enumerate(addresses):
                 lines.append(f"  task        {job}:{index}  {address}")
         lines.append(f"  TF_CONFIG   {placement.tf_config()}")

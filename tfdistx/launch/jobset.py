@@ -127,10 +127,10 @@ def place_pod(env: Mapping[str, str], counts: Mapping[str, int]) -> Placement:
         raise ConfigError.one(
             POD_INDEX_LABEL, raw, f"the config's cluster has {wanted[job]} {job} task(s): allowed 0..{wanted[job] - 1}"
         )
-    spec = cluster_spec(
+    tf_cluster = cluster_spec(
         jobset, {name: n for name, n in wanted.items() if name != EVALUATOR}
     )  # not in the cluster (cluster/evaluator.py)
-    training, service = data_service.split(spec)
+    training, service = data_service.split(tf_cluster)
     return Placement(LaunchMode.JOBSET, training, job, int(raw), service, address_from="the JobSet's address")
 
 

@@ -121,18 +121,16 @@ class Pods:
     job, its command and args, environment, volume and grace period."""
 
     def __init__(self, layout: Layout, kind: str, options: PodOptions):
-        topo, facts = layout.cluster, layout.strategy.facts
-        if facts.not_in_tfjob:
-            raise ConfigError.one(
-                "strategy", layout.strategy.name, f"cannot be exported as {kind}: {facts.not_in_tfjob}"
-            )
+        topo, row = layout.cluster, layout.strategy.row
+        if row.not_in_tfjob:
+            raise ConfigError.one("strategy", layout.strategy.name, f"cannot be exported as {kind}: {row.not_in_tfjob}")
         counts = layout.training_jobs()  # a one-process strategy: one pod
         if topo.evaluator:  # the sidecar evaluator's pod: its task type is "evaluator"
             counts = {**counts, EVALUATOR: 1}
         service = layout.service_jobs()
         self.max_restarts = topo.max_restarts
         self.counts: Dict[str, int] = {**counts, **service}
-        self.primary_jobs = facts.primary_jobs  # the jobs whose end is the run's end
+        self.primary_jobs = row.primary_jobs  # the jobs whose end is the run's end
         self.placed = needs_placing(layout)
         self.options = options
         self.run_dir = f"{options.mount_path}/{options.name}" if options.volume else None
@@ -181,7 +179,7 @@ class Pods:
 def needs_placing(layout: Layout) -> bool:
     """Whether the pods learn their place (a cluster.launch of their own): a one-process strategy without the
     tf.data service is one pod that needs no placing."""
-    return layout.strategy.facts.multi_process or bool(layout.service_jobs())
+    return layout.strategy.row.multi_process or bool(layout.service_jobs())
 
 
 def pod_args(

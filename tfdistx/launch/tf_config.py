@@ -24,11 +24,11 @@ ENV = "TF_CONFIG"
 def from_tf_config(raw: str) -> Placement:
     try:
         config = json.loads(raw)
-        spec, service = data_service.split(
+        cluster_spec, service = data_service.split(
             {job: list(addresses) for job, addresses in config["cluster"].items() if addresses and job != EVALUATOR}
         )  # not part of the cluster (cluster/evaluator.py)
         task = config["task"]
-        return Placement(LaunchMode.TF_CONFIG, spec, task["type"], int(task.get("index", 0)), service)
+        return Placement(LaunchMode.TF_CONFIG, cluster_spec, task["type"], int(task.get("index", 0)), service)
     except (ValueError, KeyError, TypeError) as error:
         raise ConfigError.one(ENV, raw[:80], f"is not a TF_CONFIG with 'cluster' and 'task' ({error})") from None
 

@@ -129,14 +129,14 @@ _CPU_RULE = (
 )
 
 
-def planned_jit(trainer, facts: strategies.Strategy, gpus: Optional[bool] = None) -> Tuple[Optional[bool], str]:
+def planned_jit(trainer, row: strategies.StrategyRow, gpus: Optional[bool] = None) -> Tuple[Optional[bool], str]:
     """jit_compile of a config's or a RunSpec's `trainer` (their keys are the same), before the model is built."""
-    return decide_jit(trainer.jit_compile, facts, gpus, accumulate_steps=trainer.accumulate_steps)
+    return decide_jit(trainer.jit_compile, row, gpus, accumulate_steps=trainer.accumulate_steps)
 
 
 def decide_jit(
     asked,
-    facts: strategies.Strategy,
+    row: strategies.StrategyRow,
     gpus: Optional[bool] = None,
     layers: Optional[Iterable[str]] = None,
     ops: Iterable[str] = (),
@@ -150,23 +150,23 @@ def decide_jit(
     is a few words for the run's log; not known (--plan), it is the whole rule."""
     if asked is False:
         return False, "off (trainer.jit_compile=false)"
-    if facts.no_xla:  # only `auto` gets here: `true` is refused by problems()
+    if row.no_xla:  # only `auto` gets here: `true` is refused by problems()
         return False, (
-            f"off (auto): strategy={facts.name}: {facts.no_xla}"
+            f"off (auto): strategy={row.name}: {row.no_xla}"
             if layers is None
-            else f"off (auto): strategy={facts.name} cannot use it"
+            else f"off (auto): strategy={row.name} cannot use it"
         )
     if asked is True:
         return True, "on (trainer.jit_compile=true)" + (
-            "" if facts.xla_whole_step else ": the gradients; the sum and update outside"
+            "" if row.xla_whole_step else ": the gradients; the sum and update outside"
         )
     if gpus:
         return True, "on (auto): GPUs"
-    if not facts.xla_whole_step:
+    if not row.xla_whole_step:
         return False, (
-            f"off (auto): {_CPU_RULE}, and strategy={facts.name} compiles only the gradients"
+            f"off (auto): {_CPU_RULE}, and strategy={row.name} compiles only the gradients"
             if layers is None
-            else f"off (auto): on CPUs, and strategy={facts.name} would compile only the gradients"
+            else f"off (auto): on CPUs, and strategy={row.name} would compile only the gradients"
         )
     if accumulate_steps > 1:
         return (False if gpus is False else None), (
@@ -183,9 +183,9 @@ def decide_jit(
     return True, "on (auto): a model of Dense layers, on CPUs"
 
 
-def decided_by_the_model(asked, facts: strategies.Strategy, gpus: bool, accumulate_steps: int) -> bool:
+def decided_by_the_model(asked, row: strategies.StrategyRow, gpus: bool, accumulate_steps: int) -> bool:
     """Whether decide_jit needs what the model is made of (the op types of its forward pass cost a trace)."""
-    return asked == "auto" and not gpus and facts.xla_whole_step and not facts.no_xla and accumulate_steps == 1
+    return asked == "auto" and not gpus and row.xla_whole_step and not row.no_xla and accumulate_steps == 1
 
 
 def beyond_dense(layers: Iterable[str], ops: Iterable[str]) -> str:
@@ -205,13 +205,13 @@ _PER_CALL_RULE = "each call's fixed cost saved, a large part of a small dense st
 
 
 def planned_steps_per_xla_call(
-    trainer, checkpoint, facts: strategies.Strategy, gpus: Optional[bool] = None
+    trainer, checkpoint, row: strategies.StrategyRow, gpus: Optional[bool] = None
 ) -> Tuple[Optional[int], str]:
     """steps_per_xla_call of a config's or a RunSpec's `trainer` and `checkpoint` (what --plan says)."""
     return decide_steps_per_xla_call(
         getattr(trainer, "steps_per_xla_call", "auto"),
-        planned_jit(trainer, facts, gpus)[0],
-        facts,
+        planned_jit(trainer, row, gpus)[0],
+        row,
         trainer.steps_per_loop,
         loop_periods(trainer, checkpoint),
         gpus,
@@ -228,7 +228,7 @@ def loop_periods(trainer, checkpoint) -> Tuple[int, int, int]:
 def decide_steps_per_xla_call(
     asked,
     jit: Optional[bool],
-    facts: strategies.Strategy,
+    row: strategies.StrategyRow,
     steps_per_loop: int,
     every: Iterable[int] = (),
     gpus: Optional[bool] = None,
@@ -243,7 +243,7 @@ def decide_steps_per_xla_call(
     of K steps, and the computation of a single step, for the steps left over, is never compiled.
     N > 1 where XLA does not compile the whole step is refused: by problems() where the config
     says so, by steps_per_xla_call_problem() where `auto` decided it from the model."""
-    if jit is False or not facts.xla_whole_step:
+    if jit is False or not row.xla_whole_step:
         return 1, "1 (XLA does not compile the whole step here)"
     if asked != "auto":
         steps = min(int(asked), steps_per_loop)
@@ -293,21 +293,19 @@ def precision_warning(precision: str, gpus: bool) -> Optional[str]:
     return None
 
 
-def problems(facts: Optional[strategies.Strategy], jit_compile, steps_per_xla_call, precision) -> List[Problem]:
-    """Combinations of strategy (its row, `facts`; None: a strategy the
+def problems(row: Optional[strategies.StrategyRow], jit_compile, steps_per_xla_call, precision) -> List[Problem]:
+    """Combinations of strategy (its row, `row`; None: a strategy the
     strategy check names), precision and XLA (trainer.jit_compile,
     trainer.steps_per_xla_call) that cannot work."""
-    if facts is None:
+    if row is None:
         return []  # named by the strategy check
     found = []
-    if jit_compile is True and facts.no_xla:
+    if jit_compile is True and row.no_xla:
         found.append(
-            Problem(
-                "trainer.jit_compile", True, f"strategy={facts.name} cannot use XLA: {facts.no_xla}; use false or auto"
-            )
+            Problem("trainer.jit_compile", True, f"strategy={row.name} cannot use XLA: {row.no_xla}; use false or auto")
         )
     per_call = steps_per_xla_call
-    if isinstance(per_call, int) and per_call > 1 and (jit_compile is False or not facts.xla_whole_step):
+    if isinstance(per_call, int) and per_call > 1 and (jit_compile is False or not row.xla_whole_step):
         found.append(
             Problem(
                 "trainer.steps_per_xla_call",
@@ -316,12 +314,12 @@ def problems(facts: Optional[strategies.Strategy], jit_compile, steps_per_xla_ca
                 "auto",
             )
         )
-    if precision in PRECISIONS and precision not in facts.precisions:
+    if precision in PRECISIONS and precision not in row.precisions:
         found.append(
             Problem(
                 "trainer.precision",
                 precision,
-                f"strategy={facts.name} runs {', '.join(facts.precisions)} (TPUs compute in bfloat16)",
+                f"strategy={row.name} runs {', '.join(row.precisions)} (TPUs compute in bfloat16)",
             )
         )
     return found

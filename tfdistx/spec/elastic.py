@@ -87,11 +87,11 @@ def problems(cluster, strategy: Optional[str], data, optimizer) -> List[Problem]
         ]
     if name not in strategies.NAMES:
         return []  # refused by its own check
-    facts = strategies.get(name, cluster.workers, cluster.devices_per_worker)
+    row = strategies.get(name, cluster.workers, cluster.devices_per_worker)
     shown_range = f"cluster.workers={low}:{cluster.workers}"
-    if not facts.multi_process and cluster.workers > 1:
+    if not row.multi_process and cluster.workers > 1:
         return []  # refused as any one-process strategy on several workers is (validate.py), in its own line
-    if not facts.multi_process:
+    if not row.multi_process:
         return [
             Problem(
                 "strategy",
@@ -127,7 +127,7 @@ def problems(cluster, strategy: Optional[str], data, optimizer) -> List[Problem]
         value = elastic[key]
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
             found.append(Problem(f"cluster.elastic.{key}", value, "seconds, more than 0"))
-    if not facts.asynchronous:
+    if not row.asynchronous:
         found += _batch_on_every_round(data.get("batch_size"), cluster.devices_per_worker or 1, low, cluster.workers)
         if optimizer.get("scale_lr_with_replicas"):
             found.append(
@@ -229,11 +229,11 @@ def for_round(spec, workers: int):
     loggers record it."""
     cluster = spec.cluster
     name = f"ps{cluster.ps}w{workers}" if cluster.ps else f"{workers}x{cluster.devices_per_worker or 1}"
-    facts = strategies.get(spec.strategy.name, workers, cluster.devices_per_worker)
+    row = strategies.get(spec.strategy.name, workers, cluster.devices_per_worker)
     config = {**spec.config, "cluster": {**spec.config["cluster"], "workers": workers, "name": name}}
     return dataclasses.replace(
         spec,
         cluster=dataclasses.replace(cluster, workers=workers, name=name),
-        strategy=dataclasses.replace(spec.strategy, facts=facts),
+        strategy=dataclasses.replace(spec.strategy, row=row),
         config=MappingProxyType(config),
     )

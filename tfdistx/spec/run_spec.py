@@ -133,7 +133,7 @@ class Cluster:
 class Strategy:
     name: str  # as configured ("auto" is made concrete by the engine, which sees the devices)
     options: Mapping[str, Any]  # the strategy group's other keys
-    facts: strategies.Strategy  # the configured strategy's row
+    row: strategies.StrategyRow  # the configured strategy's row
 
 
 @dataclass(frozen=True)
@@ -186,7 +186,7 @@ class Logger:
 @dataclass(frozen=True)
 class Layout:
     """Where a run's processes go and how they are kept: the strategy's
-    facts, the cluster, and the tf.data service's tasks. Placement, the local
+    row, the cluster, and the tf.data service's tasks. Placement, the local
     launcher, --plan and the Kubernetes manifests read this, not the config."""
 
     strategy: Strategy
@@ -199,7 +199,7 @@ class Layout:
 
     def training_jobs(self) -> Mapping[str, int]:
         """The strategy's tasks per job; a one-process strategy's one trainer is a `worker`."""
-        return self.strategy.facts.job_counts(self.cluster.workers, self.cluster.ps) or {"worker": 1}
+        return self.strategy.row.job_counts(self.cluster.workers, self.cluster.ps) or {"worker": 1}
 
     def servers_beside_the_keeper(self) -> Mapping[str, int]:
         """With an agent on every node (launch/agent/node.py), the tasks the keeper's

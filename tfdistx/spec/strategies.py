@@ -39,7 +39,7 @@ class Option:
 
 
 @dataclass(frozen=True)
-class Strategy:
+class StrategyRow:
     name: str
     description: str
     processes: str
@@ -179,10 +179,10 @@ _PARTITIONER = Option(
     },
 )
 
-STRATEGIES: Dict[str, Strategy] = {
+STRATEGIES: Dict[str, StrategyRow] = {
     s.name: s
     for s in [
-        Strategy(
+        StrategyRow(
             "one_device",
             "one replica on one device (TF's default strategy, or OneDeviceStrategy on strategy.device)",
             ONE_PROCESS,
@@ -194,7 +194,7 @@ STRATEGIES: Dict[str, Strategy] = {
             one_replica=True,
             xla_whole_step=True,
         ),
-        Strategy(
+        StrategyRow(
             "mirrored",
             "MirroredStrategy: synchronous replicas on this machine's GPUs or logical CPU devices",
             ONE_PROCESS,
@@ -209,13 +209,13 @@ STRATEGIES: Dict[str, Strategy] = {
                 ),
             },
         ),
-        Strategy(
+        StrategyRow(
             "central_storage",
             "CentralStorageStrategy: variables on the CPU, compute replicated on this machine's devices",
             ONE_PROCESS,
             no_xla=_VARIABLES_ELSEWHERE.format(where="on the CPU"),
         ),
-        Strategy(
+        StrategyRow(
             "tpu",
             "TPUStrategy through TPUClusterResolver",
             ONE_PROCESS,
@@ -225,7 +225,7 @@ STRATEGIES: Dict[str, Strategy] = {
             ),
             precisions=("float32", "mixed_bfloat16"),
         ),
-        Strategy(
+        StrategyRow(
             "multiworker",
             "MultiWorkerMirroredStrategy: synchronous all-reduce across worker processes",
             ONE_PER_WORKER,
@@ -246,7 +246,7 @@ STRATEGIES: Dict[str, Strategy] = {
                 ),
             },
         ),
-        Strategy(
+        StrategyRow(
             "parameter_server",
             "ParameterServerStrategy + ClusterCoordinator: asynchronous steps on free workers, variables on ps tasks",
             COORDINATOR,
@@ -361,7 +361,7 @@ def resolve(name: str, workers: int, local_devices: Optional[int]) -> str:
     return "mirrored" if (local_devices or 1) > 1 else "one_device"
 
 
-def get(name: str, workers: int = 1, local_devices: Optional[int] = None) -> Strategy:
+def get(name: str, workers: int = 1, local_devices: Optional[int] = None) -> StrategyRow:
     """The table row for a (possibly `auto`) strategy name."""
     return STRATEGIES[resolve(name, workers, local_devices)]
 

@@ -39,7 +39,7 @@ def loads(kind: Type[T], text: str) -> T:
 
 
 def _plain(value: Any) -> Any:
-    if isinstance(value, strategies.Strategy):
+    if isinstance(value, strategies.StrategyRow):
         return value.name
     if dataclasses.is_dataclass(value):
         return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
@@ -65,7 +65,7 @@ def _typed(kind: Any, value: Any) -> Any:
         if len(members) == 1:
             return _typed(members[0], value)
         return _typed(dataclass, value) if dataclass is not None and isinstance(value, dict) else value
-    if kind is strategies.Strategy:
+    if kind is strategies.StrategyRow:
         return strategies.get(value)
     if dataclasses.is_dataclass(kind):
         hints = typing.get_type_hints(kind)

@@ -88,7 +88,7 @@ class LocalLaunch(Launch):
 
     def plan(self, layout: Layout, placement: Placement) -> List[str]:
         topo = layout.cluster
-        counts = layout.strategy.facts.job_counts(topo.workers, topo.ps)
+        counts = layout.strategy.row.job_counts(topo.workers, topo.ps)
         local_tasks(layout, "train")  # refused as the run would be: more processes than this machine holds
         lines = [
             "placement     local cluster launched by tfdistx: one process per task on free 127.0.0.1 ports,",

@@ -79,15 +79,19 @@ def from_slurm(env: Mapping[str, str], counts: Dict[str, int], base_port: int) -
     ports = _ports_per_node(env, nodes, per_node, slurm_first_port(base_port, job_id))
     addresses = [f"{node}:{port}" for node, n in zip(nodes, per_node) for port in ports[node][:n]]
     roles = [(job, index) for job, n in counts.items() for index in range(n)]
-    spec: Dict[str, List[str]] = {}
+    cluster_spec: Dict[str, List[str]] = {}
     for (job, _), address in zip(roles, addresses):
-        spec.setdefault(job, []).append(address)
+        cluster_spec.setdefault(job, []).append(address)
     if not 0 <= rank < len(roles):
         raise ConfigError.one("SLURM_PROCID", rank, f"outside the {total} tasks of the step")
     job, index = roles[rank]
-    spec.pop(EVALUATOR, None)  # its rank has an address it never listens on: no task of the cluster waits for it
-    spec, service = data_service.split(spec)  # the service's ranks come last (spec/data_service.job_counts)
-    placement = Placement(LaunchMode.SLURM, spec, job, index, service, address_from="cluster.base_port")
+    cluster_spec.pop(
+        EVALUATOR, None
+    )  # its rank has an address it never listens on: no task of the cluster waits for it
+    cluster_spec, service = data_service.split(
+        cluster_spec
+    )  # the service's ranks come last (spec/data_service.job_counts)
+    placement = Placement(LaunchMode.SLURM, cluster_spec, job, index, service, address_from="cluster.base_port")
     if env.get(GPUS_PER_WORKER_ENV):
         placement.gpus = _gpus_of(env, roles, per_node, rank)
     return placement
