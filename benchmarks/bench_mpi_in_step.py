@@ -111,7 +111,7 @@ def worker(workers: int, steps: int) -> int:
             }
         )
         sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-        from tfdistx.spec.threads import environment, task_threads
+        from tfdistx.core.threads import environment, task_threads
 
         threads, _ = task_threads("auto", {"worker": workers})
         os.environ.update(environment(threads))  # as tfdistx's launcher gives a local cluster's task

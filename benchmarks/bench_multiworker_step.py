@@ -41,7 +41,7 @@ import time
 from pathlib import Path
 
 from side_by_side import interruptible, run, say_estimate, table
-from tfdistx.spec.threads import AUTO, environment, task_threads
+from tfdistx.core.threads import AUTO, environment, task_threads
 
 HERE = Path(__file__).resolve().parent
 BATCH = 256

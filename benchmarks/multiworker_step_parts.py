@@ -30,7 +30,7 @@ from tfdistx.data import input as input_lib
 from tfdistx.data.sources import synthetic
 from tfdistx.engine.update import Update
 from tfdistx.internals import tensorflow as internals
-from tfdistx.spec import threads
+from tfdistx.core import threads
 from tfdistx.tasks.classification import Classification
 
 SIZES = [4_000, 400_000, 4_000_000, 40_000_000]  # bytes of float32

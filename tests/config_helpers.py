@@ -13,7 +13,7 @@ import pytest
 from omegaconf import OmegaConf, open_dict
 
 from tfdistx.commands.common import compose
-from tfdistx.spec.errors import ConfigError
+from tfdistx.core.errors import ConfigError
 from tfdistx.config.validate import validate
 
 PREFIX = "tfdistx: invalid config: "

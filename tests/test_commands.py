@@ -25,7 +25,7 @@ from conftest import Run, files, refused_in_one_line, run_command, start_tfdistx
 from engine_helpers import train
 from test_unit_predict import CLASSIFIED_COLUMNS, MLP, csv_rows, expected_columns, predict, serving, train_run
 from test_unit_predict import data  # noqa: F401 (a fixture: the rows `tfdistx data write` writes)
-from tfdistx.spec.errors import EXIT_RUN_DIR_LOCKED, ConfigError, RunFault
+from tfdistx.core.errors import EXIT_RUN_DIR_LOCKED, ConfigError, RunFault
 from tfdistx.data import sources
 from tfdistx.rundir import new_directory
 

@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from conftest import free_ports, steps_logged, tfdistx_env, workers_tf_config
-from tfdistx.spec.errors import PERMANENT
+from tfdistx.core.errors import PERMANENT
 
 K8S = Path(__file__).with_name("data") / "k8s"  # the controllers' own CRDs, unchanged (its README.md)
 CRD = K8S / "kubeflow.org_tfjobs.yaml"

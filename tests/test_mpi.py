@@ -95,5 +95,5 @@ def test_a_killed_mpi_worker_restarts_the_cluster_and_a_preempted_one_resumes(tm
     assert steps_logged(run_dir) == list(range(20, 1001, 20))  # nothing lost, nothing twice
     for left in (
         set(glob.glob(HWLOC_FILES)) - topology_files
-    ):  # by the mpiexec the teardown killed (spec/mpi.py): this test's own
+    ):  # by the mpiexec the teardown killed (core/mpi.py): this test's own
         os.remove(left)

@@ -1,4 +1,4 @@
-"""Every Keras optimizer (optimizer.name's shortcuts, spec/optimizers.py)
+"""Every Keras optimizer (optimizer.name's shortcuts, core/optimizers.py)
 trains the default MLP (784-128-10) under mirrored 1x2 and resumes exactly,
 its slots restored from the checkpoint. In process, on real strategies
 (engine_helpers); three optimizers of different kinds in the default run
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from engine_helpers import whole_and_resumed
-from tfdistx.spec import optimizers
+from tfdistx.core import optimizers
 
 MIRRORED = [
     "strategy=mirrored",

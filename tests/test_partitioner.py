@@ -14,7 +14,7 @@ import pytest
 
 from conftest import EXPORTED, QUICK, tfdistx_env
 from test_unit_partitioner import SPLIT
-from tfdistx.spec import strategies
+from tfdistx.core import strategies
 
 # The default MLP: its 784x128 kernel is 401,408 of the model's 407,080 bytes (98.6%).
 MLP_SHAPES = [(784, 128), (128,), (128, 10), (10,)]

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from conftest import run_command, tfdistx_env
-from tfdistx.spec.errors import EXIT_NO_NETWORK
+from tfdistx.core.errors import EXIT_NO_NETWORK
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"

@@ -13,7 +13,7 @@ import tensorflow as tf
 
 from config_helpers import PREFIX, compose_ok, refused
 from engine_helpers import train, whole_and_resumed
-from tfdistx.spec.errors import ConfigError, RunFault
+from tfdistx.core.errors import ConfigError, RunFault
 from tfdistx.loggers.progress import ConsoleProgress, relayed_status
 from tfdistx.loggers.sinks import CsvLogger
 

@@ -1,5 +1,5 @@
 """A checkpoint's size and a save's expected time before the run
-(spec/checkpoint_size.py): `--plan` says them, and the grace a preemption
+(core/checkpoint_size.py): `--plan` says them, and the grace a preemption
 gives the run follows from them unless the user sets it: the local
 launcher's and the pods' (cluster.preemption_grace, a pod's
 terminationGracePeriodSeconds) and the Slurm script's --signal lead."""
@@ -13,7 +13,7 @@ from config_helpers import compose_ok
 from engine_helpers import train
 from tfdistx import cli
 from tfdistx.commands.plan import describe
-from tfdistx.spec import checkpoint_size
+from tfdistx.core import checkpoint_size
 
 pytestmark = pytest.mark.unit
 

@@ -13,7 +13,7 @@ import tensorflow as tf
 import engine_helpers
 from test_unit_config_shipped import compose
 from tfdistx.config.resolve import resolve
-from tfdistx.spec import compute
+from tfdistx.core import compute
 from tfdistx.engine import update
 
 

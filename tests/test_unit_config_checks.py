@@ -13,7 +13,7 @@ from tfdistx.commands import run as run_command
 from tfdistx.commands.common import compose, register_config_names
 from tfdistx.config import schema
 from tfdistx.config.compose import compose_and_validate
-from tfdistx.spec.errors import ConfigError
+from tfdistx.core.errors import ConfigError
 
 pytestmark = pytest.mark.unit
 
@@ -81,7 +81,7 @@ def test_each_built_in_task_offers_the_metrics_its_yaml_declares():
     from hydra.utils import get_class  # imports the task modules (TensorFlow)
     from omegaconf import OmegaConf
 
-    from tfdistx.spec.paths import config_dir
+    from tfdistx.core.paths import config_dir
 
     found = sorted((config_dir() / "task").glob("*.yaml"))
     assert len(found) >= 4

@@ -11,10 +11,10 @@ import pytest
 from config_helpers import PREFIX, refused
 from tfdistx import launch as launches
 from tfdistx.launch import slurm
-from tfdistx.spec.launch_mode import LaunchMode
+from tfdistx.core.launch_mode import LaunchMode
 from tfdistx.config import topology
-from tfdistx.spec import strategies
-from tfdistx.spec.errors import ConfigError
+from tfdistx.core import strategies
+from tfdistx.core.errors import ConfigError
 from tfdistx.config.resolve import layout_of
 
 

@@ -1,6 +1,6 @@
 """Data config checks, in-process (-m unit): a built-in source's sizes
 (config/sources.py) and a file source's files and features
-(spec/datafiles.py), before TensorFlow starts. One bad value and its
+(core/datafiles.py), before TensorFlow starts. One bad value and its
 exact line, or one good value and what it resolves to. Files live in tmp_path;
 remote patterns (gs://) are never listed here."""
 
@@ -8,7 +8,7 @@ import pytest
 
 from config_helpers import PREFIX, changed, problems, refused
 from tfdistx.config import sources
-from tfdistx.spec import datafiles
+from tfdistx.core import datafiles
 
 # a file source checked without files: remote patterns are left to tf.io.gfile
 REMOTE = "data.train_files=gs://bucket/train-*"
@@ -193,7 +193,7 @@ def test_a_feature_shape_that_is_a_number_is_named(configs):
 def test_a_dataset_to_download_without_a_network_is_a_fault_of_the_machine(tmp_path):
     """Not a bad config (exit 2): its own exit code, and one line saying what is missing and the way out.
     An empty data_dir and a check URL that refuses at once (port 9 on loopback): no network is tried."""
-    from tfdistx.spec.errors import EXIT_NO_NETWORK, RunFault
+    from tfdistx.core.errors import EXIT_NO_NETWORK, RunFault
     from tfdistx.data import tfds
 
     with pytest.raises(RunFault) as fault:

@@ -349,9 +349,9 @@ def test_hydras_own_message_is_kept_whole_in_one_line(tmp_path, override, line):
 
 @pytest.mark.unit
 def test_first_line_is_the_line_that_says_what_went_wrong():
-    """spec/errors.first_line, the one reading of an error for a one-line message (loggers, warm starts, the
+    """core/errors.first_line, the one reading of an error for a one-line message (loggers, warm starts, the
     model's first call, XLA, TFDS, MLflow all use it)."""
-    from tfdistx.spec.errors import first_line
+    from tfdistx.core.errors import first_line
 
     keras_wrapped = ValueError(
         "Exception encountered when calling Dense.call().\n\n\x1b[1mInput 0 is incompatible Inputs received: "

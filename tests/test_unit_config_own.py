@@ -9,8 +9,8 @@ from config_helpers import PREFIX, compose_ok, refused
 from tfdistx import cli
 from tfdistx.config import userconf
 from tfdistx.config.compose import keys_for_own_targets
-from tfdistx.spec.errors import ConfigError
-from tfdistx.spec.targets import Target
+from tfdistx.core.errors import ConfigError
+from tfdistx.core.targets import Target
 
 pytestmark = pytest.mark.unit
 

@@ -9,8 +9,8 @@ import pytest
 
 from config_helpers import compose_ok
 from tfdistx.commands.plan import describe
-from tfdistx.spec import compute, datafiles, strategies
-from tfdistx.spec.objective import direction, value
+from tfdistx.core import compute, datafiles, strategies
+from tfdistx.core.objective import direction, value
 
 
 @pytest.fixture(autouse=True)

@@ -10,7 +10,7 @@ from config_helpers import PREFIX, compose_ok, refused
 from tfdistx.launch import jobset
 from tfdistx.launch import kubernetes
 from tfdistx.config import recipes
-from tfdistx.spec.errors import ConfigError
+from tfdistx.core.errors import ConfigError
 from tfdistx.config.resolve import layout_of
 
 TWO_SGD = """\

@@ -6,9 +6,9 @@ import pytest
 
 from tfdistx.config import recipes
 from tfdistx.config import schema, topology
-from tfdistx.spec import strategies
+from tfdistx.core import strategies
 from tfdistx.config.compose import compose_and_validate
-from tfdistx.spec.paths import config_dir
+from tfdistx.core.paths import config_dir
 
 schema.register()
 

@@ -12,7 +12,7 @@ from config_helpers import PREFIX, changed, compose_ok, problems, refused
 from tfdistx import cli, rundir
 from tfdistx.commands import plan, recipes as recipes_command, run as run_command
 from tfdistx.config import userconf
-from tfdistx.spec.errors import ConfigError
+from tfdistx.core.errors import ConfigError
 
 pytestmark = pytest.mark.unit
 

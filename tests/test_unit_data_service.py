@@ -10,10 +10,10 @@ import pytest
 from config_helpers import PREFIX, refused
 from tfdistx import launch as launches
 from tfdistx.launch import kubernetes
-from tfdistx.spec.launch_mode import LaunchMode
+from tfdistx.core.launch_mode import LaunchMode
 from tfdistx.commands.common import compose
 from tfdistx.commands.plan import describe
-from tfdistx.spec import data_service
+from tfdistx.core import data_service
 from tfdistx.config.schema import tasks_per_job
 from tfdistx.config.resolve import layout_of
 

@@ -1,4 +1,4 @@
-"""Elastic training's config (spec/elastic.py), in-process: `cluster.workers=MIN:MAX`,
+"""Elastic training's config (core/elastic.py), in-process: `cluster.workers=MIN:MAX`,
 the `cluster.elastic` keys, `--plan`'s line, and every run that cannot be
 elastic refused in one line before TensorFlow starts. The rounds themselves,
 on a real local cluster: test_elastic.py."""
@@ -12,13 +12,13 @@ import pytest
 from config_helpers import compose_ok, refused
 from tfdistx.launch.local.hosts import HostList, Settled, choose
 from tfdistx.cluster.launch_spec import LaunchSpec, RoundsRecord
-from tfdistx.spec.run_spec import Bounds
+from tfdistx.core.run_spec import Bounds
 from tfdistx.cluster.launch_spec import Rounds as LaunchRounds
 from tfdistx.cluster.rounds import Rounds
 from tfdistx.commands.plan import describe
 from tfdistx.config.resolve import resolve
-from tfdistx.spec import elastic, launch_mode
-from tfdistx.spec.errors import ConfigError
+from tfdistx.core import elastic, launch_mode
+from tfdistx.core.errors import ConfigError
 
 pytestmark = pytest.mark.unit
 

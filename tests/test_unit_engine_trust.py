@@ -7,7 +7,7 @@ import pytest
 
 from config_helpers import PREFIX
 from engine_helpers import train
-from tfdistx.spec.errors import ConfigError
+from tfdistx.core.errors import ConfigError
 
 pytestmark = pytest.mark.unit
 

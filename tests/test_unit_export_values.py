@@ -20,7 +20,7 @@ import yaml
 from fake_slurm import run_script
 from tfdistx import cli
 from tfdistx.config import userconf
-from tfdistx.spec import elastic
+from tfdistx.core import elastic
 
 pytestmark = pytest.mark.unit
 

@@ -14,8 +14,8 @@ import tensorflow as tf
 
 import user_plugins
 import engine_helpers
-from tfdistx.spec import compute, strategies
-from tfdistx.spec.errors import ConfigError
+from tfdistx.core import compute, strategies
+from tfdistx.core.errors import ConfigError
 from tfdistx.engine import xla
 from tfdistx.engine.loop import Loop, Schedule
 from tfdistx.engine.profiling import ProfileSteps

@@ -11,7 +11,7 @@ from hydra.types import RunMode
 from tfdistx import cli
 from tfdistx.commands import run
 from tfdistx.config import userconf
-from tfdistx.spec.paths import config_dir
+from tfdistx.core.paths import config_dir
 from tfdistx.internals import hydra as hydra_internals
 
 pytestmark = pytest.mark.unit

@@ -23,7 +23,7 @@ from packaging.specifiers import SpecifierSet
 
 import tfdistx
 from tfdistx import internals
-from tfdistx.spec.errors import EXIT_UNSUPPORTED_VERSION
+from tfdistx.core.errors import EXIT_UNSUPPORTED_VERSION
 from tfdistx.internals import Gone, hydra as hydra_internals, python as python_internals, tensorflow as tf_internals
 
 pytestmark = pytest.mark.unit

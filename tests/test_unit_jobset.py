@@ -14,8 +14,8 @@ from test_unit_config_cluster import placed, refused_line
 from tfdistx import launch as launches
 from tfdistx.launch import jobset as jobset_manifest
 from tfdistx.launch.kubernetes import PodOptions
-from tfdistx.spec.launch_mode import LaunchMode
-from tfdistx.spec.errors import ConfigError
+from tfdistx.core.launch_mode import LaunchMode
+from tfdistx.core.errors import ConfigError
 from tfdistx.config.resolve import layout_of
 
 

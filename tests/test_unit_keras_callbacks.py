@@ -20,7 +20,7 @@ import pytest
 from config_helpers import refused
 from engine_helpers import train, whole_and_resumed
 from tfdistx.commands.common import one_line_errors
-from tfdistx.spec.errors import PluginFailed
+from tfdistx.core.errors import PluginFailed
 from tfdistx.data.sources import synthetic
 from tfdistx.models import mlp
 
@@ -342,7 +342,7 @@ def test_early_stopping_restoring_best_weights_is_refused_pointing_at_keep_best(
 
 
 def test_a_subclass_of_a_refused_callback_is_refused_when_built(tmp_path):
-    from tfdistx.spec.errors import ConfigError
+    from tfdistx.core.errors import ConfigError
 
     with pytest.raises(ConfigError) as raised:
         train(
@@ -392,7 +392,7 @@ def test_keras_csv_logger_has_val_columns_only_for_metrics(tmp_path):
 def test_the_docs_table_says_what_tfdistx_refuses():
     from pathlib import Path
 
-    from tfdistx.spec import callbacks
+    from tfdistx.core import callbacks
 
     page = (Path(__file__).resolve().parents[1] / "docs" / "own-project.md").read_text()
     rows = {line.split("|")[1].strip(" `"): line for line in page.splitlines() if line.startswith("| `")}

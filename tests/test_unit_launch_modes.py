@@ -1,5 +1,5 @@
 """The ways a run's processes start (`cluster.launch`) are spelled in one
-place, spec/launch_mode.py's LaunchMode, and each has one room,
+place, core/launch_mode.py's LaunchMode, and each has one room,
 tfdistx/launch/<mode>: read from the source (AST), so that a new launch
 (docs/development.md: "Adding a launch") cannot grow a list of its own
 beside the enum, and nothing compares cluster.launch to a word of its own.
@@ -14,12 +14,12 @@ import tfdistx
 from tfdistx import cli
 from tfdistx import launch as launches
 from tfdistx.config.schema import ClusterConfig
-from tfdistx.spec.launch_mode import LaunchMode
+from tfdistx.core.launch_mode import LaunchMode
 
 pytestmark = pytest.mark.unit
 
 PACKAGE = Path(tfdistx.__file__).parent
-THE_ONE_PLACE = PACKAGE / "spec" / "launch_mode.py"
+THE_ONE_PLACE = PACKAGE / "core" / "launch_mode.py"
 WORDS = {mode.value for mode in LaunchMode}
 THE_PHRASE = "placed by a scheduler"  # how a refusal of a local-only key in a scheduler's task says it
 

@@ -1,6 +1,6 @@
 """The LaunchSpec (cluster/launch_spec.py): what the supervisor of a run's
 processes is handed, one frozen record made from the run spec, and its
-JSON by one function each way (spec/typed_json.py), read back typed."""
+JSON by one function each way (core/typed_json.py), read back typed."""
 
 import dataclasses
 
@@ -8,9 +8,9 @@ import pytest
 
 from config_helpers import compose_ok
 from tfdistx.cluster.launch_spec import LaunchSpec, Rendezvous, Rounds, RoundsRecord
-from tfdistx.spec.run_spec import Bounds
+from tfdistx.core.run_spec import Bounds
 from tfdistx.config.resolve import resolve
-from tfdistx.spec import typed_json
+from tfdistx.core import typed_json
 
 pytestmark = pytest.mark.unit
 
@@ -49,8 +49,8 @@ def test_a_task_is_handed_the_resolved_run_spec_and_resolves_nothing_again(tmp_p
     import inspect
 
     from tfdistx.commands import execute, task
-    from tfdistx.spec.launch_mode import LaunchMode
-    from tfdistx.spec.run_spec import RunSpec
+    from tfdistx.core.launch_mode import LaunchMode
+    from tfdistx.core.run_spec import RunSpec
 
     spec = resolve(compose_ok(tmp_path / "run", "strategy=multiworker", "cluster=2x1"), str(tmp_path / "run"))
     command = execute._task_command(spec, "train", None)

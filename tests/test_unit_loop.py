@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tfdistx.spec.run_spec import Optimizer
+from tfdistx.core.run_spec import Optimizer
 from tfdistx.data import sources as data_lib
 from tfdistx.data import input as input_lib
 from tfdistx.engine.loop import Log, Loop, SaveCheckpoints, Schedule

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tfdistx.spec.errors import ConfigError
+from tfdistx.core.errors import ConfigError
 
 from engine_helpers import RUNNERS, train, whole_and_resumed
 

@@ -86,7 +86,7 @@ def test_a_refused_optimizer_gets_no_note_about_the_keys_it_would_have_had(tmp_p
     """The note on the default group's keys is for a run that goes ahead:
     before the refusal of the very name it is about, it is noise."""
     from tfdistx.commands.common import compose
-    from tfdistx.spec.errors import ConfigError
+    from tfdistx.core.errors import ConfigError
 
     for override in ("optimizer.name=adamm", "optimizer._target_=keras.optimizers.MultiOptimizer"):
         with pytest.raises(ConfigError):
@@ -99,7 +99,7 @@ def test_a_refused_optimizer_gets_no_note_about_the_keys_it_would_have_had(tmp_p
 def test_a_multi_optimizer_named_by_another_path_is_refused_by_its_class(tmp_path):
     """keras.src's path is not known by name before TensorFlow
     starts: the engine refuses it by class, in the same words."""
-    from tfdistx.spec.errors import ConfigError
+    from tfdistx.core.errors import ConfigError
 
     with pytest.raises(ConfigError) as refused_here:
         train(tmp_path / "run", "optimizer._target_=keras.src.optimizers.multi_optimizer.MultiOptimizer")
@@ -138,7 +138,7 @@ def test_a_multi_optimizer_named_by_another_path_is_refused_by_its_class(tmp_pat
     ],
 )
 def test_a_key_the_class_does_not_take_is_refused_naming_what_it_takes(tmp_path, overrides, message):
-    from tfdistx.spec.errors import ConfigError
+    from tfdistx.core.errors import ConfigError
 
     with pytest.raises(ConfigError) as refused:
         train(tmp_path / "run", *overrides)
@@ -149,7 +149,7 @@ def test_a_key_the_class_does_not_take_is_refused_naming_what_it_takes(tmp_path,
 def test_a_schedule_whose_rate_is_not_a_number_is_refused_and_the_work_before_kept(tmp_path, schedule):
     """Refused in one line naming the schedule and the first such step,
     before any step of it: a resumed run's checkpoint stays as it was."""
-    from tfdistx.spec.errors import ConfigError
+    from tfdistx.core.errors import ConfigError
 
     first = train(tmp_path / "run", "trainer.steps=10", "trainer.steps_per_loop=5", "trainer.log_every=5")
     before = first.weights()
@@ -174,7 +174,7 @@ def test_every_class_of_keras_optimizers_is_built_or_refused_by_name_and_in_the_
 
     import keras
 
-    from tfdistx.spec import optimizers
+    from tfdistx.core import optimizers
 
     classes = {f"keras.optimizers.{name}" for name, value in vars(keras.optimizers).items() if inspect.isclass(value)}
     known = set(optimizers.CLASSES.values()) | {

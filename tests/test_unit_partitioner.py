@@ -6,7 +6,7 @@ import pytest
 
 from config_helpers import compose_ok, refused
 from tfdistx.commands import plan
-from tfdistx.spec import strategies
+from tfdistx.core import strategies
 
 SPLIT = ["strategy=parameter_server", "strategy.partitioner.min_shard_bytes=65536", "strategy.partitioner.max_shards=2"]
 

@@ -1,5 +1,5 @@
 """Each plug-in declared once (issue 33): a strategy is its row of
-spec/strategies.py (and its builder), a task its class and its YAML, a
+core/strategies.py (and its builder), a task its class and its YAML, a
 data source its function and its YAML; the config side reads those facts
 and still refuses bad input in one line before TensorFlow starts."""
 
@@ -8,7 +8,7 @@ from omegaconf import OmegaConf
 
 from config_helpers import PREFIX, compose_ok, refused
 from tfdistx.config import userconf
-from tfdistx.spec import strategies
+from tfdistx.core import strategies
 
 pytestmark = pytest.mark.unit
 
@@ -168,8 +168,8 @@ def test_each_built_in_logger_is_a_class_and_its_yaml_shows_its_keys_and_default
     import sys
 
     from tfdistx import loggers
-    from tfdistx.spec.paths import config_dir
-    from tfdistx.spec.targets import locate
+    from tfdistx.core.paths import config_dir
+    from tfdistx.core.targets import locate
 
     had_tensorflow = "tensorflow" in sys.modules
     found = loggers.built_in()

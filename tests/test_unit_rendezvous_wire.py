@@ -17,13 +17,13 @@ from tfdistx.launch.agent import keeper_wire
 from tfdistx.launch.agent import run_secret
 from tfdistx.launch.agent.beats import Beats
 from tfdistx.cluster.launch_spec import LaunchSpec, Rounds, RoundsRecord
-from tfdistx.spec.run_spec import Bounds
+from tfdistx.core.run_spec import Bounds
 from tfdistx.launch.agent.node import AgentMembership
 from tfdistx.cluster.processes import ForwardingSignals
 from tfdistx.launch.agent.messages import RUNNING, WAITING
 from tfdistx.launch.agent.round_keeper import RoundKeeper, answer, listen
 from tfdistx.cluster.supervisor import NoRound, Round, State
-from tfdistx.spec.errors import ConfigError
+from tfdistx.core.errors import ConfigError
 
 pytestmark = pytest.mark.unit
 

@@ -15,7 +15,7 @@ import pytest
 
 from conftest import files
 from engine_helpers import copied, train
-from tfdistx.spec.errors import ConfigError
+from tfdistx.core.errors import ConfigError
 
 SMALL_CNN = ["model=cnn", "model.filters=[4]", "model.dense_units=8"]
 

@@ -1,7 +1,7 @@
 """The seams the README draws, held by what a fresh process loads: the
 engine and what it trains (engine/, data/, tasks/, models.py) load no Hydra
-or OmegaConf; the config side and the launches (config/, spec/, cluster/, launch/)
-load no TensorFlow or Keras; the spec and the fact tables (spec/) load
+or OmegaConf; the config side and the launches (config/, core/, cluster/, launch/)
+load no TensorFlow or Keras; the spec and the fact tables (core/) load
 neither. Each side is imported whole in one fresh interpreter;
 when one loads what it must not, each of its modules is imported alone to
 name the one that does."""
@@ -46,9 +46,9 @@ def loaded(names: list, forbidden: tuple) -> list:
     "places, forbidden",
     [
         (("engine", "data", "tasks", "models.py"), ("hydra", "omegaconf")),
-        (("config", "spec", "cluster", "launch", "rundir.py", "sigterm.py", "machine.py"), ("tensorflow", "keras")),
+        (("config", "core", "cluster", "launch", "rundir.py", "sigterm.py", "machine.py"), ("tensorflow", "keras")),
         (
-            ("spec", "checkpoint_files.py", "whole_files.py", "log_files.py"),
+            ("core", "checkpoint_files.py", "whole_files.py", "log_files.py"),
             ("tensorflow", "keras", "hydra", "omegaconf"),
         ),
     ],
@@ -67,7 +67,7 @@ def test_each_side_of_the_seam_loads_nothing_of_the_other(places, forbidden):
 
 def test_the_engine_and_the_launcher_read_the_spec_never_the_config_side():
     """engine/, data/, tasks/, models.py and cluster/ (placement, the
-    launcher, the manifests) import from spec/ (plain data and the facts),
+    launcher, the manifests) import from core/ (plain data and the facts),
     never from config/ (the Hydra side, the one reader of a composed config),
     not even inside a function, where it would go unseen until that call."""
     import ast

@@ -11,7 +11,7 @@ import pytest
 from config_helpers import compose_ok, refused
 from tfdistx import launch as launches
 from tfdistx.cluster.placement import Placement
-from tfdistx.spec.launch_mode import LaunchMode
+from tfdistx.core.launch_mode import LaunchMode
 from tfdistx.launch.kubernetes import PodOptions, tfjob
 from tfdistx.config import schema
 from tfdistx.config.resolve import layout_of

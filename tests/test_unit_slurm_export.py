@@ -20,7 +20,7 @@ from tfdistx import launch as launches
 from tfdistx.launch import slurm
 from tfdistx.launch.slurm import free_ports
 from tfdistx.config.resolve import layout_of
-from tfdistx.spec.errors import ConfigError
+from tfdistx.core.errors import ConfigError
 
 pytestmark = pytest.mark.unit
 

@@ -1,5 +1,5 @@
 """Every `_target_` checked from its source before TensorFlow starts
-(spec/static_targets.py), in-process (-m unit): that it exists, is a class
+(core/static_targets.py), in-process (-m unit): that it exists, is a class
 or function, and takes the keys given, for the run, --plan and the
 Kubernetes exports alike, in one line with exit 2 and no run dir; and
 nothing refused that the source does not say for sure."""
@@ -10,7 +10,7 @@ import pytest
 
 from config_helpers import PREFIX, compose_ok, refused
 from tfdistx import cli
-from tfdistx.spec.static_targets import Found, Missing, look_up
+from tfdistx.core.static_targets import Found, Missing, look_up
 
 pytestmark = pytest.mark.unit
 

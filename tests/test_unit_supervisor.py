@@ -2,7 +2,7 @@
 that are real child processes exiting with a chosen code: what a failure,
 a permanent code and a change of membership lead to, whichever policy
 forms the rounds, and where the supervisor's own lines go. Also that the
-codes no restart cures are one list, spec/errors.py's, for the local
+codes no restart cures are one list, core/errors.py's, for the local
 launcher, a JobSet and a TFJob alike."""
 
 import os
@@ -19,7 +19,7 @@ from tfdistx.cluster.launch_spec import LaunchSpec
 from tfdistx.launch.local.launcher import FixedCounts
 from tfdistx.cluster.processes import ForwardingSignals
 from tfdistx.cluster.supervisor import NEVER_RESTART, Membership, Round, RoundResult, Say, State, Supervisor
-from tfdistx.spec.errors import PERMANENT, RETRYABLE, RETRYABLE_EXIT_OFFSET_FOR_KUBERNETES, offset_exit
+from tfdistx.core.errors import PERMANENT, RETRYABLE, RETRYABLE_EXIT_OFFSET_FOR_KUBERNETES, offset_exit
 
 pytestmark = pytest.mark.unit
 

@@ -168,7 +168,7 @@ def test_a_tfds_dataset_trains_resumes_exactly_exports_and_predicts_from_its_raw
 def test_what_a_tfds_dataset_cannot_give_is_one_line_naming_the_key(data_dir, name, given, key, said):
     """Read from the dataset's info as the run starts: one line, exit 2 (a ConfigError), naming the key."""
     from tfdistx.data import tfds
-    from tfdistx.spec.errors import ConfigError
+    from tfdistx.core.errors import ConfigError
 
     with pytest.raises(ConfigError) as refused:
         tfds(name, data_dir=str(data_dir), download=False, eval_split=None, **given)

@@ -1,5 +1,5 @@
 """How many TensorFlow threads each task of a local cluster gets
-(cluster.task_threads, spec/threads.py), and that the launcher gives them
+(cluster.task_threads, core/threads.py), and that the launcher gives them
 to its real task processes. In-process (-m unit), no TensorFlow."""
 
 import os
@@ -10,7 +10,7 @@ import pytest
 from config_helpers import PREFIX, compose_ok, refused
 from tfdistx.cluster.launch_spec import LaunchSpec
 from tfdistx.launch.local.launcher import run_local_cluster
-from tfdistx.spec import threads
+from tfdistx.core import threads
 
 pytestmark = pytest.mark.unit
 

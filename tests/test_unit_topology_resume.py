@@ -20,7 +20,7 @@ import tensorflow as tf
 
 from conftest import steps_logged
 from engine_helpers import copied, train
-from tfdistx.spec.errors import ConfigError
+from tfdistx.core.errors import ConfigError
 from tfdistx.engine import topology
 from tfdistx.engine.export import export_checkpoint
 

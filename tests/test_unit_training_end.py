@@ -13,9 +13,9 @@ import time
 import pytest
 
 from tfdistx.cluster.placement import Placement
-from tfdistx.spec.launch_mode import LaunchMode
+from tfdistx.core.launch_mode import LaunchMode
 from tfdistx.cluster.training_end import Hearing, cluster_digest, servers_of, tell
-from tfdistx.spec.strategies import STRATEGIES
+from tfdistx.core.strategies import STRATEGIES
 from conftest import free_ports
 
 pytestmark = pytest.mark.unit

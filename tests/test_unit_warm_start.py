@@ -18,7 +18,7 @@ from omegaconf import OmegaConf, open_dict
 from config_helpers import compose_ok, refused
 from engine_helpers import QUICK, SMALL, copied, train
 from tfdistx.cluster.placement import Placement
-from tfdistx.spec.errors import EXIT_RUN_DIR_LOCKED, ConfigError, RunFault
+from tfdistx.core.errors import EXIT_RUN_DIR_LOCKED, ConfigError, RunFault
 from tfdistx.engine import checkpointing
 from tfdistx.engine import warm_start as warm_start_lib
 from tfdistx.engine.build import build_run

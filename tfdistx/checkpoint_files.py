@@ -8,7 +8,7 @@ import re
 from pathlib import Path
 from typing import List, Optional
 
-from tfdistx.spec.errors import ConfigError
+from tfdistx.core.errors import ConfigError
 
 BEST = "best"  # the best checkpoint's directory, inside the checkpoint directory
 # Where a non-chief task keeps its own checkpoints (engine/checkpointing.py), when its launcher gives it a

@@ -15,7 +15,7 @@ from typing import Optional, Sequence
 from tfdistx import launch as launches
 from tfdistx.commands.ending import end_process
 
-from tfdistx.spec.errors import EXIT_INTERRUPTED, RunFault
+from tfdistx.core.errors import EXIT_INTERRUPTED, RunFault
 from tfdistx.internals import python as internals
 from tfdistx.sigterm import SigtermNotice, quiet_after_ctrl_c, release
 
@@ -113,7 +113,7 @@ def _user_config_dirs(argv: list) -> list:
     TFDISTX_CONFIG_PATH, where every command's composition looks."""
     from tfdistx.commands.common import refuse  # deferred: only when the flag is given
     from tfdistx.config import userconf
-    from tfdistx.spec.errors import ConfigError
+    from tfdistx.core.errors import ConfigError
 
     try:
         return userconf.take_flags(argv)

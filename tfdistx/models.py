@@ -15,7 +15,7 @@ from typing import Mapping, Optional, Sequence
 import keras
 from keras import layers
 
-from tfdistx.spec.errors import ConfigError
+from tfdistx.core.errors import ConfigError
 
 
 def _one_tensor(input_shape, model: str) -> tuple:

@@ -32,9 +32,9 @@ from typing import Dict, List, Mapping, Optional, Union
 
 import yaml  # PyYAML (no TensorFlow, no Hydra): a run's .hydra/hydra.yaml
 
-from tfdistx.spec import datafiles
+from tfdistx.core import datafiles
 from tfdistx.whole_files import write_whole
-from tfdistx.spec.errors import (
+from tfdistx.core.errors import (
     EXIT_INTERRUPTED,
     EXIT_INVALID_CONFIG,
     EXIT_NOT_RETRYABLE,

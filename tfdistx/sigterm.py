@@ -45,7 +45,7 @@ import sys
 import threading
 from typing import Dict, Iterator, Optional, Sequence
 
-from tfdistx.spec.errors import DEFAULT_NOTICE_SIGNALS, EXIT_INTERRUPTED, EXIT_PREEMPTED, interrupted
+from tfdistx.core.errors import DEFAULT_NOTICE_SIGNALS, EXIT_INTERRUPTED, EXIT_PREEMPTED, interrupted
 
 log = logging.getLogger(__name__)
 

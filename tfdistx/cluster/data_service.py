@@ -1,5 +1,5 @@
 """The tf.data service's tasks in a cluster spec (`data.service.workers`;
-spec/data_service.py has the config side).
+core/data_service.py has the config side).
 
 A dispatcher and its data workers are placed like any task: the local
 launcher starts them as tasks of the jobs `dispatcher` and `dataworker`,
@@ -13,7 +13,7 @@ find the dispatcher's address in what it took out. No TensorFlow here.
 
 from typing import Dict, List, Mapping, Optional, Tuple
 
-from tfdistx.spec.data_service import DISPATCHER, JOBS, WORKER  # noqa: F401 (re-exported for the launcher's side)
+from tfdistx.core.data_service import DISPATCHER, JOBS, WORKER  # noqa: F401 (re-exported for the launcher's side)
 
 
 def split(spec: Mapping[str, List[str]]) -> Tuple[Dict[str, List[str]], Dict[str, List[str]]]:

@@ -1,14 +1,14 @@
 """What the supervisor of a run's processes is handed (cluster/supervisor.py),
 by the local launcher (launch/local/) or a node's agent (launch/agent/):
 one frozen record, made from the run spec by their `start`, JSON by
-spec/typed_json.py each way. No TensorFlow here, and no training code.
+core/typed_json.py each way. No TensorFlow here, and no training code.
 """
 
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping, Optional, Sequence, Tuple
 
-from tfdistx.spec.run_spec import Bounds, RunSpec  # Bounds: the run's, handed on as they are
+from tfdistx.core.run_spec import Bounds, RunSpec  # Bounds: the run's, handed on as they are
 
 
 @dataclass(frozen=True)

@@ -14,10 +14,10 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Mapping, Optional
 
 from tfdistx.cluster.evaluator import EVALUATOR
-from tfdistx.spec.errors import ConfigError, Problem
-from tfdistx.spec.launch_mode import LaunchMode
-from tfdistx.spec.run_spec import Layout
-from tfdistx.spec.strategies import describe_jobs
+from tfdistx.core.errors import ConfigError, Problem
+from tfdistx.core.launch_mode import LaunchMode
+from tfdistx.core.run_spec import Layout
+from tfdistx.core.strategies import describe_jobs
 
 
 @dataclass

@@ -52,7 +52,7 @@ import traceback
 from typing import Callable, Dict, List, Optional, Tuple
 
 from tfdistx.sigterm import fork_held, held, release
-from tfdistx.spec.errors import EXIT_INTERRUPTED
+from tfdistx.core.errors import EXIT_INTERRUPTED
 
 READY_TIMEOUT_SECONDS = 300  # the imports of a loaded machine; past it, tasks start as fresh processes
 ANSWER_TIMEOUT_SECONDS = 60  # for the pid of a task asked for (a fork: milliseconds)

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence
 
 from tfdistx.checkpoint_files import SCRATCH_ENV  # file names only: no TensorFlow
-from tfdistx.spec.errors import EXIT_INTERRUPTED
+from tfdistx.core.errors import EXIT_INTERRUPTED
 from tfdistx.cluster import evaluator as sidecars  # the sidecar evaluator's task
 from tfdistx.cluster.prefork import Prefork, own_group_and_die_with_parent, runs_tfdistx_under, takes_held_signals
 from tfdistx.loggers.progress import RELAY_ENV, relayed_status  # its wire format: plain Python, no TensorFlow

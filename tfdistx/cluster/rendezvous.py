@@ -24,7 +24,7 @@ import time
 from typing import Dict, Optional, Tuple
 
 from tfdistx.cluster.placement import Placement
-from tfdistx.spec.errors import EXIT_CLUSTER_DID_NOT_FORM, EXIT_PORT_IN_USE, RunFault
+from tfdistx.core.errors import EXIT_CLUSTER_DID_NOT_FORM, EXIT_PORT_IN_USE, RunFault
 from tfdistx.sigterm import SigtermNotice
 
 POLL_SECONDS = 0.5

@@ -39,7 +39,7 @@ from tfdistx.cluster.processes import (
     teardown,
 )
 from tfdistx.sigterm import nothing_to_save
-from tfdistx.spec.errors import EXIT_INTERRUPTED, EXIT_PREEMPTED, PERMANENT
+from tfdistx.core.errors import EXIT_INTERRUPTED, EXIT_PREEMPTED, PERMANENT
 
 QUICK_GRACE_SECONDS = (
     5  # between SIGTERM and SIGKILL when a task has died (a preemption and Ctrl-C have cluster.preemption_grace)
@@ -47,7 +47,7 @@ QUICK_GRACE_SECONDS = (
 HURRIED_GRACE_SECONDS = 1  # after a second Ctrl-C (each task has it too: it stops at once), then SIGKILL
 MAX_BACKOFF_SECONDS = 30  # restarts wait 1, 2, 4, ... seconds, at most this
 POLL_SECONDS = 0.2
-# What a restart would fail the same way (spec/errors.py's PERMANENT, the
+# What a restart would fail the same way (core/errors.py's PERMANENT, the
 # codes a JobSet fails on too), and Ctrl-C (130): the user asked to stop.
 # Any other failure is worth another try (a restart picks fresh ports too).
 NEVER_RESTART = (*PERMANENT, EXIT_INTERRUPTED)

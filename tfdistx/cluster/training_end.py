@@ -47,8 +47,8 @@ from typing import Dict, List, Mapping, Optional
 
 from tfdistx.cluster.liveness import split_address
 from tfdistx.cluster.placement import Placement
-from tfdistx.spec.errors import EXIT_INVALID_CONFIG, EXIT_PLUGIN_FAILED, ConfigError, RunFault
-from tfdistx.spec.strategies import StrategyRow
+from tfdistx.core.errors import EXIT_INVALID_CONFIG, EXIT_PLUGIN_FAILED, ConfigError, RunFault
+from tfdistx.core.strategies import StrategyRow
 
 TELL_SECONDS = 3.0  # how long the chief tries to be heard by every server: it leaves after that whatever it heard
 RESEND_SECONDS = 0.2  # a datagram is sent again this often until answered (one lost on the way)

@@ -23,9 +23,9 @@ from tfdistx import launch as launches
 from tfdistx.config import recipes, schema, topology, userconf
 from tfdistx.config.compose import as_config_error, compose_and_validate
 from tfdistx.config.resolve import layout_of
-from tfdistx.spec.overrides import given_value
-from tfdistx.spec.run_spec import Layout
-from tfdistx.spec.errors import EXIT_INVALID_CONFIG, ConfigError, RunFault, interrupted
+from tfdistx.core.overrides import given_value
+from tfdistx.core.run_spec import Layout
+from tfdistx.core.errors import EXIT_INVALID_CONFIG, ConfigError, RunFault, interrupted
 from tfdistx.internals import hydra as hydra_internals
 from tfdistx.log_files import into_log_files  # no TensorFlow there
 from tfdistx.sigterm import CTRL_C

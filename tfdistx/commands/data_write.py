@@ -6,8 +6,8 @@ import os
 import sys
 
 from tfdistx.commands.common import compose, one_line_errors, start_tensorflow
-from tfdistx.spec import datafiles
-from tfdistx.spec.errors import ConfigError
+from tfdistx.core import datafiles
+from tfdistx.core.errors import ConfigError
 from tfdistx.config.resolve import resolve
 from tfdistx.rundir import DATA_FILES, check_new_directory
 

@@ -30,12 +30,12 @@ from tfdistx.cluster.rendezvous import LOCAL_CLUSTER_ENV
 from tfdistx.commands.ending import hold_until_exit
 from tfdistx.cluster.placement import Placement
 from tfdistx.launch.base import TaskStart
-from tfdistx.spec import data_service, typed_json
-from tfdistx.spec.errors import ConfigError, retryable_exits_offset_by
-from tfdistx.spec.objective import value as objective_value
+from tfdistx.core import data_service, typed_json
+from tfdistx.core.errors import ConfigError, retryable_exits_offset_by
+from tfdistx.core.objective import value as objective_value
 from tfdistx.config.resolve import resolve
-from tfdistx.spec.launch_mode import LaunchMode
-from tfdistx.spec.run_spec import Layout, RunSpec
+from tfdistx.core.launch_mode import LaunchMode
+from tfdistx.core.run_spec import Layout, RunSpec
 from tfdistx.log_files import into_log_files
 from tfdistx.whole_files import write_json, write_whole
 from tfdistx.sigterm import SigtermNotice

@@ -11,7 +11,7 @@ from typing import List, Optional
 
 from tfdistx.commands.common import log_lines_as_a_run_shows_them, one_line_errors, start_tensorflow
 from tfdistx.config.compose import saved_config
-from tfdistx.spec.errors import ConfigError
+from tfdistx.core.errors import ConfigError
 from tfdistx.config.resolve import resolve
 from tfdistx.checkpoint_files import find
 from tfdistx.rundir import check_new_directory

@@ -20,9 +20,9 @@ from tfdistx.launch.kubernetes import DEFAULT_MOUNT_PATH, PodOptions, check_imag
 from tfdistx.commands.common import compose_as_placed, one_line_errors
 from tfdistx.config import userconf
 from tfdistx.config.compose import code_the_image_must_have
-from tfdistx.spec import elastic
-from tfdistx.spec.errors import ConfigError
-from tfdistx.spec.launch_mode import LaunchMode
+from tfdistx.core import elastic
+from tfdistx.core.errors import ConfigError
+from tfdistx.core.launch_mode import LaunchMode
 
 # kind -> (the builder, returning one manifest or a list; the longest --name; the cluster.launch its pods run with,
 # when they need placing). What each prints is its launch's Job (tfdistx/launch/).

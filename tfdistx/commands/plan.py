@@ -8,12 +8,12 @@ from tfdistx import launch as launches
 from tfdistx import machine
 from tfdistx.config import sources
 from tfdistx import loggers as builtin_loggers
-from tfdistx.spec import agent, checkpoint_size, compute, elastic, strategies
+from tfdistx.core import agent, checkpoint_size, compute, elastic, strategies
 from tfdistx.config.compose import hydra_run_dir
 from tfdistx.config.resolve import resolve
-from tfdistx.spec.launch_mode import LaunchMode
-from tfdistx.spec.run_spec import Layout, Logger, Optimizer
-from tfdistx.spec.targets import Target
+from tfdistx.core.launch_mode import LaunchMode
+from tfdistx.core.run_spec import Layout, Logger, Optimizer
+from tfdistx.core.targets import Target
 
 RUN_DIR = "<run dir>"  # where the plan shows the run's own paths (its checkpoints, say)
 
@@ -121,7 +121,7 @@ def describe(cfg: DictConfig) -> str:
 
 
 def _checkpoint_size(config: Mapping[str, Any], background: bool, model_name: str, run_dir) -> list:
-    """The checkpoint's size and a save's expected time (spec/checkpoint_size.py), and the grace a preemption gives
+    """The checkpoint's size and a save's expected time (core/checkpoint_size.py), and the grace a preemption gives
     the run: the user's cluster.preemption_grace, or the one derived from that time. `config`: the resolved config
     as plain data (its model, data, optimizer, checkpoint and cluster sections)."""
     checkpoint_dir = config["checkpoint"].get("dir") or (f"{run_dir}/checkpoints" if run_dir else None)

@@ -32,10 +32,10 @@ from pathlib import Path
 from typing import List, Optional
 
 from tfdistx.commands.common import compose, one_line_errors, start_tensorflow
-from tfdistx.spec import datafiles
+from tfdistx.core import datafiles
 from tfdistx.config.compose import data_names, saved_checkpoint_dir, saved_config, saved_overrides
-from tfdistx.spec.errors import ConfigError
-from tfdistx.spec.targets import Target
+from tfdistx.core.errors import ConfigError
+from tfdistx.core.targets import Target
 from tfdistx.config.resolve import resolve
 from tfdistx.checkpoint_files import find
 from tfdistx.rundir import PREDICTIONS, check_new_directory

@@ -16,8 +16,8 @@ from tfdistx import emit
 from tfdistx.commands.common import register_config_names
 from tfdistx.config import userconf
 from tfdistx.config.compose import as_config_error
-from tfdistx.spec.errors import EXIT_INVALID_CONFIG, ConfigError, RunFault
-from tfdistx.spec.paths import config_dir
+from tfdistx.core.errors import EXIT_INVALID_CONFIG, ConfigError, RunFault
+from tfdistx.core.paths import config_dir
 from tfdistx.config.recipes import (
     ENV,
     GROUP,

@@ -30,8 +30,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import List, Optional, Sequence
 
-from tfdistx.spec.objective import lower_is_better
-from tfdistx.spec.values import is_whole
+from tfdistx.core.objective import lower_is_better
+from tfdistx.core.values import is_whole
 from tfdistx.rundir import FAILED_NAME, not_ours, replace_ours
 from tfdistx.whole_files import jsonl_records
 

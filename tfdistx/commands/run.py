@@ -24,7 +24,7 @@ from tfdistx.commands.common import one_line_errors, refuse, register_config_nam
 from tfdistx.cluster.placement import Placement
 from tfdistx.commands.execute import execute, placement_of
 from tfdistx.commands.plan import describe
-from tfdistx.spec import elastic
+from tfdistx.core import elastic
 from tfdistx.config.compose import (
     as_config_error,
     compose_and_validate,
@@ -33,11 +33,11 @@ from tfdistx.config.compose import (
     only_given_keys_for_user_targets,
     say,
 )
-from tfdistx.spec.errors import ConfigError, RunFault
-from tfdistx.spec.launch_mode import LaunchMode
-from tfdistx.spec.objective import direction
+from tfdistx.core.errors import ConfigError, RunFault
+from tfdistx.core.launch_mode import LaunchMode
+from tfdistx.core.objective import direction
 from tfdistx.config.resolve import layout_of
-from tfdistx.spec.paths import config_dir
+from tfdistx.core.paths import config_dir
 from tfdistx.config.validate import validate, writable
 from tfdistx.internals import hydra as internals
 from tfdistx.sigterm import SigtermNotice

@@ -1,7 +1,7 @@
 """`tfdistx _task MODE RUN_DIR SPEC [STEP]`: one task of a local cluster
 (or of a node's agent), started with its TF_CONFIG. It neither composes
 nor resolves: it is handed the run spec its launcher resolved (typed JSON,
-spec/typed_json.py)."""
+core/typed_json.py)."""
 
 import json
 import logging
@@ -12,9 +12,9 @@ from pathlib import Path
 
 from tfdistx.commands.common import one_line_errors
 from tfdistx.commands.execute import execute_spec
-from tfdistx.spec import elastic, typed_json
-from tfdistx.spec.errors import EXIT_INTERRUPTED
-from tfdistx.spec.run_spec import RunSpec
+from tfdistx.core import elastic, typed_json
+from tfdistx.core.errors import EXIT_INTERRUPTED
+from tfdistx.core.run_spec import RunSpec
 from tfdistx.sigterm import SigtermNotice
 
 

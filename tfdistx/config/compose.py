@@ -27,13 +27,13 @@ from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 
 from tfdistx.config import recipes, schema, topology, userconf
 from tfdistx import loggers as builtin_loggers
-from tfdistx.spec import strategies
-from tfdistx.spec import paths
-from tfdistx.spec.paths import config_dir
+from tfdistx.core import strategies
+from tfdistx.core import paths
+from tfdistx.core.paths import config_dir
 from tfdistx.config.schema import OPTIMIZER_KEYS, PIPELINE_KEYS, TASK_FACTS, TASK_KEYS, Config
 from tfdistx.config.validate import validate
-from tfdistx.spec.errors import ConfigError, Problem
-from tfdistx.spec.overrides import given_value
+from tfdistx.core.errors import ConfigError, Problem
+from tfdistx.core.overrides import given_value
 
 
 @contextlib.contextmanager

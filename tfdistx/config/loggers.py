@@ -14,8 +14,8 @@ from urllib.parse import unquote, urlparse
 from omegaconf import DictConfig, OmegaConf
 
 from tfdistx import loggers as builtin_loggers
-from tfdistx.spec.errors import Problem
-from tfdistx.spec.values import is_number
+from tfdistx.core.errors import Problem
+from tfdistx.core.values import is_number
 
 MAX_EXPERIMENT_NAME = 500  # MLflow's limit on an experiment's name
 MAX_RUN_NAME = 250  # the length MLflow's SQL stores keep a run's name in

@@ -30,8 +30,8 @@ from hydra.plugins.search_path_plugin import SearchPathPlugin
 from omegaconf import OmegaConf
 
 from tfdistx.config import topology
-from tfdistx.spec.paths import config_dir
-from tfdistx.spec.errors import ConfigError
+from tfdistx.core.paths import config_dir
+from tfdistx.core.errors import ConfigError
 from tfdistx.internals import hydra as internals
 
 ENV = "TFDISTX_RECIPES"

@@ -3,7 +3,7 @@
 Generated, not hand-copied, so it cannot drift: each option's file gives its
 keys, their defaults and the comment beside them (and the comment above the
 file's first key describes the option); the strategy group's options are
-the rows of spec/strategies.py, which say the same of themselves.
+the rows of core/strategies.py, which say the same of themselves.
 tests/test_config.py checks the committed file against this and every
 composed key against the file.
 
@@ -14,8 +14,8 @@ import re
 from pathlib import Path
 from typing import Any, Iterator, List, Mapping, Tuple
 
-from tfdistx.spec import strategies
-from tfdistx.spec.paths import config_dir
+from tfdistx.core import strategies
+from tfdistx.core.paths import config_dir
 
 _KEY = re.compile(r"^(?P<indent>\s*)(?P<key>[A-Za-z_][\w]*):(?P<value>[^#]*?)\s*(?:#\s?(?P<comment>.*))?$")
 _SKIPPED_GROUPS = ("hydra", "recipe")  # Hydra's own; recipes are listed by `tfdistx recipes`
@@ -26,7 +26,7 @@ def render(root: Path = None) -> str:
     out = [
         "# Configuration reference",
         "",
-        "Generated from `conf/` and the strategy table (`tfdistx/spec/strategies.py`) by",
+        "Generated from `conf/` and the strategy table (`tfdistx/core/strategies.py`) by",
         "`python -m tfdistx.config.reference` (do not edit: a test compares).",
         "Pick an option with `GROUP=OPTION`; set a key with `GROUP.KEY=VALUE`. `cluster` also takes",
         "`WxD` and `psPwW` topology names, which set `workers`, `devices_per_worker` and `ps` and keep the",

@@ -1,4 +1,4 @@
-"""A composed config, resolved once into the run spec (spec/run_spec.py).
+"""A composed config, resolved once into the run spec (core/run_spec.py).
 
 The config side (Hydra, OmegaConf, validation) ends here: interpolations
 are resolved, every key a group may leave out gets its default (from the
@@ -16,12 +16,12 @@ from typing import Any, Mapping, Optional
 from omegaconf import DictConfig, OmegaConf
 
 from tfdistx import loggers as builtin_loggers
-from tfdistx.spec import checkpoint_size, data_service, optimizers, strategies, warm_start
-from tfdistx.spec import elastic as elastic_spec
+from tfdistx.core import checkpoint_size, data_service, optimizers, strategies, warm_start
+from tfdistx.core import elastic as elastic_spec
 from tfdistx.config.compose import saved_config
-from tfdistx.spec import paths
-from tfdistx.spec.errors import ConfigError
-from tfdistx.spec.launch_mode import LaunchMode
+from tfdistx.core import paths
+from tfdistx.core.errors import ConfigError
+from tfdistx.core.launch_mode import LaunchMode
 from tfdistx.config.schema import (
     OPTIMIZER_DEFAULTS,
     OPTIMIZER_KEYS,
@@ -35,7 +35,7 @@ from tfdistx.config.schema import (
     ElasticConfig,
     TrainerConfig,
 )
-from tfdistx.spec.run_spec import (
+from tfdistx.core.run_spec import (
     Agent,
     Bounds,
     Checkpoint,
@@ -52,7 +52,7 @@ from tfdistx.spec.run_spec import (
     Strategy,
     Trainer,
 )
-from tfdistx.spec.targets import Target, current
+from tfdistx.core.targets import Target, current
 
 
 def resolve(cfg: DictConfig, run_dir: str = ".", follow_init_from: bool = True) -> RunSpec:

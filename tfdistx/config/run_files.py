@@ -3,7 +3,7 @@ directory, checked before TensorFlow starts.
 
 A callback that takes a path (callbacks=csv_logger's `filename`, and
 Keras' own by their `_target_`: ModelCheckpoint's `filepath`, CSVLogger's
-`filename`, TensorBoard's `log_dir`: spec/callbacks.PATHS) writes it in the
+`filename`, TensorBoard's `log_dir`: core/callbacks.PATHS) writes it in the
 run dir: a relative path is the run dir's, an absolute one must lie inside
 it. A path that would leave it (`../mine.csv`, `/tmp/best.keras`) is
 refused, as it could be a file of the user's, which the callback would
@@ -24,9 +24,9 @@ from omegaconf import DictConfig, OmegaConf
 
 from tfdistx import rundir
 from tfdistx import loggers as builtin_loggers
-from tfdistx.spec import callbacks as keras_facts
-from tfdistx.spec.errors import Problem
-from tfdistx.spec.targets import current
+from tfdistx.core import callbacks as keras_facts
+from tfdistx.core.errors import Problem
+from tfdistx.core.targets import current
 
 # The shipped callbacks that write a file: their target -> (the key naming the file, its default, a name to offer).
 CALLBACK_FILES = {"tfdistx.engine.callbacks.CSVLogger": ("filename", "keras_log.csv", "keras_log.csv")}

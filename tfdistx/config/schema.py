@@ -14,15 +14,15 @@ from typing import Any, List, Optional
 from hydra.core.config_store import ConfigStore
 from omegaconf import OmegaConf
 
-from tfdistx.spec import strategies
-from tfdistx.spec.errors import DEFAULT_NOTICE_SIGNALS
-from tfdistx.spec.launch_mode import LaunchMode
+from tfdistx.core import strategies
+from tfdistx.core.errors import DEFAULT_NOTICE_SIGNALS
+from tfdistx.core.launch_mode import LaunchMode
 
 # Keys of the data group that shape the input pipeline, not the source, with
 # their defaults for a data option that does not set them: the run spec keeps
 # them from the source's `_target_` (spec.py), and a user's `data._target_`
 # is given them (compose.py).
-# `service`: the tf.data service (spec/data_service.py; None: off).
+# `service`: the tf.data service (core/data_service.py; None: off).
 PIPELINE_DEFAULTS = {"batch_size": 128, "cache": False, "shuffle_buffer": 10_000, "service": None}
 PIPELINE_KEYS = tuple(PIPELINE_DEFAULTS)
 
@@ -66,7 +66,7 @@ class TrainerConfig:
     deterministic: bool = False
     objective: str = "${task.objective}"  # a metric the task reports: loss, eval/loss, eval/<metric>, <metric>
     jit_compile: Any = "auto"  # true, false or auto (validate.py)
-    steps_per_xla_call: Any = "auto"  # N consecutive steps in one XLA computation, or auto (spec/compute.py)
+    steps_per_xla_call: Any = "auto"  # N consecutive steps in one XLA computation, or auto (core/compute.py)
     precision: str = "float32"
     accumulate_steps: int = 1
     early_stopping: EarlyStoppingConfig = field(default_factory=EarlyStoppingConfig)
@@ -88,12 +88,12 @@ class CheckpointConfig:
 
 @dataclass
 class ElasticConfig:
-    """Elastic training (spec/elastic.py): as many workers as hosts are up, from min_workers to cluster.workers."""
+    """Elastic training (core/elastic.py): as many workers as hosts are up, from min_workers to cluster.workers."""
 
     min_workers: Optional[int] = (
         None  # null: not elastic; else the fewest workers a round trains with (cluster.workers: the most)
     )
-    # Any, not str: a YAML boolean or number (`discover=false`) is refused as one (spec/elastic.py), not run as a command named False
+    # Any, not str: a YAML boolean or number (`discover=false`) is refused as one (core/elastic.py), not run as a command named False
     hosts: Any = None  # a file listing the hosts workers may run on, one a line, read whenever it changes
     discover: Any = None  # or a command printing them, one a line (as Horovod's --host-discovery-script)
     join_grace: float = (
@@ -105,7 +105,7 @@ class ElasticConfig:
 
 @dataclass
 class AgentConfig:
-    """cluster.launch=agent: one agent per node, meeting at a rendezvous (spec/agent.py)."""
+    """cluster.launch=agent: one agent per node, meeting at a rendezvous (core/agent.py)."""
 
     store: Any = None  # host:port of the rendezvous, kept by the agent on that host
     address: Any = (
@@ -120,7 +120,7 @@ class ClusterConfig:
     workers: int = 1
     devices_per_worker: Optional[int] = None
     ps: int = 0
-    launch: str = LaunchMode.AUTO.value  # how its processes start (spec/launch_mode.py: the list and what each means)
+    launch: str = LaunchMode.AUTO.value  # how its processes start (core/launch_mode.py: the list and what each means)
     isolate: Optional[bool] = None
     prefork: bool = True  # local clusters: tasks forked from one process that imported TensorFlow (cluster/prefork.py)
     base_port: int = 29400
@@ -128,15 +128,15 @@ class ClusterConfig:
     startup_timeout: float = 300.0
     stopped_task_timeout: float = 60.0
     peer_timeout: float = 60.0  # a task that stopped answering this long counts as lost (exit 5)
-    # after SIGTERM: how long the tasks get to save (None: derived from the checkpoint's save, spec/checkpoint_size.py)
+    # after SIGTERM: how long the tasks get to save (None: derived from the checkpoint's save, core/checkpoint_size.py)
     preemption_grace: Optional[float] = None
-    # Signals that, like SIGTERM, mean checkpoint and exit 42 (spec/errors.NOTICE_SIGNALS): USR1, Slurm's time-limit notice
+    # Signals that, like SIGTERM, mean checkpoint and exit 42 (core/errors.NOTICE_SIGNALS): USR1, Slurm's time-limit notice
     notice_signals: List[str] = field(default_factory=lambda: list(DEFAULT_NOTICE_SIGNALS))
     retryable_exit_offset: int = 0  # added to exit codes 4, 5 and 42: 128 for Kubernetes' restartPolicy ExitCode
     evaluator: bool = (
         False  # a sidecar evaluator task beside the cluster (multi-process strategies; cluster/evaluator.py)
     )
-    task_threads: Any = "auto"  # local clusters: TensorFlow threads per pool in each task (spec/threads.py)
+    task_threads: Any = "auto"  # local clusters: TensorFlow threads per pool in each task (core/threads.py)
     nice: int = 0  # local clusters: above 0, the cluster's processes yield the cores to the machine's other work (0-19)
     elastic: ElasticConfig = field(default_factory=ElasticConfig)
     agent: AgentConfig = field(default_factory=AgentConfig)

@@ -18,10 +18,10 @@ from typing import Any, Callable, Mapping, Optional
 
 from omegaconf import DictConfig, OmegaConf
 
-from tfdistx.spec import datafiles
-from tfdistx.spec.errors import Problem
-from tfdistx.spec.targets import current
-from tfdistx.spec.values import is_whole
+from tfdistx.core import datafiles
+from tfdistx.core.errors import Problem
+from tfdistx.core.targets import current
+from tfdistx.core.values import is_whole
 
 # Sizes the built-in sources take, and their least sensible value: checked
 # here so that a 0 is named, not answered by numpy from deep inside.

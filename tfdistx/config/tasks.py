@@ -15,8 +15,8 @@ starts (validate.py). A task whose YAML declares no `offers` (a user's
 
 from omegaconf import DictConfig, OmegaConf
 
-from tfdistx.spec.errors import Problem
-from tfdistx.spec.values import is_whole
+from tfdistx.core.errors import Problem
+from tfdistx.core.values import is_whole
 
 # The settings a task's metrics take, checked in any task that declares
 # `offers`: the key means the same in every task that has it.

@@ -26,9 +26,9 @@ from hydra.core.plugins import Plugins
 from hydra.plugins.search_path_plugin import SearchPathPlugin
 
 from tfdistx.config import topology
-from tfdistx.spec import strategies
-from tfdistx.spec.errors import ConfigError, Problem
-from tfdistx.spec.paths import CONFIG_PATH_ENV, config_dir
+from tfdistx.core import strategies
+from tfdistx.core.errors import ConfigError, Problem
+from tfdistx.core.paths import CONFIG_PATH_ENV, config_dir
 from tfdistx.config.recipes import is_global
 
 ENV = CONFIG_PATH_ENV

@@ -15,7 +15,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from tfdistx import rundir
 from tfdistx.config import loggers, run_files, sources, tasks, topology
-from tfdistx.spec import (
+from tfdistx.core import (
     agent,
     callbacks,
     compute,
@@ -29,13 +29,13 @@ from tfdistx.spec import (
     threads,
     warm_start,
 )
-from tfdistx.spec.errors import MAX_RETRYABLE_EXIT_OFFSET, NOTICE_SIGNALS, ConfigError, Problem
-from tfdistx.spec.launch_mode import LaunchMode
-from tfdistx.spec.objective import objective_problems, unevaluated_problems
+from tfdistx.core.errors import MAX_RETRYABLE_EXIT_OFFSET, NOTICE_SIGNALS, ConfigError, Problem
+from tfdistx.core.launch_mode import LaunchMode
+from tfdistx.core.objective import objective_problems, unevaluated_problems
 from tfdistx.config.schema import OPTIMIZER_KEYS, PIPELINE_DEFAULTS, TASK_FACTS, TASK_KEYS, Config
-from tfdistx.spec import paths
-from tfdistx.spec.targets import current
-from tfdistx.spec.values import is_number, is_whole
+from tfdistx.core import paths
+from tfdistx.core.targets import current
+from tfdistx.core.values import is_number, is_whole
 
 FLOAT32_MAX = 3.4028234663852886e38  # the learning rate lives in a float32 variable
 MAX_STEPS = 2**62  # the step counter is an int64; a count past this cannot be saved with the checkpoint
@@ -338,7 +338,7 @@ def _optimizer(opt: DictConfig) -> list:
 
 
 def _compute(cfg: DictConfig) -> list:
-    """The strategy, precision and XLA keys together (spec/compute.py says what cannot work)."""
+    """The strategy, precision and XLA keys together (core/compute.py says what cannot work)."""
     trainer = cfg.trainer
     return compute.problems(
         _strategy_row(cfg), trainer.jit_compile, trainer.get("steps_per_xla_call", "auto"), trainer.precision

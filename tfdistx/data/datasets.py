@@ -33,7 +33,7 @@ import keras
 import tensorflow as tf
 
 from tfdistx.data.sources import DataSource, PipelineFn, Served, shard
-from tfdistx.spec.errors import EXIT_NO_NETWORK, ConfigError, RunFault, first_line
+from tfdistx.core.errors import EXIT_NO_NETWORK, ConfigError, RunFault, first_line
 
 log = logging.getLogger(__name__)
 

@@ -26,9 +26,9 @@ from typing import List, Optional
 import numpy as np
 import tensorflow as tf
 
-from tfdistx.spec import datafiles
+from tfdistx.core import datafiles
 from tfdistx.rundir import DATA_FILES, new_directory
-from tfdistx.spec.errors import ConfigError
+from tfdistx.core.errors import ConfigError
 from tfdistx.data.sources import DataSource
 from tfdistx.data.order import FileExamples
 

@@ -20,7 +20,7 @@ import tensorflow as tf
 
 from tfdistx.data import service as service_lib
 from tfdistx.data.sources import DataSource, PipelineFn
-from tfdistx.spec.errors import ConfigError
+from tfdistx.core.errors import ConfigError
 
 
 def per_replica_batch(global_batch: int, replicas: int) -> int:

@@ -22,7 +22,7 @@ position), so a resumed run starts where it stopped:
 Both split the data per input pipeline with a Python or a tensor pipeline id (a
 parameter-server worker's index is a tensor: input.py). Files are split by
 file when there are at least as many files as pipelines, else by element
-(`spec/datafiles.py` says which, for `--plan` too). Records are decoded
+(`core/datafiles.py` says which, for `--plan` too). Records are decoded
 a window at a time, one op for the whole window.
 """
 
@@ -32,7 +32,7 @@ from typing import Callable, List, Optional, Sequence
 import numpy as np
 import tensorflow as tf
 
-from tfdistx.spec.datafiles import shards_by_file
+from tfdistx.core.datafiles import shards_by_file
 
 log = logging.getLogger(__name__)
 

@@ -24,8 +24,8 @@ from dataclasses import dataclass
 import numpy as np
 import tensorflow as tf
 
-from tfdistx.spec.data_service import DISTRIBUTED_EPOCH
-from tfdistx.spec.errors import ConfigError
+from tfdistx.core.data_service import DISTRIBUTED_EPOCH
+from tfdistx.core.errors import ConfigError
 from tfdistx.data.order import ArrayExamples, epoch_permutation
 
 _ENDLESS = np.iinfo(np.int64).max
@@ -34,7 +34,7 @@ _ENDLESS = np.iinfo(np.int64).max
 @dataclass(frozen=True)
 class Service:
     address: str  # the dispatcher, grpc://host:port
-    mode: str  # spec/data_service.MODES
+    mode: str  # core/data_service.MODES
     job_name: str  # distributed_epoch: the job shared by the run's trainers
 
 

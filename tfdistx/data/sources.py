@@ -21,7 +21,7 @@ from typing import Any, Callable, ClassVar, Mapping, Optional, Sequence
 import numpy as np
 import tensorflow as tf
 
-from tfdistx.spec.errors import ConfigError
+from tfdistx.core.errors import ConfigError
 from tfdistx.data.order import ArrayExamples
 
 PipelineFn = Callable[[Optional[tf.distribute.InputContext]], tf.data.Dataset]

@@ -20,12 +20,12 @@ import tensorflow as tf
 
 from tfdistx import machine, whole_files
 from tfdistx.cluster.placement import Placement
-from tfdistx.spec import compute, strategies
-from tfdistx.spec import mpi as mpi_facts
-from tfdistx.spec.errors import ConfigError
-from tfdistx.spec.objective import objective_problems, unevaluated_problems
-from tfdistx.spec.run_spec import RunSpec, Trainer
-from tfdistx.spec.strategies import StrategyRow
+from tfdistx.core import compute, strategies
+from tfdistx.core import mpi as mpi_facts
+from tfdistx.core.errors import ConfigError
+from tfdistx.core.objective import objective_problems, unevaluated_problems
+from tfdistx.core.run_spec import RunSpec, Trainer
+from tfdistx.core.strategies import StrategyRow
 from tfdistx.data import input as input_lib
 from tfdistx.data.files import input_errors_in_one_line
 from tfdistx.data.sources import DataSource

@@ -10,7 +10,7 @@ it needs (`before_loop`, `before_steps`, `after_steps`, `train_metrics`,
 is an action as it is, its keys bound.
 
 What Keras' shipped callbacks do here, and which tfdistx refuses because
-it does their job itself: spec/callbacks.py (checked before TensorFlow
+it does their job itself: core/callbacks.py (checked before TensorFlow
 starts; again here, for a subclass of one).
 
 A synchronous cluster's workers must stop, save and fail at the same step:
@@ -43,9 +43,9 @@ from typing import Callable, Dict, List, Mapping, Optional
 import keras
 import tensorflow as tf
 
-from tfdistx.spec import callbacks as keras_facts
-from tfdistx.spec.errors import ConfigError, PluginFailed, interrupted
-from tfdistx.spec.targets import Target, locate
+from tfdistx.core import callbacks as keras_facts
+from tfdistx.core.errors import ConfigError, PluginFailed, interrupted
+from tfdistx.core.targets import Target, locate
 from tfdistx.engine.keras_callbacks import KerasCallback, TrainedModel
 from tfdistx.engine.loop import Action, Metrics, Schedule
 from tfdistx import rundir
@@ -111,7 +111,7 @@ def _keras_classes(cls) -> List[str]:
 
 def in_run_dir(name: str, target: Target, run_dir: Path) -> Target:
     """`target`, a Keras callback that writes where a key says (ModelCheckpoint's
-    `filepath` ...: spec/callbacks.PATHS), with that path made the run
+    `filepath` ...: core/callbacks.PATHS), with that path made the run
     dir's: a relative one is the run dir's, as callbacks=csv_logger's is
     (config/run_files.py). One out of the run dir, or over the run's own
     files, is refused (checked before TensorFlow starts for Keras' own

@@ -33,8 +33,8 @@ import numpy as np
 
 import tensorflow as tf
 
-from tfdistx.spec import checkpoint_size
-from tfdistx.spec.errors import EXIT_NOT_RETRYABLE, ConfigError, RunFault
+from tfdistx.core import checkpoint_size
+from tfdistx.core.errors import EXIT_NOT_RETRYABLE, ConfigError, RunFault
 from tfdistx.engine import resplit as resplit_lib
 from tfdistx.engine import snapshot as snapshot_lib
 from tfdistx.engine import topology as topology_lib

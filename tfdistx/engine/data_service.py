@@ -13,10 +13,10 @@ import tensorflow as tf
 
 from tfdistx.cluster import data_service as cluster_service
 from tfdistx.cluster.placement import Placement
-from tfdistx.spec import data_service as config_service
-from tfdistx.spec.errors import EXIT_PORT_IN_USE, ConfigError, RunFault
-from tfdistx.spec.run_spec import Cluster, DataService
-from tfdistx.spec.strategies import StrategyRow
+from tfdistx.core import data_service as config_service
+from tfdistx.core.errors import EXIT_PORT_IN_USE, ConfigError, RunFault
+from tfdistx.core.run_spec import Cluster, DataService
+from tfdistx.core.strategies import StrategyRow
 from tfdistx.data.service import Service
 from tfdistx.engine.serving import until_trainers_leave
 from tfdistx.sigterm import SigtermNotice

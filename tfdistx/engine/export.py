@@ -18,7 +18,7 @@ import keras
 import tensorflow as tf
 
 from tfdistx.data.sources import Served
-from tfdistx.spec.run_spec import RunSpec
+from tfdistx.core.run_spec import RunSpec
 from tfdistx.engine.parts import model_from_checkpoint
 from tfdistx.rundir import new_directory
 

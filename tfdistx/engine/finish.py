@@ -17,8 +17,8 @@ from typing import Optional
 from tfdistx import whole_files
 from tfdistx.cluster import liveness
 from tfdistx.cluster.placement import Placement
-from tfdistx.spec.objective import value as objective_value
-from tfdistx.spec.strategies import StrategyRow
+from tfdistx.core.objective import value as objective_value
+from tfdistx.core.strategies import StrategyRow
 from tfdistx.engine.build import Run
 from tfdistx.engine.export import export_checkpoint
 from tfdistx.engine.loop import Result

@@ -25,8 +25,8 @@ from typing import Any, Optional
 from tfdistx import boundary_marks, whole_files
 from tfdistx.cluster import training_end
 from tfdistx.cluster.placement import Placement
-from tfdistx.spec.errors import ConfigError
-from tfdistx.spec.run_spec import RunSpec
+from tfdistx.core.errors import ConfigError
+from tfdistx.core.run_spec import RunSpec
 from tfdistx.data.files import input_errors_in_one_line
 from tfdistx.engine import callbacks, checkpointing, loggers, process
 from tfdistx.engine.build import Run, build_run

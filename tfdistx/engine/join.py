@@ -14,13 +14,13 @@ import os
 
 from tfdistx.cluster.placement import Placement
 from tfdistx.cluster.rendezvous import meet_peers
-from tfdistx.spec.run_spec import Cluster
-from tfdistx.spec.strategies import StrategyRow
+from tfdistx.core.run_spec import Cluster
+from tfdistx.core.strategies import StrategyRow
 from tfdistx.engine import strategy as strategy_lib
 from tfdistx.engine.serving import serve_strategy_task
 from tfdistx.internals import tensorflow as internals
 from tfdistx.sigterm import SigtermNotice
-from tfdistx.spec import threads
+from tfdistx.core import threads
 
 
 class Joined(enum.Enum):
@@ -31,12 +31,12 @@ class Joined(enum.Enum):
 
 
 def join_cluster(cluster: Cluster, row: StrategyRow, placement: Placement, notice: SigtermNotice) -> Joined:
-    """Join the cluster `cluster` describes under the configured strategy (`row`: its row in spec/strategies.py)."""
+    """Join the cluster `cluster` describes under the configured strategy (`row`: its row in core/strategies.py)."""
     in_cluster = placement.in_cluster
     if in_cluster:
         # What TensorFlow's cluster resolvers (and its preemption handler) read.
         os.environ["TF_CONFIG"] = placement.tf_config()
-    if os.environ.get(threads.NO_SPINNING_ENV) == "1":  # a local cluster's task, sharing the cores (spec/threads.py)
+    if os.environ.get(threads.NO_SPINNING_ENV) == "1":  # a local cluster's task, sharing the cores (core/threads.py)
         internals.disable_thread_spinning()  # before TF starts its devices
     strategy_lib.configure_devices(cluster.devices_per_worker, multi_worker=in_cluster)  # before TF starts its devices
     if in_cluster:  # TensorFlow would wait for a missing task forever (rendezvous.py)

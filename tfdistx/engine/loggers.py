@@ -16,9 +16,9 @@ import logging
 from pathlib import Path
 from typing import Callable, List, Optional
 
-from tfdistx.spec.errors import ConfigError, PluginFailed, RunFault, first_line, interrupted
-from tfdistx.spec.run_spec import Logger
-from tfdistx.spec.targets import Target, locate
+from tfdistx.core.errors import ConfigError, PluginFailed, RunFault, first_line, interrupted
+from tfdistx.core.run_spec import Logger
+from tfdistx.core.targets import Target, locate
 from tfdistx.loggers import RUNTIME
 from tfdistx.loggers.sinks import JsonlLogger
 from tfdistx.log_files import log_files

@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Dict, Iterable, List, Optional
 
-from tfdistx.spec.errors import PluginFailed
+from tfdistx.core.errors import PluginFailed
 
 Metrics = Dict[str, float]
 log = logging.getLogger(__name__)

@@ -1,5 +1,5 @@
 """The gradients' one all-reduce of each step through MPI
-(strategy.communication=mpi: spec/mpi.py says why and where).
+(strategy.communication=mpi: core/mpi.py says why and where).
 
 Each task was started by the local launcher as `mpiexec -n 1 ...`: a world
 of one. Once the strategy's cluster has formed, the tasks join one MPI
@@ -25,8 +25,8 @@ from typing import Callable, List, Sequence
 import numpy as np
 import tensorflow as tf
 
-from tfdistx.spec import mpi as mpi_facts
-from tfdistx.spec.errors import ConfigError
+from tfdistx.core import mpi as mpi_facts
+from tfdistx.core.errors import ConfigError
 
 PORT_BYTES = 1024  # MPI_MAX_PORT_NAME: MPICH's and Open MPI's
 STARTED_BY_MPI = ("PMI_RANK", "PMIX_RANK", "OMPI_COMM_WORLD_RANK")  # what MPI's launchers set in a process they start

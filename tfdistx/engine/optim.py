@@ -1,7 +1,7 @@
 """Optimizers and learning-rate schedules from the optimizer group.
 
 One function turns the config into a Keras 3 optimizer: the class the
-group names (a shortcut's, spec/optimizers.py, or `optimizer._target_`:
+group names (a shortcut's, core/optimizers.py, or `optimizer._target_`:
 any Keras optimizer class, or the user's own subclass), with the group's
 other keys checked against what the class takes. It must be called inside
 `strategy.scope()`: Keras binds an optimizer to the strategy current when
@@ -23,10 +23,10 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from tfdistx.spec.errors import ConfigError
-from tfdistx.spec.optimizers import BASE_OPTIMIZER, LOSS_SCALE_OPTIMIZER, MULTI_OPTIMIZER, SET_BY_TFDISTX
-from tfdistx.spec.run_spec import Optimizer
-from tfdistx.spec.targets import Target, build
+from tfdistx.core.errors import ConfigError
+from tfdistx.core.optimizers import BASE_OPTIMIZER, LOSS_SCALE_OPTIMIZER, MULTI_OPTIMIZER, SET_BY_TFDISTX
+from tfdistx.core.run_spec import Optimizer
+from tfdistx.core.targets import Target, build
 from tfdistx.internals import tensorflow as internals
 
 

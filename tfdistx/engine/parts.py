@@ -15,9 +15,9 @@ from typing import Optional
 import keras
 import tensorflow as tf
 
-from tfdistx.spec.errors import ConfigError, first_line
-from tfdistx.spec.run_spec import Optimizer, RunSpec
-from tfdistx.spec.targets import Target
+from tfdistx.core.errors import ConfigError, first_line
+from tfdistx.core.run_spec import Optimizer, RunSpec
+from tfdistx.core.targets import Target
 from tfdistx.data.sources import DataSource, single_examples
 from tfdistx.engine import process, resplit, sharding
 from tfdistx.engine.optim import LearningRateAtStep, build_optimizer

@@ -25,8 +25,8 @@ from typing import Callable, Dict, List, Mapping, Optional, Sequence
 import numpy as np
 import tensorflow as tf
 
-from tfdistx.spec import datafiles
-from tfdistx.spec.errors import ConfigError
+from tfdistx.core import datafiles
+from tfdistx.core.errors import ConfigError
 from tfdistx.data.files import glob_sorted
 from tfdistx.data.sources import DataSource
 from tfdistx.rundir import PREDICTIONS, new_directory

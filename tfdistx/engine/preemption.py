@@ -30,7 +30,7 @@ import tensorflow as tf
 from tfdistx.cluster import liveness, training_end
 from tfdistx.cluster.held import HeldDeadline
 from tfdistx.cluster.placement import Placement
-from tfdistx.spec.errors import EXIT_LOST_PEER, EXIT_PREEMPTED, RunFault, offset_exit
+from tfdistx.core.errors import EXIT_LOST_PEER, EXIT_PREEMPTED, RunFault, offset_exit
 from tfdistx.engine.checkpointing import Checkpointer
 from tfdistx.internals import tensorflow as internals
 from tfdistx.log_files import into_log_files

@@ -37,9 +37,9 @@ import tensorflow as tf
 from tfdistx.cluster import liveness, training_end
 from tfdistx.cluster.placement import Placement
 from tfdistx.engine.preemption import end_process_now, leave_now
-from tfdistx.spec.errors import EXIT_CLUSTER_DID_NOT_FORM, EXIT_LOST_PEER, EXIT_PREEMPTED, RunFault, offset_exit
-from tfdistx.spec.run_spec import Cluster
-from tfdistx.spec.strategies import StrategyRow
+from tfdistx.core.errors import EXIT_CLUSTER_DID_NOT_FORM, EXIT_LOST_PEER, EXIT_PREEMPTED, RunFault, offset_exit
+from tfdistx.core.run_spec import Cluster
+from tfdistx.core.strategies import StrategyRow
 from tfdistx.sigterm import SigtermNotice, reclaim
 
 log = logging.getLogger(__name__)

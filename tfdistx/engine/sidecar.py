@@ -46,9 +46,9 @@ from tfdistx.checkpoint_files import step_of
 from tfdistx.cluster import liveness
 from tfdistx.cluster.evaluator import EVALUATOR
 from tfdistx.cluster.placement import Placement
-from tfdistx.spec import strategies
-from tfdistx.spec.errors import EXIT_CLUSTER_DID_NOT_FORM, ConfigError, RunFault
-from tfdistx.spec.run_spec import RunSpec, Strategy
+from tfdistx.core import strategies
+from tfdistx.core.errors import EXIT_CLUSTER_DID_NOT_FORM, ConfigError, RunFault
+from tfdistx.core.run_spec import RunSpec, Strategy
 from tfdistx.engine import checkpointing, process
 from tfdistx.loggers import sinks
 from tfdistx.engine.build import Run, build_run

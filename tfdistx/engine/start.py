@@ -16,8 +16,8 @@ import os
 from dataclasses import dataclass
 from typing import Optional
 
-from tfdistx.spec.errors import ConfigError
-from tfdistx.spec.objective import lower_is_better
+from tfdistx.core.errors import ConfigError
+from tfdistx.core.objective import lower_is_better
 from tfdistx.engine import topology
 from tfdistx.engine.build import Run
 from tfdistx.engine.loop import TrackObjective

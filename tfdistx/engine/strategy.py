@@ -2,7 +2,7 @@
 
 Like TF Model Garden's distribute_utils: one function, one name in, one
 strategy out. What each name means (processes, options, replicas) is in the
-TensorFlow-free table tfdistx/spec/strategies.py; only the builders are here.
+TensorFlow-free table tfdistx/core/strategies.py; only the builders are here.
 `configure_devices` must run before TensorFlow initialises its devices, which
 is why the entrypoint calls it first.
 """
@@ -14,8 +14,8 @@ from typing import Mapping, Optional
 import tensorflow as tf
 
 from tfdistx import sigterm
-from tfdistx.spec import strategies
-from tfdistx.spec.errors import ConfigError
+from tfdistx.core import strategies
+from tfdistx.core.errors import ConfigError
 from tfdistx.internals import tensorflow as internals
 
 
@@ -192,7 +192,7 @@ def _tpu(options, devices_per_worker, **_) -> tf.distribute.Strategy:
     return tf.distribute.TPUStrategy(resolver)
 
 
-# One builder per row of tfdistx/spec/strategies.py.
+# One builder per row of tfdistx/core/strategies.py.
 _BUILDERS = {
     "one_device": _one_device,
     "mirrored": _mirrored,

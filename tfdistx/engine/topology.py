@@ -26,7 +26,7 @@ import os
 from pathlib import Path
 from typing import Optional
 
-from tfdistx.spec.errors import ConfigError
+from tfdistx.core.errors import ConfigError
 from tfdistx import whole_files
 from tfdistx.rundir import keep_aside
 

@@ -61,7 +61,7 @@ import tensorflow as tf
 from tfdistx.engine.all_reduce_dtype import cast_back, cast_down
 from tfdistx.engine.optim import LearningRateAtStep
 from tfdistx.internals import tensorflow as internals
-from tfdistx.spec.errors import first_line
+from tfdistx.core.errors import first_line
 from tfdistx.tasks import traced
 
 

@@ -3,7 +3,7 @@ another model's weights and fresh optimizer slots (cf. Model Garden's
 init_checkpoint).
 
 The source model is rebuilt outside any strategy (from the source run's own
-spec, which spec/run_spec.py resolved, or from a Keras file), and its weights
+spec, which core/run_spec.py resolved, or from a Keras file), and its weights
 are assigned into this run's strategy-created variables from the
 cross-replica context: mirrored and multi-worker replicas each take the
 value (every worker loads the same source), and under parameter servers the
@@ -18,8 +18,8 @@ from typing import List, Optional, Tuple
 
 import keras
 
-from tfdistx.spec import warm_start as kinds
-from tfdistx.spec.errors import EXIT_RUN_DIR_LOCKED, ConfigError, Problem, RunFault, first_line
+from tfdistx.core import warm_start as kinds
+from tfdistx.core.errors import EXIT_RUN_DIR_LOCKED, ConfigError, Problem, RunFault, first_line
 from tfdistx.engine import checkpointing, process
 from tfdistx.engine.build import Run
 from tfdistx.engine.parts import build_model, build_optimizer_for, data_facts, model_from_checkpoint

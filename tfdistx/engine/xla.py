@@ -1,7 +1,7 @@
 """What XLA makes of a run's model and step, found before the first step.
 
 `trainer.jit_compile=auto` compiles on CPUs only a model made of Dense
-layers (spec/compute.py says why). What a model is made of is read from
+layers (core/compute.py says why). What a model is made of is read from
 the built model itself, not from its list of layers, which leaves out a
 weight that the model (or a custom layer beside its sublayers) holds:
 - every weight, by the class of the layer that holds it (weighted_layer_kinds);
@@ -20,8 +20,8 @@ from typing import Tuple
 
 import tensorflow as tf
 
-from tfdistx.spec import compute
-from tfdistx.spec.errors import ConfigError
+from tfdistx.core import compute
+from tfdistx.core.errors import ConfigError
 from tfdistx.internals import tensorflow as internals
 
 log = logging.getLogger(__name__)

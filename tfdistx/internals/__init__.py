@@ -32,7 +32,7 @@ import importlib
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from tfdistx.spec.errors import EXIT_UNSUPPORTED_VERSION, RunFault
+from tfdistx.core.errors import EXIT_UNSUPPORTED_VERSION, RunFault
 
 # The requirement each wrapped distribution is pinned to in pyproject.toml: what the probes' lines tell to install.
 PINS = {

@@ -429,7 +429,7 @@ def abort_collectives(message: str) -> None:
     _CONTEXT.get()().abort_collective_ops(tf.errors.UNAVAILABLE, message)
 
 
-# --- Thread pools that sleep when idle (a local cluster's tasks, spec/threads.py) ---
+# --- Thread pools that sleep when idle (a local cluster's tasks, core/threads.py) ---
 
 # TensorFlow's pools spin before they sleep unless the session config's
 # experimental.disable_thread_spinning is set, and TF2 takes that config

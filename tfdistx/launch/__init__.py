@@ -1,4 +1,4 @@
-"""One room per way a run's processes start (`cluster.launch`, spec/launch_mode.py):
+"""One room per way a run's processes start (`cluster.launch`, core/launch_mode.py):
 
     local/       tfdistx starts a cluster's processes on this machine (its launcher, an elastic host list)
     agent/       an agent on every node starts the node's worker in each round the agents agree on
@@ -22,10 +22,10 @@ from typing import Dict, List, Mapping
 
 from tfdistx.cluster.placement import Placement, check_topology
 from tfdistx.launch.base import Job, Launch
-from tfdistx.spec import elastic, mpi, priority
-from tfdistx.spec.errors import Problem
-from tfdistx.spec.launch_mode import LaunchMode, Needs, refused
-from tfdistx.spec.run_spec import Layout
+from tfdistx.core import elastic, mpi, priority
+from tfdistx.core.errors import Problem
+from tfdistx.core.launch_mode import LaunchMode, Needs, refused
+from tfdistx.core.run_spec import Layout
 
 
 def of(mode: LaunchMode) -> Launch:

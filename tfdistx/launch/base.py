@@ -11,9 +11,9 @@ from typing import List, Mapping, Optional, Tuple
 
 from tfdistx.cluster.placement import Placement
 from tfdistx.sigterm import SigtermNotice
-from tfdistx.spec.errors import ConfigError
-from tfdistx.spec.launch_mode import LaunchMode
-from tfdistx.spec.run_spec import Layout, RunSpec
+from tfdistx.core.errors import ConfigError
+from tfdistx.core.launch_mode import LaunchMode
+from tfdistx.core.run_spec import Layout, RunSpec
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ Trainer v2 runs every TrainJob as one (and, having no TensorFlow runtime,
 needs tfdistx's). No TensorFlow here.
 
 Restarts: a pod that fails with a code no restart can cure (PERMANENT in
-spec/errors.py, the codes the local launcher never restarts either)
+core/errors.py, the codes the local launcher never restarts either)
 fails its Job through the Job's podFailurePolicy, and the JobSet's
 failurePolicy then fails the whole set; a preempted pod (exit 42, after
 its checkpoint) restarts the set without counting toward maxRestarts
@@ -61,9 +61,9 @@ from tfdistx.cluster.evaluator import EVALUATOR
 from tfdistx.cluster.placement import Placement, scheduled_tasks
 from tfdistx.launch.base import Job, Launch
 from tfdistx.launch.kubernetes import CREATED_BY, PodOptions, Pods
-from tfdistx.spec.errors import EXIT_PREEMPTED, PERMANENT, ConfigError
-from tfdistx.spec.launch_mode import LaunchMode
-from tfdistx.spec.run_spec import Layout
+from tfdistx.core.errors import EXIT_PREEMPTED, PERMANENT, ConfigError
+from tfdistx.core.launch_mode import LaunchMode
+from tfdistx.core.run_spec import Layout
 
 PORT = 2222  # every pod has an address of its own: one port for all, the TFJob's
 # The pod's labels, as the manifest's downward API names them in the container.

@@ -10,7 +10,7 @@ strategy table, like a local cluster's tasks. No TensorFlow here.
 
 Restarts: the operator's `restartPolicy: ExitCode` retries exit codes
 128-255 and treats 1-127 as permanent. tfdistx's codes that a restart can
-cure (RETRYABLE in spec/errors.py: preempted, the cluster did not form, a
+cure (RETRYABLE in core/errors.py: preempted, the cluster did not form, a
 lost peer, ...) are below 128, so the pods run with
 `cluster.retryable_exit_offset=128`, which moves just those above 127; the
 others (PERMANENT there: a bad config, a full disk, ...) stay permanent.
@@ -23,12 +23,12 @@ from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from tfdistx.cluster.evaluator import EVALUATOR
-from tfdistx.spec import data_service
-from tfdistx.spec.overrides import given_value
-from tfdistx.spec.paths import CONFIG_PATH_ENV
-from tfdistx.spec.errors import RETRYABLE_EXIT_OFFSET_FOR_KUBERNETES, ConfigError
-from tfdistx.spec.launch_mode import LaunchMode
-from tfdistx.spec.run_spec import Layout
+from tfdistx.core import data_service
+from tfdistx.core.overrides import given_value
+from tfdistx.core.paths import CONFIG_PATH_ENV
+from tfdistx.core.errors import RETRYABLE_EXIT_OFFSET_FOR_KUBERNETES, ConfigError
+from tfdistx.core.launch_mode import LaunchMode
+from tfdistx.core.run_spec import Layout
 
 API_VERSION = "kubeflow.org/v1"
 PORT = 2222  # the operator's default, taken from the container port named tfjob-port

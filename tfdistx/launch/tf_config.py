@@ -14,9 +14,9 @@ from tfdistx.cluster import data_service
 from tfdistx.cluster.evaluator import EVALUATOR
 from tfdistx.cluster.placement import Placement
 from tfdistx.launch.base import Job, Launch
-from tfdistx.spec.errors import ConfigError
-from tfdistx.spec.launch_mode import LaunchMode
-from tfdistx.spec.run_spec import Layout
+from tfdistx.core.errors import ConfigError
+from tfdistx.core.launch_mode import LaunchMode
+from tfdistx.core.run_spec import Layout
 
 ENV = "TF_CONFIG"
 

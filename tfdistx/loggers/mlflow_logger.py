@@ -30,8 +30,8 @@ from typing import Any, List, Mapping, Optional, Sequence, Tuple
 
 from tfdistx.checkpoint_files import newest_step
 from tfdistx.loggers import BuiltInLogger
-from tfdistx.spec import paths
-from tfdistx.spec.errors import first_line
+from tfdistx.core import paths
+from tfdistx.core.errors import first_line
 from tfdistx.whole_files import read_jsonl, write_whole
 
 log = logging.getLogger(__name__)

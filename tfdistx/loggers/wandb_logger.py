@@ -46,7 +46,7 @@ from typing import Any, List, Mapping, Optional, Sequence
 from urllib.parse import urlparse
 
 from tfdistx.loggers import BuiltInLogger
-from tfdistx.spec.objective import lower_is_better
+from tfdistx.core.objective import lower_is_better
 from tfdistx.whole_files import read_jsonl, write_whole
 
 log = logging.getLogger(__name__)

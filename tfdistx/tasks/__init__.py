@@ -37,7 +37,7 @@ from typing import Callable, Dict, Sequence, Tuple
 import keras
 import tensorflow as tf
 
-from tfdistx.spec.errors import ConfigError
+from tfdistx.core.errors import ConfigError
 
 
 class Task:

@@ -9,7 +9,7 @@ import logging
 from typing import Optional, Sequence
 
 from tfdistx.data.sources import DataSource
-from tfdistx.spec.errors import ConfigError
+from tfdistx.core.errors import ConfigError
 from tfdistx.tasks import Task
 from tfdistx.tasks.classification import Classification
 from tfdistx.tasks.multilabel import Multilabel

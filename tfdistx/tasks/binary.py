@@ -7,7 +7,7 @@ Labels are 0/1 (ints or floats). Metrics see probabilities, so AUC, accuracy
 import keras
 import tensorflow as tf
 
-from tfdistx.spec.errors import ConfigError
+from tfdistx.core.errors import ConfigError
 from tfdistx.tasks import Task, column
 from tfdistx.tasks.metrics import ExactAUC
 

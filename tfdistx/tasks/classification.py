@@ -3,7 +3,7 @@
 import keras
 import tensorflow as tf
 
-from tfdistx.spec.errors import ConfigError
+from tfdistx.core.errors import ConfigError
 from tfdistx.tasks import Task
 
 

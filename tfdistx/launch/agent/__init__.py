@@ -12,10 +12,10 @@ from tfdistx.cluster.launch_spec import LaunchSpec, Rendezvous, Rounds, RoundsRe
 from tfdistx.cluster.placement import Placement
 from tfdistx.launch.base import Launch, TaskStart, evaluator_line
 from tfdistx.sigterm import SigtermNotice
-from tfdistx.spec import strategies, threads
-from tfdistx.spec.errors import ConfigError
-from tfdistx.spec.launch_mode import LaunchMode
-from tfdistx.spec.run_spec import Layout, RunSpec
+from tfdistx.core import strategies, threads
+from tfdistx.core.errors import ConfigError
+from tfdistx.core.launch_mode import LaunchMode
+from tfdistx.core.run_spec import Layout, RunSpec
 
 
 class AgentLaunch(Launch):

@@ -51,7 +51,7 @@ from tfdistx.launch.agent.beats import Beats, own_address
 from tfdistx.launch.agent.messages import DONE, ENDED, FAILED, GROW, LOST, RUNNING, TASK_FAILED, WAITING, Place
 from tfdistx.launch.agent.round_keeper import RoundKeeper, answer, listen
 from tfdistx.sigterm import SigtermNotice
-from tfdistx.spec.errors import (
+from tfdistx.core.errors import (
     EXIT_CLUSTER_DID_NOT_FORM,
     EXIT_INVALID_CONFIG,
     EXIT_LOST_PEER,

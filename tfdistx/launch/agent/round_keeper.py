@@ -62,7 +62,7 @@ from tfdistx.launch.agent.messages import (
     News,
 )
 from tfdistx.cluster.liveness import task_hosts
-from tfdistx.spec.errors import EXIT_TOO_FEW_WORKERS
+from tfdistx.core.errors import EXIT_TOO_FEW_WORKERS
 
 KEEPER_WIRE = keeper_wire.WIRE_VERSION  # the wire this keeper is served on (tests/simulated_agents.py reads it)
 

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Optional
 
 from tfdistx.rundir import RUN_SECRET
-from tfdistx.spec.errors import ConfigError
+from tfdistx.core.errors import ConfigError
 
 SECRET_FILE = RUN_SECRET  # in the run directory, when cluster.agent.token_file is not given
 SECRET_BYTES = 32  # made: 256 random bits, written in hex

@@ -15,10 +15,10 @@ from tfdistx.launch.base import Launch, TaskStart, evaluator_line
 from tfdistx.launch.local.launcher import run_local_cluster
 from tfdistx.log_files import into_log_files
 from tfdistx.sigterm import SigtermNotice
-from tfdistx.spec import mpi, priority, threads
-from tfdistx.spec.errors import ConfigError
-from tfdistx.spec.launch_mode import LaunchMode
-from tfdistx.spec.run_spec import Layout, RunSpec
+from tfdistx.core import mpi, priority, threads
+from tfdistx.core.errors import ConfigError
+from tfdistx.core.launch_mode import LaunchMode
+from tfdistx.core.run_spec import Layout, RunSpec
 
 
 def local_tasks(layout: Layout, mode: str) -> Tuple[Dict[str, int], bool]:
@@ -70,7 +70,7 @@ class LocalLaunch(Launch):
         layout, cluster = spec.layout, spec.cluster
         counts, evaluator = local_tasks(layout, task.mode)
         under_mpi = mpi.chosen(spec.strategy.options)
-        # each task a world of one of MPI's, which joins its peers (spec/mpi.py); not forked from a prefork then
+        # each task a world of one of MPI's, which joins its peers (core/mpi.py); not forked from a prefork then
         command = mpi.task_command(task.command) if under_mpi else list(task.command)
         per_pool, why = threads.task_threads(cluster.task_threads, counts)  # an elastic run: sized for MAX workers
         into_log_files(f"tfdistx: each task's TensorFlow threads: {threads.describe(per_pool)}; {why}")  # not shown

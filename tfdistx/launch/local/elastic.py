@@ -1,5 +1,5 @@
 """An elastic local cluster: training in rounds, each with as many workers as
-hosts are listed, from MIN to MAX (spec/elastic.py).
+hosts are listed, from MIN to MAX (core/elastic.py).
 
 A round is a membership: worker:0 (the chief) on the first host of the
 first round, for the whole run, and one worker on each other listed host, up
@@ -50,7 +50,7 @@ from tfdistx.cluster.processes import ForwardingSignals, Task, free_ports, shell
 from tfdistx.cluster.launch_spec import LaunchSpec
 from tfdistx.cluster.rounds import Rounds
 from tfdistx.cluster.supervisor import POLL_SECONDS, Membership, NoRound, Round, RoundResult, Say, State
-from tfdistx.spec.errors import EXIT_PREEMPTED, EXIT_TOO_FEW_WORKERS
+from tfdistx.core.errors import EXIT_PREEMPTED, EXIT_TOO_FEW_WORKERS
 
 HOSTS_EVERY_SECONDS = 1.0  # how often a running round reads the host list (a discovery command is run that often)
 

@@ -40,8 +40,8 @@ from tfdistx.cluster.processes import (
     yield_the_cores,
 )
 from tfdistx.cluster.supervisor import Membership, Round, Say, Supervisor
-from tfdistx.spec.errors import ConfigError
-from tfdistx.spec.strategies import describe_jobs  # no training code: the job table's words
+from tfdistx.core.errors import ConfigError
+from tfdistx.core.strategies import describe_jobs  # no training code: the job table's words
 from tfdistx.sigterm import SigtermNotice, leave_preempted, nothing_to_save, release
 
 

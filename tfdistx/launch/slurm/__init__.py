@@ -11,10 +11,10 @@ from tfdistx.cluster import data_service
 from tfdistx.cluster.evaluator import EVALUATOR
 from tfdistx.cluster.placement import Placement, scheduled_tasks
 from tfdistx.launch.base import Job, Launch
-from tfdistx.spec.errors import ConfigError
-from tfdistx.spec.launch_mode import LaunchMode
-from tfdistx.spec.run_spec import Layout
-from tfdistx.spec.strategies import describe_jobs
+from tfdistx.core.errors import ConfigError
+from tfdistx.core.launch_mode import LaunchMode
+from tfdistx.core.run_spec import Layout
+from tfdistx.core.strategies import describe_jobs
 
 
 # A Slurm step's ports: base_port + 64 x (job id mod 500) + the rank on the node (validate.py keeps the range under
@@ -90,7 +90,7 @@ def from_slurm(env: Mapping[str, str], counts: Dict[str, int], base_port: int) -
     )  # its rank has an address it never listens on: no task of the cluster waits for it
     cluster_spec, service = data_service.split(
         cluster_spec
-    )  # the service's ranks come last (spec/data_service.job_counts)
+    )  # the service's ranks come last (core/data_service.job_counts)
     placement = Placement(LaunchMode.SLURM, cluster_spec, job, index, service, address_from="cluster.base_port")
     if env.get(GPUS_PER_WORKER_ENV):
         placement.gpus = _gpus_of(env, roles, per_node, rank)

@@ -26,7 +26,7 @@ import sys
 from typing import List
 
 from tfdistx.launch.slurm import SLURM_PORT_RANGE, slurm_first_port
-from tfdistx.spec.errors import EXIT_PORT_IN_USE
+from tfdistx.core.errors import EXIT_PORT_IN_USE
 
 
 def free_ports(base: int, count: int, job_id: str) -> List[int]:

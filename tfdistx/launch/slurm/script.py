@@ -44,10 +44,10 @@ from tfdistx.commands.ending import EXIT_CODES_ENV
 from tfdistx.config import userconf
 from tfdistx.config.compose import hydra_run_dir
 from tfdistx.rundir import EXIT_CODES
-from tfdistx.spec import elastic
-from tfdistx.spec.errors import EXIT_PORT_IN_USE, EXIT_PREEMPTED, ConfigError
-from tfdistx.spec.launch_mode import LaunchMode
-from tfdistx.spec.strategies import describe_jobs
+from tfdistx.core import elastic
+from tfdistx.core.errors import EXIT_PORT_IN_USE, EXIT_PREEMPTED, ConfigError
+from tfdistx.core.launch_mode import LaunchMode
+from tfdistx.core.strategies import describe_jobs
 
 DEFAULT_NOTICE = (
     120  # seconds, the least notice: more when the checkpoint's expected save needs it (cluster.preemption_grace)
@@ -71,7 +71,7 @@ GPUS_AS_THE_WORKERS_USE = "workers"
 
 def notice_for(grace: float) -> int:
     """The script's --signal lead: the grace a preemption gives the run (cluster.preemption_grace: the user's, or
-    derived from the checkpoint's expected save, spec/checkpoint_size.py), at least DEFAULT_NOTICE."""
+    derived from the checkpoint's expected save, core/checkpoint_size.py), at least DEFAULT_NOTICE."""
     return min(MOST_NOTICE, max(DEFAULT_NOTICE, math.ceil(grace)))
 
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, Callable, Iterable, Mapping, Optional
 
-from tfdistx.spec.errors import ConfigError, Problem, RunFault
+from tfdistx.core.errors import ConfigError, Problem, RunFault
 
 # Targets that runs written by earlier versions name in their .hydra/config.yaml.
 RENAMED = {"tfdistx.records.tfrecord": "tfdistx.data.tfrecord", "tfdistx.records.csv": "tfdistx.data.csv"}

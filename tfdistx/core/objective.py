@@ -7,7 +7,7 @@ minimized; everything else a task reports (accuracy, AUC, F1) is maximized.
 No TensorFlow here: the sweep is set up before any job starts.
 """
 
-from tfdistx.spec.errors import Problem
+from tfdistx.core.errors import Problem
 
 _LOWER_IS_BETTER = ("loss", "error", "perplexity", "mse", "mae", "rmse")
 

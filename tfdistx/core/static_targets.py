@@ -21,7 +21,7 @@ compiled module, a star import, a module `__getattr__`, attributes set at
 run time, a decorator that may change a signature, a base class chosen at
 import time, `**kwargs` used otherwise than passed up), the answer is
 "unknown", and the engine's check when it builds the target
-(spec/targets.build) has the last word, as it always does.
+(core/targets.build) has the last word, as it always does.
 """
 
 import ast
@@ -31,7 +31,7 @@ import os
 from dataclasses import dataclass
 from functools import lru_cache
 
-from tfdistx.spec.errors import Problem
+from tfdistx.core.errors import Problem
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 # Decorators known to leave a class's or function's signature as written (Keras' and TensorFlow's export marks).

@@ -11,9 +11,9 @@ one-process run is started with `nice -n N`, and a scheduler's tasks
 
 from typing import List, Optional
 
-from tfdistx.spec.errors import Problem
-from tfdistx.spec.launch_mode import LaunchMode, Needs, Starter, refused
-from tfdistx.spec.values import is_whole
+from tfdistx.core.errors import Problem
+from tfdistx.core.launch_mode import LaunchMode, Needs, Starter, refused
+from tfdistx.core.values import is_whole
 
 NICE_RANGE = range(0, 20)  # nice(2)'s: 19 yields the most; below 0 would need privileges
 
@@ -37,7 +37,7 @@ def problems(nice, multi_process: bool, launch: LaunchMode, strategy_name: str) 
 
 
 def needs(nice: int) -> Optional[Needs]:
-    """A niced session is the local launcher's (None: not asked for): refused elsewhere (spec/launch_mode.refused)
+    """A niced session is the local launcher's (None: not asked for): refused elsewhere (core/launch_mode.refused)
     rather than run at the scheduler's priority unsaid."""
     if not nice:
         return None

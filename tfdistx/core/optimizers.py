@@ -57,7 +57,7 @@ REFUSED = {
 }
 
 # How many copies of each trained weight an optimizer keeps (its slots: Adam's two moments ...), what a checkpoint
-# holds besides the model (spec/checkpoint_size.py): counted on Keras 3.15's optimizers, built. Adafactor's are
+# holds besides the model (core/checkpoint_size.py): counted on Keras 3.15's optimizers, built. Adafactor's are
 # factored (a row and a column for a matrix), so not a count of copies: not here. The options that keep one more:
 # a momentum (sgd, rmsprop), rmsprop's centered, amsgrad's maximum (adam, adamw).
 SLOTS = {

@@ -12,9 +12,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Optional, Tuple, Union
 
-from tfdistx.spec import data_service, strategies
-from tfdistx.spec.launch_mode import LaunchMode
-from tfdistx.spec.targets import Target
+from tfdistx.core import data_service, strategies
+from tfdistx.core.launch_mode import LaunchMode
+from tfdistx.core.targets import Target
 
 
 @dataclass(frozen=True)
@@ -34,12 +34,12 @@ class Trainer:
     seed: int
     deterministic: bool
     objective: str
-    jit_compile: Union[bool, str]  # True, False or "auto" (spec/compute.py decides)
+    jit_compile: Union[bool, str]  # True, False or "auto" (core/compute.py decides)
     precision: str
     accumulate_steps: int
     early_stopping: EarlyStopping
     profile_steps: Optional[Tuple[int, int]]  # (START, END): the profiler traces the steps between; None: no trace
-    steps_per_xla_call: Union[int, str]  # N or "auto" (spec/compute.py decides)
+    steps_per_xla_call: Union[int, str]  # N or "auto" (core/compute.py decides)
 
 
 @dataclass(frozen=True)
@@ -57,7 +57,7 @@ class Checkpoint:
 
 @dataclass(frozen=True)
 class InitFrom:
-    """A warm start's source (spec/warm_start.py)."""
+    """A warm start's source (core/warm_start.py)."""
 
     path: str  # as given (summary.json says it)
     kind: Optional[str]  # warm_start.RUN, CHECKPOINT, KERAS or WEIGHTS; None: not looked at (the run resumes)
@@ -70,7 +70,7 @@ class InitFrom:
 class Bounds:
     """A run in rounds' bounds, whoever forms its rounds (the local launcher's elastic rounds, or the agents'
     rendezvous): MIN to MAX workers, the wait past MIN for more, how long a lost member has to come back, and how
-    long the run waits below MIN. cluster.elastic's keys (spec/elastic.py); a fixed run's agents have MIN = MAX."""
+    long the run waits below MIN. cluster.elastic's keys (core/elastic.py); a fixed run's agents have MIN = MAX."""
 
     min: int
     max: int
@@ -81,7 +81,7 @@ class Bounds:
 
 @dataclass(frozen=True)
 class Elastic:
-    """cluster.elastic of an elastic run (spec/elastic.py): rounds of min_workers to cluster.workers, a worker per
+    """cluster.elastic of an elastic run (core/elastic.py): rounds of min_workers to cluster.workers, a worker per
     host listed; its bounds are the cluster's `rounds`."""
 
     min_workers: int
@@ -91,7 +91,7 @@ class Elastic:
 
 @dataclass(frozen=True)
 class Agent:
-    """cluster.agent of a run whose nodes each run an agent (cluster.launch=agent, spec/agent.py)."""
+    """cluster.agent of a run whose nodes each run an agent (cluster.launch=agent, core/agent.py)."""
 
     store: str  # host:port of the rendezvous
     address: Optional[str]  # this node's address; None: the one it reaches the store from
@@ -111,7 +111,7 @@ class Cluster:
     notice_signals: Tuple[
         str, ...
     ]  # besides SIGTERM, the signals that mean checkpoint and exit 42 (sigterm.py): USR1 ...
-    retryable_exit_offset: int  # added to the exit codes a restart cures (spec/errors.py)
+    retryable_exit_offset: int  # added to the exit codes a restart cures (core/errors.py)
     # How the processes are placed and kept (placement, the local launcher, --plan, the Kubernetes manifests):
     launch: LaunchMode  # who starts the processes and how each learns its place (tfdistx/launch/)
     isolate: Optional[bool]  # a local cluster in a private network namespace; None: when the OS allows it
@@ -122,7 +122,7 @@ class Cluster:
     evaluator: bool  # a sidecar evaluator task beside the cluster
     task_threads: Union[
         int, str
-    ]  # a local cluster's TensorFlow threads per pool in each task, or "auto" (spec/threads.py)
+    ]  # a local cluster's TensorFlow threads per pool in each task, or "auto" (core/threads.py)
     nice: int  # a local cluster's priority: 0 as any program, up to 19 (cluster/processes.yield_the_cores)
     elastic: Optional[Elastic]  # None: a fixed cluster
     agent: Optional[Agent]  # None: not cluster.launch=agent
@@ -138,10 +138,10 @@ class Strategy:
 
 @dataclass(frozen=True)
 class DataService:
-    """data.service when it is on (spec/data_service.py)."""
+    """data.service when it is on (core/data_service.py)."""
 
     workers: int
-    mode: str  # spec/data_service.MODES
+    mode: str  # core/data_service.MODES
 
 
 @dataclass(frozen=True)
@@ -160,7 +160,7 @@ class Optimizer:
     the rest for the optimizer class itself."""
 
     name: str  # as the plan and logs show it: the shortcut, or the class's dotted path
-    target: str  # the class's dotted path (spec/optimizers.py: a shortcut's, or optimizer._target_)
+    target: str  # the class's dotted path (core/optimizers.py: a shortcut's, or optimizer._target_)
     lr: float  # peak learning rate, before scaling with replicas
     schedule: Union[str, Target]  # constant | cosine | warmup_cosine, or a LearningRateSchedule's _target_ and keys
     warmup_steps: int

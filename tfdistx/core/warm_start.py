@@ -6,7 +6,7 @@ checkpoint), a checkpoint prefix (`RUN/checkpoints/ckpt-500`, the files
 `ckpt-500.index` and `ckpt-500.data-*` beside it), a Keras `.weights.h5`
 file or a `.keras` file. The engine loads it (engine/warm_start.py); the
 source run's model is rebuilt from that run's own config, which
-spec/run_spec.py resolves. No TensorFlow here.
+core/run_spec.py resolves. No TensorFlow here.
 """
 
 import re
@@ -16,8 +16,8 @@ from typing import List, Optional, Tuple
 
 import yaml  # PyYAML: a run's saved config, read without OmegaConf (the engine imports this module)
 
-from tfdistx.spec import paths
-from tfdistx.spec.errors import Problem
+from tfdistx.core import paths
+from tfdistx.core.errors import Problem
 
 RUN, CHECKPOINT, KERAS, WEIGHTS = "run", "checkpoint", "keras", "weights"
 ALLOWED = (

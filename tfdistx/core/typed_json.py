@@ -8,7 +8,7 @@ dataclasses): pydantic is no dependency of tfdistx (W&B installs it), a
 strategy's row must travel as its name (the table is the one place its
 facts live: `strategies.get`), and a frozen mapping must come back frozen
 (MappingProxyType), each of which would need a serializer of pydantic's on
-the types of spec/. What the annotations here use is few: dataclasses,
+the types of core/. What the annotations here use is few: dataclasses,
 Optional and Union of them, tuples, mappings, Path, enums, plain values.
 
 No TensorFlow, no Hydra here.
@@ -23,7 +23,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Mapping, Type, TypeVar
 
-from tfdistx.spec import strategies
+from tfdistx.core import strategies
 
 T = TypeVar("T")
 

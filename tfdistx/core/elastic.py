@@ -18,9 +18,9 @@ import re
 from types import MappingProxyType
 from typing import List, Optional, Sequence, Tuple
 
-from tfdistx.spec import data_service, strategies
-from tfdistx.spec.errors import ConfigError, Problem
-from tfdistx.spec.launch_mode import LaunchMode, Needs, Starter, refused
+from tfdistx.core import data_service, strategies
+from tfdistx.core.errors import ConfigError, Problem
+from tfdistx.core.launch_mode import LaunchMode, Needs, Starter, refused
 
 # torchrun's --nnodes=MIN:MAX, written as Hydra's override of the cluster's workers: any value with one colon
 # (not an interpolation, ${oc.env:N}, nor a sweep) is meant as one, and is refused in its own words unless it is.
@@ -54,7 +54,7 @@ def expand_shorthand(overrides: Sequence[str]) -> List[str]:
 
 
 def is_elastic(cluster) -> bool:
-    """Of the cluster group as composed, or as resolved (spec/run_spec.py: its `elastic` is None when fixed)."""
+    """Of the cluster group as composed, or as resolved (core/run_spec.py: its `elastic` is None when fixed)."""
     return getattr(getattr(cluster, "elastic", None), "min_workers", None) is not None
 
 
@@ -121,7 +121,7 @@ def problems(cluster, strategy: Optional[str], data, optimizer) -> List[Problem]
     elsewhere = refused([needs(cluster)], cluster.launch)
     if elsewhere:  # the one problem then: hosts and the rest are moot
         return elsewhere
-    if cluster.launch != LaunchMode.AGENT:  # the agents that reach the rendezvous are the hosts (spec/agent.py)
+    if cluster.launch != LaunchMode.AGENT:  # the agents that reach the rendezvous are the hosts (core/agent.py)
         found += _hosts(elastic)
     for key in TIMEOUT_KEYS:
         value = elastic[key]
@@ -194,7 +194,7 @@ def _batch_on_every_round(batch, devices: int, low: int, high: int) -> List[Prob
 
 def needs(cluster) -> Optional[Needs]:
     """Elastic rounds are formed by tfdistx's local launcher or its agents, not by a scheduler's fixed set of tasks
-    (None: not elastic): refused there (spec/launch_mode.refused) rather than trained on a fixed cluster of MAX
+    (None: not elastic): refused there (core/launch_mode.refused) rather than trained on a fixed cluster of MAX
     workers unsaid."""
     if not is_elastic(cluster):
         return None
@@ -223,7 +223,7 @@ def plan_line(cluster) -> Optional[str]:
 
 
 def for_round(spec, workers: int):
-    """A round's run spec (of a RunSpec, spec/run_spec.py): `workers` workers, the rest of the run unchanged. Its
+    """A round's run spec (of a RunSpec, core/run_spec.py): `workers` workers, the rest of the run unchanged. Its
     cluster's name says the round's topology (`3x1`, in the log's `resuming on another topology` line and in
     summary.json), its strategy's row is the one for that many workers, and its resolved config says both, as the
     loggers record it."""

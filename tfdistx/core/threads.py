@@ -40,8 +40,8 @@ sizing is the right one there.
 import os
 from typing import Mapping, Optional, Tuple
 
-from tfdistx.spec.errors import Problem
-from tfdistx.spec.values import is_whole
+from tfdistx.core.errors import Problem
+from tfdistx.core.values import is_whole
 
 AUTO = "auto"
 ENV = ("TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS")

@@ -7,7 +7,7 @@ TensorFlow and no Hydra: plain data and the files on disk.
 The size comes from the model's variable shapes where the config gives them
 without building the model (model=mlp and model=cnn on data of a known
 shape: the optimizer's slots are so many copies of the trained weights,
-spec/optimizers.SLOTS), else from the newest checkpoint on disk (a rerun,
+core/optimizers.SLOTS), else from the newest checkpoint on disk (a rerun,
 a resumed job: exact). Another model's is known once the run builds it
 (its log says it; a rerun's `--plan` reads its checkpoints): building it
 here would start TensorFlow, about 4 s before the plan could print.
@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any, List, Mapping, Optional, Sequence, Tuple
 
 from tfdistx.checkpoint_files import on_disk, step_of
-from tfdistx.spec import optimizers
+from tfdistx.core import optimizers
 
 DEFAULT_WRITE_RATE = 200e6  # bytes a second, when no save of this run dir was measured
 MEASURED_FROM_BYTES = 50e6  # a measured rate counts from a save this large (a small one is its overheads)

@@ -14,7 +14,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from tfdistx.spec.errors import Problem
+from tfdistx.core.errors import Problem
 
 # How a strategy's processes are laid out.
 ONE_PROCESS = "one process"
@@ -151,7 +151,7 @@ _VARIABLES_ELSEWHERE = (
     "on their own device"
 )
 CROSS_DEVICE_OPS = ("auto", "nccl", "hierarchical_copy", "reduction_to_one")
-# strategy.communication: how multiworker's collectives cross processes (engine/strategy.py; mpi: spec/mpi.py).
+# strategy.communication: how multiworker's collectives cross processes (engine/strategy.py; mpi: core/mpi.py).
 COMMUNICATION_MEANS = {
     "auto": "ring over gRPC on CPUs, NCCL on GPUs",
     "ring": "ring over gRPC",

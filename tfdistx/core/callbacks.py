@@ -8,8 +8,8 @@ together. No TensorFlow, no Keras here: the classes are known by name.
 
 from typing import Iterable, Mapping, Optional
 
-from tfdistx.spec.errors import Problem
-from tfdistx.spec.targets import current
+from tfdistx.core.errors import Problem
+from tfdistx.core.targets import current
 
 # Where a user names Keras' callbacks from: its public API, TensorFlow's alias of it, and Keras' own modules.
 _KERAS_PREFIXES = ("keras.callbacks.", "tf.keras.callbacks.", "tensorflow.keras.callbacks.", "keras.src.callbacks.")

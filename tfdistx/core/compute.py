@@ -35,8 +35,8 @@ in memory).
 
 from typing import Iterable, List, Optional, Tuple
 
-from tfdistx.spec import strategies
-from tfdistx.spec.errors import Problem
+from tfdistx.core import strategies
+from tfdistx.core.errors import Problem
 
 PRECISIONS = ("float32", "mixed_bfloat16", "mixed_float16")
 JIT_COMPILE = (True, False, "auto")

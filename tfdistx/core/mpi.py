@@ -31,8 +31,8 @@ import shutil
 import sys
 from typing import Any, List, Mapping, Optional, Sequence
 
-from tfdistx.spec.errors import Problem
-from tfdistx.spec.launch_mode import LaunchMode, Needs, Starter, refused
+from tfdistx.core.errors import Problem
+from tfdistx.core.launch_mode import LaunchMode, Needs, Starter, refused
 
 NAME = "mpi"
 INSTALL = "pip install 'tfdistx[mpi]'"
@@ -45,7 +45,7 @@ def chosen(strategy_options: Mapping[str, Any]) -> bool:
 
 def needs(strategy_options: Mapping[str, Any]) -> Optional[Needs]:
     """MPI's tasks are started by the local launcher, each under mpiexec (None: not asked for): refused elsewhere before
-    TensorFlow starts (spec/launch_mode.refused), rather than at the join (engine/mpi.py)."""
+    TensorFlow starts (core/launch_mode.refused), rather than at the join (engine/mpi.py)."""
     if not chosen(strategy_options):
         return None
     return Needs(

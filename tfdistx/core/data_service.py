@@ -12,7 +12,7 @@ strategies see (cluster/data_service.py).
 
 from typing import Dict, Optional
 
-from tfdistx.spec.errors import Problem
+from tfdistx.core.errors import Problem
 
 DISPATCHER, WORKER = "dispatcher", "dataworker"  # TF_CONFIG job names (a TFJob's replica types, lowercased)
 JOBS = (DISPATCHER, WORKER)

@@ -10,7 +10,7 @@ import json
 import os
 from typing import Dict, List, Optional, Sequence, Union
 
-from tfdistx.spec.errors import Problem
+from tfdistx.core.errors import Problem
 
 MANIFEST = "manifest.json"
 FORMATS = ("tfrecord", "csv")

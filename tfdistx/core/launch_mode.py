@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any, Iterable, List, Optional, Tuple
 
-from tfdistx.spec.errors import Problem
+from tfdistx.core.errors import Problem
 
 
 class Starter(Enum):

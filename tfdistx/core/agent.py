@@ -18,9 +18,9 @@ import ipaddress
 import re
 from typing import List, Optional
 
-from tfdistx.spec import strategies
-from tfdistx.spec.errors import Problem
-from tfdistx.spec.launch_mode import LaunchMode
+from tfdistx.core import strategies
+from tfdistx.core.errors import Problem
+from tfdistx.core.launch_mode import LaunchMode
 
 AGENT_STRATEGIES = (
     "multiworker",
