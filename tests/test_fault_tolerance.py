@@ -164,7 +164,8 @@ def test_a_killed_peer_costs_a_slow_models_run_at_most_one_loop(tmp_path):
     assert steps_logged(run_dir) == list(range(5, 41, 5))  # each step once: the loop the peer's loss cut short again
 
 
-@pytest.mark.slow  # by default the launcher's SIGTERM reaches every worker in test_preemption's matrix (multiworker with the service)
+# by default the launcher's SIGTERM reaches every worker in test_preemption's matrix (multiworker with the service)
+@pytest.mark.slow
 def test_sigterm_to_the_launcher_checkpoints_every_worker_and_exits_42(tmp_path):
     """The whole job is preempted: no restart, the tasks save, the launcher says 42."""
     run_dir = tmp_path / "run"

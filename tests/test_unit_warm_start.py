@@ -271,7 +271,8 @@ def test_a_rerun_of_a_warm_started_run_resumes_and_does_not_initialise_again(tmp
         ),
         (
             ["trainer.early_stopping.patience=3", "trainer.eval_every=0"],
-            "trainer.early_stopping.patience=3: counts evaluations of trainer.objective=eval/accuracy, and trainer.eval_every=0",
+            "trainer.early_stopping.patience=3: counts evaluations of trainer.objective=eval/accuracy, "
+            "and trainer.eval_every=0",
         ),
     ],
 )

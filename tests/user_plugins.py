@@ -260,7 +260,8 @@ def train_only_data(features: int = 8, examples: int = 256):
     )
 
 
-# -- what trainer.jit_compile=auto must look into (issue 32): a model's own weight, its ops, a loss XLA cannot compile --
+# -- what trainer.jit_compile=auto must look into (issue 32): a model's own weight, its ops, a loss XLA cannot
+# compile --
 
 
 class HistogramModel(keras.Model):
@@ -558,7 +559,8 @@ class NaNAfterOneByOne(NaNAfter):
 
 
 def ids_data(examples: int = 256, looked_up: int = 10, num_classes: int = 2):
-    """Each example one id below `looked_up` (an embedding's rows beyond it are never read); its label the id's parity."""
+    """Each example one id below `looked_up` (an embedding's rows beyond it are never read); its label the
+    id's parity."""
     ids = np.random.default_rng(0).integers(0, looked_up, (examples, 1)).astype(np.int64)
     labels = (ids[:, 0] % num_classes).astype(np.int64)
     return DataSource(

@@ -30,7 +30,8 @@ def describe(cfg: DictConfig) -> str:
         chosen += " (mirrored instead when several GPUs are visible)"
     lines = [f"strategy      {strategy}{chosen}: {row.description}"]
     lines.append(
-        f"cluster       {topo.name}: {topo.workers} worker(s) x {topo.devices_per_worker or 'all GPUs or 1 CPU'} device(s), {topo.ps} ps"
+        f"cluster       {topo.name}: {topo.workers} worker(s) x "
+        f"{topo.devices_per_worker or 'all GPUs or 1 CPU'} device(s), {topo.ps} ps"
     )
     if topo.agent is not None:
         lines.append(agent.plan_line(topo, layout.servers_beside_the_keeper()))
@@ -42,7 +43,8 @@ def describe(cfg: DictConfig) -> str:
     lines += _tasks(layout, placement)
     task = spec.config["task"]
     lines.append(
-        f"task          {task.get('name', task['_target_'])}: metrics {', '.join(task.get('metrics') or [_unsaid(task)])}; "
+        f"task          {task.get('name', task['_target_'])}: "
+        f"metrics {', '.join(task.get('metrics') or [_unsaid(task)])}; "
         f"objective {trainer.objective}"
     )
 
@@ -65,7 +67,8 @@ def describe(cfg: DictConfig) -> str:
         note = " (one replica per worker without GPUs; W x GPUs with them)" if placement.launch is not None else ""
         lines.append(f"replicas      {replicas}{note}")
         lines.append(
-            f"batch         global {batch}, per replica {batch // replicas if batch % replicas == 0 else 'does not divide!'}"
+            f"batch         global {batch}, "
+            f"per replica {batch // replicas if batch % replicas == 0 else 'does not divide!'}"
         )
     else:
         lines.append("replicas      decided by the GPUs visible at start (else 1 per worker)")
@@ -74,8 +77,8 @@ def describe(cfg: DictConfig) -> str:
         lines.append(_collectives(layout.strategy.options))
     if trainer.accumulate_steps > 1:
         lines.append(
-            f"accumulate    {trainer.accumulate_steps} batches of {batch} per step: the gradients of {batch * trainer.accumulate_steps} "
-            f"examples, the activations of {batch} in memory"
+            f"accumulate    {trainer.accumulate_steps} batches of {batch} per step: "
+            f"the gradients of {batch * trainer.accumulate_steps} examples, the activations of {batch} in memory"
         )
     lines.append(
         f"compute       {trainer.precision}; XLA {compute.planned_jit(trainer, row)[1]}; "
@@ -165,8 +168,8 @@ def _ps_variables(options: Mapping[str, Any], model: Mapping[str, Any], data: Ma
     if settings:
         line = (
             f"variables     strategy.partitioner: a variable of more than {settings['min_shard_bytes']:,} bytes in "
-            f"ceil(bytes / {settings['min_shard_bytes']:,}) shards, at most {settings['max_shards']}; variables and shards "
-            f"round-robin over {ps} ps"
+            f"ceil(bytes / {settings['min_shard_bytes']:,}) shards, at most {settings['max_shards']}; "
+            f"variables and shards round-robin over {ps} ps"
         )
     else:
         line = f"variables     whole, round-robin over {ps} ps (strategy.partitioner splits large ones)"
@@ -182,7 +185,10 @@ def _ps_variables(options: Mapping[str, Any], model: Mapping[str, Any], data: Ma
     def shares(held):
         return " / ".join(f"{b:,}" for b in held) + f" (largest {max(held) / total:.1%})"
 
-    detail = f"              model=mlp, {total:,} bytes of weights; per ps: {shares(strategies.ps_bytes(shapes, ps, settings))}"
+    detail = (
+        f"              model=mlp, {total:,} bytes of weights; "
+        f"per ps: {shares(strategies.ps_bytes(shapes, ps, settings))}"
+    )
     if settings:
         detail += f"; unsplit: {shares(strategies.ps_bytes(shapes, ps, None))}"
     return [line, detail]

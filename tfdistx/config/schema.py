@@ -93,13 +93,16 @@ class ElasticConfig:
     min_workers: Optional[int] = (
         None  # null: not elastic; else the fewest workers a round trains with (cluster.workers: the most)
     )
-    # Any, not str: a YAML boolean or number (`discover=false`) is refused as one (core/elastic.py), not run as a command named False
+    # Any, not str: a YAML boolean or number (`discover=false`) is refused as one (core/elastic.py), not run as a
+    # command named False
     hosts: Any = None  # a file listing the hosts workers may run on, one a line, read whenever it changes
     discover: Any = None  # or a command printing them, one a line (as Horovod's --host-discovery-script)
     join_grace: float = (
         10.0  # seconds a round forming with min_workers or more waits for the rest, up to cluster.workers
     )
-    lost_bound: float = 10.0  # seconds a lost worker's host has to be listed again before a round forms without it; also how long a change of the list must hold
+    # seconds a lost worker's host has to be listed again before a round forms without it; also how long a change
+    # of the list must hold
+    lost_bound: float = 10.0
     below_min_timeout: float = 300.0  # seconds the run waits with fewer hosts than min_workers before it stops (exit 9)
 
 
@@ -130,7 +133,8 @@ class ClusterConfig:
     peer_timeout: float = 60.0  # a task that stopped answering this long counts as lost (exit 5)
     # after SIGTERM: how long the tasks get to save (None: derived from the checkpoint's save, core/checkpoint_size.py)
     preemption_grace: Optional[float] = None
-    # Signals that, like SIGTERM, mean checkpoint and exit 42 (core/errors.NOTICE_SIGNALS): USR1, Slurm's time-limit notice
+    # Signals that, like SIGTERM, mean checkpoint and exit 42 (core/errors.NOTICE_SIGNALS): USR1, Slurm's
+    # time-limit notice
     notice_signals: List[str] = field(default_factory=lambda: list(DEFAULT_NOTICE_SIGNALS))
     retryable_exit_offset: int = 0  # added to exit codes 4, 5 and 42: 128 for Kubernetes' restartPolicy ExitCode
     evaluator: bool = (

@@ -124,7 +124,8 @@ def _strategy_and_cluster(strategy: DictConfig, cluster: DictConfig) -> list:
             Problem(
                 "cluster.retryable_exit_offset",
                 cluster.retryable_exit_offset,
-                f"from 0 to {MAX_RETRYABLE_EXIT_OFFSET} (exit codes stop at 255); 128 for Kubernetes' restartPolicy ExitCode",
+                f"from 0 to {MAX_RETRYABLE_EXIT_OFFSET} (exit codes stop at 255); "
+                "128 for Kubernetes' restartPolicy ExitCode",
             )
         )
     if topology.is_parameter_server_name(cluster.name) and cluster.ps < 1:
@@ -425,8 +426,9 @@ def _early_stopping(trainer: DictConfig) -> list:
             Problem(
                 "trainer.early_stopping.patience",
                 stopping.patience,
-                f"counts evaluations of trainer.objective={trainer.objective}, and trainer.eval_every=0 evaluates only at "
-                "the end: set trainer.eval_every, or a training metric as the objective (e.g. trainer.objective=loss)",
+                f"counts evaluations of trainer.objective={trainer.objective}, and trainer.eval_every=0 "
+                "evaluates only at the end: set trainer.eval_every, or a training metric as the objective "
+                "(e.g. trainer.objective=loss)",
             )
         ]
     return []
@@ -475,7 +477,8 @@ def _checkpoint(ckpt: DictConfig, run_dir: Optional[str] = None) -> list:
     )
 
 
-# The keywords tfdistx passes a group's target itself, where it takes them (engine/parts.py, callbacks.py, loggers.py, optim.py).
+# The keywords tfdistx passes a group's target itself, where it takes them (engine/parts.py, callbacks.py,
+# loggers.py, optim.py).
 RUNTIME = {
     "model": ("input_shape", "feature_spec", "num_outputs", "num_classes"),
     "optimizer": ("learning_rate", "clipnorm", "global_clipnorm"),

@@ -96,7 +96,8 @@ class Agent:
     store: str  # host:port of the rendezvous
     address: Optional[str]  # this node's address; None: the one it reaches the store from
     token_file: Optional[str]  # the run's secret (launch/agent/run_secret.py); None: made in the run directory
-    # The rendezvous' bounds are the cluster's `rounds` (a fixed run's agents wait for a lost node as an elastic run's do)
+    # The rendezvous' bounds are the cluster's `rounds` (a fixed run's agents wait for a lost node as an elastic
+    # run's do)
 
 
 @dataclass(frozen=True)

@@ -125,7 +125,8 @@ def build_run(spec: RunSpec, placement: Placement) -> Run:
         name, spec.strategy.options, cluster.devices_per_worker, peer_timeout=cluster.peer_timeout
     )
     coordinator = tf.distribute.experimental.coordinator.ClusterCoordinator(strategy) if row.asynchronous else None
-    # strategy.communication=mpi: the tasks join MPI now, before any variable's first value crosses the cluster (engine/mpi.py)
+    # strategy.communication=mpi: the tasks join MPI now, before any variable's first value crosses the cluster
+    # (engine/mpi.py)
     gradient_sum = mpi.join(strategy) if name == "multiworker" and mpi_facts.chosen(spec.strategy.options) else None
     replicas = strategy.num_replicas_in_sync
     # A step trains on accumulate_steps batches of data.batch_size (update.py).

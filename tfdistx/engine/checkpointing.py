@@ -507,9 +507,9 @@ def _mismatch(path: str, checkpoint: tf.train.Checkpoint, error: Exception) -> s
             else str(error).strip().splitlines()[0][:200]
         )
     return (
-        f"was saved by another model or optimizer than this run's ({what}). A run is resumed or evaluated only with the "
-        "model and optimizer it was trained with (its .hydra/overrides.yaml): drop the overrides that change them, or use "
-        "another hydra.run.dir for this config"
+        f"was saved by another model or optimizer than this run's ({what}). A run is resumed or evaluated only "
+        "with the model and optimizer it was trained with (its .hydra/overrides.yaml): drop the overrides that "
+        "change them, or use another hydra.run.dir for this config"
     )
 
 

@@ -66,8 +66,8 @@ def finish_finished_run(run: Run, start: Start, started: float) -> Optional[floa
     step, restored = start.step, start.restored
     if start.finished == STOPPED_EARLY:
         log.info(
-            "the run in this directory stopped early at step %d (%s): %s; nothing to train; its summary, checkpoints and "
-            "export are kept. To train on, start a new run from it (checkpoint.init_from=%s).",
+            "the run in this directory stopped early at step %d (%s): %s; nothing to train; its summary, "
+            "checkpoints and export are kept. To train on, start a new run from it (checkpoint.init_from=%s).",
             step,
             os.path.basename(restored),
             start.stopped_because,

@@ -177,7 +177,10 @@ class SaveCheckpoints(Action):
 
     def failed(self, step: int) -> str:
         if not self._good(step):
-            return f"step {step} is not saved ({self.broken_why}): the newest checkpoint is kept, and a rerun resumes from it"
+            return (
+                f"step {step} is not saved ({self.broken_why}): the newest checkpoint is kept, "
+                "and a rerun resumes from it"
+            )
         self.checkpointer.save(step)
         return f"the steps trained are saved (step {step}), and a rerun resumes from there"
 
