@@ -18,7 +18,7 @@ import yaml
 from tfdistx.cluster.launch_spec import LaunchSpec
 from tfdistx.launch.local.launcher import FixedCounts
 from tfdistx.cluster.processes import ForwardingSignals
-from tfdistx.cluster.supervisor import NEVER_RESTART, Membership, Round, RoundResult, Say, State, Supervisor
+from tfdistx.cluster.supervisor import NEVER_RESTART, Membership, Round, RoundResult, SupervisorLines, State, Supervisor
 from tfdistx.core.errors import PERMANENT, RETRYABLE, RETRYABLE_EXIT_OFFSET_FOR_KUBERNETES, offset_exit
 
 pytestmark = pytest.mark.unit
@@ -39,7 +39,7 @@ def spec_of(tmp_path, code: int, max_restarts: int = 0, command=None, **more) ->
 
 def supervise(spec: LaunchSpec, membership: Membership) -> int:
     with ForwardingSignals([]) as signals:
-        return Supervisor(spec, membership, signals, Say(spec.run_log)).run()
+        return Supervisor(spec, membership, signals, SupervisorLines(spec.run_log)).run()
 
 
 def test_a_failed_round_is_restarted_from_the_budget_then_given_up_on(tmp_path, capsys):

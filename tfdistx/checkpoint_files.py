@@ -60,7 +60,7 @@ def find(directory: str, step: Optional[int] = None, prefer_best: bool = False) 
     if found is None:
         kept = ", ".join(str(step_of(p)) for p in paths) or "none"
         kept += f"; the best: {step_of(best[-1])}" if best else ""
-        raise ConfigError.one(
+        raise ConfigError.for_key(
             "--step" if step is not None else "checkpoint.dir",
             step if step is not None else directory,
             f"no such checkpoint in {directory} (steps kept: {kept})",

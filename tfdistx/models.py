@@ -21,7 +21,7 @@ from tfdistx.core.errors import ConfigError
 def _one_tensor(input_shape, model: str) -> tuple:
     """The shape of the one feature tensor these models take (None: the data's features are a dict)."""
     if input_shape is None:
-        raise ConfigError.one(
+        raise ConfigError.for_key(
             "model",
             model,
             "takes one feature tensor, but the data's features are a dict of several: "
@@ -69,7 +69,7 @@ def resnet(
 ) -> keras.Model:
     """CIFAR ResNet (He et al. 2016, section 4.2): 3 stages of (depth-2)/6 basic blocks."""
     if (depth - 2) % 6:
-        raise ConfigError.one("model.depth", depth, "a CIFAR ResNet has depth 6n+2: 20, 32, 44, 56, 110")
+        raise ConfigError.for_key("model.depth", depth, "a CIFAR ResNet has depth 6n+2: 20, 32, 44, 56, 110")
     blocks = (depth - 2) // 6
     reg = keras.regularizers.L2(weight_decay) if weight_decay else None
 
@@ -107,7 +107,7 @@ def text(
     data says (a text's vocabulary: tfdistx passes it)."""
     shape = _one_tensor(input_shape, "text")
     if vocab_size is None:
-        raise ConfigError.one(
+        raise ConfigError.for_key(
             "model",
             "text",
             "takes token ids, and the data does not say how many there are (data=tfds with a text does): "
@@ -209,7 +209,7 @@ def wide_deep(
             if single
             else f"{feature_spec.dtype.name} {tuple(feature_spec.shape)}"
         )
-        raise ConfigError.one(
+        raise ConfigError.for_key(
             "model",
             "wide_deep",
             f"needs integer (categorical id) features; the data's features are {have}: use data=synthetic_categorical "

@@ -383,7 +383,7 @@ def check_new_directory(key: str, directory: str, protected=(), made_by=SAVED_MO
             raise RunFault(
                 f"cannot write {key}={str(directory)!r} ({cause}): nothing was written", EXIT_NOT_RETRYABLE
             ) from None
-        raise ConfigError.one(
+        raise ConfigError.for_key(
             key,
             str(directory),
             f"cannot be written: making a directory in {place} fails "

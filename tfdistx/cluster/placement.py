@@ -96,19 +96,21 @@ def check_topology(placement: Placement, wanted: Dict[str, int], where: str) -> 
         )
     if placement.task_type == EVALUATOR:  # beside the cluster, not in its spec (cluster/evaluator.py)
         if placement.task_index != 0:
-            raise ConfigError.one(
+            raise ConfigError.for_key(
                 "TF_CONFIG task", placement.task_name, "a cluster has at most one evaluator: evaluator:0"
             )
     elif placement.task_type not in jobs or not 0 <= placement.task_index < len(jobs[placement.task_type]):
         listed = ", ".join(f"{job}:0..{len(addresses) - 1}" for job, addresses in jobs.items())
-        raise ConfigError.one("TF_CONFIG task", placement.task_name, f"this task is not in the cluster spec ({listed})")
+        raise ConfigError.for_key(
+            "TF_CONFIG task", placement.task_name, f"this task is not in the cluster spec ({listed})"
+        )
     for job, addresses in jobs.items():
         for address in addresses:
             if (
                 not re.fullmatch(r"[^\s:]+:\d{1,5}|\[[0-9a-fA-F:.]+\]:\d{1,5}", address)
                 or not 0 < int(address.rpartition(":")[2]) < 65536
             ):
-                raise ConfigError.one(
+                raise ConfigError.for_key(
                     f"TF_CONFIG cluster.{job}", address, "every address must be host:port, with a port from 1 to 65535"
                 )
 

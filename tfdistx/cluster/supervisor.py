@@ -53,7 +53,7 @@ POLL_SECONDS = 0.2
 NEVER_RESTART = (*PERMANENT, EXIT_INTERRUPTED)
 
 
-class Say:
+class SupervisorLines:
     """The supervisor's own lines, whichever policy runs: on the terminal
     (stderr) and in the run's log (tfdistx.log) beside its tasks' lines, so
     that the log tells the run as the terminal showed it."""
@@ -197,7 +197,7 @@ class Supervisor:
         spec: LaunchSpec,
         membership: Membership,
         signals: ForwardingSignals,
-        say: Say,
+        say: SupervisorLines,
         prefork: Optional[Prefork] = None,
     ):
         self.membership, self.signals, self.say, self.prefork = membership, signals, say, prefork

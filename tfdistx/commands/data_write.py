@@ -31,7 +31,7 @@ def main(argv) -> int:
     with one_line_errors():
         for flag, value in (("--shards", args.shards), ("--eval-shards", args.eval_shards)):
             if value < 1:
-                raise ConfigError.one(flag, value, "at least 1")
+                raise ConfigError.for_key(flag, value, "at least 1")
         spec = resolve(compose(args.overrides))
         check_new_directory("--out", args.out, made_by=DATA_FILES)
         start_tensorflow()

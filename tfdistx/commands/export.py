@@ -63,11 +63,11 @@ def _not_over_the_runs_own_export(out: str, run_dir: str, step: Optional[int]) -
     --step) may replace it, and nothing is written inside it."""
     target, own = Path(out).resolve(), (Path(run_dir) / "export").resolve()
     if own in target.parents:
-        raise ConfigError.one(
+        raise ConfigError.for_key(
             "--out", out, f"is inside {own}, the run's own export: name a directory outside it (nothing was changed)"
         )
     if target == own and step is not None:
-        raise ConfigError.one(
+        raise ConfigError.for_key(
             "--out",
             out,
             f"is the run's own export, which stays the model the run exported (summary.json "

@@ -101,7 +101,7 @@ def write(argv, kind: str) -> int:
 
         cfg, layout = compose_as_placed([*overrides, *stand_in], launch_of, pods_launch)  # what the manifests read
         if layout.cluster.agent is not None and kind != "jobset":
-            raise ConfigError.one(
+            raise ConfigError.for_key(
                 "cluster.launch",
                 LaunchMode.AGENT,
                 f"an agent on every node runs as a JobSet: tfdistx job jobset "

@@ -102,9 +102,9 @@ def predict(args, progress=None):
     run_dir = os.path.abspath(args.run_dir)
     cfg = saved_config(run_dir)  # a directory that is not a run is refused here
     if args.format not in datafiles.FORMATS:
-        raise ConfigError.one("--format", args.format, f"one of {', '.join(sorted(datafiles.FORMATS))}")
+        raise ConfigError.for_key("--format", args.format, f"one of {', '.join(sorted(datafiles.FORMATS))}")
     if args.batch_size < 1:
-        raise ConfigError.one("--batch-size", args.batch_size, "at least 1")
+        raise ConfigError.for_key("--batch-size", args.batch_size, "at least 1")
     checkpoints = saved_checkpoint_dir(cfg, run_dir)
     own_export = os.path.join(run_dir, "export")
     export_dir = own_export if args.step is None else os.path.join(run_dir, f"export-step-{args.step}")
@@ -120,7 +120,7 @@ def predict(args, progress=None):
     spec = checkpoint = None
     if args.step is None:
         if not Path(export_dir, "saved_model.pb").is_file():
-            raise ConfigError.one(
+            raise ConfigError.for_key(
                 "run_dir",
                 args.run_dir,
                 "has no export/ (the run had checkpoint.export=false, or has not finished): "
@@ -188,7 +188,7 @@ def _matches_a_file(pattern: str) -> None:
     if not datafiles.is_remote(pattern) and not any(
         os.path.isfile(name) for name in glob.glob(os.path.expanduser(pattern))
     ):
-        raise ConfigError.one("--data-files", os.path.abspath(os.path.expanduser(pattern)), "no file matches")
+        raise ConfigError.for_key("--data-files", os.path.abspath(os.path.expanduser(pattern)), "no file matches")
 
 
 def _spec(run_dir: str):
@@ -221,7 +221,7 @@ def _not_inside(out: str, kept) -> None:
     target = Path(out).resolve()
     for path in map(lambda p: Path(p).resolve(), kept):
         if path == target or path in target.parents:
-            raise ConfigError.one(
+            raise ConfigError.for_key(
                 "--out", out, f"is inside {path}, which holds the run's model: name another directory"
             )
 

@@ -100,7 +100,7 @@ def _parsed(argv):
     parser.exit_on_error = False  # a malformed flag raises (refused by the caller in one line), not SystemExit
     args, unknown = parser.parse_known_args(argv)
     if unknown:
-        raise ConfigError.one("flag", unknown[0], f"not a flag of tfdistx; the flags are {FLAGS}")
+        raise ConfigError.for_key("flag", unknown[0], f"not a flag of tfdistx; the flags are {FLAGS}")
     return args
 
 
@@ -200,7 +200,7 @@ def _run_once(overrides, process_ends_after: bool = False, notice: Optional[Sigt
         try:  # hydra.callbacks are instantiated here
             callbacks = internals.callbacks(cfg)  # what Hydra.run builds for run_job
         except Exception as error:
-            raise ConfigError.one(
+            raise ConfigError.for_key(
                 "hydra.callbacks", OmegaConf.to_container(cfg.hydra.callbacks), str(error).strip().splitlines()[0]
             ) from None
         context = HydraContext(config_loader=GlobalHydra.instance().config_loader(), callbacks=callbacks)

@@ -51,7 +51,7 @@ def composed(overrides: Sequence[str], notes: bool = True) -> Iterator[DictConfi
         except yaml.YAMLError as error:  # a user's recipe or config file that is not YAML
             where = getattr(error, "problem_mark", None)
             place = f"{where.name}, line {where.line + 1}" if where else "a config file"
-            raise ConfigError.one(
+            raise ConfigError.for_key(
                 "config file", place, f"is not valid YAML: {getattr(error, 'problem', None) or error}"
             ) from None
         try:  # an interpolation is resolved where it is read: ${nope.nope}, ${oc.env:UNSET}
@@ -196,7 +196,7 @@ def saved_config(run_dir: str) -> DictConfig:
     """The config a run composed (its .hydra/config.yaml), for `tfdistx export`."""
     path = Path(run_dir) / ".hydra" / "config.yaml"
     if not path.is_file():
-        raise ConfigError.one("run_dir", str(run_dir), "is not a tfdistx run directory (no .hydra/config.yaml)")
+        raise ConfigError.for_key("run_dir", str(run_dir), "is not a tfdistx run directory (no .hydra/config.yaml)")
     return _load_run_file(run_dir, path)
 
 
@@ -204,10 +204,10 @@ def saved_overrides(run_dir: str) -> list:
     """The overrides a run was started with (its .hydra/overrides.yaml)."""
     path = Path(run_dir) / ".hydra" / "overrides.yaml"
     if not path.is_file():
-        raise ConfigError.one("run_dir", str(run_dir), "is not a tfdistx run directory (no .hydra/overrides.yaml)")
+        raise ConfigError.for_key("run_dir", str(run_dir), "is not a tfdistx run directory (no .hydra/overrides.yaml)")
     overrides = _load_run_file(run_dir, path)
     if not OmegaConf.is_list(overrides):
-        raise ConfigError.one("run_dir", str(run_dir), f"its {path.name} is not a list of overrides")
+        raise ConfigError.for_key("run_dir", str(run_dir), f"its {path.name} is not a list of overrides")
     hydra_yaml = Path(run_dir) / ".hydra" / "hydra.yaml"
     if hydra_yaml.is_file():  # the user config dirs it was composed with (`data=digits` of --config-dir conf)
         userconf.add(userconf.recorded(OmegaConf.to_container(_load_run_file(run_dir, hydra_yaml))))
@@ -292,7 +292,7 @@ def refuse_another_model(run_dir: str, cfg: DictConfig, overrides: Sequence[str]
             if choice
             else f"{name}={plain_value(saved, name)}"
         )
-        raise ConfigError.one(
+        raise ConfigError.for_key(
             key,
             value,
             f"this run was trained with {trained}, which its checkpoints hold: evaluate takes the "
@@ -314,7 +314,9 @@ def _load_run_file(run_dir: str, path: Path):
         return OmegaConf.load(path)
     except (OSError, UnicodeDecodeError, yaml.YAMLError) as error:
         reason = getattr(error, "strerror", None) or getattr(error, "problem", None) or type(error).__name__
-        raise ConfigError.one("run_dir", str(run_dir), f"its .hydra/{path.name} cannot be read ({reason})") from None
+        raise ConfigError.for_key(
+            "run_dir", str(run_dir), f"its .hydra/{path.name} cannot be read ({reason})"
+        ) from None
 
 
 # What `pip install 'tfdistx[sweep]'` adds (pyproject.toml), by the option names users give.

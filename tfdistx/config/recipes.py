@@ -166,7 +166,7 @@ def register(overrides: Iterable[str]) -> None:
     """
     for directory in user_dirs():
         if not directory.is_dir():
-            raise ConfigError.one(ENV, os.environ.get(ENV), f"{directory} is not a directory of recipe files")
+            raise ConfigError.for_key(ENV, os.environ.get(ENV), f"{directory} is not a directory of recipe files")
     plugins = Plugins.instance()
     plugins.register(RecipeDirSource)  # also registers the tfdistx-recipes:// scheme
     plugins.register(UserRecipesSearchPath)
@@ -181,7 +181,7 @@ def register(overrides: Iterable[str]) -> None:
 
 def unknown(name: str) -> ConfigError:
     names = sorted({r["name"] for r in available()})
-    return ConfigError.one(GROUP, name, "allowed: " + ", ".join(names))
+    return ConfigError.for_key(GROUP, name, "allowed: " + ", ".join(names))
 
 
 def requested(overrides: Iterable[str]) -> List[str]:

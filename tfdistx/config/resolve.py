@@ -263,7 +263,7 @@ def _init_from(path: Optional[str], resumes: bool) -> Optional[InitFrom]:
     try:
         kind, why = warm_start.kind(path)
         if why:
-            raise ConfigError.one("checkpoint.init_from", path, why)
+            raise ConfigError.for_key("checkpoint.init_from", path, why)
         source_run = warm_start.run_dir_of(path, kind)
         source = resolve(saved_config(str(source_run)), str(source_run), follow_init_from=False) if source_run else None
     except ConfigError:

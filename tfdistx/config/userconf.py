@@ -66,7 +66,7 @@ def split_flags(argv: Sequence[str]) -> Tuple[List[str], List[str]]:
             given.append(value)
         elif arg in FLAGS:
             if i + 1 == len(args):
-                raise ConfigError.one(arg, None, "needs a directory: --config-dir DIR")
+                raise ConfigError.for_key(arg, None, "needs a directory: --config-dir DIR")
             given.append(args[i + 1])
             i += 1
         else:
@@ -85,7 +85,7 @@ def add(directories: Sequence[Path]) -> None:
 def check() -> None:
     for directory in dirs():
         if not directory.is_dir():
-            raise ConfigError.one(
+            raise ConfigError.for_key(
                 KEY,
                 str(directory),
                 "is not a directory: a config dir holds "
@@ -159,7 +159,7 @@ def register(overrides: Sequence[str] = ()) -> None:
     for name in topology.requested_names(overrides, EXPERIMENT):
         if name not in known and name != "null":
             where = ", ".join(str(d) for d in dirs()) or "none given"
-            raise ConfigError.one(
+            raise ConfigError.for_key(
                 EXPERIMENT,
                 name,
                 (f"allowed: {', '.join(sorted(known))}" if known else "no experiments found")
@@ -168,7 +168,7 @@ def register(overrides: Sequence[str] = ()) -> None:
         if name in known and not is_global(
             known[name]
         ):  # Hydra would nest its keys under `experiment.` and fail saying nothing of why
-            raise ConfigError.one(
+            raise ConfigError.for_key(
                 EXPERIMENT,
                 name,
                 f"{known[name]} does not start with '{GLOBAL_HEADER}': an experiment's keys "

@@ -43,7 +43,7 @@ def expand_shorthand(overrides: Sequence[str]) -> List[str]:
             continue
         low, high = m[1].strip(), m[2].strip()
         if not (_WHOLE.match(low) and _WHOLE.match(high) and 1 <= int(low) <= int(high)):
-            raise ConfigError.one(
+            raise ConfigError.for_key(
                 "cluster.workers",
                 f"{m[1]}:{m[2]}",
                 "MIN:MAX with MIN <= MAX, both whole numbers >= 1 (an elastic "

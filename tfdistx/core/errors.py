@@ -81,7 +81,7 @@ class ConfigError(Exception):
         super().__init__("; ".join(map(str, self.problems)))
 
     @classmethod
-    def one(cls, key: str, value: Any, allowed: str) -> "ConfigError":
+    def for_key(cls, key: str, value: Any, allowed: str) -> "ConfigError":
         return cls([Problem(key, value, allowed)])
 
     def lines(self) -> list:

@@ -87,7 +87,7 @@ def build(
     try:
         fn = locate(target)
     except Exception as error:
-        raise ConfigError.one(f"{group}._target_", target, _why_not_found(target, error)) from None
+        raise ConfigError.for_key(f"{group}._target_", target, _why_not_found(target, error)) from None
     kwargs = {**kwargs, **runtime}
     try:
         names = None if takes is None else list(takes(fn))
@@ -95,7 +95,7 @@ def build(
             _accepted(fn, kwargs) if names is None else {k: v for k, v in kwargs.items() if k in names or k in runtime}
         )
     except (TypeError, ValueError):  # a builtin (builtins.int) or a non-callable: no signature to read
-        raise ConfigError.one(
+        raise ConfigError.for_key(
             f"{group}._target_",
             target,
             f"has no signature to call with the {group} keys: name a function or class (see docs/own-project.md)",
@@ -119,13 +119,13 @@ def build(
     except (ConfigError, RunFault):  # the target's own one line (a dataset offline: data/sources.py)
         raise
     except Exception as error:
-        raise ConfigError.one(
+        raise ConfigError.for_key(
             f"{group}._target_",
             target,
             f"failed: {type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}",
         ) from error
     if not isinstance(built, expect):
-        raise ConfigError.one(
+        raise ConfigError.for_key(
             f"{group}._target_", target, f"returned a {type(built).__name__}; it must return a {public_name(expect)}"
         )
     return built
@@ -173,7 +173,7 @@ def _built(group: str, key: str, value: Any) -> Any:
             try:
                 return functools.partial(locate(current(value["_target_"])), **nested)
             except Exception as error:
-                raise ConfigError.one(
+                raise ConfigError.for_key(
                     f"{group}.{key}._target_", value["_target_"], _why_not_found(value["_target_"], error)
                 ) from None
         return build(f"{group}.{key}", current(value["_target_"]), nested, object)

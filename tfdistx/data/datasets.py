@@ -68,7 +68,7 @@ def tfds(
             prepared = builder.is_prepared()
             builder_dir = builder.data_dir
     except tensorflow_datasets.core.registered.DatasetNotFoundError:
-        raise ConfigError.one(
+        raise ConfigError.for_key(
             "data.name",
             name,
             "not a tensorflow-datasets dataset (see `tfds.list_builders()`); tfdistx ships mnist, fashion_mnist, "
@@ -98,13 +98,13 @@ def tfds(
             # an ordered dataset (disable_shuffling) is read in its order: tfds refuses to shuffle its files
             ds = builder.as_dataset(split=split, shuffle_files=not info.disable_shuffling, read_config=read_config)
         except AssertionError as error:  # tfds' way of saying "not prepared"
-            raise ConfigError.one(
+            raise ConfigError.for_key(
                 "data.download",
                 download,
                 f"{name} is not prepared in {builder.data_dir} ({error}); set data.download=true or data.data_dir",
             ) from None
         except ValueError as error:  # a split it does not have, a slice it cannot make
-            raise ConfigError.one(
+            raise ConfigError.for_key(
                 "data.train_split" if split == train_split else "data.eval_split",
                 split,
                 f"{first_line(error)} (the splits of {name}: {', '.join(info.splits) or 'not known'})",
@@ -160,7 +160,7 @@ def _keys(name: str, info, features, label) -> Tuple[List[str], str]:
             missing = " and ".join(
                 key for key, value in (("data.features", features), ("data.label", label)) if value is None
             )
-            raise ConfigError.one(
+            raise ConfigError.for_key(
                 "data.name",
                 name,
                 f"has no supervised (features, label) pair: name its keys with {missing} (its features: {have})",
@@ -170,15 +170,15 @@ def _keys(name: str, info, features, label) -> Tuple[List[str], str]:
             features = list(x.values()) if isinstance(x, dict) else list(x) if isinstance(x, (tuple, list)) else x
         if label is None:
             if not isinstance(y, str):
-                raise ConfigError.one(
+                raise ConfigError.for_key(
                     "data.label", None, f"{name}'s supervised label is several features ({y}): name one with data.label"
                 )
             label = y
     keys = [features] if isinstance(features, str) else list(features)
     if not keys or not all(isinstance(key, str) for key in keys):
-        raise ConfigError.one("data.features", features, "a feature's name, or a list of them")
+        raise ConfigError.for_key("data.features", features, "a feature's name, or a list of them")
     if label in keys:
-        raise ConfigError.one("data.label", label, "is also one of data.features: the label is not an input")
+        raise ConfigError.for_key("data.label", label, "is also one of data.features: the label is not an input")
     return keys, label
 
 
@@ -186,7 +186,7 @@ def _connector(connectors, key: str, what: str):
     try:
         return connectors[key]
     except KeyError:
-        raise ConfigError.one(
+        raise ConfigError.for_key(
             what, key, f"no such feature; the dataset's features: {', '.join(connectors.keys())}"
         ) from None
 
@@ -197,7 +197,7 @@ def _features_kind(name: str, picked: Dict[str, Any]) -> str:
     bad = {key: kind for key, kind in kinds.items() if kind is None}
     if bad:
         key = next(iter(bad))
-        raise ConfigError.one(
+        raise ConfigError.for_key(
             "data.features",
             key,
             f"{name}'s feature {key!r} is {type(picked[key]).__name__} {_shape_text(picked[key])}: tfdistx reads "
@@ -205,7 +205,7 @@ def _features_kind(name: str, picked: Dict[str, Any]) -> str:
         )
     found = set(kinds.values())
     if len(found) > 1 or (found & {IMAGE, TEXT} and len(kinds) > 1):
-        raise ConfigError.one(
+        raise ConfigError.for_key(
             "data.features",
             list(picked),
             f"{name}'s features are {', '.join(f'{k}: {v}' for k, v in kinds.items())}: tfdistx reads one image, one "
@@ -257,7 +257,7 @@ def _labels(name: str, key: str, connector):
         if connector.tf_dtype == tf.bool and len(connector.shape) == 1:  # a multi-hot vector
             return DataSource.CLASSES, None, lambda y: tf.cast(y, tf.float32)
         return DataSource.VALUES, None, lambda y: tf.cast(y, tf.float32)
-    raise ConfigError.one(
+    raise ConfigError.for_key(
         "data.label",
         key,
         f"{name}'s {key!r} is {type(connector).__name__} {_shape_text(connector)}: a label is a class label, "
@@ -335,7 +335,7 @@ def _preprocessing(kind, raw_spec, picked, image_size, vocab_size, sequence_leng
     if kind == IMAGE:
         shape = tuple(raw_spec.shape)
         if image_size is None and None in shape:
-            raise ConfigError.one(
+            raise ConfigError.for_key(
                 "data.image_size",
                 None,
                 f"the images are of varying sizes ({_dims(shape)}): set data.image_size=[HEIGHT,WIDTH] to resize them",

@@ -55,7 +55,7 @@ def tfrecord(
     compression = compression or (manifest or {}).get("compression")
     if features is None:
         if not manifest or manifest.get("format") != "tfrecord":
-            raise ConfigError.one(
+            raise ConfigError.for_key(
                 "data.features",
                 None,
                 f"no {datafiles.MANIFEST} of tfdistx data write beside {train[0]}: "
@@ -98,7 +98,7 @@ def csv(
         num_classes = num_classes or manifest.get("num_classes")
     if columns is None:
         if not header:
-            raise ConfigError.one(
+            raise ConfigError.for_key(
                 "data.columns", None, "give the columns (name -> dtype) when the files have no header"
             )
         names = _header(train[0], compression)
@@ -114,7 +114,7 @@ def csv(
     names, dtypes = list(columns), [tf.as_dtype(d) for d in columns.values()]
     numeric = all(d != tf.string for n, d in zip(names, dtypes) if n != label)
     if feature_shape and (not numeric or int(np.prod(feature_shape)) != len(names) - 1):
-        raise ConfigError.one(
+        raise ConfigError.for_key(
             "data.feature_shape",
             list(feature_shape),
             f"must hold the {len(names) - 1} feature columns "
@@ -183,7 +183,7 @@ def _find(key: str, files) -> List[str]:
     for pattern in datafiles.patterns(files):
         found += glob_sorted(key, pattern)
     if not found:
-        raise ConfigError.one(key, files, "no file matches")
+        raise ConfigError.for_key(key, files, "no file matches")
     return sorted(dict.fromkeys(found))
 
 
@@ -194,13 +194,13 @@ def glob_sorted(key: str, pattern: str) -> List[str]:
     try:
         return sorted(tf.io.gfile.glob(pattern))
     except tf.errors.OpError as error:
-        raise ConfigError.one(key, pattern, f"cannot be listed: {error.message.splitlines()[0]}") from None
+        raise ConfigError.for_key(key, pattern, f"cannot be listed: {error.message.splitlines()[0]}") from None
 
 
 def _header(path: str, compression: Optional[str]) -> List[str]:
     line = next(iter(tf.data.TextLineDataset(path, compression_type=compression or "").take(1)), None)
     if line is None:
-        raise ConfigError.one("data.train_files", path, "is empty: no header row")
+        raise ConfigError.for_key("data.train_files", path, "is empty: no header row")
     return [name.strip() for name in line.numpy().decode().split(",")]
 
 
@@ -210,7 +210,7 @@ def _check_first_record(path: str, read, decode, compression) -> None:
     try:
         decode(next(iter(read(tf.constant([path])).batch(2))))
     except StopIteration:
-        raise ConfigError.one("data.train_files", path, "holds no records") from None
+        raise ConfigError.for_key("data.train_files", path, "holds no records") from None
     except (tf.errors.DataLossError, tf.errors.InvalidArgumentError) as error:
         raise _bad_file(path, error, compression) from None
 
@@ -244,18 +244,18 @@ def _bad_file(path: str, error: Exception, compression) -> ConfigError:
     reason = re.sub(r"assertion failed: \[([^\]]*)\].*", r"\1", reason)  # _labels_checked's message, not the tensors
     if isinstance(error, tf.errors.DataLossError) or "corrupted record" in reason:
         if "corrupted record at 0" in reason:
-            return ConfigError.one(
+            return ConfigError.for_key(
                 "data file",
                 path,
                 f"not readable as TFRecord from its first byte ({reason}): "
                 f"not TFRecord, or not compressed as data.compression={compression or 'null'} says",
             )
-        return ConfigError.one(
+        return ConfigError.for_key(
             "data file", path, f"a corrupt record, not readable as TFRecord ({reason.replace('at ', 'at byte ')})"
         )
     named = _FEATURE_IN_ERROR.search(reason)
     key = f"data.features.{named.group(1)}" if named else "data file"
-    return ConfigError.one(key, path, f"its records do not match the config: {reason[:300]}")
+    return ConfigError.for_key(key, path, f"its records do not match the config: {reason[:300]}")
 
 
 @contextlib.contextmanager

@@ -25,7 +25,7 @@ from tfdistx.core.errors import ConfigError
 
 def per_replica_batch(global_batch: int, replicas: int) -> int:
     if global_batch % replicas:
-        raise ConfigError.one(
+        raise ConfigError.for_key(
             "data.batch_size",
             global_batch,
             f"the global batch must divide across {replicas} replicas: use a multiple of {replicas}",

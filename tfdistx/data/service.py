@@ -103,7 +103,7 @@ def _array_batches(train: ArrayExamples, batch: int, seed: int, window: int, sta
     indices, which the dispatcher splits one index at a time."""
     rows, shuffle = train.count, window > 1
     if batch > rows:
-        raise ConfigError.one(
+        raise ConfigError.for_key(
             "data.batch_size",
             batch,
             f"a per-replica batch larger than the {rows} examples cannot be read from the "

@@ -139,7 +139,7 @@ def single_examples(source: DataSource, target: str) -> DataSource:
     again, and the model would fail on its kernel's shape, blamed on it."""
     shapes = [spec.shape for spec in tf.nest.flatten(source.element_spec)]
     if shapes and all(shape.rank and shape[0] is None for shape in shapes):
-        raise ConfigError.one(
+        raise ConfigError.for_key(
             "data._target_",
             target,
             f"its pipeline yields batches (the first dimension of every part of its "

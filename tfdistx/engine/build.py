@@ -29,7 +29,7 @@ from tfdistx.core.strategies import StrategyRow
 from tfdistx.data import input as input_lib
 from tfdistx.data.files import input_errors_in_one_line
 from tfdistx.data.sources import DataSource
-from tfdistx.engine import mpi, process, topology, xla
+from tfdistx.engine import mpi, process_wide, topology, xla
 from tfdistx.engine import strategy as strategy_lib
 from tfdistx.engine.callbacks import CallbackStates, StopRecord
 from tfdistx.engine.checkpointing import Checkpointer, ObjectiveState, RunningRecordState
@@ -140,7 +140,7 @@ def build_run(spec: RunSpec, placement: Placement) -> Run:
     num_outputs = task.num_outputs(label_spec, source.num_classes)
     learning_rate = schedule(spec.optimizer, replicas, total_steps)
     gpus = _gpus(trainer.precision, placement)
-    with strategy.scope(), process.precision(trainer.precision):
+    with strategy.scope(), process_wide.precision(trainer.precision):
         model = build_model(spec.model, spec.data, feature_spec, num_outputs, **data_facts(spec.model, source))
         # Variables split across the ps tasks (strategy.partitioner): the optimizer
         # updates each shard, and the checkpoint holds the optimizer as an unsplit run's, which restores
@@ -254,7 +254,7 @@ def _task_and_source(spec: RunSpec, global_batch: int):
     source = build_source(spec.data, spec.run_dir)
     task = build_task(spec.task, source)
     if source.train_examples and global_batch > source.train_examples:  # a step could never fill its batch
-        raise ConfigError.one(
+        raise ConfigError.for_key(
             "data.batch_size",
             spec.pipeline.batch_size,
             f"a step's {global_batch} examples are more than the "
@@ -292,7 +292,7 @@ def _total_steps(trainer: Trainer, train_examples, global_batch: int) -> int:
     if trainer.steps is not None:
         return trainer.steps
     if not train_examples:
-        raise ConfigError.one(
+        raise ConfigError.for_key(
             "trainer.epochs",
             trainer.epochs,
             "the dataset does not say how many examples it has: set trainer.steps",

@@ -87,12 +87,12 @@ def build(
                 keras_classes, target.kwargs
             )  # a subclass of one that config/ refuses by name
             if refusal:
-                raise ConfigError.one(f"callbacks.{name}._target_", target.path, refusal)
+                raise ConfigError.for_key(f"callbacks.{name}._target_", target.path, refusal)
             _writes_in_run_dir(name, built, keras_classes, run_dir)
             _say_what_is_not_called(name, built, schedule.steps_per_loop)
             built = KerasCallback(built, trained, schedule, evaluates)
         elif not callable(built):
-            raise ConfigError.one(
+            raise ConfigError.for_key(
                 f"callbacks.{name}._target_",
                 target.path,
                 "must build a keras.callbacks.Callback or a tfdistx "
@@ -132,7 +132,7 @@ def in_run_dir(name: str, target: Target, run_dir: Path) -> Target:
         return target
     why = rundir.why_not_in_run_dir(str(value), str(run_dir), example)
     if why:
-        raise ConfigError.one(f"callbacks.{name}.{key}", value, why)
+        raise ConfigError.for_key(f"callbacks.{name}.{key}", value, why)
     path = os.path.join(str(run_dir), str(value)) if not os.path.isabs(str(value)) else str(value)
     return dataclasses.replace(target, kwargs=MappingProxyType({**target.kwargs, key: path}))
 
@@ -155,7 +155,7 @@ def _writes_in_run_dir(name: str, callback, keras_classes: List[str], run_dir: P
         return
     why = rundir.why_not_in_run_dir(os.path.abspath(str(where)), str(run_dir), found[2])
     if why:
-        raise ConfigError.one(f"callbacks.{name}.{found[0]}", str(where), why)
+        raise ConfigError.for_key(f"callbacks.{name}.{found[0]}", str(where), why)
 
 
 def _action_function(target: Target) -> Optional[Callable]:
@@ -211,7 +211,7 @@ class CSVLogger(keras.callbacks.CSVLogger):
     def __init__(self, run_dir: Path, filename: str = "keras_log.csv", separator: str = ",", append: bool = True):
         why = rundir.why_not_in_run_dir(filename, str(run_dir))
         if why:
-            raise ConfigError.one("filename", filename, why)
+            raise ConfigError.for_key("filename", filename, why)
         path = Path(run_dir) / filename
         if not append and path.exists():
             log.info("%s was there: kept as %s", path, keep_aside(path))

@@ -465,7 +465,7 @@ def _refusal(path: str, checkpoint: tf.train.Checkpoint, error: Exception, reada
     """Why `path` was not restored: another model or optimizer's (a
     ConfigError) when it reads whole, else Damaged."""
     if readable:
-        return ConfigError.one("checkpoint", path, _mismatch(path, checkpoint, error))
+        return ConfigError.for_key("checkpoint", path, _mismatch(path, checkpoint, error))
     return Damaged(str(error).splitlines()[0][:200] if str(error) else type(error).__name__)
 
 

@@ -55,7 +55,7 @@ def train_service(asked: Optional[DataService], placement: Placement, start_step
         return None
     address = cluster_service.dispatcher_address(placement.service)
     if address is None:  # validated configs place the service; a hand-written TF_CONFIG may not
-        raise ConfigError.one(
+        raise ConfigError.for_key(
             "data.service.workers",
             asked.workers,
             "this task's cluster (TF_CONFIG or the Slurm step) has "

@@ -10,7 +10,7 @@ and returning typed values:
     finish.finish       Run, Start, Result     -> the objective (summary.json and export/ by the chief)
 
 What a run sets for its whole process (seed, op determinism, TensorFlow's
-log levels) is set once, by process.settings_for. Also `evaluate`: the
+log levels) is set once, by process_wide.settings_for. Also `evaluate`: the
 same first phases, then one evaluation. Only the chief writes the run
 directory's files.
 """
@@ -28,7 +28,7 @@ from tfdistx.cluster.placement import Placement
 from tfdistx.core.errors import ConfigError
 from tfdistx.core.run_spec import RunSpec
 from tfdistx.data.files import input_errors_in_one_line
-from tfdistx.engine import callbacks, checkpointing, loggers, process
+from tfdistx.engine import callbacks, checkpointing, loggers, process_wide
 from tfdistx.engine.build import Run, build_run
 from tfdistx.engine.commit import Commit
 from tfdistx.engine.finite import NonFiniteWeights
@@ -72,7 +72,7 @@ def train(spec: RunSpec, placement: Optional[Placement] = None, notice: Optional
     placement = placement or Placement()
     if join_cluster(spec.cluster, spec.strategy.row, placement, notice) is Joined.SERVED:
         return Trained(None)  # a parameter-server cluster's ps or worker task: served until stopped
-    with process.settings_for(spec.trainer.seed, spec.trainer.deterministic):
+    with process_wide.settings_for(spec.trainer.seed, spec.trainer.deterministic):
         run = build_run(spec, placement)
         with run.checkpointer:  # a save in flight is waited for, then the scratch removed
             start = restore_or_warm_start(run)
@@ -256,13 +256,13 @@ def evaluate(spec: RunSpec, placement: Optional[Placement] = None, step: Optiona
     placement = placement or Placement()
     if join_cluster(spec.cluster, spec.strategy.row, placement, SigtermNotice()) is Joined.SERVED:
         return None
-    with process.settings_for(spec.trainer.seed, spec.trainer.deterministic):
+    with process_wide.settings_for(spec.trainer.seed, spec.trainer.deterministic):
         run = build_run(spec, placement)
         with run.checkpointer:  # a save in flight is waited for, then the scratch removed
             try:
                 run.checkpointer.restore(path)  # whole, or refused: never a model left partly at its initial weights
             except checkpointing.Damaged as damage:
-                raise ConfigError.one("checkpoint", path, f"cannot be read: {damage}") from None
+                raise ConfigError.for_key("checkpoint", path, f"cannot be read: {damage}") from None
             metrics = make_runner(run, train=False).evaluate()
     record = {
         "checkpoint": os.path.basename(path),

@@ -33,14 +33,14 @@ JSONL_KEY = "metrics.jsonl"  # the logger every chief has (no key turns it off):
 def for_run(
     run_dir: Path, asked: Logger, total_steps: int, start_step: int, enabled: bool = True, config: Optional[dict] = None
 ):
-    """The loggers the logger group asks for, each Named (one that raises
+    """The loggers the logger group asks for, each GuardedLogger (one that raises
     stops the run in one line naming it), closed on exit; none unless
     `enabled` (only the chief writes the run directory)."""
-    sinks: List[Named] = []
+    sinks: List[GuardedLogger] = []
     log_files()  # a full disk under the run's log file is one line, not a traceback per line
 
     def opened(key: str, make, *args, **kwargs) -> None:
-        sinks.append(Named.opening(key, start_step, make, *args, **kwargs))
+        sinks.append(GuardedLogger.opening(key, start_step, make, *args, **kwargs))
 
     try:
         if enabled:
@@ -51,7 +51,9 @@ def for_run(
                 opened(f"logger.{name}", make, **target.kwargs, **_taken(make, runtime))
             for name, target in asked.own.items():
                 sinks.append(
-                    Named(f"logger.{name}", target.path, own_logger(name, target, run_dir, config or {}), start_step)
+                    GuardedLogger(
+                        f"logger.{name}", target.path, own_logger(name, target, run_dir, config or {}), start_step
+                    )
                 )
     except BaseException:
         _close_all(sinks, failing=True)
@@ -64,7 +66,7 @@ def for_run(
     _close_all(sinks, failing=False)
 
 
-def finished(sinks: List["Named"]) -> None:
+def finished(sinks: List["GuardedLogger"]) -> None:
     """Tell the loggers that take it (a `finished()` of theirs) that the run
     has ended well: its summary.json and export are written (W&B's summary
     and model artifact)."""
@@ -79,7 +81,7 @@ def _taken(make, runtime: dict) -> dict:
     return {key: value for key, value in runtime.items() if key in parameters}
 
 
-def _close_all(sinks: List["Named"], failing: bool) -> None:
+def _close_all(sinks: List["GuardedLogger"], failing: bool) -> None:
     """Every logger closed, even after one that fails to close: the first
     failure is raised once all are closed, unless the run is failing
     already (its own fault is the line that counts; a close that fails
@@ -100,7 +102,7 @@ def _close_all(sinks: List["Named"], failing: bool) -> None:
         raise faults[0]
 
 
-class Named:
+class GuardedLogger:
     """A logger as the loop calls it: `(step, metrics)` at each record,
     `after_steps` if it has it, `close()`. A call that raises stops the run
     with one line naming the logger, as a callback that raises does:
@@ -121,7 +123,7 @@ class Named:
             self.finished = lambda: self._raising(lambda step: sink.finished(), self.step)
 
     @classmethod
-    def opening(cls, key: str, step: int, make, *args, **kwargs) -> "Named":
+    def opening(cls, key: str, step: int, make, *args, **kwargs) -> "GuardedLogger":
         """A built-in logger, opened: one that fails to open is named as one that fails later is
         (by its class, where `make` is a classmethod of it)."""
         owner = make.__self__ if isinstance(getattr(make, "__self__", None), type) else make
@@ -183,7 +185,7 @@ def own_logger(name: str, target: Target, run_dir: Path, config: dict):
     with its `close()` if it has one."""
     built = target.build(object, run_dir=run_dir, config=config)
     if not callable(built):
-        raise ConfigError.one(
+        raise ConfigError.for_key(
             f"logger.{name}._target_", target.path, "must build a callable (step, metrics), with an optional close()"
         )
     return built

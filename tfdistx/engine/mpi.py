@@ -63,7 +63,7 @@ def join(strategy: tf.distribute.Strategy) -> MpiSum:
     """This task's MPI communicator with its peers', for a multiworker
     strategy whose cluster has formed; every task calls it at the same point."""
     if not any(name in os.environ for name in STARTED_BY_MPI):
-        raise ConfigError.one(
+        raise ConfigError.for_key(
             "strategy.communication",
             mpi_facts.NAME,
             "this task was not started by MPI's launcher, and only tfdistx's local launcher starts tasks so "

@@ -38,7 +38,7 @@ def _gradients_arrive_summed(cls, path: str):
     Anything but an optimizer class is refused: tfdistx builds it in the
     strategy's scope, and wraps it for loss scaling itself."""
     if not (isinstance(cls, type) and issubclass(cls, keras.optimizers.Optimizer)):
-        raise ConfigError.one(
+        raise ConfigError.for_key(
             "optimizer._target_", path, "must name a keras.optimizers.Optimizer class, e.g. keras.optimizers.Lion"
         )
     for refused, why in (
@@ -46,9 +46,9 @@ def _gradients_arrive_summed(cls, path: str):
         (keras.optimizers.MultiOptimizer, MULTI_OPTIMIZER),
     ):
         if issubclass(cls, refused):  # by class: a path the config side does not know by name (a subclass, keras.src's)
-            raise ConfigError.one("optimizer._target_", path, f"not an optimizer tfdistx builds: {why}")
+            raise ConfigError.for_key("optimizer._target_", path, f"not an optimizer tfdistx builds: {why}")
     if cls is keras.optimizers.Optimizer:
-        raise ConfigError.one("optimizer._target_", path, f"not an optimizer tfdistx builds: {BASE_OPTIMIZER}")
+        raise ConfigError.for_key("optimizer._target_", path, f"not an optimizer tfdistx builds: {BASE_OPTIMIZER}")
     return internals.gradients_arrive_summed(cls)
 
 
@@ -132,7 +132,7 @@ def refuse_non_finite(rate, total_steps: int, path: str) -> None:
 
 
 def non_finite(path: str, step: int, value: float) -> ConfigError:
-    return ConfigError.one(
+    return ConfigError.for_key(
         "optimizer.schedule._target_",
         path,
         f"its learning rate at step {step} is {value}: a schedule must give a "

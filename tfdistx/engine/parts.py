@@ -19,7 +19,7 @@ from tfdistx.core.errors import ConfigError, first_line
 from tfdistx.core.run_spec import Optimizer, RunSpec
 from tfdistx.core.targets import Target
 from tfdistx.data.sources import DataSource, single_examples
-from tfdistx.engine import process, resplit, sharding
+from tfdistx.engine import process_wide, resplit, sharding
 from tfdistx.engine.optim import LearningRateAtStep, build_optimizer
 from tfdistx.internals import tensorflow as internals
 from tfdistx.tasks import Task, float32
@@ -76,7 +76,7 @@ def build_model(model_target: Target, data: Target, feature_spec, num_outputs: i
         try:
             model(zeros_like_examples(feature_spec), training=False)
         except Exception as error:
-            raise ConfigError.one(
+            raise ConfigError.for_key(
                 "model",
                 model_target.path,
                 f"does not fit data={data.path} (features "
@@ -108,7 +108,7 @@ def model_from_checkpoint(spec: RunSpec, checkpoint_path: str):
     num_outputs = task.num_outputs(label_spec, source.num_classes)
     # The weights are float32 under every precision (Keras keeps float32 master
     # weights): the rebuilt model is float32, whatever training computed in.
-    with process.precision("float32"):
+    with process_wide.precision("float32"):
         model = build_model(spec.model, spec.data, feature_spec, num_outputs, **data_facts(spec.model, source))
     # Restored with the optimizer too, as training saved it: a weight that a
     # layer keeps in a plain list (wide_deep's table shards) is reachable in
@@ -131,7 +131,7 @@ def resplit_for(spec: RunSpec, model, feature_spec, num_outputs: int, source: Da
     of shards (resplit.py); None for a model without such tables."""
 
     def rebuild(shards):  # the model and optimizer outside any strategy, its tables in `shards` pieces
-        with process.precision(spec.trainer.precision):
+        with process_wide.precision(spec.trainer.precision):
             given = {**data_facts(spec.model, source), **({} if shards is None else {"shards": shards})}
             plain = build_model(spec.model, spec.data, feature_spec, num_outputs, **given)
         return plain, build_optimizer_for(spec.optimizer, spec.trainer.precision, plain, LearningRateAtStep(0.0))
@@ -152,7 +152,7 @@ def optimizer_for_checkpoint(section: Optimizer, precision: str, model, learning
     try:
         return optimizer, sharding.OptimizerState(optimizer, model_groups), variables
     except ValueError as error:  # a loss-scaled (mixed_float16) optimizer keeps its slots in an inner one
-        raise ConfigError.one(
+        raise ConfigError.for_key(
             "trainer.precision", precision, f"not with variables split across ps tasks: {error}"
         ) from None
 
@@ -163,7 +163,7 @@ def build_optimizer_for(section: Optimizer, precision: str, model, learning_rate
     try:
         optimizer = build_optimizer(section, learning_rate, loss_scaling=precision == "mixed_float16")
     except (TypeError, ValueError) as error:  # Keras' answer to an unknown or bad keyword
-        raise ConfigError.one("optimizer", section.name, f"bad option: {error}") from None
+        raise ConfigError.for_key("optimizer", section.name, f"bad option: {error}") from None
     optimizer.build(model.trainable_variables if variables is None else variables)
     return optimizer
 
@@ -184,7 +184,7 @@ def check_model_takes_data(model, task, source, model_target: Target, data: Targ
         task.loss(labels, outputs)
         return labels, outputs
     except Exception as error:
-        raise ConfigError.one(
+        raise ConfigError.for_key(
             "model",
             model_target.path,
             f"does not fit data={data.path} (features {_describe_features(features, batched=True)}, "

@@ -57,11 +57,11 @@ class Export:
 
 def load_export(path: str) -> Export:
     if not tf.io.gfile.exists(os.path.join(path, "saved_model.pb")):
-        raise ConfigError.one("export", path, "is not a SavedModel (no saved_model.pb)")
+        raise ConfigError.for_key("export", path, "is not a SavedModel (no saved_model.pb)")
     loaded = tf.saved_model.load(path)
     serve = loaded.signatures.get("serving_default")
     if serve is None:
-        raise ConfigError.one(
+        raise ConfigError.for_key(
             "export", path, f"has no serving_default signature (it has: {', '.join(loaded.signatures) or 'none'})"
         )
     _, named = serve.structured_input_signature
@@ -91,7 +91,7 @@ def find_files(patterns: Sequence[str]) -> List[str]:
     for pattern in patterns:
         matches = [name for name in glob_sorted(FILES_KEY, pattern) if not tf.io.gfile.isdir(name)]
         if not matches:
-            raise ConfigError.one(FILES_KEY, pattern, "no file matches")
+            raise ConfigError.for_key(FILES_KEY, pattern, "no file matches")
         found += matches
     return list(dict.fromkeys(found))
 
@@ -135,7 +135,7 @@ def source_rows(source: DataSource, export: Export, batch: int, what: str) -> tf
     order; the labels dropped): its raw examples where the export does the
     source's preprocessing itself (data/sources.Served)."""
     if source.eval is None:
-        raise ConfigError.one("data", what, "has no eval split to predict on: give --data-files GLOB")
+        raise ConfigError.for_key("data", what, "has no eval split to predict on: give --data-files GLOB")
     dataset = (
         source.served.raw_eval(None) if source.served is not None and source.served.raw_eval else source.eval(None)
     )
@@ -143,7 +143,7 @@ def source_rows(source: DataSource, export: Export, batch: int, what: str) -> tf
     if isinstance(features, dict):
         missing = [name for name in export.inputs if name not in features]
         if missing:
-            raise ConfigError.one(
+            raise ConfigError.for_key(
                 "data",
                 what,
                 f"gives no feature {missing[0]!r}, which the model takes "
@@ -153,7 +153,7 @@ def source_rows(source: DataSource, export: Export, batch: int, what: str) -> tf
     elif len(export.inputs) == 1:
         pick = lambda x: {next(iter(export.inputs)): x}  # noqa: E731
     else:
-        raise ConfigError.one("data", what, f"gives one tensor; the model takes {', '.join(export.inputs)}")
+        raise ConfigError.for_key("data", what, f"gives one tensor; the model takes {', '.join(export.inputs)}")
 
     def inputs(x, _):
         return {name: tf.cast(value, export.inputs[name].dtype) for name, value in pick(x).items()}
@@ -181,7 +181,7 @@ def _shape(shape) -> str:
 
 def _fixed(export: Export, name: str, path: str) -> None:
     if not export.inputs[name].shape.is_fully_defined():
-        raise ConfigError.one(
+        raise ConfigError.for_key(
             FILES_KEY,
             path,
             f"the model's input {name!r} has shape {_shape(export.inputs[name].shape)}: "
@@ -194,14 +194,14 @@ def _first_record(path: str, compression: Optional[str]) -> Optional[bytes]:
         for record in tf.data.TFRecordDataset(path, compression_type=compression or "").take(1):
             return record.numpy()
     except (tf.errors.DataLossError, tf.errors.InvalidArgumentError) as error:
-        raise ConfigError.one(
+        raise ConfigError.for_key(
             FILES_KEY,
             path,
             f"not readable as TFRecord ({_reason(error)}): a TFRecord file "
             f"{'compressed with ' + compression if compression else 'not compressed'}, or a .csv/.csv.gz with a header",
         ) from None
     if tf.io.gfile.stat(path).length:  # a few bytes that are not a whole record: not an empty TFRecord file
-        raise ConfigError.one(
+        raise ConfigError.for_key(
             FILES_KEY,
             path,
             f"holds {tf.io.gfile.stat(path).length} bytes but no TFRecord record: not TFRecord "
@@ -219,12 +219,12 @@ def _tfrecord_decoder(path: str, compression: Optional[str], export: Export, nam
         try:
             held = dict(tf.train.Example.FromString(first).features.feature)
         except Exception:  # protobuf's DecodeError
-            raise ConfigError.one(FILES_KEY, path, "its records are not tf.train.Example") from None
+            raise ConfigError.for_key(FILES_KEY, path, "its records are not tf.train.Example") from None
     spec, keys, lengths = {}, {}, {}
     for name, want in export.inputs.items():
         key = name if name in held or first is None else names.aliases.get(name, name)
         if first is not None and key not in held:
-            raise ConfigError.one(
+            raise ConfigError.for_key(
                 FILES_KEY,
                 path,
                 f"its records have no feature {name!r}, which the model takes "
@@ -236,11 +236,11 @@ def _tfrecord_decoder(path: str, compression: Optional[str], export: Export, nam
             kind = held[key].WhichOneof("kind")
             values = len(getattr(held[key], kind).value) if kind else 0
             if kind and kind != _kind(want.dtype):
-                raise ConfigError.one(
+                raise ConfigError.for_key(
                     FILES_KEY, path, f"feature {key!r} holds {_KINDS[kind]}; the model takes {export.describe(name)}"
                 )
             if not var_len and kind and values != _size(want.shape):
-                raise ConfigError.one(
+                raise ConfigError.for_key(
                     FILES_KEY,
                     path,
                     f"feature {key!r} holds {values} value(s) per record; the model takes "
@@ -269,14 +269,14 @@ def _csv_header(path: str, compression: Optional[str]) -> List[str]:
     try:
         line = next(iter(tf.data.TextLineDataset(path, compression_type=compression or "").take(1)), None)
     except (tf.errors.DataLossError, tf.errors.InvalidArgumentError) as error:
-        raise ConfigError.one(
+        raise ConfigError.for_key(
             FILES_KEY,
             path,
             f"cannot be read as {'GZIP' if compression == 'GZIP' else 'ZLIB' if compression else 'plain'} "
             f"text ({_reason(error)})",
         ) from None
     if line is None:
-        raise ConfigError.one(FILES_KEY, path, "is empty: a CSV file starts with a header row naming its columns")
+        raise ConfigError.for_key(FILES_KEY, path, "is empty: a CSV file starts with a header row naming its columns")
     return [name.strip() for name in line.numpy().decode(errors="replace").split(",")]
 
 
@@ -300,7 +300,7 @@ def _csv_columns(path: str, header: List[str], export: Export, names: RowNames) 
         if len(export.inputs) == 1:
             rest = [c for c in header if c not in set(names.labels)]
             if len(rest) != size:
-                raise ConfigError.one(
+                raise ConfigError.for_key(
                     FILES_KEY,
                     path,
                     f"has {len(rest)} column(s) besides the label ({_listed(rest)}); the model takes "
@@ -310,7 +310,7 @@ def _csv_columns(path: str, header: List[str], export: Export, names: RowNames) 
             columns[name] = rest
             continue
         missing = next(c for c in wanted if c not in header)
-        raise ConfigError.one(
+        raise ConfigError.for_key(
             FILES_KEY,
             path,
             f"has no column {missing!r} for the model's input {name!r} ({export.describe(name)}); "
@@ -452,11 +452,11 @@ def predict(
     any other directory refused). `progress(done, total, rows, finished)`
     after each batch and each part."""
     if fmt not in FORMATS:
-        raise ConfigError.one("--format", fmt, f"one of {', '.join(FORMATS)}")
+        raise ConfigError.for_key("--format", fmt, f"one of {', '.join(FORMATS)}")
     if fmt == "csv":
         unknown = [name for name, spec in export.outputs.items() if not spec.shape.is_fully_defined()]
         if unknown:
-            raise ConfigError.one(
+            raise ConfigError.for_key(
                 "--format",
                 fmt,
                 f"the model's output {unknown[0]!r} has shape "
@@ -479,7 +479,7 @@ def predict(
                     rows += len(arrays[0])
                     progress(k, total, rows_so_far + rows, False)
             except (tf.errors.DataLossError, tf.errors.InvalidArgumentError) as error:
-                raise ConfigError.one(
+                raise ConfigError.for_key(
                     FILES_KEY if part.is_file else "data", part.name, f"cannot be read to its end: {_reason(error)}"
                 ) from None
             finally:

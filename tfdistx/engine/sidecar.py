@@ -49,7 +49,7 @@ from tfdistx.cluster.placement import Placement
 from tfdistx.core import strategies
 from tfdistx.core.errors import EXIT_CLUSTER_DID_NOT_FORM, ConfigError, RunFault
 from tfdistx.core.run_spec import RunSpec, Strategy
-from tfdistx.engine import checkpointing, process
+from tfdistx.engine import checkpointing, process_wide
 from tfdistx.loggers import sinks
 from tfdistx.engine.build import Run, build_run
 from tfdistx.engine.runner import make_runner
@@ -99,8 +99,8 @@ class Sidecar:
         # It evaluates alone, in one process: TensorFlow must not take the TF_CONFIG its scheduler gave it
         # (task type "evaluator") for a place in the training cluster.
         os.environ.pop("TF_CONFIG", None)
-        with process.settings_for(self.spec.trainer.seed, deterministic=False):
-            self.evaluate_each_checkpoint(build_run(alone(self.spec), Placement(task_type=EVALUATOR)))
+        with process_wide.settings_for(self.spec.trainer.seed, deterministic=False):
+            self.evaluate_each_checkpoint(build_run(on_one_device(self.spec), Placement(task_type=EVALUATOR)))
 
     def evaluate_each_checkpoint(self, built: Run) -> None:
         history = evaluated_before(built.dir / "evaluations.jsonl")
@@ -252,7 +252,7 @@ def _chief(placement: Placement):
     return None, None
 
 
-def alone(spec: RunSpec) -> RunSpec:
+def on_one_device(spec: RunSpec) -> RunSpec:
     """The run's spec for one process on one device: the model, data, task and
     checkpoints are the run's; the strategy is one_device, whatever trained."""
     return replace(

@@ -44,7 +44,7 @@ def restore_or_warm_start(run: Run) -> Start:
     restored = run.checkpointer.restore_latest() if spec.checkpoint.restore else None
     step = int(run.step_counter.numpy())
     if step > run.total_steps:  # nothing to train, and a summary of nothing would replace the run's
-        raise ConfigError.one(
+        raise ConfigError.for_key(
             "trainer.steps",
             run.total_steps,
             f"the run in this directory is already at step {step} "

@@ -36,7 +36,7 @@ def configure_devices(devices_per_worker: Optional[int], multi_worker: bool = Fa
     except RuntimeError:  # TensorFlow already started in this process
         have = len(tf.config.list_logical_devices("CPU"))
         if have < wanted:
-            raise ConfigError.one(
+            raise ConfigError.for_key(
                 "cluster.devices_per_worker",
                 devices_per_worker,
                 f"TensorFlow already runs in this process with {have} CPU device(s) (an earlier job of a sweep); "
@@ -49,7 +49,7 @@ def local_devices(devices_per_worker: Optional[int]) -> list:
     gpus = [d.name for d in tf.config.list_logical_devices("GPU")]
     if gpus:
         if devices_per_worker and devices_per_worker > len(gpus):
-            raise ConfigError.one(
+            raise ConfigError.for_key(
                 "cluster.devices_per_worker", devices_per_worker, f"only {len(gpus)} GPU(s) are visible on this machine"
             )
         return gpus[: devices_per_worker or len(gpus)]
@@ -178,7 +178,7 @@ def _tpu(options, devices_per_worker, **_) -> tf.distribute.Strategy:
     # metadata servers over the network.
     tpu = options.get("tpu") or os.environ.get("TPU_NAME")
     if not tpu and not os.path.exists("/dev/accel0") and not os.path.exists("/dev/vfio/0"):
-        raise ConfigError.one(
+        raise ConfigError.for_key(
             "strategy.tpu",
             tpu,
             "no TPU is reachable: set strategy.tpu (a TPU name or grpc:// address) or $TPU_NAME, or run on a TPU VM",
@@ -188,7 +188,9 @@ def _tpu(options, devices_per_worker, **_) -> tf.distribute.Strategy:
         tf.config.experimental_connect_to_cluster(resolver)
         tf.tpu.experimental.initialize_tpu_system(resolver)
     except (ValueError, tf.errors.OpError) as error:
-        raise ConfigError.one("strategy.tpu", tpu, f"could not reach the TPU: {str(error).splitlines()[0]}") from None
+        raise ConfigError.for_key(
+            "strategy.tpu", tpu, f"could not reach the TPU: {str(error).splitlines()[0]}"
+        ) from None
     return tf.distribute.TPUStrategy(resolver)
 
 

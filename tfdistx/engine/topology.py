@@ -141,7 +141,7 @@ def on_resume(
             if was % accumulate_steps == 0
             else f"set data.batch_size and trainer.accumulate_steps so that their product is {was}"
         )
-        raise ConfigError.one(
+        raise ConfigError.for_key(
             "data.batch_size",
             batch_size,
             (
@@ -154,7 +154,7 @@ def on_resume(
         )
     lr_before = before.get("learning_rate")
     if scale_lr_with_replicas and not same(before, now) and lr_before is not None and lr_before != now["learning_rate"]:
-        raise ConfigError.one(
+        raise ConfigError.for_key(
             "optimizer.scale_lr_with_replicas",
             True,
             (

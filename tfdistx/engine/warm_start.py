@@ -20,7 +20,7 @@ import keras
 
 from tfdistx.core import warm_start as kinds
 from tfdistx.core.errors import EXIT_RUN_DIR_LOCKED, ConfigError, Problem, RunFault, first_line
-from tfdistx.engine import checkpointing, process
+from tfdistx.engine import checkpointing, process_wide
 from tfdistx.engine.build import Run
 from tfdistx.engine.parts import build_model, build_optimizer_for, data_facts, model_from_checkpoint
 
@@ -36,7 +36,7 @@ def warm_start(run: Run) -> dict:
     if (
         init.kind is None
     ):  # left unresolved because the run was to resume (spec.py), but its checkpoints could not be read
-        raise ConfigError.one(
+        raise ConfigError.for_key(
             KEY,
             init.path,
             f"cannot be read ({kinds.kind(init.path)[1] or 'its run config cannot be resolved'}), "
@@ -46,7 +46,7 @@ def warm_start(run: Run) -> dict:
     targets = _weights(run.model)
     patterns = [re.compile(pattern) for pattern in skip]
     if len(source) != len(targets):
-        raise ConfigError.one(
+        raise ConfigError.for_key(
             KEY,
             init.path,
             f"{described} has {len(source)} variables, this run's model {len(targets)}: a warm start "
@@ -152,13 +152,13 @@ def _keras_model(path: str):
     try:
         return keras.saving.load_model(os.path.expanduser(path), compile=False)
     except Exception as error:
-        raise ConfigError.one(KEY, path, f"cannot be loaded: {first_line(error)}") from None
+        raise ConfigError.for_key(KEY, path, f"cannot be loaded: {first_line(error)}") from None
 
 
 def _model_with_weights_file(run: Run, path: str):
     """A .weights.h5 file's weights in a model built as this run's is (afresh, outside the strategy)."""
     feature_spec, label_spec = run.source.element_spec
-    with process.precision("float32"):  # the file holds float32 weights, whatever the run computes in
+    with process_wide.precision("float32"):  # the file holds float32 weights, whatever the run computes in
         model = build_model(
             run.spec.model,
             run.spec.data,
@@ -169,7 +169,7 @@ def _model_with_weights_file(run: Run, path: str):
     try:
         model.load_weights(os.path.expanduser(path))
     except Exception as error:
-        raise ConfigError.one(
+        raise ConfigError.for_key(
             KEY,
             path,
             f"cannot be loaded into this run's model: {_other_weights(path, model) or first_line(error)}; "
@@ -199,7 +199,7 @@ def restored(spec, path: str, given: str, into: str):
     except Exception as error:
         if not os.path.exists(f"{path}.index"):  # a rotated checkpoint loses its .index first
             raise Vanished(path) from None
-        raise ConfigError.one(
+        raise ConfigError.for_key(
             KEY, given, f"{os.path.basename(path)} cannot be restored into {into}'s model: {first_line(error)}"
         ) from None
 

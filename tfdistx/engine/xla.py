@@ -98,7 +98,7 @@ def compile_or_fall_back(run, runner) -> None:
         return
     trainer = run.spec.trainer
     if trainer.jit_compile is True:
-        raise ConfigError.one(
+        raise ConfigError.for_key(
             "trainer.jit_compile", True, f"XLA cannot compile this run's step: {failure.rstrip('.')}: use false or auto"
         )
     problem = compute.steps_per_xla_call_problem(

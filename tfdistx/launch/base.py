@@ -68,7 +68,7 @@ class Launch:
     def start(self, spec: RunSpec, task: TaskStart, notice: Optional[SigtermNotice]) -> int:
         """Start the run's processes and keep them to the run's end (where tfdistx starts them: local, agent);
         the run's exit code. A scheduler's launch starts none: its tasks are placed by it."""
-        raise ConfigError.one("cluster.launch", self.mode, "its scheduler starts the run's processes, not tfdistx")
+        raise ConfigError.for_key("cluster.launch", self.mode, "its scheduler starts the run's processes, not tfdistx")
 
     def plan(self, layout: Layout, placement: Placement) -> List[str]:
         """--plan's placement lines. By default a placed task's: where it stands, and the cluster it was given."""

@@ -99,7 +99,7 @@ def place_pod(env: Mapping[str, str], counts: Mapping[str, int]) -> Placement:
     line naming the label and what the config allows."""
     jobset = env.get(NAME_ENV, "")
     if not jobset:
-        raise ConfigError.one(
+        raise ConfigError.for_key(
             "cluster.launch",
             LaunchMode.JOBSET,
             f"this pod has no {NAME_ENV} (the manifest's downward API gives it the "
@@ -111,20 +111,20 @@ def place_pod(env: Mapping[str, str], counts: Mapping[str, int]) -> Placement:
     wanted = {job: n for job, n in counts.items() if n}
     job = env.get(REPLICATED_JOB_ENV, "")
     if job not in wanted:
-        raise ConfigError.one(
+        raise ConfigError.for_key(
             REPLICATED_JOB_LABEL,
             job,
             f"the config's cluster has the replicatedJobs {', '.join(wanted)}: make cluster= match the manifest",
         )
     if env.get(JOB_INDEX_ENV, "0") != "0":
-        raise ConfigError.one(
+        raise ConfigError.for_key(
             JOB_INDEX_LABEL,
             env[JOB_INDEX_ENV],
             "allowed: 0 (tfdistx runs each task type as one Indexed Job with a pod per task: replicas: 1)",
         )
     raw = env.get(POD_INDEX_ENV, "")
     if not raw.isdigit() or int(raw) >= wanted[job]:
-        raise ConfigError.one(
+        raise ConfigError.for_key(
             POD_INDEX_LABEL, raw, f"the config's cluster has {wanted[job]} {job} task(s): allowed 0..{wanted[job] - 1}"
         )
     tf_cluster = cluster_spec(
@@ -137,7 +137,7 @@ def place_pod(env: Mapping[str, str], counts: Mapping[str, int]) -> Placement:
 def check_name(key: str, value: str, longest: int) -> None:
     """A Kubernetes object's name, as a DNS label (a JobSet's, a TFJob's, a namespace)."""
     if not _DNS_LABEL.fullmatch(value) or len(value) > longest:
-        raise ConfigError.one(
+        raise ConfigError.for_key(
             key,
             value,
             f"must be a DNS label: lowercase letters, digits and '-', starting with a letter, "

@@ -123,7 +123,9 @@ class Pods:
     def __init__(self, layout: Layout, kind: str, options: PodOptions):
         topo, row = layout.cluster, layout.strategy.row
         if row.not_in_tfjob:
-            raise ConfigError.one("strategy", layout.strategy.name, f"cannot be exported as {kind}: {row.not_in_tfjob}")
+            raise ConfigError.for_key(
+                "strategy", layout.strategy.name, f"cannot be exported as {kind}: {row.not_in_tfjob}"
+            )
         counts = layout.training_jobs()  # a one-process strategy: one pod
         if topo.evaluator:  # the sidecar evaluator's pod: its task type is "evaluator"
             counts = {**counts, EVALUATOR: 1}
@@ -204,7 +206,7 @@ def check_image(option: str, image: str) -> None:
     """An image reference a container runtime can pull, else ConfigError naming `option`."""
     m = _IMAGE.fullmatch(image)
     if not m or len(m["name"]) > IMAGE_NAME_MAX:
-        raise ConfigError.one(
+        raise ConfigError.for_key(
             option,
             image,
             "an OCI image reference, [REGISTRY[:PORT]/]REPOSITORY[:TAG][@DIGEST] "
@@ -215,9 +217,9 @@ def check_image(option: str, image: str) -> None:
 def check_mount_path(option: str, path: str) -> str:
     """An absolute path the pods' hydra.run.dir can carry as it is; returned without a trailing '/'."""
     if not path.startswith("/"):
-        raise ConfigError.one(option, path, "must be an absolute path")
+        raise ConfigError.for_key(option, path, "must be an absolute path")
     if not _MOUNT_PATH.fullmatch(path):
-        raise ConfigError.one(
+        raise ConfigError.for_key(
             option,
             path,
             "an absolute path of letters, digits, '.', '_', '-' and '/' "
@@ -232,7 +234,7 @@ def volume_source(spec: str) -> Dict:
     if (
         kind == "pvc" and value and not (_DNS_SUBDOMAIN.fullmatch(value) and len(value) <= 253)
     ):  # else no pod would start
-        raise ConfigError.one(
+        raise ConfigError.for_key(
             "--volume",
             spec,
             "a claim's name: lowercase letters, digits, '-' and '.', starting and ending "
@@ -242,4 +244,4 @@ def volume_source(spec: str) -> Dict:
         return {"persistentVolumeClaim": {"claimName": value}}
     if kind == "hostPath" and value.startswith("/"):
         return {"hostPath": {"path": value, "type": "DirectoryOrCreate"}}
-    raise ConfigError.one("--volume", spec, "allowed: pvc:CLAIM_NAME (or CLAIM_NAME) or hostPath:/ABSOLUTE/PATH")
+    raise ConfigError.for_key("--volume", spec, "allowed: pvc:CLAIM_NAME (or CLAIM_NAME) or hostPath:/ABSOLUTE/PATH")

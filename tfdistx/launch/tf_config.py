@@ -30,7 +30,7 @@ def from_tf_config(raw: str) -> Placement:
         task = config["task"]
         return Placement(LaunchMode.TF_CONFIG, cluster_spec, task["type"], int(task.get("index", 0)), service)
     except (ValueError, KeyError, TypeError) as error:
-        raise ConfigError.one(ENV, raw[:80], f"is not a TF_CONFIG with 'cluster' and 'task' ({error})") from None
+        raise ConfigError.for_key(ENV, raw[:80], f"is not a TF_CONFIG with 'cluster' and 'task' ({error})") from None
 
 
 class TfConfigLaunch(Launch):

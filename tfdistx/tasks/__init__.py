@@ -54,7 +54,9 @@ class Task:
         """The metrics `metrics()` makes, by name (config: task.metrics)."""
         unknown = [m for m in names if m not in self.AVAILABLE]
         if unknown:
-            raise ConfigError.one("task.metrics", list(names), f"task={self.name} offers {', '.join(self.AVAILABLE)}")
+            raise ConfigError.for_key(
+                "task.metrics", list(names), f"task={self.name} offers {', '.join(self.AVAILABLE)}"
+            )
         self.metric_names = list(names)
 
     # -- what a subclass defines ---------------------------------------------

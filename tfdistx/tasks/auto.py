@@ -24,7 +24,7 @@ def for_labels(labels: Optional[str] = None, metrics: Optional[Sequence[str]] = 
     """The task for data whose labels are `labels` (what the source says: tfdistx passes it)."""
     chosen = BY_LABELS.get(labels)
     if chosen is None:
-        raise ConfigError.one(
+        raise ConfigError.for_key(
             "task",
             "auto",
             "the data does not say what its labels are (data=tfds does): pick the task, e.g. task=classification, "

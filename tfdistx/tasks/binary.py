@@ -29,7 +29,7 @@ class Binary(Task):
 
     def check_labels(self, num_classes) -> None:
         if num_classes and num_classes > 2:  # labels 2..9 would be taken as "yes" by the loss, silently
-            raise ConfigError.one(
+            raise ConfigError.for_key(
                 "task",
                 self.name,
                 f"the data has {num_classes} classes; binary takes labels 0 and 1: use task=classification",

@@ -20,11 +20,11 @@ class Classification(Task):
 
     def num_outputs(self, label_spec, num_classes) -> int:
         if not num_classes:
-            raise ConfigError.one(
+            raise ConfigError.for_key(
                 "task", self.name, "the data does not say how many classes it has (DataSource.num_classes)"
             )
         if "top_k_accuracy" in self.metric_names and self.top_k >= num_classes:
-            raise ConfigError.one(
+            raise ConfigError.for_key(
                 "task.top_k",
                 self.top_k,
                 f"must be below the data's {num_classes} classes (top {num_classes} is always right)",

@@ -20,7 +20,7 @@ class Regression(Task):
     def __init__(self, metrics=("rmse", "mae"), loss: str = "mse", huber_delta: float = 1.0):
         self.choose_metrics(metrics)
         if loss not in LOSSES:
-            raise ConfigError.one("task.loss", loss, f"allowed: {', '.join(LOSSES)}")
+            raise ConfigError.for_key("task.loss", loss, f"allowed: {', '.join(LOSSES)}")
         self.loss_name, self.huber_delta = loss, float(huber_delta)
 
     def num_outputs(self, label_spec, num_classes) -> int:
@@ -28,7 +28,7 @@ class Regression(Task):
 
     def check_labels(self, num_classes) -> None:
         if num_classes:  # class ids as numbers: a model would learn their order, which they do not have
-            raise ConfigError.one(
+            raise ConfigError.for_key(
                 "task", self.name, f"the data's labels are {num_classes} classes, not values: use task=classification"
             )
 

@@ -23,7 +23,7 @@ class AgentLaunch(Launch):
 
     def refuse(self, layout: Layout, mode: str) -> None:
         if mode != "train":
-            raise ConfigError.one(
+            raise ConfigError.for_key(
                 "cluster.launch",
                 self.mode,
                 f"agents train; `tfdistx evaluate` runs with cluster.launch={LaunchMode.LOCAL} "

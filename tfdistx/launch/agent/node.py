@@ -45,7 +45,16 @@ from tfdistx.cluster.liveness import split_address, task_hosts
 from tfdistx.cluster.prefork import Prefork, can_fork
 from tfdistx.cluster.processes import ForwardingSignals, SaidOnce, Task, free_ports, shell_code
 from tfdistx.cluster.rounds import Rounds
-from tfdistx.cluster.supervisor import POLL_SECONDS, Membership, NoRound, Round, RoundResult, Say, State, Supervisor
+from tfdistx.cluster.supervisor import (
+    POLL_SECONDS,
+    Membership,
+    NoRound,
+    Round,
+    RoundResult,
+    SupervisorLines,
+    State,
+    Supervisor,
+)
 import tfdistx.launch.agent.run_secret as run_secret
 from tfdistx.launch.agent.beats import Beats, own_address
 from tfdistx.launch.agent.messages import DONE, ENDED, FAILED, GROW, LOST, RUNNING, TASK_FAILED, WAITING, Place
@@ -71,7 +80,7 @@ class AgentMembership(Membership):
     the tf.data service's) and the sidecar evaluator beside it when the run
     has them."""
 
-    def __init__(self, spec: LaunchSpec, beats: Beats, say: Say, keeps_rounds: bool = False):
+    def __init__(self, spec: LaunchSpec, beats: Beats, say: SupervisorLines, keeps_rounds: bool = False):
         self.spec, self.beats, self.say = spec, beats, say
         self.keeps_rounds = keeps_rounds
         self.bounds = spec.rounds.bounds
@@ -235,12 +244,12 @@ class AgentMembership(Membership):
         return ""  # the keeper says why the next round forms
 
 
-class _AgentSay(Say):
+class _AgentLines(SupervisorLines):
     """The agent's lines: on its terminal, and in the run's log unless `quiet` (every node has one of those)."""
 
     def __call__(self, text: str, quiet: bool = False) -> None:
         if quiet:
-            Say(None)(text)
+            SupervisorLines(None)(text)
         else:
             super().__call__(text)
 
@@ -253,7 +262,7 @@ def run_agent(spec: LaunchSpec, notice: Optional[SigtermNotice] = None) -> int:
     its worker, per job: a parameter-server run's chief and ps, the tf.data
     service's)."""
     bounds, rendezvous = spec.rounds.bounds, spec.agent
-    say = _AgentSay(spec.run_log)
+    say = _AgentLines(spec.run_log)
     secret = run_secret.of_run(rendezvous.run_dir, rendezvous.token_file)  # what every beat proves
     keeper, server = _keep_rounds_if_here(spec, say, secret)
     address = rendezvous.address or own_address(rendezvous.store)
@@ -319,7 +328,7 @@ def _hear_the_end(keeper: Optional[RoundKeeper], beats: Beats, code: int, most: 
         beats.wake()
 
 
-def _until_resolved(host: str, port: int, most: float, say: Say) -> None:
+def _until_resolved(host: str, port: int, most: float, say: SupervisorLines) -> None:
     """Wait until the store's host name resolves: a pod's own DNS name (a
     JobSet's headless service) appears only once the pod runs, and the
     agent that keeps the rounds must not take its own name's absence for
@@ -342,7 +351,7 @@ def _until_resolved(host: str, port: int, most: float, say: Say) -> None:
             time.sleep(POLL_SECONDS)
 
 
-def _keep_rounds_if_here(spec: LaunchSpec, say: Say, secret: bytes):
+def _keep_rounds_if_here(spec: LaunchSpec, say: SupervisorLines, secret: bytes):
     """(the keeper, its server) if this node is the host `cluster.agent.store`
     names, else (None, None). The keeper records the rounds (logs/rounds.json)
     and says each in the run's log; it admits only beats that prove `secret`

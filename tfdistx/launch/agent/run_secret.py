@@ -66,7 +66,7 @@ def _read(path: Path, key: str, value) -> bytes:
     try:
         secret = path.read_bytes().strip()
     except OSError as error:
-        raise ConfigError.one(key, value, f"{path}: cannot be read ({error.strerror}): {ALLOWED}") from None
+        raise ConfigError.for_key(key, value, f"{path}: cannot be read ({error.strerror}): {ALLOWED}") from None
     if len(secret) < MIN_CHARACTERS:
-        raise ConfigError.one(key, value, f"{path} holds {len(secret)} character(s): {ALLOWED}")
+        raise ConfigError.for_key(key, value, f"{path} holds {len(secret)} character(s): {ALLOWED}")
     return secret

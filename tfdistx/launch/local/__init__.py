@@ -30,7 +30,7 @@ def local_tasks(layout: Layout, mode: str) -> Tuple[Dict[str, int], bool]:
     evaluator = mode == "train" and layout.cluster.evaluator  # `tfdistx evaluate` needs no sidecar
     processes, most = sum(counts.values()) + evaluator, max(8, 4 * (os.cpu_count() or 1))
     if processes > most:  # each task is a whole TensorFlow process (docs/performance.md: peak RSS per task)
-        raise ConfigError.one(
+        raise ConfigError.for_key(
             "cluster",
             layout.cluster.name,
             f"a local cluster of {processes} processes"

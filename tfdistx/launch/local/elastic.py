@@ -49,7 +49,7 @@ from tfdistx.launch.local.hosts import HostList, Settled, choose
 from tfdistx.cluster.processes import ForwardingSignals, Task, free_ports, shell_code, signal_group
 from tfdistx.cluster.launch_spec import LaunchSpec
 from tfdistx.cluster.rounds import Rounds
-from tfdistx.cluster.supervisor import POLL_SECONDS, Membership, NoRound, Round, RoundResult, Say, State
+from tfdistx.cluster.supervisor import POLL_SECONDS, Membership, NoRound, Round, RoundResult, SupervisorLines, State
 from tfdistx.core.errors import EXIT_PREEMPTED, EXIT_TOO_FEW_WORKERS
 
 HOSTS_EVERY_SECONDS = 1.0  # how often a running round reads the host list (a discovery command is run that often)
@@ -59,7 +59,7 @@ class HostListMembership(Membership):
     """A worker on each listed host, from MIN to MAX (`spec.rounds`); the
     chief's host, the first of the first round, stays for the whole run."""
 
-    def __init__(self, spec: LaunchSpec, hosts: HostList, rounds: Rounds, say: Say):
+    def __init__(self, spec: LaunchSpec, hosts: HostList, rounds: Rounds, say: SupervisorLines):
         self.spec, self.bounds, self.hosts, self.rounds, self.say = spec, spec.rounds.bounds, hosts, rounds, say
         self.alone = spec.restart_alone
         self.chief: Optional[str] = None
@@ -70,7 +70,7 @@ class HostListMembership(Membership):
         self.settled = Settled(self.bounds.lost_bound)
 
     @classmethod
-    def of(cls, spec: LaunchSpec, say: Say) -> "HostListMembership":
+    def of(cls, spec: LaunchSpec, say: SupervisorLines) -> "HostListMembership":
         rounds, record = spec.rounds, spec.rounds.record
         told = Rounds(record.rounds_file, record.checkpoint_dir, record.metrics_file, say=say)
         return cls(spec, HostList(rounds.hosts, rounds.discover, say=say), told, say)

@@ -39,7 +39,7 @@ from tfdistx.cluster.processes import (
     shell_code,
     yield_the_cores,
 )
-from tfdistx.cluster.supervisor import Membership, Round, Say, Supervisor
+from tfdistx.cluster.supervisor import Membership, Round, SupervisorLines, Supervisor
 from tfdistx.core.errors import ConfigError
 from tfdistx.core.strategies import describe_jobs  # no training code: the job table's words
 from tfdistx.sigterm import SigtermNotice, leave_preempted, nothing_to_save, release
@@ -69,7 +69,7 @@ def run_local_cluster(spec: LaunchSpec, isolate: Optional[bool] = None, notice: 
             flush=True,
         )
     elif isolate:
-        raise ConfigError.one(
+        raise ConfigError.for_key(
             "cluster.isolate",
             True,
             "this machine does not allow a private network namespace (unshare --user --net failed)",
@@ -149,7 +149,7 @@ def main(spec: LaunchSpec, isolated: bool, signals: ForwardingSignals) -> int:
     `signals`: the supervisor's, taken since its start."""
     if isolated:
         loopback_up()
-    say = Say(spec.run_log)
+    say = SupervisorLines(spec.run_log)
     membership = HostListMembership.of(spec, say) if spec.rounds else FixedCounts(spec)
     # what a launcher killed by SIGKILL left (one launcher per run directory)
     scratch = Path(spec.log_dir) / SCRATCH_DIR

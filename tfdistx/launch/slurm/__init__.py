@@ -53,25 +53,27 @@ def from_slurm(env: Mapping[str, str], counts: Dict[str, int], base_port: int) -
         nodelist_key = "SLURM_STEP_NODELIST" if env.get("SLURM_STEP_NODELIST") else "SLURM_JOB_NODELIST"
         nodelist = env[nodelist_key]
     except (KeyError, ValueError) as error:
-        raise ConfigError.one(
+        raise ConfigError.for_key(
             "cluster.launch", LaunchMode.SLURM, f"this is not a Slurm step with the usual variables ({error})"
         ) from None
     try:
         nodes = expand_hostlist(nodelist)
     except ValueError:
-        raise ConfigError.one(nodelist_key, nodelist, "is not a Slurm host list (e.g. node[01-03,7],gpu5)") from None
+        raise ConfigError.for_key(
+            nodelist_key, nodelist, "is not a Slurm host list (e.g. node[01-03,7],gpu5)"
+        ) from None
     if len(nodes) != len(per_node) or sum(per_node) != total:
-        raise ConfigError.one(
+        raise ConfigError.for_key(
             nodelist_key,
             nodelist,
             f"{len(nodes)} node(s) for tasks per node {per_node} and {total} task(s): the Slurm variables disagree",
         )
     job_id = env.get("SLURM_JOB_ID", "0")
     if not job_id.isdigit():
-        raise ConfigError.one("SLURM_JOB_ID", job_id, "must be a number (Slurm's job id)")
+        raise ConfigError.for_key("SLURM_JOB_ID", job_id, "must be a number (Slurm's job id)")
     wanted = sum(counts.values())
     if total != wanted:
-        raise ConfigError.one(
+        raise ConfigError.for_key(
             "cluster",
             describe_jobs(counts),
             f"the Slurm step has {total} task(s); the config needs {wanted}: srun -n {wanted}",
@@ -83,7 +85,7 @@ def from_slurm(env: Mapping[str, str], counts: Dict[str, int], base_port: int) -
     for (job, _), address in zip(roles, addresses):
         cluster_spec.setdefault(job, []).append(address)
     if not 0 <= rank < len(roles):
-        raise ConfigError.one("SLURM_PROCID", rank, f"outside the {total} tasks of the step")
+        raise ConfigError.for_key("SLURM_PROCID", rank, f"outside the {total} tasks of the step")
     job, index = roles[rank]
     cluster_spec.pop(
         EVALUATOR, None
@@ -106,13 +108,13 @@ def _ports_per_node(env: Mapping[str, str], nodes: List[str], per_node: List[int
     for line in given.splitlines():
         node, *numbers = line.split()
         if not all(number.isdigit() and 0 < int(number) < 65536 for number in numbers):
-            raise ConfigError.one(
+            raise ConfigError.for_key(
                 SLURM_PORTS_ENV, line, "a line per node: NODE PORT PORT ..., each port from 1 to 65535"
             )
         ports[node] = [int(number) for number in numbers]
     short = [node for node, n in zip(nodes, per_node) if len(ports.get(node, [])) < n]
     if short:
-        raise ConfigError.one(
+        raise ConfigError.for_key(
             SLURM_PORTS_ENV,
             given.replace("\n", "; "),
             f"has too few ports for node {short[0]}, which holds {per_node[nodes.index(short[0])]} task(s) of the step",
@@ -125,7 +127,7 @@ def _gpus_of(env: Mapping[str, str], roles: List[tuple], per_node: List[int], ra
     worker on its node takes the j-th of them), none for any other task."""
     per_worker = env[GPUS_PER_WORKER_ENV]
     if not per_worker.isdigit() or int(per_worker) < 1:
-        raise ConfigError.one(GPUS_PER_WORKER_ENV, per_worker, "a whole number of GPUs, 1 or more")
+        raise ConfigError.for_key(GPUS_PER_WORKER_ENV, per_worker, "a whole number of GPUs, 1 or more")
     if roles[rank][0] != "worker":
         return ""
     start = 0
@@ -138,7 +140,7 @@ def _gpus_of(env: Mapping[str, str], roles: List[tuple], per_node: List[int], ra
     devices = visible.split(",") if visible else [str(i) for i in range((nth + 1) * int(per_worker))]
     mine = devices[nth * int(per_worker) : (nth + 1) * int(per_worker)]
     if len(mine) < int(per_worker):
-        raise ConfigError.one(
+        raise ConfigError.for_key(
             "CUDA_VISIBLE_DEVICES",
             visible,
             f"worker {roles[rank][1]} is worker {nth + 1} on its node and takes {per_worker} GPU(s) of them "

@@ -119,14 +119,14 @@ def main(argv) -> int:
         notice = _positive("--notice", args.notice, MOST_NOTICE, "seconds") if args.notice is not None else None
         limit = _seconds(args.time) if args.time is not None else None
         if limit and notice and notice >= limit:
-            raise ConfigError.one(
+            raise ConfigError.for_key(
                 "--notice",
                 args.notice,
                 f"must be shorter than --time={args.time} ({limit} s): the notice "
                 "comes that many seconds before the limit",
             )
         if args.partition is not None and not _PARTITION.fullmatch(args.partition):
-            raise ConfigError.one(
+            raise ConfigError.for_key(
                 "--partition", args.partition, "a Slurm partition name (letters, digits, _ . -; several: a,b)"
             )
         cpus = (
@@ -135,7 +135,7 @@ def main(argv) -> int:
             else None
         )
         if args.mem is not None and not _MEMORY.fullmatch(args.mem):
-            raise ConfigError.one(
+            raise ConfigError.for_key(
                 "--mem", args.mem, "Slurm's --mem: megabytes, or a whole number with K, M, G or T (64G); 0: all"
             )
         overrides = elastic.expand_shorthand(args.overrides)
@@ -146,7 +146,7 @@ def main(argv) -> int:
 
         def launch_of(layout) -> Optional[LaunchMode]:  # the step's cluster.launch, as script() adds it
             if layout.cluster.launch not in (*_PLACED_BY_SLURM, LaunchMode.AGENT):
-                raise ConfigError.one(
+                raise ConfigError.for_key(
                     "cluster.launch",
                     layout.cluster.launch,
                     "the script's tasks are placed by the Slurm step: "
@@ -157,7 +157,7 @@ def main(argv) -> int:
         cfg, layout = compose_as_placed([*overrides, *stand_in], launch_of, LaunchMode.SLURM)
         agents = layout.cluster.launch == LaunchMode.AGENT
         if agents and args.nodes:
-            raise ConfigError.one(
+            raise ConfigError.for_key(
                 "--nodes",
                 args.nodes,
                 "with cluster.launch=agent there is one agent per node, and the nodes are "
@@ -166,7 +166,7 @@ def main(argv) -> int:
         if notice is None:  # the grace a preemption gives the run (the user's, or derived from its save): the lead
             notice = notice_for(layout.cluster.preemption_grace)
             if limit and notice >= limit:
-                raise ConfigError.one(
+                raise ConfigError.for_key(
                     "--time",
                     args.time,
                     f"must be longer than the notice a checkpoint needs, {notice} s (cluster.preemption_grace, at "
@@ -238,7 +238,7 @@ def _gpus(asked: str, layout, tasks, nodes: int, agents: bool) -> _Gpus:
         return _Gpus(need, per_worker)
     per_node = _positive("--gpus", asked, MOST_COUNT, "GPUs per node")
     if per_node < need:
-        raise ConfigError.one(
+        raise ConfigError.for_key(
             "--gpus",
             asked,
             f"a node holds up to {most} worker(s), each taking {per_worker} GPU(s) (cluster.devices_per_worker): "
@@ -504,7 +504,7 @@ def script(job: _Job, options: BatchOptions) -> str:
 
 def _positive(option: str, value: str, most: int, what: str) -> int:
     if not re.fullmatch(r"[0-9]+", value) or not 1 <= int(value) <= most:  # as given: it goes into the script
-        raise ConfigError.one(option, value, f"a whole number from 1 to {most} ({what})")
+        raise ConfigError.for_key(option, value, f"a whole number from 1 to {most} ({what})")
     return int(value)
 
 
@@ -512,7 +512,7 @@ def _seconds(value: str) -> int:
     """Slurm's --time in seconds (0: no limit); a value in none of its formats is refused."""
     m = _TIME.fullmatch(value)  # as given: it goes into the script as it is
     if not m:
-        raise ConfigError.one("--time", value, f"allowed: {TIME_FORMATS}")
+        raise ConfigError.for_key("--time", value, f"allowed: {TIME_FORMATS}")
     days, first, second, third = m.groups()
     if days is None:  # MM, MM:SS, HH:MM:SS
         hours, minutes, seconds = (0, first, second) if third is None else (first, second, third)
@@ -529,8 +529,8 @@ def _write_new(path: str, text: str) -> None:
         with open(path, "x") as out:
             out.write(text)
     except FileExistsError:
-        raise ConfigError.one(
+        raise ConfigError.for_key(
             "--out", path, "already exists: tfdistx job slurm never replaces a file; give a new name"
         ) from None
     except OSError as error:
-        raise ConfigError.one("--out", path, f"cannot be written ({error.strerror})") from None
+        raise ConfigError.for_key("--out", path, f"cannot be written ({error.strerror})") from None
