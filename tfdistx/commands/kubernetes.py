@@ -125,7 +125,7 @@ def write(argv, kind: str) -> int:
             "its checkpoints: give --volume pvc:CLAIM",
             file=sys.stderr,
         )
-    carried = [*(f"--config-dir {d}" for d in config_dirs), *([f"{userconf.ENV}={config_path}"] if config_path else [])]
+    carried = userconf.carried(config_dirs, config_path)
     if carried:  # this machine's directories: the pods read theirs
         print(
             f"tfdistx: WARNING: the pods compose with {' and '.join(carried)}: the image (or the volume) must hold "

@@ -19,7 +19,7 @@ or import with the same tree. Nothing here imports TensorFlow.
 
 import os
 from pathlib import Path
-from typing import Dict, List, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 from hydra.core.config_search_path import SearchPathQuery
 from hydra.core.plugins import Plugins
@@ -73,6 +73,12 @@ def split_flags(argv: Sequence[str]) -> Tuple[List[str], List[str]]:
             rest.append(arg)
         i += 1
     return rest, given
+
+
+def carried(config_dirs: Sequence[str], config_path: Optional[str]) -> List[str]:
+    """What a scheduler's tasks compose with beyond the shipped config, as a script or manifest carries it
+    (`--config-dir DIR`, `TFDISTX_CONFIG_PATH=...`): this machine's directories, which each node or pod must hold."""
+    return [*(f"--config-dir {d}" for d in config_dirs), *([f"{ENV}={config_path}"] if config_path else [])]
 
 
 def add(directories: Sequence[Path]) -> None:

@@ -36,6 +36,16 @@ from tfdistx.internals import tensorflow as internals
 from tfdistx.log_files import into_log_files
 from tfdistx.sigterm import SigtermNotice
 
+# What TensorFlow raises in a task whose peer is gone, frozen or aborted the collectives (the text then says which);
+# a call's deadline passing (DeadlineExceededError) is one more, where the step was waiting on a peer.
+PEER_ERRORS = (
+    tf.errors.UnavailableError,
+    tf.errors.AbortedError,
+    tf.errors.CancelledError,
+    tf.errors.InternalError,
+    tf.errors.UnknownError,
+)
+
 log = logging.getLogger(__name__)
 
 
@@ -99,13 +109,7 @@ class PreemptionWatcher:
         here while the others exit 42 failed a local elastic round)."""
         try:
             self._anyone(True)
-        except (
-            tf.errors.UnavailableError,
-            tf.errors.AbortedError,
-            tf.errors.CancelledError,
-            tf.errors.InternalError,
-            tf.errors.UnknownError,
-        ) as error:
+        except PEER_ERRORS as error:
             log.info(
                 "a peer left the all-reduce after the preemption checkpoint first: %s", str(error).splitlines()[0][:200]
             )
@@ -159,14 +163,7 @@ def lost_peer_in_one_line(
     in the line."""
     try:
         yield
-    except (
-        tf.errors.UnavailableError,
-        tf.errors.AbortedError,
-        tf.errors.CancelledError,
-        tf.errors.InternalError,
-        tf.errors.UnknownError,
-        tf.errors.DeadlineExceededError,
-    ) as error:
+    except (*PEER_ERRORS, tf.errors.DeadlineExceededError) as error:
         text = str(error)
         if synchronous_cluster and re.search(
             r"unhealthy|heartbeat|[Cc]ollective ops is aborted|Socket closed|failed to connect", text

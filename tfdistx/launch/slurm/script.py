@@ -205,7 +205,7 @@ def main(argv) -> int:
         text = script(job, options)
         if args.out:
             _write_new(args.out, text)
-    carried = [*(f"--config-dir {d}" for d in config_dirs), *([f"{userconf.ENV}={config_path}"] if config_path else [])]
+    carried = userconf.carried(config_dirs, config_path)
     if carried:  # this machine's directories: the nodes read theirs
         print(
             f"tfdistx: WARNING: the job's tasks compose with {' and '.join(carried)}: every node must hold each of "
