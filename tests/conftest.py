@@ -320,6 +320,20 @@ QUICK = [
     "checkpoint.export=false",
 ]
 EXPORTED = "checkpoint.export=true"  # after QUICK: the run's SavedModel, as a user's run writes it
+# A run long enough never to finish, a line every 10 steps, so a signal or a kill lands mid-run (the
+# preemption and signal tests; each adds its own bounds).
+ENDLESS = [
+    "trainer.steps=1000000",
+    "trainer.steps_per_loop=10",
+    "trainer.log_every=10",
+    "trainer.eval_every=0",
+    "checkpoint.every_steps=100000",
+    "data.batch_size=32",
+    "data.train_examples=512",
+    "data.eval_examples=64",
+    "logger.tensorboard=false",
+    "cluster.max_restarts=0",
+]
 
 
 def whole_and_resumed(tfdistx, tmp_path, args, stop_at=30, steps=60):

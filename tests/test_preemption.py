@@ -23,6 +23,7 @@ from pathlib import Path
 
 import pytest
 
+import conftest
 from conftest import (
     free_ports,
     metric_lines,
@@ -34,20 +35,7 @@ from conftest import (
     wait_until,
 )
 
-# Long enough never to finish; a line every 10 steps, so the signal lands mid-run.
-ENDLESS = [
-    "trainer.steps=1000000",
-    "trainer.steps_per_loop=10",
-    "trainer.log_every=10",
-    "trainer.eval_every=0",
-    "checkpoint.every_steps=100000",
-    "data.batch_size=32",
-    "data.train_examples=512",
-    "data.eval_examples=64",
-    "logger.tensorboard=false",
-    "cluster.max_restarts=0",
-    "cluster.startup_timeout=120",
-]
+ENDLESS = [*conftest.ENDLESS, "cluster.startup_timeout=120"]
 STRATEGIES = {
     "one_device": ["strategy=one_device"],
     "mirrored": ["strategy=mirrored", "cluster=1x2"],

@@ -27,22 +27,10 @@ from typing import List
 
 import pytest
 
-from conftest import free_ports, processes_of, start_tfdistx, wait_until
+from conftest import ENDLESS, free_ports, processes_of, start_tfdistx, wait_until
 from tfdistx.sigterm import CTRL_C_HINT
 
-ARGS = [
-    "trainer.steps=1000000",  # never reached: every case is stopped
-    "trainer.steps_per_loop=10",
-    "trainer.log_every=10",
-    "trainer.eval_every=0",
-    "checkpoint.every_steps=100000",
-    "data.batch_size=32",
-    "data.train_examples=512",
-    "data.eval_examples=64",
-    "logger.tensorboard=false",
-    "trainer.jit_compile=false",
-    "cluster.max_restarts=0",
-]
+ARGS = [*ENDLESS, "trainer.jit_compile=false"]  # never finishes: every case is stopped
 STRATEGIES = {
     "multiworker": ["strategy=multiworker", "cluster=2x1"],
     "parameter_server": ["strategy=parameter_server", "cluster=ps1w2"],
